@@ -1,0 +1,185 @@
+"""The state directory: cached results, locks and the sticky CUDA-fatal latch.
+
+Default location: ``/run/healthcheck`` when writable, else ``$XDG_RUNTIME_DIR/healthcheck``,
+else ``/tmp/healthcheck-<uid>``. The directory is created 0700 and must be a real
+directory owned by us (a symlink or a directory planted by someone else is refused).
+If it cannot be used the suite still runs, with caching off, and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import stat
+import tempfile
+import time
+from typing import Any, Iterator
+
+LATCH = "latch.json"
+
+
+def default_dir() -> str:
+    if os.access("/run", os.W_OK):
+        return "/run/healthcheck"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "healthcheck")
+    return os.path.join(tempfile.gettempdir(), f"healthcheck-{os.getuid()}")
+
+
+def _usable(path: str) -> str | None:
+    """Create ``path`` (0700) if needed; return why it cannot be used, or None."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        return f"cannot create {path}: {os.strerror(exc.errno or 0)}"
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot stat {path}: {os.strerror(exc.errno or 0)}"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory (a symlink or file is refused)"
+    if st.st_uid != os.geteuid():
+        return f"{path} belongs to uid {st.st_uid}, not to us"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable"
+    return None
+
+
+def pid1_identity() -> str:
+    """Identifies this container's life: boot id plus PID 1's start time.
+
+    A container restart starts a new PID 1, so a latch recorded under another
+    identity belongs to an earlier life and no longer applies.
+    """
+    parts = []
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/1/stat"):
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            parts.append("?")
+            continue
+        if path.endswith("stat"):
+            fields = data[data.rfind(b")") + 2:].split()
+            parts.append(fields[19].decode() if len(fields) > 19 else "?")
+        else:
+            parts.append(data.decode().strip())
+    return ":".join(parts)
+
+
+class State:
+    """Access to the state directory; every method degrades to a no-op when it is off."""
+
+    def __init__(self, path: str | None, disabled_reason: str | None = None):
+        self.path = path
+        self.disabled_reason = disabled_reason
+
+    @classmethod
+    def open(cls, path: str | None) -> "State":
+        path = path or default_dir()
+        why = _usable(path)
+        return cls(None, why) if why else cls(path)
+
+    @classmethod
+    def off(cls, reason: str) -> "State":
+        return cls(None, reason)
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
+    def _file(self, name: str) -> str:
+        assert self.path is not None and "/" not in name
+        return os.path.join(self.path, name)
+
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        """The stored object, or None when absent, unreadable or corrupt."""
+        if not self.enabled:
+            return None
+        try:
+            fd = os.open(self._file(name), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as fh:
+                data = json.loads(fh.read(1 << 20))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def write_json(self, name: str, data: dict[str, Any]) -> bool:
+        """Atomically replace ``name``; False (never an exception) when it cannot."""
+        if not self.enabled:
+            return False
+        tmp = self._file(f".{name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                json.dump(data, fh, separators=(",", ":"))
+            os.replace(tmp, self._file(name))
+            return True
+        except (OSError, TypeError, ValueError):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return False
+
+    def remove(self, name: str) -> None:
+        if self.enabled:
+            with contextlib.suppress(OSError):
+                os.unlink(self._file(name))
+
+    @contextlib.contextmanager
+    def lock(self, name: str, deadline: float) -> Iterator[bool]:
+        """Hold an exclusive lock until the block ends; yields False if not had by ``deadline``
+        (a time.monotonic() value) or when the state dir is off."""
+        if not self.enabled:
+            yield False
+            return
+        try:
+            fd = os.open(self._file(name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            yield False
+            return
+        try:
+            delay = 0.005
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        yield False
+                        return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    yield False
+                    return
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 0.05)
+            yield True
+        finally:
+            os.close(fd)  # releases the lock
+
+    # The sticky latch: a fatal CUDA error (or a critical Xid seen by `serve`)
+    # keeps the container unhealthy until it restarts.
+    def latch(self) -> dict[str, Any] | None:
+        """The latch in force for this container life, or None. A stale one is cleared."""
+        data = self.read_json(LATCH)
+        if data is None:
+            return None
+        if data.get("identity") != pid1_identity():
+            self.remove(LATCH)
+            return None
+        return data
+
+    def set_latch(self, source: str, reason: str) -> bool:
+        return self.write_json(LATCH, {"source": source, "reason": reason, "time": time.time(),
+                                       "identity": pid1_identity()})
