@@ -1,0 +1,67 @@
+# The health-check suite: build, run, test, lint, image, end-to-end and benchmark.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+IMAGE ?= gpu-dev:latest
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: help install setup system-deps fakes run test unit bats manifests stress e2e image bench lint clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+install: $(PY) ## install the suite into .venv (what `run` needs)
+	$(PY) -m pip install -q -e .
+
+system-deps: ## apt packages the tests need (as root; skipped otherwise)
+	bash tests/setup-system.sh
+
+setup: $(PY) system-deps ## everything the tests need: apt packages, .venv with test tools, the fakes
+	$(PY) -m pip install -q -e '.[dev]'
+	$(MAKE) fakes
+
+fakes: ## build the fake NVML library used by the tests
+	$(MAKE) -C tests/fakes
+
+run: install ## run the health check on this host (readiness profile, all probes)
+	./healthcheck -v
+
+test: setup ## every test: unit and integration, bats, manifests, stress, end to end
+	$(MAKE) unit bats manifests stress e2e
+
+unit: ## pytest: unit and integration tests with real services (no docker)
+	$(PY) -m pytest -m 'not stress and not e2e' tests
+
+bats: ## bats: the bash front door
+	$(BIN)/bats tests/bats
+
+manifests: ## render and validate the Kubernetes manifests offline
+	$(PY) -m pytest -q tests/k8s
+
+stress: ## the fault-injection and concurrency suite
+	$(PY) -m pytest -m stress tests
+
+image: ## build the GPU dev image (BASE_IMAGE=... to override the base)
+	docker build --network host $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) -t $(IMAGE) .
+
+e2e: ## end-to-end tests on a real Docker engine (installs and starts one as root if missing)
+	bash tests/e2e/run.sh
+
+bench: ## the benchmark: wall time, CPU time and peak RSS per profile against two floors
+	$(PY) bench/run.py
+
+lint: ## ruff, mypy, shellcheck, hadolint
+	$(BIN)/ruff check probes tests bench
+	$(BIN)/mypy
+	$(BIN)/shellcheck healthcheck tests/*.sh tests/e2e/*.sh docker/*.sh .ci/run
+	$(BIN)/hadolint --failure-threshold warning Dockerfile
+
+clean: ## remove build outputs
+	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	$(MAKE) -C tests/fakes clean

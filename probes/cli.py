@@ -1,0 +1,157 @@
+"""The command line: `healthcheck [--profile P] [--json] [--only N] [--skip N] [-v]` and `healthcheck serve`.
+
+Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error; never 2 (Docker
+reserves it) and never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn, Sequence
+
+from probes import __version__, registry
+from probes.config import ConfigError, Config, load, parse_bool
+
+EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse would exit 2
+        raise ConfigError(f"{message} (see healthcheck --help)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="healthcheck",
+        description="Prove that this GPU container can do its job: hardware (nvidia-smi, NVML), "
+                    "framework (a verified PyTorch op on every GPU) and services (Jupyter, sshd).",
+        epilog="Subcommand: `healthcheck serve` runs the HTTP endpoints (/livez /readyz /startupz "
+               "/metrics). Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error. "
+               "Environment: ENABLE_GPU_CHECK, ENABLE_TORCH_CHECK, ENABLE_JUPYTER_CHECK, "
+               "ENABLE_SSH_CHECK and HEALTHCHECK_* (see the README).")
+    p.add_argument("--profile", help="startup, readiness (default) or liveness")
+    p.add_argument("--json", action="store_true", help="print application/health+json")
+    p.add_argument("--only", metavar="NAMES", help=f"run only these probes ({', '.join(registry.NAMES)})")
+    p.add_argument("--skip", metavar="NAMES", help="do not run these probes")
+    p.add_argument("-v", "--verbose", action="store_true", help="show observed values")
+    p.add_argument("--version", action="version", version=f"healthcheck {__version__}")
+    return p
+
+
+def _disabled_text(cfg: Config) -> str:
+    off = [t for t in registry.TOGGLES if not cfg.toggles.get(t, True)]
+    if len(off) == len(registry.TOGGLES) and not cfg.only:
+        return f"all checks disabled ({', '.join(off)} are off)"
+    return f"no checks selected for the {cfg.profile} profile"
+
+
+def _log_run(cfg: Config, line: str) -> None:
+    if not cfg.log_file:
+        return
+    import logging
+    import logging.handlers
+
+    logger = logging.getLogger("healthcheck")
+    if not any(isinstance(h, logging.handlers.RotatingFileHandler) for h in logger.handlers):
+        return
+    logger.info("%s", line)
+
+
+def _setup_log(cfg: Config) -> str | None:
+    """Attach the size-bounded run log; returns why it could not be opened, if it could not."""
+    if not cfg.log_file:
+        return None
+    import logging
+    import logging.handlers
+
+    try:
+        handler = logging.handlers.RotatingFileHandler(cfg.log_file, maxBytes=1 << 20, backupCount=1)
+    except OSError as exc:
+        return f"log file {cfg.log_file} not writable ({os.strerror(exc.errno or 0)})"
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
+    logger = logging.getLogger("healthcheck")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    return None
+
+
+def check(argv: Sequence[str]) -> tuple[int, str, bool]:
+    """Run a check; returns (exit status, output, abandoned)."""
+    from probes import report, runner
+    from probes.state import State
+
+    args = parser().parse_args(list(argv))
+    cfg = load(profile=args.profile, json=args.json, verbose=args.verbose, only=args.only, skip=args.skip)
+    log_problem = _setup_log(cfg)
+    state = State.open(cfg.state_dir)
+    outcome = _fast_path(cfg, state) or runner.run(cfg, state)
+    if log_problem:
+        import dataclasses
+
+        outcome = dataclasses.replace(outcome, notes=(*outcome.notes, log_problem))
+    disabled = _disabled_text(cfg)
+    out = report.json_text(outcome, disabled=disabled) if cfg.json else report.text(
+        outcome, verbose=cfg.verbose, disabled=disabled)
+    code = EXIT_UNHEALTHY if outcome.status.value == "fail" else EXIT_OK
+    _log_run(cfg, f"{cfg.profile} exit={code} " + " ".join(
+        f"{r.name}={r.status.value}{'(' + r.reason + ')' if r.reason else ''}" for r in outcome.results))
+    return code, out, outcome.abandoned
+
+
+def _fast_path(cfg: Config, state: object) -> object:
+    """A running `healthcheck serve` may already hold fresh results for this profile."""
+    from probes.state import State
+
+    if not isinstance(state, State) or not state.enabled or cfg.only or cfg.skip:
+        return None
+    if not parse_bool("HEALTHCHECK_FASTPATH", os.environ.get("HEALTHCHECK_FASTPATH") or "true"):
+        return None
+    if state.path is None or not os.path.exists(os.path.join(state.path, "serve.json")):
+        return None
+    try:
+        from probes.serve import fastpath
+    except ImportError:
+        return None
+    return fastpath.lookup(cfg, state)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    abandoned = False
+    try:
+        if argv and argv[0] == "serve":
+            from probes.serve import cli as serve_cli
+
+            return serve_cli.main(argv[1:])
+        code, out, abandoned = check(argv)
+        _write(out)
+    except ConfigError as exc:
+        print(f"healthcheck: {exc}", file=sys.stderr)
+        code = EXIT_USAGE
+    except SystemExit as exc:  # --help / --version
+        code = exc.code if isinstance(exc.code, int) and exc.code in (0, 1, 3) else EXIT_USAGE
+    except KeyboardInterrupt:
+        code = EXIT_UNHEALTHY
+    except Exception as exc:
+        import logging
+
+        logging.getLogger("healthcheck").exception("internal error")
+        print(f"unhealthy: healthcheck: internal error ({type(exc).__name__}); details in the log",
+              file=sys.stdout)
+        code = EXIT_UNHEALTHY
+    if abandoned:
+        # A probe thread is stuck in a driver call: do not let interpreter shutdown wait on it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _write(out: str) -> None:
+    try:
+        sys.stdout.write(out + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass

@@ -1,0 +1,146 @@
+"""Run the selected probes: layer order, dependencies, one deadline per probe and per run.
+
+Each probe runs in a daemon thread watched by a supervisor thread. A probe whose
+gather() has not returned by its deadline (a hanging NVML call, say) is abandoned
+and recorded as failed, so the run always ends by its own deadline. Probes that do
+not depend on each other run concurrently: a wedged GPU never delays the services.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Callable
+
+from probes import registry
+from probes.config import Config
+from probes.context import Context, log
+from probes.result import SEVERITY, Result, Status, failed, skipped
+from probes.state import State
+
+GRACE = 0.4  # how long past its deadline we wait for a probe that runs a child (TERM+KILL take 0.3 s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    profile: str
+    results: tuple[Result, ...]
+    notes: tuple[str, ...] = ()
+    abandoned: bool = False  # a probe thread is still stuck in a call: exit without joining it
+    elapsed: float = 0.0
+
+    @property
+    def status(self) -> Status:
+        worst = max((SEVERITY[r.status] for r in self.results), default=0)
+        return {0: Status.PASS, 1: Status.WARN, 2: Status.FAIL}[worst]
+
+    @property
+    def first_problem(self) -> Result | None:
+        for wanted in (Status.FAIL, Status.WARN):
+            for r in self.results:
+                if r.status is wanted:
+                    return r
+        return None
+
+
+def run_deadline(timeout: float, start: float) -> float:
+    """Leave a margin inside the run's budget for reporting."""
+    return start + timeout - min(0.5, timeout / 2)
+
+
+def _deadline_result(spec: registry.Spec, module: object, ctx: Context, budget: float) -> Result:
+    hook: Callable[[Context], Result] | None = getattr(module, "on_deadline", None)
+    if hook is not None:
+        try:
+            return hook(ctx)
+        except Exception:  # the hook must not turn a deadline into a crash
+            log.exception("on_deadline of %s failed", spec.name)
+    return failed(spec.name, f"no answer within {budget:.1f}s (deadline passed)", reason="deadline")
+
+
+def _execute(spec: registry.Spec, ctx: Context, budget: float) -> tuple[Result, bool]:
+    """Run one probe under its deadline; returns (result, abandoned)."""
+    box: list[Result] = []
+
+    def work() -> None:
+        try:
+            module = spec.load()
+            data = module.gather(ctx)
+            box.append(module.judge(data, ctx))
+        except Exception as exc:
+            # Exception text may hold paths, tokens or driver noise: it goes to the log only.
+            log.exception("probe %s raised", spec.name)
+            box.append(failed(spec.name, f"internal error in the {spec.name} probe "
+                              f"({type(exc).__name__}); details in the log", reason="internal-error"))
+
+    worker = threading.Thread(target=work, name=f"probe-{spec.name}", daemon=True)
+    worker.start()
+    worker.join(max(0.0, ctx.deadline - time.monotonic()) + GRACE)
+    if box:
+        return box[0], False
+    try:
+        module = spec.load()
+    except Exception:
+        module = None
+    return _deadline_result(spec, module, ctx, budget), worker.is_alive()
+
+
+def run(config: Config, state: State, *, start: float | None = None) -> Outcome:
+    start = time.monotonic() if start is None else start
+    wall = time.time()
+    end = run_deadline(config.timeout, start)
+    specs = config.selected()
+    results: dict[str, Result] = {}
+    done = {s.name: threading.Event() for s in specs}
+    abandoned = threading.Event()
+    lock = threading.Lock()
+
+    def supervise(spec: registry.Spec) -> None:
+        try:
+            needs = [n for n in registry.requirements(spec, config.torch_device) if n in done]
+            for name in needs:
+                done[name].wait(max(0.0, end - time.monotonic()) + 2 * GRACE)
+            with lock:
+                broken = [results.get(n) for n in needs]
+            bad = [r for r in broken if r is None or not r.ok]
+            if bad:
+                first = bad[0]
+                why = (f"{first.name}: {first.message}" if first is not None
+                       else f"{needs[0]} gave no result")
+                layer = registry.BY_NAME[needs[0]].layer
+                result = skipped(spec.name, f"skipped: the {layer} layer failed ({why})",
+                                 reason="dependency-failed")
+            else:
+                t0 = time.monotonic()
+                deadline = min(t0 + spec.timeout, end)
+                with lock:
+                    snapshot = dict(results)
+                ctx = Context(config, deadline, snapshot, state, wall)
+                result, stuck = _execute(spec, ctx, deadline - t0)
+                if stuck:
+                    abandoned.set()
+                result = dataclasses.replace(result, elapsed=round(time.monotonic() - t0, 4))
+            with lock:
+                results[spec.name] = dataclasses.replace(result, time=time.time())
+        finally:
+            done[spec.name].set()
+
+    threads = [threading.Thread(target=supervise, args=(s,), name=f"run-{s.name}", daemon=True)
+               for s in specs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()) + 3 * GRACE)
+    ordered = []
+    for s in specs:
+        r = results.get(s.name)
+        if r is None:  # its supervisor is itself stuck: cannot happen unless the machine is starved
+            abandoned.set()
+            r = failed(s.name, "no answer before the run's deadline", reason="deadline", time=time.time())
+        ordered.append(r)
+    notes = []
+    if not state.enabled and any(s.name == "torch-cuda" for s in specs):
+        notes.append(f"caching off: {state.disabled_reason}")
+    return Outcome(config.profile, tuple(ordered), tuple(notes), abandoned.is_set(),
+                   round(time.monotonic() - start, 4))
