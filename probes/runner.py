@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from probes import registry
 from probes.config import Config
@@ -86,11 +86,13 @@ def _execute(spec: registry.Spec, ctx: Context, budget: float) -> tuple[Result, 
     return _deadline_result(spec, module, ctx, budget), worker.is_alive()
 
 
-def run(config: Config, state: State, *, start: float | None = None) -> Outcome:
+def run(config: Config, state: State, *, start: float | None = None,
+        specs: Sequence[registry.Spec] | None = None) -> Outcome:
+    """Run ``specs`` (default: what the configuration selects) and collect their results."""
     start = time.monotonic() if start is None else start
     wall = time.time()
     end = run_deadline(config.timeout, start)
-    specs = config.selected()
+    specs = config.selected() if specs is None else list(specs)
     results: dict[str, Result] = {}
     done = {s.name: threading.Event() for s in specs}
     abandoned = threading.Event()
@@ -99,6 +101,7 @@ def run(config: Config, state: State, *, start: float | None = None) -> Outcome:
     def supervise(spec: registry.Spec) -> None:
         try:
             needs = [n for n in registry.requirements(spec, config.torch_device) if n in done]
+            by_name = {s.name: s for s in specs}
             for name in needs:
                 done[name].wait(max(0.0, end - time.monotonic()) + 2 * GRACE)
             with lock:
@@ -108,7 +111,7 @@ def run(config: Config, state: State, *, start: float | None = None) -> Outcome:
                 first = bad[0]
                 why = (f"{first.name}: {first.message}" if first is not None
                        else f"{needs[0]} gave no result")
-                layer = registry.BY_NAME[needs[0]].layer
+                layer = by_name[needs[0]].layer
                 result = skipped(spec.name, f"skipped: the {layer} layer failed ({why})",
                                  reason="dependency-failed")
             else:

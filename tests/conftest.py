@@ -1,0 +1,51 @@
+"""Fixtures shared by every test directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment for a whole-process run: no ENABLE_*/HEALTHCHECK_* leaking in from the caller."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ENABLE_", "HEALTHCHECK_", "FAKE_NVML", "CUDA_VISIBLE", "NVIDIA_VISIBLE"))}
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
+            front_door: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the suite as Docker or the kubelet would: a whole process, its output captured."""
+    argv = [str(ROOT / "healthcheck"), *args] if front_door else [PYTHON, "-m", "probes", *args]
+    if front_door:
+        env = dict(env or clean_env())
+        env.setdefault("HEALTHCHECK_PYTHON", PYTHON)
+    return subprocess.run(argv, env=env if env is not None else clean_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _has_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        return subprocess.run([smi, "-L"], capture_output=True, timeout=20, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if any("gpu" in item.keywords for item in items) and not _has_gpu():
+        skip = pytest.mark.skip(reason="needs a real NVIDIA GPU: nvidia-smi -L found none on this machine")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)

@@ -1,0 +1,1 @@
+"""Probe modules with scripted behaviour, to exercise the real runner."""

@@ -1,0 +1,75 @@
+"""Configuration: flags > environment > defaults; every bad value is one line naming what is accepted."""
+
+from __future__ import annotations
+
+import pytest
+
+from probes import config, registry
+from probes.config import ConfigError, load
+
+
+def test_defaults():
+    cfg = load({})
+    assert cfg.profile == "readiness" and cfg.timeout == config.PROFILE_TIMEOUTS["readiness"]
+    assert cfg.jupyter_port == 8888 and cfg.ssh_port == 22 and cfg.host == "127.0.0.1"
+    assert cfg.torch_device == "cuda" and cfg.gpu_count == 1
+    assert [s.name for s in cfg.selected()] == list(registry.NAMES)
+
+
+@pytest.mark.parametrize("raw,value", [("true", True), ("1", True), ("YES", True), ("on", True),
+                                       ("false", False), ("0", False), ("No", False), ("off", False)])
+def test_toggle_spellings(raw, value):
+    assert load({"ENABLE_SSH_CHECK": raw}).toggles["ENABLE_SSH_CHECK"] is value
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"ENABLE_SSH_CHECK": "maybe"}, "ENABLE_SSH_CHECK='maybe' is not a boolean (accepted: true/false"),
+    ({"HEALTHCHECK_TIMEOUT": "-1"}, "HEALTHCHECK_TIMEOUT='-1' is out of range (accepted: a number greater than 0"),
+    ({"HEALTHCHECK_TIMEOUT": "nan"}, "HEALTHCHECK_TIMEOUT='nan' is out of range"),
+    ({"HEALTHCHECK_TIMEOUT": "soon"}, "HEALTHCHECK_TIMEOUT='soon' is not a number"),
+    ({"HEALTHCHECK_SSH_PORT": "70000"}, "HEALTHCHECK_SSH_PORT='70000' is not a port number (accepted: an integer 1-65535)"),
+    ({"HEALTHCHECK_JUPYTER_PORT": "0"}, "HEALTHCHECK_JUPYTER_PORT='0' is not a port number"),
+    ({"HEALTHCHECK_PROFILE": "nope"}, "HEALTHCHECK_PROFILE='nope' is not accepted (accepted: startup, readiness, liveness)"),
+    ({"HEALTHCHECK_GPU_COUNT": "1.5"}, "HEALTHCHECK_GPU_COUNT='1.5' is not an integer"),
+    ({"HEALTHCHECK_TORCH_DEVICE": "tpu"}, "HEALTHCHECK_TORCH_DEVICE='tpu' is not accepted (accepted: cuda, cpu)"),
+    ({"HEALTHCHECK_HOST": "a b"}, "HEALTHCHECK_HOST='a b' is not accepted"),
+    ({"HEALTHCHECK_JUPYTER_BASE_URL": "lab"}, "is not a URL path"),
+])
+def test_bad_values_name_variable_value_and_accepted(env, needle):
+    with pytest.raises(ConfigError) as err:
+        load(env)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_flags_override_environment():
+    cfg = load({"HEALTHCHECK_PROFILE": "startup"}, profile="liveness")
+    assert cfg.profile == "liveness" and cfg.timeout == config.PROFILE_TIMEOUTS["liveness"]
+    with pytest.raises(ConfigError, match="--profile='nope'"):
+        load({}, profile="nope")
+
+
+def test_only_overrides_toggles_and_skip_removes():
+    off = {t: "false" for t in registry.TOGGLES}
+    assert [s.name for s in load(off, only="ssh").selected()] == ["ssh"]
+    assert "ssh" not in [s.name for s in load({}, skip="ssh,nvml").selected()]
+    with pytest.raises(ConfigError, match=r"--only: unknown probe 'nosuchprobe' \(accepted: nvidia-smi"):
+        load({}, only="nosuchprobe")
+    with pytest.raises(ConfigError, match="names no probe"):
+        load({}, skip=" , ")
+
+
+def test_liveness_never_runs_nvidia_smi_or_nvml():
+    names = [s.name for s in load({}, profile="liveness").selected()]
+    assert "nvidia-smi" not in names and "nvml" not in names and "jupyter" in names
+
+
+def test_unprintable_and_long_values_are_shown_safely():
+    with pytest.raises(ConfigError) as err:
+        load({"HEALTHCHECK_SSH_PORT": "\x1b[2J" + "9" * 100})
+    text = str(err.value)
+    assert "\x1b" not in text and len(text) < 200
+
+
+def test_base_url_gets_trailing_slash():
+    assert load({"HEALTHCHECK_JUPYTER_BASE_URL": "/lab"}).jupyter_base_url == "/lab/"

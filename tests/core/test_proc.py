@@ -1,0 +1,133 @@
+"""The process helper: children that hang, ignore SIGTERM or leave grandchildren holding the pipe."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+from probes import proc
+
+SLACK = 0.5  # the issue's bound: a probe returns at its deadline + 0.5 s at most
+
+
+def leftovers(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_gone(marker: str, within: float = 1.0) -> list[psutil.Process]:
+    end = time.monotonic() + within
+    while (left := leftovers(marker)) and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
+
+
+@pytest.fixture
+def marker() -> str:
+    return f"hc-test-{uuid.uuid4().hex[:12]}"
+
+
+def sh(script: str, marker: str) -> list[str]:
+    # The marker travels as $0 so every process of the tree carries it in its command line.
+    return ["sh", "-c", script, marker]
+
+
+def timed(argv: list[str], budget: float) -> tuple[proc.Completed, float]:
+    start = time.monotonic()
+    res = proc.run(argv, deadline=start + budget)
+    return res, time.monotonic() - start
+
+
+def test_plain_success_keeps_output_and_status(marker):
+    res, _ = timed(sh("echo out; echo err >&2; exit 7", marker), 5)
+    assert res.returncode == 7 and res.stdout == b"out\n" and res.stderr == b"err\n"
+    assert not res.timed_out and not res.stuck and not res.ok
+
+
+def test_hanging_child_returns_at_deadline_and_is_gone(marker):
+    res, took = timed(sh("echo started; exec sleep 60", marker), 0.5)
+    assert res.timed_out and res.signal == signal.SIGTERM
+    assert res.stdout == b"started\n"
+    assert 0.5 <= took <= 0.5 + SLACK
+    assert wait_gone(marker) == []
+
+
+def test_child_ignoring_sigterm_is_killed(marker):
+    res, took = timed(sh("trap '' TERM; while :; do sleep 0.05; done", marker), 0.5)
+    assert res.timed_out and res.signal == signal.SIGKILL
+    assert took <= 0.5 + SLACK
+    assert wait_gone(marker) == []
+
+
+def test_grandchild_holding_stdout_does_not_hold_us(marker):
+    res, took = timed(sh("sleep 60 & echo parent-done", marker), 5)
+    assert res.returncode == 0 and not res.timed_out
+    assert b"parent-done" in res.stdout
+    assert took < 1.0
+    assert wait_gone(marker) == []
+
+
+def test_grandchild_in_its_own_group_is_swept(marker):
+    script = "python3 -c 'import os,time; os.setpgid(0,0); time.sleep(60)' & sleep 60"
+    res, took = timed(sh(script, marker), 0.5)
+    assert res.timed_out and took <= 0.5 + SLACK
+    assert wait_gone(marker) == []
+
+
+def test_huge_output_is_capped(marker):
+    res, _ = timed(sh("head -c 5000000 /dev/zero", marker), 10)
+    assert res.returncode == 0 and res.truncated
+    assert len(res.stdout) == proc.MAX_OUTPUT
+
+
+def test_missing_and_unexecutable_programs(tmp_path):
+    assert proc.run(["no-such-program-xyz"], deadline=time.monotonic() + 1).spawn_error == "not found"
+    script = tmp_path / "noexec"
+    script.write_text("#!/bin/sh\n")
+    res = proc.run([str(script)], deadline=time.monotonic() + 1)
+    assert res.spawn_error == "permission denied" and res.returncode is None and not res.stuck
+
+
+def test_killed_by_signal_is_reported(marker):
+    res, _ = timed(sh("kill -SEGV $$", marker), 5)
+    assert res.signal == signal.SIGSEGV and not res.timed_out
+
+
+def test_unkillable_child_is_reported_stuck_not_awaited(monkeypatch, marker):
+    """A process in uninterruptible sleep ignores SIGKILL; the kernel boundary is faked by
+    dropping our signals, and the helper must still return within its bound."""
+    monkeypatch.setattr(proc.os, "killpg", lambda *a: None)
+    monkeypatch.setattr(proc.os, "kill", lambda *a: None)
+    res, took = timed([sys.executable, "-c", "import time; time.sleep(60)", marker], 0.3)
+    monkeypatch.undo()
+    try:
+        assert res.timed_out and res.stuck and res.returncode is None
+        assert took <= 0.3 + SLACK
+    finally:
+        for p in leftovers(marker):
+            os.kill(p.pid, signal.SIGKILL)
+
+
+def test_no_file_descriptor_leak(marker):
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        proc.run(sh("sleep 5 & echo x", marker), deadline=time.monotonic() + 2)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_excerpt_is_short_single_line_and_printable():
+    text = proc.excerpt(b"line one\n\x1b[31mred\x00\n" + b"x" * 500, limit=60)
+    assert "\n" not in text and "\x1b" not in text and "\x00" not in text
+    assert len(text) == 60 and text.endswith("...")

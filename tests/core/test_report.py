@@ -1,0 +1,61 @@
+"""Reports: the verdict first, every line for a probe, under 4096 bytes, health+json shape."""
+
+from __future__ import annotations
+
+import json
+
+from probes import report
+from probes.result import Result, Status
+from probes.runner import Outcome
+
+
+def outcome(*results: Result, notes: tuple[str, ...] = ()) -> Outcome:
+    return Outcome("readiness", tuple(results), notes)
+
+
+def r(name: str, status: Status, msg: str = "fine", **kw) -> Result:
+    return Result(name, status, msg, time=1.7e9, **kw)
+
+
+def test_verdict_names_first_failure_and_remedy():
+    out = report.text(outcome(r("ssh", Status.PASS), r("jupyter", Status.FAIL, "refused: start it"),
+                              r("nvml", Status.FAIL, "later")))
+    first, *rest = out.splitlines()
+    assert first == "unhealthy: jupyter: refused: start it"
+    assert rest[0].startswith("PASS ssh ") and rest[1].startswith("FAIL jupyter ")
+
+
+def test_warn_and_pass_verdicts():
+    assert report.text(outcome(r("nvml", Status.WARN, "thermal slowdown"))).startswith(
+        "healthy with warnings: nvml: thermal slowdown")
+    assert report.text(outcome(r("ssh", Status.PASS))).startswith("healthy: readiness: 1 checks passed (ssh)")
+    assert report.text(outcome(), disabled="all checks disabled").startswith("healthy: all checks disabled")
+
+
+def test_output_is_cut_under_4096_bytes_keeping_the_verdict():
+    huge = "é" * 5000
+    results = [r(f"p{i}", Status.FAIL, huge) for i in range(40)]
+    out = report.text(outcome(*results, notes=("n" * 5000,)), verbose=True)
+    assert len(out.encode()) < 4096
+    assert out.startswith("unhealthy: p0: ")
+    assert out.endswith(report.CUT)
+
+
+def test_multiline_messages_stay_on_one_line():
+    out = report.text(outcome(r("ssh", Status.FAIL, "a\nb\r\nc")))
+    assert out.splitlines()[1].endswith("a b c")
+
+
+def test_health_json_shape():
+    doc = report.health_json(outcome(
+        r("nvidia-smi", Status.PASS, "2 GPUs", observed=2, unit="GPUs"),
+        r("torch-cuda", Status.SKIP, "skipped: the hardware layer failed", reason="dependency-failed")))
+    assert doc["status"] == "pass"
+    assert set(doc) >= {"status", "version", "description", "output", "checks", "time", "profile"}
+    key = next(k for k in doc["checks"] if k.startswith("nvidia-smi:"))
+    check = doc["checks"][key][0]
+    assert check["status"] == "pass" and check["observedValue"] == 2 and check["observedUnit"] == "GPUs"
+    assert check["componentType"] == "hardware" and check["time"].startswith("2023-")
+    skipped = next(v for k, v in doc["checks"].items() if k.startswith("torch-cuda:"))[0]
+    assert skipped["status"] == "warn" and skipped["skipped"] is True
+    json.loads(report.json_text(outcome()))

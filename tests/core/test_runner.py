@@ -1,0 +1,101 @@
+"""The runner: layer order, dependency skips, deadlines, errors kept out of the output."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from probes import runner
+from probes.config import Config
+from probes.result import Status
+from probes.state import State
+from tests.core.fakeprobes.behave import SEEN, spec
+
+
+@pytest.fixture
+def state(tmp_path):
+    return State.open(str(tmp_path / "state"))
+
+
+def run(specs, state, timeout=5.0):
+    return runner.run(Config(timeout=timeout), state, specs=specs)
+
+
+def test_all_pass_keeps_registry_order(state):
+    out = run([spec("a", "slow"), spec("b", "pass"), spec("c", "pass")], state)
+    assert [r.name for r in out.results] == ["a", "b", "c"]
+    assert out.status is Status.PASS
+    assert all(r.elapsed >= 0 and r.time > 0 for r in out.results)
+
+
+def test_worst_status_wins_and_first_failure_is_reported(state):
+    out = run([spec("a", "warn"), spec("b", "fail"), spec("c", "fail")], state)
+    assert out.status is Status.FAIL
+    assert out.first_problem is not None and out.first_problem.name == "b"
+    assert run([spec("a", "warn"), spec("b", "pass")], state).status is Status.WARN
+
+
+def test_failed_requirement_skips_dependant_with_reason(state):
+    specs = [spec("hw", "fail", layer="hardware"), spec("fw", "pass", layer="framework", requires=("hw",))]
+    out = run(specs, state)
+    fw = out.results[1]
+    assert fw.status is Status.SKIP
+    assert fw.reason == "dependency-failed"
+    assert "hardware layer failed" in fw.message and "hw said fail" in fw.message
+    assert "fw" not in [name for name, _ in SEEN[-1:]]  # never gathered
+
+
+def test_dependant_sees_requirement_results(state):
+    SEEN.clear()
+    specs = [spec("hw", "pass", layer="hardware"), spec("fw", "pass", layer="framework", requires=("hw",))]
+    run(specs, state)
+    seen = dict(SEEN)
+    assert "hw" in seen["fw"]
+    assert seen["fw"]["hw"].status is Status.PASS
+
+
+def test_requirement_not_selected_is_ignored(state):
+    out = run([spec("fw", "pass", layer="framework", requires=("hw",))], state)
+    assert out.results[0].status is Status.PASS
+
+
+def test_hanging_probe_is_abandoned_at_its_deadline(state):
+    start = time.monotonic()
+    out = run([spec("stuck", "hang", timeout=0.5), spec("ok", "pass")], state, timeout=10)
+    took = time.monotonic() - start
+    assert took < 0.5 + 0.5 + runner.GRACE
+    stuck = out.results[0]
+    assert stuck.status is Status.FAIL and stuck.reason == "deadline"
+    assert "0.5s" in stuck.message
+    assert out.abandoned
+    assert out.results[1].status is Status.PASS  # the others still report
+
+
+def test_run_deadline_caps_every_probe(state):
+    start = time.monotonic()
+    out = run([spec("stuck", "hang", timeout=30)], state, timeout=1.0)
+    assert time.monotonic() - start < 1.0 + runner.GRACE + 0.3
+    assert out.results[0].reason == "deadline"
+
+
+def test_hanging_requirement_does_not_hang_dependant(state):
+    specs = [spec("hw", "hang", layer="hardware", timeout=0.3),
+             spec("fw", "pass", layer="framework", requires=("hw",))]
+    out = run(specs, state, timeout=5)
+    assert out.results[1].status is Status.SKIP
+    assert "no answer" in out.results[1].message
+
+
+def test_exception_becomes_failure_without_its_text(state):
+    out = run([spec("boom", "raise")], state)
+    r = out.results[0]
+    assert r.status is Status.FAIL and r.reason == "internal-error"
+    assert "RuntimeError" in r.message
+    assert "secret-token" not in r.message
+
+
+def test_notes_say_caching_off_when_torch_runs_without_state():
+    off = State.off("/nope is not writable")
+    out = runner.run(Config(timeout=2), off, specs=[spec("torch-cuda", "pass")])
+    assert out.notes == ("caching off: /nope is not writable",)
