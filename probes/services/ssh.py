@@ -1,0 +1,187 @@
+"""ssh: sshd answers with an SSH protocol identification line.
+
+Proves that an SSH server accepts a connection on HEALTHCHECK_HOST:HEALTHCHECK_SSH_PORT
+and sends ``SSH-2.0-<software> [comments]`` (or ``SSH-1.99-``, a server that also
+speaks protocol 2) before the deadline. An open port is not enough: the kernel completes
+the TCP handshake for a hung sshd, so the probe waits for the banner itself.
+
+Command-line equivalent::
+
+    timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/22; echo SSH-2.0-healthcheck >&3; head -c 255 <&3'
+
+RFC 4253 section 4.2: the server may send other lines before its identification line;
+each line is at most 255 bytes including CR LF. We read line by line, skip such lines,
+and give up at the probe's deadline (an overall deadline, so a server that sends one
+byte a second cannot hold the probe).
+
+We send our own identification line first, as RFC 4253 allows a client to do without
+waiting: sshd ignores it until its own banner is out, and a request/response server on
+the port (an HTTP server, say) answers it with something that is plainly not an SSH
+banner instead of waiting silently. We then close without key exchange.
+
+OpenSSH 9.8 and later penalise addresses whose connections close before authenticating
+(``PerSourcePenalties``, penalty class ``noauth``); frequent probes could get the
+probe's own address refused for a while. The image exempts loopback with
+``PerSourcePenaltyExemptList 127.0.0.1/8,::1``; keep the probe on loopback, or exempt
+the address it comes from.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+from probes.context import Context
+from probes.result import Result, failed, passed
+from probes.services import _net
+
+NAME = "ssh"
+MEASUREMENT = "banner"
+
+MAX_LINE = 255  # RFC 4253 4.2, including CR LF
+MAX_PRELUDE = 8192  # bytes of other lines we tolerate before the identification line
+CLIENT_ID = b"SSH-2.0-healthcheck\r\n"
+
+
+def _scan(buf: bytes) -> dict[str, Any] | None:
+    """Look for the identification line in what arrived so far; None means read more."""
+    start = 0
+    while True:
+        nl = buf.find(b"\n", start)
+        if nl < 0:
+            pending = buf[start:]
+            if len(pending) > MAX_LINE:
+                return {"outcome": "too-long", "excerpt": _net.safe_excerpt(pending)}
+            return None
+        line = buf[start: nl + 1]
+        if len(line) > MAX_LINE:
+            return {"outcome": "too-long", "excerpt": _net.safe_excerpt(line)}
+        text = line.rstrip(b"\r\n")
+        if text.startswith(b"SSH-"):
+            return {"outcome": "banner", "line": text}
+        start = nl + 1
+        if start > MAX_PRELUDE:
+            return {"outcome": "not-ssh", "excerpt": _net.safe_excerpt(buf.lstrip())}
+
+
+def gather(ctx: Context) -> dict[str, Any]:
+    cfg = ctx.config
+    deadline = ctx.deadline
+    t0 = time.monotonic()
+    data: dict[str, Any] = {"host": cfg.host, "port": cfg.ssh_port, "budget": max(0.0, deadline - t0)}
+    try:
+        sock = _net.connect(cfg.host, cfg.ssh_port, deadline)
+    except _net.NetError as exc:
+        kind = "connect-timeout" if exc.kind == "timeout" else exc.kind
+        data.update(outcome=kind, detail=exc.detail)
+        if exc.kind == "refused":
+            data["listening"] = _net.listening(cfg.ssh_port)
+        return data
+    buf = b""
+    try:
+        try:
+            _net.arm(sock, deadline)
+            sock.sendall(CLIENT_ID)
+        except OSError:
+            pass  # a server that has already closed is judged by what it sent (nothing)
+        while True:
+            found = _scan(buf)
+            if found is not None:
+                data.update(found)
+                break
+            try:
+                _net.arm(sock, deadline)
+                chunk = sock.recv(1024)
+            except socket.timeout:
+                data["outcome"] = "timeout"
+                break
+            except OSError:  # reset by the peer
+                chunk = b""
+            if not chunk:
+                data["outcome"] = "closed"
+                break
+            buf += chunk
+    finally:
+        sock.close()
+    data["received"] = len(buf)
+    if data["outcome"] in ("timeout", "closed"):
+        data["partial"] = buf[buf.rfind(b"\n") + 1:]
+        data["excerpt"] = _net.safe_excerpt(buf.lstrip()) if buf.strip() else ""
+    return data
+
+
+def _parse_banner(line: bytes) -> tuple[str, str, str]:
+    """(protocol version, software version, comments) of ``SSH-proto-software comments``."""
+    text = "".join(ch if " " <= ch <= "~" else "?" for ch in line.decode("latin-1"))
+    _, _, rest = text.partition("-")
+    proto, _, rest = rest.partition("-")
+    software, _, comments = rest.partition(" ")
+    return proto, software[:64], comments[:64]
+
+
+def judge(data: dict[str, Any], ctx: Context) -> Result:
+    where = _net.host_header(data["host"], data["port"])
+    outcome = data["outcome"]
+    if outcome == "banner":
+        proto, software, comments = _parse_banner(data["line"])
+        facts = {"protocol": proto, "software": software, "comments": comments}
+        if proto in ("2.0", "1.99") and software:
+            shown = f"{software} {comments}".strip()
+            return passed(NAME, f"sshd at {where} identifies as {shown} (SSH-{proto})",
+                          observed=software, facts=facts)
+        if proto in ("2.0", "1.99"):
+            return failed(NAME, f"the SSH banner at {where} names no software version: "
+                          f"{_net.safe_excerpt(data['line'])}", reason="not-ssh", facts=facts)
+        return failed(NAME, f"the server at {where} speaks only SSH protocol {proto!r}, not 2.0: "
+                      "install a current openssh-server", reason="not-ssh", facts=facts)
+    if outcome == "refused":
+        listening = data.get("listening")
+        if listening is None:
+            extra = ""
+        elif listening:
+            extra = f" (listening here: {', '.join(listening)})"
+        else:
+            extra = " (no TCP port is listening here)"
+        return failed(NAME, f"connection refused: nothing listening on {where}{extra}: start sshd "
+                      "(/usr/sbin/sshd) or set HEALTHCHECK_SSH_PORT to its port",
+                      reason="refused", facts={"listening": listening or []})
+    if outcome == "resolve":
+        return failed(NAME, f"cannot resolve HEALTHCHECK_HOST {data['host']!r}: use an address "
+                      "such as 127.0.0.1", reason="unreachable")
+    if outcome == "unreachable":
+        why = f" ({data['detail']})" if data.get("detail") else ""
+        return failed(NAME, f"cannot reach {where}{why}: check HEALTHCHECK_HOST", reason="unreachable")
+    if outcome in ("too-long", "not-ssh"):
+        return failed(NAME, f"not an SSH banner from {where}: {data['excerpt']}: another service "
+                      "holds the port; check HEALTHCHECK_SSH_PORT and what listens there",
+                      reason="not-ssh")
+    budget = float(data["budget"])
+    if outcome == "connect-timeout":
+        return failed(NAME, f"connection to {where} not accepted within {budget:.1f}s: sshd is "
+                      "hung or its accept queue is full; restart sshd", reason="connect-timeout")
+    if outcome == "timeout":
+        partial: bytes = data.get("partial", b"")
+        if data.get("received", 0) == 0:
+            return failed(NAME, f"no banner: {where} accepted the connection but sent nothing within "
+                          f"{budget:.1f}s: sshd is hung, or the port is not SSH; restart sshd",
+                          reason="no-banner")
+        if b"SSH-".startswith(partial[:4]) and partial:
+            return failed(NAME, f"SSH banner from {where} incomplete at the deadline "
+                          f"({data['received']} bytes in {budget:.1f}s): sshd is overloaded or stuck",
+                          reason="deadline")
+        return failed(NAME, f"not an SSH banner from {where}: {data['excerpt']}: another service "
+                      "holds the port; check HEALTHCHECK_SSH_PORT", reason="not-ssh")
+    # closed
+    if data.get("received", 0) == 0:
+        return failed(NAME, f"no banner: {where} closed the connection without one: sshd refuses "
+                      "this client (MaxStartups, PerSourcePenalties, tcp wrappers); see its log",
+                      reason="no-banner")
+    return failed(NAME, f"not an SSH banner from {where}: {data['excerpt']}: another service holds "
+                  "the port; check HEALTHCHECK_SSH_PORT", reason="not-ssh")
+
+
+def on_deadline(ctx: Context) -> Result:
+    where = _net.host_header(ctx.config.host, ctx.config.ssh_port)
+    return failed(NAME, f"no SSH banner from {where} before the deadline: sshd is hung or overloaded",
+                  reason="deadline")

@@ -1,0 +1,271 @@
+"""Real servers on free loopback ports for the service probes: sshd, Jupyter Server, and
+small misbehaving TCP/HTTP servers (silent, trickling, wrong protocol)."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from probes.config import Config
+from probes.context import Context
+from probes.state import State
+
+SSHD = "/usr/sbin/sshd"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def make_ctx(timeout: float = 3.0, **config: Any) -> Context:
+    return Context(Config(**config), time.monotonic() + timeout, {}, State.off("tests"))
+
+
+def wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen[Any] | None = None) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+# ---------------------------------------------------------------- sshd
+
+class Sshd:
+    """A real OpenSSH server on a free port of 127.0.0.1 and ::1, started and stopped by tests."""
+
+    def __init__(self, root: Path) -> None:
+        if not os.path.exists(SSHD) or not shutil.which("ssh-keygen"):
+            pytest.skip("needs openssh-server (apt-get install -y openssh-server)")
+        self.root = root
+        self.port = free_port()
+        key = root / "host_ed25519"
+        if not key.exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory sshd insists on
+        lines = [f"Port {self.port}", "ListenAddress 127.0.0.1", "ListenAddress ::1",
+                 f"HostKey {key}", f"PidFile {root / 'sshd.pid'}", "UsePAM no",
+                 "PasswordAuthentication no", "KbdInteractiveAuthentication no"]
+        self.cfg = root / "sshd_config"
+        self.cfg.write_text("\n".join(lines) + "\n")
+        exempt = "PerSourcePenaltyExemptList 127.0.0.1/8,::1"
+        probe = root / "sshd_config_probe"
+        probe.write_text("\n".join([*lines, exempt]) + "\n")
+        if subprocess.run([SSHD, "-T", "-f", str(probe)], capture_output=True, check=False).returncode == 0:
+            self.cfg.write_text(probe.read_text())
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.cfg)], stdout=subprocess.DEVNULL,
+                                     stderr=open(self.root / "sshd.log", "ab"))  # noqa: SIM115
+        wait_port("127.0.0.1", self.port, 10, self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[Sshd]:
+    server = Sshd(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+# ---------------------------------------------------------------- small TCP servers
+
+class Listener:
+    """A listening socket that never accepts: the kernel completes the handshake, nothing answers."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def silent() -> Iterator[Listener]:
+    lst = Listener()
+    yield lst
+    lst.close()
+
+
+class ScriptedServer:
+    """Accepts connections and runs ``handler(conn)`` for each in a thread."""
+
+    def __init__(self, handler: Callable[[socket.socket], None], host: str = "127.0.0.1") -> None:
+        self.listener = Listener(host)
+        self.port = self.listener.port
+        self.handler = handler
+        self.closed = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.listener.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            self.handler(conn)
+
+    def close(self) -> None:
+        self.closed.set()
+        with contextlib.suppress(OSError):
+            self.listener.sock.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[..., ScriptedServer]]:
+    servers: list[ScriptedServer] = []
+
+    def make(handler: Callable[[socket.socket], None], host: str = "127.0.0.1") -> ScriptedServer:
+        servers.append(ScriptedServer(handler, host))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def trickle(payload: bytes, every: float = 1.0) -> Callable[[socket.socket], None]:
+    def handler(conn: socket.socket) -> None:
+        for i in range(len(payload)):
+            conn.sendall(payload[i: i + 1])
+            time.sleep(every)
+    return handler
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"hello"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def hello_http() -> Iterator[http.server.ThreadingHTTPServer]:
+    """A plain HTTP server that answers every GET with 200 "hello"."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+# ---------------------------------------------------------------- Jupyter Server
+
+TOKEN = "tok-7f3e9c1d-never-shown-5b2a"  # a test secret the output must never contain
+
+
+class Jupyter:
+    def __init__(self, root: Path, base_url: str = "/", certfile: str | None = None,
+                 keyfile: str | None = None) -> None:
+        self.root = root
+        self.port = free_port()
+        self.base_url = base_url
+        self.runtime = root / "runtime"
+        self.env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.runtime),
+                    "JUPYTER_CONFIG_DIR": str(root / "config"), "JUPYTER_DATA_DIR": str(root / "data"),
+                    "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_NO_CONFIG": "1", "HOME": str(root)}
+        argv = [sys.executable, "-m", "jupyter_server", f"--ServerApp.port={self.port}",
+                "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}",
+                "--ServerApp.open_browser=False", f"--ServerApp.base_url={base_url}",
+                f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0"]
+        if os.geteuid() == 0:
+            argv.append("--allow-root")
+        if certfile:
+            argv += [f"--ServerApp.certfile={certfile}", f"--ServerApp.keyfile={keyfile}"]
+        self.log = open(root / "jupyter.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, env=self.env, cwd=root, stdout=self.log, stderr=self.log)
+        wait_port("127.0.0.1", self.port, 60, self.proc)
+        end = time.monotonic() + 30
+        while not list(self.runtime.glob("jpserver-*.json")):
+            if time.monotonic() > end:
+                raise RuntimeError("Jupyter Server wrote no runtime file")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        stop(self.proc)
+        self.log.close()
+
+
+def _self_signed(root: Path) -> tuple[str, str]:
+    cert, key = root / "cert.pem", root / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+def _jupyter(tmp_path_factory: pytest.TempPathFactory, name: str, **kw: Any) -> Iterator[Jupyter]:
+    pytest.importorskip("jupyter_server")
+    root = tmp_path_factory.mktemp(name)
+    if kw.pop("tls", False):
+        if not shutil.which("openssl"):
+            pytest.skip("needs the openssl command to make a self-signed certificate")
+        kw["certfile"], kw["keyfile"] = _self_signed(root)
+    server = Jupyter(root, **kw)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def jupyter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jupyter]:
+    yield from _jupyter(tmp_path_factory, "jupyter")
+
+
+@pytest.fixture(scope="session")
+def jupyter_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jupyter]:
+    yield from _jupyter(tmp_path_factory, "jupyter-base", base_url="/user/alice/")
+
+
+@pytest.fixture(scope="session")
+def jupyter_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jupyter]:
+    yield from _jupyter(tmp_path_factory, "jupyter-tls", tls=True)

@@ -1,0 +1,140 @@
+"""The ssh probe against a real sshd and against servers that misbehave in the ways that matter."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import pytest
+
+from probes.result import Result, Status
+from probes.services import ssh
+from tests.services.conftest import Listener, free_port, make_ctx, trickle
+
+
+def probe(port: int, timeout: float = 3.0, host: str = "127.0.0.1") -> Result:
+    ctx = make_ctx(timeout, host=host, ssh_port=port)
+    result = ssh.judge(ssh.gather(ctx), ctx)
+    assert time.monotonic() <= ctx.deadline + 0.5, "the probe overran its deadline"
+    assert "\n" not in result.message
+    return result
+
+
+def test_real_sshd_passes_and_reports_its_version(sshd: Any) -> None:
+    r = probe(sshd.port)
+    assert r.status is Status.PASS, r.message
+    assert str(r.observed).startswith("OpenSSH_")
+    assert r.facts["protocol"] == "2.0"
+
+
+def test_real_sshd_over_ipv6_loopback(sshd: Any) -> None:
+    try:
+        socket.create_connection(("::1", sshd.port), timeout=1).close()
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    r = probe(sshd.port, host="::1")
+    assert r.status is Status.PASS, r.message
+    assert f"[::1]:{sshd.port}" in r.message
+
+
+def test_stopped_sshd_is_refused_and_says_what_listens(sshd: Any) -> None:
+    assert probe(sshd.port).status is Status.PASS
+    sshd.stop()
+    r = probe(sshd.port)
+    assert r.status is Status.FAIL
+    assert r.reason == "refused"
+    assert "refused" in r.message and "HEALTHCHECK_SSH_PORT" in r.message
+
+
+def test_silent_listener_fails_with_no_banner_by_the_deadline(silent: Listener) -> None:
+    t0 = time.monotonic()
+    r = probe(silent.port, timeout=1.0)
+    assert time.monotonic() - t0 < 1.5
+    assert (r.status, r.reason) == (Status.FAIL, "no-banner")
+    assert "no banner" in r.message
+
+
+def test_http_server_on_the_ssh_port_is_not_an_ssh_banner(hello_http: Any) -> None:
+    r = probe(hello_http.server_address[1])
+    assert (r.status, r.reason) == (Status.FAIL, "not-ssh")
+    assert "not an SSH banner" in r.message
+
+
+def test_server_that_greets_with_http_first(scripted: Any) -> None:
+    srv = scripted(lambda c: c.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n"))
+    r = probe(srv.port)
+    assert r.reason == "not-ssh"
+    assert "'HTTP/1.1 400 Bad Request'" in r.message
+
+
+def test_only_a_neighbouring_port_listens(silent: Listener) -> None:
+    # The neighbour is the silent listener's port + 1 when free; what matters is that the
+    # message names the port that does listen.
+    port = silent.port + 1
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            pytest.skip("the neighbouring port is taken")
+    r = probe(port)
+    assert r.reason == "refused"
+    assert f"127.0.0.1:{silent.port}" in r.message, r.message
+
+
+def test_one_byte_per_second_returns_by_the_deadline(scripted: Any) -> None:
+    srv = scripted(trickle(b"SSH-2.0-OpenSSH_9.9\r\n", every=0.5))
+    t0 = time.monotonic()
+    r = probe(srv.port, timeout=1.2)
+    assert time.monotonic() - t0 < 1.2 + 0.5
+    assert (r.status, r.reason) == (Status.FAIL, "deadline")
+
+
+def test_lines_before_the_banner_are_allowed(scripted: Any) -> None:
+    srv = scripted(lambda c: c.sendall(b"Welcome\r\nplease wait\r\nSSH-2.0-Example_1.0 extra\r\n"))
+    r = probe(srv.port)
+    assert r.status is Status.PASS, r.message
+    assert r.observed == "Example_1.0"
+    assert r.facts["comments"] == "extra"
+
+
+def test_ssh_1_99_is_accepted_and_ssh_1_5_is_not(scripted: Any) -> None:
+    ok = scripted(lambda c: c.sendall(b"SSH-1.99-Old_2\r\n"))
+    assert probe(ok.port).status is Status.PASS
+    old = scripted(lambda c: c.sendall(b"SSH-1.5-Ancient\r\n"))
+    r = probe(old.port)
+    assert r.reason == "not-ssh" and "protocol" in r.message
+
+
+def test_overlong_line_is_not_ssh(scripted: Any) -> None:
+    srv = scripted(lambda c: (c.sendall(b"A" * 300), time.sleep(2)))
+    r = probe(srv.port, timeout=1.5)
+    assert r.reason == "not-ssh"
+
+
+def test_closed_without_banner(scripted: Any) -> None:
+    srv = scripted(lambda c: None)
+    r = probe(srv.port)
+    assert r.reason == "no-banner" and "closed" in r.message
+
+
+def test_banner_bytes_are_made_safe(scripted: Any) -> None:
+    srv = scripted(lambda c: c.sendall(b"\x1b[31mevil\x07\r\n"))
+    r = probe(srv.port)
+    assert r.reason == "not-ssh"
+    assert "\x1b" not in r.message and "\x07" not in r.message
+
+
+def test_judge_is_pure() -> None:
+    ctx = make_ctx()
+    data: dict[str, Any] = {"host": "127.0.0.1", "port": 22, "budget": 3.0, "outcome": "banner",
+                            "line": b"SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13"}
+    r = ssh.judge(data, ctx)
+    assert (r.status, r.observed) == (Status.PASS, "OpenSSH_9.6p1")
+    data = {"host": "127.0.0.1", "port": 22, "budget": 3.0, "outcome": "refused", "listening": []}
+    assert "no TCP port is listening" in ssh.judge(data, ctx).message
+
+
+def test_nothing_anywhere_unused_port() -> None:
+    r = probe(free_port())
+    assert r.reason == "refused"
