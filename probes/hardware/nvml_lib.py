@@ -1,0 +1,278 @@
+"""The one module that imports ``pynvml`` (NVIDIA's nvidia-ml-py bindings).
+
+Importing this module never fails: a missing or wrong ``pynvml`` is stored and raised as
+:class:`NvmlUnavailable` when a caller asks for NVML (:func:`bindings`, :func:`init`).
+The deprecated ``pynvml`` distribution can shadow nvidia-ml-py under the same import
+name; we accept the module only if it is NVIDIA's (it has ``_nvmlGetFunctionPointer``
+and ``nvmlInitWithFlags``).
+
+Error knowledge lives here too: :func:`describe` maps an NVML return code to a short
+reason code and a one-line explanation with the remedy, for the probe and for the
+event watcher alike.
+
+Events (for ``healthcheck serve``)::
+
+    stop = threading.Event()
+    for ev in watch_events(stop, wait_ms=500):
+        print(ev.gpu_index, ev.uuid, ev.kind, ev.data)   # kind: "xid" | "ecc-single" | "ecc-double"
+
+``watch_events`` initialises NVML at call time (raising :class:`NvmlUnavailable` with a
+clear, secret-free message if it cannot, before any iteration), creates one NVML event
+set, registers every GPU for the Xid-critical-error and single/double-bit ECC events it supports
+(``nvmlDeviceGetSupportedEventTypes`` / ``nvmlDeviceRegisterEvents``; GPUs that are
+lost or support none are skipped), then loops on ``nvmlEventSetWait_v2`` with a
+``wait_ms`` timeout so that ``stop`` is honoured within about ``wait_ms``. On exit
+(stop set, generator closed, or an error) it frees the event set and shuts NVML down;
+an NVML failure while waiting raises NvmlUnavailable from the iteration.
+Xid events are only seen while a watcher is registered: a one-shot probe cannot see
+past ones. There is no nvidia-smi equivalent; ``dmesg | grep -i xid`` on the host shows
+the same errors after the fact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any, Literal
+
+EventKind = Literal["xid", "ecc-single", "ecc-double"]
+
+# NVML return codes (nvml.h); kept here so callers need not import pynvml.
+SUCCESS = 0
+NO_PERMISSION = 4
+NOT_SUPPORTED = 3
+NOT_FOUND = 6
+DRIVER_NOT_LOADED = 9
+TIMEOUT = 10
+LIBRARY_NOT_FOUND = 12
+FUNCTION_NOT_FOUND = 13
+CORRUPTED_INFOROM = 14
+GPU_IS_LOST = 15
+RESET_REQUIRED = 16
+LIB_RM_VERSION_MISMATCH = 18
+UNKNOWN = 999
+
+EVENT_SINGLE_ECC = 0x1
+EVENT_DOUBLE_ECC = 0x2
+EVENT_XID = 0x8
+WATCHED_EVENTS = EVENT_XID | EVENT_SINGLE_ECC | EVENT_DOUBLE_ECC
+
+_LIBRARY_HINT = ("HINT: libnvidia-ml.so.1 ships with the NVIDIA driver; the NVIDIA Container Toolkit "
+                 "mounts it when the container starts with --gpus all "
+                 "(NVIDIA_DRIVER_CAPABILITIES must include utility)")
+
+# code -> (reason, what it means and what to do)
+_DESCRIPTIONS: dict[int, tuple[str, str]] = {
+    LIBRARY_NOT_FOUND: ("nvml-not-found", "NVML library not found. " + _LIBRARY_HINT),
+    DRIVER_NOT_LOADED: ("driver-not-loaded",
+                        "NVIDIA driver not loaded: load the kernel module on the host "
+                        "(modprobe nvidia; check nvidia-smi there), then restart the container"),
+    NO_PERMISSION: ("no-permission",
+                    "no permission to use the GPU device nodes (/dev/nvidia*): start the container "
+                    "with --gpus all (NVIDIA Container Toolkit) or allow the devices in its cgroup"),
+    LIB_RM_VERSION_MISMATCH: ("driver-mismatch",
+                              "NVML and kernel driver versions differ (driver upgraded without "
+                              "reload): reboot the node or reload the nvidia kernel module"),
+    UNKNOWN: ("nvml-unknown-error",
+              "NVML failed with Unknown Error: in a container this usually means the device cgroup "
+              "access was lost after a host systemctl daemon-reload; recreate the container"),
+    GPU_IS_LOST: ("gpu-lost",
+                  "GPU is lost (fallen off the bus, Xid 79): reset the GPU (nvidia-smi -r) "
+                  "or reboot the node; check dmesg for Xid errors"),
+    CORRUPTED_INFOROM: ("inforom-corrupted",
+                        "GPU InfoROM is corrupted: drain the node and have the GPU serviced (RMA)"),
+    RESET_REQUIRED: ("reset-required", "GPU requires a reset: reset the GPU (nvidia-smi -r) or "
+                     "reboot the node"),
+    FUNCTION_NOT_FOUND: ("nvml-too-old", "the driver's NVML lacks a function this suite calls: "
+                         "update the NVIDIA driver on the host"),
+    TIMEOUT: ("nvml-timeout", "NVML timed out: the driver may be wedged; check dmesg for Xid errors"),
+}
+
+
+def describe(code: int | None) -> tuple[str, str]:
+    """(reason code, one-line explanation with the remedy) for an NVML return code."""
+    if code is not None and code in _DESCRIPTIONS:
+        return _DESCRIPTIONS[code]
+    return ("nvml-error", f"NVML error {code}: check the driver on the host (nvidia-smi, dmesg)")
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used. ``reason`` is a short code, ``message`` one safe line with a remedy,
+    ``code`` the NVML return code when there is one."""
+
+    def __init__(self, reason: str, message: str, code: int | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.code = code
+
+
+_pynvml: ModuleType | None = None
+_import_error: NvmlUnavailable | None = None
+try:
+    import pynvml as _candidate
+except Exception:  # ImportError, or a broken install raising anything on import
+    _import_error = NvmlUnavailable(
+        "nvml-bindings-missing",
+        "the nvidia-ml-py bindings are not installed in the suite's environment: pip install nvidia-ml-py")
+else:
+    if all(hasattr(_candidate, a) for a in ("_nvmlGetFunctionPointer", "nvmlInitWithFlags", "NVMLError")):
+        _pynvml = _candidate
+    else:
+        _import_error = NvmlUnavailable(
+            "nvml-bindings-shadowed",
+            "the imported pynvml is not NVIDIA's nvidia-ml-py (the deprecated pynvml package shadows "
+            "it): pip uninstall pynvml && pip install --force-reinstall nvidia-ml-py")
+
+
+def bindings() -> ModuleType:
+    """The pynvml module, or raise the stored import failure."""
+    if _pynvml is None:
+        assert _import_error is not None
+        raise _import_error
+    return _pynvml
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The NVML return code carried by an NVMLError, else None."""
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def is_nvml_error(exc: BaseException) -> bool:
+    return _pynvml is not None and isinstance(exc, _pynvml.NVMLError)
+
+
+def init() -> ModuleType:
+    """Initialise NVML; returns the bindings. Raises NvmlUnavailable with reason and remedy."""
+    nv = bindings()
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as exc:
+        code = error_code(exc)
+        reason, text = describe(code)
+        raise NvmlUnavailable(reason, text, code) from None
+    return nv
+
+
+def shutdown() -> None:
+    """nvmlShutdown, ignoring errors (NVML counts inits; a failed shutdown changes nothing we report)."""
+    if _pynvml is None:
+        return
+    with contextlib.suppress(_pynvml.NVMLError):
+        _pynvml.nvmlShutdown()
+
+
+def call(fn: Any, *args: Any) -> tuple[Any, int | None]:
+    """Run one NVML query: (value, None) or (None, error code). Other exceptions propagate."""
+    nv = bindings()
+    try:
+        return fn(*args), None
+    except nv.NVMLError as exc:
+        code = error_code(exc)
+        return None, UNKNOWN if code is None else code
+
+
+def text(value: Any) -> str:
+    """NVML strings arrive as bytes from older bindings and str from newer ones."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    gpu_index: int
+    uuid: str
+    kind: EventKind
+    data: int  # the Xid number for "xid"; NVML's event data for ECC events
+
+
+def _kind(event_type: int) -> EventKind | None:
+    if event_type & EVENT_XID:
+        return "xid"
+    if event_type & EVENT_DOUBLE_ECC:
+        return "ecc-double"
+    if event_type & EVENT_SINGLE_ECC:
+        return "ecc-single"
+    return None
+
+
+def watch_events(stop: threading.Event, wait_ms: int = 500) -> Iterator[Event]:
+    """Yield Xid and ECC events from every GPU until ``stop`` is set (see the module docstring).
+
+    NVML is initialised and the event set registered at call time, so a failure raises
+    NvmlUnavailable here, before the first event is asked for.
+    """
+    if wait_ms <= 0:
+        raise ValueError(f"wait_ms must be greater than zero (specified: {wait_ms})")
+    nv = init()
+    try:
+        event_set = nv.nvmlEventSetCreate()
+    except nv.NVMLError as exc:
+        shutdown()
+        code = error_code(exc)
+        reason, why = describe(code)
+        raise NvmlUnavailable(reason, "cannot create an NVML event set: " + why, code) from None
+    try:
+        gpus = _register_all(nv, event_set)
+    except BaseException:
+        _release(nv, event_set)
+        raise
+    return _events(nv, event_set, gpus, stop, wait_ms)
+
+
+def _register_all(nv: ModuleType, event_set: Any) -> dict[int, tuple[int, str]]:
+    """Register every GPU that can be registered; handle address -> (index, uuid)."""
+    by_address: dict[int, tuple[int, str]] = {}
+    count, _ = call(nv.nvmlDeviceGetCount)
+    for index in range(count or 0):
+        handle, err = call(nv.nvmlDeviceGetHandleByIndex, index)
+        if err is not None:
+            continue  # a lost GPU cannot be registered; the nvml probe reports it
+        uuid, _ = call(nv.nvmlDeviceGetUUID, handle)
+        supported, err = call(nv.nvmlDeviceGetSupportedEventTypes, handle)
+        wanted = (supported or 0) & WATCHED_EVENTS
+        if err is not None or not wanted:
+            continue
+        _, err = call(nv.nvmlDeviceRegisterEvents, handle, wanted, event_set)
+        if err is None:
+            by_address[_address(handle)] = (index, text(uuid) if uuid is not None else "")
+    return by_address
+
+
+def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], stop: threading.Event,
+            wait_ms: int) -> Iterator[Event]:
+    try:
+        while not stop.is_set():
+            try:
+                data = nv.nvmlEventSetWait_v2(event_set, wait_ms)
+            except nv.NVMLError as exc:
+                if error_code(exc) == TIMEOUT:
+                    continue
+                code = error_code(exc)
+                reason, why = describe(code)
+                raise NvmlUnavailable(reason, "waiting for NVML events failed: " + why, code) from None
+            kind = _kind(int(data.eventType))
+            if kind is None:
+                continue
+            index, uuid = gpus.get(_address(data.device), (-1, ""))
+            yield Event(index, uuid, kind, int(data.eventData))
+    finally:
+        _release(nv, event_set)
+
+
+def _release(nv: ModuleType, event_set: Any) -> None:
+    with contextlib.suppress(nv.NVMLError):
+        nv.nvmlEventSetFree(event_set)
+    shutdown()
+
+
+def _address(handle: Any) -> int:
+    """A device handle's identity (a pointer): the same GPU gives the same address."""
+    import ctypes
+
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
