@@ -1,0 +1,610 @@
+"""torch-cuda: the image's own Python can import torch and run a real, verified op on each GPU.
+
+A worker (``torch_worker.py``) runs in the interpreter that owns torch
+(``HEALTHCHECK_TORCH_PYTHON``, default ``python3``), never in the suite's own
+process, with ``CUDA_MODULE_LOADING=LAZY``, in its own session and under the
+probe's deadline. On each visible device it runs a seeded float32 matmul (TF32 off),
+compares it with a float64 CPU reference (silent data corruption shows up as a
+mismatch), synchronises and reads free/total memory. It prints one line,
+``HEALTHCHECK-TORCH-RESULT {json}``; this module trusts nothing else it prints,
+validates that line strictly and judges it.
+
+Command-line equivalent::
+
+    CUDA_MODULE_LOADING=LAZY python3 probes/framework/torch_worker.py --device cuda
+
+Hard cases, decided here:
+- A fatal CUDA error (illegal address, launch failure, uncorrectable ECC, unknown
+  error, misaligned address, ...) latches the container unhealthy until it restarts;
+  latched runs answer at once without touching the GPU. The liveness profile only
+  reads the latch: no worker, no torch.
+- A device held by the workload in EXCLUSIVE_PROCESS mode ("busy or unavailable") and
+  an out-of-memory error for the probe's own context are the workload using its GPU,
+  not a fault: they warn (reasons ``device-busy`` and ``oom``) and never latch.
+- One costly check at a time: concurrent runs share one worker through a lock in the
+  state dir. A run that waited reuses a result that finished after it started,
+  whatever its status; ``readiness`` also reuses a passing result younger than
+  ``HEALTHCHECK_TORCH_TTL``; ``startup`` always runs fresh. Without a state dir every
+  run starts its own worker (caching off).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from probes import proc
+from probes.context import Context
+from probes.framework import torch_worker
+from probes.result import SEVERITY, Result, Status, failed, passed, warned
+from probes.state import pid1_identity
+
+NAME = "torch-cuda"
+MEASUREMENT = "devices"
+UNIT = "devices"
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
+PREFIX = torch_worker.PREFIX
+PHASE = torch_worker.PHASE
+SCHEMA = torch_worker.SCHEMA
+CACHE = "torch-cuda.json"
+LOCK = "torch-cuda.lock"
+SIZE = 1024  # 2 GFLOP: enough blocks to occupy a GPU, ~50 ms for the float64 CPU reference
+# float32 vs float64 at this size differs by ~4e-7 of the largest value; TF32 would
+# give ~1e-3 and a flipped exponent or high mantissa bit far more.
+TOLERANCE = 1e-4
+# proc.run may overrun its deadline by TERM_GRACE + KILL_WAIT; keep gather() inside ours.
+MARGIN = proc.TERM_GRACE + proc.KILL_WAIT + 0.05
+MAX_DEVICES = 1024
+
+log = logging.getLogger("healthcheck")
+
+# Substrings of CUDA/torch error texts (lower case) -> the label used in messages.
+# A fatal error leaves the CUDA context unusable: only a new process on a healthy
+# GPU (in practice a container restart, or a node reboot) recovers.
+FATAL = (
+    ("illegal memory access", "illegal memory access"),
+    ("illegal address", "illegal address"),
+    ("unspecified launch failure", "unspecified launch failure"),
+    ("launch failure", "launch failure"),
+    ("uncorrectable ecc", "uncorrectable ECC error"),
+    ("ecc error", "ECC error"),
+    ("misaligned address", "misaligned address"),
+    ("illegal instruction", "illegal instruction"),
+    ("hardware stack error", "hardware stack error"),
+    ("invalid program counter", "invalid program counter"),
+    ("device-side assert", "device-side assert"),
+    ("context is destroyed", "context destroyed"),
+    ("context corrupted", "context corrupted"),
+    ("unknown error", "unknown error"),
+    ("gpu has fallen off the bus", "GPU fell off the bus"),
+)
+BUSY = ("busy or unavailable",)
+OOM = ("out of memory",)
+DRIVER_OLD = ("driver on your system is too old", "driver version is insufficient")
+
+
+# ---------------------------------------------------------------------------
+# Parsing the worker's one line (pure)
+# ---------------------------------------------------------------------------
+
+class _Bad(ValueError):
+    pass
+
+
+_STR, _INT, _NUM, _BOOL = "str", "int", "num", "bool"
+
+
+def _check(value: Any, kind: str, nullable: bool, where: str) -> None:
+    if value is None:
+        if nullable:
+            return
+        raise _Bad(f"{where} is missing")
+    ok = {
+        _STR: isinstance(value, str) and len(value) <= 1000,
+        _INT: isinstance(value, int) and not isinstance(value, bool),
+        _NUM: isinstance(value, (int, float)) and not isinstance(value, bool),
+        _BOOL: isinstance(value, bool),
+    }[kind]
+    if not ok:
+        raise _Bad(f"{where} has the wrong type")
+
+
+def _fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str) -> None:
+    if not isinstance(obj, dict):
+        raise _Bad(f"{where} is not an object")
+    if set(obj) != set(spec):
+        raise _Bad(f"{where} has unexpected or missing fields")
+    for key, (kind, nullable) in spec.items():
+        _check(obj[key], kind, nullable, f"{where}.{key}")
+
+
+_ERROR = {"phase": (_STR, False), "type": (_STR, False), "message": (_STR, False),
+          "device": (_INT, True), "module": (_STR, True)}
+_DEVICE = {"index": (_INT, False), "name": (_STR, False), "uuid": (_STR, True), "op_ms": (_NUM, True),
+           "max_err": (_NUM, True), "scale": (_NUM, True), "free": (_INT, True), "total": (_INT, True)}
+_TOP = {"v": (_INT, False), "device": (_STR, False), "size": (_INT, False), "expect_count": (_INT, True),
+        "torch": (_STR, True), "cuda": (_STR, True), "cuda_built": (_BOOL, True),
+        "available": (_BOOL, True), "count": (_INT, True), "visible_devices": (_STR, True)}
+
+
+def validate(report: Any, device: str, size: int) -> dict[str, Any]:
+    """The report if it matches the schema exactly; raises _Bad otherwise."""
+    if not isinstance(report, dict):
+        raise _Bad("the result is not an object")
+    if set(report) != {*_TOP, "error", "devices"}:
+        raise _Bad("the result has unexpected or missing fields")
+    _fields({k: report[k] for k in _TOP}, _TOP, "result")
+    if report["v"] != SCHEMA:
+        raise _Bad(f"schema version {report['v']} is not {SCHEMA}")
+    if report["device"] != device or report["size"] != size:
+        raise _Bad("the result is for another request")
+    if report["count"] is not None and not 0 <= report["count"] <= MAX_DEVICES:
+        raise _Bad("result.count is out of range")
+    if report["error"] is not None:
+        _fields(report["error"], _ERROR, "result.error")
+    devices = report["devices"]
+    if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
+        raise _Bad("result.devices is not a list")
+    for i, dev in enumerate(devices):
+        if not isinstance(dev, dict) or "error" not in dev:
+            raise _Bad(f"result.devices[{i}] is not an object")
+        _fields({k: v for k, v in dev.items() if k != "error"}, _DEVICE, f"result.devices[{i}]")
+        if dev["error"] is None:
+            for key in ("op_ms", "max_err", "scale"):
+                _check(dev[key], _NUM, False, f"result.devices[{i}].{key}")
+        else:
+            _fields(dev["error"], _ERROR, f"result.devices[{i}].error")
+    # A report without an error covers every device it counted.
+    stopped = report["error"] is not None or any(d["error"] is not None for d in devices)
+    if not stopped and report["count"] is not None and len(devices) != report["count"]:
+        raise _Bad("the result does not cover every device")
+    return report
+
+
+def parse_output(stdout: bytes, device: str, size: int) -> tuple[dict[str, Any] | None, str | None]:
+    """(report, None) for one valid result line, else (None, what is wrong)."""
+    hits = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.startswith(PREFIX)]
+    if not hits:
+        return None, "no result line"
+    if len(hits) > 1:
+        return None, "more than one result line"
+    try:
+        report = json.loads(hits[0][len(PREFIX):])
+    except ValueError:
+        return None, "the result line is not JSON"
+    try:
+        return validate(report, device, size), None
+    except _Bad as exc:
+        return None, str(exc)
+
+
+def last_phase(stderr: bytes) -> str | None:
+    """Where the worker was when it stopped, from its progress markers (validated)."""
+    found = None
+    for line in stderr.decode("utf-8", "replace").splitlines():
+        if line.startswith(PHASE):
+            name = line[len(PHASE):].strip()
+            if re.fullmatch(r"start|import|init|reference|device (cpu|\d{1,4})", name):
+                found = name
+    return found
+
+
+# ---------------------------------------------------------------------------
+# gather: the only part that runs processes or touches the state dir
+# ---------------------------------------------------------------------------
+
+def expected_count(ctx: Context) -> int | None:
+    """NVML's device count when the hardware layer ran and passed, for device cuda."""
+    if ctx.config.torch_device != "cuda":
+        return None
+    nvml = ctx.results.get("nvml")
+    if nvml is None or not nvml.ok:
+        return None
+    count = nvml.facts.get("count")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
+
+
+def _argv(ctx: Context, expect: int | None) -> list[str]:
+    argv = [ctx.config.torch_python, WORKER, "--device", ctx.config.torch_device, "--size", str(SIZE)]
+    if expect is not None:
+        argv += ["--expect-count", str(expect)]
+    return argv
+
+
+def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["CUDA_MODULE_LOADING"] = "LAZY"  # smaller context on a GPU the workload is using
+    deadline = ctx.deadline - MARGIN
+    budget = max(0.0, deadline - time.monotonic())
+    done = proc.run(_argv(ctx, expect), deadline=deadline, env=env)
+    report, problem = parse_output(done.stdout, ctx.config.torch_device, SIZE)
+    if report is None or report.get("error") or any(d.get("error") for d in report.get("devices", ())):
+        # The details stay in the log; messages carry only fixed phrases.
+        log.info("torch-cuda worker rc=%s timed_out=%s stderr tail: %s", done.returncode, done.timed_out,
+                 proc.excerpt(done.stderr[-2000:], 600))
+    shown = done.stdout
+    if not shown.strip():  # nothing on stdout: the last line of stderr that is not a progress marker
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(PHASE.encode())]
+        shown = lines[-1] if lines else b""
+    return {
+        "kind": "worker",
+        "python": ctx.config.torch_python,
+        "device": ctx.config.torch_device,
+        "expect": expect,
+        "spawn_error": done.spawn_error,
+        "returncode": done.returncode,
+        "timed_out": done.timed_out,
+        "stuck": done.stuck,
+        "budget": round(budget, 2),
+        "elapsed": round(done.elapsed, 3),
+        "phase": last_phase(done.stderr),
+        "report": report,
+        "problem": problem,
+        "excerpt": proc.excerpt(shown, 80) if report is None else None,
+        "finished": time.time(),
+        "cache": None,
+    }
+
+
+def _key(ctx: Context, expect: int | None) -> dict[str, Any]:
+    return {"python": ctx.config.torch_python, "device": ctx.config.torch_device, "size": SIZE,
+            "expect": expect, "identity": pid1_identity()}
+
+
+def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[str, Any] | None:
+    if not entry or entry.get("key") != key or not isinstance(entry.get("data"), dict):
+        return None
+    data = dict(entry["data"])
+    age = time.time() - float(entry.get("finished", 0.0))
+    data["cache"] = {"how": how, "age": round(max(age, 0.0), 1)}
+    return data
+
+
+def _cached_pass(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
+    """A passing result younger than the TTL (the clock going backwards makes it stale)."""
+    if not entry or entry.get("status") != Status.PASS.value:
+        return None
+    try:
+        age = time.time() - float(entry.get("finished", 0.0))
+    except (TypeError, ValueError):
+        return None
+    return _reuse(entry, key, "ttl") if 0 <= age < ttl else None
+
+
+def _latched(latch: dict[str, Any]) -> dict[str, Any]:
+    try:
+        since = float(latch.get("time", 0.0))
+    except (TypeError, ValueError):
+        since = 0.0
+    return {"kind": "latched", "source": str(latch.get("source", "?")), "why": str(latch.get("reason", "?")),
+            "since": since, "age": round(max(time.time() - since, 0.0), 1)}
+
+
+def gather(ctx: Context) -> dict[str, Any]:
+    state = ctx.state
+    latch = state.latch()
+    if latch is not None:
+        return _latched(latch)
+    if ctx.profile == "liveness":
+        return {"kind": "no-latch", "state_off": state.disabled_reason}
+
+    expect = expected_count(ctx)
+    if not state.enabled:
+        data = run_worker(ctx, expect)
+        data["cache"] = {"how": "off", "why": state.disabled_reason}
+        return data
+
+    key = _key(ctx, expect)
+    started = time.time()
+    if ctx.profile == "readiness":
+        hit = _cached_pass(state.read_json(CACHE), key, ctx.config.torch_ttl)
+        if hit is not None:
+            return hit
+    waited_from = time.monotonic()
+    with state.lock(LOCK, ctx.deadline - MARGIN) as held:
+        if not held:
+            return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
+        latch = state.latch()  # the run we waited for may have latched
+        if latch is not None:
+            return _latched(latch)
+        entry = state.read_json(CACHE)
+        if entry is not None:
+            try:
+                fresh = float(entry.get("finished", 0.0)) >= started
+            except (TypeError, ValueError):
+                fresh = False
+            shared = _reuse(entry, key, "shared") if fresh else None
+            if shared is not None:
+                return shared
+            if ctx.profile == "readiness":
+                hit = _cached_pass(entry, key, ctx.config.torch_ttl)
+                if hit is not None:
+                    return hit
+        data = run_worker(ctx, expect)
+        result = judge(data, ctx)
+        if result.facts.get("fatal"):
+            state.set_latch(NAME, result.message)
+        state.write_json(CACHE, {"key": key, "finished": data["finished"], "status": result.status.value,
+                                 "data": data})
+        return data
+
+
+def on_deadline(ctx: Context) -> Result:
+    return failed(NAME, "no result within the deadline: the torch worker or the GPU driver is stuck "
+                  "(check nvidia-smi and dmesg for Xid errors)", reason="deadline", unit=UNIT)
+
+
+# ---------------------------------------------------------------------------
+# judge: pure
+# ---------------------------------------------------------------------------
+
+def _match(message: str, table: Sequence[Any]) -> str | None:
+    low = message.lower()
+    for item in table:
+        needle, label = item if isinstance(item, tuple) else (item, item)
+        if needle in low:
+            return str(label)
+    return None
+
+
+def _norm_uuid(uuid: Any) -> str:
+    text = str(uuid or "").lower()
+    return text[4:] if text.startswith("gpu-") else text
+
+
+def _holder(ctx: Context, report: dict[str, Any], index: int, uuid: str | None) -> str:
+    """Who holds a busy device, from the nvml probe's facts, as a short phrase."""
+    nvml = ctx.results.get("nvml")
+    gpus = nvml.facts.get("gpus") if nvml is not None else None
+    if not isinstance(gpus, list):
+        return ""
+    gpu = None
+    if uuid:
+        gpu = next((g for g in gpus if isinstance(g, dict) and _norm_uuid(g.get("uuid")) == _norm_uuid(uuid)),
+                   None)
+    if gpu is None and report.get("visible_devices") is None:
+        gpu = next((g for g in gpus if isinstance(g, dict) and g.get("index") == index), None)
+    if gpu is None:
+        return ""
+    parts = []
+    mode = gpu.get("compute_mode")
+    if isinstance(mode, str) and mode not in ("DEFAULT", "N/A"):
+        parts.append(f"{mode} compute mode")
+    procs = [p for p in gpu.get("processes") or () if isinstance(p, dict)]
+    if procs:
+        who = ", ".join(f"pid {p.get('pid')} ({proc.excerpt(str(p.get('name', '?')).encode(), 40)})"
+                        for p in procs[:3])
+        parts.append(f"held by {who}")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _suffix(data: dict[str, Any]) -> str:
+    cache = data.get("cache") or {}
+    if cache.get("how") == "ttl":
+        return f" (cached, {cache.get('age', 0):.0f}s old)"
+    if cache.get("how") == "shared":
+        return f" (shared with a concurrent run, {cache.get('age', 0):.1f}s old)"
+    return ""
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f}"
+
+
+def judge(data: dict[str, Any], ctx: Context) -> Result:
+    kind = data.get("kind")
+    if kind == "latched":
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(data["since"]))
+        return failed(NAME, f"latched unhealthy since {when} ({data['age']:.0f}s ago, by {data['source']}): "
+                      f"{data['why']}; restart the container", reason="latched", unit=UNIT,
+                      facts={"latched": True, "since": data["since"], "source": data["source"]})
+    if kind == "no-latch":
+        off = data.get("state_off")
+        note = f" (state dir off: {off}; a fatal error cannot latch)" if off else ""
+        return passed(NAME, f"no CUDA-fatal latch{note}", unit=UNIT, facts={"latched": False})
+    if kind == "lock-timeout":
+        return failed(NAME, f"no result within {data['waited']:.1f}s: another torch-cuda run still holds "
+                      "the lock (one CUDA context at a time); the driver may be stuck", reason="deadline",
+                      unit=UNIT)
+    result = _judge_worker(data, ctx)
+    suffix = _suffix(data)
+    if suffix:
+        result = Result(result.name, result.status, result.message + suffix, result.observed, result.unit,
+                        result.reason, {**result.facts, "cache": data.get("cache")})
+    return result
+
+
+def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
+    python = proc.excerpt(str(data.get("python", "?")).encode(), 80)
+    facts: dict[str, Any] = {"python": data.get("python"), "device": data.get("device"),
+                             "cache": data.get("cache")}
+    kw: dict[str, Any] = {"unit": UNIT, "facts": facts}
+    report = data.get("report")
+    if data.get("spawn_error") == "not found" or (report is None and data.get("returncode") == 127):
+        return failed(NAME, f"torch interpreter {python} not found: set HEALTHCHECK_TORCH_PYTHON to the "
+                      "image's Python that has torch (e.g. /opt/conda/bin/python)",
+                      reason="interpreter-not-found", **kw)
+    if data.get("spawn_error") or (report is None and data.get("returncode") == 126):
+        why = data.get("spawn_error") or "not executable"
+        return failed(NAME, f"torch interpreter {python} cannot be run ({why}): "
+                      "set HEALTHCHECK_TORCH_PYTHON to an executable Python that has torch",
+                      reason="interpreter-not-executable", **kw)
+    if report is not None:
+        return _judge_report(report, data, ctx, python, kw)
+    where = data.get("phase")
+    if data.get("stuck"):
+        return failed(NAME, f"torch worker stuck in {where or 'start-up'} and survived SIGKILL "
+                      "(uninterruptible sleep): the GPU driver is wedged; check dmesg for Xid errors, "
+                      "the node may need a reboot", reason="stuck", **kw)
+    if data.get("timed_out"):
+        hint = ("importing torch took too long: a slow disk or a wedged driver; raise HEALTHCHECK_TIMEOUT "
+                "if the image is slow to start" if where == "import" else
+                "the GPU driver may be wedged; check nvidia-smi and dmesg for Xid errors")
+        return failed(NAME, f"torch worker gave no result within {data.get('budget', 0):.1f}s "
+                      f"(killed while in {where or 'start-up'}): {hint}", reason="deadline", **kw)
+    rc = data.get("returncode")
+    if isinstance(rc, int) and rc < 0:
+        sig = -rc
+        hint = ("out of memory? check the container's memory limit" if sig == signal.SIGKILL else
+                "a crash in torch or the driver; check dmesg" if sig in (signal.SIGSEGV, signal.SIGBUS,
+                                                                          signal.SIGABRT, signal.SIGILL)
+                else "something outside the suite stopped it")
+        return failed(NAME, f"torch worker killed by {_signal_name(sig)} in {where or 'start-up'}: {hint}",
+                      reason="killed", **kw)
+    return failed(NAME, f"torch worker gave an unreadable result ({data.get('problem')}, exit status {rc}): "
+                  f"{data.get('excerpt')!r}", reason="bad-output", **kw)
+
+
+def _classify(err: dict[str, Any]) -> tuple[str, str | None]:
+    """(category, label) of a torch/CUDA error: busy, oom, old-driver, fatal or other."""
+    message = str(err.get("message", ""))
+    if _match(message, BUSY):
+        return "busy", None
+    if _match(message, OOM) or err.get("type") == "OutOfMemoryError":
+        return "oom", None
+    if _match(message, DRIVER_OLD):
+        return "old-driver", None
+    label = _match(message, FATAL)
+    if label:
+        return "fatal", label
+    return "other", None
+
+
+def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, python: str,
+                  kw: dict[str, Any]) -> Result:
+    facts = kw["facts"]
+    facts.update({"torch": report["torch"], "cuda": report["cuda"], "count": report["count"]})
+    version = report["torch"] or "?"
+    err = report["error"]
+    cuda = report["device"] == "cuda"
+    if err is not None and err["phase"] == "import":
+        if err["module"] == "torch":
+            return failed(NAME, f"torch is not installed for {python}: set HEALTHCHECK_TORCH_PYTHON to the "
+                          "interpreter that has torch (e.g. /opt/conda/bin/python)",
+                          reason="torch-missing", **kw)
+        what = (f"module {err['module']!r} is missing" if err["module"]
+                else f"{err['type']}; details in the log")
+        return failed(NAME, f"import torch failed in {python} ({what}): reinstall torch in the image or "
+                      "fix its libraries", reason="torch-import-failed", **kw)
+    if cuda and report["available"] is False and report["cuda_built"] is False:
+        return failed(NAME, f"CUDA not available: torch {version} in {python} is a CPU-only build: install a "
+                      "CUDA build of torch in the image, or set HEALTHCHECK_TORCH_DEVICE=cpu for a CPU-only "
+                      "image", reason="cpu-only-build", **kw)
+    if err is not None and err["phase"] == "init":
+        return _device_error(err, report, ctx, kw, None) or failed(
+            NAME, "CUDA not available (torch.cuda.is_available() is False): start the container with "
+            "--gpus all (NVIDIA Container Toolkit) and check the host driver with nvidia-smi",
+            reason="cuda-unavailable", **kw)
+    if err is not None:
+        return failed(NAME, f"the torch worker failed in {err['phase']} ({err['type']}; details in the log)",
+                      reason="torch-error", **kw)
+    count = report["count"] or 0
+    if cuda and count == 0:
+        return failed(NAME, "CUDA not available: torch sees no GPU: start the container with --gpus all "
+                      "(NVIDIA Container Toolkit)", reason="cuda-unavailable", **kw)
+    notes = []
+    expect = data.get("expect")
+    if cuda and expect is not None and count != expect:
+        if report["visible_devices"] is None or count > expect:
+            return failed(NAME, f"torch sees {count} GPU(s) but NVML sees {expect}: a GPU is not usable by "
+                          "CUDA; check nvidia-smi, dmesg for Xid errors and NVIDIA_VISIBLE_DEVICES",
+                          reason="count-mismatch", observed=count, **kw)
+        notes.append(f"{count} of {expect} GPUs visible through CUDA_VISIBLE_DEVICES")
+
+    return _judge_devices(report, ctx, kw, notes)
+
+
+def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw: dict[str, Any],
+                  entry: dict[str, Any] | None) -> Result | None:
+    """The result for one classified error, or None when it is not one we diagnose."""
+    category, label = _classify(err)
+    where = "CUDA" if entry is None else f"cuda:{entry['index']}"
+    if category == "busy":
+        index = entry["index"] if entry is not None else 0
+        holder = _holder(ctx, report, index, entry["uuid"] if entry else None)
+        return warned(NAME, f"{where} busy{holder}: the workload holds it, so the probe cannot open a "
+                      "context there; not a fault", reason="device-busy", **kw)
+    if category == "oom":
+        return warned(NAME, f"{where} out of memory for the probe's own context: the workload is using the "
+                      "memory; not checked, not a fault", reason="oom", **kw)
+    if category == "old-driver":
+        found = re.search(r"found version (\d+)", str(err.get("message", "")))
+        have = f", driver supports CUDA {int(found[1]) // 1000}.{int(found[1]) % 1000 // 10}" if found else ""
+        return failed(NAME, f"CUDA driver too old for torch {report['torch']} (built for CUDA "
+                      f"{report['cuda']}{have}): update the host NVIDIA driver, or use an image built "
+                      "for an older CUDA", reason="driver-too-old", **kw)
+    if category == "fatal":
+        kw["facts"]["fatal"] = True
+        return failed(NAME, f"fatal CUDA error on {where} ({label}): the CUDA context is unusable; "
+                      "unhealthy until the container restarts (check dmesg for Xid errors)",
+                      reason="cuda-fatal", **kw)
+    return None
+
+
+def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], notes: list[str]) -> Result:
+    cuda = report["device"] == "cuda"
+    per: list[dict[str, Any]] = []
+    problems: list[Result] = []
+    good: list[dict[str, Any]] = []
+    for entry in report["devices"]:
+        tag = f"cuda:{entry['index']}" if cuda else "cpu"
+        row: dict[str, Any] = {"index": entry["index"], "name": entry["name"], "uuid": entry["uuid"],
+                               "op_ms": entry["op_ms"], "free": entry["free"], "total": entry["total"]}
+        per.append(row)
+        if entry["error"] is not None:
+            res = _device_error(entry["error"], report, ctx, kw, entry) or failed(
+                NAME, f"torch op failed on {tag} ({entry['error']['type']}; details in the log)",
+                reason="torch-error", **kw)
+            row["status"] = res.reason
+            problems.append(res)
+            continue
+        scale = float(entry["scale"])
+        max_err = float(entry["max_err"])
+        rel = max_err / scale if math.isfinite(scale) and scale > 0 else math.inf
+        row["max_rel_err"] = rel if math.isfinite(rel) else None
+        if not math.isfinite(rel) or rel > TOLERANCE:
+            shown = f"{rel:.1e}" if math.isfinite(rel) else "not a number"
+            row["status"] = "wrong-result"
+            problems.append(failed(NAME, f"wrong result on {tag}: matmul differs from the CPU reference by "
+                                   f"{shown} (tolerance {TOLERANCE:.0e}): silent data corruption; drain "
+                                   "the node and run the GPU diagnostics (dcgmi diag)",
+                                   reason="wrong-result", **kw))
+            continue
+        row["status"] = "ok"
+        good.append({**entry, "rel": rel})
+    kw["facts"]["devices"] = per
+    checked = len(good)
+    if problems:
+        worst = max(problems, key=lambda r: SEVERITY[r.status])
+        others = f"; {checked} other device(s) OK" if checked else ""
+        return Result(NAME, worst.status, worst.message + others, checked, UNIT, worst.reason, worst.facts)
+    if not good:
+        return failed(NAME, "the torch worker checked no device", reason="bad-output", **kw)
+    worst_rel = max(g["rel"] for g in good)
+    slow = max(good, key=lambda g: g["op_ms"])
+    base = f"{report['size']}x{report['size']} matmul matches the CPU reference (max rel err {worst_rel:.0e})"
+    if cuda:
+        tight = min(good, key=lambda g: g["free"] if g["free"] is not None else math.inf)
+        message = (f"{checked} GPU(s) OK: {base}; slowest {slow['op_ms']:.1f} ms on cuda:{slow['index']}, "
+                   f"least free {_gib(tight['free'])}/{_gib(tight['total'])} GiB on cuda:{tight['index']}; "
+                   f"torch {report['torch']}, CUDA {report['cuda']}")
+    else:
+        message = f"CPU OK: {base} in {slow['op_ms']:.1f} ms; torch {report['torch']}"
+    if notes:
+        message += f" ({'; '.join(notes)})"
+    return passed(NAME, message, observed=checked, **kw)

@@ -1,0 +1,205 @@
+"""The torch-cuda worker: runs in the image's own interpreter, never in the suite's.
+
+Standalone on purpose (stdlib + torch only; it must not import the ``probes``
+package): the parent runs it by file path with the interpreter that owns torch,
+under a deadline, in its own session.
+
+It imports torch, checks that CUDA is available, then on each visible device runs
+a seeded float32 matmul (TF32 off) and compares it with a float64 reference
+computed on the CPU (a mismatch is silent data corruption), synchronises (which
+surfaces pending asynchronous errors) and asks the runtime for free/total memory.
+With ``--device cpu`` the same op runs on the CPU, for CPU-only images.
+
+It prints exactly ONE line on stdout: ``HEALTHCHECK-TORCH-RESULT {json}``. Anything
+torch itself prints goes to stderr. Progress markers (``HEALTHCHECK-TORCH-PHASE
+<phase>``) go to stderr so the parent can say where a hung worker was stuck. The
+worker does not judge: it reports what it saw and the parent decides.
+
+Command-line equivalent::
+
+    python3 torch_worker.py --device cuda --size 1024 --expect-count 2
+
+Keep this file compatible with old interpreters (3.6+): images carry their own.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+
+PREFIX = "HEALTHCHECK-TORCH-RESULT "
+PHASE = "HEALTHCHECK-TORCH-PHASE "
+SCHEMA = 1
+SEED = 20240601
+MAX_TEXT = 400
+# After these the process can go on with the next device; after any other error
+# the context may be corrupted and further CUDA calls may hang, so we stop.
+BENIGN = ("busy or unavailable", "out of memory")
+
+
+def phase(name):
+    sys.stderr.write(PHASE + name + "\n")
+    sys.stderr.flush()
+
+
+def error(where, exc, device=None):
+    message = str(exc).strip().replace("\n", " ")
+    if len(message) > MAX_TEXT:
+        message = message[:MAX_TEXT]
+    return {"phase": where, "type": type(exc).__name__, "message": message, "device": device,
+            "module": getattr(exc, "name", None) if isinstance(exc, ImportError) else None}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="torch-cuda health worker")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--expect-count", type=int, default=None)
+    return p.parse_args(argv)
+
+
+def new_report(args):
+    return {"v": SCHEMA, "device": args.device, "size": args.size, "expect_count": args.expect_count,
+            "torch": None, "cuda": None, "cuda_built": None, "available": None, "count": None,
+            "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "error": None, "devices": []}
+
+
+def uuid_of(torch, index):
+    try:
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    except Exception:
+        return None
+    return None if uuid is None else str(uuid)
+
+
+def check_cuda(torch, report):
+    """Availability and device count; returns the count, or None when CUDA cannot be used."""
+    phase("init")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = bool(torch.cuda.is_available())
+    report["available"] = available
+    if not available:
+        # is_available() only warns; init() raises the driver's own reason (too old,
+        # no driver, device busy) which the parent turns into a diagnosis.
+        try:
+            torch.cuda.init()
+        except Exception as exc:
+            report["error"] = error("init", exc)
+        if report["error"] is None:
+            text = " ".join(str(w.message) for w in caught) or "torch.cuda.is_available() returned False"
+            report["error"] = {"phase": "init", "type": "Warning", "message": text[:MAX_TEXT],
+                               "device": None, "module": None}
+        return None
+    count = int(torch.cuda.device_count())
+    report["count"] = count
+    return count
+
+
+def run_op(torch, a, b, ref, scale, device, entry):
+    """The verified op on one device; fills ``entry``."""
+    is_cuda = device.type == "cuda"
+    da, db = a.to(device), b.to(device)
+    out = torch.matmul(da, db)  # warm-up: library initialisation is not op time
+    if is_cuda:
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = torch.matmul(da, db)
+    if is_cuda:
+        torch.cuda.synchronize(device)  # surfaces asynchronous errors of everything above
+    entry["op_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
+    entry["max_err"] = float((out.cpu().double() - ref).abs().max().item())
+    entry["scale"] = scale
+    if is_cuda:
+        free, total = torch.cuda.mem_get_info(device)
+        entry["free"], entry["total"] = int(free), int(total)
+
+
+def work(args, report):
+    phase("import")
+    try:
+        import torch
+    except Exception as exc:  # ImportError, or an OSError from a missing shared library
+        report["error"] = error("import", exc)
+        return
+    report["torch"] = str(getattr(torch, "__version__", "?"))
+    report["cuda"] = getattr(torch.version, "cuda", None)
+    try:
+        report["cuda_built"] = bool(torch.backends.cuda.is_built())
+    except Exception:
+        report["cuda_built"] = report["cuda"] is not None
+
+    if args.device == "cuda":
+        try:
+            count = check_cuda(torch, report)
+        except Exception as exc:
+            report["error"] = error("init", exc)
+            return
+        if count is None:
+            return
+        indices = list(range(count))
+    else:
+        report["count"] = 1
+        indices = [None]
+
+    phase("reference")
+    try:
+        # TF32 would change the GPU result by ~1e-3 and hide or fake a mismatch.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        gen = torch.Generator().manual_seed(SEED)
+        a = torch.randn(args.size, args.size, generator=gen, dtype=torch.float32)
+        b = torch.randn(args.size, args.size, generator=gen, dtype=torch.float32)
+        ref = torch.matmul(a.double(), b.double())
+        scale = float(ref.abs().max().item())
+    except Exception as exc:
+        report["error"] = error("reference", exc)
+        return
+
+    for index in indices:
+        entry = {"index": 0 if index is None else index, "name": "cpu", "uuid": None, "op_ms": None,
+                 "max_err": None, "scale": None, "free": None, "total": None, "error": None}
+        report["devices"].append(entry)
+        phase("device cpu" if index is None else "device " + str(index))
+        try:
+            if index is None:
+                device = torch.device("cpu")
+            else:
+                device = torch.device("cuda", index)
+                entry["name"] = str(torch.cuda.get_device_name(index))
+                entry["uuid"] = uuid_of(torch, index)
+            run_op(torch, a, b, ref, scale, device, entry)
+        except Exception as exc:
+            entry["error"] = error("device", exc, entry["index"])
+            if not any(word in entry["error"]["message"].lower() for word in BENIGN):
+                break
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    # Keep the result channel clean: stray prints (ours, torch's, its C++ code's)
+    # land on stderr; only the result line goes to the saved stdout.
+    result_fd = os.dup(1)
+    os.dup2(2, 1)
+    # The script's own folder is sys.path[0]; nothing there may shadow torch.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    phase("start")
+    report = new_report(args)
+    try:
+        work(args, report)
+    except Exception as exc:
+        traceback.print_exc()
+        report["error"] = error("worker", exc)
+    line = PREFIX + json.dumps(report, sort_keys=True) + "\n"
+    os.write(result_fd, line.encode("utf-8"))
+    sys.stderr.flush()
+    # Skip interpreter teardown: after a fatal CUDA error torch's exit handlers can hang.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
