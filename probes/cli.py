@@ -9,10 +9,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 from probes import __version__, registry
-from probes.config import ConfigError, Config, load, parse_bool
+from probes.config import Config, ConfigError, load, parse_bool
+
+if TYPE_CHECKING:
+    from probes.runner import Outcome
+    from probes.state import State
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 3
 
@@ -100,21 +105,24 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     return code, out, outcome.abandoned
 
 
-def _fast_path(cfg: Config, state: object) -> object:
+def _fast_path(cfg: Config, state: State) -> Outcome | None:
     """A running `healthcheck serve` may already hold fresh results for this profile."""
-    from probes.state import State
-
-    if not isinstance(state, State) or not state.enabled or cfg.only or cfg.skip:
+    if not state.enabled or cfg.only or cfg.skip:
         return None
     if not parse_bool("HEALTHCHECK_FASTPATH", os.environ.get("HEALTHCHECK_FASTPATH") or "true"):
         return None
     if state.path is None or not os.path.exists(os.path.join(state.path, "serve.json")):
         return None
     try:
-        from probes.serve import fastpath
+        from probes.serve import fastpath  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         return None
-    return fastpath.lookup(cfg, state)
+    results = fastpath.lookup(cfg, state)
+    if not results:
+        return None
+    from probes.runner import Outcome
+
+    return Outcome(cfg.profile, tuple(results), ("results from the running healthcheck serve",))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     abandoned = False
     try:
         if argv and argv[0] == "serve":
-            from probes.serve import cli as serve_cli
+            from probes.serve import cli as serve_cli  # type: ignore[attr-defined,unused-ignore]
 
             return serve_cli.main(argv[1:])
         code, out, abandoned = check(argv)

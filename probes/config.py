@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Callable, Mapping, Sequence, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Callable, TypeVar
 
 from probes import registry
 
@@ -98,7 +99,8 @@ def parse_text(name: str, raw: str) -> str:
 def parse_base_url(name: str, raw: str) -> str:
     v = parse_text(name, raw)
     if not v.startswith("/"):
-        raise ConfigError(f"{name}={shown(raw)} is not a URL path (accepted: a path starting with /, e.g. /lab/)")
+        raise ConfigError(
+            f"{name}={shown(raw)} is not a URL path (accepted: a path starting with /, e.g. /lab/)")
     return v if v.endswith("/") else v + "/"
 
 
@@ -172,7 +174,7 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
         ssh_port=_env(env, "HEALTHCHECK_SSH_PORT", parse_port, 22),
         gpu_count=int(_env(env, "HEALTHCHECK_GPU_COUNT",
                            lambda n, r: parse_number(n, r, low=0, high=1024, low_inclusive=True,
-                                                     integer=True), 1)),
+                                                     integer=True), 1.0)),
         torch_device=_env(env, "HEALTHCHECK_TORCH_DEVICE", lambda n, r: parse_choice(n, r, ("cuda", "cpu")),
                           "cuda"),
         torch_python=_env(env, "HEALTHCHECK_TORCH_PYTHON", parse_text, "python3"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from probes.config import Config
 from probes.result import Result

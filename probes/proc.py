@@ -16,7 +16,7 @@ import selectors
 import signal
 import subprocess
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 TERM_GRACE = 0.15  # seconds between SIGTERM and SIGKILL
 KILL_WAIT = 0.15  # seconds we wait for the group to vanish after SIGKILL
@@ -57,7 +57,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def _session_members(sid: int) -> list[int]:
     """Processes still in the child's session (grandchildren that changed group)."""
-    pids = []
+    pids: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 class Status(str, enum.Enum):
@@ -52,7 +53,7 @@ class Result:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Result":
+    def from_dict(cls, d: Mapping[str, Any]) -> Result:
         fields = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in fields}
         kw["status"] = Status(kw["status"])

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Sequence
+from typing import Callable
 
 from probes import registry
 from probes.config import Config

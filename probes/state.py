@@ -16,7 +16,8 @@ import os
 import stat
 import tempfile
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 LATCH = "latch.json"
 
@@ -83,13 +84,13 @@ class State:
         self.disabled_reason = disabled_reason
 
     @classmethod
-    def open(cls, path: str | None) -> "State":
+    def open(cls, path: str | None) -> State:
         path = path or default_dir()
         why = _usable(path)
         return cls(None, why) if why else cls(path)
 
     @classmethod
-    def off(cls, reason: str) -> "State":
+    def off(cls, reason: str) -> State:
         return cls(None, reason)
 
     @property
