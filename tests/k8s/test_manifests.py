@@ -1,0 +1,286 @@
+"""The Kubernetes manifests render, validate offline against the shipped schemas, and follow
+the probe policy; broken copies of them fail with a message that names the problem."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from probes.config import PROFILE_TIMEOUTS
+from tests.k8s.conftest import K8S, ROOT, container
+
+KUBECTL = Path(sys.executable).parent / "kubectl"
+CLI = [sys.executable, str(K8S / "check_probes.py")]
+RENDERED = ("k8s", "k8s/base", "k8s/overlays/http")
+
+
+def render(path: Path) -> list[dict[str, Any]]:
+    out = subprocess.run([str(KUBECTL), "kustomize", str(path)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def deployment(path: Path) -> dict[str, Any]:
+    [dep] = [d for d in render(path) if d["kind"] == "Deployment"]
+    return dep
+
+
+# --- the real manifests ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rel", RENDERED)
+def test_real_manifests_pass(checker: ModuleType, rel: str) -> None:
+    assert checker.check(ROOT / rel) == []
+
+
+def test_base_shape() -> None:
+    docs = render(K8S / "base")
+    assert sorted(d["kind"] for d in docs) == ["Deployment", "Service"]
+    dep = deployment(K8S / "base")
+    pod = dep["spec"]["template"]["spec"]
+    c = container(dep)
+    assert dep["spec"]["replicas"] == 1
+    assert pod["runtimeClassName"] == "nvidia"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    [svc] = [d for d in docs if d["kind"] == "Service"]
+    assert {(p["name"], p["port"]) for p in svc["spec"]["ports"]} == {("jupyter", 8888), ("ssh", 22)}
+    for field, profile in (("startupProbe", "startup"), ("readinessProbe", "readiness"),
+                           ("livenessProbe", "liveness")):
+        assert c[field]["exec"]["command"] == ["healthcheck", "--profile", profile]
+        assert c[field]["timeoutSeconds"] > PROFILE_TIMEOUTS[profile] + 3
+
+
+def test_http_overlay_replaces_every_handler() -> None:
+    c = container(deployment(K8S / "overlays" / "http"))
+    for field, path in (("startupProbe", "/startupz"), ("readinessProbe", "/readyz"),
+                        ("livenessProbe", "/livez")):
+        assert "exec" not in c[field], f"{field} kept the base's exec handler"
+        assert c[field]["httpGet"] == {"path": path, "port": "health"}
+    assert {"name": "health", "containerPort": 8779, "protocol": "TCP"} in c["ports"]
+    assert "healthcheck serve --host 0.0.0.0 --port 8779" in " ".join(
+        c["lifecycle"]["postStart"]["exec"]["command"])
+
+
+def test_cli_passes_on_the_real_manifests() -> None:
+    done = subprocess.run(CLI, capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("ok: ") == 2
+
+
+def test_validation_needs_no_network(checker: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The schemas ship with kubernetes-validate: any connection attempt would fail the test."""
+    def refuse(*_a: object, **_k: object) -> None:
+        raise AssertionError("the validation tried to use the network")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    for rel in RENDERED[1:]:
+        assert checker.check(ROOT / rel) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare(1) to run the CLI in a namespace without a network")
+def test_cli_passes_without_a_network() -> None:
+    """kubectl kustomize and the validation in a network namespace with only a down loopback."""
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip("unshare -n is not permitted here (a container without CAP_SYS_ADMIN)")
+    done = subprocess.run(["unshare", "-n", *CLI], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_front_door_constants_match_the_script(checker: ModuleType) -> None:
+    """The policy's timeout floor is the front door's own kill time: read it from the script."""
+    text = (ROOT / "healthcheck").read_text()
+    grace = re.search(r"hard=\$\(\(budget \+ (\d+)\)\)", text)
+    kill = re.search(r"timeout -k (\d+) ", text)
+    assert grace and kill, "the front door no longer has 'hard=$((budget + N))' and 'timeout -k N'"
+    assert int(grace.group(1)) == checker.FRONT_DOOR_GRACE
+    assert int(kill.group(1)) == checker.FRONT_DOOR_KILL_AFTER
+
+
+# --- broken copies -------------------------------------------------------------------------------
+
+def test_missing_timeout(checker: ModuleType, edit_deployment: Any) -> None:
+    base = edit_deployment(lambda c: c["readinessProbe"].pop("timeoutSeconds"))
+    problems = checker.check(base)
+    assert any("readinessProbe: has no timeoutSeconds" in p and "at least 30" in p for p in problems), problems
+
+
+def test_misspelt_field_is_a_schema_error(checker: ModuleType, edit_deployment: Any) -> None:
+    def typo(c: dict[str, Any]) -> None:
+        c["livenessProbe"]["timeoutSecond"] = c["livenessProbe"].pop("timeoutSeconds")
+    problems = checker.check(edit_deployment(typo))
+    assert any("spec.template.spec.containers.0.livenessProbe" in p and "'timeoutSecond' was unexpected" in p
+               for p in problems), problems
+    assert any("livenessProbe: has no timeoutSeconds" in p for p in problems), problems
+
+
+def test_wrong_type_is_a_schema_error(checker: ModuleType, edit_deployment: Any) -> None:
+    problems = checker.check(edit_deployment(lambda c: c["startupProbe"].update(failureThreshold="many")))
+    assert any("startupProbe.failureThreshold" in p and "'many' is not of type" in p for p in problems), problems
+
+
+def test_unknown_field_on_the_container(checker: ModuleType, edit_deployment: Any) -> None:
+    problems = checker.check(edit_deployment(lambda c: c.update(readinessProbes=c["readinessProbe"])))
+    assert any("containers.0: Additional properties are not allowed ('readinessProbes' was unexpected)" in p
+               for p in problems), problems
+
+
+@pytest.mark.parametrize(("field", "profile", "floor"), [
+    ("startupProbe", "startup", 65), ("readinessProbe", "readiness", 30), ("livenessProbe", "liveness", 15)])
+def test_timeout_not_above_the_deadline(checker: ModuleType, edit_deployment: Any, field: str,
+                                        profile: str, floor: int) -> None:
+    deadline = int(PROFILE_TIMEOUTS[profile])
+    problems = checker.check(edit_deployment(lambda c: c[field].update(timeoutSeconds=deadline)))
+    assert any(f"{field}: timeoutSeconds {deadline} is not above the {profile} deadline {deadline} s" in p
+               and f"at least {floor}" in p for p in problems), problems
+    # One second below the floor fails, the floor itself passes.
+    assert checker.check(edit_deployment(lambda c: c[field].update(timeoutSeconds=floor - 1)))
+    assert not [p for p in checker.check(edit_deployment(lambda c: c[field].update(timeoutSeconds=floor)))
+                if "timeoutSeconds" in p]
+
+
+def test_startup_budget_below_the_cold_start(checker: ModuleType, edit_deployment: Any) -> None:
+    problems = checker.check(edit_deployment(lambda c: c["startupProbe"].update(failureThreshold=12)))
+    assert any("startupProbe: budget 120 s" in p and "below the 300 s cold start" in p for p in problems), problems
+
+
+def test_startup_budget_follows_the_cold_start_option(checker: ModuleType) -> None:
+    problems = checker.check(K8S / "base", cold_start=900)
+    assert any("budget 450 s" in p and "below the 900 s cold start" in p for p in problems), problems
+
+
+def test_liveness_deeper_than_readiness(checker: ModuleType, edit_deployment: Any) -> None:
+    base = edit_deployment(lambda c: c["livenessProbe"]["exec"].update(
+        command=["healthcheck", "--profile", "readiness"]))
+    problems = checker.check(base)
+    assert any("livenessProbe: runs 'healthcheck --profile readiness'; expected 'healthcheck --profile "
+               "liveness'" in p for p in problems), problems
+    assert any("livenessProbe: deeper than readiness (readiness profile runs nvidia-smi, nvml)" in p
+               for p in problems), problems
+
+
+def test_liveness_slower_than_readiness(checker: ModuleType, edit_deployment: Any) -> None:
+    problems = checker.check(edit_deployment(lambda c: c["livenessProbe"].update(timeoutSeconds=40)))
+    assert any("livenessProbe: timeoutSeconds 40 is above readiness's 30" in p for p in problems), problems
+
+
+def test_liveness_less_tolerant_than_readiness(checker: ModuleType, edit_deployment: Any) -> None:
+    problems = checker.check(edit_deployment(lambda c: c["livenessProbe"].update(failureThreshold=2)))
+    assert any("livenessProbe: restarts after 20 s of failures, readiness reacts after 20 s" in p
+               for p in problems), problems
+
+
+def test_readiness_too_slow(checker: ModuleType, edit_deployment: Any) -> None:
+    problems = checker.check(edit_deployment(lambda c: c["readinessProbe"].update(failureThreshold=3)))
+    assert any("readinessProbe: reacts in up to 85 s" in p for p in problems), problems
+
+
+def test_wrong_profile_and_extra_flags(checker: ModuleType, edit_deployment: Any) -> None:
+    def change(c: dict[str, Any]) -> None:
+        c["startupProbe"]["exec"]["command"] = ["healthcheck", "--profile", "readiness"]
+        c["readinessProbe"]["exec"]["command"] = ["healthcheck", "--profile", "readiness", "--skip", "nvml"]
+    problems = checker.check(edit_deployment(change))
+    assert any("startupProbe: runs 'healthcheck --profile readiness'; expected 'healthcheck --profile startup'"
+               in p for p in problems), problems
+    assert any("readinessProbe: runs 'healthcheck --profile readiness --skip nvml'" in p
+               for p in problems), problems
+
+
+def test_port_probe_is_refused(checker: ModuleType, edit_deployment: Any) -> None:
+    def change(c: dict[str, Any]) -> None:
+        c["livenessProbe"].pop("exec")
+        c["livenessProbe"]["tcpSocket"] = {"port": 8888}
+    problems = checker.check(edit_deployment(change))
+    assert any("livenessProbe: is a tcpSocket probe" in p for p in problems), problems
+
+
+def test_missing_probe(checker: ModuleType, edit_deployment: Any) -> None:
+    problems = checker.check(edit_deployment(lambda c: c.pop("startupProbe")))
+    assert any("container gpu-dev: has no startupProbe" in p for p in problems), problems
+
+
+def test_env_overriding_the_deadlines(checker: ModuleType, edit_deployment: Any) -> None:
+    problems = checker.check(edit_deployment(
+        lambda c: c["env"].append({"name": "HEALTHCHECK_TIMEOUT", "value": "120"})))
+    assert any("env sets HEALTHCHECK_TIMEOUT" in p for p in problems), problems
+
+
+def test_gpu_count_above_the_limit(checker: ModuleType, edit_deployment: Any) -> None:
+    problems = checker.check(edit_deployment(lambda c: c["env"][0].update(value="2")))
+    assert any("HEALTHCHECK_GPU_COUNT=2 but the container asks for 1 nvidia.com/gpu" in p
+               for p in problems), problems
+
+
+def test_strategic_merge_patch_keeps_two_handlers(checker: ModuleType, k8s_copy: Path) -> None:
+    """The classic overlay mistake: a strategic-merge patch adds httpGet next to exec."""
+    overlay = k8s_copy / "overlays" / "http"
+    (overlay / "smp.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "gpu-dev"},
+        "spec": {"template": {"spec": {"containers": [{
+            "name": "gpu-dev", "readinessProbe": {"httpGet": {"path": "/readyz", "port": "health"}}}]}}}}))
+    kust = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    kust["patches"] = [{"path": "smp.yaml"}]  # instead of the JSON6902 replace
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kust))
+    problems = checker.check(overlay)
+    assert any("readinessProbe: has 2 handlers (exec, httpGet); exactly one is allowed" in p
+               for p in problems), problems
+
+
+def test_http_probe_without_serve(checker: ModuleType, k8s_copy: Path) -> None:
+    overlay = k8s_copy / "overlays" / "http"
+    ops = yaml.safe_load((overlay / "probes-http.yaml").read_text())
+    ops = [op for op in ops if not op["path"].endswith("/lifecycle")]
+    (overlay / "probes-http.yaml").write_text(yaml.safe_dump(ops))
+    problems = checker.check(overlay)
+    assert any("livenessProbe: httpGet port 8779 but nothing in the pod runs 'healthcheck serve --port 8779'"
+               in p for p in problems), problems
+
+
+def test_http_readiness_counts_the_serve_interval(checker: ModuleType, k8s_copy: Path) -> None:
+    overlay = k8s_copy / "overlays" / "http"
+    text = (overlay / "probes-http.yaml").read_text().replace("readiness=10", "readiness=40")
+    (overlay / "probes-http.yaml").write_text(text)
+    problems = checker.check(overlay)
+    assert any("readinessProbe: reacts in up to 75 s (serve interval 40 s" in p for p in problems), problems
+
+
+def test_kustomize_error_is_reported(checker: ModuleType, k8s_copy: Path) -> None:
+    (k8s_copy / "base" / "service.yaml").unlink()
+    [problem] = checker.check(k8s_copy / "base")
+    assert "kubectl kustomize failed" in problem and "service.yaml" in problem
+
+
+def test_cli_reports_each_problem_and_exits_1(edit_deployment: Any) -> None:
+    base = edit_deployment(lambda c: c["readinessProbe"].pop("timeoutSeconds"))
+    done = subprocess.run([*CLI, str(base)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "readinessProbe: has no timeoutSeconds" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_cli_usage_errors_exit_3(tmp_path: Path) -> None:
+    done = subprocess.run([*CLI, str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert "no such kustomization directory or file" in done.stderr
+    done = subprocess.run([*CLI, "--cold-start", "soon"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+
+
+def test_rendered_file_input(checker: ModuleType, tmp_path: Path) -> None:
+    out = tmp_path / "all.yaml"
+    out.write_text(yaml.safe_dump_all(render(K8S / "overlays" / "http")))
+    assert checker.check(out) == []
+    out.write_text("kind: [unclosed\n")
+    [problem] = checker.check(out)
+    assert "not valid YAML" in problem
