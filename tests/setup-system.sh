@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Summary: install the Debian packages the tests need (sshd for the service tests, a
+# C compiler for the fake NVML library, debootstrap for the end-to-end base image).
+# Usage: bash tests/setup-system.sh   (as root; otherwise it only lists what is missing)
+set -euo pipefail
+[ -n "${HEALTHCHECK_DEBUG:-}" ] && set -x
+
+packages=(openssh-server openssh-client gcc make libc6-dev procps psmisc iproute2
+  debootstrap ca-certificates curl)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ "${#missing[@]}" -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+  echo "setup-system: missing packages: ${missing[*]} (install them as root; tests that need them skip)" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
