@@ -1,0 +1,152 @@
+"""nvidia-smi probe: the driver answers and at least HEALTHCHECK_GPU_COUNT GPUs are visible.
+
+Command-line equivalent::
+
+    nvidia-smi --query-gpu=index,name,uuid --format=csv,noheader,nounits
+
+Gather, then judge (as LBNL NHC does): ``gather`` runs the command under the probe's
+deadline through ``probes.proc`` (own session, whole group killed at the deadline,
+bounded wait for a child stuck in the driver) and keeps its output and status;
+``judge`` only decides, turning nvidia-smi's documented exit codes and messages into a
+cause and a remedy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal
+
+from probes import proc
+from probes.context import Context
+from probes.result import Result, failed, passed
+
+NAME = "nvidia-smi"
+MEASUREMENT = "gpus"
+UNIT = "gpus"
+ARGV = ("nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader,nounits")
+
+WEDGED = ("the driver may be wedged: check dmesg for Xid errors, reset the GPU (nvidia-smi -r) "
+          "or reboot the node")
+
+# Exit codes nvidia-smi documents -> (reason, message with the remedy).
+EXIT_CODES: dict[int, tuple[str, str]] = {
+    6: ("no-devices", "no GPU found (exit 6): start the container with --gpus all and check "
+        "NVIDIA_VISIBLE_DEVICES / the nvidia.com/gpu resource request"),
+    9: ("driver-not-loaded", "NVIDIA driver not loaded (exit 9): load the kernel module on the host "
+        "(modprobe nvidia), then restart the container"),
+    12: ("nvml-not-found", "NVML library not found (exit 12): libnvidia-ml.so.1 ships with the driver; "
+         "start the container with --gpus all (NVIDIA Container Toolkit, "
+         "NVIDIA_DRIVER_CAPABILITIES=utility)"),
+    14: ("inforom-corrupted", "GPU InfoROM corrupted (exit 14): drain the node and have the GPU "
+         "serviced (RMA)"),
+    15: ("gpu-lost", "GPU fallen off the bus (exit 15): reset the GPU (nvidia-smi -r) or reboot the node; "
+         "check dmesg for Xid 79"),
+}
+UNKNOWN_ERROR = ("nvml-unknown-error", "Failed to initialize NVML: Unknown Error (exit 255): the container "
+                 "probably lost its device cgroup access after a host systemctl daemon-reload; "
+                 "recreate the container")
+
+_LOST = re.compile(r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]+)")
+_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    uuid: str
+
+
+def gather(ctx: Context) -> proc.Completed:
+    return proc.run(ARGV, deadline=ctx.deadline)
+
+
+def parse_rows(text: str) -> tuple[list[Gpu], str | None]:
+    """GPUs from the CSV rows; the first line that is not a row (None if all are rows).
+
+    Lines about a lost GPU are skipped here: ``judge`` reports them on their own.
+    """
+    gpus: list[Gpu] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or _LOST.search(line):
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3 or not parts[0].isdigit() or not _UUID.match(parts[-1]):
+            return gpus, line
+        # A GPU name never holds a comma today, but keep whatever lies between index and uuid.
+        gpus.append(Gpu(int(parts[0]), ", ".join(parts[1:-1]), parts[-1]))
+    return gpus, None
+
+
+def _facts(gpus: list[Gpu]) -> dict[str, object]:
+    return {"count": len(gpus), "gpus": [dataclasses.asdict(g) for g in gpus]}
+
+
+def _plural(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def judge(data: proc.Completed, ctx: Context) -> Result:
+    expected = ctx.config.gpu_count
+    if data.spawn_error == "not found":
+        return failed(NAME, "nvidia-smi not found on PATH: start the container with --gpus all "
+                      "(NVIDIA Container Toolkit installed on the host)", reason="not-found")
+    if data.spawn_error:
+        return failed(NAME, f"nvidia-smi cannot start ({data.spawn_error}): check the file mounted by the "
+                      "NVIDIA Container Toolkit and recreate the container", reason="cannot-start")
+    if data.stuck:
+        return failed(NAME, "nvidia-smi survived SIGKILL (stuck in the driver, uninterruptible sleep): "
+                      + WEDGED, reason="stuck")
+    if data.timed_out:
+        return failed(NAME, f"nvidia-smi gave no answer within {data.elapsed:.1f}s (deadline passed): "
+                      + WEDGED + "; enable persistence mode on the host (nvidia-smi -pm 1)",
+                      reason="deadline")
+
+    out = data.stdout.decode("utf-8", "replace")
+    err = data.stderr.decode("utf-8", "replace")
+    gpus, bad_line = parse_rows(out)
+    lost = _LOST.findall(out + "\n" + err)
+    if lost:
+        others = f"{_plural(len(gpus))} still reported" if gpus else "no other GPU reported"
+        return failed(NAME, f"GPU {lost[0]} is lost (Unable to determine the device handle; {others}): "
+                      "reset the GPU (nvidia-smi -r) or reboot the node; check dmesg for Xid 79",
+                      observed=len(gpus), unit=UNIT, reason="gpu-lost", facts=_facts(gpus))
+    if data.signal is not None or (data.returncode is not None and 128 < data.returncode < 255):
+        num = data.signal if data.signal is not None else (data.returncode or 0) - 128
+        return failed(NAME, f"nvidia-smi was killed by {_signal_name(num)}: the driver or the tool crashed; "
+                      "check dmesg for Xid errors", reason="killed")
+    if data.returncode in EXIT_CODES:
+        reason, message = EXIT_CODES[data.returncode]
+        return failed(NAME, message, reason=reason, observed=len(gpus), unit=UNIT, facts=_facts(gpus))
+    if data.returncode != 0:
+        said = proc.excerpt(data.stderr or data.stdout, 100)
+        if "Unknown Error" in out + err:
+            reason, message = UNKNOWN_ERROR
+            return failed(NAME, message, reason=reason)
+        return failed(NAME, f"nvidia-smi failed (exit {data.returncode}: {said or 'no output'}): "
+                      "check the driver on the host (nvidia-smi, dmesg)", reason="exit-code")
+    if data.truncated:
+        return failed(NAME, f"nvidia-smi output is too long to be a GPU list (over {proc.MAX_OUTPUT} bytes, "
+                      f"starts: {proc.excerpt(data.stdout[:200], 60)!r}): check the nvidia-smi on PATH",
+                      reason="unparseable")
+    if bad_line is not None:
+        return failed(NAME, f"cannot parse nvidia-smi output ({proc.excerpt(bad_line.encode(), 80)!r}): "
+                      "check the nvidia-smi on PATH is NVIDIA's and matches the driver", reason="unparseable")
+    names = sorted({g.name for g in gpus})
+    summary = ", ".join(f"{n} x{sum(g.name == n for g in gpus)}" for n in names)
+    if len(gpus) < expected:
+        return failed(NAME, f"{_plural(len(gpus))} visible (expected at least {expected}): start the "
+                      "container with more GPUs (--gpus all, NVIDIA_VISIBLE_DEVICES, nvidia.com/gpu limit) "
+                      "or lower HEALTHCHECK_GPU_COUNT", observed=len(gpus), unit=UNIT, reason="gpu-count",
+                      facts=_facts(gpus))
+    return passed(NAME, f"{_plural(len(gpus))} visible ({summary or 'none expected'})", observed=len(gpus),
+                  unit=UNIT, facts=_facts(gpus))

@@ -1,0 +1,192 @@
+"""The nvidia-smi probe: the real judge on gathered data, and the real probe against stub executables."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from probes import proc
+from probes.hardware import nvidia_smi
+from probes.result import Status
+from tests.fakes.nvidia_smi_stub import MESSAGES, gpu_rows, started_pids, write_stub
+from tests.hardware.conftest import assert_gone, make_ctx
+
+
+def gathered(returncode: int | None = 0, stdout: str = "", stderr: str = "", **kw) -> proc.Completed:
+    return proc.Completed(nvidia_smi.ARGV, returncode, stdout.encode(), stderr.encode(), **kw)
+
+
+# ---- judge on gathered data ------------------------------------------------------------------
+
+def test_two_gpus_pass_with_facts(ctx):
+    r = nvidia_smi.judge(gathered(0, gpu_rows(2)), ctx)
+    assert r.status is Status.PASS
+    assert r.observed == 2 and r.unit == "gpus"
+    assert "2 GPUs visible" in r.message
+    assert r.facts["count"] == 2
+    assert [g["index"] for g in r.facts["gpus"]] == [0, 1]
+    assert r.facts["gpus"][1]["uuid"].startswith("GPU-")
+    assert r.facts["gpus"][0]["name"] == "NVIDIA A100-SXM4-80GB"
+
+
+def test_fewer_gpus_than_expected_fails():
+    r = nvidia_smi.judge(gathered(0, gpu_rows(1)), make_ctx(gpu_count=2))
+    assert r.status is Status.FAIL
+    assert r.reason == "gpu-count"
+    assert "1 GPU visible (expected at least 2)" in r.message
+    assert "HEALTHCHECK_GPU_COUNT" in r.message
+
+
+def test_zero_expected_and_zero_visible_passes():
+    r = nvidia_smi.judge(gathered(0, ""), make_ctx(gpu_count=0))
+    assert r.status is Status.PASS and r.observed == 0
+
+
+@pytest.mark.parametrize(("code", "reason", "words"), [
+    (6, "no-devices", "--gpus all"),
+    (9, "driver-not-loaded", "modprobe nvidia"),
+    (12, "nvml-not-found", "NVIDIA Container Toolkit"),
+    (14, "inforom-corrupted", "RMA"),
+    (15, "gpu-lost", "reboot the node"),
+    (255, "nvml-unknown-error", "recreate the container"),
+])
+def test_documented_exit_codes(ctx, code, reason, words):
+    r = nvidia_smi.judge(gathered(code, MESSAGES[code] + "\n"), ctx)
+    assert r.status is Status.FAIL
+    assert r.reason == reason
+    assert words in r.message
+    assert "\n" not in r.message
+
+
+def test_255_without_unknown_error_is_a_plain_exit_code(ctx):
+    r = nvidia_smi.judge(gathered(255, "", "something else broke"), ctx)
+    assert r.reason == "exit-code" and "exit 255" in r.message and "something else broke" in r.message
+
+
+def test_not_on_path(ctx):
+    r = nvidia_smi.judge(proc.Completed(nvidia_smi.ARGV, None, spawn_error="not found"), ctx)
+    assert r.status is Status.FAIL and r.reason == "not-found"
+    assert "start the container with --gpus all" in r.message
+
+
+def test_cannot_start(ctx):
+    r = nvidia_smi.judge(proc.Completed(nvidia_smi.ARGV, None, spawn_error="permission denied"), ctx)
+    assert r.reason == "cannot-start" and "permission denied" in r.message
+
+
+def test_killed_by_signal(ctx):
+    r = nvidia_smi.judge(gathered(-11), ctx)
+    assert r.reason == "killed" and "SIGSEGV" in r.message
+    assert nvidia_smi.judge(gathered(137), ctx).reason == "killed"
+
+
+def test_deadline_and_stuck(ctx):
+    r = nvidia_smi.judge(gathered(None, timed_out=True, elapsed=2.0), ctx)
+    assert r.reason == "deadline" and "2.0s" in r.message and "dmesg" in r.message
+    r = nvidia_smi.judge(gathered(None, timed_out=True, stuck=True, elapsed=2.3), ctx)
+    assert r.reason == "stuck" and "SIGKILL" in r.message and "reboot the node" in r.message
+
+
+def test_lost_gpu_while_the_other_is_still_reported(ctx):
+    out = gpu_rows(1) + "Unable to determine the device handle for GPU0000:41:00.0: Unknown Error\n"
+    r = nvidia_smi.judge(gathered(255, out), ctx)
+    assert r.status is Status.FAIL and r.reason == "gpu-lost"
+    assert "0000:41:00.0" in r.message and "1 GPU still reported" in r.message
+    assert r.facts["count"] == 1 and r.observed == 1
+
+
+def test_lost_gpu_message_on_stderr(ctx):
+    r = nvidia_smi.judge(gathered(15, "", MESSAGES[15]), ctx)
+    assert r.reason == "gpu-lost" and "no other GPU reported" in r.message
+
+
+@pytest.mark.parametrize("junk", [
+    "<html>proxy error</html>",
+    "0, NVIDIA A100, not-a-uuid",
+    "\x1b[31m\x00\x01 binary \xff",
+    "index, name, uuid",
+])
+def test_unparseable_output_fails_with_a_safe_excerpt(ctx, junk):
+    r = nvidia_smi.judge(gathered(0, gpu_rows(1) + junk + "\n"), ctx)
+    assert r.status is Status.FAIL and r.reason == "unparseable"
+    assert "\x1b" not in r.message and "\x00" not in r.message and "\n" not in r.message
+    assert len(r.message) < 300
+
+
+def test_truncated_output_is_unparseable(ctx):
+    r = nvidia_smi.judge(gathered(0, "0, x" * 1000, truncated=True), ctx)
+    assert r.reason == "unparseable" and len(r.message) < 300
+
+
+# ---- the real probe against stub executables ----------------------------------------------------
+
+def run_probe(budget: float = 5.0, gpu_count: int = 2):
+    c = make_ctx(gpu_count=gpu_count, budget=budget)
+    t0 = time.monotonic()
+    r = nvidia_smi.judge(nvidia_smi.gather(c), c)
+    return r, time.monotonic() - t0
+
+
+def test_stub_healthy(stub_bin):
+    write_stub(stub_bin, "ok", gpus=2)
+    r, _ = run_probe()
+    assert r.status is Status.PASS and r.observed == 2
+
+
+def test_stub_one_gpu_short(stub_bin):
+    write_stub(stub_bin, "ok", gpus=1)
+    r, _ = run_probe(gpu_count=2)
+    assert r.reason == "gpu-count"
+
+
+def test_not_on_path_stub(stub_bin):
+    r, _ = run_probe()
+    assert r.reason == "not-found"
+
+
+@pytest.mark.parametrize(("code", "reason"), [(6, "no-devices"), (9, "driver-not-loaded"),
+                                              (12, "nvml-not-found"), (14, "inforom-corrupted"),
+                                              (15, "gpu-lost"), (255, "nvml-unknown-error")])
+def test_stub_exit_codes(stub_bin, code, reason):
+    write_stub(stub_bin, "exit", code=code)
+    r, _ = run_probe()
+    assert r.status is Status.FAIL and r.reason == reason
+
+
+def test_stub_lost_gpu(stub_bin):
+    write_stub(stub_bin, "lost")
+    r, _ = run_probe()
+    assert r.reason == "gpu-lost" and r.facts["count"] == 1
+
+
+@pytest.mark.parametrize("behaviour", ["garbage", "huge"])
+def test_stub_garbage(stub_bin, behaviour):
+    write_stub(stub_bin, behaviour)
+    r, _ = run_probe()
+    assert r.reason == "unparseable" and len(r.message) < 300
+
+
+def test_stub_signal(stub_bin):
+    write_stub(stub_bin, "signal")
+    r, _ = run_probe()
+    assert r.reason == "killed"
+
+
+@pytest.mark.parametrize("behaviour", ["hang", "ignore-term"])
+def test_stub_hang_returns_at_the_deadline_and_leaves_nothing(stub_bin, behaviour):
+    write_stub(stub_bin, behaviour, sleep=30)
+    r, took = run_probe(budget=1.0)
+    assert r.status is Status.FAIL and r.reason == "deadline"
+    assert took < 1.0 + 0.5
+    assert_gone(started_pids(stub_bin))
+
+
+def test_stub_grandchild_holding_stdout(stub_bin):
+    write_stub(stub_bin, "grandchild", sleep=30)
+    r, took = run_probe(budget=3.0)
+    assert r.status is Status.PASS and r.observed == 2
+    assert took < 3.0
+    pids = started_pids(stub_bin)
+    assert len(pids) == 2
+    assert_gone(pids)
