@@ -1,0 +1,176 @@
+"""`healthcheck serve [--host H] [--port P] [--interval SECONDS|PROFILE=SECONDS,...]`.
+
+Serves /livez, /readyz, /startupz (application/health+json, 200 or 503) and /metrics
+(Prometheus) from results that a background monitor refreshes, and watches NVML for
+Xid/ECC events. SIGTERM or SIGINT stops it cleanly: the monitor's runs and the
+watcher are killed with their process groups, the socket is closed, exit status 0.
+Exit status 3 on a bad flag or setting (one line on stderr), 1 if it cannot serve
+(the port is taken).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import logging.handlers
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import IO, Any, NoReturn
+
+from probes.config import ConfigError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 3
+log = logging.getLogger("healthcheck.serve")
+STOP_GRACE = 1.0  # seconds a monitor run gets after SIGTERM before SIGKILL
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"serve: {message} (see healthcheck serve --help)")
+
+
+def parser() -> argparse.ArgumentParser:
+    from probes.serve import settings as st
+
+    p = _Parser(
+        prog="healthcheck serve",
+        description="HTTP health endpoints (/livez /readyz /startupz, application/health+json, 200 or 503) "
+                    "and Prometheus /metrics, answered from results that a background monitor refreshes.",
+        epilog="Environment: HEALTHCHECK_SERVE_HOST, HEALTHCHECK_SERVE_PORT, HEALTHCHECK_SERVE_INTERVAL, "
+               "HEALTHCHECK_SERVE_SLACK, HEALTHCHECK_SERVE_READINESS_GATING, HEALTHCHECK_SERVE_DEEP, "
+               "HEALTHCHECK_SERVE_XID_WATCH, HEALTHCHECK_XID_CRITICAL, HEALTHCHECK_XID_APPLICATION, "
+               "HEALTHCHECK_SERVE_PYTHON and the probes' own settings (see the README).")
+    p.add_argument("--host", help=f"address to bind (default {st.DEFAULT_HOST}: loopback only)")
+    p.add_argument("--port", help=f"TCP port (default {st.DEFAULT_PORT}; 0: a free one, logged)")
+    p.add_argument("--interval", metavar="SECONDS|PROFILE=SECONDS,...",
+                   help="pause between runs of each profile (default startup=5,readiness=15,liveness=10)")
+    return p
+
+
+def setup_logging(log_file: str | None) -> IO[Any] | None:
+    """Log to HEALTHCHECK_LOG_FILE when set, else stderr; returns the stream the watcher child should use."""
+    logger = logging.getLogger("healthcheck")
+    logger.setLevel(logging.DEBUG if os.environ.get("HEALTHCHECK_SERVE_DEBUG") else logging.INFO)
+    fmt = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s %(message)s")
+    handler: logging.Handler
+    stream: IO[Any] | None = None
+    if log_file:
+        try:
+            handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=1 << 20, backupCount=1)
+            stream = open(log_file, "a")  # noqa: SIM115 - kept open for the watcher child's stderr
+        except OSError as exc:
+            raise ConfigError(f"HEALTHCHECK_LOG_FILE={log_file!r} is not writable "
+                              f"({os.strerror(exc.errno or 0)}): choose a writable path") from None
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(fmt)
+    logger.addHandler(handler)
+    return stream
+
+
+def _kill_children(grace: float) -> None:
+    """SIGTERM, then SIGKILL, every descendant: the monitor's runs, their workers, the watcher."""
+    import psutil
+
+    try:
+        me = psutil.Process()
+        procs = me.children(recursive=True)
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=0.5)
+
+
+def serve(argv: Sequence[str]) -> int:
+    from probes.serve import settings as st
+
+    args = parser().parse_args(list(argv))
+    settings = st.load(host=args.host, port=args.port, interval=args.interval)
+    child_stderr = setup_logging(settings.log_file)
+
+    from probes.serve.httpd import HealthServer
+    from probes.serve.monitor import Monitor
+    from probes.serve.xid import Watcher
+    from probes.state import State
+
+    state = State.open(settings.state_dir)
+    if not state.enabled:
+        log.warning("state dir not usable (%s): no serve.json for the CLI fast path, latch in memory only",
+                    state.disabled_reason)
+    monitor = Monitor(settings, state)
+    try:
+        server = HealthServer((settings.host, settings.port), monitor, gating=settings.readiness_gating)
+    except OSError as exc:
+        print(f"healthcheck serve: cannot listen on {settings.host}:{settings.port} "
+              f"({os.strerror(exc.errno or 0)}): choose another --port or HEALTHCHECK_SERVE_PORT",
+              file=sys.stderr)
+        return EXIT_FAIL
+    host, port = server.server_address[:2]
+    monitor.address = (str(host), int(port))
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    watcher = Watcher(settings, monitor, stderr=child_stderr)
+    http_thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                   name="http", daemon=True)
+    http_thread.start()
+    monitor.start()
+    watcher.start()
+    log.info("serving on http://%s:%d (intervals %s; readiness gating %s; deep probe %s; xid watch %s)",
+             host, port, ",".join(f"{k}={v:g}" for k, v in settings.intervals.items()),
+             "on" if settings.readiness_gating else "off", "on" if settings.deep else "off",
+             "on" if settings.xid_watch else "off")
+    while not stop.wait(0.5):
+        pass
+    log.info("stopping")
+    t0 = time.monotonic()
+    monitor.stop.set()
+    watcher.terminate()
+    server.shutdown()
+    server.server_close()
+    _kill_children(STOP_GRACE)
+    monitor.join(max(0.5, 3.0 - (time.monotonic() - t0)))
+    _kill_children(0.2)  # a run that started while we were stopping
+    monitor.remove_snapshot()
+    log.info("stopped in %.2f s", time.monotonic() - t0)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        return serve(argv)
+    except ConfigError as exc:
+        msg = str(exc)
+        print(msg if msg.startswith("healthcheck") else f"healthcheck serve: {msg}", file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) and exc.code in (0, 1, 3) else EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except Exception as exc:
+        logging.getLogger("healthcheck").exception("serve: internal error")
+        print(f"healthcheck serve: internal error ({type(exc).__name__}); details in the log",
+              file=sys.stderr)
+        return EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,97 @@
+"""The CLI's fast path: reuse a running `healthcheck serve`'s fresh results instead of probing.
+
+`healthcheck serve` writes ``serve.json`` into the state dir after every run: its pid
+and start time, and per profile the results, when they were obtained, how long they
+stay fresh and a fingerprint of the configuration that produced them. An exec probe
+(``healthcheck --profile readiness``) then answers from there, without starting
+nvidia-smi or touching the GPU, when
+
+- that server is alive (the pid exists and started when the file says: no reused pid),
+- the results are fresh (younger than the server's own staleness limit),
+- they were produced by the same configuration (same probes selected, same settings),
+- nothing is latched (a latched run must report the latch itself).
+
+Otherwise ``lookup`` returns None and the CLI probes as usual. It never raises.
+Command-line equivalent: ``cat /run/healthcheck/serve.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+from probes.config import Config
+from probes.result import Result
+from probes.state import State
+
+SNAPSHOT = "serve.json"
+FALSE = ("false", "0", "no", "off")
+# Fields that do not change what a run checks.
+_NOT_IDENTITY = ("json", "verbose", "timeout", "only", "skip", "log_file")
+
+
+def fingerprint(config: Config) -> str:
+    d = dataclasses.asdict(config)
+    for k in _NOT_IDENTITY:
+        d.pop(k, None)
+    d["selected"] = [s.name for s in config.selected()]
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2:].split()
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def _alive(pid: Any, start: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    return start is None or start_time(pid) == start
+
+
+def lookup(config: Config, state: State) -> list[Result] | None:
+    """The serve process's latest results for ``config.profile`` when alive and fresh, else None."""
+    try:
+        return _lookup(config, state)
+    except Exception:  # the fast path is an optimisation: any surprise means "probe yourself"
+        return None
+
+
+def _lookup(config: Config, state: State) -> list[Result] | None:
+    # The monitor's own runs set this: they must probe, not read the server's results.
+    if os.environ.get("HEALTHCHECK_FASTPATH", "").strip().lower() in FALSE:
+        return None
+    if config.only or config.skip or not state.enabled:
+        return None
+    data = state.read_json(SNAPSHOT)
+    if data is None or data.get("latched") or not _alive(data.get("pid"), data.get("start")):
+        return None
+    if state.latch() is not None:
+        return None
+    entry = (data.get("profiles") or {}).get(config.profile)
+    if not isinstance(entry, dict) or entry.get("fingerprint") != fingerprint(config):
+        return None
+    finished, limit = entry.get("finished"), entry.get("stale_after")
+    if not isinstance(finished, (int, float)) or not isinstance(limit, (int, float)):
+        return None
+    age = time.time() - finished
+    if not 0 <= age <= limit:
+        return None
+    results = [Result.from_dict(r) for r in entry.get("results") or []]
+    return results or None

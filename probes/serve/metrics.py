@@ -1,0 +1,103 @@
+"""/metrics: Prometheus text format from the monitor's in-memory snapshot.
+
+A custom collector on its own registry (not prometheus_client's global one, which
+would add process metrics and would be shared with anything else in the process):
+every scrape reads one Snapshot and the counters, never a probe or NVML.
+Command-line equivalent: ``curl -s localhost:8779/metrics``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from probes import config as cfg
+from probes.serve.monitor import Monitor
+from probes.serve.view import results_of, verdict
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+STATUSES = ("pass", "warn", "fail", "skip")
+WATCHER_STATES = ("running", "starting", "unavailable", "failed", "off")
+
+
+class HealthCollector(Collector):
+    def __init__(self, monitor: Monitor):
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.monitor.snapshot()
+        runs_total, last_success, events = self.monitor.counters()
+        now, mono = time.time(), time.monotonic()
+
+        healthy = GaugeMetricFamily("healthcheck_healthy", "1 if the profile's endpoint would answer 200 "
+                                    "(before readiness gating), else 0", labels=["profile"])
+        age = GaugeMetricFamily("healthcheck_result_age_seconds",
+                                "Age of the profile's latest result", labels=["profile"])
+        stale = GaugeMetricFamily("healthcheck_result_stale",
+                                  "1 if the latest result is older than interval + slack", labels=["profile"])
+        run_dur = GaugeMetricFamily("healthcheck_run_duration_seconds",
+                                    "Wall time of the profile's latest run", labels=["profile"])
+        status = GaugeMetricFamily("healthcheck_probe_status",
+                                   "1 for the probe's status in the latest run of the profile",
+                                   labels=["profile", "probe", "status"])
+        dur = GaugeMetricFamily("healthcheck_probe_duration_seconds",
+                                "Time the probe took in the latest run", labels=["profile", "probe"])
+        ok_at = GaugeMetricFamily("healthcheck_probe_last_success_timestamp_seconds",
+                                  "When the probe last passed (or warned), Unix time",
+                                  labels=["profile", "probe"])
+        for profile in cfg.PROFILES:
+            code, body = verdict(profile, snap, now=now, now_mono=mono)
+            healthy.add_metric([profile], 1.0 if code == 200 else 0.0)
+            run = snap.runs.get(profile)
+            if run is None:
+                continue
+            a = max(0.0, mono - run.finished_mono)
+            age.add_metric([profile], a)
+            stale.add_metric([profile], 1.0 if body.get("reason") == "stale" else 0.0)
+            run_dur.add_metric([profile], run.duration)
+            if run.report is not None:
+                for r in results_of(run.report, run.finished):
+                    for s in STATUSES:
+                        status.add_metric([profile, r.name, s], 1.0 if r.status.value == s else 0.0)
+                    dur.add_metric([profile, r.name], r.elapsed)
+        for (profile, probe), t in sorted(last_success.items()):
+            ok_at.add_metric([profile, probe], t)
+
+        runs = CounterMetricFamily("healthcheck_runs", "Runs of each profile by outcome (pass, warn, fail, "
+                                   "or why no report came: deadline, bad-output, ...)",
+                                   labels=["profile", "outcome"])
+        for (profile, outcome), n in sorted(runs_total.items()):
+            runs.add_metric([profile, outcome], n)
+
+        latch = GaugeMetricFamily("healthcheck_latched", "1 while the container is latched unhealthy "
+                                  "(critical Xid or fatal CUDA error) until it restarts", labels=["source"])
+        if snap.latch is not None:
+            latch.add_metric([str(snap.latch.get("source") or "unknown")], 1.0)
+        else:
+            latch.add_metric([""], 0.0)
+
+        ev = CounterMetricFamily("healthcheck_nvml_events", "NVML events seen while serving",
+                                 labels=["gpu", "kind", "xid", "severity"])
+        for (gpu, kind, xid, sev), n in sorted(events.items()):
+            ev.add_metric([gpu, kind, xid, sev], n)
+
+        watcher = GaugeMetricFamily("healthcheck_nvml_event_watch", "1 for the state of the NVML "
+                                    "Xid/ECC event watcher", labels=["state"])
+        for s in WATCHER_STATES:
+            watcher.add_metric([s], 1.0 if snap.watcher == s else 0.0)
+
+        yield from (healthy, age, stale, run_dur, status, dur, ok_at, runs, latch, ev, watcher)
+
+
+def registry_for(monitor: Monitor) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(HealthCollector(monitor))
+    return reg
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

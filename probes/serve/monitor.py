@@ -1,0 +1,208 @@
+"""The monitor: runs each profile on its schedule in a child process and keeps the latest result.
+
+Each run is ``python -m probes --json --profile P`` through probes.proc.run with a
+deadline, so a wedged GPU, a hanging NVML call or a slow torch op only delays that
+profile's next result (which then goes stale) and never blocks the HTTP handlers:
+they read a Snapshot copied out under a lock. The child is told not to take the
+CLI's fast path (HEALTHCHECK_FASTPATH=false): it must probe, not read our own results.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from probes import config as cfg
+from probes import proc
+from probes.result import Status
+from probes.serve import fastpath
+from probes.serve.settings import Settings
+from probes.serve.view import Run, Snapshot, XidEvent, parse_report, results_of
+from probes.state import State
+
+log = logging.getLogger("healthcheck.serve")
+MAX_EVENTS = 200
+DEEP_PROBE = "torch-cuda"
+CHILD_ENV = {"HEALTHCHECK_FASTPATH": "false"}
+
+
+class Monitor:
+    def __init__(self, settings: Settings, state: State, environ: dict[str, str] | None = None):
+        self.settings = settings
+        self.state = state
+        self.env = dict(os.environ if environ is None else environ)
+        self.env.update(CHILD_ENV)
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self._runs: dict[str, Run] = {}
+        self._startup_passed: Run | None = None
+        self._latch_file: dict[str, Any] | None = None
+        self._xid_latch: dict[str, Any] | None = None
+        self._events: list[XidEvent] = []
+        self._watcher = "off"
+        # Counters and per-probe bookkeeping for /metrics.
+        self.runs_total: dict[tuple[str, str], int] = {}
+        self.last_success: dict[tuple[str, str], float] = {}
+        self.event_counts: dict[tuple[str, str, str, str], int] = {}
+        self._threads: list[threading.Thread] = []
+        self.address: tuple[str, int] | None = None
+        self.started = time.time()
+
+    # -- scheduling ---------------------------------------------------------------
+    def start(self) -> None:
+        self.refresh_latch()
+        for profile in cfg.PROFILES:
+            t = threading.Thread(target=self._loop, args=(profile,), name=f"monitor-{profile}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def join(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, end - time.monotonic()))
+
+    def _loop(self, profile: str) -> None:
+        while not self.stop.is_set():
+            if profile == "startup" and self._startup_passed is not None:
+                return  # like Kubernetes: once startup passed it is not checked again
+            try:
+                run = self.run_once(profile)
+            except Exception:  # a bug here must not end the schedule silently
+                log.exception("monitor: %s run failed internally", profile)
+                now = time.time()
+                run = Run(profile, now, now, time.monotonic(), None, "internal-error",
+                          "the monitor failed internally; see the log")
+            if self.stop.is_set():
+                return
+            self.record(run)
+            self.stop.wait(self.settings.intervals[profile])
+
+    def argv(self, profile: str) -> list[str]:
+        argv = [self.settings.python, "-m", "probes", "--json", "--profile", profile]
+        if not self.settings.deep and profile != "liveness":
+            argv += ["--skip", DEEP_PROBE]
+        return argv
+
+    def run_once(self, profile: str) -> Run:
+        started, t0 = time.time(), time.monotonic()
+        budget = self.settings.deadlines[profile]
+        done = proc.run(self.argv(profile), deadline=t0 + budget, env=self.env)
+        finished, mono = time.time(), time.monotonic()
+
+        def broken(reason: str, message: str) -> Run:
+            log.warning("monitor: %s run: %s (exit %s, stdout %r, stderr %r)", profile, message,
+                        done.returncode, proc.excerpt(done.stdout, 400), proc.excerpt(done.stderr, 400))
+            return Run(profile, started, finished, mono, None, reason, message)
+
+        if done.spawn_error:
+            return broken("spawn-error", f"cannot start {self.settings.python} ({done.spawn_error})")
+        if done.timed_out or done.stuck:
+            return broken("deadline", f"no report within {budget:g} s; the run was stopped")
+        if done.returncode == 3:
+            return broken("config-error", "the check exited 3 (configuration error); see the log")
+        if done.returncode not in (0, 1):
+            if done.signal:
+                return broken("crashed", f"the check was killed by signal {done.signal}")
+            return broken("bad-exit", f"the check exited {done.returncode} without a report")
+        report = parse_report(done.stdout)
+        if report is None:
+            return broken("bad-output", "the check printed no valid health+json report")
+        return Run(profile, started, finished, mono, report)
+
+    # -- recording ----------------------------------------------------------------
+    def record(self, run: Run) -> None:
+        outcome = run.status if run.report is not None else (run.reason or "error")
+        with self._lock:
+            self._runs[run.profile] = run
+            if run.profile == "startup" and run.report is not None and run.status != "fail":
+                self._startup_passed = run
+            key = (run.profile, outcome)
+            self.runs_total[key] = self.runs_total.get(key, 0) + 1
+            if run.report is not None:
+                for r in results_of(run.report, run.finished):
+                    if r.status in (Status.PASS, Status.WARN):
+                        self.last_success[(run.profile, r.name)] = run.finished
+        log.info("monitor: %s %s in %.2f s%s", run.profile, run.status, run.duration,
+                 f" ({run.reason})" if run.reason else "")
+        self.refresh_latch()
+        self.write_snapshot()
+
+    def refresh_latch(self) -> None:
+        latch = self.state.latch()
+        with self._lock:
+            self._latch_file = latch
+
+    def set_watcher(self, status: str) -> None:
+        with self._lock:
+            self._watcher = status
+
+    def add_event(self, event: XidEvent) -> None:
+        """An NVML event from the watcher; a critical one latches unhealthy."""
+        with self._lock:
+            self._events.append(event)
+            del self._events[:-MAX_EVENTS]
+            key = (str(event.gpu), event.kind, str(event.data) if event.kind == "xid" else "", event.severity)
+            self.event_counts[key] = self.event_counts.get(key, 0) + 1
+            latch_now = event.severity == "critical" and self._xid_latch is None
+            if latch_now:
+                code = f"xid-{event.data}" if event.kind == "xid" else event.kind
+                self._xid_latch = {"source": "xid", "code": code, "reason": event.describe(),
+                                   "time": event.time}
+        if event.severity == "critical":
+            log.error("NVML event: %s: latched unhealthy until the container restarts", event.describe())
+            if latch_now and not self.state.set_latch("xid", event.describe()):
+                log.warning("latch kept in memory only: the state dir is not usable")
+        elif event.severity == "corrected":
+            log.info("NVML event: %s", event.describe())
+        else:
+            log.warning("NVML event: %s (application-level, not a GPU fault)", event.describe())
+
+    # -- reading ------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            latch = self._xid_latch or self._latch_file
+            return Snapshot(
+                runs=dict(self._runs), startup_passed=self._startup_passed, latch=latch,
+                events=tuple(self._events[-50:]), watcher=self._watcher,
+                intervals=dict(self.settings.intervals),
+                stale_after={p: self.settings.stale_after(p) for p in cfg.PROFILES})
+
+    def counters(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float],
+                                dict[tuple[str, str, str, str], int]]:
+        with self._lock:
+            return dict(self.runs_total), dict(self.last_success), dict(self.event_counts)
+
+    def write_snapshot(self) -> None:
+        """serve.json in the state dir: what the CLI's fast path reads (see fastpath.py)."""
+        if not self.state.enabled:
+            return
+        snap = self.snapshot()
+        profiles: dict[str, Any] = {}
+        for p, run in snap.runs.items():
+            if run.report is None:
+                continue
+            skip = (DEEP_PROBE,) if (not self.settings.deep and p != "liveness") else ()
+            try:
+                probe_cfg = cfg.load(self.env, profile=p, skip=",".join(skip) if skip else None)
+            except cfg.ConfigError:
+                continue
+            profiles[p] = {
+                "finished": run.finished,
+                "stale_after": snap.stale_after[p],
+                "fingerprint": fastpath.fingerprint(probe_cfg),
+                "status": run.status,
+                "results": [r.to_dict() for r in results_of(run.report, run.finished)],
+            }
+        data = {"pid": os.getpid(), "start": fastpath.start_time(os.getpid()),
+                "address": list(self.address) if self.address else None,
+                "written": time.time(), "latched": snap.latch is not None, "profiles": profiles}
+        if not self.state.write_json(fastpath.SNAPSHOT, data):
+            log.debug("cannot write %s", fastpath.SNAPSHOT)
+
+    def remove_snapshot(self) -> None:
+        data = self.state.read_json(fastpath.SNAPSHOT)
+        if data is not None and data.get("pid") == os.getpid():
+            self.state.remove(fastpath.SNAPSHOT)

@@ -1,0 +1,156 @@
+"""Settings of `healthcheck serve`: flags override environment, environment overrides defaults.
+
+Every value is validated up front; a bad one raises probes.config.ConfigError (exit 3).
+The probe settings themselves (HEALTHCHECK_TIMEOUT, ENABLE_*, ...) are validated
+too, so a typo fails at start instead of in every scheduled run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+
+from probes import config as cfg
+
+DEFAULT_HOST = "127.0.0.1"
+# 9400 is dcgm-exporter's, 8888 Jupyter's, 8787 Dask's and RStudio's, 6006 TensorBoard's.
+DEFAULT_PORT = 8779
+# Seconds between the end of one run of a profile and the start of the next.
+DEFAULT_INTERVALS = {"startup": 5.0, "readiness": 15.0, "liveness": 10.0}
+# A run may take up to its deadline; the monitor's own deadline adds this much to
+# the profile's so the CLI's deadline, not ours, normally ends a slow run.
+RUN_GRACE = 5.0
+# Xids after which the GPU needs a reset or the node a reboot (NVIDIA's Xid catalog).
+DEFAULT_XID_CRITICAL = (48, 64, 74, 79, 95, 119, 120, 140)
+# Xids caused by the application (bad address, illegal instruction...): only a warning.
+DEFAULT_XID_APPLICATION = (13, 31, 43, 45, 68, 94, 109)
+MAX_INTERVAL = 86400.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    intervals: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(DEFAULT_INTERVALS))
+    # Per profile: a result older than interval + slack is stale (503, reason "stale").
+    slack: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    deadlines: Mapping[str, float] = dataclasses.field(default_factory=dict)  # monitor's, per run
+    readiness_gating: bool = True
+    deep: bool = True
+    xid_watch: bool = True
+    xid_critical: frozenset[int] = frozenset(DEFAULT_XID_CRITICAL)
+    xid_application: frozenset[int] = frozenset(DEFAULT_XID_APPLICATION)
+    python: str = sys.executable
+    state_dir: str | None = None
+    log_file: str | None = None
+
+    def stale_after(self, profile: str) -> float:
+        return self.intervals[profile] + self.slack[profile]
+
+
+def parse_serve_port(name: str, raw: str) -> int:
+    """A TCP port, or 0 for a free one chosen by the kernel (it is logged and kept in serve.json)."""
+    if raw.strip() == "0":
+        return 0
+    return cfg.parse_port(name, raw)
+
+
+def parse_intervals(name: str, raw: str) -> dict[str, float]:
+    """``15`` (every profile) or ``readiness=15,liveness=5`` (those profiles), or both mixed."""
+    out: dict[str, float] = {}
+    parts = [p.strip() for p in raw.split(",") if p.strip()]
+    if not parts:
+        raise cfg.ConfigError(f"{name}={cfg.shown(raw)} is empty (accepted: seconds, or profile=seconds,...)")
+    for part in parts:
+        prof, sep, value = part.partition("=")
+        if not sep:
+            seconds = cfg.parse_number(name, part, low=0, high=MAX_INTERVAL)
+            out.update({p: seconds for p in cfg.PROFILES})
+            continue
+        prof = cfg.parse_choice(name, prof, cfg.PROFILES)
+        out[prof] = cfg.parse_number(f"{name} {prof}", value, low=0, high=MAX_INTERVAL)
+    return out
+
+
+def parse_xids(name: str, raw: str) -> frozenset[int]:
+    """Comma-separated Xid numbers, or ``none`` for an empty list."""
+    if raw.strip().lower() == "none":
+        return frozenset()
+    values = [v.strip() for v in raw.split(",") if v.strip()]
+    if not values:
+        raise cfg.ConfigError(f"{name}={cfg.shown(raw)} lists no Xid (accepted: numbers like 48,79 or none)")
+    out = set()
+    for v in values:
+        if not v.isdigit() or not 1 <= int(v) <= 9999:
+            raise cfg.ConfigError(
+                f"{name}: {cfg.shown(v)} is not an Xid number "
+                "(accepted: comma-separated integers 1-9999, or none)")
+        out.add(int(v))
+    return frozenset(out)
+
+
+def _env(env: Mapping[str, str], name: str) -> str | None:
+    raw = env.get(name)
+    return None if raw is None or raw == "" else raw
+
+
+def load(environ: Mapping[str, str] | None = None, *, host: str | None = None, port: str | None = None,
+         interval: str | None = None) -> Settings:
+    env = os.environ if environ is None else environ
+    # The probe configuration of every profile the monitor runs: validated now.
+    probe_cfgs = {p: cfg.load(env, profile=p) for p in cfg.PROFILES}
+
+    h = cfg.parse_text("--host", host) if host is not None else None
+    if h is None:
+        raw = _env(env, "HEALTHCHECK_SERVE_HOST")
+        h = cfg.parse_text("HEALTHCHECK_SERVE_HOST", raw) if raw is not None else DEFAULT_HOST
+    if port is not None:
+        prt = parse_serve_port("--port", port)
+    else:
+        raw = _env(env, "HEALTHCHECK_SERVE_PORT")
+        prt = parse_serve_port("HEALTHCHECK_SERVE_PORT", raw) if raw is not None else DEFAULT_PORT
+    intervals = dict(DEFAULT_INTERVALS)
+    raw = _env(env, "HEALTHCHECK_SERVE_INTERVAL")
+    if raw is not None:
+        intervals.update(parse_intervals("HEALTHCHECK_SERVE_INTERVAL", raw))
+    if interval is not None:
+        intervals.update(parse_intervals("--interval", interval))
+
+    deadlines = {p: probe_cfgs[p].timeout + RUN_GRACE for p in cfg.PROFILES}
+    raw = _env(env, "HEALTHCHECK_SERVE_SLACK")
+    if raw is not None:
+        s = cfg.parse_number("HEALTHCHECK_SERVE_SLACK", raw, low=0, high=MAX_INTERVAL, low_inclusive=True)
+        slack = {p: s for p in cfg.PROFILES}
+    else:
+        # By default a result goes stale only when a run overran the monitor's deadline:
+        # a slow but working run never turns readiness off by itself.
+        slack = dict(deadlines)
+
+    def flag(name: str, default: bool) -> bool:
+        raw = _env(env, name)
+        return default if raw is None else cfg.parse_bool(name, raw)
+
+    crit_raw = _env(env, "HEALTHCHECK_XID_CRITICAL")
+    app_raw = _env(env, "HEALTHCHECK_XID_APPLICATION")
+    critical = (parse_xids("HEALTHCHECK_XID_CRITICAL", crit_raw) if crit_raw
+                else frozenset(DEFAULT_XID_CRITICAL))
+    application = (parse_xids("HEALTHCHECK_XID_APPLICATION", app_raw) if app_raw
+                   else frozenset(DEFAULT_XID_APPLICATION))
+    both = critical & application
+    if both:
+        raise cfg.ConfigError(
+            f"Xid {min(both)} is in both HEALTHCHECK_XID_CRITICAL and HEALTHCHECK_XID_APPLICATION "
+            "(accepted: each Xid in one list at most)")
+    py_raw = _env(env, "HEALTHCHECK_SERVE_PYTHON")
+    python = cfg.parse_text("HEALTHCHECK_SERVE_PYTHON", py_raw) if py_raw is not None else sys.executable
+    gpu_on = probe_cfgs["readiness"].toggles.get("ENABLE_GPU_CHECK", True)
+    return Settings(
+        host=h, port=prt, intervals=intervals, slack=slack, deadlines=deadlines,
+        readiness_gating=flag("HEALTHCHECK_SERVE_READINESS_GATING", True),
+        deep=flag("HEALTHCHECK_SERVE_DEEP", True),
+        xid_watch=flag("HEALTHCHECK_SERVE_XID_WATCH", True) and gpu_on,
+        xid_critical=critical, xid_application=application, python=python,
+        state_dir=probe_cfgs["readiness"].state_dir, log_file=probe_cfgs["readiness"].log_file,
+    )

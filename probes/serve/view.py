@@ -1,0 +1,275 @@
+"""What the monitor keeps and what the endpoints answer: pure functions over snapshots.
+
+A profile's run either yields a health+json report (from ``python -m probes --json``)
+or a reason code saying why it did not ("deadline", "bad-output", "crashed", ...).
+The endpoint's verdict folds in the result's age (older than interval + slack is
+"stale"), the sticky latch and recent Xid events. Every string that reaches a
+client is rebuilt from known fields and made printable; child output that is not
+a well-formed report is never passed through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from probes.result import Result, Status
+
+MAX_TEXT = 300
+CHECK_KEYS = ("componentType", "status", "observedValue", "observedUnit", "time", "output", "reason",
+              "elapsed", "skipped")
+STATUSES = ("pass", "warn", "fail")
+RANK = {"pass": 0, "warn": 1, "fail": 2}
+# An application Xid keeps the endpoints at "warn" this long after it was seen.
+XID_WARN_SECONDS = 600.0
+
+
+def clean(text: Any, limit: int = MAX_TEXT) -> str:
+    """One printable line, at most ``limit`` characters."""
+    s = " ".join(str(text).split())
+    s = "".join(ch if ch.isprintable() else "?" for ch in s)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def from_iso(text: Any) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _scalar(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float)):
+        return v
+    if isinstance(v, str):
+        return clean(v)
+    try:
+        return clean(json.dumps(v, sort_keys=True))
+    except (TypeError, ValueError):
+        return None
+
+
+def _check(entry: Any) -> dict[str, Any] | None:
+    if not isinstance(entry, dict) or entry.get("status") not in STATUSES:
+        return None
+    out: dict[str, Any] = {}
+    for key in CHECK_KEYS:
+        if key not in entry:
+            continue
+        v = entry[key]
+        if key in ("observedValue",):
+            out[key] = _scalar(v)
+        elif key == "skipped":
+            out[key] = bool(v)
+        elif key == "elapsed":
+            out[key] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        else:
+            out[key] = None if v is None else clean(v)
+    return out
+
+
+def parse_report(stdout: bytes) -> dict[str, Any] | None:
+    """The report a ``--json`` run printed, rebuilt from known fields; None when it is not one."""
+    try:
+        data = json.loads(stdout.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("status") not in STATUSES:
+        return None
+    checks = data.get("checks")
+    if not isinstance(checks, dict):
+        return None
+    out_checks: dict[str, list[dict[str, Any]]] = {}
+    for key, entries in checks.items():
+        if not isinstance(key, str) or not isinstance(entries, list):
+            return None
+        rebuilt = [_check(e) for e in entries]
+        if any(e is None for e in rebuilt):
+            return None
+        out_checks[clean(key, 80)] = rebuilt  # type: ignore[assignment]
+    notes = data.get("notes")
+    report = {
+        "status": data["status"],
+        "version": clean(data.get("version", ""), 40),
+        "description": clean(data.get("description", ""), 200),
+        "profile": clean(data.get("profile", ""), 20),
+        "output": clean(data.get("output", "")),
+        "time": clean(data.get("time", ""), 40),
+        "notes": [clean(n) for n in notes][:20] if isinstance(notes, list) else [],
+        "checks": out_checks,
+    }
+    return report
+
+
+def results_of(report: Mapping[str, Any], default_time: float) -> list[Result]:
+    """The report's checks as Results (for the CLI fast path and the metrics)."""
+    results = []
+    for key, entries in report.get("checks", {}).items():
+        name = key.split(":", 1)[0]
+        for e in entries[:1]:
+            status = Status.SKIP if e.get("skipped") else Status(e["status"])
+            results.append(Result(
+                name=name, status=status, message=e.get("output") or "",
+                observed=e.get("observedValue"), unit=e.get("observedUnit"), reason=e.get("reason"),
+                elapsed=float(e.get("elapsed") or 0.0), time=from_iso(e.get("time")) or default_time))
+    return results
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One finished run of a profile."""
+
+    profile: str
+    started: float  # wall clock
+    finished: float  # wall clock
+    finished_mono: float  # time.monotonic(), for the age
+    report: Mapping[str, Any] | None  # None: the run produced no report
+    reason: str | None = None  # why there is no report ("deadline", "bad-output", ...)
+    message: str = ""
+
+    @property
+    def duration(self) -> float:
+        return max(0.0, self.finished - self.started)
+
+    @property
+    def status(self) -> str:
+        return self.report["status"] if self.report is not None else "fail"
+
+
+@dataclasses.dataclass(frozen=True)
+class XidEvent:
+    time: float  # wall clock
+    gpu: int | None
+    uuid: str
+    kind: str  # xid | ecc-single | ecc-double
+    data: int
+    severity: str  # critical | application | other | corrected
+
+    def describe(self) -> str:
+        where = f"GPU {self.gpu}" if self.gpu is not None else "a GPU"
+        if self.uuid:
+            where += f" ({self.uuid})"
+        if self.kind == "xid":
+            return f"Xid {self.data} on {where}"
+        if self.kind == "ecc-double":
+            return f"uncorrectable (double-bit) ECC error on {where}"
+        return f"corrected (single-bit) ECC error on {where}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """Everything an endpoint needs, copied out of the monitor under its lock."""
+
+    runs: Mapping[str, Run]
+    startup_passed: Run | None
+    latch: Mapping[str, Any] | None
+    events: Sequence[XidEvent]  # recent ones, newest last
+    watcher: str  # "running" | "unavailable" | "off" | "starting" | "failed"
+    intervals: Mapping[str, float]
+    stale_after: Mapping[str, float]
+
+
+def _entry(component: str, status: str, output: str, *, reason: str | None = None, value: Any = None,
+           unit: str | None = None, now: float) -> dict[str, Any]:
+    return {"componentType": component, "status": status, "observedValue": value, "observedUnit": unit,
+            "time": iso(now), "output": output, "reason": reason, "elapsed": 0.0, "skipped": False}
+
+
+def _first_failure(report: Mapping[str, Any]) -> tuple[str | None, str]:
+    for entries in report.get("checks", {}).values():
+        for e in entries:
+            if e.get("status") == "fail" and not e.get("skipped"):
+                return e.get("reason") or "fail", e.get("output") or ""
+    return None, ""
+
+
+def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating: bool = True,
+            version: str = "") -> tuple[int, dict[str, Any]]:
+    """The HTTP status and the health+json body of the endpoint for ``profile``."""
+    notes: list[str] = []
+    run = snap.runs.get(profile)
+    sticky = profile == "startup" and snap.startup_passed is not None
+    if sticky:
+        run = snap.startup_passed
+    report = dict(run.report) if run is not None and run.report is not None else None
+    checks: dict[str, list[dict[str, Any]]] = dict(report["checks"]) if report else {}
+    status = report["status"] if report else "fail"
+    reason, output = (None, "")
+    if report:
+        reason, output = _first_failure(report)
+        output = output or report.get("output", "")
+
+    # The result's own age.
+    limit = snap.stale_after[profile]
+    if run is None:
+        status, reason = "fail", "pending"
+        output = f"no {profile} result yet: the first run is in progress"
+        checks["serve:result-age"] = [_entry("serve", "fail", output, reason="pending", now=now)]
+    else:
+        age = max(0.0, now_mono - run.finished_mono)
+        stale = age > limit and not sticky
+        if run.report is None:
+            output = f"the {profile} run failed ({run.reason}): {run.message}"
+            status, reason = "fail", run.reason
+        if stale:
+            status, reason = "fail", "stale"
+            output = (f"{profile} result is stale: {age:.0f} s old, expected every "
+                      f"{snap.intervals[profile]:g} s (+ slack, limit {limit:g} s); see the log for the run")
+        age_out = (f"result is {age:.1f} s old (stale after {limit:g} s)" if not sticky
+                   else f"startup passed {age:.0f} s ago")
+        checks["serve:result-age"] = [_entry(
+            "serve", "fail" if (stale or run.report is None) else "pass",
+            output if (stale or run.report is None) else age_out,
+            reason="stale" if stale else run.reason, value=round(age, 3), unit="s", now=now)]
+
+    # Xid events: critical ones latch (below); application ones warn for a while.
+    recent = [e for e in snap.events
+              if e.severity in ("application", "other") and now - e.time <= XID_WARN_SECONDS]
+    if recent:
+        last = recent[-1]
+        msg = (f"{last.describe()} ({len(recent)} in the last {XID_WARN_SECONDS / 60:.0f} min): "
+               "an application error, not a GPU fault; check the workload's log")
+        checks["xid:events"] = [_entry("hardware", "warn", msg, reason=f"xid-{last.data}", value=last.data,
+                                       now=now)]
+        notes.append(msg)
+        if status == "pass":
+            status = "warn"
+    if snap.watcher in ("unavailable", "failed"):
+        notes.append("Xid/ECC event watching is off: NVML events are unavailable (see the log)")
+
+    # The sticky latch: unhealthy until the container restarts.
+    if snap.latch is not None and not sticky:
+        why = clean(snap.latch.get("reason", "latched"), 200)
+        latch_code = clean(snap.latch.get("code") or "latched", 40)
+        msg = f"latched unhealthy: {why}; restart the container (reset the GPU if it persists)"
+        checks["latch:state"] = [_entry("hardware", "fail", msg, reason=latch_code, now=now)]
+        status, reason, output = "fail", latch_code, msg
+
+    if status == "fail" and not reason:
+        reason = "fail"
+    code = 200 if status in ("pass", "warn") else 503
+    if not gating and profile == "readiness" and code != 200:
+        notes.append("readiness gating is off (HEALTHCHECK_SERVE_READINESS_GATING=false): answering 200")
+        code = 200
+    verdict_line = f"{status}: {output}" if status != "pass" else f"pass: {profile} healthy"
+    body: dict[str, Any] = {
+        "status": status,
+        "version": (report or {}).get("version") or version,
+        "description": f"healthcheck serve: {profile} profile",
+        "profile": profile,
+        "output": clean(verdict_line),
+        "reason": reason,
+        "time": iso(now),
+        "notes": ((report or {}).get("notes") or []) + notes,
+        "checks": checks,
+    }
+    return code, body

@@ -1,0 +1,168 @@
+"""Runs the NVML event watcher child (probes.serve.xid_watch) and feeds its events to the monitor.
+
+The child is long-lived and streams its output, so it is started with its own session
+(like every child: proc.run's rule) and read line by line in a thread; on shutdown its
+whole group gets SIGTERM, then SIGKILL. If NVML is unavailable the child says so once
+and exits: we log it once, show it in /metrics and keep serving. If it fails while
+watching we start it again after a pause (events in between are lost; the log says so).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from probes.serve.monitor import Monitor
+from probes.serve.settings import Settings
+from probes.serve.view import XidEvent, clean
+
+log = logging.getLogger("healthcheck.serve")
+RESTART_PAUSE = 30.0
+WAIT_MS = 500
+KINDS = ("xid", "ecc-single", "ecc-double")
+
+
+def severity(kind: str, data: int, settings: Settings) -> str:
+    """critical (latches), application or other (warn), corrected (counted only)."""
+    if kind == "xid":
+        if data in settings.xid_critical:
+            return "critical"
+        if data in settings.xid_application:
+            return "application"
+        return "other"
+    if kind == "ecc-double":
+        return "critical"  # uncorrectable memory error: the GPU needs a reset or row remap
+    return "corrected"
+
+
+def parse_event(obj: dict[str, Any], settings: Settings) -> XidEvent | None:
+    kind, data, gpu = obj.get("kind"), obj.get("data"), obj.get("gpu")
+    if kind not in KINDS or not isinstance(data, int) or isinstance(data, bool):
+        return None
+    gpu_index = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0 else None
+    t = obj.get("time")
+    return XidEvent(time=float(t) if isinstance(t, (int, float)) else time.time(), gpu=gpu_index,
+                    uuid=clean(obj.get("uuid") or "", 80), kind=kind, data=data,
+                    severity=severity(kind, data, settings))
+
+
+class Watcher:
+    def __init__(self, settings: Settings, monitor: Monitor, *, stderr: IO[Any] | None = None,
+                 environ: dict[str, str] | None = None):
+        self.settings = settings
+        self.monitor = monitor
+        self.stderr = stderr
+        self.env = dict(os.environ if environ is None else environ)
+        self.stop = threading.Event()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if not self.settings.xid_watch:
+            self.monitor.set_watcher("off")
+            return
+        self.monitor.set_watcher("starting")
+        self._thread = threading.Thread(target=self._loop, name="xid-watcher", daemon=True)
+        self._thread.start()
+
+    def _spawn(self) -> subprocess.Popen[bytes] | None:
+        argv = [sys.executable, "-m", "probes.serve.xid_watch", "--wait-ms", str(WAIT_MS)]
+        with self._lock:
+            if self.stop.is_set():
+                return None
+            try:
+                self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                              stderr=self.stderr, env=self.env, start_new_session=True,
+                                              close_fds=True)
+            except OSError as exc:
+                log.error("cannot start the NVML event watcher %s: %s", argv[0], os.strerror(exc.errno or 0))
+                return None
+            return self._proc
+
+    def _loop(self) -> None:
+        failures = 0
+        while not self.stop.is_set():
+            p = self._spawn()
+            if p is None:
+                if self.stop.is_set():
+                    return
+                self.monitor.set_watcher("failed")
+                self.stop.wait(RESTART_PAUSE)
+                continue
+            self.monitor.set_watcher("running")
+            outcome = self._read(p)
+            try:
+                p.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                self._kill(p)
+            if self.stop.is_set():
+                return
+            if outcome == "unavailable":
+                self.monitor.set_watcher("unavailable")
+                return  # said once; the server keeps serving without events
+            failures += 1
+            self.monitor.set_watcher("failed")
+            log.warning("NVML event watcher ended (%s, exit %s); restarting in %g s; events until then are "
+                        "not seen", outcome, p.returncode, RESTART_PAUSE)
+            self.stop.wait(RESTART_PAUSE)
+
+    def _read(self, p: subprocess.Popen[bytes]) -> str:
+        assert p.stdout is not None
+        outcome = "ended"
+        for raw in p.stdout:
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                log.warning("NVML event watcher printed a line that is not JSON; ignored")
+                continue
+            if not isinstance(obj, dict):
+                continue
+            kind = obj.get("type")
+            if kind == "event":
+                ev = parse_event(obj, self.settings)
+                if ev is not None:
+                    self.monitor.add_event(ev)
+            elif kind == "unavailable":
+                outcome = "unavailable"
+                log.warning("NVML events unavailable (%s): %s; Xid/ECC events are not watched, "
+                            "serving goes on", clean(obj.get("reason"), 40),
+                            clean(obj.get("message", ""), 300))
+            elif kind == "error":
+                outcome = f"error {clean(obj.get('reason'), 40)}"
+        p.stdout.close()
+        return outcome
+
+    @staticmethod
+    def _kill(p: subprocess.Popen[bytes]) -> None:
+        for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.5)):
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                p.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def terminate(self) -> None:
+        with self._lock:
+            self.stop.set()
+            p = self._proc
+        if p is not None and p.poll() is None:
+            self._kill(p)
+        elif p is not None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # anything left in its group
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._thread is not None:
+            self._thread.join(1.0)
