@@ -533,7 +533,7 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
                   entry: dict[str, Any] | None) -> Result | None:
     """The result for one classified error, or None when it is not one we diagnose."""
     category, label = _classify(err)
-    where = "CUDA" if entry is None else f"cuda:{entry['index']}"
+    where = "the GPU(s)" if entry is None else f"cuda:{entry['index']}"
     if category == "busy":
         index = entry["index"] if entry is not None else 0
         holder = _holder(ctx, report, index, entry["uuid"] if entry else None)

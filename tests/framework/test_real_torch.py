@@ -1,0 +1,53 @@
+"""The real worker with the real (CPU) build of torch installed in the suite's venv."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from probes.framework import torch_cuda
+from probes.result import Status
+from tests.conftest import clean_env, run_cli
+from tests.framework.conftest import REAL_PYTHON, probe
+
+
+def test_cpu_device_runs_the_real_op_and_comparison(tmp_path: Path) -> None:
+    result, _, data = probe(REAL_PYTHON, tmp_path, device="cpu")
+    assert result.status is Status.PASS, result.message
+    assert result.message.startswith("CPU OK: 1024x1024 matmul matches the CPU reference")
+    assert result.observed == 1
+    dev = data["report"]["devices"][0]
+    # A real float32 matmul against a real float64 reference: small but not zero.
+    assert 0 < dev["max_err"] / dev["scale"] < torch_cuda.TOLERANCE
+    assert dev["op_ms"] > 0
+
+
+def test_cuda_on_a_cpu_build_is_not_available_with_remedy(tmp_path: Path) -> None:
+    result, _, _ = probe(REAL_PYTHON, tmp_path, device="cuda")
+    assert result.status is Status.FAIL
+    assert result.reason == "cpu-only-build"
+    assert result.message.startswith("CUDA not available: torch 2.13.0+cpu")
+    assert "HEALTHCHECK_TORCH_DEVICE=cpu" in result.message
+    assert "Traceback" not in result.message
+
+
+def test_worker_prints_exactly_one_valid_line() -> None:
+    done = subprocess.run([REAL_PYTHON, torch_cuda.WORKER, "--device", "cpu", "--size", "64"],
+                          capture_output=True, timeout=120, check=True)
+    lines = done.stdout.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(torch_cuda.PREFIX)
+    report = torch_cuda.validate(json.loads(lines[0][len(torch_cuda.PREFIX):]), "cpu", 64)
+    assert report["error"] is None and report["torch"].startswith("2.")
+
+
+def test_cli_end_to_end(tmp_path: Path) -> None:
+    env = clean_env(HEALTHCHECK_TORCH_PYTHON=REAL_PYTHON, HEALTHCHECK_STATE_DIR=str(tmp_path / "st"))
+    ok = run_cli("--only", "torch-cuda", env={**env, "HEALTHCHECK_TORCH_DEVICE": "cpu"})
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "PASS torch-cuda" in ok.stdout
+    bad = run_cli("--only", "torch-cuda", "--json", env={**env, "HEALTHCHECK_TORCH_DEVICE": "cuda"})
+    assert bad.returncode == 1
+    check = json.loads(bad.stdout)["checks"]["torch-cuda:devices"][0]
+    assert check["status"] == "fail" and check["reason"] == "cpu-only-build"
+    assert "CUDA not available" in check["output"]
