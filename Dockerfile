@@ -1,0 +1,66 @@
+# The GPU development image: PyTorch + CUDA, JupyterLab and SSH, with a HEALTHCHECK that
+# proves the container can do its job (driver, GPUs, a real tensor op, Jupyter, sshd).
+#
+#   docker build --network host -t gpu-dev:latest .      (make image)
+#   docker run -d --gpus all -p 8888:8888 -p 2222:22 \
+#     -e SSH_AUTHORIZED_KEYS="$(cat ~/.ssh/id_ed25519.pub)" gpu-dev:latest
+#
+# BASE_IMAGE may be any image whose python3 on PATH owns torch (the end-to-end tests use a
+# CPU-only Debian stand-in, since no registry can be reached there).
+ARG BASE_IMAGE=pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
+FROM ${BASE_IMAGE}
+
+ARG JUPYTERLAB_VERSION=4.6.4
+ARG DEV_USER=dev
+ARG DEV_UID=1000
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# tini is PID 1: it forwards signals and reaps what a timed-out probe leaves behind
+# (Docker kills only the probe's top process). Host keys made by the package's install
+# script are removed: each container generates its own at first start.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      ca-certificates openssh-server procps tini \
+ && rm -rf /var/lib/apt/lists/* \
+ && rm -f /etc/ssh/ssh_host_* \
+ && useradd --create-home --uid "${DEV_UID}" --shell /bin/bash "${DEV_USER}"
+
+# JupyterLab goes into the image's own Python, next to torch.
+RUN python3 -m pip install --no-cache-dir "jupyterlab==${JUPYTERLAB_VERSION}"
+
+# The health-check suite lives in its own virtual environment, so no `pip install` by a
+# user can break it; it never imports torch itself (HEALTHCHECK_TORCH_PYTHON, default
+# python3 on PATH, runs the tensor op). The front door finds <its dir>/.venv/bin/python.
+COPY pyproject.toml /opt/healthcheck/
+COPY probes/ /opt/healthcheck/probes/
+COPY healthcheck /opt/healthcheck/healthcheck
+RUN python3 -m venv /opt/healthcheck/.venv \
+ && /opt/healthcheck/.venv/bin/pip install --no-cache-dir --disable-pip-version-check /opt/healthcheck \
+ && rm -rf /opt/healthcheck/build /opt/healthcheck/*.egg-info \
+ && chmod 0755 /opt/healthcheck/healthcheck \
+ && ln -s /opt/healthcheck/healthcheck /usr/local/bin/healthcheck \
+ && healthcheck --help >/dev/null
+
+COPY docker/sshd/gpu-dev.conf /etc/ssh/sshd_config.d/10-gpu-dev.conf
+COPY docker/sshd/penalty-exempt.conf /etc/ssh/gpu-dev/penalty-exempt.conf
+COPY docker/entrypoint.sh /usr/local/bin/gpu-dev-entrypoint
+RUN chmod 0755 /usr/local/bin/gpu-dev-entrypoint \
+ && chmod 0644 /etc/ssh/sshd_config.d/10-gpu-dev.conf /etc/ssh/gpu-dev/penalty-exempt.conf
+
+# Global, so the health check (which runs with the image's environment, not the
+# entrypoint's) finds the server's jpserver-<pid>.json. DEV_USER tells the entrypoint whom
+# Jupyter runs as; the container itself starts as root because sshd needs it.
+ENV JUPYTER_RUNTIME_DIR=/run/jupyter \
+    DEV_USER=${DEV_USER}
+
+EXPOSE 22 8888
+
+# Numbers measured on the end-to-end runs; see the README section "Docker HEALTHCHECK tuning".
+# The suite's own deadline (readiness: 25 s, hard stop 28 s) stays below --timeout, so a
+# stuck probe reports its own reason instead of Docker's "Health check exceeded timeout".
+HEALTHCHECK --interval=30s --timeout=35s --start-period=120s --start-interval=5s --retries=3 \
+  CMD ["/usr/local/bin/healthcheck"]
+
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/gpu-dev-entrypoint"]

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Summary: start sshd and Jupyter in the GPU dev image, and stop both cleanly
+#
+# Usage: gpu-dev-entrypoint [COMMAND [ARG...]]
+#   Without a command: generate SSH host keys at the first start, run sshd (keys only,
+#   no root login) and Jupyter (lab, or server when lab is absent) as the non-root user,
+#   with a token. A TERM or INT (docker stop; tini forwards it) stops both.
+#   With a command: run it instead (e.g. `docker run -it IMAGE bash`).
+#
+# Environment:
+#   SSH_AUTHORIZED_KEYS        public keys (one per line) allowed to log in as the user
+#   SSH_AUTHORIZED_KEYS_FILE   a mounted authorized_keys file (default /run/secrets/authorized_keys)
+#   JUPYTER_TOKEN              the Jupyter token; generated when unset (never disabled, never logged)
+#   JUPYTER_PORT               Jupyter's port (default 8888); JUPYTER_RUNTIME_DIR is set by the image
+#   DEV_USER                   the user Jupyter runs as and SSH logs in to (default: the image's)
+set -euo pipefail
+[ -n "${ENTRYPOINT_DEBUG:-}" ] && set -x
+
+log() {
+  echo "entrypoint: $*" >&2
+}
+
+abort() {
+  log "$*"
+  exit 1
+}
+
+if [ "$#" -gt 0 ]; then
+  exec "$@"
+fi
+
+[ "$(id -u)" -eq 0 ] || abort "must start as root (sshd needs it; Jupyter drops to ${DEV_USER:-dev}): remove --user"
+
+user=${DEV_USER:-dev}
+home=$(getent passwd "$user" | cut -d: -f6) || abort "user '$user' does not exist: set DEV_USER to an existing user"
+group=$(id -gn "$user")
+runtime_dir=${JUPYTER_RUNTIME_DIR:-/run/jupyter}
+port=${JUPYTER_PORT:-8888}
+
+# --- SSH -----------------------------------------------------------------------------------
+# Host keys belong to the container, not the image: two containers never share them.
+ssh-keygen -A >/dev/null
+mkdir -p /run/sshd
+chmod 0755 /run/sshd
+
+keys_file=${SSH_AUTHORIZED_KEYS_FILE:-/run/secrets/authorized_keys}
+install -d -m 0700 -o "$user" -g "$group" "$home/.ssh"
+{
+  [ -r "$keys_file" ] && cat "$keys_file"
+  [ -n "${SSH_AUTHORIZED_KEYS:-}" ] && printf '%s\n' "$SSH_AUTHORIZED_KEYS"
+  true
+} >"$home/.ssh/authorized_keys.new"
+if [ -s "$home/.ssh/authorized_keys.new" ]; then
+  chown "$user:$group" "$home/.ssh/authorized_keys.new"
+  chmod 0600 "$home/.ssh/authorized_keys.new"
+  mv -f "$home/.ssh/authorized_keys.new" "$home/.ssh/authorized_keys"
+  log "ssh: $(grep -c -v -e '^#' -e '^$' "$home/.ssh/authorized_keys" || true) authorized key(s) for $user"
+else
+  rm -f "$home/.ssh/authorized_keys.new"
+  log "ssh: no authorized keys given (SSH_AUTHORIZED_KEYS or $keys_file): nobody can log in"
+fi
+
+# Loopback exemption from OpenSSH 9.8+ penalties, only where this sshd knows the option.
+piece=/etc/ssh/gpu-dev/penalty-exempt.conf
+if [ -r "$piece" ] && /usr/sbin/sshd -T -f "$piece" >/dev/null 2>&1; then
+  cp "$piece" /etc/ssh/sshd_config.d/20-penalty-exempt.conf
+else
+  rm -f /etc/ssh/sshd_config.d/20-penalty-exempt.conf
+fi
+/usr/sbin/sshd -t || abort "sshd refuses its configuration: see the line above"
+
+# --- Jupyter -------------------------------------------------------------------------------
+install -d -m 0700 -o "$user" -g "$group" "$runtime_dir"
+# A server killed without cleanup leaves its runtime file behind: the health check must
+# only ever see the live server's.
+rm -f "$runtime_dir"/jpserver-*.json "$runtime_dir"/jpserver-*.html
+
+if [ -z "${JUPYTER_TOKEN:-}" ]; then
+  JUPYTER_TOKEN=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
+  log "jupyter: generated a token (${JUPYTER_TOKEN:0:4}...); read it with: docker exec <container> cat $runtime_dir/token"
+else
+  log "jupyter: using the token from JUPYTER_TOKEN (${JUPYTER_TOKEN:0:4}...)"
+fi
+(umask 077 && printf '%s\n' "$JUPYTER_TOKEN" >"$runtime_dir/token")
+chown "$user:$group" "$runtime_dir/token"
+export JUPYTER_TOKEN
+
+if command -v jupyter-lab >/dev/null; then
+  app=lab
+elif command -v jupyter-server >/dev/null; then
+  app=server
+else
+  abort "neither jupyter-lab nor jupyter-server is on PATH: install jupyterlab into the image's Python"
+fi
+
+# --- Run both, stop both ---------------------------------------------------------------------
+sshd_pid=
+jupyter_pid=
+
+# shellcheck disable=SC2329  # invoked through the trap below
+stop() {
+  trap - TERM INT
+  log "stopping sshd and jupyter"
+  # shellcheck disable=SC2086  # the pids are numbers or empty
+  kill -TERM $sshd_pid $jupyter_pid 2>/dev/null || true
+  wait || true
+  exit 0
+}
+trap stop TERM INT
+
+/usr/sbin/sshd -D -e &
+sshd_pid=$!
+log "sshd started (pid $sshd_pid)"
+
+# The token travels in the environment (not argv, which `ps` shows to everyone).
+(
+  cd "$home"
+  exec setpriv --reuid="$user" --regid="$group" --init-groups \
+    env HOME="$home" USER="$user" LOGNAME="$user" SHELL=/bin/bash \
+    jupyter "$app" --no-browser --ip=0.0.0.0 --port="$port" --ServerApp.port_retries=0 \
+    --ServerApp.root_dir="$home"
+) &
+jupyter_pid=$!
+log "jupyter $app started as $user on port $port (pid $jupyter_pid)"
+
+# A service that ends is reported by the health check (the container becomes unhealthy)
+# rather than stopping the container; the entrypoint ends when both have ended.
+declare -A names=(["$sshd_pid"]=sshd ["$jupyter_pid"]=jupyter)
+while [ "${#names[@]}" -gt 0 ]; do
+  ended=
+  status=0
+  wait -n -p ended "${!names[@]}" || status=$?
+  [ -n "$ended" ] || break
+  log "${names[$ended]} (pid $ended) ended with status $status; the health check will report it"
+  unset "names[$ended]"
+done
+abort "sshd and jupyter have both ended"
