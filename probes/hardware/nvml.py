@@ -1,0 +1,392 @@
+"""nvml probe: per-GPU state through NVIDIA's NVML (the nvidia-ml-py bindings).
+
+Proves that NVML initialises, that at least HEALTHCHECK_GPU_COUNT GPUs are present, and
+that none of them is lost, has volatile uncorrectable ECC errors, a pending page
+retirement or row remap, or a failed row remap (each a failure: the GPU needs a reset).
+Thermal or hardware clock slowdowns and a temperature at the slowdown threshold warn.
+It also checks that CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES agree with what NVML
+sees, counts MIG devices the way CUDA enumerates them, and publishes each GPU's compute
+mode and compute processes for the torch-cuda probe.
+
+Command-line equivalent::
+
+    nvidia-smi --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total,\
+retired_pages.pending,clocks_event_reasons.active,temperature.gpu,compute_mode --format=csv
+
+A field a GPU does not support (NVML_ERROR_NOT_SUPPORTED) is "N/A", never a failure; a lost
+GPU is a value in the result while the other GPUs still report. A hanging NVML call is
+abandoned by the runner at the deadline (see ``on_deadline``). Gather, then judge:
+``gather`` is the only part that calls NVML (through ``nvml_lib``); ``judge`` is pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any, Callable
+
+from probes.context import Context
+from probes.hardware import nvml_lib
+from probes.result import Result, Status, failed, passed, warned
+
+NAME = "nvml"
+MEASUREMENT = "gpus"
+UNIT = "gpus"
+NA = "N/A"
+ENV_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
+# Clock event (throttle) reason bits, nvml.h.
+HW_SLOWDOWN = 0x8
+SW_THERMAL = 0x20
+HW_THERMAL = 0x40
+HW_POWER_BRAKE = 0x80
+RESET = "reset the GPU (nvidia-smi -r) or reboot the node"
+
+Value = Any  # an int/bool/str reading, or NA
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """What NVML said about one GPU. ``error`` is set when the GPU cannot be queried at all."""
+
+    index: int
+    error: int | None = None
+    name: str = ""
+    uuid: str = ""
+    memory_total_mib: Value = NA
+    ecc_uncorrected_volatile: Value = NA
+    retired_pending: Value = NA
+    remap_pending: Value = NA
+    remap_failure: Value = NA
+    clocks_event_reasons: Value = NA
+    temperature: Value = NA
+    slowdown_temperature: Value = NA
+    compute_mode: str = NA
+    processes: tuple[tuple[int, str], ...] = ()
+    mig_enabled: Value = NA
+    mig_devices: tuple[tuple[str, str], ...] = ()  # (uuid, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    env: Mapping[str, str | None]
+    unavailable: tuple[str, str, int | None] | None = None  # (reason, message, NVML code)
+    driver: str = ""
+    count: int = 0
+    gpus: tuple[Gpu, ...] = ()
+
+
+class _Lost(Exception):
+    def __init__(self, code: int):
+        self.code = code
+
+
+def gather(ctx: Context) -> Gathered:
+    env = {k: os.environ.get(k) for k in ENV_VARS}
+    try:
+        nv = nvml_lib.init()
+    except nvml_lib.NvmlUnavailable as exc:
+        return Gathered(env, (exc.reason, exc.message, exc.code))
+    try:
+        driver, _ = nvml_lib.call(nv.nvmlSystemGetDriverVersion)
+        count, err = nvml_lib.call(nv.nvmlDeviceGetCount)
+        if err is not None:
+            reason, message = nvml_lib.describe(err)
+            return Gathered(env, (reason, message, err))
+        gpus = tuple(_gpu(nv, i) for i in range(count))
+        return Gathered(env, None, nvml_lib.text(driver) if driver is not None else "", count, gpus)
+    finally:
+        nvml_lib.shutdown()
+
+
+def _query(fn: Callable[..., Any], *args: Any) -> Any:
+    """One reading: the value, NA when unsupported or failing; a lost GPU raises _Lost."""
+    value, err = nvml_lib.call(fn, *args)
+    if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
+        raise _Lost(err)
+    return NA if err is not None else value
+
+
+def _gpu(nv: Any, index: int) -> Gpu:
+    handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, index)
+    if err is not None:
+        return Gpu(index, error=err)
+    fields: dict[str, Any] = {}
+    try:
+        fields["name"] = nvml_lib.text(_query(nv.nvmlDeviceGetName, handle))
+        fields["uuid"] = nvml_lib.text(_query(nv.nvmlDeviceGetUUID, handle))
+        mem = _query(nv.nvmlDeviceGetMemoryInfo, handle)
+        fields["memory_total_mib"] = NA if mem == NA else int(mem.total) >> 20
+        fields["ecc_uncorrected_volatile"] = _query(
+            nv.nvmlDeviceGetTotalEccErrors, handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nv.NVML_VOLATILE_ECC)
+        pending = _query(nv.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+        fields["retired_pending"] = NA if pending == NA else bool(pending)
+        remap = _query(nv.nvmlDeviceGetRemappedRows, handle)
+        if remap != NA:
+            fields["remap_pending"], fields["remap_failure"] = bool(remap[2]), bool(remap[3])
+        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        reasons = _query(reasons_fn, handle) if reasons_fn is not None else NA
+        if reasons == NA:  # drivers before the rename only have the throttle-reasons name
+            reasons = _query(nv.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
+        fields["clocks_event_reasons"] = reasons
+        fields["temperature"] = _query(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
+        fields["slowdown_temperature"] = _query(
+            nv.nvmlDeviceGetTemperatureThreshold, handle, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        mode = _query(nv.nvmlDeviceGetComputeMode, handle)
+        fields["compute_mode"] = COMPUTE_MODES.get(mode, NA) if mode != NA else NA
+        procs = _query(nv.nvmlDeviceGetComputeRunningProcesses, handle)
+        if procs != NA:
+            named = []
+            for p in procs:
+                # Host pids may be unknown inside the container: the name is then empty.
+                pname, _ = nvml_lib.call(nv.nvmlSystemGetProcessName, p.pid)
+                named.append((int(p.pid), os.path.basename(nvml_lib.text(pname)) if pname else ""))
+            fields["processes"] = tuple(named)
+        mig = _query(nv.nvmlDeviceGetMigMode, handle)
+        if mig != NA:
+            fields["mig_enabled"] = bool(mig[0])
+            if mig[0]:
+                fields["mig_devices"] = _mig_devices(nv, handle)
+    except _Lost as lost:
+        return Gpu(index, error=lost.code, **{k: v for k, v in fields.items() if k in ("name", "uuid")})
+    return Gpu(index, **fields)
+
+
+def _mig_devices(nv: Any, handle: Any) -> tuple[tuple[str, str], ...]:
+    devices = []
+    slots = _query(nv.nvmlDeviceGetMaxMigDeviceCount, handle)
+    for slot in range(slots if slots != NA else 0):
+        mig, err = nvml_lib.call(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
+        if err is not None:
+            continue  # an empty slot (NOT_FOUND)
+        uuid, _ = nvml_lib.call(nv.nvmlDeviceGetUUID, mig)
+        name, _ = nvml_lib.call(nv.nvmlDeviceGetName, mig)
+        devices.append((nvml_lib.text(uuid or ""), nvml_lib.text(name or "")))
+    return tuple(devices)
+
+
+def on_deadline(ctx: Context) -> Result:
+    return failed(NAME, "NVML gave no answer before the deadline: the driver may be wedged; check dmesg "
+                  f"for Xid errors, {RESET}", reason="deadline")
+
+
+# ---------------------------------------------------------------------------
+# judge: pure
+# ---------------------------------------------------------------------------
+
+def _plural(n: int, what: str = "GPU") -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def cuda_devices(gpus: tuple[Gpu, ...]) -> list[str]:
+    """UUIDs of the devices CUDA enumerates, in order: a GPU in MIG mode contributes its MIG
+    devices instead of itself."""
+    out: list[str] = []
+    for g in gpus:
+        if g.error is not None:
+            continue
+        if g.mig_enabled is True:
+            out.extend(uuid for uuid, _ in g.mig_devices)
+        else:
+            out.append(g.uuid)
+    return out
+
+
+def _strtoul(s: str) -> int:
+    """Like CUDA's parsing of an ordinal: the leading digits, or -1 when there are none."""
+    digits = ""
+    for i, ch in enumerate(s):
+        if ch.isdigit() or (i == 0 and ch in "+-"):
+            digits += ch
+        else:
+            break
+    try:
+        return int(digits)
+    except ValueError:
+        return -1
+
+
+def cuda_visible(var: str, devices: list[str]) -> tuple[list[str], str | None]:
+    """The devices CUDA_VISIBLE_DEVICES selects, and the entry where CUDA stopped reading (or None).
+
+    CUDA reads the list up to the first entry that is invalid or names no device and ignores
+    the rest; a repeated entry makes the whole list select nothing.
+    """
+    selected: list[str] = []
+    entries = [e.strip() for e in var.split(",")]
+    if entries == [""]:
+        return [], ""
+    by_uuid = entries[0].startswith(("GPU-", "MIG-"))
+    for entry in entries:
+        if by_uuid:
+            matches = [d for d in devices if entry and d.startswith(entry)]
+            if len(matches) != 1:
+                return selected, entry
+            device = matches[0]
+        else:
+            ordinal = _strtoul(entry)
+            if ordinal < 0 or ordinal >= len(devices):
+                return selected, entry
+            device = devices[ordinal]
+        if device in selected:
+            return [], entry
+        selected.append(device)
+    return selected, None
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    status: Status
+    reason: str
+    message: str
+
+
+def _gpu_problems(g: Gpu, reporting: int) -> list[Problem]:
+    fail, warn = Status.FAIL, Status.WARN
+    i = g.index
+    if g.error is not None:
+        verb = "reports" if reporting == 1 else "report"
+        others = (f"while {_plural(reporting, 'other GPU')} still {verb}" if reporting
+                  else "and no other GPU reports")
+        if g.error == nvml_lib.GPU_IS_LOST:
+            return [Problem(fail, "gpu-lost", f"GPU {i} is lost (NVML: GPU is lost) {others}: fallen off "
+                            f"the bus (Xid 79); {RESET}")]
+        if g.error == nvml_lib.UNKNOWN:
+            return [Problem(fail, "gpu-unknown-error", f"GPU {i} answers Unknown Error {others}: the GPU is "
+                            f"likely lost (check dmesg for Xid 79); {RESET}")]
+        reason, text = nvml_lib.describe(g.error)
+        return [Problem(fail, reason, f"GPU {i} cannot be queried {others}: {text}")]
+    out = []
+    ecc = g.ecc_uncorrected_volatile
+    if isinstance(ecc, int) and ecc > 0:
+        out.append(Problem(fail, "ecc-uncorrectable", f"GPU {i} has {ecc} volatile uncorrectable ECC "
+                           f"error(s): drain the workload and {RESET}; service the GPU if they recur"))
+    if g.remap_failure is True:
+        out.append(Problem(fail, "row-remap-failure", f"GPU {i} row remapping failed: the GPU needs a reset "
+                           "(nvidia-smi -r) and likely service (RMA)"))
+    if g.remap_pending is True:
+        out.append(Problem(fail, "row-remap-pending", f"GPU {i} has a row remap pending: {RESET} "
+                           "when idle to apply it"))
+    if g.retired_pending is True:
+        out.append(Problem(fail, "page-retirement-pending", f"GPU {i} has page retirements pending: "
+                           f"{RESET} when idle to retire the pages"))
+    reasons = g.clocks_event_reasons
+    if isinstance(reasons, int) and reasons & (SW_THERMAL | HW_THERMAL):
+        out.append(Problem(warn, "thermal-slowdown", f"GPU {i} clocks are slowed for heat (thermal "
+                           "slowdown): check cooling and airflow"))
+    elif isinstance(reasons, int) and reasons & (HW_SLOWDOWN | HW_POWER_BRAKE):
+        out.append(Problem(warn, "hw-slowdown", f"GPU {i} clocks are slowed by hardware (HW slowdown or "
+                           "power brake): check the power supply and cooling"))
+    t, limit = g.temperature, g.slowdown_temperature
+    if isinstance(t, int) and isinstance(limit, int) and limit > 0 and t >= limit:
+        out.append(Problem(warn, "temperature", f"GPU {i} is at {t} C, at or above its slowdown threshold "
+                           f"{limit} C: check cooling and airflow"))
+    if g.mig_enabled is True and not g.mig_devices:
+        out.append(Problem(warn, "mig-no-instances", f"GPU {i} is in MIG mode with no MIG device: CUDA "
+                           "cannot use it; create GPU and compute instances (nvidia-smi mig -cgi ... -C) "
+                           "or disable MIG"))
+    return out
+
+
+def _none_requested(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in ("", "none", "void")
+
+
+def _env_problems(data: Gathered, expected: int) -> list[Problem]:
+    out = []
+    nvd = data.env.get("NVIDIA_VISIBLE_DEVICES")
+    if nvd is not None and not _none_requested(nvd) and nvd.strip().lower() != "all":
+        listed = len([e for e in nvd.split(",") if e.strip()])
+        if data.count < listed:
+            out.append(Problem(Status.WARN, "nvidia-visible-devices",
+                               f"NVIDIA_VISIBLE_DEVICES lists {_plural(listed)} but NVML sees {data.count}: "
+                               "a requested GPU is missing on the host or was not mounted; check nvidia-smi "
+                               "on the host"))
+    cvd = data.env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return out
+    devices = cuda_devices(data.gpus)
+    selected, stop = cuda_visible(cvd, devices)
+    shown = nvml_lib.text(cvd)[:60]
+    if not selected and devices:
+        why = "it is empty" if stop == "" else f"{stop!r} names no device or repeats one"
+        out.append(Problem(Status.FAIL, "cuda-visible-devices",
+                           f"CUDA_VISIBLE_DEVICES={shown!r} selects no GPU ({why}; NVML sees "
+                           f"{_plural(len(devices), 'CUDA device')}): CUDA sees no GPU; fix or unset it"))
+    elif selected and len(selected) < expected:
+        out.append(Problem(Status.FAIL, "cuda-visible-devices",
+                           f"CUDA_VISIBLE_DEVICES={shown!r} leaves {_plural(len(selected))} visible to CUDA "
+                           f"(expected at least {expected}): fix or unset it, or lower "
+                           "HEALTHCHECK_GPU_COUNT"))
+    elif stop is not None and selected:
+        out.append(Problem(Status.WARN, "cuda-visible-devices",
+                           f"CUDA_VISIBLE_DEVICES={shown!r}: CUDA stops at {stop!r} (no such device among "
+                           f"{len(devices)}) and uses only {_plural(len(selected), 'device')}: fix the list"))
+    return out
+
+
+def _facts(data: Gathered, problems: list[Problem]) -> dict[str, Any]:
+    gpus = []
+    for g in data.gpus:
+        entry: dict[str, Any] = {
+            "index": g.index, "name": g.name, "uuid": g.uuid, "compute_mode": g.compute_mode,
+            "processes": [{"pid": pid, "name": name} for pid, name in g.processes],
+        }
+        if g.error is not None:
+            entry["error"] = (nvml_lib.describe(g.error)[0] if g.error != nvml_lib.UNKNOWN
+                              else "gpu-unknown-error")
+        if g.mig_enabled is True:
+            entry["mig_devices"] = [{"uuid": u, "name": n} for u, n in g.mig_devices]
+        gpus.append(entry)
+    devices = cuda_devices(data.gpus)
+    # "count" is what CUDA enumerates (MIG devices instead of a MIG-mode GPU), before
+    # CUDA_VISIBLE_DEVICES: without MIG it is the GPU count nvidia-smi shows.
+    mig = any(g.mig_enabled is True for g in data.gpus)
+    return {"count": len(devices) if mig else data.count, "physical_count": data.count,
+            "driver": data.driver, "gpus": gpus,
+            "problems": [{"status": p.status.value, "reason": p.reason} for p in problems]}
+
+
+def judge(data: Gathered, ctx: Context) -> Result:
+    expected = ctx.config.gpu_count
+    if data.unavailable is not None:
+        reason, message, _ = data.unavailable
+        nvd = data.env.get("NVIDIA_VISIBLE_DEVICES")
+        if _none_requested(nvd):
+            if expected == 0:
+                return passed(NAME, f"no GPU requested (NVIDIA_VISIBLE_DEVICES={nvd!r}) and none expected",
+                              observed=0, unit=UNIT, facts={"count": 0, "gpus": []})
+            return failed(NAME, f"no GPU was requested for this container (NVIDIA_VISIBLE_DEVICES={nvd!r}) "
+                          "so NVML cannot start: start it with --gpus all or NVIDIA_VISIBLE_DEVICES=all",
+                          reason="no-gpu-requested")
+        return failed(NAME, message, reason=reason)
+
+    reporting = sum(1 for g in data.gpus if g.error is None)
+    problems: list[Problem] = []
+    if data.count < expected:
+        hint = (f" (NVIDIA_VISIBLE_DEVICES={data.env['NVIDIA_VISIBLE_DEVICES']!r}: no GPU was requested)"
+                if _none_requested(data.env.get("NVIDIA_VISIBLE_DEVICES")) else "")
+        problems.append(Problem(Status.FAIL, "gpu-count",
+                                f"NVML sees {_plural(data.count)} (expected at least {expected}){hint}: "
+                                "start the container with more GPUs (--gpus all, NVIDIA_VISIBLE_DEVICES, "
+                                "nvidia.com/gpu limit) or lower HEALTHCHECK_GPU_COUNT"))
+    for g in data.gpus:
+        problems.extend(_gpu_problems(g, reporting - (1 if g.error is None else 0)))
+    problems.extend(_env_problems(data, expected))
+    problems.sort(key=lambda p: p.status is not Status.FAIL)  # stable: failures first, in GPU order
+    facts = _facts(data, problems)
+    kw: dict[str, Any] = {"observed": data.count, "unit": UNIT, "facts": facts}
+    if problems:
+        first = problems[0]
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        make = failed if first.status is Status.FAIL else warned
+        return make(NAME, first.message + more, reason=first.reason, **kw)
+    names = sorted({g.name for g in data.gpus})
+    summary = ", ".join(f"{n} x{sum(g.name == n for g in data.gpus)}" for n in names)
+    migs = [f"GPU {g.index}: {_plural(len(g.mig_devices), 'MIG device')}" for g in data.gpus
+            if g.mig_enabled is True]
+    detail = "; ".join(x for x in (f"driver {data.driver}" if data.driver else "", summary, *migs) if x)
+    return passed(NAME, f"{_plural(data.count)} healthy ({detail or 'none expected'})", **kw)
