@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 
 from probes.result import Result, Status
 from probes.services import ssh
+from tests.conftest import ROOT, clean_env, run_cli
 from tests.services.conftest import Listener, free_port, make_ctx, trickle
 
 
@@ -138,3 +140,15 @@ def test_judge_is_pure() -> None:
 def test_nothing_anywhere_unused_port() -> None:
     r = probe(free_port())
     assert r.reason == "refused"
+
+
+@pytest.mark.skipif(not (ROOT / "probes" / "cli.py").exists(), reason="the CLI is not there yet")
+def test_cli_liveness_run_against_real_sshd(sshd: Any, tmp_path: Any) -> None:
+    env = clean_env(HEALTHCHECK_SSH_PORT=str(sshd.port), HEALTHCHECK_STATE_DIR=str(tmp_path))
+    out = run_cli("--profile", "liveness", "--only", "ssh", "--json", env=env, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    check = json.loads(out.stdout)["checks"]["ssh:banner"][0]
+    assert check["status"] == "pass" and check["observedValue"].startswith("OpenSSH_")
+    sshd.stop()
+    out = run_cli("--profile", "liveness", "--only", "ssh", env=env, timeout=60)
+    assert out.returncode == 1 and "refused" in out.stdout
