@@ -9,8 +9,9 @@ import stat
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import psutil
 import pytest

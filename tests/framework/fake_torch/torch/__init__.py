@@ -42,8 +42,8 @@ class OutOfMemoryError(RuntimeError):
     pass
 
 
-class device:  # noqa: N801 - torch's spelling
-    def __init__(self, type, index=None):  # noqa: A002
+class device:
+    def __init__(self, type, index=None):
         self.type, self.index = type, index
 
 
@@ -133,12 +133,12 @@ def _synchronize(dev=None):
 
 
 def _props(index):
-    return types.SimpleNamespace(uuid="58b5a2e2-0000-0000-0000-00000000000%d" % index)
+    return types.SimpleNamespace(uuid=f"58b5a2e2-0000-0000-0000-00000000000{index}")
 
 
 cuda = _Cuda(
     is_available=_available, init=_init, device_count=lambda: COUNT,
-    get_device_name=lambda i: "Fake GPU %d" % i, get_device_properties=_props,
+    get_device_name=lambda i: f"Fake GPU {i}", get_device_properties=_props,
     synchronize=_synchronize, mem_get_info=lambda dev=None: (70 * 2**30, 80 * 2**30),
     OutOfMemoryError=OutOfMemoryError,
 )
