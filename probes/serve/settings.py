@@ -150,7 +150,8 @@ def load(environ: Mapping[str, str] | None = None, *, host: str | None = None, p
         host=h, port=prt, intervals=intervals, slack=slack, deadlines=deadlines,
         readiness_gating=flag("HEALTHCHECK_SERVE_READINESS_GATING", True),
         deep=flag("HEALTHCHECK_SERVE_DEEP", True),
-        xid_watch=flag("HEALTHCHECK_SERVE_XID_WATCH", True) and gpu_on,
+        # Default: watch whenever the GPU checks are on; an explicit value decides alone.
+        xid_watch=flag("HEALTHCHECK_SERVE_XID_WATCH", bool(gpu_on)),
         xid_critical=critical, xid_application=application, python=python,
         state_dir=probe_cfgs["readiness"].state_dir, log_file=probe_cfgs["readiness"].log_file,
     )

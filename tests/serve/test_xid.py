@@ -1,0 +1,79 @@
+"""NVML events while serving: the real nvidia-ml-py bindings over the fake libnvidia-ml.so.1."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tests.serve.conftest import ALL_OFF, marked_pids
+
+
+def _env(fake_nvml: Path, tmp_path: Path, scenario: str, **extra: str) -> dict[str, str]:
+    path = tmp_path / "scenario"
+    path.write_text(scenario)
+    return dict(ALL_OFF, HEALTHCHECK_SERVE_XID_WATCH="true", LD_LIBRARY_PATH=str(fake_nvml),
+                FAKE_NVML_SCENARIO=str(path), **extra)
+
+
+def test_critical_xid_latches_unhealthy_naming_xid_and_gpu(start_server, fake_nvml, tmp_path):
+    scenario = "gpus 2\ngpu 1 uuid GPU-1111-fake\nevent 1 xid 79 2500\n"
+    srv = start_server(_env(fake_nvml, tmp_path, scenario), "--interval", "0.5")
+    srv.wait_for("/readyz", lambda c, b: c == 200, 20, "readiness passes before the event")
+    code, body = srv.wait_for("/readyz", lambda c, b: c == 503, 20, "the Xid turns readiness 503")
+    assert body["reason"] == "xid-79"
+    assert "Xid 79" in body["output"] and "GPU 1" in body["output"] and "GPU-1111-fake" in body["output"]
+    assert body["checks"]["latch:state"][0]["status"] == "fail"
+    code, body = srv.health("/livez")
+    assert code == 503 and body["reason"] == "xid-79"
+    latch = json.loads((srv.state / "latch.json").read_text())
+    assert latch["source"] == "xid" and "Xid 79" in latch["reason"]
+    _, _, metrics = srv.get("/metrics")
+    text = metrics.decode()
+    assert 'healthcheck_latched{source="xid"} 1.0' in text
+    assert 'healthcheck_nvml_events_total{gpu="1",kind="xid",severity="critical",xid="79"} 1.0' in text
+    assert srv.terminate() == 0
+    assert not marked_pids(srv.marker)
+
+
+def test_application_xid_only_warns(start_server, fake_nvml, tmp_path):
+    srv = start_server(_env(fake_nvml, tmp_path, "gpus 1\nevent 0 xid 13 300\n"), "--interval", "0.5")
+    code, body = srv.wait_for("/readyz", lambda c, b: "xid:events" in b["checks"], 20, "the Xid shows")
+    assert code == 200 and body["status"] == "warn"
+    entry = body["checks"]["xid:events"][0]
+    assert entry["status"] == "warn" and entry["reason"] == "xid-13" and "GPU 0" in entry["output"]
+    time.sleep(1.0)  # two more monitor runs: still not latched
+    code, body = srv.health("/readyz")
+    assert code == 200 and "latch:state" not in body["checks"]
+    assert not (srv.state / "latch.json").exists()
+    assert srv.terminate() == 0
+
+
+def test_configured_xid_lists_decide(start_server, fake_nvml, tmp_path):
+    # 13 made critical, 79 made application-level: the lists are the operator's call.
+    env = _env(fake_nvml, tmp_path, "gpus 1\nevent 0 xid 79 300\nevent 0 xid 13 1500\n",
+               HEALTHCHECK_XID_CRITICAL="13", HEALTHCHECK_XID_APPLICATION="79")
+    srv = start_server(env, "--interval", "0.5")
+    code, body = srv.wait_for("/readyz", lambda c, b: "xid:events" in b["checks"], 20, "Xid 79 warns")
+    assert code == 200 and body["checks"]["xid:events"][0]["reason"] == "xid-79"
+    code, body = srv.wait_for("/readyz", lambda c, b: c == 503, 20, "Xid 13 latches")
+    assert body["reason"] == "xid-13"
+    assert srv.terminate() == 0
+
+
+def test_nvml_unavailable_is_said_once_and_serving_goes_on(start_server, fake_nvml, tmp_path):
+    srv = start_server(_env(fake_nvml, tmp_path, "init-error 12\n"), "--interval", "0.3")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        _, _, metrics = srv.get("/metrics")
+        if b'healthcheck_nvml_event_watch{state="unavailable"} 1.0' in metrics:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"watcher never reported unavailable: {srv.log_text()}")
+    _, body = srv.wait_for("/readyz", lambda c, b: c == 200, 20, "readiness still passes")
+    assert any("event watching is off" in n for n in body["notes"])
+    time.sleep(1.0)
+    assert srv.log_text().count("NVML events unavailable (nvml-not-found)") == 1
+    assert srv.terminate() == 0
+    assert not marked_pids(srv.marker)
