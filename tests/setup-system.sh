@@ -5,7 +5,7 @@
 set -euo pipefail
 [ -n "${HEALTHCHECK_DEBUG:-}" ] && set -x
 
-packages=(openssh-server openssh-client gcc make libc6-dev procps psmisc iproute2
+packages=(openssh-server openssh-client openssl gcc make libc6-dev procps psmisc iproute2
   debootstrap ca-certificates curl)
 
 missing=()
