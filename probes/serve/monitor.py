@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -81,7 +82,9 @@ class Monitor:
             self.stop.wait(self.settings.intervals[profile])
 
     def argv(self, profile: str) -> list[str]:
-        argv = [self.settings.python, "-m", "probes", "--json", "--profile", profile]
+        # A server started isolated (-I, as the front door does) keeps its runs isolated too.
+        isolated = ["-I"] if sys.flags.isolated and self.settings.python == sys.executable else []
+        argv = [self.settings.python, *isolated, "-m", "probes", "--json", "--profile", profile]
         if not self.settings.deep and profile != "liveness":
             argv += ["--skip", DEEP_PROBE]
         return argv

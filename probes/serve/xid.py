@@ -74,7 +74,8 @@ class Watcher:
         self._thread.start()
 
     def _spawn(self) -> subprocess.Popen[bytes] | None:
-        argv = [sys.executable, "-m", "probes.serve.xid_watch", "--wait-ms", str(WAIT_MS)]
+        isolated = ["-I"] if sys.flags.isolated else []
+        argv = [sys.executable, *isolated, "-m", "probes.serve.xid_watch", "--wait-ms", str(WAIT_MS)]
         with self._lock:
             if self.stop.is_set():
                 return None
