@@ -263,6 +263,13 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
     if not entry or entry.get("key") != key or not isinstance(entry.get("data"), dict):
         return None
     data = dict(entry["data"])
+    if data.get("kind") != "worker":
+        return None
+    if data.get("report") is not None:  # a damaged cache file is a miss, never a crash
+        try:
+            validate(data["report"], key["device"], key["size"])
+        except _Bad:
+            return None
     age = time.time() - float(entry.get("finished", 0.0))
     data["cache"] = {"how": how, "age": round(max(age, 0.0), 1)}
     return data

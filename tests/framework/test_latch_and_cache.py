@@ -147,3 +147,14 @@ def test_twenty_concurrent_cli_runs_start_one_worker(make_interp: Callable[..., 
     assert [p.returncode for p in procs] == [0] * 20, outs
     assert py.starts == 1, f"{py.starts} workers started"
     assert sum("cached" in o or "shared" in o for o, _ in outs) == 19
+
+
+def test_a_damaged_cache_file_is_a_miss(make_interp: Callable[..., Interp], tmp_path: Path) -> None:
+    py = make_interp("ok", mode="ok")
+    probe(py, tmp_path)
+    path = tmp_path / "state" / torch_cuda.CACHE
+    entry = json.loads(path.read_text())
+    entry["data"]["report"]["devices"] = "broken"
+    path.write_text(json.dumps(entry))
+    result, _, _ = probe(py, tmp_path)
+    assert result.status is Status.PASS and "cached" not in result.message and py.starts == 2
