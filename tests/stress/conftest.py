@@ -1,0 +1,235 @@
+"""Fixtures for the stress suite: fault-injecting stubs that carry a marker, real servers,
+leak counters.
+
+Every fault stub renames its long-lived processes with ``exec -a <marker>-...`` so that
+a leftover anywhere on the machine is found by its command line, whoever its parent is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT, clean_env
+
+FAKES = ROOT / "tests" / "fakes"
+FAKE_LIB = FAKES / "build" / "libnvidia-ml.so.1"
+VENV_PY = str(ROOT / ".venv" / "bin" / "python")
+
+# Stub nvidia-smi bodies (bash, so that `exec -a` can put the marker into argv[0]).
+SMI = {
+    "ok": "echo '0, NVIDIA H100 80GB HBM3, GPU-00000000-1111-2222-3333-000000000000'\nexit 0",
+    "exit9": ("echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"\n"
+              "exit 9"),
+    "hang": "exec -a {m}-smi-hang sleep 300",
+    "ignore-term": "trap '' TERM\n(exec -a {m}-smi-noterm sleep 300)\nexit 0",
+    # Exits at once with its answer; a grandchild keeps stdout open (and ignores SIGTERM).
+    "grandchild": ("(trap '' TERM; exec -a {m}-smi-grandchild sleep 300) &\n"
+                   "echo '0, NVIDIA H100 80GB HBM3, GPU-00000000-1111-2222-3333-000000000000'\nexit 0"),
+    # A grandchild in its own process group (job control), still in the child's session.
+    "own-group": ("set -m\n(trap '' TERM; exec -a {m}-smi-owngroup sleep 300) &\n"
+                  "exec -a {m}-smi-hang2 sleep 300"),
+    "huge": "head -c 3000000 /dev/zero | tr '\\0' x\nexit 0",
+    "signal": "kill -SEGV $$\nsleep 1",
+}
+
+# Stand-ins for the image's python (HEALTHCHECK_TORCH_PYTHON).
+TORCH = {
+    "hang": "trap '' TERM\nexec -a {m}-torch-hang sleep 300",
+    "garbage": "echo 'HEALTHCHECK-TORCH-RESULT {{not json'\nexit 0",
+    "crash": "echo 'Segmentation fault' >&2\nkill -SEGV $$",
+    "grandchild": "(trap '' TERM; exec -a {m}-torch-grandchild sleep 300) &\nexit 1",
+}
+
+
+def write_exe(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/bash\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def marker() -> str:
+    return f"hcstress-{uuid.uuid4().hex[:10]}"
+
+
+def leftovers(marker: str) -> list[psutil.Process]:
+    """Live (non-zombie) processes anywhere whose command line carries the marker."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_gone(marker: str, within: float = 2.0) -> list[psutil.Process]:
+    """SIGKILL is delivered asynchronously: give the kernel a moment before calling it a leak."""
+    end = time.monotonic() + within
+    while (left := leftovers(marker)) and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
+
+
+def kill_all(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+def descendants() -> set[int]:
+    """Live descendants of this process (zombies are not leaks: nothing holds them)."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+    return out
+
+
+def fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def fake_nvml_env() -> dict[str, str] | None:
+    """LD_LIBRARY_PATH for the fake libnvidia-ml.so.1, built on demand; None when it cannot be."""
+    if not FAKE_LIB.exists() and shutil.which("make"):
+        subprocess.run(["make", "-s", "-C", str(FAKES)], capture_output=True, timeout=120, check=False)
+    if not FAKE_LIB.exists():
+        return None
+    return {"LD_LIBRARY_PATH": str(FAKE_LIB.parent)}
+
+
+# ---------------------------------------------------------------- real servers on loopback
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return
+        time.sleep(0.1)
+    pytest.fail(f"{what} did not come up within {timeout:.0f}s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def _ssh_banner(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            return s.recv(64).startswith(b"SSH-2.0-")
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def sshd_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A real OpenSSH server on a loopback port."""
+    binary = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not os.access(binary, os.X_OK) or not shutil.which("ssh-keygen"):
+        pytest.skip("needs sshd: apt-get install -y openssh-server")
+    d = tmp_path_factory.mktemp("sshd")
+    key = d / "host_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    port = free_port()
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {key}\nPidFile {d}/sshd.pid\nUsePAM no\n"
+        "StrictModes no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        "MaxStartups 200:30:400\nLogLevel ERROR\n")
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    with open(d / "sshd.log", "wb") as log:
+        proc = subprocess.Popen([binary, "-D", "-e", "-f", str(d / "sshd_config")], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    try:
+        _wait(lambda: _ssh_banner(port), 15, "sshd")
+        yield port
+    finally:
+        _stop(proc)
+
+
+def _jupyter_api(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api", timeout=1) as r:
+            return b"version" in r.read()
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def jupyter_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
+    """A real Jupyter Server on a loopback port; yields (port, runtime dir)."""
+    binary = ROOT / ".venv" / "bin" / "jupyter-server"
+    if not binary.exists():
+        pytest.skip("needs jupyter-server in .venv (make setup)")
+    d = tmp_path_factory.mktemp("jupyter")
+    runtime = d / "runtime"
+    runtime.mkdir()
+    port = free_port()
+    env = dict(clean_env(), JUPYTER_RUNTIME_DIR=str(runtime), JUPYTER_CONFIG_DIR=str(d / "config"),
+               JUPYTER_DATA_DIR=str(d / "data"), JUPYTER_PLATFORM_DIRS="1")
+    argv = [str(binary), "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
+            f"--ServerApp.root_dir={d}", "--IdentityProvider.token=stress-not-a-secret"]
+    if os.geteuid() == 0:
+        argv.append("--allow-root")
+    with open(d / "server.log", "wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=log, start_new_session=True)
+    try:
+        _wait(lambda: _jupyter_api(port), 60, "Jupyter Server")
+        yield port, runtime
+    finally:
+        _stop(proc)
+
+
+SILENT = """
+import socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(4096)
+print(s.getsockname()[1], flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.fixture(scope="session")
+def silent_port() -> Iterator[int]:
+    """A loopback port that completes the TCP handshake and never says a word (a hung server).
+
+    It runs in its own process so that its sockets do not count against this process's fds."""
+    proc = subprocess.Popen([VENV_PY, "-c", SILENT], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        port = int(proc.stdout.readline())  # type: ignore[union-attr]
+        yield port
+    finally:
+        proc.stdout.close()  # type: ignore[union-attr]
+        _stop(proc)
