@@ -1,0 +1,321 @@
+"""End to end: the GPU dev image on a real Docker engine (CPU base, GPU checks off unless stubbed).
+
+Proves the image's HEALTHCHECK parameters, the starting -> healthy -> unhealthy -> healthy cycle
+driven by real services (sshd killed, Jupyter frozen), our own deadline on a hanging nvidia-smi
+without leftover processes, per-container SSH host keys with password and root login refused,
+and Jupyter's token kept out of logs and argv.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from pathlib import Path
+
+import pytest
+from conftest import (
+    ROOT,
+    Health,
+    docker,
+    exec_in,
+    health_of,
+    inspect,
+    last_output,
+    record_timing,
+    wait_for_health,
+)
+
+pytestmark = pytest.mark.e2e
+
+# Fast overrides for the failure tests: the image's --timeout stays (35 s, above the suite's
+# own hard deadline), interval and retries shrink so a test takes seconds, not minutes.
+FAST = Health(interval="2s", start_period="60s", start_interval="1s", retries=2)
+SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """'1m30s' / '35s' / '500ms' -> seconds."""
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text):
+        total += float(number) * SECONDS[unit]
+    return total
+
+
+def dockerfile_healthcheck() -> dict[str, float]:
+    """The HEALTHCHECK options as written in the Dockerfile."""
+    text = (ROOT / "Dockerfile").read_text()
+    m = re.search(r"^HEALTHCHECK\s+(.*?)\s+CMD\s+(\[.*\])\s*$", text.replace("\\\n", " "), re.M)
+    assert m, "the Dockerfile has no HEALTHCHECK ... CMD [...] line"
+    opts = dict(re.findall(r"--([a-z-]+)=(\S+)", m.group(1)))
+    return {k: (float(v) if k == "retries" else duration(v)) for k, v in opts.items()}
+
+
+def worst_case_unhealthy(interval: float, timeout: float, retries: int) -> float:
+    """Longest time from a service failing to `unhealthy` (a probe had just started and passed):
+    the probe in flight (<= timeout), then `retries` failing probes, each one interval after the
+    previous ended and each at most `timeout` long."""
+    return timeout + retries * (interval + timeout)
+
+
+def parse_time(stamp: str) -> dt.datetime:
+    # Docker writes nanoseconds; Python takes microseconds.
+    stamp = re.sub(r"(\.\d{6})\d*", r"\1", stamp.replace("Z", "+00:00"))
+    return dt.datetime.fromisoformat(stamp)
+
+
+def probe_seconds(entry: dict[str, str]) -> float:
+    return (parse_time(entry["End"]) - parse_time(entry["Start"])).total_seconds()
+
+
+def wait_until(predicate, timeout: float, what: str, poll: float = 0.25) -> None:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"{what} not reached within {timeout:.0f}s")
+        time.sleep(poll)
+
+
+def services_answer(cid: str) -> bool:
+    return exec_in(cid, "healthcheck", "--only", "jupyter,ssh", check=False).returncode == 0
+
+
+def test_image_carries_the_documented_healthcheck(image: str) -> None:
+    hc = inspect(image)["Config"]["Healthcheck"]
+    assert hc["Test"] == ["CMD", "/usr/local/bin/healthcheck"], "exec form, through the front door"
+    doc = dockerfile_healthcheck()
+    assert hc["Interval"] / 1e9 == doc["interval"]
+    assert hc["Timeout"] / 1e9 == doc["timeout"]
+    assert hc["StartPeriod"] / 1e9 == doc["start-period"]
+    assert hc["StartInterval"] / 1e9 == doc["start-interval"]
+    assert hc["Retries"] == doc["retries"]
+    # The suite's readiness deadline (25 s) and the front door's hard stop (+3 s) end before
+    # Docker's timeout, so a stuck probe reports our reason, never "exceeded timeout".
+    assert hc["Timeout"] / 1e9 > 25 + 3
+    env = dict(e.split("=", 1) for e in inspect(image)["Config"]["Env"])
+    assert env.get("JUPYTER_RUNTIME_DIR"), "the probe needs the server's runtime dir in the image env"
+    assert inspect(image)["Config"]["Entrypoint"][0].endswith("tini"), "tini must be PID 1"
+
+
+def test_suite_lives_in_its_own_venv(start_container) -> None:  # type: ignore[no-untyped-def]
+    cid = start_container(healthcheck=False, command=("sleep", "600"))
+    out = exec_in(cid, "bash", "-c",
+                  "readlink -f /usr/local/bin/healthcheck; /opt/healthcheck/.venv/bin/python -c "
+                  "'import probes, sys; print(probes.__file__)'; "
+                  "/opt/healthcheck/.venv/bin/python -c 'import torch' 2>/dev/null || echo no-torch-in-venv; "
+                  "ls /etc/ssh/ | grep -c ssh_host_ || true").stdout.split()
+    assert out[0] == "/opt/healthcheck/healthcheck"
+    assert out[1].startswith("/opt/healthcheck/.venv/")
+    assert out[2] == "no-torch-in-venv", "the suite never imports torch itself"
+    assert out[3] == "0", "the image must not carry SSH host keys"
+    # A user's pip install into the image's Python does not touch the suite's environment.
+    exec_in(cid, "python3", "-m", "pip", "uninstall", "-y", "-q", "psutil", check=False)
+    assert exec_in(cid, "healthcheck", "--help").returncode == 0
+    assert exec_in(cid, "/opt/healthcheck/.venv/bin/python", "-c", "import psutil").returncode == 0
+
+
+def test_starts_healthy_within_start_period_with_builtin_healthcheck(start_container, image: str) -> None:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    cid = start_container()  # the image's own HEALTHCHECK, no overrides
+    assert health_of(cid)["Status"] == "starting"
+    start_period = inspect(image)["Config"]["Healthcheck"]["StartPeriod"] / 1e9
+    wait_for_health(cid, "healthy", timeout=start_period)
+    to_healthy = time.monotonic() - t0
+    out = last_output(cid)
+    assert out.startswith("healthy:"), out
+    for check in ("PASS torch-cuda", "PASS jupyter", "PASS ssh"):
+        assert check in out, out
+    assert "matmul" in out, "the real tensor op ran"
+    log = health_of(cid)["Log"]
+    first = probe_seconds(log[0])
+
+    # Measurements for the tuning section: Jupyter's start-up, a cold (startup profile:
+    # fresh torch import + op) and a warm (readiness, cached torch result) probe.
+    started = parse_time(inspect(cid)["State"]["StartedAt"])
+    stamps = docker("logs", "-t", cid).stderr.splitlines() + docker("logs", "-t", cid).stdout.splitlines()
+    ready = [parse_time(line.split()[0]) for line in stamps if "is running at" in line]
+    t = time.monotonic()
+    cold = exec_in(cid, "healthcheck", "--profile", "startup")
+    cold_s = time.monotonic() - t
+    assert cold.returncode == 0, cold.stdout
+    t = time.monotonic()
+    warm = exec_in(cid, "healthcheck")
+    warm_s = time.monotonic() - t
+    assert warm.returncode == 0, warm.stdout
+    record_timing("run_to_healthy_s", round(to_healthy, 2))
+    record_timing("first_probe_s", round(first, 2))
+    if ready:
+        record_timing("jupyter_ready_s", round((ready[0] - started).total_seconds(), 2))
+    record_timing("startup_profile_exec_s", round(cold_s, 2))
+    record_timing("readiness_cached_exec_s", round(warm_s, 2))
+
+
+def test_sshd_killed_makes_it_unhealthy_and_back(start_container) -> None:  # type: ignore[no-untyped-def]
+    cid = start_container(health=FAST)
+    wait_for_health(cid, "healthy", timeout=60)
+    t0 = time.monotonic()
+    exec_in(cid, "pkill", "-x", "sshd")
+    worst = worst_case_unhealthy(duration(FAST.interval or ""), 35.0, FAST.retries or 0)
+    wait_for_health(cid, "unhealthy", timeout=worst)
+    record_timing("ssh_killed_to_unhealthy_s_interval2_retries2", round(time.monotonic() - t0, 2))
+    out = last_output(cid)
+    assert out.startswith("unhealthy: ssh:"), out
+    assert "FAIL ssh" in out and "PASS jupyter" in out
+    assert health_of(cid)["Log"][-1]["ExitCode"] == 1
+
+    exec_in(cid, "/usr/sbin/sshd")  # daemonises; tini adopts it
+    wait_for_health(cid, "healthy", timeout=worst)
+    assert last_output(cid).startswith("healthy:")
+
+
+def test_frozen_jupyter_makes_it_unhealthy_and_back(start_container) -> None:  # type: ignore[no-untyped-def]
+    # SIGSTOP: the kernel still completes TCP handshakes on the port, but nothing answers HTTP.
+    cid = start_container(health=FAST)
+    wait_for_health(cid, "healthy", timeout=60)
+    runtime = exec_in(cid, "bash", "-c", "ls $JUPYTER_RUNTIME_DIR/jpserver-*.json").stdout.split()
+    assert len(runtime) == 1, runtime
+    pid = re.search(r"jpserver-(\d+)\.json", runtime[0]).group(1)  # type: ignore[union-attr]
+    assert exec_in(cid, "ps", "-o", "user=", "-p", pid).stdout.strip() == "dev", "Jupyter runs as the user"
+    t0 = time.monotonic()
+    exec_in(cid, "kill", "-STOP", pid)
+    worst = worst_case_unhealthy(duration(FAST.interval or ""), 35.0, FAST.retries or 0)
+    try:
+        wait_for_health(cid, "unhealthy", timeout=worst)
+        record_timing("jupyter_frozen_to_unhealthy_s_interval2_retries2", round(time.monotonic() - t0, 2))
+        out = last_output(cid)
+        assert out.startswith("unhealthy: jupyter:"), out
+        assert "FAIL jupyter" in out and "PASS ssh" in out
+        failing = [probe_seconds(e) for e in health_of(cid)["Log"] if e["ExitCode"] != 0]
+        record_timing("probe_with_frozen_jupyter_s", round(max(failing), 2))
+    finally:
+        exec_in(cid, "kill", "-CONT", pid)
+    wait_for_health(cid, "healthy", timeout=worst)
+
+
+HANGING_NVIDIA_SMI = """#!/bin/bash
+# A wedged driver: ignores TERM, holds its output pipe open through a child, never answers.
+echo call >>/var/stub/calls
+trap '' TERM
+sleep 300 &
+sleep 300
+"""
+
+
+def snapshot(cid: str) -> dict[int, str]:
+    """pid -> 'stat comm args' of every process in the container except the ps itself."""
+    out = exec_in(cid, "ps", "-eo", "pid=,stat=,comm=,args=").stdout
+    procs = {}
+    for line in out.splitlines():
+        fields = line.split(None, 3)
+        if len(fields) >= 3 and fields[2] != "ps":
+            procs[int(fields[0])] = " ".join(fields[1:])
+    return procs
+
+
+def test_hanging_nvidia_smi_reports_our_deadline_and_leaves_nothing(start_container, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    stub = tmp_path / "nvidia-smi"
+    stub.write_text(HANGING_NVIDIA_SMI)
+    stub.chmod(0o755)
+    calls_dir = tmp_path / "stub"
+    calls_dir.mkdir()
+    calls = calls_dir / "calls"
+    # A 1 s run budget (hard stop 4 s) under a 10 s Docker timeout keeps 50 runs short; the
+    # stub runs once per probe run, so its call count is the run count.
+    cid = start_container(
+        "-v", f"{stub}:/usr/local/bin/nvidia-smi:ro", "-v", f"{calls_dir}:/var/stub",
+        env={"ENABLE_GPU_CHECK": "true", "HEALTHCHECK_TIMEOUT": "1"},
+        health=Health(interval="500ms", timeout="10s", start_period="1s", start_interval="500ms", retries=1),
+    )
+    wait_until(lambda: calls.exists(), 60, "a first probe run")
+    baseline = snapshot(cid)
+
+    def runs() -> int:
+        return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+    wait_until(lambda: runs() >= 50, 300, "50 probe runs")
+    health = health_of(cid)
+    assert health["Status"] == "unhealthy"
+    for entry in health["Log"]:
+        assert entry["ExitCode"] == 1, entry
+        assert "exceeded timeout" not in entry["Output"], entry
+        assert entry["Output"].startswith("unhealthy: nvidia-smi:"), entry
+        assert "deadline" in entry["Output"], entry
+        assert probe_seconds(entry) < 10
+    record_timing("probe_with_hanging_nvidia_smi_timeout1_s",
+                  round(max(probe_seconds(e) for e in health["Log"]), 2))
+
+    # Anything still there across two snapshots taken more than one whole probe run apart
+    # (run + hard deadline < 5 s) and not there at the start is a leftover.
+    first = snapshot(cid)
+    n = runs()
+    wait_until(lambda: runs() >= n + 2, 60, "two more probe runs")
+    time.sleep(0.5)
+    second = snapshot(cid)
+    persistent = {pid: desc for pid, desc in second.items() if first.get(pid) == desc}
+    leftovers = {pid: desc for pid, desc in persistent.items() if pid not in baseline}
+    assert leftovers == {}, f"processes left behind by probe runs: {leftovers}"
+    zombies = {pid: desc for pid, desc in persistent.items() if desc.startswith("Z")}
+    assert zombies == {}, f"zombies: {zombies}"
+
+
+def test_ssh_host_keys_per_container_and_only_key_login(start_container) -> None:  # type: ignore[no-untyped-def]
+    keygen = start_container(healthcheck=False, command=(
+        "bash", "-c", "ssh-keygen -q -t ed25519 -N '' -C e2e -f /tmp/k && cat /tmp/k.pub /tmp/k"))
+    docker("wait", keygen)
+    lines = docker("logs", keygen).stdout.splitlines()
+    public, private = lines[0], "\n".join(lines[1:]) + "\n"
+    assert public.startswith("ssh-ed25519 ")
+
+    a = start_container(healthcheck=False, env={"SSH_AUTHORIZED_KEYS": public})
+    b = start_container(healthcheck=False, env={"SSH_AUTHORIZED_KEYS": public})
+    for cid in (a, b):
+        wait_until(lambda cid=cid: services_answer(cid), 90, "sshd and Jupyter answering")
+    key = "cat /etc/ssh/ssh_host_ed25519_key.pub"
+    assert exec_in(a, "bash", "-c", key).stdout != exec_in(b, "bash", "-c", key).stdout
+
+    effective = exec_in(a, "/usr/sbin/sshd", "-T").stdout.lower().splitlines()
+    for line in ("passwordauthentication no", "kbdinteractiveauthentication no", "permitrootlogin no",
+                 "pubkeyauthentication yes", "permitemptypasswords no"):
+        assert line in effective, line
+
+    exec_in(a, "bash", "-c", "umask 077 && cat >/tmp/k", input=private)
+    ssh = ["ssh", "-i", "/tmp/k", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+           "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10"]
+    ok = exec_in(a, *ssh, "dev@127.0.0.1", "id", "-un", check=False)
+    assert (ok.returncode, ok.stdout.strip()) == (0, "dev"), ok.stderr  # the key works for the user
+
+    # The same key is refused for root.
+    exec_in(a, "bash", "-c", "install -d -m 700 /root/.ssh && cp ~dev/.ssh/authorized_keys /root/.ssh/")
+    root = exec_in(a, *ssh, "root@127.0.0.1", "true", check=False)
+    assert root.returncode == 255 and "Permission denied" in root.stderr, root.stderr
+    # Passwords are not even offered: the server lists publickey as its only method.
+    password = exec_in(a, "ssh", "-o", "PubkeyAuthentication=no", "-o", "BatchMode=yes",
+                       "-o", "PreferredAuthentications=password,keyboard-interactive",
+                       "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                       "dev@127.0.0.1", "true", check=False)
+    assert password.returncode == 255
+    assert "Permission denied (publickey)" in password.stderr, password.stderr
+
+
+def test_jupyter_token_stays_secret_and_stop_is_clean(start_container) -> None:  # type: ignore[no-untyped-def]
+    cid = start_container(healthcheck=False)
+    wait_until(lambda: services_answer(cid), 90, "sshd and Jupyter answering")
+    token = exec_in(cid, "bash", "-c", "cat $JUPYTER_RUNTIME_DIR/token").stdout.strip()
+    assert len(token) >= 32
+    logs = docker("logs", cid)
+    assert token not in logs.stdout + logs.stderr, "the token must never reach the logs"
+    assert token not in exec_in(cid, "ps", "-eo", "args").stdout, "the token must not be on argv"
+    api = ("import sys, urllib.request, urllib.error\n"
+           "def get(path):\n"
+           "    try:\n"
+           "        return urllib.request.urlopen('http://127.0.0.1:8888' + path, timeout=5).status\n"
+           "    except urllib.error.HTTPError as e:\n"
+           "        return e.code\n"
+           "print(get('/api/status'), get('/api/status?token=' + sys.argv[1]))\n")
+    assert exec_in(cid, "python3", "-c", api, token).stdout.split() == ["403", "200"], "a token is required"
+
+    docker("stop", "-t", "20", cid, timeout=60)
+    state = inspect(cid)["State"]
+    assert state["ExitCode"] == 0, "TERM reached both services and the entrypoint ended cleanly"
+    logs = docker("logs", "--tail", "5", cid)
+    assert "stopping sshd and jupyter" in logs.stderr + logs.stdout
