@@ -381,8 +381,8 @@ def _liveness_vs_readiness(where: str, live: dict[str, Any], ready: dict[str, An
         what = ", ".join(gpu or extra) or f"a {PROFILE_TIMEOUTS[lp]:g} s deadline"
         out.append(f"{where} livenessProbe: deeper than readiness ({lp} profile runs {what}): liveness "
                    f"must stay cheap and off the GPU (a restart does not repair a lost GPU)")
-    lt, rt = _int(live, "timeoutSeconds", 1), _int(ready, "timeoutSeconds", 1)
-    if lt > rt:
+    lt, rt = live.get("timeoutSeconds"), ready.get("timeoutSeconds")
+    if isinstance(lt, int) and isinstance(rt, int) and lt > rt:  # a missing one is reported already
         out.append(f"{where} livenessProbe: timeoutSeconds {lt} is above readiness's {rt}: liveness "
                    f"must not be deeper or slower than readiness")
     lw = _int(live, "failureThreshold", 3) * _int(live, "periodSeconds", 10)

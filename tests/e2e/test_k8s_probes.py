@@ -1,0 +1,236 @@
+"""The Kubernetes probes, exercised against a running container the way the kubelet runs them.
+
+Each probe's command, periodSeconds, timeoutSeconds and failureThreshold are read from the
+RENDERED manifest (`kubectl kustomize k8s/base`), not copied here. A small driver plays the
+kubelet's part: it runs the exec command in the container (`docker exec`, like the CRI's
+ExecSync), treats timeoutSeconds as a hard timeout on that call, and counts consecutive
+failures against failureThreshold. Like the kubelet's probe worker, the next run of a probe
+starts one period after the previous run started, or at once when the run took longer than
+the period (the ticker drops missed ticks).
+
+Time is scaled: the driver keeps a virtual clock in which the manifest's real periods
+elapse, and sleeps only SCALE (1/20) of each virtual gap, so a 60 s liveness window
+takes a few seconds. Thresholds and timeouts are the real ones, and every probe run is a
+real, whole `healthcheck` process in the container, so a run that takes longer than a
+period advances the virtual clock by its real duration.
+
+Shown here:
+- the startup probe passes on a healthy container (it gates the other two);
+- stopping Jupyter fails readiness first (after 2 failures) and liveness only at its own
+  threshold (6 failures), later on the same clock;
+- a hung `nvidia-smi` (a stub that sleeps, mounted on PATH, GPU checks on) fails readiness
+  with the probe's own deadline reason while liveness, which never calls the GPU, keeps
+  passing for twice its failureThreshold of runs (here the GPU hangs from the start, so the
+  driver does not wait for the startup probe, which would fail on it too);
+- no probe ever reaches the kubelet's timeoutSeconds: the front door ends every run first,
+  and the stub's sleeping process does not outlive the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBECTL = Path(sys.executable).parent / "kubectl"
+SCALE = 0.05  # real seconds slept per virtual second of the probe schedule
+FIELDS = ("startupProbe", "readinessProbe", "livenessProbe")
+# The image has no GPU here: the e2e container runs torch on the CPU with the GPU layer off,
+# except where a scenario turns it on over a stub. Docker's own HEALTHCHECK is off
+# (--no-healthcheck): the kubelet ignores it, and it would run probes beside the driver's.
+CPU_ENV = {"ENABLE_GPU_CHECK": "false", "HEALTHCHECK_TORCH_DEVICE": "cpu"}
+HUNG_SMI = "#!/bin/sh\n# A wedged driver: nvidia-smi never answers.\nexec sleep 3600\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    field: str
+    command: tuple[str, ...]
+    period: int
+    timeout: int
+    threshold: int
+
+
+def rendered(overlay: str = "k8s/base") -> tuple[dict[str, Probe], dict[str, str]]:
+    """The probes and the container environment of the rendered Deployment."""
+    out = subprocess.run([str(KUBECTL), "kustomize", str(ROOT / overlay)], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    [dep] = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment"]
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    probes = {f: Probe(f, tuple(c[f]["exec"]["command"]), c[f]["periodSeconds"], c[f]["timeoutSeconds"],
+                       c[f]["failureThreshold"]) for f in FIELDS}
+    env = {e["name"]: str(e["value"]) for e in c.get("env") or [] if "value" in e}
+    return probes, env
+
+
+@dataclasses.dataclass
+class Attempt:
+    at: float  # virtual time the run started
+    ok: bool
+    rc: int | None
+    duration: float
+    timed_out: bool
+    output: str
+
+
+def exec_probe(container: str, probe: Probe) -> tuple[bool, int | None, float, bool, str]:
+    """One run, as the kubelet does it: exec in the container, timeoutSeconds as a hard limit.
+
+    On a timeout only the `docker exec` client is killed; what runs inside the container
+    is left alone, as the kubelet leaves it.
+    """
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(["docker", "exec", container, *probe.command], capture_output=True,
+                              text=True, timeout=probe.timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return False, None, time.monotonic() - t0, True, ""
+    return done.returncode == 0, done.returncode, time.monotonic() - t0, False, done.stdout + done.stderr
+
+
+class Worker:
+    """The kubelet's probe worker for one probe, on the driver's virtual clock."""
+
+    def __init__(self, probe: Probe, start: float) -> None:
+        self.probe = probe
+        self.next = start
+        self.failures = 0
+        self.tripped_at: float | None = None
+        self.attempts: list[Attempt] = []
+
+    def run(self, container: str) -> None:
+        at = self.next
+        ok, rc, took, timed_out, output = exec_probe(container, self.probe)
+        self.attempts.append(Attempt(at, ok, rc, took, timed_out, output))
+        self.failures = 0 if ok else self.failures + 1
+        if self.failures >= self.probe.threshold and self.tripped_at is None:
+            self.tripped_at = at + took
+        self.next = at + max(self.probe.period, took)
+
+
+def drive(container: str, workers: list[Worker], *, done: Any, limit: float) -> float:
+    """Run the workers in virtual-time order until done(workers) or the virtual limit; returns the clock."""
+    clock = min(w.next for w in workers)
+    while not done(workers):
+        w = min(workers, key=lambda x: x.next)
+        if w.next > limit:
+            break
+        time.sleep(max(0.0, w.next - clock) * SCALE)
+        clock = w.next
+        w.run(container)
+    return clock
+
+
+def summary(workers: list[Worker]) -> str:
+    lines = []
+    for w in workers:
+        for a in w.attempts:
+            first = a.output.strip().splitlines()[0] if a.output.strip() else ""
+            lines.append(f"{w.probe.field} t={a.at:6.1f} ok={a.ok} rc={a.rc} took={a.duration:.1f}s "
+                         f"timed_out={a.timed_out} {first[:160]}")
+    return "\n".join(lines)
+
+
+def wait_started(container: str, probes: dict[str, Probe]) -> Worker:
+    """The startup probe until it passes (failureThreshold x periodSeconds of virtual time)."""
+    w = Worker(probes["startupProbe"], 0.0)
+    drive(container, [w], done=lambda ws: bool(ws[0].attempts and ws[0].attempts[-1].ok) or ws[0].tripped_at,
+          limit=float("inf"))
+    assert w.attempts[-1].ok, "startup probe never passed:\n" + summary([w])
+    assert not any(a.timed_out for a in w.attempts), summary([w])
+    return w
+
+
+def jupyter_pid(container: str) -> int:
+    """The live server's pid, from the jpserver-<pid>.json it writes in its runtime dir."""
+    out = subprocess.run(["docker", "exec", container, "sh", "-c", "ls /run/jupyter"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    pids = [int(n[len("jpserver-"):-len(".json")]) for n in out.split()
+            if n.startswith("jpserver-") and n.endswith(".json")]
+    assert len(pids) == 1, f"expected one jpserver-<pid>.json in /run/jupyter, found: {out.split()}"
+    return pids[0]
+
+
+def stop_jupyter(container: str) -> None:
+    pid = jupyter_pid(container)
+    subprocess.run(["docker", "exec", container, "kill", "-TERM", str(pid)], timeout=30, check=True)
+    for _ in range(100):  # until the process is gone (it removes its runtime file on the way out)
+        gone = subprocess.run(["docker", "exec", container, "test", "-d", f"/proc/{pid}"],
+                              timeout=30, check=False).returncode != 0
+        if gone:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"jupyter (pid {pid}) did not stop within 20 s of SIGTERM")
+
+
+def processes(container: str) -> list[str]:
+    out = subprocess.run(["docker", "exec", container, "ps", "-eo", "args="], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+# --- the scenarios ---------------------------------------------------------------------------
+
+def test_stopping_jupyter_fails_readiness_before_liveness(start_container: Any) -> None:
+    probes, manifest_env = rendered()
+    container = start_container(env={**manifest_env, **CPU_ENV}, healthcheck=False)
+    wait_started(container, probes)
+
+    ready = Worker(probes["readinessProbe"], 0.0)
+    live = Worker(probes["livenessProbe"], 0.0)
+    drive(container, [ready, live], done=lambda ws: all(w.attempts for w in ws), limit=float("inf"))
+    assert ready.attempts[0].ok and live.attempts[0].ok, "not healthy before the fault:\n" + summary([ready, live])
+
+    stop_jupyter(container)
+    limit = 4 * live.probe.threshold * live.probe.period
+    drive(container, [ready, live], done=lambda ws: all(w.tripped_at is not None for w in ws), limit=limit)
+    log = summary([ready, live])
+    print(f"readiness out of the Service at t={ready.tripped_at}, liveness restart at t={live.tripped_at}\n{log}")
+
+    assert ready.tripped_at is not None, "readiness never failed its threshold:\n" + log
+    assert live.tripped_at is not None, "liveness never failed its threshold:\n" + log
+    assert ready.tripped_at < live.tripped_at, "liveness gave up before readiness:\n" + log
+    # Liveness restarts only after its own threshold: every failure before that was tolerated.
+    fails = [a for a in live.attempts if not a.ok]
+    assert len(fails) == live.probe.threshold, log
+    assert all("jupyter" in a.output for a in fails + [a for a in ready.attempts if not a.ok]), log
+    assert not any(a.timed_out for a in ready.attempts + live.attempts), log
+
+
+def test_hung_gpu_fails_readiness_not_liveness(start_container: Any, tmp_path: Path) -> None:
+    probes, manifest_env = rendered()
+    stub = tmp_path / "nvidia-smi"
+    stub.write_text(HUNG_SMI)
+    stub.chmod(0o755)
+    container = start_container("-v", f"{stub}:/usr/local/bin/nvidia-smi:ro",
+                                env={**manifest_env, **CPU_ENV, "ENABLE_GPU_CHECK": "true"},
+                                healthcheck=False)
+
+    ready = Worker(probes["readinessProbe"], 0.0)
+    live = Worker(probes["livenessProbe"], 0.0)
+    # Readiness until it gives up; liveness for a whole failureThreshold of runs (what it
+    # would take to restart the container) beyond that.
+    drive(container, [ready, live], done=lambda ws: ws[0].tripped_at is not None, limit=600)
+    drive(container, [live], done=lambda ws: len(ws[0].attempts) >= 2 * live.probe.threshold,
+          limit=float("inf"))
+    log = summary([ready, live])
+    print(f"readiness out of the Service at t={ready.tripped_at}\n{log}")
+
+    assert ready.tripped_at is not None, "readiness never failed on a hung nvidia-smi:\n" + log
+    assert all("nvidia-smi" in a.output for a in ready.attempts if not a.ok), log
+    assert all(a.ok for a in live.attempts), "liveness failed on a hung GPU:\n" + log
+    # The front door, not the kubelet's timeout, ended every run, and killed the hung child.
+    assert not any(a.timed_out for a in ready.attempts + live.attempts), log
+    assert all(a.duration < a_probe.timeout for a, a_probe in
+               [(a, ready.probe) for a in ready.attempts] + [(a, live.probe) for a in live.attempts]), log
+    leftovers = [p for p in processes(container) if p.startswith("sleep 3600")]
+    assert not leftovers, f"the hung nvidia-smi outlived its probe runs: {leftovers}"
