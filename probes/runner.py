@@ -98,17 +98,27 @@ def run(config: Config, state: State, *, start: float | None = None,
     done = {s.name: threading.Event() for s in specs}
     abandoned = threading.Event()
     lock = threading.Lock()
+    # A CUDA-fatal latch (or a critical Xid) holds until the container restarts: the
+    # hardware layer is not touched, and torch-cuda answers from the latch at once.
+    latch = state.latch() if any(s.layer == "hardware" for s in specs) else None
+    torch_selected = any(s.name == "torch-cuda" for s in specs)
 
     def supervise(spec: registry.Spec) -> None:
         try:
             needs = [n for n in registry.requirements(spec, config.torch_device) if n in done]
+            if latch is not None:
+                needs = []
             by_name = {s.name: s for s in specs}
             for name in needs:
                 done[name].wait(max(0.0, end - time.monotonic()) + 2 * GRACE)
             with lock:
                 broken = [results.get(n) for n in needs]
             bad = [r for r in broken if r is None or not r.ok]
-            if bad:
+            if latch is not None and spec.layer == "hardware":
+                why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
+                       "the GPU is not touched until the container restarts")
+                result = (skipped if torch_selected else failed)(spec.name, why, reason="latched")
+            elif bad:
                 first = bad[0]
                 why = (f"{first.name}: {first.message}" if first is not None
                        else f"{needs[0]} gave no result")

@@ -99,3 +99,30 @@ def test_notes_say_caching_off_when_torch_runs_without_state():
     off = State.off("/nope is not writable")
     out = runner.run(Config(timeout=2), off, specs=[spec("torch-cuda", "pass")])
     assert out.notes == ("caching off: /nope is not writable",)
+
+
+def hardware_and_torch():
+    return [spec("nvidia-smi", "fail", layer="hardware"), spec("nvml", "hang", layer="hardware"),
+            spec("torch-cuda", "fail", layer="framework", requires=("nvidia-smi", "nvml")),
+            spec("ssh", "pass")]
+
+
+def test_latch_skips_the_hardware_layer_and_lets_torch_answer(state):
+    SEEN.clear()
+    state.set_latch("torch-cuda", "CUDA error: an illegal memory access was encountered")
+    start = time.monotonic()
+    out = run(hardware_and_torch(), state)
+    assert time.monotonic() - start < 0.5  # the hanging NVML probe was never started
+    by = {r.name: r for r in out.results}
+    assert by["nvidia-smi"].status is Status.SKIP and by["nvidia-smi"].reason == "latched"
+    assert "illegal memory access" in by["nvml"].message
+    assert sorted(name for name, _ in SEEN) == ["ssh", "torch-cuda"]
+    assert by["torch-cuda"].status is Status.FAIL  # it reports the latch itself
+    assert out.status is Status.FAIL
+
+
+def test_latch_without_torch_fails_the_hardware_layer(state):
+    state.set_latch("xid", "Xid 79 on GPU 0")
+    out = run([spec("nvidia-smi", "pass", layer="hardware"), spec("ssh", "pass")], state)
+    assert out.results[0].status is Status.FAIL and out.results[0].reason == "latched"
+    assert out.status is Status.FAIL
