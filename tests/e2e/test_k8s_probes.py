@@ -29,9 +29,13 @@ Shown here:
 from __future__ import annotations
 
 import dataclasses
+import json
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = Path(sys.executable).parent / "kubectl"
 SCALE = 0.05  # real seconds slept per virtual second of the probe schedule
+HTTP_SCALE = 0.2  # the same for the httpGet polls (serve's own schedule is not scaled)
 FIELDS = ("startupProbe", "readinessProbe", "livenessProbe")
 # The image has no GPU here: the e2e container runs torch on the CPU with the GPU layer off,
 # except where a scenario turns it on over a stub. Docker's own HEALTHCHECK is off
@@ -54,22 +59,31 @@ HUNG_SMI = "#!/bin/sh\n# A wedged driver: nvidia-smi never answers.\nexec sleep 
 @dataclasses.dataclass(frozen=True)
 class Probe:
     field: str
-    command: tuple[str, ...]
+    command: tuple[str, ...]  # exec probes
     period: int
     timeout: int
     threshold: int
+    path: str = ""  # httpGet probes: path and container port
+    port: int = 0
 
 
-def rendered(overlay: str = "k8s/base") -> tuple[dict[str, Probe], dict[str, str]]:
-    """The probes and the container environment of the rendered Deployment."""
+def rendered(overlay: str = "k8s/base") -> tuple[dict[str, Probe], dict[str, str], dict[str, Any]]:
+    """The probes, the container environment and the container of the rendered Deployment."""
     out = subprocess.run([str(KUBECTL), "kustomize", str(ROOT / overlay)], capture_output=True,
                          text=True, timeout=60, check=True).stdout
     [dep] = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment"]
     c = dep["spec"]["template"]["spec"]["containers"][0]
-    probes = {f: Probe(f, tuple(c[f]["exec"]["command"]), c[f]["periodSeconds"], c[f]["timeoutSeconds"],
-                       c[f]["failureThreshold"]) for f in FIELDS}
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports") or []}
+    probes = {}
+    for f in FIELDS:
+        spec = c[f]
+        get = spec.get("httpGet") or {}
+        port = get.get("port", 0)
+        probes[f] = Probe(f, tuple((spec.get("exec") or {}).get("command") or ()), spec["periodSeconds"],
+                          spec["timeoutSeconds"], spec["failureThreshold"], get.get("path", ""),
+                          ports.get(port, port) if isinstance(port, str) else port)
     env = {e["name"]: str(e["value"]) for e in c.get("env") or [] if "value" in e}
-    return probes, env
+    return probes, env, c
 
 
 @dataclasses.dataclass
@@ -97,6 +111,34 @@ def exec_probe(container: str, probe: Probe) -> tuple[bool, int | None, float, b
     return done.returncode == 0, done.returncode, time.monotonic() - t0, False, done.stdout + done.stderr
 
 
+def pod_ip(container: str) -> str:
+    out = subprocess.run(["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+                          container], capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    assert out, f"container {container} has no IP address"
+    return out[0]
+
+
+def http_probe(container: str, probe: Probe) -> tuple[bool, int | None, float, bool, str]:
+    """One httpGet run, as the kubelet does it: GET the pod IP, 200-399 passes, timeoutSeconds."""
+    url = f"http://{pod_ip(container)}:{probe.port}{probe.path}"
+    t0 = time.monotonic()
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=probe.timeout) as r:
+            body, code = r.read().decode(errors="replace"), r.status
+    except urllib.error.HTTPError as exc:
+        body, code = exc.read().decode(errors="replace"), exc.code
+    except (TimeoutError, socket.timeout):
+        return False, None, time.monotonic() - t0, True, ""
+    except OSError as exc:  # refused, reset: a failure, like the kubelet's
+        return False, None, time.monotonic() - t0, False, f"{type(exc).__name__}: {exc}"
+    took = time.monotonic() - t0
+    try:
+        output = str(json.loads(body).get("output", ""))
+    except ValueError:
+        output = body[:200]
+    return 200 <= code < 400, code, took, False, f"HTTP {code} {output}"
+
+
 class Worker:
     """The kubelet's probe worker for one probe, on the driver's virtual clock."""
 
@@ -109,7 +151,8 @@ class Worker:
 
     def run(self, container: str) -> None:
         at = self.next
-        ok, rc, took, timed_out, output = exec_probe(container, self.probe)
+        how = http_probe if self.probe.path else exec_probe
+        ok, rc, took, timed_out, output = how(container, self.probe)
         self.attempts.append(Attempt(at, ok, rc, took, timed_out, output))
         self.failures = 0 if ok else self.failures + 1
         if self.failures >= self.probe.threshold and self.tripped_at is None:
@@ -117,14 +160,14 @@ class Worker:
         self.next = at + max(self.probe.period, took)
 
 
-def drive(container: str, workers: list[Worker], *, done: Any, limit: float) -> float:
+def drive(container: str, workers: list[Worker], *, done: Any, limit: float, scale: float = SCALE) -> float:
     """Run the workers in virtual-time order until done(workers) or the virtual limit; returns the clock."""
     clock = min(w.next for w in workers)
     while not done(workers):
         w = min(workers, key=lambda x: x.next)
         if w.next > limit:
             break
-        time.sleep(max(0.0, w.next - clock) * SCALE)
+        time.sleep(max(0.0, w.next - clock) * scale)
         clock = w.next
         w.run(container)
     return clock
@@ -140,11 +183,11 @@ def summary(workers: list[Worker]) -> str:
     return "\n".join(lines)
 
 
-def wait_started(container: str, probes: dict[str, Probe]) -> Worker:
+def wait_started(container: str, probes: dict[str, Probe], scale: float = SCALE) -> Worker:
     """The startup probe until it passes (failureThreshold x periodSeconds of virtual time)."""
     w = Worker(probes["startupProbe"], 0.0)
     drive(container, [w], done=lambda ws: bool(ws[0].attempts and ws[0].attempts[-1].ok) or ws[0].tripped_at,
-          limit=float("inf"))
+          limit=float("inf"), scale=scale)
     assert w.attempts[-1].ok, "startup probe never passed:\n" + summary([w])
     assert not any(a.timed_out for a in w.attempts), summary([w])
     return w
@@ -181,9 +224,10 @@ def processes(container: str) -> list[str]:
 # --- the scenarios ---------------------------------------------------------------------------
 
 def test_stopping_jupyter_fails_readiness_before_liveness(start_container: Any) -> None:
-    probes, manifest_env = rendered()
+    probes, manifest_env, _ = rendered()
     container = start_container(env={**manifest_env, **CPU_ENV}, healthcheck=False)
-    wait_started(container, probes)
+    started = wait_started(container, probes)
+    print(summary([started]))
 
     ready = Worker(probes["readinessProbe"], 0.0)
     live = Worker(probes["livenessProbe"], 0.0)
@@ -207,7 +251,7 @@ def test_stopping_jupyter_fails_readiness_before_liveness(start_container: Any) 
 
 
 def test_hung_gpu_fails_readiness_not_liveness(start_container: Any, tmp_path: Path) -> None:
-    probes, manifest_env = rendered()
+    probes, manifest_env, _ = rendered()
     stub = tmp_path / "nvidia-smi"
     stub.write_text(HUNG_SMI)
     stub.chmod(0o755)
@@ -234,3 +278,43 @@ def test_hung_gpu_fails_readiness_not_liveness(start_container: Any, tmp_path: P
                [(a, ready.probe) for a in ready.attempts] + [(a, live.probe) for a in live.attempts]), log
     leftovers = [p for p in processes(container) if p.startswith("sleep 3600")]
     assert not leftovers, f"the hung nvidia-smi outlived its probe runs: {leftovers}"
+
+
+def test_http_overlay_serve_started_by_the_hook(start_container: Any) -> None:
+    """The http overlay: the postStart hook starts serve, the kubelet's httpGet reaches it.
+
+    serve runs its profiles on its own real-time schedule (HEALTHCHECK_SERVE_INTERVAL from
+    the manifest), so here the kubelet's polls are scaled by HTTP_SCALE and only the number
+    of failed polls, not clock times, is compared.
+    """
+    probes, manifest_env, c = rendered("k8s/overlays/http")
+    hook = tuple(c["lifecycle"]["postStart"]["exec"]["command"])
+    container = start_container(env={**manifest_env, **CPU_ENV}, healthcheck=False)
+    # The kubelet runs the hook right after the container starts and waits for it to return.
+    done = subprocess.run(["docker", "exec", container, *hook], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    wait_started(container, probes, scale=HTTP_SCALE)
+    ready = Worker(probes["readinessProbe"], 0.0)
+    live = Worker(probes["livenessProbe"], 0.0)
+    # /readyz and /livez turn 200 once serve's first runs of those profiles passed.
+    drive(container, [ready, live], done=lambda ws: all(w.attempts and w.attempts[-1].ok for w in ws),
+          limit=600, scale=HTTP_SCALE)
+    assert ready.attempts[-1].ok and live.attempts[-1].ok, "not healthy before the fault:\n" + summary(
+        [ready, live])
+    ready.attempts.clear()
+    live.attempts.clear()
+    ready.failures = live.failures = 0
+
+    stop_jupyter(container)
+    drive(container, [ready, live], done=lambda ws: all(w.tripped_at is not None for w in ws),
+          limit=ready.next + 600, scale=HTTP_SCALE)
+    log = summary([ready, live])
+    print(log)
+
+    assert ready.tripped_at is not None and live.tripped_at is not None, log
+    assert ready.tripped_at < live.tripped_at, "liveness gave up before readiness:\n" + log
+    assert [a.rc for a in live.attempts if not a.ok] == [503] * live.probe.threshold, log
+    assert all("jupyter" in a.output.lower() for a in ready.attempts + live.attempts if not a.ok), log
+    assert not any(a.timed_out for a in ready.attempts + live.attempts), log
