@@ -61,7 +61,7 @@ bench: ## the benchmark: wall time, CPU time and peak RSS per profile against tw
 	$(PY) bench/run.py
 
 lint: ## ruff, mypy, shellcheck, hadolint
-	$(BIN)/ruff check probes tests bench
+	$(BIN)/ruff check probes tests bench k8s
 	$(BIN)/mypy
 	$(BIN)/shellcheck healthcheck tests/*.sh tests/e2e/*.sh docker/*.sh .ci/run
 	$(BIN)/hadolint --failure-threshold warning Dockerfile
