@@ -60,7 +60,7 @@ EXPOSE 22 8888
 # Numbers measured on the end-to-end runs; see the README section "Docker HEALTHCHECK tuning".
 # The suite's own deadline (readiness: 25 s, hard stop 28 s) stays below --timeout, so a
 # stuck probe reports its own reason instead of Docker's "Health check exceeded timeout".
-HEALTHCHECK --interval=30s --timeout=35s --start-period=120s --start-interval=5s --retries=3 \
+HEALTHCHECK --interval=30s --timeout=35s --start-period=60s --start-interval=5s --retries=3 \
   CMD ["/usr/local/bin/healthcheck"]
 
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/gpu-dev-entrypoint"]

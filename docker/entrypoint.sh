@@ -77,9 +77,9 @@ rm -f "$runtime_dir"/jpserver-*.json "$runtime_dir"/jpserver-*.html
 
 if [ -z "${JUPYTER_TOKEN:-}" ]; then
   JUPYTER_TOKEN=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
-  log "jupyter: generated a token (${JUPYTER_TOKEN:0:4}...); read it with: docker exec <container> cat $runtime_dir/token"
+  log "jupyter: generated a token; read it with: docker exec <container> cat $runtime_dir/token"
 else
-  log "jupyter: using the token from JUPYTER_TOKEN (${JUPYTER_TOKEN:0:4}...)"
+  log "jupyter: using the token from JUPYTER_TOKEN"
 fi
 (umask 077 && printf '%s\n' "$JUPYTER_TOKEN" >"$runtime_dir/token")
 chown "$user:$group" "$runtime_dir/token"

@@ -5,7 +5,7 @@
 # No image can be pulled here, so the base is built from nothing: `debootstrap --variant=minbase
 # bookworm` imported with `docker import`, then tests/e2e/base/Dockerfile adds python3 and the CPU
 # torch wheel from this machine's disk. Both images are cached: each is rebuilt only when missing
-# (E2E_REBUILD_BASE=1 forces it). Prints the tag on stdout.
+# (E2E_REBUILD_BASE=1 forces it; the tag changes with tests/e2e/base/Dockerfile). Prints the tag.
 set -euo pipefail
 [ -n "${E2E_DEBUG:-}" ] && set -x
 
@@ -16,7 +16,8 @@ abort() {
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-TAG="${1:-${E2E_BASE_IMAGE:-gpu-dev-e2e/base:bookworm-torch2.13-cpu}}"
+# The tag carries a hash of the base Dockerfile, so editing it rebuilds the base.
+TAG="${1:-${E2E_BASE_IMAGE:-gpu-dev-e2e/base:bookworm-cpu-$(sha256sum "$HERE/base/Dockerfile" | cut -c1-12)}}"
 MINBASE="${E2E_MINBASE_IMAGE:-gpu-dev-e2e/bookworm-minbase:latest}"
 MIRROR="${E2E_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 TORCH_SPEC="${E2E_TORCH_SPEC:-torch==2.13.0}"

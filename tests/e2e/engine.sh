@@ -76,6 +76,9 @@ start_engine() {
 }
 
 if engine_answers; then
+  server="$(docker version --format '{{.Server.Version}}' 2>/dev/null || echo 0)"
+  [ "${server%%.*}" -ge "$MIN_MAJOR" ] 2>/dev/null \
+    || abort "Docker Engine $server answers but $MIN_MAJOR+ is needed (HEALTHCHECK --start-interval): upgrade it"
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then

@@ -226,7 +226,7 @@ def test_hanging_nvidia_smi_reports_our_deadline_and_leaves_nothing(start_contai
         env={"ENABLE_GPU_CHECK": "true", "HEALTHCHECK_TIMEOUT": "1"},
         health=Health(interval="500ms", timeout="10s", start_period="1s", start_interval="500ms", retries=1),
     )
-    wait_until(lambda: calls.exists(), 60, "a first probe run")
+    wait_until(lambda: services_answer(cid), 90, "sshd and Jupyter answering")
     baseline = snapshot(cid)
 
     def runs() -> int:
@@ -277,6 +277,13 @@ def test_ssh_host_keys_per_container_and_only_key_login(start_container) -> None
     for line in ("passwordauthentication no", "kbdinteractiveauthentication no", "permitrootlogin no",
                  "pubkeyauthentication yes", "permitemptypasswords no"):
         assert line in effective, line
+    # The loopback penalty exemption is installed exactly when this sshd (9.8+) knows it.
+    version = re.search(r"OpenSSH_(\d+)\.(\d+)", exec_in(a, "ssh", "-V").stderr)
+    assert version, "ssh -V names no OpenSSH version"
+    knows = (int(version.group(1)), int(version.group(2))) >= (9, 8)
+    assert any(x.startswith("persourcepenaltyexemptlist 127.0.0.0/8") for x in effective) == knows
+    assert (exec_in(a, "test", "-e", "/etc/ssh/sshd_config.d/20-penalty-exempt.conf",
+                    check=False).returncode == 0) == knows
 
     exec_in(a, "bash", "-c", "umask 077 && cat >/tmp/k", input=private)
     ssh = ["ssh", "-i", "/tmp/k", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
