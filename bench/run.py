@@ -394,9 +394,9 @@ class Bench:
         for i in range(self.args.runs):
             for name, _, argv, envf in cases:
                 samples[name].append(measure(argv, envf(i)))
-            if not self.args.json_only:
+            if not self.args.json_only and sys.stderr.isatty():
                 print(f"\r  round {i + 1}/{self.args.runs}", end="", file=sys.stderr, flush=True)
-        if not self.args.json_only:
+        if not self.args.json_only and sys.stderr.isatty():
             print("\r" + " " * 30 + "\r", end="", file=sys.stderr)
         out: dict[str, Any] = {}
         for name, kind, argv, _ in cases:
