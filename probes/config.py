@@ -6,11 +6,11 @@ names the variable or flag, the bad value and what is accepted (exit status 3).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
+import types
 from collections.abc import Mapping, Sequence
-from typing import Callable, TypeVar
+from typing import Callable, NamedTuple, TypeVar
 
 from probes import registry
 
@@ -104,16 +104,19 @@ def parse_base_url(name: str, raw: str) -> str:
     return v if v.endswith("/") else v + "/"
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
+ALL_ON: Mapping[str, bool] = types.MappingProxyType(dict.fromkeys(registry.TOGGLES, True))
+
+
+class Config(NamedTuple):
+    """The validated settings of one run (``cfg._replace(...)`` derives another)."""
+
     profile: str = DEFAULT_PROFILE
     timeout: float = PROFILE_TIMEOUTS[DEFAULT_PROFILE]
     json: bool = False
     verbose: bool = False
     only: tuple[str, ...] = ()
     skip: tuple[str, ...] = ()
-    toggles: Mapping[str, bool] = dataclasses.field(
-        default_factory=lambda: {t: True for t in registry.TOGGLES})
+    toggles: Mapping[str, bool] = ALL_ON
     host: str = "127.0.0.1"
     jupyter_port: int = 8888
     jupyter_base_url: str = "/"
@@ -166,7 +169,7 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
         verbose=verbose,
         only=parse_names("--only", only) if only is not None else (),
         skip=parse_names("--skip", skip) if skip is not None else (),
-        toggles=toggles,
+        toggles=types.MappingProxyType(toggles),
         host=_env(env, "HEALTHCHECK_HOST", parse_text, "127.0.0.1"),
         jupyter_port=_env(env, "HEALTHCHECK_JUPYTER_PORT", parse_port, 8888),
         jupyter_base_url=_env(env, "HEALTHCHECK_JUPYTER_BASE_URL", parse_base_url, "/"),

@@ -8,16 +8,15 @@ it must return by ``ctx.deadline``) and ``judge(data, ctx) -> Result`` (pure).
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from types import ModuleType
+from typing import NamedTuple
 
 ALL_PROFILES = ("startup", "readiness", "liveness")
 LAYERS = ("hardware", "framework", "services")
 
 
-@dataclasses.dataclass(frozen=True)
-class Spec:
+class Spec(NamedTuple):
     name: str
     layer: str
     module: str

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
+import types
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Status(str, enum.Enum):
@@ -19,15 +19,19 @@ class Status(str, enum.Enum):
 SEVERITY = {Status.PASS: 0, Status.SKIP: 0, Status.WARN: 1, Status.FAIL: 2}
 
 
-@dataclasses.dataclass(frozen=True)
-class Result:
+NO_FACTS: Mapping[str, Any] = types.MappingProxyType({})
+
+
+class Result(NamedTuple):
     """One probe's outcome.
 
     ``message`` is one line, safe to show anywhere (no tokens, no exception text).
     ``observed``/``unit`` feed the JSON report's observedValue/observedUnit.
     ``facts`` carries machine-readable data for later probes (e.g. the NVML device
     count for torch-cuda) and for ``-v``; it must be JSON-serialisable.
-    ``elapsed`` and ``time`` are filled in by the runner.
+    ``elapsed`` and ``time`` are filled in by the runner (``result._replace(...)``).
+    A NamedTuple, not a dataclass: every probe run imports this, and dataclasses
+    costs several milliseconds of start-up.
     """
 
     name: str
@@ -38,7 +42,7 @@ class Result:
     # A short machine-readable cause ("not-found", "deadline", "gpu-lost", ...), the
     # only detail of a failure that HTTP clients and metrics see besides the message.
     reason: str | None = None
-    facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    facts: Mapping[str, Any] = NO_FACTS
     elapsed: float = 0.0
     time: float = 0.0
 
@@ -47,15 +51,14 @@ class Result:
         return self.status in (Status.PASS, Status.WARN)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = self._asdict()
         d["status"] = self.status.value
         d["facts"] = dict(self.facts)
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Result:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in fields}
+        kw = {k: v for k, v in d.items() if k in cls._fields}
         kw["status"] = Status(kw["status"])
         return cls(**kw)
 

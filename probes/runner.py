@@ -8,23 +8,21 @@ not depend on each other run concurrently: a wedged GPU never delays the service
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Sequence
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from probes import registry
 from probes.config import Config
-from probes.context import Context, log
+from probes.context import Context, logger
 from probes.result import SEVERITY, Result, Status, failed, skipped
 from probes.state import State
 
 GRACE = 0.4  # how long past its deadline we wait for a probe that runs a child (TERM+KILL take 0.3 s)
 
 
-@dataclasses.dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     profile: str
     results: tuple[Result, ...]
     notes: tuple[str, ...] = ()
@@ -56,7 +54,7 @@ def _deadline_result(spec: registry.Spec, module: object, ctx: Context, budget: 
         try:
             return hook(ctx)
         except Exception:  # the hook must not turn a deadline into a crash
-            log.exception("on_deadline of %s failed", spec.name)
+            logger().exception("on_deadline of %s failed", spec.name)
     return failed(spec.name, f"no answer within {budget:.1f}s (deadline passed)", reason="deadline")
 
 
@@ -71,7 +69,7 @@ def _execute(spec: registry.Spec, ctx: Context, budget: float) -> tuple[Result, 
             box.append(module.judge(data, ctx))
         except Exception as exc:
             # Exception text may hold paths, tokens or driver noise: it goes to the log only.
-            log.exception("probe %s raised", spec.name)
+            logger().exception("probe %s raised", spec.name)
             box.append(failed(spec.name, f"internal error in the {spec.name} probe "
                               f"({type(exc).__name__}); details in the log", reason="internal-error"))
 
@@ -134,9 +132,9 @@ def run(config: Config, state: State, *, start: float | None = None,
                 result, stuck = _execute(spec, ctx, deadline - t0)
                 if stuck:
                     abandoned.set()
-                result = dataclasses.replace(result, elapsed=round(time.monotonic() - t0, 4))
+                result = result._replace(elapsed=round(time.monotonic() - t0, 4))
             with lock:
-                results[spec.name] = dataclasses.replace(result, time=time.time())
+                results[spec.name] = result._replace(time=time.time())
         finally:
             done[spec.name].set()
 

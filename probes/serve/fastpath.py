@@ -17,7 +17,6 @@ Command-line equivalent: ``cat /run/healthcheck/serve.json``.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -35,7 +34,7 @@ _NOT_IDENTITY = ("json", "verbose", "timeout", "only", "skip", "log_file")
 
 
 def fingerprint(config: Config) -> str:
-    d = dataclasses.asdict(config)
+    d = {**config._asdict(), "toggles": dict(config.toggles)}
     for k in _NOT_IDENTITY:
         d.pop(k, None)
     d["selected"] = [s.name for s in config.selected()]

@@ -98,7 +98,7 @@ def probe(python: object, tmp_path: Path, *, device: str = "cuda", profile: str 
           timeout: float = 30.0, ttl: float = 300.0, state: State | None = None,
           results: Mapping[str, Result] | None = None) -> tuple[Result, float, dict[str, Any]]:
     """One torch-cuda run as the runner does it: gather() under a deadline, then judge()."""
-    cfg = dataclasses.replace(Config(), profile=profile, torch_python=str(python), torch_device=device,
+    cfg = Config()._replace(profile=profile, torch_python=str(python), torch_device=device,
                               torch_ttl=ttl)
     st = state if state is not None else State.open(str(tmp_path / "state"))
     start = time.monotonic()
