@@ -31,7 +31,6 @@ Hard cases, decided here:
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import re
@@ -41,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from probes import proc
-from probes.context import Context
+from probes.context import Context, logger
 from probes.framework import torch_worker
 from probes.result import SEVERITY, Result, Status, failed, passed, warned
 from probes.state import pid1_identity
@@ -64,7 +63,6 @@ TOLERANCE = 1e-4
 MARGIN = proc.TERM_GRACE + proc.KILL_WAIT + 0.05
 MAX_DEVICES = 1024
 
-log = logging.getLogger("healthcheck")
 
 # Substrings of CUDA/torch error texts (lower case) -> the label used in messages.
 # A fatal error leaves the CUDA context unusable: only a new process on a healthy
@@ -228,7 +226,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     report, problem = parse_output(done.stdout, ctx.config.torch_device, SIZE)
     if report is None or report.get("error") or any(d.get("error") for d in report.get("devices", ())):
         # The details stay in the log; messages carry only fixed phrases.
-        log.info("torch-cuda worker rc=%s timed_out=%s stderr tail: %s", done.returncode, done.timed_out,
+        logger().info("torch-cuda worker rc=%s timed_out=%s stderr tail: %s", done.returncode, done.timed_out,
                  proc.excerpt(done.stderr[-2000:], 600))
     shown = done.stdout
     if not shown.strip():  # nothing on stdout: the last line of stderr that is not a progress marker

@@ -22,13 +22,14 @@ Command-line equivalent::
 Keep this file compatible with old interpreters (3.6+): images carry their own.
 """
 
-import argparse
 import json
 import os
 import sys
 import time
-import traceback
 import warnings
+
+# argparse and traceback are imported where used: the suite imports this module for
+# its protocol constants (PREFIX, PHASE, SCHEMA) on every run, liveness included.
 
 PREFIX = "HEALTHCHECK-TORCH-RESULT "
 PHASE = "HEALTHCHECK-TORCH-PHASE "
@@ -54,6 +55,8 @@ def error(where, exc, device=None):
 
 
 def parse_args(argv):
+    import argparse
+
     p = argparse.ArgumentParser(description="torch-cuda health worker")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--size", type=int, default=1024)
@@ -192,6 +195,8 @@ def main(argv=None):
     try:
         work(args, report)
     except Exception as exc:
+        import traceback
+
         traceback.print_exc()
         report["error"] = error("worker", exc)
     line = PREFIX + json.dumps(report, sort_keys=True) + "\n"
