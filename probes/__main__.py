@@ -1,4 +1,4 @@
-"""`python -m probes`: the suite's entry point (the `healthcheck` front door runs this)."""
+"""`python -m probes`: the suite's entry point (the front door calls probes.cli.main the same way)."""
 
 import sys
 

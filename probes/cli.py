@@ -6,29 +6,27 @@ reserves it) and never a traceback.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from probes import __version__, registry
-from probes.config import Config, ConfigError, load, parse_bool
+from probes.config import Config, ConfigError, load, parse_bool, shown
 
 if TYPE_CHECKING:
+    import argparse
+
     from probes.runner import Outcome
     from probes.state import State
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 3
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # argparse would exit 2
-        raise ConfigError(f"{message} (see healthcheck --help)")
-
-
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    import argparse
+
+    p = argparse.ArgumentParser(
         prog="healthcheck",
         description="Prove that this GPU container can do its job: hardware (nvidia-smi, NVML), "
                     "framework (a verified PyTorch op on every GPU) and services (Jupyter, sshd).",
@@ -43,6 +41,46 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="show observed values")
     p.add_argument("--version", action="version", version=f"healthcheck {__version__}")
     return p
+
+
+# The flags, parsed by hand on every run: argparse (with the re, shutil and locale
+# imports it pulls in while building a parser) costs ~10 ms of each probe's start-up.
+# parser() above stays the single source of the help text.
+_VALUE_FLAGS = {"--profile": "profile", "--only": "only", "--skip": "skip"}
+_BOOL_FLAGS = {"--json": "json", "-v": "verbose", "--verbose": "verbose"}
+
+
+class _Exit(Exception):
+    """--help or --version: print something and exit 0."""
+
+
+def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
+    """The flags as keyword arguments for config.load(); ConfigError on anything else."""
+    opts: dict[str, Any] = {"profile": None, "only": None, "skip": None, "json": False, "verbose": False}
+    unknown = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg in ("-h", "--help"):
+            raise _Exit(parser().format_help().rstrip("\n"))
+        if arg == "--version":
+            raise _Exit(f"healthcheck {__version__}")
+        name, eq, value = arg.partition("=")
+        if name in _VALUE_FLAGS:
+            if not eq:
+                if i >= len(argv):
+                    raise ConfigError(f"argument {name}: expected one value (see healthcheck --help)")
+                value = argv[i]
+                i += 1
+            opts[_VALUE_FLAGS[name]] = value
+        elif arg in _BOOL_FLAGS:
+            opts[_BOOL_FLAGS[arg]] = True
+        else:
+            unknown.append(shown(arg))
+    if unknown:
+        raise ConfigError(f"unrecognized arguments: {' '.join(unknown)} (see healthcheck --help)")
+    return opts
 
 
 def _disabled_text(cfg: Config) -> str:
@@ -87,15 +125,12 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     from probes import report, runner
     from probes.state import State
 
-    args = parser().parse_args(list(argv))
-    cfg = load(profile=args.profile, json=args.json, verbose=args.verbose, only=args.only, skip=args.skip)
+    cfg = load(**parse_flags(argv))
     log_problem = _setup_log(cfg)
     state = State.open(cfg.state_dir)
     outcome = _fast_path(cfg, state) or runner.run(cfg, state)
     if log_problem:
-        import dataclasses
-
-        outcome = dataclasses.replace(outcome, notes=(*outcome.notes, log_problem))
+        outcome = outcome._replace(notes=(*outcome.notes, log_problem))
     disabled = _disabled_text(cfg)
     out = report.json_text(outcome, disabled=disabled) if cfg.json else report.text(
         outcome, verbose=cfg.verbose, disabled=disabled)
@@ -135,11 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve_cli.main(argv[1:])
         code, out, abandoned = check(argv)
         _write(out)
+    except _Exit as done:
+        _write(str(done))
+        code = EXIT_OK
     except ConfigError as exc:
         print(f"healthcheck: {exc}", file=sys.stderr)
         code = EXIT_USAGE
-    except SystemExit as exc:  # --help / --version
-        code = exc.code if isinstance(exc.code, int) and exc.code in (0, 1, 3) else EXIT_USAGE
     except KeyboardInterrupt:
         code = EXIT_UNHEALTHY
     except Exception as exc:

@@ -38,7 +38,7 @@ stub() {
 @test "arguments reach the suite's interpreter in isolated mode" {
   stub py 'echo "args: $*"'
   HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" --profile liveness --json
-  [ "$output" = "args: -I -m probes --profile liveness --json" ]
+  [ "$output" = "args: -I -c import sys; from probes.cli import main; sys.exit(main()) --profile liveness --json" ]
 }
 
 @test "exit statuses 0, 1 and 3 pass through" {
@@ -100,7 +100,7 @@ stub() {
   stub py 'echo "args: $*"'
   stub timeout 'echo "timeout must not be used"; exit 9'
   HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" serve --port 1234
-  [ "$output" = "args: -I -m probes serve --port 1234" ]
+  [ "$output" = "args: -I -c import sys; from probes.cli import main; sys.exit(main()) serve --port 1234" ]
 }
 
 @test "a HEALTHCHECK_PYTHON that is not executable is a usage error" {

@@ -56,7 +56,7 @@ def test_json_parses_and_fails(tmp_path):
     ((), {"HEALTHCHECK_SSH_PORT": "70000"}, "HEALTHCHECK_SSH_PORT='70000'"),
     (("--profile", "nope"), {}, "--profile='nope'"),
     (("--only", "nosuchprobe"), {}, "--only: unknown probe 'nosuchprobe'"),
-    (("--frobnicate",), {}, "unrecognized arguments: --frobnicate"),
+    (("--frobnicate",), {}, "unrecognized arguments: '--frobnicate'"),
 ])
 @pytest.mark.parametrize("front_door", [False, True])
 def test_usage_errors_exit_3_with_one_line(args, env, needle, front_door):
