@@ -13,9 +13,9 @@ cause and a remedy.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import signal
+from typing import NamedTuple
 
 from probes import proc
 from probes.context import Context
@@ -51,9 +51,8 @@ _LOST = re.compile(r"Unable to determine the device handle for (?:GPU\s*)?([0-9A
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
 
 
-@dataclasses.dataclass(frozen=True)
-class Gpu:
-    index: int
+class Gpu(NamedTuple):
+    index: int  # type: ignore[assignment]  # a field, shadowing tuple.index() on purpose
     name: str
     uuid: str
 
@@ -81,7 +80,7 @@ def parse_rows(text: str) -> tuple[list[Gpu], str | None]:
 
 
 def _facts(gpus: list[Gpu]) -> dict[str, object]:
-    return {"count": len(gpus), "gpus": [dataclasses.asdict(g) for g in gpus]}
+    return {"count": len(gpus), "gpus": [g._asdict() for g in gpus]}
 
 
 def _plural(n: int) -> str:

@@ -21,10 +21,9 @@ abandoned by the runner at the deadline (see ``on_deadline``). Gather, then judg
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from probes.context import Context
 from probes.hardware import nvml_lib
@@ -47,11 +46,10 @@ RESET = "reset the GPU (nvidia-smi -r) or reboot the node"
 Value = Any  # an int/bool/str reading, or NA
 
 
-@dataclasses.dataclass(frozen=True)
-class Gpu:
+class Gpu(NamedTuple):
     """What NVML said about one GPU. ``error`` is set when the GPU cannot be queried at all."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # a field, shadowing tuple.index() on purpose
     error: int | None = None
     name: str = ""
     uuid: str = ""
@@ -69,12 +67,11 @@ class Gpu:
     mig_devices: tuple[tuple[str, str], ...] = ()  # (uuid, name)
 
 
-@dataclasses.dataclass(frozen=True)
-class Gathered:
+class Gathered(NamedTuple):
     env: Mapping[str, str | None]
     unavailable: tuple[str, str, int | None] | None = None  # (reason, message, NVML code)
     driver: str = ""
-    count: int = 0
+    count: int = 0  # type: ignore[assignment]  # a field, shadowing tuple.count() on purpose
     gpus: tuple[Gpu, ...] = ()
 
 
@@ -237,8 +234,7 @@ def cuda_visible(var: str, devices: list[str]) -> tuple[list[str], str | None]:
     return selected, None
 
 
-@dataclasses.dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     status: Status
     reason: str
     message: str

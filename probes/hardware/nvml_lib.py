@@ -32,11 +32,10 @@ the same errors after the fact.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 EventKind = Literal["xid", "ecc-single", "ecc-double"]
 
@@ -183,8 +182,7 @@ def text(value: Any) -> str:
     return str(value)
 
 
-@dataclasses.dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     gpu_index: int
     uuid: str
     kind: EventKind
