@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # for tests.servers and tests.fakes
 FRONT_DOOR = ROOT / "healthcheck"
 VENV_PY = ROOT / ".venv" / "bin" / "python"
 RESULTS = ROOT / "bench" / "results"
@@ -146,14 +147,6 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
     raise RuntimeError(f"{what} did not come up within {timeout:.0f}s")
 
 
-def _answers_ssh(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            return s.recv(64).startswith(b"SSH-2.0-")
-    except OSError:
-        return False
-
-
 def _answers_jupyter(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api", timeout=1) as r:
@@ -165,29 +158,17 @@ def _answers_jupyter(port: int) -> bool:
 @contextlib.contextmanager
 def sshd(work: Path) -> Iterator[int | None]:
     """A real OpenSSH server on a loopback port (None when sshd is not installed)."""
-    binary = shutil.which("sshd") or "/usr/sbin/sshd"
-    if not os.access(binary, os.X_OK) or not shutil.which("ssh-keygen"):
+    from tests.servers import Sshd  # the tests' own starter: one place knows how to run sshd
+
+    if Sshd.missing():
         yield None
         return
-    d = work / "sshd"
-    d.mkdir()
-    key = d / "host_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    port = free_port()
-    (d / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {key}\nPidFile {d}/sshd.pid\n"
-        "UsePAM no\nStrictModes no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-        "MaxStartups 100:30:200\nLogLevel ERROR\n")
-    if os.geteuid() == 0:
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
-    proc = subprocess.Popen([binary, "-D", "-e", "-f", str(d / "sshd_config")],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=open(d / "sshd.log", "wb"), start_new_session=True)  # noqa: SIM115
+    (work / "sshd").mkdir()
+    server = Sshd(work / "sshd", ipv6=False).start()
     try:
-        wait_until(lambda: _answers_ssh(port), 15, "sshd")
-        yield port
+        yield server.port
     finally:
-        _stop(proc)
+        server.stop()
 
 
 @contextlib.contextmanager
@@ -275,7 +256,6 @@ def write_exe(path: Path, text: str) -> Path:
 def write_healthy_smi(bin_dir: Path) -> str:
     """The shared stub writer from tests/fakes when it exists, else the bench's own."""
     try:
-        sys.path.insert(0, str(ROOT))
         from tests.fakes.nvidia_smi_stub import write_stub  # type: ignore[import-not-found]
 
         write_stub(bin_dir, "ok", gpus=1)
@@ -283,9 +263,6 @@ def write_healthy_smi(bin_dir: Path) -> str:
     except Exception:
         write_exe(bin_dir / "nvidia-smi", SMI_STUB)
         return "bench stub (1 GPU)"
-    finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(str(ROOT))
 
 
 def leftovers(marker: str) -> list[int]:

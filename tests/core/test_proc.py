@@ -8,30 +8,12 @@ import sys
 import time
 import uuid
 
-import psutil
 import pytest
 
 from probes import proc
+from tests.servers import leftovers, wait_gone
 
 SLACK = 0.5  # the bound: a probe returns at its deadline + 0.5 s at most
-
-
-def leftovers(marker: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
-
-
-def wait_gone(marker: str, within: float = 1.0) -> list[psutil.Process]:
-    end = time.monotonic() + within
-    while (left := leftovers(marker)) and time.monotonic() < end:
-        time.sleep(0.05)
-    return left
 
 
 @pytest.fixture

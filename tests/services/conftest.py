@@ -21,80 +21,19 @@ import pytest
 from probes.config import Config
 from probes.context import Context
 from probes.state import State
+from tests.servers import SSHD, Sshd, free_port, stop, wait_port
 
-SSHD = "/usr/sbin/sshd"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
+__all__ = ["SSHD", "Sshd", "free_port", "make_ctx", "stop", "wait_port"]
 
 def make_ctx(timeout: float = 3.0, **config: Any) -> Context:
     return Context(Config(**config), time.monotonic() + timeout, {}, State.off("tests"))
 
 
-def wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen[Any] | None = None) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}")
-        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on {host}:{port} after {timeout}s")
-
-
-def stop(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
-# ---------------------------------------------------------------- sshd
-
-class Sshd:
-    """A real OpenSSH server on a free port of 127.0.0.1 and ::1, started and stopped by tests."""
-
-    def __init__(self, root: Path) -> None:
-        if not os.path.exists(SSHD) or not shutil.which("ssh-keygen"):
-            pytest.skip("needs openssh-server (apt-get install -y openssh-server)")
-        self.root = root
-        self.port = free_port()
-        key = root / "host_ed25519"
-        if not key.exists():
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-        os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory sshd insists on
-        lines = [f"Port {self.port}", "ListenAddress 127.0.0.1", "ListenAddress ::1",
-                 f"HostKey {key}", f"PidFile {root / 'sshd.pid'}", "UsePAM no",
-                 "PasswordAuthentication no", "KbdInteractiveAuthentication no"]
-        self.cfg = root / "sshd_config"
-        self.cfg.write_text("\n".join(lines) + "\n")
-        exempt = "PerSourcePenaltyExemptList 127.0.0.1/8,::1"
-        probe = root / "sshd_config_probe"
-        probe.write_text("\n".join([*lines, exempt]) + "\n")
-        if subprocess.run([SSHD, "-T", "-f", str(probe)], capture_output=True, check=False).returncode == 0:
-            self.cfg.write_text(probe.read_text())
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.cfg)], stdout=subprocess.DEVNULL,
-                                     stderr=open(self.root / "sshd.log", "ab"))  # noqa: SIM115
-        wait_port("127.0.0.1", self.port, 10, self.proc)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop(self.proc)
-
-
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[Sshd]:
+    why = Sshd.missing()
+    if why:
+        pytest.skip(why)
     server = Sshd(tmp_path)
     server.start()
     yield server

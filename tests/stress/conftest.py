@@ -11,7 +11,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -23,6 +22,7 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT, clean_env
+from tests.servers import Sshd, free_port
 
 FAKES = ROOT / "tests" / "fakes"
 FAKE_LIB = FAKES / "build" / "libnvidia-ml.so.1"
@@ -66,26 +66,6 @@ def marker() -> str:
     return f"hcstress-{uuid.uuid4().hex[:10]}"
 
 
-def leftovers(marker: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes anywhere whose command line carries the marker."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
-
-
-def wait_gone(marker: str, within: float = 2.0) -> list[psutil.Process]:
-    """SIGKILL is delivered asynchronously: give the kernel a moment before calling it a leak."""
-    end = time.monotonic() + within
-    while (left := leftovers(marker)) and time.monotonic() < end:
-        time.sleep(0.05)
-    return left
-
-
 def kill_all(procs: list[psutil.Process]) -> None:
     for p in procs:
         with contextlib.suppress(psutil.Error):
@@ -117,12 +97,6 @@ def fake_nvml_env() -> dict[str, str] | None:
 
 # ---------------------------------------------------------------- real servers on loopback
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -143,38 +117,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
-def _ssh_banner(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            return s.recv(64).startswith(b"SSH-2.0-")
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def sshd_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """A real OpenSSH server on a loopback port."""
-    binary = shutil.which("sshd") or "/usr/sbin/sshd"
-    if not os.access(binary, os.X_OK) or not shutil.which("ssh-keygen"):
-        pytest.skip("needs sshd: apt-get install -y openssh-server")
-    d = tmp_path_factory.mktemp("sshd")
-    key = d / "host_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    port = free_port()
-    (d / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {key}\nPidFile {d}/sshd.pid\nUsePAM no\n"
-        "StrictModes no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-        "MaxStartups 200:30:400\nLogLevel ERROR\n")
-    if os.geteuid() == 0:
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    with open(d / "sshd.log", "wb") as log:
-        proc = subprocess.Popen([binary, "-D", "-e", "-f", str(d / "sshd_config")], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    why = Sshd.missing()
+    if why:
+        pytest.skip(why)
+    server = Sshd(tmp_path_factory.mktemp("sshd"), ipv6=False).start()
     try:
-        _wait(lambda: _ssh_banner(port), 15, "sshd")
-        yield port
+        yield server.port
     finally:
-        _stop(proc)
+        server.stop()
 
 
 def _jupyter_api(port: int) -> bool:

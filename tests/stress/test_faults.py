@@ -24,6 +24,7 @@ from probes.config import load
 from probes.result import Status
 from probes.state import State
 from tests.conftest import ROOT, clean_env
+from tests.servers import wait_gone
 from tests.stress.conftest import (
     SMI,
     TORCH,
@@ -32,7 +33,6 @@ from tests.stress.conftest import (
     fake_nvml_env,
     fd_count,
     kill_all,
-    wait_gone,
     write_exe,
 )
 

@@ -1,0 +1,111 @@
+"""Real servers and process checks shared by the tests and the benchmark.
+
+A real OpenSSH server on a free loopback port, port helpers, and the search for
+processes a test left behind. Not a conftest: bench/run.py imports it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+SSHD = "/usr/sbin/sshd"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen[Any] | None = None) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def leftovers(marker: str) -> list[psutil.Process]:
+    """Live (non-zombie) processes anywhere whose command line carries ``marker``."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_gone(marker: str, within: float = 1.0) -> list[psutil.Process]:
+    """SIGKILL is delivered asynchronously: give the kernel a moment before calling it a leak."""
+    end = time.monotonic() + within
+    while (left := leftovers(marker)) and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
+
+
+class Sshd:
+    """A real OpenSSH server on a free port of 127.0.0.1 (and ::1), with its own host key."""
+
+    @staticmethod
+    def missing() -> str | None:
+        """Why no sshd can be started here, or None."""
+        if not os.path.exists(SSHD) or not shutil.which("ssh-keygen"):
+            return "needs openssh-server (apt-get install -y openssh-server)"
+        return None
+
+    def __init__(self, root: Path, *, ipv6: bool = True) -> None:
+        self.root = root
+        self.port = free_port()
+        key = root / "host_ed25519"
+        if not key.exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory sshd insists on
+        # MaxStartups: concurrent probes (the stress suite, the benchmark) must not be dropped.
+        lines = [f"Port {self.port}", "ListenAddress 127.0.0.1", *(["ListenAddress ::1"] if ipv6 else []),
+                 f"HostKey {key}", f"PidFile {root / 'sshd.pid'}", "UsePAM no", "StrictModes no",
+                 "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+                 "MaxStartups 200:30:400", "LogLevel ERROR"]
+        self.cfg = root / "sshd_config"
+        self.cfg.write_text("\n".join(lines) + "\n")
+        # OpenSSH 9.8+ penalises clients that disconnect before authenticating, as probes do.
+        probe = root / "sshd_config_probe"
+        probe.write_text("\n".join([*lines, "PerSourcePenaltyExemptList 127.0.0.1/8,::1"]) + "\n")
+        if subprocess.run([SSHD, "-T", "-f", str(probe)], capture_output=True, check=False).returncode == 0:
+            self.cfg.write_text(probe.read_text())
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Sshd:
+        with open(self.root / "sshd.log", "ab") as log:
+            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.cfg)], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        wait_port("127.0.0.1", self.port, 15, self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
