@@ -16,9 +16,10 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# A compat editable install is a plain .pth path entry: the suite starts on every probe,
-# and setuptools' import-hook finder would add ~10 ms to each start.
-EDITABLE := --config-settings editable_mode=compat
+# A strict editable install is a static .pth entry to a tree of symlinks under build/:
+# the suite starts on every probe, and the default mode's import-hook finder would add
+# ~10 ms to each start. A new module needs `make install` again (make setup does it).
+EDITABLE := --config-settings editable_mode=strict
 
 install: $(PY) ## install the suite into .venv (what `run` needs)
 	$(PY) -m pip install -q $(EDITABLE) -e .
