@@ -14,7 +14,10 @@ import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from probes.state import State
 
 TERM_GRACE = 0.15  # seconds between SIGTERM and SIGKILL
 KILL_WAIT = 0.15  # seconds we wait for the group to vanish after SIGKILL
@@ -32,6 +35,8 @@ class Completed(NamedTuple):
     truncated: bool = False  # output beyond max_output was discarded
     spawn_error: str | None = None  # "not found", "permission denied", ...
     elapsed: float = 0.0
+    pid: int | None = None
+    held_by: int | None = None  # not started: this earlier child is still stuck (see run's key)
 
     @property
     def signal(self) -> int | None:
@@ -94,12 +99,15 @@ def _spawn_error(exc: OSError) -> str:
 
 
 def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
-        cwd: str | None = None, max_output: int = MAX_OUTPUT) -> Completed:
+        cwd: str | None = None, max_output: int = MAX_OUTPUT, state: State | None = None,
+        key: str | None = None) -> Completed:
     """Run ``argv`` until it exits or ``deadline`` (a time.monotonic() value) passes.
 
     Returns within about ``TERM_GRACE + KILL_WAIT`` seconds of the deadline, whatever
     the child does, and leaves no member of its process group or session behind
-    (except one the kernel will not let die).
+    (except one the kernel will not let die). With ``state`` and ``key``, a child that
+    survives SIGKILL is remembered, and while it exists no new one is started under the
+    same key: the result is ``stuck`` with ``held_by`` set, at once.
     """
     # Imported here: probes that only read state (liveness) import this module for
     # excerpt(), and subprocess + selectors cost ~6 ms of every run's start-up.
@@ -108,6 +116,11 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
 
     start = time.monotonic()
     argv = tuple(argv)
+    guard = state if state is not None and key else None
+    if guard is not None:
+        held = guard.stuck_child(key)  # type: ignore[arg-type]
+        if held is not None:
+            return Completed(argv, None, stuck=True, held_by=held, elapsed=time.monotonic() - start)
     try:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -134,16 +147,16 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
                 if now - exited_at >= DRAIN_AFTER_EXIT:
                     break  # a grandchild holds the pipe: stop reading, it is killed below
             wait = min(deadline - now, 0.05 if exited_at is None else DRAIN_AFTER_EXIT)
-            for key, _ in sel.select(timeout=max(wait, 0.0)):
-                fd = key.fd  # type: ignore[assignment]
+            for ready, _ in sel.select(timeout=max(wait, 0.0)):
+                fd = ready.fd
                 try:
-                    chunk = os.read(fd, 65536)  # type: ignore[arg-type]
+                    chunk = os.read(fd, 65536)
                 except BlockingIOError:
                     continue
                 if not chunk:
                     sel.unregister(fd)
                     continue
-                buf = bufs[fd]  # type: ignore[index]
+                buf = bufs[fd]
                 room = max_output - len(buf)
                 if room > 0:
                     buf += chunk[:room]
@@ -179,8 +192,10 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
         except OSError:
             pass
     out, err = (bytes(b) for b in bufs.values())
+    if returncode is None and guard is not None:
+        guard.remember_stuck(key, proc.pid)  # type: ignore[arg-type]
     return Completed(argv, returncode, out, err, timed_out=timed_out, stuck=returncode is None,
-                     truncated=truncated, elapsed=time.monotonic() - start)
+                     truncated=truncated, elapsed=time.monotonic() - start, pid=proc.pid)
 
 
 def excerpt(data: bytes, limit: int = 120) -> str:

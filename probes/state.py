@@ -55,6 +55,19 @@ def _usable(path: str) -> str | None:
     return None
 
 
+def _start_time(pid: int) -> str | None:
+    """A live process's start time (clock ticks since boot), or None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2:].split()
+    if len(fields) < 20 or fields[0] == b"Z":
+        return None
+    return fields[19].decode()
+
+
 def pid1_identity() -> str:
     """Identifies this container's life: boot id plus PID 1's start time.
 
@@ -181,6 +194,25 @@ class State:
             self.remove(LATCH)
             return None
         return data
+
+    # A child that survived SIGKILL sits in uninterruptible sleep on a wedged driver. Starting
+    # another on every probe would pile them up: remember it while it exists.
+    def stuck_child(self, key: str) -> int | None:
+        """The pid of an earlier ``key`` child that is still stuck, or None (a stale entry is cleared)."""
+        name = f"stuck-{key}.json"
+        data = self.read_json(name)
+        if data is None:
+            return None
+        pid = data.get("pid")
+        if (isinstance(pid, int) and data.get("identity") == pid1_identity()
+                and data.get("start") == _start_time(pid)):
+            return pid
+        self.remove(name)
+        return None
+
+    def remember_stuck(self, key: str, pid: int) -> None:
+        self.write_json(f"stuck-{key}.json", {"pid": pid, "start": _start_time(pid), "time": time.time(),
+                                               "identity": pid1_identity()})
 
     def set_latch(self, source: str, reason: str) -> bool:
         return self.write_json(LATCH, {"source": source, "reason": reason, "time": time.time(),

@@ -222,7 +222,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     env["CUDA_MODULE_LOADING"] = "LAZY"  # smaller context on a GPU the workload is using
     deadline = ctx.deadline - MARGIN
     budget = max(0.0, deadline - time.monotonic())
-    done = proc.run(_argv(ctx, expect), deadline=deadline, env=env)
+    done = proc.run(_argv(ctx, expect), deadline=deadline, env=env, state=ctx.state, key=NAME)
     report, problem = parse_output(done.stdout, ctx.config.torch_device, SIZE)
     if report is None or report.get("error") or any(d.get("error") for d in report.get("devices", ())):
         # The details stay in the log; messages carry only fixed phrases.
@@ -241,6 +241,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
         "returncode": done.returncode,
         "timed_out": done.timed_out,
         "stuck": done.stuck,
+        "held_by": done.held_by,
         "budget": round(budget, 2),
         "elapsed": round(done.elapsed, 3),
         "phase": last_phase(done.stderr),
@@ -452,6 +453,10 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
     if report is not None:
         return _judge_report(report, data, ctx, python, kw)
     where = data.get("phase")
+    if data.get("held_by") is not None:
+        return failed(NAME, f"an earlier torch worker (pid {data['held_by']}) is still stuck in the GPU "
+                      "driver (uninterruptible sleep); not starting another: check dmesg for Xid errors, "
+                      "the node may need a reboot", reason="stuck", **kw)
     if data.get("stuck"):
         return failed(NAME, f"torch worker stuck in {where or 'start-up'} and survived SIGKILL "
                       "(uninterruptible sleep): the GPU driver is wedged; check dmesg for Xid errors, "

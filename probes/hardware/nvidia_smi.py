@@ -58,7 +58,7 @@ class Gpu(NamedTuple):
 
 
 def gather(ctx: Context) -> proc.Completed:
-    return proc.run(ARGV, deadline=ctx.deadline)
+    return proc.run(ARGV, deadline=ctx.deadline, state=ctx.state, key=NAME)
 
 
 def parse_rows(text: str) -> tuple[list[Gpu], str | None]:
@@ -102,6 +102,9 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     if data.spawn_error:
         return failed(NAME, f"nvidia-smi cannot start ({data.spawn_error}): check the file mounted by the "
                       "NVIDIA Container Toolkit and recreate the container", reason="cannot-start")
+    if data.held_by is not None:
+        return failed(NAME, f"an earlier nvidia-smi (pid {data.held_by}) is still stuck in the driver "
+                      "(uninterruptible sleep); not starting another: " + WEDGED, reason="stuck")
     if data.stuck:
         return failed(NAME, "nvidia-smi survived SIGKILL (stuck in the driver, uninterruptible sleep): "
                       + WEDGED, reason="stuck")

@@ -113,3 +113,30 @@ def test_excerpt_is_short_single_line_and_printable():
     text = proc.excerpt(b"line one\n\x1b[31mred\x00\n" + b"x" * 500, limit=60)
     assert "\n" not in text and "\x1b" not in text and "\x00" not in text
     assert len(text) == 60 and text.endswith("...")
+
+
+def test_a_stuck_child_is_remembered_and_not_started_again(monkeypatch, marker, tmp_path):
+    """While an earlier child under the same key survives SIGKILL, no new one is started:
+    piling processes onto a wedged driver on every probe would only make things worse."""
+    from probes.state import State
+
+    state = State.open(str(tmp_path / "state"))
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", marker]
+    monkeypatch.setattr(proc.os, "killpg", lambda *a: None)
+    monkeypatch.setattr(proc.os, "kill", lambda *a: None)
+    first = proc.run(argv, deadline=time.monotonic() + 0.3, state=state, key="tool")
+    monkeypatch.undo()
+    try:
+        assert first.stuck and first.pid is not None and first.held_by is None
+        start = time.monotonic()
+        second = proc.run(argv, deadline=time.monotonic() + 5, state=state, key="tool")
+        assert second.stuck and second.held_by == first.pid and second.pid is None
+        assert time.monotonic() - start < 0.2
+        assert len(leftovers(marker)) == 1  # nothing new was started
+        other = proc.run(["true"], deadline=time.monotonic() + 5, state=state, key="other")
+        assert other.ok  # another key is not held back
+    finally:
+        os.kill(first.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    assert wait_gone(marker) == []
+    third = proc.run(["true"], deadline=time.monotonic() + 5, state=state, key="tool")
+    assert third.ok and third.held_by is None  # the stuck one is gone: start again

@@ -109,3 +109,22 @@ def test_identity_has_boot_and_pid1_start():
     ident = state_mod.pid1_identity()
     boot, start = ident.rsplit(":", 1)
     assert boot and start.isdigit()
+
+
+def test_stuck_child_entry_holds_only_while_that_process_lives(tmp_path):
+    s = State.open(str(tmp_path / "st"))
+    assert s.stuck_child("nvidia-smi") is None
+    s.remember_stuck("nvidia-smi", os.getpid())  # a process that certainly exists
+    assert s.stuck_child("nvidia-smi") == os.getpid()
+    # The same pid with another start time is a reused pid, not our stuck child.
+    data = s.read_json("stuck-nvidia-smi.json")
+    assert data is not None
+    s.write_json("stuck-nvidia-smi.json", {**data, "start": "1"})
+    assert s.stuck_child("nvidia-smi") is None
+    assert not (tmp_path / "st" / "stuck-nvidia-smi.json").exists()
+    # After a container restart (another PID 1) it no longer applies either.
+    s.remember_stuck("nvidia-smi", os.getpid())
+    data = s.read_json("stuck-nvidia-smi.json")
+    assert data is not None
+    s.write_json("stuck-nvidia-smi.json", {**data, "identity": "other-boot:1"})
+    assert s.stuck_child("nvidia-smi") is None

@@ -88,3 +88,11 @@ def test_worker_and_parent_agree_on_the_protocol() -> None:
     args = torch_worker.parse_args(["--device", "cuda", "--size", str(torch_cuda.SIZE)])
     empty = torch_worker.new_report(args)
     assert set(empty) == set(GOOD)
+
+
+def test_an_earlier_stuck_worker_holds_back_the_next() -> None:
+    data = {"kind": "worker", "python": "python3", "device": "cuda", "expect": None, "report": None,
+            "stuck": True, "held_by": 4242, "phase": None}
+    result = torch_cuda.judge(data, None)  # type: ignore[arg-type]
+    assert result.status is Status.FAIL and result.reason == "stuck"
+    assert "earlier torch worker (pid 4242) is still stuck" in result.message

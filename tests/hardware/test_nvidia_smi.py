@@ -88,6 +88,12 @@ def test_deadline_and_stuck(ctx):
     assert r.reason == "stuck" and "SIGKILL" in r.message and "reboot the node" in r.message
 
 
+def test_an_earlier_stuck_nvidia_smi_holds_back_the_next(ctx):
+    r = nvidia_smi.judge(gathered(None, stuck=True, held_by=4242), ctx)
+    assert r.reason == "stuck"
+    assert "earlier nvidia-smi (pid 4242) is still stuck" in r.message and "not starting another" in r.message
+
+
 def test_lost_gpu_while_the_other_is_still_reported(ctx):
     out = gpu_rows(1) + "Unable to determine the device handle for GPU0000:41:00.0: Unknown Error\n"
     r = nvidia_smi.judge(gathered(255, out), ctx)
