@@ -65,7 +65,7 @@ lint: ## ruff, mypy, shellcheck, hadolint
 	$(BIN)/ruff check probes tests bench k8s
 	$(BIN)/mypy
 	$(BIN)/shellcheck healthcheck tests/*.sh tests/e2e/*.sh docker/*.sh .ci/run
-	$(BIN)/hadolint --failure-threshold warning Dockerfile
+	$(BIN)/hadolint --config .hadolint.yaml Dockerfile
 
 clean: ## remove build outputs
 	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache
