@@ -55,8 +55,9 @@ def _usable(path: str) -> str | None:
     return None
 
 
-def _start_time(pid: int) -> str | None:
-    """A live process's start time (clock ticks since boot), or None if it is gone or a zombie."""
+def process_start_time(pid: int) -> str | None:
+    """A live process's start time (clock ticks since boot; tells a reused pid apart),
+    or None if it is gone or a zombie."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read()
@@ -205,14 +206,14 @@ class State:
             return None
         pid = data.get("pid")
         if (isinstance(pid, int) and data.get("identity") == pid1_identity()
-                and data.get("start") == _start_time(pid)):
+                and data.get("start") == process_start_time(pid)):
             return pid
         self.remove(name)
         return None
 
     def remember_stuck(self, key: str, pid: int) -> None:
-        self.write_json(f"stuck-{key}.json", {"pid": pid, "start": _start_time(pid), "time": time.time(),
-                                               "identity": pid1_identity()})
+        self.write_json(f"stuck-{key}.json", {"pid": pid, "start": process_start_time(pid),
+                                               "time": time.time(), "identity": pid1_identity()})
 
     def set_latch(self, source: str, reason: str) -> bool:
         return self.write_json(LATCH, {"source": source, "reason": reason, "time": time.time(),

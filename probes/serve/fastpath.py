@@ -25,7 +25,7 @@ from typing import Any
 
 from probes.config import Config
 from probes.result import Result
-from probes.state import State
+from probes.state import State, process_start_time
 
 SNAPSHOT = "serve.json"
 FALSE = ("false", "0", "no", "off")
@@ -41,17 +41,6 @@ def fingerprint(config: Config) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2:].split()
-    return fields[19].decode() if len(fields) > 19 else None
-
-
 def _alive(pid: Any, start: Any) -> bool:
     if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
         return False
@@ -61,7 +50,7 @@ def _alive(pid: Any, start: Any) -> bool:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
-    return start is None or start_time(pid) == start
+    return start is None or process_start_time(pid) == start
 
 
 def lookup(config: Config, state: State) -> list[Result] | None:

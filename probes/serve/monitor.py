@@ -22,7 +22,7 @@ from probes.result import Status
 from probes.serve import fastpath
 from probes.serve.settings import Settings
 from probes.serve.view import Run, Snapshot, XidEvent, parse_report, results_of
-from probes.state import State
+from probes.state import State, process_start_time
 
 log = logging.getLogger("healthcheck.serve")
 MAX_EVENTS = 200
@@ -199,7 +199,7 @@ class Monitor:
                 "status": run.status,
                 "results": [r.to_dict() for r in results_of(run.report, run.finished)],
             }
-        data = {"pid": os.getpid(), "start": fastpath.start_time(os.getpid()),
+        data = {"pid": os.getpid(), "start": process_start_time(os.getpid()),
                 "address": list(self.address) if self.address else None,
                 "written": time.time(), "latched": snap.latch is not None, "profiles": profiles}
         if not self.state.write_json(fastpath.SNAPSHOT, data):
