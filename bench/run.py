@@ -30,14 +30,12 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -132,29 +130,6 @@ def probe_elapsed(out: str, name: str) -> float | None:
 
 # ---------------------------------------------------------------- the boundary: servers and stubs
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"{what} did not come up within {timeout:.0f}s")
-
-
-def _answers_jupyter(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api", timeout=1) as r:
-            return b"version" in r.read()
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def sshd(work: Path) -> Iterator[int | None]:
     """A real OpenSSH server on a loopback port (None when sshd is not installed)."""
@@ -174,37 +149,19 @@ def sshd(work: Path) -> Iterator[int | None]:
 @contextlib.contextmanager
 def jupyter(work: Path) -> Iterator[tuple[int, Path] | None]:
     """A real Jupyter Server on a loopback port, with its own runtime dir (None if missing)."""
-    binary = ROOT / ".venv" / "bin" / "jupyter-server"
-    if not binary.exists():
+    from tests.servers import Jupyter
+
+    try:
+        import jupyter_server  # noqa: F401
+    except ImportError:
         yield None
         return
-    d = work / "jupyter"
-    runtime = d / "runtime"
-    runtime.mkdir(parents=True)
-    port = free_port()
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(runtime), JUPYTER_CONFIG_DIR=str(d / "config"),
-               JUPYTER_DATA_DIR=str(d / "data"), JUPYTER_PLATFORM_DIRS="1")
-    argv = [str(binary), "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
-            f"--ServerApp.root_dir={d}", "--IdentityProvider.token=bench-not-a-secret"]
-    if os.geteuid() == 0:
-        argv.append("--allow-root")
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=open(d / "server.log", "wb"), start_new_session=True)  # noqa: SIM115
+    (work / "jupyter").mkdir()
+    server = Jupyter(work / "jupyter", token="bench-not-a-secret")
     try:
-        wait_until(lambda: _answers_jupyter(port), 60, "Jupyter Server")
-        yield port, runtime
+        yield server.port, server.runtime
     finally:
-        _stop(proc)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        _killpg(proc.pid)
-        proc.wait(5)
+        server.stop()
 
 
 SMI_STUB = r"""#!/usr/bin/env bash

@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -109,3 +110,37 @@ class Sshd:
     def stop(self) -> None:
         if self.proc is not None:
             stop(self.proc)
+
+
+class Jupyter:
+    """A real Jupyter Server on a free port of 127.0.0.1 with its own runtime dir, started at once."""
+
+    def __init__(self, root: Path, *, token: str, base_url: str = "/", certfile: str | None = None,
+                 keyfile: str | None = None) -> None:
+        self.root = root
+        self.port = free_port()
+        self.base_url = base_url
+        self.runtime = root / "runtime"
+        self.env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.runtime),
+                    "JUPYTER_CONFIG_DIR": str(root / "config"), "JUPYTER_DATA_DIR": str(root / "data"),
+                    "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_NO_CONFIG": "1", "HOME": str(root)}
+        argv = [sys.executable, "-m", "jupyter_server", f"--ServerApp.port={self.port}",
+                "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+                "--ServerApp.open_browser=False", f"--ServerApp.base_url={base_url}",
+                f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0"]
+        if os.geteuid() == 0:
+            argv.append("--allow-root")
+        if certfile:
+            argv += [f"--ServerApp.certfile={certfile}", f"--ServerApp.keyfile={keyfile}"]
+        self.log = open(root / "jupyter.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, env=self.env, cwd=root, stdout=self.log, stderr=self.log)
+        wait_port("127.0.0.1", self.port, 60, self.proc)
+        end = time.monotonic() + 30
+        while not list(self.runtime.glob("jpserver-*.json")):
+            if time.monotonic() > end:
+                raise RuntimeError("Jupyter Server wrote no runtime file")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        stop(self.proc)
+        self.log.close()

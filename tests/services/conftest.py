@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import os
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,9 +19,9 @@ import pytest
 from probes.config import Config
 from probes.context import Context
 from probes.state import State
-from tests.servers import SSHD, Sshd, free_port, stop, wait_port
+from tests.servers import SSHD, Jupyter, Sshd, free_port, stop, wait_port
 
-__all__ = ["SSHD", "Sshd", "free_port", "make_ctx", "stop", "wait_port"]
+__all__ = ["SSHD", "Jupyter", "Sshd", "free_port", "make_ctx", "stop", "wait_port"]
 
 def make_ctx(timeout: float = 3.0, **config: Any) -> Context:
     return Context(Config(**config), time.monotonic() + timeout, {}, State.off("tests"))
@@ -143,38 +141,6 @@ def hello_http() -> Iterator[http.server.ThreadingHTTPServer]:
 TOKEN = "tok-7f3e9c1d-never-shown-5b2a"  # a test secret the output must never contain
 
 
-class Jupyter:
-    def __init__(self, root: Path, base_url: str = "/", certfile: str | None = None,
-                 keyfile: str | None = None) -> None:
-        self.root = root
-        self.port = free_port()
-        self.base_url = base_url
-        self.runtime = root / "runtime"
-        self.env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.runtime),
-                    "JUPYTER_CONFIG_DIR": str(root / "config"), "JUPYTER_DATA_DIR": str(root / "data"),
-                    "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_NO_CONFIG": "1", "HOME": str(root)}
-        argv = [sys.executable, "-m", "jupyter_server", f"--ServerApp.port={self.port}",
-                "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}",
-                "--ServerApp.open_browser=False", f"--ServerApp.base_url={base_url}",
-                f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0"]
-        if os.geteuid() == 0:
-            argv.append("--allow-root")
-        if certfile:
-            argv += [f"--ServerApp.certfile={certfile}", f"--ServerApp.keyfile={keyfile}"]
-        self.log = open(root / "jupyter.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(argv, env=self.env, cwd=root, stdout=self.log, stderr=self.log)
-        wait_port("127.0.0.1", self.port, 60, self.proc)
-        end = time.monotonic() + 30
-        while not list(self.runtime.glob("jpserver-*.json")):
-            if time.monotonic() > end:
-                raise RuntimeError("Jupyter Server wrote no runtime file")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        stop(self.proc)
-        self.log.close()
-
-
 def _self_signed(root: Path) -> tuple[str, str]:
     cert, key = root / "cert.pem", root / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
@@ -190,7 +156,7 @@ def _jupyter(tmp_path_factory: pytest.TempPathFactory, name: str, **kw: Any) -> 
         if not shutil.which("openssl"):
             pytest.skip("needs the openssl command to make a self-signed certificate")
         kw["certfile"], kw["keyfile"] = _self_signed(root)
-    server = Jupyter(root, **kw)
+    server = Jupyter(root, token=TOKEN, **kw)
     yield server
     server.stop()
 

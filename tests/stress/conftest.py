@@ -12,8 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ROOT, clean_env
-from tests.servers import Sshd, free_port
+from tests.conftest import ROOT
+from tests.servers import Jupyter, Sshd
 
 FAKES = ROOT / "tests" / "fakes"
 FAKE_LIB = FAKES / "build" / "libnvidia-ml.so.1"
@@ -97,15 +95,6 @@ def fake_nvml_env() -> dict[str, str] | None:
 
 # ---------------------------------------------------------------- real servers on loopback
 
-def _wait(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return
-        time.sleep(0.1)
-    pytest.fail(f"{what} did not come up within {timeout:.0f}s")
-
-
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(OSError):
         os.killpg(proc.pid, signal.SIGTERM)
@@ -130,38 +119,15 @@ def sshd_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         server.stop()
 
 
-def _jupyter_api(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api", timeout=1) as r:
-            return b"version" in r.read()
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def jupyter_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
     """A real Jupyter Server on a loopback port; yields (port, runtime dir)."""
-    binary = ROOT / ".venv" / "bin" / "jupyter-server"
-    if not binary.exists():
-        pytest.skip("needs jupyter-server in .venv (make setup)")
-    d = tmp_path_factory.mktemp("jupyter")
-    runtime = d / "runtime"
-    runtime.mkdir()
-    port = free_port()
-    env = dict(clean_env(), JUPYTER_RUNTIME_DIR=str(runtime), JUPYTER_CONFIG_DIR=str(d / "config"),
-               JUPYTER_DATA_DIR=str(d / "data"), JUPYTER_PLATFORM_DIRS="1")
-    argv = [str(binary), "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
-            f"--ServerApp.root_dir={d}", "--IdentityProvider.token=stress-not-a-secret"]
-    if os.geteuid() == 0:
-        argv.append("--allow-root")
-    with open(d / "server.log", "wb") as log:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=log, start_new_session=True)
+    pytest.importorskip("jupyter_server")
+    server = Jupyter(tmp_path_factory.mktemp("jupyter"), token="stress-not-a-secret")
     try:
-        _wait(lambda: _jupyter_api(port), 60, "Jupyter Server")
-        yield port, runtime
+        yield server.port, server.runtime
     finally:
-        _stop(proc)
+        server.stop()
 
 
 SILENT = """
