@@ -55,6 +55,17 @@ class Listener:
         self.sock.close()
 
 
+def neighbour_port(listener: Listener) -> int:
+    """The listener's port + 1, for "only a neighbouring port listens"; skips when it is taken."""
+    port = listener.port + 1
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            pytest.skip("the neighbouring port is taken")
+    return port
+
+
 @pytest.fixture
 def silent() -> Iterator[Listener]:
     lst = Listener()

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from probes.result import Result, Status
 from probes.services import jupyter
 from tests.conftest import ROOT, clean_env, run_cli
-from tests.services.conftest import TOKEN, Jupyter, Listener, free_port, make_ctx, trickle
+from tests.services.conftest import TOKEN, Jupyter, Listener, free_port, make_ctx, neighbour_port, trickle
 
 PROXIES = {k: "http://127.0.0.1:9" for k in
            ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")}
@@ -207,12 +207,7 @@ def test_trickling_server_returns_by_the_deadline(scripted: Any, tmp_path: Path)
 
 
 def test_nothing_listening_names_what_does(silent: Listener, tmp_path: Path) -> None:
-    port = silent.port + 1
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            pytest.skip("the neighbouring port is taken")
+    port = neighbour_port(silent)
     r = probe(jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=port)
     assert (r.status, r.reason) == (Status.FAIL, "refused")
     assert "nothing listening" in r.message and f"127.0.0.1:{silent.port}" in r.message

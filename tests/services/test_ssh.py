@@ -12,7 +12,7 @@ import pytest
 from probes.result import Result, Status
 from probes.services import ssh
 from tests.conftest import ROOT, clean_env, run_cli
-from tests.services.conftest import Listener, free_port, make_ctx, trickle
+from tests.services.conftest import Listener, free_port, make_ctx, neighbour_port, trickle
 
 
 def probe(port: int, timeout: float = 3.0, host: str = "127.0.0.1") -> Result:
@@ -73,12 +73,7 @@ def test_server_that_greets_with_http_first(scripted: Any) -> None:
 def test_only_a_neighbouring_port_listens(silent: Listener) -> None:
     # The neighbour is the silent listener's port + 1 when free; what matters is that the
     # message names the port that does listen.
-    port = silent.port + 1
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            pytest.skip("the neighbouring port is taken")
+    port = neighbour_port(silent)
     r = probe(port)
     assert r.reason == "refused"
     assert f"127.0.0.1:{silent.port}" in r.message, r.message
