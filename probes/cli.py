@@ -6,6 +6,7 @@ reserves it) and never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from probes import __version__, registry
 from probes.config import Config, ConfigError, load, parse_bool, shown
+from probes.context import logger
 
 if TYPE_CHECKING:
     import argparse
@@ -90,18 +92,6 @@ def _disabled_text(cfg: Config) -> str:
     return f"no checks selected for the {cfg.profile} profile"
 
 
-def _log_run(cfg: Config, line: str) -> None:
-    if not cfg.log_file:
-        return
-    import logging
-    import logging.handlers
-
-    logger = logging.getLogger("healthcheck")
-    if not any(isinstance(h, logging.handlers.RotatingFileHandler) for h in logger.handlers):
-        return
-    logger.info("%s", line)
-
-
 def _setup_log(cfg: Config) -> str | None:
     """Attach the size-bounded run log; returns why it could not be opened, if it could not."""
     if not cfg.log_file:
@@ -114,9 +104,9 @@ def _setup_log(cfg: Config) -> str | None:
     except OSError as exc:
         return f"log file {cfg.log_file} not writable ({os.strerror(exc.errno or 0)})"
     handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
-    logger = logging.getLogger("healthcheck")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    log = logger()
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
     return None
 
 
@@ -135,8 +125,9 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     out = report.json_text(outcome, disabled=disabled) if cfg.json else report.text(
         outcome, verbose=cfg.verbose, disabled=disabled)
     code = EXIT_UNHEALTHY if outcome.status.value == "fail" else EXIT_OK
-    _log_run(cfg, f"{cfg.profile} exit={code} " + " ".join(
-        f"{r.name}={r.status.value}{'(' + r.reason + ')' if r.reason else ''}" for r in outcome.results))
+    if cfg.log_file and not log_problem:  # the run log is attached: one line per run
+        logger().info("%s exit=%d %s", cfg.profile, code, " ".join(
+            f"{r.name}={r.status.value}{'(' + r.reason + ')' if r.reason else ''}" for r in outcome.results))
     return code, out, outcome.abandoned
 
 
@@ -179,9 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         code = EXIT_UNHEALTHY
     except Exception as exc:
-        import logging
-
-        logging.getLogger("healthcheck").exception("internal error")
+        # Through the suite's logger: a bare logging.getLogger() with no handler would
+        # print the traceback, exception text included, to stderr.
+        with contextlib.suppress(Exception):
+            logger().exception("internal error")
         print(f"unhealthy: healthcheck: internal error ({type(exc).__name__}); details in the log",
               file=sys.stdout)
         code = EXIT_UNHEALTHY

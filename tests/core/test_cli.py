@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,19 @@ def test_any_input_gives_0_1_or_3_without_traceback_under_4096_bytes(tmp_path, e
     assert res.returncode in (0, 1, 3), out
     assert "Traceback" not in out
     assert len(res.stdout.encode()) < 4096 and len(res.stderr.encode()) < 4096
+
+
+def test_an_internal_error_shows_no_traceback_or_exception_text(tmp_path):
+    """A bug inside the suite still answers with one line and exit 1; the exception's text
+    (which may hold a token or a path) goes only to the log."""
+    log = tmp_path / "hc.log"
+    script = ("import sys\nfrom probes import cli\n"
+              "def boom(argv):\n    cli._setup_log(cli.load())\n    raise RuntimeError('secret-token-xyz')\n"
+              "cli.check = boom\nsys.exit(cli.main([]))\n")
+    for env in (clean_env(), clean_env(HEALTHCHECK_LOG_FILE=str(log))):
+        res = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True,
+                             text=True, timeout=60, check=False)
+        assert res.returncode == 1
+        assert res.stdout == "unhealthy: healthcheck: internal error (RuntimeError); details in the log\n"
+        assert res.stderr == ""
+    assert "secret-token-xyz" in log.read_text()  # the detail is in the log, where it belongs
