@@ -100,13 +100,13 @@ def run(config: Config, state: State, *, start: float | None = None,
     # hardware layer is not touched, and torch-cuda answers from the latch at once.
     latch = state.latch() if any(s.layer == "hardware" for s in specs) else None
     torch_selected = any(s.name == "torch-cuda" for s in specs)
+    by_name = {s.name: s for s in specs}
 
     def supervise(spec: registry.Spec) -> None:
         try:
-            needs = [n for n in registry.requirements(spec, config.torch_device) if n in done]
-            if latch is not None:
-                needs = []
-            by_name = {s.name: s for s in specs}
+            # Under a latch nothing waits: the hardware layer is not run at all.
+            needs = [] if latch is not None else [
+                n for n in registry.requirements(spec, config.torch_device) if n in by_name]
             for name in needs:
                 done[name].wait(max(0.0, end - time.monotonic()) + 2 * GRACE)
             with lock:
@@ -152,7 +152,7 @@ def run(config: Config, state: State, *, start: float | None = None,
             r = failed(s.name, "no answer before the run's deadline", reason="deadline", time=time.time())
         ordered.append(r)
     notes = []
-    if not state.enabled and any(s.name == "torch-cuda" for s in specs):
+    if not state.enabled and torch_selected:
         notes.append(f"caching off: {state.disabled_reason}")
     return Outcome(config.profile, tuple(ordered), tuple(notes), abandoned.is_set(),
                    round(time.monotonic() - start, 4))
