@@ -52,6 +52,25 @@ def _settle_threads(baseline: int, within: float = 3.0) -> int:
     return threading.active_count()
 
 
+def _baseline() -> tuple[int, int, set[int]]:
+    """Open file descriptors, live threads and child processes before a batch of runs."""
+    return fd_count(), threading.active_count(), descendants()
+
+
+def _assert_nothing_leaked(problems: list[str], runs: int, marker: str,
+                           before: tuple[int, int, set[int]]) -> None:
+    """After a batch of runs: every run behaved, and no process, descriptor or thread remains."""
+    fds, threads, kids = before
+    left = wait_gone(marker)
+    kill_all(left)
+    gc.collect()
+    assert not problems, f"{len(problems)} of {runs} runs misbehaved, e.g. {problems[:5]}"
+    assert not left, f"{len(left)} processes left behind: {[p.info['cmdline'] for p in left[:5]]}"
+    assert descendants() - kids == set(), "children of this process were left behind"
+    assert fd_count() == fds, f"file descriptors: {fds} before, {fd_count()} after {runs} runs"
+    assert _settle_threads(threads) == threads, "threads were left behind"
+
+
 def test_proc_run_faults_leave_no_process_and_no_fd(tmp_path: Path, marker: str) -> None:
     stubs = {name: write_exe(tmp_path / f"smi-{name}", body.format(m=marker)) for name, body in SMI.items()}
     names = sorted(stubs)
@@ -82,19 +101,12 @@ def test_proc_run_faults_leave_no_process_and_no_fd(tmp_path: Path, marker: str)
         one(i)
     assert not wait_gone(marker)
     gc.collect()
-    fds, threads, kids = fd_count(), threading.active_count(), descendants()
+    before = _baseline()
 
     with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
         problems = [p for p in pool.map(one, range(PROC_RUNS)) if p]
 
-    left = wait_gone(marker)
-    kill_all(left)
-    gc.collect()
-    assert not problems, f"{len(problems)} of {PROC_RUNS} runs misbehaved, e.g. {problems[:5]}"
-    assert not left, f"{len(left)} processes left behind: {[p.info['cmdline'] for p in left[:5]]}"
-    assert descendants() - kids == set(), "children of this process were left behind"
-    assert fd_count() == fds, f"file descriptors: {fds} before, {fd_count()} after {PROC_RUNS} runs"
-    assert _settle_threads(threads) == threads
+    _assert_nothing_leaked(problems, PROC_RUNS, marker, before)
 
 
 def test_runner_with_faulty_probes_leaves_no_process_fd_or_thread(
@@ -145,18 +157,11 @@ def test_runner_with_faulty_probes_leaves_no_process_fd_or_thread(
         one(i)
     assert not wait_gone(marker)
     gc.collect()
-    fds, threads, kids = fd_count(), threading.active_count(), descendants()
+    before = _baseline()
 
     problems = [p for p in (one(i) for i in range(RUNNER_RUNS)) if p]
 
-    left = wait_gone(marker)
-    kill_all(left)
-    gc.collect()
-    assert not problems, f"{len(problems)} of {RUNNER_RUNS} runs misbehaved, e.g. {problems[:5]}"
-    assert not left, f"{len(left)} processes left behind: {[p.info['cmdline'] for p in left[:5]]}"
-    assert descendants() - kids == set(), "children of this process were left behind"
-    assert fd_count() == fds, f"file descriptors: {fds} before, {fd_count()} after {RUNNER_RUNS} runs"
-    assert _settle_threads(threads) == threads, "probe threads were left behind"
+    _assert_nothing_leaked(problems, RUNNER_RUNS, marker, before)
 
 
 WHOLE_FAULTS = [
