@@ -75,9 +75,8 @@ def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
     checks: dict[str, list[dict[str, Any]]] = {}
     for r in outcome.results:
         spec = registry.BY_NAME.get(r.name)
-        module_measure = _measurement(r.name)
         is_skip = r.status is Status.SKIP
-        checks[f"{r.name}:{module_measure}"] = [{
+        checks[f"{r.name}:{_measurement(spec)}"] = [{
             "componentType": spec.layer if spec else "component",
             "status": "warn" if is_skip else r.status.value,
             "observedValue": r.observed,
@@ -100,8 +99,8 @@ def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
     }
 
 
-def _measurement(name: str) -> str:
-    spec = registry.BY_NAME.get(name)
+def _measurement(spec: registry.Spec | None) -> str:
+    """The probe module's MEASUREMENT (the second half of its health+json key)."""
     if spec is None:
         return "status"
     try:
