@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from probes import __version__, registry
 from probes.config import Config, ConfigError, load, parse_bool, shown
 from probes.context import logger
+from probes.untrusted import clean
 
 if TYPE_CHECKING:
     import argparse
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from probes.state import State
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 3
+MAX_ERROR_LINE = 400  # characters of a usage error line, however long or strange the input
 
 
 def parser() -> argparse.ArgumentParser:
@@ -81,7 +83,8 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
         else:
             unknown.append(shown(arg))
     if unknown:
-        raise ConfigError(f"unrecognized arguments: {' '.join(unknown)} (see healthcheck --help)")
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        raise ConfigError(f"unrecognized arguments: {' '.join(unknown[:3])}{more} (see healthcheck --help)")
     return opts
 
 
@@ -92,22 +95,18 @@ def _disabled_text(cfg: Config) -> str:
     return f"no checks selected for the {cfg.profile} profile"
 
 
-def _setup_log(cfg: Config) -> str | None:
-    """Attach the size-bounded run log; returns why it could not be opened, if it could not."""
+def _setup_log(cfg: Config) -> tuple[object, str | None]:
+    """Attach the size-bounded run log: (handler, None), or (None, why it cannot be used)."""
     if not cfg.log_file:
-        return None
+        return None, None
     import logging
-    import logging.handlers
 
-    try:
-        handler = logging.handlers.RotatingFileHandler(cfg.log_file, maxBytes=1 << 20, backupCount=1)
-    except OSError as exc:
-        return f"log file {cfg.log_file} not writable ({os.strerror(exc.errno or 0)})"
-    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
-    log = logger()
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    return None
+    from probes import logfile
+
+    handler, why = logfile.attach(logger(), cfg.log_file, "%(asctime)s %(process)d %(levelname)s %(message)s")
+    if handler is not None:
+        logger().setLevel(logging.INFO)
+    return handler, why
 
 
 def check(argv: Sequence[str]) -> tuple[int, str, bool]:
@@ -116,18 +115,21 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     from probes.state import State
 
     cfg = load(**parse_flags(argv))
-    log_problem = _setup_log(cfg)
+    handler, log_problem = _setup_log(cfg)
     state = State.open(cfg.state_dir)
     outcome = _fast_path(cfg, state) or runner.run(cfg, state)
-    if log_problem:
+    code = EXIT_UNHEALTHY if outcome.status.value == "fail" else EXIT_OK
+    if handler is not None:  # the run log is attached: one line per run
+        logger().info("%s exit=%d %s", cfg.profile, code, " ".join(
+            f"{r.name}={r.status.value}{'(' + r.reason + ')' if r.reason else ''}" for r in outcome.results))
+        from probes import logfile
+
+        log_problem = logfile.problem(handler, cfg.log_file or "")
+    if log_problem:  # never a traceback, never another verdict: one note in the report
         outcome = outcome._replace(notes=(*outcome.notes, log_problem))
     disabled = _disabled_text(cfg)
     out = report.json_text(outcome, disabled=disabled) if cfg.json else report.text(
         outcome, verbose=cfg.verbose, disabled=disabled)
-    code = EXIT_UNHEALTHY if outcome.status.value == "fail" else EXIT_OK
-    if cfg.log_file and not log_problem:  # the run log is attached: one line per run
-        logger().info("%s exit=%d %s", cfg.profile, code, " ".join(
-            f"{r.name}={r.status.value}{'(' + r.reason + ')' if r.reason else ''}" for r in outcome.results))
     return code, out, outcome.abandoned
 
 
@@ -153,6 +155,7 @@ def _fast_path(cfg: Config, state: State) -> Outcome | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _guard_std_fds()
     abandoned = False
     try:
         if argv and argv[0] == "serve":
@@ -165,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write(str(done))
         code = EXIT_OK
     except ConfigError as exc:
-        print(f"healthcheck: {exc}", file=sys.stderr)
+        _error_line(f"healthcheck: {exc}")
         code = EXIT_USAGE
     except KeyboardInterrupt:
         code = EXIT_UNHEALTHY
@@ -174,20 +177,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         # print the traceback, exception text included, to stderr.
         with contextlib.suppress(Exception):
             logger().exception("internal error")
-        print(f"unhealthy: healthcheck: internal error ({type(exc).__name__}); details in the log",
-              file=sys.stdout)
+        _write(f"unhealthy: healthcheck: internal error ({type(exc).__name__}); details in the log")
         code = EXIT_UNHEALTHY
     if abandoned:
         # A probe thread is stuck in a driver call: do not let interpreter shutdown wait on it.
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
         os._exit(code)
     return code
 
 
+def _error_line(line: str) -> None:
+    """One bounded line on stderr (a usage error: exit 3)."""
+    with contextlib.suppress(OSError):
+        os.write(2, (clean(line, MAX_ERROR_LINE) + "\n").encode("utf-8", "backslashreplace"))
+
+
+def _guard_std_fds() -> None:
+    """Open /dev/null on a closed stdin, stdout or stderr.
+
+    Otherwise the first file the suite opens (a lock, the run log) would get fd 1 and
+    the report would be written into it.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.open(os.devnull, os.O_RDWR)  # takes the lowest free fd: this one
+
+
 def _write(out: str) -> None:
-    try:
-        sys.stdout.write(out + "\n")
+    """The report on fd 1, unbuffered: a closed, full or broken stdout loses the text but
+    never changes the exit status, and leaves nothing for Python to complain about at exit."""
+    data = (out + "\n").encode("utf-8", "backslashreplace")
+    with contextlib.suppress(Exception):
         sys.stdout.flush()
-    except BrokenPipeError:
-        pass
+    while data:
+        try:
+            n = os.write(1, data)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        data = data[n:]

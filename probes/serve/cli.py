@@ -52,24 +52,41 @@ def parser() -> argparse.ArgumentParser:
 
 
 def setup_logging(log_file: str | None) -> IO[Any] | None:
-    """Log to HEALTHCHECK_LOG_FILE when set, else stderr; returns the stream the watcher child should use."""
+    """Log to HEALTHCHECK_LOG_FILE when set and usable, else stderr; returns the stream the
+    watcher child should use for its stderr (None: inherit ours).
+
+    A log file that cannot be used (a FIFO, a directory, a full device, a link) never stops
+    serve or blocks it: one warning line on stderr, and the log goes to stderr instead.
+    """
+    from probes import logfile
+
     logger = logging.getLogger("healthcheck")
     logger.setLevel(logging.DEBUG if os.environ.get("HEALTHCHECK_SERVE_DEBUG") else logging.INFO)
-    fmt = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s %(message)s")
-    handler: logging.Handler
-    stream: IO[Any] | None = None
+    fmt = "%(asctime)s %(process)d %(levelname)s %(name)s %(message)s"
     if log_file:
-        try:
-            handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=1 << 20, backupCount=1)
-            stream = open(log_file, "a")  # noqa: SIM115 - kept open for the watcher child's stderr
-        except OSError as exc:
-            raise ConfigError(f"HEALTHCHECK_LOG_FILE={log_file!r} is not writable "
-                              f"({os.strerror(exc.errno or 0)}): choose a writable path") from None
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(fmt)
-    logger.addHandler(handler)
-    return stream
+        def warn(why: str) -> None:
+            _stderr_line(f"healthcheck serve: writing the log file failed ({why}); later log lines are lost")
+
+        handler, why = logfile.attach(logger, log_file, fmt, on_error=warn)
+        if handler is not None:
+            try:
+                return logfile.open_append(log_file)
+            except OSError:
+                return None
+        _stderr_line(f"healthcheck serve: {why}: logging to stderr instead")
+    stderr_handler = logging.StreamHandler(sys.stderr)
+    stderr_handler.setFormatter(logging.Formatter(fmt))
+    logger.addHandler(stderr_handler)
+    return None
+
+
+def _stderr_line(line: str) -> None:
+    from probes.untrusted import clean
+
+    try:
+        os.write(2, (clean(line, 400) + "\n").encode("utf-8", "backslashreplace"))
+    except OSError:
+        pass
 
 
 def _kill_children(grace: float) -> None:
@@ -159,7 +176,7 @@ def main(argv: Sequence[str]) -> int:
         return serve(argv)
     except ConfigError as exc:
         msg = str(exc)
-        print(msg if msg.startswith("healthcheck") else f"healthcheck serve: {msg}", file=sys.stderr)
+        _stderr_line(msg if msg.startswith("healthcheck") else f"healthcheck serve: {msg}")
         return EXIT_USAGE
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) and exc.code in (0, 1, 3) else EXIT_USAGE
@@ -167,8 +184,7 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_OK
     except Exception as exc:
         logging.getLogger("healthcheck").exception("serve: internal error")
-        print(f"healthcheck serve: internal error ({type(exc).__name__}); details in the log",
-              file=sys.stderr)
+        _stderr_line(f"healthcheck serve: internal error ({type(exc).__name__}); details in the log")
         return EXIT_FAIL
 
 

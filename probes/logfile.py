@@ -1,0 +1,86 @@
+"""HEALTHCHECK_LOG_FILE: a size-bounded run log that can never hurt the run.
+
+The log is opened without following a symbolic link and without blocking (a FIFO with
+no reader would otherwise hang ``open()``), and only a regular file is used: a FIFO, a
+directory, a device such as ``/dev/full`` or a socket is refused with one short reason.
+Every later failure (a full disk, a rotation that cannot rename) is swallowed by the
+handler: it is remembered as ``failure`` and reported at most once through
+``on_error``, never as a traceback, and never changes a verdict.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import logging.handlers
+import os
+import stat
+import sys
+from typing import IO, Any, Callable
+
+MAX_BYTES = 1 << 20  # then one rotation to <file>.1
+FLAGS = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+         | getattr(os, "O_CLOEXEC", 0))
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+        return "a symbolic link is refused"
+    if exc.errno == errno.ENXIO:  # O_NONBLOCK write-open of a FIFO that nobody reads
+        return "not a regular file"
+    return exc.strerror or "unusable"
+
+
+def open_append(path: str) -> IO[str]:
+    """``path`` opened for appending, if it is (or becomes) a regular file; OSError otherwise."""
+    fd = os.open(path, FLAGS, 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class SafeFileHandler(logging.handlers.RotatingFileHandler):
+    """A RotatingFileHandler that opens safely and swallows its own errors."""
+
+    def __init__(self, path: str, on_error: Callable[[str], None] | None = None) -> None:
+        self.failure: str | None = None
+        self._on_error = on_error
+        super().__init__(path, maxBytes=MAX_BYTES, backupCount=1, encoding="utf-8")
+
+    def _open(self) -> IO[str]:  # type: ignore[override]
+        return open_append(self.baseFilename)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        why = _why(exc) if isinstance(exc, OSError) else type(exc).__name__
+        first = self.failure is None
+        self.failure = why
+        if first and self._on_error is not None:
+            try:
+                self._on_error(why)
+            except Exception:  # noqa: S110 - the warning is best effort by design
+                pass
+
+
+def attach(logger: logging.Logger, path: str, fmt: str, *,
+           on_error: Callable[[str], None] | None = None) -> tuple[SafeFileHandler | None, str | None]:
+    """Add a SafeFileHandler for ``path`` to ``logger``; (handler, None) or (None, why not)."""
+    try:
+        handler = SafeFileHandler(path, on_error)
+    except OSError as exc:
+        return None, f"log file {path} not usable ({_why(exc)})"
+    handler.setFormatter(logging.Formatter(fmt))
+    logger.addHandler(handler)
+    return handler, None
+
+
+def problem(handler: Any, path: str) -> str | None:
+    """Why writing to the log failed during this run, if it did."""
+    failure = getattr(handler, "failure", None)
+    return f"log file {path} not written ({failure})" if failure else None
