@@ -14,7 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 if TYPE_CHECKING:
     from probes.state import State
@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 TERM_GRACE = 0.15  # seconds between SIGTERM and SIGKILL
 KILL_WAIT = 0.15  # seconds we wait for the group to vanish after SIGKILL
 DRAIN_AFTER_EXIT = 0.05  # output still in the pipe after the child exits
-MAX_OUTPUT = 64 * 1024
+MAX_OUTPUT = 64 * 1024  # stdout kept, by default (run's max_output)
+MAX_STDERR = 64 * 1024  # stderr kept; the rest is dropped without making the result "truncated"
+LINGER = 1.0  # seconds a child gets to exit once ``until`` says its answer is complete
 
 
 class Completed(NamedTuple):
@@ -32,11 +34,13 @@ class Completed(NamedTuple):
     stderr: bytes = b""
     timed_out: bool = False  # the deadline passed before the child finished
     stuck: bool = False  # it survived SIGKILL (uninterruptible sleep)
-    truncated: bool = False  # output beyond max_output was discarded
+    truncated: bool = False  # stdout beyond max_output was discarded (stdout only)
     spawn_error: str | None = None  # "not found", "permission denied", ...
     elapsed: float = 0.0
     pid: int | None = None
     held_by: int | None = None  # not started: this earlier child is still stuck (see run's key)
+    stderr_truncated: bool = False  # stderr beyond MAX_STDERR was discarded
+    lingered: bool = False  # ``until`` was met but the child did not exit by itself: it was ended
 
     @property
     def signal(self) -> int | None:
@@ -100,7 +104,8 @@ def _spawn_error(exc: OSError) -> str:
 
 def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
         cwd: str | None = None, max_output: int = MAX_OUTPUT, state: State | None = None,
-        key: str | None = None) -> Completed:
+        key: str | None = None, until: Callable[[bytes], bool] | None = None,
+        linger: float = LINGER) -> Completed:
     """Run ``argv`` until it exits or ``deadline`` (a time.monotonic() value) passes.
 
     Returns within about ``TERM_GRACE + KILL_WAIT`` seconds of the deadline, whatever
@@ -108,6 +113,17 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
     (except one the kernel will not let die). With ``state`` and ``key``, a child that
     survives SIGKILL is remembered, and while it exists no new one is started under the
     same key: the result is ``stuck`` with ``held_by`` set, at once.
+
+    Output: the first ``max_output`` bytes of stdout are kept and ``truncated`` says that
+    more was discarded; ``truncated`` is about stdout only. The first ``MAX_STDERR`` bytes
+    of stderr are kept and the rest is dropped silently (``stderr_truncated``), so a child
+    that floods stderr still gives a valid, untruncated stdout.
+
+    ``until``: called with the stdout read so far whenever more arrives; once it returns
+    true (the answer is complete, e.g. a whole result line arrived) the child gets at most
+    ``linger`` more seconds (never past ``deadline``) to exit by itself. If it has not, it
+    is ended as at the deadline, and the result has ``timed_out`` and ``lingered`` set:
+    the answer came, but the process did not go. ``until`` must be cheap and must not raise.
     """
     # Imported here: probes that only read state (liveness) import this module for
     # excerpt(), and subprocess + selectors cost ~6 ms of every run's start-up.
@@ -128,9 +144,13 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
     except OSError as exc:
         return Completed(argv, None, spawn_error=_spawn_error(exc), elapsed=time.monotonic() - start)
 
-    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}  # type: ignore[union-attr]
-    truncated = False
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()  # type: ignore[union-attr]
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    limits = {out_fd: max_output, err_fd: MAX_STDERR}
+    cut = {out_fd: False, err_fd: False}
     timed_out = False
+    answered = False  # until() was met
+    end = deadline  # the deadline, or earlier once until() is met
     sel = selectors.DefaultSelector()
     for fd in bufs:
         os.set_blocking(fd, False)
@@ -139,14 +159,14 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
     try:
         while sel.get_map():
             now = time.monotonic()
-            if now >= deadline:
+            if now >= end:
                 timed_out = proc.poll() is None
                 break
             if proc.poll() is not None:
                 exited_at = exited_at or now
                 if now - exited_at >= DRAIN_AFTER_EXIT:
                     break  # a grandchild holds the pipe: stop reading, it is killed below
-            wait = min(deadline - now, 0.05 if exited_at is None else DRAIN_AFTER_EXIT)
+            wait = min(end - now, 0.05 if exited_at is None else DRAIN_AFTER_EXIT)
             for ready, _ in sel.select(timeout=max(wait, 0.0)):
                 fd = ready.fd
                 try:
@@ -157,17 +177,20 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
                     sel.unregister(fd)
                     continue
                 buf = bufs[fd]
-                room = max_output - len(buf)
+                room = limits[fd] - len(buf)
                 if room > 0:
                     buf += chunk[:room]
                 if len(chunk) > room:
-                    truncated = True
+                    cut[fd] = True
+                if fd == out_fd and until is not None and not answered and room > 0 and until(bytes(buf)):
+                    answered = True
+                    end = min(deadline, time.monotonic() + max(linger, 0.0))
     finally:
         sel.close()
 
     returncode = None
     if not timed_out:
-        remaining = deadline - time.monotonic()
+        remaining = end - time.monotonic()
         try:
             returncode = proc.wait(timeout=max(remaining, 0.0))
         except subprocess.TimeoutExpired:
@@ -191,11 +214,11 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
             stream.close()  # type: ignore[union-attr]
         except OSError:
             pass
-    out, err = (bytes(b) for b in bufs.values())
     if returncode is None and guard is not None:
         guard.remember_stuck(key, proc.pid)  # type: ignore[arg-type]
-    return Completed(argv, returncode, out, err, timed_out=timed_out, stuck=returncode is None,
-                     truncated=truncated, elapsed=time.monotonic() - start, pid=proc.pid)
+    return Completed(argv, returncode, bytes(bufs[out_fd]), bytes(bufs[err_fd]), timed_out=timed_out,
+                     stuck=returncode is None, truncated=cut[out_fd], elapsed=time.monotonic() - start,
+                     pid=proc.pid, stderr_truncated=cut[err_fd], lingered=answered and timed_out)
 
 
 def excerpt(data: bytes, limit: int = 120) -> str:

@@ -140,3 +140,51 @@ def test_a_stuck_child_is_remembered_and_not_started_again(monkeypatch, marker, 
     assert wait_gone(marker) == []
     third = proc.run(["true"], deadline=time.monotonic() + 5, state=state, key="tool")
     assert third.ok and third.held_by is None  # the stuck one is gone: start again
+
+
+def test_stderr_flood_with_a_valid_stdout_is_not_truncated_output(marker):
+    """Megabytes on stderr are cut silently: stdout, the answer, stays whole and untruncated."""
+    res, _ = timed(sh("echo answer; head -c 3000000 /dev/zero >&2", marker), 10)
+    assert res.returncode == 0 and res.stdout == b"answer\n"
+    assert not res.truncated and res.stderr_truncated
+    assert len(res.stderr) == proc.MAX_STDERR
+
+
+def test_max_output_applies_to_stdout_per_call(marker):
+    res, _ = timed(sh("head -c 100 /dev/zero; head -c 100 /dev/zero >&2", marker), 5)
+    assert not res.truncated and not res.stderr_truncated
+    res = proc.run(sh("head -c 100 /dev/zero; head -c 100 /dev/zero >&2", marker),
+                   deadline=time.monotonic() + 5, max_output=10)
+    assert res.truncated and len(res.stdout) == 10
+    assert not res.stderr_truncated and len(res.stderr) == 100
+
+
+def test_until_ends_a_child_that_answers_but_does_not_exit(marker):
+    res, took = timed_until(sh("echo RESULT done; exec sleep 60", marker), 10, b"RESULT", linger=0.3)
+    assert res.timed_out and res.lingered and res.stdout == b"RESULT done\n"
+    assert 0.3 <= took <= 0.3 + SLACK  # the linger, not the 10 s deadline
+    assert wait_gone(marker) == []
+
+
+def test_until_lets_a_child_that_exits_after_its_answer_finish(marker):
+    res, took = timed_until(sh("echo RESULT done; sleep 0.2; echo bye; exit 4", marker), 10, b"RESULT",
+                            linger=2.0)
+    assert res.returncode == 4 and not res.timed_out and not res.lingered
+    assert res.stdout == b"RESULT done\nbye\n" and took < 2.0
+
+
+def test_until_not_met_is_a_plain_deadline(marker):
+    res, took = timed_until(sh("echo partial; exec sleep 60", marker), 0.5, b"RESULT", linger=5)
+    assert res.timed_out and not res.lingered and took <= 0.5 + SLACK
+    assert wait_gone(marker) == []
+
+
+def test_linger_never_passes_the_deadline(marker):
+    res, took = timed_until(sh("echo RESULT; exec sleep 60", marker), 0.5, b"RESULT", linger=30)
+    assert res.timed_out and res.lingered and took <= 0.5 + SLACK
+
+
+def timed_until(argv: list[str], budget: float, needle: bytes, linger: float) -> tuple[proc.Completed, float]:
+    start = time.monotonic()
+    res = proc.run(argv, deadline=start + budget, until=lambda out: needle in out, linger=linger)
+    return res, time.monotonic() - start
