@@ -7,17 +7,23 @@ the TCP handshake for a hung sshd, so the probe waits for the banner itself.
 
 Command-line equivalent::
 
-    timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/22; echo SSH-2.0-healthcheck >&3; head -c 255 <&3'
+    timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/22; head -c 255 <&3'
 
 RFC 4253 section 4.2: the server may send other lines before its identification line;
 each line is at most 255 bytes including CR LF. We read line by line, skip such lines,
 and give up at the probe's deadline (an overall deadline, so a server that sends one
 byte a second cannot hold the probe).
 
-We send our own identification line first, as RFC 4253 allows a client to do without
-waiting: sshd ignores it until its own banner is out, and a request/response server on
-the port (an HTTP server, say) answers it with something that is plainly not an SSH
-banner instead of waiting silently. We then close without key exchange.
+The server speaks first: sshd sends its identification as soon as it accepts, so we
+read and judge it before sending anything. Only a server that has said nothing after
+a fair share of the budget (a third, at most ``SPEAK_AFTER`` seconds) gets our own
+identification line (``SSH-2.0-healthcheck``): a request/response service on the port
+(an HTTP server, say) then answers with something that is plainly not an SSH banner
+instead of waiting silently, and a slow sshd ignores it until its own banner is out.
+A server that sends our own line back (an echo service, or a port forward that loops
+back to itself) is not sshd: it fails with reason ``echo`` instead of passing on our
+own words. After a real banner we send our line (both sides identify, as the RFC
+asks) and close without key exchange.
 
 OpenSSH 9.8 and later penalise addresses whose connections close before authenticating
 (``PerSourcePenalties``, penalty class ``noauth``); frequent probes could get the
@@ -35,6 +41,7 @@ from typing import Any
 from probes.context import Context
 from probes.result import Result, failed, passed
 from probes.services import _net
+from probes.untrusted import clean
 
 NAME = "ssh"
 MEASUREMENT = "banner"
@@ -42,6 +49,11 @@ MEASUREMENT = "banner"
 MAX_LINE = 255  # RFC 4253 4.2, including CR LF
 MAX_PRELUDE = 8192  # bytes of other lines we tolerate before the identification line
 CLIENT_ID = b"SSH-2.0-healthcheck\r\n"
+# sshd sends its banner at once; a server silent this long may be waiting for the client
+# to speak first (a request/response service): we then send ours. A third of the budget,
+# at most SPEAK_AFTER seconds, leaves the rest for its answer.
+SPEAK_SHARE = 1 / 3
+SPEAK_AFTER = 1.0
 
 
 def _scan(buf: bytes) -> dict[str, Any] | None:
@@ -69,7 +81,8 @@ def gather(ctx: Context) -> dict[str, Any]:
     cfg = ctx.config
     deadline = ctx.deadline
     t0 = time.monotonic()
-    data: dict[str, Any] = {"host": cfg.host, "port": cfg.ssh_port, "budget": max(0.0, deadline - t0)}
+    data: dict[str, Any] = {"host": cfg.host, "port": cfg.ssh_port, "budget": max(0.0, deadline - t0),
+                            "spoke_first": False}
     try:
         sock = _net.connect(cfg.host, cfg.ssh_port, deadline)
     except _net.NetError as exc:
@@ -79,21 +92,27 @@ def gather(ctx: Context) -> dict[str, Any]:
             data["listening"] = _net.listening(cfg.ssh_port)
         return data
     buf = b""
+    sent = False  # our identification line is out (or the attempt failed: the server closed)
+    speak_at = t0 + min(data["budget"] * SPEAK_SHARE, SPEAK_AFTER)
     try:
-        try:
-            _net.arm(sock, deadline)
-            sock.sendall(CLIENT_ID)
-        except OSError:
-            pass  # a server that has already closed is judged by what it sent (nothing)
         while True:
             found = _scan(buf)
             if found is not None:
+                if found["outcome"] == "banner" and sent and found["line"] == CLIENT_ID.rstrip(b"\r\n"):
+                    found = {"outcome": "echo"}  # our own words came back: not an SSH server
                 data.update(found)
                 break
+            if not sent and not buf and time.monotonic() >= speak_at:
+                _send_ours(sock, deadline)
+                sent = True
+                data["spoke_first"] = True
+            wait_until = deadline if sent or buf else min(speak_at, deadline)
             try:
-                _net.arm(sock, deadline)
+                _net.arm(sock, wait_until)
                 chunk = sock.recv(1024)
             except socket.timeout:
+                if wait_until < deadline:
+                    continue  # silent so far: our turn to speak
                 data["outcome"] = "timeout"
                 break
             except OSError:  # reset by the peer
@@ -102,6 +121,8 @@ def gather(ctx: Context) -> dict[str, Any]:
                 data["outcome"] = "closed"
                 break
             buf += chunk
+        if data["outcome"] == "banner" and not sent:
+            _send_ours(sock, deadline)  # both sides identify (RFC 4253 4.2); then we close
     finally:
         sock.close()
     data["received"] = len(buf)
@@ -111,13 +132,21 @@ def gather(ctx: Context) -> dict[str, Any]:
     return data
 
 
+def _send_ours(sock: socket.socket, deadline: float) -> None:
+    try:
+        _net.arm(sock, deadline)
+        sock.sendall(CLIENT_ID)
+    except OSError:
+        pass  # a server that has already closed is judged by what it sent
+
+
 def _parse_banner(line: bytes) -> tuple[str, str, str]:
     """(protocol version, software version, comments) of ``SSH-proto-software comments``."""
-    text = "".join(ch if " " <= ch <= "~" else "?" for ch in line.decode("latin-1"))
+    text = line.decode("utf-8", "replace")
     _, _, rest = text.partition("-")
     proto, _, rest = rest.partition("-")
     software, _, comments = rest.partition(" ")
-    return proto, software[:64], comments[:64]
+    return clean(proto, 16), clean(software, 64), clean(comments, 64)
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
@@ -152,6 +181,11 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     if outcome == "unreachable":
         why = f" ({data['detail']})" if data.get("detail") else ""
         return failed(NAME, f"cannot reach {where}{why}: check HEALTHCHECK_HOST", reason="unreachable")
+    if outcome == "echo":
+        ours = CLIENT_ID.rstrip(b"\r\n").decode()
+        return failed(NAME, f"{where} sent back our own identification line ({ours}) instead of an SSH "
+                      "banner: an echo service or a port forward that loops back holds the port, not sshd; "
+                      "check HEALTHCHECK_SSH_PORT and what listens there", reason="echo")
     if outcome in ("too-long", "not-ssh"):
         return failed(NAME, f"not an SSH banner from {where}: {data['excerpt']}: another service "
                       "holds the port; check HEALTHCHECK_SSH_PORT and what listens there",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from typing import Any
 
@@ -70,6 +71,89 @@ def test_server_that_greets_with_http_first(scripted: Any) -> None:
     assert "'HTTP/1.1 400 Bad Request'" in r.message
 
 
+def echo(conn: socket.socket) -> None:
+    """An echo service: sends back whatever it receives."""
+    while True:
+        chunk = conn.recv(1024)
+        if not chunk:
+            return
+        conn.sendall(chunk)
+
+
+def test_echo_server_is_not_sshd(scripted: Any) -> None:
+    # Sending our identification first used to read it back as a valid banner: a pass.
+    srv = scripted(echo)
+    t0 = time.monotonic()
+    r = probe(srv.port)
+    assert time.monotonic() - t0 < ssh.SPEAK_AFTER + 1.0
+    assert (r.status, r.reason) == (Status.FAIL, "echo"), r.message
+    assert "sent back our own identification line (SSH-2.0-healthcheck)" in r.message
+    assert "echo service" in r.message and "HEALTHCHECK_SSH_PORT" in r.message
+
+
+def test_the_server_speaks_first(scripted: Any) -> None:
+    # A server that takes a moment to send its banner must get nothing from us before it;
+    # after its banner it gets our identification line.
+    seen: dict[str, bytes] = {}
+    finished = threading.Event()
+
+    def patient(conn: socket.socket) -> None:
+        try:
+            time.sleep(0.3)
+            conn.setblocking(False)
+            try:
+                seen["before"] = conn.recv(1024, socket.MSG_PEEK)
+            except BlockingIOError:
+                seen["before"] = b""
+            conn.setblocking(True)
+            conn.sendall(b"SSH-2.0-Patient_1.0\r\n")
+            conn.settimeout(2.0)
+            got = b""
+            while not got.endswith(b"\n"):
+                chunk = conn.recv(1024)
+                if not chunk:
+                    break
+                got += chunk
+            seen["after"] = got
+        finally:
+            finished.set()
+
+    srv = scripted(patient)
+    r = probe(srv.port)
+    assert r.status is Status.PASS and r.observed == "Patient_1.0", r.message
+    assert finished.wait(5)
+    assert seen == {"before": b"", "after": ssh.CLIENT_ID}
+
+
+def answers_after_a_line(reply: bytes) -> Any:
+    """A request/response server: says nothing until it has read a line, then ``reply``."""
+    def handler(conn: socket.socket) -> None:
+        got = b""
+        while b"\n" not in got:
+            chunk = conn.recv(1024)
+            if not chunk:
+                return
+            got += chunk
+        conn.sendall(reply)
+        time.sleep(0.5)
+    return handler
+
+
+def test_server_that_answers_only_after_our_line_is_not_ssh(scripted: Any) -> None:
+    srv = scripted(answers_after_a_line(b"HTTP/1.1 400 Bad Request\r\n\r\n"))
+    t0 = time.monotonic()
+    r = probe(srv.port)
+    assert time.monotonic() - t0 < ssh.SPEAK_AFTER + 1.0
+    assert (r.status, r.reason) == (Status.FAIL, "not-ssh"), r.message
+    assert "'HTTP/1.1 400 Bad Request'" in r.message
+
+
+def test_sshd_that_waits_for_the_client_still_passes(scripted: Any) -> None:
+    srv = scripted(answers_after_a_line(b"SSH-2.0-Shy_1.0\r\n"))
+    r = probe(srv.port)
+    assert r.status is Status.PASS and r.observed == "Shy_1.0", r.message
+
+
 def test_only_a_neighbouring_port_listens(silent: Listener) -> None:
     # The neighbour is the silent listener's port + 1 when free; what matters is that the
     # message names the port that does listen.
@@ -130,6 +214,8 @@ def test_judge_is_pure() -> None:
     assert (r.status, r.observed) == (Status.PASS, "OpenSSH_9.6p1")
     data = {"host": "127.0.0.1", "port": 22, "budget": 3.0, "outcome": "refused", "listening": []}
     assert "no TCP port is listening" in ssh.judge(data, ctx).message
+    data = {"host": "127.0.0.1", "port": 22, "budget": 3.0, "outcome": "echo"}
+    assert ssh.judge(data, ctx).reason == "echo"
 
 
 def test_nothing_anywhere_unused_port() -> None:
