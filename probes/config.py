@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Callable, NamedTuple, TypeVar
 
 from probes import registry
+from probes.untrusted import clean
 
 T = TypeVar("T")
 
@@ -30,17 +31,33 @@ class ConfigError(ValueError):
     """A usage or configuration error: one line, exit status 3."""
 
 
+# The grammar the suite and the front door (./healthcheck) both read, so that they agree on
+# the whole-run budget and the profile for every value: surrounding ASCII whitespace (and
+# only that), then ASCII digits with an optional fraction. No sign, exponent, underscore,
+# inf/nan or non-ASCII digits (int() and float() take '\u0663' or '1_0'; bash does not).
+SPACE = " \t\n\r\f\v"
+DIGITS = frozenset("0123456789")
+NUMBER_FORM = "digits with an optional fraction, e.g. 25 or 2.5"
+
+
 def shown(value: object) -> str:
-    """A bad value as it may appear in an error line: quoted, printable, short."""
-    text = str(value)
-    text = "".join(ch if ch.isprintable() else "?" for ch in text)
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return repr(text)
+    """A bad value as it may appear in an error line: quoted, invisible characters as escapes, short."""
+    return f"'{clean(value, 40)}'"
+
+
+def is_integer_text(text: str) -> bool:
+    return bool(text) and all(ch in DIGITS for ch in text)
+
+
+def is_number_text(text: str) -> bool:
+    whole, dot, frac = text.partition(".")
+    if frac and not is_integer_text(frac):
+        return False
+    return is_integer_text(whole) or (not whole and bool(dot) and bool(frac))
 
 
 def parse_bool(name: str, raw: str) -> bool:
-    v = raw.strip().lower()
+    v = raw.strip(SPACE).lower()
     if v in TRUE:
         return True
     if v in FALSE:
@@ -52,10 +69,11 @@ def parse_number(name: str, raw: str, *, low: float, high: float, low_inclusive:
                  integer: bool = False) -> float:
     kind = "an integer" if integer else "a number"
     bound = f"{'at least' if low_inclusive else 'greater than'} {low:g} and at most {high:g}"
-    try:
-        value = int(raw.strip(), 10) if integer else float(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name}={shown(raw)} is not {kind} (accepted: {kind} {bound})") from None
+    text = raw.strip(SPACE)
+    if not (is_integer_text(text) if integer else is_number_text(text)):
+        form = "digits" if integer else NUMBER_FORM
+        raise ConfigError(f"{name}={shown(raw)} is not {kind} (accepted: {form}, {bound})")
+    value = int(text) if integer else float(text)
     ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= high
     if not ok:
         raise ConfigError(f"{name}={shown(raw)} is out of range (accepted: {kind} {bound})")
@@ -63,24 +81,22 @@ def parse_number(name: str, raw: str, *, low: float, high: float, low_inclusive:
 
 
 def parse_port(name: str, raw: str) -> int:
-    try:
-        value = int(raw.strip(), 10)
-    except ValueError:
-        value = -1
+    text = raw.strip(SPACE)
+    value = int(text) if is_integer_text(text) and len(text) <= 5 else -1
     if not 1 <= value <= 65535:
         raise ConfigError(f"{name}={shown(raw)} is not a port number (accepted: an integer 1-65535)")
     return value
 
 
 def parse_choice(name: str, raw: str, choices: Sequence[str]) -> str:
-    v = raw.strip()
+    v = raw.strip(SPACE)
     if v not in choices:
         raise ConfigError(f"{name}={shown(raw)} is not accepted (accepted: {', '.join(choices)})")
     return v
 
 
 def parse_names(flag: str, raw: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    names = tuple(n.strip(SPACE) for n in raw.split(",") if n.strip(SPACE))
     if not names:
         raise ConfigError(f"{flag} {shown(raw)} names no probe (accepted: {', '.join(registry.NAMES)})")
     for n in names:
@@ -90,7 +106,7 @@ def parse_names(flag: str, raw: str) -> tuple[str, ...]:
 
 
 def parse_text(name: str, raw: str) -> str:
-    v = raw.strip()
+    v = raw.strip(SPACE)
     if not v or any(not ch.isprintable() or ch.isspace() for ch in v):
         raise ConfigError(f"{name}={shown(raw)} is not accepted (accepted: a non-empty value without spaces)")
     return v

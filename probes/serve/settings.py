@@ -52,7 +52,7 @@ class Settings:
 
 def parse_serve_port(name: str, raw: str) -> int:
     """A TCP port, or 0 for a free one chosen by the kernel (it is logged and kept in serve.json)."""
-    if raw.strip() == "0":
+    if raw.strip(cfg.SPACE) == "0":
         return 0
     return cfg.parse_port(name, raw)
 
@@ -60,7 +60,7 @@ def parse_serve_port(name: str, raw: str) -> int:
 def parse_intervals(name: str, raw: str) -> dict[str, float]:
     """``15`` (every profile) or ``readiness=15,liveness=5`` (those profiles), or both mixed."""
     out: dict[str, float] = {}
-    parts = [p.strip() for p in raw.split(",") if p.strip()]
+    parts = [p.strip(cfg.SPACE) for p in raw.split(",") if p.strip(cfg.SPACE)]
     if not parts:
         raise cfg.ConfigError(f"{name}={cfg.shown(raw)} is empty (accepted: seconds, or profile=seconds,...)")
     for part in parts:
@@ -76,14 +76,15 @@ def parse_intervals(name: str, raw: str) -> dict[str, float]:
 
 def parse_xids(name: str, raw: str) -> frozenset[int]:
     """Comma-separated Xid numbers, or ``none`` for an empty list."""
-    if raw.strip().lower() == "none":
+    if raw.strip(cfg.SPACE).lower() == "none":
         return frozenset()
-    values = [v.strip() for v in raw.split(",") if v.strip()]
+    values = [v.strip(cfg.SPACE) for v in raw.split(",") if v.strip(cfg.SPACE)]
     if not values:
         raise cfg.ConfigError(f"{name}={cfg.shown(raw)} lists no Xid (accepted: numbers like 48,79 or none)")
     out = set()
     for v in values:
-        if not v.isdigit() or not 1 <= int(v) <= 9999:
+        # isdigit() alone accepts '\u00b2', which int() refuses.
+        if not cfg.is_integer_text(v) or len(v) > 4 or not 1 <= int(v) <= 9999:
             raise cfg.ConfigError(
                 f"{name}: {cfg.shown(v)} is not an Xid number "
                 "(accepted: comma-separated integers 1-9999, or none)")

@@ -91,8 +91,13 @@ stub() {
   [[ "$output" == "timeout -k 1 13 "* ]]
   HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=2.5 run -0 "$ROOT/healthcheck"
   [[ "$output" == "timeout -k 1 6 "* ]]
-  # An invalid value is left to the suite to report (exit 3); the deadline stays the default.
+  # Surrounding whitespace is ignored, as the suite ignores it.
+  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=" 30 " HEALTHCHECK_PROFILE=" liveness" run -0 "$ROOT/healthcheck"
+  [[ "$output" == "timeout -k 1 33 "* ]]
+  # A value the suite refuses (exit 3) never breaks the arithmetic and gets the longest budget.
   HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=-1 run -0 "$ROOT/healthcheck"
+  [[ "$output" == "timeout -k 1 63 "* ]]
+  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=99999999999999999999999999 run -0 "$ROOT/healthcheck"
   [[ "$output" == "timeout -k 1 28 "* ]]
 }
 

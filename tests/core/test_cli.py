@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import re
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,13 +94,113 @@ def test_unwritable_log_file_is_a_note_not_a_crash(tmp_path):
     assert res.returncode == 0 and "Traceback" not in res.stderr
 
 
-def test_front_door_profile_table_matches_the_suite():
-    script = (ROOT / "healthcheck").read_text()
-    table = dict(re.findall(r"^\s+\*?\)?\s*([a-z]+)\) budget=(\d+)", script, re.M))
-    default = re.search(r"^\s+\*\) budget=(\d+)", script, re.M)
-    assert default is not None
-    table.setdefault("readiness", default.group(1))
-    assert {k: float(v) for k, v in table.items()} == config.PROFILE_TIMEOUTS
+# The front door and the suite read the budget and the profile with one grammar: the hard
+# stop (timeout's own argument, read by a stand-in interpreter from its parent's command
+# line) always leaves the suite its whole deadline plus the 3 s margin.
+HARD_STUB = '#!/bin/bash\ntr "\\0" "\\n" </proc/$PPID/cmdline\n'
+
+
+def front_door_hard(stub: Path, args: list[str], env: dict[str, str]) -> int:
+    res = subprocess.run([str(ROOT / "healthcheck"), *args], env={**clean_env(HEALTHCHECK_PYTHON=str(stub)), **env},
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    argv = res.stdout.splitlines()
+    assert argv[:3] == ["timeout", "-k", "1"], argv
+    return int(argv[3])
+
+
+def suite_timeout(args: list[str], env: dict[str, str]) -> float | None:
+    """The suite's whole-run budget for these flags and settings, or None if it refuses them."""
+    from probes import cli
+
+    try:
+        return config.load(env, **cli.parse_flags(args)).timeout
+    except config.ConfigError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def hard_stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    stub = tmp_path_factory.mktemp("front") / "py"
+    stub.write_text(HARD_STUB)
+    stub.chmod(0o755)
+    return stub
+
+
+@pytest.mark.parametrize("args,env,hard", [
+    ([], {}, 28), (["--profile", "liveness"], {}, 13), (["--profile=startup"], {}, 63),
+    ([], {"HEALTHCHECK_PROFILE": "liveness"}, 13), ([], {"HEALTHCHECK_TIMEOUT": "2.5"}, 6),
+    # What the suite accepts, the front door reads the same way.
+    ([], {"HEALTHCHECK_TIMEOUT": " 30 "}, 33), ([], {"HEALTHCHECK_TIMEOUT": "\t40\n"}, 43),
+    ([], {"HEALTHCHECK_PROFILE": " startup "}, 63), (["--profile", "\tstartup"], {}, 63),
+    (["--profile", "liveness", "--profile", "startup"], {}, 63), ([], {"HEALTHCHECK_TIMEOUT": "0005."}, 8),
+    # What the suite refuses (exit 3) never crashes the front door and gets the longest budget.
+    ([], {"HEALTHCHECK_TIMEOUT": "1e2"}, 63), ([], {"HEALTHCHECK_TIMEOUT": "9" * 40}, 28),
+    ([], {"HEALTHCHECK_TIMEOUT": "\u0663"}, 63), ([], {"HEALTHCHECK_TIMEOUT": "\x1c100"}, 63),
+    ([], {"HEALTHCHECK_TIMEOUT": "1_0"}, 63), ([], {"HEALTHCHECK_PROFILE": "live ness"}, 63),
+])
+def test_front_door_hard_stop_matches_the_suite(hard_stub, args, env, hard):
+    assert front_door_hard(hard_stub, args, env) == hard
+    timeout = suite_timeout(args, env)
+    if timeout is not None:
+        assert hard >= timeout + 3
+
+
+def test_front_door_profile_budgets_are_the_suites(hard_stub):
+    for profile, seconds in config.PROFILE_TIMEOUTS.items():
+        assert front_door_hard(hard_stub, ["--profile", profile], {}) == seconds + 3
+
+
+PADDING = st.text(alphabet=" \t\n\r\f\v\x1c\xa0\u2003", max_size=2)
+TIMEOUTS = st.one_of(
+    st.text(alphabet="0123456789.e+-_ \t\n\x1c\u00b2\u0663\xa0", max_size=12),
+    st.builds(lambda a, n, b: a + n + b, PADDING, st.from_regex(r"[0-9]{1,6}(\.[0-9]{0,3})?", fullmatch=True),
+              PADDING))
+PROFILE_TEXT = st.builds(lambda a, p, b: a + p + b, PADDING, st.sampled_from([*config.PROFILES, "nope", ""]),
+                         PADDING)
+
+
+@settings(max_examples=150, deadline=None)
+@given(timeout=st.one_of(st.none(), TIMEOUTS), env_profile=st.one_of(st.none(), PROFILE_TEXT),
+       flags=st.lists(st.one_of(st.just("--profile"), PROFILE_TEXT, st.sampled_from(["--only", "--json", "-v"]),
+                                PROFILE_TEXT.map(lambda p: "--profile=" + p)), max_size=4))
+def test_any_budget_or_profile_leaves_the_suite_its_deadline(hard_stub, timeout, env_profile, flags):
+    env = {}
+    if timeout is not None:
+        env["HEALTHCHECK_TIMEOUT"] = timeout
+    if env_profile is not None:
+        env["HEALTHCHECK_PROFILE"] = env_profile
+    if "\x00" in "".join(flags) or any(f in ("-h", "--help", "--version") for f in flags):
+        return
+    hard = front_door_hard(hard_stub, flags, env)
+    seconds = suite_timeout(flags, env)
+    if seconds is not None:
+        assert hard >= seconds + 3, (flags, env, hard, seconds)
+
+
+def test_a_flood_of_unknown_flags_is_one_bounded_line():
+    for front_door in (False, True):
+        res = run_cli(*[f"--bogus{i}" for i in range(1500)], front_door=front_door)
+        assert res.returncode == 3 and res.stdout == ""
+        lines = res.stderr.splitlines()
+        assert len(lines) == 1 and len(lines[0].encode()) <= 400
+        assert "unrecognized arguments: '--bogus0'" in lines[0] and "1497 more" in lines[0]
+
+
+@pytest.mark.parametrize("front_door", [False, True])
+def test_newlines_and_escapes_in_a_setting_are_made_visible(front_door):
+    res = run_cli(env=clean_env(HEALTHCHECK_SSH_PORT="22\n\x1b[2J\x07\x00"[:-1] + "x" * 5000),
+                  front_door=front_door)
+    assert res.returncode == 3 and res.stdout == ""
+    assert res.stderr.count("\n") == 1 and len(res.stderr.encode()) <= 400
+    assert "\\n\\x1b[2J\\x07" in res.stderr and "\x1b" not in res.stderr and "\x07" not in res.stderr
+
+
+def test_a_front_door_error_about_the_interpreter_is_one_visible_line():
+    res = subprocess.run([str(ROOT / "healthcheck")], env=clean_env(HEALTHCHECK_PYTHON="/x\n\x1b[31m" + "y" * 500),
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert res.returncode == 3 and res.stdout == ""
+    assert res.stderr.count("\n") == 1 and "\x1b" not in res.stderr and len(res.stderr) < 400
 
 
 # Whatever the environment and arguments, the command answers 0, 1 or 3, without a
@@ -132,6 +233,10 @@ def test_any_input_gives_0_1_or_3_without_traceback_under_4096_bytes(tmp_path, e
     assert res.returncode in (0, 1, 3), out
     assert "Traceback" not in out
     assert len(res.stdout.encode()) < 4096 and len(res.stderr.encode()) < 4096
+    if res.returncode == 3:  # a usage error: one bounded line, nothing on stdout
+        assert res.stdout == "" and res.stderr.count("\n") == 1, out
+        assert len(res.stderr.encode()) <= 400 and res.stderr.isprintable() is False  # the final newline
+        assert res.stderr[:-1].isprintable(), out
 
 
 def test_an_internal_error_shows_no_traceback_or_exception_text(tmp_path):
@@ -148,3 +253,87 @@ def test_an_internal_error_shows_no_traceback_or_exception_text(tmp_path):
         assert res.stdout == "unhealthy: healthcheck: internal error (RuntimeError); details in the log\n"
         assert res.stderr == ""
     assert "secret-token-xyz" in log.read_text()  # the detail is in the log, where it belongs
+
+
+# The run log can never hurt the run: no block, no traceback, the same verdict.
+def _log_target(tmp_path: Path, kind: str) -> Path:
+    log = tmp_path / "hc.log"
+    if kind == "fifo":
+        os.mkfifo(log)
+    elif kind == "directory":
+        log.mkdir()
+    elif kind == "device":
+        log = Path("/dev/full")
+    elif kind == "symlink":
+        (tmp_path / "elsewhere").write_text("")
+        log.symlink_to(tmp_path / "elsewhere")
+    elif kind == "rotation":  # due for rotation, but hc.log.1 is a non-empty directory: the rename fails
+        log.write_bytes(b"x" * (1 << 20))
+        (tmp_path / "hc.log.1").mkdir()
+        (tmp_path / "hc.log.1" / "keep").write_text("")
+    return log
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device", "symlink", "rotation"])
+def test_a_log_file_that_cannot_be_used_never_blocks_or_changes_the_verdict(tmp_path, kind):
+    log = _log_target(tmp_path, kind)
+    res = run_cli(env=clean_env(HEALTHCHECK_LOG_FILE=str(log), **ALL_OFF), timeout=20)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("healthy: ")
+    notes = [line for line in lines if line.startswith("note: log file ")]
+    assert len(notes) == 1, res.stdout
+    if kind == "symlink":
+        assert (tmp_path / "elsewhere").read_text() == ""  # nothing written through the link
+    if kind == "rotation":
+        assert (tmp_path / "hc.log.1" / "keep").exists()
+
+
+def test_serve_with_a_fifo_as_log_file_still_serves(tmp_path):
+    from tests.servers import free_port, stop
+
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    port = free_port()
+    env = clean_env(HEALTHCHECK_LOG_FILE=str(fifo), HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
+                    HEALTHCHECK_SERVE_XID_WATCH="false", **ALL_OFF)
+    proc = subprocess.Popen([sys.executable, "-m", "probes", "serve", "--port", str(port)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        import urllib.request
+
+        end = time.monotonic() + 20
+        status = None
+        while status is None and time.monotonic() < end:
+            try:
+                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+                with opener.open(f"http://127.0.0.1:{port}/livez", timeout=2) as r:
+                    status = r.status
+            except OSError as exc:
+                status = getattr(exc, "code", None)
+                time.sleep(0.1)
+        assert status in (200, 503), "serve did not answer: it blocked on the FIFO"
+    finally:
+        stop(proc)
+    err = proc.stderr.read().decode()  # type: ignore[union-attr]
+    assert "Traceback" not in err
+    assert err.splitlines()[0] == f"healthcheck serve: log file {fifo} not usable (not a regular file): " \
+                                  "logging to stderr instead"
+
+
+@pytest.mark.parametrize("stdout", ["closed", "full"])
+def test_a_closed_or_full_stdout_keeps_the_verdicts_exit_status(tmp_path, stdout):
+    env = clean_env(HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), **ALL_OFF)
+    for front_door in (False, True):
+        argv = [str(ROOT / "healthcheck")] if front_door else [sys.executable, "-m", "probes"]
+        if front_door:
+            env["HEALTHCHECK_PYTHON"] = sys.executable
+        if stdout == "closed":
+            res = subprocess.run(["bash", "-c", 'exec "$@" >&-', "-", *argv], env=env, cwd=ROOT,
+                                 stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+        else:
+            with open("/dev/full", "w") as full:
+                res = subprocess.run(argv, env=env, cwd=ROOT, stdout=full, stderr=subprocess.PIPE, text=True,
+                                     timeout=60, check=False)
+        assert res.returncode == 0, res.stderr
+        assert res.stderr == ""

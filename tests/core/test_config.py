@@ -24,8 +24,17 @@ def test_toggle_spellings(raw, value):
 
 @pytest.mark.parametrize("env,needle", [
     ({"ENABLE_SSH_CHECK": "maybe"}, "ENABLE_SSH_CHECK='maybe' is not a boolean (accepted: true/false"),
-    ({"HEALTHCHECK_TIMEOUT": "-1"}, "HEALTHCHECK_TIMEOUT='-1' is out of range (accepted: a number greater than 0"),
-    ({"HEALTHCHECK_TIMEOUT": "nan"}, "HEALTHCHECK_TIMEOUT='nan' is out of range"),
+    ({"HEALTHCHECK_TIMEOUT": "-1"}, "HEALTHCHECK_TIMEOUT='-1' is not a number (accepted: digits with an optional "
+                                    "fraction, e.g. 25 or 2.5, greater than 0"),
+    ({"HEALTHCHECK_TIMEOUT": "0"}, "HEALTHCHECK_TIMEOUT='0' is out of range (accepted: a number greater than 0"),
+    ({"HEALTHCHECK_TIMEOUT": "nan"}, "HEALTHCHECK_TIMEOUT='nan' is not a number"),
+    # One grammar with the front door: no exponent, underscore or non-ASCII digits (float() takes them).
+    ({"HEALTHCHECK_TIMEOUT": "1e1"}, "HEALTHCHECK_TIMEOUT='1e1' is not a number"),
+    ({"HEALTHCHECK_TIMEOUT": "1_0"}, "HEALTHCHECK_TIMEOUT='1_0' is not a number"),
+    ({"HEALTHCHECK_TIMEOUT": "\u0663"}, "HEALTHCHECK_TIMEOUT='\u0663' is not a number"),
+    ({"HEALTHCHECK_TIMEOUT": "\xa05"}, "HEALTHCHECK_TIMEOUT='\\xa05' is not a number"),
+    ({"HEALTHCHECK_GPU_COUNT": "\u00b2"}, "HEALTHCHECK_GPU_COUNT='\u00b2' is not an integer (accepted: digits"),
+    ({"HEALTHCHECK_SSH_PORT": "\u0662\u0662"}, "HEALTHCHECK_SSH_PORT='\u0662\u0662' is not a port number"),
     ({"HEALTHCHECK_TIMEOUT": "soon"}, "HEALTHCHECK_TIMEOUT='soon' is not a number"),
     ({"HEALTHCHECK_SSH_PORT": "70000"}, "HEALTHCHECK_SSH_PORT='70000' is not a port number (accepted: an integer 1-65535)"),
     ({"HEALTHCHECK_JUPYTER_PORT": "0"}, "HEALTHCHECK_JUPYTER_PORT='0' is not a port number"),
@@ -66,9 +75,25 @@ def test_liveness_never_runs_nvidia_smi_or_nvml():
 
 def test_unprintable_and_long_values_are_shown_safely():
     with pytest.raises(ConfigError) as err:
-        load({"HEALTHCHECK_SSH_PORT": "\x1b[2J" + "9" * 100})
+        load({"HEALTHCHECK_SSH_PORT": "\x1b[2J\n\x07" + "9" * 100})
     text = str(err.value)
-    assert "\x1b" not in text and len(text) < 200
+    assert "\x1b" not in text and "\n" not in text and len(text) < 200
+    assert "'\\x1b[2J\\n\\x07999" in text  # made visible, not dropped
+
+
+def test_whitespace_around_values_is_ascii_whitespace_only():
+    assert load({"HEALTHCHECK_TIMEOUT": " \t7.5\n", "HEALTHCHECK_PROFILE": "\fliveness "}).timeout == 7.5
+    with pytest.raises(ConfigError):
+        load({"HEALTHCHECK_PROFILE": "\u2003liveness"})  # str.strip() would take it; the front door does not
+
+
+@pytest.mark.parametrize("raw", ["\u00b2", "48,\u00b9\u00b3", "1e2", "-79"])
+def test_serve_xid_lists_refuse_what_int_cannot_read(raw):
+    from probes.serve.settings import parse_xids
+
+    with pytest.raises(ConfigError) as err:
+        parse_xids("HEALTHCHECK_XID_CRITICAL", raw)
+    assert "accepted: comma-separated integers 1-9999" in str(err.value)
 
 
 def test_base_url_gets_trailing_slash():
