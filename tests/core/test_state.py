@@ -128,3 +128,33 @@ def test_stuck_child_entry_holds_only_while_that_process_lives(tmp_path):
     assert data is not None
     s.write_json("stuck-nvidia-smi.json", {**data, "identity": "other-boot:1"})
     assert s.stuck_child("nvidia-smi") is None
+
+
+NESTED = b"[" * 100_000 + b"]" * 100_000
+
+
+def test_damaged_state_files_are_misses_not_internal_errors(tmp_path):
+    """Deep nesting, non-finite and huge numbers, FIFOs: each state file is a miss."""
+    from tests.conftest import clean_env, run_cli
+
+    st = tmp_path / "st"
+    State.open(str(st))  # created 0700, ours
+    for name in ("latch.json", "torch-cuda.json", "stuck-nvidia-smi.json", "serve.json"):
+        (st / name).write_bytes(NESTED)
+    env = clean_env(HEALTHCHECK_STATE_DIR=str(st), PATH="/usr/bin:/bin", ENABLE_JUPYTER_CHECK="false",
+                    ENABLE_SSH_CHECK="false")
+    res = run_cli("--profile", "liveness", env=env)
+    assert res.returncode == 0 and "internal error" not in res.stdout, res.stdout
+    assert "PASS torch-cuda" in res.stdout and "no CUDA-fatal latch" in res.stdout
+    res = run_cli("--only", "nvidia-smi", env=env)
+    assert res.returncode == 1 and "FAIL nvidia-smi" in res.stdout and "not found on PATH" in res.stdout
+    s = State(str(st))
+    for raw in (b'{"pid": 1e999}', b'{"pid": ' + b"9" * 5000 + b"}", b'{"time": NaN}', b'{"a": -Infinity}'):
+        (st / "x.json").write_bytes(raw)
+        assert s.read_json("x.json") is None
+    (st / "x.json").unlink()
+    os.mkfifo(st / "x.json")
+    assert s.read_json("x.json") is None  # never blocks on a FIFO
+    (st / "x.json").unlink()
+    (st / "x.json").write_text('{"a": {"b": [1, 2.5]}}')
+    assert s.read_json("x.json") == {"a": {"b": [1, 2.5]}}
