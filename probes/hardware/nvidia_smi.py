@@ -18,8 +18,10 @@ import signal
 from typing import NamedTuple
 
 from probes import proc
+from probes.config import is_integer_text
 from probes.context import Context
 from probes.result import Result, failed, passed
+from probes.untrusted import clean
 
 NAME = "nvidia-smi"
 MEASUREMENT = "gpus"
@@ -47,6 +49,10 @@ UNKNOWN_ERROR = ("nvml-unknown-error", "Failed to initialize NVML: Unknown Error
                  "probably lost its device cgroup access after a host systemctl daemon-reload; "
                  "recreate the container")
 
+# Room for the largest GPU count HEALTHCHECK_GPU_COUNT accepts (1024) at ~170 bytes a row.
+MAX_OUTPUT = 512 * 1024
+MAX_NAME = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
+
 _LOST = re.compile(r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]+)")
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
 
@@ -58,7 +64,7 @@ class Gpu(NamedTuple):
 
 
 def gather(ctx: Context) -> proc.Completed:
-    return proc.run(ARGV, deadline=ctx.deadline, state=ctx.state, key=NAME)
+    return proc.run(ARGV, deadline=ctx.deadline, state=ctx.state, key=NAME, max_output=MAX_OUTPUT)
 
 
 def parse_rows(text: str) -> tuple[list[Gpu], str | None]:
@@ -72,10 +78,11 @@ def parse_rows(text: str) -> tuple[list[Gpu], str | None]:
         if not line or _LOST.search(line):
             continue
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 3 or not parts[0].isdigit() or not _UUID.match(parts[-1]):
+        # is_integer_text, not isdigit(): that accepts '\u00b2', which int() refuses.
+        if len(parts) < 3 or not is_integer_text(parts[0]) or len(parts[0]) > 6 or not _UUID.match(parts[-1]):
             return gpus, line
         # A GPU name never holds a comma today, but keep whatever lies between index and uuid.
-        gpus.append(Gpu(int(parts[0]), ", ".join(parts[1:-1]), parts[-1]))
+        gpus.append(Gpu(int(parts[0]), clean(", ".join(parts[1:-1]), MAX_NAME), parts[-1]))
     return gpus, None
 
 
@@ -137,7 +144,7 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
         return failed(NAME, f"nvidia-smi failed (exit {data.returncode}: {said or 'no output'}): "
                       "check the driver on the host (nvidia-smi, dmesg)", reason="exit-code")
     if data.truncated:
-        return failed(NAME, f"nvidia-smi output is too long to be a GPU list (over {proc.MAX_OUTPUT} bytes, "
+        return failed(NAME, f"nvidia-smi output is too long to be a GPU list (over {MAX_OUTPUT} bytes, "
                       f"starts: {proc.excerpt(data.stdout[:200], 60)!r}): check the nvidia-smi on PATH",
                       reason="unparseable")
     if bad_line is not None:

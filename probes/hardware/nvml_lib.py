@@ -37,6 +37,8 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, Literal, NamedTuple
 
+from probes.untrusted import MAX_TEXT, clean
+
 EventKind = Literal["xid", "ecc-single", "ecc-double"]
 
 # NVML return codes (nvml.h); kept here so callers need not import pynvml.
@@ -176,10 +178,9 @@ def call(fn: Any, *args: Any) -> tuple[Any, int | None]:
 
 
 def text(value: Any) -> str:
-    """NVML strings arrive as bytes from older bindings and str from newer ones."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
+    """An NVML string (bytes from older bindings, str from newer ones), cleaned: names and
+    versions come from the driver and reach messages, JSON and Docker's health log."""
+    return clean(value, MAX_TEXT)
 
 
 class Event(NamedTuple):

@@ -97,3 +97,25 @@ def test_shadowing_pynvml_is_named(run, tmp_path):
     c = checks(p)
     assert c["nvml"]["reason"] == "nvml-bindings-shadowed" and "nvidia-ml-py" in c["nvml"]["output"]
     assert c["nvidia-smi"]["status"] == "pass"
+
+
+def test_control_characters_in_nvml_names_are_made_visible(run):
+    name = "NVIDIA\x1b[2J\x07 H100"
+    for args in ((), ("--json",)):
+        p, _ = run("ok", ["gpus 2", f"gpu 0 name {name}", "gpu 1 name " + name, "gpu 1 lost"], *args)
+        assert p.returncode == 1
+        assert "\x1b" not in p.stdout and "\x07" not in p.stdout, p.stdout
+    import subprocess as sp
+
+    from tests.conftest import ROOT
+    from tests.hardware.conftest import cli_env
+
+    sc = run.stub_dir.parent / "scenario.txt"
+    sc.write_text(f"gpus 1\ngpu 0 name {name}\n")
+    script = ("import json, time\nfrom probes.config import Config\nfrom probes.context import Context\n"
+              "from probes.hardware import nvml\nfrom probes.state import State\n"
+              "ctx = Context(Config(gpu_count=1), time.monotonic() + 5, {}, State.off('t'))\n"
+              "print(json.dumps(nvml.judge(nvml.gather(ctx), ctx).facts['gpus'][0]['name']))\n")
+    res = sp.run([sys.executable, "-c", script], env=cli_env(run.stub_dir.parent, scenario_file=sc), cwd=ROOT,
+                 capture_output=True, text=True, timeout=60, check=False)
+    assert json.loads(res.stdout) == "NVIDIA\\x1b[2J\\x07 H100", res.stdout + res.stderr

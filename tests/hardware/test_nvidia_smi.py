@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -196,3 +198,59 @@ def test_stub_grandchild_holding_stdout(stub_bin):
     pids = started_pids(stub_bin)
     assert len(pids) == 2
     assert_gone(pids)
+
+
+# ---- strange and hostile output: a miss or a clear failure, never an internal error -----------
+
+def _raw_stub(bin_dir, body: str) -> None:
+    path = bin_dir / "nvidia-smi"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+def _cli(bin_dir, *args: str, **env: str):
+    from tests.conftest import ROOT, clean_env
+
+    return subprocess.run([sys.executable, "-m", "probes", "--only", "nvidia-smi", *args],
+                          env=clean_env(PATH=f"{bin_dir}:/usr/bin:/bin", HEALTHCHECK_STATE_DIR=str(bin_dir / "st"),
+                                        **env),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("index", ["\u00b2", "\u0663", "1\u00b9"])
+def test_unicode_digits_as_an_index_are_unparseable_not_an_internal_error(stub_bin, index):
+    _raw_stub(stub_bin, f"printf '{index}, NVIDIA A100, GPU-00000000-1111-2222-3333-000000000000\\n'")
+    r, _ = run_probe()
+    assert r.status is Status.FAIL and r.reason == "unparseable"
+    res = _cli(stub_bin)
+    assert res.returncode == 1 and "cannot parse nvidia-smi output" in res.stdout
+    assert "internal error" not in res.stdout
+
+
+def test_megabytes_on_stderr_with_a_valid_list_on_stdout_pass(stub_bin):
+    rows = gpu_rows(2).replace("\n", "\\n")
+    _raw_stub(stub_bin, f"head -c 5000000 /dev/zero | tr '\\0' 'w' >&2\nprintf '{rows}'")
+    r, _ = run_probe()
+    assert r.status is Status.PASS and r.observed == 2, r.message
+
+
+def test_the_largest_accepted_gpu_count_is_read_in_full(stub_bin):
+    rows = stub_bin / "rows.txt"
+    rows.write_text(gpu_rows(1024, "NVIDIA H100 80GB HBM3 with a long marketing name"))
+    _raw_stub(stub_bin, f"cat {rows}")
+    r, _ = run_probe(gpu_count=1024)
+    assert r.status is Status.PASS and r.observed == 1024, r.message
+    res = _cli(stub_bin, HEALTHCHECK_GPU_COUNT="1024")
+    assert res.returncode == 0 and "1024 GPUs visible" in res.stdout
+
+
+def test_control_characters_in_a_gpu_name_are_made_visible_everywhere(stub_bin):
+    _raw_stub(stub_bin, "printf '0, NVIDIA\\033[2J\\007\\000 A100, GPU-00000000-1111-2222-3333-000000000000\\n'")
+    r, _ = run_probe(gpu_count=1)
+    assert r.status is Status.PASS
+    assert r.facts["gpus"][0]["name"] == "NVIDIA\\x1b[2J\\x07\\x00 A100"
+    for args in ((), ("--json",), ("-v",)):
+        res = _cli(stub_bin, *args, HEALTHCHECK_GPU_COUNT="1")
+        assert res.returncode == 0
+        assert not any(ch in res.stdout for ch in "\x00\x07\x1b"), res.stdout
+        assert "NVIDIA\\x1b[2J\\x07\\x00 A100" in res.stdout.replace("\\\\", "\\")
