@@ -13,6 +13,7 @@ from typing import Any
 from probes import __version__, registry
 from probes.result import Result, Status
 from probes.runner import Outcome
+from probes.untrusted import squeeze
 
 MAX_BYTES = 4096
 MAX_MESSAGE = 300
@@ -26,8 +27,9 @@ def _iso(ts: float) -> str:
 
 
 def _short(text: str, limit: int = MAX_MESSAGE) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    # Probes clean outside text where it enters a result; this is the last line of defence,
+    # and idempotent: clean text passes unchanged.
+    return squeeze(text, limit)
 
 
 def verdict(outcome: Outcome, disabled: str = "") -> str:
@@ -46,7 +48,7 @@ def verdict(outcome: Outcome, disabled: str = "") -> str:
 def _observed(r: Result) -> str:
     if r.observed is None:
         return ""
-    return f" [{r.observed}{' ' + r.unit if r.unit else ''}]"
+    return f" [{_short(r.observed, 120)}{' ' + _short(r.unit, 20) if r.unit else ''}]"
 
 
 def text(outcome: Outcome, *, verbose: bool = False, disabled: str = "") -> str:
@@ -79,7 +81,7 @@ def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
         checks[f"{r.name}:{_measurement(spec)}"] = [{
             "componentType": spec.layer if spec else "component",
             "status": "warn" if is_skip else r.status.value,
-            "observedValue": r.observed,
+            "observedValue": _short(r.observed, 120) if isinstance(r.observed, str) else r.observed,
             "observedUnit": r.unit,
             "time": _iso(r.time) if r.time else None,
             "output": _short(r.message),
@@ -94,7 +96,7 @@ def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
         "profile": outcome.profile,
         "output": verdict(outcome, disabled),
         "time": _iso(max((r.time for r in outcome.results), default=0) or time.time()),
-        "notes": list(outcome.notes),
+        "notes": [_short(n) for n in outcome.notes],
         "checks": checks,
     }
 

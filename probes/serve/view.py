@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from probes.result import Result, Status
+from probes.untrusted import load_json, squeeze
 
 MAX_TEXT = 300
 CHECK_KEYS = ("componentType", "status", "observedValue", "observedUnit", "time", "output", "reason",
@@ -28,10 +29,8 @@ XID_WARN_SECONDS = 600.0
 
 
 def clean(text: Any, limit: int = MAX_TEXT) -> str:
-    """One printable line, at most ``limit`` characters."""
-    s = " ".join(str(text).split())
-    s = "".join(ch if ch.isprintable() else "?" for ch in s)
-    return s if len(s) <= limit else s[: limit - 3] + "..."
+    """One printable line, at most ``limit`` characters (see probes.untrusted.squeeze)."""
+    return squeeze(text, limit)
 
 
 def iso(t: float) -> str:
@@ -80,8 +79,8 @@ def _check(entry: Any) -> dict[str, Any] | None:
 def parse_report(stdout: bytes) -> dict[str, Any] | None:
     """The report a ``--json`` run printed, rebuilt from known fields; None when it is not one."""
     try:
-        data = json.loads(stdout.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        data = load_json(stdout)  # bounded nesting, finite numbers
+    except ValueError:
         return None
     if not isinstance(data, dict) or data.get("status") not in STATUSES:
         return None

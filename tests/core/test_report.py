@@ -59,3 +59,15 @@ def test_health_json_shape():
     skipped = next(v for k, v in doc["checks"].items() if k.startswith("torch-cuda:"))[0]
     assert skipped["status"] == "warn" and skipped["skipped"] is True
     json.loads(report.json_text(outcome()))
+
+
+def test_control_characters_that_reach_a_result_are_escaped_in_every_form():
+    """The boundary cleans outside text; the report is the last line of defence for anything missed."""
+    raw = "bad\x1b[2J\x07\x00\nname\u202e"
+    r = Result("ssh", Status.FAIL, raw, observed=raw, unit="u\x1b", reason="x", time=1.0)
+    outcome = Outcome("readiness", (r,), notes=(raw,))
+    for out in (report.text(outcome, verbose=True), report.json_text(outcome)):
+        assert not any(ch in out for ch in "\x1b\x07\x00\u202e"), out
+    text = report.text(outcome, verbose=True)
+    assert "bad\\x1b[2J\\x07\\x00 name\\u202e" in text
+    assert len(text.splitlines()) == 3  # the verdict, one probe line, one note: no injected line
