@@ -26,11 +26,16 @@ Hard cases, decided here:
   whatever its status; ``readiness`` also reuses a passing result younger than
   ``HEALTHCHECK_TORCH_TTL``; ``startup`` always runs fresh. Without a state dir every
   run starts its own worker (caching off).
+- The result line is untrusted: it is parsed with bounded depth and bounded, finite
+  numbers (``untrusted.load_json``), validated field by field (numbers must convert to
+  finite floats), and every string in it is cleaned (control characters shown as
+  escapes) before anything else sees it. The worker reports a non-finite error or
+  scale as the string ``"nan"``, ``"inf"`` or ``"-inf"``, which judges as a wrong result.
+  A cache entry that does not pass the same checks is a miss.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -39,7 +44,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from probes import proc
+from probes import proc, untrusted
 from probes.context import Context, logger
 from probes.framework import torch_worker
 from probes.result import SEVERITY, Result, Status, failed, passed, warned
@@ -62,6 +67,12 @@ TOLERANCE = 1e-4
 # proc.run may overrun its deadline by TERM_GRACE + KILL_WAIT; keep gather() inside ours.
 MARGIN = proc.TERM_GRACE + proc.KILL_WAIT + 0.05
 MAX_DEVICES = 1024
+MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
+NONFINITE = ("nan", "inf", "-inf")  # how the worker reports a non-finite error or scale
+# Characters kept of each cleaned string of the worker's report (default TEXT).
+TEXT = 120
+TEXT_LIMITS = {"message": 600, "visible_devices": 1000}
+_PHASES = r"start|import|init|reference|device (cpu|\d{1,4})"
 
 
 # Substrings of CUDA/torch error texts (lower case) -> the label used in messages.
@@ -97,7 +108,17 @@ class _Bad(ValueError):
     pass
 
 
-_STR, _INT, _NUM, _BOOL = "str", "int", "num", "bool"
+_STR, _INT, _NUM, _MEASURE, _BOOL = "str", "int", "num", "measure", "bool"
+
+
+def _finite(value: Any) -> bool:
+    """A JSON number that float() turns into a finite value (a 400-digit integer does not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _check(value: Any, kind: str, nullable: bool, where: str) -> None:
@@ -105,12 +126,20 @@ def _check(value: Any, kind: str, nullable: bool, where: str) -> None:
         if nullable:
             return
         raise _Bad(f"{where} is missing")
-    ok = {
-        _STR: isinstance(value, str) and len(value) <= 1000,
-        _INT: isinstance(value, int) and not isinstance(value, bool),
-        _NUM: isinstance(value, (int, float)) and not isinstance(value, bool),
-        _BOOL: isinstance(value, bool),
-    }[kind]
+    if kind == _STR:
+        ok = isinstance(value, str) and len(value) <= 1000
+    elif kind == _BOOL:
+        ok = isinstance(value, bool)
+    elif kind == _INT:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and not -MAX_INT <= value < MAX_INT:
+            raise _Bad(f"{where} is out of range")
+    else:  # _NUM, or _MEASURE: a number, or how the worker spells a non-finite one
+        if kind == _MEASURE and value in NONFINITE:
+            return
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and not _finite(value):
+            raise _Bad(f"{where} is not a finite number")
     if not ok:
         raise _Bad(f"{where} has the wrong type")
 
@@ -127,14 +156,31 @@ def _fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str) -> None:
 _ERROR = {"phase": (_STR, False), "type": (_STR, False), "message": (_STR, False),
           "device": (_INT, True), "module": (_STR, True)}
 _DEVICE = {"index": (_INT, False), "name": (_STR, False), "uuid": (_STR, True), "op_ms": (_NUM, True),
-           "max_err": (_NUM, True), "scale": (_NUM, True), "free": (_INT, True), "total": (_INT, True)}
+           "max_err": (_MEASURE, True), "scale": (_MEASURE, True), "free": (_INT, True),
+           "total": (_INT, True)}
 _TOP = {"v": (_INT, False), "device": (_STR, False), "size": (_INT, False), "expect_count": (_INT, True),
         "torch": (_STR, True), "cuda": (_STR, True), "cuda_built": (_BOOL, True),
         "available": (_BOOL, True), "count": (_INT, True), "visible_devices": (_STR, True)}
 
 
+def _cleaned(value: Any, key: str = "") -> Any:
+    """A copy of a validated report with every string made one printable line."""
+    if isinstance(value, dict):
+        return {k: _cleaned(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cleaned(v, key) for v in value]
+    if isinstance(value, str):
+        return untrusted.clean(value, TEXT_LIMITS.get(key, TEXT))
+    return value
+
+
 def validate(report: Any, device: str, size: int) -> dict[str, Any]:
-    """The report if it matches the schema exactly; raises _Bad otherwise."""
+    """A cleaned copy of the report if it matches the schema exactly; raises _Bad otherwise.
+
+    This is where the worker's report enters the suite: every number converts to a
+    finite float and every string is cleaned (``untrusted.clean``), so no later use
+    (messages, the latch, the cache, JSON, Docker's log) sees a control character.
+    """
     if not isinstance(report, dict):
         raise _Bad("the result is not an object")
     if set(report) != {*_TOP, "error", "devices"}:
@@ -157,14 +203,15 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
         _fields({k: v for k, v in dev.items() if k != "error"}, _DEVICE, f"result.devices[{i}]")
         if dev["error"] is None:
             for key in ("op_ms", "max_err", "scale"):
-                _check(dev[key], _NUM, False, f"result.devices[{i}].{key}")
+                _check(dev[key], _DEVICE[key][0], False, f"result.devices[{i}].{key}")
         else:
             _fields(dev["error"], _ERROR, f"result.devices[{i}].error")
     # A report without an error covers every device it counted.
     stopped = report["error"] is not None or any(d["error"] is not None for d in devices)
     if not stopped and report["count"] is not None and len(devices) != report["count"]:
         raise _Bad("the result does not cover every device")
-    return report
+    cleaned: dict[str, Any] = _cleaned(report)
+    return cleaned
 
 
 def parse_output(stdout: bytes, device: str, size: int) -> tuple[dict[str, Any] | None, str | None]:
@@ -175,9 +222,9 @@ def parse_output(stdout: bytes, device: str, size: int) -> tuple[dict[str, Any] 
     if len(hits) > 1:
         return None, "more than one result line"
     try:
-        report = json.loads(hits[0][len(PREFIX):])
-    except ValueError:
-        return None, "the result line is not JSON"
+        report = untrusted.load_json(hits[0][len(PREFIX):])
+    except ValueError as exc:  # malformed, too deep, NaN, or a number too large for a float
+        return None, f"the result line is not readable JSON: {untrusted.clean(exc, 80)}"
     try:
         return validate(report, device, size), None
     except _Bad as exc:
@@ -190,7 +237,7 @@ def last_phase(stderr: bytes) -> str | None:
     for line in stderr.decode("utf-8", "replace").splitlines():
         if line.startswith(PHASE):
             name = line[len(PHASE):].strip()
-            if re.fullmatch(r"start|import|init|reference|device (cpu|\d{1,4})", name):
+            if re.fullmatch(_PHASES, name):
                 found = name
     return found
 
@@ -227,7 +274,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     if report is None or report.get("error") or any(d.get("error") for d in report.get("devices", ())):
         # The details stay in the log; messages carry only fixed phrases.
         logger().info("torch-cuda worker rc=%s timed_out=%s stderr tail: %s", done.returncode, done.timed_out,
-                 proc.excerpt(done.stderr[-2000:], 600))
+                      untrusted.squeeze(done.stderr[-2000:], 600))
     shown = done.stdout
     if not shown.strip():  # nothing on stdout: the last line of stderr that is not a progress marker
         lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(PHASE.encode())]
@@ -247,7 +294,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
         "phase": last_phase(done.stderr),
         "report": report,
         "problem": problem,
-        "excerpt": proc.excerpt(shown, 80) if report is None else None,
+        "excerpt": untrusted.squeeze(shown, 80) if report is None else None,
         "finished": time.time(),
         "cache": None,
     }
@@ -258,20 +305,36 @@ def _key(ctx: Context, expect: int | None) -> dict[str, Any]:
             "expect": expect, "identity": pid1_identity()}
 
 
+# What judge() reads of a cached worker run, checked before reuse.
+_DATA = {"spawn_error": (_STR, True), "returncode": (_INT, True), "timed_out": (_BOOL, False),
+         "stuck": (_BOOL, False), "held_by": (_INT, True), "budget": (_NUM, False), "elapsed": (_NUM, False),
+         "phase": (_STR, True), "problem": (_STR, True), "excerpt": (_STR, True), "finished": (_NUM, False)}
+
+
 def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[str, Any] | None:
+    """The cached worker run, checked and cleaned, or None: a damaged entry is a miss, never a crash."""
     if not entry or entry.get("key") != key or not isinstance(entry.get("data"), dict):
         return None
-    data = dict(entry["data"])
-    if data.get("kind") != "worker":
+    data = entry["data"]
+    if (data.get("kind") != "worker"
+            or [data.get(k) for k in ("python", "device", "expect")]
+            != [key["python"], key["device"], key["expect"]]):
         return None
-    if data.get("report") is not None:  # a damaged cache file is a miss, never a crash
-        try:
-            validate(data["report"], key["device"], key["size"])
-        except _Bad:
+    try:
+        for name, (kind, nullable) in _DATA.items():
+            _check(data.get(name), kind, nullable, name)
+        if data["phase"] is not None and not re.fullmatch(_PHASES, data["phase"]):
             return None
-    age = time.time() - float(entry.get("finished", 0.0))
-    data["cache"] = {"how": how, "age": round(max(age, 0.0), 1)}
-    return data
+        report = None if data.get("report") is None else validate(data["report"], key["device"], key["size"])
+    except _Bad:
+        return None
+    age = time.time() - float(data["finished"])
+    out: dict[str, Any] = {"kind": "worker", "python": key["python"], "device": key["device"],
+                           "expect": key["expect"], "report": report,
+                           **{name: untrusted.clean(data[name]) if kind == _STR and data[name] is not None
+                              else data[name] for name, (kind, _) in _DATA.items()}}
+    out["cache"] = {"how": how, "age": round(max(age, 0.0), 1)}
+    return out
 
 
 def _cached_pass(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
@@ -286,12 +349,13 @@ def _cached_pass(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) 
 
 
 def _latched(latch: dict[str, Any]) -> dict[str, Any]:
-    try:
-        since = float(latch.get("time", 0.0))
-    except (TypeError, ValueError):
-        since = 0.0
-    return {"kind": "latched", "source": str(latch.get("source", "?")), "why": str(latch.get("reason", "?")),
-            "since": since, "age": round(max(time.time() - since, 0.0), 1)}
+    raw: Any = latch.get("time")
+    since = float(raw) if _finite(raw) else 0.0
+    if not 0 < since <= time.time() + 86400:
+        since = 0.0  # damaged: shown as an unknown time, never a crash
+    return {"kind": "latched", "source": untrusted.clean(latch.get("source", "?"), 40),
+            "why": untrusted.clean(latch.get("reason", "?")), "since": since,
+            "age": round(max(time.time() - since, 0.0), 1) if since else None}
 
 
 def gather(ctx: Context) -> dict[str, Any]:
@@ -383,10 +447,12 @@ def _holder(ctx: Context, report: dict[str, Any], index: int, uuid: str | None) 
     parts = []
     mode = gpu.get("compute_mode")
     if isinstance(mode, str) and mode not in ("DEFAULT", "N/A"):
-        parts.append(f"{mode} compute mode")
-    procs = [p for p in gpu.get("processes") or () if isinstance(p, dict)]
+        parts.append(f"{untrusted.clean(mode, 40)} compute mode")
+    procs = gpu.get("processes")
+    procs = [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else []
     if procs:
-        who = ", ".join(f"pid {p.get('pid')} ({proc.excerpt(str(p.get('name', '?')).encode(), 40)})"
+        # Process names come from NVML (any user's command line): cleaned, short.
+        who = ", ".join(f"pid {untrusted.clean(p.get('pid'), 12)} ({untrusted.clean(p.get('name', '?'), 40)})"
                         for p in procs[:3])
         parts.append(f"held by {who}")
     return f" ({'; '.join(parts)})" if parts else ""
@@ -415,8 +481,9 @@ def _gib(n: int | None) -> str:
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     kind = data.get("kind")
     if kind == "latched":
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(data["since"]))
-        return failed(NAME, f"latched unhealthy since {when} ({data['age']:.0f}s ago, by {data['source']}): "
+        when = (f"since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(data['since']))} "
+                f"({data['age']:.0f}s ago, " if data["since"] else "(since an unknown time, ")
+        return failed(NAME, f"latched unhealthy {when}by {data['source']}): "
                       f"{data['why']}; restart the container", reason="latched", unit=UNIT,
                       facts={"latched": True, "since": data["since"], "source": data["source"]})
     if kind == "no-latch":
@@ -436,7 +503,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
 
 def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
-    python = proc.excerpt(str(data.get("python", "?")).encode(), 80)
+    python = untrusted.clean(data.get("python", "?"), 80)
     facts: dict[str, Any] = {"python": data.get("python"), "device": data.get("device"),
                              "cache": data.get("cache")}
     kw: dict[str, Any] = {"unit": UNIT, "facts": facts}
@@ -477,7 +544,7 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
         return failed(NAME, f"torch worker killed by {_signal_name(sig)} in {where or 'start-up'}: {hint}",
                       reason="killed", **kw)
     return failed(NAME, f"torch worker gave an unreadable result ({data.get('problem')}, exit status {rc}): "
-                  f"{data.get('excerpt')!r}", reason="bad-output", **kw)
+                  f"'{data.get('excerpt') or ''}'", reason="bad-output", **kw)
 
 
 def _classify(err: dict[str, Any]) -> tuple[str, str | None]:
@@ -610,8 +677,11 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
     base = f"{report['size']}x{report['size']} matmul matches the CPU reference (max rel err {worst_rel:.0e})"
     if cuda:
         tight = min(good, key=lambda g: g["free"] if g["free"] is not None else math.inf)
-        message = (f"{checked} GPU(s) OK: {base}; slowest {slow['op_ms']:.1f} ms on cuda:{slow['index']}, "
-                   f"least free {_gib(tight['free'])}/{_gib(tight['total'])} GiB on cuda:{tight['index']}; "
+        models = list(dict.fromkeys(g["name"] for g in good))  # cleaned by validate()
+        shown = ", ".join(models[:2]) + (f" and {len(models) - 2} other model(s)" if len(models) > 2 else "")
+        message = (f"{checked} GPU(s) OK ({shown}): {base}; slowest {slow['op_ms']:.1f} ms on "
+                   f"cuda:{slow['index']}, least free {_gib(tight['free'])}/{_gib(tight['total'])} GiB on "
+                   f"cuda:{tight['index']}; "
                    f"torch {report['torch']}, CUDA {report['cuda']}")
     else:
         message = f"CPU OK: {base} in {slow['op_ms']:.1f} ms; torch {report['torch']}"

@@ -10,7 +10,9 @@ computed on the CPU (a mismatch is silent data corruption), synchronises (which
 surfaces pending asynchronous errors) and asks the runtime for free/total memory.
 With ``--device cpu`` the same op runs on the CPU, for CPU-only images.
 
-It prints exactly ONE line on stdout: ``HEALTHCHECK-TORCH-RESULT {json}``. Anything
+It prints exactly ONE line on stdout: ``HEALTHCHECK-TORCH-RESULT {json}``, strict JSON
+(a non-finite error or scale, e.g. a GPU that computed NaN, is the string ``"nan"``,
+``"inf"`` or ``"-inf"``), and exits at once. Anything
 torch itself prints goes to stderr. Progress markers (``HEALTHCHECK-TORCH-PHASE
 <phase>``) go to stderr so the parent can say where a hung worker was stuck. The
 worker does not judge: it reports what it saw and the parent decides.
@@ -23,6 +25,7 @@ Keep this file compatible with old interpreters (3.6+): images carry their own.
 """
 
 import json
+import math
 import os
 import sys
 import time
@@ -39,6 +42,16 @@ MAX_TEXT = 400
 # After these the process can go on with the next device; after any other error
 # the context may be corrupted and further CUDA calls may hang, so we stop.
 BENIGN = ("busy or unavailable", "out of memory")
+
+
+def measure(value):
+    """A float as strict JSON allows it: non-finite values as "nan", "inf" or "-inf"."""
+    value = float(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
 
 
 def phase(name):
@@ -114,8 +127,8 @@ def run_op(torch, a, b, ref, scale, device, entry):
     if is_cuda:
         torch.cuda.synchronize(device)  # surfaces asynchronous errors of everything above
     entry["op_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
-    entry["max_err"] = float((out.cpu().double() - ref).abs().max().item())
-    entry["scale"] = scale
+    entry["max_err"] = measure((out.cpu().double() - ref).abs().max().item())
+    entry["scale"] = measure(scale)
     if is_cuda:
         free, total = torch.cuda.mem_get_info(device)
         entry["free"], entry["total"] = int(free), int(total)
@@ -129,7 +142,8 @@ def work(args, report):
         report["error"] = error("import", exc)
         return
     report["torch"] = str(getattr(torch, "__version__", "?"))
-    report["cuda"] = getattr(torch.version, "cuda", None)
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    report["cuda"] = None if cuda is None else str(cuda)
     try:
         report["cuda_built"] = bool(torch.backends.cuda.is_built())
     except Exception:

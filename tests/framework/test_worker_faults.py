@@ -73,7 +73,7 @@ def test_garbage_output(make_interp: Callable[..., Interp], tmp_path: Path,
     py = make_interp("garbage", body="printf 'hello \\033[31mworld\\n'; exit 0")
     result = run_checked(py, tmp_path, marker)
     assert result.status is Status.FAIL and result.reason == "bad-output"
-    assert "no result line" in result.message and "hello ?[31mworld" in result.message
+    assert "no result line" in result.message and "'hello \\x1b[31mworld'" in result.message
 
 
 def test_forged_line_with_extra_fields_is_garbage(make_interp: Callable[..., Interp], tmp_path: Path,

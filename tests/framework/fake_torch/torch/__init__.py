@@ -1,8 +1,9 @@
 """A tiny stand-in for torch, the boundary the torch-cuda worker talks to.
 
 Put its parent folder first on PYTHONPATH and pick a behaviour with FAKE_TORCH_MODE:
-ok, wrong, busy, busy-one, oom, fatal, fatal-init, old-driver, unavailable, cpu-build,
-missing-dep, hang-import, ignore-term, segv, print-noise. FAKE_TORCH_COUNT sets the
+ok, wrong, nan, busy, busy-one, oom, fatal, fatal-init, old-driver, unavailable, cpu-build,
+missing-dep, hang-import, ignore-term, segv, print-noise, control-chars (NUL, ESC, BEL and
+a newline in the version and the device names). FAKE_TORCH_COUNT sets the
 number of GPUs (default 1), FAKE_TORCH_SLEEP delays the import (seconds).
 
 A "tensor" is a single number standing for a whole matrix: the worker's arithmetic
@@ -33,7 +34,8 @@ if MODE == "missing-dep":
 if MODE == "print-noise":
     print("HEALTHCHECK-TORCH-RESULT {\"forged\": true}")  # must not reach the result channel
 
-__version__ = "2.3.0+fake"
+__version__ = "2.3.0+fake\x00\x1b[31mred\x07\nnext" if MODE == "control-chars" else "2.3.0+fake"
+NAME = "Fake\x00GPU\x1b]0;owned\x07\n{}" if MODE == "control-chars" else "Fake GPU {}"
 version = types.SimpleNamespace(cuda=None if MODE == "cpu-build" else "12.1")
 float32, float64 = "float32", "float64"
 
@@ -98,7 +100,7 @@ def randn(*shape, generator=None, dtype=None):
 def matmul(a, b):
     value = 100.0 * a.value * b.value
     if a.device.type == "cuda":
-        value += 5.0 if MODE == "wrong" else 1e-5
+        value += 5.0 if MODE == "wrong" else float("nan") if MODE == "nan" else 1e-5
     return Tensor(value, a.device)
 
 
@@ -138,7 +140,7 @@ def _props(index):
 
 cuda = _Cuda(
     is_available=_available, init=_init, device_count=lambda: COUNT,
-    get_device_name=lambda i: f"Fake GPU {i}", get_device_properties=_props,
+    get_device_name=NAME.format, get_device_properties=_props,
     synchronize=_synchronize, mem_get_info=lambda dev=None: (70 * 2**30, 80 * 2**30),
     OutOfMemoryError=OutOfMemoryError,
 )
