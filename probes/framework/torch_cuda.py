@@ -26,6 +26,9 @@ Hard cases, decided here:
   whatever its status; ``readiness`` also reuses a passing result younger than
   ``HEALTHCHECK_TORCH_TTL``; ``startup`` always runs fresh. Without a state dir every
   run starts its own worker (caching off).
+- A worker that prints its result line but does not exit within ``LINGER`` seconds
+  (a wrapper that keeps running, a hang at exit) is ended and fails (``lingered``);
+  nothing from it is cached or shared, so the next run starts a worker again.
 - The result line is untrusted: it is parsed with bounded depth and bounded, finite
   numbers (``untrusted.load_json``), validated field by field (numbers must convert to
   finite floats), and every string in it is cleaned (control characters shown as
@@ -67,6 +70,7 @@ TOLERANCE = 1e-4
 # proc.run may overrun its deadline by TERM_GRACE + KILL_WAIT; keep gather() inside ours.
 MARGIN = proc.TERM_GRACE + proc.KILL_WAIT + 0.05
 MAX_DEVICES = 1024
+LINGER = proc.LINGER  # seconds the worker gets to exit after its result line
 MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
 NONFINITE = ("nan", "inf", "-inf")  # how the worker reports a non-finite error or scale
 # Characters kept of each cleaned string of the worker's report (default TEXT).
@@ -264,17 +268,32 @@ def _argv(ctx: Context, expect: int | None) -> list[str]:
     return argv
 
 
+_RESULT = PREFIX.encode()
+
+
+def result_arrived(stdout: bytes) -> bool:
+    """Whether the output so far holds a whole result line (proc.run's ``until``)."""
+    if _RESULT not in stdout:
+        return False
+    for line in stdout.decode("utf-8", "replace").splitlines(keepends=True):
+        if line.startswith(PREFIX) and line.splitlines()[0] != line:  # it has its line break
+            return True
+    return False
+
+
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     env = dict(os.environ)
     env["CUDA_MODULE_LOADING"] = "LAZY"  # smaller context on a GPU the workload is using
     deadline = ctx.deadline - MARGIN
     budget = max(0.0, deadline - time.monotonic())
-    done = proc.run(_argv(ctx, expect), deadline=deadline, env=env, state=ctx.state, key=NAME)
+    done = proc.run(_argv(ctx, expect), deadline=deadline, env=env, state=ctx.state, key=NAME,
+                    until=result_arrived, linger=LINGER)
     report, problem = parse_output(done.stdout, ctx.config.torch_device, SIZE)
-    if report is None or report.get("error") or any(d.get("error") for d in report.get("devices", ())):
+    if (report is None or done.lingered or report.get("error")
+            or any(d.get("error") for d in report.get("devices", ()))):
         # The details stay in the log; messages carry only fixed phrases.
-        logger().info("torch-cuda worker rc=%s timed_out=%s stderr tail: %s", done.returncode, done.timed_out,
-                      untrusted.squeeze(done.stderr[-2000:], 600))
+        logger().info("torch-cuda worker rc=%s timed_out=%s lingered=%s stderr tail: %s", done.returncode,
+                      done.timed_out, done.lingered, untrusted.squeeze(done.stderr[-2000:], 600))
     shown = done.stdout
     if not shown.strip():  # nothing on stdout: the last line of stderr that is not a progress marker
         lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(PHASE.encode())]
@@ -287,6 +306,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
         "spawn_error": done.spawn_error,
         "returncode": done.returncode,
         "timed_out": done.timed_out,
+        "lingered": done.lingered,
         "stuck": done.stuck,
         "held_by": done.held_by,
         "budget": round(budget, 2),
@@ -316,7 +336,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
     if not entry or entry.get("key") != key or not isinstance(entry.get("data"), dict):
         return None
     data = entry["data"]
-    if (data.get("kind") != "worker"
+    if (data.get("kind") != "worker" or data.get("lingered", False) is not False
             or [data.get(k) for k in ("python", "device", "expect")]
             != [key["python"], key["device"], key["expect"]]):
         return None
@@ -330,7 +350,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
         return None
     age = time.time() - float(data["finished"])
     out: dict[str, Any] = {"kind": "worker", "python": key["python"], "device": key["device"],
-                           "expect": key["expect"], "report": report,
+                           "expect": key["expect"], "lingered": False, "report": report,
                            **{name: untrusted.clean(data[name]) if kind == _STR and data[name] is not None
                               else data[name] for name, (kind, _) in _DATA.items()}}
     out["cache"] = {"how": how, "age": round(max(age, 0.0), 1)}
@@ -399,6 +419,11 @@ def gather(ctx: Context) -> dict[str, Any]:
                 if hit is not None:
                     return hit
         data = run_worker(ctx, expect)
+        if data["lingered"]:
+            # Its result is not trusted: nothing is cached or shared, and an older pass
+            # must not be served after this failure.
+            state.remove(CACHE)
+            return data
         result = judge(data, ctx)
         if result.facts.get("fatal"):
             state.set_latch(NAME, result.message)
@@ -517,7 +542,14 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
         return failed(NAME, f"torch interpreter {python} cannot be run ({why}): "
                       "set HEALTHCHECK_TORCH_PYTHON to an executable Python that has torch",
                       reason="interpreter-not-executable", **kw)
-    if report is not None:
+    if data.get("lingered") and not data.get("stuck"):
+        return failed(NAME, f"torch worker printed its result but did not exit within {LINGER:.1f} s: its "
+                      "result is not used; something keeps running after the worker (a wrapper script as "
+                      "HEALTHCHECK_TORCH_PYTHON, or a hang in torch or the driver at exit): point "
+                      "HEALTHCHECK_TORCH_PYTHON at the Python interpreter itself and check dmesg for Xid "
+                      "errors",
+                      reason="lingered", **kw)
+    if report is not None and not data.get("lingered"):
         return _judge_report(report, data, ctx, python, kw)
     where = data.get("phase")
     if data.get("held_by") is not None:

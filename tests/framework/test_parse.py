@@ -136,6 +136,27 @@ def test_strings_are_cleaned_where_the_report_enters() -> None:
     assert len(cleaned["message"]) <= torch_cuda.TEXT_LIMITS["message"] and "\x00" not in cleaned["message"]
 
 
+def test_a_whole_result_line_ends_the_wait() -> None:
+    prefix = torch_cuda.PREFIX.encode()
+    assert not torch_cuda.result_arrived(b"")
+    assert not torch_cuda.result_arrived(b"noise\n" + prefix + b'{"v": 1')
+    assert not torch_cuda.result_arrived(b"say " + prefix + b"{}\n")
+    assert torch_cuda.result_arrived(prefix + b"{}\n")
+    assert torch_cuda.result_arrived(b"noise\n" + prefix + b'{"v": 1}\nmore')
+
+
+def test_a_worker_that_lingered_fails_whatever_it_printed() -> None:
+    report, _ = parse(line(GOOD))
+    data = {"kind": "worker", "python": "python3", "device": "cuda", "expect": None, "report": report,
+            "timed_out": True, "lingered": True, "stuck": False}
+    result = torch_cuda.judge(data, None)  # type: ignore[arg-type]
+    assert (result.status, result.reason) == (Status.FAIL, "lingered")
+    assert "printed its result but did not exit within 1.0 s" in result.message
+    assert "HEALTHCHECK_TORCH_PYTHON" in result.message
+    data["stuck"] = True  # ... and survived SIGKILL: the wedged driver is the diagnosis
+    assert torch_cuda.judge(data, None).reason == "stuck"  # type: ignore[arg-type]
+
+
 def test_holder_names_from_nvml_are_cleaned() -> None:
     gpus = [{"index": 0, "uuid": None, "compute_mode": "EXCLUSIVE\x1b[1m_PROCESS",
              "processes": [{"pid": "4242\x07", "name": "python\x1b[31m\ntrain.py"}]}]

@@ -1,11 +1,12 @@
-"""A worker that does not behave: it reports numbers no float can hold, or puts control
-characters in its strings. Real child processes and real CLI runs;
+"""A worker that does not behave: it lingers after its result, reports numbers no float can
+hold, or puts control characters in its strings. Real child processes and real CLI runs;
 only the interpreter (a wrapper script, the fake torch) is fake.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -13,10 +14,69 @@ from typing import Any, Callable
 import pytest
 
 from probes.framework import torch_cuda
-from probes.result import Status
+from probes.result import Result, Status
 from tests.conftest import clean_env, run_cli
-from tests.framework.conftest import FAKE_TORCH, Interp, probe
+from tests.framework.conftest import FAKE_TORCH, REAL_PYTHON, Interp, probe
 from tests.framework.test_parse import GOOD
+
+SLACK = 1.5  # the worker's own start-up (Python, the fake torch) plus the kill
+
+
+def lingering(make_interp: Callable[..., Interp], tmp_path: Path, name: str = "linger") -> tuple[Interp, Path]:
+    """A wrapper that runs the real worker (fake torch, a valid passing result) and then keeps
+    running while ``flag`` exists: the wrapper-script case of HEALTHCHECK_TORCH_PYTHON."""
+    flag = tmp_path / f"{name}.flag"
+    flag.touch()
+    body = (f'if [ -e "{flag}" ]; then "{REAL_PYTHON}" "$@"; sleep 60; exit 0; fi\n'
+            f'exec "{REAL_PYTHON}" "$@"')
+    return make_interp(name, mode="ok", body=body), flag
+
+
+def test_a_worker_that_does_not_exit_fails_and_is_not_cached(make_interp: Callable[..., Interp],
+                                                              tmp_path: Path,
+                                                              marker: Callable[[], list[int]]) -> None:
+    py, _ = lingering(make_interp, tmp_path)
+    result, elapsed, _ = probe(py, tmp_path, timeout=8.0)
+    assert (result.status, result.reason) == (Status.FAIL, "lingered"), result.message
+    assert f"printed its result but did not exit within {torch_cuda.LINGER:.1f} s" in result.message
+    assert elapsed < torch_cuda.LINGER + SLACK, f"took {elapsed:.2f}s"
+    assert marker() == [], "the lingering wrapper outlived its run"
+    assert not (tmp_path / "state" / torch_cuda.CACHE).exists()
+    # Within the TTL, readiness starts a worker again: nothing was cached.
+    again, _, _ = probe(py, tmp_path, timeout=8.0)
+    assert again.reason == "lingered" and "cached" not in again.message
+    assert py.starts == 2
+
+
+def test_a_lingering_run_withdraws_an_older_pass(make_interp: Callable[..., Interp], tmp_path: Path) -> None:
+    py, flag = lingering(make_interp, tmp_path)
+    flag.unlink()
+    first, _, _ = probe(py, tmp_path)
+    assert first.status is Status.PASS and py.starts == 1
+    flag.touch()
+    fresh, _, _ = probe(py, tmp_path, profile="startup", timeout=8.0)
+    assert fresh.reason == "lingered"
+    # The pass cached before must not answer readiness after that failure.
+    after, _, _ = probe(py, tmp_path, timeout=8.0)
+    assert after.reason == "lingered" and py.starts == 3
+
+
+def test_concurrent_runs_do_not_share_a_lingering_result(make_interp: Callable[..., Interp],
+                                                         tmp_path: Path) -> None:
+    py, _ = lingering(make_interp, tmp_path)
+    results: list[Result] = []
+
+    def one() -> None:
+        results.append(probe(py, tmp_path, profile="startup", timeout=20.0)[0])
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert [r.reason for r in results] == ["lingered", "lingered"]
+    assert not any("shared" in r.message for r in results)
+    assert py.starts == 2
 
 
 def result_line(old: str, new: str) -> str:
@@ -100,6 +160,7 @@ def test_a_damaged_cache_entry_is_a_miss_never_a_crash(make_interp: Callable[...
         lambda e: e["data"].update(phase="\x1b[2J"),
         lambda e: e["data"].update(finished=float("inf")),
         lambda e: e["data"].update(python="/other/python"),
+        lambda e: e["data"].update(lingered=True),
         lambda e: e.update(data=[]),
         lambda e: e.update(finished="yesterday"),
     ]
