@@ -1,30 +1,58 @@
-"""Run a child process that may hang, without ever hanging the caller.
+"""Run a child process that may hang, without ever hanging the caller, and leave nothing behind.
 
 The child runs in its own session (so its whole process group can be signalled),
 its output is read with a deadline (a grandchild that keeps the pipe open cannot
-hold us), and at the deadline the group gets SIGTERM, then SIGKILL. A child stuck
-in uninterruptible sleep (a wedged driver) survives SIGKILL: we wait only a short,
-bounded time for it, report it as stuck, and move on.
+hold us), and at the deadline it gets SIGTERM, then SIGKILL.
+
+Nothing outlives a run, not even a descendant that left the child's session or group
+(``setsid``, a double-forking daemon, a fork storm, a SIGTERM handler that forks):
+
+- this process is the child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), so an
+  orphaned descendant is re-parented to us, never to PID 1;
+- every child carries a run marker in its environment (``HEALTHCHECK_RUN_ID``, after
+  the markers of the runs that enclose ours), which its descendants inherit, so a
+  process re-parented to us is attributed to the run that started it;
+- when a run ends (exit or deadline), its child's group and session, everything still
+  below the child in the process tree and everything re-parented to us that carries
+  the run's marker is frozen (SIGSTOP: it forks no more), pass after pass until a pass
+  finds nothing new, then killed; what was ours to reap is reaped with
+  ``waitpid(pid, WNOHANG)`` on that pid, never a child that a Popen object here owns.
+
+One case remains: the kernel does not let a process in uninterruptible sleep (state D,
+e.g. blocked in a wedged GPU driver) die, even on SIGKILL. We wait only a short,
+bounded time for it, report it as ``stuck``, remember it (see run's ``key``) and move
+on; it goes when the driver lets it go, or with the container. A descendant that both
+leaves the tree and drops the marker from its environment (``env -i`` after a
+double fork) is ended only by the final sweep (end_descendants) when we exit.
 """
 
 from __future__ import annotations
 
+import _thread
 import errno
+import itertools
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from collections.abc import Iterable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, NamedTuple
 
 if TYPE_CHECKING:
+    import subprocess
+
     from probes.state import State
 
 TERM_GRACE = 0.15  # seconds between SIGTERM and SIGKILL
-KILL_WAIT = 0.15  # seconds we wait for the group to vanish after SIGKILL
+KILL_WAIT = 0.15  # seconds we wait for what we killed to vanish after SIGKILL
+SWEEP_TIME = 0.1  # seconds the freeze-then-kill passes may take at most (a fork storm; usually ~5 ms)
+SWEEP_PASSES = 50  # and at most this many passes
 DRAIN_AFTER_EXIT = 0.05  # output still in the pipe after the child exits
 MAX_OUTPUT = 64 * 1024  # stdout kept, by default (run's max_output)
 MAX_STDERR = 64 * 1024  # stderr kept; the rest is dropped without making the result "truncated"
 LINGER = 1.0  # seconds a child gets to exit once ``until`` says its answer is complete
+RUN_ID_VAR = "HEALTHCHECK_RUN_ID"
+MAX_RUN_IDS = 16  # markers of enclosing runs kept (serve -> CLI -> tool is 2 deep)
+PR_SET_CHILD_SUBREAPER = 36
 
 
 class Completed(NamedTuple):
@@ -54,42 +82,362 @@ class Completed(NamedTuple):
         return self.returncode == 0 and not self.timed_out
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+# ---------------------------------------------------------------------------
+# Containment: the subreaper, run markers, and the sweeps that end a process tree
+# ---------------------------------------------------------------------------
+
+class _Proc(NamedTuple):
+    """What a sweep needs from /proc/<pid>/stat."""
+
+    state: bytes  # R, S, D, T, Z, ...
+    ppid: int
+    pgid: int
+    sid: int
+    start: int  # clock ticks since boot: tells a reused pid apart
+
+
+class _Child:
+    """A child started here with Popen: only its Popen object ever reaps it."""
+
+    __slots__ = ("ended", "popen", "run_id", "start")
+
+    def __init__(self, popen: subprocess.Popen[bytes], run_id: str, start: int | None) -> None:
+        self.popen = popen
+        self.run_id = run_id
+        self.start = start
+        self.ended = False  # end() gave up on it (stuck): polled later, then forgotten
+
+
+DEAD = (b"Z", b"X")
+_lock = _thread.allocate_lock()
+_children: dict[int, _Child] = {}  # pid -> child started by spawn() (proc.run, serve's watcher)
+_killed: dict[int, int] = {}  # pid -> start time: killed by a sweep, reaped here once it is our zombie
+_reaper_pid: int | None = None  # the pid that asked to be the subreaper (a fork child is not one)
+_reaper_ok = False
+_ids = itertools.count(1)
+
+
+def subreaper() -> bool:
+    """Make this process the child subreaper, once: an orphaned descendant is then
+    re-parented to us instead of PID 1, so a sweep can still find and reap it.
+
+    Called lazily by spawn() and at `healthcheck serve` start-up. False where the kernel
+    refuses (not Linux, or before 3.4): sweeps then look for the run marker in every
+    process started since the run began.
+    """
+    global _reaper_pid, _reaper_ok
+    me = os.getpid()
+    if _reaper_pid != me:
+        with _lock:
+            if _reaper_pid != me:
+                _reaper_ok = _prctl_subreaper()
+                _reaper_pid = me
+    return _reaper_ok
+
+
+def _prctl_subreaper() -> bool:
     try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        import ctypes  # ~2 ms, and only once a child is started
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
 
 
-def _session_members(sid: int) -> list[int]:
-    """Processes still in the child's session (grandchildren that changed group)."""
-    pids: list[int] = []
+def _stat(pid: int) -> _Proc | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    # Fields after the command name (which may contain spaces and parentheses).
+    fields = data[data.rfind(b")") + 2:].split()
+    try:
+        return _Proc(fields[0], int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def _table() -> dict[int, _Proc]:
+    table: dict[int, _Proc] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return pids
+        return table
     for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        # Fields after the command name (which may contain spaces and parentheses).
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
-            pids.append(int(entry))
-    return pids
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st is not None:
+                table[int(entry)] = st
+    return table
 
 
-def _kill_all(pid: int, sig: int) -> None:
-    _signal_group(pid, sig)
-    for member in _session_members(pid):
+def _below(table: Mapping[int, _Proc], roots: Iterable[int]) -> set[int]:
+    """``roots`` and everything under them in the parent tree."""
+    kids: dict[int, list[int]] = {}
+    for pid, p in table.items():
+        kids.setdefault(p.ppid, []).append(pid)
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(kids.get(pid, ()))
+    return found
+
+
+def _carries(pid: int, run_id: bytes) -> bool:
+    """Whether the process's environment has ``run_id`` among its run markers."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return False
+    if run_id not in data:
+        return False
+    key = RUN_ID_VAR.encode() + b"="
+    for item in data.split(b"\0"):
+        if item.startswith(key):
+            return run_id in item[len(key):].split(b":")
+    return False
+
+
+def _marked_env(env: Mapping[str, str] | None) -> tuple[dict[str, str], str]:
+    """The child's environment with a new run marker after ours (the enclosing runs')."""
+    full = dict(os.environ if env is None else env)
+    run_id = f"{os.getpid()}-{next(_ids)}-{os.urandom(4).hex()}"
+    outer = [x for x in os.environ.get(RUN_ID_VAR, "").split(":") if x][-(MAX_RUN_IDS - 1):]
+    full[RUN_ID_VAR] = ":".join([*outer, run_id])
+    return full, run_id
+
+
+def _signal(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
         try:
-            os.kill(member, sig)
+            os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+Select = Callable[[Mapping[int, _Proc]], "set[int]"]
+
+
+def _of_run(root: int, child: _Child | None) -> Select:
+    """The processes of one run: the child, its group and session, everything below it,
+    and whatever carries the run's marker (re-parented to us, or anywhere new when we
+    could not become the subreaper), with everything below those."""
+    me = os.getpid()
+    reaper = subreaper()
+    run_id = child.run_id.encode() if child is not None else None
+    root_start = child.start if child is not None else None
+
+    def select(table: Mapping[int, _Proc]) -> set[int]:
+        cur = table.get(root)
+        # A reused pid is not our child; and while any process is still in the child's
+        # group or session, the kernel does not reuse its pid.
+        own = cur is None or root_start is None or cur.start == root_start
+        seeds = set()
+        for pid, p in table.items():
+            if pid == me:
+                continue
+            if own and root in (pid, p.pgid, p.sid):
+                seeds.add(pid)
+                continue
+            # Re-parented to us (or, without the subreaper, started since the child).
+            adopted = p.ppid == me if reaper else root_start is not None and p.start >= root_start
+            if (adopted and run_id is not None and p.state not in DEAD and pid not in _children
+                    and _carries(pid, run_id)):
+                seeds.add(pid)
+        found = _below(table, seeds)
+        found.discard(me)
+        return found - ({*_children} - {root})
+
+    return select
+
+
+def _of_mine(table: Mapping[int, _Proc]) -> set[int]:
+    me = os.getpid()
+    return _below(table, [me]) - {me}
+
+
+def _freeze_and_kill(select: Select, budget: float, seen: dict[int, int] | None = None) -> dict[int, int]:
+    """SIGSTOP what ``select`` finds (a stopped process forks no more and its children
+    stay below it), pass after pass until a pass finds nothing new, then SIGKILL it all.
+    Bounded by ``budget`` seconds and SWEEP_PASSES. ``seen``: pid -> start of processes
+    killed before (not new; updated). Returns pid -> start of those killed now."""
+    limit = time.monotonic() + budget
+    seen = {} if seen is None else seen
+    killed: dict[int, int] = {}
+    frozen: dict[int, int] = {}
+    try:
+        for _ in range(SWEEP_PASSES):
+            table = _table()
+            new = {pid: table[pid].start for pid in select(table)
+                   if table[pid].state not in DEAD and seen.get(pid) != table[pid].start}
+            if not new:
+                if not frozen:
+                    break
+                _signal(frozen, signal.SIGKILL)  # then one more pass to be sure
+                frozen.clear()
+                continue
+            _signal(new, signal.SIGSTOP)
+            frozen.update(new)
+            killed.update(new)
+            seen.update(new)
+            if time.monotonic() >= limit:
+                break
+    finally:
+        _signal(frozen, signal.SIGKILL)
+    return killed
+
+
+def _reap(focus: Iterable[int] = ()) -> set[int]:
+    """Reap what the sweeps killed and is now our zombie (never a child that spawn()
+    started: its Popen object reaps it). Returns those of ``focus`` still to go."""
+    me = os.getpid()
+    focus = set(focus)
+    pending: set[int] = set()
+    with _lock:
+        for pid, start in list(_killed.items()):
+            st = _stat(pid)
+            if st is None or st.start != start or pid in _children:
+                del _killed[pid]  # gone, its pid reused, or reaped by its Popen
+                continue
+            if st.state in DEAD and st.ppid == me:
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done = pid
+                if done:
+                    del _killed[pid]
+                    continue
+            if pid in focus:
+                pending.add(pid)  # still dying, or the zombie of a parent that is dying too
+    return pending
+
+
+def _prune() -> None:
+    """Forget children that end() gave up on once their Popen has reaped them."""
+    for pid, child in list(_children.items()):
+        if child.ended and child.popen.poll() is not None:
+            _children.pop(pid, None)
+
+
+def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+          stdout: int | IO[Any] | None = -1, stderr: int | IO[Any] | None = -1) -> subprocess.Popen[bytes]:
+    """Start ``argv`` as proc.run does (own session, stdin from /dev/null, a new run marker
+    in its environment) and register it; end it with end(). stdout/stderr: as Popen's
+    (default: a pipe each). Raises OSError when it cannot be started."""
+    import subprocess
+
+    subreaper()
+    full, run_id = _marked_env(env)
+    with _lock:  # no sweep may take this child's exit status before it is registered
+        _prune()
+        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=full,
+                                 cwd=cwd, start_new_session=True, close_fds=True)
+        st = _stat(popen.pid)
+        _children[popen.pid] = _Child(popen, run_id, st.start if st is not None else None)
+    return popen
+
+
+def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | None:
+    """End a child that spawn() started and everything it started; returns its exit status,
+    or None if it survived SIGKILL (uninterruptible sleep: stuck).
+
+    A child still running gets SIGTERM (with all of its run's processes) and ``grace``
+    seconds to exit; then the run's processes are frozen and killed, and what we killed
+    is reaped. Returns within about ``grace + KILL_WAIT`` seconds (the sweep, at most
+    SWEEP_TIME, is part of KILL_WAIT).
+    """
+    import subprocess
+
+    child = _children.get(popen.pid)
+    if child is None and popen.poll() is not None:
+        return popen.returncode  # ended already (its pid may be someone else's by now)
+    select = _of_run(popen.pid, child)
+    t0 = time.monotonic()
+    if grace > 0 and popen.poll() is None:
+        table = _table()
+        _signal([pid for pid in select(table) if table[pid].state not in DEAD], signal.SIGTERM)
+        try:
+            popen.wait(timeout=max(t0 + grace - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            pass
+    # The sweep comes out of KILL_WAIT, so the bound stays grace + KILL_WAIT.
+    limit = time.monotonic() + KILL_WAIT
+    killed = _freeze_and_kill(select, min(SWEEP_TIME, KILL_WAIT))
+    with _lock:
+        _killed.update(killed)
+    while True:
+        pending = _reap(killed)
+        if (popen.poll() is not None and not pending) or time.monotonic() >= limit:
+            break
+        time.sleep(0.005)
+    with _lock:
+        if popen.returncode is not None:
+            _children.pop(popen.pid, None)
+        elif child is not None:
+            child.ended = True  # stuck: its Popen reaps it if the kernel ever lets it die
+    return popen.returncode
+
+
+def end_descendants(grace: float = 0.0, *, within: float = 1.0) -> int:
+    """End every descendant of this process: SIGTERM and ``grace`` seconds first when
+    ``grace`` > 0, then freeze-and-kill sweeps repeated until one finds nothing (at most
+    ``within`` seconds in all, plus ``grace``), reaping each killed process that is our
+    zombie and was not started by spawn() (its Popen object reaps that one). For the
+    final sweep of a process that exits (the CLI) or stops (serve), where every child is
+    started with spawn(): it reaps any other zombie child too. Returns how many processes
+    it signalled. A process that never started a child here and is not the subreaper has
+    none of the suite's: it returns at once.
+    """
+    if _reaper_pid != os.getpid() and not _children:
+        return 0
+    ended: set[int] = set()
+    if grace > 0:
+        table = _table()
+        ended = {pid for pid in _of_mine(table) if table[pid].state not in DEAD}
+        _signal(ended, signal.SIGTERM)
+        limit = time.monotonic() + grace
+        while time.monotonic() < limit:
+            table = _table()
+            if not any(table[pid].state not in DEAD for pid in _of_mine(table)):
+                break
+            _reap_orphans()
+            time.sleep(0.01)
+    limit = time.monotonic() + within
+    seen: dict[int, int] = {}
+    while True:
+        killed = _freeze_and_kill(_of_mine, min(SWEEP_TIME, max(limit - time.monotonic(), 0.0)), seen)
+        ended.update(killed)
+        with _lock:
+            _killed.update(killed)
+        # A process in uninterruptible sleep stays: wait KILL_WAIT for it, not ``within``.
+        wait_until = min(limit, time.monotonic() + KILL_WAIT)
+        while True:
+            _reap_orphans()
+            if not _reap(seen) or time.monotonic() >= wait_until:
+                break
+            time.sleep(0.005)
+        if not killed or time.monotonic() >= limit:
+            return len(ended)
+
+
+def _reap_orphans() -> None:
+    """Reap every zombie child of ours that spawn() did not start (an orphan that was
+    re-parented to us and died)."""
+    me = os.getpid()
+    with _lock:
+        for pid, p in _table().items():
+            if p.ppid == me and p.state in DEAD and pid not in _children:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                _killed.pop(pid, None)
 
 
 def _spawn_error(exc: OSError) -> str:
@@ -109,8 +457,10 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
     """Run ``argv`` until it exits or ``deadline`` (a time.monotonic() value) passes.
 
     Returns within about ``TERM_GRACE + KILL_WAIT`` seconds of the deadline, whatever
-    the child does, and leaves no member of its process group or session behind
-    (except one the kernel will not let die). With ``state`` and ``key``, a child that
+    the child does (a fork storm included), and leaves nothing it
+    started behind: not its group, its session, a descendant still below it, nor one
+    that left them and was re-parented to us (see the module docstring), except a
+    process the kernel will not let die. With ``state`` and ``key``, a child that
     survives SIGKILL is remembered, and while it exists no new one is started under the
     same key: the result is ``stuck`` with ``held_by`` set, at once.
 
@@ -126,7 +476,7 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
     the answer came, but the process did not go. ``until`` must be cheap and must not raise.
     """
     # Imported here: probes that only read state (liveness) import this module for
-    # excerpt(), and subprocess + selectors cost ~6 ms of every run's start-up.
+    # excerpt(), and subprocess + selectors (+ ctypes, once) cost ~6 ms of start-up.
     import selectors
     import subprocess
 
@@ -138,9 +488,7 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
         if held is not None:
             return Completed(argv, None, stuck=True, held_by=held, elapsed=time.monotonic() - start)
     try:
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=None if env is None else dict(env), cwd=cwd, start_new_session=True, close_fds=True)
+        proc = spawn(argv, env=env, cwd=cwd)
     except OSError as exc:
         return Completed(argv, None, spawn_error=_spawn_error(exc), elapsed=time.monotonic() - start)
 
@@ -150,7 +498,7 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
     cut = {out_fd: False, err_fd: False}
     timed_out = False
     answered = False  # until() was met
-    end = deadline  # the deadline, or earlier once until() is met
+    stop_at = deadline  # the deadline, or earlier once until() is met
     sel = selectors.DefaultSelector()
     for fd in bufs:
         os.set_blocking(fd, False)
@@ -159,14 +507,14 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
     try:
         while sel.get_map():
             now = time.monotonic()
-            if now >= end:
+            if now >= stop_at:
                 timed_out = proc.poll() is None
                 break
             if proc.poll() is not None:
                 exited_at = exited_at or now
                 if now - exited_at >= DRAIN_AFTER_EXIT:
                     break  # a grandchild holds the pipe: stop reading, it is killed below
-            wait = min(end - now, 0.05 if exited_at is None else DRAIN_AFTER_EXIT)
+            wait = min(stop_at - now, 0.05 if exited_at is None else DRAIN_AFTER_EXIT)
             for ready, _ in sel.select(timeout=max(wait, 0.0)):
                 fd = ready.fd
                 try:
@@ -184,36 +532,25 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
                     cut[fd] = True
                 if fd == out_fd and until is not None and not answered and room > 0 and until(bytes(buf)):
                     answered = True
-                    end = min(deadline, time.monotonic() + max(linger, 0.0))
+                    stop_at = min(deadline, time.monotonic() + max(linger, 0.0))
     finally:
         sel.close()
 
-    returncode = None
-    if not timed_out:
-        remaining = end - time.monotonic()
-        try:
-            returncode = proc.wait(timeout=max(remaining, 0.0))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-    if timed_out:
-        _kill_all(proc.pid, signal.SIGTERM)
-        try:
-            returncode = proc.wait(timeout=TERM_GRACE)
-        except subprocess.TimeoutExpired:
-            pass
-    # Whatever is left of the group or session (the child itself if it ignored
-    # SIGTERM, grandchildren in any case) gets SIGKILL.
-    _kill_all(proc.pid, signal.SIGKILL)
-    if returncode is None:
-        try:
-            returncode = proc.wait(timeout=KILL_WAIT)
-        except subprocess.TimeoutExpired:
-            pass  # uninterruptible sleep: do not wait for it any longer
-    for stream in (proc.stdout, proc.stderr):
-        try:
-            stream.close()  # type: ignore[union-attr]
-        except OSError:
-            pass
+    try:
+        if not timed_out:
+            try:
+                proc.wait(timeout=max(stop_at - time.monotonic(), 0.0))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+    finally:
+        # SIGTERM first if it is still running; then its group, its session, everything
+        # below it and everything re-parented to us with its marker is killed.
+        returncode = end(proc, grace=TERM_GRACE if proc.returncode is None else 0.0)
+        for stream in (proc.stdout, proc.stderr):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
     if returncode is None and guard is not None:
         guard.remember_stuck(key, proc.pid)  # type: ignore[arg-type]
     return Completed(argv, returncode, bytes(bufs[out_fd]), bytes(bufs[err_fd]), timed_out=timed_out,

@@ -1,0 +1,180 @@
+"""Nothing outlives a probe: descendants that leave the child's session or group.
+
+A grandchild that calls setsid(), a double-forking daemon, a fork storm of 100
+processes and a SIGTERM handler that forks, each started by a real child, then the
+child answers and exits or hangs past its deadline. proc.run must end them all and
+return by its deadline + 0.5 s; so must the whole CLI with a stub nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from probes import proc
+from tests.conftest import ROOT, clean_env, run_cli
+from tests.descendants import KINDS, leave, stub
+from tests.servers import leftovers, wait_gone
+from tests.stress.conftest import SMI
+
+SLACK = 0.5  # a call returns by its deadline + 0.5 s
+ANSWER = SMI["ok"]  # a valid nvidia-smi answer, then exit 0
+HANG = "exec -a {m}-hang sleep 300"
+PR_GET_CHILD_SUBREAPER = 37
+
+
+@pytest.fixture
+def marker() -> str:
+    return f"hc-desc-{uuid.uuid4().hex[:12]}"
+
+
+def _run(path: Path, budget: float) -> tuple[proc.Completed, float]:
+    start = time.monotonic()
+    res = proc.run([str(path)], deadline=start + budget)
+    return res, time.monotonic() - start
+
+
+def _gone(marker: str) -> list[str]:
+    """Leftovers after a moment's grace; killed here so one failure does not pile up."""
+    left = wait_gone(marker)
+    for p in left:
+        p.kill()
+    return [" ".join(p.info["cmdline"] or []) for p in left]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_descendants_of_a_child_that_answers_and_exits_are_ended(kind, marker, tmp_path):
+    res, took = _run(stub(tmp_path / "tool", kind, marker, ANSWER), 10)
+    assert res.returncode == 0 and not res.timed_out and b"NVIDIA H100" in res.stdout
+    assert took < 2.0, f"took {took:.2f}s"
+    assert _gone(marker) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_descendants_of_a_child_that_hangs_are_ended_by_the_deadline(kind, marker, tmp_path):
+    res, took = _run(stub(tmp_path / "tool", kind, marker, HANG.format(m=marker)), 0.5)
+    assert res.timed_out and not res.stuck
+    assert took <= 0.5 + SLACK, f"took {took:.2f}s"
+    assert _gone(marker) == []
+
+
+def test_a_sigterm_handler_that_forks_is_ended_too(marker, tmp_path):
+    path = stub(tmp_path / "tool", "term-fork", marker)
+    start = time.monotonic()
+    res = proc.run([str(path)], deadline=start + 5, until=lambda out: b"ready" in out, linger=0.3)
+    took = time.monotonic() - start
+    assert res.timed_out and res.lingered and took <= 0.3 + SLACK + 1.0  # + the interpreter's start
+    assert _gone(marker) == []
+
+
+def test_a_whole_storm_is_found(marker, tmp_path):
+    """All STORM_SIZE processes exist before the deadline; none survives it."""
+    body = f"{leave('storm', marker)}\nwait"
+    res, took = _run(stub(tmp_path / "tool", "storm", marker, body), 3.0)
+    assert res.timed_out and took <= 3.0 + SLACK
+    assert _gone(marker) == []
+
+
+def test_sweeps_never_take_the_exit_status_of_someone_elses_child(marker, tmp_path):
+    """A Popen child of other code that has exited (a zombie waiting for its owner) keeps
+    its status through sweeps: they reap only specific pids they killed."""
+    other = subprocess.Popen(["sh", "-c", "exit 7"])
+    time.sleep(0.2)
+    for kind in KINDS:
+        _run(stub(tmp_path / f"tool-{kind}", kind, marker, ANSWER), 10)
+    assert other.wait(5) == 7
+    assert _gone(marker) == []
+
+
+def test_this_process_is_the_subreaper_and_children_carry_a_run_marker(monkeypatch):
+    monkeypatch.setenv(proc.RUN_ID_VAR, "outer-1-abc")
+    res = proc.run(["sh", "-c", f'echo "${proc.RUN_ID_VAR}"'], deadline=time.monotonic() + 5)
+    outer, _, mine = res.stdout.decode().strip().partition(":")
+    assert outer == "outer-1-abc" and mine.startswith(f"{os.getpid()}-")
+    flag = ctypes.c_int(0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0
+    assert flag.value == 1
+
+
+FINAL_SWEEP = """
+import os, sys, time
+from probes import proc
+from tests.servers import leftovers
+marker, tool = sys.argv[1], sys.argv[2]
+res = proc.run([tool], deadline=time.monotonic() + 10)
+time.sleep(0.3)
+before = [p.info["cmdline"] for p in leftovers(marker) if p.pid != os.getpid()]
+ended = proc.end_descendants(grace=0.2)
+print(res.returncode, len(before), ended, before, file=sys.stderr)
+print(res.returncode, len(before), ended)
+"""
+
+
+def test_end_descendants_is_the_final_sweep(marker, tmp_path):
+    """A daemon that drops the run marker from its environment (env -i) after a double
+    fork escapes the run's sweep; the final sweep of the exiting process ends it."""
+    hidden = (f"setsid bash -c '(env -i bash -c \"exec -a $0-hidden sleep 300\" &) ; exit 0' '{marker}' &\n"
+              "sleep 0.2\nexit 0")
+    tool = stub(tmp_path / "tool", "setsid", marker, hidden)
+    r = subprocess.run([sys.executable, "-c", FINAL_SWEEP, marker, str(tool)], cwd=ROOT, env=clean_env(),
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    rc, before, ended = (int(x) for x in r.stdout.split())
+    assert rc == 0 and before == 1 and ended >= 1, r.stdout + r.stderr
+    assert _gone(marker) == []
+
+
+def test_end_descendants_with_nothing_started_is_free():
+    code = ("import time; from probes import proc; t = time.perf_counter(); n = proc.end_descendants(); "
+            "print(n, time.perf_counter() - t)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env(), capture_output=True,
+                       text=True, timeout=60, check=True)
+    n, took = r.stdout.split()
+    assert n == "0" and float(took) < 0.001
+
+
+def test_spawn_and_end_one_long_lived_child(marker, tmp_path):
+    """serve's NVML watcher is such a child: spawned, read in a thread, ended on shutdown."""
+    tool = stub(tmp_path / "tool", "double-fork", marker, HANG.format(m=marker))
+    child = proc.spawn([str(tool)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    assert len(leftovers(marker)) == 2
+    start = time.monotonic()
+    assert proc.end(child, grace=0.2) == -15
+    assert time.monotonic() - start <= 0.2 + SLACK
+    assert _gone(marker) == []
+    assert proc.end(child) == -15  # twice is harmless
+
+
+# ------------------------------------------------------------------ the whole CLI
+
+@pytest.mark.parametrize(("kind", "then", "front_door"), [
+    ("setsid", "answer", True),
+    ("double-fork", "answer", False),
+    ("storm", "answer", True),
+    ("setsid", "hang", False),
+    ("double-fork", "hang", True),
+    ("storm", "hang", False),
+    ("term-fork", "hang", True),
+])
+def test_cli_with_a_stub_nvidia_smi_leaves_nothing(kind, then, front_door, marker, tmp_path):
+    bindir = tmp_path / "bin"
+    stub(bindir / "nvidia-smi", kind, marker, ANSWER if then == "answer" else HANG.format(m=marker))
+    timeout = 2.0
+    env = clean_env(PATH=f"{bindir}:/usr/bin:/bin", HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
+                    HEALTHCHECK_TIMEOUT=str(timeout), HEALTHCHECK_GPU_COUNT="1", HEALTHCHECK_FASTPATH="false")
+    start = time.monotonic()
+    r = run_cli("--only", "nvidia-smi", env=env, front_door=front_door, timeout=60)
+    took = time.monotonic() - start
+    assert r.returncode == (0 if then == "answer" else 1), r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    assert took <= timeout + SLACK + 1.0  # + the interpreter's start on a loaded machine
+    assert _gone(marker) == []
