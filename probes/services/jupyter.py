@@ -21,17 +21,18 @@ The request is a small HTTP/1.1 GET written on a socket, with a strict response 
 liveness run. ``ssl`` is imported only for a TLS server (``secure`` in the runtime file)
 or to explain a failure. The connection is direct: proxy variables do not apply. On
 loopback a self-signed certificate is accepted; elsewhere the certificate is verified.
-All socket calls share one deadline, so a server that trickles bytes cannot hold us.
+All socket calls share one deadline, so a server that trickles bytes cannot hold us, and
+one reply is read up to MAX_REPLY bytes in all (head, body, chunk framing, trailer).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
 from typing import Any
 
+from probes import untrusted
 from probes.config import Config
 from probes.context import Context
 from probes.result import Result, failed, passed
@@ -42,6 +43,10 @@ MEASUREMENT = "responseTime"
 
 MAX_HEAD = 16 * 1024
 MAX_BODY = 64 * 1024
+# Everything read from one reply (head, body, chunk framing, trailer): a reply that never
+# ends is cut here, not buffered until the deadline.
+MAX_REPLY = MAX_HEAD + 2 * MAX_BODY
+MAX_CHUNKS = 1024  # the reply is parsed again as it grows: bound the work of each parse
 MAX_RUNTIME_FILE = 64 * 1024
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*")  # noqa: S104  (addresses to listen on, not to connect to)
 TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -82,7 +87,7 @@ def _read_runtime_file(path: str) -> dict[str, Any] | None:
     if len(raw) > MAX_RUNTIME_FILE:
         return None
     try:
-        doc = json.loads(raw)
+        doc = untrusted.load_json(raw)
     except ValueError:
         return None
     if not isinstance(doc, dict):
@@ -138,11 +143,15 @@ class HttpError(Exception):
     """The reply is not well-formed HTTP/1.x (the message is a short, fixed description)."""
 
 
+class TooLarge(HttpError):
+    """The reply (or a part of it) exceeds its bound."""
+
+
 def _dechunk(body: bytes) -> bytes | None:
     """Decode a chunked body; None while incomplete. Raises HttpError on malformed framing."""
-    out, pos = b"", 0
-    while True:
-        eol = body.find(b"\r\n", pos)
+    out, pos = bytearray(), 0
+    for _ in range(MAX_CHUNKS + 1):
+        eol = body.find(b"\r\n", pos, pos + 66)
         if eol < 0:
             if len(body) - pos > 64:
                 raise HttpError("bad chunk size line")
@@ -152,20 +161,23 @@ def _dechunk(body: bytes) -> bytes | None:
             raise HttpError("bad chunk size")
         size = int(size_text, 16)
         if size == 0:
-            # Optional trailer fields, then an empty line.
-            rest = body[eol + 2:]
-            if rest.startswith(b"\r\n") or b"\r\n\r\n" in rest:
-                return out
+            # Optional trailer fields, then an empty line; bounded like a header.
+            rest = eol + 2
+            if body.startswith(b"\r\n", rest) or body.find(b"\r\n\r\n", rest) >= 0:
+                return bytes(out)
+            if len(body) - rest > MAX_HEAD:
+                raise TooLarge("trailer too large")
             return None
         start, end = eol + 2, eol + 2 + size
         if len(out) + size > MAX_BODY:
-            raise HttpError("body too large")
+            raise TooLarge("body too large")
         if len(body) < end + 2:
             return None
         if body[end:end + 2] != b"\r\n":
             raise HttpError("bad chunk framing")
         out += body[start:end]
         pos = end + 2
+    raise TooLarge("too many chunks")
 
 
 def parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
@@ -173,19 +185,27 @@ def parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
 
     Strict: a status line ``HTTP/1.0|1.1 NNN reason``, CRLF line ends, token header
     names, no folded lines, one Content-Length, chunked as the only transfer coding,
-    bounded sizes. Raises HttpError for anything else.
+    bounded sizes (head, body, trailer, and MAX_REPLY bytes in all). Raises HttpError
+    for anything else (TooLarge for what exceeds a bound).
     """
+    response = _parse_response(buf, eof)
+    if response is None and len(buf) > MAX_REPLY:
+        raise TooLarge("reply too large")
+    return response
+
+
+def _parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
     end = buf.find(b"\r\n\r\n")
     if end < 0:
         if not buf.startswith(b"HTTP/"[: len(buf)]):
             raise HttpError("not HTTP")
         if len(buf) > MAX_HEAD:
-            raise HttpError("header too large")
+            raise TooLarge("header too large")
         if eof:
             raise HttpError("incomplete header")
         return None
     if end > MAX_HEAD:
-        raise HttpError("header too large")
+        raise TooLarge("header too large")
     lines = buf[:end].decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or parts[0] not in ("HTTP/1.0", "HTTP/1.1") or len(parts[1]) != 3 \
@@ -220,14 +240,14 @@ def parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
             raise HttpError("bad Content-Length")
         length = int(text)
         if length > MAX_BODY:
-            raise HttpError("body too large")
+            raise TooLarge("body too large")
         if len(body) >= length:
             return {**result, "body": body[:length]}
         if eof:
             raise HttpError("incomplete body")
         return None
     if len(body) > MAX_BODY:
-        raise HttpError("body too large")
+        raise TooLarge("body too large")
     return {**result, "body": body} if eof else None
 
 
@@ -284,7 +304,7 @@ def exchange(host: str, port: int, path: str, secure: bool, deadline: float) -> 
         while True:
             try:
                 _net.arm(sock, deadline)
-                chunk = sock.recv(65536)
+                chunk = sock.recv(min(65536, MAX_REPLY + 1 - len(buf)))
             except socket.timeout:
                 return {"outcome": "timeout", "received": len(buf)}
             except OSError:  # reset, or a TLS error mid-stream
@@ -294,6 +314,8 @@ def exchange(host: str, port: int, path: str, secure: bool, deadline: float) -> 
                 return {"outcome": "tls-reply"}
             try:
                 response = parse_response(buf, eof=not chunk)
+            except TooLarge as exc:
+                return {"outcome": "too-large", "why": str(exc), "received": len(buf)}
             except HttpError as exc:
                 if not buf:
                     return {"outcome": "closed", "received": 0}
@@ -380,7 +402,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
     if outcome == "response":
         status = int(data["status"])
-        ctype = "".join(ch if " " <= ch <= "~" else "?" for ch in data["content_type"])[:40] or "no type"
+        ctype = untrusted.clean(data["content_type"], 40) or "no type"
         if 500 <= status < 600:
             return fail(f"Jupyter at {where} answered {get} with HTTP {status}: the server is failing; "
                         "see its log", "http-error")
@@ -388,7 +410,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
             return fail(f"not Jupyter: {where} answered {get} with HTTP {status}{src}: "
                         f"{_not_jupyter_hint(status, data)}", "not-jupyter")
         try:
-            doc = json.loads(data["body"])
+            doc = untrusted.load_json(data["body"])
         except ValueError:
             doc = None
         version = doc.get("version") if isinstance(doc, dict) else None
@@ -441,6 +463,10 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     if outcome in ("tls-failed", "tls-timeout"):
         return fail(f"TLS handshake with {where}{src} failed: check ServerApp.certfile and keyfile, "
                     "and that Jupyter (not another service) holds the port", "tls-error")
+    if outcome == "too-large":
+        return fail(f"not Jupyter: {where} answered {get} with a reply too large ({data['why']}; "
+                    f"{MAX_REPLY // 1024} KiB in all at most): another service holds the port, or the "
+                    "server is broken; check HEALTHCHECK_JUPYTER_PORT", "not-jupyter")
     if outcome == "bad-http":
         return fail(f"not Jupyter: {where} does not answer HTTP ({data['excerpt']}): another service "
                     "holds the port; check HEALTHCHECK_JUPYTER_PORT", "not-jupyter")

@@ -213,6 +213,26 @@ def test_nothing_listening_names_what_does(silent: Listener, tmp_path: Path) -> 
     assert "nothing listening" in r.message and f"127.0.0.1:{silent.port}" in r.message
 
 
+def test_chunked_trailer_that_never_ends_is_bounded(scripted: Any, tmp_path: Path) -> None:
+    # Head, a last chunk, then trailer fields for ever: today's reply limit must hold for all of it.
+    def handler(conn: socket.socket) -> None:
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n0\r\n")
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            conn.sendall(b"X-Pad: " + b"a" * 1000 + b"\r\n")
+    srv = scripted(handler)
+    ctx = make_ctx(3.0, jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=srv.port)
+    t0 = time.monotonic()
+    data = jupyter.gather(ctx)
+    r = jupyter.judge(data, ctx)
+    assert time.monotonic() - t0 < 1.5, "it read until the deadline"
+    assert data["received"] <= jupyter.MAX_REPLY + 1
+    assert (r.status, r.reason) == (Status.FAIL, "not-jupyter")
+    assert "not Jupyter" in r.message and "reply too large" in r.message
+
+
 def test_ssh_server_on_the_jupyter_port(scripted: Any, tmp_path: Path) -> None:
     srv = scripted(lambda c: (c.sendall(b"SSH-2.0-OpenSSH_9.2\r\n"), time.sleep(3)))
     r = probe(2.0, jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=srv.port)
@@ -275,6 +295,21 @@ def test_parser_accepts_well_formed_replies() -> None:
 def test_parser_rejects_malformed_replies(raw: bytes) -> None:
     with pytest.raises(jupyter.HttpError):
         jupyter.parse_response(raw, eof=True)
+
+
+def test_parser_bounds_the_whole_reply() -> None:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with pytest.raises(jupyter.TooLarge):
+        jupyter.parse_response(head + b"0\r\n" + b"X-Pad: a\r\n" * 3000, eof=False)  # trailer
+    with pytest.raises(jupyter.TooLarge, match="too many chunks"):  # tiny chunks, a small body
+        jupyter.parse_response(head + b"1\r\nx\r\n" * 2000, eof=False)
+    # Every part within its own bound (body, chunk count, size lines, trailer), the whole too large.
+    chunk = b"3f;" + b"e" * 61 + b"\r\n" + b"x" * 63 + b"\r\n"
+    flood = head + chunk * 1020 + b"0\r\nX-Pad: " + b"a" * 16000 + b"\r\n"
+    with pytest.raises(jupyter.TooLarge, match="reply too large"):
+        jupyter.parse_response(flood, eof=False)
+    ok = head + b"1\r\nx\r\n" * 100 + b"0\r\nX-Pad: a\r\n\r\n"
+    assert jupyter.parse_response(ok, eof=False)["body"] == b"x" * 100
 
 
 @settings(max_examples=300, deadline=None)
