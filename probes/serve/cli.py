@@ -90,26 +90,11 @@ def _stderr_line(line: str) -> None:
 
 
 def _kill_children(grace: float) -> None:
-    """SIGTERM, then SIGKILL, every descendant: the monitor's runs, their workers, the watcher."""
-    import psutil
+    """SIGTERM, then SIGKILL, every descendant: the monitor's runs, their workers, the watcher,
+    and anything they left that was re-parented to us (we are the subreaper): proc's sweep."""
+    from probes import proc
 
-    try:
-        me = psutil.Process()
-        procs = me.children(recursive=True)
-    except psutil.Error:
-        return
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=0.5)
+    proc.end_descendants(grace)
 
 
 def serve(argv: Sequence[str]) -> int:
@@ -118,6 +103,13 @@ def serve(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
     settings = st.load(host=args.host, port=args.port, interval=args.interval)
     child_stderr = setup_logging(settings.log_file)
+    from probes import proc
+
+    # Whatever a monitor run or the watcher leaves behind is re-parented to us, not to
+    # PID 1, so that the runs' sweeps and the final one here can end it.
+    if not proc.subreaper():
+        log.warning("cannot become the child subreaper: a process that a probe leaves behind "
+                    "may outlive its run")
 
     from probes.serve.httpd import HealthServer
     from probes.serve.monitor import Monitor

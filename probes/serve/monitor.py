@@ -5,6 +5,11 @@ deadline, so a wedged GPU, a hanging NVML call or a slow torch op only delays th
 profile's next result (which then goes stale) and never blocks the HTTP handlers:
 they read a Snapshot copied out under a lock. The child is told not to take the
 CLI's fast path (HEALTHCHECK_FASTPATH=false): it must probe, not read our own results.
+
+Nothing outlives a run: serve is the child subreaper, so what a run leaves behind (its
+own orphans, or those of a child killed at our deadline before it could sweep them)
+is re-parented to serve with the run's marker in its environment, and proc.run's sweep
+at the end of that run ends it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Runs the NVML event watcher child (probes.serve.xid_watch) and feeds its events to the monitor.
 
-The child is long-lived and streams its output, so it is started with its own session
-(like every child: proc.run's rule) and read line by line in a thread; on shutdown its
-whole group gets SIGTERM, then SIGKILL. If NVML is unavailable the child says so once
-and exits: we log it once, show it in /metrics and keep serving. If it fails while
-watching we start it again after a pause (events in between are lost; the log says so).
+The child is long-lived and streams its output, so it is started with proc.spawn (its
+own session and run marker, like every child) and read line by line in a thread; on
+shutdown proc.end gives it and everything it started SIGTERM, then SIGKILL. If NVML is
+unavailable the child says so once and exits: we log it once, show it in /metrics and
+keep serving. If it fails while watching we start it again after a pause (events in
+between are lost; the log says so).
 """
 
 from __future__ import annotations
@@ -12,19 +13,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from typing import IO, Any
 
+from probes import proc
 from probes.serve.monitor import Monitor
 from probes.serve.settings import Settings
 from probes.serve.view import XidEvent, clean
 
 log = logging.getLogger("healthcheck.serve")
 RESTART_PAUSE = 30.0
+STOP_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for the watcher
 WAIT_MS = 500
 KINDS = ("xid", "ecc-single", "ecc-double")
 
@@ -80,9 +82,7 @@ class Watcher:
             if self.stop.is_set():
                 return None
             try:
-                self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                              stderr=self.stderr, env=self.env, start_new_session=True,
-                                              close_fds=True)
+                self._proc = proc.spawn(argv, env=self.env, stderr=self.stderr)
             except OSError as exc:
                 log.error("cannot start the NVML event watcher %s: %s", argv[0], os.strerror(exc.errno or 0))
                 return None
@@ -103,7 +103,8 @@ class Watcher:
             try:
                 p.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
-                self._kill(p)
+                pass
+            self._kill(p)  # also what it left behind if it exited by itself
             if self.stop.is_set():
                 return
             if outcome == "unavailable":
@@ -143,27 +144,14 @@ class Watcher:
 
     @staticmethod
     def _kill(p: subprocess.Popen[bytes]) -> None:
-        for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.5)):
-            try:
-                os.killpg(p.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                p.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        """proc's way to end a process tree: SIGTERM, a second, SIGKILL, reaped."""
+        proc.end(p, grace=STOP_GRACE)
 
     def terminate(self) -> None:
         with self._lock:
             self.stop.set()
             p = self._proc
-        if p is not None and p.poll() is None:
-            self._kill(p)
-        elif p is not None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # anything left in its group
-            except (ProcessLookupError, PermissionError):
-                pass
+        if p is not None:
+            self._kill(p)  # it, and anything of its run still there
         if self._thread is not None:
             self._thread.join(1.0)

@@ -98,6 +98,14 @@ class Server:
             time.sleep(0.1)
         raise AssertionError(f"{what}: not within {timeout} s; last answer {last}\nlog:\n{self.log_text()}")
 
+    def wait_runs_ended(self, timeout: float = 20.0) -> dict[str, dict[str, Any]]:
+        """Until each profile has the result of its first run; returns the bodies by path."""
+        bodies = {}
+        for path in ("/livez", "/readyz", "/startupz"):
+            _, bodies[path] = self.wait_for(path, lambda c, b: b.get("reason") != "pending", timeout,
+                                            f"{path}: a run ends")
+        return bodies
+
     def terminate(self, timeout: float = 10.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

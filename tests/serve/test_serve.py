@@ -7,12 +7,15 @@ import json
 import os
 import signal
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, clean_env
+from tests.descendants import KINDS, hang, stub
 from tests.serve.conftest import ALL_OFF, PYTHON, marked_pids, write_exe
+from tests.servers import leftovers, wait_gone
 
 
 def _p99(samples: list[float]) -> float:
@@ -195,3 +198,74 @@ def test_sigint_also_stops_cleanly(start_server):
     assert srv.proc.wait(10) == 0
     assert not marked_pids(srv.marker)
     assert os.path.exists(srv.state) and not (srv.state / "serve.json").exists()
+
+
+# ------------------------------------------------------------------ nothing outlives a monitor run
+
+def _leaver(tmp_path: Path, kind: str, then: str) -> tuple[Path, str]:
+    """A stand-in for the monitor's python (HEALTHCHECK_SERVE_PYTHON) that leaves ``kind``'s
+    descendants behind, then runs ``then``."""
+    marker = f"hc-serve-{uuid.uuid4().hex[:12]}"
+    rest = {"exit": "exit 0", "hang": hang(marker), "cli": f'exec {PYTHON} "$@"'}[then]
+    return stub(tmp_path / "leaver-python", kind, marker, rest), marker
+
+
+def _gone(marker: str, within: float = 2.0) -> list[str]:
+    left = wait_gone(marker, within)
+    for p in left:
+        p.kill()
+    return [" ".join(p.info["cmdline"] or []) for p in left]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_monitor_run_that_exits_leaves_nothing(start_server, tmp_path: Path, kind: str):
+    """What a run left behind is re-parented to serve (the subreaper) and ended by the run's
+    own sweep, while serve goes on serving."""
+    py, marker = _leaver(tmp_path, kind, "exit")
+    srv = start_server(dict(ALL_OFF, HEALTHCHECK_SERVE_PYTHON=str(py)), "--interval", "3600")
+    bodies = srv.wait_runs_ended()
+    assert all(b["reason"] == "bad-output" for b in bodies.values()), bodies
+    assert _gone(marker) == []
+    assert srv.terminate() == 0
+    assert not marked_pids(srv.marker)
+
+
+def test_a_monitor_run_past_its_deadline_leaves_nothing(start_server, tmp_path: Path):
+    """The monitor's child hangs after a fork storm; at the monitor's deadline the child and
+    all 100 are ended, while serve goes on serving."""
+    py, marker = _leaver(tmp_path, "storm", "hang")
+    srv = start_server(dict(ALL_OFF, HEALTHCHECK_SERVE_PYTHON=str(py), HEALTHCHECK_TIMEOUT="0.5"),
+                       "--interval", "3600")
+    bodies = srv.wait_runs_ended(timeout=30)
+    assert all(b["reason"] == "deadline" for b in bodies.values()), bodies
+    assert _gone(marker) == []
+    assert srv.terminate() == 0
+
+
+def test_what_a_killed_cli_left_is_ended_by_serve(start_server, tmp_path: Path):
+    """The monitor's child is the real CLI; descendants it does not know of (they were
+    started before it) outlive it and are re-parented to serve, whose sweep ends them."""
+    py, marker = _leaver(tmp_path, "double-fork", "cli")
+    srv = start_server(dict(ALL_OFF, HEALTHCHECK_SERVE_PYTHON=str(py)), "--interval", "3600")
+    bodies = srv.wait_runs_ended()
+    assert all(b["status"] == "pass" for b in bodies.values()), bodies
+    assert _gone(marker) == []
+    assert srv.terminate() == 0
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "term-fork"])
+def test_sigterm_ends_what_runs_in_flight_left(start_server, tmp_path: Path, kind: str):
+    py, marker = _leaver(tmp_path, kind, "hang")
+    srv = start_server(dict(ALL_OFF, HEALTHCHECK_SERVE_PYTHON=str(py), HEALTHCHECK_TIMEOUT="60"),
+                       "--interval", "3600")
+    end = time.monotonic() + 20
+    needle = marker if kind == "term-fork" else f"{marker}-hang"
+    while sum(needle in " ".join(p.info["cmdline"] or []) for p in leftovers(marker)) < 3:
+        assert time.monotonic() < end, "the three runs did not start"
+        time.sleep(0.1)
+    time.sleep(0.5)  # the descendants are on their way (a daemon's python starts, the storm forks)
+    t0 = time.monotonic()
+    assert srv.terminate() == 0
+    assert time.monotonic() - t0 < 8
+    assert _gone(marker) == []
+    assert not marked_pids(srv.marker)
