@@ -12,9 +12,12 @@ Command-line equivalent::
 Where the server is: a running server writes ``jpserver-<pid>.json`` (url, port,
 base_url, secure, and its token) into its runtime directory (HEALTHCHECK_JUPYTER_RUNTIME_DIR,
 else $JUPYTER_RUNTIME_DIR, else $JUPYTER_DATA_DIR/runtime, else
-~/.local/share/jupyter/runtime). A file whose pid is alive wins; without one the probe
-uses HEALTHCHECK_HOST, HEALTHCHECK_JUPYTER_PORT and HEALTHCHECK_JUPYTER_BASE_URL over
-plain HTTP. The token in that file is never used, kept or shown.
+~/.local/share/jupyter/runtime). That directory usually belongs to the notebook user, so
+its files are untrusted input: one is used only if it passes every check listed at
+``find_runtime_file`` (the server's own live file does); without one the probe uses
+HEALTHCHECK_HOST, HEALTHCHECK_JUPYTER_PORT and HEALTHCHECK_JUPYTER_BASE_URL over plain
+HTTP. A refused file is named, with the reason, in the facts and in a failure message.
+The token in that file is never used, kept or shown.
 
 The request is a small HTTP/1.1 GET written on a socket, with a strict response parser:
 ``http.client`` would import ``ssl`` and ``email`` (tens of milliseconds) on every
@@ -47,13 +50,39 @@ MAX_BODY = 64 * 1024
 # ends is cut here, not buffered until the deadline.
 MAX_REPLY = MAX_HEAD + 2 * MAX_BODY
 MAX_CHUNKS = 1024  # the reply is parsed again as it grows: bound the work of each parse
-MAX_RUNTIME_FILE = 64 * 1024
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*")  # noqa: S104  (addresses to listen on, not to connect to)
 TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 PATH_CHARS = frozenset("-._~/!$&'()*+,;=:@%0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 # ---------------------------------------------------------------- where the server is
+#
+# The runtime directory usually belongs to the notebook user, while the probe may run as
+# root: every jpserver-*.json file in it is untrusted input. A file is used only when all
+# of these hold (else it is "refused" with a short reason, named in the facts):
+#   - it is a regular file of at most MAX_RUNTIME_FILE bytes with one link, opened
+#     relative to the directory without following links or blocking (untrusted.read_regular);
+#   - it is JSON of bounded nesting (untrusted.load_json) with an int port and pid and a
+#     short base_url;
+#   - its hostname, if any, is loopback, a wildcard or HEALTHCHECK_HOST: the probe never
+#     connects anywhere the configuration does not name;
+#   - if another user owns it (not root, not the suite's own uid), it names the configured
+#     HEALTHCHECK_JUPYTER_PORT and a process of that same user: such a file may say which
+#     base URL and scheme the configured server uses, never send the probe to another port;
+#   - its pid is alive and holds the LISTEN socket of its port (the socket's inode from
+#     /proc/net/tcp{,6} is among /proc/<pid>/fd). When that cannot be read (a probe that may
+#     not look into another user's process) the file is refused too.
+# No psutil here: this runs on every liveness probe.
+
+MAX_RUNTIME_FILE = 64 * 1024
+MAX_BASE_URL = 256  # characters; Jupyter's are a few dozen
+MAX_DIR_ENTRIES = 4096  # entries of the runtime directory looked at: a flooded directory cannot stall us
+MAX_CANDIDATES = 16  # jpserver-*.json files examined
+MAX_FDS = 65536  # open files of a server searched for its listening socket
+MAX_NAME = 64  # characters of a file name shown in messages and facts
+SHOWN_REFUSED = 5  # refused files named in the facts
+LOOPBACK_NAMES = ("localhost",)
+
 
 def runtime_dir(config: Config, environ: Any = None) -> str:
     env = os.environ if environ is None else environ
@@ -66,59 +95,184 @@ def runtime_dir(config: Config, environ: Any = None) -> str:
     return os.path.join(data, "runtime")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: alive, another user's
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is "localhost" or a loopback address literal (127/8, ::1, ::ffff:127/104)."""
+    name = host.strip("[]").lower()
+    if name in LOOPBACK_NAMES:
         return True
-    return True
-
-
-def _read_runtime_file(path: str) -> dict[str, Any] | None:
-    """The fields we use from a jpserver-*.json file (never its token), or None if unusable."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_RUNTIME_FILE + 1)
-        mtime = os.stat(path).st_mtime
+        return socket.inet_pton(socket.AF_INET, name)[0] == 127
+    except (OSError, ValueError):
+        pass
+    try:
+        packed = socket.inet_pton(socket.AF_INET6, name)
+    except (OSError, ValueError):
+        return False
+    return packed == bytes(15) + b"\x01" or (packed[:12] == bytes(10) + b"\xff\xff" and packed[12] == 127)
+
+
+def _connect_host(hostname: str, config: Config) -> str | None:
+    """Where to connect for a runtime file's hostname, or None if the configuration does not allow it."""
+    if hostname in WILDCARD_HOSTS:
+        return config.host
+    name = hostname.strip("[]")
+    if is_loopback(name) or name.lower() == config.host.strip("[]").lower():
+        return name
+    return None
+
+
+class _Listeners:
+    """LISTEN sockets by port (``socket:[inode]``), from /proc/net/tcp and tcp6, read once when asked."""
+
+    def __init__(self) -> None:
+        self._by_port: dict[int, set[str]] | None = None
+
+    def on(self, port: int) -> set[str]:
+        if self._by_port is None:
+            self._by_port = {}
+            for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+                try:
+                    with open(table, "rb") as f:
+                        lines = f.read().splitlines()[1:]
+                except OSError:
+                    continue
+                for line in lines:
+                    # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+                    fields = line.split()
+                    if len(fields) < 10 or fields[3] != b"0A":  # 0A: LISTEN
+                        continue
+                    try:
+                        lport = int(fields[1].rpartition(b":")[2], 16)
+                        inode = int(fields[9])
+                    except ValueError:
+                        continue
+                    self._by_port.setdefault(lport, set()).add(f"socket:[{inode}]")
+        return self._by_port.get(port, set())
+
+
+def _proc_uid(pid: int) -> int | None:
+    """The real uid of a live process (from /proc/<pid>/status, which anyone may read), or None."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f.read(8192).splitlines():
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_listener(pid: int, port: int, listeners: _Listeners) -> None:
+    """Refused unless process ``pid`` holds a LISTEN socket on ``port``."""
+    inodes = listeners.on(port)
+    if not inodes:
+        raise untrusted.Refused(f"stale: nothing listens on port {port}")
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except FileNotFoundError:
+        raise untrusted.Refused(f"stale: its process {pid} is gone") from None
     except OSError:
-        return None
-    if len(raw) > MAX_RUNTIME_FILE:
-        return None
+        raise untrusted.Refused(f"cannot check that process {pid} holds port {port} "
+                                f"(no access to {fd_dir})") from None
+    if len(fds) > MAX_FDS:
+        raise untrusted.Refused(f"process {pid} has too many open files to check")
+    for fd in sorted(fds, key=lambda n: int(n) if n.isdigit() else 0):  # a server opens its socket early
+        try:
+            if os.readlink(f"{fd_dir}/{fd}") in inodes:
+                return
+        except FileNotFoundError:
+            continue  # closed meanwhile
+        except OSError:
+            raise untrusted.Refused(f"cannot check that process {pid} holds port {port} "
+                                    f"(no access to {fd_dir})") from None
+    raise untrusted.Refused(f"stale or forged: process {pid} does not listen on port {port}")
+
+
+def _read_runtime_file(name: str, dir_fd: int, config: Config, listeners: _Listeners) -> dict[str, Any]:
+    """The fields we use from one jpserver-*.json file (never its token); ``Refused`` says why not."""
+    raw, st = untrusted.read_regular(name, MAX_RUNTIME_FILE, dir_fd=dir_fd)
+    if st.st_nlink != 1:
+        raise untrusted.Refused("a hard link")
     try:
         doc = untrusted.load_json(raw)
-    except ValueError:
-        return None
+    except ValueError as exc:
+        # Fixed words only: a parser's message could quote the file (and its token).
+        reason = "nested too deeply" if str(exc) == "nested too deeply" else "not valid JSON"
+        raise untrusted.Refused(reason) from None
+    del raw
     if not isinstance(doc, dict):
-        return None
+        raise untrusted.Refused("not a JSON object")
     port, pid, base_url = doc.get("port"), doc.get("pid"), doc.get("base_url", "/")
-    if type(port) is not int or not 1 <= port <= 65535 or not isinstance(base_url, str):
-        return None
+    if type(port) is not int or not 1 <= port <= 65535 or type(pid) is not int or pid <= 0:
+        raise untrusted.Refused("no valid port and pid")
+    if not isinstance(base_url, str) or len(base_url) > MAX_BASE_URL:
+        raise untrusted.Refused("no valid base_url")
     hostname = doc.get("hostname")
+    hostname = hostname if isinstance(hostname, str) else ""
+    host = _connect_host(hostname, config)
+    if host is None:
+        raise untrusted.Refused("its hostname is neither loopback nor HEALTHCHECK_HOST")
+    owner = st.st_uid
+    trusted_owner = owner in (0, os.geteuid())
+    if not trusted_owner:
+        if port != config.jupyter_port:
+            raise untrusted.Refused(f"owned by uid {owner} and names port {port}: a file of another "
+                                    f"user may only describe HEALTHCHECK_JUPYTER_PORT {config.jupyter_port}")
+        pid_uid = _proc_uid(pid)
+        if pid_uid is None:
+            raise untrusted.Refused(f"stale: its process {pid} is gone")
+        if pid_uid != owner:
+            raise untrusted.Refused(f"owned by uid {owner} but names a process of uid {pid_uid}")
+    _check_listener(pid, port, listeners)
     return {
-        "file": os.path.basename(path),
+        "file": untrusted.clean(name, MAX_NAME),
         "port": port,
         "base_url": _normal_base_url(base_url),
         "secure": doc.get("secure") is True,
-        "hostname": hostname if isinstance(hostname, str) else "",
-        "alive": type(pid) is int and pid > 0 and _pid_alive(pid),
-        "mtime": mtime,
+        "host": host,
+        "trusted_owner": trusted_owner,
+        "mtime": st.st_mtime,
     }
 
 
-def find_runtime_file(config: Config, environ: Any = None) -> dict[str, Any] | None:
-    """The runtime file of the server to probe: alive first, then the configured port, then newest."""
-    directory = runtime_dir(config, environ)
+def _candidate_names(dir_fd: int) -> list[str]:
+    names: list[str] = []
+    with os.scandir(dir_fd) as entries:
+        for i, entry in enumerate(entries):
+            if i >= MAX_DIR_ENTRIES or len(names) >= MAX_CANDIDATES:
+                break
+            if entry.name.startswith("jpserver-") and entry.name.endswith(".json"):
+                names.append(entry.name)
+    return sorted(names)
+
+
+def find_runtime_file(config: Config, environ: Any = None
+                      ) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+    """The trusted runtime file of the server to probe (the configured port first, then root's
+    or our own, then the newest), and the refused files as (cleaned name, reason)."""
     try:
-        names = [e.name for e in os.scandir(directory)
-                 if e.name.startswith("jpserver-") and e.name.endswith(".json")]
+        dir_fd = os.open(runtime_dir(config, environ),
+                         os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return None
-    found = [f for f in (_read_runtime_file(os.path.join(directory, n)) for n in names) if f]
+        return None, []
+    found: list[dict[str, Any]] = []
+    refused: list[tuple[str, str]] = []
+    listeners = _Listeners()
+    try:
+        for name in _candidate_names(dir_fd):
+            try:
+                found.append(_read_runtime_file(name, dir_fd, config, listeners))
+            except untrusted.Refused as exc:
+                refused.append((untrusted.clean(name, MAX_NAME), str(exc)))
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
     if not found:
-        return None
-    return max(found, key=lambda f: (f["alive"], f["port"] == config.jupyter_port, f["mtime"]))
+        return None, refused
+    best = max(found, key=lambda f: (f["port"] == config.jupyter_port, f["trusted_owner"], f["mtime"]))
+    return best, refused
 
 
 def _normal_base_url(raw: str) -> str:
@@ -349,16 +503,15 @@ def gather(ctx: Context) -> dict[str, Any]:
     cfg = ctx.config
     deadline = ctx.deadline
     t0 = time.monotonic()
-    found = find_runtime_file(cfg)
+    found, refused = find_runtime_file(cfg)
     if found is not None:
-        host = cfg.host if found["hostname"] in WILDCARD_HOSTS else found["hostname"]
-        target = {"source": found["file"], "alive": found["alive"], "host": host, "port": found["port"],
+        target = {"source": found["file"], "host": found["host"], "port": found["port"],
                   "base_url": found["base_url"], "secure": found["secure"]}
     else:
-        target = {"source": None, "alive": None, "host": cfg.host, "port": cfg.jupyter_port,
+        target = {"source": None, "host": cfg.host, "port": cfg.jupyter_port,
                   "base_url": cfg.jupyter_base_url, "secure": False}
     path = _request_path(target["base_url"])
-    data: dict[str, Any] = {**target, "path": path, "budget": max(0.0, deadline - t0)}
+    data: dict[str, Any] = {**target, "path": path, "budget": max(0.0, deadline - t0), "refused": refused}
     data.update(exchange(target["host"], target["port"], path, target["secure"], deadline))
     outcome = data["outcome"]
     if not target["secure"] and (outcome == "tls-reply" or (outcome == "closed" and not data["received"])):
@@ -391,13 +544,17 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     where = _net.host_header(data["host"], data["port"])
     scheme = "https" if data["secure"] else "http"
     src = f" (from {data['source']})" if data["source"] else ""
-    facts = {"port": data["port"], "base_url": data["base_url"], "secure": data["secure"],
-             "runtime_file": data["source"]}
+    refused = data.get("refused") or []
+    facts = {"port": data["port"], "base_url": untrusted.clean(data["base_url"]), "secure": data["secure"],
+             "runtime_file": data["source"], "runtime_files_refused": dict(refused[:SHOWN_REFUSED])}
     outcome = data["outcome"]
     budget = float(data["budget"])
-    get = f"GET {data['path']}"
+    get = f"GET {untrusted.clean(data['path'], 120)}"
 
     def fail(message: str, reason: str) -> Result:
+        if refused:  # name one file the probe did not use, and why (never its content)
+            more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+            message += f"; not used: {refused[0][0]}: {refused[0][1]}{more}"
         return failed(NAME, message, reason=reason, facts=facts)
 
     if outcome == "response":
@@ -429,9 +586,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
             extra = f"; listening here: {', '.join(listening)}"
         elif listening == []:
             extra = "; no TCP port is listening here"
-        stale = (f"; {data['source']} names this port but its process is gone: remove the stale file"
-                 if data["source"] and not data["alive"] else "")
-        return fail(f"nothing listening on {where} (connection refused{extra}){stale}: start Jupyter "
+        return fail(f"nothing listening on {where} (connection refused{extra}): start Jupyter "
                     "or set HEALTHCHECK_JUPYTER_PORT to its port", "refused")
     if outcome == "connect-timeout":
         return fail(f"connection to {where} not accepted within {budget:.1f}s: Jupyter is hung or its "
@@ -456,7 +611,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
             return fail(f"TLS mismatch: {where} speaks HTTPS but the probe spoke plain HTTP: {fix}",
                         "tls-mismatch")
         return fail(f"TLS mismatch: {where} speaks plain HTTP but {data['source']} says https: "
-                    "it belongs to another server; remove stale jpserver-*.json files", "tls-mismatch")
+                    "check the server's ServerApp.certfile and keyfile", "tls-mismatch")
     if outcome == "tls-verify":
         return fail(f"the TLS certificate of {where} is not trusted: probe over loopback "
                     "(HEALTHCHECK_HOST=127.0.0.1), where a self-signed certificate is accepted", "tls-error")

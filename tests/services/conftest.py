@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +24,7 @@ from probes.context import Context
 from probes.state import State
 from tests.servers import SSHD, Jupyter, Sshd, free_port, stop, wait_port
 
-__all__ = ["SSHD", "Jupyter", "Sshd", "free_port", "make_ctx", "stop", "wait_port"]
+__all__ = ["OTHER_UID", "SSHD", "Jupyter", "Sshd", "free_port", "make_ctx", "stop", "wait_port"]
 
 def make_ctx(timeout: float = 3.0, **config: Any) -> Context:
     return Context(Config(**config), time.monotonic() + timeout, {}, State.off("tests"))
@@ -185,3 +188,86 @@ def jupyter_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jupyter]:
 @pytest.fixture(scope="session")
 def jupyter_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jupyter]:
     yield from _jupyter(tmp_path_factory, "jupyter-tls", tls=True)
+
+
+# ---------------------------------------------------------------- another user's files and servers
+
+OTHER_UID = 54321  # stands for the notebook user: not root, not the suite's uid
+
+
+def needs_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: files and processes of another uid are made with chown and setuid")
+
+
+def write_runtime(directory: Path, name: str, owner: int | None = None, **fields: Any) -> Path:
+    """A jpserver-*.json file with ``fields`` (a token included), owned by ``owner`` if given."""
+    path = directory / name
+    path.write_text(json.dumps({"base_url": "/", "secure": False, "token": TOKEN, **fields}))
+    if owner is not None:
+        os.chown(path, owner, owner)
+    return path
+
+
+# A Jupyter look-alike that drops to OTHER_UID once it listens: it answers {base_url}api
+# with a version and anything else with 404. Imports happen before the drop (the
+# interpreter's files may not be readable by that uid).
+_AS_OTHER_USER = r"""
+import os, socket, sys
+uid, base = int(sys.argv[1]), sys.argv[2]
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(16)
+os.setgroups([])
+os.setgid(uid)
+os.setuid(uid)
+print(srv.getsockname()[1], flush=True)
+ok = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n{"version": "7.7.7"}'
+nf = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+while True:
+    conn, _ = srv.accept()
+    try:
+        conn.settimeout(5)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        path = data.split(b" ", 2)[1].decode() if data.count(b" ") >= 2 else ""
+        conn.sendall(ok if path == base + "api" else nf)
+    except OSError:
+        pass
+    finally:
+        conn.close()
+"""
+
+
+class OtherUserServer:
+    """A process of OTHER_UID listening on a loopback port (see _AS_OTHER_USER)."""
+
+    def __init__(self, base_url: str = "/") -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _AS_OTHER_USER, str(OTHER_UID), base_url],
+                                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+        self.pid = self.proc.pid
+
+    def stop(self) -> None:
+        stop(self.proc)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def other_user_server() -> Iterator[Callable[..., OtherUserServer]]:
+    needs_root()
+    servers: list[OtherUserServer] = []
+
+    def make(base_url: str = "/") -> OtherUserServer:
+        servers.append(OtherUserServer(base_url))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.stop()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,20 @@ from hypothesis import strategies as st
 
 from probes.result import Result, Status
 from probes.services import jupyter
+from probes.services.jupyter import MAX_RUNTIME_FILE
 from tests.conftest import ROOT, clean_env, run_cli
-from tests.services.conftest import TOKEN, Jupyter, Listener, free_port, make_ctx, neighbour_port, trickle
+from tests.services.conftest import (
+    OTHER_UID,
+    TOKEN,
+    Jupyter,
+    Listener,
+    free_port,
+    make_ctx,
+    needs_root,
+    neighbour_port,
+    trickle,
+    write_runtime,
+)
 
 PROXIES = {k: "http://127.0.0.1:9" for k in
            ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")}
@@ -91,10 +105,11 @@ def test_https_jupyter_probed_as_plain_http_is_a_tls_mismatch(jupyter_tls: Jupyt
 
 def test_runtime_file_saying_https_for_a_plain_server_is_a_tls_mismatch(jupyter: Jupyter,
                                                                         tmp_path: Path) -> None:
+    # The file names the real server's pid (a runtime file is only trusted when its pid holds the port).
     rt = tmp_path / "rt"
     rt.mkdir()
-    (rt / f"jpserver-{os.getpid()}.json").write_text(json.dumps(
-        {"pid": os.getpid(), "port": jupyter.port, "base_url": "/", "secure": True,
+    (rt / f"jpserver-{jupyter.proc.pid}.json").write_text(json.dumps(
+        {"pid": jupyter.proc.pid, "port": jupyter.port, "base_url": "/", "secure": True,
          "hostname": "127.0.0.1", "token": TOKEN, "url": f"https://127.0.0.1:{jupyter.port}/"}))
     r = probe(jupyter_runtime_dir=str(rt))
     assert (r.status, r.reason) == (Status.FAIL, "tls-mismatch")
@@ -127,12 +142,17 @@ def test_a_live_runtime_file_wins_over_a_stale_one(jupyter: Jupyter, tmp_path: P
 
 
 def test_stale_runtime_file_alone_is_explained(tmp_path: Path) -> None:
+    # A stale file is not used: the configured port is probed, and the failure names the file.
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
-    (tmp_path / f"jpserver-{dead.stdout.strip()}.json").write_text(json.dumps(
+    name = f"jpserver-{dead.stdout.strip()}.json"
+    (tmp_path / name).write_text(json.dumps(
         {"pid": int(dead.stdout), "port": free_port(), "base_url": "/", "secure": False, "token": TOKEN}))
-    r = probe(jupyter_runtime_dir=str(tmp_path))
-    assert r.reason == "refused" and "stale" in r.message
+    port = free_port()
+    r = probe(jupyter_runtime_dir=str(tmp_path), jupyter_port=port)
+    assert r.reason == "refused" and f"127.0.0.1:{port}" in r.message
+    assert "stale" in r.message and name in r.message
+    assert r.facts["runtime_file"] is None and "stale" in r.facts["runtime_files_refused"][name]
 
 
 def test_only_imports_what_it_needs(jupyter: Jupyter) -> None:
@@ -147,6 +167,279 @@ def test_only_imports_what_it_needs(jupyter: Jupyter) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env=clean_env(), timeout=30, check=False)
     assert out.stdout.split() == ["pass", "[]"], out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------- runtime files another user can write
+# The runtime directory belongs to the notebook user and the probe runs as root: a file there
+# must not hang, crash, steer or fake the probe. A refused file is named, with its reason.
+
+def refused(r: Result) -> dict[str, str]:
+    return dict(r.facts["runtime_files_refused"])
+
+
+def rt_dir(tmp_path: Path) -> Path:
+    rt = tmp_path / "rt"
+    rt.mkdir(exist_ok=True)
+    return rt
+
+
+def bounded_probe(timeout: float, **config: Any) -> Result:
+    """probe() in a thread: a probe that blocks fails the test instead of hanging it."""
+    out: list[Result] = []
+    worker = threading.Thread(target=lambda: out.append(probe(timeout, **config)), daemon=True)
+    worker.start()
+    worker.join(timeout + 1.0)
+    assert out, f"the probe did not return within {timeout + 1.0:.1f}s (blocked)"
+    return out[0]
+
+
+def test_fifo_runtime_file_never_blocks(jupyter: Jupyter, tmp_path: Path) -> None:
+    rt = rt_dir(tmp_path)
+    fifo = rt / "jpserver-1.json"
+    os.mkfifo(fifo)
+    try:
+        t0 = time.monotonic()
+        r = bounded_probe(2.0, jupyter_runtime_dir=str(rt), jupyter_port=jupyter.port)
+        assert time.monotonic() - t0 < 2.0
+        assert r.status is Status.PASS, r.message  # the configured port decides
+        assert refused(r) == {"jpserver-1.json": "not a regular file"}
+        port = free_port()
+        r = bounded_probe(2.0, jupyter_runtime_dir=str(rt), jupyter_port=port)
+        assert (r.status, r.reason) == (Status.FAIL, "refused")
+        assert "not used: jpserver-1.json: not a regular file" in r.message
+    finally:
+        # Wake a reader still blocked in open() (the old code), so no thread stays stuck.
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+
+
+def test_deeply_nested_runtime_file_is_refused(jupyter: Jupyter, tmp_path: Path) -> None:
+    rt = rt_dir(tmp_path)
+    (rt / "jpserver-2.json").write_text("[" * 30000 + "]" * 30000)  # under the size limit
+    nested: Any = 1
+    for _ in range(40):  # deeper than the suite reads, far below the interpreter's limit
+        nested = [nested]
+    write_runtime(rt, "jpserver-3.json", pid=jupyter.proc.pid, port=jupyter.port, x=nested)
+    r = probe(jupyter_runtime_dir=str(rt), jupyter_port=jupyter.port)
+    assert r.status is Status.PASS, r.message
+    assert refused(r) == {"jpserver-2.json": "nested too deeply", "jpserver-3.json": "nested too deeply"}
+
+
+def local_address() -> str | None:
+    """A non-loopback IPv4 address of this machine (the source of its default route), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a route
+            addr = str(s.getsockname()[0])
+        except OSError:
+            return None
+    return None if addr.startswith("127.") or addr == "0.0.0.0" else addr
+
+
+def test_foreign_hostname_is_never_contacted(jupyter: Jupyter, scripted: Any, tmp_path: Path) -> None:
+    # A fake Jupyter off loopback, on this machine's own address, held by this very process (so
+    # the file's pid does hold its port): only the hostname is wrong, and nothing may connect.
+    addr = local_address()
+    if addr is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to listen on")
+    seen: list[bytes] = []
+    fake = scripted(_fake_jupyter(seen), host=addr)
+    rt = rt_dir(tmp_path)
+    name = f"jpserver-{os.getpid()}.json"
+    write_runtime(rt, name, pid=os.getpid(), port=fake.port, hostname=addr)
+    r = probe(jupyter_runtime_dir=str(rt), jupyter_port=jupyter.port)
+    assert r.status is Status.PASS, r.message
+    assert "9.9.9" not in r.message and f"127.0.0.1:{jupyter.port}" in r.message
+    time.sleep(0.1)
+    assert seen == [], "the probe connected off loopback"
+    assert refused(r) == {name: "its hostname is neither loopback nor HEALTHCHECK_HOST"}
+
+
+def test_foreign_hostnames_are_refused_without_a_connection(jupyter: Jupyter, tmp_path: Path) -> None:
+    # Addresses where a connection would hang or go off this machine; the files are otherwise
+    # perfect (root's, the live server's pid and port): the probe answers at once from the
+    # configured host.
+    rt = rt_dir(tmp_path)
+    for n, host in enumerate(("192.0.2.1", "example.invalid", "10.0.0.1")):
+        write_runtime(rt, f"jpserver-{n}.json", pid=jupyter.proc.pid, port=jupyter.port, hostname=host,
+                      base_url="/elsewhere/")
+    t0 = time.monotonic()
+    r = probe(5.0, jupyter_runtime_dir=str(rt), jupyter_port=jupyter.port)
+    assert time.monotonic() - t0 < 1.5
+    assert r.status is Status.PASS, r.message
+    assert "127.0.0.1" in r.message and r.facts["base_url"] == "/"
+    assert set(refused(r).values()) == {"its hostname is neither loopback nor HEALTHCHECK_HOST"}
+
+
+def test_configured_host_in_a_runtime_file_is_used(scripted: Any, tmp_path: Path) -> None:
+    # HEALTHCHECK_HOST off loopback is where the operator said to connect: a file naming it counts.
+    addr = local_address()
+    if addr is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to listen on")
+    fake = scripted(_fake_jupyter([]), host=addr)
+    rt = rt_dir(tmp_path)
+    write_runtime(rt, "jpserver-1.json", pid=os.getpid(), port=fake.port, hostname=addr)
+    r = probe(host=addr, jupyter_runtime_dir=str(rt), jupyter_port=1)
+    assert r.status is Status.PASS, r.message
+    assert r.facts["runtime_file"] == "jpserver-1.json" and f"{addr}:{fake.port}" in r.message
+
+
+def test_loopback_and_wildcard_hostnames_are_used(jupyter_base: Jupyter, tmp_path: Path) -> None:
+    rt = rt_dir(tmp_path)
+    for host in ("localhost", "127.0.0.1", "0.0.0.0", ""):
+        write_runtime(rt, "jpserver-9.json", pid=jupyter_base.proc.pid, port=jupyter_base.port,
+                      hostname=host, base_url="/user/alice/")
+        r = probe(jupyter_runtime_dir=str(rt), jupyter_port=1)
+        assert r.status is Status.PASS, (host, r.message)
+        assert r.facts["runtime_file"] == "jpserver-9.json" and refused(r) == {}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost", "LOCALHOST",
+                                  "::ffff:127.0.0.1"])
+def test_is_loopback(host: str) -> None:
+    assert jupyter.is_loopback(host)
+
+
+@pytest.mark.parametrize("host", ["192.0.2.1", "10.0.0.1", "::2", "128.0.0.1", "localhost.example.com",
+                                  "127.0.0.1.nip.io", "", "0.0.0.0", "127.0.0.1\x00", "::ffff:10.0.0.1"])
+def test_is_not_loopback(host: str) -> None:
+    assert not jupyter.is_loopback(host)
+
+
+def test_runtime_file_whose_pid_does_not_hold_the_port(scripted: Any, tmp_path: Path) -> None:
+    # A live process, a fake Jupyter on another port: the file's pid is not the one listening.
+    fake = scripted(_fake_jupyter([]))
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        rt = rt_dir(tmp_path)
+        write_runtime(rt, f"jpserver-{other.pid}.json", pid=other.pid, port=fake.port, hostname="127.0.0.1")
+        port = free_port()
+        r = probe(jupyter_runtime_dir=str(rt), jupyter_port=port)
+    finally:
+        other.kill()
+        other.wait()
+    assert (r.status, r.reason) == (Status.FAIL, "refused"), r.message
+    assert f"127.0.0.1:{port}" in r.message and "9.9.9" not in r.message
+    assert refused(r) == {f"jpserver-{other.pid}.json":
+                          f"stale or forged: process {other.pid} does not listen on port {fake.port}"}
+
+
+def test_runtime_file_whose_port_nothing_listens_on_is_stale(jupyter: Jupyter, tmp_path: Path) -> None:
+    rt = rt_dir(tmp_path)
+    dead_port = free_port()
+    write_runtime(rt, "jpserver-5.json", pid=jupyter.proc.pid, port=dead_port)
+    r = probe(jupyter_runtime_dir=str(rt), jupyter_port=jupyter.port)
+    assert r.status is Status.PASS, r.message
+    assert refused(r) == {"jpserver-5.json": f"stale: nothing listens on port {dead_port}"}
+
+
+def test_symlinked_runtime_file_is_refused(jupyter: Jupyter, tmp_path: Path) -> None:
+    # Even a link to the live server's own file: links in that directory are not followed.
+    rt = rt_dir(tmp_path)
+    real = next(jupyter.runtime.glob("jpserver-*.json"))
+    (rt / "jpserver-1.json").symlink_to(real)
+    port = free_port()
+    r = probe(jupyter_runtime_dir=str(rt), jupyter_port=port)
+    assert (r.status, r.reason) == (Status.FAIL, "refused"), r.message
+    assert r.facts["runtime_file"] is None
+    assert refused(r) == {"jpserver-1.json": "a symbolic link"}
+    assert "not used: jpserver-1.json: a symbolic link" in r.message
+
+
+def test_hard_linked_runtime_file_is_refused(jupyter: Jupyter, tmp_path: Path) -> None:
+    rt = rt_dir(tmp_path)
+    source = write_runtime(tmp_path, "elsewhere.json", pid=jupyter.proc.pid, port=jupyter.port)
+    os.link(source, rt / "jpserver-1.json")
+    r = probe(jupyter_runtime_dir=str(rt), jupyter_port=free_port())
+    assert r.status is Status.FAIL and refused(r) == {"jpserver-1.json": "a hard link"}
+
+
+def test_oversized_runtime_file_is_refused(jupyter: Jupyter, tmp_path: Path) -> None:
+    rt = rt_dir(tmp_path)
+    doc = json.dumps({"pid": jupyter.proc.pid, "port": jupyter.port, "base_url": "/", "token": TOKEN})
+    (rt / "jpserver-1.json").write_text(doc + " " * MAX_RUNTIME_FILE)
+    port = free_port()
+    r = probe(jupyter_runtime_dir=str(rt), jupyter_port=port)
+    assert (r.status, r.reason) == (Status.FAIL, "refused"), r.message
+    assert refused(r) == {"jpserver-1.json": f"larger than {MAX_RUNTIME_FILE} bytes"}
+
+
+def test_refused_file_names_are_cleaned(jupyter: Jupyter, tmp_path: Path) -> None:
+    rt = rt_dir(tmp_path)
+    (rt / "jpserver-\x1b[2J\u202e.json").write_text("not json " + TOKEN)
+    port = free_port()
+    r = probe(jupyter_runtime_dir=str(rt), jupyter_port=port)
+    assert refused(r) == {"jpserver-\\x1b[2J\\u202e.json": "not valid JSON"}
+    assert "\x1b" not in r.message and "\u202e" not in r.message
+    assert "jpserver-\\x1b[2J\\u202e.json: not valid JSON" in r.message
+
+
+# ---------------------------------------------------------------- files of another user (the notebook user)
+
+def test_another_users_file_cannot_send_the_probe_to_another_port(scripted: Any, tmp_path: Path) -> None:
+    # The notebook user's fake Jupyter answers on its own port while nothing listens on the
+    # configured one (Jupyter is dead): the verdict must be fail.
+    needs_root()
+    seen: list[bytes] = []
+    fake = scripted(_fake_jupyter(seen))
+    rt = rt_dir(tmp_path)
+    write_runtime(rt, f"jpserver-{os.getpid()}.json", owner=OTHER_UID, pid=os.getpid(), port=fake.port,
+                  hostname="127.0.0.1")
+    port = free_port()
+    r = probe(jupyter_runtime_dir=str(rt), jupyter_port=port)
+    assert (r.status, r.reason) == (Status.FAIL, "refused"), r.message
+    assert seen == [], "the probe talked to the fake server"
+    assert refused(r) == {f"jpserver-{os.getpid()}.json":
+                          f"owned by uid {OTHER_UID} and names port {fake.port}: a file of another user "
+                          f"may only describe HEALTHCHECK_JUPYTER_PORT {port}"}
+
+
+def test_another_users_file_describes_the_configured_port(other_user_server: Any, tmp_path: Path) -> None:
+    # As in the image: Jupyter runs as the notebook user, its file says the base URL.
+    srv = other_user_server("/user/bob/")
+    rt = rt_dir(tmp_path)
+    write_runtime(rt, f"jpserver-{srv.pid}.json", owner=OTHER_UID, pid=srv.pid, port=srv.port,
+                  base_url="/user/bob/", hostname="localhost")
+    r = probe(jupyter_runtime_dir=str(rt), jupyter_port=srv.port)
+    assert r.status is Status.PASS, r.message
+    assert "/user/bob/api" in r.message and r.facts["runtime_file"] == f"jpserver-{srv.pid}.json"
+
+
+def test_another_users_file_cannot_describe_someone_elses_server(jupyter: Jupyter, tmp_path: Path) -> None:
+    # The notebook user must not pick the base URL or scheme of root's server.
+    needs_root()
+    rt = rt_dir(tmp_path)
+    write_runtime(rt, "jpserver-1.json", owner=OTHER_UID, pid=jupyter.proc.pid, port=jupyter.port,
+                  base_url="/not/here/", secure=True)
+    r = probe(jupyter_runtime_dir=str(rt), jupyter_port=jupyter.port)
+    assert r.status is Status.PASS, r.message
+    assert refused(r) == {"jpserver-1.json": f"owned by uid {OTHER_UID} but names a process of uid 0"}
+
+
+@pytest.mark.skipif(shutil.which("capsh") is None, reason="needs capsh (libcap2-bin) to drop CAP_SYS_PTRACE")
+def test_a_server_the_probe_may_not_inspect_is_not_trusted(other_user_server: Any, tmp_path: Path) -> None:
+    # Root without CAP_SYS_PTRACE (Docker's default capability set) may list another user's
+    # /proc/<pid>/fd but not read the links: who holds the port cannot be checked.
+    srv = other_user_server("/user/bob/")
+    rt = rt_dir(tmp_path)
+    name = f"jpserver-{srv.pid}.json"
+    write_runtime(rt, name, owner=OTHER_UID, pid=srv.pid, port=srv.port, base_url="/user/bob/")
+    code = ("import json, time\nfrom probes.config import Config\nfrom probes.context import Context\n"
+            "from probes.state import State\nfrom probes.services import jupyter\n"
+            f"ctx = Context(Config(jupyter_runtime_dir={str(rt)!r}, jupyter_port={srv.port}), "
+            "time.monotonic() + 3, {}, State.off('t'))\n"
+            "r = jupyter.judge(jupyter.gather(ctx), ctx)\n"
+            "print(json.dumps([r.status.value, r.message, r.facts['runtime_files_refused']]))\n")
+    out = subprocess.run(["capsh", "--drop=cap_sys_ptrace", "--", "-c", 'exec "$0" -c "$1"', sys.executable,
+                          code], capture_output=True, text=True, cwd=ROOT, env=clean_env(), timeout=30,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    status, message, why = json.loads(out.stdout)
+    assert why == {name: f"cannot check that process {srv.pid} holds port {srv.port} "
+                         f"(no access to /proc/{srv.pid}/fd)"}
+    assert status == "fail" and "HEALTHCHECK_JUPYTER_BASE_URL" in message and name in message
 
 
 # ---------------------------------------------------------------- the whole CLI: no token anywhere
@@ -170,8 +463,8 @@ def test_cli_never_shows_the_token(jupyter: Jupyter, tmp_path: Path, flags: tupl
 def test_cli_failure_never_shows_the_token(jupyter: Jupyter, tmp_path: Path) -> None:
     rt = tmp_path / "rt"
     rt.mkdir()
-    (rt / f"jpserver-{os.getpid()}.json").write_text(json.dumps(
-        {"pid": os.getpid(), "port": jupyter.port, "base_url": f"/{TOKEN}/", "secure": True,
+    (rt / f"jpserver-{jupyter.proc.pid}.json").write_text(json.dumps(
+        {"pid": jupyter.proc.pid, "port": jupyter.port, "base_url": f"/{TOKEN}/", "secure": True,
          "token": TOKEN, "url": f"https://127.0.0.1:{jupyter.port}/?token={TOKEN}"}))
     env = clean_env(HEALTHCHECK_JUPYTER_RUNTIME_DIR=str(rt), HEALTHCHECK_STATE_DIR=str(tmp_path))
     out = run_cli("--only", "jupyter", "--json", env=env, timeout=60)
