@@ -3,12 +3,14 @@
 Proves the image's HEALTHCHECK parameters, the starting -> healthy -> unhealthy -> healthy cycle
 driven by real services (sshd killed, Jupyter frozen), our own deadline on a hanging nvidia-smi
 without leftover processes, per-container SSH host keys with password and root login refused,
-and Jupyter's token kept out of logs and argv.
+Jupyter's token kept out of logs and argv, and that the notebook user cannot hang, crash,
+steer or fake root's Jupyter probe through files in its runtime directory.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import time
 from pathlib import Path
@@ -326,3 +328,146 @@ def test_jupyter_token_stays_secret_and_stop_is_clean(start_container) -> None: 
     assert state["ExitCode"] == 0, "TERM reached both services and the entrypoint ended cleanly"
     logs = docker("logs", "--tail", "5", cid)
     assert "stopping sshd and jupyter" in logs.stderr + logs.stdout
+
+
+# ---------------------------------------------------------------- the notebook user against root's probe
+# /run/jupyter belongs to the notebook user `dev`; the HEALTHCHECK runs as root and reads it.
+
+FAKE_JUPYTER = r"""
+import os, socket, sys
+port, log = int(sys.argv[1]), sys.argv[2]
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("0.0.0.0", port))
+srv.listen(16)
+with open(log, "a") as f:
+    f.write(f"listening {os.getpid()}\n")
+while True:
+    conn, peer = srv.accept()
+    with open(log, "a") as f:
+        f.write(f"connection from {peer[0]}\n")
+    try:
+        conn.settimeout(2)
+        conn.recv(4096)
+        conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n'
+                     b'{"version": "9.9.9"}')
+    except OSError:
+        pass
+    conn.close()
+"""
+FAKE_PORT = 9999
+FAKE_LOG = "/tmp/fake-jupyter.log"
+
+WRITE_AS_DEV = r"""
+import json, os, sys
+path, doc = sys.argv[1], json.loads(sys.argv[2])
+with open(path, "w") as f:
+    f.write("[" * 30000 + "]" * 30000 if doc == "nested" else json.dumps(doc))
+"""
+
+
+def container_address(cid: str) -> str:
+    """The container's own non-loopback address (where its default route leaves)."""
+    code = ("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "s.connect(('192.0.2.1', 9))\nprint(s.getsockname()[0])\n")
+    addr = exec_in(cid, "python3", "-c", code).stdout.strip()
+    assert addr and not addr.startswith("127."), addr
+    return addr
+
+
+def as_dev_write(cid: str, name: str, doc: object) -> None:
+    exec_in(cid, "python3", "-c", WRITE_AS_DEV, f"/run/jupyter/{name}", json.dumps(doc), user="dev")
+
+
+def start_fake_jupyter(cid: str) -> int:
+    """The notebook user's fake Jupyter on 0.0.0.0:FAKE_PORT (it logs every connection); its pid."""
+    docker("exec", "-d", "-u", "dev", cid, "python3", "-c", FAKE_JUPYTER, str(FAKE_PORT), FAKE_LOG)
+    found: list[str] = []
+
+    def up() -> bool:
+        out = exec_in(cid, "cat", FAKE_LOG, check=False).stdout
+        found[:] = re.findall(r"^listening (\d+)$", out, re.M)
+        return bool(found)
+
+    wait_until(up, 30, "the fake Jupyter listening")
+    return int(found[0])
+
+
+def fake_connections(cid: str) -> list[str]:
+    return [line for line in exec_in(cid, "cat", FAKE_LOG).stdout.splitlines() if line.startswith("connection")]
+
+
+def jupyter_pid(cid: str) -> int:
+    names = exec_in(cid, "bash", "-c", "ls /run/jupyter").stdout.split()
+    pids = [int(m.group(1)) for n in names if (m := re.fullmatch(r"jpserver-(\d+)\.json", n))]
+    assert len(pids) == 1, names
+    return pids[0]
+
+
+def next_health_result(cid: str, after: float, timeout: float) -> dict[str, str]:
+    """The first Docker health result whose probe started after ``after`` (a time.time())."""
+    found: list[dict[str, str]] = []
+
+    def newer() -> bool:
+        found[:] = [e for e in health_of(cid).get("Log") or [] if parse_time(e["Start"]).timestamp() > after]
+        return bool(found)
+
+    wait_until(newer, timeout, "a health check run after the change")
+    return found[0]
+
+
+@pytest.mark.parametrize("planted", ["fifo", "nested", "foreign-hostname"])
+def test_notebook_user_files_cannot_hang_crash_or_steer_the_probe(start_container, planted: str) -> None:  # type: ignore[no-untyped-def]
+    cid = start_container(health=FAST)
+    wait_for_health(cid, "healthy", timeout=60)
+    real = jupyter_pid(cid)
+    fake_pid = start_fake_jupyter(cid)
+    addr = container_address(cid)
+    since = time.time()
+    if planted == "fifo":
+        exec_in(cid, "mkfifo", "/run/jupyter/jpserver-1.json", user="dev")
+    elif planted == "nested":
+        as_dev_write(cid, "jpserver-2.json", "nested")
+    else:
+        # The fake's pid and port with a hostname off loopback; and the real server's pid and
+        # port with that hostname and another base URL: a probe that used either would connect
+        # to addr (the fake logs it; Jupyter logs the 404 for /elsewhere/api).
+        as_dev_write(cid, "jpserver-3.json", {"pid": fake_pid, "port": FAKE_PORT, "hostname": addr,
+                                              "base_url": "/", "secure": False, "token": "t"})
+        as_dev_write(cid, "jpserver-4.json", {"pid": real, "port": 8888, "hostname": addr,
+                                              "base_url": "/elsewhere/", "secure": False, "token": "t"})
+    t0 = time.monotonic()
+    out = exec_in(cid, "healthcheck", "--only", "jupyter", check=False)
+    assert time.monotonic() - t0 < 10, "the probe was held up"
+    assert out.returncode == 0, out.stdout
+    assert "PASS jupyter" in out.stdout and "127.0.0.1:8888" in out.stdout, out.stdout
+    entry = next_health_result(cid, since, timeout=60)
+    assert entry["ExitCode"] == 0 and entry["Output"].startswith("healthy:"), entry
+    assert fake_connections(cid) == [], "the probe connected where a runtime file said"
+    logs = docker("logs", cid)
+    assert "/elsewhere/" not in logs.stdout + logs.stderr, "the probe used the file's hostname and base URL"
+
+
+def test_notebook_users_fake_server_cannot_stand_in_for_a_stopped_jupyter(start_container) -> None:  # type: ignore[no-untyped-def]
+    cid = start_container(health=FAST)
+    wait_for_health(cid, "healthy", timeout=60)
+    real = jupyter_pid(cid)
+    fake_pid = start_fake_jupyter(cid)
+    addr = container_address(cid)
+    # Its runtime file says "Jupyter is here, on port 9999" (loopback, a live pid that really
+    # holds that port); another says the same with the container's own address.
+    as_dev_write(cid, f"jpserver-{fake_pid}.json", {"pid": fake_pid, "port": FAKE_PORT, "hostname": "localhost",
+                                                    "base_url": "/", "secure": False, "token": "t"})
+    as_dev_write(cid, "jpserver-3.json", {"pid": fake_pid, "port": FAKE_PORT, "hostname": addr,
+                                          "base_url": "/", "secure": False, "token": "t"})
+    exec_in(cid, "kill", str(real))
+    wait_until(lambda: exec_in(cid, "kill", "-0", str(real), check=False).returncode != 0, 30,
+               "the real Jupyter stopped")
+    worst = worst_case_unhealthy(duration(FAST.interval or ""), 35.0, FAST.retries or 0)
+    wait_for_health(cid, "unhealthy", timeout=worst)
+    out = last_output(cid)
+    assert out.startswith("unhealthy: jupyter:"), out
+    assert "nothing listening on 127.0.0.1:8888" in out and "FAIL jupyter" in out and "PASS ssh" in out, out
+    assert "9.9.9" not in out and "deadline" not in out, out
+    assert "; not used: jpserver-" in out, "the refused runtime files are mentioned"
+    assert fake_connections(cid) == [], "the probe connected to the notebook user's fake server"
