@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from typing import Any
 
@@ -69,9 +70,10 @@ PATH_CHARS = frozenset("-._~/!$&'()*+,;=:@%0123456789abcdefghijklmnopqrstuvwxyzA
 #   - if another user owns it (not root, not the suite's own uid), it names the configured
 #     HEALTHCHECK_JUPYTER_PORT and a process of that same user: such a file may say which
 #     base URL and scheme the configured server uses, never send the probe to another port;
-#   - its pid is alive and holds the LISTEN socket of its port (the socket's inode from
-#     /proc/net/tcp{,6} is among /proc/<pid>/fd). When that cannot be read (a probe that may
-#     not look into another user's process) the file is refused too.
+#   - its pid is alive and holds the LISTEN socket of its port (the socket's inode, from
+#     sock_diag or else /proc/net/tcp{,6}, is among /proc/<pid>/fd). When that cannot be read
+#     (a probe that may not look into another user's process, such as root without
+#     CAP_SYS_PTRACE, Docker's default) the file is refused too.
 # No psutil here: this runs on every liveness probe.
 
 MAX_RUNTIME_FILE = 64 * 1024
@@ -121,33 +123,117 @@ def _connect_host(hostname: str, config: Config) -> str | None:
     return None
 
 
+# sock_diag (linux/inet_diag.h): a dump of TCP sockets in LISTEN state on one port walks only
+# the kernel's listening table; /proc/net/tcp walks the whole established-connection hash
+# (milliseconds on a large host), so it is only the fallback.
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST_DUMP = 0x1 | 0x300
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_TCP_LISTEN = 10
+
+
+def _u(data: bytes, start: int, size: int) -> int:
+    return int.from_bytes(data[start:start + size], sys.byteorder)
+
+
+def _nl_messages(data: bytes) -> list[tuple[int, bytes]] | None:
+    """(type, payload) of each netlink message in ``data``; None if malformed."""
+    out, pos = [], 0
+    while pos + 16 <= len(data):
+        length, kind = _u(data, pos, 4), _u(data, pos + 4, 2)
+        if length < 16 or pos + length > len(data):
+            return None
+        out.append((kind, data[pos + 16:pos + length]))
+        pos += (length + 3) & ~3
+    return out
+
+
+def _diag_dump(nl: socket.socket, family: int, port: int, seq: int) -> set[str] | None:
+    order = sys.byteorder
+    # inet_diag_req_v2: family, protocol, ext, pad, states; then inet_diag_sockid: sport and
+    # dport (big-endian), src[4], dst[4], if, cookie[2]. A listening dump compares sport if set.
+    req = (bytes((family, socket.IPPROTO_TCP, 0, 0)) + (1 << _TCP_LISTEN).to_bytes(4, order)
+           + port.to_bytes(2, "big") + bytes(46))
+    head = ((16 + len(req)).to_bytes(4, order) + _SOCK_DIAG_BY_FAMILY.to_bytes(2, order)
+            + _NLM_F_REQUEST_DUMP.to_bytes(2, order) + seq.to_bytes(4, order) + bytes(4))
+    nl.sendto(head + req, (0, 0))
+    found: set[str] = set()
+    while True:
+        messages = _nl_messages(nl.recv(65536))
+        if not messages:
+            return None
+        for kind, msg in messages:
+            if kind == _NLMSG_DONE:
+                return found
+            if kind == _NLMSG_ERROR:
+                return None
+            # inet_diag_msg: family, state, timer, retrans, sockid (48 bytes), expires, rqueue,
+            # wqueue, uid, inode.
+            if len(msg) >= 72 and msg[1] == _TCP_LISTEN and int.from_bytes(msg[4:6], "big") == port:
+                found.add(f"socket:[{_u(msg, 68, 4)}]")
+
+
+def _diag_listeners(port: int) -> set[str] | None:
+    """``socket:[inode]`` of the TCP sockets listening on ``port`` (IPv4 and IPv6), from
+    sock_diag; None when that interface cannot answer (then /proc/net/tcp is read)."""
+    try:
+        nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG)
+    except (OSError, AttributeError):
+        return None
+    found: set[str] = set()
+    with nl:
+        nl.settimeout(0.5)  # the kernel answers at once; never wait long for it
+        for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
+            try:
+                part = _diag_dump(nl, family, port, seq)
+            except OSError:
+                return None
+            if part is None:
+                return None
+            found |= part
+    return found
+
+
+def _proc_listeners() -> dict[int, set[str]]:
+    """LISTEN sockets by port (``socket:[inode]``) from /proc/net/tcp and tcp6."""
+    by_port: dict[int, set[str]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, "rb") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != b"0A":  # 0A: LISTEN
+                continue
+            try:
+                lport = int(fields[1].rpartition(b":")[2], 16)
+                inode = int(fields[9])
+            except ValueError:
+                continue
+            by_port.setdefault(lport, set()).add(f"socket:[{inode}]")
+    return by_port
+
+
 class _Listeners:
-    """LISTEN sockets by port (``socket:[inode]``), from /proc/net/tcp and tcp6, read once when asked."""
+    """LISTEN sockets by port, asked of the kernel once per port and run."""
 
     def __init__(self) -> None:
-        self._by_port: dict[int, set[str]] | None = None
+        self._ports: dict[int, set[str]] = {}
+        self._proc: dict[int, set[str]] | None = None
 
     def on(self, port: int) -> set[str]:
-        if self._by_port is None:
-            self._by_port = {}
-            for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-                try:
-                    with open(table, "rb") as f:
-                        lines = f.read().splitlines()[1:]
-                except OSError:
-                    continue
-                for line in lines:
-                    # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-                    fields = line.split()
-                    if len(fields) < 10 or fields[3] != b"0A":  # 0A: LISTEN
-                        continue
-                    try:
-                        lport = int(fields[1].rpartition(b":")[2], 16)
-                        inode = int(fields[9])
-                    except ValueError:
-                        continue
-                    self._by_port.setdefault(lport, set()).add(f"socket:[{inode}]")
-        return self._by_port.get(port, set())
+        if port not in self._ports:
+            found = _diag_listeners(port)
+            if found is None:
+                if self._proc is None:
+                    self._proc = _proc_listeners()
+                found = self._proc.get(port, set())
+            self._ports[port] = found
+        return self._ports[port]
 
 
 def _proc_uid(pid: int) -> int | None:

@@ -3,6 +3,7 @@ servers that are not Jupyter, hang, trickle, or speak the other side of TLS."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -294,6 +295,22 @@ def test_loopback_and_wildcard_hostnames_are_used(jupyter_base: Jupyter, tmp_pat
         r = probe(jupyter_runtime_dir=str(rt), jupyter_port=1)
         assert r.status is Status.PASS, (host, r.message)
         assert r.facts["runtime_file"] == "jpserver-9.json" and refused(r) == {}
+
+
+def test_listening_sockets_from_sock_diag_and_proc_agree() -> None:
+    sockets = [Listener()]
+    try:
+        with contextlib.suppress(OSError):  # the same port on IPv6 loopback, where there is one
+            sockets.append(Listener("::1", sockets[0].port))
+        port = sockets[0].port
+        inodes = {f"socket:[{os.fstat(s.sock.fileno()).st_ino}]" for s in sockets}
+        assert jupyter._diag_listeners(port) == inodes
+        assert jupyter._proc_listeners()[port] == inodes
+        free = free_port()
+        assert jupyter._diag_listeners(free) == set() and free not in jupyter._proc_listeners()
+    finally:
+        for s in sockets:
+            s.close()
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost", "LOCALHOST",
