@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 IMAGE ?= gpu-dev:latest
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help install setup system-deps fakes run test unit bats manifests stress e2e image bench lint clean
+.PHONY: help install setup system-deps fakes run test unit bats manifests stress e2e image bench lint clean gpu-verify
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -61,10 +61,14 @@ e2e: ## end-to-end tests on a real Docker engine (installs and starts one as roo
 bench: ## the benchmark: wall time, CPU time and peak RSS per profile against two floors
 	$(PY) bench/run.py
 
+# No dependency on .venv: a GPU machine has no network for `make setup`. FAKE=1 uses .venv.
+gpu-verify: ## prove every CUDA path on a real GPU, offline (FAKE=1: self-test on the fakes; OUT=dir)
+	FAKE='$(FAKE)' OUT='$(OUT)' bash tests/gpu/verify.sh
+
 lint: ## ruff, mypy, shellcheck, hadolint
 	$(BIN)/ruff check probes tests bench k8s
 	$(BIN)/mypy
-	$(BIN)/shellcheck healthcheck tests/*.sh tests/e2e/*.sh docker/*.sh .ci/run
+	$(BIN)/shellcheck healthcheck tests/*.sh tests/e2e/*.sh tests/gpu/*.sh docker/*.sh .ci/run
 	$(BIN)/hadolint --config .hadolint.yaml Dockerfile
 
 clean: ## remove build outputs
