@@ -36,10 +36,10 @@
 # commands), never downloads anything, talks only to the local serve it starts.
 #
 # Environment: GPU_VERIFY_PYTHON (the interpreter that owns torch; default python3,
-# with --fake .venv/bin/python), GPU_VERIFY_BUDGET (seconds after which the remaining checks are
-# skipped so that the summary is written in time; default 420), GPU_VERIFY_RUNS (runs
-# per timing; default 5, with --fake 3), GPU_VERIFY_COMMIT (the commit to record where
-# the copy has no .git), KEEP=1 (keep the work directory).
+# with --fake .venv/bin/python), GPU_VERIFY_BUDGET (seconds after which the remaining
+# checks are skipped so that the summary is written in time; default 420),
+# GPU_VERIFY_RUNS (runs per timing; default 5, with --fake 3), GPU_VERIFY_COMMIT (the
+# commit to record where the copy has no .git), KEEP=1 (keep the work directory).
 #
 # Exit status: 0 every check that could run passed, 1 a check failed, 3 usage error.
 set -euo pipefail
