@@ -44,8 +44,9 @@ def _has_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if any("gpu" in item.keywords for item in items) and not _has_gpu():
+    # The marker, not the keywords: every test in a folder named gpu has the keyword "gpu".
+    if any(item.get_closest_marker("gpu") for item in items) and not _has_gpu():
         skip = pytest.mark.skip(reason="needs a real NVIDIA GPU: nvidia-smi -L found none on this machine")
         for item in items:
-            if "gpu" in item.keywords:
+            if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
