@@ -30,18 +30,24 @@ MAX_ERROR_LINE = 400  # characters of a usage error line, however long or strang
 def parser() -> argparse.ArgumentParser:
     import argparse
 
+    from probes.config import GLOBAL_SETTINGS
+
+    probes = "; ".join(f"{s.name} ({s.layer}, {s.toggle}): {s.about}" for s in registry.PROBES)
+    settings = ", ".join(s.env for s in (*GLOBAL_SETTINGS, *registry.SETTINGS))
     p = argparse.ArgumentParser(
         prog="healthcheck",
         description="Prove that this GPU container can do its job: hardware (nvidia-smi, NVML), "
                     "framework (a verified PyTorch op on every GPU) and services (Jupyter, sshd).",
-        epilog="Subcommand: `healthcheck serve` runs the HTTP endpoints (/livez /readyz /startupz "
+        epilog=f"Probes: {probes}. Drop-in checks: every executable in HEALTHCHECK_CHECKS_DIR "
+               "(default /etc/healthcheck.d), toggled by ENABLE_<NAME>_CHECK. "
+               "Subcommand: `healthcheck serve` runs the HTTP endpoints (/livez /readyz /startupz "
                "/metrics). Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error. "
-               "Environment: ENABLE_GPU_CHECK, ENABLE_TORCH_CHECK, ENABLE_JUPYTER_CHECK, "
-               "ENABLE_SSH_CHECK and HEALTHCHECK_* (see the README).")
+               f"Settings: {settings} (see the README).")
     p.add_argument("--profile", help="startup, readiness (default) or liveness")
     p.add_argument("--json", action="store_true", help="print application/health+json")
-    p.add_argument("--only", metavar="NAMES", help=f"run only these probes ({', '.join(registry.NAMES)})")
-    p.add_argument("--skip", metavar="NAMES", help="do not run these probes")
+    p.add_argument("--only", metavar="NAMES", help="run only these probes or drop-in checks "
+                                                   "(comma-separated)")
+    p.add_argument("--skip", metavar="NAMES", help="do not run these probes or drop-in checks")
     p.add_argument("-v", "--verbose", action="store_true", help="show observed values")
     p.add_argument("--version", action="version", version=f"healthcheck {__version__}")
     return p
@@ -89,8 +95,8 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
 
 
 def _disabled_text(cfg: Config) -> str:
-    off = [t for t in registry.TOGGLES if not cfg.toggles.get(t, True)]
-    if len(off) == len(registry.TOGGLES) and not cfg.only:
+    off = [t for t in cfg.toggles if not cfg.toggles[t]]
+    if off and len(off) == len(cfg.toggles) and not cfg.only:
         return f"all checks disabled ({', '.join(off)} are off)"
     return f"no checks selected for the {cfg.profile} profile"
 

@@ -10,7 +10,7 @@ import math
 import os
 import types
 from collections.abc import Mapping, Sequence
-from typing import Callable, NamedTuple, TypeVar
+from typing import Any, Callable, TypeVar
 
 from probes import registry
 from probes.untrusted import clean
@@ -95,13 +95,15 @@ def parse_choice(name: str, raw: str, choices: Sequence[str]) -> str:
     return v
 
 
-def parse_names(flag: str, raw: str) -> tuple[str, ...]:
+def parse_names(flag: str, raw: str, known: Sequence[str] | None = None) -> tuple[str, ...]:
+    known = registry.NAMES if known is None else known
+    accepted = clean(", ".join(known), 200)
     names = tuple(n.strip(SPACE) for n in raw.split(",") if n.strip(SPACE))
     if not names:
-        raise ConfigError(f"{flag} {shown(raw)} names no probe (accepted: {', '.join(registry.NAMES)})")
+        raise ConfigError(f"{flag} {shown(raw)} names no probe (accepted: {accepted})")
     for n in names:
-        if n not in registry.BY_NAME:
-            raise ConfigError(f"{flag}: unknown probe {shown(n)} (accepted: {', '.join(registry.NAMES)})")
+        if n not in known:
+            raise ConfigError(f"{flag}: unknown probe {shown(n)} (accepted: {accepted})")
     return names
 
 
@@ -120,30 +122,98 @@ def parse_base_url(name: str, raw: str) -> str:
     return v if v.endswith("/") else v + "/"
 
 
-ALL_ON: Mapping[str, bool] = types.MappingProxyType(dict.fromkeys(registry.TOGGLES, True))
+GLOBAL_SETTINGS = (
+    registry.Setting("HEALTHCHECK_PROFILE", "profile", registry.CHOICE, DEFAULT_PROFILE,
+                     "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=PROFILES),
+    registry.Setting("HEALTHCHECK_TIMEOUT", "timeout", registry.NUMBER, None,
+                     "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
+                     "the front door kills the run 3 s later", low=0, high=MAX_TIMEOUT,
+                     shown_default="per profile: " + " / ".join(f"{v:g}" for v in PROFILE_TIMEOUTS.values())),
+    registry.Setting("HEALTHCHECK_HOST", "host", registry.TEXT, "127.0.0.1",
+                     "where the services (Jupyter, sshd) are probed (`::1` works)"),
+    registry.Setting("HEALTHCHECK_STATE_DIR", "state_dir", registry.TEXT, None,
+                     "cache, locks, latch; created 0700, a symlink or foreign directory is refused (caching "
+                     "off)",
+                     shown_default="`/run/healthcheck`, else `$XDG_RUNTIME_DIR/healthcheck`, else "
+                                   "`/tmp/healthcheck-<uid>`"),
+    registry.Setting("HEALTHCHECK_LOG_FILE", "log_file", registry.TEXT, None,
+                     "one line per run plus error details; rotated at 1 MiB (one backup); a regular file "
+                     "only "
+                     "(see below)", shown_default="unset"),
+    registry.Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", registry.TEXT, "/etc/healthcheck.d",
+                     "drop-in checks: every executable file there is a check (see \"Drop-in checks\")"),
+)
+
+# Read outside the suite's configuration (the front door, the fast path): listed for the README.
+OTHER_SETTINGS = (
+    registry.Setting("HEALTHCHECK_PYTHON", "", registry.TEXT, None,
+                     "the suite's own interpreter (front door only)",
+                     shown_default="the `.venv` beside the `healthcheck` script"),
+    registry.Setting("HEALTHCHECK_FASTPATH", "", registry.BOOL, True,
+                     "use a running `healthcheck serve`'s fresh results instead of probing again"),
+    registry.Setting("HEALTHCHECK_DEBUG", "", registry.TEXT, None, "trace the front door (`set -x`)",
+                     shown_default="unset"),
+)
 
 
-class Config(NamedTuple):
-    """The validated settings of one run (``cfg._replace(...)`` derives another)."""
+class Config:
+    """The validated settings of one run: the global ones, every probe's declared settings
+    (as attributes named by their ``field``), the flags and the drop-in checks found.
 
-    profile: str = DEFAULT_PROFILE
-    timeout: float = PROFILE_TIMEOUTS[DEFAULT_PROFILE]
-    json: bool = False
-    verbose: bool = False
-    only: tuple[str, ...] = ()
-    skip: tuple[str, ...] = ()
-    toggles: Mapping[str, bool] = ALL_ON
-    host: str = "127.0.0.1"
-    jupyter_port: int = 8888
-    jupyter_base_url: str = "/"
-    jupyter_runtime_dir: str | None = None
-    ssh_port: int = 22
-    gpu_count: int = 1
-    torch_device: str = "cuda"
-    torch_python: str = "python3"
-    torch_ttl: float = 300.0
-    state_dir: str | None = None
-    log_file: str | None = None
+    Immutable; ``cfg._replace(...)`` derives another and ``Config(**fields)`` builds one
+    with defaults for the rest (unknown names are a TypeError).
+    """
+
+    __slots__ = ("_values",)
+    # The global fields, for readers and type checkers; probe settings come from the registry.
+    profile: str
+    timeout: float
+    json: bool
+    verbose: bool
+    only: tuple[str, ...]
+    skip: tuple[str, ...]
+    toggles: Mapping[str, bool]
+    host: str
+    state_dir: str | None
+    log_file: str | None
+    checks_dir: str
+    dropins: tuple[registry.Spec, ...]
+
+    def __init__(self, **fields: Any) -> None:
+        values = _defaults()
+        unknown = set(fields) - set(values)
+        if unknown:
+            raise TypeError(f"Config has no field {sorted(unknown)[0]!r}")
+        values.update(fields)
+        object.__setattr__(self, "_values", types.MappingProxyType(values))
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Config is immutable: use _replace()")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and dict(self._values) == dict(other._values)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted((k, repr(v)) for k, v in self._values.items())))
+
+    def __repr__(self) -> str:
+        return f"Config({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+    def _replace(self, **fields: Any) -> Config:
+        return Config(**{**self._values, **fields})
+
+    def _asdict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def probes(self) -> tuple[registry.Spec, ...]:
+        """Every probe this configuration knows: the built-in ones, then the drop-ins."""
+        return (*registry.PROBES, *self.dropins)
 
     def enabled(self, spec: registry.Spec) -> bool:
         """Whether a probe runs in this configuration (flags override the toggles)."""
@@ -156,7 +226,35 @@ class Config(NamedTuple):
         return bool(self.toggles.get(spec.toggle, True))
 
     def selected(self) -> list[registry.Spec]:
-        return [s for s in registry.PROBES if self.enabled(s)]
+        return [s for s in self.probes() if self.enabled(s)]
+
+
+def _defaults() -> dict[str, Any]:
+    values: dict[str, Any] = {"profile": DEFAULT_PROFILE, "timeout": PROFILE_TIMEOUTS[DEFAULT_PROFILE],
+                              "json": False, "verbose": False, "only": (), "skip": (),
+                              "toggles": types.MappingProxyType({}), "dropins": ()}
+    for setting in (*GLOBAL_SETTINGS, *registry.SETTINGS):
+        values.setdefault(setting.field, setting.default)
+    return values
+
+
+def parse_setting(setting: registry.Setting, raw: str) -> Any:
+    """A declared setting's value from its raw text (ConfigError on a bad one)."""
+    name, kind = setting.env, setting.kind
+    if kind == registry.BOOL:
+        return parse_bool(name, raw)
+    if kind == registry.PORT:
+        return parse_port(name, raw)
+    if kind in (registry.NUMBER, registry.INTEGER):
+        value = parse_number(name, raw, low=setting.low, high=setting.high,
+                             low_inclusive=setting.low_inclusive,
+                             integer=kind == registry.INTEGER)
+        return int(value) if kind == registry.INTEGER else value
+    if kind == registry.CHOICE:
+        return parse_choice(name, raw, setting.choices)
+    if kind == registry.URL_PATH:
+        return parse_base_url(name, raw)
+    return parse_text(name, raw)
 
 
 def _env(environ: Mapping[str, str], name: str, parse: Callable[[str, str], T], default: T) -> T:
@@ -171,34 +269,26 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
          skip: str | None = None) -> Config:
     """Build the configuration from flags (keyword arguments) and the environment."""
     env = os.environ if environ is None else environ
+    by_env = {s.env: s for s in GLOBAL_SETTINGS}
     if profile is not None:
         prof = parse_choice("--profile", profile, PROFILES)
     else:
         prof = _env(env, "HEALTHCHECK_PROFILE", lambda n, r: parse_choice(n, r, PROFILES), DEFAULT_PROFILE)
-    toggles = {t: _env(env, t, parse_bool, True) for t in registry.TOGGLES}
-    timeout = _env(env, "HEALTHCHECK_TIMEOUT",
-                   lambda n, r: parse_number(n, r, low=0, high=MAX_TIMEOUT), PROFILE_TIMEOUTS[prof])
-    return Config(
-        profile=prof,
-        timeout=timeout,
-        json=json,
-        verbose=verbose,
-        only=parse_names("--only", only) if only is not None else (),
-        skip=parse_names("--skip", skip) if skip is not None else (),
-        toggles=types.MappingProxyType(toggles),
-        host=_env(env, "HEALTHCHECK_HOST", parse_text, "127.0.0.1"),
-        jupyter_port=_env(env, "HEALTHCHECK_JUPYTER_PORT", parse_port, 8888),
-        jupyter_base_url=_env(env, "HEALTHCHECK_JUPYTER_BASE_URL", parse_base_url, "/"),
-        jupyter_runtime_dir=_env(env, "HEALTHCHECK_JUPYTER_RUNTIME_DIR", parse_text, None),
-        ssh_port=_env(env, "HEALTHCHECK_SSH_PORT", parse_port, 22),
-        gpu_count=int(_env(env, "HEALTHCHECK_GPU_COUNT",
-                           lambda n, r: parse_number(n, r, low=0, high=1024, low_inclusive=True,
-                                                     integer=True), 1.0)),
-        torch_device=_env(env, "HEALTHCHECK_TORCH_DEVICE", lambda n, r: parse_choice(n, r, ("cuda", "cpu")),
-                          "cuda"),
-        torch_python=_env(env, "HEALTHCHECK_TORCH_PYTHON", parse_text, "python3"),
-        torch_ttl=_env(env, "HEALTHCHECK_TORCH_TTL",
-                       lambda n, r: parse_number(n, r, low=0, high=86400, low_inclusive=True), 300.0),
-        state_dir=_env(env, "HEALTHCHECK_STATE_DIR", parse_text, None),
-        log_file=_env(env, "HEALTHCHECK_LOG_FILE", parse_text, None),
+    values: dict[str, Any] = {"profile": prof, "json": json, "verbose": verbose}
+    values["timeout"] = _env(env, "HEALTHCHECK_TIMEOUT", lambda n, r: parse_setting(by_env[n], r),
+                             PROFILE_TIMEOUTS[prof])
+    for setting in (*GLOBAL_SETTINGS, *registry.SETTINGS):
+        if setting.field not in values:
+            values[setting.field] = _env(env, setting.env, lambda n, r, s=setting: parse_setting(s, r),  # type: ignore[misc]
+                                         setting.default)
+    from probes import dropins
+
+    found = dropins.specs(values["checks_dir"], frozenset(registry.NAMES))
+    toggles = {t: _env(env, t, parse_bool, True) for t in (*registry.TOGGLES, *(s.toggle for s in found))}
+    known = (*registry.NAMES, *(s.name for s in found))
+    values.update(
+        toggles=types.MappingProxyType(toggles), dropins=found,
+        only=parse_names("--only", only, known) if only is not None else (),
+        skip=parse_names("--skip", skip, known) if skip is not None else (),
     )
+    return Config(**values)

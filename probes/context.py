@@ -12,6 +12,8 @@ from probes.state import State
 if TYPE_CHECKING:
     import logging
 
+    from probes.registry import Spec
+
 
 def logger() -> logging.Logger:
     """The suite's logger, set up on first use: importing logging costs every run ~5 ms.
@@ -34,6 +36,7 @@ class Context(NamedTuple):
     results: Mapping[str, Result]  # probes that already finished in this run
     state: State
     started: float = 0.0  # wall clock (time.time()) at run start
+    spec: Spec | None = None  # the probe being run (a drop-in check reads its file from here)
 
     @property
     def profile(self) -> str:

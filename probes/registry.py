@@ -1,19 +1,69 @@
-"""The probes, their layers, toggles, profiles and default deadlines.
+"""The probes: one line per module below, and each module declares everything about itself.
 
-Each probe lives in its own module, imported only when it runs. A probe module
-defines ``NAME``, ``MEASUREMENT`` (the JSON key is ``NAME:MEASUREMENT``),
-``gather(ctx)`` (the only part that touches hardware, subprocesses or sockets;
-it must return by ``ctx.deadline``) and ``judge(data, ctx) -> Result`` (pure).
+A probe module defines ``SPEC = Spec(...)``: its name, layer, JSON measurement (the
+health+json key is ``NAME:MEASUREMENT``), ``ENABLE_*`` toggle, default deadline, profiles,
+the probes it requires, its own settings (environment variable, type, default, bounds,
+one-line meaning) and its table of causes (reason code, status, cause, remedy). It also
+defines ``gather(ctx)`` (the only part that touches hardware, subprocesses or sockets; it
+must return by ``ctx.deadline``), ``judge(data, ctx) -> Result`` (pure), and optionally
+``on_deadline(ctx)`` and ``requirements(config)`` (when what it requires depends on a
+setting).
+
+Everything else is derived from the declarations: configuration loading and validation,
+``--help``, ``--only``/``--skip``, the JSON report, serve and its metrics, and the README's
+probe, environment and cause tables (``make docs``). Adding a probe is one module, one
+test file and one line in ``MODULES``.
+
+The modules are imported on first use of ``PROBES`` (or ``NAMES``, ``BY_NAME``,
+``TOGGLES``), not when this module is imported: the declarations' own imports must
+therefore stay light (heavy imports go inside ``gather``).
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 ALL_PROFILES = ("startup", "readiness", "liveness")
-LAYERS = ("hardware", "framework", "services")
+LAYERS = ("hardware", "framework", "services", "drop-in")
+
+# One line per probe module, in layer order.
+MODULES = (
+    "probes.hardware.nvidia_smi",
+    "probes.hardware.nvml",
+    "probes.framework.torch_cuda",
+    "probes.services.jupyter",
+    "probes.services.ssh",
+)
+
+# Setting kinds (how config parses the value); see probes.config.parse_setting.
+BOOL, NUMBER, INTEGER, PORT = "bool", "number", "integer", "port"
+TEXT, CHOICE, URL_PATH = "text", "choice", "path"
+
+
+class Setting(NamedTuple):
+    """One environment variable a probe reads, with its validation and its README row."""
+
+    env: str  # HEALTHCHECK_SSH_PORT
+    field: str  # the attribute on Config: config.ssh_port
+    kind: str  # BOOL, NUMBER, INTEGER, PORT, TEXT, CHOICE or URL_PATH
+    default: Any
+    meaning: str  # one line for the README and --help
+    low: float = 0.0  # NUMBER and INTEGER bounds
+    high: float = 0.0
+    low_inclusive: bool = False
+    choices: tuple[str, ...] = ()  # CHOICE
+    shown_default: str | None = None  # the README's default column when not just the value
+
+
+class Cause(NamedTuple):
+    """One row of a probe's cause table: what happened, the reason code, status and remedy."""
+
+    reason: str
+    status: str  # "fail", "warn" or "skip"
+    cause: str
+    remedy: str
 
 
 class Spec(NamedTuple):
@@ -23,33 +73,45 @@ class Spec(NamedTuple):
     toggle: str  # the ENABLE_* variable that switches it on or off
     timeout: float  # default per-probe deadline in seconds (capped by the run's)
     profiles: tuple[str, ...]
-    # Probes whose failure skips this one. For torch-cuda the hardware layer is
-    # only a prerequisite when the device is cuda (see requirements()).
-    requires: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()  # probes whose failure skips this one
+    measurement: str = "status"
+    settings: tuple[Setting, ...] = ()
+    causes: tuple[Cause, ...] = ()
+    about: str = ""  # what it proves, one line (--help, README)
+    dropin: Any = None  # probes.dropins.Check for a drop-in check
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
-
-PROBES: tuple[Spec, ...] = (
-    Spec("nvidia-smi", "hardware", "probes.hardware.nvidia_smi", "ENABLE_GPU_CHECK", 10.0,
-         ("startup", "readiness")),
-    Spec("nvml", "hardware", "probes.hardware.nvml", "ENABLE_GPU_CHECK", 5.0,
-         ("startup", "readiness")),
-    # In liveness, torch-cuda only reads the sticky CUDA-fatal latch: no worker, no GPU.
-    Spec("torch-cuda", "framework", "probes.framework.torch_cuda", "ENABLE_TORCH_CHECK", 45.0,
-         ALL_PROFILES, requires=("nvidia-smi", "nvml")),
-    Spec("jupyter", "services", "probes.services.jupyter", "ENABLE_JUPYTER_CHECK", 3.0,
-         ALL_PROFILES),
-    Spec("ssh", "services", "probes.services.ssh", "ENABLE_SSH_CHECK", 3.0, ALL_PROFILES),
-)
-
-BY_NAME = {s.name: s for s in PROBES}
-NAMES = tuple(BY_NAME)
-TOGGLES = ("ENABLE_GPU_CHECK", "ENABLE_TORCH_CHECK", "ENABLE_JUPYTER_CHECK", "ENABLE_SSH_CHECK")
+    def requirements(self, config: Any) -> tuple[str, ...]:
+        """The probes this one needs in this configuration (a module may decide by a setting)."""
+        decide = getattr(self.load(), "requirements", None) if self.requires else None
+        return tuple(decide(config)) if decide is not None else self.requires
 
 
-def requirements(spec: Spec, torch_device: str) -> tuple[str, ...]:
-    if spec.name == "torch-cuda" and torch_device == "cpu":
-        return ()
-    return spec.requires
+_cache: dict[str, Any] = {}
+
+
+def _build() -> dict[str, Any]:
+    if not _cache:
+        specs = tuple(importlib.import_module(m).SPEC for m in MODULES)
+        toggles = tuple(dict.fromkeys(s.toggle for s in specs))
+        settings: dict[str, Setting] = {}
+        for s in specs:
+            for setting in s.settings:
+                if settings.setdefault(setting.env, setting) != setting:
+                    raise RuntimeError(f"{setting.env} is declared twice, differently")
+        _cache.update(PROBES=specs, BY_NAME={s.name: s for s in specs}, NAMES=tuple(s.name for s in specs),
+                      TOGGLES=toggles, SETTINGS=tuple(settings.values()))
+    return _cache
+
+
+def __getattr__(name: str) -> Any:
+    """``PROBES``, ``BY_NAME``, ``NAMES``, ``TOGGLES`` and ``SETTINGS``, built on first use."""
+    if name in ("PROBES", "BY_NAME", "NAMES", "TOGGLES", "SETTINGS"):
+        return _build()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def requirements(spec: Spec, config: Any) -> tuple[str, ...]:
+    return spec.requirements(config)

@@ -75,10 +75,11 @@ def text(outcome: Outcome, *, verbose: bool = False, disabled: str = "") -> str:
 
 def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
     checks: dict[str, list[dict[str, Any]]] = {}
+    specs = {s.name: s for s in outcome.specs}
     for r in outcome.results:
-        spec = registry.BY_NAME.get(r.name)
+        spec = specs.get(r.name) or registry.BY_NAME.get(r.name)
         is_skip = r.status is Status.SKIP
-        checks[f"{r.name}:{_measurement(spec)}"] = [{
+        checks[f"{r.name}:{spec.measurement if spec else 'status'}"] = [{
             "componentType": spec.layer if spec else "component",
             "status": "warn" if is_skip else r.status.value,
             "observedValue": _short(r.observed, 120) if isinstance(r.observed, str) else r.observed,
@@ -99,16 +100,6 @@ def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
         "notes": [_short(n) for n in outcome.notes],
         "checks": checks,
     }
-
-
-def _measurement(spec: registry.Spec | None) -> str:
-    """The probe module's MEASUREMENT (the second half of its health+json key)."""
-    if spec is None:
-        return "status"
-    try:
-        return str(getattr(spec.load(), "MEASUREMENT", "status"))
-    except Exception:
-        return "status"
 
 
 def json_text(outcome: Outcome, *, disabled: str = "") -> str:

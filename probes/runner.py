@@ -19,6 +19,17 @@ from probes.context import Context, logger
 from probes.result import SEVERITY, Result, Status, failed, skipped
 from probes.state import State
 
+# What any probe can report, besides its own causes (the README's first cause table).
+COMMON_CAUSES = (
+    registry.Cause("deadline", "fail", "the probe gave no answer by its deadline (its own, or the run's "
+                   "`HEALTHCHECK_TIMEOUT`)", "the named component is hung; see the probe's remedy"),
+    registry.Cause("dependency-failed", "skip", "a lower layer failed, so this probe did not run",
+                   "fix the layer named in the message"),
+    registry.Cause("latched", "fail", "a CUDA-fatal error or a critical Xid latched the container unhealthy",
+                   "restart the container (a new PID 1 clears the latch)"),
+    registry.Cause("internal-error", "fail", "the probe itself raised (a bug); the detail is only in "
+                   "`HEALTHCHECK_LOG_FILE`", "report it with the log line"),
+)
 GRACE = 0.4  # how long past its deadline we wait for a probe that runs a child (TERM+KILL take 0.3 s)
 
 
@@ -28,6 +39,7 @@ class Outcome(NamedTuple):
     notes: tuple[str, ...] = ()
     abandoned: bool = False  # a probe thread is still stuck in a call: exit without joining it
     elapsed: float = 0.0
+    specs: tuple[registry.Spec, ...] = ()  # what ran (drop-ins included), for the reports
 
     @property
     def status(self) -> Status:
@@ -106,7 +118,7 @@ def run(config: Config, state: State, *, start: float | None = None,
         try:
             # Under a latch nothing waits: the hardware layer is not run at all.
             needs = [] if latch is not None else [
-                n for n in registry.requirements(spec, config.torch_device) if n in by_name]
+                n for n in spec.requirements(config) if n in by_name]
             for name in needs:
                 done[name].wait(max(0.0, end - time.monotonic()) + 2 * GRACE)
             with lock:
@@ -128,7 +140,7 @@ def run(config: Config, state: State, *, start: float | None = None,
                 deadline = min(t0 + spec.timeout, end)
                 with lock:
                     snapshot = dict(results)
-                ctx = Context(config, deadline, snapshot, state, wall)
+                ctx = Context(config, deadline, snapshot, state, wall, spec)
                 result, stuck = _execute(spec, ctx, deadline - t0)
                 if stuck:
                     abandoned.set()
@@ -155,4 +167,4 @@ def run(config: Config, state: State, *, start: float | None = None,
     if not state.enabled and torch_selected:
         notes.append(f"caching off: {state.disabled_reason}")
     return Outcome(config.profile, tuple(ordered), tuple(notes), abandoned.is_set(),
-                   round(time.monotonic() - start, 4))
+                   round(time.monotonic() - start, 4), tuple(specs))

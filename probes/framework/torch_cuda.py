@@ -50,12 +50,83 @@ from typing import Any
 from probes import proc, untrusted
 from probes.context import Context, logger
 from probes.framework import torch_worker
+from probes.registry import ALL_PROFILES, CHOICE, NUMBER, TEXT, Cause, Setting, Spec
 from probes.result import SEVERITY, Result, Status, failed, passed, warned
 from probes.state import pid1_identity
 
 NAME = "torch-cuda"
 MEASUREMENT = "devices"
 UNIT = "devices"
+
+
+def _c(reason: str, cause: str, remedy: str, status: str = "fail") -> Cause:
+    return Cause(reason, status, cause, remedy)
+
+
+SPEC = Spec(
+    NAME, "framework", __name__, "ENABLE_TORCH_CHECK", 45.0, ALL_PROFILES, requires=("nvidia-smi", "nvml"),
+    measurement=MEASUREMENT,
+    about="the image's own Python imports torch and runs a verified matmul on every GPU",
+    settings=(
+        Setting("HEALTHCHECK_TORCH_DEVICE", "torch_device", CHOICE, "cuda",
+                "`cuda` (every visible GPU) or `cpu` (CPU-only images)", choices=("cuda", "cpu")),
+        Setting("HEALTHCHECK_TORCH_PYTHON", "torch_python", TEXT, "python3",
+                "the interpreter that owns torch (the image's)", shown_default="`python3` on `PATH`"),
+        Setting("HEALTHCHECK_TORCH_TTL", "torch_ttl", NUMBER, 300.0,
+                "seconds a passing torch-cuda result is reused by readiness", low=0, high=86400,
+                low_inclusive=True),
+    ),
+    causes=(
+        _c("interpreter-not-found", "`HEALTHCHECK_TORCH_PYTHON` interpreter not found",
+           "set `HEALTHCHECK_TORCH_PYTHON` to the image's Python that has torch (e.g. "
+           "`/opt/conda/bin/python`)"),
+        _c("interpreter-not-executable", "interpreter not executable",
+           "point `HEALTHCHECK_TORCH_PYTHON` at an executable Python"),
+        _c("torch-missing", "torch not installed in that interpreter",
+           "set `HEALTHCHECK_TORCH_PYTHON` to the interpreter that has torch"),
+        _c("torch-import-failed", "`import torch` fails (missing module or library)",
+           "reinstall torch in the image or fix its libraries (details in the log)"),
+        _c("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`",
+           "install a CUDA build of torch, or set `HEALTHCHECK_TORCH_DEVICE=cpu` for CPU-only images"),
+        _c("cuda-unavailable", "`torch.cuda.is_available()` false / no GPU visible",
+           "start the container with `--gpus all` (NVIDIA Container Toolkit); check the host driver with "
+           "`nvidia-smi`"),
+        _c("driver-too-old", "CUDA driver older than `torch.version.cuda`",
+           "update the host NVIDIA driver, or use an image built for an older CUDA"),
+        _c("count-mismatch", "torch sees a different GPU count than NVML",
+           "check `nvidia-smi`, dmesg for Xid errors, `NVIDIA_VISIBLE_DEVICES`"),
+        _c("device-busy", "GPU held by the workload in EXCLUSIVE_PROCESS mode (\"busy or unavailable\"); the "
+           "message names the holding PID", "none: the workload owns the GPU; not a fault", "warn"),
+        _c("oom", "out of memory for the probe's own context", "none: the workload uses the memory; not a "
+                                                               "fault",
+           "warn"),
+        _c("wrong-result", "GPU result differs from the CPU reference",
+           "silent data corruption: drain the node, run `dcgmi diag`"),
+        _c("cuda-fatal", "fatal CUDA error (illegal address, launch failure, uncorrectable ECC, unknown "
+                         "error, "
+           "misaligned address, ...); latches", "restart the container; check dmesg for Xid errors"),
+        _c("latched", "latch in force from an earlier fatal error (or a critical Xid seen by `healthcheck "
+                      "serve`): "
+           "no worker started, the hardware probes are skipped too", "restart the container (a new PID 1 "
+                                                                     "clears it)"),
+        _c("deadline", "worker gave no result by the deadline",
+           "the driver may be wedged (check `nvidia-smi`, dmesg); if stuck in `import`, raise "
+           "`HEALTHCHECK_TIMEOUT`"),
+        _c("stuck", "worker survived SIGKILL (uninterruptible sleep); while it exists, later runs start no "
+                    "other "
+           "worker and say so at once", "driver wedged; the node may need a reboot"),
+        _c("killed", "worker killed by a signal", "SIGKILL: check the container's memory limit; "
+           "SIGSEGV/SIGBUS/SIGABRT: check dmesg and the torch install"),
+        _c("bad-output", "worker output unreadable",
+           "the interpreter is not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`"),
+        _c("torch-error", "other torch error", "details in the log"),
+    ),
+)
+
+
+def requirements(config: Any) -> tuple[str, ...]:
+    """The hardware layer is a prerequisite only for the GPU: a CPU-only image has none."""
+    return SPEC.requires if config.torch_device == "cuda" else ()
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
 PREFIX = torch_worker.PREFIX

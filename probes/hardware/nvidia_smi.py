@@ -17,15 +17,43 @@ import re
 import signal
 from typing import NamedTuple
 
+from probes import hardware as hw
 from probes import proc
 from probes.config import is_integer_text
 from probes.context import Context
+from probes.registry import Cause, Spec
 from probes.result import Result, failed, passed
 from probes.untrusted import clean
 
 NAME = "nvidia-smi"
 MEASUREMENT = "gpus"
 UNIT = "gpus"
+
+SPEC = Spec(
+    NAME, "hardware", __name__, "ENABLE_GPU_CHECK", 10.0, ("startup", "readiness"), measurement=MEASUREMENT,
+    about="the driver answers and at least `HEALTHCHECK_GPU_COUNT` GPUs are visible",
+    settings=(hw.GPU_COUNT,),
+    causes=(
+        Cause("not-found", "fail", "nvidia-smi not on PATH",
+              "start the container with `--gpus all` (NVIDIA Container Toolkit on the host)"),
+        Cause("cannot-start", "fail", "nvidia-smi cannot be executed",
+              "check the file the toolkit mounts; recreate the container"),
+        Cause("no-devices", "fail", "exit 6: no devices found",
+              "start with `--gpus all`; check `NVIDIA_VISIBLE_DEVICES` / the `nvidia.com/gpu` request"),
+        hw.DRIVER_NOT_LOADED, hw.NVML_NOT_FOUND, hw.INFOROM, hw.GPU_LOST, hw.UNKNOWN_ERROR,
+        Cause("killed", "fail", "killed by a signal", "check `dmesg` for Xid errors (driver or tool "
+                                                      "crashed)"),
+        Cause("exit-code", "fail", "any other non-zero exit", "check the driver on the host (`nvidia-smi`, "
+                                                              "`dmesg`)"),
+        Cause("unparseable", "fail", "output is not the expected CSV (quoted, short excerpt)",
+              "make sure the `nvidia-smi` on PATH is NVIDIA's and matches the driver"),
+        hw.GPU_COUNT_LOW, hw.DEADLINE,
+        Cause("stuck", "fail", "still there after SIGKILL (uninterruptible sleep); while it exists, later "
+                               "runs do "
+              "not start another and say so at once",
+              "driver wedged: check `dmesg` for Xid, reset the GPU or reboot the node"),
+    ),
+)
 ARGV = ("nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader,nounits")
 
 WEDGED = ("the driver may be wedged: check dmesg for Xid errors, reset the GPU (nvidia-smi -r) "

@@ -25,13 +25,71 @@ import os
 from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple
 
+from probes import hardware as hw
 from probes.context import Context
 from probes.hardware import nvml_lib
+from probes.registry import Cause, Spec
 from probes.result import Result, Status, failed, passed, warned
 
 NAME = "nvml"
 MEASUREMENT = "gpus"
 UNIT = "gpus"
+
+
+def _c(reason: str, cause: str, remedy: str, status: str = "fail") -> Cause:
+    return Cause(reason, status, cause, remedy)
+
+
+SPEC = Spec(
+    NAME, "hardware", __name__, "ENABLE_GPU_CHECK", 5.0, ("startup", "readiness"), measurement=MEASUREMENT,
+    about="per-GPU state through NVML: lost GPU, uncorrectable ECC, pending retirement/remap, slowdown "
+          "(warn)",
+    settings=(hw.GPU_COUNT,),
+    causes=(
+        _c("nvml-bindings-missing", "nvidia-ml-py not installed", "`pip install nvidia-ml-py` in the suite's "
+           "environment"),
+        _c("nvml-bindings-shadowed", "the deprecated `pynvml` package shadows nvidia-ml-py",
+           "`pip uninstall pynvml && pip install --force-reinstall nvidia-ml-py`"),
+        hw.DRIVER_NOT_LOADED, hw.NVML_NOT_FOUND, hw.INFOROM, hw.GPU_LOST, hw.UNKNOWN_ERROR,
+        _c("no-permission", "NVML_ERROR_NO_PERMISSION on `/dev/nvidia*`",
+           "start with `--gpus all` or allow the devices in the container's cgroup"),
+        _c("driver-mismatch", "NVML/kernel driver version mismatch", "reboot the node or reload the nvidia "
+                                                                     "kernel "
+           "module"),
+        _c("reset-required", "NVML_ERROR_RESET_REQUIRED", "reset the GPU (`nvidia-smi -r`) or reboot the "
+                                                          "node"),
+        _c("nvml-too-old", "the driver's NVML lacks a function", "update the NVIDIA driver on the host"),
+        _c("nvml-timeout", "NVML_ERROR_TIMEOUT", "driver may be wedged: check `dmesg` for Xid"),
+        _c("nvml-error", "another NVML error code", "check the driver on the host (`nvidia-smi`, `dmesg`)"),
+        _c("no-gpu-requested", "`NVIDIA_VISIBLE_DEVICES` is `void`/`none`/empty: no GPU requested",
+           "start with `--gpus all` or `NVIDIA_VISIBLE_DEVICES=all`"),
+        _c("gpu-unknown-error", "one GPU answers Unknown Error while others report",
+           "GPU likely lost (check `dmesg` for Xid 79): reset the GPU or reboot the node"),
+        hw.GPU_COUNT_LOW,
+        _c("ecc-uncorrectable", "volatile uncorrectable ECC errors",
+           "drain the workload and reset the GPU; service it if they recur"),
+        _c("row-remap-failure", "row remapping failed", "the GPU needs a reset (`nvidia-smi -r`) and likely "
+           "service (RMA)"),
+        _c("row-remap-pending", "row remap pending", "reset the GPU when idle to apply it"),
+        _c("page-retirement-pending", "page retirement pending", "reset the GPU when idle to retire the "
+                                                                 "pages"),
+        _c("thermal-slowdown", "SW/HW thermal slowdown clock event", "check cooling and airflow", "warn"),
+        _c("hw-slowdown", "HW slowdown / power brake clock event", "check the power supply and "
+                                                                   "cooling", "warn"),
+        _c("temperature", "temperature at or above the slowdown threshold", "check cooling and "
+                                                                            "airflow", "warn"),
+        _c("mig-no-instances", "GPU in MIG mode with no MIG device",
+           "create GPU and compute instances (`nvidia-smi mig -cgi ... -C`) or disable MIG", "warn"),
+        _c("cuda-visible-devices", "`CUDA_VISIBLE_DEVICES` selects no GPU or fewer than expected (fail), or "
+                                   "names "
+           "devices that do not exist (warn: CUDA stops there)", "fix or unset `CUDA_VISIBLE_DEVICES`, or "
+                                                                 "lower "
+           "`HEALTHCHECK_GPU_COUNT`"),
+        _c("nvidia-visible-devices", "`NVIDIA_VISIBLE_DEVICES` lists more GPUs than NVML sees",
+           "a requested GPU is missing or not mounted: check `nvidia-smi` on the host", "warn"),
+        hw.DEADLINE,
+    ),
+)
 NA = "N/A"
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 

@@ -113,15 +113,24 @@ class NvmlUnavailable(Exception):
 
 _pynvml: ModuleType | None = None
 _import_error: NvmlUnavailable | None = None
-try:
-    import pynvml as _candidate
-except Exception:  # ImportError, or a broken install raising anything on import
-    _import_error = NvmlUnavailable(
-        "nvml-bindings-missing",
-        "the nvidia-ml-py bindings are not installed in the suite's environment: pip install nvidia-ml-py")
-else:
-    if all(hasattr(_candidate, a) for a in ("_nvmlGetFunctionPointer", "nvmlInitWithFlags", "NVMLError")):
-        _pynvml = _candidate
+
+
+def _import() -> None:
+    """Import pynvml once, on first use: every run reads the probes' declarations, and the
+    bindings cost ~20 ms that only a run of the nvml probe (or serve's watcher) needs."""
+    global _pynvml, _import_error
+    if _pynvml is not None or _import_error is not None:
+        return
+    try:
+        import pynvml as candidate
+    except Exception:  # ImportError, or a broken install raising anything on import
+        _import_error = NvmlUnavailable(
+            "nvml-bindings-missing",
+            "the nvidia-ml-py bindings are not installed in the suite's environment: pip install "
+            "nvidia-ml-py")
+        return
+    if all(hasattr(candidate, a) for a in ("_nvmlGetFunctionPointer", "nvmlInitWithFlags", "NVMLError")):
+        _pynvml = candidate
     else:
         _import_error = NvmlUnavailable(
             "nvml-bindings-shadowed",
@@ -131,6 +140,7 @@ else:
 
 def bindings() -> ModuleType:
     """The pynvml module, or raise the stored import failure."""
+    _import()
     if _pynvml is None:
         assert _import_error is not None
         raise _import_error

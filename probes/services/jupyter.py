@@ -36,14 +36,48 @@ import sys
 import time
 from typing import Any
 
-from probes import untrusted
+from probes import services, untrusted
 from probes.config import Config
 from probes.context import Context
+from probes.registry import ALL_PROFILES, BOOL, PORT, TEXT, URL_PATH, Cause, Setting, Spec
 from probes.result import Result, failed, passed
 from probes.services import _net
 
 NAME = "jupyter"
 MEASUREMENT = "responseTime"
+
+SPEC = Spec(
+    NAME, "services", __name__, "ENABLE_JUPYTER_CHECK", 3.0, ALL_PROFILES, measurement=MEASUREMENT,
+    about="Jupyter Server answers `GET {base_url}api` with its version",
+    settings=(
+        Setting("HEALTHCHECK_JUPYTER_PORT", "jupyter_port", PORT, 8888, "Jupyter Server port"),
+        Setting("HEALTHCHECK_JUPYTER_BASE_URL", "jupyter_base_url", URL_PATH, "/",
+                "Jupyter base URL, when no trusted runtime file says otherwise"),
+        Setting("HEALTHCHECK_JUPYTER_TLS", "jupyter_tls", BOOL, False,
+                "Jupyter serves HTTPS, when no trusted runtime file says otherwise"),
+        Setting("HEALTHCHECK_JUPYTER_RUNTIME_DIR", "jupyter_runtime_dir", TEXT, None,
+                "where `jpserver-*.json` files are looked for (see \"What is trusted in the runtime directory\")",
+                shown_default="`$JUPYTER_RUNTIME_DIR`, else `~/.local/share/jupyter/runtime`"),
+    ),
+    causes=(
+        Cause("refused", "fail", "nothing listening (the message lists what is, and names a refused runtime "
+              "file and why)", "start Jupyter or set `HEALTHCHECK_JUPYTER_PORT`; remove stale `jpserver-*.json`"),
+        Cause("hung", "fail", "accepted but no answer to `GET {base_url}api` before the deadline",
+              "Jupyter is hung or overloaded: restart it and check its log"),
+        Cause("deadline", "fail", "answer incomplete at the deadline", "Jupyter is overloaded or stuck"),
+        Cause("not-jupyter", "fail", "answered, but not 200 with a JSON `version` (404 = wrong base URL, 403 = "
+              "Host check, 3xx/401 = proxy or login page), not HTTP at all, or a reply over 144 KiB or with "
+              "more than 1024 chunks", "check `HEALTHCHECK_JUPYTER_PORT` / `HEALTHCHECK_JUPYTER_BASE_URL`; "
+              "probe via 127.0.0.1"),
+        Cause("http-error", "fail", "HTTP 5xx", "Jupyter is failing: see its log"),
+        Cause("tls-mismatch", "fail", "plain HTTP sent to a TLS server, or HTTPS to a plain one",
+              "set `HEALTHCHECK_JUPYTER_TLS`, or point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime "
+              "dir; remove stale `jpserver-*.json`"),
+        Cause("tls-error", "fail", "TLS handshake failed, or certificate not trusted (off loopback)",
+              "check `ServerApp.certfile`/`keyfile`; probe over loopback"),
+        services.CONNECT_TIMEOUT, services.UNREACHABLE,
+    ),
+)
 
 MAX_HEAD = 16 * 1024
 MAX_BODY = 64 * 1024
@@ -595,7 +629,7 @@ def gather(ctx: Context) -> dict[str, Any]:
                   "base_url": found["base_url"], "secure": found["secure"]}
     else:
         target = {"source": None, "host": cfg.host, "port": cfg.jupyter_port,
-                  "base_url": cfg.jupyter_base_url, "secure": False}
+                  "base_url": cfg.jupyter_base_url, "secure": bool(cfg.jupyter_tls)}
     path = _request_path(target["base_url"])
     data: dict[str, Any] = {**target, "path": path, "budget": max(0.0, deadline - t0), "refused": refused}
     data.update(exchange(target["host"], target["port"], path, target["secure"], deadline))
@@ -692,12 +726,13 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     if outcome == "tls-mismatch":
         if data["server_tls"]:
             fix = (f"{data['source']} says http: remove stale jpserver-*.json files" if data["source"] else
-                   "point HEALTHCHECK_JUPYTER_RUNTIME_DIR at the server's runtime directory so the "
-                   "probe reads secure=true from its jpserver-*.json")
+                   "set HEALTHCHECK_JUPYTER_TLS=true (or point HEALTHCHECK_JUPYTER_RUNTIME_DIR at the "
+                   "server's runtime directory, where a trusted jpserver-*.json says secure=true)")
             return fail(f"TLS mismatch: {where} speaks HTTPS but the probe spoke plain HTTP: {fix}",
                         "tls-mismatch")
-        return fail(f"TLS mismatch: {where} speaks plain HTTP but {data['source']} says https: "
-                    "check the server's ServerApp.certfile and keyfile", "tls-mismatch")
+        said = f"{data['source']} says https" if data["source"] else "HEALTHCHECK_JUPYTER_TLS is true"
+        return fail(f"TLS mismatch: {where} speaks plain HTTP but {said}: check the server's "
+                    "ServerApp.certfile and keyfile, or HEALTHCHECK_JUPYTER_TLS", "tls-mismatch")
     if outcome == "tls-verify":
         return fail(f"the TLS certificate of {where} is not trusted: probe over loopback "
                     "(HEALTHCHECK_HOST=127.0.0.1), where a self-signed certificate is accepted", "tls-error")

@@ -38,13 +38,35 @@ import socket
 import time
 from typing import Any
 
+from probes import services
 from probes.context import Context
+from probes.registry import ALL_PROFILES, PORT, Cause, Setting, Spec
 from probes.result import Result, failed, passed
 from probes.services import _net
 from probes.untrusted import clean
 
 NAME = "ssh"
 MEASUREMENT = "banner"
+
+SPEC = Spec(
+    NAME, "services", __name__, "ENABLE_SSH_CHECK", 3.0, ALL_PROFILES, measurement=MEASUREMENT,
+    about="sshd sends an `SSH-2.0-` identification line",
+    settings=(Setting("HEALTHCHECK_SSH_PORT", "ssh_port", PORT, 22, "sshd port"),),
+    causes=(
+        Cause("refused", "fail", "nothing listening on the SSH port (the message lists what is listening)",
+              "start sshd (`/usr/sbin/sshd`) or set `HEALTHCHECK_SSH_PORT`"),
+        Cause("no-banner", "fail", "port accepts but sends nothing before the deadline, or closes without a "
+                                   "banner",
+              "sshd is hung, or refuses this client (MaxStartups, PerSourcePenalties): restart it and check "
+              "its log"),
+        Cause("not-ssh", "fail", "the first line is not `SSH-2.0-`/`SSH-1.99-` (short excerpt quoted), or "
+                                 "the "
+              "server speaks only SSH protocol 1", "another service holds the port: check "
+                                                   "`HEALTHCHECK_SSH_PORT`"),
+        Cause("deadline", "fail", "banner still incomplete at the deadline", "sshd is overloaded or stuck"),
+        services.CONNECT_TIMEOUT, services.UNREACHABLE,
+    ),
+)
 
 MAX_LINE = 255  # RFC 4253 4.2, including CR LF
 MAX_PRELUDE = 8192  # bytes of other lines we tolerate before the identification line

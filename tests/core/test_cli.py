@@ -337,3 +337,20 @@ def test_a_closed_or_full_stdout_keeps_the_verdicts_exit_status(tmp_path, stdout
                                      timeout=60, check=False)
         assert res.returncode == 0, res.stderr
         assert res.stderr == ""
+
+
+def test_the_hand_flag_parser_accepts_exactly_what_parser_declares():
+    """parse_flags (fast, by hand) and parser() (argparse, the help text) cannot drift apart."""
+    from probes import cli
+
+    declared = {opt for action in cli.parser()._actions for opt in action.option_strings}
+    assert declared == {"-h", "--help", "--version", "--profile", "--only", "--skip", "--json", "-v", "--verbose"}
+    for action in cli.parser()._actions:
+        for opt in action.option_strings:
+            if opt in ("-h", "--help", "--version"):
+                with pytest.raises(cli._Exit):
+                    cli.parse_flags([opt])
+                continue
+            args = [opt] if action.nargs == 0 else [opt, "x"]
+            opts = cli.parse_flags(args)
+            assert opts[action.dest] == (True if action.nargs == 0 else "x"), opt

@@ -1,0 +1,106 @@
+"""The README's generated tables, from the probes' declarations: ``python -m probes.docs [--check]``.
+
+``make docs`` rewrites the sections between ``<!-- BEGIN GENERATED: NAME -->`` and
+``<!-- END GENERATED: NAME -->`` in README.md; a test fails when the README differs from
+what the registry generates, so the tables cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from probes import config, dropins, registry, runner
+from probes.registry import Cause, Setting
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _default(s: Setting) -> str:
+    if s.shown_default is not None:
+        return s.shown_default
+    if s.default is None:
+        return "unset"
+    if isinstance(s.default, bool):
+        return f"`{str(s.default).lower()}`"
+    if isinstance(s.default, float) and s.default.is_integer():
+        return f"`{int(s.default)}`"
+    return f"`{s.default}`"
+
+
+def probes() -> str:
+    rows = [(s.layer, f"`{s.name}`", s.about, f"`{s.toggle}`", f"{s.timeout:g} s", ", ".join(s.profiles))
+            for s in registry.PROBES]
+    rows.append(("drop-in", "every executable in `HEALTHCHECK_CHECKS_DIR`", "whatever the image owner checks "
+                 "(see \"Drop-in checks\")", "`ENABLE_<NAME>_CHECK`", f"{dropins.DEFAULT_TIMEOUT:g} s "
+                 "(`timeout=`)", ", ".join(dropins.DEFAULT_PROFILES) + " (`profiles=`)"))
+    return _table(("layer", "probe", "what it proves", "toggle", "default deadline", "profiles"), rows)
+
+
+def environment() -> str:
+    rows = []
+    for toggle in registry.TOGGLES:
+        names = ", ".join(f"`{s.name}`" for s in registry.PROBES if s.toggle == toggle)
+        rows.append((f"`{toggle}`", "`true`", f"run {names} (true/false, 1/0, yes/no, on/off)"))
+    rows.append(("`ENABLE_<NAME>_CHECK`", "`true`", "run the drop-in check `NAME` (upper case, `-` and `.` "
+                                                    "as `_`)"))
+    for s in (*config.GLOBAL_SETTINGS, *registry.SETTINGS, *config.OTHER_SETTINGS):
+        owners = [p.name for p in registry.PROBES if s in p.settings]
+        used = f" ({', '.join(f'`{o}`' for o in owners)})" if owners else ""
+        rows.append((f"`{s.env}`", _default(s), s.meaning + used))
+    return _table(("variable", "default", "meaning"), rows)
+
+
+def _cause_rows(causes: Iterable[Cause]) -> list[tuple[str, str, str, str]]:
+    return [(c.cause, f"`{c.reason}`" if c.reason else "", c.status, c.remedy) for c in causes]
+
+
+def causes() -> str:
+    parts = ["#### Reasons every probe can report", "",
+             _table(("cause", "reason", "status", "remedy"), _cause_rows(runner.COMMON_CAUSES))]
+    for layer in registry.LAYERS:
+        for spec in (s for s in registry.PROBES if s.layer == layer):
+            parts += ["", f"#### `{spec.name}` ({layer})", "",
+                      _table(("cause", "reason", "status", "remedy"), _cause_rows(spec.causes))]
+    parts += ["", "#### Drop-in checks", "", _table(("cause", "reason", "status", "remedy"),
+                                                   _cause_rows(dropins.CAUSES))]
+    return "\n".join(parts)
+
+
+SECTIONS = {"probes": probes, "environment": environment, "causes": causes}
+
+
+def render(text: str) -> str:
+    """``text`` (the README) with every generated section rebuilt."""
+    for name, build in SECTIONS.items():
+        begin, end = f"<!-- BEGIN GENERATED: {name} (make docs) -->", f"<!-- END GENERATED: {name} -->"
+        if begin not in text or end not in text:
+            raise SystemExit(f"docs: README.md lacks the markers of the {name} section")
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = f"{head}{begin}\n{build()}\n{end}{tail}"
+    return text
+
+
+def main(argv: Sequence[str]) -> int:
+    old = README.read_text(encoding="utf-8")
+    new = render(old)
+    if "--check" in argv:
+        if new != old:
+            print("docs: README.md differs from the registry: run make docs", file=sys.stderr)
+            return 1
+        return 0
+    if new != old:
+        README.write_text(new, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,302 @@
+"""Drop-in checks: every executable file in HEALTHCHECK_CHECKS_DIR is a check.
+
+Image owners add readiness checks (a model is loaded, NCCL works, a licence server
+answers) without touching the suite. The contract is the Nagios plugin convention that
+operators already know:
+
+- exit 0 pass, 1 warn, 2 fail, 3 unknown (a warning with reason ``unknown``: it does
+  not fail the run); any other exit, a signal or the deadline is a failure;
+- the first line of stdout is the message (cleaned and cut like every message);
+  optional performance data after ``|`` (``load_time=1.5s;5;10``) gives the observed
+  value and unit (the first item);
+- an optional header line in the first lines of the file,
+  ``# healthcheck: profiles=startup,readiness timeout=30``, sets the profiles and the
+  deadline; the default is startup and readiness (never liveness unless declared) and
+  10 seconds;
+- the name is the file name; ``--only``, ``--skip`` and ``ENABLE_<NAME>_CHECK`` work as
+  for the built-in probes (``NAME`` upper-cased, ``-`` and ``.`` as ``_``).
+
+Each check runs through ``probes.proc.run``: its own session, the deadline, the whole
+tree ended, no wait on a pipe that a grandchild holds. It gets the suite's environment
+plus ``HEALTHCHECK_PROFILE`` (the profile being run), stdin from /dev/null, and ``/``
+as its working directory.
+
+The directory is untrusted input, as sudoers and cron treat theirs: a file (or the
+directory) that is group- or world-writable, or owned by another user than root or
+the suite's own user, is not run but reported as a failure naming the file and the
+fix. Symbolic links are not followed (reported the same way). Files that are not
+executable, editor backups and dotfiles are ignored. A missing or empty directory costs
+one ``scandir`` and nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any, NamedTuple
+
+from probes import proc
+from probes.context import Context
+from probes.registry import Cause
+from probes.result import Result, failed, passed, warned
+from probes.untrusted import clean
+
+MODULE = __name__
+DEFAULT_DIR = "/etc/healthcheck.d"
+LAYER = "drop-in"
+MEASUREMENT = "status"
+DEFAULT_PROFILES = ("startup", "readiness")
+DEFAULT_TIMEOUT = 10.0
+MAX_TIMEOUT = 3600.0
+HEADER_BYTES = 4096  # the header is looked for in the first lines of this much of the file
+HEADER_TAG = b"healthcheck:"
+MAX_MESSAGE = 200
+MAX_NAME = 64
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+BACKUP_SUFFIXES = ("~", ".bak", ".swp", ".swo", ".orig", ".rej", ".tmp", ".old", ".new", ".dpkg-old",
+                   ".dpkg-new", ".dpkg-dist", ".rpmsave", ".rpmnew", ".disabled")
+FIX_OWNER = "chown root and chmod go-w"
+EXIT_STATUS = {0: "pass", 1: "warn", 2: "fail", 3: "unknown"}
+UNITS = ("us", "ms", "s", "%", "B", "KB", "MB", "GB", "TB", "c")
+
+# The causes a drop-in can report (the README's table is generated from these).
+CAUSES = (
+    Cause("", "pass", "exit 0", "none"),
+    Cause("check-warning", "warn", "exit 1 (warning)", "see the check's message"),
+    Cause("check-failed", "fail", "exit 2 (critical)", "see the check's message"),
+    Cause("unknown", "warn", "exit 3 (unknown: the check could not decide; does not fail the run)",
+          "see the check's message"),
+    Cause("bad-exit", "fail", "any other exit status, or killed by a signal", "fix the check script"),
+    Cause("deadline", "fail", "no answer by its deadline", "the check hangs: fix it or raise its `timeout=`"),
+    Cause("untrusted", "fail", "not run: the file or the directory is writable by group or others, owned by "
+          "another user than root or the suite's, or a symbolic link",
+          f"`{FIX_OWNER}`, or replace the link by the file"),
+    Cause("bad-check", "fail", "not run: a bad header line, or a file name that cannot be a check name",
+          "fix the header, or rename the file (letters, digits, `.`, `_`, `-`)"),
+    Cause("cannot-start", "fail", "cannot be started (no `#!` line, a missing interpreter)",
+          "add a `#!` line naming an installed interpreter"),
+)
+
+
+def toggle_for(name: str) -> str:
+    """``ENABLE_<NAME>_CHECK`` for a drop-in called ``name``."""
+    return "ENABLE_" + "".join(ch if ch.isalnum() else "_" for ch in name.upper()) + "_CHECK"
+
+
+class Check(NamedTuple):
+    """One drop-in as found in the directory (before any decision to run it)."""
+
+    name: str
+    path: str
+    profiles: tuple[str, ...] = DEFAULT_PROFILES
+    timeout: float = DEFAULT_TIMEOUT
+    problem: str | None = None  # set: not run, reported as a failure with this reason...
+    reason: str | None = None  # ...and this reason code
+
+
+def _ignored(name: str) -> bool:
+    return name.startswith((".", "#")) or name.endswith(BACKUP_SUFFIXES)
+
+
+def _parse_header(head: bytes, profiles: tuple[str, ...]) -> tuple[tuple[str, ...], float, str | None]:
+    """(profiles, timeout, problem) from the ``# healthcheck:`` line, if any."""
+    from probes.config import is_number_text
+
+    found_profiles: tuple[str, ...] = DEFAULT_PROFILES
+    timeout = DEFAULT_TIMEOUT
+    for raw in head.split(b"\n")[:10]:
+        line = raw.strip()
+        if not line.startswith(b"#"):
+            continue
+        at = line.find(HEADER_TAG)
+        if at < 0:
+            continue
+        text = line[at + len(HEADER_TAG):].decode("utf-8", "replace")
+        for item in text.split():
+            key, sep, value = item.partition("=")
+            if key == "profiles" and sep:
+                names = tuple(p for p in value.split(",") if p)
+                bad = [p for p in names if p not in profiles]
+                if not names or bad:
+                    return found_profiles, timeout, (f"header: profiles={clean(value, 40)} "
+                                                     f"(accepted: {', '.join(profiles)})")
+                found_profiles = names
+            elif key == "timeout" and sep:
+                if not is_number_text(value) or not 0 < float(value) <= MAX_TIMEOUT:
+                    return found_profiles, timeout, (f"header: timeout={clean(value, 40)} "
+                                                     f"(accepted: seconds, greater than 0 and at most 3600)")
+                timeout = float(value)
+            else:
+                return found_profiles, timeout, (f"header: unknown setting {clean(item, 40)} "
+                                                 "(accepted: profiles=..., timeout=...)")
+        break
+    return found_profiles, timeout, None
+
+
+def _trusted(st: os.stat_result, what: str) -> str | None:
+    """Why a file or directory with this status may not be trusted, or None."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{what} is owned by uid {st.st_uid}, not root or the suite's user"
+    if st.st_mode & 0o022:
+        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _read_head(dir_fd: int, name: str) -> tuple[os.stat_result, bytes]:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    fd = os.open(name, flags, dir_fd=dir_fd)
+    try:
+        return os.fstat(fd), os.read(fd, HEADER_BYTES)
+    finally:
+        os.close(fd)
+
+
+def discover(directory: str, profiles: tuple[str, ...],
+             reserved: frozenset[str] = frozenset()) -> list[Check]:
+    """The drop-ins in ``directory``, sorted by name; [] when it is missing or empty."""
+    try:
+        entries = sorted((e.name for e in os.scandir(directory)), key=str)
+    except OSError:
+        return []
+    names = [n for n in entries if not _ignored(n)]
+    if not names:
+        return []
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return []
+    checks: list[Check] = []
+    try:
+        dir_problem = _trusted(os.fstat(dir_fd), f"the directory {clean(directory, 80)}")
+        for name in names:
+            try:
+                lst = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            path = os.path.join(directory, name)
+            shown = clean(name, MAX_NAME)
+            if stat.S_ISLNK(lst.st_mode):
+                checks.append(Check(shown, path, problem=f"{shown} is a symbolic link (not followed)",
+                                    reason="untrusted"))
+                continue
+            if not stat.S_ISREG(lst.st_mode) or not lst.st_mode & 0o111:
+                continue  # directories, FIFOs, sockets, devices and plain files are not checks
+            if len(name) > MAX_NAME or any(ch not in NAME_CHARS for ch in name) or name in reserved:
+                why = "is the name of a built-in probe" if name in reserved else "cannot be a check name"
+                checks.append(Check(shown, path, problem=f"the file name {shown!r} {why} "
+                                    "(accepted: letters, digits, '.', '_', '-'; at most "
+                                    "64)", reason="bad-check"))
+                continue
+            problem = dir_problem or _trusted(lst, name)
+            if problem is not None:
+                checks.append(Check(name, path, problem=problem, reason="untrusted"))
+                continue
+            try:
+                st, head = _read_head(dir_fd, name)
+            except OSError as exc:
+                checks.append(Check(name, path, problem=f"cannot read {name} ({os.strerror(exc.errno or 0)})",
+                                    reason="cannot-start"))
+                continue
+            if (st.st_ino, st.st_dev) != (lst.st_ino, lst.st_dev):  # replaced while we looked
+                checks.append(Check(name, path, problem=f"{name} changed while it was "
+                                                        f"read", reason="untrusted"))
+                continue
+            found, timeout, problem = _parse_header(head, profiles)
+            checks.append(Check(name, path, found, timeout, problem, "bad-check" if problem else None))
+    finally:
+        os.close(dir_fd)
+    return checks
+
+
+# ---------------------------------------------------------------------------------- run
+
+class Ran(NamedTuple):
+    check: Check
+    done: proc.Completed | None  # None: not run (check.problem says why)
+    budget: float
+
+
+def gather(ctx: Context) -> Ran:
+    spec = ctx.spec
+    assert spec is not None and spec.dropin is not None
+    check: Check = spec.dropin
+    import time
+
+    budget = max(0.0, ctx.deadline - time.monotonic())
+    if check.problem is not None:
+        return Ran(check, None, budget)
+    env = {**os.environ, "HEALTHCHECK_PROFILE": ctx.profile}
+    done = proc.run([check.path], deadline=ctx.deadline, env=env, cwd="/")
+    return Ran(check, done, budget)
+
+
+def _perfdata(text: str) -> tuple[Any, str | None]:
+    """(value, unit) of the first ``label=value[unit]`` item of Nagios performance data."""
+    first = text.strip().split(" ")[0] if text.strip() else ""
+    _, sep, rest = first.partition("=")
+    if not sep:
+        return None, None
+    value = rest.split(";", 1)[0]
+    unit = next((u for u in sorted(UNITS, key=len, reverse=True) if value.endswith(u)), None)
+    number = value[: len(value) - len(unit)] if unit else value
+    try:
+        parsed = float(number)
+    except ValueError:
+        return None, None
+    if parsed != parsed or parsed in (float("inf"), float("-inf")):
+        return None, None
+    return (int(parsed) if parsed.is_integer() and "." not in number else parsed), unit
+
+
+def judge(data: Ran, ctx: Context) -> Result:
+    check, done = data.check, data.done
+    name = check.name
+    if done is None:
+        what = "untrusted" if check.reason == "untrusted" else "not run"
+        fix = f": {FIX_OWNER}" if check.reason == "untrusted" else ""
+        return failed(name, f"{what}: {check.problem}{fix}", reason=check.reason)
+    if done.spawn_error:
+        return failed(name, f"cannot start {clean(check.path, 120)} ({done.spawn_error}): give it a #! line "
+                      "naming an installed interpreter", reason="cannot-start")
+    first = done.stdout.split(b"\n", 1)[0].decode("utf-8", "replace")
+    message, _, perf = first.partition("|")
+    message = clean(" ".join(message.split()), MAX_MESSAGE)
+    observed, unit = _perfdata(perf)
+    if done.timed_out or done.stuck:
+        return failed(name, f"no answer within {data.budget:.1f}s (deadline passed)"
+                      + (f"; it said: {message}" if message else ""), reason="deadline")
+    if done.signal is not None:
+        import signal
+
+        try:
+            sig = signal.Signals(done.signal).name
+        except ValueError:
+            sig = f"signal {done.signal}"
+        return failed(name, f"killed by {sig}" + (f"; it said: "
+                                                  f"{message}" if message else ""), reason="bad-exit")
+    code = done.returncode
+    said = message or f"exit {code} with no message"
+    kw: dict[str, Any] = {"observed": observed, "unit": unit}
+    if code == 0:
+        return passed(name, said, **kw)
+    if code == 1:
+        return warned(name, said, reason="check-warning", **kw)
+    if code == 2:
+        return failed(name, said, reason="check-failed", **kw)
+    if code == 3:
+        return warned(name, f"unknown: {said}", reason="unknown", **kw)
+    return failed(name, f"exit {code} is not a check result (0 pass, 1 warn, 2 fail, 3 unknown)"
+                  + (f"; it said: {message}" if message else ""), reason="bad-exit")
+
+
+def specs(directory: str, reserved: frozenset[str] = frozenset()) -> tuple[Any, ...]:
+    """The drop-ins in ``directory`` as probe specs (what config, runner and reports use)."""
+    from probes.registry import ALL_PROFILES, Spec
+
+    out = []
+    for check in discover(directory, ALL_PROFILES, reserved):
+        name = f"drop-in-{check.name}" if check.name in reserved else check.name
+        out.append(Spec(name, LAYER, MODULE, toggle_for(name), check.timeout, check.profiles,
+                        measurement=MEASUREMENT, about=f"drop-in check {clean(check.path, 120)}",
+                        dropin=check._replace(name=name)))
+    return tuple(out)
