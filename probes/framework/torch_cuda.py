@@ -50,7 +50,8 @@ from typing import Any
 from probes import proc, untrusted
 from probes.context import Context, logger
 from probes.framework import torch_worker
-from probes.registry import ALL_PROFILES, CHOICE, NUMBER, TEXT, Cause, Setting, Spec
+from probes.registry import ALL_PROFILES, CHOICE, NUMBER, Cause, Setting, Spec
+from probes.registry import TEXT as TEXT_KIND
 from probes.result import SEVERITY, Result, Status, failed, passed, warned
 from probes.state import pid1_identity
 
@@ -70,7 +71,7 @@ SPEC = Spec(
     settings=(
         Setting("HEALTHCHECK_TORCH_DEVICE", "torch_device", CHOICE, "cuda",
                 "`cuda` (every visible GPU) or `cpu` (CPU-only images)", choices=("cuda", "cpu")),
-        Setting("HEALTHCHECK_TORCH_PYTHON", "torch_python", TEXT, "python3",
+        Setting("HEALTHCHECK_TORCH_PYTHON", "torch_python", TEXT_KIND, "python3",
                 "the interpreter that owns torch (the image's)", shown_default="`python3` on `PATH`"),
         Setting("HEALTHCHECK_TORCH_TTL", "torch_ttl", NUMBER, 300.0,
                 "seconds a passing torch-cuda result is reused by readiness", low=0, high=86400,
@@ -117,7 +118,12 @@ SPEC = Spec(
            "worker and say so at once", "driver wedged; the node may need a reboot"),
         _c("killed", "worker killed by a signal", "SIGKILL: check the container's memory limit; "
            "SIGSEGV/SIGBUS/SIGABRT: check dmesg and the torch install"),
-        _c("bad-output", "worker output unreadable",
+        _c("lingered", "worker printed its result but did not exit within 1.0 s (a wrapper script as "
+           "`HEALTHCHECK_TORCH_PYTHON` that keeps running, or a hang at exit); nothing from it is cached or "
+           "shared",
+           "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself; check dmesg for Xid errors"),
+        _c("bad-output", "worker output unreadable (no or several result lines, not strict JSON, a number no "
+           "float can hold such as 1e999, a field of the wrong type)",
            "the interpreter is not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`"),
         _c("torch-error", "other torch error", "details in the log"),
     ),

@@ -56,22 +56,26 @@ SPEC = Spec(
         Setting("HEALTHCHECK_JUPYTER_TLS", "jupyter_tls", BOOL, False,
                 "Jupyter serves HTTPS, when no trusted runtime file says otherwise"),
         Setting("HEALTHCHECK_JUPYTER_RUNTIME_DIR", "jupyter_runtime_dir", TEXT, None,
-                "where `jpserver-*.json` files are looked for (see \"What is trusted in the runtime directory\")",
+                "where `jpserver-*.json` files are looked for (see \"What is trusted in the runtime "
+                "directory\")",
                 shown_default="`$JUPYTER_RUNTIME_DIR`, else `~/.local/share/jupyter/runtime`"),
     ),
     causes=(
         Cause("refused", "fail", "nothing listening (the message lists what is, and names a refused runtime "
-              "file and why)", "start Jupyter or set `HEALTHCHECK_JUPYTER_PORT`; remove stale `jpserver-*.json`"),
+              "file and why)", "start Jupyter or set `HEALTHCHECK_JUPYTER_PORT`; remove stale "
+                               "`jpserver-*.json`"),
         Cause("hung", "fail", "accepted but no answer to `GET {base_url}api` before the deadline",
               "Jupyter is hung or overloaded: restart it and check its log"),
         Cause("deadline", "fail", "answer incomplete at the deadline", "Jupyter is overloaded or stuck"),
-        Cause("not-jupyter", "fail", "answered, but not 200 with a JSON `version` (404 = wrong base URL, 403 = "
+        Cause("not-jupyter", "fail", "answered, but not 200 with a JSON `version` (404 = wrong base URL, "
+                                     "403 = "
               "Host check, 3xx/401 = proxy or login page), not HTTP at all, or a reply over 144 KiB or with "
               "more than 1024 chunks", "check `HEALTHCHECK_JUPYTER_PORT` / `HEALTHCHECK_JUPYTER_BASE_URL`; "
               "probe via 127.0.0.1"),
         Cause("http-error", "fail", "HTTP 5xx", "Jupyter is failing: see its log"),
         Cause("tls-mismatch", "fail", "plain HTTP sent to a TLS server, or HTTPS to a plain one",
-              "set `HEALTHCHECK_JUPYTER_TLS`, or point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime "
+              "set `HEALTHCHECK_JUPYTER_TLS`, or point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's "
+              "runtime "
               "dir; remove stale `jpserver-*.json`"),
         Cause("tls-error", "fail", "TLS handshake failed, or certificate not trusted (off loopback)",
               "check `ServerApp.certfile`/`keyfile`; probe over loopback"),

@@ -56,13 +56,17 @@ SPEC = Spec(
         Cause("refused", "fail", "nothing listening on the SSH port (the message lists what is listening)",
               "start sshd (`/usr/sbin/sshd`) or set `HEALTHCHECK_SSH_PORT`"),
         Cause("no-banner", "fail", "port accepts but sends nothing before the deadline, or closes without a "
-                                   "banner",
-              "sshd is hung, or refuses this client (MaxStartups, PerSourcePenalties): restart it and check "
-              "its log"),
+              "banner", "sshd is hung, or refuses this client (MaxStartups, PerSourcePenalties): restart it "
+                        "and "
+              "check its log"),
         Cause("not-ssh", "fail", "the first line is not `SSH-2.0-`/`SSH-1.99-` (short excerpt quoted), or "
                                  "the "
               "server speaks only SSH protocol 1", "another service holds the port: check "
                                                    "`HEALTHCHECK_SSH_PORT`"),
+        Cause("echo", "fail", "the server sent back our own `SSH-2.0-healthcheck` line (an echo service, or "
+                              "a "
+              "port forward that loops back)", "not sshd: check `HEALTHCHECK_SSH_PORT` and what listens "
+                                               "there"),
         Cause("deadline", "fail", "banner still incomplete at the deadline", "sshd is overloaded or stuck"),
         services.CONNECT_TIMEOUT, services.UNREACHABLE,
     ),

@@ -104,6 +104,18 @@ def test_https_jupyter_probed_as_plain_http_is_a_tls_mismatch(jupyter_tls: Jupyt
     assert "HTTPS" in r.message and "HEALTHCHECK_JUPYTER_RUNTIME_DIR" in r.message
 
 
+def test_https_jupyter_without_a_trusted_runtime_file_is_probed_over_tls_when_configured(
+        jupyter_tls: Jupyter, jupyter: Jupyter, tmp_path: Path) -> None:
+    """In the image root may not inspect the notebook user's process, so its runtime file is not
+    trusted: HEALTHCHECK_JUPYTER_TLS says how to talk to the configured port instead."""
+    r = probe(jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=jupyter_tls.port, jupyter_tls=True)
+    assert r.status is Status.PASS and "https://" in r.message
+    r = probe(jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=jupyter_tls.port)
+    assert r.reason == "tls-mismatch" and "HEALTHCHECK_JUPYTER_TLS=true" in r.message
+    r = probe(jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=jupyter.port, jupyter_tls=True)
+    assert r.reason == "tls-mismatch" and "HEALTHCHECK_JUPYTER_TLS is true" in r.message
+
+
 def test_runtime_file_saying_https_for_a_plain_server_is_a_tls_mismatch(jupyter: Jupyter,
                                                                         tmp_path: Path) -> None:
     # The file names the real server's pid (a runtime file is only trusted when its pid holds the port).
