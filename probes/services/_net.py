@@ -13,6 +13,8 @@ import socket
 import time
 from typing import Any
 
+from probes.untrusted import clean
+
 MIN_TIMEOUT = 0.001  # socket.settimeout(0) would mean non-blocking, not "no time left"
 
 
@@ -84,13 +86,10 @@ def host_header(host: str, port: int) -> str:
 
 
 def safe_excerpt(raw: bytes, limit: int = 40) -> str:
-    """The first line a server sent, quoted, printable and short (for messages)."""
+    """The first line a server sent, quoted and cleaned (probes.untrusted.clean), for messages."""
     raw = raw.lstrip(b"\r\n\t ").split(b"\n", 1)[0].rstrip(b"\r")
-    text = raw[: limit * 2].decode("latin-1")
-    text = "".join(ch if " " <= ch <= "~" else "?" for ch in text).strip()
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return repr(text)
+    # latin-1: a server's bytes are shown byte for byte, never as a decoding error.
+    return "'" + clean(raw[: limit * 4].decode("latin-1").strip(), limit) + "'"
 
 
 def listening(expected: int, limit: int = 5) -> list[str] | None:
