@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 IMAGE ?= gpu-dev:latest
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help install setup system-deps fakes run test unit bats manifests stress e2e image bench lint clean gpu-verify
+.PHONY: help install setup system-deps fakes run test unit bats manifests stress e2e image bench lint clean gpu-verify docs
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -64,6 +64,9 @@ bench: ## the benchmark: wall time, CPU time and peak RSS per profile against tw
 # No dependency on .venv: a GPU machine has no network for `make setup`. FAKE=1 uses .venv.
 gpu-verify: ## prove every CUDA path on a real GPU, offline (FAKE=1: self-test on the fakes; OUT=dir)
 	FAKE='$(FAKE)' OUT='$(OUT)' bash tests/gpu/verify.sh
+
+docs: install ## regenerate the README's probe, environment and cause tables from the registry
+	$(PY) -m probes.docs
 
 lint: ## ruff, mypy, shellcheck, hadolint
 	$(BIN)/ruff check probes tests bench k8s
