@@ -211,15 +211,16 @@ def write_exe(path: Path, text: str) -> Path:
 
 
 def write_healthy_smi(bin_dir: Path) -> str:
-    """The shared stub writer from tests/fakes when it exists, else the bench's own."""
-    try:
-        from tests.fakes.nvidia_smi_stub import write_stub  # type: ignore[import-not-found]
-
-        write_stub(bin_dir, "ok", gpus=1)
-        return "tests/fakes/nvidia_smi_stub.py (ok, 1 GPU)"
-    except Exception:
-        write_exe(bin_dir / "nvidia-smi", SMI_STUB)
-        return "bench stub (1 GPU)"
+    """A compiled stub nvidia-smi (bench/nvidia-smi.c) when a C compiler is here, else a script."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc:
+        source = ROOT / "bench" / "nvidia-smi.c"
+        r = subprocess.run([cc, "-O2", "-o", str(bin_dir / "nvidia-smi"), str(source)],
+                           capture_output=True, check=False)
+        if r.returncode == 0:
+            return "bench/nvidia-smi.c, compiled (1 GPU)"
+    write_exe(bin_dir / "nvidia-smi", SMI_STUB)
+    return "bench script stub (1 GPU): no C compiler"
 
 
 def leftovers(marker: str) -> list[int]:
