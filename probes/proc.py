@@ -53,6 +53,7 @@ LINGER = 1.0  # seconds a child gets to exit once ``until`` says its answer is c
 RUN_ID_VAR = "HEALTHCHECK_RUN_ID"
 MAX_RUN_IDS = 16  # markers of enclosing runs kept (serve -> CLI -> tool is 2 deep)
 PR_SET_CHILD_SUBREAPER = 36
+BLANK_WAIT = 0.05  # seconds an empty environment may be an execve in progress (look again)
 
 
 class Completed(NamedTuple):
@@ -115,6 +116,7 @@ _killed: dict[int, int] = {}  # pid -> start time: killed by a sweep, reaped her
 _reaper_pid: int | None = None  # the pid that asked to be the subreaper (a fork child is not one)
 _reaper_ok = False
 _ids = itertools.count(1)
+_blank: dict[int, tuple[int, float]] = {}  # pid -> (start, first seen) of an empty environment
 
 
 def subreaper() -> bool:
@@ -146,13 +148,17 @@ def _prctl_subreaper() -> bool:
 
 
 def _stat(pid: int) -> _Proc | None:
+    # os.open/os.read: half the cost of open(); a sweep reads this for every process.
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            data = os.read(fd, 1024)  # the command name is at most 16 bytes: the fields fit
+        finally:
+            os.close(fd)
     except OSError:
         return None
     # Fields after the command name (which may contain spaces and parentheses).
-    fields = data[data.rfind(b")") + 2:].split()
+    fields = data[data.rfind(b")") + 2:].split(None, 20)
     try:
         return _Proc(fields[0], int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
     except (IndexError, ValueError):
@@ -188,13 +194,18 @@ def _below(table: Mapping[int, _Proc], roots: Iterable[int]) -> set[int]:
     return found
 
 
-def _carries(pid: int, run_id: bytes) -> bool:
-    """Whether the process's environment has ``run_id`` among its run markers."""
+def _carries(pid: int, run_id: bytes) -> bool | None:
+    """Whether the process's environment has ``run_id`` among its run markers; None when
+    it cannot tell yet (an empty environment: the process is in the middle of execve)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             data = fh.read()
-    except OSError:
+    except FileNotFoundError:
         return False
+    except OSError:
+        return None
+    if not data:
+        return None
     if run_id not in data:
         return False
     key = RUN_ID_VAR.encode() + b"="
@@ -221,7 +232,9 @@ def _signal(pids: Iterable[int], sig: int) -> None:
             pass
 
 
-Select = Callable[[Mapping[int, _Proc]], "set[int]"]
+# A selector: the processes of a run (or all of ours) in a process table, and whether
+# some process could not be told apart yet (look again).
+Select = Callable[[Mapping[int, _Proc]], "tuple[set[int], bool]"]
 
 
 def _of_run(root: int, child: _Child | None) -> Select:
@@ -233,64 +246,84 @@ def _of_run(root: int, child: _Child | None) -> Select:
     run_id = child.run_id.encode() if child is not None else None
     root_start = child.start if child is not None else None
 
-    def select(table: Mapping[int, _Proc]) -> set[int]:
+    def select(table: Mapping[int, _Proc]) -> tuple[set[int], bool]:
         cur = table.get(root)
         # A reused pid is not our child; and while any process is still in the child's
         # group or session, the kernel does not reuse its pid.
         own = cur is None or root_start is None or cur.start == root_start
         seeds = set()
+        unsure = False
         for pid, p in table.items():
             if pid == me:
                 continue
             if own and root in (pid, p.pgid, p.sid):
                 seeds.add(pid)
                 continue
-            # Re-parented to us (or, without the subreaper, started since the child).
-            adopted = p.ppid == me if reaper else root_start is not None and p.start >= root_start
-            if (adopted and run_id is not None and p.state not in DEAD and pid not in _children
-                    and _carries(pid, run_id)):
-                seeds.add(pid)
+            if run_id is None or root_start is None or p.start < root_start or p.state in DEAD:
+                continue  # older than the child: not of this run
+            # Re-parented to us (or, without the subreaper, anywhere).
+            if (p.ppid == me or not reaper) and pid not in _children:
+                carries = _carries(pid, run_id)
+                if carries:
+                    seeds.add(pid)
+                elif carries is None:
+                    unsure = _blank_for_now(pid, p.start) or unsure
+        for pid in [pid for pid in _blank if pid not in table]:
+            _blank.pop(pid, None)
         found = _below(table, seeds)
         found.discard(me)
-        return found - ({*_children} - {root})
+        return found - ({*_children} - {root}), unsure
 
     return select
 
 
-def _of_mine(table: Mapping[int, _Proc]) -> set[int]:
+def _blank_for_now(pid: int, start: int) -> bool:
+    """An empty environment: true while it may be a process in the middle of execve (look
+    again), false once it stayed empty for BLANK_WAIT (env -i: it carries no marker)."""
+    now = time.monotonic()
+    seen = _blank.get(pid)
+    if seen is None or seen[0] != start:
+        _blank[pid] = (start, now)
+        return True
+    return now - seen[1] < BLANK_WAIT
+
+
+def _of_mine(table: Mapping[int, _Proc]) -> tuple[set[int], bool]:
     me = os.getpid()
-    return _below(table, [me]) - {me}
+    return _below(table, [me]) - {me}, False
 
 
-def _freeze_and_kill(select: Select, budget: float, seen: dict[int, int] | None = None) -> dict[int, int]:
-    """SIGSTOP what ``select`` finds (a stopped process forks no more and its children
-    stay below it), pass after pass until a pass finds nothing new, then SIGKILL it all.
-    Bounded by ``budget`` seconds and SWEEP_PASSES. ``seen``: pid -> start of processes
-    killed before (not new; updated). Returns pid -> start of those killed now."""
+def _freeze_and_kill(select: Select, budget: float,
+                     seen: dict[int, int] | None = None) -> tuple[dict[int, int], dict[int, _Proc]]:
+    """SIGSTOP what ``select`` finds, pass after pass until a pass finds nothing new, then
+    SIGKILL it all. A stopped process forks no more and its children stay below it, so
+    once a pass finds nothing new, nothing of the run is left to find. Bounded by
+    ``budget`` seconds and SWEEP_PASSES. ``seen``: pid -> start of processes killed
+    before (not new; updated). Returns pid -> start of those killed now, and the last
+    process table read."""
     limit = time.monotonic() + budget
     seen = {} if seen is None else seen
     killed: dict[int, int] = {}
-    frozen: dict[int, int] = {}
+    table: dict[int, _Proc] = {}
     try:
         for _ in range(SWEEP_PASSES):
             table = _table()
-            new = {pid: table[pid].start for pid in select(table)
+            found, unsure = select(table)
+            new = {pid: table[pid].start for pid in found
                    if table[pid].state not in DEAD and seen.get(pid) != table[pid].start}
             if not new:
-                if not frozen:
+                if not unsure or time.monotonic() >= limit:
                     break
-                _signal(frozen, signal.SIGKILL)  # then one more pass to be sure
-                frozen.clear()
+                time.sleep(0.001)  # an orphan in the middle of execve: its environment comes
                 continue
             _signal(new, signal.SIGSTOP)
-            frozen.update(new)
             killed.update(new)
             seen.update(new)
             if time.monotonic() >= limit:
                 break
     finally:
-        _signal(frozen, signal.SIGKILL)
-    return killed
+        _signal(killed, signal.SIGKILL)
+    return killed, table
 
 
 def _reap(focus: Iterable[int] = ()) -> set[int]:
@@ -359,20 +392,27 @@ def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | N
         return popen.returncode  # ended already (its pid may be someone else's by now)
     select = _of_run(popen.pid, child)
     t0 = time.monotonic()
+    termed: dict[int, int] = {}
     if grace > 0 and popen.poll() is None:
         table = _table()
-        _signal([pid for pid in select(table) if table[pid].state not in DEAD], signal.SIGTERM)
+        termed = {pid: table[pid].start for pid in select(table)[0] if table[pid].state not in DEAD}
+        _signal(termed, signal.SIGTERM)
         try:
             popen.wait(timeout=max(t0 + grace - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             pass
     # The sweep comes out of KILL_WAIT, so the bound stays grace + KILL_WAIT.
     limit = time.monotonic() + KILL_WAIT
-    killed = _freeze_and_kill(select, min(SWEEP_TIME, KILL_WAIT))
+    killed, table = _freeze_and_kill(select, min(SWEEP_TIME, KILL_WAIT))
+    ours = {**termed, **killed}
     with _lock:
-        _killed.update(killed)
+        _killed.update(ours)
+    # Orphans of the run that died before the sweep (a daemon's middle process, a storm's
+    # parent) are our zombies now: started since the child, and not a Popen's own child.
+    if child is not None and child.start is not None:
+        _reap_orphans(table, since=child.start)
     while True:
-        pending = _reap(killed)
+        pending = _reap(ours)
         if (popen.poll() is not None and not pending) or time.monotonic() >= limit:
             break
         time.sleep(0.005)
@@ -399,19 +439,19 @@ def end_descendants(grace: float = 0.0, *, within: float = 1.0) -> int:
     ended: set[int] = set()
     if grace > 0:
         table = _table()
-        ended = {pid for pid in _of_mine(table) if table[pid].state not in DEAD}
+        ended = {pid for pid in _of_mine(table)[0] if table[pid].state not in DEAD}
         _signal(ended, signal.SIGTERM)
         limit = time.monotonic() + grace
         while time.monotonic() < limit:
             table = _table()
-            if not any(table[pid].state not in DEAD for pid in _of_mine(table)):
+            if not any(table[pid].state not in DEAD for pid in _of_mine(table)[0]):
                 break
             _reap_orphans()
             time.sleep(0.01)
     limit = time.monotonic() + within
     seen: dict[int, int] = {}
     while True:
-        killed = _freeze_and_kill(_of_mine, min(SWEEP_TIME, max(limit - time.monotonic(), 0.0)), seen)
+        killed, _ = _freeze_and_kill(_of_mine, min(SWEEP_TIME, max(limit - time.monotonic(), 0.0)), seen)
         ended.update(killed)
         with _lock:
             _killed.update(killed)
@@ -426,13 +466,14 @@ def end_descendants(grace: float = 0.0, *, within: float = 1.0) -> int:
             return len(ended)
 
 
-def _reap_orphans() -> None:
-    """Reap every zombie child of ours that spawn() did not start (an orphan that was
-    re-parented to us and died)."""
+def _reap_orphans(table: Mapping[int, _Proc] | None = None, since: int | None = None) -> None:
+    """Reap each zombie child of ours that spawn() did not start (an orphan that was
+    re-parented to us and died), of those started at or after ``since`` when given."""
     me = os.getpid()
     with _lock:
-        for pid, p in _table().items():
-            if p.ppid == me and p.state in DEAD and pid not in _children:
+        for pid, p in (_table() if table is None else table).items():
+            if (p.ppid == me and p.state in DEAD and pid not in _children
+                    and (since is None or p.start >= since)):
                 try:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:

@@ -30,8 +30,16 @@ DOUBLE_FORK = (
 )
 
 STORM_SIZE = 100
-# A fork storm: STORM_SIZE processes, each in a session of its own.
-STORM = f"for i in $(seq {STORM_SIZE}); do setsid {SLEEPER} '{{m}}-storm' & done"
+# A fork storm: STORM_SIZE processes, each in a session of its own, forked (not exec'd, so
+# that a storm costs little) by a process that then exits and leaves them all orphans.
+STORM = (
+    f"{PY} -I -S -c 'import os, sys, time\n"
+    f"for _ in range({STORM_SIZE}):\n"
+    "    if os.fork() == 0:\n"
+    "        os.setsid()\n"
+    "        time.sleep(300)\n"
+    "        os._exit(0)' '{m}-storm' &"
+)
 
 FRAGMENTS = {"setsid": SETSID, "double-fork": DOUBLE_FORK, "storm": STORM}
 KINDS = tuple(FRAGMENTS)
@@ -59,6 +67,11 @@ def leave(kind: str, marker: str) -> str:
 
 def term_fork(marker: str) -> str:
     return TERM_FORK.replace("{m}", marker)
+
+
+def hang(marker: str) -> str:
+    """The rest of a stub that hangs (sh or bash): it becomes a marked sleeper."""
+    return f"exec {SLEEPER} '{marker}-hang'"
 
 
 def template(kind: str) -> str:

@@ -16,17 +16,17 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from probes import proc
 from tests.conftest import ROOT, clean_env, run_cli
-from tests.descendants import KINDS, leave, stub
+from tests.descendants import KINDS, hang, stub
 from tests.servers import leftovers, wait_gone
 from tests.stress.conftest import SMI
 
 SLACK = 0.5  # a call returns by its deadline + 0.5 s
 ANSWER = SMI["ok"]  # a valid nvidia-smi answer, then exit 0
-HANG = "exec -a {m}-hang sleep 300"
 PR_GET_CHILD_SUBREAPER = 37
 
 
@@ -59,7 +59,7 @@ def test_descendants_of_a_child_that_answers_and_exits_are_ended(kind, marker, t
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_descendants_of_a_child_that_hangs_are_ended_by_the_deadline(kind, marker, tmp_path):
-    res, took = _run(stub(tmp_path / "tool", kind, marker, HANG.format(m=marker)), 0.5)
+    res, took = _run(stub(tmp_path / "tool", kind, marker, hang(marker)), 0.5)
     assert res.timed_out and not res.stuck
     assert took <= 0.5 + SLACK, f"took {took:.2f}s"
     assert _gone(marker) == []
@@ -76,8 +76,9 @@ def test_a_sigterm_handler_that_forks_is_ended_too(marker, tmp_path):
 
 def test_a_whole_storm_is_found(marker, tmp_path):
     """All STORM_SIZE processes exist before the deadline; none survives it."""
-    body = f"{leave('storm', marker)}\nwait"
-    res, took = _run(stub(tmp_path / "tool", "storm", marker, body), 3.0)
+    # wait: until the storm's parent has forked all of them and exited (they are orphans).
+    path = stub(tmp_path / "tool", "storm", marker, f"wait\n{hang(marker)}")
+    res, took = _run(path, 3.0)
     assert res.timed_out and took <= 3.0 + SLACK
     assert _gone(marker) == []
 
@@ -91,6 +92,29 @@ def test_sweeps_never_take_the_exit_status_of_someone_elses_child(marker, tmp_pa
         _run(stub(tmp_path / f"tool-{kind}", kind, marker, ANSWER), 10)
     assert other.wait(5) == 7
     assert _gone(marker) == []
+
+
+def _zombie_children() -> set[int]:
+    found = set()
+    for c in psutil.Process().children():
+        try:
+            if c.status() == psutil.STATUS_ZOMBIE:
+                found.add(c.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_what_runs_end_is_reaped_not_left_as_zombies(marker, tmp_path):
+    """Orphans re-parented to us, killed or dead by themselves (a daemon's middle process,
+    a storm's parent), are reaped: a long-lived process (serve) must not pile up zombies."""
+    before = _zombie_children()
+    for kind in KINDS:
+        _run(stub(tmp_path / f"exit-{kind}", kind, marker, ANSWER), 10)
+        _run(stub(tmp_path / f"hang-{kind}", kind, marker, hang(marker)), 0.5)
+    _run(stub(tmp_path / "term-fork", "term-fork", marker), 0.5)
+    assert _gone(marker) == []
+    assert _zombie_children() - before == set()
 
 
 def test_this_process_is_the_subreaper_and_children_carry_a_run_marker(monkeypatch):
@@ -143,7 +167,7 @@ def test_end_descendants_with_nothing_started_is_free():
 
 def test_spawn_and_end_one_long_lived_child(marker, tmp_path):
     """serve's NVML watcher is such a child: spawned, read in a thread, ended on shutdown."""
-    tool = stub(tmp_path / "tool", "double-fork", marker, HANG.format(m=marker))
+    tool = stub(tmp_path / "tool", "double-fork", marker, hang(marker))
     child = proc.spawn([str(tool)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.3)
     assert len(leftovers(marker)) == 2
@@ -167,7 +191,7 @@ def test_spawn_and_end_one_long_lived_child(marker, tmp_path):
 ])
 def test_cli_with_a_stub_nvidia_smi_leaves_nothing(kind, then, front_door, marker, tmp_path):
     bindir = tmp_path / "bin"
-    stub(bindir / "nvidia-smi", kind, marker, ANSWER if then == "answer" else HANG.format(m=marker))
+    stub(bindir / "nvidia-smi", kind, marker, ANSWER if then == "answer" else hang(marker))
     timeout = 2.0
     env = clean_env(PATH=f"{bindir}:/usr/bin:/bin", HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
                     HEALTHCHECK_TIMEOUT=str(timeout), HEALTHCHECK_GPU_COUNT="1", HEALTHCHECK_FASTPATH="false")

@@ -20,27 +20,34 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT
+from tests.descendants import hang, template
 from tests.servers import Jupyter, Sshd
 
 FAKES = ROOT / "tests" / "fakes"
 FAKE_LIB = FAKES / "build" / "libnvidia-ml.so.1"
 VENV_PY = str(ROOT / ".venv" / "bin" / "python")
 
+GPU_LINE = "echo '0, NVIDIA H100 80GB HBM3, GPU-00000000-1111-2222-3333-000000000000'"
+
 # Stub nvidia-smi bodies (bash, so that `exec -a` can put the marker into argv[0]).
 SMI = {
-    "ok": "echo '0, NVIDIA H100 80GB HBM3, GPU-00000000-1111-2222-3333-000000000000'\nexit 0",
+    "ok": f"{GPU_LINE}\nexit 0",
     "exit9": ("echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"\n"
               "exit 9"),
     "hang": "exec -a {m}-smi-hang sleep 300",
     "ignore-term": "trap '' TERM\n(exec -a {m}-smi-noterm sleep 300)\nexit 0",
     # Exits at once with its answer; a grandchild keeps stdout open (and ignores SIGTERM).
-    "grandchild": ("(trap '' TERM; exec -a {m}-smi-grandchild sleep 300) &\n"
-                   "echo '0, NVIDIA H100 80GB HBM3, GPU-00000000-1111-2222-3333-000000000000'\nexit 0"),
+    "grandchild": f"(trap '' TERM; exec -a {{m}}-smi-grandchild sleep 300) &\n{GPU_LINE}\nexit 0",
     # A grandchild in its own process group (job control), still in the child's session.
     "own-group": ("set -m\n(trap '' TERM; exec -a {m}-smi-owngroup sleep 300) &\n"
                   "exec -a {m}-smi-hang2 sleep 300"),
     "huge": "head -c 3000000 /dev/zero | tr '\\0' x\nexit 0",
     "signal": "kill -SEGV $$\nsleep 1",
+    # Descendants that leave the child's session or group (tests/descendants.py).
+    "setsid": f"{template('setsid')}\n{GPU_LINE}\nexit 0",
+    "double-fork": f"{template('double-fork')}\n{GPU_LINE}\nexit 0",
+    "storm": f"{template('storm')}\n{hang('{m}')}",
+    "term-fork": template("term-fork"),
 }
 
 # Stand-ins for the image's python (HEALTHCHECK_TORCH_PYTHON).
@@ -49,6 +56,10 @@ TORCH = {
     "garbage": "echo 'HEALTHCHECK-TORCH-RESULT {{not json'\nexit 0",
     "crash": "echo 'Segmentation fault' >&2\nkill -SEGV $$",
     "grandchild": "(trap '' TERM; exec -a {m}-torch-grandchild sleep 300) &\nexit 1",
+    "setsid": f"{template('setsid')}\nexit 1",
+    "double-fork": f"{template('double-fork')}\nexit 1",
+    "storm": f"{template('storm')}\n{hang('{m}')}",
+    "term-fork": template("term-fork"),
 }
 
 

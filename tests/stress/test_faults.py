@@ -1,10 +1,12 @@
 """Injected faults, many times over: nothing is left running and no file descriptor leaks.
 
-About 1,000 runs in all: most are in-process (probes.proc.run, probes.runner.run with the
+About 1,300 runs in all: most are in-process (probes.proc.run, probes.runner.run with the
 real probe modules) so that this process's own descriptors and threads can be counted;
 a smaller number are whole processes through the front door, as Docker runs them.
 Faults live only at the boundary: stub nvidia-smi executables, a stand-in for the image's
-python, the fake libnvidia-ml.so.1, a loopback server that never answers.
+python, the fake libnvidia-ml.so.1, a loopback server that never answers. Among them,
+descendants that leave the child's session or group (a setsid grandchild, a double-forking
+daemon, a fork storm of 100, a SIGTERM handler that forks): none may outlive its run.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ from tests.stress.conftest import (
 pytestmark = pytest.mark.stress
 
 SLACK = 0.5  # a call returns by its deadline + 0.5 s
-PROC_RUNS = 640
+PROC_RUNS = 960  # 80 per stub behaviour
 RUNNER_RUNS = 200
-WHOLE_RUNS = 60
+WHOLE_RUNS = 110  # 10 per fault
+DESCENDANTS = ("setsid", "double-fork", "storm", "term-fork")
 THREADS = 4
 
 
@@ -76,7 +79,10 @@ def test_proc_run_faults_leave_no_process_and_no_fd(tmp_path: Path, marker: str)
     names = sorted(stubs)
     # Expected: (times out, exit status) per behaviour; None = not checked.
     expect = {"ok": (False, 0), "exit9": (False, 9), "hang": (True, None), "ignore-term": (True, None),
-              "grandchild": (False, 0), "own-group": (True, None), "huge": (False, 0), "signal": (False, -11)}
+              "grandchild": (False, 0), "own-group": (True, None), "huge": (False, 0), "signal": (False, -11),
+              # Descendants that leave the child's session or group (tests/descendants.py).
+              "setsid": (False, 0), "double-fork": (False, 0), "storm": (True, None),
+              "term-fork": (True, None)}
     deadline_s = 0.15
 
     def one(i: int) -> str | None:
@@ -93,7 +99,7 @@ def test_proc_run_faults_leave_no_process_and_no_fd(tmp_path: Path, marker: str)
             return f"{name}: exit {res.returncode}, expected {code}"
         if name == "huge" and not (res.truncated and len(res.stdout) == proc.MAX_OUTPUT):
             return f"huge: {len(res.stdout)} bytes kept, truncated={res.truncated}"
-        if name in ("ok", "grandchild") and b"NVIDIA H100" not in res.stdout:
+        if name in ("ok", "grandchild", "setsid", "double-fork") and b"NVIDIA H100" not in res.stdout:
             return f"{name}: answer lost: {res.stdout[:80]!r}"
         return None
 
@@ -113,7 +119,7 @@ def test_runner_with_faulty_probes_leaves_no_process_fd_or_thread(
         tmp_path: Path, marker: str, monkeypatch: pytest.MonkeyPatch, sshd_port: int, silent_port: int) -> None:
     """The real runner and probe modules, a stub nvidia-smi and a stand-in torch python per fault."""
     smi_bins = {}
-    for name in ("ok", "exit9", "hang", "ignore-term", "grandchild", "own-group"):
+    for name in ("ok", "exit9", "hang", "ignore-term", "grandchild", "own-group", *DESCENDANTS):
         d = tmp_path / f"bin-{name}"
         write_exe(d / "nvidia-smi", SMI[name].format(m=marker))
         smi_bins[name] = d
@@ -172,6 +178,12 @@ WHOLE_FAULTS = [
     ("nvml-hang", "ok", None, "hang nvmlInit", "readiness"),
     ("nvml-count-hang", "ok", None, "hang nvmlDeviceGetCount_v2", "startup"),
     ("torch-hang", None, "hang", None, "startup"),
+    # Descendants that leave the child's session or group, from nvidia-smi and the worker.
+    ("smi-storm", "storm", None, None, "readiness"),
+    ("smi-term-fork", "term-fork", None, None, "readiness"),
+    ("torch-setsid", None, "setsid", None, "startup"),
+    ("torch-double-fork", None, "double-fork", None, "startup"),
+    ("torch-storm", None, "storm", None, "startup"),
 ]
 
 
