@@ -20,10 +20,55 @@ MAX_MESSAGE = 300
 CUT = "... (output cut)"
 
 
-def _iso(ts: float) -> str:
+# health+json's componentType takes the draft's values (component, datastore, system or a
+# URI), not our layer names: the GPU and its driver are a system the container depends on,
+# the rest are components of the container. The layer stays in the non-standard "layer".
+COMPONENT_TYPES = {"hardware": "system", "framework": "component", "services": "component",
+                   "drop-in": "component"}
+
+
+def iso_time(ts: float) -> str:
+    """RFC 3339 in UTC with a ``Z``, to the millisecond: the one time format of every report."""
     import datetime  # only the JSON report needs it: ~3 ms the text report does not pay
 
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(timespec="milliseconds")
+    stamp = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
+
+
+def default_unit(value: Any) -> str:
+    """The observedUnit for a value its probe gave no unit: the draft wants one with every value."""
+    return "count" if isinstance(value, (int, float)) and not isinstance(value, bool) else "text"
+
+
+def check_entry(*, status: str, time: float, output: str = "", layer: str | None = None,
+                observed: Any = None, unit: str | None = None, reason: str | None = None,
+                elapsed: float = 0.0, name: str | None = None) -> dict[str, Any]:
+    """One health+json check object as the draft wants it (shared with serve's own checks).
+
+    ``output`` only for warn and fail (the draft: omitted for pass; a passing check's
+    one-line message goes in the non-standard ``message``); ``observedValue`` always with
+    ``observedUnit``, and neither when there is no value; ``time`` always.
+    """
+    entry: dict[str, Any] = {}
+    if name:
+        entry["componentId"] = name
+    entry["componentType"] = COMPONENT_TYPES.get(layer or "", "component")
+    if layer:
+        entry["layer"] = layer
+    entry["status"] = status
+    if observed is not None:
+        entry["observedValue"] = observed
+        entry["observedUnit"] = unit or default_unit(observed)
+    entry["time"] = iso_time(time)
+    if status == "pass":
+        if output:
+            entry["message"] = output
+    else:
+        entry["output"] = output
+    if reason:
+        entry["reason"] = reason
+    entry["elapsed"] = elapsed
+    return entry
 
 
 def _short(text: str, limit: int = MAX_MESSAGE) -> str:
@@ -74,32 +119,45 @@ def text(outcome: Outcome, *, verbose: bool = False, disabled: str = "") -> str:
 
 
 def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
+    """The draft's health+json document.
+
+    A skipped probe did not observe anything, so it is not a check result: reporting it
+    as "pass" would claim a health nobody verified, and "warn" would claim a problem in
+    it. It is left out of ``checks`` (the draft has no "not checked" status), said in
+    ``notes``, and kept for this suite's own readers (serve's metrics, the fast path) in
+    the non-standard top-level ``skipped``, keyed like ``checks``.
+    """
     checks: dict[str, list[dict[str, Any]]] = {}
+    skips: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
     specs = {s.name: s for s in outcome.specs}
+    now = time.time()
+    stamp = max((r.time for r in outcome.results), default=0) or now
     for r in outcome.results:
         spec = specs.get(r.name) or registry.BY_NAME.get(r.name)
-        is_skip = r.status is Status.SKIP
-        checks[f"{r.name}:{spec.measurement if spec else 'status'}"] = [{
-            "componentType": spec.layer if spec else "component",
-            "status": "warn" if is_skip else r.status.value,
-            "observedValue": _short(r.observed, 120) if isinstance(r.observed, str) else r.observed,
-            "observedUnit": r.unit,
-            "time": _iso(r.time) if r.time else None,
-            "output": _short(r.message),
-            "reason": r.reason,
-            "elapsed": r.elapsed,
-            "skipped": is_skip,
-        }]
-    return {
+        key = f"{r.name}:{spec.measurement if spec else 'status'}"
+        if r.status is Status.SKIP:
+            skips[key] = {"output": _short(r.message), "reason": r.reason, "time": iso_time(r.time or stamp)}
+            notes.append(_short(f"{r.name} not checked: {r.message}"))
+            continue
+        checks[key] = [check_entry(
+            name=r.name, layer=spec.layer if spec else None, status=r.status.value,
+            observed=_short(r.observed, 120) if isinstance(r.observed, str) else r.observed,
+            unit=_short(r.unit, 20) if r.unit else None, time=r.time or stamp, output=_short(r.message),
+            reason=r.reason, elapsed=r.elapsed)]
+    doc: dict[str, Any] = {
         "status": outcome.status.value,
         "version": __version__,
         "description": f"GPU container health ({outcome.profile} profile)",
         "profile": outcome.profile,
         "output": verdict(outcome, disabled),
-        "time": _iso(max((r.time for r in outcome.results), default=0) or time.time()),
-        "notes": [_short(n) for n in outcome.notes],
+        "time": iso_time(stamp),
+        "notes": [_short(n) for n in outcome.notes] + notes,
         "checks": checks,
     }
+    if skips:
+        doc["skipped"] = skips
+    return doc
 
 
 def json_text(outcome: Outcome, *, disabled: str = "") -> str:

@@ -1,5 +1,10 @@
 """The HTTP endpoints: /livez, /readyz, /startupz (health+json, 200 or 503) and /metrics.
 
+They speak the Kubernetes API server's conventions too: ``?verbose`` answers plain text
+(``[+]name ok`` / ``[-]name failed: reason`` lines, then ``readyz check passed``), unless
+the client asks for ``application/health+json``; ``/readyz/<check>`` answers for one check
+(404 for an unknown one); ``?exclude=<check>`` (repeatable) leaves checks out.
+
 Handlers only read the monitor's in-memory snapshot, so a response never waits on a
 probe, a GPU or NVML. Any error inside a handler answers 500 with a fixed body; the
 detail goes to the log, never to the client.
@@ -13,19 +18,32 @@ import socket
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
 from probes import __version__
 from probes.serve import metrics
 from probes.serve.monitor import Monitor
-from probes.serve.view import verdict
+from probes.serve.view import UnknownCheck, clean, verbose_text, verdict
 
 log = logging.getLogger("healthcheck.serve")
 HEALTH_JSON = "application/health+json"
+TEXT = "text/plain; charset=utf-8"
 ENDPOINTS = {"/livez": "liveness", "/readyz": "readiness", "/startupz": "startup"}
-ERROR_BODY = b'{"status":"fail","reason":"internal-error","output":"internal error; see the server log"}'
-NOT_FOUND_BODY = json.dumps({"status": "fail", "reason": "not-found", "output": "unknown path; try "
-                             + ", ".join([*ENDPOINTS, "/metrics"])}).encode()
+MAX_EXCLUDES = 32
 REQUEST_TIMEOUT = 5.0  # a client that sends nothing cannot hold a thread longer
+
+
+def error_body(reason: str, output: str) -> bytes:
+    """A health+json document for an error answer (404, 500): the same media type and shape."""
+    return json.dumps({"status": "fail", "version": __version__, "description": "healthcheck serve",
+                       "output": output, "reason": reason, "notes": [], "checks": {}},
+                      separators=(",", ":")).encode()
+
+
+# Fixed: a handler error must not depend on anything that could fail again.
+ERROR_BODY = error_body("internal-error", "internal error; see the server log")
+NOT_FOUND_BODY = error_body("not-found", "unknown path; try " + ", ".join(
+    [*ENDPOINTS, *(p + "/<check>" for p in ENDPOINTS), "/metrics"]))
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -46,14 +64,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _answer(self, *, head: bool) -> None:
         try:
-            path = self.path.split("?", 1)[0]
-            if path in ENDPOINTS:
-                profile = ENDPOINTS[path]
-                code, body = verdict(profile, self.server.monitor.snapshot(), now=time.time(),
-                                     now_mono=time.monotonic(), gating=self.server.gating,
-                                     version=__version__)
-                payload = json.dumps(body, separators=(",", ":"), default=str).encode()
-                self._send(code, HEALTH_JSON, payload, head)
+            path, _, query = self.path.partition("?")
+            base, _, only = path.partition("/")[2].partition("/")
+            base = "/" + base
+            if base in ENDPOINTS and (only or path == base):
+                self._health(base, unquote(only) if only else None, query, head)
             elif path == "/metrics":
                 self._send(200, metrics.CONTENT_TYPE, metrics.render(self.server.registry), head)
             else:
@@ -63,9 +78,27 @@ class Handler(BaseHTTPRequestHandler):
         except Exception:
             log.exception("handler error for %s", self.path[:100])
             try:
-                self._send(500, "application/json", ERROR_BODY, head)
+                self._send(500, HEALTH_JSON, ERROR_BODY, head)
             except OSError:
                 pass
+
+    def _health(self, endpoint: str, only: str | None, query: str, head: bool) -> None:
+        args = parse_qs(query, keep_blank_values=True)
+        exclude = [clean(n, 80) for n in args.get("exclude", [])[:MAX_EXCLUDES]]
+        try:
+            code, body = verdict(ENDPOINTS[endpoint], self.server.monitor.snapshot(), now=time.time(),
+                                 now_mono=time.monotonic(), gating=self.server.gating, version=__version__,
+                                 only=None if only is None else clean(only, 80), exclude=exclude)
+        except UnknownCheck as e:
+            known = ", ".join(e.known) or "none yet"
+            self._send(404, HEALTH_JSON, error_body("not-found", clean(
+                f"no check {e.name!r} in {endpoint}; checks: {known}")), head)
+            return
+        accept = self.headers.get("Accept", "")
+        if "verbose" in args and "json" not in accept:
+            self._send(code, TEXT, verbose_text(endpoint.lstrip("/"), body).encode(), head)
+        else:
+            self._send(code, HEALTH_JSON, json.dumps(body, separators=(",", ":"), default=str).encode(), head)
 
     def _send(self, code: int, ctype: str, payload: bytes, head: bool) -> None:
         self.send_response(code)

@@ -16,12 +16,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from probes.report import check_entry, iso_time
 from probes.result import Result, Status
 from probes.untrusted import load_json, squeeze
 
 MAX_TEXT = 300
-CHECK_KEYS = ("componentType", "status", "observedValue", "observedUnit", "time", "output", "reason",
-              "elapsed", "skipped")
+CHECK_KEYS = ("componentId", "componentType", "layer", "status", "observedValue", "observedUnit", "time",
+              "output", "message", "reason", "elapsed")
 STATUSES = ("pass", "warn", "fail")
 RANK = {"pass": 0, "warn": 1, "fail": 2}
 # An application Xid keeps the endpoints at "warn" this long after it was seen.
@@ -33,8 +34,7 @@ def clean(text: Any, limit: int = MAX_TEXT) -> str:
     return squeeze(text, limit)
 
 
-def iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+iso = iso_time  # one time format for the CLI's --json and serve
 
 
 def from_iso(text: Any) -> float | None:
@@ -65,14 +65,29 @@ def _check(entry: Any) -> dict[str, Any] | None:
         if key not in entry:
             continue
         v = entry[key]
+        if v is None:
+            continue
         if key in ("observedValue",):
             out[key] = _scalar(v)
-        elif key == "skipped":
-            out[key] = bool(v)
         elif key == "elapsed":
             out[key] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         else:
-            out[key] = None if v is None else clean(v)
+            out[key] = clean(v)
+    if out.get("observedValue") is None:
+        out.pop("observedValue", None)
+        out.pop("observedUnit", None)
+    return out
+
+
+def _skips(data: Any) -> dict[str, dict[str, Any]]:
+    """The report's non-standard ``skipped`` (probes that did not run), rebuilt from known fields."""
+    if not isinstance(data, dict):
+        return {}
+    out = {}
+    for key, v in list(data.items())[:40]:
+        if isinstance(key, str) and isinstance(v, dict):
+            out[clean(key, 80)] = {k: clean(v[k]) for k in ("output", "reason", "time")
+                                   if isinstance(v.get(k), str)}
     return out
 
 
@@ -106,6 +121,9 @@ def parse_report(stdout: bytes) -> dict[str, Any] | None:
         "notes": [clean(n) for n in notes][:20] if isinstance(notes, list) else [],
         "checks": out_checks,
     }
+    skips = _skips(data.get("skipped"))
+    if skips:
+        report["skipped"] = skips
     return report
 
 
@@ -115,11 +133,13 @@ def results_of(report: Mapping[str, Any], default_time: float) -> list[Result]:
     for key, entries in report.get("checks", {}).items():
         name = key.split(":", 1)[0]
         for e in entries[:1]:
-            status = Status.SKIP if e.get("skipped") else Status(e["status"])
             results.append(Result(
-                name=name, status=status, message=e.get("output") or "",
+                name=name, status=Status(e["status"]), message=e.get("output") or e.get("message") or "",
                 observed=e.get("observedValue"), unit=e.get("observedUnit"), reason=e.get("reason"),
                 elapsed=float(e.get("elapsed") or 0.0), time=from_iso(e.get("time")) or default_time))
+    for key, e in report.get("skipped", {}).items():
+        results.append(Result(name=key.split(":", 1)[0], status=Status.SKIP, message=e.get("output") or "",
+                              reason=e.get("reason"), time=from_iso(e.get("time")) or default_time))
     return results
 
 
@@ -179,21 +199,53 @@ class Snapshot:
 
 def _entry(component: str, status: str, output: str, *, reason: str | None = None, value: Any = None,
            unit: str | None = None, now: float) -> dict[str, Any]:
-    return {"componentType": component, "status": status, "observedValue": value, "observedUnit": unit,
-            "time": iso(now), "output": output, "reason": reason, "elapsed": 0.0, "skipped": False}
+    return check_entry(status=status, time=now, output=output, layer=component, observed=value, unit=unit,
+                       reason=reason)
 
 
 def _first_failure(report: Mapping[str, Any]) -> tuple[str | None, str]:
     for entries in report.get("checks", {}).values():
         for e in entries:
-            if e.get("status") == "fail" and not e.get("skipped"):
+            if e.get("status") == "fail":
                 return e.get("reason") or "fail", e.get("output") or ""
     return None, ""
 
 
+class UnknownCheck(LookupError):
+    """``only`` names no check of the endpoint (HTTP 404)."""
+
+    def __init__(self, name: str, known: Sequence[str]):
+        super().__init__(name)
+        self.name, self.known = name, tuple(known)
+
+
+def check_name(key: str) -> str:
+    """The name a check goes by in the Kubernetes forms (``/readyz/<name>``, ``?exclude=<name>``)."""
+    return key.split(":", 1)[0]
+
+
+def _fold(checks: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[str, str | None, str]:
+    """Status, reason and output of what is left of the checks: the worst wins, the first tells."""
+    entries = [e for es in checks.values() for e in es]
+    status = STATUSES[max((RANK.get(e.get("status", "fail"), 2) for e in entries), default=0)]
+    for wanted in ("fail", "warn"):
+        for e in entries:
+            if e.get("status") == wanted:
+                reason = (e.get("reason") or "fail") if wanted == "fail" else None
+                return status, reason, e.get("output") or ""
+    return status, None, ""
+
+
 def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating: bool = True,
-            version: str = "") -> tuple[int, dict[str, Any]]:
-    """The HTTP status and the health+json body of the endpoint for ``profile``."""
+            version: str = "", only: str | None = None,
+            exclude: Sequence[str] = ()) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and the health+json body of the endpoint for ``profile``.
+
+    ``only`` narrows it to one check (``/readyz/<name>``; UnknownCheck when there is none,
+    unless the run has no report yet: then that check's state is unknown, and it fails
+    with the run's reason); ``exclude`` leaves checks out (``?exclude=<name>``), as the
+    Kubernetes API server does. Neither can turn a missing or stale result into a pass.
+    """
     notes: list[str] = []
     run = snap.runs.get(profile)
     sticky = profile == "startup" and snap.startup_passed is not None
@@ -209,6 +261,7 @@ def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating
 
     # The result's own age.
     limit = snap.stale_after[profile]
+    stale = False
     if run is None:
         status, reason = "fail", "pending"
         output = f"no {profile} result yet: the first run is in progress"
@@ -253,6 +306,20 @@ def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating
         checks["latch:state"] = [_entry("hardware", "fail", msg, reason=latch_code, now=now)]
         status, reason, output = "fail", latch_code, msg
 
+    names = {check_name(k): k for k in checks}
+    no_result = run is None or run.report is None
+    if only is not None and only not in names and not no_result:
+        raise UnknownCheck(only, sorted(names))
+    excluded = [n for n in names if (n != only if only is not None else n in exclude)]
+    unknown = sorted({n for n in exclude if n not in names})
+    if unknown:
+        notes.append("some health checks cannot be excluded: no matches for "
+                     + ", ".join(f'"{clean(n, 80)}"' for n in unknown[:10]))
+    if excluded:
+        checks = {k: v for k, v in checks.items() if check_name(k) not in excluded}
+        if not no_result and not stale:
+            status, reason, output = _fold(checks)
+
     if status == "fail" and not reason:
         reason = "fail"
     code = 200 if status in ("pass", "warn") else 503
@@ -271,4 +338,28 @@ def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating
         "notes": ((report or {}).get("notes") or []) + notes,
         "checks": checks,
     }
+    if report and report.get("skipped"):
+        body["skipped"] = report["skipped"]
+    if excluded and only is None:
+        body["excluded"] = excluded
     return code, body
+
+
+def verbose_text(endpoint: str, body: Mapping[str, Any]) -> str:
+    """The Kubernetes API server's ``?verbose`` form: ``[+]name ok`` / ``[-]name failed: reason``
+    per check, then ``<endpoint> check passed`` (or ``failed``)."""
+    lines = []
+    for key, entries in body.get("checks", {}).items():
+        e = entries[0] if entries else {"status": "fail"}
+        name = check_name(key)
+        if e.get("status") == "fail":
+            why = f"{e.get('reason') or 'fail'}: {e.get('output') or ''}".rstrip(": ")
+            lines.append(f"[-]{name} failed: {why}")
+        elif e.get("status") == "warn":
+            lines.append(f"[+]{name} ok (warn: {e.get('output') or ''})")
+        else:
+            lines.append(f"[+]{name} ok")
+    lines += [f"[+]{name} excluded: ok" for name in body.get("excluded", [])]
+    lines += [f"warn: {n}" for n in body.get("notes", []) if n.startswith("some health checks cannot be")]
+    lines.append(f"{endpoint} check {'failed' if body.get('status') == 'fail' else 'passed'}")
+    return "\n".join(lines) + "\n"

@@ -55,10 +55,27 @@ def test_health_json_shape():
     key = next(k for k in doc["checks"] if k.startswith("nvidia-smi:"))
     check = doc["checks"][key][0]
     assert check["status"] == "pass" and check["observedValue"] == 2 and check["observedUnit"] == "GPUs"
-    assert check["componentType"] == "hardware" and check["time"].startswith("2023-")
-    skipped = next(v for k, v in doc["checks"].items() if k.startswith("torch-cuda:"))[0]
-    assert skipped["status"] == "warn" and skipped["skipped"] is True
+    assert check["componentType"] == "system" and check["layer"] == "hardware"
+    assert check["time"] == "2023-11-14T22:13:20.000Z"
+    assert "output" not in check and check["message"] == "2 GPUs"  # the draft: no output for pass
+    # A skipped probe observed nothing: not a check (neither pass nor warn), a note and "skipped".
+    assert not any(k.startswith("torch-cuda:") for k in doc["checks"])
+    assert any(n.startswith("torch-cuda not checked: skipped: the hardware") for n in doc["notes"])
+    assert next(v for k, v in doc["skipped"].items() if k.startswith("torch-cuda:"))["reason"] == (
+        "dependency-failed")
     json.loads(report.json_text(outcome()))
+
+
+def test_health_json_value_and_unit_come_together_and_failures_have_output():
+    doc = report.health_json(outcome(r("ssh", Status.PASS, "OpenSSH", observed="OpenSSH_9.2"),
+                                     r("jupyter", Status.FAIL, "refused: start it", reason="refused"),
+                                     r("nvml", Status.WARN, "hot", observed=2)))
+    ssh, jupyter, nvml = (next(v[0] for k, v in doc["checks"].items() if k.startswith(n + ":"))
+                          for n in ("ssh", "jupyter", "nvml"))
+    assert ssh["observedUnit"] == "text" and nvml["observedUnit"] == "count"
+    assert "observedValue" not in jupyter and "observedUnit" not in jupyter
+    assert jupyter["output"] == "refused: start it" and nvml["output"] == "hot"
+    assert {c["componentType"] for c in (ssh, jupyter)} == {"component"}
 
 
 def test_control_characters_that_reach_a_result_are_escaped_in_every_form():
