@@ -78,6 +78,25 @@ SPEC = Spec(
                                                                    "cooling", "warn"),
         _c("temperature", "temperature at or above the slowdown threshold", "check cooling and "
                                                                             "airflow", "warn"),
+        _c("field-error", "NVML fails on a field the GPU supports (any code but NOT_SUPPORTED, NO_PERMISSION "
+           "or a lost GPU): fail closed", "check the driver on the host (`nvidia-smi -q`, `dmesg`)"),
+        _c("recovery-action", "the driver's GPU recovery action (NVML field values) is set: GPU reset, node "
+           "reboot, drain P2P or drain and reset", "the action itself: reset the GPU (`nvidia-smi -r`) when "
+           "idle, reboot the node, or drain the workload first"),
+        _c("fabric-manager", "NVSwitch fabric registration not completed with success (fabric manager not "
+           "running or failed: CUDA reports error 802 'system not yet initialized')",
+           "start `nvidia-fabricmanager` on the host"),
+        _c("mig-no-permission", "NVML answers NO_PERMISSION for the parent GPU of a MIG slice: not checked",
+           "none: not a fault", "warn"),
+        _c("field-no-permission", "NVML answers NO_PERMISSION for a field: not checked", "none: not a fault",
+           "warn"),
+        _c("pcie-degraded", "PCIe link generation or width below the maximum while the GPU is at least "
+           "80% busy (an idle GPU lowers its link by design)", "reseat the GPU, check the riser and slot",
+           "warn"),
+        _c("nvlink-down", "an NVLink link is down on a GPU with NVLink (PCIe-only GPUs are not judged)",
+           "check `nvidia-smi nvlink -s`; reset the GPU or have the board serviced", "warn"),
+        _c("nvlink-errors", "NVLink error counters rose between two readings in one run",
+           "check `nvidia-smi nvlink -e`; a failing link or bridge needs service", "warn"),
         _c("mig-no-instances", "GPU in MIG mode with no MIG device",
            "create GPU and compute instances (`nvidia-smi mig -cgi ... -C`) or disable MIG", "warn"),
         _c("cuda-visible-devices", "`CUDA_VISIBLE_DEVICES` selects no GPU or fewer than expected (fail), or "
@@ -100,6 +119,19 @@ SW_THERMAL = 0x20
 HW_THERMAL = 0x40
 HW_POWER_BRAKE = 0x80
 RESET = "reset the GPU (nvidia-smi -r) or reboot the node"
+# nvmlGpuFabricState_t
+FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 0, 1, 2, 3
+FABRIC_STATES = {FABRIC_NOT_STARTED: "not started", FABRIC_IN_PROGRESS: "in progress",
+                 FABRIC_COMPLETED: "completed"}
+# NVML_GPU_RECOVERY_ACTION_*: the action -> (what it is, what to do).
+RECOVERY_ACTIONS = {
+    1: ("GPU reset", "reset the GPU (nvidia-smi -r) when idle"),
+    2: ("node reboot", "reboot the node"),
+    3: ("drain P2P", "stop peer-to-peer traffic to this GPU (drain the workload), then reset the GPU"),
+    4: ("drain and reset", "drain the workload, then reset the GPU (nvidia-smi -r)"),
+}
+# PCIe below its maximum is power saving on an idle GPU; judged only at this utilization or more.
+BUSY_UTILIZATION = 80
 
 Value = Any  # an int/bool/str reading, or NA
 
@@ -123,6 +155,16 @@ class Gpu(NamedTuple):
     processes: tuple[tuple[int, str], ...] = ()
     mig_enabled: Value = NA
     mig_devices: tuple[tuple[str, str], ...] = ()  # (uuid, name)
+    mps_processes: tuple[tuple[int, str], ...] = ()  # MPS clients (pid, name)
+    denied: tuple[str, ...] = ()  # fields NVML refused (NO_PERMISSION): not checked
+    field_errors: tuple[tuple[str, int], ...] = ()  # (field, NVML code) of supported fields that failed
+    recovery_action: Value = NA  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    fabric: Value = NA  # (state, status) on NVSwitch systems
+    persistence: Value = NA
+    pcie: tuple[Value, ...] = (NA, NA, NA, NA)  # current gen, current width, max gen, max width
+    utilization: Value = NA  # percent
+    nvlinks: tuple[int, ...] = ()  # 1 active / 0 down per link; () without NVLink
+    nvlink_errors_rising: tuple[int, ...] = ()  # links whose error counters rose between two readings
 
 
 class Gathered(NamedTuple):
@@ -131,6 +173,7 @@ class Gathered(NamedTuple):
     driver: str = ""
     count: int = 0  # type: ignore[assignment]  # a field, shadowing tuple.count() on purpose
     gpus: tuple[Gpu, ...] = ()
+    cuda_driver: Value = NA  # nvmlSystemGetCudaDriverVersion: 12040 is CUDA 12.4
 
 
 class _Lost(Exception):
@@ -150,18 +193,42 @@ def gather(ctx: Context) -> Gathered:
         if err is not None:
             reason, message = nvml_lib.describe(err)
             return Gathered(env, (reason, message, err))
+        cuda_fn = getattr(nv, "nvmlSystemGetCudaDriverVersion", None)
+        cuda_driver, _ = nvml_lib.call(cuda_fn) if cuda_fn is not None else (NA, None)
         gpus = tuple(_gpu(nv, i) for i in range(count))
-        return Gathered(env, None, nvml_lib.text(driver) if driver is not None else "", count, gpus)
+        return Gathered(env, None, nvml_lib.text(driver) if driver is not None else "", count, gpus,
+                        cuda_driver if isinstance(cuda_driver, int) else NA)
     finally:
         nvml_lib.shutdown()
 
 
-def _query(fn: Callable[..., Any], *args: Any) -> Any:
-    """One reading: the value, NA when unsupported or failing; a lost GPU raises _Lost."""
-    value, err = nvml_lib.call(fn, *args)
-    if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
-        raise _Lost(err)
-    return NA if err is not None else value
+class _Reader:
+    """Reads one GPU's fields and keeps, per field, why it could not be read.
+
+    NOT_SUPPORTED (and a function the driver's NVML lacks) is "N/A": not judged.
+    NO_PERMISSION is "could not check" (a MIG slice's container may not query its parent
+    GPU): a warning. A lost GPU raises _Lost. Any other error on a supported field is a
+    real NVML failure, kept so the judge fails closed.
+    """
+
+    def __init__(self) -> None:
+        self.denied: list[str] = []
+        self.errors: list[tuple[str, int]] = []
+
+    def __call__(self, field: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
+        if fn is None:
+            return NA
+        value, err = nvml_lib.call(fn, *args)
+        if err is None:
+            return value
+        if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
+            raise _Lost(err)
+        if err == nvml_lib.NO_PERMISSION:
+            if field not in self.denied:
+                self.denied.append(field)
+        elif err not in (nvml_lib.NOT_SUPPORTED, nvml_lib.FUNCTION_NOT_FOUND):
+            self.errors.append((field, err))
+        return NA
 
 
 def _gpu(nv: Any, index: int) -> Gpu:
@@ -169,51 +236,149 @@ def _gpu(nv: Any, index: int) -> Gpu:
     if err is not None:
         return Gpu(index, error=err)
     fields: dict[str, Any] = {}
+    q = _Reader()
     try:
-        fields["name"] = nvml_lib.text(_query(nv.nvmlDeviceGetName, handle))
-        fields["uuid"] = nvml_lib.text(_query(nv.nvmlDeviceGetUUID, handle))
-        mem = _query(nv.nvmlDeviceGetMemoryInfo, handle)
+        fields["name"] = nvml_lib.text(q("name", nv.nvmlDeviceGetName, handle))
+        fields["uuid"] = nvml_lib.text(q("uuid", nv.nvmlDeviceGetUUID, handle))
+        links_before = _nvlink_errors(nv, handle, q)
+        mem = q("memory", nv.nvmlDeviceGetMemoryInfo, handle)
         fields["memory_total_mib"] = NA if mem == NA else int(mem.total) >> 20
-        fields["ecc_uncorrected_volatile"] = _query(
-            nv.nvmlDeviceGetTotalEccErrors, handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        fields["ecc_uncorrected_volatile"] = q(
+            "ecc", nv.nvmlDeviceGetTotalEccErrors, handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
             nv.NVML_VOLATILE_ECC)
-        pending = _query(nv.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+        pending = q("retired pages", nv.nvmlDeviceGetRetiredPagesPendingStatus, handle)
         fields["retired_pending"] = NA if pending == NA else bool(pending)
-        remap = _query(nv.nvmlDeviceGetRemappedRows, handle)
+        remap = q("row remap", nv.nvmlDeviceGetRemappedRows, handle)
         if remap != NA:
             fields["remap_pending"], fields["remap_failure"] = bool(remap[2]), bool(remap[3])
-        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        reasons = _query(reasons_fn, handle) if reasons_fn is not None else NA
-        if reasons == NA:  # drivers before the rename only have the throttle-reasons name
-            reasons = _query(nv.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
+        clocks = "clock event reasons"
+        reasons = q(clocks, getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None), handle)
+        if reasons == NA and clocks not in q.denied:
+            # drivers before the rename only have the throttle-reasons name
+            reasons = q(clocks, nv.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
         fields["clocks_event_reasons"] = reasons
-        fields["temperature"] = _query(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
-        fields["slowdown_temperature"] = _query(
-            nv.nvmlDeviceGetTemperatureThreshold, handle, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
-        mode = _query(nv.nvmlDeviceGetComputeMode, handle)
+        fields["temperature"] = q("temperature", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
+        fields["slowdown_temperature"] = q(
+            "temperature thresholds", nv.nvmlDeviceGetTemperatureThreshold, handle,
+            nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        mode = q("compute mode", nv.nvmlDeviceGetComputeMode, handle)
         fields["compute_mode"] = COMPUTE_MODES.get(mode, NA) if mode != NA else NA
-        procs = _query(nv.nvmlDeviceGetComputeRunningProcesses, handle)
-        if procs != NA:
-            named = []
-            for p in procs:
-                # Host pids may be unknown inside the container: the name is then empty.
-                pname, _ = nvml_lib.call(nv.nvmlSystemGetProcessName, p.pid)
-                named.append((int(p.pid), os.path.basename(nvml_lib.text(pname)) if pname else ""))
-            fields["processes"] = tuple(named)
-        mig = _query(nv.nvmlDeviceGetMigMode, handle)
+        fields["processes"] = _processes(nv, q("processes", nv.nvmlDeviceGetComputeRunningProcesses, handle))
+        fields["mps_processes"] = _processes(
+            nv, q("processes", getattr(nv, "nvmlDeviceGetMPSComputeRunningProcesses", None), handle))
+        mig = q("MIG mode", nv.nvmlDeviceGetMigMode, handle)
         if mig != NA:
             fields["mig_enabled"] = bool(mig[0])
             if mig[0]:
                 fields["mig_devices"] = _mig_devices(nv, handle)
+        fields["recovery_action"] = _recovery_action(nv, handle, q)
+        fields["fabric"] = _fabric(nv, handle, q)
+        fields["persistence"] = q("persistence mode", getattr(nv, "nvmlDeviceGetPersistenceMode", None),
+                                  handle)
+        fields["pcie"] = tuple(q("PCIe link", getattr(nv, f, None), handle) for f in PCIE_CALLS)
+        util = q("utilization", getattr(nv, "nvmlDeviceGetUtilizationRates", None), handle)
+        fields["utilization"] = NA if util == NA else int(util.gpu)
+        fields["nvlinks"] = _nvlinks(nv, handle, q)
+        if links_before:
+            after = _nvlink_errors(nv, handle, q)
+            fields["nvlink_errors_rising"] = tuple(
+                link for link, n in after.items() if link in links_before and n > links_before[link])
     except _Lost as lost:
         return Gpu(index, error=lost.code, **{k: v for k, v in fields.items() if k in ("name", "uuid")})
-    return Gpu(index, **fields)
+    return Gpu(index, denied=tuple(q.denied), field_errors=tuple(q.errors), **fields)
+
+
+# nvmlDeviceGetCurrPcieLinkGeneration ... in Gpu.pcie's order: current gen/width, max gen/width.
+PCIE_CALLS = ("nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
+              "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth")
+MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
+NVLINK_COUNTERS = 4  # DL replay, DL recovery, CRC flit, CRC data
+
+
+def _processes(nv: Any, procs: Any) -> tuple[tuple[int, str], ...]:
+    if procs == NA:
+        return ()
+    named = []
+    for p in procs:
+        # Host pids may be unknown inside the container: the name is then empty.
+        pname, _ = nvml_lib.call(nv.nvmlSystemGetProcessName, p.pid)
+        named.append((int(p.pid), os.path.basename(nvml_lib.text(pname)) if pname else ""))
+    return tuple(named)
+
+
+def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Value:
+    """The driver's pending recovery action (field values API), NA where the driver has no such field."""
+    field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    if field_id is None:
+        return NA
+    values = q("recovery action", getattr(nv, "nvmlDeviceGetFieldValues", None), handle, [field_id])
+    if values == NA:
+        return NA
+    v = values[0]
+    code = int(v.nvmlReturn)
+    if code != nvml_lib.SUCCESS:
+        # The per-value status: judged like any call's.
+        return q("recovery action", _raise, nv, code)
+    return int(v.value.uiVal)
+
+
+def _raise(nv: Any, code: int) -> None:
+    raise nv.NVMLError(code)
+
+
+def _fabric(nv: Any, handle: Any, q: _Reader) -> Value:
+    """(state, status) of the GPU's NVSwitch fabric registration, NA on GPUs without fabric support."""
+    fn = getattr(nv, "nvmlDeviceGetGpuFabricInfo", None)
+    info_t = getattr(nv, "c_nvmlGpuFabricInfo_t", None)
+    if fn is None or info_t is None:
+        return NA
+    info = info_t()
+    import ctypes
+
+    if q("fabric state", fn, handle, ctypes.byref(info)) == NA:
+        return NA
+    if int(info.state) == FABRIC_NOT_SUPPORTED:
+        return NA
+    return (int(info.state), int(info.status))
+
+
+def _nvlinks(nv: Any, handle: Any, q: _Reader) -> tuple[int, ...]:
+    """1 (active) or 0 (down) per NVLink link; () on a PCIe-only GPU."""
+    fn = getattr(nv, "nvmlDeviceGetNvLinkState", None)
+    states = []
+    for link in range(MAX_NVLINKS):
+        value, err = nvml_lib.call(fn, handle, link) if fn is not None else (None, nvml_lib.NOT_SUPPORTED)
+        if err is not None:
+            if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
+                raise _Lost(err)
+            break  # past the last link (INVALID_ARGUMENT), or no NVLink at all (NOT_SUPPORTED)
+        states.append(1 if value else 0)
+    return tuple(states)
+
+
+def _nvlink_errors(nv: Any, handle: Any, q: _Reader) -> dict[int, int]:
+    """link -> the sum of its error counters; {} on a PCIe-only GPU."""
+    fn = getattr(nv, "nvmlDeviceGetNvLinkErrorCounter", None)
+    out: dict[int, int] = {}
+    if fn is None:
+        return out
+    for link in range(MAX_NVLINKS):
+        total = 0
+        for counter in range(NVLINK_COUNTERS):
+            value, err = nvml_lib.call(fn, handle, link, counter)
+            if err is not None:
+                if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
+                    raise _Lost(err)
+                return out
+            total += int(value)
+        out[link] = total
+    return out
 
 
 def _mig_devices(nv: Any, handle: Any) -> tuple[tuple[str, str], ...]:
     devices = []
-    slots = _query(nv.nvmlDeviceGetMaxMigDeviceCount, handle)
-    for slot in range(slots if slots != NA else 0):
+    slots, err = nvml_lib.call(nv.nvmlDeviceGetMaxMigDeviceCount, handle)
+    for slot in range(slots if err is None else 0):
         mig, err = nvml_lib.call(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
         if err is not None:
             continue  # an empty slot (NOT_FOUND)
@@ -338,6 +503,48 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[Problem]:
     if isinstance(t, int) and isinstance(limit, int) and limit > 0 and t >= limit:
         out.append(Problem(warn, "temperature", f"GPU {i} is at {t} C, at or above its slowdown threshold "
                            f"{limit} C: check cooling and airflow"))
+    for field, code in g.field_errors:
+        reason, why = nvml_lib.describe(code)
+        out.append(Problem(fail, "field-error", f"GPU {i}: NVML failed reading its {field} ({reason}, "
+                           f"code {code}) although the GPU supports it: {why}"))
+    action = g.recovery_action
+    if isinstance(action, int) and action != 0:
+        what, remedy = RECOVERY_ACTIONS.get(action, (f"action {action}", "see the driver's documentation "
+                                                     "for this recovery action; check dmesg for Xid"))
+        out.append(Problem(fail, "recovery-action", f"GPU {i} has a pending recovery action ({what}): "
+                           f"{remedy}"))
+    if isinstance(g.fabric, tuple):
+        state, status = g.fabric
+        if state != FABRIC_COMPLETED or status != nvml_lib.SUCCESS:
+            shown = FABRIC_STATES.get(state, f"state {state}")
+            detail = f"{shown}" + (f", {nvml_lib.describe(status)[0]}" if status != nvml_lib.SUCCESS else "")
+            out.append(Problem(fail, "fabric-manager", f"GPU {i} NVSwitch fabric registration {detail}: "
+                               "fabric manager not running or failed: CUDA will report error 802 "
+                               "'system not yet initialized'; start nvidia-fabricmanager on the host"))
+    cur_gen, cur_width, max_gen, max_width = g.pcie
+    busy = isinstance(g.utilization, int) and g.utilization >= BUSY_UTILIZATION
+    if busy and all(isinstance(v, int) and v > 0 for v in g.pcie) and (cur_gen < max_gen or
+                                                                        cur_width < max_width):
+        out.append(Problem(warn, "pcie-degraded", f"GPU {i} PCIe link runs at gen {cur_gen} x{cur_width} "
+                           f"(max gen {max_gen} x{max_width}) while {g.utilization}% busy: reseat the GPU or "
+                           "check the riser and slot; `nvidia-smi -q -d PCIE` on the host"))
+    down = [link for link, up in enumerate(g.nvlinks) if not up]
+    if down:
+        out.append(Problem(warn, "nvlink-down", f"GPU {i} NVLink link(s) {', '.join(map(str, down[:6]))} "
+                           f"down of {len(g.nvlinks)}: peer-to-peer traffic falls back to PCIe or fails; "
+                           "check `nvidia-smi nvlink -s`, reset the GPU or have the board serviced"))
+    if g.nvlink_errors_rising:
+        links = ", ".join(map(str, g.nvlink_errors_rising[:6]))
+        out.append(Problem(warn, "nvlink-errors", f"GPU {i} NVLink error counters rising on link(s) {links}: "
+                           "check `nvidia-smi nvlink -e`; a failing link or bridge needs service"))
+    if g.denied:
+        fields = ", ".join(g.denied[:4]) + (f" and {len(g.denied) - 4} more" if len(g.denied) > 4 else "")
+        if g.mig_enabled is True or "MIG mode" in g.denied:
+            out.append(Problem(warn, "mig-no-permission", f"GPU {i}: NVML denies {fields} on the parent GPU "
+                               "(NO_PERMISSION), as it does inside a MIG slice: not checked, not a fault"))
+        else:
+            out.append(Problem(warn, "field-no-permission", f"GPU {i}: NVML denies {fields} "
+                               "(NO_PERMISSION): not checked, not a fault"))
     if g.mig_enabled is True and not g.mig_devices:
         out.append(Problem(warn, "mig-no-instances", f"GPU {i} is in MIG mode with no MIG device: CUDA "
                            "cannot use it; create GPU and compute instances (nvidia-smi mig -cgi ... -C) "
@@ -387,8 +594,11 @@ def _facts(data: Gathered, problems: list[Problem]) -> dict[str, Any]:
     for g in data.gpus:
         entry: dict[str, Any] = {
             "index": g.index, "name": g.name, "uuid": g.uuid, "compute_mode": g.compute_mode,
-            "processes": [{"pid": pid, "name": name} for pid, name in g.processes],
+            "processes": [{"pid": pid, "name": name} for pid, name in g.processes]
+            + [{"pid": pid, "name": name, "mps": True} for pid, name in g.mps_processes],
         }
+        if g.persistence != NA:
+            entry["persistence"] = bool(g.persistence)
         if g.error is not None:
             entry["error"] = (nvml_lib.describe(g.error)[0] if g.error != nvml_lib.UNKNOWN
                               else "gpu-unknown-error")
@@ -401,6 +611,9 @@ def _facts(data: Gathered, problems: list[Problem]) -> dict[str, Any]:
     mig = any(g.mig_enabled is True for g in data.gpus)
     return {"count": len(devices) if mig else data.count, "physical_count": data.count,
             "driver": data.driver, "gpus": gpus,
+            # The highest CUDA version the driver supports (12040 -> "12.4"), for torch-cuda's judge.
+            "cuda_driver": (f"{data.cuda_driver // 1000}.{data.cuda_driver % 1000 // 10}"
+                            if isinstance(data.cuda_driver, int) and data.cuda_driver > 0 else None),
             "problems": [{"status": p.status.value, "reason": p.reason} for p in problems]}
 
 

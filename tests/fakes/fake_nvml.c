@@ -42,9 +42,14 @@ enum {
 
 /* Fields a scenario can declare unsupported (NVML_ERROR_NOT_SUPPORTED). */
 enum { F_ECC, F_RETIRED, F_REMAP, F_CLOCKS, F_TEMP, F_SLOWDOWN, F_COMPUTE, F_PROCS, F_MIG,
-       F_EVENTS, F_MEMORY, F_COUNT };
+       F_EVENTS, F_MEMORY, F_RECOVERY, F_FABRIC, F_PERSISTENCE, F_PCIE, F_UTILIZATION, F_NVLINK,
+       F_COUNT };
 static const char *FIELD_NAMES[F_COUNT] = {"ecc", "retired", "remap", "clocks", "temperature",
-    "slowdown", "compute-mode", "processes", "mig", "events", "memory"};
+    "slowdown", "compute-mode", "processes", "mig", "events", "memory", "recovery", "fabric",
+    "persistence", "pcie", "utilization", "nvlink"};
+
+#define MAX_LINKS 18
+#define FI_GPU_RECOVERY_ACTION 230
 
 typedef struct { int gpu; int mig; } fdev;  /* mig == -1: the physical GPU */
 
@@ -64,6 +69,19 @@ typedef struct {
     unsigned int compute_mode;
     int nprocs;
     fproc procs[MAX_PROCS];
+    int nmps;
+    fproc mps[MAX_PROCS];          /* MPS clients (nvmlDeviceGetMPSComputeRunningProcesses_v3) */
+    unsigned int recovery;         /* the GPU recovery action field value */
+    int fabric;                    /* 0: no fabric support; else 1 + state */
+    unsigned int fabric_state, fabric_status;
+    unsigned int persistence;
+    unsigned int pcie[4];          /* current gen, current width, max gen, max width */
+    unsigned int util_gpu;
+    int nlinks;                    /* NVLink links (0: PCIe only, NOT_SUPPORTED) */
+    unsigned int links_down;       /* bit i: link i inactive */
+    unsigned long long link_errors[MAX_LINKS];
+    unsigned long long link_error_step;  /* added to every link's counters on each read */
+    int field_error[F_COUNT];      /* a supported field that fails with this code */
     unsigned int mig_mode, nmig;
     int unsupported[F_COUNT];
 } fgpu;
@@ -89,6 +107,7 @@ static int initialized;
 static int init_error;
 static int ngpus;
 static char driver[64];
+static int cuda_driver;
 static fgpu gpus[MAX_GPUS];
 static fdev phys[MAX_GPUS];
 static fdev migs[MAX_GPUS][MAX_MIG];
@@ -126,6 +145,7 @@ static void set_defaults(void) {
     nevents = 0;
     nhangs = 0;
     snprintf(driver, sizeof driver, "550.54.15");
+    cuda_driver = 12040;
     memset(gpus, 0, sizeof gpus);
     memset(sets, 0, sizeof sets);
     for (int i = 0; i < MAX_GPUS; i++) {
@@ -137,6 +157,9 @@ static void set_defaults(void) {
         g->temp = 40;
         g->slowdown = 87;
         g->shutdown = 92;
+        g->persistence = 1;
+        g->pcie[0] = g->pcie[2] = 5;
+        g->pcie[1] = g->pcie[3] = 16;
         phys[i].gpu = i;
         phys[i].mig = -1;
         for (int m = 0; m < MAX_MIG; m++) { migs[i][m].gpu = i; migs[i][m].mig = m; }
@@ -192,6 +215,8 @@ static int load_scenario(void) {
             init_error = atoi(a);
         } else if (strcmp(key, "driver") == 0 && a) {
             snprintf(driver, sizeof driver, "%s", a);
+        } else if (strcmp(key, "cuda-driver") == 0 && a) {
+            cuda_driver = atoi(a);
         } else if (strcmp(key, "hang") == 0 && a && nhangs < MAX_HANGS) {
             char *ms = strtok_r(NULL, " \t", &save);
             snprintf(hangs[nhangs].sym, sizeof hangs[nhangs].sym, "%s", a);
@@ -265,6 +290,32 @@ static int load_scenario(void) {
                 g->mig_mode = 1;
             } else if (strcmp(prop, "unsupported") == 0 && v1 && field_index(v1) >= 0) {
                 g->unsupported[field_index(v1)] = 1;
+            } else if (strcmp(prop, "field-error") == 0 && v1 && v2 && field_index(v1) >= 0) {
+                g->field_error[field_index(v1)] = atoi(v2);
+            } else if (strcmp(prop, "mps-process") == 0 && v1 && g->nmps < MAX_PROCS) {
+                fproc *p = &g->mps[g->nmps++];
+                p->pid = atoi(v1);
+                p->mib = v2 ? strtoull(v2, NULL, 10) : 0;
+                snprintf(p->name, sizeof p->name, "%s", v3 ? v3 : "python");
+            } else if (strcmp(prop, "recovery-action") == 0 && v1) {
+                g->recovery = (unsigned)atoi(v1);
+            } else if (strcmp(prop, "fabric") == 0 && v1) {
+                g->fabric = 1;
+                g->fabric_state = (unsigned)atoi(v1);
+                g->fabric_status = v2 ? (unsigned)atoi(v2) : 0;
+            } else if (strcmp(prop, "persistence") == 0 && v1) {
+                g->persistence = (unsigned)atoi(v1);
+            } else if (strcmp(prop, "pcie") == 0 && v1 && v2 && v3 && v4) {
+                g->pcie[0] = atoi(v1); g->pcie[1] = atoi(v2);
+                g->pcie[2] = atoi(v3); g->pcie[3] = atoi(v4);
+            } else if (strcmp(prop, "utilization") == 0 && v1) {
+                g->util_gpu = (unsigned)atoi(v1);
+            } else if (strcmp(prop, "nvlink") == 0 && v1) {
+                g->nlinks = atoi(v1);
+                if (g->nlinks < 0 || g->nlinks > MAX_LINKS) { rc = bad(path, lineno, raw); break; }
+                g->links_down = v2 ? (unsigned)strtoul(v2, NULL, 0) : 0;
+            } else if (strcmp(prop, "nvlink-errors") == 0 && v1) {
+                g->link_error_step = strtoull(v1, NULL, 10);
             } else {
                 rc = bad(path, lineno, raw);
                 break;
@@ -341,7 +392,10 @@ static fgpu *gpu_of(void *handle, nvmlReturn_t *err) {
 #define GPU_OR_RETURN(g, handle) \
     nvmlReturn_t _err; fgpu *g = gpu_of(handle, &_err); if (!g) return _err
 
-#define SUPPORTED_OR_RETURN(g, field) if ((g)->unsupported[field]) return E_NOT_SUPPORTED
+#define SUPPORTED_OR_RETURN(g, field) do { \
+        if ((g)->unsupported[field]) return E_NOT_SUPPORTED; \
+        if ((g)->field_error[field]) return (g)->field_error[field]; \
+    } while (0)
 
 static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src) {
     if (!dst) return E_INVALID_ARGUMENT;
@@ -514,11 +568,33 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int 
     return OK;
 }
 
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(void *device, unsigned int *infoCount,
+                                                        nvmlProcessInfo_t *infos) {
+    ENTER("nvmlDeviceGetMPSComputeRunningProcesses_v3");
+    GPU_OR_RETURN(g, device);
+    SUPPORTED_OR_RETURN(g, F_PROCS);
+    if (!infoCount) return E_INVALID_ARGUMENT;
+    unsigned int have = *infoCount;
+    *infoCount = (unsigned int)g->nmps;
+    if (g->nmps == 0) return OK;
+    if (!infos || have < (unsigned int)g->nmps) return E_INSUFFICIENT_SIZE;
+    for (int i = 0; i < g->nmps; i++) {
+        infos[i].pid = g->mps[i].pid;
+        infos[i].usedGpuMemory = g->mps[i].mib << 20;
+        infos[i].gpuInstanceId = 0xFFFFFFFFu;
+        infos[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    return OK;
+}
+
 nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length) {
     ENTER("nvmlSystemGetProcessName");
     for (int i = 0; i < ngpus; i++)
         for (int p = 0; p < gpus[i].nprocs; p++)
             if (gpus[i].procs[p].pid == pid) return copy_str(name, length, gpus[i].procs[p].name);
+    for (int i = 0; i < ngpus; i++)
+        for (int p = 0; p < gpus[i].nmps; p++)
+            if (gpus[i].mps[p].pid == pid) return copy_str(name, length, gpus[i].mps[p].name);
     return E_NOT_FOUND;
 }
 
@@ -547,6 +623,145 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *device, unsigned int inde
     if (index >= MAX_MIG) return E_INVALID_ARGUMENT;
     if (index >= g->nmig) return E_NOT_FOUND;
     *mig = &migs[((fdev *)device)->gpu][index];
+    return OK;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    ENTER("nvmlSystemGetCudaDriverVersion");
+    if (!version) return E_INVALID_ARGUMENT;
+    if (cuda_driver <= 0) return E_NOT_SUPPORTED;
+    *version = cuda_driver;
+    return OK;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    ENTER("nvmlSystemGetCudaDriverVersion_v2");
+    if (!version) return E_INVALID_ARGUMENT;
+    if (cuda_driver <= 0) return E_NOT_SUPPORTED;
+    *version = cuda_driver;
+    return OK;
+}
+
+/* Field values: only the GPU recovery action is known; other ids answer NOT_SUPPORTED per value. */
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    unsigned int valueType;
+    unsigned int nvmlReturn;
+    unsigned long long value;
+} nvmlFieldValue_t;
+
+nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int count, nvmlFieldValue_t *values) {
+    ENTER("nvmlDeviceGetFieldValues");
+    GPU_OR_RETURN(g, device);
+    if (count < 0 || !values) return E_INVALID_ARGUMENT;
+    for (int i = 0; i < count; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = (long long)(now_ms() * 1000);
+        v->latencyUsec = 0;
+        v->valueType = 1;  /* unsigned int */
+        v->value = 0;
+        if (v->fieldId != FI_GPU_RECOVERY_ACTION || g->unsupported[F_RECOVERY]) {
+            v->nvmlReturn = E_NOT_SUPPORTED;
+        } else if (g->field_error[F_RECOVERY]) {
+            v->nvmlReturn = (unsigned)g->field_error[F_RECOVERY];
+        } else {
+            v->nvmlReturn = OK;
+            v->value = g->recovery;
+        }
+    }
+    return OK;
+}
+
+typedef struct {
+    unsigned char clusterUuid[16];
+    unsigned int status;
+    unsigned int cliqueId;
+    unsigned char state;
+} nvmlGpuFabricInfo_t;
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(void *device, nvmlGpuFabricInfo_t *info) {
+    ENTER("nvmlDeviceGetGpuFabricInfo");
+    GPU_OR_RETURN(g, device);
+    if (!g->fabric) return E_NOT_SUPPORTED;
+    SUPPORTED_OR_RETURN(g, F_FABRIC);
+    if (!info) return E_INVALID_ARGUMENT;
+    memset(info, 0, sizeof *info);
+    info->status = g->fabric_status;
+    info->cliqueId = 1;
+    info->state = (unsigned char)g->fabric_state;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetPersistenceMode(void *device, int *mode) {
+    ENTER("nvmlDeviceGetPersistenceMode");
+    GPU_OR_RETURN(g, device);
+    SUPPORTED_OR_RETURN(g, F_PERSISTENCE);
+    *mode = (int)g->persistence;
+    return OK;
+}
+
+static nvmlReturn_t pcie(void *device, int which, unsigned int *out) {
+    GPU_OR_RETURN(g, device);
+    SUPPORTED_OR_RETURN(g, F_PCIE);
+    *out = g->pcie[which];
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(void *device, unsigned int *gen) {
+    ENTER("nvmlDeviceGetCurrPcieLinkGeneration");
+    return pcie(device, 0, gen);
+}
+
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(void *device, unsigned int *width) {
+    ENTER("nvmlDeviceGetCurrPcieLinkWidth");
+    return pcie(device, 1, width);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(void *device, unsigned int *gen) {
+    ENTER("nvmlDeviceGetMaxPcieLinkGeneration");
+    return pcie(device, 2, gen);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(void *device, unsigned int *width) {
+    ENTER("nvmlDeviceGetMaxPcieLinkWidth");
+    return pcie(device, 3, width);
+}
+
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(void *device, nvmlUtilization_t *util) {
+    ENTER("nvmlDeviceGetUtilizationRates");
+    GPU_OR_RETURN(g, device);
+    SUPPORTED_OR_RETURN(g, F_UTILIZATION);
+    util->gpu = g->util_gpu;
+    util->memory = 0;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(void *device, unsigned int link, int *active) {
+    ENTER("nvmlDeviceGetNvLinkState");
+    GPU_OR_RETURN(g, device);
+    if (!g->nlinks) return E_NOT_SUPPORTED;
+    SUPPORTED_OR_RETURN(g, F_NVLINK);
+    if (link >= (unsigned int)g->nlinks) return E_INVALID_ARGUMENT;
+    *active = (g->links_down >> link) & 1 ? 0 : 1;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(void *device, unsigned int link, int counter,
+                                             unsigned long long *value) {
+    ENTER("nvmlDeviceGetNvLinkErrorCounter");
+    GPU_OR_RETURN(g, device);
+    if (!g->nlinks) return E_NOT_SUPPORTED;
+    SUPPORTED_OR_RETURN(g, F_NVLINK);
+    if (link >= (unsigned int)g->nlinks || counter < 0 || counter > 4) return E_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mu);
+    if (counter == 0) g->link_errors[link] += g->link_error_step;
+    *value = g->link_errors[link];
+    pthread_mutex_unlock(&mu);
     return OK;
 }
 
