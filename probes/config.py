@@ -223,10 +223,16 @@ class Config:
             return spec.name in self.only
         if spec.name in self.skip:
             return False
-        return bool(self.toggles.get(spec.toggle, True))
+        return bool(self.toggles.get(spec.toggle, default_on(spec, self._values)))
 
     def selected(self) -> list[registry.Spec]:
         return [s for s in self.probes() if self.enabled(s)]
+
+
+def default_on(spec: registry.Spec, values: Mapping[str, Any]) -> bool:
+    """Whether a probe runs when its toggle is not given: opt-in ones only when their
+    ``on_with`` setting is set (HEALTHCHECK_MODEL_PATH turns the model probe on)."""
+    return spec.default_on or bool(spec.on_with and values.get(spec.on_with) is not None)
 
 
 def _defaults() -> dict[str, Any]:
@@ -284,7 +290,10 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
     from probes import dropins
 
     found = dropins.specs(values["checks_dir"], frozenset(registry.NAMES))
-    toggles = {t: _env(env, t, parse_bool, True) for t in (*registry.TOGGLES, *(s.toggle for s in found))}
+    defaults = {t: any(default_on(s, values) for s in registry.PROBES if s.toggle == t)
+                for t in registry.TOGGLES}
+    toggles = {t: _env(env, t, parse_bool, defaults.get(t, True))
+               for t in (*registry.TOGGLES, *(s.toggle for s in found))}
     known = (*registry.NAMES, *(s.name for s in found))
     values.update(
         toggles=types.MappingProxyType(toggles), dropins=found,

@@ -47,8 +47,12 @@ def probes() -> str:
 def environment() -> str:
     rows = []
     for toggle in registry.TOGGLES:
-        names = ", ".join(f"`{s.name}`" for s in registry.PROBES if s.toggle == toggle)
-        rows.append((f"`{toggle}`", "`true`", f"run {names} (true/false, 1/0, yes/no, on/off)"))
+        owners = [s for s in registry.PROBES if s.toggle == toggle]
+        names = ", ".join(f"`{s.name}`" for s in owners)
+        on = any(s.default_on for s in owners)
+        with_ = [w for s in owners if s.on_with for w in s.settings if w.field == s.on_with]
+        shown = "`true`" if on else "`false`" + "".join(f" (`true` when `{w.env}` is set)" for w in with_)
+        rows.append((f"`{toggle}`", shown, f"run {names} (true/false, 1/0, yes/no, on/off)"))
     rows.append(("`ENABLE_<NAME>_CHECK`", "`true`", "run the drop-in check `NAME` (upper case, `-` and `.` "
                                                     "as `_`)"))
     for s in (*config.GLOBAL_SETTINGS, *registry.SETTINGS, *config.OTHER_SETTINGS):

@@ -33,6 +33,7 @@ MODULES = (
     "probes.hardware.nvidia_smi",
     "probes.hardware.nvml",
     "probes.framework.torch_cuda",
+    "probes.framework.model",
     "probes.services.jupyter",
     "probes.services.ssh",
 )
@@ -79,6 +80,10 @@ class Spec(NamedTuple):
     causes: tuple[Cause, ...] = ()
     about: str = ""  # what it proves, one line (--help, README)
     dropin: Any = None  # probes.dropins.Check for a drop-in check
+    # Deep, costly checks are opt-in: off unless their toggle says true, or (``on_with``, the
+    # ``field`` of one of its settings) unless that setting is given and the toggle is not.
+    default_on: bool = True
+    on_with: str = ""
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)

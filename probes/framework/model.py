@@ -1,0 +1,416 @@
+"""model: the image's model file loads onto the probe's device (and answers as expected).
+
+Opt-in: it runs only when ``HEALTHCHECK_MODEL_PATH`` names a file (or ``ENABLE_MODEL_CHECK``
+is true). A worker (``model_worker.py``) runs in the interpreter that owns torch
+(``HEALTHCHECK_TORCH_PYTHON``), in its own session and under the probe's deadline, and
+loads the file onto ``HEALTHCHECK_TORCH_DEVICE`` without executing pickled code: a
+TorchScript archive (``torch.jit.load``), a safetensors file, or a state dict through
+``torch.load(weights_only=True)``. Before loading it compares the model's size with the
+memory it may take (free GPU memory; available RAM and the cgroup limit on the CPU;
+``HEALTHCHECK_MODEL_MAX_BYTES``) and refuses one that would not fit. For a TorchScript model
+with ``HEALTHCHECK_MODEL_INPUT`` it runs one forward pass and, with
+``HEALTHCHECK_MODEL_EXPECT``, compares the output with the saved one: the largest absolute
+difference divided by the expected output's largest magnitude must be at most
+``HEALTHCHECK_MODEL_TOLERANCE``.
+
+Command-line equivalent::
+
+    python3 probes/framework/model_worker.py --path /models/m.pt --device cuda --input 1x3x224x224:float16
+
+Like torch-cuda it is one costly check: it takes the same lock in the state dir, so a model
+load never overlaps the torch-cuda op or the NCCL check, and readiness reuses a passing
+result younger than ``HEALTHCHECK_MODEL_TTL`` (the file, its size and mtime are part of the
+key). It is never part of liveness. The worker's result line is untrusted input, validated
+field by field with every string cleaned.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from typing import Any
+
+from probes import proc, untrusted
+from probes.context import Context, logger
+from probes.framework import model_worker
+from probes.framework.torch_cuda import LOCK, MARGIN, _Bad, _fields
+from probes.registry import INTEGER, NUMBER, TEXT, Cause, Setting, Spec
+from probes.result import Result, Status, failed, passed, warned
+from probes.state import pid1_identity
+
+NAME = "model"
+MEASUREMENT = "load"
+UNIT = "ms"
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_worker.py")
+PREFIX = model_worker.PREFIX
+PHASE = model_worker.PHASE
+SCHEMA = model_worker.SCHEMA
+CACHE = "model.json"
+_PHASES = r"start|open|import|init|load|expect|forward"
+TOLERANCE = 1e-3
+
+
+def _c(reason: str, cause: str, remedy: str, status: str = "fail") -> Cause:
+    return Cause(reason, status, cause, remedy)
+
+
+SPEC = Spec(
+    NAME, "framework", __name__, "ENABLE_MODEL_CHECK", 60.0, ("startup", "readiness"),
+    requires=("torch-cuda",), measurement=MEASUREMENT,
+    about="the image's model file loads onto the device without running pickled code (opt-in)",
+    default_on=False, on_with="model_path",
+    settings=(
+        Setting("HEALTHCHECK_MODEL_PATH", "model_path", TEXT, None,
+                "the model file to load (TorchScript archive, safetensors, or a `torch.save` state dict); "
+                "setting it turns the `model` probe on"),
+        Setting("HEALTHCHECK_MODEL_INPUT", "model_input", TEXT, None,
+                "one forward pass of a TorchScript model on this input, `SHAPE:DTYPE[:zeros|seeded]` "
+                "(e.g. `1x3x224x224:float16`; zero-filled unless `seeded`, which is "
+                "`torch.randn(shape, generator=torch.Generator().manual_seed(20240601), "
+                "dtype=torch.float64).to(dtype)`)"),
+        Setting("HEALTHCHECK_MODEL_EXPECT", "model_expect", TEXT, None,
+                "a tensor saved with `torch.save`: the forward pass's expected output"),
+        Setting("HEALTHCHECK_MODEL_TOLERANCE", "model_tolerance", NUMBER, TOLERANCE,
+                "largest accepted max(abs(output - expected)) / max(abs(expected))", low=0, high=1),
+        Setting("HEALTHCHECK_MODEL_MAX_BYTES", "model_max_bytes", INTEGER, None,
+                "the most bytes the model may take (besides the free GPU memory or available RAM, "
+                "whichever is smaller)", low=0, high=2**62),
+        Setting("HEALTHCHECK_MODEL_TTL", "model_ttl", NUMBER, 3600.0,
+                "seconds a passing model result is reused by readiness", low=0, high=86400,
+                low_inclusive=True),
+    ),
+    causes=(
+        _c("model-missing", "`HEALTHCHECK_MODEL_PATH` names no file",
+           "mount the model or fix `HEALTHCHECK_MODEL_PATH`"),
+        _c("model-unreadable", "the model file cannot be read (permissions, a directory, not a regular file)",
+           "make it readable by the probe's user"),
+        _c("unsupported-format", "not a TorchScript archive, safetensors file or `torch.save` state dict (or "
+           "a torch without `weights_only` loading)", "save the model with `torch.jit.save`, "
+           "safetensors or `torch.save(model.state_dict())`"),
+        _c("unsafe-pickle", "the file is a pickle that needs code to load: refused, never executed",
+           "re-save only the weights (`torch.save(model.state_dict())` or safetensors)"),
+        _c("model-corrupt", "the file is damaged or truncated", "copy the model file again and check its "
+           "checksum"),
+        _c("would-not-fit", "the model's bytes exceed the free GPU memory (or available RAM, or "
+           "`HEALTHCHECK_MODEL_MAX_BYTES`); said before loading", "free memory, use a larger GPU, or raise "
+           "the limit"),
+        _c("oom", "out of memory while loading or running the model", "none: the workload uses the memory; "
+           "not a fault", "warn"),
+        _c("output-mismatch", "the forward pass differs from `HEALTHCHECK_MODEL_EXPECT` beyond the "
+           "tolerance (or in shape)", "check the GPU (torch-cuda, `dcgmi diag`) and the model and "
+           "expected files"),
+        _c("expect-unreadable", "the expected-output file is missing or not a saved tensor",
+           "save it with `torch.save(tensor, path)`"),
+        _c("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, or the model is not "
+           "TorchScript", "fix the setting (a forward pass needs a TorchScript model)"),
+        _c("forward-failed", "the forward pass raised", "details in the log"),
+        _c("load-failed", "loading raised another error", "details in the log"),
+        _c("checkpointed", "a process here is CUDA-checkpointed: no GPU work is started", "wait for the "
+           "restore", "skip"),
+        _c("interpreter-not-found", "`HEALTHCHECK_TORCH_PYTHON` cannot be run", "set it to the image's "
+           "Python"),
+        _c("torch-missing", "torch cannot be imported, or CUDA is not available to it",
+           "see the `torch-cuda` probe"),
+        _c("deadline", "no result by the deadline (a large model on a slow disk, or a wedged driver)",
+           "raise `HEALTHCHECK_TIMEOUT` for large models; check `nvidia-smi`"),
+        _c("killed", "worker killed by a signal", "SIGKILL: check the container's memory limit"),
+        _c("bad-output", "worker output unreadable", "check `HEALTHCHECK_TORCH_PYTHON`"),
+    ),
+)
+
+_NUM, _INT, _STR, _MEASURE = "num", "int", "str", "measure"
+_REPORT = {"v": (_INT, False), "device": (_STR, False), "torch": (_STR, True), "format": (_STR, True),
+           "loader": (_STR, True), "file_bytes": (_INT, True), "bytes": (_INT, True), "budget": (_INT, True),
+           "budget_source": (_STR, True), "load_ms": (_NUM, True), "params": (_INT, True),
+           "param_bytes": (_INT, True), "peak_gpu": (_INT, True), "forward_ms": (_NUM, True),
+           "max_err": (_MEASURE, True), "scale": (_MEASURE, True)}
+_ERROR = {"kind": (_STR, False), "type": (_STR, False), "message": (_STR, False)}
+KINDS = {"missing": "model-missing", "unreadable": "model-unreadable", "unsupported": "unsupported-format",
+         "unsafe": "unsafe-pickle", "corrupt": "model-corrupt", "too-big": "would-not-fit", "oom": "oom",
+         "shape-mismatch": "output-mismatch", "expect-missing": "expect-unreadable",
+         "expect-unreadable": "expect-unreadable", "bad-input": "bad-input", "no-forward": "bad-input",
+         "forward": "forward-failed", "load": "load-failed", "import": "torch-missing",
+         "cuda-unavailable": "torch-missing", "worker": "load-failed"}
+
+
+def validate(report: Any, device: str) -> dict[str, Any]:
+    """A cleaned copy of the worker's report if it matches the schema exactly; raises _Bad."""
+    if not isinstance(report, dict) or set(report) != {*_REPORT, "error"}:
+        raise _Bad("the result has unexpected or missing fields")
+    _fields({k: report[k] for k in _REPORT}, _REPORT, "result")
+    if report["v"] != SCHEMA or report["device"] != device:
+        raise _Bad("the result is for another request")
+    if report["format"] is not None and report["format"] not in model_worker.FORMATS:
+        raise _Bad("result.format is unknown")
+    if report["error"] is not None:
+        _fields(report["error"], _ERROR, "result.error")
+        if report["error"]["kind"] not in KINDS:
+            raise _Bad("result.error.kind is unknown")
+    elif report["load_ms"] is None or report["params"] is None:
+        raise _Bad("a passing result without load time or parameters")
+    return {k: untrusted.clean(v, 200) if isinstance(v, str) else
+            ({ek: untrusted.clean(ev, 200) for ek, ev in v.items()} if isinstance(v, dict) else v)
+            for k, v in report.items()}
+
+
+def parse_output(stdout: bytes, device: str) -> tuple[dict[str, Any] | None, str | None]:
+    hits = [ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith(PREFIX)]
+    if len(hits) != 1:
+        return None, "no result line" if not hits else "more than one result line"
+    try:
+        report = untrusted.load_json(hits[0][len(PREFIX):])
+    except ValueError as exc:
+        return None, f"the result line is not readable JSON: {untrusted.clean(exc, 80)}"
+    try:
+        return validate(report, device), None
+    except _Bad as exc:
+        return None, str(exc)
+
+
+def last_phase(stderr: bytes) -> str | None:
+    found = None
+    for line in stderr.decode("utf-8", "replace").splitlines():
+        if line.startswith(PHASE) and re.fullmatch(_PHASES, line[len(PHASE):].strip()):
+            found = line[len(PHASE):].strip()
+    return found
+
+
+_RESULT = PREFIX.encode()
+
+
+def result_arrived(stdout: bytes) -> bool:
+    return any(ln.startswith(_RESULT) and ln.endswith(b"\n") for ln in stdout.splitlines(keepends=True))
+
+
+# ---------------------------------------------------------------------------
+# gather
+# ---------------------------------------------------------------------------
+
+def checkpoint_hold(ctx: Context) -> str | None:
+    """Why GPU work must not start now (a process here is CUDA-checkpointed), or None."""
+    res = ctx.results.get("checkpoint")
+    if res is not None and res.reason == "checkpointed":
+        return res.message
+    return None
+
+
+def _argv(ctx: Context) -> list[str]:
+    cfg = ctx.config
+    argv = [cfg.torch_python, WORKER, "--path", cfg.model_path, "--device", cfg.torch_device]
+    if cfg.model_input is not None:
+        argv += ["--input", cfg.model_input]
+    if cfg.model_expect is not None:
+        argv += ["--expect", cfg.model_expect]
+    if cfg.model_max_bytes is not None:
+        argv += ["--max-bytes", str(cfg.model_max_bytes)]
+    return argv
+
+
+def run_worker(ctx: Context) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["CUDA_MODULE_LOADING"] = "LAZY"
+    deadline = ctx.deadline - MARGIN
+    budget = max(0.0, deadline - time.monotonic())
+    done = proc.run(_argv(ctx), deadline=deadline, env=env, state=ctx.state, key=NAME,
+                    until=result_arrived, linger=proc.LINGER)
+    report, problem = parse_output(done.stdout, ctx.config.torch_device)
+    if report is None or report.get("error") or done.timed_out:
+        logger().info("model worker rc=%s timed_out=%s stderr tail: %s", done.returncode, done.timed_out,
+                      untrusted.squeeze(done.stderr[-2000:], 600))
+    return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
+            "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
+            "held_by": done.held_by, "budget": round(budget, 2), "phase": last_phase(done.stderr),
+            "report": report, "problem": problem, "finished": time.time(), "cache": None}
+
+
+def _file_id(path: str | None) -> list[int] | None:
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return None if st is None else [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _key(ctx: Context) -> dict[str, Any]:
+    cfg = ctx.config
+    return {"python": cfg.torch_python, "device": cfg.torch_device, "path": cfg.model_path,
+            "file": _file_id(cfg.model_path), "input": cfg.model_input, "expect": cfg.model_expect,
+            "expect_file": _file_id(cfg.model_expect), "max_bytes": cfg.model_max_bytes,
+            "identity": pid1_identity()}
+
+
+def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
+            device: str) -> dict[str, Any] | None:
+    """A passing result for the same file and request, younger than the TTL, re-validated."""
+    if not entry or entry.get("key") != key or entry.get("status") != Status.PASS.value:
+        return None
+    data = entry.get("data")
+    finished = entry.get("finished")
+    if not isinstance(data, dict) or not isinstance(finished, (int, float)) or isinstance(finished, bool):
+        return None
+    age = time.time() - float(finished)
+    if not 0 <= age < ttl:
+        return None
+    try:
+        report = validate(data.get("report"), device)
+    except _Bad:
+        return None
+    if report["error"] is not None:
+        return None
+    return {"kind": "worker", "spawn_error": None, "returncode": 0, "timed_out": False, "lingered": False,
+            "stuck": False, "held_by": None, "budget": 0.0, "phase": None, "report": report, "problem": None,
+            "finished": float(finished), "cache": {"how": "ttl", "age": round(age, 1)}}
+
+
+def gather(ctx: Context) -> dict[str, Any]:
+    hold = checkpoint_hold(ctx)
+    if hold is not None:
+        return {"kind": "checkpointed", "why": hold}
+    state = ctx.state
+    if not ctx.config.model_path:
+        return {"kind": "no-path"}
+    key = _key(ctx)
+    if ctx.profile == "readiness":
+        hit = _cached(state.read_json(CACHE), key, ctx.config.model_ttl, ctx.config.torch_device)
+        if hit is not None:
+            return hit
+    if not state.enabled:
+        return run_worker(ctx)
+    waited_from = time.monotonic()
+    with state.lock(LOCK, ctx.deadline - MARGIN) as held:
+        if not held:
+            return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
+        if ctx.profile == "readiness":
+            hit = _cached(state.read_json(CACHE), key, ctx.config.model_ttl, ctx.config.torch_device)
+            if hit is not None:
+                return hit
+        data = run_worker(ctx)
+        result = judge(data, ctx)
+        if data["lingered"]:
+            state.remove(CACHE)
+        else:
+            state.write_json(CACHE, {"key": key, "finished": data["finished"], "status": result.status.value,
+                                     "data": data})
+        return data
+
+
+def on_deadline(ctx: Context) -> Result:
+    return failed(NAME, "no result within the deadline: loading the model took too long (a large model on "
+                  "a slow disk: raise HEALTHCHECK_TIMEOUT) or the GPU driver is stuck", reason="deadline")
+
+
+# ---------------------------------------------------------------------------
+# judge: pure
+# ---------------------------------------------------------------------------
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def judge(data: dict[str, Any], ctx: Context) -> Result:
+    kind = data.get("kind")
+    path = untrusted.clean(ctx.config.model_path or "", 120)
+    if kind == "checkpointed":
+        return Result(NAME, Status.SKIP, f"not started: {data['why']}", reason="checkpointed")
+    if kind == "no-path":
+        return failed(NAME, "HEALTHCHECK_MODEL_PATH is not set: name the model file to load",
+                      reason="model-missing")
+    if kind == "lock-timeout":
+        return failed(NAME, f"no result within {data['waited']:.1f}s: another costly check (torch-cuda, "
+                      "nccl or model) still holds the lock", reason="deadline")
+    kw: dict[str, Any] = {"unit": UNIT, "facts": {"path": path, "cache": data.get("cache")}}
+    report = data.get("report")
+    if data.get("spawn_error") or (report is None and data.get("returncode") in (126, 127)):
+        python = untrusted.clean(ctx.config.torch_python, 80)
+        return failed(NAME, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "
+                      "image's Python that has torch", reason="interpreter-not-found", **kw)
+    if report is None or data.get("lingered"):
+        where = data.get("phase") or "start-up"
+        if data.get("stuck") or data.get("held_by") is not None:
+            return failed(NAME, f"model worker stuck in {where} (survived SIGKILL): the GPU driver is "
+                          "wedged; check dmesg", reason="deadline", **kw)
+        if data.get("timed_out"):
+            return failed(NAME, f"model worker gave no result within {data.get('budget', 0):.1f}s (killed "
+                          f"while in {where}): a large model on a slow disk (raise HEALTHCHECK_TIMEOUT) or a "
+                          "wedged driver", reason="deadline", **kw)
+        rc = data.get("returncode")
+        if isinstance(rc, int) and rc < 0:
+            try:
+                sig = signal.Signals(-rc).name
+            except ValueError:
+                sig = f"signal {-rc}"
+            return failed(NAME, f"model worker killed by {sig} in {where}: check the container's memory "
+                          "limit and dmesg", reason="killed", **kw)
+        return failed(NAME, f"model worker gave an unreadable result ({data.get('problem')}, exit status "
+                      f"{rc})", reason="bad-output", **kw)
+    kw["facts"].update({k: report[k] for k in ("format", "loader", "bytes", "budget", "params",
+                                                 "param_bytes", "peak_gpu", "load_ms", "forward_ms")})
+    err = report["error"]
+    if err is not None:
+        return _judge_error(err, report, path, kw)
+    loaded = (f"{path} ({report['format']}, {report['params']:,} parameters, {_size(report['param_bytes'])}) "
+              f"loaded on {report['device']} in {report['load_ms']:.0f} ms")
+    if report["peak_gpu"] is not None:
+        loaded += f", peak GPU memory {_size(report['peak_gpu'])}"
+    if report["forward_ms"] is not None:
+        loaded += f"; forward pass {report['forward_ms']:.1f} ms"
+    if report["max_err"] is not None:
+        max_err, scale = float(report["max_err"]), float(report["scale"])
+        rel = max_err / scale if scale > 0 else (0.0 if max_err == 0 else float("inf"))
+        kw["facts"]["max_rel_err"] = rel if rel == rel and rel != float("inf") else None
+        tol = ctx.config.model_tolerance
+        if not rel <= tol:  # NaN fails too
+            shown = f"{rel:.1e}" if rel == rel and rel != float("inf") else "not a number"
+            return failed(NAME, f"output mismatch: {path}'s forward pass differs from "
+                          f"HEALTHCHECK_MODEL_EXPECT by {shown} (tolerance {tol:g}): check the GPU "
+                          "(torch-cuda, dcgmi diag) and that the expected file fits this model and input",
+                          reason="output-mismatch", observed=report["load_ms"], **kw)
+        loaded += f", matches the expected output (max rel err {rel:.0e})"
+    cache = data.get("cache") or {}
+    if cache.get("how") == "ttl":
+        loaded += f" (cached, {cache.get('age', 0):.0f}s old)"
+    return passed(NAME, loaded, observed=report["load_ms"], **kw)
+
+
+def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dict[str, Any]) -> Result:
+    reason = KINDS[err["kind"]]
+    what = err["message"]
+    if reason == "model-missing":
+        msg = f"model file {path} not found: mount the model or fix HEALTHCHECK_MODEL_PATH"
+    elif reason == "model-unreadable":
+        msg = f"model file {path} cannot be read ({what}): make it readable by the probe's user"
+    elif reason == "unsupported-format":
+        msg = (f"{path} is not a supported model format ({what}): save it with torch.jit.save, safetensors "
+               "or torch.save(model.state_dict())")
+    elif reason == "unsafe-pickle":
+        msg = (f"{path} is a pickle that needs code to load: refused (weights_only), nothing executed; "
+               "re-save only the weights (state dict or safetensors)")
+    elif reason == "model-corrupt":
+        msg = f"{path} is damaged or truncated ({what}): copy the model file again and check its checksum"
+    elif reason == "would-not-fit":
+        msg = (f"{path} would not fit: {_size(report['bytes'])} of tensors, {_size(report['budget'])} "
+               f"allowed ({report['budget_source']}); not loaded: free memory or raise the limit")
+    elif reason == "oom":
+        return warned(NAME, f"out of memory loading {path} on {report['device']}: the workload uses the "
+                      "memory; not checked, not a fault", reason="oom", **kw)
+    elif reason == "output-mismatch":
+        msg = (f"output mismatch: {path}'s forward pass has another shape than HEALTHCHECK_MODEL_EXPECT "
+               f"({what})")
+    elif reason == "expect-unreadable":
+        msg = f"HEALTHCHECK_MODEL_EXPECT cannot be used ({what}): save a tensor with torch.save(tensor, path)"
+    elif reason == "bad-input":
+        msg = f"HEALTHCHECK_MODEL_INPUT cannot be used ({what})"
+    elif reason == "torch-missing":
+        msg = f"torch cannot load models here ({what}): see the torch-cuda probe"
+    elif reason == "forward-failed":
+        msg = f"the forward pass of {path} failed ({err['type']}; details in the log)"
+    else:
+        msg = f"loading {path} failed ({err['type']}; details in the log)"
+    return failed(NAME, msg, reason=reason, **kw)

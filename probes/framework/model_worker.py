@@ -1,0 +1,444 @@
+"""The model worker: loads the image's model file onto the probe's device, in the image's interpreter.
+
+Standalone on purpose (stdlib + torch only; it must not import the ``probes`` package):
+the parent runs it by file path with the interpreter that owns torch, under a deadline,
+in its own session.
+
+It never executes pickled code. The format is decided from the file's first bytes and
+its zip directory, never from its name:
+
+- a TorchScript archive (a zip with a ``code/`` folder): ``torch.jit.load``, whose
+  unpickler only builds TorchScript and tensor types;
+- a safetensors file (8-byte little-endian header length, a JSON header, raw data): the
+  ``safetensors`` package when that interpreter has it, else the header is parsed here and
+  each tensor is made with ``torch.frombuffer``;
+- a state dict saved with ``torch.save`` (zip or legacy pickle): ``torch.load`` with
+  ``weights_only=True``; a torch too old to have that option is refused, never loaded.
+
+Before loading it sizes the tensors (the safetensors header, the zip's ``data/`` entries,
+else the file size) and compares that with the memory it may use: free GPU memory on
+``cuda`` (``torch.cuda.mem_get_info``), ``MemAvailable`` and the cgroup's room on ``cpu``,
+and ``--max-bytes`` when given; a model that would not fit is not loaded. After loading it
+counts parameters and bytes and, on CUDA, the peak memory allocated. For a TorchScript
+model with ``--input SHAPE:DTYPE[:zeros|seeded]`` it runs one forward pass and, with
+``--expect FILE`` (a tensor saved with ``torch.save``), reports the largest absolute
+difference and the expected output's largest magnitude; the parent judges them.
+
+It prints exactly ONE line on stdout, ``HEALTHCHECK-MODEL-RESULT {json}``, and progress
+markers (``HEALTHCHECK-MODEL-PHASE <phase>``) on stderr.
+
+Command-line equivalent::
+
+    python3 model_worker.py --path /models/resnet.pt --device cuda --input 1x3x224x224:float16
+
+Keep this file compatible with old interpreters (3.6+): images carry their own.
+"""
+
+import json
+import math
+import os
+import struct
+import sys
+import time
+
+PREFIX = "HEALTHCHECK-MODEL-RESULT "
+PHASE = "HEALTHCHECK-MODEL-PHASE "
+SCHEMA = 1
+SEED = 20240601
+MAX_TEXT = 400
+MAX_HEADER = 100 * 2**20  # safetensors' own limit for its JSON header
+FORMATS = ("torchscript", "safetensors", "state-dict")
+# safetensors dtype names -> torch dtype attribute names
+ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+             "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+             "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
+
+
+class Failure(Exception):
+    """A failure the worker names itself (``kind``), with a short message."""
+
+    def __init__(self, kind, message):
+        Exception.__init__(self, message)
+        self.kind = kind
+
+
+def measure(value):
+    """A float as strict JSON allows it: non-finite values as "nan", "inf" or "-inf"."""
+    value = float(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def phase(name):
+    sys.stderr.write(PHASE + name + "\n")
+    sys.stderr.flush()
+
+
+def text(exc):
+    message = str(exc).strip().replace("\n", " ")
+    return message[:MAX_TEXT]
+
+
+def parse_args(argv):
+    import argparse
+
+    p = argparse.ArgumentParser(description="model health worker")
+    p.add_argument("--path", required=True)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--input", default=None)
+    p.add_argument("--expect", default=None)
+    p.add_argument("--max-bytes", type=int, default=None)
+    return p.parse_args(argv)
+
+
+def new_report(args):
+    return {"v": SCHEMA, "device": args.device, "torch": None, "format": None, "loader": None,
+            "file_bytes": None, "bytes": None, "budget": None, "budget_source": None, "load_ms": None,
+            "params": None, "param_bytes": None, "peak_gpu": None, "forward_ms": None,
+            "max_err": None, "scale": None, "error": None}
+
+
+def parse_input(spec):
+    """``1x3x224x224:float16[:zeros|seeded]`` -> (shape, dtype name, fill)."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3):
+        raise Failure("bad-input", "expected SHAPE:DTYPE[:zeros|seeded]")
+    dims = parts[0].lower().split("x")
+    if not all(d.isdigit() and len(d) <= 9 for d in dims) or len(dims) > 8:
+        raise Failure("bad-input", "the shape is not NxMx... (positive integers)")
+    shape = [int(d) for d in dims]
+    if any(d == 0 for d in shape):
+        raise Failure("bad-input", "a dimension is zero")
+    fill = parts[2] if len(parts) == 3 else "zeros"
+    if parts[1] not in INPUT_DTYPES or fill not in ("zeros", "seeded"):
+        raise Failure("bad-input", "dtype or fill not accepted")
+    return shape, parts[1], fill
+
+
+def open_file(path):
+    """(file object, size); a missing or unreadable file is a Failure."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 (returned to the caller, which closes it)
+    except FileNotFoundError:
+        raise Failure("missing", "no such file") from None
+    except IsADirectoryError:
+        raise Failure("unreadable", "a directory, not a file") from None
+    except OSError as exc:
+        raise Failure("unreadable", os.strerror(exc.errno or 0)) from None
+    st = os.fstat(fh.fileno())
+    import stat
+
+    if not stat.S_ISREG(st.st_mode):
+        fh.close()
+        raise Failure("unreadable", "not a regular file")
+    return fh, st.st_size
+
+
+def safetensors_header(fh, size):
+    """(header dict, data start) of a safetensors file, checked against the file size."""
+    fh.seek(0)
+    head = fh.read(8)
+    if len(head) < 8:
+        raise Failure("corrupt", "shorter than a safetensors header")
+    (length,) = struct.unpack("<Q", head)
+    if length > MAX_HEADER or 8 + length > size:
+        raise Failure("corrupt", "safetensors header length beyond the file (truncated?)")
+    try:
+        header = json.loads(fh.read(length).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise Failure("corrupt", "safetensors header is not JSON") from None
+    if not isinstance(header, dict):
+        raise Failure("corrupt", "safetensors header is not an object")
+    start = 8 + length
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        ok = (isinstance(info, dict) and info.get("dtype") in ST_DTYPES
+              and isinstance(info.get("shape"), list) and isinstance(info.get("data_offsets"), list)
+              and len(info["data_offsets"]) == 2
+              and all(isinstance(v, int) and v >= 0 for v in info["shape"] + info["data_offsets"]))
+        if not ok:
+            raise Failure("corrupt", "safetensors header entry is malformed")
+        begin, end = info["data_offsets"]
+        if begin > end or start + end > size:
+            raise Failure("corrupt", "a tensor lies beyond the end of the file (truncated?)")
+    return header, start
+
+
+def detect(fh, size):
+    """(format, tensor bytes) from the file's content; raises Failure for anything else."""
+    fh.seek(0)
+    magic = fh.read(8)
+    if magic[:4] == b"PK\x03\x04":
+        import zipfile
+
+        try:
+            names = zipfile.ZipFile(fh).infolist()
+        except (zipfile.BadZipFile, OSError, ValueError):
+            raise Failure("corrupt", "a damaged or truncated zip archive") from None
+        code = any("/code/" in "/" + i.filename for i in names)
+        data = sum(i.file_size for i in names if "/data/" in "/" + i.filename)
+        return ("torchscript" if code else "state-dict"), (data or size)
+    if len(magic) == 8:
+        (length,) = struct.unpack("<Q", magic)
+        fh.seek(8)
+        if 2 <= length <= MAX_HEADER and fh.read(1) == b"{":
+            header, _ = safetensors_header(fh, size)
+            total = 0
+            for name, info in header.items():
+                if name != "__metadata__":
+                    total += info["data_offsets"][1] - info["data_offsets"][0]
+            return "safetensors", total
+    if magic[:1] == b"\x80":  # a pickle (torch.save's legacy format): only weights_only may read it
+        return "state-dict", size
+    raise Failure("unsupported", "not a TorchScript archive, a safetensors file or a torch.save state dict")
+
+
+def meminfo_available():
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cgroup_room():
+    """Bytes the cgroup (v2) still lets this container allocate, or None without a limit."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as fh:
+            limit = fh.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as fh:
+            used = int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+    if not limit.isdigit():
+        return None
+    return max(int(limit) - used, 0)
+
+
+def budget_of(torch, args):
+    """(bytes the model may take, where that number comes from)."""
+    options = []
+    if args.device == "cuda":
+        free, _ = torch.cuda.mem_get_info(torch.cuda.current_device())
+        options.append((int(free), "free GPU memory"))
+    else:
+        avail = meminfo_available()
+        if avail is not None:
+            options.append((avail, "available RAM"))
+        room = cgroup_room()
+        if room is not None:
+            options.append((room, "the container's memory limit"))
+    if args.max_bytes is not None:
+        options.append((args.max_bytes, "HEALTHCHECK_MODEL_MAX_BYTES"))
+    return min(options) if options else (None, None)
+
+
+def tensors_of(value, found, depth=0):
+    """Every tensor in a loaded state dict (nested dicts, lists and tuples)."""
+    if depth > 20:
+        return
+    if hasattr(value, "numel") and hasattr(value, "element_size"):
+        found.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            tensors_of(v, found, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            tensors_of(v, found, depth + 1)
+
+
+def load_safetensors(torch, fh, size, device):
+    try:
+        from safetensors.torch import load_file
+    except Exception:
+        load_file = None
+    if load_file is not None:
+        return "safetensors", load_file(fh.name, device=str(device))
+    header, start = safetensors_header(fh, size)
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = getattr(torch, ST_DTYPES[info["dtype"]], None)
+        if dtype is None:
+            raise Failure("unsupported", "dtype " + info["dtype"] + " unknown to this torch")
+        begin, end = info["data_offsets"]
+        count = 1
+        for d in info["shape"]:
+            count *= d
+        width = torch.empty((), dtype=dtype).element_size()
+        if count * width != end - begin:
+            raise Failure("corrupt", "a tensor's size does not match its shape")
+        fh.seek(start + begin)
+        raw = bytearray(fh.read(end - begin))
+        if len(raw) != end - begin:
+            raise Failure("corrupt", "the file ended inside a tensor (truncated?)")
+        tensor = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        if sys.byteorder != "little":
+            raise Failure("unsupported", "safetensors data is little-endian; this machine is not")
+        out[name] = tensor.reshape(info["shape"]).to(device)
+    return "frombuffer", out
+
+
+def load(torch, fmt, fh, size, path, device):
+    """(loader name, loaded object)."""
+    if fmt == "torchscript":
+        return "torch.jit.load", torch.jit.load(path, map_location=device)
+    if fmt == "safetensors":
+        return load_safetensors(torch, fh, size, device)
+    try:
+        return "torch.load", torch.load(path, map_location=device, weights_only=True)
+    except TypeError as exc:
+        if "weights_only" in str(exc):
+            raise Failure("unsupported", "no weights_only loading in this torch: not unpickled") from None
+        raise
+
+
+def load_error(exc):
+    """The Failure for an exception raised while loading."""
+    message = text(exc)
+    low = message.lower()
+    if type(exc).__name__ == "UnpicklingError" and "weights only" in low:
+        return Failure("unsafe", message)
+    if "out of memory" in low:
+        return Failure("oom", message)
+    if any(w in low for w in ("zip archive", "central directory", "unexpected eof", "truncated",
+                              "ran out of input", "pickle data was truncated", "invalid load key")):
+        return Failure("corrupt", message)
+    return Failure("load", message)
+
+
+def forward(torch, model, args, device, report):
+    shape, dtype_name, fill = parse_input(args.input)
+    dtype = getattr(torch, dtype_name)
+    if fill == "seeded":
+        gen = torch.Generator().manual_seed(SEED)
+        x = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+    else:
+        x = torch.zeros(shape, dtype=dtype)
+    expect = None
+    if args.expect:
+        phase("expect")
+        try:
+            expect = torch.load(args.expect, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise Failure("expect-missing", "no such file") from None
+        except Exception as exc:
+            raise Failure("expect-unreadable", text(exc)) from None
+        if not hasattr(expect, "shape"):
+            raise Failure("expect-unreadable", "the expected output is not a tensor")
+    phase("forward")
+    x = x.to(device)
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            out = model(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as exc:
+        failure = load_error(exc)
+        raise Failure("oom" if failure.kind == "oom" else "forward", text(exc)) from None
+    report["forward_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
+    if isinstance(out, (list, tuple)) and out:
+        out = out[0]
+    if not hasattr(out, "shape"):
+        raise Failure("forward", "the model's output is not a tensor")
+    if expect is not None:
+        if list(out.shape) != list(expect.shape):
+            raise Failure("shape-mismatch", "output shape " + str(list(out.shape)) + ", expected "
+                          + str(list(expect.shape)))
+        got, want = out.detach().cpu().double(), expect.double()
+        report["max_err"] = measure((got - want).abs().max().item()) if want.numel() else 0.0
+        report["scale"] = measure(want.abs().max().item()) if want.numel() else 0.0
+
+
+def work(args, report):
+    phase("open")
+    fh, size = open_file(args.path)
+    report["file_bytes"] = size
+    with fh:
+        fmt, nbytes = detect(fh, size)
+        report["format"], report["bytes"] = fmt, nbytes
+        if args.input is not None:
+            parse_input(args.input)  # a bad input is said before anything costly
+        phase("import")
+        try:
+            import torch
+        except Exception as exc:
+            raise Failure("import", text(exc)) from None
+        report["torch"] = str(getattr(torch, "__version__", "?"))
+        if args.device == "cuda":
+            phase("init")
+            if not torch.cuda.is_available():
+                raise Failure("cuda-unavailable", "torch.cuda.is_available() is False")
+            device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            device = torch.device("cpu")
+        budget, source = budget_of(torch, args)
+        report["budget"], report["budget_source"] = budget, source
+        if budget is not None and nbytes > budget:
+            raise Failure("too-big", "the model needs more memory than is free")
+        phase("load")
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        try:
+            loader, model = load(torch, fmt, fh, size, args.path, device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        except Failure:
+            raise
+        except Exception as exc:
+            raise load_error(exc) from None
+        report["load_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
+        report["loader"] = loader
+        found = []
+        if fmt == "torchscript":
+            found = list(model.parameters()) + list(model.buffers())
+        else:
+            tensors_of(model, found)
+        report["params"] = int(sum(t.numel() for t in found))
+        report["param_bytes"] = int(sum(t.numel() * t.element_size() for t in found))
+        if args.input is not None:
+            if fmt != "torchscript":
+                raise Failure("no-forward", "only a TorchScript model can run a forward pass")
+            forward(torch, model, args, device, report)
+        if device.type == "cuda":
+            report["peak_gpu"] = int(torch.cuda.max_memory_allocated(device))
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    # Only the result line goes to the saved stdout; anything else printed lands on stderr.
+    result_fd = os.dup(1)
+    os.dup2(2, 1)
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    phase("start")
+    report = new_report(args)
+    try:
+        work(args, report)
+    except Failure as exc:
+        report["error"] = {"kind": exc.kind, "type": "Failure", "message": text(exc)}
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        kind = "oom" if "out of memory" in str(exc).lower() else "worker"
+        report["error"] = {"kind": kind, "type": type(exc).__name__, "message": text(exc)}
+    line = PREFIX + json.dumps(report, sort_keys=True) + "\n"
+    os.write(result_fd, line.encode("utf-8"))
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

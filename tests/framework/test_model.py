@@ -1,0 +1,265 @@
+"""The model probe with the real CPU torch: real model files made here, loaded by the real worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from probes import config as config_mod
+from probes.config import Config
+from probes.context import Context
+from probes.framework import model
+from probes.result import Result, Status
+from probes.state import State
+
+from .conftest import REAL_PYTHON
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x)) + 1.0
+
+
+def run_probe(tmp_path: Path, path: object, *, python: object = REAL_PYTHON, profile: str = "readiness",
+              timeout: float = 60.0, results: dict[str, Result] | None = None,
+              **settings: Any) -> tuple[Result, dict[str, Any]]:
+    cfg = Config()._replace(profile=profile, torch_python=str(python), torch_device="cpu",
+                              model_path=None if path is None else str(path), **settings)
+    ctx = Context(cfg, time.monotonic() + timeout, dict(results or {}), State.open(str(tmp_path / "state")))
+    data = model.gather(ctx)
+    return model.judge(data, ctx), data
+
+
+@pytest.fixture
+def scripted(tmp_path: Path) -> tuple[Path, torch.Tensor]:
+    torch.manual_seed(1)
+    net = torch.jit.script(Net())
+    path = tmp_path / "net.pt"
+    net.save(str(path))
+    with torch.no_grad():
+        out = net(torch.zeros(2, 4))
+    return path, out
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    blobs, offset = [], 0
+    for name, t in tensors.items():
+        raw = t.contiguous().view(torch.uint8).flatten().tolist() if t.numel() else []
+        data = bytes(raw)
+        header[name] = {"dtype": {torch.float32: "F32", torch.float16: "F16"}[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    head = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def test_torchscript_loads_and_matches_expected_output(tmp_path: Path, scripted: tuple[Path, torch.Tensor]) -> None:
+    path, out = scripted
+    expect = tmp_path / "expect.pt"
+    torch.save(out, str(expect))
+    result, data = run_probe(tmp_path, path, model_input="2x4:float32", model_expect=str(expect))
+    assert result.status is Status.PASS, result.message
+    report = data["report"]
+    assert report["format"] == "torchscript" and report["loader"] == "torch.jit.load"
+    assert report["params"] == 4 * 3 + 3 and report["param_bytes"] == 15 * 4
+    assert report["forward_ms"] is not None and report["max_err"] == 0.0
+    assert "15 parameters" in result.message and "matches the expected output" in result.message
+    assert result.unit == "ms" and result.observed == report["load_ms"]
+
+
+def test_safetensors_loads_without_the_package(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    w = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    write_safetensors(path, {"w": w, "b": torch.ones(5, dtype=torch.float16)})
+    result, data = run_probe(tmp_path, path)
+    assert result.status is Status.PASS, result.message
+    report = data["report"]
+    assert report["format"] == "safetensors"
+    assert report["loader"] in ("frombuffer", "safetensors")
+    assert report["params"] == 11 and report["param_bytes"] == 6 * 4 + 5 * 2 == report["bytes"]
+
+
+def test_state_dict_loads_with_weights_only(tmp_path: Path) -> None:
+    path = tmp_path / "sd.pt"
+    torch.save(torch.nn.Linear(8, 2).state_dict(), str(path))
+    result, data = run_probe(tmp_path, path)
+    assert result.status is Status.PASS, result.message
+    assert data["report"]["format"] == "state-dict" and data["report"]["loader"] == "torch.load"
+    assert data["report"]["params"] == 18
+
+
+@pytest.mark.parametrize("kind", ["torchscript", "safetensors", "state-dict"])
+def test_truncated_file_is_corrupt(tmp_path: Path, scripted: tuple[Path, torch.Tensor], kind: str) -> None:
+    if kind == "torchscript":
+        src = scripted[0]
+    elif kind == "safetensors":
+        src = tmp_path / "w.safetensors"
+        write_safetensors(src, {"w": torch.ones(64)})
+    else:
+        src = tmp_path / "sd.pt"
+        torch.save(torch.nn.Linear(8, 2).state_dict(), str(src))
+    cut = tmp_path / f"cut-{kind}"
+    data = src.read_bytes()
+    cut.write_bytes(data[: len(data) - 40])
+    result, _ = run_probe(tmp_path, cut)
+    assert result.status is Status.FAIL and result.reason == "model-corrupt", result.message
+
+
+class Planted:
+    """Unpickling this would create the marker file: a model file that runs code when loaded."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("how", ["pickle", "torch.save"])
+def test_pickle_that_would_run_code_is_refused(tmp_path: Path, how: str) -> None:
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "evil.pt"
+    payload = {"weight": torch.ones(2), "x": Planted(marker)}
+    if how == "pickle":
+        path.write_bytes(pickle.dumps(payload, protocol=2))
+    else:
+        torch.save(payload, str(path))
+    assert not marker.exists()
+    result, _ = run_probe(tmp_path, path)
+    assert result.status is Status.FAIL and result.reason == "unsafe-pickle", result.message
+    assert not marker.exists()
+
+
+def test_output_mismatch_fails(tmp_path: Path, scripted: tuple[Path, torch.Tensor]) -> None:
+    path, out = scripted
+    expect = tmp_path / "expect.pt"
+    torch.save(out * 1.01, str(expect))
+    result, _ = run_probe(tmp_path, path, model_input="2x4:float32", model_expect=str(expect))
+    assert result.status is Status.FAIL and result.reason == "output-mismatch", result.message
+    # within a looser tolerance the same output passes
+    result, _ = run_probe(tmp_path, path, profile="startup", model_input="2x4:float32",
+                          model_expect=str(expect), model_tolerance=0.05)
+    assert result.status is Status.PASS, result.message
+
+
+def test_output_of_another_shape_fails(tmp_path: Path, scripted: tuple[Path, torch.Tensor]) -> None:
+    path, _ = scripted
+    expect = tmp_path / "expect.pt"
+    torch.save(torch.zeros(3, 3), str(expect))
+    result, _ = run_probe(tmp_path, path, model_input="2x4:float32", model_expect=str(expect))
+    assert result.status is Status.FAIL and result.reason == "output-mismatch", result.message
+
+
+def test_model_larger_than_the_budget_is_not_loaded(tmp_path: Path) -> None:
+    path = tmp_path / "sd.pt"
+    torch.save({"w": torch.ones(1000)}, str(path))
+    result, data = run_probe(tmp_path, path, model_max_bytes=1000)
+    assert result.status is Status.FAIL and result.reason == "would-not-fit", result.message
+    assert data["report"]["load_ms"] is None  # said before trying
+    assert "HEALTHCHECK_MODEL_MAX_BYTES" in result.message and "3.9 KiB" in result.message
+
+
+def test_missing_unreadable_and_unsupported(tmp_path: Path) -> None:
+    result, _ = run_probe(tmp_path, tmp_path / "nope.pt")
+    assert result.reason == "model-missing" and result.status is Status.FAIL
+    result, _ = run_probe(tmp_path, tmp_path)
+    assert result.reason == "model-unreadable"
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model\n")
+    result, _ = run_probe(tmp_path, text)
+    assert result.reason == "unsupported-format", result.message
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked.pt"
+        torch.save({"w": torch.ones(1)}, str(locked))
+        locked.chmod(0)
+        result, _ = run_probe(tmp_path, locked)
+        assert result.reason == "model-unreadable"
+
+
+def test_forward_needs_torchscript(tmp_path: Path) -> None:
+    path = tmp_path / "sd.pt"
+    torch.save({"w": torch.ones(3)}, str(path))
+    result, _ = run_probe(tmp_path, path, model_input="1x3:float32")
+    assert result.reason == "bad-input"
+
+
+def test_readiness_reuses_a_pass_and_startup_runs_fresh(tmp_path: Path, make_interp: Any) -> None:
+    interp = make_interp("py")
+    path = tmp_path / "sd.pt"
+    torch.save({"w": torch.ones(3)}, str(path))
+    first, _ = run_probe(tmp_path, path, python=interp)
+    second, data = run_probe(tmp_path, path, python=interp)
+    assert first.status is second.status is Status.PASS
+    assert interp.starts == 1 and data["cache"]["how"] == "ttl" and "cached" in second.message
+    run_probe(tmp_path, path, python=interp, profile="startup")
+    assert interp.starts == 2
+    # a changed file is another model: the cached pass does not apply
+    torch.save({"w": torch.ones(4)}, str(path))
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    third, _ = run_probe(tmp_path, path, python=interp)
+    assert interp.starts == 3 and third.facts["params"] == 4
+
+
+def test_failure_is_not_reused(tmp_path: Path, make_interp: Any) -> None:
+    interp = make_interp("py")
+    run_probe(tmp_path, tmp_path / "nope.pt", python=interp)
+    run_probe(tmp_path, tmp_path / "nope.pt", python=interp)
+    assert interp.starts == 2
+
+
+def test_hanging_worker_ends_by_the_deadline(tmp_path: Path, make_interp: Any, marker: Any) -> None:
+    interp = make_interp("hang", body='trap "" TERM; sleep 300 & sleep 300; wait')
+    path = tmp_path / "sd.pt"
+    torch.save({"w": torch.ones(3)}, str(path))
+    start = time.monotonic()
+    result, _ = run_probe(tmp_path, path, python=interp, timeout=2.0)
+    assert time.monotonic() - start < 8
+    assert result.status is Status.FAIL and result.reason == "deadline", result.message
+    assert marker() == []
+
+
+def test_off_by_default_and_on_with_a_path(tmp_path: Path) -> None:
+    env = {"HEALTHCHECK_CHECKS_DIR": str(tmp_path / "none")}
+    off = config_mod.load(env)
+    assert "model" not in [s.name for s in off.selected()]
+    on = config_mod.load({**env, "HEALTHCHECK_MODEL_PATH": "/models/m.pt"})
+    assert "model" in [s.name for s in on.selected()]
+    assert on.toggles["ENABLE_MODEL_CHECK"] is True
+    vetoed = config_mod.load({**env, "HEALTHCHECK_MODEL_PATH": "/m.pt", "ENABLE_MODEL_CHECK": "false"})
+    assert "model" not in [s.name for s in vetoed.selected()]
+    live = config_mod.load({**env, "HEALTHCHECK_MODEL_PATH": "/m.pt", "HEALTHCHECK_PROFILE": "liveness"})
+    assert "model" not in [s.name for s in live.selected()]
+    assert "model" not in [s.name for s in Config().selected()]
+    with pytest.raises(config_mod.ConfigError):
+        config_mod.load({**env, "HEALTHCHECK_MODEL_MAX_BYTES": "-1"})
+
+
+def test_worker_result_is_validated(tmp_path: Path) -> None:
+    good = {"v": 1, "device": "cpu", "torch": "2", "format": "state-dict", "loader": "torch.load",
+            "file_bytes": 1, "bytes": 1, "budget": 2, "budget_source": "x", "load_ms": 1.0, "params": 1,
+            "param_bytes": 4, "peak_gpu": None, "forward_ms": None, "max_err": None, "scale": None,
+            "error": None}
+    line = (model.PREFIX + json.dumps(good) + "\n").encode()
+    assert model.parse_output(line, "cpu")[0] is not None
+    assert model.parse_output(line, "cuda")[0] is None
+    for bad in ({**good, "params": "1"}, {**good, "extra": 1}, {**good, "format": "onnx"},
+                {**good, "error": {"kind": "rm -rf", "type": "x", "message": "y"}}):
+        report, problem = model.parse_output((model.PREFIX + json.dumps(bad) + "\n").encode(), "cpu")
+        assert report is None and problem
+    dirty = {**good, "torch": "2\x1b[31m"}
+    report, _ = model.parse_output((model.PREFIX + json.dumps(dirty) + "\n").encode(), "cpu")
+    assert report is not None and "\x1b" not in report["torch"]
