@@ -92,12 +92,16 @@ SPEC = Spec(
         _c("cuda-unavailable", "`torch.cuda.is_available()` false / no GPU visible",
            "start the container with `--gpus all` (NVIDIA Container Toolkit); check the host driver with "
            "`nvidia-smi`"),
-        _c("driver-too-old", "CUDA driver older than `torch.version.cuda`",
-           "update the host NVIDIA driver, or use an image built for an older CUDA"),
+        _c("driver-too-old", "the driver's CUDA version (NVML `nvmlSystemGetCudaDriverVersion`, or torch's "
+           "own message) older than `torch.version.cuda`; the message gives both",
+           "install a newer host NVIDIA driver, or the CUDA forward-compatibility package (`cuda-compat`) on "
+           "data-center GPUs, or use an image built for an older CUDA"),
         _c("count-mismatch", "torch sees a different GPU count than NVML",
            "check `nvidia-smi`, dmesg for Xid errors, `NVIDIA_VISIBLE_DEVICES`"),
         _c("device-busy", "GPU held by the workload in EXCLUSIVE_PROCESS mode (\"busy or unavailable\"); the "
            "message names the holding PID", "none: the workload owns the GPU; not a fault", "warn"),
+        _c("mps-busy", "GPU shared through MPS: the probe cannot open its own context; the message names the "
+           "MPS clients", "none: not a fault", "warn"),
         _c("oom", "out of memory for the probe's own context", "none: the workload uses the memory; not a "
                                                                "fault",
            "warn"),
@@ -554,7 +558,8 @@ def _holder(ctx: Context, report: dict[str, Any], index: int, uuid: str | None) 
     procs = [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else []
     if procs:
         # Process names come from NVML (any user's command line): cleaned, short.
-        who = ", ".join(f"pid {untrusted.clean(p.get('pid'), 12)} ({untrusted.clean(p.get('name', '?'), 40)})"
+        who = ", ".join(f"{'MPS client ' if p.get('mps') is True else ''}"
+                        f"pid {untrusted.clean(p.get('pid'), 12)} ({untrusted.clean(p.get('name', '?'), 40)})"
                         for p in procs[:3])
         parts.append(f"held by {who}")
     return f" ({'; '.join(parts)})" if parts else ""
@@ -691,6 +696,8 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
         return failed(NAME, f"CUDA not available: torch {version} in {python} is a CPU-only build: install a "
                       "CUDA build of torch in the image, or set HEALTHCHECK_TORCH_DEVICE=cpu for a CPU-only "
                       "image", reason="cpu-only-build", **kw)
+    if cuda and report["available"] is False and _driver_older(report, ctx):
+        return _too_old(report, _driver_cuda(ctx), kw)
     if err is not None and err["phase"] == "init":
         return _device_error(err, report, ctx, kw, None) or failed(
             NAME, "CUDA not available (torch.cuda.is_available() is False): start the container with "
@@ -723,23 +730,53 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
     if category == "busy":
         index = entry["index"] if entry is not None else 0
         holder = _holder(ctx, report, index, entry["uuid"] if entry else None)
+        if "MPS client" in holder:
+            return warned(NAME, f"{where} busy{holder}: the GPU is shared through MPS and the probe cannot "
+                          "open its own context there; not checked, not a fault", reason="mps-busy", **kw)
         return warned(NAME, f"{where} busy{holder}: the workload holds it, so the probe cannot open a "
                       "context there; not a fault", reason="device-busy", **kw)
     if category == "oom":
-        return warned(NAME, f"{where} out of memory for the probe's own context: the workload is using the "
-                      "memory; not checked, not a fault", reason="oom", **kw)
+        index = entry["index"] if entry is not None else 0
+        holder = _holder(ctx, report, index, entry["uuid"] if entry else None)
+        return warned(NAME, f"{where} out of memory for the probe's own context{holder}: the workload is "
+                      "using the memory; not checked, not a fault", reason="oom", **kw)
     if category == "old-driver":
         found = re.search(r"found version (\d+)", str(err.get("message", "")))
-        have = f", driver supports CUDA {int(found[1]) // 1000}.{int(found[1]) % 1000 // 10}" if found else ""
-        return failed(NAME, f"CUDA driver too old for torch {report['torch']} (built for CUDA "
-                      f"{report['cuda']}{have}): update the host NVIDIA driver, or use an image built "
-                      "for an older CUDA", reason="driver-too-old", **kw)
+        driver = (f"{int(found[1]) // 1000}.{int(found[1]) % 1000 // 10}" if found
+                  else _driver_cuda(ctx))
+        return _too_old(report, driver, kw)
     if category == "fatal":
         kw["facts"]["fatal"] = True
         return failed(NAME, f"fatal CUDA error on {where} ({label}): the CUDA context is unusable; "
                       "unhealthy until the container restarts (check dmesg for Xid errors)",
                       reason="cuda-fatal", **kw)
     return None
+
+
+def _driver_cuda(ctx: Context) -> str | None:
+    """The highest CUDA version the driver supports ("12.4"), as the nvml probe read it."""
+    nvml = ctx.results.get("nvml")
+    value = nvml.facts.get("cuda_driver") if nvml is not None else None
+    return value if isinstance(value, str) and re.fullmatch(r"\d{1,3}\.\d{1,3}", value) else None
+
+
+def _version(text: Any) -> tuple[int, int] | None:
+    found = re.match(r"(\d{1,3})\.(\d{1,3})", str(text or ""))
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def _driver_older(report: dict[str, Any], ctx: Context) -> bool:
+    """True when NVML says the driver supports an older CUDA than torch was built with."""
+    have, need = _version(_driver_cuda(ctx)), _version(report.get("cuda"))
+    return have is not None and need is not None and have < need
+
+
+def _too_old(report: dict[str, Any], driver: str | None, kw: dict[str, Any]) -> Result:
+    have = f", driver supports CUDA {driver}" if driver else ""
+    return failed(NAME, f"CUDA driver too old for torch {report['torch']} (built for CUDA "
+                  f"{report['cuda']}{have}): install a newer NVIDIA driver on the host, or the CUDA "
+                  "forward-compatibility package (cuda-compat) on data-center GPUs, or use an image built "
+                  "for an older CUDA", reason="driver-too-old", **kw)
 
 
 def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], notes: list[str]) -> Result:
