@@ -40,9 +40,28 @@ def default_unit(value: Any) -> str:
     return "count" if isinstance(value, (int, float)) and not isinstance(value, bool) else "text"
 
 
+def public_facts(facts: Any) -> dict[str, Any]:
+    """The few facts serve's metrics label with (versions, each GPU's index, UUID and model, and
+    whether NVML answered for it), in the non-standard ``facts``: no process names or paths."""
+    if not isinstance(facts, dict):
+        return {}
+    out: dict[str, Any] = {k: _short(facts[k], 40) for k in ("torch", "cuda", "driver")
+                           if isinstance(facts.get(k), str)}
+    gpus = facts.get("gpus")
+    if isinstance(gpus, list):
+        out["gpus"] = [{"index": g["index"], "uuid": _short(g.get("uuid") or "", 80),
+                        "name": _short(g.get("name") or "", 80),
+                        # idempotent: serve rebuilds what a child's report says with this too
+                        "ok": g["ok"] if isinstance(g.get("ok"), bool) else not g.get("error")}
+                       for g in gpus[:64]
+                       if isinstance(g, dict) and isinstance(g.get("index"), int)
+                       and not isinstance(g.get("index"), bool)]
+    return out
+
+
 def check_entry(*, status: str, time: float, output: str = "", layer: str | None = None,
                 observed: Any = None, unit: str | None = None, reason: str | None = None,
-                elapsed: float = 0.0, name: str | None = None) -> dict[str, Any]:
+                elapsed: float = 0.0, name: str | None = None, facts: Any = None) -> dict[str, Any]:
     """One health+json check object as the draft wants it (shared with serve's own checks).
 
     ``output`` only for warn and fail (the draft: omitted for pass; a passing check's
@@ -68,6 +87,9 @@ def check_entry(*, status: str, time: float, output: str = "", layer: str | None
     if reason:
         entry["reason"] = reason
     entry["elapsed"] = elapsed
+    shown = public_facts(facts)
+    if shown:
+        entry["facts"] = shown
     return entry
 
 
@@ -144,7 +166,7 @@ def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
             name=r.name, layer=spec.layer if spec else None, status=r.status.value,
             observed=_short(r.observed, 120) if isinstance(r.observed, str) else r.observed,
             unit=_short(r.unit, 20) if r.unit else None, time=r.time or stamp, output=_short(r.message),
-            reason=r.reason, elapsed=r.elapsed)]
+            reason=r.reason, elapsed=r.elapsed, facts=r.facts)]
     doc: dict[str, Any] = {
         "status": outcome.status.value,
         "version": __version__,

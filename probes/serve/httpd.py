@@ -70,7 +70,8 @@ class Handler(BaseHTTPRequestHandler):
             if base in ENDPOINTS and (only or path == base):
                 self._health(base, unquote(only) if only else None, query, head)
             elif path == "/metrics":
-                self._send(200, metrics.CONTENT_TYPE, metrics.render(self.server.registry), head)
+                payload, ctype = metrics.render(self.server.registry, self.headers.get("Accept"))
+                self._send(200, ctype, payload, head)
             else:
                 self._send(404, HEALTH_JSON, NOT_FOUND_BODY, head)
         except (BrokenPipeError, ConnectionResetError, socket.timeout):

@@ -1,25 +1,30 @@
-"""/metrics: Prometheus text format from the monitor's in-memory snapshot.
+"""/metrics: Prometheus text format (or OpenMetrics when asked) from the monitor's in-memory snapshot.
 
 A custom collector on its own registry (not prometheus_client's global one, which
 would add process metrics and would be shared with anything else in the process):
 every scrape reads one Snapshot and the counters, never a probe or NVML.
+Per-GPU series carry ``gpu`` (the index) and ``UUID``, the labels dcgm-exporter uses,
+so a query can join them with its series.
 Command-line equivalent: ``curl -s localhost:8779/metrics``.
 """
 
 from __future__ import annotations
 
+import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from probes import __version__
 from probes import config as cfg
 from probes.serve.monitor import Monitor
-from probes.serve.view import results_of, verdict
+from probes.serve.view import Snapshot, results_of, verdict
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STATUSES = ("pass", "warn", "fail", "skip")
 WATCHER_STATES = ("running", "starting", "unavailable", "failed", "off")
 
@@ -73,13 +78,6 @@ class HealthCollector(Collector):
         for (profile, outcome), n in sorted(runs_total.items()):
             runs.add_metric([profile, outcome], n)
 
-        latch = GaugeMetricFamily("healthcheck_latched", "1 while the container is latched unhealthy "
-                                  "(critical Xid or fatal CUDA error) until it restarts", labels=["source"])
-        if snap.latch is not None:
-            latch.add_metric([str(snap.latch.get("source") or "unknown")], 1.0)
-        else:
-            latch.add_metric([""], 0.0)
-
         ev = CounterMetricFamily("healthcheck_nvml_events", "NVML events seen while serving",
                                  labels=["gpu", "kind", "xid", "severity"])
         for (gpu, kind, xid, sev), n in sorted(events.items()):
@@ -90,7 +88,43 @@ class HealthCollector(Collector):
         for s in WATCHER_STATES:
             watcher.add_metric([s], 1.0 if snap.watcher == s else 0.0)
 
-        yield from (healthy, age, stale, run_dur, status, dur, ok_at, runs, latch, ev, watcher)
+        build = InfoMetricFamily("healthcheck_build", "The suite's version, its Python, and the torch the "
+                                 "torch-cuda probe found (empty until it ran)")
+        build.add_metric([], {"version": __version__, "python": platform.python_version(),
+                              "torch": str(_facts(snap, "torch-cuda").get("torch") or "")})
+
+        # One unlabelled 0/1 series: a latch never swaps one series for another; the source is
+        # in healthcheck_latch_info while latched.
+        latched = GaugeMetricFamily("healthcheck_latched", "1 while the container is latched unhealthy "
+                                    "(critical Xid or fatal CUDA error) until it restarts, else 0")
+        latched.add_metric([], 1.0 if snap.latch is not None else 0.0)
+        latch_info = InfoMetricFamily("healthcheck_latch", "Why the container is latched (present only "
+                                      "while latched)")
+        if snap.latch is not None:
+            latch_info.add_metric([], {"source": str(snap.latch.get("source") or "unknown")[:80],
+                                       "code": str(snap.latch.get("code") or "latched")[:40]})
+
+        gpu_up = GaugeMetricFamily("healthcheck_gpu_up", "1 if NVML answered for the GPU without an error "
+                                   "in the latest readiness (else startup) run, else 0",
+                                   labels=["gpu", "UUID", "modelName"])
+        for g in _facts(snap, "nvml").get("gpus") or []:
+            up = 1.0 if g.get("ok") else 0.0
+            gpu_up.add_metric([str(g["index"]), g.get("uuid", ""), g.get("name", "")], up)
+
+        yield from (healthy, age, stale, run_dur, status, dur, ok_at, runs, latched, latch_info, ev, watcher,
+                    build, gpu_up)
+
+
+def _facts(snap: Snapshot, probe: str) -> Mapping[str, Any]:
+    """The probe's facts from the latest readiness run that has its check, else startup's."""
+    for profile in ("readiness", "startup"):
+        run = snap.runs.get(profile)
+        if run is None or run.report is None:
+            continue
+        for key, entries in run.report.get("checks", {}).items():
+            if key.split(":", 1)[0] == probe and entries:
+                return entries[0].get("facts") or {}
+    return {}
 
 
 def registry_for(monitor: Monitor) -> CollectorRegistry:
@@ -99,5 +133,7 @@ def registry_for(monitor: Monitor) -> CollectorRegistry:
     return reg
 
 
-def render(registry: CollectorRegistry) -> bytes:
-    return generate_latest(registry)
+def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
+    """The exposition and its content type, as the scraper's Accept header asks (OpenMetrics or text)."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(registry), content_type

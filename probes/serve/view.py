@@ -16,13 +16,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from probes.report import check_entry, iso_time
+from probes.report import check_entry, iso_time, public_facts
 from probes.result import Result, Status
 from probes.untrusted import load_json, squeeze
 
 MAX_TEXT = 300
 CHECK_KEYS = ("componentId", "componentType", "layer", "status", "observedValue", "observedUnit", "time",
-              "output", "message", "reason", "elapsed")
+              "output", "message", "reason", "elapsed", "facts")
 STATUSES = ("pass", "warn", "fail")
 RANK = {"pass": 0, "warn": 1, "fail": 2}
 # An application Xid keeps the endpoints at "warn" this long after it was seen.
@@ -69,6 +69,8 @@ def _check(entry: Any) -> dict[str, Any] | None:
             continue
         if key in ("observedValue",):
             out[key] = _scalar(v)
+        elif key == "facts":
+            out[key] = public_facts(v)  # rebuilt from known keys, every string cleaned
         elif key == "elapsed":
             out[key] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         else:

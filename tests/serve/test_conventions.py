@@ -1,14 +1,21 @@
-"""The Kubernetes API server's health conventions on a real `healthcheck serve`: ?verbose,
-/readyz/<check> and ?exclude=<check>, with drop-in checks as the real probes that pass and fail."""
+"""Conventions on a real `healthcheck serve`: the Kubernetes API server's ?verbose,
+/readyz/<check> and ?exclude=<check> (drop-in checks as the real probes that pass and fail),
+and /metrics as Prometheus and OpenMetrics parsers read it."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import platform
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+from prometheus_client.parser import text_string_to_metric_families
 
+from probes import __version__
 from tests.serve.conftest import ALL_OFF, write_exe
 
 ALL = "# healthcheck: profiles=startup,readiness,liveness timeout=5\n"
@@ -103,3 +110,53 @@ def test_exclude_cannot_pass_a_result_that_is_not_there(start_server, tmp_path: 
         code, _, body = get(srv.port, path)
         doc = json.loads(body)
         assert code == 503 and doc["reason"] == "pending", (path, doc)
+
+
+def _scrape(port: int, accept: str | None = None) -> tuple[str, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/metrics", headers={"Accept": accept} if accept else {})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        return resp.getheader("Content-Type") or "", resp.read().decode()
+    finally:
+        conn.close()
+
+
+def _samples(families: Any, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(s.labels, s.value) for f in families for s in f.samples if s.name == name]
+
+
+def test_metrics_parse_as_prometheus_text_and_openmetrics(start_server, fake_nvml, tmp_path: Path):
+    scenario = tmp_path / "nvml"
+    scenario.write_text("gpus 2\ngpu 0 uuid GPU-0000-fake\ngpu 1 lost\n")
+    srv = start_server(dict(ALL_OFF, ENABLE_GPU_CHECK="true", LD_LIBRARY_PATH=str(fake_nvml),
+                            FAKE_NVML_SCENARIO=str(scenario)), "--interval", "0.5")
+    srv.wait_for("/readyz", lambda c, b: "nvml:gpus" in b["checks"], 30, "a readiness run with nvml")
+    ctype, text = _scrape(srv.port)
+    assert ctype == CONTENT_TYPE_PLAIN_0_0_4  # what prometheus_client answers a client that asks nothing
+    families = list(text_string_to_metric_families(text))
+    info = _samples(families, "healthcheck_build_info")
+    assert info == [({"version": __version__, "python": platform.python_version(), "torch": ""}, 1.0)]
+    assert _samples(families, "healthcheck_latched") == [({}, 0.0)]  # one series, no labels
+    assert _samples(families, "healthcheck_latch_info") == []
+    gpus = {s["gpu"]: (s["UUID"], v) for s, v in _samples(families, "healthcheck_gpu_up")}
+    assert gpus["0"] == ("GPU-0000-fake", 1.0) and gpus["1"][1] == 0.0, gpus
+
+    ctype, text = _scrape(srv.port, "application/openmetrics-text; version=1.0.0,text/plain;q=0.5")
+    assert ctype.startswith("application/openmetrics-text")
+    families = list(openmetrics_families(text))
+    assert {f.name: f.type for f in families}["healthcheck_build"] == "info"
+    assert _samples(families, "healthcheck_latched") == [({}, 0.0)]
+    assert text.endswith("# EOF\n")
+
+
+def test_a_latch_flips_the_one_series_and_names_its_source(start_server, fake_nvml, tmp_path: Path):
+    scenario = tmp_path / "nvml"
+    scenario.write_text("gpus 2\ngpu 1 uuid GPU-1111-fake\nevent 1 xid 79 1500\n")
+    srv = start_server(dict(ALL_OFF, HEALTHCHECK_SERVE_XID_WATCH="true", LD_LIBRARY_PATH=str(fake_nvml),
+                            FAKE_NVML_SCENARIO=str(scenario)), "--interval", "0.5")
+    srv.wait_for("/livez", lambda c, b: b.get("reason") == "xid-79", 30, "the Xid latches")
+    families = list(text_string_to_metric_families(_scrape(srv.port)[1]))
+    assert _samples(families, "healthcheck_latched") == [({}, 1.0)]
+    assert _samples(families, "healthcheck_latch_info") == [({"source": "xid", "code": "xid-79"}, 1.0)]
