@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
-IMAGE ?= gpu-dev:latest
+IMAGE ?= gpu-dev:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' probes/__init__.py)
 export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: help install setup system-deps fakes run test unit bats manifests stress e2e image bench lint clean gpu-verify docs
@@ -22,13 +22,13 @@ $(PY):
 EDITABLE := --config-settings editable_mode=strict
 
 install: $(PY) ## install the suite into .venv (what `run` needs)
-	$(PY) -m pip install -q $(EDITABLE) -e .
+	$(PY) -m pip install -q $(EDITABLE) -e '.[serve]'
 
 system-deps: ## apt packages the tests need (as root; skipped otherwise)
 	bash tests/setup-system.sh
 
 setup: $(PY) system-deps ## everything the tests need: apt packages, .venv with test tools, the fakes
-	$(PY) -m pip install -q $(EDITABLE) -e '.[dev]'
+	$(PY) -m pip install -q $(EDITABLE) -e '.[dev,serve]'
 	$(MAKE) fakes
 
 fakes: ## build the fake NVML library used by the tests
