@@ -33,11 +33,12 @@ RUN python3 -m pip install --no-cache-dir "jupyterlab==${JUPYTERLAB_VERSION}"
 # The health-check suite lives in its own virtual environment, so no `pip install` by a
 # user can break it; it never imports torch itself (HEALTHCHECK_TORCH_PYTHON, default
 # python3 on PATH, runs the tensor op). The front door finds <its dir>/.venv/bin/python.
-COPY pyproject.toml /opt/healthcheck/
+# The `serve` extra brings prometheus-client for `healthcheck serve` (the http overlay).
+COPY pyproject.toml setup.cfg /opt/healthcheck/
 COPY probes/ /opt/healthcheck/probes/
 COPY healthcheck /opt/healthcheck/healthcheck
 RUN python3 -m venv /opt/healthcheck/.venv \
- && /opt/healthcheck/.venv/bin/pip install --no-cache-dir --disable-pip-version-check /opt/healthcheck \
+ && /opt/healthcheck/.venv/bin/pip install --no-cache-dir --disable-pip-version-check "/opt/healthcheck[serve]" \
  && rm -rf /opt/healthcheck/build /opt/healthcheck/*.egg-info \
  && chmod 0755 /opt/healthcheck/healthcheck \
  && ln -s /opt/healthcheck/healthcheck /usr/local/bin/healthcheck \

@@ -134,3 +134,41 @@ stub() {
   [[ "$stderr" == "healthcheck: ENABLE_SSH_CHECK='maybe' is not a boolean"* ]]
   [[ "$stderr" != *Traceback* ]]
 }
+
+# installed ENVBIN: the front door as pip installs it, beside the healthcheck-probes script
+# whose first line(s) name the environment's interpreter as the installer wrote them.
+installed() {
+  mkdir -p "$1"
+  cp "$ROOT/healthcheck" "$1/healthcheck"
+}
+
+@test "installed by pip, it runs the interpreter the installer wrote beside it" {
+  stub py 'echo "py: $*"'
+  installed "$TMP/env/bin"
+  printf '#!%s\n# -*- coding: utf-8 -*-\n' "$BIN/py" >"$TMP/env/bin/healthcheck-probes"
+  run -0 "$TMP/env/bin/healthcheck" --profile liveness
+  [ "$output" = "py: -I -c import sys; from probes.cli import main; sys.exit(main()) --profile liveness" ]
+  # Through a symlink on PATH (/usr/local/bin/healthcheck in an image), the same.
+  ln -s "$TMP/env/bin/healthcheck" "$BIN/healthcheck"
+  run -0 healthcheck serve
+  [ "$output" = "py: -I -c import sys; from probes.cli import main; sys.exit(main()) serve" ]
+  # HEALTHCHECK_PYTHON still wins; a record that names no interpreter is a usage error.
+  stub other 'echo "other: $*"'
+  HEALTHCHECK_PYTHON="$BIN/other" run -0 "$TMP/env/bin/healthcheck" --json
+  [[ "$output" == "other: -I -c "* ]]
+  printf 'garbage\n' >"$TMP/env/bin/healthcheck-probes"
+  run -3 "$TMP/env/bin/healthcheck"
+  [[ "$output" == "healthcheck: no interpreter at $TMP/env/bin/.venv/bin/python: "* ]]
+}
+
+@test "installed in a path with spaces: the installer's /bin/sh form" {
+  mkdir -p "$TMP/my env"
+  printf '#!/usr/bin/env bash\necho "spaced: $*"\n' >"$TMP/my env/python"
+  chmod +x "$TMP/my env/python"
+  installed "$TMP/env/bin"
+  # shellcheck disable=SC2016 # the installer's literal text
+  printf '#!/bin/sh\n'"'''"'exec'"'"' "%s" "$0" "$@"\n'"' '''"'\n' "$TMP/my env/python" \
+    >"$TMP/env/bin/healthcheck-probes"
+  run -0 "$TMP/env/bin/healthcheck" --json
+  [ "$output" = "spaced: -I -c import sys; from probes.cli import main; sys.exit(main()) --json" ]
+}
