@@ -4,7 +4,8 @@
 #
 # If `docker info` already answers, nothing is done. Otherwise, as root, Debian trixie's docker.io,
 # docker-cli and containerd (26.x) are downloaded through a private apt state directory (the host's
-# own sources stay untouched) and installed together with the host's runc, tini and iptables, then
+# own sources stay untouched) from the Debian mirror those sources already use (debian-mirror.sh;
+# E2E_TRIXIE_MIRROR overrides it) and installed together with the host's runc, tini and iptables, then
 # dockerd is started in the background and we wait for its socket. Engine 25+ is needed because the
 # image's HEALTHCHECK uses --start-interval.
 set -euo pipefail
@@ -17,7 +18,7 @@ abort() {
 
 STATE_DIR="${E2E_APT_DIR:-/var/cache/gpu-dev-e2e/apt}"
 DOCKERD_LOG="${E2E_DOCKERD_LOG:-/var/log/gpu-dev-e2e-dockerd.log}"
-TRIXIE_MIRROR="${E2E_TRIXIE_MIRROR:-http://deb.debian.org/debian}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 MIN_MAJOR=25
 
 engine_answers() {
@@ -33,18 +34,21 @@ dockerd_major() {
 install_engine() {
   [ "$(id -u)" -eq 0 ] || abort "no Docker engine answers and we are not root: start dockerd (25+) or run as root"
   command -v apt-get >/dev/null || abort "apt-get not found: install Docker Engine 25+ by hand"
-  local apt_opts debs
+  local apt_opts debs mirror
+  mirror="${E2E_TRIXIE_MIRROR:-}"
+  [ -n "$mirror" ] || mirror="$(bash "$HERE/debian-mirror.sh")" \
+    || abort "no Debian mirror in this machine's apt sources: set E2E_TRIXIE_MIRROR"
   mkdir -p "$STATE_DIR/lists/partial" "$STATE_DIR/cache/archives/partial" "$STATE_DIR/debs"
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $TRIXIE_MIRROR trixie main" \
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" \
     >"$STATE_DIR/trixie.list"
   apt_opts=(-o "Dir::Etc::SourceList=$STATE_DIR/trixie.list" -o "Dir::Etc::SourceParts=/dev/null"
     -o "Dir::State::Lists=$STATE_DIR/lists" -o "Dir::Cache=$STATE_DIR/cache")
-  echo "engine.sh: installing Docker Engine 26.x from Debian trixie" >&2
+  echo "engine.sh: installing Docker Engine 26.x from Debian trixie ($mirror)" >&2
   apt-get -qq "${apt_opts[@]}" update
   rm -f "$STATE_DIR"/debs/*.deb
   (cd "$STATE_DIR/debs" && apt-get -qq "${apt_opts[@]}" -o APT::Sandbox::User=root download docker.io docker-cli containerd)
   debs=("$STATE_DIR"/debs/*.deb)
-  [ -e "${debs[0]}" ] || abort "apt-get download fetched nothing: check access to $TRIXIE_MIRROR"
+  [ -e "${debs[0]}" ] || abort "apt-get download fetched nothing: check access to $mirror"
   # The host's lists are needed for runc, tini and iptables (bookworm versions satisfy the .debs).
   apt-get -qq update
   DEBIAN_FRONTEND=noninteractive apt-get -qq install -y --no-install-recommends \
