@@ -34,6 +34,7 @@ MODULES = (
     "probes.hardware.nvml",
     "probes.framework.torch_cuda",
     "probes.framework.model",
+    "probes.framework.nccl",
     "probes.services.jupyter",
     "probes.services.ssh",
 )

@@ -1,0 +1,353 @@
+"""nccl: NCCL works in this container: one all-reduce across every visible GPU, checked exactly.
+
+Opt-in (``ENABLE_NCCL_CHECK=true``). It first reads the size of ``/dev/shm`` (Docker's
+default 64 MiB makes NCCL fail with "unhandled system error"); too small fails at once,
+without starting anything. Then a worker (``nccl_worker.py``) runs in the interpreter that
+owns torch (``HEALTHCHECK_TORCH_PYTHON``) with ``NCCL_DEBUG=WARN``, in its own session and
+under the probe's deadline: PyTorch's own NCCL watchdog waits 30 minutes, so only a killable
+child is safe. The worker places one tensor per visible GPU, runs a single-process
+``torch.cuda.nccl.all_reduce`` and checks every sum exactly; it reports the NCCL version,
+the GPU count and the time. NCCL's warnings (stderr) become the diagnosis: ``/dev/shm`` too
+small, P2P not supported or hanging (confirm with ``NCCL_P2P_DISABLE=1``, then fix the
+host's IOMMU/ACS settings), NCCL missing from this torch build.
+
+Command-line equivalent::
+
+    NCCL_DEBUG=WARN python3 probes/framework/nccl_worker.py
+
+It takes the same lock as torch-cuda and model (one costly check at a time), and readiness
+reuses a passing result younger than ``HEALTHCHECK_NCCL_TTL``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from typing import Any, NamedTuple
+
+from probes import proc, untrusted
+from probes.context import Context, logger
+from probes.framework import nccl_worker
+from probes.framework.torch_cuda import LOCK, MARGIN, _Bad, _fields
+from probes.registry import INTEGER, NUMBER, Cause, Setting, Spec
+from probes.result import Result, Status, failed, passed, skipped
+from probes.state import pid1_identity
+
+NAME = "nccl"
+MEASUREMENT = "allreduce"
+UNIT = "ms"
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_worker.py")
+PREFIX = nccl_worker.PREFIX
+PHASE = nccl_worker.PHASE
+SCHEMA = nccl_worker.SCHEMA
+CACHE = "nccl.json"
+SHM = "/dev/shm"  # noqa: S108 (only its size is read)
+_PHASES = r"start|import|nccl|init|place|allreduce|verify"
+MAX_WARNINGS = 5
+# Lower-case substrings of NCCL's WARN lines (misc/shmutils.cc, transport/p2p.cc).
+SHM_WORDS = ("/dev/shm", "shared memory", "posix_fallocate", "nccl-shm")  # noqa: S108
+P2P_WORDS = ("peer access", "p2p", "cudaipc", "ipc handle", "peer-to-peer")
+P2P_REMEDY = ("confirm with NCCL_P2P_DISABLE=1 (if that passes, P2P is the problem), then fix the host's "
+              "IOMMU/ACS settings (ACS off on the PCIe switches, iommu=pt) or keep P2P disabled")
+SHM_REMEDY = "start the container with --shm-size=1g (or --ipc=host; Kubernetes: an emptyDir medium Memory)"
+
+
+def _c(reason: str, cause: str, remedy: str, status: str = "fail") -> Cause:
+    return Cause(reason, status, cause, remedy)
+
+
+SPEC = Spec(
+    NAME, "framework", __name__, "ENABLE_NCCL_CHECK", 45.0, ("startup", "readiness"),
+    requires=("torch-cuda",), measurement=MEASUREMENT, default_on=False,
+    about="an NCCL all-reduce across every visible GPU gives the exact sum (opt-in)",
+    settings=(
+        Setting("HEALTHCHECK_NCCL_TTL", "nccl_ttl", NUMBER, 300.0,
+                "seconds a passing nccl result is reused by readiness", low=0, high=86400,
+                low_inclusive=True),
+        Setting("HEALTHCHECK_NCCL_MIN_SHM_MIB", "nccl_min_shm_mib", INTEGER, 256,
+                "`/dev/shm` smaller than this (MiB) fails the nccl probe before it runs", low=0,
+                high=2**30, low_inclusive=True),
+    ),
+    causes=(
+        _c("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` (checked first), or NCCL "
+           "warns it could not create or extend a shared memory segment", SHM_REMEDY),
+        _c("p2p", "NCCL warns that peer-to-peer access is not supported or failed",
+           P2P_REMEDY.replace("NCCL_P2P_DISABLE=1", "`NCCL_P2P_DISABLE=1`")),
+        _c("nccl-hang", "the collective did not finish by the deadline (P2P hanging with IOMMU/ACS on is the "
+           "usual cause)", P2P_REMEDY.replace("NCCL_P2P_DISABLE=1", "`NCCL_P2P_DISABLE=1`")),
+        _c("no-nccl", "this torch build has no NCCL (a CPU-only or ROCm-less build)",
+           "install a CUDA build of torch, or leave `ENABLE_NCCL_CHECK` off"),
+        _c("wrong-result", "the all-reduce gave a wrong sum on some GPU", "drain the node; run "
+           "`nccl-tests` and `dcgmi diag`"),
+        _c("nccl-error", "the collective raised another NCCL or CUDA error (NCCL's warning is in the "
+           "message)",
+           "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand"),
+        _c("cuda-unavailable", "torch sees no GPU", "see the `torch-cuda` probe"),
+        _c("device-cpu", "`HEALTHCHECK_TORCH_DEVICE=cpu`: NCCL is not judged", "none", "skip"),
+        _c("checkpointed", "a process here is CUDA-checkpointed: no GPU work is started", "wait for the "
+           "restore", "skip"),
+        _c("interpreter-not-found", "`HEALTHCHECK_TORCH_PYTHON` cannot be run, or torch is missing there",
+           "see the `torch-cuda` probe"),
+        _c("deadline", "no result by the deadline before the collective started", "check `nvidia-smi`; "
+           "raise `HEALTHCHECK_TIMEOUT` if torch is slow to import"),
+        _c("killed", "worker killed by a signal", "check the container's memory limit and dmesg"),
+        _c("bad-output", "worker output unreadable", "check `HEALTHCHECK_TORCH_PYTHON`"),
+    ),
+)
+
+_REPORT = {"v": ("int", False), "backend": ("str", False), "torch": ("str", True), "nccl": ("str", True),
+           "count": ("int", True), "ms": ("num", True), "bad": ("int", True), "max_err": ("num", True)}
+_ERROR = {"kind": ("str", False), "type": ("str", False), "message": ("str", False)}
+KINDS = ("no-nccl", "cuda-unavailable", "import", "collective", "worker")
+
+
+class Shm(NamedTuple):
+    size: int | None  # bytes, None when it cannot be read
+    why: str | None = None
+
+
+def shm_size(path: str = SHM) -> Shm:
+    try:
+        st = os.statvfs(path)
+    except OSError as exc:
+        return Shm(None, os.strerror(exc.errno or 0))
+    return Shm(st.f_frsize * st.f_blocks)
+
+
+def validate(report: Any) -> dict[str, Any]:
+    if not isinstance(report, dict) or set(report) != {*_REPORT, "error"}:
+        raise _Bad("the result has unexpected or missing fields")
+    _fields({k: report[k] for k in _REPORT}, _REPORT, "result")
+    if report["v"] != SCHEMA or report["backend"] != "nccl":
+        raise _Bad("the result is for another request")
+    if report["error"] is not None:
+        _fields(report["error"], _ERROR, "result.error")
+        if report["error"]["kind"] not in KINDS:
+            raise _Bad("result.error.kind is unknown")
+    elif None in (report["count"], report["bad"], report["max_err"], report["ms"]):
+        raise _Bad("a result without its measurements")
+    out = dict(report)
+    for key in ("torch", "nccl", "backend"):
+        if out[key] is not None:
+            out[key] = untrusted.clean(out[key], 40)
+    if out["error"] is not None:
+        out["error"] = {k: untrusted.clean(v, 300) for k, v in out["error"].items()}
+    return out
+
+
+def parse_output(stdout: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    hits = [ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith(PREFIX)]
+    if len(hits) != 1:
+        return None, "no result line" if not hits else "more than one result line"
+    try:
+        return validate(untrusted.load_json(hits[0][len(PREFIX):])), None
+    except ValueError as exc:  # _Bad is a ValueError too
+        return None, untrusted.clean(exc, 80)
+
+
+def warnings(stderr: bytes) -> list[str]:
+    """NCCL's WARN lines (``host:pid:tid [dev] file.cc:NN NCCL WARN text``), text only, cleaned."""
+    found = []
+    for line in stderr.decode("utf-8", "replace").splitlines():
+        at = line.find("NCCL WARN ")
+        if at >= 0:
+            found.append(untrusted.clean(line[at + len("NCCL WARN "):].strip(), 200))
+    return found[-MAX_WARNINGS:]
+
+
+def last_phase(stderr: bytes) -> str | None:
+    found = None
+    for line in stderr.decode("utf-8", "replace").splitlines():
+        if line.startswith(PHASE) and re.fullmatch(_PHASES, line[len(PHASE):].strip()):
+            found = line[len(PHASE):].strip()
+    return found
+
+
+def result_arrived(stdout: bytes) -> bool:
+    lines = stdout.splitlines(keepends=True)
+    return any(ln.startswith(PREFIX.encode()) and ln.endswith(b"\n") for ln in lines)
+
+
+# ---------------------------------------------------------------------------
+# gather
+# ---------------------------------------------------------------------------
+
+def run_worker(ctx: Context) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["NCCL_DEBUG"] = "WARN"
+    env["CUDA_MODULE_LOADING"] = "LAZY"
+    deadline = ctx.deadline - MARGIN
+    budget = max(0.0, deadline - time.monotonic())
+    done = proc.run([ctx.config.torch_python, WORKER], deadline=deadline, env=env, state=ctx.state, key=NAME,
+                    until=result_arrived, linger=proc.LINGER)
+    report, problem = parse_output(done.stdout)
+    if report is None or report.get("error") or done.timed_out:
+        logger().info("nccl worker rc=%s timed_out=%s stderr tail: %s", done.returncode, done.timed_out,
+                      untrusted.squeeze(done.stderr[-2000:], 600))
+    return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
+            "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
+            "held_by": done.held_by, "budget": round(budget, 2), "phase": last_phase(done.stderr),
+            "warnings": warnings(done.stderr), "report": report, "problem": problem,
+            "finished": time.time(), "cache": None}
+
+
+def _key(ctx: Context) -> dict[str, Any]:
+    return {"python": ctx.config.torch_python, "identity": pid1_identity(),
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
+    if not entry or entry.get("key") != key or entry.get("status") != Status.PASS.value:
+        return None
+    data, finished = entry.get("data"), entry.get("finished")
+    if not isinstance(data, dict) or not isinstance(finished, (int, float)) or isinstance(finished, bool):
+        return None
+    age = time.time() - float(finished)
+    if not 0 <= age < ttl:
+        return None
+    try:
+        report = validate(data.get("report"))
+    except _Bad:
+        return None
+    if report["error"] is not None or report["bad"] != 0:
+        return None
+    return {"kind": "worker", "spawn_error": None, "returncode": 0, "timed_out": False, "lingered": False,
+            "stuck": False, "held_by": None, "budget": 0.0, "phase": None, "warnings": [], "report": report,
+            "problem": None, "finished": float(finished), "shm": data.get("shm") if isinstance(
+                data.get("shm"), int) else None, "cache": {"how": "ttl", "age": round(age, 1)}}
+
+
+def gather(ctx: Context) -> dict[str, Any]:
+    from probes.framework.model import checkpoint_hold
+
+    hold = checkpoint_hold(ctx)
+    if hold is not None:
+        return {"kind": "checkpointed", "why": hold}
+    if ctx.config.torch_device != "cuda":
+        return {"kind": "device-cpu"}
+    state = ctx.state
+    key = _key(ctx)
+    if ctx.profile == "readiness":
+        hit = _cached(state.read_json(CACHE), key, ctx.config.nccl_ttl)
+        if hit is not None:
+            return hit
+    shm = shm_size()
+    if shm.size is not None and shm.size < ctx.config.nccl_min_shm_mib * 2**20:
+        return {"kind": "shm-small", "shm": shm.size}
+    if not state.enabled:
+        return {**run_worker(ctx), "shm": shm.size}
+    waited_from = time.monotonic()
+    with state.lock(LOCK, ctx.deadline - MARGIN) as held:
+        if not held:
+            return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
+        if ctx.profile == "readiness":
+            hit = _cached(state.read_json(CACHE), key, ctx.config.nccl_ttl)
+            if hit is not None:
+                return hit
+        data = {**run_worker(ctx), "shm": shm.size}
+        result = judge(data, ctx)
+        if data["lingered"]:
+            state.remove(CACHE)
+        else:
+            state.write_json(CACHE, {"key": key, "finished": data["finished"], "status": result.status.value,
+                                     "data": data})
+        return data
+
+
+def on_deadline(ctx: Context) -> Result:
+    return failed(NAME, "no result within the deadline: the NCCL worker or the GPU driver is stuck; "
+                  + P2P_REMEDY, reason="nccl-hang")
+
+
+# ---------------------------------------------------------------------------
+# judge: pure
+# ---------------------------------------------------------------------------
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.0f} MiB"
+
+
+def _has(lines: list[str], words: tuple[str, ...]) -> str | None:
+    for line in lines:
+        if any(w in line.lower() for w in words):
+            return line
+    return None
+
+
+def judge(data: dict[str, Any], ctx: Context) -> Result:
+    kind = data.get("kind")
+    if kind == "checkpointed":
+        return skipped(NAME, f"not started: {data['why']}", reason="checkpointed")
+    if kind == "device-cpu":
+        return skipped(NAME, "not judged: HEALTHCHECK_TORCH_DEVICE=cpu (NCCL needs GPUs)",
+                       reason="device-cpu")
+    if kind == "shm-small":
+        return failed(NAME, f"/dev/shm is {_mib(data['shm'])}, below "  # noqa: S108
+                      f"{ctx.config.nccl_min_shm_mib} MiB: NCCL "
+                      f"fails with 'unhandled system error' (and DataLoader workers die): {SHM_REMEDY}",
+                      reason="shm-too-small", unit=UNIT)
+    if kind == "lock-timeout":
+        return failed(NAME, f"no result within {data['waited']:.1f}s: another costly check (torch-cuda, "
+                      "nccl or model) still holds the lock", reason="deadline", unit=UNIT)
+    warned_lines: list[str] = list(data.get("warnings") or [])
+    kw: dict[str, Any] = {"unit": UNIT, "facts": {"warnings": warned_lines, "shm": data.get("shm"),
+                                                  "cache": data.get("cache")}}
+    report = data.get("report")
+    if data.get("spawn_error") or (report is None and data.get("returncode") in (126, 127)):
+        python = untrusted.clean(ctx.config.torch_python, 80)
+        return failed(NAME, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "
+                      "image's Python that has torch", reason="interpreter-not-found", **kw)
+    shm_line = _has(warned_lines, SHM_WORDS)
+    if shm_line is not None:
+        return failed(NAME, f"NCCL cannot use shared memory (/dev/shm is {_mib(data.get('shm'))}; NCCL WARN "
+                      f"{shm_line}): {SHM_REMEDY}", reason="shm-too-small", **kw)
+    p2p_line = _has(warned_lines, P2P_WORDS)
+    if p2p_line is not None:
+        return failed(NAME, f"NCCL peer-to-peer failed (NCCL WARN {p2p_line}): {P2P_REMEDY}", reason="p2p",
+                      **kw)
+    where = data.get("phase") or "start-up"
+    if report is None or data.get("lingered"):
+        if data.get("timed_out") or data.get("stuck") or data.get("held_by") is not None:
+            if where in ("place", "allreduce", "verify"):
+                return failed(NAME, f"the NCCL all-reduce hung (killed in {where} after "
+                              f"{data.get('budget', 0):.1f}s): {P2P_REMEDY}", reason="nccl-hang", **kw)
+            return failed(NAME, f"the NCCL worker gave no result within {data.get('budget', 0):.1f}s (killed "
+                          f"in {where}): check nvidia-smi; raise HEALTHCHECK_TIMEOUT if torch is slow to "
+                          "import", reason="deadline", **kw)
+        rc = data.get("returncode")
+        if isinstance(rc, int) and rc < 0:
+            try:
+                sig = signal.Signals(-rc).name
+            except ValueError:
+                sig = f"signal {-rc}"
+            return failed(NAME, f"the NCCL worker was killed by {sig} in {where}: check the container's "
+                          "memory limit and dmesg", reason="killed", **kw)
+        return failed(NAME, f"the NCCL worker gave an unreadable result ({data.get('problem')}, exit status "
+                      f"{rc})", reason="bad-output", **kw)
+    kw["facts"].update({"nccl": report["nccl"], "count": report["count"], "torch": report["torch"]})
+    err = report["error"]
+    if err is not None:
+        if err["kind"] == "no-nccl":
+            return failed(NAME, f"NCCL is not available in this torch build (torch {report['torch']}): "
+                          "install a CUDA build of torch, or leave ENABLE_NCCL_CHECK off", reason="no-nccl",
+                          **kw)
+        if err["kind"] == "cuda-unavailable":
+            return failed(NAME, "torch sees no GPU: see the torch-cuda probe", reason="cuda-unavailable",
+                          **kw)
+        if err["kind"] == "import":
+            return failed(NAME, "torch cannot be imported: see the torch-cuda probe",
+                          reason="interpreter-not-found", **kw)
+        return failed(NAME, f"the NCCL all-reduce failed ({err['type']}: {err['message'][:160]})",
+                      reason="nccl-error", **kw)
+    count = report["count"]
+    if report["bad"]:
+        return failed(NAME, f"wrong all-reduce result on {report['bad']} of {count} GPU(s) (max error "
+                      f"{report['max_err']:g}): drain the node; run nccl-tests and dcgmi diag",
+                      reason="wrong-result", observed=report["ms"], **kw)
+    note = "" if count and count > 1 else " (one GPU: no peer traffic)"
+    cache = data.get("cache") or {}
+    cached = f" (cached, {cache.get('age', 0):.0f}s old)" if cache.get("how") == "ttl" else ""
+    return passed(NAME, f"NCCL {report['nccl']} all-reduce over {count} GPU(s) exact in {report['ms']:.1f} ms"
+                  f"{note}; /dev/shm {_mib(data.get('shm'))}{cached}", observed=report["ms"], **kw)

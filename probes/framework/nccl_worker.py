@@ -1,0 +1,191 @@
+"""The NCCL worker: one single-process all-reduce across every visible GPU, in the image's interpreter.
+
+Standalone on purpose (stdlib + torch only; it must not import the ``probes`` package):
+the parent runs it by file path with the interpreter that owns torch, with
+``NCCL_DEBUG=WARN``, under a deadline, in its own session.
+
+It imports torch, asks whether this build has NCCL (``torch.distributed.is_nccl_available()``
+and ``torch._C._nccl_version``), places one tensor per visible GPU (GPU ``i`` plays rank
+``i``: ``contribution(i)``), runs ``torch.cuda.nccl.all_reduce`` on them, synchronises,
+and checks every result exactly with ``verify`` (the sum of the contributions is exact in
+float32). ``--backend gloo --world N --rank R --init URL`` runs the same contribution and
+``verify`` through a real ``torch.distributed`` gloo group on the CPU (how the checking
+code is tested without a GPU). It prints exactly ONE line on stdout,
+``HEALTHCHECK-NCCL-RESULT {json}``; NCCL's own warnings go to stderr, which the parent reads.
+
+Command-line equivalent::
+
+    NCCL_DEBUG=WARN python3 nccl_worker.py
+
+Keep this file compatible with old interpreters (3.6+): images carry their own.
+"""
+
+import json
+import os
+import sys
+import time
+
+PREFIX = "HEALTHCHECK-NCCL-RESULT "
+PHASE = "HEALTHCHECK-NCCL-PHASE "
+SCHEMA = 1
+LENGTH = 1 << 16  # elements per tensor (256 KiB of float32): several NCCL chunks, trivial for a GPU
+MAX_TEXT = 400
+
+
+def phase(name):
+    sys.stderr.write(PHASE + name + "\n")
+    sys.stderr.flush()
+
+
+def contribution(torch, rank, length=LENGTH):
+    """What rank ``rank`` adds: (rank + 1) * (1 + i % 7), so a mixed-up or missing rank shows."""
+    pattern = torch.arange(length, dtype=torch.int64) % 7 + 1
+    return (pattern * (rank + 1)).to(torch.float32)
+
+
+def expected(torch, world, length=LENGTH):
+    """The exact all-reduce (sum) of every rank's contribution."""
+    pattern = torch.arange(length, dtype=torch.int64) % 7 + 1
+    return (pattern * (world * (world + 1) // 2)).to(torch.float32)
+
+
+def verify(torch, tensors, world):
+    """(number of tensors that differ from the exact sum, largest absolute difference)."""
+    want = expected(torch, world, tensors[0].numel() if tensors else LENGTH)
+    bad, worst = 0, 0.0
+    for t in tensors:
+        got = t.detach().to("cpu").to(torch.float64)
+        diff = (got - want.to(torch.float64)).abs()
+        err = float(diff.max().item()) if diff.numel() else 0.0
+        if got.shape != want.shape or not torch.equal(got, want.to(torch.float64)):
+            bad += 1
+        if err != err:  # NaN
+            err = float("inf")
+        worst = max(worst, err)
+    return bad, worst
+
+
+def error(kind, exc):
+    message = str(exc).strip().replace("\n", " ")[:MAX_TEXT]
+    return {"kind": kind, "type": type(exc).__name__, "message": message}
+
+
+def parse_args(argv):
+    import argparse
+
+    p = argparse.ArgumentParser(description="NCCL health worker")
+    p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--init", default=None)
+    return p.parse_args(argv)
+
+
+def new_report(args):
+    return {"v": SCHEMA, "backend": args.backend, "torch": None, "nccl": None, "count": None,
+            "ms": None, "bad": None, "max_err": None, "error": None}
+
+
+def nccl_version(torch):
+    raw = getattr(torch._C, "_nccl_version", None)
+    if raw is None:
+        return None
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:
+        return None
+    if isinstance(v, tuple):
+        return ".".join(str(x) for x in v)
+    v = int(v)  # old torch: 21805 -> 2.18.5
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else str(v)
+
+
+def run_nccl(torch, report):
+    phase("nccl")
+    built = False
+    try:
+        import torch.distributed as dist
+
+        built = bool(dist.is_available() and dist.is_nccl_available())
+    except Exception:
+        built = False
+    report["nccl"] = nccl_version(torch)
+    if not built or report["nccl"] is None:
+        report["error"] = {"kind": "no-nccl", "type": "NotBuilt", "message": "this torch build has no NCCL"}
+        return
+    phase("init")
+    if not torch.cuda.is_available():
+        report["error"] = {"kind": "cuda-unavailable", "type": "NoCuda",
+                           "message": "torch.cuda.is_available() is False"}
+        return
+    count = int(torch.cuda.device_count())
+    report["count"] = count
+    phase("place")
+    tensors = [contribution(torch, i).to(torch.device("cuda", i)) for i in range(count)]
+    for i in range(count):
+        torch.cuda.synchronize(i)
+    phase("allreduce")
+    start = time.perf_counter()
+    torch.cuda.nccl.all_reduce(tensors)
+    for i in range(count):
+        torch.cuda.synchronize(i)
+    report["ms"] = round((time.perf_counter() - start) * 1000.0, 3)
+    phase("verify")
+    report["bad"], report["max_err"] = verify(torch, tensors, count)
+
+
+def run_gloo(torch, args, report):
+    import torch.distributed as dist
+
+    phase("init")
+    dist.init_process_group("gloo", init_method=args.init, world_size=args.world, rank=args.rank)
+    try:
+        report["count"] = args.world
+        t = contribution(torch, args.rank)
+        phase("allreduce")
+        start = time.perf_counter()
+        dist.all_reduce(t)
+        report["ms"] = round((time.perf_counter() - start) * 1000.0, 3)
+        phase("verify")
+        report["bad"], report["max_err"] = verify(torch, [t], args.world)
+    finally:
+        dist.destroy_process_group()
+
+
+def work(args, report):
+    phase("import")
+    try:
+        import torch
+    except Exception as exc:
+        report["error"] = error("import", exc)
+        return
+    report["torch"] = str(getattr(torch, "__version__", "?"))
+    try:
+        if args.backend == "gloo":
+            run_gloo(torch, args, report)
+        else:
+            run_nccl(torch, report)
+    except Exception as exc:
+        report["error"] = error("collective", exc)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    result_fd = os.dup(1)
+    os.dup2(2, 1)
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    phase("start")
+    report = new_report(args)
+    try:
+        work(args, report)
+    except Exception as exc:
+        report["error"] = error("worker", exc)
+    line = PREFIX + json.dumps(report, sort_keys=True) + "\n"
+    os.write(result_fd, line.encode("utf-8"))
+    sys.stderr.flush()
+    os._exit(0)  # NCCL's and CUDA's exit handlers can hang after a failed collective
+
+
+if __name__ == "__main__":
+    main()
