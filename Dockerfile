@@ -34,7 +34,7 @@ RUN python3 -m pip install --no-cache-dir "jupyterlab==${JUPYTERLAB_VERSION}"
 # user can break it; it never imports torch itself (HEALTHCHECK_TORCH_PYTHON, default
 # python3 on PATH, runs the tensor op). The front door finds <its dir>/.venv/bin/python.
 # The `serve` extra brings prometheus-client for `healthcheck serve` (the http overlay).
-COPY pyproject.toml setup.cfg /opt/healthcheck/
+COPY pyproject.toml /opt/healthcheck/
 COPY probes/ /opt/healthcheck/probes/
 COPY healthcheck /opt/healthcheck/healthcheck
 RUN python3 -m venv /opt/healthcheck/.venv \
