@@ -10,6 +10,16 @@
 ARG BASE_IMAGE=pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
 FROM ${BASE_IMAGE}
 
+# OCI image annotations (github.com/opencontainers/image-spec, annotations.md): what this
+# image is, which version, and what it was built on. VERSION follows probes/__init__.py.
+ARG BASE_IMAGE
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="gpu-dev" \
+      org.opencontainers.image.description="GPU development image: PyTorch + CUDA, JupyterLab and SSH, with health checks for Docker and Kubernetes" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}"
+
 ARG JUPYTERLAB_VERSION=4.6.4
 ARG DEV_USER=dev
 ARG DEV_UID=1000
@@ -53,8 +63,11 @@ RUN chmod 0755 /usr/local/bin/gpu-dev-entrypoint \
 # Global, so the health check (which runs with the image's environment, not the
 # entrypoint's) finds the server's jpserver-<pid>.json. DEV_USER tells the entrypoint whom
 # Jupyter runs as; the container itself starts as root because sshd needs it.
+# HEALTHCHECK_SERVE=true makes the entrypoint start and supervise `healthcheck serve`
+# (HTTP probes and metrics on HEALTHCHECK_SERVE_PORT, 8779) beside sshd and Jupyter.
 ENV JUPYTER_RUNTIME_DIR=/run/jupyter \
-    DEV_USER=${DEV_USER}
+    DEV_USER=${DEV_USER} \
+    HEALTHCHECK_SERVE=false
 
 EXPOSE 22 8888
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Summary: start sshd and Jupyter in the GPU dev image, and stop both cleanly
+# Summary: start sshd and Jupyter (and healthcheck serve when asked) in the GPU dev image, and stop them cleanly
 #
 # Usage: gpu-dev-entrypoint [COMMAND [ARG...]]
 #   Without a command: generate SSH host keys at the first start, run sshd (keys only,
 #   no root login) and Jupyter (lab, or server when lab is absent) as the non-root user,
-#   with a token. A TERM or INT (docker stop; tini forwards it) stops both.
+#   with a token; with HEALTHCHECK_SERVE=true also `healthcheck serve` (HTTP probes and
+#   metrics) as root, like the exec probes. A TERM or INT (docker stop; tini forwards it)
+#   stops them all.
 #   With a command: run it instead (e.g. `docker run -it IMAGE bash`).
 #
 # Environment:
@@ -13,6 +15,8 @@
 #   JUPYTER_TOKEN              the Jupyter token; generated when unset (never disabled, never logged)
 #   JUPYTER_PORT               Jupyter's port (default 8888); JUPYTER_RUNTIME_DIR is set by the image
 #   DEV_USER                   the user Jupyter runs as and SSH logs in to (default: the image's)
+#   HEALTHCHECK_SERVE          true/false (1/0, yes/no, on/off; default false): run `healthcheck serve`
+#                              too (it reads HEALTHCHECK_SERVE_HOST, HEALTHCHECK_SERVE_PORT, ...)
 set -euo pipefail
 [ -n "${ENTRYPOINT_DEBUG:-}" ] && set -x
 
@@ -28,6 +32,13 @@ abort() {
 if [ "$#" -gt 0 ]; then
   exec "$@"
 fi
+
+# The suite's boolean grammar (probes/config.py): anything else is a configuration error.
+case "$(printf '%s' "${HEALTHCHECK_SERVE:-false}" | tr '[:upper:]' '[:lower:]')" in
+  1 | true | yes | on) serve=1 ;;
+  0 | false | no | off | "") serve= ;;
+  *) abort "HEALTHCHECK_SERVE=${HEALTHCHECK_SERVE:0:40}: expected true or false (1/0, yes/no, on/off)" ;;
+esac
 
 [ "$(id -u)" -eq 0 ] || abort "must start as root (sshd needs it; Jupyter drops to ${DEV_USER:-dev}): remove --user"
 
@@ -93,16 +104,17 @@ else
   abort "neither jupyter-lab nor jupyter-server is on PATH: install jupyterlab into the image's Python"
 fi
 
-# --- Run both, stop both ---------------------------------------------------------------------
+# --- Run them all, stop them all ---------------------------------------------------------------
 sshd_pid=
 jupyter_pid=
+serve_pid=
 
 # shellcheck disable=SC2329  # invoked through the trap below
 stop() {
   trap - TERM INT
-  log "stopping sshd and jupyter"
+  log "stopping sshd, jupyter${serve:+ and healthcheck serve}"
   # shellcheck disable=SC2086  # the pids are numbers or empty
-  kill -TERM $sshd_pid $jupyter_pid 2>/dev/null || true
+  kill -TERM $sshd_pid $jupyter_pid $serve_pid 2>/dev/null || true
   wait || true
   exit 0
 }
@@ -123,9 +135,19 @@ log "sshd started (pid $sshd_pid)"
 jupyter_pid=$!
 log "jupyter $app started as $user on port $port (pid $jupyter_pid)"
 
+# serve answers the kubelet's httpGet probes; it runs as root like the exec probes (it reads
+# Jupyter's runtime directory and ends what its runs leave behind), with the image's
+# environment. If it ends, /livez stops answering and the kubelet restarts the container.
+if [ -n "$serve" ]; then
+  healthcheck serve &
+  serve_pid=$!
+  log "healthcheck serve started (pid $serve_pid)"
+fi
+
 # A service that ends is reported by the health check (the container becomes unhealthy)
-# rather than stopping the container; the entrypoint ends when both have ended.
+# rather than stopping the container; the entrypoint ends when all have ended.
 declare -A names=(["$sshd_pid"]=sshd ["$jupyter_pid"]=jupyter)
+[ -z "$serve_pid" ] || names["$serve_pid"]="healthcheck serve"
 while [ "${#names[@]}" -gt 0 ]; do
   ended=
   status=0
@@ -134,4 +156,4 @@ while [ "${#names[@]}" -gt 0 ]; do
   log "${names[$ended]} (pid $ended) ended with status $status; the health check will report it"
   unset "names[$ended]"
 done
-abort "sshd and jupyter have both ended"
+abort "sshd, jupyter${serve:+ and healthcheck serve} have all ended"

@@ -20,7 +20,12 @@ them safe (README.md, "Kubernetes", "Probe timings"):
   deadline;
 - liveness is no deeper than readiness (no GPU call, no longer deadline or timeout) and
   more tolerant (it gives up only after readiness has);
-- nothing in the container environment overrides the per-profile deadline or profile.
+- nothing in the container environment overrides the per-profile deadline or profile;
+- the container is locked down as far as sshd and Jupyter allow: a securityContext with no
+  privilege escalation, not privileged, all capabilities dropped but the ones sshd needs
+  (SSHD_CAPABILITIES), a RuntimeDefault (or Localhost) seccomp profile; the pod mounts no
+  service-account token; the image is pinned (a tag other than latest, or a digest); the
+  workload and its pods carry the recommended app.kubernetes.io/* labels.
 
 Command line:
     python k8s/check_probes.py                       # k8s/base and k8s/overlays/http
@@ -73,6 +78,14 @@ POD_KINDS = {"Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job
 # Settings that apply to all three probes at once and would override the per-profile ones.
 FORBIDDEN_ENV = ("HEALTHCHECK_TIMEOUT", "HEALTHCHECK_PROFILE")
 HARDWARE = {s.name for s in registry.PROBES if s.layer == "hardware"}
+# What sshd and the entrypoint need as root (each is explained in k8s/base/deployment.yaml);
+# all within the Pod Security "baseline" level. Anything else must be dropped.
+SSHD_CAPABILITIES = frozenset({"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "SYS_CHROOT", "KILL",
+                               "NET_BIND_SERVICE", "AUDIT_WRITE"})
+SECCOMP_TYPES = ("RuntimeDefault", "Localhost")
+RECOMMENDED_LABELS = tuple(f"app.kubernetes.io/{k}" for k in
+                           ("name", "instance", "version", "component", "part-of", "managed-by"))
+TRUE = ("1", "true", "yes", "on")
 
 
 class UsageError(Exception):
@@ -206,14 +219,23 @@ def _argv_profile(argv: Sequence[str]) -> tuple[bool, str | None, list[str]]:
 
 
 def serve_ports(pod: dict[str, Any]) -> dict[int, str]:
-    """Ports on which something in the pod runs `healthcheck serve --port N`: port -> where."""
+    """Ports on which something in the pod runs `healthcheck serve`: port -> where.
+
+    Either the image's entrypoint starts it (HEALTHCHECK_SERVE=true, the container's own
+    command left alone; HEALTHCHECK_SERVE_PORT or serve's default port), or a container's
+    command runs `healthcheck serve --port N`. A postStart hook does not count: nothing
+    would supervise what it leaves running.
+    """
+    from probes.serve import settings
+
     found: dict[int, str] = {}
     containers = list(pod.get("containers") or []) + list(pod.get("initContainers") or [])
     for c in containers:
+        env = {e.get("name"): str(e.get("value", "")) for e in c.get("env") or []}
+        if env.get("HEALTHCHECK_SERVE", "").strip().lower() in TRUE and not c.get("command"):
+            port = env.get("HEALTHCHECK_SERVE_PORT", "").strip()
+            found[int(port) if port.isdigit() else settings.DEFAULT_PORT] = f"container {c.get('name', '?')}"
         commands = [list(c.get("command") or []) + list(c.get("args") or [])]
-        for hook in ("postStart",):
-            handler = ((c.get("lifecycle") or {}).get(hook) or {}).get("exec") or {}
-            commands.append(list(handler.get("command") or []))
         for argv in commands:
             text = " ".join(str(a) for a in argv)
             for m in re.finditer(r"healthcheck\s+serve\b([^;&|]*)", text):
@@ -262,7 +284,8 @@ def probe_problems(where: str, probe_field: str, probe: dict[str, Any], containe
                        f"(add it to ports with that name)")
         elif port not in served:
             out.append(f"{where}: httpGet port {port} but nothing in the pod runs "
-                       f"'healthcheck serve --port {port}'")
+                       f"'healthcheck serve --port {port}' (set HEALTHCHECK_SERVE=true and "
+                       f"HEALTHCHECK_SERVE_PORT={port}: the image's entrypoint starts and supervises it)")
     else:
         out.append(f"{where}: is a {handlers[0]} probe; use exec 'healthcheck --profile {expected}' or "
                    f"httpGet {HTTP_PATHS[expected]} (an open port does not prove a working server)")
@@ -409,18 +432,75 @@ def _gpu_count(where: str, container: dict[str, Any]) -> list[str]:
     return []
 
 
+def security_problems(where: str, container: dict[str, Any], pod: dict[str, Any]) -> list[str]:
+    """The container as locked down as sshd and Jupyter allow, and its image pinned."""
+    out: list[str] = []
+    sc = container.get("securityContext")
+    if not isinstance(sc, dict):
+        out.append(f"{where}: has no securityContext: set allowPrivilegeEscalation: false, "
+                   f"capabilities drop [ALL] (add only {', '.join(sorted(SSHD_CAPABILITIES))}) and "
+                   f"seccompProfile RuntimeDefault (see k8s/base/deployment.yaml)")
+        sc = {}
+    else:
+        if sc.get("privileged") is True:
+            out.append(f"{where}: securityContext.privileged is true: remove it (the GPU comes through the "
+                       f"nvidia RuntimeClass and the device plugin, not privilege)")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{where}: securityContext.allowPrivilegeEscalation is not false: set it (sshd and "
+                       f"the entrypoint only lower their privileges)")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            out.append(f"{where}: securityContext.capabilities.drop does not include ALL: drop ALL and add "
+                       f"back only what sshd needs")
+        extra = sorted(set(caps.get("add") or []) - SSHD_CAPABILITIES)
+        if extra:
+            out.append(f"{where}: securityContext.capabilities.add has {', '.join(map(str, extra))}, which "
+                       f"sshd and Jupyter do not need: remove it (allowed: "
+                       f"{', '.join(sorted(SSHD_CAPABILITIES))})")
+    seccomp = (sc.get("seccompProfile") or (pod.get("securityContext") or {}).get("seccompProfile") or {})
+    if seccomp.get("type") not in SECCOMP_TYPES:
+        out.append(f"{where}: no RuntimeDefault seccomp profile (container or pod securityContext."
+                   f"seccompProfile.type is {seccomp.get('type')!r}): set it to RuntimeDefault")
+    if pod.get("automountServiceAccountToken") is not False:
+        out.append(f"{where}: the pod mounts a service-account token: set automountServiceAccountToken: "
+                   f"false (nothing in the container calls the API server; a notebook could read it)")
+    image = str(container.get("image", ""))
+    name = image.rsplit("/", 1)[-1]
+    if "@" not in name and (":" not in name or name.rsplit(":", 1)[1] == "latest"):
+        out.append(f"{where}: image {image!r} is not pinned: use a version tag or a digest, never latest "
+                   f"(set it in kustomization.yaml's images)")
+    return out
+
+
+def label_problems(where: str, doc: dict[str, Any]) -> list[str]:
+    out = []
+    spots = [("metadata", doc.get("metadata") or {})]
+    if doc.get("kind") != "Pod":
+        spots.append(("pod template", ((doc.get("spec") or {}).get("template") or {}).get("metadata") or {}))
+    for what, meta in spots:
+        missing = [k for k in RECOMMENDED_LABELS if k not in (meta.get("labels") or {})]
+        if missing:
+            out.append(f"{where}: {what} lacks the recommended labels {', '.join(missing)}: add them")
+    return out
+
+
 def policy_problems(docs: Sequence[dict[str, Any]], where: str,
                     cold_start: float = COLD_START_SECONDS) -> list[str]:
     out: list[str] = []
     probed = 0
     for doc in docs:
         for pod in pod_specs(doc):
+            covered = False
             for c in pod.get("containers") or []:
                 if not any(c.get(f) is not None for f in PROBE_FIELDS) and not _runs_healthcheck(c):
                     continue  # a container that the health check does not cover (a sidecar)
                 probed += 1
-                out.extend(container_problems(f"{where}: {name_of(doc)} container {c.get('name', '?')}",
-                                              c, pod, cold_start))
+                covered = True
+                at = f"{where}: {name_of(doc)} container {c.get('name', '?')}"
+                out.extend(container_problems(at, c, pod, cold_start))
+                out.extend(security_problems(at, c, pod))
+            if covered:
+                out.extend(label_problems(f"{where}: {name_of(doc)}", doc))
     if not probed:
         out.append(f"{where}: no container with health probes (expected startup, readiness and liveness "
                    f"probes running healthcheck)")

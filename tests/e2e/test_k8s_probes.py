@@ -280,20 +280,29 @@ def test_hung_gpu_fails_readiness_not_liveness(start_container: Any, tmp_path: P
     assert not leftovers, f"the hung nvidia-smi outlived its probe runs: {leftovers}"
 
 
-def test_http_overlay_serve_started_by_the_hook(start_container: Any) -> None:
-    """The http overlay: the postStart hook starts serve, the kubelet's httpGet reaches it.
+def security_args(c: dict[str, Any]) -> list[str]:
+    """The container's securityContext as `docker run` options (RuntimeDefault seccomp is Docker's
+    default profile), so the container runs as locked down as the manifest has it."""
+    sc = c.get("securityContext") or {}
+    caps = sc.get("capabilities") or {}
+    args = [f"--cap-drop={x}" for x in caps.get("drop") or []] + [f"--cap-add={x}" for x in caps.get("add") or []]
+    if sc.get("allowPrivilegeEscalation") is False:
+        args += ["--security-opt", "no-new-privileges"]
+    assert (sc.get("seccompProfile") or {}).get("type") in (None, "RuntimeDefault")
+    return args
+
+
+def test_http_overlay_serve_started_by_the_entrypoint(start_container: Any) -> None:
+    """The http overlay: the image's entrypoint starts serve (HEALTHCHECK_SERVE=true), the
+    kubelet's httpGet reaches it, and it runs with the manifest's capabilities and no_new_privs.
 
     serve runs its profiles on its own real-time schedule (HEALTHCHECK_SERVE_INTERVAL from
     the manifest), so here the kubelet's polls are scaled by HTTP_SCALE and only the number
     of failed polls, not clock times, is compared.
     """
     probes, manifest_env, c = rendered("k8s/overlays/http")
-    hook = tuple(c["lifecycle"]["postStart"]["exec"]["command"])
-    container = start_container(env={**manifest_env, **CPU_ENV}, healthcheck=False)
-    # The kubelet runs the hook right after the container starts and waits for it to return.
-    done = subprocess.run(["docker", "exec", container, *hook], capture_output=True, text=True,
-                          timeout=30, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert "lifecycle" not in c and manifest_env["HEALTHCHECK_SERVE"] == "true"
+    container = start_container(*security_args(c), env={**manifest_env, **CPU_ENV}, healthcheck=False)
 
     wait_started(container, probes, scale=HTTP_SCALE)
     ready = Worker(probes["readinessProbe"], 0.0)
@@ -318,3 +327,20 @@ def test_http_overlay_serve_started_by_the_hook(start_container: Any) -> None:
     assert [a.rc for a in live.attempts if not a.ok] == [503] * live.probe.threshold, log
     assert all("jupyter" in a.output.lower() for a in ready.attempts + live.attempts if not a.ok), log
     assert not any(a.timed_out for a in ready.attempts + live.attempts), log
+    # sshd kept passing under the dropped capabilities (the API server's verbose form says which
+    # check failed); docker stop ends serve with the rest.
+    url = f"http://{pod_ip(container)}:{ready.probe.port}/readyz?verbose"
+    try:
+        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=10)
+        raise AssertionError("readiness passed with Jupyter stopped")
+    except urllib.error.HTTPError as exc:
+        verbose = exc.read().decode(errors="replace").splitlines()
+    assert "[+]ssh ok" in verbose and any(line.startswith("[-]jupyter failed") for line in verbose), verbose
+    assert verbose[-1] == "readyz check failed", verbose
+    stopped = subprocess.run(["docker", "stop", "-t", "20", container], capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert stopped.returncode == 0, stopped.stderr
+    logs = subprocess.run(["docker", "logs", container], capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert "healthcheck serve started" in logs.stderr and "stopping sshd, jupyter and healthcheck serve" in (
+        logs.stderr), logs.stderr[-2000:]

@@ -66,8 +66,11 @@ def test_http_overlay_replaces_every_handler() -> None:
         assert "exec" not in c[field], f"{field} kept the base's exec handler"
         assert c[field]["httpGet"] == {"path": path, "port": "health"}
     assert {"name": "health", "containerPort": 8779, "protocol": "TCP"} in c["ports"]
-    assert "healthcheck serve --host 0.0.0.0 --port 8779" in " ".join(
-        c["lifecycle"]["postStart"]["exec"]["command"])
+    # The image's entrypoint starts and supervises serve; no unsupervised postStart shell.
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["HEALTHCHECK_SERVE"] == "true" and env["HEALTHCHECK_SERVE_PORT"] == "8779"
+    assert env["HEALTHCHECK_SERVE_HOST"] == "0.0.0.0"
+    assert "lifecycle" not in c and "command" not in c
 
 
 def test_cli_passes_on_the_real_manifests() -> None:
@@ -240,7 +243,7 @@ def test_strategic_merge_patch_keeps_two_handlers(checker: ModuleType, k8s_copy:
 def test_http_probe_without_serve(checker: ModuleType, k8s_copy: Path) -> None:
     overlay = k8s_copy / "overlays" / "http"
     ops = yaml.safe_load((overlay / "probes-http.yaml").read_text())
-    ops = [op for op in ops if not op["path"].endswith("/lifecycle")]
+    ops = [op for op in ops if (op.get("value") or {}).get("name") != "HEALTHCHECK_SERVE"]
     (overlay / "probes-http.yaml").write_text(yaml.safe_dump(ops))
     problems = checker.check(overlay)
     assert any("livenessProbe: httpGet port 8779 but nothing in the pod runs 'healthcheck serve --port 8779'"
@@ -284,3 +287,86 @@ def test_rendered_file_input(checker: ModuleType, tmp_path: Path) -> None:
     out.write_text("kind: [unclosed\n")
     [problem] = checker.check(out)
     assert "not valid YAML" in problem
+
+
+# --- security: as strict as sshd and Jupyter allow ---------------------------------------------
+
+def test_base_is_locked_down() -> None:
+    for rel in ("k8s/base", "k8s/overlays/http"):
+        dep = deployment(ROOT / rel)
+        pod = dep["spec"]["template"]["spec"]
+        sc = container(dep)["securityContext"]
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert set(sc["capabilities"]["add"]) <= {"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID",
+                                                  "SYS_CHROOT", "KILL", "NET_BIND_SERVICE", "AUDIT_WRITE"}
+        assert not container(dep)["image"].endswith(":latest")
+        for meta in (dep["metadata"], dep["spec"]["template"]["metadata"]):
+            assert meta["labels"]["app.kubernetes.io/version"] == container(dep)["image"].rsplit(":", 1)[1]
+
+
+def test_copy_without_security_context_fails(checker: ModuleType, edit_deployment: Any) -> None:
+    base = edit_deployment(lambda c: c.pop("securityContext"))
+    problems = checker.check(base)
+    assert any("has no securityContext: set allowPrivilegeEscalation: false" in p for p in problems), problems
+    done = subprocess.run([*CLI, str(base)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "has no securityContext" in done.stdout
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    (lambda sc: sc.update(allowPrivilegeEscalation=True), "allowPrivilegeEscalation is not false"),
+    (lambda sc: sc.update(privileged=True), "securityContext.privileged is true"),
+    (lambda sc: sc["capabilities"]["add"].append("SYS_ADMIN"), "capabilities.add has SYS_ADMIN"),
+    (lambda sc: sc["capabilities"].update(drop=["NET_RAW"]), "capabilities.drop does not include ALL"),
+])
+def test_loosened_security_context_fails(checker: ModuleType, edit_deployment: Any, change: Any,
+                                         needle: str) -> None:
+    problems = checker.check(edit_deployment(lambda c: change(c["securityContext"])))
+    assert any(needle in p for p in problems), problems
+
+
+def _edit_pod(k8s_copy: Path, change: Any) -> Path:
+    path = k8s_copy / "base" / "deployment.yaml"
+    doc = yaml.safe_load(path.read_text())
+    change(doc)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return k8s_copy / "base"
+
+
+def test_token_seccomp_and_labels_are_required(checker: ModuleType, k8s_copy: Path) -> None:
+    def loosen(doc: dict[str, Any]) -> None:
+        pod = doc["spec"]["template"]["spec"]
+        del pod["automountServiceAccountToken"], pod["securityContext"]
+        del pod["containers"][0]["securityContext"]["seccompProfile"]
+        del doc["metadata"]["labels"]["app.kubernetes.io/version"]
+    problems = checker.check(_edit_pod(k8s_copy, loosen))
+    for needle in ("set automountServiceAccountToken: false", "no RuntimeDefault seccomp profile",
+                   "metadata lacks the recommended labels app.kubernetes.io/version"):
+        assert any(needle in p for p in problems), (needle, problems)
+
+
+@pytest.mark.parametrize(("image", "ok"), [("gpu-dev:latest", False), ("registry.example.com:5000/gpu-dev", False),
+                                           ("gpu-dev:1.2.3", True), ("gpu-dev@sha256:" + "a" * 64, True)])
+def test_image_must_be_pinned(checker: ModuleType, tmp_path: Path, image: str, ok: bool) -> None:
+    docs = render(K8S / "base")
+    for d in docs:
+        if d["kind"] == "Deployment":
+            container(d)["image"] = image
+    out = tmp_path / "all.yaml"
+    out.write_text(yaml.safe_dump_all(docs))
+    problems = [p for p in checker.check(out) if "is not pinned" in p]
+    assert (problems == []) == ok, problems
+
+
+def test_serve_in_a_post_start_hook_is_not_supervised(checker: ModuleType, k8s_copy: Path) -> None:
+    overlay = k8s_copy / "overlays" / "http"
+    ops = yaml.safe_load((overlay / "probes-http.yaml").read_text())
+    ops = [op for op in ops if (op.get("value") or {}).get("name") != "HEALTHCHECK_SERVE"]
+    ops.append({"op": "add", "path": "/spec/template/spec/containers/0/lifecycle", "value": {"postStart": {
+        "exec": {"command": ["sh", "-c", "nohup healthcheck serve --host 0.0.0.0 --port 8779 &"]}}}})
+    (overlay / "probes-http.yaml").write_text(yaml.safe_dump(ops))
+    problems = checker.check(overlay)
+    assert any("nothing in the pod runs 'healthcheck serve --port 8779' (set HEALTHCHECK_SERVE=true" in p
+               for p in problems), problems
