@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 TERM_GRACE = 0.15  # seconds between SIGTERM and SIGKILL
 KILL_WAIT = 0.15  # seconds we wait for what we killed to vanish after SIGKILL
 SWEEP_TIME = 0.1  # seconds the freeze-then-kill passes may take at most (a fork storm; usually ~5 ms)
-SWEEP_PASSES = 50  # and at most this many passes
+SWEEP_PASSES = 200  # and at most this many passes
 DRAIN_AFTER_EXIT = 0.05  # output still in the pipe after the child exits
 MAX_OUTPUT = 64 * 1024  # stdout kept, by default (run's max_output)
 MAX_STDERR = 64 * 1024  # stderr kept; the rest is dropped without making the result "truncated"
@@ -53,7 +53,6 @@ LINGER = 1.0  # seconds a child gets to exit once ``until`` says its answer is c
 RUN_ID_VAR = "HEALTHCHECK_RUN_ID"
 MAX_RUN_IDS = 16  # markers of enclosing runs kept (serve -> CLI -> tool is 2 deep)
 PR_SET_CHILD_SUBREAPER = 36
-BLANK_WAIT = 0.05  # seconds an empty environment may be an execve in progress (look again)
 
 
 class Completed(NamedTuple):
@@ -110,13 +109,14 @@ class _Child:
 
 
 DEAD = (b"Z", b"X")
+STOPPED = (b"T", b"t")
 _lock = _thread.allocate_lock()
 _children: dict[int, _Child] = {}  # pid -> child started by spawn() (proc.run, serve's watcher)
 _killed: dict[int, int] = {}  # pid -> start time: killed by a sweep, reaped here once it is our zombie
 _reaper_pid: int | None = None  # the pid that asked to be the subreaper (a fork child is not one)
 _reaper_ok = False
 _ids = itertools.count(1)
-_blank: dict[int, tuple[int, float]] = {}  # pid -> (start, first seen) of an empty environment
+_blank: dict[int, int] = {}  # pid -> start of a process seen stopped with an empty environment
 
 
 def subreaper() -> bool:
@@ -232,9 +232,9 @@ def _signal(pids: Iterable[int], sig: int) -> None:
             pass
 
 
-# A selector: the processes of a run (or all of ours) in a process table, and whether
-# some process could not be told apart yet (look again).
-Select = Callable[[Mapping[int, _Proc]], "tuple[set[int], bool]"]
+# A selector: in a process table, the processes of a run (or all of ours), and those it
+# cannot tell yet: pid -> start of each whose environment is empty (in execve, or env -i).
+Select = Callable[[Mapping[int, _Proc]], "tuple[set[int], dict[int, int]]"]
 
 
 def _of_run(root: int, child: _Child | None) -> Select:
@@ -246,13 +246,13 @@ def _of_run(root: int, child: _Child | None) -> Select:
     run_id = child.run_id.encode() if child is not None else None
     root_start = child.start if child is not None else None
 
-    def select(table: Mapping[int, _Proc]) -> tuple[set[int], bool]:
+    def select(table: Mapping[int, _Proc]) -> tuple[set[int], dict[int, int]]:
         cur = table.get(root)
         # A reused pid is not our child; and while any process is still in the child's
         # group or session, the kernel does not reuse its pid.
         own = cur is None or root_start is None or cur.start == root_start
         seeds = set()
-        unsure = False
+        unsure: dict[int, int] = {}
         for pid, p in table.items():
             if pid == me:
                 continue
@@ -266,8 +266,8 @@ def _of_run(root: int, child: _Child | None) -> Select:
                 carries = _carries(pid, run_id)
                 if carries:
                     seeds.add(pid)
-                elif carries is None:
-                    unsure = _blank_for_now(pid, p.start) or unsure
+                elif carries is None and _blank.get(pid) != p.start:
+                    unsure[pid] = p.start
         for pid in [pid for pid in _blank if pid not in table]:
             _blank.pop(pid, None)
         found = _below(table, seeds)
@@ -277,33 +277,28 @@ def _of_run(root: int, child: _Child | None) -> Select:
     return select
 
 
-def _blank_for_now(pid: int, start: int) -> bool:
-    """An empty environment: true while it may be a process in the middle of execve (look
-    again), false once it stayed empty for BLANK_WAIT (env -i: it carries no marker)."""
-    now = time.monotonic()
-    seen = _blank.get(pid)
-    if seen is None or seen[0] != start:
-        _blank[pid] = (start, now)
-        return True
-    return now - seen[1] < BLANK_WAIT
-
-
-def _of_mine(table: Mapping[int, _Proc]) -> tuple[set[int], bool]:
+def _of_mine(table: Mapping[int, _Proc]) -> tuple[set[int], dict[int, int]]:
     me = os.getpid()
-    return _below(table, [me]) - {me}, False
+    return _below(table, [me]) - {me}, {}
 
 
 def _freeze_and_kill(select: Select, budget: float,
                      seen: dict[int, int] | None = None) -> tuple[dict[int, int], dict[int, _Proc]]:
     """SIGSTOP what ``select`` finds, pass after pass until a pass finds nothing new, then
     SIGKILL it all. A stopped process forks no more and its children stay below it, so
-    once a pass finds nothing new, nothing of the run is left to find. Bounded by
-    ``budget`` seconds and SWEEP_PASSES. ``seen``: pid -> start of processes killed
-    before (not new; updated). Returns pid -> start of those killed now, and the last
-    process table read."""
+    once a pass finds nothing new, nothing of the run is left to find.
+
+    A process that ``select`` cannot tell yet (its environment is empty: it is in the
+    middle of execve) is stopped too, which it does once execve is done; then its new
+    environment says whether it is ours. One that is still empty (env -i) is let go on
+    (SIGCONT) and not stopped again. Bounded by ``budget`` seconds and SWEEP_PASSES.
+    ``seen``: pid -> start of processes killed before (not new; updated). Returns pid ->
+    start of those killed now, and the last process table read.
+    """
     limit = time.monotonic() + budget
     seen = {} if seen is None else seen
     killed: dict[int, int] = {}
+    checking: dict[int, int] = {}  # stopped to read their environment once execve is done
     table: dict[int, _Proc] = {}
     try:
         for _ in range(SWEEP_PASSES):
@@ -311,18 +306,40 @@ def _freeze_and_kill(select: Select, budget: float,
             found, unsure = select(table)
             new = {pid: table[pid].start for pid in found
                    if table[pid].state not in DEAD and seen.get(pid) != table[pid].start}
-            if not new:
-                if not unsure or time.monotonic() >= limit:
-                    break
-                time.sleep(0.001)  # an orphan in the middle of execve: its environment comes
-                continue
-            _signal(new, signal.SIGSTOP)
-            killed.update(new)
-            seen.update(new)
+            for pid, start in list(checking.items()):
+                p = table.get(pid)
+                if p is None or p.start != start or p.state in DEAD or pid in found:
+                    del checking[pid]  # gone, or ours after all (stopped: killed below)
+                elif pid not in unsure or p.state in STOPPED:
+                    # An environment without our marker, or still none once execve is
+                    # done (env -i): not ours. Let it go on.
+                    if pid in unsure:
+                        _blank[pid] = start
+                    del checking[pid]
+                    _signal([pid], signal.SIGCONT)
+            probe = {}
+            for pid, start in unsure.items():
+                if pid in checking:
+                    continue
+                if table[pid].state in STOPPED:
+                    _blank[pid] = start  # stopped by someone else, so not in execve: not ours
+                else:
+                    probe[pid] = start
+            _signal(probe, signal.SIGSTOP)
+            checking.update(probe)
+            if new:
+                _signal(new, signal.SIGSTOP)
+                killed.update(new)
+                seen.update(new)
+            elif not checking:
+                break
             if time.monotonic() >= limit:
                 break
+            if not new:
+                time.sleep(0.002)  # for an execve to end
     finally:
         _signal(killed, signal.SIGKILL)
+        _signal([pid for pid in checking if pid not in killed], signal.SIGCONT)
     return killed, table
 
 

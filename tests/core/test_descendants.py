@@ -130,29 +130,39 @@ def test_this_process_is_the_subreaper_and_children_carry_a_run_marker(monkeypat
 
 FINAL_SWEEP = """
 import os, sys, time
+import psutil
 from probes import proc
 from tests.servers import leftovers
 marker, tool = sys.argv[1], sys.argv[2]
 res = proc.run([tool], deadline=time.monotonic() + 10)
 time.sleep(0.3)
-before = [p.info["cmdline"] for p in leftovers(marker) if p.pid != os.getpid()]
+before = [p for p in leftovers(marker) if p.pid != os.getpid()]
+# A later run looks at the stranger (an empty environment), lets it go on, and is not slowed.
+t = time.monotonic()
+later = proc.run(["true"], deadline=time.monotonic() + 10)
+later_took = time.monotonic() - t
+running = all(p.status() != psutil.STATUS_STOPPED for p in before)
 ended = proc.end_descendants(grace=0.2)
-print(res.returncode, len(before), ended, before, file=sys.stderr)
-print(res.returncode, len(before), ended)
+print([p.info["cmdline"] for p in before], later_took, file=sys.stderr)
+print(res.returncode, len(before), ended, int(later.ok and running), later_took)
 """
 
 
 def test_end_descendants_is_the_final_sweep(marker, tmp_path):
     """A daemon that drops the run marker from its environment (env -i) after a double
-    fork escapes the run's sweep; the final sweep of the exiting process ends it."""
-    hidden = (f"setsid bash -c '(env -i bash -c \"exec -a $0-hidden sleep 300\" &) ; exit 0' '{marker}' &\n"
-              "sleep 0.2\nexit 0")
+    fork escapes the run's sweep (and later runs' sweeps leave it running: it is not
+    theirs); the final sweep of the exiting process ends it."""
+    # The daemon's environment is empty: nothing tells it apart.
+    daemon = ('import os, sys\nif os.fork(): os._exit(0)\nos.setsid()\nif os.fork(): os._exit(0)\n'
+              'os.execve("/bin/sleep", [sys.argv[1], "300"], {})')
+    hidden = f"{sys.executable} -I -S -c '{daemon}' '{marker}-hidden' &\nsleep 0.2\nexit 0"
     tool = stub(tmp_path / "tool", "setsid", marker, hidden)
     r = subprocess.run([sys.executable, "-c", FINAL_SWEEP, marker, str(tool)], cwd=ROOT, env=clean_env(),
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr
-    rc, before, ended = (int(x) for x in r.stdout.split())
-    assert rc == 0 and before == 1 and ended >= 1, r.stdout + r.stderr
+    rc, before, ended, later_ok, later_took = r.stdout.split()
+    assert (rc, before, later_ok) == ("0", "1", "1"), r.stdout + r.stderr
+    assert int(ended) >= 1 and float(later_took) < 0.1, r.stdout + r.stderr
     assert _gone(marker) == []
 
 
