@@ -32,6 +32,7 @@ LAYERS = ("hardware", "framework", "services", "drop-in")
 MODULES = (
     "probes.hardware.nvidia_smi",
     "probes.hardware.nvml",
+    "probes.hardware.runtime",
     "probes.framework.torch_cuda",
     "probes.framework.model",
     "probes.framework.nccl",
