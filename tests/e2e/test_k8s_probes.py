@@ -42,6 +42,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.e2e.conftest import docker, exec_in, inspect
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -344,3 +346,30 @@ def test_http_overlay_serve_started_by_the_entrypoint(start_container: Any) -> N
                           check=False)
     assert "healthcheck serve started" in logs.stderr and "stopping sshd, jupyter and healthcheck serve" in (
         logs.stderr), logs.stderr[-2000:]
+
+
+def test_ssh_login_and_jupyter_work_under_the_manifest_security_context(start_container: Any) -> None:
+    """The capabilities the manifest keeps are enough for a real key login and for Jupyter,
+    with no_new_privs on; and the image carries its OCI labels."""
+    _, _, c = rendered("k8s/base")
+    args = security_args(c)
+    keygen = start_container(*args, healthcheck=False, command=(
+        "bash", "-c", "ssh-keygen -q -t ed25519 -N '' -C e2e -f /tmp/k && cat /tmp/k.pub /tmp/k"))
+    docker("wait", keygen)
+    lines = docker("logs", keygen).stdout.splitlines()
+    public, private = lines[0], "\n".join(lines[1:]) + "\n"
+    cid = start_container(*args, healthcheck=False, env={"SSH_AUTHORIZED_KEYS": public})
+    end = time.monotonic() + 90
+    while exec_in(cid, "healthcheck", "--only", "jupyter,ssh", check=False).returncode != 0:
+        assert time.monotonic() < end, docker("logs", cid).stderr[-2000:]
+        time.sleep(1)
+    status = exec_in(cid, "cat", "/proc/1/status").stdout
+    assert "NoNewPrivs:\t1" in status, status
+    exec_in(cid, "bash", "-c", "umask 077 && cat >/tmp/k", input=private)
+    ok = exec_in(cid, "ssh", "-i", "/tmp/k", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                 "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10", "dev@127.0.0.1", "id", "-un",
+                 check=False)
+    assert (ok.returncode, ok.stdout.strip()) == (0, "dev"), ok.stderr
+    image_labels = inspect(docker("inspect", "--format", "{{.Image}}", cid).stdout.strip())["Config"]["Labels"]
+    for key in ("title", "description", "version", "licenses"):
+        assert image_labels.get(f"org.opencontainers.image.{key}"), (key, image_labels)
