@@ -27,7 +27,7 @@ import probes
 from tests.conftest import ROOT, clean_env
 from tests.servers import wait_gone
 
-SOURCES = ("pyproject.toml", "setup.cfg", "README.md", "healthcheck", "probes")
+SOURCES = ("pyproject.toml", "README.md", "healthcheck", "probes")
 HARD_STOP = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE"
 
 

@@ -39,7 +39,7 @@ pytestmark = pytest.mark.e2e
 
 ADOPT = HERE / "adopt"
 TAG = os.environ.get("E2E_ADOPT_IMAGE", "gpu-dev-e2e/adopt:latest")
-SOURCES = ("pyproject.toml", "setup.cfg", "README.md", "healthcheck", "probes")
+SOURCES = ("pyproject.toml", "README.md", "healthcheck", "probes")
 # As in test_image.py: the image's --timeout stays, interval and retries shrink.
 FAST = Health(interval="2s", start_period="60s", start_interval="1s", retries=2)
 
