@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping
 
 from probes import config as cfg
+from probes.hardware import xids
 
 DEFAULT_HOST = "127.0.0.1"
 # 9400 is dcgm-exporter's, 8888 Jupyter's, 8787 Dask's and RStudio's, 6006 TensorBoard's.
@@ -22,10 +23,11 @@ DEFAULT_INTERVALS = {"startup": 5.0, "readiness": 15.0, "liveness": 10.0}
 # A run may take up to its deadline; the monitor's own deadline adds this much to
 # the profile's so the CLI's deadline, not ours, normally ends a slow run.
 RUN_GRACE = 5.0
-# Xids after which the GPU needs a reset or the node a reboot (NVIDIA's Xid catalog).
-DEFAULT_XID_CRITICAL = (48, 64, 74, 79, 95, 119, 120, 140)
-# Xids caused by the application (bad address, illegal instruction...): only a warning.
-DEFAULT_XID_APPLICATION = (13, 31, 43, 45, 68, 94, 109)
+# Xids after which the GPU needs a reset or the node a reboot (NVIDIA's Xid catalog,
+# probes.hardware.xids): they latch. The rest of the catalog (the application's errors,
+# possibly another tenant's, and what it says to ignore) is counted and shown, never latched.
+DEFAULT_XID_CRITICAL = tuple(sorted(x for x in xids.CATALOG if xids.latches(x)))
+DEFAULT_XID_APPLICATION = tuple(sorted(x for x in xids.CATALOG if not xids.latches(x)))
 MAX_INTERVAL = 86400.0
 
 
@@ -42,6 +44,7 @@ class Settings:
     xid_watch: bool = True
     xid_critical: frozenset[int] = frozenset(DEFAULT_XID_CRITICAL)
     xid_application: frozenset[int] = frozenset(DEFAULT_XID_APPLICATION)
+    xid_ignore: frozenset[int] = frozenset()  # counted only: never latched, never a warning
     python: str = sys.executable
     state_dir: str | None = None
     log_file: str | None = None
@@ -139,11 +142,23 @@ def load(environ: Mapping[str, str] | None = None, *, host: str | None = None, p
                 else frozenset(DEFAULT_XID_CRITICAL))
     application = (parse_xids("HEALTHCHECK_XID_APPLICATION", app_raw) if app_raw
                    else frozenset(DEFAULT_XID_APPLICATION))
+    ign_raw = _env(env, "HEALTHCHECK_XID_IGNORE")
+    ignore = parse_xids("HEALTHCHECK_XID_IGNORE", ign_raw) if ign_raw else frozenset()
     both = critical & application
     if both:
         raise cfg.ConfigError(
             f"Xid {min(both)} is in both HEALTHCHECK_XID_CRITICAL and HEALTHCHECK_XID_APPLICATION "
             "(accepted: each Xid in one list at most)")
+    if crit_raw and critical & ignore:
+        raise cfg.ConfigError(
+            f"Xid {min(critical & ignore)} is in both HEALTHCHECK_XID_CRITICAL and HEALTHCHECK_XID_IGNORE "
+            "(accepted: each Xid in one list at most)")
+    if app_raw and application & ignore:
+        raise cfg.ConfigError(
+            f"Xid {min(application & ignore)} is in both HEALTHCHECK_XID_APPLICATION and "
+            "HEALTHCHECK_XID_IGNORE (accepted: each Xid in one list at most)")
+    # An ignored Xid leaves the default lists (HEALTHCHECK_XID_IGNORE=79 stops 79 from latching).
+    critical, application = critical - ignore, application - ignore
     py_raw = _env(env, "HEALTHCHECK_SERVE_PYTHON")
     python = cfg.parse_text("HEALTHCHECK_SERVE_PYTHON", py_raw) if py_raw is not None else sys.executable
     gpu_on = probe_cfgs["readiness"].toggles.get("ENABLE_GPU_CHECK", True)
@@ -153,6 +168,6 @@ def load(environ: Mapping[str, str] | None = None, *, host: str | None = None, p
         deep=flag("HEALTHCHECK_SERVE_DEEP", True),
         # Default: watch whenever the GPU checks are on; an explicit value decides alone.
         xid_watch=flag("HEALTHCHECK_SERVE_XID_WATCH", bool(gpu_on)),
-        xid_critical=critical, xid_application=application, python=python,
+        xid_critical=critical, xid_application=application, xid_ignore=ignore, python=python,
         state_dir=probe_cfgs["readiness"].state_dir, log_file=probe_cfgs["readiness"].log_file,
     )

@@ -32,8 +32,13 @@ KINDS = ("xid", "ecc-single", "ecc-double")
 
 
 def severity(kind: str, data: int, settings: Settings) -> str:
-    """critical (latches), application or other (warn), corrected (counted only)."""
+    """critical (latches), application or other (warn), corrected or ignored (counted only).
+
+    Xids: HEALTHCHECK_XID_IGNORE first, then the critical and application lists (by default
+    NVIDIA's catalog, probes.hardware.xids: only a reset or reboot resolution latches)."""
     if kind == "xid":
+        if data in settings.xid_ignore:
+            return "ignored"
         if data in settings.xid_critical:
             return "critical"
         if data in settings.xid_application:

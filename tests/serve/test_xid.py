@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
-from tests.serve.conftest import ALL_OFF, marked_pids
+import pytest
+
+from probes.hardware import xids
+from probes.serve import settings as serve_settings
+from probes.serve.xid import severity
+from tests.conftest import ROOT, clean_env
+from tests.serve.conftest import ALL_OFF, PYTHON, marked_pids
 
 
 def _env(fake_nvml: Path, tmp_path: Path, scenario: str, **extra: str) -> dict[str, str]:
@@ -30,7 +37,7 @@ def test_critical_xid_latches_unhealthy_naming_xid_and_gpu(start_server, fake_nv
     assert latch["source"] == "xid" and "Xid 79" in latch["reason"]
     _, _, metrics = srv.get("/metrics")
     text = metrics.decode()
-    assert 'healthcheck_latched{source="xid"} 1.0' in text
+    assert "healthcheck_latched 1.0" in text and 'source="xid"' in text
     assert 'healthcheck_nvml_events_total{gpu="1",kind="xid",severity="critical",xid="79"} 1.0' in text
     assert srv.terminate() == 0
     assert not marked_pids(srv.marker)
@@ -77,3 +84,48 @@ def test_nvml_unavailable_is_said_once_and_serving_goes_on(start_server, fake_nv
     assert srv.log_text().count("NVML events unavailable (nvml-not-found)") == 1
     assert srv.terminate() == 0
     assert not marked_pids(srv.marker)
+
+
+def test_xid_48_latches_43_only_warns(start_server, fake_nvml, tmp_path):
+    srv = start_server(_env(fake_nvml, tmp_path, "gpus 1\nevent 0 xid 43 300\nevent 0 xid 48 2000\n"),
+                       "--interval", "0.5")
+    code, body = srv.wait_for("/readyz", lambda c, b: "xid:events" in b["checks"], 20, "Xid 43 shows")
+    assert code == 200 and body["checks"]["xid:events"][0]["reason"] == "xid-43"
+    code, body = srv.wait_for("/readyz", lambda c, b: c == 503, 20, "Xid 48 latches")
+    assert body["reason"] == "xid-48"
+    assert srv.terminate() == 0
+
+
+def test_xid_ignore_stops_79_from_latching_and_still_counts_it(start_server, fake_nvml, tmp_path):
+    env = _env(fake_nvml, tmp_path, "gpus 1\nevent 0 xid 79 300\nevent 0 xid 13 1500\n",
+               HEALTHCHECK_XID_IGNORE="79")
+    srv = start_server(env, "--interval", "0.5")
+    code, body = srv.wait_for("/readyz", lambda c, b: "xid:events" in b["checks"], 20, "Xid 13 shows")
+    assert code == 200 and body["checks"]["xid:events"][0]["reason"] == "xid-13"
+    _, _, metrics = srv.get("/metrics")
+    assert 'kind="xid",severity="ignored",xid="79"} 1.0' in metrics.decode()
+    assert "latch:state" not in body["checks"] and not (srv.state / "latch.json").exists()
+    assert srv.terminate() == 0
+
+
+@pytest.mark.parametrize(("env", "needle"), [
+    ({"HEALTHCHECK_XID_IGNORE": "79,x"}, "HEALTHCHECK_XID_IGNORE"),
+    ({"HEALTHCHECK_XID_IGNORE": "0"}, "HEALTHCHECK_XID_IGNORE"),
+    ({"HEALTHCHECK_XID_IGNORE": "48", "HEALTHCHECK_XID_CRITICAL": "48"}, "HEALTHCHECK_XID_IGNORE"),
+])
+def test_bad_xid_ignore_exits_3(env, needle):
+    r = subprocess.run([PYTHON, "-m", "probes", "serve"], cwd=ROOT, env=clean_env(**env), capture_output=True,
+                       text=True, timeout=30, check=False)
+    assert r.returncode == 3 and needle in r.stderr and "Traceback" not in r.stderr, r
+
+
+def test_the_catalog_decides_what_latches():
+    s = serve_settings.load(clean_env())
+    # a reset or a reboot in the catalog latches; the application's Xids (maybe another tenant's) do not
+    assert [severity("xid", x, s) for x in (79, 48, 61, 136)] == ["critical"] * 4
+    assert [severity("xid", x, s) for x in (13, 31, 43, 45, 8)] == ["application"] * 5
+    assert severity("xid", 9999, s) == "other"
+    assert xids.resolution(79) == xids.REBOOT and xids.resolution(13) == xids.RESTART_APP
+    s = serve_settings.load(clean_env(HEALTHCHECK_XID_IGNORE="79,13"))
+    assert severity("xid", 79, s) == "ignored" and severity("xid", 13, s) == "ignored"
+    assert "| 79 | reboot | latches unhealthy |" in xids.markdown_table()
