@@ -84,8 +84,7 @@ def check_entry(*, status: str, time: float, output: str = "", layer: str | None
             entry["message"] = output
     else:
         entry["output"] = output
-    if reason:
-        entry["reason"] = reason
+    entry["reason"] = reason or None  # non-standard, always there: null when there is none
     entry["elapsed"] = elapsed
     shown = public_facts(facts)
     if shown:

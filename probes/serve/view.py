@@ -66,6 +66,8 @@ def _check(entry: Any) -> dict[str, Any] | None:
             continue
         v = entry[key]
         if v is None:
+            if key == "reason":
+                out[key] = None
             continue
         if key in ("observedValue",):
             out[key] = _scalar(v)
