@@ -33,6 +33,7 @@ MODULES = (
     "probes.hardware.nvidia_smi",
     "probes.hardware.nvml",
     "probes.hardware.runtime",
+    "probes.framework.checkpoint",
     "probes.framework.torch_cuda",
     "probes.framework.model",
     "probes.framework.nccl",

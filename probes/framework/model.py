@@ -34,7 +34,7 @@ from typing import Any
 
 from probes import proc, untrusted
 from probes.context import Context, logger
-from probes.framework import model_worker
+from probes.framework import checkpoint, model_worker
 from probes.framework.torch_cuda import LOCK, MARGIN, _Bad, _fields
 from probes.registry import INTEGER, NUMBER, TEXT, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, warned
@@ -58,7 +58,7 @@ def _c(reason: str, cause: str, remedy: str, status: str = "fail") -> Cause:
 
 SPEC = Spec(
     NAME, "framework", __name__, "ENABLE_MODEL_CHECK", 60.0, ("startup", "readiness"),
-    requires=("torch-cuda",), measurement=MEASUREMENT,
+    requires=("checkpoint", "torch-cuda"), measurement=MEASUREMENT,
     about="the image's model file loads onto the device without running pickled code (opt-in)",
     default_on=False, on_with="model_path",
     settings=(
@@ -188,14 +188,6 @@ def result_arrived(stdout: bytes) -> bool:
 # gather
 # ---------------------------------------------------------------------------
 
-def checkpoint_hold(ctx: Context) -> str | None:
-    """Why GPU work must not start now (a process here is CUDA-checkpointed), or None."""
-    res = ctx.results.get("checkpoint")
-    if res is not None and res.reason == "checkpointed":
-        return res.message
-    return None
-
-
 def _argv(ctx: Context) -> list[str]:
     cfg = ctx.config
     argv = [cfg.torch_python, WORKER, "--path", cfg.model_path, "--device", cfg.torch_device]
@@ -265,7 +257,7 @@ def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    hold = checkpoint_hold(ctx)
+    hold = checkpoint.hold(ctx)
     if hold is not None:
         return {"kind": "checkpointed", "why": hold}
     state = ctx.state

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from probes import proc, untrusted
 from probes.context import Context, logger
-from probes.framework import nccl_worker
+from probes.framework import checkpoint, nccl_worker
 from probes.framework.torch_cuda import LOCK, MARGIN, _Bad, _fields
 from probes.registry import INTEGER, NUMBER, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, skipped
@@ -60,7 +60,7 @@ def _c(reason: str, cause: str, remedy: str, status: str = "fail") -> Cause:
 
 SPEC = Spec(
     NAME, "framework", __name__, "ENABLE_NCCL_CHECK", 45.0, ("startup", "readiness"),
-    requires=("torch-cuda",), measurement=MEASUREMENT, default_on=False,
+    requires=("checkpoint", "torch-cuda"), measurement=MEASUREMENT, default_on=False,
     about="an NCCL all-reduce across every visible GPU gives the exact sum (opt-in)",
     settings=(
         Setting("HEALTHCHECK_NCCL_TTL", "nccl_ttl", NUMBER, 300.0,
@@ -220,9 +220,7 @@ def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> di
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes.framework.model import checkpoint_hold
-
-    hold = checkpoint_hold(ctx)
+    hold = checkpoint.hold(ctx)
     if hold is not None:
         return {"kind": "checkpointed", "why": hold}
     if ctx.config.torch_device != "cuda":

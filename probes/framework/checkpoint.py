@@ -1,0 +1,279 @@
+"""checkpoint: no process here that holds a CUDA context is locked or checkpointed by CUDA checkpoint.
+
+Opt-in (``ENABLE_CHECKPOINT_CHECK=true``). CUDA checkpoint (driver 555+) can LOCK a process
+(its further CUDA calls block) and CHECKPOINT it (its device memory is released): while
+that lasts the container is alive but cannot serve, so readiness fails with reason
+``checkpointed`` ("process 123 is CUDA-checkpointed: traffic paused until it is restored"),
+liveness is not affected (the probe is not part of it) and no latch is set. A process whose
+checkpoint or restore FAILED fails with the remedy. A driver without the API is not judged.
+
+Which processes: NVML's compute processes (the ``nvml`` probe's facts) mapped into this PID
+namespace through ``/proc/<pid>/status`` ``NSpid``, and, since NVML inside a container often
+reports host PIDs that do not exist here, every process here with a GPU device
+(``/dev/nvidia<N>``) open. Their states are read through the driver API
+(``cuCheckpointProcessGetState`` in ``libcuda.so.1``) by a child (``checkpoint_child.py``)
+under the deadline: the query can hang while a peer is locked.
+
+While a process is locked or checkpointed the costly GPU probes (torch-cuda, nccl, model)
+start no GPU work: they read this probe's result (``ctx.results``) or, in a run where it
+did not run, the marker it leaves in the state dir (``hold()``).
+
+Command-line equivalent::
+
+    cuda-checkpoint --get-state --pid 123
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from probes import proc, untrusted
+from probes.context import Context, logger
+from probes.framework import checkpoint_child
+from probes.registry import Cause, Spec
+from probes.result import Result, failed, passed, skipped
+from probes.state import process_start_time
+
+NAME = "checkpoint"
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_child.py")
+PREFIX = checkpoint_child.PREFIX
+MARKER = "checkpointed.json"
+MARKER_TTL = 300.0  # seconds a marker holds GPU work back when this probe does not run again
+MARGIN = proc.TERM_GRACE + proc.KILL_WAIT + 0.05
+MAX_PIDS = 64
+STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
+_GPU_NODE = re.compile(r"/dev/nvidia\d+")
+
+SPEC = Spec(
+    NAME, "framework", __name__, "ENABLE_CHECKPOINT_CHECK", 5.0, ("startup", "readiness"),
+    requires=("nvml",), measurement="processes", default_on=False,
+    about="no CUDA process here is locked or checkpointed by CUDA checkpoint (opt-in; driver 555+)",
+    causes=(
+        Cause("checkpointed", "fail", "a process here holding a CUDA context is LOCKED or CHECKPOINTED "
+              "(readiness only; liveness passes, nothing latches; torch-cuda, nccl and model start no GPU "
+              "work)",
+              "none while it is paused on purpose: traffic resumes when it is restored "
+              "(`cuda-checkpoint --toggle --pid N`)"),
+        Cause("checkpoint-failed", "fail", "the driver reports a process's checkpoint or restore FAILED",
+              "restore it again (`cuda-checkpoint --toggle --pid N`) or restart that process; if that fails, "
+              "restart the container"),
+        Cause("query-hang", "fail", "the driver's state query gave no answer by the deadline (it blocks "
+              "while a peer process is locked)",
+              "check `cuda-checkpoint --get-state` on each process; wait for the restore"),
+        Cause("no-checkpoint-api", "skip", "driver without `cuCheckpointProcessGetState` (before 555) or "
+              "no `libcuda.so.1`: not judged", "none"),
+        Cause("query-failed", "fail", "the child could not ask the driver (`cuInit` failed, or unreadable "
+              "output)",
+              "check `nvidia-smi`; details in the log"),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------
+# Which processes hold a CUDA context here
+# ---------------------------------------------------------------------------
+
+def nvml_pids(ctx: Context) -> set[int]:
+    """PIDs of the compute processes the nvml probe saw (any namespace: NVML's view)."""
+    res = ctx.results.get("nvml")
+    gpus = res.facts.get("gpus") if res is not None else None
+    found: set[int] = set()
+    for gpu in gpus if isinstance(gpus, list) else ():
+        procs = gpu.get("processes") if isinstance(gpu, dict) else None
+        for p in procs if isinstance(procs, list) else ():
+            pid = p.get("pid") if isinstance(p, dict) else None
+            if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2**22:
+                found.add(pid)
+    return found
+
+
+def _nspid(pid: int) -> list[int]:
+    try:
+        raw, _ = untrusted.read_regular(f"/proc/{pid}/status", 16384)
+    except (untrusted.Refused, ValueError):
+        return []
+    for line in raw.decode("ascii", "replace").splitlines():
+        if line.startswith("NSpid:"):
+            return [int(v) for v in line.split()[1:] if v.isdigit()]
+    return []
+
+
+def _holds_gpu(pid: int) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if _GPU_NODE.fullmatch(os.readlink(f"/proc/{pid}/fd/{fd}")):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def local_pids(wanted: Iterable[int]) -> list[int]:
+    """Processes of this PID namespace that hold a CUDA context: those whose NSpid contains a
+    pid NVML reported, and those with a GPU device node open. Never this process."""
+    wanted = set(wanted)
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        if wanted.intersection(_nspid(pid)) or _holds_gpu(pid):
+            found.append(pid)
+    return sorted(found)[:MAX_PIDS]
+
+
+# ---------------------------------------------------------------------------
+# gather
+# ---------------------------------------------------------------------------
+
+def _valid(report: Any) -> dict[str, Any] | None:
+    if not isinstance(report, dict) or set(report) != {"v", "loaded", "driver", "api", "init", "states"}:
+        return None
+    ints = all((isinstance(report[k], int) and not isinstance(report[k], bool)) or report[k] is None
+               for k in ("driver", "init"))
+    if report["v"] != checkpoint_child.SCHEMA or not ints or not isinstance(report["api"], bool) \
+            or not isinstance(report["loaded"], bool) or not isinstance(report["states"], list):
+        return None
+    for s in report["states"]:
+        if not isinstance(s, dict) or set(s) != {"pid", "rc", "state"}:
+            return None
+        if not all(isinstance(s[k], int) and not isinstance(s[k], bool) for k in ("pid", "rc")):
+            return None
+        if s["state"] is not None and (isinstance(s["state"], bool) or not isinstance(s["state"], int)):
+            return None
+    return report
+
+
+def parse_output(stdout: bytes) -> dict[str, Any] | None:
+    hits = [ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith(PREFIX)]
+    if len(hits) != 1:
+        return None
+    try:
+        return _valid(untrusted.load_json(hits[0][len(PREFIX):]))
+    except ValueError:
+        return None
+
+
+def _asked(stderr: bytes) -> int | None:
+    """The pid whose query was in progress when the child was ended."""
+    last = None
+    for line in stderr.decode("ascii", "replace").splitlines():
+        if line.startswith("HEALTHCHECK-CHECKPOINT-QUERY ") and line.split()[-1].isdigit():
+            last = int(line.split()[-1])
+    return last
+
+
+def _mark(ctx: Context, held: list[int]) -> None:
+    if held:
+        ctx.state.write_json(MARKER, {"time": time.time(),
+                                      "pids": [[p, process_start_time(p)] for p in held]})
+    else:
+        ctx.state.remove(MARKER)
+
+
+def _answered(out: bytes) -> bool:
+    return PREFIX.encode() in out and out.endswith(b"\n")
+
+
+def gather(ctx: Context) -> dict[str, Any]:
+    pids = local_pids(nvml_pids(ctx))
+    if not pids:
+        _mark(ctx, [])
+        return {"kind": "none"}
+    deadline = ctx.deadline - MARGIN
+    done = proc.run([sys.executable, CHILD, *map(str, pids)], deadline=deadline, env=dict(os.environ),
+                    state=ctx.state, key=NAME, until=_answered)
+    report = parse_output(done.stdout)
+    if report is None:
+        logger().info("checkpoint child rc=%s timed_out=%s stderr: %s", done.returncode, done.timed_out,
+                      untrusted.squeeze(done.stderr[-1000:], 300))
+    data: dict[str, Any] = {"kind": "child", "pids": pids, "report": report,
+                            "timed_out": done.timed_out or done.stuck, "asked": _asked(done.stderr),
+                            "returncode": done.returncode}
+    if report is not None and report["api"] and report["init"] == 0:
+        _mark(ctx, [s["pid"] for s in report["states"] if s["rc"] == 0 and s["state"] in (1, 2)])
+    elif data["timed_out"] and data["asked"] is not None:
+        _mark(ctx, [data["asked"]])
+    return data
+
+
+def hold(ctx: Context) -> str | None:
+    """Why GPU work must not start now (a process here is locked or checkpointed), or None.
+
+    From this run's checkpoint result when it ran, else from the marker an earlier run left
+    (honoured for MARKER_TTL seconds, and only while that very process still exists)."""
+    res = ctx.results.get(NAME)
+    if res is not None:
+        return res.message if res.reason in ("checkpointed", "query-hang") else None
+    marker = ctx.state.read_json(MARKER)
+    if not marker:
+        return None
+    when, pids = marker.get("time"), marker.get("pids")
+    if not isinstance(when, (int, float)) or not 0 <= time.time() - float(when) < MARKER_TTL:
+        return None
+    for item in pids if isinstance(pids, list) else ():
+        if (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and item[1] is not None
+                and process_start_time(item[0]) == item[1]):
+            return f"process {item[0]} is CUDA-checkpointed: traffic paused until it is restored"
+    return None
+
+
+def on_deadline(ctx: Context) -> Result:
+    return failed(NAME, "no answer within the deadline: the driver's checkpoint state query hangs (it blocks "
+                  "while a process is locked)", reason="query-hang")
+
+
+# ---------------------------------------------------------------------------
+# judge: pure
+# ---------------------------------------------------------------------------
+
+def judge(data: dict[str, Any], ctx: Context) -> Result:
+    if data["kind"] == "none":
+        return passed(NAME, "no process here holds a CUDA context", observed=0, unit="processes")
+    pids, report = data["pids"], data["report"]
+    if report is None:
+        if data["timed_out"]:
+            who = f" for process {data['asked']}" if data.get("asked") is not None else ""
+            return failed(NAME, f"the driver's checkpoint state query{who} gave no answer by the deadline: a "
+                          "process is probably locked for a checkpoint; traffic paused until it is restored",
+                          reason="query-hang", facts={"pids": pids})
+        return failed(NAME, f"the checkpoint query child gave no readable answer (exit status "
+                      f"{data.get('returncode')}): check nvidia-smi", reason="query-failed")
+    if not report["loaded"] or not report["api"]:
+        why = ("no libcuda.so.1" if not report["loaded"] else
+               f"driver {_driver(report['driver'])} has no cuCheckpointProcessGetState (555+)")
+        return skipped(NAME, f"not judged: {why}", reason="no-checkpoint-api")
+    if report["init"] != 0:
+        return failed(NAME, f"cuInit failed (CUresult {report['init']}) in the checkpoint query: check "
+                      "nvidia-smi", reason="query-failed")
+    seen = {s["pid"]: STATES.get(s["state"], f"state {s['state']}") for s in report["states"] if s["rc"] == 0}
+    facts = {"pids": pids, "states": {str(k): v for k, v in seen.items()}}
+    bad = [(p, st) for p, st in seen.items() if st != "running"]
+    failed_ = [p for p, st in bad if st not in ("locked", "checkpointed")]
+    if failed_:
+        pid = failed_[0]
+        return failed(NAME, f"process {pid}'s CUDA checkpoint or restore failed ({seen[pid]}): restore it "
+                      f"again (cuda-checkpoint --toggle --pid {pid}) or restart that process",
+                      reason="checkpoint-failed", observed=len(seen), unit="processes", facts=facts)
+    if bad:
+        pid, st = bad[0]
+        what = "CUDA-checkpointed" if st == "checkpointed" else "CUDA-locked for a checkpoint"
+        more = f" (and {len(bad) - 1} other process(es))" if len(bad) > 1 else ""
+        return failed(NAME, f"process {pid} is {what}{more}: traffic paused until it is restored",
+                      reason="checkpointed", observed=len(seen), unit="processes", facts=facts)
+    return passed(NAME, f"{len(seen)} CUDA process(es) running, none locked or checkpointed (driver "
+                  f"{_driver(report['driver'])})", observed=len(seen), unit="processes", facts=facts)
+
+
+def _driver(version: int | None) -> str:
+    return "?" if version is None else f"CUDA {version // 1000}.{version % 1000 // 10}"

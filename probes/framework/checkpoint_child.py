@@ -1,0 +1,60 @@
+"""The checkpoint probe's child: asks the CUDA driver for the checkpoint state of some processes.
+
+Standalone on purpose (stdlib only; it must not import the ``probes`` package): the query
+can hang while a peer process is locked, so the parent runs this file under a deadline,
+in its own session, and ends it whatever it does.
+
+It loads the driver the way CUDA itself does, ``ctypes.CDLL("libcuda.so.1")``, calls
+``cuInit(0)`` (no context is created) and, for each pid on the command line,
+``cuCheckpointProcessGetState(pid, &state)`` (driver 555+). A driver without that symbol
+is reported as such. It prints exactly ONE line:
+``HEALTHCHECK-CHECKPOINT-RESULT {json}`` with ``driver`` (cuDriverGetVersion), ``api``,
+``init`` (cuInit's CUresult) and ``states``: ``[{"pid": P, "rc": CUresult, "state": S}]``
+(S: 0 running, 1 locked, 2 checkpointed, 3 failed; null when rc is not 0).
+
+Command-line equivalent (one process)::
+
+    cuda-checkpoint --get-state --pid 123
+"""
+
+import ctypes
+import json
+import os
+import sys
+
+PREFIX = "HEALTHCHECK-CHECKPOINT-RESULT "
+SCHEMA = 1
+
+
+def main(argv=None):
+    pids = [int(p) for p in (sys.argv[1:] if argv is None else argv)]
+    report = {"v": SCHEMA, "loaded": False, "driver": None, "api": False, "init": None, "states": []}
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        report["loaded"] = True
+    except OSError:
+        lib = None
+    if lib is not None:
+        version = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            report["driver"] = version.value
+        query = getattr(lib, "cuCheckpointProcessGetState", None)
+        report["api"] = query is not None
+        if query is not None:
+            report["init"] = int(lib.cuInit(0))
+            if report["init"] == 0:
+                for pid in pids:
+                    # Flush what is known so far: if the next query hangs, the parent
+                    # still sees which pids answered (one line per step on stderr).
+                    state = ctypes.c_int(-1)
+                    sys.stderr.write("HEALTHCHECK-CHECKPOINT-QUERY " + str(pid) + "\n")
+                    sys.stderr.flush()
+                    rc = int(query(ctypes.c_int(pid), ctypes.byref(state)))
+                    report["states"].append({"pid": pid, "rc": rc, "state": state.value if rc == 0 else None})
+    sys.stdout.write(PREFIX + json.dumps(report, sort_keys=True) + "\n")
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
