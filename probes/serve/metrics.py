@@ -79,9 +79,10 @@ class HealthCollector(Collector):
             runs.add_metric([profile, outcome], n)
 
         ev = CounterMetricFamily("healthcheck_nvml_events", "NVML events seen while serving",
-                                 labels=["gpu", "kind", "xid", "severity"])
+                                 labels=["gpu", "UUID", "kind", "xid", "severity"])
+        uuids = _uuids(snap)
         for (gpu, kind, xid, sev), n in sorted(events.items()):
-            ev.add_metric([gpu, kind, xid, sev], n)
+            ev.add_metric([gpu, uuids.get(gpu, ""), kind, xid, sev], n)
 
         watcher = GaugeMetricFamily("healthcheck_nvml_event_watch", "1 for the state of the NVML "
                                     "Xid/ECC event watcher", labels=["state"])
@@ -113,6 +114,14 @@ class HealthCollector(Collector):
 
         yield from (healthy, age, stale, run_dur, status, dur, ok_at, runs, latched, latch_info, ev, watcher,
                     build, gpu_up)
+
+
+def _uuids(snap: Snapshot) -> dict[str, str]:
+    """GPU index -> UUID, from the nvml facts and the events themselves (which name both)."""
+    gpus = _facts(snap, "nvml").get("gpus") or []
+    out = {str(g["index"]): g["uuid"] for g in gpus if g.get("uuid")}
+    out.update({str(e.gpu): e.uuid for e in snap.events if e.gpu is not None and e.uuid})
+    return out
 
 
 def _facts(snap: Snapshot, probe: str) -> Mapping[str, Any]:
