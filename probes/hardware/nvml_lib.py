@@ -39,7 +39,7 @@ from typing import Any, Literal, NamedTuple
 
 from probes.untrusted import MAX_TEXT, clean
 
-EventKind = Literal["xid", "ecc-single", "ecc-double"]
+EventKind = Literal["xid", "ecc-single", "ecc-double", "slowdown"]
 
 # NVML return codes (nvml.h); kept here so callers need not import pynvml.
 SUCCESS = 0
@@ -60,6 +60,8 @@ EVENT_SINGLE_ECC = 0x1
 EVENT_DOUBLE_ECC = 0x2
 EVENT_XID = 0x8
 WATCHED_EVENTS = EVENT_XID | EVENT_SINGLE_ECC | EVENT_DOUBLE_ECC
+# Clock event reasons sampled for "slowdown" events: HW slowdown and HW power brake.
+SLOWDOWN_REASONS = 0x8 | 0x80
 
 _LIBRARY_HINT = ("HINT: libnvidia-ml.so.1 ships with the NVIDIA driver; the NVIDIA Container Toolkit "
                  "mounts it when the container starts with --gpus all "
@@ -197,7 +199,7 @@ class Event(NamedTuple):
     gpu_index: int
     uuid: str
     kind: EventKind
-    data: int  # the Xid number for "xid"; NVML's event data for ECC events
+    data: int  # the Xid number for "xid"; NVML's event data for ECC events; the reasons for "slowdown"
 
 
 def _kind(event_type: int) -> EventKind | None:
@@ -210,8 +212,12 @@ def _kind(event_type: int) -> EventKind | None:
     return None
 
 
-def watch_events(stop: threading.Event, wait_ms: int = 500) -> Iterator[Event]:
+def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.0) -> Iterator[Event]:
     """Yield Xid and ECC events from every GPU until ``stop`` is set (see the module docstring).
+
+    With ``sample_s`` > 0 the clock event reasons of every GPU are also read about every
+    ``sample_s`` seconds, and each reading with HW slowdown or power brake active yields a
+    ``"slowdown"`` event (data: the reasons bitmask); serve judges their rate over a window.
 
     NVML is initialised and the event set registered at call time, so a failure raises
     NvmlUnavailable here, before the first event is asked for.
@@ -226,16 +232,19 @@ def watch_events(stop: threading.Event, wait_ms: int = 500) -> Iterator[Event]:
         code = error_code(exc)
         reason, why = describe(code)
         raise NvmlUnavailable(reason, "cannot create an NVML event set: " + why, code) from None
+    sampled: list[tuple[int, str, Any]] = []
     try:
-        gpus = _register_all(nv, event_set)
+        gpus = _register_all(nv, event_set, sampled)
     except BaseException:
         _release(nv, event_set)
         raise
-    return _events(nv, event_set, gpus, stop, wait_ms)
+    return _events(nv, event_set, gpus, stop, wait_ms, sampled if sample_s > 0 else [], sample_s)
 
 
-def _register_all(nv: ModuleType, event_set: Any) -> dict[int, tuple[int, str]]:
-    """Register every GPU that can be registered; handle address -> (index, uuid)."""
+def _register_all(nv: ModuleType, event_set: Any,
+                  handles: list[tuple[int, str, Any]]) -> dict[int, tuple[int, str]]:
+    """Register every GPU that can be registered; handle address -> (index, uuid). ``handles``
+    receives (index, uuid, handle) of every GPU that answers, registered or not."""
     by_address: dict[int, tuple[int, str]] = {}
     count, _ = call(nv.nvmlDeviceGetCount)
     for index in range(count or 0):
@@ -243,6 +252,7 @@ def _register_all(nv: ModuleType, event_set: Any) -> dict[int, tuple[int, str]]:
         if err is not None:
             continue  # a lost GPU cannot be registered; the nvml probe reports it
         uuid, _ = call(nv.nvmlDeviceGetUUID, handle)
+        handles.append((index, text(uuid) if uuid is not None else "", handle))
         supported, err = call(nv.nvmlDeviceGetSupportedEventTypes, handle)
         wanted = (supported or 0) & WATCHED_EVENTS
         if err is not None or not wanted:
@@ -253,12 +263,29 @@ def _register_all(nv: ModuleType, event_set: Any) -> dict[int, tuple[int, str]]:
     return by_address
 
 
+def _slowdowns(nv: ModuleType, handles: list[tuple[int, str, Any]]) -> Iterator[Event]:
+    fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    for index, uuid, handle in handles:
+        reasons, err = call(fn, handle) if fn is not None else (None, NOT_SUPPORTED)
+        if err is None and isinstance(reasons, int) and reasons & SLOWDOWN_REASONS:
+            yield Event(index, uuid, "slowdown", reasons & SLOWDOWN_REASONS)
+
+
 def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], stop: threading.Event,
-            wait_ms: int) -> Iterator[Event]:
+            wait_ms: int, sampled: list[tuple[int, str, Any]], sample_s: float) -> Iterator[Event]:
+    import time
+
+    next_sample = time.monotonic()
     try:
         while not stop.is_set():
+            if sampled and time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + sample_s
+                yield from _slowdowns(nv, sampled)
+            left_ms = int((next_sample - time.monotonic()) * 1000)
+            wait = wait_ms if not sampled else max(1, min(wait_ms, left_ms))
             try:
-                data = nv.nvmlEventSetWait_v2(event_set, wait_ms)
+                data = nv.nvmlEventSetWait_v2(event_set, wait)
             except nv.NVMLError as exc:
                 if error_code(exc) == TIMEOUT:
                     continue

@@ -29,6 +29,9 @@ RUN_GRACE = 5.0
 DEFAULT_XID_CRITICAL = tuple(sorted(x for x in xids.CATALOG if xids.latches(x)))
 DEFAULT_XID_APPLICATION = tuple(sorted(x for x in xids.CATALOG if not xids.latches(x)))
 MAX_INTERVAL = 86400.0
+# The NVML watcher reads each GPU's clock event reasons this often; a reading with HW slowdown
+# or power brake is one slowdown event, judged by rate over a window (probes.serve.xid).
+DEFAULT_SLOWDOWN_SAMPLE = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Settings:
     xid_critical: frozenset[int] = frozenset(DEFAULT_XID_CRITICAL)
     xid_application: frozenset[int] = frozenset(DEFAULT_XID_APPLICATION)
     xid_ignore: frozenset[int] = frozenset()  # counted only: never latched, never a warning
+    slowdown_sample: float = DEFAULT_SLOWDOWN_SAMPLE  # seconds between clock-reason readings (0: off)
     python: str = sys.executable
     state_dir: str | None = None
     log_file: str | None = None
@@ -159,6 +163,9 @@ def load(environ: Mapping[str, str] | None = None, *, host: str | None = None, p
             "HEALTHCHECK_XID_IGNORE (accepted: each Xid in one list at most)")
     # An ignored Xid leaves the default lists (HEALTHCHECK_XID_IGNORE=79 stops 79 from latching).
     critical, application = critical - ignore, application - ignore
+    raw = _env(env, "HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE")
+    sample = (cfg.parse_number("HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE", raw, low=0, high=3600, low_inclusive=True)
+              if raw is not None else DEFAULT_SLOWDOWN_SAMPLE)
     py_raw = _env(env, "HEALTHCHECK_SERVE_PYTHON")
     python = cfg.parse_text("HEALTHCHECK_SERVE_PYTHON", py_raw) if py_raw is not None else sys.executable
     gpu_on = probe_cfgs["readiness"].toggles.get("ENABLE_GPU_CHECK", True)
@@ -168,6 +175,7 @@ def load(environ: Mapping[str, str] | None = None, *, host: str | None = None, p
         deep=flag("HEALTHCHECK_SERVE_DEEP", True),
         # Default: watch whenever the GPU checks are on; an explicit value decides alone.
         xid_watch=flag("HEALTHCHECK_SERVE_XID_WATCH", bool(gpu_on)),
-        xid_critical=critical, xid_application=application, xid_ignore=ignore, python=python,
+        xid_critical=critical, xid_application=application, xid_ignore=ignore, slowdown_sample=sample,
+        python=python,
         state_dir=probe_cfgs["readiness"].state_dir, log_file=probe_cfgs["readiness"].log_file,
     )

@@ -17,7 +17,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any
+from collections import deque
+from collections.abc import Sequence
+from typing import IO, Any, NamedTuple
 
 from probes import proc
 from probes.serve.monitor import Monitor
@@ -25,6 +27,12 @@ from probes.serve.settings import Settings
 from probes.serve.view import XidEvent, clean
 
 log = logging.getLogger("healthcheck.serve")
+# Hardware slowdown and power brake are judged by rate, not by one reading: a GPU warns when
+# the last SLOWDOWN_WINDOW seconds hold SLOWDOWN_PER_MINUTE readings per minute or more
+# (0.5/min over 10 min: 5 readings; at the default one reading a minute, 5 minutes of
+# slowdown out of 10). One reading never warns.
+SLOWDOWN_WINDOW = 600.0
+SLOWDOWN_PER_MINUTE = 0.5
 RESTART_PAUSE = 30.0
 STOP_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for the watcher
 WAIT_MS = 500
@@ -49,6 +57,20 @@ def severity(kind: str, data: int, settings: Settings) -> str:
     return "corrected"
 
 
+class SlowdownVerdict(NamedTuple):
+    events: int  # readings with HW slowdown or power brake in the window
+    per_minute: float
+    warn: bool
+
+
+def slowdown_window(times: Sequence[float], now: float, window: float = SLOWDOWN_WINDOW,
+                    per_minute: float = SLOWDOWN_PER_MINUTE) -> SlowdownVerdict:
+    """The slowdown verdict at ``now`` from the times of slowdown readings (pure)."""
+    recent = sum(1 for t in times if now - window < t <= now)
+    rate = recent / (window / 60.0)
+    return SlowdownVerdict(recent, rate, recent > 1 and rate >= per_minute)
+
+
 def parse_event(obj: dict[str, Any], settings: Settings) -> XidEvent | None:
     kind, data, gpu = obj.get("kind"), obj.get("data"), obj.get("gpu")
     if kind not in KINDS or not isinstance(data, int) or isinstance(data, bool):
@@ -71,6 +93,8 @@ class Watcher:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._slowdowns: dict[int, deque[float]] = {}
+        self._slowing: set[int] = set()
 
     def start(self) -> None:
         if not self.settings.xid_watch:
@@ -82,7 +106,8 @@ class Watcher:
 
     def _spawn(self) -> subprocess.Popen[bytes] | None:
         isolated = ["-I"] if sys.flags.isolated else []
-        argv = [sys.executable, *isolated, "-m", "probes.serve.xid_watch", "--wait-ms", str(WAIT_MS)]
+        argv = [sys.executable, *isolated, "-m", "probes.serve.xid_watch", "--wait-ms", str(WAIT_MS),
+                "--sample-s", f"{self.settings.slowdown_sample:g}"]
         with self._lock:
             if self.stop.is_set():
                 return None
@@ -133,7 +158,9 @@ class Watcher:
             if not isinstance(obj, dict):
                 continue
             kind = obj.get("type")
-            if kind == "event":
+            if kind == "event" and obj.get("kind") == "slowdown":
+                self._slowdown(obj)
+            elif kind == "event":
                 ev = parse_event(obj, self.settings)
                 if ev is not None:
                     self.monitor.add_event(ev)
@@ -146,6 +173,31 @@ class Watcher:
                 outcome = f"error {clean(obj.get('reason'), 40)}"
         p.stdout.close()
         return outcome
+
+    def _slowdown(self, obj: dict[str, Any]) -> None:
+        gpu = obj.get("gpu")
+        if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
+            return
+        now = time.time()
+        t = obj.get("time")
+        times = self._slowdowns.setdefault(gpu, deque(maxlen=4096))
+        times.append(float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else now)
+        while times and times[0] <= now - SLOWDOWN_WINDOW:
+            times.popleft()
+        verdict = slowdown_window(times, now)
+        if verdict.warn and gpu not in self._slowing:
+            self._slowing.add(gpu)
+            log.warning("GPU %d: hardware slowdown or power brake in %d readings over the last %g min "
+                        "(%.1f/min, warns at %g/min): check the power supply and cooling", gpu,
+                        verdict.events, SLOWDOWN_WINDOW / 60, verdict.per_minute, SLOWDOWN_PER_MINUTE)
+        elif not verdict.warn and gpu in self._slowing:
+            self._slowing.discard(gpu)
+            log.info("GPU %d: hardware slowdown below %g/min again", gpu, SLOWDOWN_PER_MINUTE)
+
+    def slowdown(self, now: float | None = None) -> dict[int, SlowdownVerdict]:
+        """The windowed slowdown verdict per GPU that had slowdown readings (for the monitor's view)."""
+        at = time.time() if now is None else now
+        return {gpu: slowdown_window(tuple(times), at) for gpu, times in self._slowdowns.items()}
 
     @staticmethod
     def _kill(p: subprocess.Popen[bytes]) -> None:

@@ -7,12 +7,14 @@ watcher runs for as long as the server does.
 
 Lines on stdout (one JSON object each):
   {"type": "event", "gpu": 0, "uuid": "GPU-...", "kind": "xid", "data": 79, "time": ...}
-      (kind: "xid" | "ecc-single" | "ecc-double"; data: the Xid number or NVML's event data)
+      (kind: "xid" | "ecc-single" | "ecc-double" | "slowdown"; data: the Xid number, NVML's event
+      data, or for "slowdown" (one per reading with HW slowdown or power brake active, with
+      --sample-s) the clock event reasons)
   {"type": "unavailable", "reason": "nvml-not-found", "message": "<one safe line with the remedy>"}
   {"type": "error", "reason": "nvml-error"}     (a failure while watching; the server restarts us)
 Details of errors go to stderr (the server's log).
 
-Command-line equivalent: ``python -m probes.serve.xid_watch --wait-ms 500``.
+Command-line equivalent: ``python -m probes.serve.xid_watch --wait-ms 500 --sample-s 60``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def emit(obj: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="xid_watch", description="Print NVML Xid/ECC events as JSON lines.")
     ap.add_argument("--wait-ms", type=int, default=500, help="NVML wait per loop (stop latency)")
+    ap.add_argument("--sample-s", type=float, default=0.0,
+                    help="read clock event reasons this often and print slowdown events (0: off)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(levelname)s %(name)s %(message)s")
@@ -57,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         emit({"type": "started"})
-        for ev in nvml_lib.watch_events(stop, max(1, args.wait_ms)):
+        for ev in nvml_lib.watch_events(stop, max(1, args.wait_ms), max(0.0, args.sample_s)):
             emit({"type": "event", "gpu": ev.gpu_index, "uuid": ev.uuid, "kind": ev.kind,
                   "data": ev.data, "time": time.time()})
     except nvml_lib.NvmlUnavailable as exc:
