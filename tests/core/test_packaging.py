@@ -230,4 +230,9 @@ def test_without_an_interpreter_it_is_a_usage_error(bin_dir: Path, tmp_path: Pat
     res = run(lonely / "healthcheck", env=env_for(tmp_path))
     assert res.returncode == 3 and res.stdout == ""
     assert res.stderr.startswith("healthcheck: no interpreter at "), res.stderr
+    # Installed, but the environment's interpreter is gone: say so.
+    (lonely / "healthcheck-probes").write_text(f"#!{tmp_path}/gone/python\nimport sys\n")
+    res = run(lonely / "healthcheck", env=env_for(tmp_path))
+    assert res.returncode == 3 and res.stderr.startswith("healthcheck: no interpreter named in "), res.stderr
+    assert "reinstall gpu-healthcheck" in res.stderr
     assert os.access(bin_dir / "healthcheck", os.X_OK)
