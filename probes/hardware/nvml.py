@@ -226,7 +226,8 @@ class _Reader:
         if err == nvml_lib.NO_PERMISSION:
             if field not in self.denied:
                 self.denied.append(field)
-        elif err not in (nvml_lib.NOT_SUPPORTED, nvml_lib.FUNCTION_NOT_FOUND):
+        elif err not in (nvml_lib.NOT_SUPPORTED, nvml_lib.FUNCTION_NOT_FOUND, nvml_lib.INSUFFICIENT_SIZE):
+            # INSUFFICIENT_SIZE: the process list grew between the bindings' two calls, not a fault
             self.errors.append((field, err))
         return NA
 
@@ -316,6 +317,8 @@ def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Value:
         return NA
     v = values[0]
     code = int(v.nvmlReturn)
+    if code in (nvml_lib.INVALID_ARGUMENT, nvml_lib.NOT_SUPPORTED):
+        return NA  # a driver that predates the field answers INVALID_ARGUMENT for its id
     if code != nvml_lib.SUCCESS:
         # The per-value status: judged like any call's.
         return q("recovery action", _raise, nv, code)

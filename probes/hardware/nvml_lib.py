@@ -43,6 +43,8 @@ EventKind = Literal["xid", "ecc-single", "ecc-double", "slowdown"]
 
 # NVML return codes (nvml.h); kept here so callers need not import pynvml.
 SUCCESS = 0
+INVALID_ARGUMENT = 2
+INSUFFICIENT_SIZE = 7
 NO_PERMISSION = 4
 NOT_SUPPORTED = 3
 NOT_FOUND = 6

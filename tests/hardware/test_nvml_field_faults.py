@@ -110,3 +110,12 @@ def test_mig_slice_through_the_cli_is_a_warning_and_exit_0(tmp_path, fake_nvml):
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
     assert "WARN nvml" in done.stdout and "NO_PERMISSION" in done.stdout
+
+
+def test_what_older_drivers_and_races_answer_is_not_a_fault(probe):
+    # a driver that predates the recovery-action field answers INVALID_ARGUMENT for its id
+    assert probe("gpus 1", "gpu 0 field-error recovery 2").status is Status.PASS
+    # the process list grew between the bindings' two calls
+    assert probe("gpus 1", "gpu 0 field-error processes 7").status is Status.PASS
+    # while a real failure of the same field still fails
+    assert probe("gpus 1", "gpu 0 field-error recovery 10").reason == "field-error"
