@@ -6,6 +6,7 @@ No engine needed: the script reads apt source files from a directory the test wr
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -79,5 +80,4 @@ def test_no_source_for_this_release_is_an_error_with_the_override(tmp_path: Path
 def test_engine_script_takes_the_mirror_from_the_hosts_sources() -> None:
     text = (HERE / "engine.sh").read_text()
     assert "debian-mirror.sh" in text
-    for host in ("deb.debian", "debian.org"):
-        assert host not in text, f"{host} is written in engine.sh"
+    assert re.findall(r"\w+://\S+", text) == [], "a package host is written in engine.sh"
