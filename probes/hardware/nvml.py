@@ -2,8 +2,14 @@
 
 Proves that NVML initialises, that at least HEALTHCHECK_GPU_COUNT GPUs are present, and
 that none of them is lost, has volatile uncorrectable ECC errors, a pending page
-retirement or row remap, or a failed row remap (each a failure: the GPU needs a reset).
-Thermal or hardware clock slowdowns and a temperature at the slowdown threshold warn.
+retirement or row remap, or a failed row remap (each a failure: the GPU needs a reset),
+a pending recovery action from the driver (GPU reset, node reboot, drain P2P, drain and
+reset: the action is the remedy), or, on NVSwitch systems, a fabric registration that did
+not complete with success (fabric manager down: CUDA error 802).
+Thermal or hardware clock slowdowns and a temperature at the slowdown threshold warn; so
+do a PCIe link below its maximum generation or width while the GPU is at least 80% busy
+(an idle GPU lowers its link by design), NVLink links that are down, and NVLink error
+counters that rise between two readings in one run (PCIe-only GPUs: not judged).
 It also checks that CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES agree with what NVML
 sees, counts MIG devices the way CUDA enumerates them, and publishes each GPU's compute
 mode and compute processes for the torch-cuda probe.
@@ -13,9 +19,12 @@ Command-line equivalent::
     nvidia-smi --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total,\
 retired_pages.pending,clocks_event_reasons.active,temperature.gpu,compute_mode --format=csv
 
-A field a GPU does not support (NVML_ERROR_NOT_SUPPORTED) is "N/A", never a failure; a lost
-GPU is a value in the result while the other GPUs still report. A hanging NVML call is
-abandoned by the runner at the deadline (see ``on_deadline``). Gather, then judge:
+A field a GPU does not support (NVML_ERROR_NOT_SUPPORTED, or a function the driver lacks)
+is "N/A", never judged; NO_PERMISSION (the parent GPU seen from a MIG slice) is "could not
+check", a warning; any other error on a supported field fails (fail closed). A lost GPU is
+a value in the result while the other GPUs still report. The facts also carry the driver's
+CUDA version (``cuda_driver``, for torch-cuda's judge), persistence mode and the MPS clients.
+A hanging NVML call is abandoned by the runner at the deadline (see ``on_deadline``). Gather, then judge:
 ``gather`` is the only part that calls NVML (through ``nvml_lib``); ``judge`` is pure.
 """
 
@@ -42,8 +51,8 @@ def _c(reason: str, cause: str, remedy: str, status: str = "fail") -> Cause:
 
 SPEC = Spec(
     NAME, "hardware", __name__, "ENABLE_GPU_CHECK", 5.0, ("startup", "readiness"), measurement=MEASUREMENT,
-    about="per-GPU state through NVML: lost GPU, uncorrectable ECC, pending retirement/remap, slowdown "
-          "(warn)",
+    about="per-GPU state through NVML: lost GPU, uncorrectable ECC, pending retirement/remap or recovery "
+          "action, fabric; slowdown, PCIe under load, NVLink (warn)",
     settings=(hw.GPU_COUNT,),
     causes=(
         _c("nvml-bindings-missing", "nvidia-ml-py not installed", "`pip install nvidia-ml-py` in the suite's "
