@@ -168,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from probes.serve import cli as serve_cli  # type: ignore[attr-defined,unused-ignore]
 
             return serve_cli.main(argv[1:])
+        _end_on_sigterm()
         code, out, abandoned = check(argv)
         _write(out)
     except _Exit as done:
@@ -185,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             logger().exception("internal error")
         _write(f"unhealthy: healthcheck: internal error ({type(exc).__name__}); details in the log")
         code = EXIT_UNHEALTHY
+    _end_descendants()
     if abandoned:
         # A probe thread is stuck in a driver call: do not let interpreter shutdown wait on it.
         for stream in (sys.stdout, sys.stderr):
@@ -192,6 +194,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stream.flush()
         os._exit(code)
     return code
+
+
+def _end_descendants() -> None:
+    """The final sweep: nothing a probe started outlives the run (free when none was started)."""
+    try:
+        from probes import proc
+
+        proc.end_descendants()
+    except Exception:  # noqa: S110 - the verdict is already out; the sweep is best effort here
+        pass
+
+
+def _end_on_sigterm() -> None:
+    """The front door's hard stop (or `docker stop`) sends SIGTERM: end what the run
+    started, then exit unhealthy, instead of leaving probes' children to PID 1."""
+    import signal
+
+    def on_term(signum: int, frame: object) -> None:
+        _end_descendants()
+        os._exit(EXIT_UNHEALTHY)
+
+    try:
+        signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread (main() called from a test's thread)
+        pass
 
 
 def _error_line(line: str) -> None:

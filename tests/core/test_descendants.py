@@ -212,3 +212,36 @@ def test_cli_with_a_stub_nvidia_smi_leaves_nothing(kind, then, front_door, marke
     assert "Traceback" not in r.stdout + r.stderr
     assert took <= timeout + SLACK + 1.0  # + the interpreter's start on a loaded machine
     assert _gone(marker) == []
+
+
+def test_the_cli_ends_even_what_no_run_marker_matches_when_it_exits(marker, tmp_path):
+    """A daemon that drops its environment (env -i) cannot be matched to its run; the CLI's
+    final sweep ends it before the process exits."""
+    from tests.stress.conftest import write_exe
+
+    bindir = tmp_path / "bin"
+    write_exe(bindir / "nvidia-smi", f"env -i setsid bash -c 'exec -a \"$0\" sleep 300' '{marker}-envless' &\n"
+                                     f"{ANSWER}")
+    env = clean_env(PATH=f"{bindir}:/usr/bin:/bin", HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
+                    HEALTHCHECK_GPU_COUNT="1", HEALTHCHECK_FASTPATH="false")
+    r = run_cli("--only", "nvidia-smi", env=env, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _gone(marker) == []
+
+
+def test_sigterm_mid_run_ends_what_the_run_started_and_answers_unhealthy(marker, tmp_path):
+    """The front door's hard stop and `docker stop` send SIGTERM to the suite itself."""
+    bindir = tmp_path / "bin"
+    stub(bindir / "nvidia-smi", "setsid", marker, hang(marker))
+    env = clean_env(PATH=f"{bindir}:/usr/bin:/bin", HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
+                    HEALTHCHECK_GPU_COUNT="1", HEALTHCHECK_FASTPATH="false", HEALTHCHECK_TIMEOUT="60")
+    p = subprocess.Popen([sys.executable, "-m", "probes", "--only", "nvidia-smi"], env=env, cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    end = time.monotonic() + 20
+    while not leftovers(f"{marker}-hang") and time.monotonic() < end:
+        time.sleep(0.05)
+    assert leftovers(f"{marker}-hang"), "the stub never started"
+    p.terminate()
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 1 and b"Traceback" not in out + err
+    assert _gone(marker) == []
