@@ -147,7 +147,9 @@ def _prctl_subreaper() -> bool:
         return False
 
 
-def _stat(pid: int) -> _Proc | None:
+def stat(pid: int) -> _Proc | None:
+    """A process's state, parent, group, session and start time from /proc/<pid>/stat, or
+    None when it is gone: the one reader of that file in the suite."""
     # os.open/os.read: half the cost of open(); a sweep reads this for every process.
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
@@ -173,7 +175,7 @@ def _table() -> dict[int, _Proc]:
         return table
     for entry in entries:
         if entry.isdigit():
-            st = _stat(int(entry))
+            st = stat(int(entry))
             if st is not None:
                 table[int(entry)] = st
     return table
@@ -351,7 +353,7 @@ def _reap(focus: Iterable[int] = ()) -> set[int]:
     pending: set[int] = set()
     with _lock:
         for pid, start in list(_killed.items()):
-            st = _stat(pid)
+            st = stat(pid)
             if st is None or st.start != start or pid in _children:
                 del _killed[pid]  # gone, its pid reused, or reaped by its Popen
                 continue
@@ -388,7 +390,7 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
         _prune()
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=full,
                                  cwd=cwd, start_new_session=True, close_fds=True)
-        st = _stat(popen.pid)
+        st = stat(popen.pid)
         _children[popen.pid] = _Child(popen, run_id, st.start if st is not None else None)
     return popen
 
@@ -618,7 +620,6 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
 
 def excerpt(data: bytes, limit: int = 120) -> str:
     """A short, printable, single-line excerpt of untrusted output for a message."""
-    text = data.decode("utf-8", "replace").strip()
-    text = " ".join(text.split())
-    text = "".join(ch if ch.isprintable() else "?" for ch in text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    from probes.untrusted import squeeze
+
+    return squeeze(data.strip(), limit)

@@ -61,15 +61,10 @@ def _usable(path: str) -> str | None:
 def process_start_time(pid: int) -> str | None:
     """A live process's start time (clock ticks since boot; tells a reused pid apart),
     or None if it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2:].split()
-    if len(fields) < 20 or fields[0] == b"Z":
-        return None
-    return fields[19].decode()
+    from probes import proc
+
+    st = proc.stat(pid)
+    return None if st is None or st.state == b"Z" else str(st.start)
 
 
 def pid1_identity() -> str:
@@ -78,20 +73,15 @@ def pid1_identity() -> str:
     A container restart starts a new PID 1, so a latch recorded under another
     identity belongs to an earlier life and no longer applies.
     """
-    parts = []
-    for path in ("/proc/sys/kernel/random/boot_id", "/proc/1/stat"):
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except OSError:
-            parts.append("?")
-            continue
-        if path.endswith("stat"):
-            fields = data[data.rfind(b")") + 2:].split()
-            parts.append(fields[19].decode() if len(fields) > 19 else "?")
-        else:
-            parts.append(data.decode().strip())
-    return ":".join(parts)
+    from probes import proc
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as fh:
+            boot = fh.read().decode().strip()
+    except OSError:
+        boot = "?"
+    st = proc.stat(1)
+    return f"{boot}:{st.start if st is not None else '?'}"
 
 
 class State:

@@ -42,15 +42,11 @@ def fingerprint(config: Config) -> str:
 
 
 def _alive(pid: Any, start: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+    """Whether ``pid`` is another live process, started when ``start`` says (no reused pid)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    return start is None or process_start_time(pid) == start
+    started = process_start_time(pid)
+    return started is not None and (start is None or started == start)
 
 
 def lookup(config: Config, state: State) -> list[Result] | None:
