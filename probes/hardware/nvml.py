@@ -166,6 +166,7 @@ class Gpu(NamedTuple):
     mig_devices: tuple[tuple[str, str], ...] = ()  # (uuid, name)
     mps_processes: tuple[tuple[int, str], ...] = ()  # MPS clients (pid, name)
     denied: tuple[str, ...] = ()  # fields NVML refused (NO_PERMISSION): not checked
+    unsupported: tuple[str, ...] = ()  # fields the GPU or driver does not have: not judged
     field_errors: tuple[tuple[str, int], ...] = ()  # (field, NVML code) of supported fields that failed
     recovery_action: Value = NA  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
     fabric: Value = NA  # (state, status) on NVSwitch systems
@@ -223,6 +224,7 @@ class _Reader:
     def __init__(self) -> None:
         self.denied: list[str] = []
         self.errors: list[tuple[str, int]] = []
+        self.unsupported: list[str] = []
 
     def __call__(self, field: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
         if fn is None:
@@ -235,7 +237,10 @@ class _Reader:
         if err == nvml_lib.NO_PERMISSION:
             if field not in self.denied:
                 self.denied.append(field)
-        elif err not in (nvml_lib.NOT_SUPPORTED, nvml_lib.FUNCTION_NOT_FOUND, nvml_lib.INSUFFICIENT_SIZE):
+        elif err in (nvml_lib.NOT_SUPPORTED, nvml_lib.FUNCTION_NOT_FOUND):
+            if field not in self.unsupported:
+                self.unsupported.append(field)
+        elif err != nvml_lib.INSUFFICIENT_SIZE:
             # INSUFFICIENT_SIZE: the process list grew between the bindings' two calls, not a fault
             self.errors.append((field, err))
         return NA
@@ -295,7 +300,8 @@ def _gpu(nv: Any, index: int) -> Gpu:
                 link for link, n in after.items() if link in links_before and n > links_before[link])
     except _Lost as lost:
         return Gpu(index, error=lost.code, **{k: v for k, v in fields.items() if k in ("name", "uuid")})
-    return Gpu(index, denied=tuple(q.denied), field_errors=tuple(q.errors), **fields)
+    return Gpu(index, denied=tuple(q.denied), field_errors=tuple(q.errors), unsupported=tuple(q.unsupported),
+               **fields)
 
 
 # nvmlDeviceGetCurrPcieLinkGeneration ... in Gpu.pcie's order: current gen/width, max gen/width.
@@ -611,6 +617,10 @@ def _facts(data: Gathered, problems: list[Problem]) -> dict[str, Any]:
         }
         if g.persistence != NA:
             entry["persistence"] = bool(g.persistence)
+        if g.unsupported or g.denied:
+            # What was not judged, and why: visible in --json without a warning for each.
+            entry["not_judged"] = {**{f: "not supported" for f in g.unsupported},
+                                   **{f: "no permission" for f in g.denied}}
         if g.error is not None:
             entry["error"] = (nvml_lib.describe(g.error)[0] if g.error != nvml_lib.UNKNOWN
                               else "gpu-unknown-error")

@@ -119,3 +119,12 @@ def test_what_older_drivers_and_races_answer_is_not_a_fault(probe):
     assert probe("gpus 1", "gpu 0 field-error processes 7").status is Status.PASS
     # while a real failure of the same field still fails
     assert probe("gpus 1", "gpu 0 field-error recovery 10").reason == "field-error"
+
+
+def test_fields_not_judged_are_listed_in_the_facts_without_a_warning(probe):
+    r = probe("gpus 1", "gpu 0 unsupported ecc", "gpu 0 unsupported retired")
+    assert r.status is Status.PASS, r.message
+    not_judged = r.facts["gpus"][0]["not_judged"]
+    assert not_judged["ecc"] == not_judged["retired pages"] == "not supported"
+    assert not_judged["fabric state"] == "not supported"  # no NVSwitch fabric on this GPU
+    assert "temperature" not in not_judged
