@@ -36,7 +36,7 @@ from probes import proc, untrusted
 from probes.context import Context, logger
 from probes.framework import checkpoint_child
 from probes.registry import Cause, Spec
-from probes.result import Result, failed, passed, skipped
+from probes.result import Result, failed, passed
 from probes.state import process_start_time
 
 NAME = "checkpoint"
@@ -65,8 +65,9 @@ SPEC = Spec(
         Cause("query-hang", "fail", "the driver's state query gave no answer by the deadline (it blocks "
               "while a peer process is locked)",
               "check `cuda-checkpoint --get-state` on each process; wait for the restore"),
-        Cause("no-checkpoint-api", "skip", "driver without `cuCheckpointProcessGetState` (before 555) or "
-              "no `libcuda.so.1`: not judged", "none"),
+        Cause("no-checkpoint-api", "pass", "driver without `cuCheckpointProcessGetState` (before 555) or "
+              "no `libcuda.so.1`: not judged (a pass, so the GPU probes that wait for this one still run)",
+              "none"),
         Cause("query-failed", "fail", "the child could not ask the driver (`cuInit` failed, or unreadable "
               "output)",
               "check `nvidia-smi`; details in the log"),
@@ -252,7 +253,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     if not report["loaded"] or not report["api"]:
         why = ("no libcuda.so.1" if not report["loaded"] else
                f"driver {_driver(report['driver'])} has no cuCheckpointProcessGetState (555+)")
-        return skipped(NAME, f"not judged: {why}", reason="no-checkpoint-api")
+        # A pass, not a skip: the probes that wait for this one must still run.
+        return passed(NAME, f"not judged: {why}", reason="no-checkpoint-api")
     if report["init"] != 0:
         return failed(NAME, f"cuInit failed (CUresult {report['init']}) in the checkpoint query: check "
                       "nvidia-smi", reason="query-failed")

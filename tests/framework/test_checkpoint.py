@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes.util
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,7 +106,7 @@ def test_driver_without_the_api_is_not_judged(tmp_path: Path, driver: Any, workl
     a, _ = workload
     driver(f"pid {a} checkpointed", "driver 12040", old=True)
     result, _, _ = run_probe(tmp_path, a)
-    assert result.status is Status.SKIP and result.reason == "no-checkpoint-api", result.message
+    assert result.status is Status.PASS and result.reason == "no-checkpoint-api", result.message
     assert "CUDA 12.4" in result.message
 
 
@@ -114,7 +115,7 @@ def test_no_driver_at_all_is_not_judged(tmp_path: Path, workload: list[int], mon
         pytest.skip("this machine has a real libcuda.so.1 in the system paths")
     monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path / "empty"))
     result, _, _ = run_probe(tmp_path, workload[0])
-    assert result.status is Status.SKIP and result.reason == "no-checkpoint-api"
+    assert result.status is Status.PASS and result.reason == "no-checkpoint-api"
     assert "no libcuda.so.1" in result.message
 
 
@@ -203,3 +204,34 @@ def test_whole_runs_readiness_fails_liveness_passes(tmp_path: Path, fake_cuda: P
     (tmp_path / "cuda.txt").write_text(f"pid {a} running\n")
     again = run_cli("--profile", "readiness", "--only", "nvml,checkpoint", env=env)
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("old, checkpointed", [(True, True), (False, False), (False, True)])
+def test_model_waits_for_the_checkpoint_probe_in_a_whole_run(tmp_path: Path, fake_cuda: Path,
+                                                             workload: list[int], old: bool,
+                                                             checkpointed: bool) -> None:
+    """A driver without the API holds nothing back; a checkpointed process keeps the model worker
+    from starting (the model line is skipped, naming the process)."""
+    subprocess.run(["make", "-s", "-C", str(FAKES)], check=True, capture_output=True, timeout=120)
+    import torch
+
+    a, _ = workload
+    torch.save({"w": torch.ones(3)}, str(tmp_path / "m.pt"))
+    (tmp_path / "nvml.txt").write_text(f"gpus 1\ngpu 0 process {a} 2048 python3\n")
+    (tmp_path / "cuda.txt").write_text(f"pid {a} {'checkpointed' if checkpointed else 'running'}\n")
+    env = clean_env(LD_LIBRARY_PATH=f"{FAKES / 'build'}:{fake_cuda / ('cuda-old' if old else 'cuda')}",
+                    FAKE_NVML_SCENARIO=str(tmp_path / "nvml.txt"), FAKE_CUDA_SCENARIO=str(tmp_path / "cuda.txt"),
+                    HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_TORCH_DEVICE="cpu",
+                    HEALTHCHECK_TORCH_PYTHON=sys.executable, HEALTHCHECK_MODEL_PATH=str(tmp_path / "m.pt"))
+    res = run_cli("--profile", "readiness", "--only", "nvml,checkpoint,model", "--json", env=env)
+    doc = json.loads(res.stdout)
+    if checkpointed and not old:
+        # skipped: it observed nothing (health+json lists it under "skipped", not "checks")
+        assert res.returncode == 1, res.stdout
+        assert not any(k.startswith("model:") for k in doc["checks"])
+        skipped = next(v for k, v in doc["skipped"].items() if k.startswith("model"))
+        assert f"process {a} is CUDA-checkpointed" in skipped["output"], skipped
+    else:
+        model_check = next(v[0] for k, v in doc["checks"].items() if k.startswith("model:"))
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert model_check["status"] == "pass", res.stdout

@@ -263,3 +263,19 @@ def test_worker_result_is_validated(tmp_path: Path) -> None:
     dirty = {**good, "torch": "2\x1b[31m"}
     report, _ = model.parse_output((model.PREFIX + json.dumps(dirty) + "\n").encode(), "cpu")
     assert report is not None and "\x1b" not in report["torch"]
+
+
+@pytest.mark.gpu
+def test_torchscript_loads_and_runs_on_the_gpu(tmp_path: Path, scripted: tuple[Path, torch.Tensor]) -> None:
+    path, out = scripted
+    expect = tmp_path / "expect.pt"
+    torch.save(out, str(expect))
+    cfg = Config()._replace(profile="startup", torch_python=REAL_PYTHON, torch_device="cuda",
+                            model_path=str(path), model_input="2x4:float32", model_expect=str(expect))
+    ctx = Context(cfg, time.monotonic() + 120, {}, State.open(str(tmp_path / "state")))
+    data = model.gather(ctx)
+    result = model.judge(data, ctx)
+    assert result.status is Status.PASS, result.message
+    report = data["report"]
+    assert report["peak_gpu"] and report["peak_gpu"] > 0 and report["budget_source"] == "free GPU memory"
+    assert "peak GPU memory" in result.message
