@@ -255,7 +255,10 @@ def _gpu(nv: Any, index: int) -> Gpu:
     try:
         fields["name"] = nvml_lib.text(q("name", nv.nvmlDeviceGetName, handle))
         fields["uuid"] = nvml_lib.text(q("uuid", nv.nvmlDeviceGetUUID, handle))
-        links_before = _nvlink_errors(nv, handle, q)
+        # NVLink first: its error counters are read again at the end, the longest interval we have.
+        fields["nvlinks"] = links = _nvlinks(nv, handle, q)
+        active = [link for link, up in enumerate(links) if up]
+        links_before = _nvlink_errors(nv, handle, active)
         mem = q("memory", nv.nvmlDeviceGetMemoryInfo, handle)
         fields["memory_total_mib"] = NA if mem == NA else int(mem.total) >> 20
         fields["ecc_uncorrected_volatile"] = q(
@@ -293,9 +296,8 @@ def _gpu(nv: Any, index: int) -> Gpu:
         fields["pcie"] = tuple(q("PCIe link", getattr(nv, f, None), handle) for f in PCIE_CALLS)
         util = q("utilization", getattr(nv, "nvmlDeviceGetUtilizationRates", None), handle)
         fields["utilization"] = NA if util == NA else int(util.gpu)
-        fields["nvlinks"] = _nvlinks(nv, handle, q)
         if links_before:
-            after = _nvlink_errors(nv, handle, q)
+            after = _nvlink_errors(nv, handle, list(links_before))
             fields["nvlink_errors_rising"] = tuple(
                 link for link, n in after.items() if link in links_before and n > links_before[link])
     except _Lost as lost:
@@ -374,13 +376,13 @@ def _nvlinks(nv: Any, handle: Any, q: _Reader) -> tuple[int, ...]:
     return tuple(states)
 
 
-def _nvlink_errors(nv: Any, handle: Any, q: _Reader) -> dict[int, int]:
-    """link -> the sum of its error counters; {} on a PCIe-only GPU."""
+def _nvlink_errors(nv: Any, handle: Any, links: list[int]) -> dict[int, int]:
+    """link -> the sum of its error counters, for the given (active) links; {} without NVLink."""
     fn = getattr(nv, "nvmlDeviceGetNvLinkErrorCounter", None)
     out: dict[int, int] = {}
     if fn is None:
         return out
-    for link in range(MAX_NVLINKS):
+    for link in links:
         total = 0
         for counter in range(NVLINK_COUNTERS):
             value, err = nvml_lib.call(fn, handle, link, counter)
