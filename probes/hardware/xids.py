@@ -5,7 +5,9 @@ for Ampere and newer GPUs, from NVIDIA's "Xid Errors" documentation): ``ignore``
 ``restart-app`` (the application's error, or another tenant's), ``reset-gpu``, ``reboot``
 (the node) or ``contact-support``. ``healthcheck serve`` latches unhealthy only on Xids
 whose resolution needs a GPU reset or a node reboot (:data:`LATCHING`); the others are
-counted and shown. An Xid not in the table is shown as "other", never latched.
+counted and shown. An Xid not in the table is shown as "other", never latched: the table
+keeps to entries checked against the catalog (a wrong latch takes a node out until restart;
+HEALTHCHECK_XID_CRITICAL adds more).
 
 Operators override it with ``HEALTHCHECK_XID_CRITICAL`` (latch on these too) and
 ``HEALTHCHECK_XID_IGNORE`` (count only, never latch or warn); see probes.serve.settings.
@@ -30,16 +32,12 @@ CATALOG: dict[int, Xid] = {
     13: Xid(RESTART_APP, "graphics engine exception (an application fault: bad address, illegal "
                          "instruction)"),
     31: Xid(RESTART_APP, "GPU memory page fault (an application's invalid memory access)"),
-    32: Xid(RESTART_APP, "invalid or corrupted push buffer stream"),
     43: Xid(RESTART_APP, "GPU stopped processing (a channel was reset after an application fault)"),
     45: Xid(IGNORE, "preemptive cleanup after an earlier error (the application exited or was killed)"),
     48: Xid(RESET_GPU, "double-bit ECC error (uncorrectable memory error)"),
-    61: Xid(RESET_GPU, "internal micro-controller breakpoint/warning"),
-    62: Xid(RESET_GPU, "internal micro-controller halt"),
     63: Xid(IGNORE, "ECC page retirement or row remap recorded (the nvml probe judges the pending state)"),
     64: Xid(RESET_GPU, "ECC page retirement or row remap recording failure"),
     68: Xid(RESTART_APP, "video decoder (NVDEC) exception"),
-    69: Xid(RESTART_APP, "graphics engine class error"),
     74: Xid(RESET_GPU, "NVLink error"),
     79: Xid(REBOOT, "GPU has fallen off the bus"),
     92: Xid(IGNORE, "high single-bit ECC error rate (corrected)"),
@@ -48,11 +46,7 @@ CATALOG: dict[int, Xid] = {
     109: Xid(RESTART_APP, "context switch timeout"),
     119: Xid(RESET_GPU, "GSP RPC timeout"),
     120: Xid(RESET_GPU, "GSP error"),
-    121: Xid(IGNORE, "corrected C2C link error"),
-    123: Xid(RESET_GPU, "SPI PMU RPC write failure"),
-    136: Xid(RESET_GPU, "link training failure"),
     140: Xid(RESET_GPU, "unrecovered ECC error"),
-    143: Xid(RESET_GPU, "GPU initialisation failure"),
     154: Xid(IGNORE, "GPU recovery action changed (the nvml probe judges the recovery action itself)"),
 }
 

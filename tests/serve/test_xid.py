@@ -128,7 +128,7 @@ def test_bad_xid_ignore_exits_3(env, needle):
 def test_the_catalog_decides_what_latches():
     s = serve_settings.load(clean_env())
     # a reset or a reboot in the catalog latches; the application's Xids (maybe another tenant's) do not
-    assert [severity("xid", x, s) for x in (79, 48, 61, 136)] == ["critical"] * 4
+    assert [severity("xid", x, s) for x in (79, 48, 119, 140)] == ["critical"] * 4
     assert [severity("xid", x, s) for x in (13, 31, 43, 45, 8)] == ["application"] * 5
     assert severity("xid", 9999, s) == "other"
     assert xids.resolution(79) == xids.REBOOT and xids.resolution(13) == xids.RESTART_APP
