@@ -111,7 +111,13 @@ def serve(argv: Sequence[str]) -> int:
         log.warning("cannot become the child subreaper: a process that a probe leaves behind "
                     "may outlive its run")
 
-    from probes.serve.httpd import HealthServer
+    try:
+        from probes.serve.httpd import HealthServer
+    except ModuleNotFoundError as exc:  # the serve extra is not installed
+        if exc.name != "prometheus_client":
+            raise
+        raise ConfigError("serve needs prometheus-client "
+                          "(accepted: pip install 'gpu-healthcheck[serve]')") from None
     from probes.serve.monitor import Monitor
     from probes.serve.xid import Watcher
     from probes.state import State

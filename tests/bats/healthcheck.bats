@@ -110,7 +110,14 @@ stub() {
 
 @test "a HEALTHCHECK_PYTHON that is not executable is a usage error" {
   HEALTHCHECK_PYTHON="$TMP/nope" run -3 "$ROOT/healthcheck"
-  [ "$output" = "healthcheck: HEALTHCHECK_PYTHON='$TMP/nope' is not an executable (accepted: the path of the suite's python)" ]
+  [ "$output" = "healthcheck: HEALTHCHECK_PYTHON=$TMP/nope is not an executable (accepted: the path of the suite's python)" ]
+}
+
+@test "a strange HEALTHCHECK_PYTHON is one line with its control characters visible" {
+  HEALTHCHECK_PYTHON=$'/x\n\e[31m'"$(printf 'y%.0s' {1..300})" run -3 "$ROOT/healthcheck"
+  [ "${#lines[@]}" -eq 1 ]
+  [[ "$output" == *"\\n\\E[31m"* ]]
+  [ "${#output}" -lt 400 ]
 }
 
 @test "without .venv beside it the front door says how to install" {
@@ -123,7 +130,7 @@ stub() {
   ln -s "$ROOT/healthcheck" "$BIN/healthcheck"
   [ -x "$ROOT/.venv/bin/python" ] || skip "no .venv in $ROOT (run make install)"
   ENABLE_GPU_CHECK=false ENABLE_TORCH_CHECK=false ENABLE_JUPYTER_CHECK=false ENABLE_SSH_CHECK=false \
-    run -0 healthcheck
+    ENABLE_RUNTIME_CHECK=false run -0 healthcheck
   [[ "$output" == "healthy: all checks disabled"* ]]
 }
 

@@ -19,7 +19,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 # The tag carries a hash of the base Dockerfile, so editing it rebuilds the base.
 TAG="${1:-${E2E_BASE_IMAGE:-gpu-dev-e2e/base:bookworm-cpu-$(sha256sum "$HERE/base/Dockerfile" | cut -c1-12)}}"
 MINBASE="${E2E_MINBASE_IMAGE:-gpu-dev-e2e/bookworm-minbase:latest}"
-MIRROR="${E2E_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The Debian mirror this machine's own apt sources use (no host is written here).
+MIRROR="${E2E_DEBIAN_MIRROR:-$(bash "$HERE/debian-mirror.sh")}"
 TORCH_SPEC="${E2E_TORCH_SPEC:-torch==2.13.0}"
 WORK="${E2E_WORK_DIR:-$ROOT/.e2e}"
 PY="${E2E_PYTHON:-$ROOT/.venv/bin/python}"

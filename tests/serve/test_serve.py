@@ -269,3 +269,23 @@ def test_sigterm_ends_what_runs_in_flight_left(start_server, tmp_path: Path, kin
     assert time.monotonic() - t0 < 8
     assert _gone(marker) == []
     assert not marked_pids(srv.marker)
+
+
+def test_serve_without_the_serve_extra_is_one_usage_line(tmp_path):
+    """prometheus-client is the serve extra: without it serve says what to install, exit 3."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, clean_env
+
+    blocker = tmp_path / "sitecustomize.py"  # an environment where prometheus_client is not installed
+    blocker.write_text("import sys\nclass _No:\n    def find_spec(self, name, path=None, target=None):\n"
+                       "        if name.split('.')[0] == 'prometheus_client':\n"
+                       "            raise ModuleNotFoundError(\"No module named 'prometheus_client'\", name=name)\n"
+                       "sys.meta_path.insert(0, _No())\n")
+    res = subprocess.run([sys.executable, "-m", "probes", "serve", "--port", "0"], cwd=ROOT, timeout=60,
+                         env=clean_env(PYTHONPATH=str(tmp_path), HEALTHCHECK_STATE_DIR=str(tmp_path / "st")),
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 3 and "Traceback" not in res.stderr
+    assert res.stderr.strip() == ("healthcheck serve: serve needs prometheus-client "
+                                  "(accepted: pip install 'gpu-healthcheck[serve]')")
