@@ -13,7 +13,10 @@ def test_defaults():
     assert cfg.profile == "readiness" and cfg.timeout == config.PROFILE_TIMEOUTS["readiness"]
     assert cfg.jupyter_port == 8888 and cfg.ssh_port == 22 and cfg.host == "127.0.0.1"
     assert cfg.torch_device == "cuda" and cfg.gpu_count == 1
-    assert [s.name for s in cfg.selected()] == list(registry.NAMES)
+    on = [s.name for s in registry.PROBES if s.default_on and "readiness" in s.profiles]
+    assert [s.name for s in cfg.selected()] == on
+    assert {"nvidia-smi", "nvml", "torch-cuda", "jupyter", "ssh"} <= set(on)
+    assert not {"model", "nccl"} & set(on)  # the deep checks are opt-in
 
 
 @pytest.mark.parametrize("raw,value", [("true", True), ("1", True), ("YES", True), ("on", True),
