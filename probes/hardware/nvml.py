@@ -346,16 +346,31 @@ def _raise(nv: Any, code: int) -> None:
     raise nv.NVMLError(code)
 
 
+def _answer(value: Any, err: int | None) -> Any:
+    """Replays a call already made, for the _Reader's judgement of its error."""
+    if err is not None:
+        raise nvml_lib.bindings().NVMLError(err)
+    return value
+
+
 def _fabric(nv: Any, handle: Any, q: _Reader) -> Value:
     """(state, status) of the GPU's NVSwitch fabric registration, NA on GPUs without fabric support."""
-    fn = getattr(nv, "nvmlDeviceGetGpuFabricInfo", None)
-    info_t = getattr(nv, "c_nvmlGpuFabricInfo_t", None)
-    if fn is None or info_t is None:
-        return NA
-    info = info_t()
     import ctypes
 
-    if q("fabric state", fn, handle, ctypes.byref(info)) == NA:
+    # The versioned call first (newer drivers), then the original one (535-era drivers).
+    value: Any = None
+    err: int | None = nvml_lib.FUNCTION_NOT_FOUND
+    info: Any = None
+    for name, struct in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+                         ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
+        fn, info_t = getattr(nv, name, None), getattr(nv, struct, None)
+        if fn is None or info_t is None:
+            continue
+        info = info_t()
+        value, err = nvml_lib.call(fn, handle, ctypes.byref(info))
+        if err != nvml_lib.FUNCTION_NOT_FOUND:
+            break
+    if q("fabric state", lambda: _answer(value, err)) == NA:
         return NA
     if int(info.state) == FABRIC_NOT_SUPPORTED:
         return NA

@@ -115,6 +115,9 @@ static int nevents;
 static fevent events[MAX_EVENTS];
 static int nhangs;
 static fhang hangs[MAX_HANGS];
+#define MAX_MISSING 8
+static int nmissing;
+static char missing[MAX_MISSING][96];
 static fset sets[MAX_SETS];
 
 static double now_ms(void) {
@@ -144,6 +147,7 @@ static void set_defaults(void) {
     init_error = 0;
     nevents = 0;
     nhangs = 0;
+    nmissing = 0;
     snprintf(driver, sizeof driver, "550.54.15");
     cuda_driver = 12040;
     memset(gpus, 0, sizeof gpus);
@@ -222,6 +226,8 @@ static int load_scenario(void) {
             snprintf(hangs[nhangs].sym, sizeof hangs[nhangs].sym, "%s", a);
             hangs[nhangs].ms = ms ? atol(ms) : -1;
             nhangs++;
+        } else if (strcmp(key, "missing") == 0 && a && nmissing < MAX_MISSING) {
+            snprintf(missing[nmissing++], sizeof missing[0], "%s", a);
         } else if (strcmp(key, "event") == 0 && a && nevents < MAX_EVENTS) {
             char *kind = strtok_r(NULL, " \t", &save);
             char *data = strtok_r(NULL, " \t", &save);
@@ -376,8 +382,20 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     }
 }
 
+/* A scenario's `missing SYMBOL`: the call answers FUNCTION_NOT_FOUND, as an older (or newer) driver's
+ * NVML that lacks it would through the bindings. */
+static int is_missing(const char *sym) {
+    for (int i = 0; i < nmissing; i++)
+        if (strcmp(missing[i], sym) == 0) return 1;
+    return 0;
+}
+
 /* Common prologue: initialised, optional hang, a valid handle, the GPU's query error. */
-#define ENTER(sym) do { maybe_hang(sym); if (!initialized) return E_UNINITIALIZED; } while (0)
+#define ENTER(sym) do { \
+        if (is_missing(sym)) return E_FUNCTION_NOT_FOUND; \
+        maybe_hang(sym); \
+        if (!initialized) return E_UNINITIALIZED; \
+    } while (0)
 
 static fgpu *gpu_of(void *handle, nvmlReturn_t *err) {
     fdev *d = (fdev *)handle;
@@ -692,6 +710,31 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfo(void *device, nvmlGpuFabricInfo_t *info)
     info->status = g->fabric_status;
     info->cliqueId = 1;
     info->state = (unsigned char)g->fabric_state;
+    return OK;
+}
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    unsigned int status;
+    unsigned int cliqueId;
+    unsigned char state;
+    unsigned int healthMask;
+} nvmlGpuFabricInfo_v2_t;
+
+#define FABRIC_INFO_V2 0x02000024u
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(void *device, nvmlGpuFabricInfo_v2_t *info) {
+    ENTER("nvmlDeviceGetGpuFabricInfoV");
+    GPU_OR_RETURN(g, device);
+    if (!g->fabric) return E_NOT_SUPPORTED;
+    SUPPORTED_OR_RETURN(g, F_FABRIC);
+    if (!info || info->version != FABRIC_INFO_V2) return E_INVALID_ARGUMENT;
+    memset(info->clusterUuid, 0, sizeof info->clusterUuid);
+    info->status = g->fabric_status;
+    info->cliqueId = 1;
+    info->state = (unsigned char)g->fabric_state;
+    info->healthMask = 0;
     return OK;
 }
 

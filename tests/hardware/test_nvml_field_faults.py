@@ -128,3 +128,16 @@ def test_fields_not_judged_are_listed_in_the_facts_without_a_warning(probe):
     assert not_judged["ecc"] == not_judged["retired pages"] == "not supported"
     assert not_judged["fabric state"] == "not supported"  # no NVSwitch fabric on this GPU
     assert "temperature" not in not_judged
+
+
+@pytest.mark.parametrize("missing", ["nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV"])
+def test_fabric_is_read_through_whichever_call_the_driver_has(probe, missing):
+    r = probe("gpus 1", f"missing {missing}", "gpu 0 fabric 1")
+    assert r.status is Status.FAIL and r.reason == "fabric-manager", r.message
+    assert probe("gpus 1", f"missing {missing}", "gpu 0 fabric 3").status is Status.PASS
+
+
+def test_a_driver_without_either_fabric_call_is_not_judged(probe):
+    r = probe("gpus 1", "missing nvmlDeviceGetGpuFabricInfo", "missing nvmlDeviceGetGpuFabricInfoV",
+              "gpu 0 fabric 1")
+    assert r.status is Status.PASS and r.facts["gpus"][0]["not_judged"]["fabric state"] == "not supported"
