@@ -52,7 +52,7 @@ from probes.context import Context, logger
 from probes.framework import torch_worker
 from probes.registry import ALL_PROFILES, CHOICE, NUMBER, Cause, Setting, Spec
 from probes.registry import TEXT as TEXT_KIND
-from probes.result import SEVERITY, Result, Status, failed, passed, warned
+from probes.result import SEVERITY, Result, Status, failed, passed, skipped, warned
 from probes.state import pid1_identity
 
 NAME = "torch-cuda"
@@ -129,14 +129,18 @@ SPEC = Spec(
         _c("bad-output", "worker output unreadable (no or several result lines, not strict JSON, a number no "
            "float can hold such as 1e999, a field of the wrong type)",
            "the interpreter is not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`"),
+        _c("checkpointed", "a CUDA process here is locked or checkpointed (the checkpoint probe, or its "
+           "marker from an earlier run): no GPU work is started",
+           "none: it runs again once the process is restored", "skip"),
         _c("torch-error", "other torch error", "details in the log"),
     ),
 )
 
 
 def requirements(config: Any) -> tuple[str, ...]:
-    """The hardware layer is a prerequisite only for the GPU: a CPU-only image has none."""
-    return SPEC.requires if config.torch_device == "cuda" else ()
+    """The hardware layer is a prerequisite only for the GPU: a CPU-only image has none. On the
+    GPU, a CUDA-checkpointed process (the checkpoint probe, when it runs) holds the op back."""
+    return (*SPEC.requires, "checkpoint") if config.torch_device == "cuda" else ()
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
 PREFIX = torch_worker.PREFIX
@@ -466,6 +470,12 @@ def gather(ctx: Context) -> dict[str, Any]:
         return _latched(latch)
     if ctx.profile == "liveness":
         return {"kind": "no-latch", "state_off": state.disabled_reason}
+    if ctx.config.torch_device == "cuda":
+        from probes.framework import checkpoint
+
+        held = checkpoint.hold(ctx)  # an earlier run saw a checkpointed process that still exists
+        if held is not None:
+            return {"kind": "checkpointed", "why": held}
 
     expect = expected_count(ctx)
     if not state.enabled:
@@ -593,6 +603,9 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return failed(NAME, f"latched unhealthy {when}by {data['source']}): "
                       f"{data['why']}; restart the container", reason="latched", unit=UNIT,
                       facts={"latched": True, "since": data["since"], "source": data["source"]})
+    if kind == "checkpointed":
+        return skipped(NAME, f"not started: {untrusted.clean(data['why'], 200)}", reason="checkpointed",
+                       unit=UNIT)
     if kind == "no-latch":
         off = data.get("state_off")
         note = f" (state dir off: {off}; a fatal error cannot latch)" if off else ""

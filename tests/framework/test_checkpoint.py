@@ -235,3 +235,28 @@ def test_model_waits_for_the_checkpoint_probe_in_a_whole_run(tmp_path: Path, fak
         model_check = next(v[0] for k, v in doc["checks"].items() if k.startswith("model:"))
         assert res.returncode == 0, res.stdout + res.stderr
         assert model_check["status"] == "pass", res.stdout
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_torch_cuda_starts_no_worker_while_a_process_is_checkpointed(tmp_path: Path, fake_cuda: Path,
+                                                                     workload: list[int], checkpointed: bool) -> None:
+    """On the GPU the torch op waits for the checkpoint probe: a checkpointed process means no worker."""
+    subprocess.run(["make", "-s", "-C", str(FAKES)], check=True, capture_output=True, timeout=120)
+    a, _ = workload
+    started = tmp_path / "started"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\necho started >> {started}\nexit 0\n")
+    wrapper.chmod(0o755)
+    (tmp_path / "nvml.txt").write_text(f"gpus 1\ngpu 0 process {a} 2048 python3\n")
+    (tmp_path / "cuda.txt").write_text(f"pid {a} {'checkpointed' if checkpointed else 'running'}\n")
+    env = clean_env(LD_LIBRARY_PATH=f"{FAKES / 'build'}:{fake_cuda / 'cuda'}",
+                    FAKE_NVML_SCENARIO=str(tmp_path / "nvml.txt"), FAKE_CUDA_SCENARIO=str(tmp_path / "cuda.txt"),
+                    HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_TORCH_DEVICE="cuda",
+                    HEALTHCHECK_TORCH_PYTHON=str(wrapper))
+    res = run_cli("--profile", "readiness", "--only", "nvml,checkpoint,torch-cuda", env=env)
+    torch_line = next(line for line in res.stdout.splitlines() if " torch-cuda " in line)
+    if checkpointed:
+        assert torch_line.startswith("SKIP torch-cuda") and f"process {a} is CUDA-checkpointed" in torch_line
+        assert not started.exists()
+    else:
+        assert started.exists(), res.stdout
