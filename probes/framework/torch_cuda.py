@@ -473,9 +473,9 @@ def gather(ctx: Context) -> dict[str, Any]:
     if ctx.config.torch_device == "cuda":
         from probes.framework import checkpoint
 
-        held = checkpoint.hold(ctx)  # an earlier run saw a checkpointed process that still exists
-        if held is not None:
-            return {"kind": "checkpointed", "why": held}
+        why = checkpoint.hold(ctx)  # an earlier run saw a checkpointed process that still exists
+        if why is not None:
+            return {"kind": "checkpointed", "why": why}
 
     expect = expected_count(ctx)
     if not state.enabled:

@@ -49,6 +49,7 @@ class Monitor:
         self._xid_latch: dict[str, Any] | None = None
         self._events: list[XidEvent] = []
         self._watcher = "off"
+        self._slowdown: dict[int, tuple[float, ...]] = {}
         # Counters and per-probe bookkeeping for /metrics.
         self.runs_total: dict[tuple[str, str], int] = {}
         self.last_success: dict[tuple[str, str], float] = {}
@@ -143,6 +144,11 @@ class Monitor:
         with self._lock:
             self._latch_file = latch
 
+    def set_slowdown(self, gpu: int, times: tuple[float, ...]) -> None:
+        """The watcher's slowdown readings of one GPU (times), judged over a window by the view."""
+        with self._lock:
+            self._slowdown[gpu] = times
+
     def set_watcher(self, status: str) -> None:
         with self._lock:
             self._watcher = status
@@ -163,8 +169,9 @@ class Monitor:
             log.error("NVML event: %s: latched unhealthy until the container restarts", event.describe())
             if latch_now and not self.state.set_latch("xid", event.describe()):
                 log.warning("latch kept in memory only: the state dir is not usable")
-        elif event.severity == "corrected":
-            log.info("NVML event: %s", event.describe())
+        elif event.severity in ("corrected", "ignored"):
+            log.info("NVML event: %s%s", event.describe(), " (ignored: HEALTHCHECK_XID_IGNORE)"
+                     if event.severity == "ignored" else "")
         else:
             log.warning("NVML event: %s (application-level, not a GPU fault)", event.describe())
 
@@ -176,7 +183,8 @@ class Monitor:
                 runs=dict(self._runs), startup_passed=self._startup_passed, latch=latch,
                 events=tuple(self._events[-50:]), watcher=self._watcher,
                 intervals=dict(self.settings.intervals),
-                stale_after={p: self.settings.stale_after(p) for p in cfg.PROFILES})
+                stale_after={p: self.settings.stale_after(p) for p in cfg.PROFILES},
+                slowdown=dict(self._slowdown))
 
     def counters(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float],
                                 dict[tuple[str, str, str, str], int]]:

@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from probes.report import check_entry, iso_time, public_facts
 from probes.result import Result, Status
@@ -188,6 +188,29 @@ class XidEvent:
         return f"corrected (single-bit) ECC error on {where}"
 
 
+# Hardware slowdown and power brake are judged by rate, not by one reading: a GPU warns (readiness and
+# startup) when
+# the last SLOWDOWN_WINDOW seconds hold SLOWDOWN_PER_MINUTE readings per minute or more
+# (0.5/min over 10 min: 5 readings; at the default one reading a minute, 5 minutes of
+# slowdown out of 10). One reading never warns.
+SLOWDOWN_WINDOW = 600.0
+SLOWDOWN_PER_MINUTE = 0.5
+
+
+class SlowdownVerdict(NamedTuple):
+    events: int  # readings with HW slowdown or power brake in the window
+    per_minute: float
+    warn: bool
+
+
+def slowdown_window(times: Sequence[float], now: float, window: float = SLOWDOWN_WINDOW,
+                    per_minute: float = SLOWDOWN_PER_MINUTE) -> SlowdownVerdict:
+    """The slowdown verdict at ``now`` from the times of slowdown readings (pure)."""
+    recent = sum(1 for t in times if now - window < t <= now)
+    rate = recent / (window / 60.0)
+    return SlowdownVerdict(recent, rate, recent > 1 and rate >= per_minute)
+
+
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
     """Everything an endpoint needs, copied out of the monitor under its lock."""
@@ -199,6 +222,8 @@ class Snapshot:
     watcher: str  # "running" | "unavailable" | "off" | "starting" | "failed"
     intervals: Mapping[str, float]
     stale_after: Mapping[str, float]
+    # Per GPU index, the times of the watcher's readings with HW slowdown or power brake.
+    slowdown: Mapping[int, tuple[float, ...]] = dataclasses.field(default_factory=dict)
 
 
 def _entry(component: str, status: str, output: str, *, reason: str | None = None, value: Any = None,
@@ -296,6 +321,21 @@ def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating
                "an application error, not a GPU fault; check the workload's log")
         checks["xid:events"] = [_entry("hardware", "warn", msg, reason=f"xid-{last.data}", value=last.data,
                                        now=now)]
+        notes.append(msg)
+        if status == "pass":
+            status = "warn"
+    # Sustained hardware slowdown or power brake (a rate over a window, never one reading).
+    slowing = {gpu: v for gpu, v in sorted(snap.slowdown.items())
+               for v in (slowdown_window(v, now),) if v.warn} if profile != "liveness" else {}
+    if slowing:
+        gpu, v = next(iter(slowing.items()))
+        msg = (f"GPU {gpu}: hardware slowdown or power brake in {v.events} readings over the last "
+               f"{SLOWDOWN_WINDOW / 60:.0f} min ({v.per_minute:.1f}/min, "
+               f"warns at {SLOWDOWN_PER_MINUTE:g}/min)"
+               + (f" and {len(slowing) - 1} other GPU(s)" if len(slowing) > 1 else "")
+               + ": check the power supply and cooling")
+        checks["nvml:slowdown"] = [_entry("hardware", "warn", msg, reason="hw-slowdown-sustained",
+                                          value=round(v.per_minute, 2), unit="per minute", now=now)]
         notes.append(msg)
         if status == "pass":
             status = "warn"

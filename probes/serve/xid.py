@@ -18,21 +18,21 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from typing import IO, Any, NamedTuple
+from typing import IO, Any
 
 from probes import proc
 from probes.serve.monitor import Monitor
 from probes.serve.settings import Settings
-from probes.serve.view import XidEvent, clean
+from probes.serve.view import (
+    SLOWDOWN_PER_MINUTE,
+    SLOWDOWN_WINDOW,
+    SlowdownVerdict,
+    XidEvent,
+    clean,
+    slowdown_window,
+)
 
 log = logging.getLogger("healthcheck.serve")
-# Hardware slowdown and power brake are judged by rate, not by one reading: a GPU warns when
-# the last SLOWDOWN_WINDOW seconds hold SLOWDOWN_PER_MINUTE readings per minute or more
-# (0.5/min over 10 min: 5 readings; at the default one reading a minute, 5 minutes of
-# slowdown out of 10). One reading never warns.
-SLOWDOWN_WINDOW = 600.0
-SLOWDOWN_PER_MINUTE = 0.5
 RESTART_PAUSE = 30.0
 STOP_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for the watcher
 WAIT_MS = 500
@@ -55,20 +55,6 @@ def severity(kind: str, data: int, settings: Settings) -> str:
     if kind == "ecc-double":
         return "critical"  # uncorrectable memory error: the GPU needs a reset or row remap
     return "corrected"
-
-
-class SlowdownVerdict(NamedTuple):
-    events: int  # readings with HW slowdown or power brake in the window
-    per_minute: float
-    warn: bool
-
-
-def slowdown_window(times: Sequence[float], now: float, window: float = SLOWDOWN_WINDOW,
-                    per_minute: float = SLOWDOWN_PER_MINUTE) -> SlowdownVerdict:
-    """The slowdown verdict at ``now`` from the times of slowdown readings (pure)."""
-    recent = sum(1 for t in times if now - window < t <= now)
-    rate = recent / (window / 60.0)
-    return SlowdownVerdict(recent, rate, recent > 1 and rate >= per_minute)
 
 
 def parse_event(obj: dict[str, Any], settings: Settings) -> XidEvent | None:
@@ -185,6 +171,7 @@ class Watcher:
         while times and times[0] <= now - SLOWDOWN_WINDOW:
             times.popleft()
         verdict = slowdown_window(times, now)
+        self.monitor.set_slowdown(gpu, tuple(times))
         if verdict.warn and gpu not in self._slowing:
             self._slowing.add(gpu)
             log.warning("GPU %d: hardware slowdown or power brake in %d readings over the last %g min "

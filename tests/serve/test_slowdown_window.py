@@ -5,6 +5,7 @@ run over the fake NVML shows the watcher's readings reaching the judgement."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -50,5 +51,16 @@ def test_serve_warns_on_a_sustained_power_brake_not_on_a_clean_gpu(start_server,
     text = srv.log_text()
     assert "GPU 1: hardware slowdown or power brake" in text and "warns at 0.5/min" in text, text
     assert "GPU 0: hardware slowdown" not in text
+    # ... and it reaches readiness (a warning: 200), never liveness.
+    doc: dict = {}
+    while "nvml:slowdown" not in doc.get("checks", {}) and time.monotonic() < deadline + 10:
+        code, _, body = srv.get("/readyz")
+        doc = json.loads(body)
+        time.sleep(0.2)
+    check = doc["checks"]["nvml:slowdown"][0]
+    assert code == 200 and check["status"] == "warn" and check["reason"] == "hw-slowdown-sustained"
+    assert check["output"].startswith("GPU 1: hardware slowdown or power brake")
+    _, _, live = srv.get("/livez")
+    assert "nvml:slowdown" not in json.loads(live)["checks"]
     assert srv.terminate() == 0
     assert not marked_pids(srv.marker)
