@@ -30,6 +30,7 @@ NOT_FOUND = 6
 NO_PERMISSION = 4
 TIMEOUT = 10
 FUNCTION_NOT_FOUND = 13
+INVALID_ARGUMENT = 2
 
 # Every NVML function the suite calls (probes/hardware/nvml.py, nvml_lib.py), plus the CUDA
 # driver version that test_real_gpu.py compares with torch's CUDA.
@@ -43,6 +44,10 @@ CALLS = frozenset({
     "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
     "nvmlEventSetCreate", "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents",
     "nvmlEventSetWait_v2", "nvmlEventSetFree", "nvmlSystemGetCudaDriverVersion",
+    "nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetFieldValues", "nvmlDeviceGetGpuFabricInfoV",
+    "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter",
 })
 
 # Answers other than NOT_SUPPORTED that are not a problem, per call.
@@ -53,6 +58,13 @@ ALLOWED: dict[str, frozenset[int]] = {
     "nvmlEventSetWait_v2": frozenset({TIMEOUT}),  # no event within the wait: the healthy answer
     # Drivers before the rename have only the throttle-reasons name (the probe falls back).
     "nvmlDeviceGetCurrentClocksEventReasons": frozenset({FUNCTION_NOT_FOUND}),
+    # Newer calls an older driver lacks: the probe does not judge what it cannot read.
+    "nvmlDeviceGetMPSComputeRunningProcesses": frozenset({FUNCTION_NOT_FOUND}),
+    "nvmlDeviceGetGpuFabricInfoV": frozenset({FUNCTION_NOT_FOUND}),
+    "nvmlDeviceGetGpuFabricInfo": frozenset({FUNCTION_NOT_FOUND}),
+    # Past the last NVLink (the probe stops there).
+    "nvmlDeviceGetNvLinkState": frozenset({INVALID_ARGUMENT}),
+    "nvmlDeviceGetNvLinkErrorCounter": frozenset({INVALID_ARGUMENT}),
 }
 
 
@@ -126,6 +138,7 @@ class _Reader:
             row["nvmlDeviceGetComputeRunningProcesses"] = [int(p.pid) for p in procs]
             for p in procs:
                 self.call(where, row, "nvmlSystemGetProcessName", p.pid, key=f"process {int(p.pid)}")
+        self._newer_fields(where, row, handle)
         mig, _ = self.call(where, row, "nvmlDeviceGetMigMode", handle)
         if mig is not None:
             row["nvmlDeviceGetMigMode"] = [int(x) for x in mig]
@@ -140,6 +153,46 @@ class _Reader:
                         self.call(f"{where} MIG slot {slot}", mig_row, "nvmlDeviceGetName", h)
                     row[f"mig slot {slot}"] = mig_row
         return row
+
+    def _newer_fields(self, where: str, row: dict[str, Any], handle: Any) -> None:
+        """Recovery action, fabric, PCIe link, NVLink, MPS, persistence, utilisation: as the nvml probe reads them."""
+        import ctypes
+
+        nv = self.nv
+        for name in ("nvmlDeviceGetPersistenceMode", "nvmlDeviceGetCurrPcieLinkGeneration",
+                     "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetMaxPcieLinkGeneration",
+                     "nvmlDeviceGetMaxPcieLinkWidth"):
+            self.call(where, row, name, handle)
+        util, _ = self.call(where, row, "nvmlDeviceGetUtilizationRates", handle)
+        if util is not None:
+            row["nvmlDeviceGetUtilizationRates"] = {"gpu": int(util.gpu), "memory": int(util.memory)}
+        mps, _ = self.call(where, row, "nvmlDeviceGetMPSComputeRunningProcesses", handle)
+        if mps is not None:
+            row["nvmlDeviceGetMPSComputeRunningProcesses"] = [int(p.pid) for p in mps]
+        field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field_id is not None:
+            values, _ = self.call(where, row, "nvmlDeviceGetFieldValues", handle, [field_id])
+            if values is not None:
+                row["nvmlDeviceGetFieldValues"] = {"return": int(values[0].nvmlReturn),
+                                                   "value": int(values[0].value.uiVal)}
+        for name, struct in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+                             ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
+            info_t = getattr(nv, struct, None)
+            if info_t is None:
+                continue
+            info = info_t()
+            _, err = self.call(where, row, name, handle, ctypes.byref(info))
+            if err is None:
+                row[name] = {"state": int(info.state), "status": int(info.status)}
+            if err != FUNCTION_NOT_FOUND:
+                break
+        for link in range(18):  # NVML_NVLINK_MAX_LINKS
+            state, err = self.call(where, row, "nvmlDeviceGetNvLinkState", handle, link, key=f"nvlink {link}")
+            if err is not None:
+                break
+            if state:
+                self.call(where, row, "nvmlDeviceGetNvLinkErrorCounter", handle, link, 0,
+                          key=f"nvlink {link} errors 0")
 
     def events(self, count: int) -> dict[str, Any]:
         """What the serve Xid watcher does: one event set, every GPU registered, one short wait."""
