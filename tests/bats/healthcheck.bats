@@ -129,9 +129,8 @@ stub() {
 @test "found through a symlink, it uses the .venv beside the real script" {
   ln -s "$ROOT/healthcheck" "$BIN/healthcheck"
   [ -x "$ROOT/.venv/bin/python" ] || skip "no .venv in $ROOT (run make install)"
-  ENABLE_GPU_CHECK=false ENABLE_TORCH_CHECK=false ENABLE_JUPYTER_CHECK=false ENABLE_SSH_CHECK=false \
-    ENABLE_RUNTIME_CHECK=false run -0 healthcheck
-  [[ "$output" == "healthy: all checks disabled"* ]]
+  run -0 healthcheck --version
+  [[ "$output" == "healthcheck "[0-9]* ]]
 }
 
 @test "the real suite: a bad setting exits 3 without a traceback" {

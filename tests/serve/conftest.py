@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from probes import registry
 from tests.conftest import ROOT, clean_env
 
 PYTHON = sys.executable
@@ -141,8 +142,8 @@ def start_server(tmp_path: Path):
         s.cleanup()
 
 
-ALL_OFF = {"ENABLE_GPU_CHECK": "false", "ENABLE_TORCH_CHECK": "false", "ENABLE_JUPYTER_CHECK": "false",
-           "ENABLE_SSH_CHECK": "false", "HEALTHCHECK_SERVE_XID_WATCH": "false"}
+# Every probe off (from the registry: a new probe is off here too), and no NVML event watch.
+ALL_OFF = {**{t: "false" for t in registry.TOGGLES}, "HEALTHCHECK_SERVE_XID_WATCH": "false"}
 
 
 def write_exe(path: Path, text: str) -> Path:
