@@ -10,12 +10,15 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
 from probes import __version__, registry
 from probes.config import Config, ConfigError, load, parse_bool, shown
 from probes.context import logger
 from probes.untrusted import clean
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 if TYPE_CHECKING:
     import argparse

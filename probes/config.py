@@ -10,12 +10,16 @@ import math
 import os
 import types
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, TypeVar
 
 from probes import registry
 from probes.untrusted import clean
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any, Callable, TypeVar
+
+if TYPE_CHECKING:
+    T = TypeVar("T")
 
 PROFILES = registry.ALL_PROFILES
 DEFAULT_PROFILE = "readiness"

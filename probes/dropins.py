@@ -33,13 +33,18 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any, NamedTuple
 
 from probes import proc
 from probes.context import Context
 from probes.registry import Cause
 from probes.result import Result, failed, passed, warned
 from probes.untrusted import clean
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
+else:
+    from probes._typing import NamedTuple
 
 MODULE = __name__
 DEFAULT_DIR = "/etc/healthcheck.d"

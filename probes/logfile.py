@@ -16,7 +16,10 @@ import logging.handlers
 import os
 import stat
 import sys
-from typing import IO, Any, Callable
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import IO, Any, Callable
 
 MAX_BYTES = 1 << 20  # then one rotation to <file>.1
 FLAGS = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY

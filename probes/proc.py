@@ -35,7 +35,12 @@ import os
 import signal
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, Callable, NamedTuple
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import IO, Any, Callable, NamedTuple
+else:
+    from probes._typing import NamedTuple
 
 if TYPE_CHECKING:
     import subprocess
@@ -236,7 +241,8 @@ def _signal(pids: Iterable[int], sig: int) -> None:
 
 # A selector: in a process table, the processes of a run (or all of ours), and those it
 # cannot tell yet: pid -> start of each whose environment is empty (in execve, or env -i).
-Select = Callable[[Mapping[int, _Proc]], "tuple[set[int], dict[int, int]]"]
+if TYPE_CHECKING:
+    Select = Callable[[Mapping[int, _Proc]], "tuple[set[int], dict[int, int]]"]
 
 
 def _of_run(root: int, child: _Child | None) -> Select:

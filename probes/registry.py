@@ -23,7 +23,12 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any, NamedTuple
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
+else:
+    from probes._typing import NamedTuple
 
 ALL_PROFILES = ("startup", "readiness", "liveness")
 LAYERS = ("hardware", "framework", "services", "drop-in")

@@ -6,14 +6,16 @@ so the text report is cut to fit, cutting probe lines, never the verdict.
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
 
 from probes import __version__, registry
 from probes.result import Result, Status
 from probes.runner import Outcome
 from probes.untrusted import squeeze
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_BYTES = 4096
 MAX_MESSAGE = 300
@@ -182,4 +184,6 @@ def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
 
 
 def json_text(outcome: Outcome, *, disabled: str = "") -> str:
+    import json  # the text report does not need it
+
     return json.dumps(health_json(outcome, disabled=disabled), separators=(",", ":"), default=str)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import enum
 import types
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
+else:
+    from probes._typing import NamedTuple
 
 
 class Status(str, enum.Enum):

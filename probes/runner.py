@@ -11,13 +11,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import Callable, NamedTuple
 
 from probes import registry
 from probes.config import Config
 from probes.context import Context, logger
 from probes.result import SEVERITY, Result, Status, failed, skipped
 from probes.state import State
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Callable, NamedTuple
+else:
+    from probes._typing import NamedTuple
 
 # What any probe can report, besides its own causes (the README's first cause table).
 COMMON_CAUSES = (

@@ -11,14 +11,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import stat
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from probes.untrusted import Refused, load_json, read_regular
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 LATCH = "latch.json"
 MAX_FILE = 1 << 20  # no state file is anywhere near this size
@@ -127,6 +129,8 @@ class State:
         tmp = self._file(f".{name}.{os.getpid()}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            import json  # reading goes through probes.untrusted; only writers need this
+
             with os.fdopen(fd, "w") as fh:
                 json.dump(data, fh, separators=(",", ":"))
             os.replace(tmp, self._file(name))

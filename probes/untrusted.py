@@ -19,11 +19,13 @@ names, settings, and files in directories another user can write.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from collections.abc import Collection
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_TEXT = 300  # characters of one cleaned value unless the caller says otherwise
 MAX_DEPTH = 32  # nesting of arrays and objects in any JSON the suite reads
@@ -114,6 +116,8 @@ def load_json(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     NaN and Infinity are refused, integers are bounded to ``MAX_INT_DIGITS`` digits and
     floats must be finite, so later arithmetic (``float(x)``) can never overflow.
     """
+    import json  # only runs that read JSON pay for it
+
     try:
         doc = json.loads(raw, parse_constant=_no_constant, parse_int=_bounded_int,
                          parse_float=_finite_float)

@@ -26,18 +26,21 @@ Command-line equivalent::
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from probes import proc, untrusted
+from probes._lazy import regex
 from probes.context import Context, logger
 from probes.framework import checkpoint_child
 from probes.registry import Cause, Spec
 from probes.result import Result, failed, passed
 from probes.state import process_start_time
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 NAME = "checkpoint"
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_child.py")
@@ -47,7 +50,7 @@ MARKER_TTL = 300.0  # seconds a marker holds GPU work back when this probe does 
 MARGIN = proc.TERM_GRACE + proc.KILL_WAIT + 0.05
 MAX_PIDS = 64
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
-_GPU_NODE = re.compile(r"/dev/nvidia\d+")
+_GPU_NODE = regex(r"/dev/nvidia\d+")
 
 SPEC = Spec(
     NAME, "framework", __name__, "ENABLE_CHECKPOINT_CHECK", 5.0, ("startup", "readiness"),

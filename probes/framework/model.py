@@ -27,10 +27,8 @@ field by field with every string cleaned.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
-from typing import Any
 
 from probes import proc, untrusted
 from probes.context import Context, logger
@@ -39,6 +37,10 @@ from probes.framework.torch_cuda import LOCK, MARGIN, _Bad, _fields
 from probes.registry import INTEGER, NUMBER, TEXT, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, warned
 from probes.state import pid1_identity
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 NAME = "model"
 MEASUREMENT = "load"
@@ -172,6 +174,8 @@ def parse_output(stdout: bytes, device: str) -> tuple[dict[str, Any] | None, str
 def last_phase(stderr: bytes) -> str | None:
     found = None
     for line in stderr.decode("utf-8", "replace").splitlines():
+        import re  # on first use: see probes/_lazy.py
+
         if line.startswith(PHASE) and re.fullmatch(_PHASES, line[len(PHASE):].strip()):
             found = line[len(PHASE):].strip()
     return found

@@ -34,10 +34,7 @@ Command-line equivalent::
 Keep this file compatible with old interpreters (3.6+): images carry their own.
 """
 
-import json
-import math
 import os
-import struct
 import sys
 import time
 
@@ -66,6 +63,7 @@ class Failure(Exception):
 def measure(value):
     """A float as strict JSON allows it: non-finite values as "nan", "inf" or "-inf"."""
     value = float(value)
+    import math  # here, not at the top: the suite imports this file's constants
     if math.isnan(value):
         return "nan"
     if math.isinf(value):
@@ -144,10 +142,12 @@ def safetensors_header(fh, size):
     head = fh.read(8)
     if len(head) < 8:
         raise Failure("corrupt", "shorter than a safetensors header")
+    import struct  # here, not at the top: the suite imports this file's constants
     (length,) = struct.unpack("<Q", head)
     if length > MAX_HEADER or 8 + length > size:
         raise Failure("corrupt", "safetensors header length beyond the file (truncated?)")
     try:
+        import json  # here, not at the top: the suite imports this file's constants
         header = json.loads(fh.read(length).decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise Failure("corrupt", "safetensors header is not JSON") from None
@@ -184,6 +184,7 @@ def detect(fh, size):
         data = sum(i.file_size for i in names if "/data/" in "/" + i.filename)
         return ("torchscript" if code else "state-dict"), (data or size)
     if len(magic) == 8:
+        import struct  # here, not at the top: the suite imports this file's constants
         (length,) = struct.unpack("<Q", magic)
         fh.seek(8)
         if 2 <= length <= MAX_HEADER and fh.read(1) == b"{":
@@ -434,6 +435,7 @@ def main(argv=None):
         traceback.print_exc()
         kind = "oom" if "out of memory" in str(exc).lower() else "worker"
         report["error"] = {"kind": kind, "type": type(exc).__name__, "message": text(exc)}
+    import json  # here, not at the top: the suite imports this file's constants
     line = PREFIX + json.dumps(report, sort_keys=True) + "\n"
     os.write(result_fd, line.encode("utf-8"))
     sys.stderr.flush()

@@ -22,10 +22,8 @@ reuses a passing result younger than ``HEALTHCHECK_NCCL_TTL``.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
-from typing import Any, NamedTuple
 
 from probes import proc, untrusted
 from probes.context import Context, logger
@@ -34,6 +32,12 @@ from probes.framework.torch_cuda import LOCK, MARGIN, _Bad, _fields
 from probes.registry import INTEGER, NUMBER, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, skipped
 from probes.state import pid1_identity
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
+else:
+    from probes._typing import NamedTuple
 
 NAME = "nccl"
 MEASUREMENT = "allreduce"
@@ -160,6 +164,8 @@ def warnings(stderr: bytes) -> list[str]:
 def last_phase(stderr: bytes) -> str | None:
     found = None
     for line in stderr.decode("utf-8", "replace").splitlines():
+        import re  # on first use: see probes/_lazy.py
+
         if line.startswith(PHASE) and re.fullmatch(_PHASES, line[len(PHASE):].strip()):
             found = line[len(PHASE):].strip()
     return found

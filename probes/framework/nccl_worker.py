@@ -20,7 +20,6 @@ Command-line equivalent::
 Keep this file compatible with old interpreters (3.6+): images carry their own.
 """
 
-import json
 import os
 import sys
 import time
@@ -181,6 +180,7 @@ def main(argv=None):
         work(args, report)
     except Exception as exc:
         report["error"] = error("worker", exc)
+    import json  # here, not at the top: the suite imports this file's constants
     line = PREFIX + json.dumps(report, sort_keys=True) + "\n"
     os.write(result_fd, line.encode("utf-8"))
     sys.stderr.flush()

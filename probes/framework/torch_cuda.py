@@ -41,11 +41,9 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from probes import proc, untrusted
 from probes.context import Context, logger
@@ -54,6 +52,10 @@ from probes.registry import ALL_PROFILES, CHOICE, NUMBER, Cause, Setting, Spec
 from probes.registry import TEXT as TEXT_KIND
 from probes.result import SEVERITY, Result, Status, failed, passed, skipped, warned
 from probes.state import pid1_identity
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 NAME = "torch-cuda"
 MEASUREMENT = "devices"
@@ -326,6 +328,8 @@ def last_phase(stderr: bytes) -> str | None:
     for line in stderr.decode("utf-8", "replace").splitlines():
         if line.startswith(PHASE):
             name = line[len(PHASE):].strip()
+            import re  # on first use: see probes/_lazy.py
+
             if re.fullmatch(_PHASES, name):
                 found = name
     return found
@@ -428,6 +432,8 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
     try:
         for name, (kind, nullable) in _DATA.items():
             _check(data.get(name), kind, nullable, name)
+        import re  # on first use: see probes/_lazy.py
+
         if data["phase"] is not None and not re.fullmatch(_PHASES, data["phase"]):
             return None
         report = None if data.get("report") is None else validate(data["report"], key["device"], key["size"])
@@ -754,6 +760,8 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
         return warned(NAME, f"{where} out of memory for the probe's own context{holder}: the workload is "
                       "using the memory; not checked, not a fault", reason="oom", **kw)
     if category == "old-driver":
+        import re  # on first use: see probes/_lazy.py
+
         found = re.search(r"found version (\d+)", str(err.get("message", "")))
         driver = (f"{int(found[1]) // 1000}.{int(found[1]) % 1000 // 10}" if found
                   else _driver_cuda(ctx))
@@ -770,10 +778,14 @@ def _driver_cuda(ctx: Context) -> str | None:
     """The highest CUDA version the driver supports ("12.4"), as the nvml probe read it."""
     nvml = ctx.results.get("nvml")
     value = nvml.facts.get("cuda_driver") if nvml is not None else None
+    import re  # on first use: see probes/_lazy.py
+
     return value if isinstance(value, str) and re.fullmatch(r"\d{1,3}\.\d{1,3}", value) else None
 
 
 def _version(text: Any) -> tuple[int, int] | None:
+    import re  # on first use: see probes/_lazy.py
+
     found = re.match(r"(\d{1,3})\.(\d{1,3})", str(text or ""))
     return (int(found[1]), int(found[2])) if found else None
 

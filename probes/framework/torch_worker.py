@@ -24,12 +24,10 @@ Command-line equivalent::
 Keep this file compatible with old interpreters (3.6+): images carry their own.
 """
 
-import json
 import math
 import os
 import sys
 import time
-import warnings
 
 # argparse and traceback are imported where used: the suite imports this module for
 # its protocol constants (PREFIX, PHASE, SCHEMA) on every run, liveness included.
@@ -94,6 +92,8 @@ def uuid_of(torch, index):
 def check_cuda(torch, report):
     """Availability and device count; returns the count, or None when CUDA cannot be used."""
     phase("init")
+    import warnings
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         available = bool(torch.cuda.is_available())
@@ -213,6 +213,8 @@ def main(argv=None):
 
         traceback.print_exc()
         report["error"] = error("worker", exc)
+    import json
+
     line = PREFIX + json.dumps(report, sort_keys=True) + "\n"
     os.write(result_fd, line.encode("utf-8"))
     sys.stderr.flush()

@@ -13,17 +13,22 @@ cause and a remedy.
 
 from __future__ import annotations
 
-import re
 import signal
-from typing import NamedTuple
 
 from probes import hardware as hw
 from probes import proc
+from probes._lazy import regex
 from probes.config import is_integer_text
 from probes.context import Context
 from probes.registry import Cause, Spec
 from probes.result import Result, failed, passed
 from probes.untrusted import clean
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import NamedTuple
+else:
+    from probes._typing import NamedTuple
 
 NAME = "nvidia-smi"
 MEASUREMENT = "gpus"
@@ -81,8 +86,8 @@ UNKNOWN_ERROR = ("nvml-unknown-error", "Failed to initialize NVML: Unknown Error
 MAX_OUTPUT = 512 * 1024
 MAX_NAME = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
 
-_LOST = re.compile(r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]+)")
-_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
+_LOST = regex(r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]+)")
+_UUID = regex(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
 
 
 class Gpu(NamedTuple):

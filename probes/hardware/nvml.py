@@ -32,13 +32,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Callable, NamedTuple
 
 from probes import hardware as hw
 from probes.context import Context
 from probes.hardware import nvml_lib
 from probes.registry import Cause, Spec
 from probes.result import Result, Status, failed, passed, warned
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any, Callable, NamedTuple
+else:
+    from probes._typing import NamedTuple
 
 NAME = "nvml"
 MEASUREMENT = "gpus"
@@ -142,7 +147,8 @@ RECOVERY_ACTIONS = {
 # PCIe below its maximum is power saving on an idle GPU; judged only at this utilization or more.
 BUSY_UTILIZATION = 80
 
-Value = Any  # an int/bool/str reading, or NA
+if TYPE_CHECKING:
+    Value = Any  # an int/bool/str reading, or NA
 
 
 class Gpu(NamedTuple):

@@ -35,11 +35,17 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Any, Literal, NamedTuple
 
 from probes.untrusted import MAX_TEXT, clean
 
-EventKind = Literal["xid", "ecc-single", "ecc-double", "slowdown"]
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any, Literal, NamedTuple
+else:
+    from probes._typing import NamedTuple
+
+if TYPE_CHECKING:
+    EventKind = Literal["xid", "ecc-single", "ecc-double", "slowdown"]
 
 # NVML return codes (nvml.h); kept here so callers need not import pynvml.
 SUCCESS = 0

@@ -24,16 +24,21 @@ Command-line equivalent::
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Mapping
-from typing import Any, NamedTuple
 
 from probes import hardware as hw
+from probes._lazy import regex
 from probes.context import Context
 from probes.registry import INTEGER, TEXT, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, warned
 from probes.untrusted import clean
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
+else:
+    from probes._typing import NamedTuple
 
 NAME = "runtime"
 MEASUREMENT = "shm"
@@ -86,7 +91,7 @@ DEBUG_ENV: Mapping[str, str] = {
     "PYTORCH_NO_CUDA_MEMORY_CACHING": "turns torch's CUDA caching allocator off (slow)",
 }
 _OFF = ("", "0", "false", "no", "off")
-_GPU_NODE = re.compile(r"nvidia(\d+)\Z")
+_GPU_NODE = regex(r"nvidia(\d+)\Z")
 
 
 class Gathered(NamedTuple):

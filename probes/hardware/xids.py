@@ -15,7 +15,11 @@ Operators override it with ``HEALTHCHECK_XID_CRITICAL`` (latch on these too) and
 
 from __future__ import annotations
 
-from typing import NamedTuple
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import NamedTuple
+else:
+    from probes._typing import NamedTuple
 
 IGNORE, RESTART_APP, RESET_GPU, REBOOT, CONTACT_SUPPORT = (
     "ignore", "restart-app", "reset-gpu", "reboot", "contact-support")

@@ -19,9 +19,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import IO, Any, NoReturn
 
 from probes.config import ConfigError
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import IO, Any, NoReturn
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 3
 log = logging.getLogger("healthcheck.serve")

@@ -21,11 +21,14 @@ import hashlib
 import json
 import os
 import time
-from typing import Any
 
 from probes.config import Config
 from probes.result import Result
 from probes.state import State, process_start_time
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 SNAPSHOT = "serve.json"
 FALSE = ("false", "0", "no", "off")

@@ -17,13 +17,16 @@ import logging
 import socket
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from probes import __version__
 from probes.serve import metrics
 from probes.serve.monitor import Monitor
 from probes.serve.view import UnknownCheck, clean, verbose_text, verdict
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("healthcheck.serve")
 HEALTH_JSON = "application/health+json"

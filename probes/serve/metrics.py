@@ -13,7 +13,6 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -24,6 +23,10 @@ from probes import __version__
 from probes import config as cfg
 from probes.serve.monitor import Monitor
 from probes.serve.view import Snapshot, results_of, verdict
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 STATUSES = ("pass", "warn", "fail", "skip")
 WATCHER_STATES = ("running", "starting", "unavailable", "failed", "off")

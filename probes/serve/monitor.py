@@ -19,7 +19,6 @@ import os
 import sys
 import threading
 import time
-from typing import Any
 
 from probes import config as cfg
 from probes import proc
@@ -28,6 +27,10 @@ from probes.serve import fastpath
 from probes.serve.settings import Settings
 from probes.serve.view import Run, Snapshot, XidEvent, parse_report, results_of
 from probes.state import State, process_start_time
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("healthcheck.serve")
 MAX_EVENTS = 200

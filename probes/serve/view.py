@@ -14,11 +14,16 @@ import dataclasses
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
 
 from probes.report import check_entry, iso_time, public_facts
 from probes.result import Result, Status
 from probes.untrusted import load_json, squeeze
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
+else:
+    from probes._typing import NamedTuple
 
 MAX_TEXT = 300
 CHECK_KEYS = ("componentId", "componentType", "layer", "status", "observedValue", "observedUnit", "time",

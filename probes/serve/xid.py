@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import IO, Any
 
 from probes import proc
 from probes.serve.monitor import Monitor
@@ -31,6 +30,10 @@ from probes.serve.view import (
     clean,
     slowdown_window,
 )
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 log = logging.getLogger("healthcheck.serve")
 RESTART_PAUSE = 30.0

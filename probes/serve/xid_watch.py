@@ -27,7 +27,10 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("healthcheck.xid_watch")
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any
 
 from probes.services import _net
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_HEAD = 16 * 1024
 MAX_BODY = 64 * 1024

@@ -34,7 +34,6 @@ import os
 import socket
 import sys
 import time
-from typing import Any
 
 from probes import services, untrusted
 from probes.config import Config
@@ -56,6 +55,10 @@ from probes.services._http import (  # noqa: F401 - the probe's HTTP client; tes
     exchange,
     parse_response,
 )
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 NAME = "jupyter"
 MEASUREMENT = "responseTime"

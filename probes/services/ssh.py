@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any
 
 from probes import services
 from probes.context import Context
@@ -44,6 +43,10 @@ from probes.registry import ALL_PROFILES, PORT, Cause, Setting, Spec
 from probes.result import Result, failed, passed
 from probes.services import _net
 from probes.untrusted import clean
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 NAME = "ssh"
 MEASUREMENT = "banner"

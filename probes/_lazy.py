@@ -1,0 +1,27 @@
+"""A regular expression compiled on first use.
+
+``re`` (and the compile) costs every run about 1-2 ms; most patterns in the probes are used
+only on a failure path or by a probe that is not running. ``regex(p).search(...)`` behaves as
+``re.compile(p).search(...)``.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    import re
+
+
+class regex:
+    __slots__ = ("_compiled", "_flags", "_pattern")
+
+    def __init__(self, pattern: str, flags: int = 0) -> None:
+        self._pattern, self._flags = pattern, flags
+        self._compiled: re.Pattern[str] | None = None
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if self._compiled is None:
+            import re
+
+            self._compiled = re.compile(self._pattern, self._flags)
+        return getattr(self._compiled, name)

@@ -1,0 +1,30 @@
+"""Start-up stays light: what a liveness run imports is checked here, its speed by make bench.
+
+Every run reads every probe's declaration, so a probe module's top-level imports are paid
+by all of them, liveness included. These modules each cost a millisecond or more and a
+liveness run with its services off needs none of them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from probes import registry
+from tests.conftest import ROOT, clean_env
+
+HEAVY = ("typing", "ctypes", "subprocess", "json", "re", "argparse", "logging", "datetime", "psutil", "pynvml",
+         "ssl", "http.client", "email", "encodings.idna", "struct")
+SCRIPT = ("import sys\nfrom probes.cli import main\ncode = main(['--profile', 'liveness'])\n"
+          "print(','.join(sorted(m for m in sys.modules if m in {heavy!r})))\n")
+
+
+def test_a_liveness_run_imports_none_of_the_heavy_modules(tmp_path):
+    env = clean_env(HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_CHECKS_DIR=str(tmp_path / "none"),
+                    **{t: "false" for t in registry.TOGGLES if t != "ENABLE_TORCH_CHECK"})
+    res = subprocess.run([sys.executable, "-I", "-c", SCRIPT.format(heavy=set(HEAVY))], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("healthy: liveness:"), res.stdout
+    assert lines[-1] == "", f"a liveness run imported: {lines[-1]}"
