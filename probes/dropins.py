@@ -271,12 +271,7 @@ def judge(data: Ran, ctx: Context) -> Result:
         return failed(name, f"no answer within {data.budget:.1f}s (deadline passed)"
                       + (f"; it said: {message}" if message else ""), reason="deadline")
     if done.signal is not None:
-        import signal
-
-        try:
-            sig = signal.Signals(done.signal).name
-        except ValueError:
-            sig = f"signal {done.signal}"
+        sig = proc.signal_name(done.signal)
         return failed(name, f"killed by {sig}" + (f"; it said: "
                                                   f"{message}" if message else ""), reason="bad-exit")
     code = done.returncode

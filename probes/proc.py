@@ -624,6 +624,14 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
                      pid=proc.pid, stderr_truncated=cut[err_fd], lingered=answered and timed_out)
 
 
+def signal_name(num: int) -> str:
+    """SIGKILL for 9; "signal 99" for a number no signal has (for messages about a child)."""
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
 def excerpt(data: bytes, limit: int = 120) -> str:
     """A short, printable, single-line excerpt of untrusted output for a message."""
     from probes.untrusted import squeeze

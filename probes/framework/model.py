@@ -27,7 +27,6 @@ field by field with every string cleaned.
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 from probes import proc, untrusted
@@ -338,10 +337,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                           "wedged driver", reason="deadline", **kw)
         rc = data.get("returncode")
         if isinstance(rc, int) and rc < 0:
-            try:
-                sig = signal.Signals(-rc).name
-            except ValueError:
-                sig = f"signal {-rc}"
+            sig = proc.signal_name(-rc)
             return failed(NAME, f"model worker killed by {sig} in {where}: check the container's memory "
                           "limit and dmesg", reason="killed", **kw)
         return failed(NAME, f"model worker gave an unreadable result ({data.get('problem')}, exit status "

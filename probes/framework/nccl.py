@@ -22,7 +22,6 @@ reuses a passing result younger than ``HEALTHCHECK_NCCL_TTL``.
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 from probes import proc, untrusted
@@ -322,10 +321,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                           "import", reason="deadline", **kw)
         rc = data.get("returncode")
         if isinstance(rc, int) and rc < 0:
-            try:
-                sig = signal.Signals(-rc).name
-            except ValueError:
-                sig = f"signal {-rc}"
+            sig = proc.signal_name(-rc)
             return failed(NAME, f"the NCCL worker was killed by {sig} in {where}: check the container's "
                           "memory limit and dmesg", reason="killed", **kw)
         return failed(NAME, f"the NCCL worker gave an unreadable result ({data.get('problem')}, exit status "

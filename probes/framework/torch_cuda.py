@@ -590,13 +590,6 @@ def _suffix(data: dict[str, Any]) -> str:
     return ""
 
 
-def _signal_name(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
 def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f}"
 
@@ -674,7 +667,8 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
                 "a crash in torch or the driver; check dmesg" if sig in (signal.SIGSEGV, signal.SIGBUS,
                                                                           signal.SIGABRT, signal.SIGILL)
                 else "something outside the suite stopped it")
-        return failed(NAME, f"torch worker killed by {_signal_name(sig)} in {where or 'start-up'}: {hint}",
+        name = proc.signal_name(sig)
+        return failed(NAME, f"torch worker killed by {name} in {where or 'start-up'}: {hint}",
                       reason="killed", **kw)
     return failed(NAME, f"torch worker gave an unreadable result ({data.get('problem')}, exit status {rc}): "
                   f"'{data.get('excerpt') or ''}'", reason="bad-output", **kw)

@@ -13,8 +13,6 @@ cause and a remedy.
 
 from __future__ import annotations
 
-import signal
-
 from probes import hardware as hw
 from probes import proc
 from probes._lazy import regex
@@ -127,13 +125,6 @@ def _plural(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
-def _signal_name(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
 def judge(data: proc.Completed, ctx: Context) -> Result:
     expected = ctx.config.gpu_count
     if data.spawn_error == "not found":
@@ -164,8 +155,8 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
                       observed=len(gpus), unit=UNIT, reason="gpu-lost", facts=_facts(gpus))
     if data.signal is not None or (data.returncode is not None and 128 < data.returncode < 255):
         num = data.signal if data.signal is not None else (data.returncode or 0) - 128
-        return failed(NAME, f"nvidia-smi was killed by {_signal_name(num)}: the driver or the tool crashed; "
-                      "check dmesg for Xid errors", reason="killed")
+        return failed(NAME, f"nvidia-smi was killed by {proc.signal_name(num)}: the driver or the tool "
+                      "crashed; check dmesg for Xid errors", reason="killed")
     if data.returncode in EXIT_CODES:
         reason, message = EXIT_CODES[data.returncode]
         return failed(NAME, message, reason=reason, observed=len(gpus), unit=UNIT, facts=_facts(gpus))
