@@ -2,7 +2,7 @@
 # proves the container can do its job (driver, GPUs, a real tensor op, Jupyter, sshd).
 #
 #   docker build --network host -t gpu-dev:latest .      (make image)
-#   docker run -d --gpus all -p 8888:8888 -p 2222:22 \
+#   docker run -d --gpus all --shm-size=8g -p 8888:8888 -p 2222:22 \
 #     -e SSH_AUTHORIZED_KEYS="$(cat ~/.ssh/id_ed25519.pub)" gpu-dev:latest
 #
 # BASE_IMAGE may be any image whose python3 on PATH owns torch (the end-to-end tests use a

@@ -193,6 +193,8 @@ def start_container(image: str) -> Iterator[Callable[..., str]]:
             argv.append("--no-healthcheck")
         elif health is not None:
             argv += health.args()
+        if not any(a.startswith("--shm-size") or a == "--ipc=host" for a in run_args):
+            argv.append("--shm-size=1g")  # as the README runs it: Docker's 64 MiB makes the runtime probe warn
         argv += [*run_args, image, *command]
         cid = docker(*argv).stdout.strip()
         started.append(cid)

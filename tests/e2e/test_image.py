@@ -327,7 +327,7 @@ def test_jupyter_token_stays_secret_and_stop_is_clean(start_container) -> None: 
     state = inspect(cid)["State"]
     assert state["ExitCode"] == 0, "TERM reached both services and the entrypoint ended cleanly"
     logs = docker("logs", "--tail", "5", cid)
-    assert "stopping sshd and jupyter" in logs.stderr + logs.stdout
+    assert "stopping sshd, jupyter" in logs.stderr + logs.stdout
 
 
 # ---------------------------------------------------------------- the notebook user against root's probe
@@ -471,3 +471,12 @@ def test_notebook_users_fake_server_cannot_stand_in_for_a_stopped_jupyter(start_
     assert "9.9.9" not in out and "deadline" not in out, out
     assert "; not used: jpserver-" in out, "the refused runtime files are mentioned"
     assert fake_connections(cid) == [], "the probe connected to the notebook user's fake server"
+
+
+def test_dockers_default_shm_warns_with_the_remedy_and_stays_healthy(start_container):
+    """Docker's default /dev/shm (64 MiB) breaks NCCL and DataLoader workers: a warning, not a failure."""
+    cid = start_container("--shm-size=64m", health=FAST)
+    wait_for_health(cid, "healthy", timeout=90)
+    out = last_output(cid)
+    assert out.startswith("healthy with warnings: runtime: /dev/shm is 64 MiB"), out
+    assert "--shm-size" in out.splitlines()[0]
