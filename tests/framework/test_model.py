@@ -267,6 +267,8 @@ def test_worker_result_is_validated(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 def test_torchscript_loads_and_runs_on_the_gpu(tmp_path: Path, scripted: tuple[Path, torch.Tensor]) -> None:
+    if not torch.cuda.is_available():  # a stub nvidia-smi (make gpu-verify FAKE=1) passes the marker's check
+        pytest.skip("needs CUDA: this torch has no GPU")
     path, out = scripted
     expect = tmp_path / "expect.pt"
     torch.save(out, str(expect))

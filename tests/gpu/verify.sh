@@ -124,7 +124,7 @@ install_suite() {
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
   "$python" -c "$site_dirs" >"$site/gpu-verify-site.pth"
   mkdir "$work/src"
-  cp -R pyproject.toml README.md probes "$work/src/"
+  cp -R pyproject.toml README.md healthcheck probes "$work/src/"  # healthcheck: the package installs it
   # pip from the machine's site-packages, running in the new environment: installs there.
   "$venv/bin/python" -m pip install --no-deps --no-build-isolation --no-index --ignore-installed \
     --no-input --disable-pip-version-check "$work/src"
