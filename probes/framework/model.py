@@ -32,7 +32,7 @@ import time
 from probes import proc, untrusted
 from probes.context import Context, logger
 from probes.framework import checkpoint, model_worker
-from probes.framework.torch_cuda import LOCK, MARGIN, _Bad, _fields
+from probes.framework.torch_cuda import MARGIN, _Bad, _fields, locked_run
 from probes.registry import INTEGER, NUMBER, TEXT, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, warned
 from probes.state import pid1_identity
@@ -271,24 +271,9 @@ def gather(ctx: Context) -> dict[str, Any]:
         hit = _cached(state.read_json(CACHE), key, ctx.config.model_ttl, ctx.config.torch_device)
         if hit is not None:
             return hit
-    if not state.enabled:
-        return run_worker(ctx)
-    waited_from = time.monotonic()
-    with state.lock(LOCK, ctx.deadline - MARGIN) as held:
-        if not held:
-            return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
-        if ctx.profile == "readiness":
-            hit = _cached(state.read_json(CACHE), key, ctx.config.model_ttl, ctx.config.torch_device)
-            if hit is not None:
-                return hit
-        data = run_worker(ctx)
-        result = judge(data, ctx)
-        if data["lingered"]:
-            state.remove(CACHE)
-        else:
-            state.write_json(CACHE, {"key": key, "finished": data["finished"], "status": result.status.value,
-                                     "data": data})
-        return data
+    return locked_run(ctx, CACHE, key,
+                      lambda entry: _cached(entry, key, ctx.config.model_ttl, ctx.config.torch_device),
+                      lambda: run_worker(ctx), judge)
 
 
 def on_deadline(ctx: Context) -> Result:

@@ -27,7 +27,7 @@ import time
 from probes import proc, untrusted
 from probes.context import Context, logger
 from probes.framework import checkpoint, nccl_worker
-from probes.framework.torch_cuda import LOCK, MARGIN, _Bad, _fields
+from probes.framework.torch_cuda import MARGIN, _Bad, _fields, locked_run
 from probes.registry import INTEGER, NUMBER, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, skipped
 from probes.state import pid1_identity
@@ -239,24 +239,8 @@ def gather(ctx: Context) -> dict[str, Any]:
     shm = shm_size()
     if shm.size is not None and shm.size < ctx.config.nccl_min_shm_mib * 2**20:
         return {"kind": "shm-small", "shm": shm.size}
-    if not state.enabled:
-        return {**run_worker(ctx), "shm": shm.size}
-    waited_from = time.monotonic()
-    with state.lock(LOCK, ctx.deadline - MARGIN) as held:
-        if not held:
-            return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
-        if ctx.profile == "readiness":
-            hit = _cached(state.read_json(CACHE), key, ctx.config.nccl_ttl)
-            if hit is not None:
-                return hit
-        data = {**run_worker(ctx), "shm": shm.size}
-        result = judge(data, ctx)
-        if data["lingered"]:
-            state.remove(CACHE)
-        else:
-            state.write_json(CACHE, {"key": key, "finished": data["finished"], "status": result.status.value,
-                                     "data": data})
-        return data
+    return locked_run(ctx, CACHE, key, lambda entry: _cached(entry, key, ctx.config.nccl_ttl),
+                      lambda: {**run_worker(ctx), "shm": shm.size}, judge)
 
 
 def on_deadline(ctx: Context) -> Result:

@@ -43,7 +43,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from probes import proc, untrusted
 from probes.context import Context, logger
@@ -368,6 +368,34 @@ def result_arrived(stdout: bytes) -> bool:
         if line.startswith(PREFIX) and line.splitlines()[0] != line:  # it has its line break
             return True
     return False
+
+
+def locked_run(ctx: Context, cache: str, key: dict[str, Any],
+               reuse: Callable[[dict[str, Any] | None], dict[str, Any] | None],
+               run: Callable[[], dict[str, Any]],
+               judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
+    """The deep checks' costly run (model, nccl): one costly check at a time under this probe's
+    lock; readiness reuses what ``reuse`` accepts from ``cache`` (read again once the lock is
+    held, a run we waited for may have written it); a run's result is cached, except one whose
+    worker lingered (its cache entry is removed). Without a state dir it simply runs."""
+    state = ctx.state
+    if not state.enabled:
+        return run()
+    waited_from = time.monotonic()
+    with state.lock(LOCK, ctx.deadline - MARGIN) as held:
+        if not held:
+            return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
+        if ctx.profile == "readiness":
+            hit = reuse(state.read_json(cache))
+            if hit is not None:
+                return hit
+        data = run()
+        if data["lingered"]:
+            state.remove(cache)
+        else:
+            state.write_json(cache, {"key": key, "finished": data["finished"],
+                                     "status": judge(data, ctx).status.value, "data": data})
+        return data
 
 
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
