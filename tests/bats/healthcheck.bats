@@ -133,6 +133,14 @@ stub() {
   [[ "$output" == "healthcheck "[0-9]* ]]
 }
 
+@test "run by a relative path from another directory, it names its own directory" {
+  cp "$ROOT/healthcheck" "$TMP/healthcheck"
+  mkdir "$TMP/elsewhere"
+  cd "$TMP/elsewhere"
+  run -3 bash ../healthcheck
+  [ "$output" = "healthcheck: no interpreter at $TMP/elsewhere/../.venv/bin/python: run 'make install' in $TMP/elsewhere/.., or set HEALTHCHECK_PYTHON" ]
+}
+
 @test "the real suite: a bad setting exits 3 without a traceback" {
   [ -x "$ROOT/.venv/bin/python" ] || skip "no .venv in $ROOT (run make install)"
   ENABLE_SSH_CHECK=maybe run -3 --separate-stderr "$ROOT/healthcheck"
