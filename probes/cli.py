@@ -201,9 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _end_descendants() -> None:
     """The final sweep: nothing a probe started outlives the run (free when none was started)."""
+    proc = sys.modules.get("probes.proc")  # not imported: nothing was started through it
+    if proc is None:
+        return
     try:
-        from probes import proc
-
         proc.end_descendants()
     except Exception:  # noqa: S110 - the verdict is already out; the sweep is best effort here
         pass
@@ -212,14 +213,15 @@ def _end_descendants() -> None:
 def _end_on_sigterm() -> None:
     """The front door's hard stop (or `docker stop`) sends SIGTERM: end what the run
     started, then exit unhealthy, instead of leaving probes' children to PID 1."""
-    import signal
+    # _signal, not signal: signal.py builds its enums on import, ~1 ms of every run.
+    import _signal
 
     def on_term(signum: int, frame: object) -> None:
         _end_descendants()
         os._exit(EXIT_UNHEALTHY)
 
     try:
-        signal.signal(signal.SIGTERM, on_term)
+        _signal.signal(_signal.SIGTERM, on_term)
     except ValueError:  # not the main thread (main() called from a test's thread)
         pass
 
