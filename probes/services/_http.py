@@ -13,7 +13,6 @@ HTTP service uses ``exchange``; Jupyter's is the first.
 
 from __future__ import annotations
 
-import socket
 import time
 
 from probes.services import _net
@@ -148,7 +147,7 @@ def _looks_like_tls(buf: bytes) -> bool:
     return len(buf) >= 2 and buf[0] in (0x15, 0x16) and buf[1] == 0x03
 
 
-def _tls_wrap(sock: socket.socket, host: str, deadline: float) -> socket.socket:
+def _tls_wrap(sock: _net.Socket, host: str, deadline: float) -> _net.Socket:
     import ssl  # only for TLS servers: ~5 ms that a plain-HTTP liveness run never pays
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -158,7 +157,9 @@ def _tls_wrap(sock: socket.socket, host: str, deadline: float) -> socket.socket:
         context.verify_mode = ssl.CERT_NONE
     else:
         context.load_default_certs()
-    tls = context.wrap_socket(sock, server_hostname=host.strip("[]"), do_handshake_on_connect=False)
+    # ssl takes any _socket.socket: it reads family, type, proto and fileno, then detaches it.
+    tls = context.wrap_socket(sock, server_hostname=host.strip("[]"),  # type: ignore[arg-type]
+                              do_handshake_on_connect=False)
     _net.arm(tls, deadline)
     tls.do_handshake()
     return tls
@@ -177,7 +178,7 @@ def exchange(host: str, port: int, path: str, secure: bool, deadline: float) -> 
             # completes: the handshake gets half the time, the rest is left to find that out.
             try:
                 sock = _tls_wrap(sock, host, t0 + (deadline - t0) / 2)
-            except socket.timeout:
+            except _net.timeout:
                 return {"outcome": "tls-timeout"}
             except OSError as exc:
                 verify = type(exc).__name__ == "SSLCertVerificationError"
@@ -188,7 +189,7 @@ def exchange(host: str, port: int, path: str, secure: bool, deadline: float) -> 
         try:
             _net.arm(sock, deadline)
             sock.sendall(request.encode("ascii"))
-        except socket.timeout:
+        except _net.timeout:
             return {"outcome": "timeout", "received": 0}
         except OSError:
             pass  # the server closed early; what it sent (if anything) decides
@@ -197,7 +198,7 @@ def exchange(host: str, port: int, path: str, secure: bool, deadline: float) -> 
             try:
                 _net.arm(sock, deadline)
                 chunk = sock.recv(min(65536, MAX_REPLY + 1 - len(buf)))
-            except socket.timeout:
+            except _net.timeout:
                 return {"outcome": "timeout", "received": len(buf)}
             except OSError:  # reset, or a TLS error mid-stream
                 chunk = b""

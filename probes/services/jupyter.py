@@ -30,8 +30,8 @@ one reply is read up to MAX_REPLY bytes in all (head, body, chunk framing, trail
 
 from __future__ import annotations
 
+import _socket  # not socket: see probes/services/_net.py
 import os
-import socket
 import sys
 import time
 
@@ -41,20 +41,7 @@ from probes.context import Context
 from probes.registry import ALL_PROFILES, BOOL, PORT, TEXT, URL_PATH, Cause, Setting, Spec
 from probes.result import Result, failed, passed
 from probes.services import _net
-from probes.services._http import (  # noqa: F401 - the probe's HTTP client; tests reach it here too
-    MAX_BODY,
-    MAX_CHUNKS,
-    MAX_HEAD,
-    MAX_REPLY,
-    HttpError,
-    TooLarge,
-    _dechunk,
-    _looks_like_tls,
-    _speaks_tls,
-    _tls_wrap,
-    exchange,
-    parse_response,
-)
+from probes.services._http import MAX_REPLY, _speaks_tls, exchange
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
@@ -151,11 +138,11 @@ def is_loopback(host: str) -> bool:
     if name in LOOPBACK_NAMES:
         return True
     try:
-        return socket.inet_pton(socket.AF_INET, name)[0] == 127
+        return _socket.inet_pton(_socket.AF_INET, name)[0] == 127
     except (OSError, ValueError):
         pass
     try:
-        packed = socket.inet_pton(socket.AF_INET6, name)
+        packed = _socket.inet_pton(_socket.AF_INET6, name)
     except (OSError, ValueError):
         return False
     return packed == bytes(15) + b"\x01" or (packed[:12] == bytes(10) + b"\xff\xff" and packed[12] == 127)
@@ -197,11 +184,11 @@ def _nl_messages(data: bytes) -> list[tuple[int, bytes]] | None:
     return out
 
 
-def _diag_dump(nl: socket.socket, family: int, port: int, seq: int) -> set[str] | None:
+def _diag_dump(nl: _net.Socket, family: int, port: int, seq: int) -> set[str] | None:
     order = sys.byteorder
     # inet_diag_req_v2: family, protocol, ext, pad, states; then inet_diag_sockid: sport and
     # dport (big-endian), src[4], dst[4], if, cookie[2]. A listening dump compares sport if set.
-    req = (bytes((family, socket.IPPROTO_TCP, 0, 0)) + (1 << _TCP_LISTEN).to_bytes(4, order)
+    req = (bytes((family, _socket.IPPROTO_TCP, 0, 0)) + (1 << _TCP_LISTEN).to_bytes(4, order)
            + port.to_bytes(2, "big") + bytes(46))
     head = ((16 + len(req)).to_bytes(4, order) + _SOCK_DIAG_BY_FAMILY.to_bytes(2, order)
             + _NLM_F_REQUEST_DUMP.to_bytes(2, order) + seq.to_bytes(4, order) + bytes(4))
@@ -226,13 +213,13 @@ def _diag_listeners(port: int) -> set[str] | None:
     """``socket:[inode]`` of the TCP sockets listening on ``port`` (IPv4 and IPv6), from
     sock_diag; None when that interface cannot answer (then /proc/net/tcp is read)."""
     try:
-        nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG)
+        nl = _net.Socket(_socket.AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG)
     except (OSError, AttributeError):
         return None
     found: set[str] = set()
-    with nl:
+    try:
         nl.settimeout(0.5)  # the kernel answers at once; never wait long for it
-        for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
+        for seq, family in enumerate((_socket.AF_INET, _socket.AF_INET6), 1):
             try:
                 part = _diag_dump(nl, family, port, seq)
             except OSError:
@@ -240,6 +227,8 @@ def _diag_listeners(port: int) -> set[str] | None:
             if part is None:
                 return None
             found |= part
+    finally:
+        nl.close()
     return found
 
 

@@ -34,7 +34,6 @@ the address it comes from.
 
 from __future__ import annotations
 
-import socket
 import time
 
 from probes import services
@@ -139,7 +138,7 @@ def gather(ctx: Context) -> dict[str, Any]:
             try:
                 _net.arm(sock, wait_until)
                 chunk = sock.recv(1024)
-            except socket.timeout:
+            except _net.timeout:
                 if wait_until < deadline:
                     continue  # silent so far: our turn to speak
                 data["outcome"] = "timeout"
@@ -161,7 +160,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     return data
 
 
-def _send_ours(sock: socket.socket, deadline: float) -> None:
+def _send_ours(sock: _net.Socket, deadline: float) -> None:
     try:
         _net.arm(sock, deadline)
         sock.sendall(CLIENT_ID)

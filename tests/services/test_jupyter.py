@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from probes.result import Result, Status
-from probes.services import jupyter
+from probes.services import _http, jupyter
 from probes.services.jupyter import MAX_RUNTIME_FILE
 from tests.conftest import ROOT, clean_env, run_cli
 from tests.services.conftest import (
@@ -593,12 +593,12 @@ def test_ipv6_loopback_and_request_shape(scripted: Any, tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the HTTP parser
 
 def test_parser_accepts_well_formed_replies() -> None:
-    ok = jupyter.parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", eof=False)
+    ok = _http.parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", eof=False)
     assert ok == {"status": 200, "content_type": "", "body": b"{}"}
-    assert jupyter.parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n{}", eof=False) is None
-    assert jupyter.parse_response(b"HTTP/1.0 200 OK\r\n\r\nabc", eof=True)["body"] == b"abc"
-    assert jupyter.parse_response(b"HTTP/1.0 200 OK\r\n\r\nabc", eof=False) is None
-    assert jupyter.parse_response(b"HTT", eof=False) is None
+    assert _http.parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n{}", eof=False) is None
+    assert _http.parse_response(b"HTTP/1.0 200 OK\r\n\r\nabc", eof=True)["body"] == b"abc"
+    assert _http.parse_response(b"HTTP/1.0 200 OK\r\n\r\nabc", eof=False) is None
+    assert _http.parse_response(b"HTT", eof=False) is None
 
 
 @pytest.mark.parametrize("raw", [
@@ -615,32 +615,32 @@ def test_parser_accepts_well_formed_replies() -> None:
     b"HTTP/1.1 200 OK\r\nX: " + b"a" * 20000,
 ])
 def test_parser_rejects_malformed_replies(raw: bytes) -> None:
-    with pytest.raises(jupyter.HttpError):
-        jupyter.parse_response(raw, eof=True)
+    with pytest.raises(_http.HttpError):
+        _http.parse_response(raw, eof=True)
 
 
 def test_parser_bounds_the_whole_reply() -> None:
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    with pytest.raises(jupyter.TooLarge):
-        jupyter.parse_response(head + b"0\r\n" + b"X-Pad: a\r\n" * 3000, eof=False)  # trailer
-    with pytest.raises(jupyter.TooLarge, match="too many chunks"):  # tiny chunks, a small body
-        jupyter.parse_response(head + b"1\r\nx\r\n" * 2000, eof=False)
+    with pytest.raises(_http.TooLarge):
+        _http.parse_response(head + b"0\r\n" + b"X-Pad: a\r\n" * 3000, eof=False)  # trailer
+    with pytest.raises(_http.TooLarge, match="too many chunks"):  # tiny chunks, a small body
+        _http.parse_response(head + b"1\r\nx\r\n" * 2000, eof=False)
     # Every part within its own bound (body, chunk count, size lines, trailer), the whole too large.
     chunk = b"3f;" + b"e" * 61 + b"\r\n" + b"x" * 63 + b"\r\n"
     flood = head + chunk * 1020 + b"0\r\nX-Pad: " + b"a" * 16000 + b"\r\n"
-    with pytest.raises(jupyter.TooLarge, match="reply too large"):
-        jupyter.parse_response(flood, eof=False)
+    with pytest.raises(_http.TooLarge, match="reply too large"):
+        _http.parse_response(flood, eof=False)
     ok = head + b"1\r\nx\r\n" * 100 + b"0\r\nX-Pad: a\r\n\r\n"
-    assert jupyter.parse_response(ok, eof=False)["body"] == b"x" * 100
+    assert _http.parse_response(ok, eof=False)["body"] == b"x" * 100
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300), st.booleans())
 def test_parser_only_ever_raises_http_error(raw: bytes, eof: bool) -> None:
     try:
-        jupyter.parse_response(b"HTTP/1.1 200 OK\r\n" + raw, eof)
-        jupyter.parse_response(raw, eof)
-    except jupyter.HttpError:
+        _http.parse_response(b"HTTP/1.1 200 OK\r\n" + raw, eof)
+        _http.parse_response(raw, eof)
+    except _http.HttpError:
         pass
 
 
