@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import stat
 
-from probes import proc
+from probes._lazy import module
 from probes.context import Context
 from probes.registry import Cause
 from probes.result import Result, failed, passed, warned
@@ -43,8 +43,12 @@ from probes.untrusted import clean
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
+
+    from probes import proc
 else:
     from probes._typing import NamedTuple
+
+    proc = module("probes.proc")  # imported when a check runs: an empty directory costs a scandir
 
 MODULE = __name__
 DEFAULT_DIR = "/etc/healthcheck.d"

@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 
 TERM_GRACE = 0.15  # seconds between SIGTERM and SIGKILL
 KILL_WAIT = 0.15  # seconds we wait for what we killed to vanish after SIGKILL
+# run() may overrun its deadline by TERM_GRACE + KILL_WAIT: a caller that must itself return
+# by a deadline gives run() that deadline less MARGIN.
+MARGIN = TERM_GRACE + KILL_WAIT + 0.05
 SWEEP_TIME = 0.1  # seconds the freeze-then-kill passes may take at most (a fork storm; usually ~5 ms)
 SWEEP_PASSES = 200  # and at most this many passes
 DRAIN_AFTER_EXIT = 0.05  # output still in the pipe after the child exits

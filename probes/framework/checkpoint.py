@@ -30,10 +30,9 @@ import sys
 import time
 from collections.abc import Iterable
 
-from probes import proc, untrusted
-from probes._lazy import regex
+from probes import untrusted
+from probes._lazy import module, regex
 from probes.context import Context, logger
-from probes.framework import checkpoint_child
 from probes.registry import Cause, Spec
 from probes.result import Result, failed, passed
 from probes.state import process_start_time
@@ -42,12 +41,16 @@ TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.
 if TYPE_CHECKING:
     from typing import Any
 
+    from probes import proc
+    from probes.framework import checkpoint_child  # the child's protocol: PREFIX, SCHEMA
+else:
+    proc = module("probes.proc")  # imported when the probe runs (probes/_lazy.py)
+    checkpoint_child = module("probes.framework.checkpoint_child")
+
 NAME = "checkpoint"
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_child.py")
-PREFIX = checkpoint_child.PREFIX
 MARKER = "checkpointed.json"
 MARKER_TTL = 300.0  # seconds a marker holds GPU work back when this probe does not run again
-MARGIN = proc.TERM_GRACE + proc.KILL_WAIT + 0.05
 MAX_PIDS = 64
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
 _GPU_NODE = regex(r"/dev/nvidia\d+")
@@ -159,11 +162,12 @@ def _valid(report: Any) -> dict[str, Any] | None:
 
 
 def parse_output(stdout: bytes) -> dict[str, Any] | None:
-    hits = [ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith(PREFIX)]
+    prefix = checkpoint_child.PREFIX
+    hits = [ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith(prefix)]
     if len(hits) != 1:
         return None
     try:
-        return _valid(untrusted.load_json(hits[0][len(PREFIX):]))
+        return _valid(untrusted.load_json(hits[0][len(prefix):]))
     except ValueError:
         return None
 
@@ -186,7 +190,7 @@ def _mark(ctx: Context, held: list[int]) -> None:
 
 
 def _answered(out: bytes) -> bool:
-    return PREFIX.encode() in out and out.endswith(b"\n")
+    return checkpoint_child.PREFIX.encode() in out and out.endswith(b"\n")
 
 
 def gather(ctx: Context) -> dict[str, Any]:
@@ -194,7 +198,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     if not pids:
         _mark(ctx, [])
         return {"kind": "none"}
-    deadline = ctx.deadline - MARGIN
+    deadline = ctx.deadline - proc.MARGIN
     done = proc.run([sys.executable, CHILD, *map(str, pids)], deadline=deadline, env=dict(os.environ),
                     state=ctx.state, key=NAME, until=_answered)
     report = parse_output(done.stdout)

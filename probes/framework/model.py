@@ -29,10 +29,11 @@ from __future__ import annotations
 import os
 import time
 
-from probes import proc, untrusted
+from probes import untrusted
+from probes._lazy import module
 from probes.context import Context, logger
-from probes.framework import checkpoint, model_worker
-from probes.framework.torch_cuda import MARGIN, _Bad, _fields, locked_run
+from probes.framework import checkpoint
+from probes.framework.torch_cuda import _Bad, _fields, locked_run
 from probes.registry import INTEGER, NUMBER, TEXT, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, warned
 from probes.state import pid1_identity
@@ -41,13 +42,16 @@ TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.
 if TYPE_CHECKING:
     from typing import Any
 
+    from probes import proc
+    from probes.framework import model_worker  # the worker's protocol: PREFIX, PHASE, SCHEMA
+else:
+    proc = module("probes.proc")  # imported when the probe runs (probes/_lazy.py)
+    model_worker = module("probes.framework.model_worker")
+
 NAME = "model"
 MEASUREMENT = "load"
 UNIT = "ms"
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_worker.py")
-PREFIX = model_worker.PREFIX
-PHASE = model_worker.PHASE
-SCHEMA = model_worker.SCHEMA
 CACHE = "model.json"
 _PHASES = r"start|open|import|init|load|expect|forward"
 TOLERANCE = 1e-3
@@ -141,7 +145,7 @@ def validate(report: Any, device: str) -> dict[str, Any]:
     if not isinstance(report, dict) or set(report) != {*_REPORT, "error"}:
         raise _Bad("the result has unexpected or missing fields")
     _fields({k: report[k] for k in _REPORT}, _REPORT, "result")
-    if report["v"] != SCHEMA or report["device"] != device:
+    if report["v"] != model_worker.SCHEMA or report["device"] != device:
         raise _Bad("the result is for another request")
     if report["format"] is not None and report["format"] not in model_worker.FORMATS:
         raise _Bad("result.format is unknown")
@@ -157,11 +161,11 @@ def validate(report: Any, device: str) -> dict[str, Any]:
 
 
 def parse_output(stdout: bytes, device: str) -> tuple[dict[str, Any] | None, str | None]:
-    hits = [ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith(PREFIX)]
+    hits = [ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith(model_worker.PREFIX)]
     if len(hits) != 1:
         return None, "no result line" if not hits else "more than one result line"
     try:
-        report = untrusted.load_json(hits[0][len(PREFIX):])
+        report = untrusted.load_json(hits[0][len(model_worker.PREFIX):])
     except ValueError as exc:
         return None, f"the result line is not readable JSON: {untrusted.clean(exc, 80)}"
     try:
@@ -175,16 +179,17 @@ def last_phase(stderr: bytes) -> str | None:
     for line in stderr.decode("utf-8", "replace").splitlines():
         import re  # on first use: see probes/_lazy.py
 
-        if line.startswith(PHASE) and re.fullmatch(_PHASES, line[len(PHASE):].strip()):
-            found = line[len(PHASE):].strip()
+        phase = model_worker.PHASE
+        if line.startswith(phase) and re.fullmatch(_PHASES, line[len(phase):].strip()):
+            found = line[len(phase):].strip()
     return found
 
 
-_RESULT = PREFIX.encode()
 
 
 def result_arrived(stdout: bytes) -> bool:
-    return any(ln.startswith(_RESULT) and ln.endswith(b"\n") for ln in stdout.splitlines(keepends=True))
+    prefix = model_worker.PREFIX.encode()
+    return any(ln.startswith(prefix) and ln.endswith(b"\n") for ln in stdout.splitlines(keepends=True))
 
 
 # ---------------------------------------------------------------------------
@@ -206,7 +211,7 @@ def _argv(ctx: Context) -> list[str]:
 def run_worker(ctx: Context) -> dict[str, Any]:
     env = dict(os.environ)
     env["CUDA_MODULE_LOADING"] = "LAZY"
-    deadline = ctx.deadline - MARGIN
+    deadline = ctx.deadline - proc.MARGIN
     budget = max(0.0, deadline - time.monotonic())
     done = proc.run(_argv(ctx), deadline=deadline, env=env, state=ctx.state, key=NAME,
                     until=result_arrived, linger=proc.LINGER)

@@ -24,10 +24,11 @@ from __future__ import annotations
 import os
 import time
 
-from probes import proc, untrusted
+from probes import untrusted
+from probes._lazy import module
 from probes.context import Context, logger
-from probes.framework import checkpoint, nccl_worker
-from probes.framework.torch_cuda import MARGIN, _Bad, _fields, locked_run
+from probes.framework import checkpoint
+from probes.framework.torch_cuda import _Bad, _fields, locked_run
 from probes.registry import INTEGER, NUMBER, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, skipped
 from probes.state import pid1_identity
@@ -35,16 +36,19 @@ from probes.state import pid1_identity
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
+
+    from probes import proc
+    from probes.framework import nccl_worker  # the worker's protocol: PREFIX, PHASE, SCHEMA
 else:
     from probes._typing import NamedTuple
+
+    proc = module("probes.proc")  # imported when the probe runs (probes/_lazy.py)
+    nccl_worker = module("probes.framework.nccl_worker")
 
 NAME = "nccl"
 MEASUREMENT = "allreduce"
 UNIT = "ms"
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_worker.py")
-PREFIX = nccl_worker.PREFIX
-PHASE = nccl_worker.PHASE
-SCHEMA = nccl_worker.SCHEMA
 CACHE = "nccl.json"
 SHM = "/dev/shm"  # noqa: S108 (only its size is read)
 _PHASES = r"start|import|nccl|init|place|allreduce|verify"
@@ -123,7 +127,7 @@ def validate(report: Any) -> dict[str, Any]:
     if not isinstance(report, dict) or set(report) != {*_REPORT, "error"}:
         raise _Bad("the result has unexpected or missing fields")
     _fields({k: report[k] for k in _REPORT}, _REPORT, "result")
-    if report["v"] != SCHEMA or report["backend"] != "nccl":
+    if report["v"] != nccl_worker.SCHEMA or report["backend"] != "nccl":
         raise _Bad("the result is for another request")
     if report["error"] is not None:
         _fields(report["error"], _ERROR, "result.error")
@@ -141,11 +145,11 @@ def validate(report: Any) -> dict[str, Any]:
 
 
 def parse_output(stdout: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    hits = [ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith(PREFIX)]
+    hits = [ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith(nccl_worker.PREFIX)]
     if len(hits) != 1:
         return None, "no result line" if not hits else "more than one result line"
     try:
-        return validate(untrusted.load_json(hits[0][len(PREFIX):])), None
+        return validate(untrusted.load_json(hits[0][len(nccl_worker.PREFIX):])), None
     except ValueError as exc:  # _Bad is a ValueError too
         return None, untrusted.clean(exc, 80)
 
@@ -165,14 +169,15 @@ def last_phase(stderr: bytes) -> str | None:
     for line in stderr.decode("utf-8", "replace").splitlines():
         import re  # on first use: see probes/_lazy.py
 
-        if line.startswith(PHASE) and re.fullmatch(_PHASES, line[len(PHASE):].strip()):
-            found = line[len(PHASE):].strip()
+        phase = nccl_worker.PHASE
+        if line.startswith(phase) and re.fullmatch(_PHASES, line[len(phase):].strip()):
+            found = line[len(phase):].strip()
     return found
 
 
 def result_arrived(stdout: bytes) -> bool:
     lines = stdout.splitlines(keepends=True)
-    return any(ln.startswith(PREFIX.encode()) and ln.endswith(b"\n") for ln in lines)
+    return any(ln.startswith(nccl_worker.PREFIX.encode()) and ln.endswith(b"\n") for ln in lines)
 
 
 # ---------------------------------------------------------------------------
@@ -183,7 +188,7 @@ def run_worker(ctx: Context) -> dict[str, Any]:
     env = dict(os.environ)
     env["NCCL_DEBUG"] = "WARN"
     env["CUDA_MODULE_LOADING"] = "LAZY"
-    deadline = ctx.deadline - MARGIN
+    deadline = ctx.deadline - proc.MARGIN
     budget = max(0.0, deadline - time.monotonic())
     done = proc.run([ctx.config.torch_python, WORKER], deadline=deadline, env=env, state=ctx.state, key=NAME,
                     until=result_arrived, linger=proc.LINGER)

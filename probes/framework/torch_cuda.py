@@ -26,7 +26,7 @@ Hard cases, decided here:
   whatever its status; ``readiness`` also reuses a passing result younger than
   ``HEALTHCHECK_TORCH_TTL``; ``startup`` always runs fresh. Without a state dir every
   run starts its own worker (caching off).
-- A worker that prints its result line but does not exit within ``LINGER`` seconds
+- A worker that prints its result line but does not exit within ``proc.LINGER`` seconds
   (a wrapper that keeps running, a hang at exit) is ended and fails (``lingered``);
   nothing from it is cached or shared, so the next run starts a worker again.
 - The result line is untrusted: it is parsed with bounded depth and bounded, finite
@@ -41,13 +41,12 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from probes import proc, untrusted
+from probes import untrusted
+from probes._lazy import module
 from probes.context import Context, logger
-from probes.framework import torch_worker
 from probes.registry import ALL_PROFILES, CHOICE, NUMBER, Cause, Setting, Spec
 from probes.registry import TEXT as TEXT_KIND
 from probes.result import SEVERITY, Result, Status, failed, passed, skipped, warned
@@ -56,6 +55,12 @@ from probes.state import pid1_identity
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
     from typing import Any
+
+    from probes import proc
+    from probes.framework import torch_worker  # the worker's protocol: PREFIX, PHASE, SCHEMA
+else:  # imported when the probe runs, not when its declaration is read (probes/_lazy.py)
+    proc = module("probes.proc")
+    torch_worker = module("probes.framework.torch_worker")
 
 NAME = "torch-cuda"
 MEASUREMENT = "devices"
@@ -145,19 +150,13 @@ def requirements(config: Any) -> tuple[str, ...]:
     return (*SPEC.requires, "checkpoint") if config.torch_device == "cuda" else ()
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
-PREFIX = torch_worker.PREFIX
-PHASE = torch_worker.PHASE
-SCHEMA = torch_worker.SCHEMA
 CACHE = "torch-cuda.json"
 LOCK = "torch-cuda.lock"
 SIZE = 1024  # 2 GFLOP: enough blocks to occupy a GPU, ~50 ms for the float64 CPU reference
 # float32 vs float64 at this size differs by ~4e-7 of the largest value; TF32 would
 # give ~1e-3 and a flipped exponent or high mantissa bit far more.
 TOLERANCE = 1e-4
-# proc.run may overrun its deadline by TERM_GRACE + KILL_WAIT; keep gather() inside ours.
-MARGIN = proc.TERM_GRACE + proc.KILL_WAIT + 0.05
 MAX_DEVICES = 1024
-LINGER = proc.LINGER  # seconds the worker gets to exit after its result line
 MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
 NONFINITE = ("nan", "inf", "-inf")  # how the worker reports a non-finite error or scale
 # Characters kept of each cleaned string of the worker's report (default TEXT).
@@ -277,8 +276,8 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     if set(report) != {*_TOP, "error", "devices"}:
         raise _Bad("the result has unexpected or missing fields")
     _fields({k: report[k] for k in _TOP}, _TOP, "result")
-    if report["v"] != SCHEMA:
-        raise _Bad(f"schema version {report['v']} is not {SCHEMA}")
+    if report["v"] != torch_worker.SCHEMA:
+        raise _Bad(f"schema version {report['v']} is not {torch_worker.SCHEMA}")
     if report["device"] != device or report["size"] != size:
         raise _Bad("the result is for another request")
     if report["count"] is not None and not 0 <= report["count"] <= MAX_DEVICES:
@@ -307,13 +306,14 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
 
 def parse_output(stdout: bytes, device: str, size: int) -> tuple[dict[str, Any] | None, str | None]:
     """(report, None) for one valid result line, else (None, what is wrong)."""
-    hits = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.startswith(PREFIX)]
+    prefix = torch_worker.PREFIX
+    hits = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.startswith(prefix)]
     if not hits:
         return None, "no result line"
     if len(hits) > 1:
         return None, "more than one result line"
     try:
-        report = untrusted.load_json(hits[0][len(PREFIX):])
+        report = untrusted.load_json(hits[0][len(prefix):])
     except ValueError as exc:  # malformed, too deep, NaN, or a number too large for a float
         return None, f"the result line is not readable JSON: {untrusted.clean(exc, 80)}"
     try:
@@ -326,8 +326,8 @@ def last_phase(stderr: bytes) -> str | None:
     """Where the worker was when it stopped, from its progress markers (validated)."""
     found = None
     for line in stderr.decode("utf-8", "replace").splitlines():
-        if line.startswith(PHASE):
-            name = line[len(PHASE):].strip()
+        if line.startswith(torch_worker.PHASE):
+            name = line[len(torch_worker.PHASE):].strip()
             import re  # on first use: see probes/_lazy.py
 
             if re.fullmatch(_PHASES, name):
@@ -357,15 +357,13 @@ def _argv(ctx: Context, expect: int | None) -> list[str]:
     return argv
 
 
-_RESULT = PREFIX.encode()
-
-
 def result_arrived(stdout: bytes) -> bool:
     """Whether the output so far holds a whole result line (proc.run's ``until``)."""
-    if _RESULT not in stdout:
+    prefix = torch_worker.PREFIX
+    if prefix.encode() not in stdout:
         return False
     for line in stdout.decode("utf-8", "replace").splitlines(keepends=True):
-        if line.startswith(PREFIX) and line.splitlines()[0] != line:  # it has its line break
+        if line.startswith(prefix) and line.splitlines()[0] != line:  # it has its line break
             return True
     return False
 
@@ -382,7 +380,7 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
     if not state.enabled:
         return run()
     waited_from = time.monotonic()
-    with state.lock(LOCK, ctx.deadline - MARGIN) as held:
+    with state.lock(LOCK, ctx.deadline - proc.MARGIN) as held:
         if not held:
             return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
         if ctx.profile == "readiness":
@@ -401,10 +399,10 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     env = dict(os.environ)
     env["CUDA_MODULE_LOADING"] = "LAZY"  # smaller context on a GPU the workload is using
-    deadline = ctx.deadline - MARGIN
+    deadline = ctx.deadline - proc.MARGIN
     budget = max(0.0, deadline - time.monotonic())
     done = proc.run(_argv(ctx, expect), deadline=deadline, env=env, state=ctx.state, key=NAME,
-                    until=result_arrived, linger=LINGER)
+                    until=result_arrived, linger=proc.LINGER)
     report, problem = parse_output(done.stdout, ctx.config.torch_device, SIZE)
     if (report is None or done.lingered or report.get("error")
             or any(d.get("error") for d in report.get("devices", ()))):
@@ -413,7 +411,8 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
                       done.timed_out, done.lingered, untrusted.squeeze(done.stderr[-2000:], 600))
     shown = done.stdout
     if not shown.strip():  # nothing on stdout: the last line of stderr that is not a progress marker
-        lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(PHASE.encode())]
+        phase = torch_worker.PHASE.encode()
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(phase)]
         shown = lines[-1] if lines else b""
     return {
         "kind": "worker",
@@ -524,7 +523,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         if hit is not None:
             return hit
     waited_from = time.monotonic()
-    with state.lock(LOCK, ctx.deadline - MARGIN) as held:
+    with state.lock(LOCK, ctx.deadline - proc.MARGIN) as held:
         if not held:
             return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
         latch = state.latch()  # the run we waited for may have latched
@@ -665,7 +664,8 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
                       "set HEALTHCHECK_TORCH_PYTHON to an executable Python that has torch",
                       reason="interpreter-not-executable", **kw)
     if data.get("lingered") and not data.get("stuck"):
-        return failed(NAME, f"torch worker printed its result but did not exit within {LINGER:.1f} s: its "
+        linger = proc.LINGER
+        return failed(NAME, f"torch worker printed its result but did not exit within {linger:.1f} s: its "
                       "result is not used; something keeps running after the worker (a wrapper script as "
                       "HEALTHCHECK_TORCH_PYTHON, or a hang in torch or the driver at exit): point "
                       "HEALTHCHECK_TORCH_PYTHON at the Python interpreter itself and check dmesg for Xid "
@@ -691,6 +691,8 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
     rc = data.get("returncode")
     if isinstance(rc, int) and rc < 0:
         sig = -rc
+        import signal
+
         hint = ("out of memory? check the container's memory limit" if sig == signal.SIGKILL else
                 "a crash in torch or the driver; check dmesg" if sig in (signal.SIGSEGV, signal.SIGBUS,
                                                                           signal.SIGABRT, signal.SIGILL)

@@ -14,8 +14,7 @@ cause and a remedy.
 from __future__ import annotations
 
 from probes import hardware as hw
-from probes import proc
-from probes._lazy import regex
+from probes._lazy import module, regex
 from probes.config import is_integer_text
 from probes.context import Context
 from probes.registry import Cause, Spec
@@ -25,8 +24,12 @@ from probes.untrusted import clean
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
     from typing import NamedTuple
+
+    from probes import proc
 else:
     from probes._typing import NamedTuple
+
+    proc = module("probes.proc")  # imported when the probe runs (probes/_lazy.py)
 
 NAME = "nvidia-smi"
 MEASUREMENT = "gpus"

@@ -34,16 +34,20 @@ import os
 from collections.abc import Mapping
 
 from probes import hardware as hw
+from probes._lazy import module
 from probes.context import Context
-from probes.hardware import nvml_lib
 from probes.registry import Cause, Spec
 from probes.result import Result, Status, failed, passed, warned
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
     from typing import Any, Callable, NamedTuple
+
+    from probes.hardware import nvml_lib
 else:
     from probes._typing import NamedTuple
+
+    nvml_lib = module("probes.hardware.nvml_lib")  # imported when the probe runs (probes/_lazy.py)
 
 NAME = "nvml"
 MEASUREMENT = "gpus"

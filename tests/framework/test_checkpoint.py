@@ -16,7 +16,7 @@ import pytest
 
 from probes.config import Config
 from probes.context import Context
-from probes.framework import checkpoint, model
+from probes.framework import checkpoint, checkpoint_child, model
 from probes.result import Result, Status, passed
 from probes.state import LATCH, State
 from tests.conftest import ROOT, clean_env, run_cli
@@ -177,11 +177,11 @@ def test_marker_of_an_ended_process_holds_nothing(tmp_path: Path, driver: Any) -
 def test_child_output_is_validated() -> None:
     good = {"v": 1, "loaded": True, "driver": 12080, "api": True, "init": 0,
             "states": [{"pid": 5, "rc": 0, "state": 2}]}
-    line = (checkpoint.PREFIX + json.dumps(good) + "\n").encode()
+    line = (checkpoint_child.PREFIX + json.dumps(good) + "\n").encode()
     assert checkpoint.parse_output(line) is not None
     for bad in ({**good, "api": 1}, {**good, "states": [{"pid": "5", "rc": 0, "state": 2}]},
                 {**good, "extra": 0}):
-        assert checkpoint.parse_output((checkpoint.PREFIX + json.dumps(bad) + "\n").encode()) is None
+        assert checkpoint.parse_output((checkpoint_child.PREFIX + json.dumps(bad) + "\n").encode()) is None
 
 
 def test_whole_runs_readiness_fails_liveness_passes(tmp_path: Path, fake_cuda: Path,

@@ -16,7 +16,7 @@ import torch
 from probes import config as config_mod
 from probes.config import Config
 from probes.context import Context
-from probes.framework import model
+from probes.framework import model, model_worker
 from probes.result import Result, Status
 from probes.state import State
 
@@ -253,15 +253,15 @@ def test_worker_result_is_validated(tmp_path: Path) -> None:
             "file_bytes": 1, "bytes": 1, "budget": 2, "budget_source": "x", "load_ms": 1.0, "params": 1,
             "param_bytes": 4, "peak_gpu": None, "forward_ms": None, "max_err": None, "scale": None,
             "error": None}
-    line = (model.PREFIX + json.dumps(good) + "\n").encode()
+    line = (model_worker.PREFIX + json.dumps(good) + "\n").encode()
     assert model.parse_output(line, "cpu")[0] is not None
     assert model.parse_output(line, "cuda")[0] is None
     for bad in ({**good, "params": "1"}, {**good, "extra": 1}, {**good, "format": "onnx"},
                 {**good, "error": {"kind": "rm -rf", "type": "x", "message": "y"}}):
-        report, problem = model.parse_output((model.PREFIX + json.dumps(bad) + "\n").encode(), "cpu")
+        report, problem = model.parse_output((model_worker.PREFIX + json.dumps(bad) + "\n").encode(), "cpu")
         assert report is None and problem
     dirty = {**good, "torch": "2\x1b[31m"}
-    report, _ = model.parse_output((model.PREFIX + json.dumps(dirty) + "\n").encode(), "cpu")
+    report, _ = model.parse_output((model_worker.PREFIX + json.dumps(dirty) + "\n").encode(), "cpu")
     assert report is not None and "\x1b" not in report["torch"]
 
 

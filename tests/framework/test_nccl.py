@@ -51,7 +51,7 @@ def stub(make_interp: Any, name: str, stderr: str = "", phase: str = "allreduce"
     lines = []
     if trap:
         lines.append('trap "" TERM')
-    lines.append(f'echo "{nccl.PHASE}{phase}" >&2')
+    lines.append(f'echo "{nccl_worker.PHASE}{phase}" >&2')
     for line in stderr.splitlines():
         lines.append(f"echo \"{line}\" >&2")
     lines.append(then)
@@ -79,8 +79,8 @@ def test_the_checking_code_verifies_a_real_gloo_all_reduce(world: int) -> None:
              for rank in range(world)]
     for p in procs:
         out, _ = p.communicate(timeout=120)
-        line = next(ln for ln in out.decode().splitlines() if ln.startswith(nccl.PREFIX))
-        report = json.loads(line[len(nccl.PREFIX):])
+        line = next(ln for ln in out.decode().splitlines() if ln.startswith(nccl_worker.PREFIX))
+        report = json.loads(line[len(nccl_worker.PREFIX):])
         assert report["error"] is None and report["count"] == world
         assert report["bad"] == 0 and report["max_err"] == 0.0
 
@@ -135,7 +135,7 @@ def test_small_dev_shm_fails_before_any_worker(tmp_path: Path, make_interp: Any)
 
 
 def test_a_pass_is_reused_by_readiness_for_the_ttl(tmp_path: Path, make_interp: Any) -> None:
-    line = nccl.PREFIX + json.dumps(PASSING)
+    line = nccl_worker.PREFIX + json.dumps(PASSING)
     interp = make_interp("ok", body=f"echo '{line}'")
     first, _, _ = run_probe(tmp_path, interp)
     assert first.status is Status.PASS, first.message
@@ -149,7 +149,7 @@ def test_a_pass_is_reused_by_readiness_for_the_ttl(tmp_path: Path, make_interp: 
 
 
 def test_a_wrong_sum_fails_and_is_not_reused(tmp_path: Path, make_interp: Any) -> None:
-    line = nccl.PREFIX + json.dumps({**PASSING, "bad": 1, "max_err": 2.0})
+    line = nccl_worker.PREFIX + json.dumps({**PASSING, "bad": 1, "max_err": 2.0})
     interp = make_interp("bad", body=f"echo '{line}'")
     result, _, _ = run_probe(tmp_path, interp)
     assert result.reason == "wrong-result"
@@ -184,11 +184,11 @@ def test_cpu_device_is_not_judged(tmp_path: Path, make_interp: Any) -> None:
 
 
 def test_the_result_line_is_validated() -> None:
-    ok = (nccl.PREFIX + json.dumps(PASSING) + "\n").encode()
+    ok = (nccl_worker.PREFIX + json.dumps(PASSING) + "\n").encode()
     assert nccl.parse_output(ok)[0] is not None
     for bad in ({**PASSING, "bad": "0"}, {**PASSING, "x": 1}, {**PASSING, "backend": "gloo"},
                 {**PASSING, "error": {"kind": "boom", "type": "t", "message": "m"}}):
-        assert nccl.parse_output((nccl.PREFIX + json.dumps(bad) + "\n").encode())[0] is None
+        assert nccl.parse_output((nccl_worker.PREFIX + json.dumps(bad) + "\n").encode())[0] is None
     assert nccl.warnings(b"x NCCL WARN a\x1b[2Jb\n") == ["a\\x1b[2Jb"]
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from probes.framework import torch_cuda
+from probes.framework import torch_cuda, torch_worker
 from probes.result import Result, Status
 
 GOOD: dict[str, Any] = {
@@ -21,7 +21,7 @@ GOOD: dict[str, Any] = {
 
 
 def line(report: Any) -> bytes:
-    return (torch_cuda.PREFIX + json.dumps(report) + "\n").encode()
+    return (torch_worker.PREFIX + json.dumps(report) + "\n").encode()
 
 
 def parse(raw: bytes) -> tuple[Any, Any]:
@@ -49,7 +49,7 @@ def test_a_good_line_among_noise_is_accepted() -> None:
     (b"", "no result line"),
     (b"PASS\n", "no result line"),
     (line(GOOD) + line(GOOD), "more than one result line"),
-    (torch_cuda.PREFIX.encode() + b"{not json\n", "not readable JSON"),
+    (torch_worker.PREFIX.encode() + b"{not json\n", "not readable JSON"),
     (line(GOOD).replace(b'"max_err": 1e-05', b'"max_err": NaN'), "not readable JSON"),
     (line([1, 2]), "not an object"),
     (line(changed(("v",), 2)), "schema version"),
@@ -79,8 +79,6 @@ def test_not_a_number_is_a_wrong_result(spelled: str) -> None:
 
 
 def test_the_worker_spells_non_finite_numbers_as_strict_json() -> None:
-    from probes.framework import torch_worker
-
     assert [torch_worker.measure(x) for x in (float("nan"), float("inf"), -float("inf"), 2.5)] == \
         ["nan", "inf", "-inf", 2.5]
 
@@ -137,7 +135,7 @@ def test_strings_are_cleaned_where_the_report_enters() -> None:
 
 
 def test_a_whole_result_line_ends_the_wait() -> None:
-    prefix = torch_cuda.PREFIX.encode()
+    prefix = torch_worker.PREFIX.encode()
     assert not torch_cuda.result_arrived(b"")
     assert not torch_cuda.result_arrived(b"noise\n" + prefix + b'{"v": 1')
     assert not torch_cuda.result_arrived(b"say " + prefix + b"{}\n")
@@ -188,9 +186,6 @@ def test_phase_markers_are_validated() -> None:
 
 
 def test_worker_and_parent_agree_on_the_protocol() -> None:
-    from probes.framework import torch_worker
-
-    assert torch_worker.PREFIX == torch_cuda.PREFIX and torch_worker.SCHEMA == torch_cuda.SCHEMA
     args = torch_worker.parse_args(["--device", "cuda", "--size", str(torch_cuda.SIZE)])
     empty = torch_worker.new_report(args)
     assert set(empty) == set(GOOD)

@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from probes.framework import torch_cuda
+from probes.framework import torch_cuda, torch_worker
 from probes.result import Status
 from tests.conftest import clean_env, run_cli
 from tests.framework.conftest import REAL_PYTHON, probe
@@ -36,8 +36,8 @@ def test_worker_prints_exactly_one_valid_line() -> None:
     done = subprocess.run([REAL_PYTHON, torch_cuda.WORKER, "--device", "cpu", "--size", "64"],
                           capture_output=True, timeout=120, check=True)
     lines = done.stdout.decode().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(torch_cuda.PREFIX)
-    report = torch_cuda.validate(json.loads(lines[0][len(torch_cuda.PREFIX):]), "cpu", 64)
+    assert len(lines) == 1 and lines[0].startswith(torch_worker.PREFIX)
+    report = torch_cuda.validate(json.loads(lines[0][len(torch_worker.PREFIX):]), "cpu", 64)
     assert report["error"] is None and report["torch"].startswith("2.")
 
 

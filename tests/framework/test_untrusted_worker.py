@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import pytest
 
-from probes.framework import torch_cuda
+from probes import proc
+from probes.framework import torch_cuda, torch_worker
 from probes.result import Result, Status
 from tests.conftest import clean_env, run_cli
 from tests.framework.conftest import FAKE_TORCH, REAL_PYTHON, Interp, probe
@@ -38,8 +39,8 @@ def test_a_worker_that_does_not_exit_fails_and_is_not_cached(make_interp: Callab
     py, _ = lingering(make_interp, tmp_path)
     result, elapsed, _ = probe(py, tmp_path, timeout=8.0)
     assert (result.status, result.reason) == (Status.FAIL, "lingered"), result.message
-    assert f"printed its result but did not exit within {torch_cuda.LINGER:.1f} s" in result.message
-    assert elapsed < torch_cuda.LINGER + SLACK, f"took {elapsed:.2f}s"
+    assert f"printed its result but did not exit within {proc.LINGER:.1f} s" in result.message
+    assert elapsed < proc.LINGER + SLACK, f"took {elapsed:.2f}s"
     assert marker() == [], "the lingering wrapper outlived its run"
     assert not (tmp_path / "state" / torch_cuda.CACHE).exists()
     # Within the TTL, readiness starts a worker again: nothing was cached.
@@ -80,7 +81,7 @@ def test_concurrent_runs_do_not_share_a_lingering_result(make_interp: Callable[.
 
 
 def result_line(old: str, new: str) -> str:
-    text = torch_cuda.PREFIX + json.dumps(GOOD)
+    text = torch_worker.PREFIX + json.dumps(GOOD)
     assert old in text
     return text.replace(old, new) + "\n"
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 import pytest
 
-from probes.framework import torch_cuda
+from probes.framework import torch_worker
 from probes.result import Result, Status
 from probes.state import State
 from tests.framework.conftest import REAL_PYTHON, Interp, probe
@@ -78,7 +78,7 @@ def test_garbage_output(make_interp: Callable[..., Interp], tmp_path: Path,
 
 def test_forged_line_with_extra_fields_is_garbage(make_interp: Callable[..., Interp], tmp_path: Path,
                                                   marker: Callable[[], list[int]]) -> None:
-    py = make_interp("forged", body=f"echo '{torch_cuda.PREFIX}{{\"status\": \"pass\"}}'")
+    py = make_interp("forged", body=f"echo '{torch_worker.PREFIX}{{\"status\": \"pass\"}}'")
     result = run_checked(py, tmp_path, marker)
     assert result.reason == "bad-output" and "unexpected or missing fields" in result.message
 
@@ -100,7 +100,7 @@ def test_wrong_numbers_fail(make_interp: Callable[..., Interp], tmp_path: Path,
 def test_real_torch_with_an_edited_result_line_fails(make_interp: Callable[..., Interp], tmp_path: Path,
                                                      marker: Callable[[], list[int]]) -> None:
     # The real worker and real torch; the wrapper multiplies the reported error by 10^6.
-    edit = ("import json,subprocess,sys; p='" + torch_cuda.PREFIX + "'; "
+    edit = ("import json,subprocess,sys; p='" + torch_worker.PREFIX + "'; "
             f"out=subprocess.run(['{REAL_PYTHON}']+sys.argv[1:],stdout=subprocess.PIPE).stdout.decode(); "
             "r=json.loads(out[len(p):]); r['devices'][0]['max_err']*=1e6; print(p+json.dumps(r))")
     py = make_interp("edited", body=f'exec "{REAL_PYTHON}" -c "{edit}" "$@"')
