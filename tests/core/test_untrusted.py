@@ -1,0 +1,77 @@
+"""probes.untrusted.load_json: what json.loads accepts, minus what later arithmetic cannot bear."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from probes.untrusted import MAX_DEPTH, MAX_INT_DIGITS, load_json
+from tests.conftest import ROOT
+
+SCALARS = st.none() | st.booleans() | st.integers(-(10**18), 10**18) | st.text(max_size=20) | st.floats(
+    allow_nan=False, allow_infinity=False)
+DOCS = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+    st.text(max_size=8), inner, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(DOCS, st.sampled_from(["", " ", "\n\t ", "\r\n"]), st.booleans())
+def test_it_reads_what_json_writes(doc, space, as_bytes):
+    text = space + json.dumps(doc, indent=None if space == "" else 1, ensure_ascii=as_bytes) + space
+    assert load_json(text.encode() if as_bytes else text) == json.loads(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=40))
+def test_any_text_gives_a_value_or_a_value_error(text):
+    try:
+        expected = json.loads(text)
+    except ValueError:
+        expected = ValueError
+    try:
+        got = load_json(text)
+    except ValueError:
+        got = ValueError
+    if expected is ValueError or got is ValueError:
+        # What json refuses is refused; json's NaN, Infinity and huge numbers are refused too.
+        assert got is ValueError or (got == expected), (text, got, expected)
+    else:
+        assert got == expected or (isinstance(got, float) and math.isnan(got) and math.isnan(expected))
+
+
+@pytest.mark.parametrize("raw, why", [
+    ("", "expecting a JSON value"),
+    ("  \n", "expecting a JSON value"),
+    ('{"a": 1} {"b": 2}', "extra data"),
+    ("[1,]", "expecting a JSON value"),
+    ('{"a": NaN}', "NaN is not a number"),
+    ("[-Infinity]", "-Infinity is not a number"),
+    ("1e400", "number too large"),
+    ("1" * (MAX_INT_DIGITS + 1), "integer too large"),
+    ('"tab\there"', "Invalid control character"),
+    (b'{"a": "\xff"}', "not UTF-8"),
+    ("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), "nested too deeply"),
+    ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
+])
+def test_refused_with_a_value_error(raw, why):
+    with pytest.raises(ValueError, match=why):
+        load_json(raw)
+
+
+def test_a_byte_order_mark_is_allowed_in_bytes():
+    assert load_json(b'\xef\xbb\xbf{"port": 8888}') == {"port": 8888}
+
+
+def test_reading_json_imports_neither_json_nor_re():
+    """json compiles regular expressions on import: a liveness run that reads a file must not pay."""
+    script = ("import sys\nfrom probes.untrusted import load_json\nload_json(b'{\"a\": [1, 2.5, null]}')\n"
+              "print(sorted(m for m in ('json', 're') if m in sys.modules))\n")
+    res = subprocess.run([sys.executable, "-I", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert res.stdout.strip() == "[]"
