@@ -1,7 +1,5 @@
-"""`python -m probes`: the suite's entry point (the front door calls probes.cli.main the same way)."""
+"""`python -m probes`: the suite's entry point (the front door calls probes.cli.entry the same way)."""
 
-import sys
+from probes.cli import entry
 
-from probes.cli import main
-
-sys.exit(main())
+entry()

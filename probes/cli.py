@@ -192,11 +192,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     _end_descendants()
     if abandoned:
         # A probe thread is stuck in a driver call: do not let interpreter shutdown wait on it.
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+        exit_now(code)
     return code
+
+
+def entry() -> None:
+    """The process's entry point (the front door, ``python -m probes``, ``healthcheck-probes``):
+    ``main()``, then exit with its status; a check exits at once (``exit_now``)."""
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv[:1] == ["serve"]:
+        sys.exit(code)
+    exit_now(code)
+
+
+def exit_now(code: int) -> None:
+    """Exit without interpreter finalization, output and the run log flushed first.
+
+    Tearing the modules down and the final garbage collection cost every check ~4 ms
+    (make bench) and release nothing that the end of the process does not; everything the
+    run started has been ended by then (``_end_descendants``).
+    """
+    if "logging" in sys.modules:
+        import logging
+
+        with contextlib.suppress(Exception):
+            logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _end_descendants() -> None:

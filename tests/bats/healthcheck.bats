@@ -38,7 +38,7 @@ stub() {
 @test "arguments reach the suite's interpreter in isolated mode" {
   stub py 'echo "args: $*"'
   HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" --profile liveness --json
-  [ "$output" = "args: -I -c import sys; from probes.cli import main; sys.exit(main()) --profile liveness --json" ]
+  [ "$output" = "args: -I -c from probes.cli import entry; entry() --profile liveness --json" ]
 }
 
 @test "exit statuses 0, 1 and 3 pass through" {
@@ -105,7 +105,7 @@ stub() {
   stub py 'echo "args: $*"'
   stub timeout 'echo "timeout must not be used"; exit 9'
   HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" serve --port 1234
-  [ "$output" = "args: -I -c import sys; from probes.cli import main; sys.exit(main()) serve --port 1234" ]
+  [ "$output" = "args: -I -c from probes.cli import entry; entry() serve --port 1234" ]
 }
 
 @test "a HEALTHCHECK_PYTHON that is not executable is a usage error" {
@@ -161,11 +161,11 @@ installed() {
   installed "$TMP/env/bin"
   printf '#!%s\n# -*- coding: utf-8 -*-\n' "$BIN/py" >"$TMP/env/bin/healthcheck-probes"
   run -0 "$TMP/env/bin/healthcheck" --profile liveness
-  [ "$output" = "py: -I -c import sys; from probes.cli import main; sys.exit(main()) --profile liveness" ]
+  [ "$output" = "py: -I -c from probes.cli import entry; entry() --profile liveness" ]
   # Through a symlink on PATH (/usr/local/bin/healthcheck in an image), the same.
   ln -s "$TMP/env/bin/healthcheck" "$BIN/healthcheck"
   run -0 healthcheck serve
-  [ "$output" = "py: -I -c import sys; from probes.cli import main; sys.exit(main()) serve" ]
+  [ "$output" = "py: -I -c from probes.cli import entry; entry() serve" ]
   # HEALTHCHECK_PYTHON still wins; a record that names no interpreter is a usage error.
   stub other 'echo "other: $*"'
   HEALTHCHECK_PYTHON="$BIN/other" run -0 "$TMP/env/bin/healthcheck" --json
@@ -184,5 +184,5 @@ installed() {
   printf '#!/bin/sh\n'"'''"'exec'"'"' "%s" "$0" "$@"\n'"' '''"'\n' "$TMP/my env/python" \
     >"$TMP/env/bin/healthcheck-probes"
   run -0 "$TMP/env/bin/healthcheck" --json
-  [ "$output" = "spaced: -I -c import sys; from probes.cli import main; sys.exit(main()) --json" ]
+  [ "$output" = "spaced: -I -c from probes.cli import entry; entry() --json" ]
 }

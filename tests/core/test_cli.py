@@ -90,6 +90,24 @@ def test_log_file_gets_one_line_per_run_and_rotates(tmp_path):
     assert (tmp_path / "hc.log.1").exists() and log.stat().st_size < 4096
 
 
+def test_a_check_exits_without_finalization_after_flushing_its_output_and_log(tmp_path):
+    """The process's entry skips interpreter finalization (atexit handlers, module teardown): its
+    report, buffered text and run log are out first; serve exits the ordinary way."""
+    log = tmp_path / "hc.log"
+    script = ("import atexit, sys\natexit.register(lambda: print('finalized'))\n"
+              "sys.stdout.write('buffered before the report|')\nfrom probes.cli import entry\nentry()\n")
+    env = clean_env(HEALTHCHECK_LOG_FILE=str(log), HEALTHCHECK_SSH_PORT="2", **ALL_OFF)
+    res = subprocess.run([sys.executable, "-I", "-c", script, "--only", "ssh"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.stdout.startswith("buffered before the report|unhealthy: ssh: connection refused"), res.stdout
+    assert "finalized" not in res.stdout
+    assert "readiness exit=1 ssh=fail" in log.read_text()
+    serve = subprocess.run([sys.executable, "-I", "-c", script, "serve", "--port", "x"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert serve.returncode == 3 and serve.stdout.endswith("finalized\n"), serve.stdout + serve.stderr
+
+
 def test_unwritable_log_file_is_a_note_not_a_crash(tmp_path):
     res = run_cli(env=clean_env(HEALTHCHECK_LOG_FILE=str(tmp_path / "no" / "dir" / "x.log"), **ALL_OFF))
     assert res.returncode == 0 and "Traceback" not in res.stderr

@@ -131,7 +131,7 @@ def test_the_wheel_carries_the_one_front_door_and_the_version_from_one_place(whe
     requires = meta.get_all("Requires-Dist") or []
     assert [r for r in requires if r.startswith("prometheus")] == ['prometheus-client>=0.17; extra == "serve"'], \
         "only `healthcheck serve` needs prometheus-client: it is the `serve` extra"
-    assert "healthcheck-probes = probes.cli:main" in entry_points
+    assert "healthcheck-probes = probes.cli:entry" in entry_points
 
 
 def test_installed_healthcheck_answers_help_and_a_real_run(bin_dir: Path, tmp_path: Path, ssh_port: int) -> None:
@@ -208,7 +208,7 @@ def test_isolated_mode_and_serve_without_a_deadline(bin_dir: Path, tmp_path: Pat
     py = stub(tmp_path, "py", 'echo "args: $*"')
     stub(tmp_path, "timeout", 'echo "timeout $*"; exit 9')
     env = env_for(tmp_path, HEALTHCHECK_PYTHON=str(py))
-    entry = "-I -c import sys; from probes.cli import main; sys.exit(main())"
+    entry = "-I -c from probes.cli import entry; entry()"
     served = run(bin_dir / "healthcheck", "serve", "--port", "1234", env=env)
     assert (served.returncode, served.stdout) == (0, f"args: {entry} serve --port 1234\n")
     checked = run(bin_dir / "healthcheck", "--profile", "liveness", env=env)
