@@ -45,7 +45,7 @@ class module:
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         if self._loaded is None:
-            import importlib
+            from probes.registry import load
 
-            self._loaded = importlib.import_module(self._name)
+            self._loaded = load(self._name)
         return getattr(self._loaded, name)

@@ -6,10 +6,8 @@ reserves it) and never a traceback.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from collections.abc import Sequence
 
 from probes import __version__, registry
 from probes.config import Config, ConfigError, load, parse_bool, shown
@@ -18,6 +16,7 @@ from probes.untrusted import clean
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
 if TYPE_CHECKING:
@@ -185,8 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         # Through the suite's logger: a bare logging.getLogger() with no handler would
         # print the traceback, exception text included, to stderr.
-        with contextlib.suppress(Exception):
+        try:
             logger().exception("internal error")
+        except Exception:  # noqa: S110 - best effort
+            pass
         _write(f"unhealthy: healthcheck: internal error ({type(exc).__name__}); details in the log")
         code = EXIT_UNHEALTHY
     _end_descendants()
@@ -216,11 +217,15 @@ def exit_now(code: int) -> None:
     if "logging" in sys.modules:
         import logging
 
-        with contextlib.suppress(Exception):
+        try:
             logging.shutdown()
+        except Exception:  # noqa: S110 - best effort
+            pass
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
+        try:
             stream.flush()
+        except Exception:  # noqa: S110 - best effort
+            pass
     os._exit(code)
 
 
@@ -253,8 +258,10 @@ def _end_on_sigterm() -> None:
 
 def _error_line(line: str) -> None:
     """One bounded line on stderr (a usage error: exit 3)."""
-    with contextlib.suppress(OSError):
+    try:
         os.write(2, (clean(line, MAX_ERROR_LINE) + "\n").encode("utf-8", "backslashreplace"))
+    except OSError:
+        pass
 
 
 def _guard_std_fds() -> None:
@@ -267,16 +274,20 @@ def _guard_std_fds() -> None:
         try:
             os.fstat(fd)
         except OSError:
-            with contextlib.suppress(OSError):
+            try:
                 os.open(os.devnull, os.O_RDWR)  # takes the lowest free fd: this one
+            except OSError:
+                pass
 
 
 def _write(out: str) -> None:
     """The report on fd 1, unbuffered: a closed, full or broken stdout loses the text but
     never changes the exit status, and leaves nothing for Python to complain about at exit."""
     data = (out + "\n").encode("utf-8", "backslashreplace")
-    with contextlib.suppress(Exception):
+    try:
         sys.stdout.flush()
+    except Exception:  # noqa: S110 - best effort
+        pass
     while data:
         try:
             n = os.write(1, data)

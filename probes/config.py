@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 import os
 import types
-from collections.abc import Mapping, Sequence
 
 from probes import registry
 from probes.untrusted import clean
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
     from typing import Any, Callable, TypeVar
 
 if TYPE_CHECKING:

@@ -34,10 +34,10 @@ import itertools
 import os
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
     from typing import IO, Any, Callable, NamedTuple
 else:
     from probes._typing import NamedTuple

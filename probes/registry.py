@@ -21,11 +21,11 @@ therefore stay light (heavy imports go inside ``gather``).
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
+import sys
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    from types import ModuleType
     from typing import Any, NamedTuple
 else:
     from probes._typing import NamedTuple
@@ -94,7 +94,7 @@ class Spec(NamedTuple):
     on_with: str = ""
 
     def load(self) -> ModuleType:
-        return importlib.import_module(self.module)
+        return load(self.module)
 
     def requirements(self, config: Any) -> tuple[str, ...]:
         """The probes this one needs in this configuration (a module may decide by a setting)."""
@@ -102,12 +102,20 @@ class Spec(NamedTuple):
         return tuple(decide(config)) if decide is not None else self.requires
 
 
+def load(name: str) -> ModuleType:
+    """The module ``name``, imported if need be, as ``importlib.import_module`` (which is not
+    imported: ~0.3 ms a run). ``__import__`` waits for a module that another thread is still
+    importing."""
+    __import__(name)
+    return sys.modules[name]
+
+
 _cache: dict[str, Any] = {}
 
 
 def _build() -> dict[str, Any]:
     if not _cache:
-        specs = tuple(importlib.import_module(m).SPEC for m in MODULES)
+        specs = tuple(load(m).SPEC for m in MODULES)
         toggles = tuple(dict.fromkeys(s.toggle for s in specs))
         settings: dict[str, Setting] = {}
         for s in specs:

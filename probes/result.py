@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any, ClassVar, NamedTuple
 else:
     from probes._typing import NamedTuple

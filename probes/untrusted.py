@@ -21,10 +21,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Collection
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    from collections.abc import Collection
     from typing import Any
 
 MAX_TEXT = 300  # characters of one cleaned value unless the caller says otherwise
@@ -165,9 +165,10 @@ def load_json(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     """
     if isinstance(raw, (bytes, bytearray)):
         try:
-            raw = bytes(raw).decode("utf-8-sig")
+            raw = bytes(raw).decode("utf-8")  # not "utf-8-sig": one codec module less to import
         except UnicodeDecodeError:
             raise ValueError("not UTF-8") from None
+        raw = raw[1:] if raw.startswith("\ufeff") else raw
     try:
         doc = _loads(raw)
     except RecursionError:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable
 
 from probes import untrusted
 from probes._lazy import module, regex
@@ -39,6 +38,7 @@ from probes.state import process_start_time
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any
 
     from probes import proc

@@ -31,7 +31,6 @@ A hanging NVML call is abandoned by the runner at the deadline (see ``on_deadlin
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from probes import hardware as hw
 from probes._lazy import module
@@ -41,6 +40,7 @@ from probes.result import Result, Status, failed, passed, warned
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any, Callable, NamedTuple
 
     from probes.hardware import nvml_lib

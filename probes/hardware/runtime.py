@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
 
 from probes import hardware as hw
 from probes._lazy import regex
@@ -36,6 +35,7 @@ from probes.untrusted import clean
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any, NamedTuple
 else:
     from probes._typing import NamedTuple
