@@ -31,15 +31,16 @@ the same errors after the fact.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator
+import _thread
+import sys
 from types import ModuleType
 
 from probes.untrusted import MAX_TEXT, clean
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    import threading
+    from collections.abc import Iterator
     from typing import Any, Literal, NamedTuple
 else:
     from probes._typing import NamedTuple
@@ -123,29 +124,66 @@ class NvmlUnavailable(Exception):
 
 _pynvml: ModuleType | None = None
 _import_error: NvmlUnavailable | None = None
+_import_lock = _thread.allocate_lock()  # one import at a time: it swaps a module in sys.modules
+
+
+def _import_pynvml() -> ModuleType:
+    """``import pynvml``, without the ``ctypes.util`` that it imports but does not use here.
+
+    nvidia-ml-py imports ``find_library`` from ``ctypes.util`` (for Windows; on Linux it loads
+    ``libnvidia-ml.so.1`` by name), and ``ctypes.util`` imports subprocess, tempfile, shutil,
+    random and more: ~8 ms of every readiness run (make bench). While pynvml is imported, a
+    stand-in ``ctypes.util`` is in ``sys.modules``: its ``find_library`` imports the real
+    module when it is called. It is taken out afterwards, so any later import of
+    ``ctypes.util`` gets the real module.
+    """
+    if "ctypes.util" in sys.modules:
+        import pynvml
+
+        return pynvml
+    stand_in = ModuleType("ctypes.util", "find_library on first call (probes.hardware.nvml_lib)")
+
+    def find_library(name: str) -> str | None:
+        if sys.modules.get("ctypes.util") is stand_in:
+            del sys.modules["ctypes.util"]
+        from ctypes import util
+
+        return util.find_library(name)
+
+    stand_in.find_library = find_library  # type: ignore[attr-defined]
+    sys.modules["ctypes.util"] = stand_in
+    try:
+        import pynvml
+
+        return pynvml
+    finally:
+        if sys.modules.get("ctypes.util") is stand_in:
+            del sys.modules["ctypes.util"]
 
 
 def _import() -> None:
     """Import pynvml once, on first use: every run reads the probes' declarations, and the
     bindings cost ~20 ms that only a run of the nvml probe (or serve's watcher) needs."""
     global _pynvml, _import_error
-    if _pynvml is not None or _import_error is not None:
-        return
+    with _import_lock:
+        if _pynvml is None and _import_error is None:
+            _pynvml, _import_error = _checked_import()
+
+
+def _checked_import() -> tuple[ModuleType | None, NvmlUnavailable | None]:
     try:
-        import pynvml as candidate
+        candidate = _import_pynvml()
     except Exception:  # ImportError, or a broken install raising anything on import
-        _import_error = NvmlUnavailable(
+        return None, NvmlUnavailable(
             "nvml-bindings-missing",
             "the nvidia-ml-py bindings are not installed in the suite's environment: pip install "
             "nvidia-ml-py")
-        return
     if all(hasattr(candidate, a) for a in ("_nvmlGetFunctionPointer", "nvmlInitWithFlags", "NVMLError")):
-        _pynvml = candidate
-    else:
-        _import_error = NvmlUnavailable(
-            "nvml-bindings-shadowed",
-            "the imported pynvml is not NVIDIA's nvidia-ml-py (the deprecated pynvml package shadows "
-            "it): pip uninstall pynvml && pip install --force-reinstall nvidia-ml-py")
+        return candidate, None
+    return None, NvmlUnavailable(
+        "nvml-bindings-shadowed",
+        "the imported pynvml is not NVIDIA's nvidia-ml-py (the deprecated pynvml package shadows "
+        "it): pip uninstall pynvml && pip install --force-reinstall nvidia-ml-py")
 
 
 def bindings() -> ModuleType:
@@ -183,8 +221,10 @@ def shutdown() -> None:
     """nvmlShutdown, ignoring errors (NVML counts inits; a failed shutdown changes nothing we report)."""
     if _pynvml is None:
         return
-    with contextlib.suppress(_pynvml.NVMLError):
+    try:
         _pynvml.nvmlShutdown()
+    except _pynvml.NVMLError:
+        pass
 
 
 def call(fn: Any, *args: Any) -> tuple[Any, int | None]:
@@ -310,8 +350,10 @@ def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], st
 
 
 def _release(nv: ModuleType, event_set: Any) -> None:
-    with contextlib.suppress(nv.NVMLError):
+    try:
         nv.nvmlEventSetFree(event_set)
+    except nv.NVMLError:
+        pass
     shutdown()
 
 
