@@ -1,0 +1,25 @@
+"""Liveness with its real services (sshd and Jupyter Server) imports no heavy module either.
+
+tests/core/test_startup.py checks a liveness run with the services off; the service probes
+talk to real servers here, as they do in make bench and in the image.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT, clean_env
+from tests.core.test_startup import HEAVY, SCRIPT
+
+
+def test_liveness_with_real_services_imports_none_of_the_heavy_modules(tmp_path, sshd, jupyter):
+    env = clean_env(HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_CHECKS_DIR=str(tmp_path / "none"),
+                    HEALTHCHECK_SSH_PORT=str(sshd.port), HEALTHCHECK_JUPYTER_PORT=str(jupyter.port),
+                    HEALTHCHECK_JUPYTER_RUNTIME_DIR=str(jupyter.runtime), ENABLE_GPU_CHECK="false")
+    res = subprocess.run([sys.executable, "-I", "-c", SCRIPT.format(heavy=set(HEAVY))], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "healthy: liveness: 3 checks passed (torch-cuda, jupyter, ssh)", res.stdout
+    assert lines[-1] == "", f"a liveness run imported: {lines[-1]}"
