@@ -14,6 +14,8 @@ setup() {
   PATH="$BIN:/usr/local/bin:/usr/bin:/bin"
   while read -r var; do unset "$var"; done < <(compgen -e | grep -E '^(ENABLE_|HEALTHCHECK_)')
   export PATH
+  # The suite's entry, as the front door passes it to the interpreter after -c.
+  ENTRY='import os, sys; home = os.environ.pop("_HEALTHCHECK_HOME", ""); sys.path[:0] = [home] if home else []; from probes.cli import entry; entry()'
 }
 
 teardown() {
@@ -36,9 +38,23 @@ stub() {
 }
 
 @test "arguments reach the suite's interpreter in isolated mode" {
-  stub py 'echo "args: $*"'
+  stub py 'echo "args: $* home=${_HEALTHCHECK_HOME:-}"'
+  HEALTHCHECK_PYTHON="$BIN/py" _HEALTHCHECK_HOME=/elsewhere run -0 "$ROOT/healthcheck" --profile readiness --json
+  [ "$output" = "args: -I -c $ENTRY --profile readiness --json home=" ]
+}
+
+@test "liveness from the source tree: no site-packages, the suite found beside the front door" {
+  stub py 'echo "args: $* home=${_HEALTHCHECK_HOME:-}"'
   HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" --profile liveness --json
-  [ "$output" = "args: -I -c from probes.cli import entry; entry() --profile liveness --json" ]
+  [ "$output" = "args: -I -S -c $ENTRY --profile liveness --json home=$ROOT" ]
+  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_PROFILE=liveness run -0 "$ROOT/healthcheck" --profile startup
+  [ "$output" = "args: -I -c $ENTRY --profile startup home=" ]
+  # The real interpreter: liveness passes, and a refused port still lists what listens
+  # (psutil, from site-packages, put on the path when the probe needs it).
+  [ -x "$ROOT/.venv/bin/python" ] || skip "no .venv in $ROOT (run make install)"
+  ENABLE_GPU_CHECK=false ENABLE_JUPYTER_CHECK=false HEALTHCHECK_SSH_PORT=2 HEALTHCHECK_STATE_DIR="$TMP/state" \
+    run -1 "$ROOT/healthcheck" --profile liveness
+  [[ "${lines[0]}" == "unhealthy: ssh: connection refused: nothing listening on 127.0.0.1:2 ("* ]]
 }
 
 @test "exit statuses 0, 1 and 3 pass through" {
@@ -105,7 +121,7 @@ stub() {
   stub py 'echo "args: $*"'
   stub timeout 'echo "timeout must not be used"; exit 9'
   HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" serve --port 1234
-  [ "$output" = "args: -I -c from probes.cli import entry; entry() serve --port 1234" ]
+  [ "$output" = "args: -I -c $ENTRY serve --port 1234" ]
 }
 
 @test "a HEALTHCHECK_PYTHON that is not executable is a usage error" {
@@ -161,11 +177,11 @@ installed() {
   installed "$TMP/env/bin"
   printf '#!%s\n# -*- coding: utf-8 -*-\n' "$BIN/py" >"$TMP/env/bin/healthcheck-probes"
   run -0 "$TMP/env/bin/healthcheck" --profile liveness
-  [ "$output" = "py: -I -c from probes.cli import entry; entry() --profile liveness" ]
+  [ "$output" = "py: -I -c $ENTRY --profile liveness" ]
   # Through a symlink on PATH (/usr/local/bin/healthcheck in an image), the same.
   ln -s "$TMP/env/bin/healthcheck" "$BIN/healthcheck"
   run -0 healthcheck serve
-  [ "$output" = "py: -I -c from probes.cli import entry; entry() serve" ]
+  [ "$output" = "py: -I -c $ENTRY serve" ]
   # HEALTHCHECK_PYTHON still wins; a record that names no interpreter is a usage error.
   stub other 'echo "other: $*"'
   HEALTHCHECK_PYTHON="$BIN/other" run -0 "$TMP/env/bin/healthcheck" --json
@@ -184,5 +200,5 @@ installed() {
   printf '#!/bin/sh\n'"'''"'exec'"'"' "%s" "$0" "$@"\n'"' '''"'\n' "$TMP/my env/python" \
     >"$TMP/env/bin/healthcheck-probes"
   run -0 "$TMP/env/bin/healthcheck" --json
-  [ "$output" = "spaced: -I -c from probes.cli import entry; entry() --json" ]
+  [ "$output" = "spaced: -I -c $ENTRY --json" ]
 }

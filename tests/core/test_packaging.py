@@ -208,7 +208,8 @@ def test_isolated_mode_and_serve_without_a_deadline(bin_dir: Path, tmp_path: Pat
     py = stub(tmp_path, "py", 'echo "args: $*"')
     stub(tmp_path, "timeout", 'echo "timeout $*"; exit 9')
     env = env_for(tmp_path, HEALTHCHECK_PYTHON=str(py))
-    entry = "-I -c from probes.cli import entry; entry()"
+    entry = ('-I -c import os, sys; home = os.environ.pop("_HEALTHCHECK_HOME", ""); '
+             'sys.path[:0] = [home] if home else []; from probes.cli import entry; entry()')
     served = run(bin_dir / "healthcheck", "serve", "--port", "1234", env=env)
     assert (served.returncode, served.stdout) == (0, f"args: {entry} serve --port 1234\n")
     checked = run(bin_dir / "healthcheck", "--profile", "liveness", env=env)
