@@ -90,22 +90,26 @@ def test_log_file_gets_one_line_per_run_and_rotates(tmp_path):
     assert (tmp_path / "hc.log.1").exists() and log.stat().st_size < 4096
 
 
-def test_a_check_exits_without_finalization_after_flushing_its_output_and_log(tmp_path):
+def test_a_check_exits_without_finalization_or_gc_after_flushing_its_output_and_log(tmp_path):
     """The process's entry skips interpreter finalization (atexit handlers, module teardown): its
     report, buffered text and run log are out first; serve exits the ordinary way."""
     log = tmp_path / "hc.log"
-    script = ("import atexit, sys\natexit.register(lambda: print('finalized'))\n"
-              "sys.stdout.write('buffered before the report|')\nfrom probes.cli import entry\nentry()\n")
+    script = ("import atexit, gc, sys\natexit.register(lambda: print('finalized'))\n"
+              "from probes import cli\nmain = cli.main\n"
+              "cli.main = lambda argv: print(f'gc={gc.isenabled()}', end='|') or main(argv)\n"
+              "sys.stdout.write('buffered before the report|')\ncli.entry()\n")
     env = clean_env(HEALTHCHECK_LOG_FILE=str(log), HEALTHCHECK_SSH_PORT="2", **ALL_OFF)
     res = subprocess.run([sys.executable, "-I", "-c", script, "--only", "ssh"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 1, res.stdout + res.stderr
-    assert res.stdout.startswith("buffered before the report|unhealthy: ssh: connection refused"), res.stdout
+    # A check also runs without the cyclic garbage collector; serve keeps it.
+    assert res.stdout.startswith("buffered before the report|gc=False|unhealthy: ssh: connection refused"), \
+        res.stdout
     assert "finalized" not in res.stdout
     assert "readiness exit=1 ssh=fail" in log.read_text()
     serve = subprocess.run([sys.executable, "-I", "-c", script, "serve", "--port", "x"], env=env, cwd=ROOT,
                            capture_output=True, text=True, timeout=60, check=False)
-    assert serve.returncode == 3 and serve.stdout.endswith("finalized\n"), serve.stdout + serve.stderr
+    assert serve.returncode == 3 and serve.stdout.endswith("gc=True|finalized\n"), serve.stdout + serve.stderr
 
 
 def test_unwritable_log_file_is_a_note_not_a_crash(tmp_path):
