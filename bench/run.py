@@ -53,6 +53,9 @@ CHILD_LIMIT = 180.0  # a bench child that takes longer than this is killed and r
 LIVENESS_FLOOR_FACTOR = 3.0
 LIVENESS_RSS_MIB = 30.0
 READINESS_FLOOR_FACTOR = 5.0
+# An empty drop-in directory costs one scandir (microseconds): "no measurable time" is a
+# median paired difference, liveness with it against liveness without, below this.
+NO_TIME_MS = 1.0
 HANG_SLACK = 0.5
 
 
@@ -265,6 +268,7 @@ class Bench:
         env.update(HEALTHCHECK_PYTHON=self.py, HEALTHCHECK_TORCH_PYTHON=self.py,
                    HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_TTL="3600",
                    HEALTHCHECK_STATE_DIR=str(self.work / "state"), HEALTHCHECK_FASTPATH="false",
+                   HEALTHCHECK_CHECKS_DIR=str(self.work / "no-checks"),  # missing: no drop-ins
                    NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
         if not FAKE_NVML.exists() and shutil.which("make") and (ROOT / "tests/fakes/Makefile").exists():
             subprocess.run(["make", "-s", "-C", str(ROOT / "tests/fakes")], check=False,
@@ -300,6 +304,8 @@ class Bench:
         hc = str(FRONT_DOOR)
         cold_root = self.work / "cold"
         cold_root.mkdir()
+        empty_checks = self.work / "checks-empty"
+        empty_checks.mkdir()
 
         def fixed(e: dict[str, str]) -> Callable[[int], dict[str, str]]:
             return lambda i: e
@@ -311,6 +317,8 @@ class Bench:
             ("floor: python -c pass", "floor", [self.py, "-c", "pass"], fixed(self.env())),
             ("floor: python -c 'import torch'", "floor", [self.py, "-c", "import torch"], fixed(self.env())),
             ("liveness", "profile", [hc, "--profile", "liveness"], fixed(self.env())),
+            ("liveness (empty drop-in dir)", "profile", [hc, "--profile", "liveness"],
+             fixed(self.env(HEALTHCHECK_CHECKS_DIR=str(empty_checks)))),
             ("readiness (torch cached)", "profile", [hc, "--profile", "readiness"], fixed(self.env())),
             ("readiness (cold state dir)", "profile", [hc, "--profile", "readiness"], fresh_state),
             ("startup (torch fresh)", "profile", [hc, "--profile", "startup"], fixed(self.env())),
@@ -464,6 +472,13 @@ def summarise(cases: dict[str, Any], hangs: dict[str, Any]) -> tuple[list[str], 
                f"({m / floor_med:.1f}x {floor_med:.1f} ms)")
         r = live["summary"]["rss_mib_max"]
         target(f"liveness peak RSS < {LIVENESS_RSS_MIB:g} MiB", r < LIVENESS_RSS_MIB, f"max {r:.1f} MiB")
+    empty = cases.get("liveness (empty drop-in dir)")
+    if live and empty:
+        pairs = [e - b for e, b in zip(empty["wall_ms"], live["wall_ms"])]
+        d = statistics.median(pairs)
+        target("an empty drop-in directory adds no measurable time",
+               d <= NO_TIME_MS and not empty["failures"],
+               f"median paired difference {d:+.1f} ms (under {NO_TIME_MS:g} ms; {len(pairs)} pairs)")
     ready = cases.get("readiness (torch cached)")
     if ready and floor:
         m = ready["summary"]["wall_ms_median"]
