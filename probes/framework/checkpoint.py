@@ -32,6 +32,7 @@ import time
 from probes import untrusted
 from probes._lazy import module, regex
 from probes.context import Context, logger
+from probes.framework import protocol
 from probes.registry import Cause, Spec
 from probes.result import Result, failed, passed
 from probes.state import process_start_time
@@ -162,13 +163,9 @@ def _valid(report: Any) -> dict[str, Any] | None:
 
 
 def parse_output(stdout: bytes) -> dict[str, Any] | None:
-    prefix = checkpoint_child.PREFIX
-    hits = [ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith(prefix)]
-    if len(hits) != 1:
-        return None
     try:
-        return _valid(untrusted.load_json(hits[0][len(prefix):]))
-    except ValueError:
+        return _valid(protocol.result(stdout, checkpoint_child.PREFIX))
+    except protocol.Bad:
         return None
 
 
@@ -190,7 +187,7 @@ def _mark(ctx: Context, held: list[int]) -> None:
 
 
 def _answered(out: bytes) -> bool:
-    return checkpoint_child.PREFIX.encode() in out and out.endswith(b"\n")
+    return protocol.arrived(out, checkpoint_child.PREFIX)
 
 
 def gather(ctx: Context) -> dict[str, Any]:

@@ -32,8 +32,9 @@ import time
 from probes import untrusted
 from probes._lazy import module
 from probes.context import Context, logger
-from probes.framework import checkpoint
-from probes.framework.torch_cuda import _Bad, _fields, locked_run
+from probes.framework import checkpoint, protocol
+from probes.framework.protocol import INT, MEASURE, NUM, STR
+from probes.framework.torch_cuda import locked_run
 from probes.registry import INTEGER, NUMBER, TEXT, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, warned
 from probes.state import pid1_identity
@@ -125,13 +126,12 @@ SPEC = Spec(
     ),
 )
 
-_NUM, _INT, _STR, _MEASURE = "num", "int", "str", "measure"
-_REPORT = {"v": (_INT, False), "device": (_STR, False), "torch": (_STR, True), "format": (_STR, True),
-           "loader": (_STR, True), "file_bytes": (_INT, True), "bytes": (_INT, True), "budget": (_INT, True),
-           "budget_source": (_STR, True), "load_ms": (_NUM, True), "params": (_INT, True),
-           "param_bytes": (_INT, True), "peak_gpu": (_INT, True), "forward_ms": (_NUM, True),
-           "max_err": (_MEASURE, True), "scale": (_MEASURE, True)}
-_ERROR = {"kind": (_STR, False), "type": (_STR, False), "message": (_STR, False)}
+_REPORT = {"v": (INT, False), "device": (STR, False), "torch": (STR, True), "format": (STR, True),
+           "loader": (STR, True), "file_bytes": (INT, True), "bytes": (INT, True), "budget": (INT, True),
+           "budget_source": (STR, True), "load_ms": (NUM, True), "params": (INT, True),
+           "param_bytes": (INT, True), "peak_gpu": (INT, True), "forward_ms": (NUM, True),
+           "max_err": (MEASURE, True), "scale": (MEASURE, True)}
+_ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False)}
 KINDS = {"missing": "model-missing", "unreadable": "model-unreadable", "unsupported": "unsupported-format",
          "unsafe": "unsafe-pickle", "corrupt": "model-corrupt", "too-big": "would-not-fit", "oom": "oom",
          "shape-mismatch": "output-mismatch", "expect-missing": "expect-unreadable",
@@ -141,55 +141,38 @@ KINDS = {"missing": "model-missing", "unreadable": "model-unreadable", "unsuppor
 
 
 def validate(report: Any, device: str) -> dict[str, Any]:
-    """A cleaned copy of the worker's report if it matches the schema exactly; raises _Bad."""
+    """A cleaned copy of the worker's report if it matches the schema exactly; raises protocol.Bad."""
     if not isinstance(report, dict) or set(report) != {*_REPORT, "error"}:
-        raise _Bad("the result has unexpected or missing fields")
-    _fields({k: report[k] for k in _REPORT}, _REPORT, "result")
+        raise protocol.Bad("the result has unexpected or missing fields")
+    protocol.fields({k: report[k] for k in _REPORT}, _REPORT, "result")
     if report["v"] != model_worker.SCHEMA or report["device"] != device:
-        raise _Bad("the result is for another request")
+        raise protocol.Bad("the result is for another request")
     if report["format"] is not None and report["format"] not in model_worker.FORMATS:
-        raise _Bad("result.format is unknown")
+        raise protocol.Bad("result.format is unknown")
     if report["error"] is not None:
-        _fields(report["error"], _ERROR, "result.error")
+        protocol.fields(report["error"], _ERROR, "result.error")
         if report["error"]["kind"] not in KINDS:
-            raise _Bad("result.error.kind is unknown")
+            raise protocol.Bad("result.error.kind is unknown")
     elif report["load_ms"] is None or report["params"] is None:
-        raise _Bad("a passing result without load time or parameters")
+        raise protocol.Bad("a passing result without load time or parameters")
     return {k: untrusted.clean(v, 200) if isinstance(v, str) else
             ({ek: untrusted.clean(ev, 200) for ek, ev in v.items()} if isinstance(v, dict) else v)
             for k, v in report.items()}
 
 
 def parse_output(stdout: bytes, device: str) -> tuple[dict[str, Any] | None, str | None]:
-    hits = [ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith(model_worker.PREFIX)]
-    if len(hits) != 1:
-        return None, "no result line" if not hits else "more than one result line"
     try:
-        report = untrusted.load_json(hits[0][len(model_worker.PREFIX):])
-    except ValueError as exc:
-        return None, f"the result line is not readable JSON: {untrusted.clean(exc, 80)}"
-    try:
-        return validate(report, device), None
-    except _Bad as exc:
+        return validate(protocol.result(stdout, model_worker.PREFIX), device), None
+    except protocol.Bad as exc:
         return None, str(exc)
 
 
 def last_phase(stderr: bytes) -> str | None:
-    found = None
-    for line in stderr.decode("utf-8", "replace").splitlines():
-        import re  # on first use: see probes/_lazy.py
-
-        phase = model_worker.PHASE
-        if line.startswith(phase) and re.fullmatch(_PHASES, line[len(phase):].strip()):
-            found = line[len(phase):].strip()
-    return found
-
-
+    return protocol.last_phase(stderr, model_worker.PHASE, _PHASES)
 
 
 def result_arrived(stdout: bytes) -> bool:
-    prefix = model_worker.PREFIX.encode()
-    return any(ln.startswith(prefix) and ln.endswith(b"\n") for ln in stdout.splitlines(keepends=True))
+    return protocol.arrived(stdout, model_worker.PREFIX)
 
 
 # ---------------------------------------------------------------------------
@@ -255,7 +238,7 @@ def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
         return None
     try:
         report = validate(data.get("report"), device)
-    except _Bad:
+    except protocol.Bad:
         return None
     if report["error"] is not None:
         return None

@@ -27,8 +27,9 @@ import time
 from probes import untrusted
 from probes._lazy import module
 from probes.context import Context, logger
-from probes.framework import checkpoint
-from probes.framework.torch_cuda import _Bad, _fields, locked_run
+from probes.framework import checkpoint, protocol
+from probes.framework.protocol import INT, NUM, STR
+from probes.framework.torch_cuda import locked_run
 from probes.registry import INTEGER, NUMBER, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, skipped
 from probes.state import pid1_identity
@@ -104,9 +105,9 @@ SPEC = Spec(
     ),
 )
 
-_REPORT = {"v": ("int", False), "backend": ("str", False), "torch": ("str", True), "nccl": ("str", True),
-           "count": ("int", True), "ms": ("num", True), "bad": ("int", True), "max_err": ("num", True)}
-_ERROR = {"kind": ("str", False), "type": ("str", False), "message": ("str", False)}
+_REPORT = {"v": (INT, False), "backend": (STR, False), "torch": (STR, True), "nccl": (STR, True),
+           "count": (INT, True), "ms": (NUM, True), "bad": (INT, True), "max_err": (NUM, True)}
+_ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False)}
 KINDS = ("no-nccl", "cuda-unavailable", "import", "collective", "worker")
 
 
@@ -125,16 +126,16 @@ def shm_size(path: str = SHM) -> Shm:
 
 def validate(report: Any) -> dict[str, Any]:
     if not isinstance(report, dict) or set(report) != {*_REPORT, "error"}:
-        raise _Bad("the result has unexpected or missing fields")
-    _fields({k: report[k] for k in _REPORT}, _REPORT, "result")
+        raise protocol.Bad("the result has unexpected or missing fields")
+    protocol.fields({k: report[k] for k in _REPORT}, _REPORT, "result")
     if report["v"] != nccl_worker.SCHEMA or report["backend"] != "nccl":
-        raise _Bad("the result is for another request")
+        raise protocol.Bad("the result is for another request")
     if report["error"] is not None:
-        _fields(report["error"], _ERROR, "result.error")
+        protocol.fields(report["error"], _ERROR, "result.error")
         if report["error"]["kind"] not in KINDS:
-            raise _Bad("result.error.kind is unknown")
+            raise protocol.Bad("result.error.kind is unknown")
     elif None in (report["count"], report["bad"], report["max_err"], report["ms"]):
-        raise _Bad("a result without its measurements")
+        raise protocol.Bad("a result without its measurements")
     out = dict(report)
     for key in ("torch", "nccl", "backend"):
         if out[key] is not None:
@@ -145,13 +146,10 @@ def validate(report: Any) -> dict[str, Any]:
 
 
 def parse_output(stdout: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    hits = [ln for ln in stdout.decode("utf-8", "replace").splitlines() if ln.startswith(nccl_worker.PREFIX)]
-    if len(hits) != 1:
-        return None, "no result line" if not hits else "more than one result line"
     try:
-        return validate(untrusted.load_json(hits[0][len(nccl_worker.PREFIX):])), None
-    except ValueError as exc:  # _Bad is a ValueError too
-        return None, untrusted.clean(exc, 80)
+        return validate(protocol.result(stdout, nccl_worker.PREFIX)), None
+    except protocol.Bad as exc:
+        return None, str(exc)
 
 
 def warnings(stderr: bytes) -> list[str]:
@@ -165,19 +163,11 @@ def warnings(stderr: bytes) -> list[str]:
 
 
 def last_phase(stderr: bytes) -> str | None:
-    found = None
-    for line in stderr.decode("utf-8", "replace").splitlines():
-        import re  # on first use: see probes/_lazy.py
-
-        phase = nccl_worker.PHASE
-        if line.startswith(phase) and re.fullmatch(_PHASES, line[len(phase):].strip()):
-            found = line[len(phase):].strip()
-    return found
+    return protocol.last_phase(stderr, nccl_worker.PHASE, _PHASES)
 
 
 def result_arrived(stdout: bytes) -> bool:
-    lines = stdout.splitlines(keepends=True)
-    return any(ln.startswith(nccl_worker.PREFIX.encode()) and ln.endswith(b"\n") for ln in lines)
+    return protocol.arrived(stdout, nccl_worker.PREFIX)
 
 
 # ---------------------------------------------------------------------------
@@ -219,7 +209,7 @@ def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> di
         return None
     try:
         report = validate(data.get("report"))
-    except _Bad:
+    except protocol.Bad:
         return None
     if report["error"] is not None or report["bad"] != 0:
         return None

@@ -46,6 +46,8 @@ import time
 from probes import untrusted
 from probes._lazy import module
 from probes.context import Context, logger
+from probes.framework import protocol
+from probes.framework.protocol import BOOL, INT, MEASURE, NUM, STR
 from probes.registry import ALL_PROFILES, CHOICE, NUMBER, Cause, Setting, Spec
 from probes.registry import TEXT as TEXT_KIND
 from probes.result import SEVERITY, Result, Status, failed, passed, skipped, warned
@@ -53,7 +55,7 @@ from probes.state import pid1_identity
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from probes import proc
@@ -157,8 +159,6 @@ SIZE = 1024  # 2 GFLOP: enough blocks to occupy a GPU, ~50 ms for the float64 CP
 # give ~1e-3 and a flipped exponent or high mantissa bit far more.
 TOLERANCE = 1e-4
 MAX_DEVICES = 1024
-MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
-NONFINITE = ("nan", "inf", "-inf")  # how the worker reports a non-finite error or scale
 # Characters kept of each cleaned string of the worker's report (default TEXT).
 TEXT = 120
 TEXT_LIMITS = {"message": 600, "visible_devices": 1000}
@@ -194,63 +194,14 @@ DRIVER_OLD = ("driver on your system is too old", "driver version is insufficien
 # Parsing the worker's one line (pure)
 # ---------------------------------------------------------------------------
 
-class _Bad(ValueError):
-    pass
-
-
-_STR, _INT, _NUM, _MEASURE, _BOOL = "str", "int", "num", "measure", "bool"
-
-
-def _finite(value: Any) -> bool:
-    """A JSON number that float() turns into a finite value (a 400-digit integer does not)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
-
-
-def _check(value: Any, kind: str, nullable: bool, where: str) -> None:
-    if value is None:
-        if nullable:
-            return
-        raise _Bad(f"{where} is missing")
-    if kind == _STR:
-        ok = isinstance(value, str) and len(value) <= 1000
-    elif kind == _BOOL:
-        ok = isinstance(value, bool)
-    elif kind == _INT:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        if ok and not -MAX_INT <= value < MAX_INT:
-            raise _Bad(f"{where} is out of range")
-    else:  # _NUM, or _MEASURE: a number, or how the worker spells a non-finite one
-        if kind == _MEASURE and value in NONFINITE:
-            return
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and not _finite(value):
-            raise _Bad(f"{where} is not a finite number")
-    if not ok:
-        raise _Bad(f"{where} has the wrong type")
-
-
-def _fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str) -> None:
-    if not isinstance(obj, dict):
-        raise _Bad(f"{where} is not an object")
-    if set(obj) != set(spec):
-        raise _Bad(f"{where} has unexpected or missing fields")
-    for key, (kind, nullable) in spec.items():
-        _check(obj[key], kind, nullable, f"{where}.{key}")
-
-
-_ERROR = {"phase": (_STR, False), "type": (_STR, False), "message": (_STR, False),
-          "device": (_INT, True), "module": (_STR, True)}
-_DEVICE = {"index": (_INT, False), "name": (_STR, False), "uuid": (_STR, True), "op_ms": (_NUM, True),
-           "max_err": (_MEASURE, True), "scale": (_MEASURE, True), "free": (_INT, True),
-           "total": (_INT, True)}
-_TOP = {"v": (_INT, False), "device": (_STR, False), "size": (_INT, False), "expect_count": (_INT, True),
-        "torch": (_STR, True), "cuda": (_STR, True), "cuda_built": (_BOOL, True),
-        "available": (_BOOL, True), "count": (_INT, True), "visible_devices": (_STR, True)}
+_ERROR = {"phase": (STR, False), "type": (STR, False), "message": (STR, False),
+          "device": (INT, True), "module": (STR, True)}
+_DEVICE = {"index": (INT, False), "name": (STR, False), "uuid": (STR, True), "op_ms": (NUM, True),
+           "max_err": (MEASURE, True), "scale": (MEASURE, True), "free": (INT, True),
+           "total": (INT, True)}
+_TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False), "expect_count": (INT, True),
+        "torch": (STR, True), "cuda": (STR, True), "cuda_built": (BOOL, True),
+        "available": (BOOL, True), "count": (INT, True), "visible_devices": (STR, True)}
 
 
 def _cleaned(value: Any, key: str = "") -> Any:
@@ -265,74 +216,56 @@ def _cleaned(value: Any, key: str = "") -> Any:
 
 
 def validate(report: Any, device: str, size: int) -> dict[str, Any]:
-    """A cleaned copy of the report if it matches the schema exactly; raises _Bad otherwise.
+    """A cleaned copy of the report if it matches the schema exactly; raises protocol.Bad otherwise.
 
     This is where the worker's report enters the suite: every number converts to a
     finite float and every string is cleaned (``untrusted.clean``), so no later use
     (messages, the latch, the cache, JSON, Docker's log) sees a control character.
     """
     if not isinstance(report, dict):
-        raise _Bad("the result is not an object")
+        raise protocol.Bad("the result is not an object")
     if set(report) != {*_TOP, "error", "devices"}:
-        raise _Bad("the result has unexpected or missing fields")
-    _fields({k: report[k] for k in _TOP}, _TOP, "result")
+        raise protocol.Bad("the result has unexpected or missing fields")
+    protocol.fields({k: report[k] for k in _TOP}, _TOP, "result")
     if report["v"] != torch_worker.SCHEMA:
-        raise _Bad(f"schema version {report['v']} is not {torch_worker.SCHEMA}")
+        raise protocol.Bad(f"schema version {report['v']} is not {torch_worker.SCHEMA}")
     if report["device"] != device or report["size"] != size:
-        raise _Bad("the result is for another request")
+        raise protocol.Bad("the result is for another request")
     if report["count"] is not None and not 0 <= report["count"] <= MAX_DEVICES:
-        raise _Bad("result.count is out of range")
+        raise protocol.Bad("result.count is out of range")
     if report["error"] is not None:
-        _fields(report["error"], _ERROR, "result.error")
+        protocol.fields(report["error"], _ERROR, "result.error")
     devices = report["devices"]
     if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
-        raise _Bad("result.devices is not a list")
+        raise protocol.Bad("result.devices is not a list")
     for i, dev in enumerate(devices):
         if not isinstance(dev, dict) or "error" not in dev:
-            raise _Bad(f"result.devices[{i}] is not an object")
-        _fields({k: v for k, v in dev.items() if k != "error"}, _DEVICE, f"result.devices[{i}]")
+            raise protocol.Bad(f"result.devices[{i}] is not an object")
+        protocol.fields({k: v for k, v in dev.items() if k != "error"}, _DEVICE, f"result.devices[{i}]")
         if dev["error"] is None:
             for key in ("op_ms", "max_err", "scale"):
-                _check(dev[key], _DEVICE[key][0], False, f"result.devices[{i}].{key}")
+                protocol.check(dev[key], _DEVICE[key][0], False, f"result.devices[{i}].{key}")
         else:
-            _fields(dev["error"], _ERROR, f"result.devices[{i}].error")
+            protocol.fields(dev["error"], _ERROR, f"result.devices[{i}].error")
     # A report without an error covers every device it counted.
     stopped = report["error"] is not None or any(d["error"] is not None for d in devices)
     if not stopped and report["count"] is not None and len(devices) != report["count"]:
-        raise _Bad("the result does not cover every device")
+        raise protocol.Bad("the result does not cover every device")
     cleaned: dict[str, Any] = _cleaned(report)
     return cleaned
 
 
 def parse_output(stdout: bytes, device: str, size: int) -> tuple[dict[str, Any] | None, str | None]:
     """(report, None) for one valid result line, else (None, what is wrong)."""
-    prefix = torch_worker.PREFIX
-    hits = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.startswith(prefix)]
-    if not hits:
-        return None, "no result line"
-    if len(hits) > 1:
-        return None, "more than one result line"
     try:
-        report = untrusted.load_json(hits[0][len(prefix):])
-    except ValueError as exc:  # malformed, too deep, NaN, or a number too large for a float
-        return None, f"the result line is not readable JSON: {untrusted.clean(exc, 80)}"
-    try:
-        return validate(report, device, size), None
-    except _Bad as exc:
+        return validate(protocol.result(stdout, torch_worker.PREFIX), device, size), None
+    except protocol.Bad as exc:
         return None, str(exc)
 
 
 def last_phase(stderr: bytes) -> str | None:
     """Where the worker was when it stopped, from its progress markers (validated)."""
-    found = None
-    for line in stderr.decode("utf-8", "replace").splitlines():
-        if line.startswith(torch_worker.PHASE):
-            name = line[len(torch_worker.PHASE):].strip()
-            import re  # on first use: see probes/_lazy.py
-
-            if re.fullmatch(_PHASES, name):
-                found = name
-    return found
+    return protocol.last_phase(stderr, torch_worker.PHASE, _PHASES)
 
 
 # ---------------------------------------------------------------------------
@@ -359,13 +292,7 @@ def _argv(ctx: Context, expect: int | None) -> list[str]:
 
 def result_arrived(stdout: bytes) -> bool:
     """Whether the output so far holds a whole result line (proc.run's ``until``)."""
-    prefix = torch_worker.PREFIX
-    if prefix.encode() not in stdout:
-        return False
-    for line in stdout.decode("utf-8", "replace").splitlines(keepends=True):
-        if line.startswith(prefix) and line.splitlines()[0] != line:  # it has its line break
-            return True
-    return False
+    return protocol.arrived(stdout, torch_worker.PREFIX)
 
 
 def locked_run(ctx: Context, cache: str, key: dict[str, Any],
@@ -442,9 +369,9 @@ def _key(ctx: Context, expect: int | None) -> dict[str, Any]:
 
 
 # What judge() reads of a cached worker run, checked before reuse.
-_DATA = {"spawn_error": (_STR, True), "returncode": (_INT, True), "timed_out": (_BOOL, False),
-         "stuck": (_BOOL, False), "held_by": (_INT, True), "budget": (_NUM, False), "elapsed": (_NUM, False),
-         "phase": (_STR, True), "problem": (_STR, True), "excerpt": (_STR, True), "finished": (_NUM, False)}
+_DATA = {"spawn_error": (STR, True), "returncode": (INT, True), "timed_out": (BOOL, False),
+         "stuck": (BOOL, False), "held_by": (INT, True), "budget": (NUM, False), "elapsed": (NUM, False),
+         "phase": (STR, True), "problem": (STR, True), "excerpt": (STR, True), "finished": (NUM, False)}
 
 
 def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[str, Any] | None:
@@ -458,18 +385,18 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
         return None
     try:
         for name, (kind, nullable) in _DATA.items():
-            _check(data.get(name), kind, nullable, name)
+            protocol.check(data.get(name), kind, nullable, name)
         import re  # on first use: see probes/_lazy.py
 
         if data["phase"] is not None and not re.fullmatch(_PHASES, data["phase"]):
             return None
         report = None if data.get("report") is None else validate(data["report"], key["device"], key["size"])
-    except _Bad:
+    except protocol.Bad:
         return None
     age = time.time() - float(data["finished"])
     out: dict[str, Any] = {"kind": "worker", "python": key["python"], "device": key["device"],
                            "expect": key["expect"], "lingered": False, "report": report,
-                           **{name: untrusted.clean(data[name]) if kind == _STR and data[name] is not None
+                           **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None
                               else data[name] for name, (kind, _) in _DATA.items()}}
     out["cache"] = {"how": how, "age": round(max(age, 0.0), 1)}
     return out
@@ -488,7 +415,7 @@ def _cached_pass(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) 
 
 def _latched(latch: dict[str, Any]) -> dict[str, Any]:
     raw: Any = latch.get("time")
-    since = float(raw) if _finite(raw) else 0.0
+    since = float(raw) if protocol.finite(raw) else 0.0
     if not 0 < since <= time.time() + 86400:
         since = 0.0  # damaged: shown as an unknown time, never a crash
     return {"kind": "latched", "source": untrusted.clean(latch.get("source", "?"), 40),

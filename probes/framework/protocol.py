@@ -1,0 +1,114 @@
+"""The workers' protocol, as the suite reads it: one result line, progress markers, a schema.
+
+Each worker (``torch_worker.py``, ``model_worker.py``, ``nccl_worker.py``, ``checkpoint_child.py``)
+runs in another interpreter and prints exactly one line ``PREFIX + JSON`` on stdout, and
+progress markers ``PHASE + name`` on stderr; its PREFIX, PHASE and SCHEMA are declared in the
+worker's own file, beside the code that writes them. This is the reading side, shared by the
+probes that start them: find the one result line, parse it as untrusted JSON, check it field
+by field against a schema of kinds, and tell the last progress marker. A report enters the
+suite only through here, so no later use sees a wrong type, a non-finite number or an
+unbounded string. Imported when a worker's output is read, never to declare a probe.
+"""
+
+from __future__ import annotations
+
+import math
+
+from probes import untrusted
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+# Field kinds of a schema: {"name": (kind, nullable)}.
+STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"
+MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
+MAX_STR = 1000  # characters of any string field, before cleaning
+NONFINITE = ("nan", "inf", "-inf")  # how a worker spells a non-finite MEASURE
+
+
+class Bad(ValueError):
+    """The worker's output breaks the protocol; the message says how (safe to show)."""
+
+
+def finite(value: Any) -> bool:
+    """A JSON number that float() turns into a finite value (a 400-digit integer does not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def check(value: Any, kind: str, nullable: bool, where: str) -> None:
+    """Raise Bad unless ``value`` is of ``kind`` (or None, when ``nullable``)."""
+    if value is None:
+        if nullable:
+            return
+        raise Bad(f"{where} is missing")
+    if kind == STR:
+        ok = isinstance(value, str) and len(value) <= MAX_STR
+    elif kind == BOOL:
+        ok = isinstance(value, bool)
+    elif kind == INT:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and not -MAX_INT <= value < MAX_INT:
+            raise Bad(f"{where} is out of range")
+    else:  # NUM, or MEASURE: a number, or how the worker spells a non-finite one
+        if kind == MEASURE and value in NONFINITE:
+            return
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and not finite(value):
+            raise Bad(f"{where} is not a finite number")
+    if not ok:
+        raise Bad(f"{where} has the wrong type")
+
+
+def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str) -> None:
+    """Raise Bad unless ``obj`` is an object with exactly the fields of ``spec``, each of its kind."""
+    if not isinstance(obj, dict):
+        raise Bad(f"{where} is not an object")
+    if set(obj) != set(spec):
+        raise Bad(f"{where} has unexpected or missing fields")
+    for key, (kind, nullable) in spec.items():
+        check(obj[key], kind, nullable, f"{where}.{key}")
+
+
+def result(stdout: bytes, prefix: str) -> Any:
+    """The JSON of the one result line in ``stdout``; Bad when there is none, more than one,
+    or it is not readable JSON (malformed, too deep, NaN, a number too large for a float)."""
+    hits = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.startswith(prefix)]
+    if not hits:
+        raise Bad("no result line")
+    if len(hits) > 1:
+        raise Bad("more than one result line")
+    try:
+        return untrusted.load_json(hits[0][len(prefix):])
+    except ValueError as exc:
+        raise Bad(f"the result line is not readable JSON: {untrusted.clean(exc, 80)}") from None
+
+
+def arrived(stdout: bytes, prefix: str) -> bool:
+    """Whether the output so far holds a whole result line, its line break included (what
+    ``proc.run`` asks through ``until``: the answer is complete)."""
+    marker = prefix.encode()
+    if marker not in stdout:
+        return False
+    lines = stdout.splitlines(keepends=True)
+    return any(line.startswith(marker) and line.endswith((b"\n", b"\r")) for line in lines)
+
+
+def last_phase(stderr: bytes, phase: str, names: str) -> str | None:
+    """The last progress marker in ``stderr`` whose name matches the pattern ``names``: where
+    the worker was when it stopped."""
+    import re  # on first use: see probes/_lazy.py
+
+    found = None
+    for line in stderr.decode("utf-8", "replace").splitlines():
+        if line.startswith(phase):
+            name = line[len(phase):].strip()
+            if re.fullmatch(names, name):
+                found = name
+    return found
