@@ -302,7 +302,12 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
     """The deep checks' costly run (model, nccl): one costly check at a time under this probe's
     lock; readiness reuses what ``reuse`` accepts from ``cache`` (read again once the lock is
     held, a run we waited for may have written it); a run's result is cached, except one whose
-    worker lingered (its cache entry is removed). Without a state dir it simply runs."""
+    worker lingered (its cache entry is removed). Without a state dir it simply runs.
+
+    torch-cuda's own run (``gather``) takes the same lock but does more around it, which the
+    deep checks do not need: it answers a cached pass before waiting, hands every profile a
+    run that finished while it waited (startup included), re-reads the latch once the lock is
+    held, and latches a CUDA-fatal result."""
     state = ctx.state
     if not state.enabled:
         return run()
