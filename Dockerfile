@@ -44,11 +44,15 @@ RUN python3 -m pip install --no-cache-dir "jupyterlab==${JUPYTERLAB_VERSION}"
 # user can break it; it never imports torch itself (HEALTHCHECK_TORCH_PYTHON, default
 # python3 on PATH, runs the tensor op). The front door finds <its dir>/.venv/bin/python.
 # The `serve` extra brings prometheus-client for `healthcheck serve` (the http overlay).
+# A liveness run imports the suite from /opt/healthcheck/probes (the front door starts it
+# without site-packages): its bytecode is compiled here, so that a read-only or non-root
+# container never compiles it on a probe.
 COPY pyproject.toml /opt/healthcheck/
 COPY probes/ /opt/healthcheck/probes/
 COPY healthcheck /opt/healthcheck/healthcheck
 RUN python3 -m venv /opt/healthcheck/.venv \
  && /opt/healthcheck/.venv/bin/pip install --no-cache-dir --disable-pip-version-check "/opt/healthcheck[serve]" \
+ && /opt/healthcheck/.venv/bin/python -m compileall -q /opt/healthcheck/probes \
  && rm -rf /opt/healthcheck/build /opt/healthcheck/*.egg-info \
  && chmod 0755 /opt/healthcheck/healthcheck \
  && ln -s /opt/healthcheck/healthcheck /usr/local/bin/healthcheck \

@@ -114,6 +114,15 @@ def test_suite_lives_in_its_own_venv(start_container) -> None:  # type: ignore[n
     exec_in(cid, "python3", "-m", "pip", "uninstall", "-y", "-q", "psutil", check=False)
     assert exec_in(cid, "healthcheck", "--help").returncode == 0
     assert exec_in(cid, "/opt/healthcheck/.venv/bin/python", "-c", "import psutil").returncode == 0
+    # Liveness imports the suite from /opt/healthcheck/probes, without site-packages: its
+    # bytecode was compiled in the build, so no probe compiles it (or needs to write there).
+    cached = exec_in(cid, "/opt/healthcheck/.venv/bin/python", "-I", "-S", "-c",
+                     "import importlib.util as u, os, sys; "
+                     "print(all(os.path.exists(u.cache_from_source(f'/opt/healthcheck/probes/{n}.py')) "
+                     "for n in ('cli', 'runner', 'config', 'services/ssh'))); "
+                     "sys.path.insert(0, '/opt/healthcheck'); import probes.cli; print(probes.cli.__file__)"
+                     ).stdout.split()
+    assert cached == ["True", "/opt/healthcheck/probes/cli.py"], cached
 
 
 def test_starts_healthy_within_start_period_with_builtin_healthcheck(start_container, image: str) -> None:  # type: ignore[no-untyped-def]
