@@ -144,21 +144,20 @@ def local_pids(wanted: Iterable[int]) -> list[int]:
 # gather
 # ---------------------------------------------------------------------------
 
-def _valid(report: Any) -> dict[str, Any] | None:
-    if not isinstance(report, dict) or set(report) != {"v", "loaded", "driver", "api", "init", "states"}:
-        return None
-    ints = all((isinstance(report[k], int) and not isinstance(report[k], bool)) or report[k] is None
-               for k in ("driver", "init"))
-    if report["v"] != checkpoint_child.SCHEMA or not ints or not isinstance(report["api"], bool) \
-            or not isinstance(report["loaded"], bool) or not isinstance(report["states"], list):
-        return None
-    for s in report["states"]:
-        if not isinstance(s, dict) or set(s) != {"pid", "rc", "state"}:
-            return None
-        if not all(isinstance(s[k], int) and not isinstance(s[k], bool) for k in ("pid", "rc")):
-            return None
-        if s["state"] is not None and (isinstance(s["state"], bool) or not isinstance(s["state"], int)):
-            return None
+_REPORT = {"v": (protocol.INT, False), "loaded": (protocol.BOOL, False), "driver": (protocol.INT, True),
+           "api": (protocol.BOOL, False), "init": (protocol.INT, True)}
+_STATE = {"pid": (protocol.INT, False), "rc": (protocol.INT, False), "state": (protocol.INT, True)}
+
+
+def _valid(report: Any) -> dict[str, Any]:
+    """The child's report if it matches the schema exactly; raises protocol.Bad otherwise."""
+    if not isinstance(report, dict) or set(report) != {*_REPORT, "states"}:
+        raise protocol.Bad("the result has unexpected or missing fields")
+    protocol.fields({k: report[k] for k in _REPORT}, _REPORT, "result")
+    if report["v"] != checkpoint_child.SCHEMA or not isinstance(report["states"], list):
+        raise protocol.Bad("the result is for another request")
+    for i, state in enumerate(report["states"]):
+        protocol.fields(state, _STATE, f"result.states[{i}]")
     return report
 
 
