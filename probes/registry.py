@@ -16,7 +16,8 @@ test file and one line in ``MODULES``.
 
 The modules are imported on first use of ``PROBES`` (or ``NAMES``, ``BY_NAME``,
 ``TOGGLES``), not when this module is imported: the declarations' own imports must
-therefore stay light (heavy imports go inside ``gather``).
+therefore stay light (what a probe needs only while it runs is reached through
+``probes._lazy.module`` or imported inside ``gather``).
 """
 
 from __future__ import annotations
