@@ -8,6 +8,7 @@ If it cannot be used the suite still runs, with caching off, and says so.
 
 from __future__ import annotations
 
+import _thread  # not threading: liveness runs without it (see probes/_typing.py)
 import errno
 import fcntl
 import os
@@ -150,7 +151,9 @@ class State:
         """Atomically replace ``name``; False (never an exception) when it cannot."""
         if not self.enabled:
             return False
-        tmp = self._file(f".{name}.{os.getpid()}.tmp")
+        # One temporary file per writing thread: serve's monitor threads write serve.json at
+        # once, and two writers sharing one would interleave into a torn file.
+        tmp = self._file(f".{name}.{os.getpid()}.{_thread.get_ident()}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             import json  # reading goes through probes.untrusted; only writers need this

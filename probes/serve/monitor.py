@@ -46,6 +46,9 @@ class Monitor:
         self.env.update(CHILD_ENV)
         self.stop = threading.Event()
         self._lock = threading.Lock()
+        # Held from taking a snapshot to replacing serve.json, so that an older snapshot from
+        # one profile's thread never replaces a newer one written by another's.
+        self._snapshot_lock = threading.Lock()
         self._runs: dict[str, Run] = {}
         self._startup_passed: Run | None = None
         self._latch_file: dict[str, Any] | None = None
@@ -198,6 +201,10 @@ class Monitor:
         """serve.json in the state dir: what the CLI's fast path reads (see fastpath.py)."""
         if not self.state.enabled:
             return
+        with self._snapshot_lock:
+            self._write_snapshot()
+
+    def _write_snapshot(self) -> None:
         snap = self.snapshot()
         profiles: dict[str, Any] = {}
         for p, run in snap.runs.items():

@@ -56,6 +56,40 @@ def test_json_roundtrip_atomic_and_corruption_tolerant(tmp_path):
     assert s.read_json("l.json") is None
 
 
+def test_threads_writing_one_file_never_leave_it_torn(tmp_path):
+    """serve's monitor threads write serve.json at once: every version read is whole JSON."""
+    s = State.open(str(tmp_path / "st"))
+    path = tmp_path / "st" / "snap.json"
+    stop = threading.Event()
+    torn: list[str] = []
+
+    def writer(n: int) -> None:
+        while not stop.is_set():
+            s.write_json("snap.json", {"who": n, "pad": "x" * (n * 97 % 600)})
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                text = path.read_text()
+            except FileNotFoundError:
+                continue
+            try:
+                json.loads(text)
+            except ValueError:
+                torn.append(text[:80])
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(1, 5)]
+    threads.append(threading.Thread(target=reader))
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert torn == []
+    assert [p for p in os.listdir(tmp_path / "st") if p.endswith(".tmp")] == []
+
+
 def test_planted_symlink_file_is_not_followed(tmp_path):
     s = State.open(str(tmp_path / "st"))
     target = tmp_path / "victim"
