@@ -76,6 +76,12 @@ class Cause(NamedTuple):
     remedy: str
 
 
+def cause(reason: str, what: str, remedy: str, status: str = "fail") -> Cause:
+    """A cause row written reason, what happened, remedy: a failure unless ``status`` says
+    otherwise (the order the probes' long tables read best in)."""
+    return Cause(reason, status, what, remedy)
+
+
 class Spec(NamedTuple):
     name: str
     layer: str

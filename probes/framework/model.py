@@ -35,7 +35,8 @@ from probes.context import Context, logger
 from probes.framework import checkpoint, protocol
 from probes.framework.protocol import INT, MEASURE, NUM, STR
 from probes.framework.torch_cuda import locked_run
-from probes.registry import INTEGER, NUMBER, TEXT, Cause, Setting, Spec
+from probes.registry import INTEGER, NUMBER, TEXT, Setting, Spec
+from probes.registry import cause as _c
 from probes.result import Result, Status, failed, passed, warned
 from probes.state import pid1_identity
 
@@ -56,10 +57,6 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_worker.
 CACHE = "model.json"
 _PHASES = r"start|open|import|init|load|expect|forward"
 TOLERANCE = 1e-3
-
-
-def _c(reason: str, cause: str, remedy: str, status: str = "fail") -> Cause:
-    return Cause(reason, status, cause, remedy)
 
 
 SPEC = Spec(

@@ -30,7 +30,8 @@ from probes.context import Context, logger
 from probes.framework import checkpoint, protocol
 from probes.framework.protocol import INT, NUM, STR
 from probes.framework.torch_cuda import locked_run
-from probes.registry import INTEGER, NUMBER, Cause, Setting, Spec
+from probes.registry import INTEGER, NUMBER, Setting, Spec
+from probes.registry import cause as _c
 from probes.result import Result, Status, failed, passed, skipped
 from probes.state import pid1_identity
 
@@ -60,10 +61,6 @@ P2P_WORDS = ("peer access", "p2p", "cudaipc", "ipc handle", "peer-to-peer")
 P2P_REMEDY = ("confirm with NCCL_P2P_DISABLE=1 (if that passes, P2P is the problem), then fix the host's "
               "IOMMU/ACS settings (ACS off on the PCIe switches, iommu=pt) or keep P2P disabled")
 SHM_REMEDY = "start the container with --shm-size=1g (or --ipc=host; Kubernetes: an emptyDir medium Memory)"
-
-
-def _c(reason: str, cause: str, remedy: str, status: str = "fail") -> Cause:
-    return Cause(reason, status, cause, remedy)
 
 
 SPEC = Spec(

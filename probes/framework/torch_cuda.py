@@ -48,8 +48,9 @@ from probes._lazy import module
 from probes.context import Context, logger
 from probes.framework import protocol
 from probes.framework.protocol import BOOL, INT, MEASURE, NUM, STR
-from probes.registry import ALL_PROFILES, CHOICE, NUMBER, Cause, Setting, Spec
+from probes.registry import ALL_PROFILES, CHOICE, NUMBER, Setting, Spec
 from probes.registry import TEXT as TEXT_KIND
+from probes.registry import cause as _c
 from probes.result import SEVERITY, Result, Status, failed, passed, skipped, warned
 from probes.state import pid1_identity
 
@@ -67,10 +68,6 @@ else:  # imported when the probe runs, not when its declaration is read (probes/
 NAME = "torch-cuda"
 MEASUREMENT = "devices"
 UNIT = "devices"
-
-
-def _c(reason: str, cause: str, remedy: str, status: str = "fail") -> Cause:
-    return Cause(reason, status, cause, remedy)
 
 
 SPEC = Spec(

@@ -35,7 +35,8 @@ import os
 from probes import hardware as hw
 from probes._lazy import module
 from probes.context import Context
-from probes.registry import Cause, Spec
+from probes.registry import Spec
+from probes.registry import cause as _c
 from probes.result import Result, Status, failed, passed, warned
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
@@ -52,10 +53,6 @@ else:
 NAME = "nvml"
 MEASUREMENT = "gpus"
 UNIT = "gpus"
-
-
-def _c(reason: str, cause: str, remedy: str, status: str = "fail") -> Cause:
-    return Cause(reason, status, cause, remedy)
 
 
 SPEC = Spec(
