@@ -27,14 +27,13 @@ field by field with every string cleaned.
 from __future__ import annotations
 
 import os
-import time
 
 from probes import untrusted
 from probes._lazy import module
-from probes.context import Context, logger
+from probes.context import Context
 from probes.framework import checkpoint, protocol
 from probes.framework.protocol import INT, MEASURE, NUM, STR
-from probes.framework.torch_cuda import locked_run
+from probes.framework.torch_cuda import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.registry import INTEGER, NUMBER, TEXT, Setting, Spec
 from probes.registry import cause as _c
 from probes.result import Result, Status, failed, passed, warned
@@ -189,20 +188,9 @@ def _argv(ctx: Context) -> list[str]:
 
 
 def run_worker(ctx: Context) -> dict[str, Any]:
-    env = dict(os.environ)
-    env["CUDA_MODULE_LOADING"] = "LAZY"
-    deadline = ctx.deadline - proc.MARGIN
-    budget = max(0.0, deadline - time.monotonic())
-    done = proc.run(_argv(ctx), deadline=deadline, env=env, state=ctx.state, key=NAME,
-                    until=result_arrived, linger=proc.LINGER)
-    report, problem = parse_output(done.stdout, ctx.config.torch_device)
-    if report is None or report.get("error") or done.timed_out:
-        logger().info("model worker rc=%s timed_out=%s stderr tail: %s", done.returncode, done.timed_out,
-                      untrusted.squeeze(done.stderr[-2000:], 600))
-    return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
-            "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
-            "held_by": done.held_by, "budget": round(budget, 2), "phase": last_phase(done.stderr),
-            "report": report, "problem": problem, "finished": time.time(), "cache": None}
+    device = ctx.config.torch_device
+    return deep_worker(ctx, NAME, _argv(ctx), {}, lambda out: parse_output(out, device), last_phase,
+                       result_arrived)[0]
 
 
 def _file_id(path: str | None) -> list[int] | None:
@@ -224,24 +212,7 @@ def _key(ctx: Context) -> dict[str, Any]:
 def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
             device: str) -> dict[str, Any] | None:
     """A passing result for the same file and request, younger than the TTL, re-validated."""
-    if not entry or entry.get("key") != key or entry.get("status") != Status.PASS.value:
-        return None
-    data = entry.get("data")
-    finished = entry.get("finished")
-    if not isinstance(data, dict) or not isinstance(finished, (int, float)) or isinstance(finished, bool):
-        return None
-    age = time.time() - float(finished)
-    if not 0 <= age < ttl:
-        return None
-    try:
-        report = validate(data.get("report"), device)
-    except protocol.Bad:
-        return None
-    if report["error"] is not None:
-        return None
-    return {"kind": "worker", "spawn_error": None, "returncode": 0, "timed_out": False, "lingered": False,
-            "stuck": False, "held_by": None, "budget": 0.0, "phase": None, "report": report, "problem": None,
-            "finished": float(finished), "cache": {"how": "ttl", "age": round(age, 1)}}
+    return deep_cached(entry, key, ttl, lambda report: validate(report, device))
 
 
 def gather(ctx: Context) -> dict[str, Any]:
@@ -288,14 +259,12 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return failed(NAME, "HEALTHCHECK_MODEL_PATH is not set: name the model file to load",
                       reason="model-missing")
     if kind == "lock-timeout":
-        return failed(NAME, f"no result within {data['waited']:.1f}s: another costly check (torch-cuda, "
-                      "nccl or model) still holds the lock", reason="deadline")
+        return lock_timeout(NAME, data)
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"path": path, "cache": data.get("cache")}}
     report = data.get("report")
-    if data.get("spawn_error") or (report is None and data.get("returncode") in (126, 127)):
-        python = untrusted.clean(ctx.config.torch_python, 80)
-        return failed(NAME, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "
-                      "image's Python that has torch", reason="interpreter-not-found", **kw)
+    unrunnable = cannot_run(NAME, data, ctx, **kw)
+    if unrunnable is not None:
+        return unrunnable
     if report is None or data.get("lingered"):
         where = data.get("phase") or "start-up"
         if data.get("stuck") or data.get("held_by") is not None:

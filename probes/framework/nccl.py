@@ -22,17 +22,16 @@ reuses a passing result younger than ``HEALTHCHECK_NCCL_TTL``.
 from __future__ import annotations
 
 import os
-import time
 
 from probes import untrusted
 from probes._lazy import module
-from probes.context import Context, logger
+from probes.context import Context
 from probes.framework import checkpoint, protocol
 from probes.framework.protocol import INT, NUM, STR
-from probes.framework.torch_cuda import locked_run
+from probes.framework.torch_cuda import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.registry import INTEGER, NUMBER, Setting, Spec
 from probes.registry import cause as _c
-from probes.result import Result, Status, failed, passed, skipped
+from probes.result import Result, failed, passed, skipped
 from probes.state import pid1_identity
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
@@ -172,22 +171,9 @@ def result_arrived(stdout: bytes) -> bool:
 # ---------------------------------------------------------------------------
 
 def run_worker(ctx: Context) -> dict[str, Any]:
-    env = dict(os.environ)
-    env["NCCL_DEBUG"] = "WARN"
-    env["CUDA_MODULE_LOADING"] = "LAZY"
-    deadline = ctx.deadline - proc.MARGIN
-    budget = max(0.0, deadline - time.monotonic())
-    done = proc.run([ctx.config.torch_python, WORKER], deadline=deadline, env=env, state=ctx.state, key=NAME,
-                    until=result_arrived, linger=proc.LINGER)
-    report, problem = parse_output(done.stdout)
-    if report is None or report.get("error") or done.timed_out:
-        logger().info("nccl worker rc=%s timed_out=%s stderr tail: %s", done.returncode, done.timed_out,
-                      untrusted.squeeze(done.stderr[-2000:], 600))
-    return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
-            "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
-            "held_by": done.held_by, "budget": round(budget, 2), "phase": last_phase(done.stderr),
-            "warnings": warnings(done.stderr), "report": report, "problem": problem,
-            "finished": time.time(), "cache": None}
+    data, done = deep_worker(ctx, NAME, [ctx.config.torch_python, WORKER], {"NCCL_DEBUG": "WARN"},
+                             parse_output, last_phase, result_arrived)
+    return {**data, "warnings": warnings(done.stderr)}
 
 
 def _key(ctx: Context) -> dict[str, Any]:
@@ -196,24 +182,11 @@ def _key(ctx: Context) -> dict[str, Any]:
 
 
 def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
-    if not entry or entry.get("key") != key or entry.get("status") != Status.PASS.value:
+    hit = deep_cached(entry, key, ttl, validate)
+    if hit is None or entry is None or hit["report"]["bad"] != 0:
         return None
-    data, finished = entry.get("data"), entry.get("finished")
-    if not isinstance(data, dict) or not isinstance(finished, (int, float)) or isinstance(finished, bool):
-        return None
-    age = time.time() - float(finished)
-    if not 0 <= age < ttl:
-        return None
-    try:
-        report = validate(data.get("report"))
-    except protocol.Bad:
-        return None
-    if report["error"] is not None or report["bad"] != 0:
-        return None
-    return {"kind": "worker", "spawn_error": None, "returncode": 0, "timed_out": False, "lingered": False,
-            "stuck": False, "held_by": None, "budget": 0.0, "phase": None, "warnings": [], "report": report,
-            "problem": None, "finished": float(finished), "shm": data.get("shm") if isinstance(
-                data.get("shm"), int) else None, "cache": {"how": "ttl", "age": round(age, 1)}}
+    shm = entry["data"].get("shm")  # deep_cached checked that data is a dict
+    return {**hit, "warnings": [], "shm": shm if isinstance(shm, int) else None}
 
 
 def gather(ctx: Context) -> dict[str, Any]:
@@ -268,16 +241,14 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                       f"fails with 'unhandled system error' (and DataLoader workers die): {SHM_REMEDY}",
                       reason="shm-too-small", unit=UNIT)
     if kind == "lock-timeout":
-        return failed(NAME, f"no result within {data['waited']:.1f}s: another costly check (torch-cuda, "
-                      "nccl or model) still holds the lock", reason="deadline", unit=UNIT)
+        return lock_timeout(NAME, data, unit=UNIT)
     warned_lines: list[str] = list(data.get("warnings") or [])
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"warnings": warned_lines, "shm": data.get("shm"),
                                                   "cache": data.get("cache")}}
     report = data.get("report")
-    if data.get("spawn_error") or (report is None and data.get("returncode") in (126, 127)):
-        python = untrusted.clean(ctx.config.torch_python, 80)
-        return failed(NAME, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "
-                      "image's Python that has torch", reason="interpreter-not-found", **kw)
+    unrunnable = cannot_run(NAME, data, ctx, **kw)
+    if unrunnable is not None:
+        return unrunnable
     shm_line = _has(warned_lines, SHM_WORDS)
     if shm_line is not None:
         return failed(NAME, f"NCCL cannot use shared memory (/dev/shm is {_mib(data.get('shm'))}; NCCL WARN "

@@ -325,6 +325,73 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
         return data
 
 
+def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
+                parse: Callable[[bytes], tuple[dict[str, Any] | None, str | None]],
+                phase: Callable[[bytes], str | None],
+                arrived: Callable[[bytes], bool]) -> tuple[dict[str, Any], proc.Completed]:
+    """A deep check's worker (model, nccl) run under the probe's deadline: what its judge()
+    reads of the run (``locked_run``'s ``run``), and the process, for what else it reads there."""
+    env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **env}
+    deadline = ctx.deadline - proc.MARGIN
+    budget = max(0.0, deadline - time.monotonic())
+    done = proc.run(argv, deadline=deadline, env=env, state=ctx.state, key=name, until=arrived,
+                    linger=proc.LINGER)
+    report, problem = parse(done.stdout)
+    if report is None or report.get("error") or done.timed_out:
+        logger().info("%s worker rc=%s timed_out=%s stderr tail: %s", name, done.returncode, done.timed_out,
+                      untrusted.squeeze(done.stderr[-2000:], 600))
+    return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
+            "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
+            "held_by": done.held_by, "budget": round(budget, 2), "phase": phase(done.stderr),
+            "report": report, "problem": problem, "finished": time.time(), "cache": None}, done
+
+
+def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
+               ttl: float) -> tuple[dict[str, Any], float, float] | None:
+    """(data, finished, age) of a cache entry for the same ``key`` that passed and is younger than
+    ``ttl`` (the clock going backwards makes it stale); None for anything else."""
+    if not entry or entry.get("key") != key or entry.get("status") != Status.PASS.value:
+        return None
+    data, finished = entry.get("data"), entry.get("finished")
+    if not isinstance(data, dict) or not isinstance(finished, (int, float)) or isinstance(finished, bool):
+        return None
+    age = time.time() - float(finished)
+    return (data, float(finished), age) if 0 <= age < ttl else None
+
+
+def deep_cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
+                validate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
+    """A deep check's cached passing run (see fresh_pass), its report validated again."""
+    fresh = fresh_pass(entry, key, ttl)
+    if fresh is None:
+        return None
+    data, finished, age = fresh
+    try:
+        report = validate(data.get("report"))
+    except protocol.Bad:
+        return None
+    if report["error"] is not None:
+        return None
+    return {"kind": "worker", "spawn_error": None, "returncode": 0, "timed_out": False, "lingered": False,
+            "stuck": False, "held_by": None, "budget": 0.0, "phase": None, "report": report, "problem": None,
+            "finished": finished, "cache": {"how": "ttl", "age": round(age, 1)}}
+
+
+def lock_timeout(name: str, data: dict[str, Any], **kw: Any) -> Result:
+    """judge() of a deep check whose locked_run did not get the lock in time."""
+    return failed(name, f"no result within {data['waited']:.1f}s: another costly check (torch-cuda, "
+                  "nccl or model) still holds the lock", reason="deadline", **kw)
+
+
+def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Result | None:
+    """judge() of a deep check whose worker's interpreter cannot be run; None if it could."""
+    if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
+        python = untrusted.clean(ctx.config.torch_python, 80)
+        return failed(name, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "
+                      "image's Python that has torch", reason="interpreter-not-found", **kw)
+    return None
+
+
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     env = dict(os.environ)
     env["CUDA_MODULE_LOADING"] = "LAZY"  # smaller context on a GPU the workload is using
@@ -405,14 +472,8 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
 
 
 def _cached_pass(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
-    """A passing result younger than the TTL (the clock going backwards makes it stale)."""
-    if not entry or entry.get("status") != Status.PASS.value:
-        return None
-    try:
-        age = time.time() - float(entry.get("finished", 0.0))
-    except (TypeError, ValueError):
-        return None
-    return _reuse(entry, key, "ttl") if 0 <= age < ttl else None
+    """A passing result younger than the TTL (see fresh_pass), checked by _reuse."""
+    return _reuse(entry, key, "ttl") if fresh_pass(entry, key, ttl) is not None else None
 
 
 def _latched(latch: dict[str, Any]) -> dict[str, Any]:
