@@ -236,7 +236,10 @@ class _Reader:
     def __call__(self, field: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
         if fn is None:
             return NA
-        value, err = nvml_lib.call(fn, *args)
+        return self.judge(field, *nvml_lib.call(fn, *args))
+
+    def judge(self, field: str, value: Any, err: int | None) -> Any:
+        """The value of a query already made (``nvml_lib.call``'s answer), its error judged as above."""
         if err is None:
             return value
         if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
@@ -276,12 +279,8 @@ def _gpu(nv: Any, index: int) -> Gpu:
         remap = q("row remap", nv.nvmlDeviceGetRemappedRows, handle)
         if remap != NA:
             fields["remap_pending"], fields["remap_failure"] = bool(remap[2]), bool(remap[3])
-        clocks = "clock event reasons"
-        reasons = q(clocks, getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None), handle)
-        if reasons == NA and clocks not in q.denied:
-            # drivers before the rename only have the throttle-reasons name
-            reasons = q(clocks, nv.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
-        fields["clocks_event_reasons"] = reasons
+        reasons = nvml_lib.clock_event_reasons(nv, handle)
+        fields["clocks_event_reasons"] = q.judge("clock event reasons", *reasons)
         fields["temperature"] = q("temperature", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
         fields["slowdown_temperature"] = q(
             "temperature thresholds", nv.nvmlDeviceGetTemperatureThreshold, handle,
@@ -345,19 +344,8 @@ def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Value:
         return NA  # a driver that predates the field answers INVALID_ARGUMENT for its id
     if code != nvml_lib.SUCCESS:
         # The per-value status: judged like any call's.
-        return q("recovery action", _raise, nv, code)
+        return q.judge("recovery action", None, code)
     return int(v.value.uiVal)
-
-
-def _raise(nv: Any, code: int) -> None:
-    raise nv.NVMLError(code)
-
-
-def _answer(value: Any, err: int | None) -> Any:
-    """Replays a call already made, for the _Reader's judgement of its error."""
-    if err is not None:
-        raise nvml_lib.bindings().NVMLError(err)
-    return value
 
 
 def _fabric(nv: Any, handle: Any, q: _Reader) -> Value:
@@ -377,7 +365,7 @@ def _fabric(nv: Any, handle: Any, q: _Reader) -> Value:
         value, err = nvml_lib.call(fn, handle, ctypes.byref(info))
         if err != nvml_lib.FUNCTION_NOT_FOUND:
             break
-    if q("fabric state", lambda: _answer(value, err)) == NA:
+    if q.judge("fabric state", value, err) == NA:
         return NA
     if int(info.state) == FABRIC_NOT_SUPPORTED:
         return NA

@@ -313,11 +313,21 @@ def _register_all(nv: ModuleType, event_set: Any,
     return by_address
 
 
+def clock_event_reasons(nv: ModuleType, handle: Any) -> tuple[Any, int | None]:
+    """The GPU's clock event reasons, as call() answers: drivers before the rename (and the
+    bindings of their time) have only the throttle-reasons name of the same query."""
+    for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        fn = getattr(nv, name, None)
+        if fn is not None:
+            value, err = call(fn, handle)
+            if err != FUNCTION_NOT_FOUND:
+                return value, err
+    return None, FUNCTION_NOT_FOUND
+
+
 def _slowdowns(nv: ModuleType, handles: list[tuple[int, str, Any]]) -> Iterator[Event]:
-    fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
     for index, uuid, handle in handles:
-        reasons, err = call(fn, handle) if fn is not None else (None, NOT_SUPPORTED)
+        reasons, err = clock_event_reasons(nv, handle)
         if err is None and isinstance(reasons, int) and reasons & SLOWDOWN_REASONS:
             yield Event(index, uuid, "slowdown", reasons & SLOWDOWN_REASONS)
 

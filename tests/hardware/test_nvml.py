@@ -214,6 +214,20 @@ def test_watch_events_skips_gpus_without_event_support(fake_nvml, scenario):
     assert [(e.gpu_index, e.data) for e in got] == [(1, 31)]
 
 
+def test_slowdown_sampling_reads_a_driver_before_the_clock_event_rename(fake_nvml, scenario):
+    """serve's sampling asks the same query as the probe: by its old name where the new one is missing."""
+    scenario("gpus 2", "missing nvmlDeviceGetCurrentClocksEventReasons", "gpu 1 clocks-event-reasons 0x88")
+    stop = threading.Event()
+    timer = threading.Timer(3.0, stop.set)  # no event at all: the test ends, and fails
+    timer.start()
+    got = []
+    for ev in nvml_lib.watch_events(stop, wait_ms=50, sample_s=0.05):
+        got.append(ev)
+        stop.set()
+    timer.cancel()
+    assert [(e.gpu_index, e.kind, e.data) for e in got] == [(1, "slowdown", 0x88)]
+
+
 def test_the_bindings_come_without_ctypes_util_and_leave_the_real_one():
     """nvidia-ml-py imports ctypes.util (subprocess, tempfile, shutil...) and does not use it on
     Linux: the suite imports the bindings without it, and later imports get the real module."""

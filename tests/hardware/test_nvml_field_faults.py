@@ -141,3 +141,9 @@ def test_a_driver_without_either_fabric_call_is_not_judged(probe):
     r = probe("gpus 1", "missing nvmlDeviceGetGpuFabricInfo", "missing nvmlDeviceGetGpuFabricInfoV",
               "gpu 0 fabric 1")
     assert r.status is Status.PASS and r.facts["gpus"][0]["not_judged"]["fabric state"] == "not supported"
+
+
+def test_a_driver_before_the_clock_event_rename_is_read_by_its_throttle_name(probe):
+    r = probe("gpus 1", "missing nvmlDeviceGetCurrentClocksEventReasons", "gpu 0 clocks-event-reasons 0x8")
+    assert r.status is Status.WARN and r.reason == "hw-slowdown", r.message
+    assert "clock event reasons" not in r.facts["gpus"][0].get("not_judged", {})  # it was read
