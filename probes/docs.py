@@ -1,4 +1,5 @@
-"""The README's generated tables, from the probes' declarations: ``python -m probes.docs [--check]``.
+"""The README's generated tables, from the probes' declarations and the Xid catalog
+(``python -m probes.docs [--check]``).
 
 ``make docs`` rewrites the sections between ``<!-- BEGIN GENERATED: NAME -->`` and
 ``<!-- END GENERATED: NAME -->`` in README.md; a test fails when the README differs from
@@ -12,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from probes import config, dropins, registry, runner
+from probes.hardware import xids
 from probes.registry import Cause, Setting
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -78,7 +80,20 @@ def causes() -> str:
     return "\n".join(parts)
 
 
-SECTIONS = {"probes": probes, "environment": environment, "causes": causes}
+_RESOLUTION = {xids.IGNORE: "ignore", xids.RESTART_APP: "restart the application",
+               xids.RESET_GPU: "reset the GPU", xids.REBOOT: "reboot the node",
+               xids.CONTACT_SUPPORT: "contact support"}
+
+
+def xid_policy() -> str:
+    """The Xid catalog table (probes/hardware/xids.py) and what serve does with each."""
+    rows = [(str(xid), _RESOLUTION[x.resolution],
+             "latches unhealthy" if x.resolution in xids.LATCHING else "counted, warns for 10 min", x.meaning)
+            for xid, x in sorted(xids.CATALOG.items())]
+    return _table(("Xid", "catalog resolution", "`healthcheck serve`", "meaning"), rows)
+
+
+SECTIONS = {"probes": probes, "environment": environment, "causes": causes, "xids": xid_policy}
 
 
 def render(text: str) -> str:

@@ -64,13 +64,3 @@ def resolution(xid: int) -> str | None:
 def latches(xid: int) -> bool:
     return resolution(xid) in LATCHING
 
-
-def markdown_table() -> str:
-    """The table as README Markdown (Xid, resolution, serve's action, meaning)."""
-    rows = ["| Xid | catalog resolution | `healthcheck serve` | meaning |", "| --- | --- | --- | --- |"]
-    for xid, entry in sorted(CATALOG.items()):
-        action = ("latches unhealthy" if entry.resolution in LATCHING
-                  else "counted, warns for 10 min" if entry.resolution != IGNORE
-                  else "counted, warns for 10 min (catalog: ignore)")
-        rows.append(f"| {xid} | {entry.resolution} | {action} | {entry.meaning} |")
-    return "\n".join(rows)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from probes import docs
 from probes.hardware import xids
 from probes.serve import settings as serve_settings
 from probes.serve.xid import severity
@@ -134,4 +135,5 @@ def test_the_catalog_decides_what_latches():
     assert xids.resolution(79) == xids.REBOOT and xids.resolution(13) == xids.RESTART_APP
     s = serve_settings.load(clean_env(HEALTHCHECK_XID_IGNORE="79,13"))
     assert severity("xid", 79, s) == "ignored" and severity("xid", 13, s) == "ignored"
-    assert "| 79 | reboot | latches unhealthy |" in xids.markdown_table()
+    assert "| 79 | reboot the node | latches unhealthy |" in docs.xid_policy()
+    assert "| 13 | restart the application | counted, warns for 10 min |" in docs.xid_policy()
