@@ -207,6 +207,12 @@ class SlowdownVerdict(NamedTuple):
     per_minute: float
     warn: bool
 
+    def describe(self, gpu: int) -> str:
+        """What serve's log and its endpoints say of a GPU's slowdown readings."""
+        return (f"GPU {gpu}: hardware slowdown or power brake in {self.events} readings over the last "
+                f"{SLOWDOWN_WINDOW / 60:g} min ({self.per_minute:.1f}/min, "
+                f"warns at {SLOWDOWN_PER_MINUTE:g}/min)")
+
 
 def slowdown_window(times: Sequence[float], now: float, window: float = SLOWDOWN_WINDOW,
                     per_minute: float = SLOWDOWN_PER_MINUTE) -> SlowdownVerdict:
@@ -330,14 +336,15 @@ def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating
         if status == "pass":
             status = "warn"
     # Sustained hardware slowdown or power brake (a rate over a window, never one reading).
-    slowing = {gpu: v for gpu, v in sorted(snap.slowdown.items())
-               for v in (slowdown_window(v, now),) if v.warn} if profile != "liveness" else {}
+    slowing: dict[int, SlowdownVerdict] = {}
+    if profile != "liveness":
+        for gpu, times in sorted(snap.slowdown.items()):
+            verdict = slowdown_window(times, now)
+            if verdict.warn:
+                slowing[gpu] = verdict
     if slowing:
         gpu, v = next(iter(slowing.items()))
-        msg = (f"GPU {gpu}: hardware slowdown or power brake in {v.events} readings over the last "
-               f"{SLOWDOWN_WINDOW / 60:.0f} min ({v.per_minute:.1f}/min, "
-               f"warns at {SLOWDOWN_PER_MINUTE:g}/min)"
-               + (f" and {len(slowing) - 1} other GPU(s)" if len(slowing) > 1 else "")
+        msg = (v.describe(gpu) + (f" and {len(slowing) - 1} other GPU(s)" if len(slowing) > 1 else "")
                + ": check the power supply and cooling")
         checks["nvml:slowdown"] = [_entry("hardware", "warn", msg, reason="hw-slowdown-sustained",
                                           value=round(v.per_minute, 2), unit="per minute", now=now)]

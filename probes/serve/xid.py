@@ -25,7 +25,6 @@ from probes.serve.settings import Settings
 from probes.serve.view import (
     SLOWDOWN_PER_MINUTE,
     SLOWDOWN_WINDOW,
-    SlowdownVerdict,
     XidEvent,
     clean,
     slowdown_window,
@@ -177,17 +176,10 @@ class Watcher:
         self.monitor.set_slowdown(gpu, tuple(times))
         if verdict.warn and gpu not in self._slowing:
             self._slowing.add(gpu)
-            log.warning("GPU %d: hardware slowdown or power brake in %d readings over the last %g min "
-                        "(%.1f/min, warns at %g/min): check the power supply and cooling", gpu,
-                        verdict.events, SLOWDOWN_WINDOW / 60, verdict.per_minute, SLOWDOWN_PER_MINUTE)
+            log.warning("%s: check the power supply and cooling", verdict.describe(gpu))
         elif not verdict.warn and gpu in self._slowing:
             self._slowing.discard(gpu)
             log.info("GPU %d: hardware slowdown below %g/min again", gpu, SLOWDOWN_PER_MINUTE)
-
-    def slowdown(self, now: float | None = None) -> dict[int, SlowdownVerdict]:
-        """The windowed slowdown verdict per GPU that had slowdown readings (for the monitor's view)."""
-        at = time.time() if now is None else now
-        return {gpu: slowdown_window(tuple(times), at) for gpu, times in self._slowdowns.items()}
 
     @staticmethod
     def _kill(p: subprocess.Popen[bytes]) -> None:
