@@ -55,7 +55,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: the suite's own 
     sys.path.insert(0, str(ROOT))
 
 from probes import registry  # noqa: E402
-from probes.config import PROFILE_TIMEOUTS  # noqa: E402
+from probes.config import PROFILE_TIMEOUTS, TRUE  # noqa: E402
 
 # The front door (./healthcheck) TERMs the suite FRONT_DOOR_GRACE seconds after the
 # profile deadline and KILLs it FRONT_DOOR_KILL_AFTER seconds later (`timeout -k 1`);
@@ -85,7 +85,6 @@ SSHD_CAPABILITIES = frozenset({"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SET
 SECCOMP_TYPES = ("RuntimeDefault", "Localhost")
 RECOMMENDED_LABELS = tuple(f"app.kubernetes.io/{k}" for k in
                            ("name", "instance", "version", "component", "part-of", "managed-by"))
-TRUE = ("1", "true", "yes", "on")
 
 
 class UsageError(Exception):

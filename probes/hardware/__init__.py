@@ -1,6 +1,14 @@
-"""The hardware layer: nvidia-smi and NVML. The settings both probes read live here."""
+"""The hardware layer: nvidia-smi and NVML. What both probes read and say lives here."""
+
+from __future__ import annotations
 
 from probes.registry import INTEGER, Cause, Setting
+
+
+def none_requested(visible: str | None) -> bool:
+    """``NVIDIA_VISIBLE_DEVICES`` set to ask for no GPU: empty, ``none`` or ``void``."""
+    return visible is not None and visible.strip().lower() in ("", "none", "void")
+
 
 GPU_COUNT = Setting("HEALTHCHECK_GPU_COUNT", "gpu_count", INTEGER, 1, "minimum number of GPUs expected",
                     low=0, high=1024, low_inclusive=True)

@@ -582,14 +582,10 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[Problem]:
     return out
 
 
-def _none_requested(value: str | None) -> bool:
-    return value is not None and value.strip().lower() in ("", "none", "void")
-
-
 def _env_problems(data: Gathered, expected: int) -> list[Problem]:
     out = []
     nvd = data.env.get("NVIDIA_VISIBLE_DEVICES")
-    if nvd is not None and not _none_requested(nvd) and nvd.strip().lower() != "all":
+    if nvd is not None and not hw.none_requested(nvd) and nvd.strip().lower() != "all":
         listed = len([e for e in nvd.split(",") if e.strip()])
         if data.count < listed:
             out.append(Problem(Status.WARN, "nvidia-visible-devices",
@@ -656,7 +652,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
     if data.unavailable is not None:
         reason, message, _ = data.unavailable
         nvd = data.env.get("NVIDIA_VISIBLE_DEVICES")
-        if _none_requested(nvd):
+        if hw.none_requested(nvd):
             if expected == 0:
                 return passed(NAME, f"no GPU requested (NVIDIA_VISIBLE_DEVICES={nvd!r}) and none expected",
                               observed=0, unit=UNIT, facts={"count": 0, "gpus": []})
@@ -669,7 +665,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
     problems: list[Problem] = []
     if data.count < expected:
         hint = (f" (NVIDIA_VISIBLE_DEVICES={data.env['NVIDIA_VISIBLE_DEVICES']!r}: no GPU was requested)"
-                if _none_requested(data.env.get("NVIDIA_VISIBLE_DEVICES")) else "")
+                if hw.none_requested(data.env.get("NVIDIA_VISIBLE_DEVICES")) else "")
         problems.append(Problem(Status.FAIL, "gpu-count",
                                 f"NVML sees {_plural(data.count)} (expected at least {expected}){hint}: "
                                 "start the container with more GPUs (--gpus all, NVIDIA_VISIBLE_DEVICES, "

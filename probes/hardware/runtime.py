@@ -143,8 +143,8 @@ class Problem(NamedTuple):
 
 
 def _given_gpus(data: Gathered) -> bool:
-    visible = (data.visible or "").strip().lower()
-    return visible not in ("", "none", "void") or bool(data.nodes | data.other_nodes)
+    asked = data.visible is not None and not hw.none_requested(data.visible)
+    return asked or bool(data.nodes | data.other_nodes)
 
 
 def _node_problems(data: Gathered, ctx: Context) -> list[Problem]:
