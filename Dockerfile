@@ -11,7 +11,8 @@ ARG BASE_IMAGE=pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
 FROM ${BASE_IMAGE}
 
 # OCI image annotations (github.com/opencontainers/image-spec, annotations.md): what this
-# image is, which version, and what it was built on. VERSION follows probes/__init__.py.
+# image is, which version, and what it was built on. VERSION follows probes/__init__.py (a test
+# in tests/k8s/test_manifests.py checks it, with the manifests' version labels and tag).
 ARG BASE_IMAGE
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="gpu-dev" \

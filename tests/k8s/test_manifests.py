@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from probes import __version__
 from probes.config import PROFILE_TIMEOUTS
 from tests.k8s.conftest import K8S, ROOT, container
 
@@ -57,6 +58,16 @@ def test_base_shape() -> None:
                            ("livenessProbe", "liveness")):
         assert c[field]["exec"]["command"] == ["healthcheck", "--profile", profile]
         assert c[field]["timeoutSeconds"] > PROFILE_TIMEOUTS[profile] + 3
+
+
+def test_every_written_version_is_the_suites() -> None:
+    """The release version (probes/__init__.py) is also written in the image's label default and the
+    manifests' version labels and image tag: they must all say the same."""
+    docs = render(K8S / "base")
+    labels = [d["metadata"]["labels"]["app.kubernetes.io/version"] for d in docs]
+    assert labels == [__version__] * len(docs)
+    assert container(deployment(K8S / "base"))["image"].endswith(f":{__version__}")
+    assert f"ARG VERSION={__version__}\n" in (ROOT / "Dockerfile").read_text()
 
 
 def test_http_overlay_replaces_every_handler() -> None:
