@@ -197,9 +197,10 @@ def run(config: Config, state: State, *, start: float | None = None,
         finally:
             done[spec.name].set()
 
-    supervisors = [_start(supervise, s) for s in specs]
-    for finished in supervisors:
-        finished.wait(max(0.0, end - time.monotonic()) + 3 * GRACE)
+    for s in specs:
+        _thread.start_new_thread(supervise, (s,))  # supervise sets done[s.name] when it ends
+    for s in specs:
+        done[s.name].wait(max(0.0, end - time.monotonic()) + 3 * GRACE)
     ordered = []
     for s in specs:
         r = results.get(s.name)
