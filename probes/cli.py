@@ -16,11 +16,9 @@ from probes.untrusted import clean
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Sequence
     from typing import Any
-
-if TYPE_CHECKING:
-    import argparse
 
     from probes.runner import Outcome
     from probes.state import State

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Callable, TypeVar
 
-if TYPE_CHECKING:
     T = TypeVar("T")
 
 PROFILES = registry.ALL_PROFILES

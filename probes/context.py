@@ -8,15 +8,13 @@ from probes.state import State
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    import logging
     from collections.abc import Mapping
     from typing import NamedTuple
-else:
-    from probes._typing import NamedTuple
-
-if TYPE_CHECKING:
-    import logging
 
     from probes.registry import Spec
+else:
+    from probes._typing import NamedTuple
 
 
 def logger() -> logging.Logger:

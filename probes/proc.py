@@ -37,15 +37,13 @@ import time
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Iterable, Mapping, Sequence
     from typing import IO, Any, Callable, NamedTuple
-else:
-    from probes._typing import NamedTuple
-
-if TYPE_CHECKING:
-    import subprocess
 
     from probes.state import State
+else:
+    from probes._typing import NamedTuple
 
 TERM_GRACE = 0.15  # seconds between SIGTERM and SIGKILL
 KILL_WAIT = 0.15  # seconds we wait for what we killed to vanish after SIGKILL
