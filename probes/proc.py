@@ -542,8 +542,8 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
     is ended as at the deadline, and the result has ``timed_out`` and ``lingered`` set:
     the answer came, but the process did not go. ``until`` must be cheap and must not raise.
     """
-    # Imported here: probes that only read state (liveness) import this module for
-    # excerpt(), and subprocess + selectors (+ ctypes, once) cost ~6 ms of start-up.
+    # Imported here: what needs only this module's constants, sweeps or signal_name() (the
+    # CLI's final sweep, serve) does not pay for subprocess + selectors (~6 ms of start-up).
     import selectors
     import subprocess
 
@@ -633,8 +633,3 @@ def signal_name(num: int) -> str:
         return f"signal {num}"
 
 
-def excerpt(data: bytes, limit: int = 120) -> str:
-    """A short, printable, single-line excerpt of untrusted output for a message."""
-    from probes.untrusted import squeeze
-
-    return squeeze(data.strip(), limit)

@@ -68,10 +68,11 @@ def clean(value: Any, limit: int = MAX_TEXT) -> str:
 
 def squeeze(value: Any, limit: int = MAX_TEXT) -> str:
     """Like ``clean``, but runs of whitespace (newlines included) become one space first:
-    for multi-line output of a program whose gist, not its layout, goes into a message."""
+    for multi-line output of a program whose gist, not its layout, goes into a message. Leading
+    whitespace goes before the cut, so output that starts with a long blank run still shows."""
     if isinstance(value, (bytes, bytearray, memoryview)):
-        value = bytes(value[: limit * 4 + 4]).decode("utf-8", "replace")
-    return clean(" ".join(str(value)[: limit * 4 + 4].split()), limit)
+        value = bytes(value).lstrip()[: limit * 4 + 4].decode("utf-8", "replace")
+    return clean(" ".join(str(value).lstrip()[: limit * 4 + 4].split()), limit)
 
 
 # ---------------------------------------------------------------------------------- JSON

@@ -19,7 +19,7 @@ from probes.config import is_integer_text
 from probes.context import Context
 from probes.registry import Cause, Spec
 from probes.result import Result, failed, passed
-from probes.untrusted import clean
+from probes.untrusted import clean, squeeze
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
         reason, message = EXIT_CODES[data.returncode]
         return failed(NAME, message, reason=reason, observed=len(gpus), unit=UNIT, facts=_facts(gpus))
     if data.returncode != 0:
-        said = proc.excerpt(data.stderr or data.stdout, 100)
+        said = squeeze(data.stderr or data.stdout, 100)
         if "Unknown Error" in out + err:
             reason, message = UNKNOWN_ERROR
             return failed(NAME, message, reason=reason)
@@ -172,10 +172,10 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
                       "check the driver on the host (nvidia-smi, dmesg)", reason="exit-code")
     if data.truncated:
         return failed(NAME, f"nvidia-smi output is too long to be a GPU list (over {MAX_OUTPUT} bytes, "
-                      f"starts: {proc.excerpt(data.stdout[:200], 60)!r}): check the nvidia-smi on PATH",
+                      f"starts: {squeeze(data.stdout[:200], 60)!r}): check the nvidia-smi on PATH",
                       reason="unparseable")
     if bad_line is not None:
-        return failed(NAME, f"cannot parse nvidia-smi output ({proc.excerpt(bad_line.encode(), 80)!r}): "
+        return failed(NAME, f"cannot parse nvidia-smi output ({squeeze(bad_line.encode(), 80)!r}): "
                       "check the nvidia-smi on PATH is NVIDIA's and matches the driver", reason="unparseable")
     names = sorted({g.name for g in gpus})
     summary = ", ".join(f"{n} x{sum(g.name == n for g in gpus)}" for n in names)

@@ -27,6 +27,7 @@ from probes.serve import fastpath
 from probes.serve.settings import Settings
 from probes.serve.view import Run, Snapshot, XidEvent, parse_report, results_of
 from probes.state import State, process_start_time
+from probes.untrusted import squeeze
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ class Monitor:
 
         def broken(reason: str, message: str) -> Run:
             log.warning("monitor: %s run: %s (exit %s, stdout %r, stderr %r)", profile, message,
-                        done.returncode, proc.excerpt(done.stdout, 400), proc.excerpt(done.stderr, 400))
+                        done.returncode, squeeze(done.stdout, 400), squeeze(done.stderr, 400))
             return Run(profile, started, finished, mono, None, reason, message)
 
         if done.spawn_error:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from probes import untrusted
 from probes.untrusted import MAX_DEPTH, MAX_INT_DIGITS, load_json
 from tests.conftest import ROOT
 
@@ -75,3 +76,15 @@ def test_reading_json_imports_neither_json_nor_re():
     res = subprocess.run([sys.executable, "-I", "-c", script], cwd=ROOT, capture_output=True, text=True,
                          timeout=60, check=True)
     assert res.stdout.strip() == "[]"
+
+
+def test_squeeze_is_short_single_line_and_printable():
+    text = untrusted.squeeze(b"line one\n\x1b[31mred\x00\n" + b"x" * 500, limit=60)
+    assert "\n" not in text and "\x1b" not in text and "\x00" not in text
+    assert len(text) == 60 and text.endswith("...")
+
+
+@pytest.mark.parametrize("blank", [b"\n" * 5000, " \t\n" * 2000])
+def test_squeeze_shows_output_after_a_long_blank_start(blank):
+    value = blank + b"the error" if isinstance(blank, bytes) else blank + "the error"
+    assert untrusted.squeeze(value, 40) == "the error"
