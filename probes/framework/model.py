@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 
 from probes import untrusted
-from probes._lazy import module
+from probes._lazy import module, regex
 from probes.context import Context
 from probes.framework import checkpoint, protocol
 from probes.framework.protocol import INT, MEASURE, NUM, STR
@@ -54,7 +54,7 @@ MEASUREMENT = "load"
 UNIT = "ms"
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_worker.py")
 CACHE = "model.json"
-_PHASES = r"start|open|import|init|load|expect|forward"
+_PHASES = regex(r"start|open|import|init|load|expect|forward")
 TOLERANCE = 1e-3
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 
 from probes import untrusted
-from probes._lazy import module
+from probes._lazy import module, regex
 from probes.context import Context
 from probes.framework import checkpoint, protocol
 from probes.framework.protocol import INT, NUM, STR
@@ -52,7 +52,7 @@ UNIT = "ms"
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_worker.py")
 CACHE = "nccl.json"
 SHM = "/dev/shm"  # noqa: S108 (only its size is read)
-_PHASES = r"start|import|nccl|init|place|allreduce|verify"
+_PHASES = regex(r"start|import|nccl|init|place|allreduce|verify")
 MAX_WARNINGS = 5
 # Lower-case substrings of NCCL's WARN lines (misc/shmutils.cc, transport/p2p.cc).
 SHM_WORDS = ("/dev/shm", "shared memory", "posix_fallocate", "nccl-shm")  # noqa: S108

@@ -44,7 +44,7 @@ import os
 import time
 
 from probes import untrusted
-from probes._lazy import module
+from probes._lazy import module, regex
 from probes.context import Context, logger
 from probes.framework import protocol
 from probes.framework.protocol import BOOL, INT, MEASURE, NUM, STR
@@ -159,7 +159,9 @@ MAX_DEVICES = 1024
 # Characters kept of each cleaned string of the worker's report (default TEXT).
 TEXT = 120
 TEXT_LIMITS = {"message": 600, "visible_devices": 1000}
-_PHASES = r"start|import|init|reference|device (cpu|\d{1,4})"
+_PHASES = regex(r"start|import|init|reference|device (cpu|\d{1,4})")
+_FOUND_VERSION = regex(r"found version (\d+)")  # in CUDA's "driver too old" message
+_CUDA_VERSION = regex(r"(\d{1,3})\.(\d{1,3})")
 
 
 # Substrings of CUDA/torch error texts (lower case) -> the label used in messages.
@@ -455,9 +457,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
     try:
         for name, (kind, nullable) in _DATA.items():
             protocol.check(data.get(name), kind, nullable, name)
-        import re  # on first use: see probes/_lazy.py
-
-        if data["phase"] is not None and not re.fullmatch(_PHASES, data["phase"]):
+        if data["phase"] is not None and not _PHASES.fullmatch(data["phase"]):
             return None
         report = None if data.get("report") is None else validate(data["report"], key["device"], key["size"])
     except protocol.Bad:
@@ -774,9 +774,7 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
         return warned(NAME, f"{where} out of memory for the probe's own context{holder}: the workload is "
                       "using the memory; not checked, not a fault", reason="oom", **kw)
     if category == "old-driver":
-        import re  # on first use: see probes/_lazy.py
-
-        found = re.search(r"found version (\d+)", str(err.get("message", "")))
+        found = _FOUND_VERSION.search(str(err.get("message", "")))
         driver = (f"{int(found[1]) // 1000}.{int(found[1]) % 1000 // 10}" if found
                   else _driver_cuda(ctx))
         return _too_old(report, driver, kw)
@@ -792,15 +790,11 @@ def _driver_cuda(ctx: Context) -> str | None:
     """The highest CUDA version the driver supports ("12.4"), as the nvml probe read it."""
     nvml = ctx.results.get("nvml")
     value = nvml.facts.get("cuda_driver") if nvml is not None else None
-    import re  # on first use: see probes/_lazy.py
-
-    return value if isinstance(value, str) and re.fullmatch(r"\d{1,3}\.\d{1,3}", value) else None
+    return value if isinstance(value, str) and _CUDA_VERSION.fullmatch(value) else None
 
 
 def _version(text: Any) -> tuple[int, int] | None:
-    import re  # on first use: see probes/_lazy.py
-
-    found = re.match(r"(\d{1,3})\.(\d{1,3})", str(text or ""))
+    found = _CUDA_VERSION.match(str(text or ""))
     return (int(found[1]), int(found[2])) if found else None
 
 
