@@ -50,3 +50,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
+
+
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "healthcheck", "probes")
+
+
+def build_wheel(into: Path, scratch: Path) -> Path:
+    """The suite's wheel, built offline from a copy of the tree in ``scratch`` (the build leaves
+    build/ behind there, not here); reproducible: a fixed SOURCE_DATE_EPOCH keeps an image's
+    layer cache when nothing changed."""
+    src = scratch / "src"
+    src.mkdir()
+    for name in WHEEL_SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif (ROOT / name).exists():
+            shutil.copy2(ROOT / name, src / name)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                           "--disable-pip-version-check", "-w", str(into), str(src)],
+                          capture_output=True, text=True, timeout=600, check=False,
+                          env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = into.glob("gpu_healthcheck-*.whl")
+    return wheel

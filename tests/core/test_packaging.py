@@ -24,10 +24,9 @@ from pathlib import Path
 import pytest
 
 import probes
-from tests.conftest import ROOT, clean_env
+from tests.conftest import ROOT, build_wheel, clean_env
 from tests.servers import wait_gone
 
-SOURCES = ("pyproject.toml", "README.md", "healthcheck", "probes")
 HARD_STOP = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE"
 
 
@@ -48,18 +47,7 @@ def make_env(where: Path, wheel: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, built offline from a copy of the tree (the build leaves build/ behind)."""
-    src = tmp_path_factory.mktemp("src")
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif (ROOT / name).exists():
-            shutil.copy2(ROOT / name, src / name)
-    out = tmp_path_factory.mktemp("dist")
-    sh(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-       "--disable-pip-version-check", "-w", out, src)
-    (found,) = out.glob("gpu_healthcheck-*.whl")
-    return found
+    return build_wheel(tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("scratch"))
 
 
 @pytest.fixture(scope="module")

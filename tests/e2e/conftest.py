@@ -165,16 +165,20 @@ def image(docker_engine: str) -> str:
     """The tag of the GPU dev image under test, built on the local CPU base when missing."""
     tag = os.environ.get("E2E_IMAGE", DEFAULT_IMAGE)
     if docker("image", "inspect", tag, check=False).returncode != 0:
-        base = subprocess.run(["bash", str(HERE / "base-image.sh")], capture_output=True, text=True,
-                              timeout=1800)
-        if base.returncode != 0:
-            pytest.fail(f"building the CPU base image failed: {base.stderr.strip()[-2000:]}")
-        build = subprocess.run(["docker", "build", "--network", "host", "--build-arg",
-                                f"BASE_IMAGE={base.stdout.strip()}", "-t", tag, str(ROOT)],
-                               capture_output=True, text=True, timeout=1800)
-        if build.returncode != 0:
-            pytest.fail(f"docker build of {tag} failed: {build.stdout[-2000:]}{build.stderr[-2000:]}")
+        build_image(tag, ROOT)
     return tag
+
+
+def build_image(tag: str, context: Path) -> None:
+    """``docker build`` of ``context`` as ``tag`` on the local CPU base image (built when missing)."""
+    base = subprocess.run(["bash", str(HERE / "base-image.sh")], capture_output=True, text=True, timeout=1800)
+    if base.returncode != 0:
+        pytest.fail(f"building the CPU base image failed: {base.stderr.strip()[-2000:]}")
+    build = subprocess.run(["docker", "build", "--network", "host", "--build-arg",
+                            f"BASE_IMAGE={base.stdout.strip()}", "-t", tag, str(context)],
+                           capture_output=True, text=True, timeout=1800, check=False)
+    if build.returncode != 0:
+        pytest.fail(f"docker build of {tag} failed: {build.stdout[-2000:]}{build.stderr[-2000:]}")
 
 
 @pytest.fixture

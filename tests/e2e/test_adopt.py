@@ -10,23 +10,19 @@ codes inside.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Callable
 
 import pytest
 from conftest import (
-    CPU_ENV,
     HERE,
     LABEL,
-    ROOT,
     SESSION,
     Health,
+    build_image,
     docker,
     exec_in,
     health_of,
@@ -35,67 +31,35 @@ from conftest import (
     wait_for_health,
 )
 
+from tests.conftest import build_wheel
+
 pytestmark = pytest.mark.e2e
 
 ADOPT = HERE / "adopt"
 TAG = os.environ.get("E2E_ADOPT_IMAGE", "gpu-dev-e2e/adopt:latest")
-SOURCES = ("pyproject.toml", "README.md", "healthcheck", "probes")
 # As in test_image.py: the image's --timeout stays, interval and retries shrink.
 FAST = Health(interval="2s", start_period="60s", start_interval="1s", retries=2)
 
 
-def build_wheel(into: Path, scratch: Path) -> Path:
-    """The suite's wheel from a copy of the tree (reproducible: a fixed SOURCE_DATE_EPOCH keeps
-    the image's layer cache when nothing changed)."""
-    src = scratch / "src"
-    src.mkdir()
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif (ROOT / name).exists():
-            shutil.copy2(ROOT / name, src / name)
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                           "--disable-pip-version-check", "-w", str(into), str(src)],
-                          capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (wheel,) = into.glob("gpu_healthcheck-*.whl")
-    return wheel
-
-
 @pytest.fixture(scope="session")
 def adopt_image(docker_engine: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    base = subprocess.run(["bash", str(HERE / "base-image.sh")], capture_output=True, text=True, timeout=1800)
-    if base.returncode != 0:
-        pytest.fail(f"building the CPU base image failed: {base.stderr.strip()[-2000:]}")
     ctx = tmp_path_factory.mktemp("adopt-context")
     shutil.copy2(ADOPT / "Dockerfile", ctx / "Dockerfile")
     build_wheel(ctx, tmp_path_factory.mktemp("adopt-src"))
-    build = subprocess.run(["docker", "build", "--network", "host", "--build-arg",
-                            f"BASE_IMAGE={base.stdout.strip()}", "-t", TAG, str(ctx)],
-                           capture_output=True, text=True, timeout=1800, check=False)
-    if build.returncode != 0:
-        pytest.fail(f"docker build of {TAG} failed: {build.stdout[-2000:]}{build.stderr[-2000:]}")
+    build_image(TAG, ctx)
     return TAG
 
 
+@pytest.fixture(scope="session")
+def image(adopt_image: str) -> str:
+    """conftest's start_container starts this image in this module."""
+    return adopt_image
+
+
 @pytest.fixture
-def start(adopt_image: str) -> Iterator[Callable[..., str]]:
-    started: list[str] = []
-
-    def run(*run_args: str, env: dict[str, str] | None = None, health: Health | None = None) -> str:
-        argv = ["run", "-d", "--label", f"{LABEL}={SESSION}"]
-        for key, value in {**CPU_ENV, **(env or {})}.items():
-            argv += ["-e", f"{key}={value}"]
-        # A training container gets a real /dev/shm (DataLoader workers, NCCL), as the README says.
-        argv += ["--shm-size=2g", *(health.args() if health else []), *run_args, adopt_image]
-        cid = docker(*argv).stdout.strip()
-        started.append(cid)
-        return cid
-
-    yield run
-    if started:
-        docker("rm", "-f", "-v", *started, check=False, timeout=120)
+def start(start_container: Callable[..., str]) -> Callable[..., str]:
+    """A training container gets a real /dev/shm (DataLoader workers, NCCL), as the README says."""
+    return functools.partial(start_container, "--shm-size=2g")
 
 
 def test_the_readme_lines_alone_add_the_suite(adopt_image: str) -> None:
@@ -140,7 +104,7 @@ def test_healthy_then_unhealthy_with_our_reason_when_torch_breaks(start) -> None
 
 
 def test_inside_the_image_the_command_behaves_as_documented(start) -> None:  # type: ignore[no-untyped-def]
-    cid = start("--no-healthcheck")
+    cid = start(healthcheck=False)
     helped = exec_in(cid, "healthcheck", "--help")
     assert helped.stdout.startswith("Summary: prove that this GPU container can do its job"), helped.stdout
     assert exec_in(cid, "readlink", "-f", "/usr/local/bin/healthcheck").stdout.strip() == \
