@@ -151,9 +151,7 @@ _STATE = {"pid": (protocol.INT, False), "rc": (protocol.INT, False), "state": (p
 
 def _valid(report: Any) -> dict[str, Any]:
     """The child's report if it matches the schema exactly; raises protocol.Bad otherwise."""
-    if not isinstance(report, dict) or set(report) != {*_REPORT, "states"}:
-        raise protocol.Bad("the result has unexpected or missing fields")
-    protocol.fields({k: report[k] for k in _REPORT}, _REPORT, "result")
+    protocol.fields(report, _REPORT, "result", nested=("states",))
     if report["v"] != checkpoint_child.SCHEMA or not isinstance(report["states"], list):
         raise protocol.Bad("the result is for another request")
     for i, state in enumerate(report["states"]):

@@ -138,9 +138,7 @@ KINDS = {"missing": "model-missing", "unreadable": "model-unreadable", "unsuppor
 
 def validate(report: Any, device: str) -> dict[str, Any]:
     """A cleaned copy of the worker's report if it matches the schema exactly; raises protocol.Bad."""
-    if not isinstance(report, dict) or set(report) != {*_REPORT, "error"}:
-        raise protocol.Bad("the result has unexpected or missing fields")
-    protocol.fields({k: report[k] for k in _REPORT}, _REPORT, "result")
+    protocol.fields(report, _REPORT, "result", nested=("error",))
     if report["v"] != model_worker.SCHEMA or report["device"] != device:
         raise protocol.Bad("the result is for another request")
     if report["format"] is not None and report["format"] not in model_worker.FORMATS:

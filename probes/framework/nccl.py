@@ -121,9 +121,7 @@ def shm_size(path: str = SHM) -> Shm:
 
 
 def validate(report: Any) -> dict[str, Any]:
-    if not isinstance(report, dict) or set(report) != {*_REPORT, "error"}:
-        raise protocol.Bad("the result has unexpected or missing fields")
-    protocol.fields({k: report[k] for k in _REPORT}, _REPORT, "result")
+    protocol.fields(report, _REPORT, "result", nested=("error",))
     if report["v"] != nccl_worker.SCHEMA or report["backend"] != "nccl":
         raise protocol.Bad("the result is for another request")
     if report["error"] is not None:

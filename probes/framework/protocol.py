@@ -68,11 +68,12 @@ def check(value: Any, kind: str, nullable: bool, where: str) -> None:
         raise Bad(f"{where} has the wrong type")
 
 
-def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str) -> None:
-    """Raise Bad unless ``obj`` is an object with exactly the fields of ``spec``, each of its kind."""
+def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: tuple[str, ...] = ()) -> None:
+    """Raise Bad unless ``obj`` is an object with exactly the fields of ``spec``, each of its kind,
+    and of ``nested`` (objects or lists the caller checks itself)."""
     if not isinstance(obj, dict):
         raise Bad(f"{where} is not an object")
-    if set(obj) != set(spec):
+    if set(obj) != {*spec, *nested}:
         raise Bad(f"{where} has unexpected or missing fields")
     for key, (kind, nullable) in spec.items():
         check(obj[key], kind, nullable, f"{where}.{key}")

@@ -221,11 +221,7 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     finite float and every string is cleaned (``untrusted.clean``), so no later use
     (messages, the latch, the cache, JSON, Docker's log) sees a control character.
     """
-    if not isinstance(report, dict):
-        raise protocol.Bad("the result is not an object")
-    if set(report) != {*_TOP, "error", "devices"}:
-        raise protocol.Bad("the result has unexpected or missing fields")
-    protocol.fields({k: report[k] for k in _TOP}, _TOP, "result")
+    protocol.fields(report, _TOP, "result", nested=("error", "devices"))
     if report["v"] != torch_worker.SCHEMA:
         raise protocol.Bad(f"schema version {report['v']} is not {torch_worker.SCHEMA}")
     if report["device"] != device or report["size"] != size:
@@ -238,9 +234,7 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
         raise protocol.Bad("result.devices is not a list")
     for i, dev in enumerate(devices):
-        if not isinstance(dev, dict) or "error" not in dev:
-            raise protocol.Bad(f"result.devices[{i}] is not an object")
-        protocol.fields({k: v for k, v in dev.items() if k != "error"}, _DEVICE, f"result.devices[{i}]")
+        protocol.fields(dev, _DEVICE, f"result.devices[{i}]", nested=("error",))
         if dev["error"] is None:
             for key in ("op_ms", "max_err", "scale"):
                 protocol.check(dev[key], _DEVICE[key][0], False, f"result.devices[{i}].{key}")

@@ -59,3 +59,11 @@ def test_fields_are_exactly_the_schema():
                      ({"a": 1, "b": None, "c": 0}, "unexpected or missing"), ({"a": None, "b": "x"}, "r.a is missing")):
         with pytest.raises(protocol.Bad, match=why):
             protocol.fields(obj, spec, "r")
+
+
+def test_nested_fields_must_be_there_and_are_left_to_the_caller():
+    spec = {"a": (protocol.INT, False)}
+    protocol.fields({"a": 1, "error": {"anything": [1]}}, spec, "r", nested=("error",))
+    for obj in ({"a": 1}, {"a": 1, "error": None, "c": 0}):
+        with pytest.raises(protocol.Bad, match="unexpected or missing"):
+            protocol.fields(obj, spec, "r", nested=("error",))
