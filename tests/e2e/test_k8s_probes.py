@@ -339,11 +339,8 @@ def test_http_overlay_serve_started_by_the_entrypoint(start_container: Any) -> N
         verbose = exc.read().decode(errors="replace").splitlines()
     assert "[+]ssh ok" in verbose and any(line.startswith("[-]jupyter failed") for line in verbose), verbose
     assert verbose[-1] == "readyz check failed", verbose
-    stopped = subprocess.run(["docker", "stop", "-t", "20", container], capture_output=True, text=True,
-                             timeout=60, check=False)
-    assert stopped.returncode == 0, stopped.stderr
-    logs = subprocess.run(["docker", "logs", container], capture_output=True, text=True, timeout=30,
-                          check=False)
+    docker("stop", "-t", "20", container, timeout=60)  # raises with docker's stderr if it fails
+    logs = docker("logs", container, timeout=30)
     assert "healthcheck serve started" in logs.stderr and "stopping sshd, jupyter and healthcheck serve" in (
         logs.stderr), logs.stderr[-2000:]
 

@@ -26,9 +26,11 @@ FAKES = ROOT / "tests" / "fakes"
 
 @pytest.fixture(scope="session")
 def fake_cuda() -> Path:
-    """Build the fake driver (both variants) once; returns the build directory."""
+    """Build the fake driver (both variants) and the fake NVML that whole runs use, once; returns
+    the build directory."""
     subprocess.run(["make", "-s", "-C", str(FAKES), "-f", "cuda.mk"], check=True, capture_output=True,
                    timeout=120)
+    subprocess.run(["make", "-s", "-C", str(FAKES)], check=True, capture_output=True, timeout=120)
     return FAKES / "build"
 
 
@@ -188,7 +190,6 @@ def test_whole_runs_readiness_fails_liveness_passes(tmp_path: Path, fake_cuda: P
                                                     workload: list[int]) -> None:
     """End to end: the real nvml probe over the fake NVML names the process, the child asks the fake
     driver; readiness fails with the reason, liveness passes, and no latch is left."""
-    subprocess.run(["make", "-s", "-C", str(FAKES)], check=True, capture_output=True, timeout=120)
     a, _ = workload
     (tmp_path / "nvml.txt").write_text(f"gpus 1\ngpu 0 process {a} 2048 python3\n")
     (tmp_path / "cuda.txt").write_text(f"pid {a} checkpointed\n")
@@ -212,7 +213,6 @@ def test_model_waits_for_the_checkpoint_probe_in_a_whole_run(tmp_path: Path, fak
                                                              checkpointed: bool) -> None:
     """A driver without the API holds nothing back; a checkpointed process keeps the model worker
     from starting (the model line is skipped, naming the process)."""
-    subprocess.run(["make", "-s", "-C", str(FAKES)], check=True, capture_output=True, timeout=120)
     import torch
 
     a, _ = workload
@@ -241,7 +241,6 @@ def test_model_waits_for_the_checkpoint_probe_in_a_whole_run(tmp_path: Path, fak
 def test_torch_cuda_starts_no_worker_while_a_process_is_checkpointed(tmp_path: Path, fake_cuda: Path,
                                                                      workload: list[int], checkpointed: bool) -> None:
     """On the GPU the torch op waits for the checkpoint probe: a checkpointed process means no worker."""
-    subprocess.run(["make", "-s", "-C", str(FAKES)], check=True, capture_output=True, timeout=120)
     a, _ = workload
     started = tmp_path / "started"
     wrapper = tmp_path / "python"

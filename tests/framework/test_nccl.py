@@ -4,7 +4,6 @@ loopback, and stub workers that hang, ignore TERM or print NCCL's own warning te
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from probes.context import Context
 from probes.framework import nccl, nccl_worker, torch_cuda
 from probes.result import Result, Status
 from probes.state import State
+from tests.servers import free_port
 
 from .conftest import REAL_PYTHON
 
@@ -65,15 +65,9 @@ def test_cpu_torch_has_no_nccl(tmp_path: Path) -> None:
     assert data["report"]["torch"] == torch.__version__
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("world", [1, 2])
 def test_the_checking_code_verifies_a_real_gloo_all_reduce(world: int) -> None:
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     procs = [subprocess.Popen([REAL_PYTHON, nccl.WORKER, "--backend", "gloo", "--world", str(world), "--rank",
                                str(rank), "--init", init], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
              for rank in range(world)]
