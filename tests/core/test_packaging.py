@@ -12,10 +12,8 @@ from __future__ import annotations
 import email
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -26,6 +24,7 @@ import pytest
 import probes
 from tests.conftest import ROOT, build_wheel, clean_env
 from tests.servers import wait_gone
+from tests.services.conftest import ScriptedServer
 
 HARD_STOP = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE"
 
@@ -82,27 +81,8 @@ def run(cmd: Path, *args: str, env: dict[str, str], timeout: float = 60) -> subp
 @pytest.fixture
 def ssh_port() -> Iterator[int]:
     """A server that sends an SSH identification line to every connection: the ssh probe passes."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    srv.settimeout(0.2)
-    done = threading.Event()
-
-    def serve() -> None:
-        while not done.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.sendall(b"SSH-2.0-OpenSSH_9.2 packaging-test\r\n")
-                time.sleep(0.05)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield int(srv.getsockname()[1])
-    done.set()
-    thread.join(5)
+    srv = ScriptedServer(lambda conn: (conn.sendall(b"SSH-2.0-OpenSSH_9.2 packaging-test\r\n"), time.sleep(0.05)))
+    yield srv.port
     srv.close()
 
 
