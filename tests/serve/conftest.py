@@ -146,6 +146,14 @@ def start_server(tmp_path: Path):
 ALL_OFF = {**{t: "false" for t in registry.TOGGLES}, "HEALTHCHECK_SERVE_XID_WATCH": "false"}
 
 
+def watch_env(fake_nvml: Path, tmp_path: Path, scenario: str, **extra: str) -> dict[str, str]:
+    """serve with every probe off, the NVML event watch on, and the fake NVML playing ``scenario``."""
+    path = tmp_path / "scenario"
+    path.write_text(scenario)
+    return dict(ALL_OFF, HEALTHCHECK_SERVE_XID_WATCH="true", LD_LIBRARY_PATH=str(fake_nvml),
+                FAKE_NVML_SCENARIO=str(path), **extra)
+
+
 def write_exe(path: Path, text: str) -> Path:
     path.write_text(text)
     path.chmod(0o755)

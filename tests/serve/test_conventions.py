@@ -16,7 +16,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from probes import __version__
-from tests.serve.conftest import ALL_OFF, write_exe
+from tests.serve.conftest import ALL_OFF, watch_env, write_exe
 
 ALL = "# healthcheck: profiles=startup,readiness,liveness timeout=5\n"
 
@@ -128,10 +128,8 @@ def _samples(families: Any, name: str) -> list[tuple[dict[str, str], float]]:
 
 
 def test_metrics_parse_as_prometheus_text_and_openmetrics(start_server, fake_nvml, tmp_path: Path):
-    scenario = tmp_path / "nvml"
-    scenario.write_text("gpus 2\ngpu 0 uuid GPU-0000-fake\ngpu 1 lost\n")
-    srv = start_server(dict(ALL_OFF, ENABLE_GPU_CHECK="true", LD_LIBRARY_PATH=str(fake_nvml),
-                            FAKE_NVML_SCENARIO=str(scenario)), "--interval", "0.5")
+    srv = start_server(watch_env(fake_nvml, tmp_path, "gpus 2\ngpu 0 uuid GPU-0000-fake\ngpu 1 lost\n",
+                                 ENABLE_GPU_CHECK="true"), "--interval", "0.5")
     srv.wait_for("/readyz", lambda c, b: "nvml:gpus" in b["checks"], 30, "a readiness run with nvml")
     ctype, text = _scrape(srv.port)
     assert ctype == CONTENT_TYPE_PLAIN_0_0_4  # what prometheus_client answers a client that asks nothing
@@ -152,10 +150,8 @@ def test_metrics_parse_as_prometheus_text_and_openmetrics(start_server, fake_nvm
 
 
 def test_a_latch_flips_the_one_series_and_names_its_source(start_server, fake_nvml, tmp_path: Path):
-    scenario = tmp_path / "nvml"
-    scenario.write_text("gpus 2\ngpu 1 uuid GPU-1111-fake\nevent 1 xid 79 1500\n")
-    srv = start_server(dict(ALL_OFF, HEALTHCHECK_SERVE_XID_WATCH="true", LD_LIBRARY_PATH=str(fake_nvml),
-                            FAKE_NVML_SCENARIO=str(scenario)), "--interval", "0.5")
+    srv = start_server(watch_env(fake_nvml, tmp_path, "gpus 2\ngpu 1 uuid GPU-1111-fake\nevent 1 xid 79 1500\n"),
+                       "--interval", "0.5")
     srv.wait_for("/livez", lambda c, b: b.get("reason") == "xid-79", 30, "the Xid latches")
     families = list(text_string_to_metric_families(_scrape(srv.port)[1]))
     assert _samples(families, "healthcheck_latched") == [({}, 1.0)]

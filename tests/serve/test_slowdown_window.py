@@ -5,12 +5,10 @@ run over the fake NVML shows the watcher's readings reaching the judgement."""
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 from probes.serve.xid import SLOWDOWN_PER_MINUTE, SLOWDOWN_WINDOW, slowdown_window
-from tests.serve.conftest import ALL_OFF, marked_pids
+from tests.serve.conftest import marked_pids, watch_env
 
 T0 = 1_800_000_000.0
 
@@ -35,15 +33,9 @@ def test_readings_leave_the_window():
     assert slowdown_window(times[:5], T0 + 300).warn
 
 
-def _serve_env(fake_nvml: Path, tmp_path: Path, scenario: str) -> dict[str, str]:
-    path = tmp_path / "scenario"
-    path.write_text(scenario)
-    return dict(ALL_OFF, HEALTHCHECK_SERVE_XID_WATCH="true", LD_LIBRARY_PATH=str(fake_nvml),
-                FAKE_NVML_SCENARIO=str(path), HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE="0.1")
-
-
 def test_serve_warns_on_a_sustained_power_brake_not_on_a_clean_gpu(start_server, fake_nvml, tmp_path):
-    srv = start_server(_serve_env(fake_nvml, tmp_path, "gpus 2\ngpu 1 clocks-event-reasons 0x80\n"),
+    srv = start_server(watch_env(fake_nvml, tmp_path, "gpus 2\ngpu 1 clocks-event-reasons 0x80\n",
+                                 HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE="0.1"),
                        "--interval", "0.5")
     deadline = time.monotonic() + 20
     while "hardware slowdown or power brake" not in srv.log_text() and time.monotonic() < deadline:
@@ -52,15 +44,11 @@ def test_serve_warns_on_a_sustained_power_brake_not_on_a_clean_gpu(start_server,
     assert "GPU 1: hardware slowdown or power brake" in text and "warns at 0.5/min" in text, text
     assert "GPU 0: hardware slowdown" not in text
     # ... and it reaches readiness (a warning: 200), never liveness.
-    doc: dict = {}
-    while "nvml:slowdown" not in doc.get("checks", {}) and time.monotonic() < deadline + 10:
-        code, _, body = srv.get("/readyz")
-        doc = json.loads(body)
-        time.sleep(0.2)
+    code, doc = srv.wait_for("/readyz", lambda c, b: "nvml:slowdown" in b.get("checks", {}), 20,
+                             "the sustained slowdown reaches readiness")
     check = doc["checks"]["nvml:slowdown"][0]
     assert code == 200 and check["status"] == "warn" and check["reason"] == "hw-slowdown-sustained"
     assert check["output"].startswith("GPU 1: hardware slowdown or power brake")
-    _, _, live = srv.get("/livez")
-    assert "nvml:slowdown" not in json.loads(live)["checks"]
+    assert "nvml:slowdown" not in srv.health("/livez")[1]["checks"]
     assert srv.terminate() == 0
     assert not marked_pids(srv.marker)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -14,14 +13,7 @@ from probes.hardware import xids
 from probes.serve import settings as serve_settings
 from probes.serve.xid import severity
 from tests.conftest import ROOT, clean_env
-from tests.serve.conftest import ALL_OFF, PYTHON, marked_pids
-
-
-def _env(fake_nvml: Path, tmp_path: Path, scenario: str, **extra: str) -> dict[str, str]:
-    path = tmp_path / "scenario"
-    path.write_text(scenario)
-    return dict(ALL_OFF, HEALTHCHECK_SERVE_XID_WATCH="true", LD_LIBRARY_PATH=str(fake_nvml),
-                FAKE_NVML_SCENARIO=str(path), **extra)
+from tests.serve.conftest import PYTHON, marked_pids, watch_env
 
 
 def _counted(metrics: str, **labels: str) -> bool:
@@ -32,7 +24,7 @@ def _counted(metrics: str, **labels: str) -> bool:
 
 def test_critical_xid_latches_unhealthy_naming_xid_and_gpu(start_server, fake_nvml, tmp_path):
     scenario = "gpus 2\ngpu 1 uuid GPU-1111-fake\nevent 1 xid 79 2500\n"
-    srv = start_server(_env(fake_nvml, tmp_path, scenario), "--interval", "0.5")
+    srv = start_server(watch_env(fake_nvml, tmp_path, scenario), "--interval", "0.5")
     srv.wait_for("/readyz", lambda c, b: c == 200, 20, "readiness passes before the event")
     code, body = srv.wait_for("/readyz", lambda c, b: c == 503, 20, "the Xid turns readiness 503")
     assert body["reason"] == "xid-79"
@@ -51,7 +43,7 @@ def test_critical_xid_latches_unhealthy_naming_xid_and_gpu(start_server, fake_nv
 
 
 def test_application_xid_only_warns(start_server, fake_nvml, tmp_path):
-    srv = start_server(_env(fake_nvml, tmp_path, "gpus 1\nevent 0 xid 13 300\n"), "--interval", "0.5")
+    srv = start_server(watch_env(fake_nvml, tmp_path, "gpus 1\nevent 0 xid 13 300\n"), "--interval", "0.5")
     code, body = srv.wait_for("/readyz", lambda c, b: "xid:events" in b["checks"], 20, "the Xid shows")
     assert code == 200 and body["status"] == "warn"
     entry = body["checks"]["xid:events"][0]
@@ -63,20 +55,24 @@ def test_application_xid_only_warns(start_server, fake_nvml, tmp_path):
     assert srv.terminate() == 0
 
 
-def test_configured_xid_lists_decide(start_server, fake_nvml, tmp_path):
-    # 13 made critical, 79 made application-level: the lists are the operator's call.
-    env = _env(fake_nvml, tmp_path, "gpus 1\nevent 0 xid 79 300\nevent 0 xid 13 1500\n",
-               HEALTHCHECK_XID_CRITICAL="13", HEALTHCHECK_XID_APPLICATION="79")
+@pytest.mark.parametrize(("warns", "latches", "lists"), [
+    (43, 48, {}),  # the catalog: 43 is the application's error, 48 needs a GPU reset
+    (79, 13, {"HEALTHCHECK_XID_CRITICAL": "13", "HEALTHCHECK_XID_APPLICATION": "79"}),  # the operator's call
+])
+def test_an_application_xid_warns_and_a_critical_one_latches(start_server, fake_nvml, tmp_path, warns, latches,
+                                                             lists):
+    env = watch_env(fake_nvml, tmp_path, f"gpus 1\nevent 0 xid {warns} 300\nevent 0 xid {latches} 2000\n",
+                    **lists)
     srv = start_server(env, "--interval", "0.5")
-    code, body = srv.wait_for("/readyz", lambda c, b: "xid:events" in b["checks"], 20, "Xid 79 warns")
-    assert code == 200 and body["checks"]["xid:events"][0]["reason"] == "xid-79"
-    code, body = srv.wait_for("/readyz", lambda c, b: c == 503, 20, "Xid 13 latches")
-    assert body["reason"] == "xid-13"
+    code, body = srv.wait_for("/readyz", lambda c, b: "xid:events" in b["checks"], 20, f"Xid {warns} warns")
+    assert code == 200 and body["checks"]["xid:events"][0]["reason"] == f"xid-{warns}"
+    code, body = srv.wait_for("/readyz", lambda c, b: c == 503, 20, f"Xid {latches} latches")
+    assert body["reason"] == f"xid-{latches}"
     assert srv.terminate() == 0
 
 
 def test_nvml_unavailable_is_said_once_and_serving_goes_on(start_server, fake_nvml, tmp_path):
-    srv = start_server(_env(fake_nvml, tmp_path, "init-error 12\n"), "--interval", "0.3")
+    srv = start_server(watch_env(fake_nvml, tmp_path, "init-error 12\n"), "--interval", "0.3")
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         _, _, metrics = srv.get("/metrics")
@@ -93,19 +89,9 @@ def test_nvml_unavailable_is_said_once_and_serving_goes_on(start_server, fake_nv
     assert not marked_pids(srv.marker)
 
 
-def test_xid_48_latches_43_only_warns(start_server, fake_nvml, tmp_path):
-    srv = start_server(_env(fake_nvml, tmp_path, "gpus 1\nevent 0 xid 43 300\nevent 0 xid 48 2000\n"),
-                       "--interval", "0.5")
-    code, body = srv.wait_for("/readyz", lambda c, b: "xid:events" in b["checks"], 20, "Xid 43 shows")
-    assert code == 200 and body["checks"]["xid:events"][0]["reason"] == "xid-43"
-    code, body = srv.wait_for("/readyz", lambda c, b: c == 503, 20, "Xid 48 latches")
-    assert body["reason"] == "xid-48"
-    assert srv.terminate() == 0
-
-
 def test_xid_ignore_stops_79_from_latching_and_still_counts_it(start_server, fake_nvml, tmp_path):
-    env = _env(fake_nvml, tmp_path, "gpus 1\nevent 0 xid 79 300\nevent 0 xid 13 1500\n",
-               HEALTHCHECK_XID_IGNORE="79")
+    env = watch_env(fake_nvml, tmp_path, "gpus 1\nevent 0 xid 79 300\nevent 0 xid 13 1500\n",
+                    HEALTHCHECK_XID_IGNORE="79")
     srv = start_server(env, "--interval", "0.5")
     code, body = srv.wait_for("/readyz", lambda c, b: "xid:events" in b["checks"], 20, "Xid 13 shows")
     assert code == 200 and body["checks"]["xid:events"][0]["reason"] == "xid-13"
