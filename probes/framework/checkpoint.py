@@ -135,7 +135,7 @@ def local_pids(wanted: Iterable[int]) -> list[int]:
         if not name.isdigit() or int(name) == me:
             continue
         pid = int(name)
-        if wanted.intersection(_nspid(pid)) or _holds_gpu(pid):
+        if (wanted and wanted.intersection(_nspid(pid))) or _holds_gpu(pid):  # no status read for nothing
             found.append(pid)
     return sorted(found)[:MAX_PIDS]
 
