@@ -29,11 +29,12 @@ double fork) is ended only by the final sweep (end_descendants) when we exit.
 from __future__ import annotations
 
 import _thread
-import errno
 import itertools
 import os
 import signal
 import time
+
+from probes import childio
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ SWEEP_TIME = 0.1  # seconds the freeze-then-kill passes may take at most (a fork
 SWEEP_PASSES = 200  # and at most this many passes
 DRAIN_AFTER_EXIT = 0.05  # output still in the pipe after the child exits
 MAX_OUTPUT = 64 * 1024  # stdout kept, by default (run's max_output)
-MAX_STDERR = 64 * 1024  # stderr kept; the rest is dropped without making the result "truncated"
+MAX_STDERR = childio.MAX_STDERR
 LINGER = 1.0  # seconds a child gets to exit once ``until`` says its answer is complete
 RUN_ID_VAR = "HEALTHCHECK_RUN_ID"
 MAX_RUN_IDS = 16  # markers of enclosing runs kept (serve -> CLI -> tool is 2 deep)
@@ -66,7 +67,7 @@ class Completed(NamedTuple):
     returncode: int | None  # None: still there after SIGKILL (stuck) or never started
     stdout: bytes = b""
     stderr: bytes = b""
-    timed_out: bool = False  # the deadline passed before the child finished
+    timed_out: bool = False  # not exited at the deadline: a verdict of deadline, never of its output
     stuck: bool = False  # it survived SIGKILL (uninterruptible sleep)
     truncated: bool = False  # stdout beyond max_output was discarded (stdout only)
     spawn_error: str | None = None  # "not found", "permission denied", ...
@@ -507,16 +508,6 @@ def _reap_orphans(table: Mapping[int, _Proc] | None = None, since: int | None = 
                 _killed.pop(pid, None)
 
 
-def _spawn_error(exc: OSError) -> str:
-    if exc.errno == errno.ENOENT:
-        return "not found"
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return "permission denied"
-    if exc.errno == errno.ENOEXEC:
-        return "not an executable"
-    return errno.errorcode.get(exc.errno or 0, "cannot start").lower()
-
-
 def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
         cwd: str | None = None, max_output: int = MAX_OUTPUT, state: State | None = None,
         key: str | None = None, until: Callable[[bytes], bool] | None = None,
@@ -530,6 +521,10 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
     process the kernel will not let die. With ``state`` and ``key``, a child that
     survives SIGKILL is remembered, and while it exists no new one is started under the
     same key: the result is ``stuck`` with ``held_by`` set, at once.
+
+    ``timed_out``: the child had not exited when the deadline passed; what it wrote so far is
+    partial and is no verdict (every judge reads ``timed_out`` first). A child that had exited
+    by then is read to the end of what it wrote, however late this process got to look.
 
     Output: the first ``max_output`` bytes of stdout are kept and ``truncated`` says that
     more was discarded; ``truncated`` is about stdout only. The first ``MAX_STDERR`` bytes
@@ -557,17 +552,15 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
     try:
         proc = spawn(argv, env=env, cwd=cwd)
     except OSError as exc:
-        return Completed(argv, None, spawn_error=_spawn_error(exc), elapsed=time.monotonic() - start)
+        return Completed(argv, None, spawn_error=childio.spawn_error(exc, argv[0], env, cwd),
+                         elapsed=time.monotonic() - start)
 
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()  # type: ignore[union-attr]
-    bufs = {out_fd: bytearray(), err_fd: bytearray()}
-    limits = {out_fd: max_output, err_fd: MAX_STDERR}
-    cut = {out_fd: False, err_fd: False}
+    out = childio.Output(proc.stdout.fileno(), proc.stderr.fileno(), max_output)  # type: ignore[union-attr]
     timed_out = False
     answered = False  # until() was met
     stop_at = deadline  # the deadline, or earlier once until() is met
     sel = selectors.DefaultSelector()
-    for fd in bufs:
+    for fd in (out.out_fd, out.err_fd):
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
     exited_at: float | None = None
@@ -576,6 +569,9 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
             now = time.monotonic()
             if now >= stop_at:
                 timed_out = proc.poll() is None
+                if not timed_out:
+                    # It finished before we looked: what it wrote is in the pipes, all of it.
+                    out.drain(sel)
                 break
             if proc.poll() is not None:
                 exited_at = exited_at or now
@@ -583,21 +579,10 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
                     break  # a grandchild holds the pipe: stop reading, it is killed below
             wait = min(stop_at - now, 0.05 if exited_at is None else DRAIN_AFTER_EXIT)
             for ready, _ in sel.select(timeout=max(wait, 0.0)):
-                fd = ready.fd
-                try:
-                    chunk = os.read(fd, 65536)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(fd)
-                    continue
-                buf = bufs[fd]
-                room = limits[fd] - len(buf)
-                if room > 0:
-                    buf += chunk[:room]
-                if len(chunk) > room:
-                    cut[fd] = True
-                if fd == out_fd and until is not None and not answered and room > 0 and until(bytes(buf)):
+                if out.read(ready.fd) < 0:
+                    sel.unregister(ready.fd)
+                elif until is not None and not answered and ready.fd == out.out_fd and out.kept \
+                        and until(out.stdout()):
                     answered = True
                     stop_at = min(deadline, time.monotonic() + max(linger, 0.0))
     finally:
@@ -620,9 +605,10 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
                 pass
     if returncode is None and guard is not None:
         guard.remember_stuck(key, proc.pid)  # type: ignore[arg-type]
-    return Completed(argv, returncode, bytes(bufs[out_fd]), bytes(bufs[err_fd]), timed_out=timed_out,
-                     stuck=returncode is None, truncated=cut[out_fd], elapsed=time.monotonic() - start,
-                     pid=proc.pid, stderr_truncated=cut[err_fd], lingered=answered and timed_out)
+    return Completed(argv, returncode, out.stdout(), bytes(out.bufs[out.err_fd]), timed_out=timed_out,
+                     stuck=returncode is None, truncated=out.cut[out.out_fd],
+                     elapsed=time.monotonic() - start, pid=proc.pid, stderr_truncated=out.cut[out.err_fd],
+                     lingered=answered and timed_out)
 
 
 def signal_name(num: int) -> str:

@@ -42,13 +42,15 @@ SPEC = Spec(
     causes=(
         Cause("not-found", "fail", "nvidia-smi not on PATH",
               "start the container with `--gpus all` (NVIDIA Container Toolkit on the host)"),
-        Cause("cannot-start", "fail", "nvidia-smi cannot be executed",
+        Cause("cannot-start", "fail",
+              "nvidia-smi cannot be executed (not executable, or its `#!` interpreter or loader is missing)",
               "check the file the toolkit mounts; recreate the container"),
         Cause("no-devices", "fail", "exit 6: no devices found",
               "start with `--gpus all`; check `NVIDIA_VISIBLE_DEVICES` / the `nvidia.com/gpu` request"),
         hw.DRIVER_NOT_LOADED, hw.NVML_NOT_FOUND, hw.INFOROM, hw.GPU_LOST, hw.UNKNOWN_ERROR,
-        Cause("killed", "fail", "killed by a signal", "check `dmesg` for Xid errors (driver or tool "
-                                                      "crashed)"),
+        Cause("killed", "fail",
+              "killed by a signal (an exit status above 128 is an exit status: no shell runs nvidia-smi)",
+              "check `dmesg` for Xid errors (driver or tool crashed)"),
         Cause("exit-code", "fail", "any other non-zero exit", "check the driver on the host (`nvidia-smi`, "
                                                               "`dmesg`)"),
         Cause("unparseable", "fail", "output is not the expected CSV (quoted, short excerpt)",
@@ -133,6 +135,10 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     if data.spawn_error == "not found":
         return failed(NAME, "nvidia-smi not found on PATH: start the container with --gpus all "
                       "(NVIDIA Container Toolkit installed on the host)", reason="not-found")
+    if data.spawn_error == "interpreter missing":
+        return failed(NAME, "nvidia-smi cannot start: its interpreter is missing (a script's #! line or a "
+                      "binary's loader names a file the container lacks): check the file mounted by the "
+                      "NVIDIA Container Toolkit and recreate the container", reason="cannot-start")
     if data.spawn_error:
         return failed(NAME, f"nvidia-smi cannot start ({data.spawn_error}): check the file mounted by the "
                       "NVIDIA Container Toolkit and recreate the container", reason="cannot-start")
@@ -156,10 +162,10 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
         return failed(NAME, f"GPU {lost[0]} is lost (Unable to determine the device handle; {others}): "
                       "reset the GPU (nvidia-smi -r) or reboot the node; check dmesg for Xid 79",
                       observed=len(gpus), unit=UNIT, reason="gpu-lost", facts=_facts(gpus))
-    if data.signal is not None or (data.returncode is not None and 128 < data.returncode < 255):
-        num = data.signal if data.signal is not None else (data.returncode or 0) - 128
-        return failed(NAME, f"nvidia-smi was killed by {proc.signal_name(num)}: the driver or the tool "
-                      "crashed; check dmesg for Xid errors", reason="killed")
+    # Not run through a shell: a signal is Completed.signal, and an exit of 129-254 is a plain exit.
+    if data.signal is not None:
+        return failed(NAME, f"nvidia-smi was killed by {proc.signal_name(data.signal)}: the driver or the "
+                      "tool crashed; check dmesg for Xid errors", reason="killed")
     if data.returncode in EXIT_CODES:
         reason, message = EXIT_CODES[data.returncode]
         return failed(NAME, message, reason=reason, observed=len(gpus), unit=UNIT, facts=_facts(gpus))

@@ -80,7 +80,18 @@ def test_cannot_start(ctx):
 def test_killed_by_signal(ctx):
     r = nvidia_smi.judge(gathered(-11), ctx)
     assert r.reason == "killed" and "SIGSEGV" in r.message
-    assert nvidia_smi.judge(gathered(137), ctx).reason == "killed"
+
+
+@pytest.mark.parametrize("code", [129, 137, 200, 254])
+def test_an_exit_above_128_is_an_exit_not_a_signal(ctx, code):
+    # nvidia-smi is not run through a shell: only Completed.signal says a signal killed it.
+    r = nvidia_smi.judge(gathered(code, "", "boom"), ctx)
+    assert r.reason != "killed" and f"exit {code}" in r.message and "signal" not in r.message
+
+
+def test_a_missing_interpreter_is_not_a_missing_nvidia_smi(ctx):
+    r = nvidia_smi.judge(proc.Completed(nvidia_smi.ARGV, None, spawn_error="interpreter missing"), ctx)
+    assert r.reason == "cannot-start" and "interpreter is missing" in r.message and "PATH" not in r.message
 
 
 def test_deadline_and_stuck(ctx):
@@ -254,3 +265,12 @@ def test_control_characters_in_a_gpu_name_are_made_visible_everywhere(stub_bin):
         assert res.returncode == 0
         assert not any(ch in res.stdout for ch in "\x00\x07\x1b"), res.stdout
         assert "NVIDIA\\x1b[2J\\x07\\x00 A100" in res.stdout.replace("\\\\", "\\")
+
+
+@pytest.mark.parametrize("shebang", ["#!/opt/nowhere/bin/sh", "#!/usr/bin/python9.99"])
+def test_stub_whose_interpreter_is_missing_cannot_start(stub_bin, shebang):
+    stub = stub_bin / "nvidia-smi"
+    stub.write_text(f"{shebang}\necho '0, x, GPU-1'\n")
+    stub.chmod(0o755)
+    r, _ = run_probe()
+    assert r.reason == "cannot-start" and "interpreter is missing" in r.message and "not found" not in r.message

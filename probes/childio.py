@@ -1,0 +1,71 @@
+"""How probes.proc reads what a child writes, and names why a child could not be started."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    import selectors
+    from collections.abc import Mapping
+
+MAX_STDERR = 64 * 1024  # stderr kept; the rest is dropped without making the result "truncated"
+
+
+def spawn_error(exc: OSError, program: str, env: Mapping[str, str] | None, cwd: str | None) -> str:
+    if exc.errno == errno.ENOENT:
+        if cwd is not None and exc.filename == cwd:
+            return "working directory not found"
+        # exec answers ENOENT for a file that is there when its #! interpreter (or a binary's
+        # dynamic loader) is not: look the program up as exec does.
+        dirs = [cwd or ""] if "/" in program else os.get_exec_path(dict(env) if env is not None else None)
+        there = any(os.path.isfile(os.path.join(d, program)) for d in dirs)
+        return "interpreter missing" if there else "not found"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if exc.errno == errno.ENOEXEC:
+        return "not an executable"
+    return errno.errorcode.get(exc.errno or 0, "cannot start").lower()
+
+
+class Output:
+    """A child's stdout (up to ``max_output`` bytes) and stderr (up to MAX_STDERR); ``cut``: more came."""
+
+    __slots__ = ("bufs", "cut", "err_fd", "kept", "limits", "out_fd")
+
+    def __init__(self, out_fd: int, err_fd: int, max_output: int) -> None:
+        self.out_fd, self.err_fd = out_fd, err_fd
+        self.bufs = {out_fd: bytearray(), err_fd: bytearray()}
+        self.limits = {out_fd: max_output, err_fd: MAX_STDERR}
+        self.cut = {out_fd: False, err_fd: False}
+        self.kept = 0  # bytes the last read() kept
+
+    def read(self, fd: int) -> int:
+        """One read: the bytes read, 0 when none are waiting, -1 at end of file."""
+        self.kept = 0
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return 0
+        if not chunk:
+            return -1
+        room = self.limits[fd] - len(self.bufs[fd])
+        if room > 0:
+            self.bufs[fd] += chunk[:room]
+            self.kept = min(room, len(chunk))
+        self.cut[fd] |= len(chunk) > room
+        return len(chunk)
+
+    def drain(self, sel: selectors.BaseSelector) -> None:
+        """What a child that has exited left in the pipes, without waiting (bounded: a grandchild
+        holding a pipe may still be writing)."""
+        budget = self.limits[self.out_fd] + self.limits[self.err_fd] + 65536
+        for key in list(sel.get_map().values()):
+            got = 1
+            while budget > 0 and got > 0:
+                got = self.read(key.fd)
+                budget -= max(got, 0)
+
+    def stdout(self) -> bytes:
+        return bytes(self.bufs[self.out_fd])
