@@ -80,20 +80,46 @@ def causes() -> str:
     return "\n".join(parts)
 
 
-_RESOLUTION = {xids.IGNORE: "ignore", xids.RESTART_APP: "restart the application",
-               xids.RESET_GPU: "reset the GPU", xids.REBOOT: "reboot the node",
-               xids.CONTACT_SUPPORT: "contact support"}
+_SERVE = {xids.CRITICAL: "latches unhealthy", xids.APPLICATION: "warns 10 min (application)",
+          xids.OTHER: "warns 10 min", xids.NO_ACTION: "counted only"}
+
+
+def _action(action: str) -> str:
+    return f"`{action}`" if action else "(none given)"
+
+
+def _spans(codes: Sequence[int]) -> str:
+    """``1-7, 9, 10-12`` for sorted codes."""
+    spans: list[list[int]] = []
+    for c in codes:
+        if spans and c == spans[-1][-1] + 1:
+            spans[-1].append(c)
+        else:
+            spans.append([c])
+    return ", ".join(str(s[0]) if len(s) == 1 else f"{s[0]}-{s[-1]}" for s in spans)
+
+
+def xid_actions() -> str:
+    """Per catalog action: its Xids, what serve does, what to do and why (probes/hardware/xids.py)."""
+    rows = []
+    for action, b in xids.BUCKETS.items():
+        codes = sorted(x for x, e in xids.CATALOG.items() if e.action == action)
+        rows.append((_action(action), _spans(codes), _SERVE[b.severity], b.todo, b.why))
+    rows.append(("not in the catalog", "any other", _SERVE[xids.UNKNOWN.severity], xids.UNKNOWN.todo,
+                 xids.UNKNOWN.why))
+    return f"Source: {xids.SOURCE}.\n\n" + _table(
+        ("catalog immediate action", "Xids", "`healthcheck serve`", "what to do", "why"), rows)
 
 
 def xid_policy() -> str:
-    """The Xid catalog table (probes/hardware/xids.py) and what serve does with each."""
-    rows = [(str(xid), _RESOLUTION[x.resolution],
-             "latches unhealthy" if x.resolution in xids.LATCHING else "counted, warns for 10 min", x.meaning)
-            for xid, x in sorted(xids.CATALOG.items())]
-    return _table(("Xid", "catalog resolution", "`healthcheck serve`", "meaning"), rows)
+    """Every Xid of the catalog, its immediate action and what serve does with it."""
+    rows = [(str(code), f"`{x.mnemonic}`", _action(x.action), _SERVE[xids.bucket(code).severity], x.meaning)
+            for code, x in sorted(xids.CATALOG.items())]
+    return _table(("Xid", "mnemonic", "immediate action", "`healthcheck serve`", "meaning"), rows)
 
 
-SECTIONS = {"probes": probes, "environment": environment, "causes": causes, "xids": xid_policy}
+SECTIONS = {"probes": probes, "environment": environment, "causes": causes, "xid-actions": xid_actions,
+            "xids": xid_policy}
 
 
 def render(text: str) -> str:

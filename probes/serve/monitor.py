@@ -168,19 +168,20 @@ class Monitor:
             key = (str(event.gpu), event.kind, str(event.data) if event.kind == "xid" else "", event.severity)
             self.event_counts[key] = self.event_counts.get(key, 0) + 1
             latch_now = event.severity == "critical" and self._xid_latch is None
+            said = event.describe() + (f": {event.advice()}" if event.kind == "xid" else "")
             if latch_now:
                 code = f"xid-{event.data}" if event.kind == "xid" else event.kind
-                self._xid_latch = {"source": "xid", "code": code, "reason": event.describe(),
-                                   "time": event.time}
+                self._xid_latch = {"source": "xid", "code": code, "reason": said, "time": event.time}
         if event.severity == "critical":
-            log.error("NVML event: %s: latched unhealthy until the container restarts", event.describe())
-            if latch_now and not self.state.set_latch("xid", event.describe()):
+            log.error("NVML event: %s; latched unhealthy until the container restarts", said)
+            if latch_now and not self.state.set_latch("xid", said):
                 log.warning("latch kept in memory only: the state dir is not usable")
-        elif event.severity in ("corrected", "ignored"):
-            log.info("NVML event: %s%s", event.describe(), " (ignored: HEALTHCHECK_XID_IGNORE)"
-                     if event.severity == "ignored" else "")
+        elif event.severity in ("corrected", "ignored", "no-action"):
+            log.info("NVML event: %s%s", said, {"ignored": " (ignored: HEALTHCHECK_XID_IGNORE)",
+                                                  "no-action": " (NVIDIA's Xid catalog: no action)"}.get(
+                                                      event.severity, ""))
         else:
-            log.warning("NVML event: %s (application-level, not a GPU fault)", event.describe())
+            log.warning("NVML event: %s", said)
 
     # -- reading ------------------------------------------------------------------
     def snapshot(self) -> Snapshot:

@@ -23,11 +23,13 @@ DEFAULT_INTERVALS = {"startup": 5.0, "readiness": 15.0, "liveness": 10.0}
 # A run may take up to its deadline; the monitor's own deadline adds this much to
 # the profile's so the CLI's deadline, not ours, normally ends a slow run.
 RUN_GRACE = 5.0
-# Xids after which the GPU needs a reset or the node a reboot (NVIDIA's Xid catalog,
-# probes.hardware.xids): they latch. The rest of the catalog (the application's errors,
-# possibly another tenant's, and what it says to ignore) is counted and shown, never latched.
-DEFAULT_XID_CRITICAL = tuple(sorted(x for x in xids.CATALOG if xids.latches(x)))
-DEFAULT_XID_APPLICATION = tuple(sorted(x for x in xids.CATALOG if not xids.latches(x)))
+# From NVIDIA's Xid catalog (probes.hardware.xids): the Xids whose immediate action resets the GPU
+# or restarts the machine latch; those whose action is RESTART_APP (the application's errors,
+# possibly another tenant's) warn for a while. The rest of the catalog is not in either list:
+# IGNORE is counted only, every other action warns with what the catalog says to do.
+DEFAULT_XID_CRITICAL = tuple(sorted(x for x in xids.CATALOG if xids.bucket(x).severity == xids.CRITICAL))
+DEFAULT_XID_APPLICATION = tuple(sorted(x for x in xids.CATALOG
+                                       if xids.bucket(x).severity == xids.APPLICATION))
 MAX_INTERVAL = 86400.0
 # The NVML watcher reads each GPU's clock event reasons this often; a reading with HW slowdown
 # or power brake is one slowdown event, judged by rate over a window (probes.serve.xid).

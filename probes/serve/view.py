@@ -30,7 +30,7 @@ CHECK_KEYS = ("componentId", "componentType", "layer", "status", "observedValue"
               "output", "message", "reason", "elapsed", "facts")
 STATUSES = ("pass", "warn", "fail")
 RANK = {"pass": 0, "warn": 1, "fail": 2}
-# An application Xid keeps the endpoints at "warn" this long after it was seen.
+# An Xid that warns (application or other) keeps the endpoints at "warn" this long after it was seen.
 XID_WARN_SECONDS = 600.0
 
 
@@ -180,7 +180,21 @@ class XidEvent:
     uuid: str
     kind: str  # xid | ecc-single | ecc-double
     data: int
-    severity: str  # critical | application | other | corrected
+    severity: str  # critical | application | other | corrected | ignored | no-action
+
+    def advice(self) -> str:
+        """What NVIDIA's Xid catalog calls this Xid, and what to do (empty for ECC events)."""
+        if self.kind != "xid":
+            return ""
+        from probes.hardware import xids  # the catalog's 172 entries: only once an Xid is seen
+
+        if self.severity == "application":
+            todo = xids.BUCKETS[xids.RESTART_APP].todo
+        elif self.severity == "critical" and not xids.latches(self.data):
+            todo = "latched as HEALTHCHECK_XID_CRITICAL lists it"
+        else:
+            todo = xids.bucket(self.data).todo
+        return f"{xids.describe(self.data)}; {todo}"
 
     def describe(self) -> str:
         where = f"GPU {self.gpu}" if self.gpu is not None else "a GPU"
@@ -323,13 +337,13 @@ def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating
             output if (stale or run.report is None) else age_out,
             reason="stale" if stale else run.reason, value=round(age, 3), unit="s", now=now)]
 
-    # Xid events: critical ones latch (below); application ones warn for a while.
+    # Xid events: critical ones latch (below); application and other ones warn for a while.
     recent = [e for e in snap.events
               if e.severity in ("application", "other") and now - e.time <= XID_WARN_SECONDS]
     if recent:
         last = recent[-1]
         msg = (f"{last.describe()} ({len(recent)} in the last {XID_WARN_SECONDS / 60:.0f} min): "
-               "an application error, not a GPU fault; check the workload's log")
+               f"{last.advice()}")
         checks["xid:events"] = [_entry("hardware", "warn", msg, reason=f"xid-{last.data}", value=last.data,
                                        now=now)]
         notes.append(msg)

@@ -20,6 +20,7 @@ import time
 from collections import deque
 
 from probes import proc
+from probes.hardware import xids
 from probes.serve.monitor import Monitor
 from probes.serve.settings import Settings
 from probes.serve.view import (
@@ -42,10 +43,11 @@ KINDS = ("xid", "ecc-single", "ecc-double")
 
 
 def severity(kind: str, data: int, settings: Settings) -> str:
-    """critical (latches), application or other (warn), corrected or ignored (counted only).
+    """critical (latches), application or other (warn), corrected, ignored or no-action (counted only).
 
     Xids: HEALTHCHECK_XID_IGNORE first, then the critical and application lists (by default
-    NVIDIA's catalog, probes.hardware.xids: only a reset or reboot resolution latches)."""
+    from NVIDIA's catalog, probes.hardware.xids), then the catalog for the rest: its IGNORE is
+    no-action, anything else (an Xid an operator's list left out included) warns as other."""
     if kind == "xid":
         if data in settings.xid_ignore:
             return "ignored"
@@ -53,7 +55,7 @@ def severity(kind: str, data: int, settings: Settings) -> str:
             return "critical"
         if data in settings.xid_application:
             return "application"
-        return "other"
+        return xids.NO_ACTION if xids.bucket(data).severity == xids.NO_ACTION else xids.OTHER
     if kind == "ecc-double":
         return "critical"  # uncorrectable memory error: the GPU needs a reset or row remap
     return "corrected"

@@ -56,7 +56,8 @@ def test_application_xid_only_warns(start_server, fake_nvml, tmp_path):
 
 
 @pytest.mark.parametrize(("warns", "latches", "lists"), [
-    (43, 48, {}),  # the catalog: 43 is the application's error, 48 needs a GPU reset
+    (13, 48, {}),  # the catalog: 13 is the application's error, 48 needs a GPU reset
+    (45, 109, {}),  # 45 follows another Xid; 109 is RESET_GPU (NVIDIA's device plugin ignores it)
     (79, 13, {"HEALTHCHECK_XID_CRITICAL": "13", "HEALTHCHECK_XID_APPLICATION": "79"}),  # the operator's call
 ])
 def test_an_application_xid_warns_and_a_critical_one_latches(start_server, fake_nvml, tmp_path, warns, latches,
@@ -114,12 +115,58 @@ def test_bad_xid_ignore_exits_3(env, needle):
 
 def test_the_catalog_decides_what_latches():
     s = serve_settings.load(clean_env())
-    # a reset or a reboot in the catalog latches; the application's Xids (maybe another tenant's) do not
-    assert [severity("xid", x, s) for x in (79, 48, 119, 140)] == ["critical"] * 4
-    assert [severity("xid", x, s) for x in (13, 31, 43, 45, 8)] == ["application"] * 5
-    assert severity("xid", 9999, s) == "other"
-    assert xids.resolution(79) == xids.REBOOT and xids.resolution(13) == xids.RESTART_APP
+    # a GPU reset or a restart of the machine in the catalog latches (its workflows for 48 and 74 too);
+    # the application's Xids (maybe another tenant's) warn; IGNORE is counted; the rest warn
+    latching = (79, 48, 74, 119, 140, 46, 62, 109, 110, 136, 143, 151, 155, 156, 158)
+    assert [severity("xid", x, s) for x in latching] == ["critical"] * len(latching)
+    assert [severity("xid", x, s) for x in (13, 31, 8, 94, 68)] == ["application"] * 5
+    assert [severity("xid", x, s) for x in (43, 63, 92, 14, 137)] == ["no-action"] * 5
+    assert [severity("xid", x, s) for x in (45, 54, 144, 149, 154, 159, 167, 1, 9999)] == ["other"] * 9
+    assert xids.action(79) == xids.RESTART_BM and xids.action(109) == xids.RESET_GPU
+    assert xids.action(43) == xids.IGNORE and xids.action(9999) is None
     s = serve_settings.load(clean_env(HEALTHCHECK_XID_IGNORE="79,13"))
     assert severity("xid", 79, s) == "ignored" and severity("xid", 13, s) == "ignored"
-    assert "| 79 | reboot the node | latches unhealthy |" in docs.xid_policy()
-    assert "| 13 | restart the application | counted, warns for 10 min |" in docs.xid_policy()
+    # an operator's list replaces the catalog's: what it leaves out warns, never latches
+    s = serve_settings.load(clean_env(HEALTHCHECK_XID_CRITICAL="43", HEALTHCHECK_XID_APPLICATION="79"))
+    assert [severity("xid", x, s) for x in (43, 79, 48, 13)] == ["critical", "application", "other", "other"]
+
+
+def test_every_code_of_the_catalog_is_there_with_its_immediate_action():
+    assert sorted(xids.CATALOG) == list(range(1, 173)) and "analyzing-xid-catalog" in xids.SOURCE
+    assert all(x.action in xids.BUCKETS and x.mnemonic.isupper() and x.meaning for x in xids.CATALOG.values())
+    # facts from the catalog that the first table got wrong or left out
+    for code in (46, 62, 110, 136, 143, 155, 156, 158, 109):
+        assert xids.action(code) == xids.RESET_GPU, code
+    assert xids.CATALOG[79].mnemonic == "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"
+    assert (xids.action(74), xids.action(48), xids.action(45)) == (
+        xids.WORKFLOW_NVLINK_ERR, xids.WORKFLOW_XID_48, xids.WORKFLOW_XID_45)
+    assert {xids.action(c) for c in range(144, 151)} == {xids.WORKFLOW_NVLINK5_ERR}
+
+
+def test_the_docs_list_every_code_with_its_action_and_each_action_with_its_reason():
+    table = docs.xid_policy()
+    for code, x in xids.CATALOG.items():
+        assert f"| {code} | `{x.mnemonic}` |" in table
+    assert "| 79 | `ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS` | `RESTART_BM` | latches unhealthy |" in table
+    assert "| 43 | `ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR` | `IGNORE` | counted only |" in table
+    assert "| 167 | `PCIE_FATAL_TIMEOUT` | (none given) | warns 10 min |" in table
+    actions = docs.xid_actions()
+    assert xids.SOURCE in actions
+    for action, bucket in xids.BUCKETS.items():
+        assert bucket.why in actions and (f"`{action}`" if action else "(none given)") in actions
+    assert "| `RESTART_BM` | 79 | latches unhealthy |" in actions
+
+
+@pytest.mark.parametrize(("xid", "sev", "words", "not_words"), [
+    (54, "other", "check the GPU's seating and power connections", "application"),
+    (144, "other", "the nvml probe reports a required reset", "application"),
+    (13, "application", "restart the application", "reset"),
+    (79, "critical", "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS: GPU has fallen off the bus; reboot the node", "?"),
+    (43, "critical", "latched as HEALTHCHECK_XID_CRITICAL lists it", "none needed"),
+    (9999, "other", "not in NVIDIA's Xid catalog; see NVIDIA's current Xid documentation", "application"),
+])
+def test_an_xid_says_what_the_catalog_calls_it_and_what_to_do(xid, sev, words, not_words):
+    from probes.serve.view import XidEvent
+
+    said = XidEvent(time=0.0, gpu=0, uuid="", kind="xid", data=xid, severity=sev).advice()
+    assert words in said and not_words not in said
