@@ -17,6 +17,7 @@ from probes import hardware as hw
 from probes._lazy import module, regex
 from probes.config import is_integer_text
 from probes.context import Context
+from probes.hardware import smi_codes
 from probes.registry import Cause, Spec
 from probes.result import Result, failed, passed
 from probes.untrusted import clean, squeeze
@@ -45,14 +46,10 @@ SPEC = Spec(
         Cause("cannot-start", "fail",
               "nvidia-smi cannot be executed (not executable, or its `#!` interpreter or loader is missing)",
               "check the file the toolkit mounts; recreate the container"),
-        Cause("no-devices", "fail", "exit 6: no devices found",
-              "start with `--gpus all`; check `NVIDIA_VISIBLE_DEVICES` / the `nvidia.com/gpu` request"),
-        hw.DRIVER_NOT_LOADED, hw.NVML_NOT_FOUND, hw.INFOROM, hw.GPU_LOST, hw.UNKNOWN_ERROR,
+        *smi_codes.causes(),
         Cause("killed", "fail",
               "killed by a signal (an exit status above 128 is an exit status: no shell runs nvidia-smi)",
               "check `dmesg` for Xid errors (driver or tool crashed)"),
-        Cause("exit-code", "fail", "any other non-zero exit", "check the driver on the host (`nvidia-smi`, "
-                                                              "`dmesg`)"),
         Cause("unparseable", "fail", "output is not the expected CSV (quoted, short excerpt)",
               "make sure the `nvidia-smi` on PATH is NVIDIA's and matches the driver"),
         hw.GPU_COUNT_LOW, hw.DEADLINE,
@@ -66,24 +63,6 @@ ARGV = ("nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader,noun
 
 WEDGED = ("the driver may be wedged: check dmesg for Xid errors, reset the GPU (nvidia-smi -r) "
           "or reboot the node")
-
-# Exit codes nvidia-smi documents -> (reason, message with the remedy).
-EXIT_CODES: dict[int, tuple[str, str]] = {
-    6: ("no-devices", "no GPU found (exit 6): start the container with --gpus all and check "
-        "NVIDIA_VISIBLE_DEVICES / the nvidia.com/gpu resource request"),
-    9: ("driver-not-loaded", "NVIDIA driver not loaded (exit 9): load the kernel module on the host "
-        "(modprobe nvidia), then restart the container"),
-    12: ("nvml-not-found", "NVML library not found (exit 12): libnvidia-ml.so.1 ships with the driver; "
-         "start the container with --gpus all (NVIDIA Container Toolkit, "
-         "NVIDIA_DRIVER_CAPABILITIES=utility)"),
-    14: ("inforom-corrupted", "GPU InfoROM corrupted (exit 14): drain the node and have the GPU "
-         "serviced (RMA)"),
-    15: ("gpu-lost", "GPU fallen off the bus (exit 15): reset the GPU (nvidia-smi -r) or reboot the node; "
-         "check dmesg for Xid 79"),
-}
-UNKNOWN_ERROR = ("nvml-unknown-error", "Failed to initialize NVML: Unknown Error (exit 255): the container "
-                 "probably lost its device cgroup access after a host systemctl daemon-reload; "
-                 "recreate the container")
 
 # Room for the largest GPU count HEALTHCHECK_GPU_COUNT accepts (1024) at ~170 bytes a row.
 MAX_OUTPUT = 512 * 1024
@@ -166,16 +145,15 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     if data.signal is not None:
         return failed(NAME, f"nvidia-smi was killed by {proc.signal_name(data.signal)}: the driver or the "
                       "tool crashed; check dmesg for Xid errors", reason="killed")
-    if data.returncode in EXIT_CODES:
-        reason, message = EXIT_CODES[data.returncode]
-        return failed(NAME, message, reason=reason, observed=len(gpus), unit=UNIT, facts=_facts(gpus))
+    known = smi_codes.known(data.returncode, out + "\n" + err) if data.returncode or bad_line else None
+    if known is not None and known[0].reason != "exit-code":
+        code, text = known
+        return failed(NAME, smi_codes.message(code, data.returncode, text), reason=code.reason,
+                      observed=len(gpus), unit=UNIT, facts=_facts(gpus))
     if data.returncode != 0:
         said = squeeze(data.stderr or data.stdout, 100)
-        if "Unknown Error" in out + err:
-            reason, message = UNKNOWN_ERROR
-            return failed(NAME, message, reason=reason)
-        return failed(NAME, f"nvidia-smi failed (exit {data.returncode}: {said or 'no output'}): "
-                      "check the driver on the host (nvidia-smi, dmesg)", reason="exit-code")
+        return failed(NAME, f"nvidia-smi failed (exit {data.returncode}: {said or 'no output'}): check the "
+                      "host's dmesg for Xid errors and run nvidia-smi -q there", reason="exit-code")
     if data.truncated:
         return failed(NAME, f"nvidia-smi output is too long to be a GPU list (over {MAX_OUTPUT} bytes, "
                       f"starts: {squeeze(data.stdout[:200], 60)!r}): check the nvidia-smi on PATH",

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from probes import proc
-from probes.hardware import nvidia_smi
+from probes.hardware import nvidia_smi, smi_codes
 from probes.result import Status
 from tests.fakes.nvidia_smi_stub import MESSAGES, gpu_rows, started_pids, write_stub
 from tests.hardware.conftest import assert_gone, make_ctx
@@ -59,6 +59,51 @@ def test_documented_exit_codes(ctx, code, reason, words):
     assert r.reason == reason
     assert words in r.message
     assert "\n" not in r.message
+
+
+# nvidia-smi(1) RETURN VALUE, and the NVML codes nvidia-smi passes on (16-18)
+DOCUMENTED = (2, 3, 4, 6, 8, 9, 10, 12, 13, 14, 15, 255)
+
+
+@pytest.mark.parametrize(("code", "reason", "words"), [
+    (2, "bad-argument", "use the nvidia-smi that the NVIDIA Container Toolkit mounts"),
+    (3, "not-supported", "check the driver on the host"),
+    (4, "no-permission", "container_use_devices"),
+    (8, "insufficient-power", "power cables"),
+    (10, "irq-issue", "interrupt"),
+    (13, "nvml-too-old", "remove the driver libraries from the image"),
+    (16, "reset-required", "reset the GPU"),
+    (17, "blocked-by-os", "recreate the container"),
+    (18, "driver-mismatch", "reboot the node, or reload the kernel module"),
+])
+def test_every_documented_exit_code_has_its_cause_and_remedy(ctx, code, reason, words):
+    r = nvidia_smi.judge(gathered(code, ""), ctx)
+    assert r.status is Status.FAIL and r.reason == reason and words in r.message and f"exit {code}" in r.message
+
+
+def test_the_exit_code_table_holds_what_nvidia_documents():
+    assert set(DOCUMENTED) | {16, 17, 18} == set(smi_codes.EXIT_CODES)
+    assert smi_codes.EXIT_CODES[9].documented == "NVIDIA driver is not loaded"
+    assert smi_codes.EXIT_CODES[255].documented == "Other error or internal driver error occurred"
+    assert "nvidia-smi/index.html" in smi_codes.__doc__ and "nvml-api" in smi_codes.__doc__
+    rows = {c.reason: c for c in nvidia_smi.SPEC.causes}
+    for code, entry in smi_codes.EXIT_CODES.items():
+        assert f"exit {code}, " in rows[entry.reason].cause and rows[entry.reason].remedy == entry.remedy
+
+
+@pytest.mark.parametrize(("code", "text", "reason"), [
+    (18, "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 550.144", "driver-mismatch"),
+    (255, "Failed to initialize NVML: Driver/library version mismatch", "driver-mismatch"),
+    (17, "Failed to initialize NVML: GPU access blocked by the operating system", "blocked-by-os"),
+    (255, "Failed to initialize NVML: GPU access blocked by the operating system", "blocked-by-os"),
+    (4, "Failed to initialize NVML: Insufficient Permissions", "no-permission"),
+    (255, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "
+          "latest NVIDIA driver is installed and running.", "driver-not-loaded"),
+    (0, "Failed to initialize NVML: Driver/library version mismatch", "driver-mismatch"),  # a wrapper ate the code
+])
+def test_what_nvidia_smi_prints_decides_over_its_exit_code(ctx, code, text, reason):
+    r = nvidia_smi.judge(gathered(code, text + "\n"), ctx)
+    assert r.reason == reason and any(t in r.message for t, _ in smi_codes.TEXTS if t in text), r.message
 
 
 def test_255_without_unknown_error_is_a_plain_exit_code(ctx):
