@@ -68,7 +68,7 @@ WEDGED = ("the driver may be wedged: check dmesg for Xid errors, reset the GPU (
 MAX_OUTPUT = 512 * 1024
 MAX_NAME = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
 
-_LOST = regex(r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]+)")
+_LOST = regex(r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]*[0-9A-Fa-f])")
 _UUID = regex(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
 
 

@@ -24,7 +24,7 @@ MESSAGES = {
     255: "Failed to initialize NVML: Unknown Error",
 }
 
-BEHAVIOURS = ("ok", "exit", "garbage", "huge", "hang", "ignore-term", "grandchild", "lost", "signal")
+BEHAVIOURS = ("ok", "exit", "garbage", "huge", "hang", "ignore-term", "grandchild", "lost", "signal", "sample")
 
 
 def gpu_rows(gpus: int, name: str = "NVIDIA A100-SXM4-80GB") -> str:
@@ -32,13 +32,18 @@ def gpu_rows(gpus: int, name: str = "NVIDIA A100-SXM4-80GB") -> str:
 
 
 def write_stub(bin_dir: str | os.PathLike[str], behaviour: str, *, gpus: int = 2, code: int = 9,
-               sleep: float = 60.0, name: str = "NVIDIA A100-SXM4-80GB") -> Path:
-    """Write ``bin_dir/nvidia-smi`` acting out ``behaviour``; returns its path."""
+               sleep: float = 60.0, name: str = "NVIDIA A100-SXM4-80GB", text: bytes = b"") -> Path:
+    """Write ``bin_dir/nvidia-smi`` acting out ``behaviour``; returns its path.
+
+    ``sample`` prints ``text`` byte for byte (a real capture) and exits with ``code``."""
     if behaviour not in BEHAVIOURS:
         raise ValueError(f"unknown stub behaviour {behaviour!r} (known: {', '.join(BEHAVIOURS)})")
     bin_path = Path(bin_dir)
     bin_path.mkdir(parents=True, exist_ok=True)
     pids = shlex.quote(str(bin_path / "nvidia-smi.pids"))
+    sample = bin_path / "nvidia-smi.sample"
+    if behaviour == "sample":
+        sample.write_bytes(text)
     rows = shlex.quote(gpu_rows(gpus, name))
     body = {
         "ok": f"printf '%s' {rows}\nexit 0",
@@ -56,6 +61,7 @@ def write_stub(bin_dir: str | os.PathLike[str], behaviour: str, *, gpus: int = 2
                  "echo 'Unable to determine the device handle for GPU0000:41:00.0: Unknown Error'\n"
                  "exit 255"),
         "signal": "kill -SEGV $$\nsleep 1",
+        "sample": f"cat {shlex.quote(str(sample))}\nexit {code}",
     }[behaviour]
     script = f"#!/bin/sh\necho $$ >> {pids}\n{body}\n"
     path = bin_path / "nvidia-smi"

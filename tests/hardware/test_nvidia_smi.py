@@ -156,7 +156,7 @@ def test_lost_gpu_while_the_other_is_still_reported(ctx):
     out = gpu_rows(1) + "Unable to determine the device handle for GPU0000:41:00.0: Unknown Error\n"
     r = nvidia_smi.judge(gathered(255, out), ctx)
     assert r.status is Status.FAIL and r.reason == "gpu-lost"
-    assert "0000:41:00.0" in r.message and "1 GPU still reported" in r.message
+    assert "GPU 0000:41:00.0 is lost" in r.message and "1 GPU still reported" in r.message
     assert r.facts["count"] == 1 and r.observed == 1
 
 
