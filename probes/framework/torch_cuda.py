@@ -14,13 +14,18 @@ Command-line equivalent::
     CUDA_MODULE_LOADING=LAZY python3 probes/framework/torch_worker.py --device cuda
 
 Hard cases, decided here:
-- A fatal CUDA error (illegal address, launch failure, uncorrectable ECC, unknown
-  error, misaligned address, ...) latches the container unhealthy until it restarts;
-  latched runs answer at once without touching the GPU. The liveness profile only
-  reads the latch: no worker, no torch.
+- A CUDA error is identified by its number (``torch.AcceleratorError.error_code``) or its
+  text, never by PyTorch's added lines, in one table (``cuda_errors.py``, from NVIDIA's CUDA
+  runtime documentation). A sticky one (illegal address, launch failure or timeout,
+  device-side assert, uncorrectable ECC or NVLink, ...) latches the container unhealthy
+  until it restarts; latched runs answer at once without touching the GPU. The liveness
+  profile only reads the latch: no worker, no torch. Any other CUDA error fails with its
+  own reason and remedy (fabric manager, driver/libcuda mismatch, forward compatibility,
+  no kernel image for this GPU, ...) and never latches.
 - A device held by the workload in EXCLUSIVE_PROCESS mode ("busy or unavailable") and
-  an out-of-memory error for the probe's own context are the workload using its GPU,
-  not a fault: they warn (reasons ``device-busy`` and ``oom``) and never latch.
+  an out-of-memory error for the probe's own context (cuBLAS's and cuDNN's included) are
+  the workload using its GPU, not a fault: they warn (reasons ``device-busy`` and ``oom``)
+  and never latch.
 - One costly check at a time: concurrent runs share one worker through a lock in the
   state dir. A run that waited reuses a result that finished after it started,
   whatever its status; ``readiness`` also reuses a passing result younger than
@@ -56,14 +61,15 @@ from probes.state import pid1_identity
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
     from typing import Any
 
     from probes import proc
-    from probes.framework import torch_worker  # the worker's protocol: PREFIX, PHASE, SCHEMA
+    from probes.framework import cuda_errors, torch_worker  # torch_worker: PREFIX, PHASE, SCHEMA
 else:  # imported when the probe runs, not when its declaration is read (probes/_lazy.py)
     proc = module("probes.proc")
     torch_worker = module("probes.framework.torch_worker")
+    cuda_errors = module("probes.framework.cuda_errors")
 
 NAME = "torch-cuda"
 MEASUREMENT = "devices"
@@ -108,14 +114,29 @@ SPEC = Spec(
            "message names the holding PID", "none: the workload owns the GPU; not a fault", "warn"),
         _c("mps-busy", "GPU shared through MPS: the probe cannot open its own context; the message names the "
            "MPS clients", "none: not a fault", "warn"),
-        _c("oom", "out of memory for the probe's own context", "none: the workload uses the memory; not a "
-                                                               "fault",
-           "warn"),
+        _c("oom", "out of memory for the probe's own context (CUDA's, or cuBLAS's or cuDNN's "
+           "`*_ALLOC_FAILED`)", "none: the workload uses the memory; not a fault", "warn"),
         _c("wrong-result", "GPU result differs from the CPU reference",
            "silent data corruption: drain the node, run `dcgmi diag`"),
-        _c("cuda-fatal", "fatal CUDA error (illegal address, launch failure, uncorrectable ECC, unknown "
-                         "error, "
-           "misaligned address, ...); latches", "restart the container; check dmesg for Xid errors"),
+        _c("cuda-fatal", "sticky CUDA error, one NVIDIA's runtime documentation says leaves the process "
+           "unusable (illegal address, launch failure or timeout, device-side assert, misaligned address, "
+           "...), or an uncorrectable ECC or NVLink error; latches (see \"CUDA errors\")",
+           "restart the container; check dmesg for Xid errors (each error's own remedy is in the message)"),
+        _c("cuda-error", "another CUDA error (no kernel image for this GPU, invalid device ordinal, invalid "
+           "configuration, a cuBLAS/cuDNN status, ...): fails, never latches",
+           "the error's own remedy, in the message (see \"CUDA errors\")"),
+        _c("fabric-manager", "CUDA error 802 at start (system not yet initialized): NVIDIA Fabric Manager is "
+           "not running on an NVSwitch system", "start `nvidia-fabricmanager` on the host (the driver's "
+           "version) and wait for the fabric state Completed"),
+        _c("driver-mismatch", "CUDA error 803 at start: libcuda does not match the loaded kernel module",
+           "reboot the node (or reload the nvidia module); never ship libcuda in the image"),
+        _c("forward-compat", "CUDA error 804 at start: the forward-compatibility package (`cuda-compat`) on "
+           "a GPU that does not support it", "remove `cuda-compat` from the image's library path, or upgrade "
+           "the host driver"),
+        _c("cuda-unknown", "CUDA's unknown error (999)", "check `nvidia-smi` and dmesg for Xid errors; in a "
+           "container after a host `systemctl daemon-reload`, recreate the container"),
+        _c("cuda-init", "CUDA cannot start for another reason (initialization error, a stub libcuda, no vGPU "
+           "license, MPS daemon unreachable, ...)", "the error's own remedy, in the message"),
         _c("latched", "latch in force from an earlier fatal error (or a critical Xid seen by `healthcheck "
                       "serve`): "
            "no worker started, the hardware probes are skipped too", "restart the container (a new PID 1 "
@@ -158,35 +179,10 @@ TOLERANCE = 1e-4
 MAX_DEVICES = 1024
 # Characters kept of each cleaned string of the worker's report (default TEXT).
 TEXT = 120
-TEXT_LIMITS = {"message": 600, "visible_devices": 1000}
+TEXT_LIMITS = {"message": 1200, "visible_devices": 1000}  # a message keeps its line breaks, as \n
 _PHASES = regex(r"start|import|init|reference|device (cpu|\d{1,4})")
 _FOUND_VERSION = regex(r"found version (\d+)")  # in CUDA's "driver too old" message
 _CUDA_VERSION = regex(r"(\d{1,3})\.(\d{1,3})")
-
-
-# Substrings of CUDA/torch error texts (lower case) -> the label used in messages.
-# A fatal error leaves the CUDA context unusable: only a new process on a healthy
-# GPU (in practice a container restart, or a node reboot) recovers.
-FATAL = (
-    ("illegal memory access", "illegal memory access"),
-    ("illegal address", "illegal address"),
-    ("unspecified launch failure", "unspecified launch failure"),
-    ("launch failure", "launch failure"),
-    ("uncorrectable ecc", "uncorrectable ECC error"),
-    ("ecc error", "ECC error"),
-    ("misaligned address", "misaligned address"),
-    ("illegal instruction", "illegal instruction"),
-    ("hardware stack error", "hardware stack error"),
-    ("invalid program counter", "invalid program counter"),
-    ("device-side assert", "device-side assert"),
-    ("context is destroyed", "context destroyed"),
-    ("context corrupted", "context corrupted"),
-    ("unknown error", "unknown error"),
-    ("gpu has fallen off the bus", "GPU fell off the bus"),
-)
-BUSY = ("busy or unavailable",)
-OOM = ("out of memory",)
-DRIVER_OLD = ("driver on your system is too old", "driver version is insufficient")
 
 
 # ---------------------------------------------------------------------------
@@ -194,7 +190,7 @@ DRIVER_OLD = ("driver on your system is too old", "driver version is insufficien
 # ---------------------------------------------------------------------------
 
 _ERROR = {"phase": (STR, False), "type": (STR, False), "message": (STR, False),
-          "device": (INT, True), "module": (STR, True)}
+          "device": (INT, True), "module": (STR, True), "code": (INT, True)}
 _DEVICE = {"index": (INT, False), "name": (STR, False), "uuid": (STR, True), "op_ms": (NUM, True),
            "max_err": (MEASURE, True), "scale": (MEASURE, True), "free": (INT, True),
            "total": (INT, True)}
@@ -549,15 +545,6 @@ def on_deadline(ctx: Context) -> Result:
 # judge: pure
 # ---------------------------------------------------------------------------
 
-def _match(message: str, table: Sequence[Any]) -> str | None:
-    low = message.lower()
-    for item in table:
-        needle, label = item if isinstance(item, tuple) else (item, item)
-        if needle in low:
-            return str(label)
-    return None
-
-
 def _norm_uuid(uuid: Any) -> str:
     text = str(uuid or "").lower()
     return text[4:] if text.startswith("gpu-") else text
@@ -688,19 +675,13 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
                   f"'{data.get('excerpt') or ''}'", reason="bad-output", **kw)
 
 
-def _classify(err: dict[str, Any]) -> tuple[str, str | None]:
-    """(category, label) of a torch/CUDA error: busy, oom, old-driver, fatal or other."""
-    message = str(err.get("message", ""))
-    if _match(message, BUSY):
-        return "busy", None
-    if _match(message, OOM) or err.get("type") == "OutOfMemoryError":
-        return "oom", None
-    if _match(message, DRIVER_OLD):
-        return "old-driver", None
-    label = _match(message, FATAL)
-    if label:
-        return "fatal", label
-    return "other", None
+def identify(err: dict[str, Any]) -> cuda_errors.Found | None:
+    """The CUDA error the worker reported (probes/framework/cuda_errors.py), or None. torch's
+    OutOfMemoryError is CUDA's out of memory whatever its text says."""
+    found = cuda_errors.identify(err.get("code"), str(err.get("message", "")))
+    if found is None and err.get("type") == "OutOfMemoryError":
+        return cuda_errors.Found(cuda_errors.BY_CODE[2], "type")
+    return found
 
 
 def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, python: str,
@@ -751,33 +732,39 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
 
 def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw: dict[str, Any],
                   entry: dict[str, Any] | None) -> Result | None:
-    """The result for one classified error, or None when it is not one we diagnose."""
-    category, label = _classify(err)
+    """The result for one identified CUDA error, or None when it is not one we can name."""
+    found = identify(err)
+    if found is None:
+        return None
+    error = found.error
     where = "the GPU(s)" if entry is None else f"cuda:{entry['index']}"
-    if category == "busy":
+    kw["facts"]["cuda_error"] = {"code": error.code, "name": error.name, "category": error.category,
+                                 "how": found.how}
+    if error.category == cuda_errors.NOT_CHECKED:
         index = entry["index"] if entry is not None else 0
         holder = _holder(ctx, report, index, entry["uuid"] if entry else None)
-        if "MPS client" in holder:
+        if error.reason == "mps-busy" or (error.reason == "device-busy" and "MPS client" in holder):
             return warned(NAME, f"{where} busy{holder}: the GPU is shared through MPS and the probe cannot "
                           "open its own context there; not checked, not a fault", reason="mps-busy", **kw)
-        return warned(NAME, f"{where} busy{holder}: the workload holds it, so the probe cannot open a "
-                      "context there; not a fault", reason="device-busy", **kw)
-    if category == "oom":
-        index = entry["index"] if entry is not None else 0
-        holder = _holder(ctx, report, index, entry["uuid"] if entry else None)
-        return warned(NAME, f"{where} out of memory for the probe's own context{holder}: the workload is "
-                      "using the memory; not checked, not a fault", reason="oom", **kw)
-    if category == "old-driver":
-        found = _FOUND_VERSION.search(str(err.get("message", "")))
-        driver = (f"{int(found[1]) // 1000}.{int(found[1]) % 1000 // 10}" if found
+        if error.reason == "device-busy":
+            return warned(NAME, f"{where} busy{holder}: the workload holds it, so the probe cannot open a "
+                          "context there; not a fault", reason="device-busy", **kw)
+        return warned(NAME, f"{where} out of memory for the probe's own context{holder} ({error.label}): the "
+                      "workload is using the memory; not checked, not a fault", reason="oom", **kw)
+    if error.reason == "driver-too-old":
+        version = _FOUND_VERSION.search(str(err.get("message", "")))
+        driver = (f"{int(version[1]) // 1000}.{int(version[1]) % 1000 // 10}" if version
                   else _driver_cuda(ctx))
         return _too_old(report, driver, kw)
-    if category == "fatal":
+    if error.category == cuda_errors.STICKY:
         kw["facts"]["fatal"] = True
-        return failed(NAME, f"fatal CUDA error on {where} ({label}): the CUDA context is unusable; "
-                      "unhealthy until the container restarts (check dmesg for Xid errors)",
+        return failed(NAME, f"fatal CUDA error on {where} ({error.label}): sticky, the CUDA context is "
+                      f"unusable; unhealthy until the container restarts: {error.remedy}",
                       reason="cuda-fatal", **kw)
-    return None
+    if error.category == cuda_errors.ENVIRONMENT:
+        return failed(NAME, f"CUDA cannot start on {where} ({error.label}): {error.remedy}",
+                      reason=error.reason, **kw)
+    return failed(NAME, f"CUDA error on {where} ({error.label}): {error.remedy}", reason=error.reason, **kw)
 
 
 def _driver_cuda(ctx: Context) -> str | None:
