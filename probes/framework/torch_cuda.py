@@ -51,29 +51,31 @@ import time
 from probes import untrusted
 from probes._lazy import module, regex
 from probes.context import Context, logger
-from probes.framework import protocol
+from probes.framework import deep, protocol
+from probes.framework.deep import LOCK, fresh_pass
 from probes.framework.protocol import BOOL, INT, MEASURE, NUM, STR
-from probes.registry import ALL_PROFILES, CHOICE, NUMBER, Setting, Spec
+from probes.registry import ALL_PROFILES, CHOICE, INTEGER, NUMBER, Setting, Spec
 from probes.registry import TEXT as TEXT_KIND
 from probes.registry import cause as _c
-from probes.result import SEVERITY, Result, Status, failed, passed, skipped, warned
+from probes.result import SEVERITY, Result, failed, passed, skipped, warned
 from probes.state import pid1_identity
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
     from probes import proc
-    from probes.framework import cuda_errors, torch_worker  # torch_worker: PREFIX, PHASE, SCHEMA
+    from probes.framework import cuda_errors, room, torch_worker  # torch_worker: PREFIX, PHASE, SCHEMA
 else:  # imported when the probe runs, not when its declaration is read (probes/_lazy.py)
     proc = module("probes.proc")
     torch_worker = module("probes.framework.torch_worker")
     cuda_errors = module("probes.framework.cuda_errors")
+    room = module("probes.framework.room")
 
 NAME = "torch-cuda"
 MEASUREMENT = "devices"
 UNIT = "devices"
+MIN_FREE = "HEALTHCHECK_TORCH_MIN_FREE_MIB"
 
 
 SPEC = Spec(
@@ -88,6 +90,10 @@ SPEC = Spec(
         Setting("HEALTHCHECK_TORCH_TTL", "torch_ttl", NUMBER, 300.0,
                 "seconds a passing torch-cuda result is reused by readiness", low=0, high=86400,
                 low_inclusive=True),
+        Setting(MIN_FREE, "torch_min_free_mib", INTEGER, 1024,
+                "free memory (MiB, from NVML) a GPU needs before torch-cuda, model or nccl start CUDA work "
+                "on it; below it the GPU is not checked (a warning); `0` turns the check off",
+                low=0, high=2**20, low_inclusive=True),
     ),
     causes=(
         _c("interpreter-not-found", "`HEALTHCHECK_TORCH_PYTHON` interpreter not found",
@@ -156,6 +162,10 @@ SPEC = Spec(
         _c("bad-output", "worker output unreadable (no or several result lines, not strict JSON, a number no "
            "float can hold such as 1e999, a field of the wrong type)",
            "the interpreter is not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`"),
+        _c("workload-memory", "NVML says a GPU has less free memory than the probe needs "
+           "(`HEALTHCHECK_TORCH_MIN_FREE_MIB`): not checked, nothing started there; the other GPUs are "
+           "checked",
+           "none: the workload holds the memory; not a fault", "warn"),
         _c("checkpointed", "a CUDA process here is locked or checkpointed (the checkpoint probe, or its "
            "marker from an earlier run): no GPU work is started",
            "none: it runs again once the process is restored", "skip"),
@@ -171,7 +181,6 @@ def requirements(config: Any) -> tuple[str, ...]:
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
 CACHE = "torch-cuda.json"
-LOCK = "torch-cuda.lock"
 SIZE = 1024  # 2 GFLOP: enough blocks to occupy a GPU, ~50 ms for the float64 CPU reference
 # float32 vs float64 at this size differs by ~4e-7 of the largest value; TF32 would
 # give ~1e-3 and a flipped exponent or high mantissa bit far more.
@@ -284,109 +293,10 @@ def result_arrived(stdout: bytes) -> bool:
     return protocol.arrived(stdout, torch_worker.PREFIX)
 
 
-def locked_run(ctx: Context, cache: str, key: dict[str, Any],
-               reuse: Callable[[dict[str, Any] | None], dict[str, Any] | None],
-               run: Callable[[], dict[str, Any]],
-               judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
-    """The deep checks' costly run (model, nccl): one costly check at a time under this probe's
-    lock; readiness reuses what ``reuse`` accepts from ``cache`` (read again once the lock is
-    held, a run we waited for may have written it); a run's result is cached, except one whose
-    worker lingered (its cache entry is removed). Without a state dir it simply runs.
-
-    torch-cuda's own run (``gather``) takes the same lock but does more around it, which the
-    deep checks do not need: it answers a cached pass before waiting, hands every profile a
-    run that finished while it waited (startup included), re-reads the latch once the lock is
-    held, and latches a CUDA-fatal result."""
-    state = ctx.state
-    if not state.enabled:
-        return run()
-    waited_from = time.monotonic()
-    with state.lock(LOCK, ctx.deadline - proc.MARGIN) as held:
-        if not held:
-            return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
-        if ctx.profile == "readiness":
-            hit = reuse(state.read_json(cache))
-            if hit is not None:
-                return hit
-        data = run()
-        if data["lingered"]:
-            state.remove(cache)
-        else:
-            state.write_json(cache, {"key": key, "finished": data["finished"],
-                                     "status": judge(data, ctx).status.value, "data": data})
-        return data
-
-
-def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
-                parse: Callable[[bytes], tuple[dict[str, Any] | None, str | None]],
-                phase: Callable[[bytes], str | None],
-                arrived: Callable[[bytes], bool]) -> tuple[dict[str, Any], proc.Completed]:
-    """A deep check's worker (model, nccl) run under the probe's deadline: what its judge()
-    reads of the run (``locked_run``'s ``run``), and the process, for what else it reads there."""
-    env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **env}
-    deadline = ctx.deadline - proc.MARGIN
-    budget = max(0.0, deadline - time.monotonic())
-    done = proc.run(argv, deadline=deadline, env=env, state=ctx.state, key=name, until=arrived,
-                    linger=proc.LINGER)
-    report, problem = parse(done.stdout)
-    if report is None or report.get("error") or done.timed_out:
-        logger().info("%s worker rc=%s timed_out=%s stderr tail: %s", name, done.returncode, done.timed_out,
-                      untrusted.squeeze(done.stderr[-2000:], 600))
-    return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
-            "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
-            "held_by": done.held_by, "budget": round(budget, 2), "phase": phase(done.stderr),
-            "report": report, "problem": problem, "finished": time.time(), "cache": None}, done
-
-
-def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
-               ttl: float) -> tuple[dict[str, Any], float, float] | None:
-    """(data, finished, age) of a cache entry for the same ``key`` that passed and is younger than
-    ``ttl`` (the clock going backwards makes it stale); None for anything else."""
-    if not entry or entry.get("key") != key or entry.get("status") != Status.PASS.value:
-        return None
-    data, finished = entry.get("data"), entry.get("finished")
-    if not isinstance(data, dict) or not isinstance(finished, (int, float)) or isinstance(finished, bool):
-        return None
-    age = time.time() - float(finished)
-    return (data, float(finished), age) if 0 <= age < ttl else None
-
-
-def deep_cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
-                validate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
-    """A deep check's cached passing run (see fresh_pass), its report validated again."""
-    fresh = fresh_pass(entry, key, ttl)
-    if fresh is None:
-        return None
-    data, finished, age = fresh
-    try:
-        report = validate(data.get("report"))
-    except protocol.Bad:
-        return None
-    if report["error"] is not None:
-        return None
-    return {"kind": "worker", "spawn_error": None, "returncode": 0, "timed_out": False, "lingered": False,
-            "stuck": False, "held_by": None, "budget": 0.0, "phase": None, "report": report, "problem": None,
-            "finished": finished, "cache": {"how": "ttl", "age": round(age, 1)}}
-
-
-def lock_timeout(name: str, data: dict[str, Any], **kw: Any) -> Result:
-    """judge() of a deep check whose locked_run did not get the lock in time."""
-    return failed(name, f"no result within {data['waited']:.1f}s: another costly check (torch-cuda, "
-                  "nccl or model) still holds the lock", reason="deadline", **kw)
-
-
-def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Result | None:
-    """judge() of a deep check whose worker's interpreter cannot be run; None if it could."""
-    if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
-        python = untrusted.clean(ctx.config.torch_python, 80)
-        return failed(name, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "
-                      "image's Python that has torch", reason="interpreter-not-found", **kw)
-    return None
-
-
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
-    env = dict(os.environ)
-    env["CUDA_MODULE_LOADING"] = "LAZY"  # smaller context on a GPU the workload is using
+    space, env = deep.start(ctx, ctx.config.torch_min_free_mib, {})
+    if space is not None and space.none_left:
+        return deep.no_room(space)
     deadline = ctx.deadline - proc.MARGIN
     budget = max(0.0, deadline - time.monotonic())
     done = proc.run(_argv(ctx, expect), deadline=deadline, env=env, state=ctx.state, key=NAME,
@@ -421,6 +331,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
         "excerpt": untrusted.squeeze(shown, 80) if report is None else None,
         "finished": time.time(),
         "cache": None,
+        "room": None if space is None else space.facts(),
     }
 
 
@@ -458,6 +369,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
                            **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None
                               else data[name] for name, (kind, _) in _DATA.items()}}
     out["cache"] = {"how": how, "age": round(max(age, 0.0), 1)}
+    out["room"] = room.read(data.get("room"))
     return out
 
 
@@ -523,6 +435,8 @@ def gather(ctx: Context) -> dict[str, Any]:
                 if hit is not None:
                     return hit
         data = run_worker(ctx, expect)
+        if data["kind"] == room.REASON:  # nothing was started: nothing to cache or share
+            return data
         if data["lingered"]:
             # Its result is not trusted: nothing is cached or shared, and an older pass
             # must not be served after this failure.
@@ -611,7 +525,9 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return failed(NAME, f"no result within {data['waited']:.1f}s: another torch-cuda run still holds "
                       "the lock (one CUDA context at a time); the driver may be stuck", reason="deadline",
                       unit=UNIT)
-    result = _judge_worker(data, ctx)
+    if kind == room.REASON:
+        return deep.not_checked(NAME, data, MIN_FREE, unit=UNIT)
+    result = deep.with_room(_judge_worker(data, ctx), data, MIN_FREE)
     suffix = _suffix(data)
     if suffix:
         result = Result(result.name, result.status, result.message + suffix, result.observed, result.unit,
@@ -720,6 +636,9 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
                       "(NVIDIA Container Toolkit)", reason="cuda-unavailable", **kw)
     notes = []
     expect = data.get("expect")
+    held = room.read(data.get("room"))
+    if expect is not None and held is not None:
+        expect -= len(held["full"])  # those were kept from the worker (CUDA_VISIBLE_DEVICES)
     if cuda and expect is not None and count != expect:
         if report["visible_devices"] is None or count > expect:
             return failed(NAME, f"torch sees {count} GPU(s) but NVML sees {expect}: a GPU is not usable by "
