@@ -119,18 +119,26 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
             hit = reuse(state.read_json(cache))
             if hit is not None:
                 return hit
-        data = run()
-        if data["kind"] == room.REASON:
-            return data
-        if data["lingered"]:
-            state.remove(cache)
-            return data
-        result = judge(data, ctx)
-        if result.facts.get("fatal"):
-            state.set_latch(result.name, result.message)
-        state.write_json(cache, {"key": key, "finished": data["finished"], "status": result.status.value,
-                                 "data": data})
+        return record(ctx, cache, key, run(), judge)
+
+
+def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
+           judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
+    """After a costly run, under the lock: a sticky CUDA error latches the container and the run is
+    cached for later runs to reuse or share; a run whose worker lingered is not trusted (nothing is
+    cached or shared, and an older pass must not be served after it), and one that started nothing
+    (no GPU had room) has nothing to cache."""
+    if data["kind"] == room.REASON:
         return data
+    if data["lingered"]:
+        ctx.state.remove(cache)
+        return data
+    result = judge(data, ctx)
+    if result.facts.get("fatal"):
+        ctx.state.set_latch(result.name, result.message)
+    ctx.state.write_json(cache, {"key": key, "finished": data["finished"], "status": result.status.value,
+                                 "data": data})
+    return data
 
 
 def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],

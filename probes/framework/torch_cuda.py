@@ -434,20 +434,7 @@ def gather(ctx: Context) -> dict[str, Any]:
                 hit = _cached_pass(entry, key, ctx.config.torch_ttl)
                 if hit is not None:
                     return hit
-        data = run_worker(ctx, expect)
-        if data["kind"] == room.REASON:  # nothing was started: nothing to cache or share
-            return data
-        if data["lingered"]:
-            # Its result is not trusted: nothing is cached or shared, and an older pass
-            # must not be served after this failure.
-            state.remove(CACHE)
-            return data
-        result = judge(data, ctx)
-        if result.facts.get("fatal"):
-            state.set_latch(NAME, result.message)
-        state.write_json(CACHE, {"key": key, "finished": data["finished"], "status": result.status.value,
-                                 "data": data})
-        return data
+        return deep.record(ctx, CACHE, key, run_worker(ctx, expect), judge)
 
 
 def on_deadline(ctx: Context) -> Result:

@@ -35,6 +35,13 @@ def fields(path: Path) -> dict[str, str]:
     return out
 
 
+def sample_env(sample: Path, tmp_path: Path) -> dict[str, str]:
+    """The front door's environment: the sample worker as the torch interpreter, no NVML."""
+    return clean_env(HEALTHCHECK_TORCH_PYTHON=str(WRAPPER), CORPUS_SAMPLE=str(sample), CORPUS_TORCH_PYTHON=PYTHON,
+                     HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_PYTHON=PYTHON,
+                     ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false", LD_LIBRARY_PATH="")
+
+
 def expected(path: Path) -> tuple[str, bool]:
     want = dict(part.split("=", 1) for part in fields(path)["expect"].split())
     return want["reason"], want["latch"] == "yes"
@@ -65,9 +72,7 @@ def test_the_corpus_covers_every_class_and_form() -> None:
 @pytest.mark.parametrize("sample", SAMPLES, ids=[p.stem for p in SAMPLES])
 def test_a_real_error_gets_its_verdict_through_the_front_door(sample: Path, tmp_path: Path) -> None:
     reason, latch = expected(sample)
-    env = clean_env(HEALTHCHECK_TORCH_PYTHON=str(WRAPPER), CORPUS_SAMPLE=str(sample), CORPUS_TORCH_PYTHON=PYTHON,
-                    HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_PYTHON=PYTHON,
-                    ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false", LD_LIBRARY_PATH="")
+    env = sample_env(sample, tmp_path)
     ran = run_cli("--only", "torch-cuda", "--json", env=env, front_door=True)
     check = json.loads(ran.stdout)["checks"]["torch-cuda:devices"][0]
     assert check.get("reason") == reason, f"{sample.name}: {check.get('output')}"
@@ -76,3 +81,15 @@ def test_a_real_error_gets_its_verdict_through_the_front_door(sample: Path, tmp_
     live = run_cli("--profile", "liveness", "--only", "torch-cuda", "--json", env=env, front_door=True)
     live_check = json.loads(live.stdout)["checks"]["torch-cuda:devices"][0]
     assert (live.returncode, live_check.get("reason")) == ((1, "latched") if latch else (0, None)), live.stdout
+
+
+def test_the_error_code_decides_through_the_front_door(tmp_path: Path) -> None:
+    """torch.AcceleratorError's error_code reaches the suite from the real worker: a code that says
+    device-side assert (710) latches even though the text says invalid argument."""
+    sample = tmp_path / "code-wins.txt"
+    sample.write_text("# code: 710\ntorch.AcceleratorError: CUDA error: invalid argument\n")
+    env = sample_env(sample, tmp_path)
+    ran = run_cli("--only", "torch-cuda", "--json", env=env, front_door=True)
+    check = json.loads(ran.stdout)["checks"]["torch-cuda:devices"][0]
+    assert (ran.returncode, check.get("reason")) == (1, "cuda-fatal"), check
+    assert "cudaErrorAssert 710" in check["output"]

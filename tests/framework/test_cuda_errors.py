@@ -147,3 +147,24 @@ def test_every_reason_in_the_table_is_in_the_cause_tables() -> None:
 
 def test_the_workers_benign_list_is_the_tables_could_not_check() -> None:
     assert cuda_errors.could_not_check() == (torch_worker.BENIGN_CODES, torch_worker.BENIGN)
+
+
+def test_the_worker_keeps_the_code_and_the_lines() -> None:
+    torch = pytest.importorskip("torch")
+    exc = torch.AcceleratorError("CUDA error: invalid argument\n" + TAIL + "frame #0: x\n" * 500)
+    exc.error_code = 710
+    err = torch_worker.error("device", exc, 0)
+    assert err["code"] == 710 and err["message"].startswith("CUDA error: invalid argument\nCUDA kernel errors")
+    assert len(err["message"]) == torch_worker.MAX_TEXT
+    assert not torch_worker.benign(err)
+    err = torch_worker.error("device", torch.AcceleratorError("CUDA error: out of memory"), 0)
+    assert err["code"] is None and torch_worker.benign(err)
+
+
+def test_a_cuda_error_line_after_a_long_first_line_is_still_found() -> None:
+    # The worker used to squash the message onto one line and cut it at 400 characters.
+    noise = "UserWarning: " + "an earlier warning the library printed into the exception text " * 8
+    err = torch_worker.error("device", RuntimeError(
+        f"{noise}\nRuntimeError: CUDA error: an illegal memory access was encountered\n{TAIL}"), 0)
+    found = cuda_errors.identify(err.get("code"), err["message"])
+    assert found is not None and found.error.code == 700
