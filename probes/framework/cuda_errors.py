@@ -4,8 +4,9 @@ check", which are the environment at start, and which are plain failures.
 Source: NVIDIA, CUDA Runtime API reference, "Data types used by CUDA Runtime"
 (``group__CUDART__TYPES``), ``enum cudaError``, the current edition (its newest entries are
 ``cudaErrorTensorMemoryLeak``, 721, and ``cudaErrorStreamDetached``, 917), read 2026-11-24.
-The numbers, names and categories come from there: an error whose description says it "leaves the process in an inconsistent state and any further CUDA work will return the same
-error. To continue using CUDA, the process must be terminated and relaunched" (or, for 710,
+The numbers, names and categories come from there: an error whose description says it "leaves
+the process in an inconsistent state and any further CUDA work will return the same error. To
+continue using CUDA, the process must be terminated and relaunched" (or, for 710,
 "the device cannot be used again") is *sticky*. 214 (uncorrectable ECC) and 220 (uncorrectable
 NVLink) are sticky too: the hardware itself reported the fault and the GPU needs a reset. The
 short texts are what ``cudaGetErrorString`` returns (CUDA 12 and 13 runtimes), the text torch
