@@ -71,7 +71,7 @@ docs: install ## regenerate the README's probe, environment, cause and Xid table
 lint: ## ruff, mypy, shellcheck, hadolint
 	$(BIN)/ruff check probes tests bench k8s
 	$(BIN)/mypy
-	$(BIN)/shellcheck healthcheck tests/*.sh tests/e2e/*.sh tests/gpu/*.sh docker/*.sh .ci/run
+	$(BIN)/shellcheck healthcheck tests/*.sh tests/e2e/*.sh tests/gpu/*.sh tests/corpus/*.sh docker/*.sh .ci/run
 	$(BIN)/hadolint --config .hadolint.yaml Dockerfile
 
 clean: ## remove build outputs

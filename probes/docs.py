@@ -1,4 +1,4 @@
-"""The README's generated tables, from the probes' declarations and the Xid catalog
+"""The README's generated tables, from the probes' declarations, the Xid catalog and the CUDA errors
 (``python -m probes.docs [--check]``).
 
 ``make docs`` rewrites the sections between ``<!-- BEGIN GENERATED: NAME -->`` and
@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from probes import config, dropins, registry, runner
+from probes.framework import cuda_errors
 from probes.hardware import xids
 from probes.registry import Cause, Setting
 
@@ -118,8 +119,16 @@ def xid_policy() -> str:
     return _table(("Xid", "mnemonic", "immediate action", "`healthcheck serve`", "meaning"), rows)
 
 
+def cuda_error_table() -> str:
+    """The CUDA errors the table judges apart from a plain failure (probes/framework/cuda_errors.py)."""
+    rows = [(str(e.code) if e.code is not None else "", f"`{e.name}`", e.text, e.category, f"`{e.reason}`",
+             e.remedy) for e in (*cuda_errors.TABLE, *cuda_errors.LIBRARY)
+            if e.category != cuda_errors.OTHER or e.remedy != cuda_errors.PROGRAM]
+    return _table(("code", "name", "text (`cudaGetErrorString`)", "class", "reason", "remedy"), rows)
+
+
 SECTIONS = {"probes": probes, "environment": environment, "causes": causes, "xid-actions": xid_actions,
-            "xids": xid_policy}
+            "xids": xid_policy, "cuda-errors": cuda_error_table}
 
 
 def render(text: str) -> str:

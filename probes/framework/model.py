@@ -31,9 +31,9 @@ import os
 from probes import untrusted
 from probes._lazy import module, regex
 from probes.context import Context
-from probes.framework import checkpoint, protocol
+from probes.framework import checkpoint, deep, protocol
+from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.framework.protocol import INT, MEASURE, NUM, STR
-from probes.framework.torch_cuda import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.registry import INTEGER, NUMBER, TEXT, Setting, Spec
 from probes.registry import cause as _c
 from probes.result import Result, Status, failed, passed, warned
@@ -44,10 +44,11 @@ if TYPE_CHECKING:
     from typing import Any
 
     from probes import proc
-    from probes.framework import model_worker  # the worker's protocol: PREFIX, PHASE, SCHEMA
+    from probes.framework import model_worker, room  # model_worker: the protocol (PREFIX, PHASE, SCHEMA)
 else:
     proc = module("probes.proc")  # imported when the probe runs (probes/_lazy.py)
     model_worker = module("probes.framework.model_worker")
+    room = module("probes.framework.room")
 
 NAME = "model"
 MEASUREMENT = "load"
@@ -100,6 +101,15 @@ SPEC = Spec(
            "the limit"),
         _c("oom", "out of memory while loading or running the model", "none: the workload uses the memory; "
            "not a fault", "warn"),
+        _c("workload-memory", "NVML says no GPU has the free memory the load needs "
+           "(`HEALTHCHECK_TORCH_MIN_FREE_MIB` plus the model's size): nothing started", "none: the workload "
+           "holds the memory; not a fault", "warn"),
+        _c("device-busy", "the GPU is busy with the workload (exclusive mode, MPS full)", "none: not a fault",
+           "warn"),
+        _c("cuda-fatal", "a sticky CUDA error while loading or running the model (see torch-cuda); latches",
+           "restart the container; the error's own remedy is in the message"),
+        _c("cuda-error", "another CUDA error while loading or running the model",
+           "the error's own remedy, in the message"),
         _c("output-mismatch", "the forward pass differs from `HEALTHCHECK_MODEL_EXPECT` beyond the "
            "tolerance (or in shape)", "check the GPU (torch-cuda, `dcgmi diag`) and the model and "
            "expected files"),
@@ -127,7 +137,8 @@ _REPORT = {"v": (INT, False), "device": (STR, False), "torch": (STR, True), "for
            "budget_source": (STR, True), "load_ms": (NUM, True), "params": (INT, True),
            "param_bytes": (INT, True), "peak_gpu": (INT, True), "forward_ms": (NUM, True),
            "max_err": (MEASURE, True), "scale": (MEASURE, True)}
-_ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False)}
+_ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False), "code": (INT, True)}
+CUDA_KINDS = ("load", "forward", "worker", "oom")  # the failures a CUDA error can be behind
 KINDS = {"missing": "model-missing", "unreadable": "model-unreadable", "unsupported": "unsupported-format",
          "unsafe": "unsafe-pickle", "corrupt": "model-corrupt", "too-big": "would-not-fit", "oom": "oom",
          "shape-mismatch": "output-mismatch", "expect-missing": "expect-unreadable",
@@ -185,10 +196,18 @@ def _argv(ctx: Context) -> list[str]:
     return argv
 
 
+def need_mib(ctx: Context) -> int:
+    """Free GPU memory the load needs: HEALTHCHECK_TORCH_MIN_FREE_MIB, plus the model file's size
+    (about its tensors' bytes); 0 when the setting turns the check off."""
+    floor = ctx.config.torch_min_free_mib
+    found = _file_id(ctx.config.model_path)
+    return floor + (-(-found[2] // 2**20) if found else 0) if floor else 0
+
+
 def run_worker(ctx: Context) -> dict[str, Any]:
     device = ctx.config.torch_device
     return deep_worker(ctx, NAME, _argv(ctx), {}, lambda out: parse_output(out, device), last_phase,
-                       result_arrived)[0]
+                       result_arrived, need_mib(ctx))[0]
 
 
 def _file_id(path: str | None) -> list[int] | None:
@@ -248,7 +267,21 @@ def _size(n: int | None) -> str:
     return f"{n} B"
 
 
+ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus the model's size"
+
+
 def judge(data: dict[str, Any], ctx: Context) -> Result:
+    if data.get("kind") != room.REASON:
+        return deep.with_room(_judge(data, ctx), data, ROOM)
+    facts = data["room"]
+    if all(g["total_mib"] is not None and g["total_mib"] < facts["need_mib"] for g in facts["full"]):
+        return failed(NAME, f"{untrusted.clean(ctx.config.model_path or '', 120)} would not fit: it needs "
+                      f"{facts['need_mib']} MiB ({ROOM}) and no GPU has that much memory even when idle; not "
+                      "loaded: use a larger GPU", reason="would-not-fit", facts={"room": facts})
+    return deep.not_checked(NAME, data, ROOM, unit=UNIT)
+
+
+def _judge(data: dict[str, Any], ctx: Context) -> Result:
     kind = data.get("kind")
     path = untrusted.clean(ctx.config.model_path or "", 120)
     if kind == "checkpointed":
@@ -309,6 +342,11 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
 
 def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dict[str, Any]) -> Result:
+    if err["kind"] in CUDA_KINDS:
+        where = f"{report['device']}, loading {path}"
+        cuda = deep.cuda_failure(NAME, err["code"], err["message"], where, **kw)
+        if cuda is not None:
+            return cuda
     reason = KINDS[err["kind"]]
     what = err["message"]
     if reason == "model-missing":

@@ -40,7 +40,7 @@ import time
 
 PREFIX = "HEALTHCHECK-MODEL-RESULT "
 PHASE = "HEALTHCHECK-MODEL-PHASE "
-SCHEMA = 1
+SCHEMA = 2
 SEED = 20240601
 MAX_TEXT = 400
 MAX_HEADER = 100 * 2**20  # safetensors' own limit for its JSON header
@@ -53,11 +53,19 @@ INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "
 
 
 class Failure(Exception):
-    """A failure the worker names itself (``kind``), with a short message."""
+    """A failure the worker names itself (``kind``), with a short message, and the CUDA error's
+    number (``torch.AcceleratorError.error_code``) when one was behind it."""
 
-    def __init__(self, kind, message):
+    def __init__(self, kind, message, code=None):
         Exception.__init__(self, message)
         self.kind = kind
+        self.code = code
+
+
+def error_code(exc):
+    """``torch.AcceleratorError.error_code`` (a cudaError_t, torch 2.8 and later), or None."""
+    code = getattr(exc, "error_code", None)
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
 def measure(value):
@@ -310,11 +318,11 @@ def load_error(exc):
     if type(exc).__name__ == "UnpicklingError" and "weights only" in low:
         return Failure("unsafe", message)
     if "out of memory" in low:
-        return Failure("oom", message)
+        return Failure("oom", message, error_code(exc))
     if any(w in low for w in ("zip archive", "central directory", "unexpected eof", "truncated",
                               "ran out of input", "pickle data was truncated", "invalid load key")):
         return Failure("corrupt", message)
-    return Failure("load", message)
+    return Failure("load", message, error_code(exc))
 
 
 def forward(torch, model, args, device, report):
@@ -346,7 +354,7 @@ def forward(torch, model, args, device, report):
             torch.cuda.synchronize(device)
     except Exception as exc:
         failure = load_error(exc)
-        raise Failure("oom" if failure.kind == "oom" else "forward", text(exc)) from None
+        raise Failure("oom" if failure.kind == "oom" else "forward", text(exc), error_code(exc)) from None
     report["forward_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
     if isinstance(out, (list, tuple)) and out:
         out = out[0]
@@ -428,13 +436,14 @@ def main(argv=None):
     try:
         work(args, report)
     except Failure as exc:
-        report["error"] = {"kind": exc.kind, "type": "Failure", "message": text(exc)}
+        report["error"] = {"kind": exc.kind, "type": "Failure", "message": text(exc), "code": exc.code}
     except Exception as exc:
         import traceback
 
         traceback.print_exc()
         kind = "oom" if "out of memory" in str(exc).lower() else "worker"
-        report["error"] = {"kind": kind, "type": type(exc).__name__, "message": text(exc)}
+        report["error"] = {"kind": kind, "type": type(exc).__name__, "message": text(exc),
+                           "code": error_code(exc)}
     import json  # here, not at the top: the suite imports this file's constants
     line = PREFIX + json.dumps(report, sort_keys=True) + "\n"
     os.write(result_fd, line.encode("utf-8"))

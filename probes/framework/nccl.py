@@ -8,8 +8,13 @@ under the probe's deadline: PyTorch's own NCCL watchdog waits 30 minutes, so onl
 child is safe. The worker places one tensor per visible GPU, runs a single-process
 ``torch.cuda.nccl.all_reduce`` and checks every sum exactly; it reports the NCCL version,
 the GPU count and the time. NCCL's warnings (stderr) become the diagnosis: ``/dev/shm`` too
-small, P2P not supported or hanging (confirm with ``NCCL_P2P_DISABLE=1``, then fix the
-host's IOMMU/ACS settings), NCCL missing from this torch build.
+small only when NCCL could not extend a segment there (``posix_fallocate``, "No space left on
+device"); a segment NCCL could not open or attach ("No such file or directory") is NCCL's own
+failure (``nccl-shm``); P2P not supported or hanging (confirm with ``NCCL_P2P_DISABLE=1``, then
+fix the host's IOMMU/ACS settings); NCCL missing from this torch build. A CUDA error behind the
+collective (the exception, or NCCL's "Cuda failure 'text'") is judged by the CUDA error table
+(probes/framework/cuda_errors.py): a sticky one latches, out of memory or a busy GPU warns.
+Like torch-cuda it starts nothing on a GPU without room (probes/framework/room.py).
 
 Command-line equivalent::
 
@@ -26,9 +31,9 @@ import os
 from probes import untrusted
 from probes._lazy import module, regex
 from probes.context import Context
-from probes.framework import checkpoint, protocol
+from probes.framework import checkpoint, deep, protocol
+from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.framework.protocol import INT, NUM, STR
-from probes.framework.torch_cuda import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.registry import INTEGER, NUMBER, Setting, Spec
 from probes.registry import cause as _c
 from probes.result import Result, failed, passed, skipped
@@ -39,12 +44,13 @@ if TYPE_CHECKING:
     from typing import Any, NamedTuple
 
     from probes import proc
-    from probes.framework import nccl_worker  # the worker's protocol: PREFIX, PHASE, SCHEMA
+    from probes.framework import nccl_worker, room  # nccl_worker: the protocol (PREFIX, PHASE, SCHEMA)
 else:
     from probes._typing import NamedTuple
 
     proc = module("probes.proc")  # imported when the probe runs (probes/_lazy.py)
     nccl_worker = module("probes.framework.nccl_worker")
+    room = module("probes.framework.room")
 
 NAME = "nccl"
 MEASUREMENT = "allreduce"
@@ -54,8 +60,15 @@ CACHE = "nccl.json"
 SHM = "/dev/shm"  # noqa: S108 (only its size is read)
 _PHASES = regex(r"start|import|nccl|init|place|allreduce|verify")
 MAX_WARNINGS = 5
-# Lower-case substrings of NCCL's WARN lines (misc/shmutils.cc, transport/p2p.cc).
-SHM_WORDS = ("/dev/shm", "shared memory", "posix_fallocate", "nccl-shm")  # noqa: S108
+# Lower-case substrings of NCCL's WARN lines (misc/shmutils.cc, include/shm.h, transport/p2p.cc). Only a
+# segment NCCL could not extend ("Call to posix_fallocate failed : No space left on device", "Error: failed
+# to extend /dev/shm/nccl-X to N bytes") blames the size; one it could not open or attach ("Error while
+# attaching to shared memory segment ... No such file or directory") is NCCL's own failure.
+SHM_SIZE_WORDS = ("no space left on device", "posix_fallocate", "failed to extend")
+SHM_WORDS = ("/dev/shm", "shared memory", "nccl-shm")  # noqa: S108
+SHM_OWN_REMEDY = ("NCCL lost a shared memory segment another of its threads had made (a known regression of "
+                  "some NCCL releases, or something else clearing /dev/shm): try another NCCL (torch) "
+                  "release, keep /dev/shm private to the container, and confirm with NCCL_SHM_DISABLE=1")
 P2P_WORDS = ("peer access", "p2p", "cudaipc", "ipc handle", "peer-to-peer")
 P2P_REMEDY = ("confirm with NCCL_P2P_DISABLE=1 (if that passes, P2P is the problem), then fix the host's "
               "IOMMU/ACS settings (ACS off on the PCIe switches, iommu=pt) or keep P2P disabled")
@@ -76,7 +89,10 @@ SPEC = Spec(
     ),
     causes=(
         _c("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` (checked first), or NCCL "
-           "warns it could not create or extend a shared memory segment", SHM_REMEDY),
+           "warns it could not extend a shared memory segment (no space left on device)", SHM_REMEDY),
+        _c("nccl-shm", "NCCL could not open or attach its own shared memory segment (\"No such file or "
+           "directory\"): not the size of `/dev/shm`", SHM_OWN_REMEDY.replace("NCCL_SHM_DISABLE=1",
+                                                                               "`NCCL_SHM_DISABLE=1`")),
         _c("p2p", "NCCL warns that peer-to-peer access is not supported or failed",
            P2P_REMEDY.replace("NCCL_P2P_DISABLE=1", "`NCCL_P2P_DISABLE=1`")),
         _c("nccl-hang", "the collective did not finish by the deadline (P2P hanging with IOMMU/ACS on is the "
@@ -89,6 +105,17 @@ SPEC = Spec(
            "message)",
            "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand"),
         _c("cuda-unavailable", "torch sees no GPU", "see the `torch-cuda` probe"),
+        _c("cuda-fatal", "a sticky CUDA error behind the collective (see torch-cuda); latches",
+           "restart the container; the error's own remedy is in the message"),
+        _c("cuda-error", "another CUDA error behind the collective",
+           "the error's own remedy, in the message"),
+        _c("oom", "out of memory for NCCL's buffers or the tensors", "none: the workload uses the memory; "
+           "not a fault", "warn"),
+        _c("device-busy", "a GPU is busy with the workload (exclusive mode, MPS full)", "none: not a fault",
+           "warn"),
+        _c("workload-memory", "NVML says no GPU has the free memory the all-reduce needs "
+           "(`HEALTHCHECK_TORCH_MIN_FREE_MIB` plus 256 MiB for NCCL's buffers): nothing started; with some "
+           "room, the GPUs with room are used", "none: the workload holds the memory; not a fault", "warn"),
         _c("device-cpu", "`HEALTHCHECK_TORCH_DEVICE=cpu`: NCCL is not judged", "none", "skip"),
         _c("checkpointed", "a process here is CUDA-checkpointed: no GPU work is started", "wait for the "
            "restore", "skip"),
@@ -103,7 +130,7 @@ SPEC = Spec(
 
 _REPORT = {"v": (INT, False), "backend": (STR, False), "torch": (STR, True), "nccl": (STR, True),
            "count": (INT, True), "ms": (NUM, True), "bad": (INT, True), "max_err": (NUM, True)}
-_ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False)}
+_ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False), "code": (INT, True)}
 KINDS = ("no-nccl", "cuda-unavailable", "import", "collective", "worker")
 
 
@@ -169,9 +196,10 @@ def result_arrived(stdout: bytes) -> bool:
 # ---------------------------------------------------------------------------
 
 def run_worker(ctx: Context) -> dict[str, Any]:
+    floor = ctx.config.torch_min_free_mib
     data, done = deep_worker(ctx, NAME, [ctx.config.torch_python, WORKER], {"NCCL_DEBUG": "WARN"},
-                             parse_output, last_phase, result_arrived)
-    return {**data, "warnings": warnings(done.stderr)}
+                             parse_output, last_phase, result_arrived, floor + room.NCCL_MIB if floor else 0)
+    return {**data, "warnings": warnings(done.stderr) if done is not None else []}
 
 
 def _key(ctx: Context) -> dict[str, Any]:
@@ -226,7 +254,26 @@ def _has(lines: list[str], words: tuple[str, ...]) -> str | None:
     return None
 
 
+ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus NCCL's buffers"
+
+
 def judge(data: dict[str, Any], ctx: Context) -> Result:
+    if data.get("kind") == room.REASON:
+        return deep.not_checked(NAME, data, ROOM, unit=UNIT)
+    return deep.with_room(_judge(data, ctx), data, ROOM)
+
+
+def _cuda(report: dict[str, Any] | None, lines: list[str], kw: dict[str, Any]) -> Result | None:
+    """The CUDA error behind a failed collective: the worker's exception, or NCCL's "Cuda failure"."""
+    err = report["error"] if report is not None else None
+    if err is None and not lines:
+        return None
+    message = "\n".join(([err["message"]] if err is not None else []) + lines)
+    return deep.cuda_failure(NAME, err["code"] if err is not None else None, message, "the GPUs",
+                             unit=UNIT, facts=dict(kw["facts"]))
+
+
+def _judge(data: dict[str, Any], ctx: Context) -> Result:
     kind = data.get("kind")
     if kind == "checkpointed":
         return skipped(NAME, f"not started: {data['why']}", reason="checkpointed")
@@ -247,10 +294,17 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     unrunnable = cannot_run(NAME, data, ctx, **kw)
     if unrunnable is not None:
         return unrunnable
-    shm_line = _has(warned_lines, SHM_WORDS)
+    shm_line = _has(warned_lines, SHM_SIZE_WORDS)
     if shm_line is not None:
         return failed(NAME, f"NCCL cannot use shared memory (/dev/shm is {_mib(data.get('shm'))}; NCCL WARN "
                       f"{shm_line}): {SHM_REMEDY}", reason="shm-too-small", **kw)
+    cuda = _cuda(report if not data.get("lingered") else None, warned_lines, kw)
+    if cuda is not None and cuda.reason != "cuda-error":
+        return cuda
+    shm_line = _has(warned_lines, SHM_WORDS)
+    if shm_line is not None:
+        return failed(NAME, f"NCCL's own shared memory failed (NCCL WARN {shm_line}): {SHM_OWN_REMEDY}",
+                      reason="nccl-shm", **kw)
     p2p_line = _has(warned_lines, P2P_WORDS)
     if p2p_line is not None:
         return failed(NAME, f"NCCL peer-to-peer failed (NCCL WARN {p2p_line}): {P2P_REMEDY}", reason="p2p",
@@ -284,6 +338,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         if err["kind"] == "import":
             return failed(NAME, "torch cannot be imported: see the torch-cuda probe",
                           reason="interpreter-not-found", **kw)
+        if cuda is not None:
+            return cuda
         return failed(NAME, f"the NCCL all-reduce failed ({err['type']}: {err['message'][:160]})",
                       reason="nccl-error", **kw)
     count = report["count"]

@@ -26,7 +26,7 @@ import time
 
 PREFIX = "HEALTHCHECK-NCCL-RESULT "
 PHASE = "HEALTHCHECK-NCCL-PHASE "
-SCHEMA = 1
+SCHEMA = 2
 LENGTH = 1 << 16  # elements per tensor (256 KiB of float32): several NCCL chunks, trivial for a GPU
 MAX_TEXT = 400
 
@@ -64,9 +64,15 @@ def verify(torch, tensors, world):
     return bad, worst
 
 
+def error_code(exc):
+    """``torch.AcceleratorError.error_code`` (a cudaError_t, torch 2.8 and later), or None."""
+    code = getattr(exc, "error_code", None)
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
 def error(kind, exc):
     message = str(exc).strip().replace("\n", " ")[:MAX_TEXT]
-    return {"kind": kind, "type": type(exc).__name__, "message": message}
+    return {"kind": kind, "type": type(exc).__name__, "message": message, "code": error_code(exc)}
 
 
 def parse_args(argv):
@@ -110,12 +116,13 @@ def run_nccl(torch, report):
         built = False
     report["nccl"] = nccl_version(torch)
     if not built or report["nccl"] is None:
-        report["error"] = {"kind": "no-nccl", "type": "NotBuilt", "message": "this torch build has no NCCL"}
+        report["error"] = {"kind": "no-nccl", "type": "NotBuilt", "message": "this torch build has no NCCL",
+                           "code": None}
         return
     phase("init")
     if not torch.cuda.is_available():
         report["error"] = {"kind": "cuda-unavailable", "type": "NoCuda",
-                           "message": "torch.cuda.is_available() is False"}
+                           "message": "torch.cuda.is_available() is False", "code": None}
         return
     count = int(torch.cuda.device_count())
     report["count"] = count

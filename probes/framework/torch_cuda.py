@@ -14,13 +14,18 @@ Command-line equivalent::
     CUDA_MODULE_LOADING=LAZY python3 probes/framework/torch_worker.py --device cuda
 
 Hard cases, decided here:
-- A fatal CUDA error (illegal address, launch failure, uncorrectable ECC, unknown
-  error, misaligned address, ...) latches the container unhealthy until it restarts;
-  latched runs answer at once without touching the GPU. The liveness profile only
-  reads the latch: no worker, no torch.
+- A CUDA error is identified by its number (``torch.AcceleratorError.error_code``) or its
+  text, never by PyTorch's added lines, in one table (``cuda_errors.py``, from NVIDIA's CUDA
+  runtime documentation). A sticky one (illegal address, launch failure or timeout,
+  device-side assert, uncorrectable ECC or NVLink, ...) latches the container unhealthy
+  until it restarts; latched runs answer at once without touching the GPU. The liveness
+  profile only reads the latch: no worker, no torch. Any other CUDA error fails with its
+  own reason and remedy (fabric manager, driver/libcuda mismatch, forward compatibility,
+  no kernel image for this GPU, ...) and never latches.
 - A device held by the workload in EXCLUSIVE_PROCESS mode ("busy or unavailable") and
-  an out-of-memory error for the probe's own context are the workload using its GPU,
-  not a fault: they warn (reasons ``device-busy`` and ``oom``) and never latch.
+  an out-of-memory error for the probe's own context (cuBLAS's and cuDNN's included) are
+  the workload using its GPU, not a fault: they warn (reasons ``device-busy`` and ``oom``)
+  and never latch.
 - One costly check at a time: concurrent runs share one worker through a lock in the
   state dir. A run that waited reuses a result that finished after it started,
   whatever its status; ``readiness`` also reuses a passing result younger than
@@ -46,28 +51,31 @@ import time
 from probes import untrusted
 from probes._lazy import module, regex
 from probes.context import Context, logger
-from probes.framework import protocol
+from probes.framework import deep, protocol
+from probes.framework.deep import LOCK, fresh_pass
 from probes.framework.protocol import BOOL, INT, MEASURE, NUM, STR
-from probes.registry import ALL_PROFILES, CHOICE, NUMBER, Setting, Spec
+from probes.registry import ALL_PROFILES, CHOICE, INTEGER, NUMBER, Setting, Spec
 from probes.registry import TEXT as TEXT_KIND
 from probes.registry import cause as _c
-from probes.result import SEVERITY, Result, Status, failed, passed, skipped, warned
+from probes.result import SEVERITY, Result, failed, passed, skipped, warned
 from probes.state import pid1_identity
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
     from typing import Any
 
     from probes import proc
-    from probes.framework import torch_worker  # the worker's protocol: PREFIX, PHASE, SCHEMA
+    from probes.framework import cuda_errors, room, torch_worker  # torch_worker: PREFIX, PHASE, SCHEMA
 else:  # imported when the probe runs, not when its declaration is read (probes/_lazy.py)
     proc = module("probes.proc")
     torch_worker = module("probes.framework.torch_worker")
+    cuda_errors = module("probes.framework.cuda_errors")
+    room = module("probes.framework.room")
 
 NAME = "torch-cuda"
 MEASUREMENT = "devices"
 UNIT = "devices"
+MIN_FREE = "HEALTHCHECK_TORCH_MIN_FREE_MIB"
 
 
 SPEC = Spec(
@@ -82,6 +90,10 @@ SPEC = Spec(
         Setting("HEALTHCHECK_TORCH_TTL", "torch_ttl", NUMBER, 300.0,
                 "seconds a passing torch-cuda result is reused by readiness", low=0, high=86400,
                 low_inclusive=True),
+        Setting(MIN_FREE, "torch_min_free_mib", INTEGER, 1024,
+                "free memory (MiB, from NVML) a GPU needs before torch-cuda, model or nccl start CUDA work "
+                "on it; below it the GPU is not checked (a warning); `0` turns the check off",
+                low=0, high=2**20, low_inclusive=True),
     ),
     causes=(
         _c("interpreter-not-found", "`HEALTHCHECK_TORCH_PYTHON` interpreter not found",
@@ -108,14 +120,29 @@ SPEC = Spec(
            "message names the holding PID", "none: the workload owns the GPU; not a fault", "warn"),
         _c("mps-busy", "GPU shared through MPS: the probe cannot open its own context; the message names the "
            "MPS clients", "none: not a fault", "warn"),
-        _c("oom", "out of memory for the probe's own context", "none: the workload uses the memory; not a "
-                                                               "fault",
-           "warn"),
+        _c("oom", "out of memory for the probe's own context (CUDA's, or cuBLAS's or cuDNN's "
+           "`*_ALLOC_FAILED`)", "none: the workload uses the memory; not a fault", "warn"),
         _c("wrong-result", "GPU result differs from the CPU reference",
            "silent data corruption: drain the node, run `dcgmi diag`"),
-        _c("cuda-fatal", "fatal CUDA error (illegal address, launch failure, uncorrectable ECC, unknown "
-                         "error, "
-           "misaligned address, ...); latches", "restart the container; check dmesg for Xid errors"),
+        _c("cuda-fatal", "sticky CUDA error, one NVIDIA's runtime documentation says leaves the process "
+           "unusable (illegal address, launch failure or timeout, device-side assert, misaligned address, "
+           "...), or an uncorrectable ECC or NVLink error; latches (see \"CUDA errors\")",
+           "restart the container; check dmesg for Xid errors (each error's own remedy is in the message)"),
+        _c("cuda-error", "another CUDA error (no kernel image for this GPU, invalid device ordinal, invalid "
+           "configuration, a cuBLAS/cuDNN status, ...): fails, never latches",
+           "the error's own remedy, in the message (see \"CUDA errors\")"),
+        _c("fabric-manager", "CUDA error 802 at start (system not yet initialized): NVIDIA Fabric Manager is "
+           "not running on an NVSwitch system", "start `nvidia-fabricmanager` on the host (the driver's "
+           "version) and wait for the fabric state Completed"),
+        _c("driver-mismatch", "CUDA error 803 at start: libcuda does not match the loaded kernel module",
+           "reboot the node (or reload the nvidia module); never ship libcuda in the image"),
+        _c("forward-compat", "CUDA error 804 at start: the forward-compatibility package (`cuda-compat`) on "
+           "a GPU that does not support it", "remove `cuda-compat` from the image's library path, or upgrade "
+           "the host driver"),
+        _c("cuda-unknown", "CUDA's unknown error (999)", "check `nvidia-smi` and dmesg for Xid errors; in a "
+           "container after a host `systemctl daemon-reload`, recreate the container"),
+        _c("cuda-init", "CUDA cannot start for another reason (initialization error, a stub libcuda, no vGPU "
+           "license, MPS daemon unreachable, ...)", "the error's own remedy, in the message"),
         _c("latched", "latch in force from an earlier fatal error (or a critical Xid seen by `healthcheck "
                       "serve`): "
            "no worker started, the hardware probes are skipped too", "restart the container (a new PID 1 "
@@ -135,6 +162,10 @@ SPEC = Spec(
         _c("bad-output", "worker output unreadable (no or several result lines, not strict JSON, a number no "
            "float can hold such as 1e999, a field of the wrong type)",
            "the interpreter is not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`"),
+        _c("workload-memory", "NVML says a GPU has less free memory than the probe needs "
+           "(`HEALTHCHECK_TORCH_MIN_FREE_MIB`): not checked, nothing started there; the other GPUs are "
+           "checked",
+           "none: the workload holds the memory; not a fault", "warn"),
         _c("checkpointed", "a CUDA process here is locked or checkpointed (the checkpoint probe, or its "
            "marker from an earlier run): no GPU work is started",
            "none: it runs again once the process is restored", "skip"),
@@ -150,7 +181,6 @@ def requirements(config: Any) -> tuple[str, ...]:
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
 CACHE = "torch-cuda.json"
-LOCK = "torch-cuda.lock"
 SIZE = 1024  # 2 GFLOP: enough blocks to occupy a GPU, ~50 ms for the float64 CPU reference
 # float32 vs float64 at this size differs by ~4e-7 of the largest value; TF32 would
 # give ~1e-3 and a flipped exponent or high mantissa bit far more.
@@ -158,35 +188,10 @@ TOLERANCE = 1e-4
 MAX_DEVICES = 1024
 # Characters kept of each cleaned string of the worker's report (default TEXT).
 TEXT = 120
-TEXT_LIMITS = {"message": 600, "visible_devices": 1000}
+TEXT_LIMITS = {"message": 1200, "visible_devices": 1000}  # a message keeps its line breaks, as \n
 _PHASES = regex(r"start|import|init|reference|device (cpu|\d{1,4})")
 _FOUND_VERSION = regex(r"found version (\d+)")  # in CUDA's "driver too old" message
 _CUDA_VERSION = regex(r"(\d{1,3})\.(\d{1,3})")
-
-
-# Substrings of CUDA/torch error texts (lower case) -> the label used in messages.
-# A fatal error leaves the CUDA context unusable: only a new process on a healthy
-# GPU (in practice a container restart, or a node reboot) recovers.
-FATAL = (
-    ("illegal memory access", "illegal memory access"),
-    ("illegal address", "illegal address"),
-    ("unspecified launch failure", "unspecified launch failure"),
-    ("launch failure", "launch failure"),
-    ("uncorrectable ecc", "uncorrectable ECC error"),
-    ("ecc error", "ECC error"),
-    ("misaligned address", "misaligned address"),
-    ("illegal instruction", "illegal instruction"),
-    ("hardware stack error", "hardware stack error"),
-    ("invalid program counter", "invalid program counter"),
-    ("device-side assert", "device-side assert"),
-    ("context is destroyed", "context destroyed"),
-    ("context corrupted", "context corrupted"),
-    ("unknown error", "unknown error"),
-    ("gpu has fallen off the bus", "GPU fell off the bus"),
-)
-BUSY = ("busy or unavailable",)
-OOM = ("out of memory",)
-DRIVER_OLD = ("driver on your system is too old", "driver version is insufficient")
 
 
 # ---------------------------------------------------------------------------
@@ -194,7 +199,7 @@ DRIVER_OLD = ("driver on your system is too old", "driver version is insufficien
 # ---------------------------------------------------------------------------
 
 _ERROR = {"phase": (STR, False), "type": (STR, False), "message": (STR, False),
-          "device": (INT, True), "module": (STR, True)}
+          "device": (INT, True), "module": (STR, True), "code": (INT, True)}
 _DEVICE = {"index": (INT, False), "name": (STR, False), "uuid": (STR, True), "op_ms": (NUM, True),
            "max_err": (MEASURE, True), "scale": (MEASURE, True), "free": (INT, True),
            "total": (INT, True)}
@@ -288,109 +293,10 @@ def result_arrived(stdout: bytes) -> bool:
     return protocol.arrived(stdout, torch_worker.PREFIX)
 
 
-def locked_run(ctx: Context, cache: str, key: dict[str, Any],
-               reuse: Callable[[dict[str, Any] | None], dict[str, Any] | None],
-               run: Callable[[], dict[str, Any]],
-               judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
-    """The deep checks' costly run (model, nccl): one costly check at a time under this probe's
-    lock; readiness reuses what ``reuse`` accepts from ``cache`` (read again once the lock is
-    held, a run we waited for may have written it); a run's result is cached, except one whose
-    worker lingered (its cache entry is removed). Without a state dir it simply runs.
-
-    torch-cuda's own run (``gather``) takes the same lock but does more around it, which the
-    deep checks do not need: it answers a cached pass before waiting, hands every profile a
-    run that finished while it waited (startup included), re-reads the latch once the lock is
-    held, and latches a CUDA-fatal result."""
-    state = ctx.state
-    if not state.enabled:
-        return run()
-    waited_from = time.monotonic()
-    with state.lock(LOCK, ctx.deadline - proc.MARGIN) as held:
-        if not held:
-            return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
-        if ctx.profile == "readiness":
-            hit = reuse(state.read_json(cache))
-            if hit is not None:
-                return hit
-        data = run()
-        if data["lingered"]:
-            state.remove(cache)
-        else:
-            state.write_json(cache, {"key": key, "finished": data["finished"],
-                                     "status": judge(data, ctx).status.value, "data": data})
-        return data
-
-
-def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
-                parse: Callable[[bytes], tuple[dict[str, Any] | None, str | None]],
-                phase: Callable[[bytes], str | None],
-                arrived: Callable[[bytes], bool]) -> tuple[dict[str, Any], proc.Completed]:
-    """A deep check's worker (model, nccl) run under the probe's deadline: what its judge()
-    reads of the run (``locked_run``'s ``run``), and the process, for what else it reads there."""
-    env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **env}
-    deadline = ctx.deadline - proc.MARGIN
-    budget = max(0.0, deadline - time.monotonic())
-    done = proc.run(argv, deadline=deadline, env=env, state=ctx.state, key=name, until=arrived,
-                    linger=proc.LINGER)
-    report, problem = parse(done.stdout)
-    if report is None or report.get("error") or done.timed_out:
-        logger().info("%s worker rc=%s timed_out=%s stderr tail: %s", name, done.returncode, done.timed_out,
-                      untrusted.squeeze(done.stderr[-2000:], 600))
-    return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
-            "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
-            "held_by": done.held_by, "budget": round(budget, 2), "phase": phase(done.stderr),
-            "report": report, "problem": problem, "finished": time.time(), "cache": None}, done
-
-
-def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
-               ttl: float) -> tuple[dict[str, Any], float, float] | None:
-    """(data, finished, age) of a cache entry for the same ``key`` that passed and is younger than
-    ``ttl`` (the clock going backwards makes it stale); None for anything else."""
-    if not entry or entry.get("key") != key or entry.get("status") != Status.PASS.value:
-        return None
-    data, finished = entry.get("data"), entry.get("finished")
-    if not isinstance(data, dict) or not isinstance(finished, (int, float)) or isinstance(finished, bool):
-        return None
-    age = time.time() - float(finished)
-    return (data, float(finished), age) if 0 <= age < ttl else None
-
-
-def deep_cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
-                validate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
-    """A deep check's cached passing run (see fresh_pass), its report validated again."""
-    fresh = fresh_pass(entry, key, ttl)
-    if fresh is None:
-        return None
-    data, finished, age = fresh
-    try:
-        report = validate(data.get("report"))
-    except protocol.Bad:
-        return None
-    if report["error"] is not None:
-        return None
-    return {"kind": "worker", "spawn_error": None, "returncode": 0, "timed_out": False, "lingered": False,
-            "stuck": False, "held_by": None, "budget": 0.0, "phase": None, "report": report, "problem": None,
-            "finished": finished, "cache": {"how": "ttl", "age": round(age, 1)}}
-
-
-def lock_timeout(name: str, data: dict[str, Any], **kw: Any) -> Result:
-    """judge() of a deep check whose locked_run did not get the lock in time."""
-    return failed(name, f"no result within {data['waited']:.1f}s: another costly check (torch-cuda, "
-                  "nccl or model) still holds the lock", reason="deadline", **kw)
-
-
-def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Result | None:
-    """judge() of a deep check whose worker's interpreter cannot be run; None if it could."""
-    if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
-        python = untrusted.clean(ctx.config.torch_python, 80)
-        return failed(name, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "
-                      "image's Python that has torch", reason="interpreter-not-found", **kw)
-    return None
-
-
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
-    env = dict(os.environ)
-    env["CUDA_MODULE_LOADING"] = "LAZY"  # smaller context on a GPU the workload is using
+    space, env = deep.start(ctx, ctx.config.torch_min_free_mib, {})
+    if space is not None and space.none_left:
+        return deep.no_room(space)
     deadline = ctx.deadline - proc.MARGIN
     budget = max(0.0, deadline - time.monotonic())
     done = proc.run(_argv(ctx, expect), deadline=deadline, env=env, state=ctx.state, key=NAME,
@@ -425,6 +331,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
         "excerpt": untrusted.squeeze(shown, 80) if report is None else None,
         "finished": time.time(),
         "cache": None,
+        "room": None if space is None else space.facts(),
     }
 
 
@@ -462,6 +369,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
                            **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None
                               else data[name] for name, (kind, _) in _DATA.items()}}
     out["cache"] = {"how": how, "age": round(max(age, 0.0), 1)}
+    out["room"] = room.read(data.get("room"))
     return out
 
 
@@ -526,18 +434,7 @@ def gather(ctx: Context) -> dict[str, Any]:
                 hit = _cached_pass(entry, key, ctx.config.torch_ttl)
                 if hit is not None:
                     return hit
-        data = run_worker(ctx, expect)
-        if data["lingered"]:
-            # Its result is not trusted: nothing is cached or shared, and an older pass
-            # must not be served after this failure.
-            state.remove(CACHE)
-            return data
-        result = judge(data, ctx)
-        if result.facts.get("fatal"):
-            state.set_latch(NAME, result.message)
-        state.write_json(CACHE, {"key": key, "finished": data["finished"], "status": result.status.value,
-                                 "data": data})
-        return data
+        return deep.record(ctx, CACHE, key, run_worker(ctx, expect), judge)
 
 
 def on_deadline(ctx: Context) -> Result:
@@ -548,15 +445,6 @@ def on_deadline(ctx: Context) -> Result:
 # ---------------------------------------------------------------------------
 # judge: pure
 # ---------------------------------------------------------------------------
-
-def _match(message: str, table: Sequence[Any]) -> str | None:
-    low = message.lower()
-    for item in table:
-        needle, label = item if isinstance(item, tuple) else (item, item)
-        if needle in low:
-            return str(label)
-    return None
-
 
 def _norm_uuid(uuid: Any) -> str:
     text = str(uuid or "").lower()
@@ -624,7 +512,9 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return failed(NAME, f"no result within {data['waited']:.1f}s: another torch-cuda run still holds "
                       "the lock (one CUDA context at a time); the driver may be stuck", reason="deadline",
                       unit=UNIT)
-    result = _judge_worker(data, ctx)
+    if kind == room.REASON:
+        return deep.not_checked(NAME, data, MIN_FREE, unit=UNIT)
+    result = deep.with_room(_judge_worker(data, ctx), data, MIN_FREE)
     suffix = _suffix(data)
     if suffix:
         result = Result(result.name, result.status, result.message + suffix, result.observed, result.unit,
@@ -688,19 +578,13 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
                   f"'{data.get('excerpt') or ''}'", reason="bad-output", **kw)
 
 
-def _classify(err: dict[str, Any]) -> tuple[str, str | None]:
-    """(category, label) of a torch/CUDA error: busy, oom, old-driver, fatal or other."""
-    message = str(err.get("message", ""))
-    if _match(message, BUSY):
-        return "busy", None
-    if _match(message, OOM) or err.get("type") == "OutOfMemoryError":
-        return "oom", None
-    if _match(message, DRIVER_OLD):
-        return "old-driver", None
-    label = _match(message, FATAL)
-    if label:
-        return "fatal", label
-    return "other", None
+def identify(err: dict[str, Any]) -> cuda_errors.Found | None:
+    """The CUDA error the worker reported (probes/framework/cuda_errors.py), or None. torch's
+    OutOfMemoryError is CUDA's out of memory whatever its text says."""
+    found = cuda_errors.identify(err.get("code"), str(err.get("message", "")))
+    if found is None and err.get("type") == "OutOfMemoryError":
+        return cuda_errors.Found(cuda_errors.BY_CODE[2], "type")
+    return found
 
 
 def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, python: str,
@@ -739,6 +623,9 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
                       "(NVIDIA Container Toolkit)", reason="cuda-unavailable", **kw)
     notes = []
     expect = data.get("expect")
+    held = room.read(data.get("room"))
+    if expect is not None and held is not None:
+        expect -= len(held["full"])  # those were kept from the worker (CUDA_VISIBLE_DEVICES)
     if cuda and expect is not None and count != expect:
         if report["visible_devices"] is None or count > expect:
             return failed(NAME, f"torch sees {count} GPU(s) but NVML sees {expect}: a GPU is not usable by "
@@ -751,33 +638,39 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
 
 def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw: dict[str, Any],
                   entry: dict[str, Any] | None) -> Result | None:
-    """The result for one classified error, or None when it is not one we diagnose."""
-    category, label = _classify(err)
+    """The result for one identified CUDA error, or None when it is not one we can name."""
+    found = identify(err)
+    if found is None:
+        return None
+    error = found.error
     where = "the GPU(s)" if entry is None else f"cuda:{entry['index']}"
-    if category == "busy":
+    kw["facts"]["cuda_error"] = {"code": error.code, "name": error.name, "category": error.category,
+                                 "how": found.how}
+    if error.category == cuda_errors.NOT_CHECKED:
         index = entry["index"] if entry is not None else 0
         holder = _holder(ctx, report, index, entry["uuid"] if entry else None)
-        if "MPS client" in holder:
+        if error.reason == "mps-busy" or (error.reason == "device-busy" and "MPS client" in holder):
             return warned(NAME, f"{where} busy{holder}: the GPU is shared through MPS and the probe cannot "
                           "open its own context there; not checked, not a fault", reason="mps-busy", **kw)
-        return warned(NAME, f"{where} busy{holder}: the workload holds it, so the probe cannot open a "
-                      "context there; not a fault", reason="device-busy", **kw)
-    if category == "oom":
-        index = entry["index"] if entry is not None else 0
-        holder = _holder(ctx, report, index, entry["uuid"] if entry else None)
-        return warned(NAME, f"{where} out of memory for the probe's own context{holder}: the workload is "
-                      "using the memory; not checked, not a fault", reason="oom", **kw)
-    if category == "old-driver":
-        found = _FOUND_VERSION.search(str(err.get("message", "")))
-        driver = (f"{int(found[1]) // 1000}.{int(found[1]) % 1000 // 10}" if found
+        if error.reason == "device-busy":
+            return warned(NAME, f"{where} busy{holder}: the workload holds it, so the probe cannot open a "
+                          "context there; not a fault", reason="device-busy", **kw)
+        return warned(NAME, f"{where} out of memory for the probe's own context{holder} ({error.label}): the "
+                      "workload is using the memory; not checked, not a fault", reason="oom", **kw)
+    if error.reason == "driver-too-old":
+        version = _FOUND_VERSION.search(str(err.get("message", "")))
+        driver = (f"{int(version[1]) // 1000}.{int(version[1]) % 1000 // 10}" if version
                   else _driver_cuda(ctx))
         return _too_old(report, driver, kw)
-    if category == "fatal":
+    if error.category == cuda_errors.STICKY:
         kw["facts"]["fatal"] = True
-        return failed(NAME, f"fatal CUDA error on {where} ({label}): the CUDA context is unusable; "
-                      "unhealthy until the container restarts (check dmesg for Xid errors)",
+        return failed(NAME, f"fatal CUDA error on {where} ({error.label}): sticky, the CUDA context is "
+                      f"unusable; unhealthy until the container restarts: {error.remedy}",
                       reason="cuda-fatal", **kw)
-    return None
+    if error.category == cuda_errors.ENVIRONMENT:
+        return failed(NAME, f"CUDA cannot start on {where} ({error.label}): {error.remedy}",
+                      reason=error.reason, **kw)
+    return failed(NAME, f"CUDA error on {where} ({error.label}): {error.remedy}", reason=error.reason, **kw)
 
 
 def _driver_cuda(ctx: Context) -> str | None:

@@ -10,6 +10,10 @@ computed on the CPU (a mismatch is silent data corruption), synchronises (which
 surfaces pending asynchronous errors) and asks the runtime for free/total memory.
 With ``--device cpu`` the same op runs on the CPU, for CPU-only images.
 
+An error is reported with its class name, ``torch.AcceleratorError``'s ``error_code`` where
+torch gives one (2.8 and later), and its message with the line breaks kept, so that the parent
+can find the ``CUDA error: ...`` line among PyTorch's added lines.
+
 It prints exactly ONE line on stdout: ``HEALTHCHECK-TORCH-RESULT {json}``, strict JSON
 (a non-finite error or scale, e.g. a GPU that computed NaN, is the string ``"nan"``,
 ``"inf"`` or ``"-inf"``), and exits at once. Anything
@@ -34,12 +38,20 @@ import time
 
 PREFIX = "HEALTHCHECK-TORCH-RESULT "
 PHASE = "HEALTHCHECK-TORCH-PHASE "
-SCHEMA = 1
+SCHEMA = 2
 SEED = 20240601
-MAX_TEXT = 400
-# After these the process can go on with the next device; after any other error
-# the context may be corrupted and further CUDA calls may hang, so we stop.
-BENIGN = ("busy or unavailable", "out of memory")
+MAX_TEXT = 1000  # characters of an error message: the CUDA error line and PyTorch's lines after it
+# After these the process can go on with the next device; after any other error the context may
+# be corrupted and further CUDA calls may hang, so we stop. They are the "could not check" rows of
+# probes/framework/cuda_errors.py (cudaError_t codes, and lower-case wordings); a test keeps them equal.
+BENIGN_CODES = (2, 46, 216, 807, 808, 809)
+BENIGN = ("all cuda-capable devices are busy or unavailable", "cublas_status_alloc_failed",
+          "cuda out of memory", "cuda-capable device(s) is/are busy or unavailable",
+          "cudnn_status_alloc_failed",
+          "exclusive-thread device already in use by a different thread",
+          "mps server is not ready to accept new mps client requests", "out of memory",
+          "the hardware resources required to create mps client have been exhausted",
+          "the hardware resources required to support device connections have been exhausted")
 
 
 def measure(value):
@@ -57,12 +69,23 @@ def phase(name):
     sys.stderr.flush()
 
 
+def error_code(exc):
+    """``torch.AcceleratorError.error_code`` (a cudaError_t), or None."""
+    code = getattr(exc, "error_code", None)
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
 def error(where, exc, device=None):
-    message = str(exc).strip().replace("\n", " ")
-    if len(message) > MAX_TEXT:
-        message = message[:MAX_TEXT]
+    message = str(exc).strip()[:MAX_TEXT]
     return {"phase": where, "type": type(exc).__name__, "message": message, "device": device,
-            "module": getattr(exc, "name", None) if isinstance(exc, ImportError) else None}
+            "module": getattr(exc, "name", None) if isinstance(exc, ImportError) else None,
+            "code": error_code(exc)}
+
+
+def benign(err):
+    """Whether the next device may still be tried after this error (see BENIGN)."""
+    low = err["message"].lower()
+    return err["code"] in BENIGN_CODES or any(word in low for word in BENIGN)
 
 
 def parse_args(argv):
@@ -106,9 +129,9 @@ def check_cuda(torch, report):
         except Exception as exc:
             report["error"] = error("init", exc)
         if report["error"] is None:
-            text = " ".join(str(w.message) for w in caught) or "torch.cuda.is_available() returned False"
+            text = "\n".join(str(w.message) for w in caught) or "torch.cuda.is_available() returned False"
             report["error"] = {"phase": "init", "type": "Warning", "message": text[:MAX_TEXT],
-                               "device": None, "module": None}
+                               "device": None, "module": None, "code": None}
         return None
     count = int(torch.cuda.device_count())
     report["count"] = count
@@ -191,7 +214,7 @@ def work(args, report):
             run_op(torch, a, b, ref, scale, device, entry)
         except Exception as exc:
             entry["error"] = error("device", exc, entry["index"])
-            if not any(word in entry["error"]["message"].lower() for word in BENIGN):
+            if not benign(entry["error"]):
                 break
 
 

@@ -249,7 +249,7 @@ def test_off_by_default_and_on_with_a_path(tmp_path: Path) -> None:
 
 
 def test_worker_result_is_validated(tmp_path: Path) -> None:
-    good = {"v": 1, "device": "cpu", "torch": "2", "format": "state-dict", "loader": "torch.load",
+    good = {"v": model_worker.SCHEMA, "device": "cpu", "torch": "2", "format": "state-dict", "loader": "torch.load",
             "file_bytes": 1, "bytes": 1, "budget": 2, "budget_source": "x", "load_ms": 1.0, "params": 1,
             "param_bytes": 4, "peak_gpu": None, "forward_ms": None, "max_err": None, "scale": None,
             "error": None}

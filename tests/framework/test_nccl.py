@@ -30,7 +30,7 @@ SHM_WARN = ("node1:4242:4250 [0] misc/shmutils.cc:72 NCCL WARN Error: failed to 
             "/dev/shm/nccl-aB3dEf (size 9637888), error: No space left on device (28)")
 P2P_WARN = ("node1:4242:4251 [1] transport/p2p.cc:275 NCCL WARN Cuda failure 'peer access is not supported "
             "between these two devices'")
-PASSING = {"v": 1, "backend": "nccl", "torch": "2.13.0", "nccl": "2.21.5", "count": 2, "ms": 1.5, "bad": 0,
+PASSING = {"v": nccl_worker.SCHEMA, "backend": "nccl", "torch": "2.13.0", "nccl": "2.21.5", "count": 2, "ms": 1.5, "bad": 0,
            "max_err": 0.0, "error": None}
 
 

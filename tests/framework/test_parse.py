@@ -13,7 +13,7 @@ from probes.framework import torch_cuda, torch_worker
 from probes.result import Result, Status
 
 GOOD: dict[str, Any] = {
-    "v": 1, "device": "cuda", "size": torch_cuda.SIZE, "expect_count": None, "torch": "2.3.0", "cuda": "12.1",
+    "v": torch_worker.SCHEMA, "device": "cuda", "size": torch_cuda.SIZE, "expect_count": None, "torch": "2.3.0", "cuda": "12.1",
     "cuda_built": True, "available": True, "count": 1, "visible_devices": None, "error": None,
     "devices": [{"index": 0, "name": "H100", "uuid": None, "op_ms": 0.5, "max_err": 1e-5, "scale": 150.0,
                  "free": 2**30, "total": 2**31, "error": None}],
@@ -52,7 +52,7 @@ def test_a_good_line_among_noise_is_accepted() -> None:
     (torch_worker.PREFIX.encode() + b"{not json\n", "not readable JSON"),
     (line(GOOD).replace(b'"max_err": 1e-05', b'"max_err": NaN'), "not readable JSON"),
     (line([1, 2]), "not an object"),
-    (line(changed(("v",), 2)), "schema version"),
+    (line(changed(("v",), torch_worker.SCHEMA + 1)), "schema version"),
     (line(changed(("device",), "cpu")), "another request"),
     (line(changed(("count",), True)), "wrong type"),
     (line(changed(("count",), 5)), "does not cover every device"),
@@ -126,7 +126,7 @@ def test_strings_are_cleaned_where_the_report_enters() -> None:
     # Cleaning is idempotent: a cached, cleaned report validates to itself.
     assert torch_cuda.validate(report, "cuda", torch_cuda.SIZE) == report
     err = {"phase": "device", "type": "Runtime\x1bError", "message": "boom\x00" * 200, "device": 0,
-           "module": None}
+           "module": None, "code": None}
     report, problem = parse(line(changed(("devices", 0, "error"), err)))
     assert problem is None
     cleaned = report["devices"][0]["error"]
@@ -160,7 +160,7 @@ def test_holder_names_from_nvml_are_cleaned() -> None:
              "processes": [{"pid": "4242\x07", "name": "python\x1b[31m\ntrain.py"}]}]
     ctx = types.SimpleNamespace(results={"nvml": Result("nvml", Status.PASS, "ok", facts={"gpus": gpus})})
     err = {"phase": "device", "type": "RuntimeError", "message": "CUDA-capable device(s) is/are busy or "
-           "unavailable", "device": 0, "module": None}
+           "unavailable", "device": 0, "module": None, "code": None}
     report, _ = parse(line(changed(("devices", 0, "error"), err)))
     data = {"kind": "worker", "python": "python3", "device": "cuda", "expect": None, "report": report}
     result = torch_cuda.judge(data, ctx)  # type: ignore[arg-type]

@@ -131,7 +131,7 @@ def test_worker_gets_lazy_module_loading(make_interp: Callable[..., Interp], tmp
     ("oom", "oom", Status.WARN, "out of memory for the probe's own context"),
     ("busy", "device-busy", Status.WARN, "cuda:0 busy"),
     ("fatal", "cuda-fatal", Status.FAIL, "illegal memory access"),
-    ("fatal-init", "cuda-fatal", Status.FAIL, "unknown error"),
+    ("fatal-init", "cuda-unknown", Status.FAIL, "unknown error"),
 ])
 def test_cuda_diagnoses(mode: str, reason: str | None, status: Status, words: str,
                         make_interp: Callable[..., Interp], tmp_path: Path,

@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "tests" / "gpu"
 FRONT_DOOR = str(ROOT / "healthcheck")
 FAULT_PYTHON = str(HERE / "fault-python.sh")
+MIN_FREE_MIB = 1024  # HEALTHCHECK_TORCH_MIN_FREE_MIB's default (probes/framework/torch_cuda.py)
+NCCL_MIB = 256  # what the suite adds for NCCL's buffers (probes/framework/room.py)
 LOOPBACK = "127.0.0.1"
 NEEDS_GPU = "skipped: needs a real GPU"
 # The probe's own query (probes/hardware/nvidia_smi.py): read-only.
@@ -478,8 +480,8 @@ class Verify:
         self.check("illegal memory access in the worker -> cuda-fatal",
                    lambda: self.fatal(self.new_state(), self.work / "starts-illegal.txt", "illegal",
                                       "illegal"), needs_gpu=True)
-        self.check("another process holds nearly all GPU memory -> a warning, not a failure", self.memory_held,
-                   needs_gpu=True)
+        self.check("another process holds nearly all GPU memory -> not checked (a warning), no worker started",
+                   self.memory_held, needs_gpu=True)
         self.check(f"a kernel running at the deadline ({'CPU matmul loop' if self.fake else 'matmul loop'}) "
                    "-> reason deadline, no process left", self.deadline)
 
@@ -541,8 +543,9 @@ class Verify:
                 tail = " ".join(said.strip().splitlines()[-2:])[-300:]
                 raise Fail(f"the memory holder did not report (exit {holder.poll()}): {tail}")
             free, total = (int(x) for x in held.split()[1:3])
+            starts = self.work / "starts-held.txt"
             ran = self.hc("--profile", "readiness", "--json", name="memory-held",
-                          env=self.with_env(HEALTHCHECK_STATE_DIR=self.new_state()))
+                          env=self.fault_env("none", self.new_state(), starts))
             torch = ran.check("torch-cuda")
         finally:
             with contextlib.suppress(OSError):
@@ -557,10 +560,12 @@ class Verify:
         left, _ = self.wait_gone(15, mark=f"holder-{self.mark}")
         expect(not left, f"the memory holder is still there: {left}")
         what = f"holder left {free >> 20} MiB free of {total >> 20} MiB"
-        expect(ran.rc == 0 and torch.get("status") == "warn" and torch.get("reason") in ("oom", "device-busy"),
-               f"{what}; expected exit 0 and a warning (oom), got exit {ran.rc}, {torch.get('status')} "
-               f"({torch.get('reason')}): {torch.get('output')}")
-        return f"{what}: exit 0, warn ({torch.get('reason')}): {torch.get('output')}"
+        expect(ran.rc == 0 and torch.get("status") == "warn" and torch.get("reason") == "workload-memory",
+               f"{what}; expected exit 0 and a warning (workload-memory), got exit {ran.rc}, "
+               f"{torch.get('status')} ({torch.get('reason')}): {torch.get('output')}")
+        started = [ln for ln in self.starts(starts) if ln.startswith("start ")]
+        expect(not started, f"{what}; a worker was started on the full GPU: {started}")
+        return f"{what}: exit 0, warn ({torch.get('reason')}), no worker started: {torch.get('output')}"
 
     def _read_line(self, proc: subprocess.Popen[bytes], prefix: str, timeout: float) -> tuple[str, str]:
         """(the first line starting with prefix or "", everything read) within the timeout."""
@@ -741,6 +746,7 @@ class Verify:
             "liveness", "healthcheck --profile liveness", [FRONT_DOOR, "--profile", "liveness"], n,
             env=self.with_env(HEALTHCHECK_STATE_DIR=state)))
         self.check(f"readiness, torch-cuda cached x{n}", lambda: self.readiness_cached(n))
+        self.check("the workers' GPU memory against HEALTHCHECK_TORCH_MIN_FREE_MIB", self.worker_memory)
 
     def measure(self, key: str, what: str, argv: list[str], n: int, env: dict[str, str] | None = None) -> str:
         runs = []
@@ -751,6 +757,32 @@ class Verify:
         t = self.timing(key, what, runs)
         floor = f" ({t['x_floor']}x floor)" if "x_floor" in t else ""
         return f"median {t['median_s']:.3f} s, min {t['min_s']:.3f}, max {t['max_s']:.3f}{floor}"
+
+    def worker_memory(self) -> str:
+        """Each CUDA worker's real peak GPU memory (tests/gpu/peak_worker.py), which the default of
+        HEALTHCHECK_TORCH_MIN_FREE_MIB (plus NCCL's part for nccl) must cover."""
+        workers = [("torch-cuda", ROOT / "probes/framework/torch_worker.py",
+                    ["--device", "cpu" if self.fake else "cuda", "--size", "1024"], MIN_FREE_MIB)]
+        if not self.fake:
+            workers.append(("nccl", ROOT / "probes/framework/nccl_worker.py", [], MIN_FREE_MIB + NCCL_MIB))
+        shown = []
+        for name, worker, args, floor in workers:
+            out = self.work / f"peak-{name}.json"
+            ran = self.run([self.torch_py, str(HERE / "peak_worker.py"), str(out), str(worker), *args],
+                           f"peak-{name}", env=self.with_env(CUDA_MODULE_LOADING="LAZY"), timeout=180)
+            expect(out.exists(), f"{name}: the worker wrote no measurement (exit {ran.rc}): {ran.err[-300:]}")
+            peak = json.loads(out.read_text())
+            self.info[f"peak_mib_{name}"] = peak
+            if self.fake:
+                expect(not peak["cuda"], f"{name}: FAKE run used CUDA? {peak}")
+                shown.append(f"{name}: measured on the CPU (FAKE: plumbing only, no GPU memory)")
+                continue
+            expect(peak["cuda"] and peak["peak_mib"] > 0, f"{name}: no GPU memory measured: {peak}")
+            expect(peak["peak_mib"] <= floor, f"{name} peaked at {peak['peak_mib']} MiB, above the {floor} MiB "
+                   "the suite asks a GPU to have free: raise the default")
+            shown.append(f"{name} peak {peak['peak_mib']} MiB of {floor} (process {peak['process_mib']}, "
+                         f"device delta {peak['delta_mib']}, allocator reserved {peak['reserved_mib']})")
+        return "; ".join(shown)
 
     def nvml_init(self, n: int) -> str:
         runs, inner = [], []

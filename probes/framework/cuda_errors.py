@@ -1,0 +1,399 @@
+"""The CUDA runtime's errors, as data: which leave the GPU unusable, which only mean "could not
+check", which are the environment at start, and which are plain failures.
+
+Source: NVIDIA, CUDA Runtime API reference, "Data types used by CUDA Runtime"
+(``group__CUDART__TYPES``), ``enum cudaError``, the current edition (its newest entries are
+``cudaErrorTensorMemoryLeak``, 721, and ``cudaErrorStreamDetached``, 917), read 2026-11-24.
+The numbers, names and categories come from there: an error whose description says it "leaves
+the process in an inconsistent state and any further CUDA work will return the same error. To
+continue using CUDA, the process must be terminated and relaunched" (or, for 710,
+"the device cannot be used again") is *sticky*. 214 (uncorrectable ECC) and 220 (uncorrectable
+NVLink) are sticky too: the hardware itself reported the fault and the GPU needs a reset. The
+short texts are what ``cudaGetErrorString`` returns (CUDA 12 and 13 runtimes), the text torch
+puts after ``CUDA error:``; the driver API's names (``CUDA_ERROR_ILLEGAL_ADDRESS``) are kept
+where they differ from the runtime's.
+
+Decisions that are ours, not the document's:
+
+- 999 ``cudaErrorUnknown`` is not sticky (the document does not say so): it is most often seen
+  at initialisation, where a container lost its device access (a host ``systemctl
+  daemon-reload``), and a GPU that fell off the bus is the nvml probe's finding. It fails,
+  never latches (reason ``cuda-unknown``).
+- Out of memory (2, cuBLAS's and cuDNN's ``*_ALLOC_FAILED``), devices busy or unavailable (46),
+  an exclusive-thread device in use (216) and an MPS server that is full or recovering
+  (807-809) are the workload using its GPU: "could not check", a warning.
+- CUDA releases before 10.1 numbered the errors differently (an illegal address was 77, a
+  device-side assert 59, no kernel image 48, uncorrectable ECC 39, a launch timeout 6, an
+  unknown error 30, no device 38), and old torch printed those numbers ("cuda runtime error
+  (59) : device-side assert triggered"). So a number is trusted only when the message has no
+  text we know, and :func:`identify` reads the text first.
+
+:func:`identify` takes ``torch.AcceleratorError.error_code`` when torch gives one (2.8 and
+later: the value of ``cudaGetLastError``), otherwise the message: PyTorch's own added lines
+("CUDA kernel errors might be asynchronously reported...", "For debugging consider passing
+CUDA_LAUNCH_BLOCKING=1", "Compile with `TORCH_USE_CUDA_DSA`...", "Search for
+`cudaErrorXxx`...") are cut off first, wherever they are (a message squashed onto one line
+included), then a line that names CUDA is searched for a known text, then for a cuBLAS or cuDNN
+status, then for a number or a name.
+"""
+
+from __future__ import annotations
+
+from probes._lazy import regex
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from typing import NamedTuple
+else:
+    from probes._typing import NamedTuple
+
+STICKY, NOT_CHECKED, ENVIRONMENT, OTHER = "sticky", "could-not-check", "environment", "other"
+
+# Remedies shared by many rows.
+PROGRAM = ("a CUDA call failed without harming the GPU: an error in the code that made it (details in "
+            "the log); not sticky, nothing latched")
+_STICKY = ("the CUDA context is unusable until the process ends; check dmesg for Xid errors and run the GPU "
+           "diagnostics (dcgmi diag) if it repeats")
+_JIT = ("the driver could not compile the code's PTX for this GPU: update the host driver to one at least as "
+        "new as the CUDA that built the code, or install a build with kernels for this GPU")
+_IMAGE = ("this build has no kernels for the GPU's architecture (compute capability): install a torch built "
+          "for it (new GPUs need a newer CUDA build, e.g. cu128 for Blackwell)")
+_MPS = ("the GPU is shared through MPS and the MPS server cannot take this client now: none, not a fault; "
+        "check the MPS server if it lasts")
+_INIT = ("CUDA could not start: check the host driver with nvidia-smi and the container's /dev/nvidia* "
+         "devices (start it with --gpus all); a process forked after CUDA started gets this too")
+
+
+class CudaError(NamedTuple):
+    code: int | None  # cudaError_t; None for a cuBLAS/cuDNN status or a torch wording
+    name: str  # cudaErrorIllegalAddress, or CUBLAS_STATUS_ALLOC_FAILED
+    text: str  # what cudaGetErrorString returns ("" where no text is known)
+    category: str  # STICKY, NOT_CHECKED, ENVIRONMENT or OTHER
+    reason: str  # the probes' reason code
+    remedy: str
+    aliases: tuple[str, ...] = ()  # other wordings and the driver API's name
+
+    @property
+    def label(self) -> str:
+        """How a message names it: ``cudaErrorIllegalAddress 700: an illegal memory access ...``."""
+        number = f" {self.code}" if self.code is not None else ""
+        return f"{self.name}{number}: {self.text}" if self.text else f"{self.name}{number}"
+
+
+_REASONS = {STICKY: "cuda-fatal", NOT_CHECKED: "oom", ENVIRONMENT: "cuda-init", OTHER: "cuda-error"}
+_REMEDIES = {STICKY: _STICKY, NOT_CHECKED: "none: the workload uses the GPU; not checked, not a fault",
+             ENVIRONMENT: _INIT, OTHER: PROGRAM}
+
+
+def _e(code: int, name: str, text: str, category: str = OTHER, reason: str = "", remedy: str = "",
+       aliases: tuple[str, ...] = ()) -> CudaError:
+    return CudaError(code, "cudaError" + name, text, category, reason or _REASONS[category],
+                     remedy or _REMEDIES[category], aliases)
+
+
+# enum cudaError (cudaSuccess, 0, is no error and not listed).
+TABLE: tuple[CudaError, ...] = (
+    _e(1, "InvalidValue", "invalid argument", aliases=("CUDA_ERROR_INVALID_VALUE",)),
+    _e(2, "MemoryAllocation", "out of memory", NOT_CHECKED, "oom",
+       "none: the workload uses the GPU's memory; not checked, not a fault",
+       ("CUDA_ERROR_OUT_OF_MEMORY", "CUDA out of memory")),
+    _e(3, "InitializationError", "initialization error", ENVIRONMENT,
+       aliases=("CUDA_ERROR_NOT_INITIALIZED", "CUDA driver initialization failed")),
+    _e(4, "CudartUnloading", "driver shutting down", aliases=("CUDA_ERROR_DEINITIALIZED",)),
+    _e(5, "ProfilerDisabled", "profiler disabled while using external profiling tool"),
+    _e(6, "ProfilerNotInitialized", "profiler not initialized: call cudaProfilerInitialize()"),
+    _e(7, "ProfilerAlreadyStarted", "profiler already started"),
+    _e(8, "ProfilerAlreadyStopped", "profiler already stopped"),
+    _e(9, "InvalidConfiguration", "invalid configuration argument",
+       remedy="a kernel launch asked for more threads, blocks or shared memory than the GPU allows: an error "
+              "in the code that launched it, not the GPU; nothing latched"),
+    _e(12, "InvalidPitchValue", "invalid pitch argument"),
+    _e(13, "InvalidSymbol", "invalid device symbol"),
+    _e(16, "InvalidHostPointer", "invalid host pointer"),
+    _e(17, "InvalidDevicePointer", "invalid device pointer"),
+    _e(18, "InvalidTexture", "invalid texture reference"),
+    _e(19, "InvalidTextureBinding", "texture is not bound to a pointer"),
+    _e(20, "InvalidChannelDescriptor", "invalid channel descriptor"),
+    _e(21, "InvalidMemcpyDirection", "invalid copy direction for memcpy"),
+    _e(22, "AddressOfConstant", "invalid address of constant"),
+    _e(23, "TextureFetchFailed", "fetch from texture failed"),
+    _e(24, "TextureNotBound", "cannot fetch from a texture that is not bound"),
+    _e(25, "SynchronizationError", "incorrect use of __syncthreads()"),
+    _e(26, "InvalidFilterSetting", "linear filtering not supported for non-float type"),
+    _e(27, "InvalidNormSetting", "read as normalized float not supported for 32-bit non float type"),
+    _e(28, "MixedDeviceExecution", "device emulation mode and device execution mode cannot be mixed"),
+    _e(31, "NotYetImplemented", "feature not yet implemented"),
+    _e(32, "MemoryValueTooLarge", "memory size or pointer value too large to fit in 32 bit"),
+    _e(34, "StubLibrary", "CUDA driver is a stub library", ENVIRONMENT,
+       remedy="the CUDA driver library loaded is the toolkit's stub (a stubs/ directory on LD_LIBRARY_PATH): "
+              "remove it from the path; the NVIDIA Container Toolkit mounts the real libcuda.so.1",
+       aliases=("CUDA_ERROR_STUB_LIBRARY",)),
+    _e(35, "InsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version", ENVIRONMENT,
+       "driver-too-old", "install a newer host NVIDIA driver, or the CUDA forward-compatibility package "
+       "(cuda-compat) on data-center GPUs, or use an image built for an older CUDA",
+       ("The NVIDIA driver on your system is too old",)),
+    _e(36, "CallRequiresNewerDriver", "API call is not supported in the installed CUDA driver", ENVIRONMENT,
+       "driver-too-old", "install a newer host NVIDIA driver"),
+    _e(37, "InvalidSurface", "invalid surface reference"),
+    _e(43, "DuplicateVariableName", "duplicate global variable looked up by string name"),
+    _e(44, "DuplicateTextureName", "duplicate texture looked up by string name"),
+    _e(45, "DuplicateSurfaceName", "duplicate surface looked up by string name"),
+    _e(46, "DevicesUnavailable", "CUDA-capable device(s) is/are busy or unavailable", NOT_CHECKED,
+       "device-busy", "none: the workload holds the GPU (exclusive or prohibited compute mode, or a full "
+       "GPU); not a fault",
+       ("all CUDA-capable devices are busy or unavailable", "CUDA_ERROR_DEVICE_UNAVAILABLE")),
+    _e(49, "IncompatibleDriverContext", "incompatible driver context"),
+    _e(52, "MissingConfiguration", "__global__ function call is not configured"),
+    _e(53, "PriorLaunchFailure", "unspecified launch failure in prior launch"),
+    _e(65, "LaunchMaxDepthExceeded", "launch would exceed maximum depth of nested launches"),
+    _e(66, "LaunchFileScopedTex", "launch failed because kernel uses unsupported, file-scoped textures "
+                                  "(texture objects are supported)"),
+    _e(67, "LaunchFileScopedSurf", "launch failed because kernel uses unsupported, file-scoped surfaces "
+                                   "(surface objects are supported)"),
+    _e(68, "SyncDepthExceeded", "cudaDeviceSynchronize failed because caller's grid depth exceeds "
+                                "cudaLimitDevRuntimeSyncDepth"),
+    _e(69, "LaunchPendingCountExceeded", "launch failed because launch would exceed "
+                                         "cudaLimitDevRuntimePendingLaunchCount"),
+    _e(98, "InvalidDeviceFunction", "invalid device function", remedy=_IMAGE),
+    _e(100, "NoDevice", "no CUDA-capable device is detected", ENVIRONMENT, "cuda-unavailable",
+       "no GPU is visible: start the container with --gpus all (NVIDIA Container Toolkit) and check the host "
+       "driver with nvidia-smi", ("CUDA_ERROR_NO_DEVICE", "No CUDA GPUs are available",
+                                  "Found no NVIDIA driver on your system")),
+    _e(101, "InvalidDevice", "invalid device ordinal",
+       remedy="the code asked for a GPU that is not visible: check CUDA_VISIBLE_DEVICES and the device "
+              "index; not a GPU fault, nothing latched", aliases=("CUDA_ERROR_INVALID_DEVICE",)),
+    _e(102, "DeviceNotLicensed", "device doesn't have valid Grid license", ENVIRONMENT,
+       remedy="the vGPU has no valid license: check the license server and the guest's licensing settings"),
+    _e(103, "SoftwareValidityNotEstablished", "integrity checks failed", ENVIRONMENT,
+       remedy="CUDA's self-tests of the runtime and driver failed: reinstall the host driver and the image's "
+              "CUDA runtime"),
+    _e(127, "StartupFailure", "startup failure in cuda runtime", ENVIRONMENT),
+    _e(200, "InvalidKernelImage", "device kernel image is invalid", remedy=_IMAGE),
+    _e(201, "DeviceUninitialized", "invalid device context"),
+    _e(205, "MapBufferObjectFailed", "mapping of buffer object failed"),
+    _e(206, "UnmapBufferObjectFailed", "unmapping of buffer object failed"),
+    _e(207, "ArrayIsMapped", "array is mapped"),
+    _e(208, "AlreadyMapped", "resource already mapped"),
+    _e(209, "NoKernelImageForDevice", "no kernel image is available for execution on the device",
+       remedy=_IMAGE, aliases=("CUDA_ERROR_NO_BINARY_FOR_GPU",)),
+    _e(210, "AlreadyAcquired", "resource already acquired"),
+    _e(211, "NotMapped", "resource not mapped"),
+    _e(212, "NotMappedAsArray", "resource not mapped as array"),
+    _e(213, "NotMappedAsPointer", "resource not mapped as pointer"),
+    _e(214, "ECCUncorrectable", "uncorrectable ECC error encountered", STICKY,
+       remedy="the GPU's memory reported an uncorrectable error: drain the node, reset the GPU "
+              "(nvidia-smi -r) and check its retired pages and remapped rows; replace the GPU if it repeats",
+       aliases=("CUDA_ERROR_ECC_UNCORRECTABLE",)),
+    _e(215, "UnsupportedLimit", "limit is not supported on this architecture"),
+    _e(216, "DeviceAlreadyInUse", "exclusive-thread device already in use by a different thread", NOT_CHECKED,
+       "device-busy", "none: another thread holds the GPU in exclusive-thread compute mode; not a fault",
+       ("CUDA_ERROR_CONTEXT_ALREADY_IN_USE",)),
+    _e(217, "PeerAccessUnsupported", "peer access is not supported between these two devices",
+       remedy="the GPUs cannot reach each other's memory (P2P): confirm with NCCL_P2P_DISABLE=1, then check "
+              "the host's IOMMU/ACS settings"),
+    _e(218, "InvalidPtx", "a PTX JIT compilation failed", remedy=_JIT),
+    _e(219, "InvalidGraphicsContext", "invalid OpenGL or DirectX context"),
+    _e(220, "NvlinkUncorrectable", "uncorrectable NVLink error detected during the execution", STICKY,
+       remedy="an NVLink reported an uncorrectable error: drain the node and reset the GPUs; check the links "
+              "(nvidia-smi nvlink -s) and dmesg for Xid 74", aliases=("CUDA_ERROR_NVLINK_UNCORRECTABLE",)),
+    _e(221, "JitCompilerNotFound", "PTX JIT compiler library not found", remedy=_JIT),
+    _e(222, "UnsupportedPtxVersion", "the provided PTX was compiled with an unsupported toolchain.",
+       remedy=_JIT),
+    _e(223, "JitCompilationDisabled", "PTX JIT compilation was disabled", remedy=_JIT),
+    _e(224, "UnsupportedExecAffinity", "the provided execution affinity is not supported"),
+    _e(225, "UnsupportedDevSideSync", "", remedy=_JIT),
+    _e(226, "Contained", "", STICKY,
+       remedy="the GPU contained an error (a bad access to a peer's memory over NVLink, or a hardware "
+              "error): check dmesg for Xid errors; the process must be relaunched",
+       aliases=("CUDA_ERROR_CONTAINED",)),
+    _e(300, "InvalidSource", "device kernel source is invalid"),
+    _e(301, "FileNotFound", "file not found"),
+    _e(302, "SharedObjectSymbolNotFound", "shared object symbol not found"),
+    _e(303, "SharedObjectInitFailed", "shared object initialization failed"),
+    _e(304, "OperatingSystem", "OS call failed or operation not supported on this OS"),
+    _e(400, "InvalidResourceHandle", "invalid resource handle"),
+    _e(401, "IllegalState", "the operation cannot be performed in the present state"),
+    _e(402, "LossyQuery", ""),
+    _e(500, "SymbolNotFound", "named symbol not found"),
+    _e(600, "NotReady", "device not ready"),
+    _e(700, "IllegalAddress", "an illegal memory access was encountered", STICKY,
+       aliases=("CUDA_ERROR_ILLEGAL_ADDRESS",)),
+    _e(701, "LaunchOutOfResources", "too many resources requested for launch",
+       remedy="a kernel launch needs more registers or threads than the GPU has: an error in the code that "
+              "launched it; nothing latched", aliases=("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",)),
+    _e(702, "LaunchTimeout", "the launch timed out and was terminated", STICKY,
+       remedy="a kernel ran past the watchdog (a GPU that also drives a display, or a hung GPU): check dmesg "
+              "for Xid 8; the process must be relaunched", aliases=("CUDA_ERROR_LAUNCH_TIMEOUT",)),
+    _e(703, "LaunchIncompatibleTexturing", "launch uses incompatible texturing mode"),
+    _e(704, "PeerAccessAlreadyEnabled", "peer access is already enabled"),
+    _e(705, "PeerAccessNotEnabled", "peer access has not been enabled"),
+    _e(708, "SetOnActiveProcess", "cannot set while device is active in this process"),
+    _e(709, "ContextIsDestroyed", "context is destroyed"),
+    _e(710, "Assert", "device-side assert triggered", STICKY,
+       remedy="a kernel's own check (a device-side assert, e.g. an index out of range) failed: the device "
+              "cannot be used again by this process; the process must be relaunched",
+       aliases=("CUDA_ERROR_ASSERT",)),
+    _e(711, "TooManyPeers", "peer mapping resources exhausted"),
+    _e(712, "HostMemoryAlreadyRegistered", "part or all of the requested memory range is already mapped"),
+    _e(713, "HostMemoryNotRegistered", "pointer does not correspond to a registered memory region"),
+    _e(714, "HardwareStackError", "hardware stack error", STICKY,
+       aliases=("CUDA_ERROR_HARDWARE_STACK_ERROR",)),
+    _e(715, "IllegalInstruction", "an illegal instruction was encountered", STICKY,
+       aliases=("CUDA_ERROR_ILLEGAL_INSTRUCTION",)),
+    _e(716, "MisalignedAddress", "misaligned address", STICKY, aliases=("CUDA_ERROR_MISALIGNED_ADDRESS",)),
+    _e(717, "InvalidAddressSpace", "operation not supported on global/shared address space", STICKY,
+       aliases=("CUDA_ERROR_INVALID_ADDRESS_SPACE",)),
+    _e(718, "InvalidPc", "invalid program counter", STICKY, aliases=("CUDA_ERROR_INVALID_PC",)),
+    _e(719, "LaunchFailure", "unspecified launch failure", STICKY, aliases=("CUDA_ERROR_LAUNCH_FAILED",)),
+    _e(720, "CooperativeLaunchTooLarge", "too many blocks in cooperative launch"),
+    _e(721, "TensorMemoryLeak", "", STICKY, aliases=("CUDA_ERROR_TENSOR_MEMORY_LEAK",)),
+    _e(800, "NotPermitted", "operation not permitted"),
+    _e(801, "NotSupported", "operation not supported"),
+    _e(802, "SystemNotReady", "system not yet initialized", ENVIRONMENT, "fabric-manager",
+       "the system is not ready for CUDA: on NVSwitch systems (HGX/DGX A100, H100, H200, B200) start "
+       "NVIDIA Fabric Manager on the host (systemctl start nvidia-fabricmanager, the same version as the "
+       "driver) and wait until the GPUs' fabric state is Completed (nvidia-smi -q)",
+       ("CUDA_ERROR_SYSTEM_NOT_READY",)),
+    _e(803, "SystemDriverMismatch", "system has unsupported display driver / cuda driver combination",
+       ENVIRONMENT, "driver-mismatch",
+       "the CUDA driver library (libcuda) does not match the loaded kernel module: a driver upgraded "
+       "without a reboot, or a libcuda copied into the image; reboot the node (or reload the nvidia module) "
+       "and never ship libcuda in the image", ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",)),
+    _e(804, "CompatNotSupportedOnDevice", "forward compatibility was attempted on non supported HW",
+       ENVIRONMENT, "forward-compat",
+       "the image's CUDA forward-compatibility libraries (cuda-compat) were loaded on a GPU that does not "
+       "support them (GeForce/RTX and other non-data-center GPUs): remove cuda-compat from the library path "
+       "or upgrade the host driver to one that supports this CUDA",
+       ("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",)),
+    _e(805, "MpsConnectionFailed", "MPS client failed to connect to the MPS control daemon or the MPS server",
+       ENVIRONMENT, remedy="start the MPS control daemon (nvidia-cuda-mps-control -d) and share its pipe "
+                           "directory (CUDA_MPS_PIPE_DIRECTORY) with the container"),
+    _e(806, "MpsRpcFailure", "the remote procedural call between the MPS server and the MPS client failed",
+       ENVIRONMENT, remedy="the MPS server failed: check its log and restart it"),
+    _e(807, "MpsServerNotReady", "MPS server is not ready to accept new MPS client requests", NOT_CHECKED,
+       "mps-busy", _MPS),
+    _e(808, "MpsMaxClientsReached",
+       "the hardware resources required to create MPS client have been exhausted", NOT_CHECKED, "mps-busy",
+       _MPS),
+    _e(809, "MpsMaxConnectionsReached", "the hardware resources required to support device connections have "
+                                        "been exhausted", NOT_CHECKED, "mps-busy", _MPS),
+    _e(810, "MpsClientTerminated", "the MPS client has been terminated by the server", STICKY,
+       remedy="the MPS server ended this client (after a fault in any client, or a server restart): the "
+              "process must be relaunched; check the MPS server's log"),
+    _e(811, "CdpNotSupported", ""),
+    _e(812, "CdpVersionMismatch", ""),
+    _e(900, "StreamCaptureUnsupported", "operation not permitted when stream is capturing"),
+    _e(901, "StreamCaptureInvalidated", "operation failed due to a previous error during capture"),
+    _e(902, "StreamCaptureMerge", "operation would result in a merge of separate capture sequences"),
+    _e(903, "StreamCaptureUnmatched", "capture was not ended in the same stream as it began"),
+    _e(904, "StreamCaptureUnjoined", "capturing stream has unjoined work"),
+    _e(905, "StreamCaptureIsolation", "dependency created on uncaptured work in another stream"),
+    _e(906, "StreamCaptureImplicit", "operation would make the legacy stream depend on a capturing blocking "
+                                     "stream"),
+    _e(907, "CapturedEvent", "operation not permitted on an event last recorded in a capturing stream"),
+    _e(908, "StreamCaptureWrongThread", "attempt to terminate a thread-local capture sequence from another "
+                                        "thread"),
+    _e(909, "Timeout", "wait operation timed out"),
+    _e(910, "GraphExecUpdateFailure", "the graph update was not performed because it included changes which "
+                                      "violated constraints specific to instantiated graph update"),
+    _e(911, "ExternalDevice", "an async error has occured in external entity outside of CUDA", STICKY,
+       remedy="a device outside CUDA signalled an error on shared data: the process must be relaunched"),
+    _e(912, "InvalidClusterSize", "a kernel launch error has occurred due to cluster misconfiguration"),
+    _e(913, "FunctionNotLoaded", ""),
+    _e(914, "InvalidResourceType", ""),
+    _e(915, "InvalidResourceConfiguration", ""),
+    _e(917, "StreamDetached", ""),
+    _e(999, "Unknown", "unknown error", ENVIRONMENT, "cuda-unknown",
+       "an unknown error from the driver: check nvidia-smi and dmesg for Xid errors; inside a container it "
+       "often means the device access was lost after a host systemctl daemon-reload: recreate the container",
+       ("CUDA_ERROR_UNKNOWN", "CUDA unknown error")),
+)
+
+_ALLOC = "none: no GPU memory left for the library's handle or workspace: the workload uses it; not checked"
+_LIBRARY = ("a cuBLAS or cuDNN call failed without harming the GPU (a bad input, an unsupported GPU, or a "
+            "library that does not match the driver): details in the log; nothing latched")
+# cuBLAS's and cuDNN's status codes, as torch prints them ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when
+# calling `cublasCreate(handle)`", "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"); any other status is OTHER.
+LIBRARY: tuple[CudaError, ...] = (
+    CudaError(None, "CUBLAS_STATUS_ALLOC_FAILED", "", NOT_CHECKED, "oom", _ALLOC),
+    CudaError(None, "CUDNN_STATUS_ALLOC_FAILED", "", NOT_CHECKED, "oom", _ALLOC),
+)
+_LIBRARY_OTHER = "cuda-error"
+
+BY_CODE = {e.code: e for e in TABLE}
+_BY_NAME = {name.lower(): e for e in (*TABLE, *LIBRARY)
+            for name in (e.name, *(a for a in e.aliases if a.startswith("CUDA_ERROR_")))}
+# (lower-case text, entry), longest first: "unspecified launch failure in prior launch" wins over
+# "unspecified launch failure". A wording that does not itself say CUDA ("The NVIDIA driver on your system
+# is too old") is accepted anywhere; the others only on a line that names CUDA.
+_TEXTS = sorted(((t.lower(), e) for e in TABLE for t in (e.text, *e.aliases)
+                 if t and not t.startswith("CUDA_ERROR_")), key=lambda pair: -len(pair[0]))
+
+# PyTorch's added lines: everything from one of these to the end of its line is not the error.
+BOILERPLATE = ("CUDA kernel errors might be asynchronously reported", "For debugging consider passing",
+               "Compile with `TORCH_USE_CUDA_DSA`", "Compile with TORCH_USE_CUDA_DSA",
+               "Search for `cudaError", "Search for 'cudaError")
+_CUT = regex("(?i)" + "|".join(BOILERPLATE))  # the phrases hold no pattern characters
+_NAMES = regex(r"\b(cudaError[A-Za-z]+|CUDA_ERROR_[A-Z_]+|CUBLAS_STATUS_[A-Z_]+|CUDNN_STATUS_[A-Z_]+)\b")
+# Numbered forms that can only be CUDA's: "CUDA error 700", "cuda runtime error (59)", THCudaCheck's
+# "error=46", glog's "(803 vs. 0)", "CUDA failure 804", the CUDA samples' "code=802".
+_NUMBER = regex(r"(?i)cuda (?:runtime )?error:? \(?(\d{1,5})\b|\berror=(\d{1,5})\b|\((\d{1,5}) vs\. 0\)"
+                r"|cuda failure (\d{1,5})\b|\bcode[=#](\d{1,5})\b")
+
+
+class Found(NamedTuple):
+    error: CudaError
+    how: str  # "code", "text", "status", "number" or "name"
+
+
+def lines(message: str) -> list[str]:
+    """The message's lines without PyTorch's added text. A cleaned message shows its line breaks
+    as ``\\n`` escapes (probes.untrusted.clean), so those break lines too."""
+    out = []
+    for line in message.replace("\\n", "\n").splitlines():
+        cut = _CUT.search(line)
+        line = (line[:cut.start()] if cut else line).strip()
+        if line:
+            out.append(line)
+    return out
+
+
+def _library(name: str) -> CudaError:
+    return _BY_NAME.get(name.lower()) or CudaError(None, name, "", OTHER, _LIBRARY_OTHER, _LIBRARY)
+
+
+def identify(code: object, message: str) -> Found | None:
+    """The CUDA error a failure reports, or None when it is not a CUDA error we can name."""
+    if isinstance(code, int) and not isinstance(code, bool) and code in BY_CODE:
+        return Found(BY_CODE[code], "code")
+    body = lines(message)
+    for line in body:
+        low = line.lower()
+        for text, entry in _TEXTS:
+            if text in low and ("cuda" in low or "nvidia driver" in text):
+                return Found(entry, "text")
+    for line in body:
+        for name in _NAMES.findall(line):
+            if name.startswith(("CUBLAS_", "CUDNN_")):
+                return Found(_library(name), "status")
+    for line in body:
+        if "cuda" not in line.lower():
+            continue
+        for match in _NUMBER.finditer(line):
+            number = int(next(g for g in match.groups() if g))
+            if number in BY_CODE:
+                return Found(BY_CODE[number], "number")
+        for name in _NAMES.findall(line):
+            if name.lower() in _BY_NAME:
+                return Found(_BY_NAME[name.lower()], "name")
+    return None
+
+
+def could_not_check() -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(codes, lower-case wordings) of the errors that mean "could not check": what the workers'
+    BENIGN lists must hold (a test keeps them equal)."""
+    rows = [e for e in (*TABLE, *LIBRARY) if e.category == NOT_CHECKED]
+    codes = tuple(sorted(e.code for e in rows if e.code is not None))
+    words = {t.lower() for e in rows for t in (e.text, *e.aliases) if t and not t.startswith("CUDA_ERROR_")}
+    words |= {e.name.lower() for e in rows if e.code is None}
+    return codes, tuple(sorted(words))

@@ -1,0 +1,214 @@
+"""The deep-check layer shared by torch-cuda, model and nccl: the one-costly-check lock, the
+cache of a passing run, the latch of a sticky CUDA error, the worker's start on the GPUs with
+room for it (probes/framework/room.py), and the verdicts the deep checks share.
+
+Imported when a framework probe's declaration is read: what a run needs (process control, the
+NVML survey, the CUDA error table) is imported when it runs (probes/_lazy.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from probes import untrusted
+from probes._lazy import module
+from probes.context import Context, logger
+from probes.framework import protocol
+from probes.result import Result, Status, failed, warned
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from probes import proc
+    from probes.framework import cuda_errors, room
+else:
+    proc = module("probes.proc")
+    room = module("probes.framework.room")
+    cuda_errors = module("probes.framework.cuda_errors")
+
+LOCK = "torch-cuda.lock"  # one costly check at a time: torch-cuda, model and nccl take it
+
+
+def start(ctx: Context, need_mib: int, extra: dict[str, str]) -> tuple[room.Room | None, dict[str, str]]:
+    """(the room survey, or None on the CPU; the worker's environment): CUDA_MODULE_LOADING=LAZY
+    (a smaller context), and CUDA_VISIBLE_DEVICES narrowed to the GPUs with room when some have
+    none."""
+    env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **extra}
+    if ctx.config.torch_device != "cuda":
+        return None, env
+    space = room.survey(need_mib, os.environ)
+    if space.visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = space.visible
+    return space, env
+
+
+def no_room(space: room.Room) -> dict[str, Any]:
+    """A run that started nothing: no GPU had room."""
+    return {"kind": room.REASON, "room": space.facts(), "lingered": False, "finished": time.time()}
+
+
+def not_checked(name: str, data: dict[str, Any], what: str, **kw: Any) -> Result:
+    """judge() of a run that started nothing because the workload holds every GPU's memory."""
+    facts = {**kw.pop("facts", {}), "room": data["room"]}
+    return warned(name, room.not_checked(data["room"], what), reason=room.REASON, facts=facts, **kw)
+
+
+def with_room(result: Result, data: dict[str, Any], what: str) -> Result:
+    """``result`` noting the GPUs left out for want of room: a pass becomes a warning."""
+    facts = room.read(data.get("room"))
+    if facts is None:
+        return result
+    merged = {**result.facts, "room": facts}
+    if not facts["full"]:
+        return result._replace(facts=merged)
+    note = "; " + room.not_checked(facts, what)
+    if result.status is Status.PASS:
+        return Result(result.name, Status.WARN, result.message + note, result.observed, result.unit,
+                      room.REASON, merged)
+    return result._replace(message=result.message + note, facts=merged)
+
+
+def cuda_failure(name: str, code: Any, message: str, where: str, **kw: Any) -> Result | None:
+    """model's and nccl's verdict on a CUDA error (cuda_errors.py), or None when it is none we can
+    name: sticky latches (``fatal`` in the facts), could-not-check warns, anything else fails.
+    torch-cuda judges the same table with more to say (the holder of a busy GPU, the driver's
+    version)."""
+    found = cuda_errors.identify(code, message)
+    if found is None:
+        return None
+    error = found.error
+    facts = {**kw.pop("facts", {}), "cuda_error": {"code": error.code, "name": error.name,
+                                                    "category": error.category, "how": found.how}}
+    if error.category == cuda_errors.STICKY:
+        return failed(name, f"fatal CUDA error on {where} ({error.label}): sticky, unhealthy until the "
+                      f"container restarts: {error.remedy}", reason="cuda-fatal",
+                      facts={**facts, "fatal": True}, **kw)
+    if error.category == cuda_errors.NOT_CHECKED:
+        reason = "oom" if error.reason == "oom" else "device-busy"
+        return warned(name, f"{where}: {error.label}: the workload uses the GPU; not checked, not a fault",
+                      reason=reason, facts=facts, **kw)
+    return failed(name, f"CUDA error on {where} ({error.label}): {error.remedy}", reason="cuda-error",
+                  facts=facts, **kw)
+
+
+def locked_run(ctx: Context, cache: str, key: dict[str, Any],
+               reuse: Callable[[dict[str, Any] | None], dict[str, Any] | None],
+               run: Callable[[], dict[str, Any]],
+               judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
+    """The deep checks' costly run (model, nccl): one costly check at a time under this probe's
+    lock; readiness reuses what ``reuse`` accepts from ``cache`` (read again once the lock is
+    held, a run we waited for may have written it); a run's result is cached, except one whose
+    worker lingered (its cache entry is removed) or that started no worker (no GPU had room). A
+    sticky CUDA error latches the container, as in torch-cuda. Without a state dir it simply runs.
+
+    torch-cuda's own run (``gather``) takes the same lock but does more around it, which the
+    deep checks do not need: it answers a cached pass before waiting, hands every profile a
+    run that finished while it waited (startup included) and re-reads the latch once the lock
+    is held."""
+    state = ctx.state
+    if not state.enabled:
+        return run()
+    waited_from = time.monotonic()
+    with state.lock(LOCK, ctx.deadline - proc.MARGIN) as held:
+        if not held:
+            return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
+        if ctx.profile == "readiness":
+            hit = reuse(state.read_json(cache))
+            if hit is not None:
+                return hit
+        return record(ctx, cache, key, run(), judge)
+
+
+def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
+           judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
+    """After a costly run, under the lock: a sticky CUDA error latches the container and the run is
+    cached for later runs to reuse or share; a run whose worker lingered is not trusted (nothing is
+    cached or shared, and an older pass must not be served after it), and one that started nothing
+    (no GPU had room) has nothing to cache."""
+    if data["kind"] == room.REASON:
+        return data
+    if data["lingered"]:
+        ctx.state.remove(cache)
+        return data
+    result = judge(data, ctx)
+    if result.facts.get("fatal"):
+        ctx.state.set_latch(result.name, result.message)
+    ctx.state.write_json(cache, {"key": key, "finished": data["finished"], "status": result.status.value,
+                                 "data": data})
+    return data
+
+
+def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
+                parse: Callable[[bytes], tuple[dict[str, Any] | None, str | None]],
+                phase: Callable[[bytes], str | None], arrived: Callable[[bytes], bool],
+                need_mib: int) -> tuple[dict[str, Any], proc.Completed | None]:
+    """A deep check's worker (model, nccl) run under the probe's deadline, on the GPUs with
+    ``need_mib`` MiB free (see :func:`start`): what its judge() reads of the run (``locked_run``'s
+    ``run``), and the process, for what else it reads there (None when none was started)."""
+    space, env = start(ctx, need_mib, env)
+    if space is not None and space.none_left:
+        return no_room(space), None
+    deadline = ctx.deadline - proc.MARGIN
+    budget = max(0.0, deadline - time.monotonic())
+    done = proc.run(argv, deadline=deadline, env=env, state=ctx.state, key=name, until=arrived,
+                    linger=proc.LINGER)
+    report, problem = parse(done.stdout)
+    if report is None or report.get("error") or done.timed_out:
+        logger().info("%s worker rc=%s timed_out=%s stderr tail: %s", name, done.returncode, done.timed_out,
+                      untrusted.squeeze(done.stderr[-2000:], 600))
+    return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
+            "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
+            "held_by": done.held_by, "budget": round(budget, 2), "phase": phase(done.stderr),
+            "report": report, "problem": problem, "finished": time.time(), "cache": None,
+            "room": None if space is None else space.facts()}, done
+
+
+def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
+               ttl: float) -> tuple[dict[str, Any], float, float] | None:
+    """(data, finished, age) of a cache entry for the same ``key`` that passed and is younger than
+    ``ttl`` (the clock going backwards makes it stale); None for anything else."""
+    if not entry or entry.get("key") != key or entry.get("status") != Status.PASS.value:
+        return None
+    data, finished = entry.get("data"), entry.get("finished")
+    if not isinstance(data, dict) or not isinstance(finished, (int, float)) or isinstance(finished, bool):
+        return None
+    age = time.time() - float(finished)
+    return (data, float(finished), age) if 0 <= age < ttl else None
+
+
+def deep_cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
+                validate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
+    """A deep check's cached passing run (see fresh_pass), its report validated again."""
+    fresh = fresh_pass(entry, key, ttl)
+    if fresh is None:
+        return None
+    data, finished, age = fresh
+    try:
+        report = validate(data.get("report"))
+    except protocol.Bad:
+        return None
+    if report["error"] is not None:
+        return None
+    return {"kind": "worker", "spawn_error": None, "returncode": 0, "timed_out": False, "lingered": False,
+            "stuck": False, "held_by": None, "budget": 0.0, "phase": None, "report": report, "problem": None,
+            "finished": finished, "cache": {"how": "ttl", "age": round(age, 1)}}
+
+
+def lock_timeout(name: str, data: dict[str, Any], **kw: Any) -> Result:
+    """judge() of a deep check whose locked_run did not get the lock in time."""
+    return failed(name, f"no result within {data['waited']:.1f}s: another costly check (torch-cuda, "
+                  "nccl or model) still holds the lock", reason="deadline", **kw)
+
+
+def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Result | None:
+    """judge() of a deep check whose worker's interpreter cannot be run; None if it could."""
+    if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
+        python = untrusted.clean(ctx.config.torch_python, 80)
+        return failed(name, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "
+                      "image's Python that has torch", reason="interpreter-not-found", **kw)
+    return None
+
+

@@ -1,0 +1,151 @@
+"""Do no harm: before a CUDA worker starts on a GPU, NVML says whether the GPU has room for it.
+
+A CUDA context and the probe's tensors take GPU memory; on a GPU the workload has filled, that
+can push the workload itself out of memory, the one thing a health check must never do. So
+before torch-cuda, model or nccl start their worker, :func:`survey` reads each GPU's free memory
+from NVML (through nvml_lib, the one module that imports pynvml) and splits the GPUs the worker
+would see into those with room (at least what the probe needs:
+``HEALTHCHECK_TORCH_MIN_FREE_MIB``, plus the model's size for model, plus NCCL's buffers for
+nccl) and those without. The worker is then given ``CUDA_VISIBLE_DEVICES`` listing, by UUID, only
+the GPUs with room among those the caller's own ``CUDA_VISIBLE_DEVICES`` selects: whatever torch
+does on "device 0" at start (its first context, the model probe's current device) happens on a
+GPU with room. With no GPU left nothing is started, and the probe warns "not checked: the
+workload holds the memory" (reason ``workload-memory``), which never latches.
+
+When NVML cannot say (no library, an error, a GPU that does not report its memory, MIG mode,
+where the memory of a MIG device is not the GPU's) the GPUs are used as before and the facts
+say why; the setting 0 turns the check off.
+
+Command-line equivalent::
+
+    nvidia-smi --query-gpu=index,uuid,memory.free,memory.total --format=csv,noheader,nounits
+"""
+
+from __future__ import annotations
+
+from probes import untrusted
+from probes._lazy import module
+
+TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any, NamedTuple
+
+    from probes.hardware import nvml, nvml_lib
+else:
+    from probes._typing import NamedTuple
+
+    nvml_lib = module("probes.hardware.nvml_lib")  # imported when a worker is about to start
+    nvml = module("probes.hardware.nvml")
+
+NCCL_MIB = 256  # NCCL's buffers on each GPU, on top (NCCL_BUFFSIZE 4 MiB per channel and peer)
+REASON = "workload-memory"
+MAX_GPUS = 1024
+
+
+class Gpu(NamedTuple):
+    index: int  # type: ignore[assignment]  # NVML's index, as nvidia-smi shows it
+    uuid: str
+    free_mib: int | None  # None: NVML did not say
+    total_mib: int | None
+
+
+class Room(NamedTuple):
+    need_mib: int
+    allowed: tuple[Gpu, ...] = ()  # the GPUs the worker may use
+    full: tuple[Gpu, ...] = ()  # not checked: the workload holds the memory
+    unknown: str | None = None  # why NVML could not say, when it could not (then nothing is held back)
+
+    @property
+    def visible(self) -> str | None:
+        """The worker's CUDA_VISIBLE_DEVICES, or None to leave the caller's as it is."""
+        return ",".join(g.uuid for g in self.allowed) if self.full else None
+
+    @property
+    def none_left(self) -> bool:
+        return bool(self.full) and not self.allowed
+
+    def facts(self) -> dict[str, Any]:
+        """What judge() and the cache keep of it (checked again by :func:`read`)."""
+        full = [{"index": g.index, "free_mib": g.free_mib, "total_mib": g.total_mib} for g in self.full]
+        return {"need_mib": self.need_mib, "unknown": self.unknown, "full": full}
+
+
+def survey(need_mib: int, env: Mapping[str, str]) -> Room:
+    """Which of the GPUs the worker would see have ``need_mib`` MiB free (NVML)."""
+    if need_mib <= 0:
+        return Room(need_mib, unknown="off (HEALTHCHECK_TORCH_MIN_FREE_MIB=0)")
+    try:
+        nv = nvml_lib.init()
+    except nvml_lib.NvmlUnavailable as exc:
+        return Room(need_mib, unknown=f"NVML unavailable ({exc.reason})")
+    try:
+        gpus, why = _gpus(nv)
+    finally:
+        nvml_lib.shutdown()
+    if why is not None:
+        return Room(need_mib, unknown=why)
+    wanted = env.get("CUDA_VISIBLE_DEVICES")
+    if wanted is not None:
+        uuids = [g.uuid for g in gpus]
+        selected, _ = nvml.cuda_visible(wanted, uuids)
+        gpus = [g for u in selected for g in gpus if g.uuid == u]
+    full = tuple(g for g in gpus if g.free_mib is not None and g.free_mib < need_mib)
+    silent = [str(g.index) for g in gpus if g.free_mib is None]
+    why = f"NVML gives no free memory for GPU {', '.join(silent)}" if silent else None
+    return Room(need_mib, tuple(g for g in gpus if g not in full), full, why)
+
+
+def _gpus(nv: Any) -> tuple[list[Gpu], str | None]:
+    """Every GPU NVML sees, in NVML's order, or why the survey cannot be made."""
+    count, err = nvml_lib.call(nv.nvmlDeviceGetCount)
+    if err is not None:
+        return [], f"NVML error {err}"
+    gpus = []
+    for index in range(min(count, MAX_GPUS)):
+        handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, index)
+        if err is not None:
+            continue  # a lost GPU: the nvml probe reports it; no context is started there
+        mig, _ = nvml_lib.call(nv.nvmlDeviceGetMigMode, handle)
+        if mig is not None and mig[0]:
+            return [], "MIG mode (a MIG device's own memory is not read)"
+        uuid, err = nvml_lib.call(nv.nvmlDeviceGetUUID, handle)
+        if err is not None:
+            continue
+        mem, err = nvml_lib.call(nv.nvmlDeviceGetMemoryInfo, handle)
+        free, total = (None, None) if err is not None else (int(mem.free) >> 20, int(mem.total) >> 20)
+        gpus.append(Gpu(index, nvml_lib.text(uuid), free, total))
+    return gpus, None
+
+
+def read(value: Any) -> dict[str, Any] | None:
+    """A room's facts from a worker run's data (a cache entry included) if they are well formed."""
+    if not isinstance(value, dict) or set(value) != {"need_mib", "unknown", "full"}:
+        return None
+    full = value["full"]
+    if not _count(value["need_mib"]) or not isinstance(full, list) or len(full) > MAX_GPUS:
+        return None
+    for g in full:
+        if not (isinstance(g, dict) and set(g) == {"index", "free_mib", "total_mib"}
+                and all(_count(g[k]) for k in ("index", "free_mib")) and (g["total_mib"] is None
+                                                                        or _count(g["total_mib"]))):
+            return None
+    unknown = value["unknown"]
+    return {**value, "unknown": None if unknown is None else untrusted.clean(unknown, 120)}
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**40
+
+
+def _gpu_list(full: list[dict[str, Any]]) -> str:
+    shown = [f"GPU {g['index']} ({g['free_mib']} MiB free"
+             + (f" of {g['total_mib']} MiB)" if g["total_mib"] is not None else ")") for g in full[:4]]
+    more = f" and {len(full) - 4} more" if len(full) > 4 else ""
+    return ", ".join(shown) + more
+
+
+def not_checked(facts: dict[str, Any], what: str = "HEALTHCHECK_TORCH_MIN_FREE_MIB") -> str:
+    """"not checked: the workload holds the memory on GPU 1 (300 MiB free of 81559 MiB) ..."."""
+    return (f"not checked: the workload holds the memory on {_gpu_list(facts['full'])}; the probe needs "
+            f"{facts['need_mib']} MiB ({what}), so nothing was started there")
