@@ -111,50 +111,16 @@ def depth_within(doc: Any, limit: int = MAX_DEPTH) -> bool:
     return True
 
 
-class _Decoder:
-    """The settings that ``json.JSONDecoder`` hands its scanner: strict strings, our hooks."""
-
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_constant = staticmethod(_no_constant)
-    parse_int = staticmethod(_bounded_int)
-    parse_float = staticmethod(_finite_float)
-
-
-_JSON_SPACE = " \t\n\r"
-
-
-def _c_scanner() -> Any:
-    try:
-        import _json
-    except ImportError:
-        return None
-    return getattr(_json, "make_scanner", None)
-
-
 def _loads(text: str) -> Any:
-    """``json.loads(text)`` with the hooks above, by the C scanner that json itself uses.
+    """``json.loads`` with the hooks above: the public API, whatever else the run imported.
 
-    ``import json`` compiles its regular expressions (and imports ``re``): about 3 ms of a
-    liveness run, in which the Jupyter probe reads its runtime file and reply (make bench).
-    The scanner is the same code json runs; its errors are json's JSONDecodeError, a
-    ValueError. Without the C module (another Python), json itself.
+    Importing json costs a liveness run that reads Jupyter's runtime file about 3 ms (make bench).
+    It is paid: json's C scanner, called without the package, raises SystemError instead of
+    JSONDecodeError on malformed input, and a parser must raise the same whatever ran first.
     """
-    make_scanner = _c_scanner()
-    if make_scanner is None:
-        import json
+    import json
 
-        return json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int,
-                          parse_float=_finite_float)
-    start = len(text) - len(text.lstrip(_JSON_SPACE))
-    try:
-        doc, end = make_scanner(_Decoder)(text, start)
-    except StopIteration:
-        raise ValueError("expecting a JSON value") from None
-    if text[end:].strip(_JSON_SPACE):
-        raise ValueError("extra data after the JSON value")
-    return doc
+    return json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_finite_float)
 
 
 def load_json(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
