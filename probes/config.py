@@ -41,6 +41,12 @@ class ConfigError(ValueError):
 SPACE = " \t\n\r\f\v"
 DIGITS = frozenset("0123456789")
 NUMBER_FORM = "digits with an optional fraction, e.g. 25 or 2.5"
+MAX_DIGITS = 30  # whole digits of a number or integer setting; every bound has far fewer
+MAX_FRACTION = 30  # fraction digits float() reads; more cannot change a setting's value
+MAX_TEXT_BYTES = 4095  # PATH_MAX less its NUL: no path, command or URL path setting is longer
+MAX_NAME_BYTES = 255  # NAME_MAX: one component of a path
+MAX_HOST = 253  # a DNS name's limit
+HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:%[]")
 
 
 def shown(value: object) -> str:
@@ -76,7 +82,13 @@ def parse_number(name: str, raw: str, *, low: float, high: float, low_inclusive:
     if not (is_integer_text(text) if integer else is_number_text(text)):
         form = "digits" if integer else NUMBER_FORM
         raise ConfigError(f"{name}={shown(raw)} is not {kind} (accepted: {form}, {bound})")
-    value = int(text) if integer else float(text)
+    # More digits than any bound has is out of range before int() or float() reads them: int()
+    # refuses a text longer than Python's int-string limit (4,300 digits) with a ValueError.
+    whole, _, frac = text.partition(".")
+    whole = whole.lstrip("0") or "0"
+    if len(whole) > MAX_DIGITS:
+        raise ConfigError(f"{name}={shown(raw)} is out of range (accepted: {kind} {bound})")
+    value = int(whole) if integer else float(f"{whole}.{frac[:MAX_FRACTION] or '0'}")
     ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= high
     if not ok:
         raise ConfigError(f"{name}={shown(raw)} is out of range (accepted: {kind} {bound})")
@@ -114,6 +126,29 @@ def parse_text(name: str, raw: str) -> str:
     v = raw.strip(SPACE)
     if not v or any(not ch.isprintable() or ch.isspace() for ch in v):
         raise ConfigError(f"{name}={shown(raw)} is not accepted (accepted: a non-empty value without spaces)")
+    if len(v.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+        raise ConfigError(f"{name}={shown(raw)} is too long (accepted: at most {MAX_TEXT_BYTES} bytes)")
+    return v
+
+
+def parse_host(name: str, raw: str) -> str:
+    """A host name or an IP address, in ASCII: a name is resolved as bytes (no IDNA), and an
+    HTTP Host header carries only ASCII."""
+    v = parse_text(name, raw)
+    if len(v) > MAX_HOST or any(ch not in HOST_CHARS for ch in v):
+        raise ConfigError(f"{name}={shown(raw)} is not a host (accepted: an IP address or a host name in "
+                          f"ASCII: letters, digits, '.', '-', '_', ':', at most {MAX_HOST} characters)")
+    return v
+
+
+def parse_absolute_path(name: str, raw: str) -> str:
+    """An absolute path: a relative one would depend on the caller's working directory."""
+    v = parse_text(name, raw)
+    if not v.startswith("/"):
+        raise ConfigError(f"{name}={shown(raw)} is not an absolute path (accepted: a path starting with /)")
+    if any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in v.split("/")):
+        raise ConfigError(f"{name}={shown(raw)} has a path component longer than {MAX_NAME_BYTES} bytes "
+                          "(accepted: an absolute path the system can open)")
     return v
 
 
@@ -132,19 +167,20 @@ GLOBAL_SETTINGS = (
                      "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
                      "the front door kills the run 3 s later", low=0, high=MAX_TIMEOUT,
                      shown_default="per profile: " + " / ".join(f"{v:g}" for v in PROFILE_TIMEOUTS.values())),
-    registry.Setting("HEALTHCHECK_HOST", "host", registry.TEXT, "127.0.0.1",
-                     "where the services (Jupyter, sshd) are probed (`::1` works)"),
-    registry.Setting("HEALTHCHECK_STATE_DIR", "state_dir", registry.TEXT, None,
-                     "cache, locks, latch; created 0700, a symlink or foreign directory is refused (caching "
-                     "off)",
+    registry.Setting("HEALTHCHECK_HOST", "host", registry.HOST, "127.0.0.1",
+                     "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
+                     "ASCII host name"),
+    registry.Setting("HEALTHCHECK_STATE_DIR", "state_dir", registry.ABSOLUTE_PATH, None,
+                     "cache, locks, latch (an absolute path); created 0700, a symlink or foreign "
+                     "directory is refused (caching off)",
                      shown_default="`/run/healthcheck`, else `$XDG_RUNTIME_DIR/healthcheck`, else "
                                    "`/tmp/healthcheck-<uid>`"),
-    registry.Setting("HEALTHCHECK_LOG_FILE", "log_file", registry.TEXT, None,
-                     "one line per run plus error details; rotated at 1 MiB (one backup); a regular file "
-                     "only "
-                     "(see below)", shown_default="unset"),
-    registry.Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", registry.TEXT, "/etc/healthcheck.d",
-                     "drop-in checks: every executable file there is a check (see \"Drop-in checks\")"),
+    registry.Setting("HEALTHCHECK_LOG_FILE", "log_file", registry.ABSOLUTE_PATH, None,
+                     "one line per run plus error details (an absolute path); rotated at 1 MiB (one "
+                     "backup); a regular file only (see below)", shown_default="unset"),
+    registry.Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", registry.ABSOLUTE_PATH, "/etc/healthcheck.d",
+                     "drop-in checks (an absolute path): every executable file there is a check (see "
+                     "\"Drop-in checks\")"),
 )
 
 # Read outside the suite's configuration (the front door, the fast path): listed for the README.
@@ -263,6 +299,10 @@ def parse_setting(setting: registry.Setting, raw: str) -> Any:
         return parse_choice(name, raw, setting.choices)
     if kind == registry.URL_PATH:
         return parse_base_url(name, raw)
+    if kind == registry.HOST:
+        return parse_host(name, raw)
+    if kind == registry.ABSOLUTE_PATH:
+        return parse_absolute_path(name, raw)
     return parse_text(name, raw)
 
 
