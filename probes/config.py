@@ -332,7 +332,11 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
                                          setting.default)
     from probes import dropins
 
-    found = dropins.specs(values["checks_dir"], frozenset(registry.NAMES))
+    builtin: dict[str, list[str]] = {}
+    for spec in registry.PROBES:
+        builtin.setdefault(spec.toggle, []).append(spec.name)
+    found = dropins.specs(values["checks_dir"], frozenset(registry.NAMES),
+                          {t: f"the built-in {', '.join(names)}" for t, names in builtin.items()})
     defaults = {t: any(default_on(s, values) for s in registry.PROBES if s.toggle == t)
                 for t in registry.TOGGLES}
     toggles = {t: _env(env, t, parse_bool, defaults.get(t, True))

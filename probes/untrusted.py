@@ -14,6 +14,8 @@ names, settings, and files in directories another user can write.
 - ``read_regular`` reads a file only if it is a regular file (opened without following a
   link at the last component and without blocking on a FIFO or device), not larger than
   allowed, and owned by an accepted user when owners are given.
+- ``open_trusted_dir`` opens a directory only through components that nobody but the
+  accepted owners can change: no link or directory of another user on the way.
 """
 
 from __future__ import annotations
@@ -188,3 +190,78 @@ def read_regular(path: str, max_size: int, *, dir_fd: int | None = None,
         raise Refused(f"cannot read ({os.strerror(exc.errno or 0)})") from None
     finally:
         os.close(fd)
+
+
+MAX_LINKS = 40  # symbolic links one path may pass through (the kernel's own limit: ELOOP)
+
+
+def distrust(st: os.stat_result, what: str, owners: Collection[int], *,
+             sticky_ok: bool = False) -> str | None:
+    """Why a file or directory with this status may not be trusted, or None: it must be owned by
+    one of ``owners`` and not writable by group or others (a sticky directory may be, with
+    ``sticky_ok``: nobody else can rename or replace what is ours in it)."""
+    if st.st_uid not in owners:
+        return f"{what} is owned by uid {st.st_uid}"
+    if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def open_trusted_dir(path: str, owners: Collection[int]) -> int:
+    """A descriptor of the directory ``path`` (O_RDONLY), reached without trusting anyone else.
+
+    Every component is judged on the way, as sudo and cron judge the path to their files: each
+    directory is owned by one of ``owners`` and not writable by group or others (a sticky one
+    may be, like /tmp), and a symbolic link is followed only when one of ``owners`` owns it
+    (another user's link in /tmp is refused). The last directory may not be writable by group
+    or others even when sticky. Each step opens the next component relative to the last one
+    with O_NOFOLLOW, so what was judged is what is used. ``Refused`` names the component that
+    may not be trusted; an OSError (FileNotFoundError, NotADirectoryError) when the path does
+    not lead to a directory.
+    """
+    step = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    todo = path.split("/")[::-1]  # a stack: the next component is last
+    fds = [os.open("/", step)]  # the directories walked so far, for ".."
+    where = [""]
+    links = 0
+    try:
+        problem = distrust(os.fstat(fds[0]), "/", owners, sticky_ok=True)
+        while todo and problem is None:
+            name = todo.pop()
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if len(fds) > 1:
+                    os.close(fds.pop())
+                    where.pop()
+                continue
+            here = f"{where[-1]}/{name}"
+            st = os.stat(name, dir_fd=fds[-1], follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if st.st_uid not in owners:
+                    problem = f"{here} is a symbolic link owned by uid {st.st_uid}"
+                elif links > MAX_LINKS:
+                    problem = f"{here}: more than {MAX_LINKS} symbolic links"
+                else:
+                    target = os.readlink(name, dir_fd=fds[-1])
+                    todo.extend(target.split("/")[::-1])
+                    while target.startswith("/") and len(fds) > 1:
+                        os.close(fds.pop())
+                        where.pop()
+                continue
+            fds.append(os.open(name, step, dir_fd=fds[-1]))
+            where.append(here)
+            opened = os.fstat(fds[-1])
+            if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+                problem = f"{here} changed while it was checked"
+            else:
+                problem = distrust(opened, here, owners, sticky_ok=True)
+        if problem is None:
+            problem = distrust(os.fstat(fds[-1]), where[-1] or "/", owners)
+        if problem is not None:
+            raise Refused(clean(problem, 200))
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fds[-1])
+    finally:
+        for fd in fds:
+            os.close(fd)
