@@ -303,7 +303,13 @@ def parse_setting(setting: registry.Setting, raw: str) -> Any:
         return parse_host(name, raw)
     if kind == registry.ABSOLUTE_PATH:
         return parse_absolute_path(name, raw)
-    return parse_text(name, raw)
+    text = parse_text(name, raw)
+    if setting.parse is None:
+        return text
+    try:
+        return setting.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={shown(raw)} {exc}") from None
 
 
 def _env(environ: Mapping[str, str], name: str, parse: Callable[[str, str], T], default: T) -> T:

@@ -65,6 +65,9 @@ class Setting(NamedTuple):
     low_inclusive: bool = False
     choices: tuple[str, ...] = ()  # CHOICE
     shown_default: str | None = None  # the README's default column when not just the value
+    # A TEXT setting's own grammar: the value (surrounding whitespace removed) -> what is kept;
+    # ValueError("is not ... (accepted: ...)") refuses it with exit 3.
+    parse: Any = None
 
 
 class Cause(NamedTuple):
