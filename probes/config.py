@@ -186,7 +186,8 @@ GLOBAL_SETTINGS = (
 # Read outside the suite's configuration (the front door, the fast path): listed for the README.
 OTHER_SETTINGS = (
     registry.Setting("HEALTHCHECK_PYTHON", "", registry.TEXT, None,
-                     "the suite's own interpreter (front door only)",
+                     "the suite's own interpreter (front door only; one that cannot run the suite is "
+                     "exit 3)",
                      shown_default="the `.venv` beside the `healthcheck` script"),
     registry.Setting("HEALTHCHECK_FASTPATH", "", registry.BOOL, True,
                      "use a running `healthcheck serve`'s fresh results instead of probing again"),
