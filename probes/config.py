@@ -41,6 +41,7 @@ class ConfigError(ValueError):
 SPACE = " \t\n\r\f\v"
 DIGITS = frozenset("0123456789")
 NUMBER_FORM = "digits with an optional fraction, e.g. 25 or 2.5"
+MAX_VALUE = 4096  # characters of any value, surrounding whitespace included (the front door's limit too)
 MAX_DIGITS = 30  # whole digits of a number or integer setting; every bound has far fewer
 MAX_FRACTION = 30  # fraction digits float() reads; more cannot change a setting's value
 MAX_TEXT_BYTES = 4095  # PATH_MAX less its NUL: no path, command or URL path setting is longer
@@ -52,6 +53,14 @@ HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 def shown(value: object) -> str:
     """A bad value as it may appear in an error line: quoted, invisible characters as escapes, short."""
     return f"'{clean(value, 40)}'"
+
+
+def _bounded(name: str, raw: str) -> None:
+    """Any value longer than MAX_VALUE characters is refused before it is read: no setting needs
+    one, and the front door's own reading of a value stays cheap (it refuses them too)."""
+    if len(raw) > MAX_VALUE:
+        raise ConfigError(f"{name}={shown(raw)} is too long: {len(raw)} characters (accepted: at most "
+                          f"{MAX_VALUE})")
 
 
 def is_integer_text(text: str) -> bool:
@@ -66,6 +75,7 @@ def is_number_text(text: str) -> bool:
 
 
 def parse_bool(name: str, raw: str) -> bool:
+    _bounded(name, raw)
     v = raw.strip(SPACE).lower()
     if v in TRUE:
         return True
@@ -76,6 +86,7 @@ def parse_bool(name: str, raw: str) -> bool:
 
 def parse_number(name: str, raw: str, *, low: float, high: float, low_inclusive: bool = False,
                  integer: bool = False) -> float:
+    _bounded(name, raw)
     kind = "an integer" if integer else "a number"
     bound = f"{'at least' if low_inclusive else 'greater than'} {low:g} and at most {high:g}"
     text = raw.strip(SPACE)
@@ -96,6 +107,7 @@ def parse_number(name: str, raw: str, *, low: float, high: float, low_inclusive:
 
 
 def parse_port(name: str, raw: str) -> int:
+    _bounded(name, raw)
     text = raw.strip(SPACE)
     value = int(text) if is_integer_text(text) and len(text) <= 5 else -1
     if not 1 <= value <= 65535:
@@ -104,6 +116,7 @@ def parse_port(name: str, raw: str) -> int:
 
 
 def parse_choice(name: str, raw: str, choices: Sequence[str]) -> str:
+    _bounded(name, raw)
     v = raw.strip(SPACE)
     if v not in choices:
         raise ConfigError(f"{name}={shown(raw)} is not accepted (accepted: {', '.join(choices)})")
@@ -123,6 +136,7 @@ def parse_names(flag: str, raw: str, known: Sequence[str] | None = None) -> tupl
 
 
 def parse_text(name: str, raw: str) -> str:
+    _bounded(name, raw)
     v = raw.strip(SPACE)
     if not v or any(not ch.isprintable() or ch.isspace() for ch in v):
         raise ConfigError(f"{name}={shown(raw)} is not accepted (accepted: a non-empty value without spaces)")

@@ -251,6 +251,20 @@ hard_stop() {
   HEALTHCHECK_TIMEOUT=99999999999999999999999999 hard_stop && [ "$REPLY" = 28 ]
 }
 
+@test "a 100,000-character setting is one bounded exit-3 line, read at once" {
+  real_suite
+  local padded
+  printf -v padded '%100000s1' ''
+  for var in HEALTHCHECK_TIMEOUT HEALTHCHECK_PROFILE; do
+    SECONDS=0
+    run -3 --separate-stderr env "$var=$padded" "$ROOT/healthcheck"
+    [ "$SECONDS" -le 2 ]
+    [ "${#stderr_lines[@]}" -eq 1 ]
+    [ "${#stderr}" -lt 400 ]
+    [[ "$stderr" == "healthcheck: $var='  "*"' is too long: 100001 characters (accepted: at most 4096)" ]]
+  done
+}
+
 @test "serve runs without a deadline" {
   stub py 'echo "args: $*"'
   stub timeout 'echo "timeout must not be used"; exit 9'

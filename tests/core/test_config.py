@@ -106,7 +106,8 @@ def test_base_url_gets_trailing_slash():
 # ---------------------------------------------------------------- every setting, validated to what its user can take
 
 HUGE = {"5000-digits": "9" * 5000, "100k-digits": "1" * 100_000, "100k-letters": "x" * 100_000,
-        "100k-path": "/" + "a" * 100_000, "zeros-then-5000-digits": "0" * 50 + "7" * 5000}
+        "100k-path": "/" + "a" * 100_000, "zeros-then-5000-digits": "0" * 50 + "7" * 5000,
+        "100k-spaces-then-1": " " * 100_000 + "1", "5000-tabs-around-true": "\t" * 2500 + "true" + "\t" * 2500}
 
 
 def every_setting() -> list[registry.Setting]:
@@ -131,11 +132,14 @@ def test_an_integer_past_pythons_int_string_limit_is_exit_3_in_one_line():
         out = run_cli(env={**_no_probes(), env: "4" * 4301})
         assert out.returncode == 3 and out.stdout == "", out.stdout + out.stderr[:500]
         assert out.stderr.count("\n") == 1 and len(out.stderr) < 400 and "Traceback" not in out.stderr
-        assert f"healthcheck: {env}='4444" in out.stderr and ("out of range" in out.stderr or "port" in out.stderr)
+        assert f"healthcheck: {env}='4444" in out.stderr and "is too long: 4301 characters" in out.stderr
+    # Under the length bound but past any bound's digits: out of range before int() reads it.
+    with pytest.raises(ConfigError, match=r"HEALTHCHECK_GPU_COUNT='4444.* is out of range"):
+        load({"HEALTHCHECK_GPU_COUNT": "4" * 4000})
 
 
 def test_a_leading_run_of_zeros_is_still_the_number():
-    cfg = load({"HEALTHCHECK_GPU_COUNT": "0" * 5000 + "3", "HEALTHCHECK_TIMEOUT": "0" * 5000 + "2.5" + "0" * 5000})
+    cfg = load({"HEALTHCHECK_GPU_COUNT": "0" * 4000 + "3", "HEALTHCHECK_TIMEOUT": "0" * 2000 + "2.5" + "0" * 2000})
     assert (cfg.gpu_count, cfg.timeout) == (3, 2.5)
 
 
