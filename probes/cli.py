@@ -300,7 +300,11 @@ def _end_on_sigterm() -> None:
     import _signal
 
     def on_term(signum: int, frame: object) -> None:
-        _say(b"sigterm")  # the front door says whether it was its own hard stop
+        if _channel is not None:
+            _say(b"sigterm")  # the front door says what it was: its own hard stop, or not
+        else:  # run without the front door: a verdict all the same
+            _write("unhealthy: healthcheck: got SIGTERM before a verdict (a probe or drop-in that signals "
+                   "its parent, or another process)")
         _end_descendants()
         os._exit(EXIT_UNHEALTHY)
 

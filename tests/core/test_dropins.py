@@ -281,3 +281,12 @@ def test_roots_link_and_a_sticky_directory_on_the_way_are_trusted_but_their_link
     (tmp_path / "ran" / "tool").unlink()
     res = run(checks, HEALTHCHECK_CHECKS_DIR=str(w / "theirs"))
     assert res.returncode == 1 and not (tmp_path / "ran" / "tool").exists(), res.stdout
+
+
+@pytest.mark.parametrize("signal", ["TERM", "INT"])
+def test_a_drop_in_that_signals_the_suite_leaves_a_verdict_without_the_front_door(checks, signal):
+    write(checks, "rude", f"kill -{signal} $PPID\nsleep 5\necho late")
+    t0 = time.monotonic()
+    res = run(checks)
+    assert res.returncode == 1 and time.monotonic() - t0 < 4, res.stdout + res.stderr
+    assert res.stdout.startswith("unhealthy: healthcheck: ") and "before a verdict" in res.stdout, res.stdout
