@@ -58,7 +58,7 @@ from probes import registry  # noqa: E402
 from probes.config import PROFILE_TIMEOUTS, TRUE  # noqa: E402
 
 # The front door (./healthcheck) TERMs the suite FRONT_DOOR_GRACE seconds after the
-# profile deadline and KILLs it FRONT_DOOR_KILL_AFTER seconds later (`timeout -k 1`);
+# profile deadline and KILLs it FRONT_DOOR_KILL_AFTER seconds later (its `kill_after`);
 # tests/k8s compares these with the script so they cannot drift.
 FRONT_DOOR_GRACE = 3
 FRONT_DOOR_KILL_AFTER = 1

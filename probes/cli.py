@@ -177,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         _error_line(f"healthcheck: {exc}")
         code = EXIT_USAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # SIGINT: from a terminal, or from a probe that signals its parent
+        _write("unhealthy: healthcheck: interrupted (SIGINT) before a verdict")
         code = EXIT_UNHEALTHY
     except Exception as exc:
         # Through the suite's logger: a bare logging.getLogger() with no handler would
@@ -195,6 +196,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+# Started by the front door, the suite takes back the caller's stdout and stderr and speaks
+# to the front door on a pipe of its own (see ./healthcheck): "started" first, its verdict
+# (the exit status) last. A line of that pipe starts with RS, which no interpreter prints.
+FRONT_DOOR = "_HEALTHCHECK_FRONT_DOOR"
+_SAY = b"\x1e"
+_channel: int | None = None
+
+
+def _take_over_from_the_front_door() -> None:
+    """With the front door's ``_HEALTHCHECK_FRONT_DOOR="OUT ERR"``: keep fd 1 (its pipe) as the
+    channel, make OUT and ERR our stdout and stderr, and say that the suite started."""
+    global _channel
+    spec = os.environ.pop(FRONT_DOOR, "")
+    fds = spec.split()
+    if len(fds) != 2 or not all(fd.isascii() and fd.isdigit() and len(fd) < 6 for fd in fds):
+        return
+    out, err = int(fds[0]), int(fds[1])
+    try:
+        os.fstat(out)
+        os.fstat(err)
+        channel = os.dup(1)  # not inherited: no child of the suite can speak for it
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+    except OSError:
+        return
+    for fd in (out, err):
+        if fd > 2:
+            os.close(fd)
+    _channel = channel
+    # The front door starts the suite as an asynchronous command, which bash starts with
+    # SIGINT ignored: a SIGINT is an interruption (a verdict, exit 1) as when run by hand.
+    import _signal
+
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    _say(b"started")
+
+
+def _say(what: bytes) -> None:
+    if _channel is not None:
+        try:
+            os.write(_channel, _SAY + what + b"\n")
+        except OSError:
+            pass
+
+
 def entry() -> None:
     """The process's entry point (the front door, ``python -m probes``, ``healthcheck-probes``):
     ``main()``, then exit with its status; a check exits at once (``exit_now``).
@@ -203,6 +249,7 @@ def entry() -> None:
     hard deadline ends it anyway), its passes during the imports reclaim next to nothing, and
     they cost a readiness run ~4 ms (make bench). ``serve`` runs for days: it keeps it.
     """
+    _take_over_from_the_front_door()
     argv = sys.argv[1:]
     if argv[:1] == ["serve"]:
         sys.exit(main(argv))
@@ -231,6 +278,7 @@ def exit_now(code: int) -> None:
             stream.flush()
         except Exception:  # noqa: S110 - best effort
             pass
+    _say(b"verdict %d" % code)
     os._exit(code)
 
 
@@ -252,6 +300,11 @@ def _end_on_sigterm() -> None:
     import _signal
 
     def on_term(signum: int, frame: object) -> None:
+        if _channel is not None:
+            _say(b"sigterm")  # the front door says what it was: its own hard stop, or not
+        else:  # run without the front door: a verdict all the same
+            _write("unhealthy: healthcheck: got SIGTERM before a verdict (a probe or drop-in that signals "
+                   "its parent, or another process)")
         _end_descendants()
         os._exit(EXIT_UNHEALTHY)
 

@@ -41,11 +41,26 @@ class ConfigError(ValueError):
 SPACE = " \t\n\r\f\v"
 DIGITS = frozenset("0123456789")
 NUMBER_FORM = "digits with an optional fraction, e.g. 25 or 2.5"
+MAX_VALUE = 4096  # characters of any value, surrounding whitespace included (the front door's limit too)
+MAX_DIGITS = 30  # whole digits of a number or integer setting; every bound has far fewer
+MAX_FRACTION = 30  # fraction digits float() reads; more cannot change a setting's value
+MAX_TEXT_BYTES = 4095  # PATH_MAX less its NUL: no path, command or URL path setting is longer
+MAX_NAME_BYTES = 255  # NAME_MAX: one component of a path
+MAX_HOST = 253  # a DNS name's limit
+HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:%[]")
 
 
 def shown(value: object) -> str:
     """A bad value as it may appear in an error line: quoted, invisible characters as escapes, short."""
     return f"'{clean(value, 40)}'"
+
+
+def _bounded(name: str, raw: str) -> None:
+    """Any value longer than MAX_VALUE characters is refused before it is read: no setting needs
+    one, and the front door's own reading of a value stays cheap (it refuses them too)."""
+    if len(raw) > MAX_VALUE:
+        raise ConfigError(f"{name}={shown(raw)} is too long: {len(raw)} characters (accepted: at most "
+                          f"{MAX_VALUE})")
 
 
 def is_integer_text(text: str) -> bool:
@@ -60,6 +75,7 @@ def is_number_text(text: str) -> bool:
 
 
 def parse_bool(name: str, raw: str) -> bool:
+    _bounded(name, raw)
     v = raw.strip(SPACE).lower()
     if v in TRUE:
         return True
@@ -70,13 +86,20 @@ def parse_bool(name: str, raw: str) -> bool:
 
 def parse_number(name: str, raw: str, *, low: float, high: float, low_inclusive: bool = False,
                  integer: bool = False) -> float:
+    _bounded(name, raw)
     kind = "an integer" if integer else "a number"
     bound = f"{'at least' if low_inclusive else 'greater than'} {low:g} and at most {high:g}"
     text = raw.strip(SPACE)
     if not (is_integer_text(text) if integer else is_number_text(text)):
         form = "digits" if integer else NUMBER_FORM
         raise ConfigError(f"{name}={shown(raw)} is not {kind} (accepted: {form}, {bound})")
-    value = int(text) if integer else float(text)
+    # More digits than any bound has is out of range before int() or float() reads them: int()
+    # refuses a text longer than Python's int-string limit (4,300 digits) with a ValueError.
+    whole, _, frac = text.partition(".")
+    whole = whole.lstrip("0") or "0"
+    if len(whole) > MAX_DIGITS:
+        raise ConfigError(f"{name}={shown(raw)} is out of range (accepted: {kind} {bound})")
+    value = int(whole) if integer else float(f"{whole}.{frac[:MAX_FRACTION] or '0'}")
     ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= high
     if not ok:
         raise ConfigError(f"{name}={shown(raw)} is out of range (accepted: {kind} {bound})")
@@ -84,6 +107,7 @@ def parse_number(name: str, raw: str, *, low: float, high: float, low_inclusive:
 
 
 def parse_port(name: str, raw: str) -> int:
+    _bounded(name, raw)
     text = raw.strip(SPACE)
     value = int(text) if is_integer_text(text) and len(text) <= 5 else -1
     if not 1 <= value <= 65535:
@@ -92,6 +116,7 @@ def parse_port(name: str, raw: str) -> int:
 
 
 def parse_choice(name: str, raw: str, choices: Sequence[str]) -> str:
+    _bounded(name, raw)
     v = raw.strip(SPACE)
     if v not in choices:
         raise ConfigError(f"{name}={shown(raw)} is not accepted (accepted: {', '.join(choices)})")
@@ -111,9 +136,33 @@ def parse_names(flag: str, raw: str, known: Sequence[str] | None = None) -> tupl
 
 
 def parse_text(name: str, raw: str) -> str:
+    _bounded(name, raw)
     v = raw.strip(SPACE)
     if not v or any(not ch.isprintable() or ch.isspace() for ch in v):
         raise ConfigError(f"{name}={shown(raw)} is not accepted (accepted: a non-empty value without spaces)")
+    if len(v.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+        raise ConfigError(f"{name}={shown(raw)} is too long (accepted: at most {MAX_TEXT_BYTES} bytes)")
+    return v
+
+
+def parse_host(name: str, raw: str) -> str:
+    """A host name or an IP address, in ASCII: a name is resolved as bytes (no IDNA), and an
+    HTTP Host header carries only ASCII."""
+    v = parse_text(name, raw)
+    if len(v) > MAX_HOST or any(ch not in HOST_CHARS for ch in v):
+        raise ConfigError(f"{name}={shown(raw)} is not a host (accepted: an IP address or a host name in "
+                          f"ASCII: letters, digits, '.', '-', '_', ':', at most {MAX_HOST} characters)")
+    return v
+
+
+def parse_absolute_path(name: str, raw: str) -> str:
+    """An absolute path: a relative one would depend on the caller's working directory."""
+    v = parse_text(name, raw)
+    if not v.startswith("/"):
+        raise ConfigError(f"{name}={shown(raw)} is not an absolute path (accepted: a path starting with /)")
+    if any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in v.split("/")):
+        raise ConfigError(f"{name}={shown(raw)} has a path component longer than {MAX_NAME_BYTES} bytes "
+                          "(accepted: an absolute path the system can open)")
     return v
 
 
@@ -132,25 +181,27 @@ GLOBAL_SETTINGS = (
                      "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
                      "the front door kills the run 3 s later", low=0, high=MAX_TIMEOUT,
                      shown_default="per profile: " + " / ".join(f"{v:g}" for v in PROFILE_TIMEOUTS.values())),
-    registry.Setting("HEALTHCHECK_HOST", "host", registry.TEXT, "127.0.0.1",
-                     "where the services (Jupyter, sshd) are probed (`::1` works)"),
-    registry.Setting("HEALTHCHECK_STATE_DIR", "state_dir", registry.TEXT, None,
-                     "cache, locks, latch; created 0700, a symlink or foreign directory is refused (caching "
-                     "off)",
+    registry.Setting("HEALTHCHECK_HOST", "host", registry.HOST, "127.0.0.1",
+                     "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
+                     "ASCII host name"),
+    registry.Setting("HEALTHCHECK_STATE_DIR", "state_dir", registry.ABSOLUTE_PATH, None,
+                     "cache, locks, latch (an absolute path); created 0700, a symlink or foreign "
+                     "directory is refused (caching off)",
                      shown_default="`/run/healthcheck`, else `$XDG_RUNTIME_DIR/healthcheck`, else "
                                    "`/tmp/healthcheck-<uid>`"),
-    registry.Setting("HEALTHCHECK_LOG_FILE", "log_file", registry.TEXT, None,
-                     "one line per run plus error details; rotated at 1 MiB (one backup); a regular file "
-                     "only "
-                     "(see below)", shown_default="unset"),
-    registry.Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", registry.TEXT, "/etc/healthcheck.d",
-                     "drop-in checks: every executable file there is a check (see \"Drop-in checks\")"),
+    registry.Setting("HEALTHCHECK_LOG_FILE", "log_file", registry.ABSOLUTE_PATH, None,
+                     "one line per run plus error details (an absolute path); rotated at 1 MiB (one "
+                     "backup); a regular file only (see below)", shown_default="unset"),
+    registry.Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", registry.ABSOLUTE_PATH, "/etc/healthcheck.d",
+                     "drop-in checks (an absolute path): every executable file there is a check (see "
+                     "\"Drop-in checks\")"),
 )
 
 # Read outside the suite's configuration (the front door, the fast path): listed for the README.
 OTHER_SETTINGS = (
     registry.Setting("HEALTHCHECK_PYTHON", "", registry.TEXT, None,
-                     "the suite's own interpreter (front door only)",
+                     "the suite's own interpreter (front door only; one that cannot run the suite is "
+                     "exit 3)",
                      shown_default="the `.venv` beside the `healthcheck` script"),
     registry.Setting("HEALTHCHECK_FASTPATH", "", registry.BOOL, True,
                      "use a running `healthcheck serve`'s fresh results instead of probing again"),
@@ -263,7 +314,17 @@ def parse_setting(setting: registry.Setting, raw: str) -> Any:
         return parse_choice(name, raw, setting.choices)
     if kind == registry.URL_PATH:
         return parse_base_url(name, raw)
-    return parse_text(name, raw)
+    if kind == registry.HOST:
+        return parse_host(name, raw)
+    if kind == registry.ABSOLUTE_PATH:
+        return parse_absolute_path(name, raw)
+    text = parse_text(name, raw)
+    if setting.parse is None:
+        return text
+    try:
+        return setting.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={shown(raw)} {exc}") from None
 
 
 def _env(environ: Mapping[str, str], name: str, parse: Callable[[str, str], T], default: T) -> T:
@@ -292,7 +353,11 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
                                          setting.default)
     from probes import dropins
 
-    found = dropins.specs(values["checks_dir"], frozenset(registry.NAMES))
+    builtin: dict[str, list[str]] = {}
+    for spec in registry.PROBES:
+        builtin.setdefault(spec.toggle, []).append(spec.name)
+    found = dropins.specs(values["checks_dir"], frozenset(registry.NAMES),
+                          {t: f"the built-in {', '.join(names)}" for t, names in builtin.items()})
     defaults = {t: any(default_on(s, values) for s in registry.PROBES if s.toggle == t)
                 for t in registry.TOGGLES}
     toggles = {t: _env(env, t, parse_bool, defaults.get(t, True))

@@ -21,12 +21,22 @@ tree ended, no wait on a pipe that a grandchild holds. It gets the suite's envir
 plus ``HEALTHCHECK_PROFILE`` (the profile being run), stdin from /dev/null, and ``/``
 as its working directory.
 
-The directory is untrusted input, as sudoers and cron treat theirs: a file (or the
-directory) that is group- or world-writable, or owned by another user than root or
-the suite's own user, is not run but reported as a failure naming the file and the
-fix. Symbolic links are not followed (reported the same way). Files that are not
+The directory is untrusted input, as sudoers and cron treat theirs: a file that is group-
+or world-writable, or owned by another user than root or the suite's own user, is not
+run but reported as a failure naming the file and the fix; symbolic links in it are not
+followed (reported the same way). The path to the directory is judged component by
+component (``untrusted.open_trusted_dir``): when a directory on the way, or a symbolic
+link, belongs to another user, or a directory is writable by others (a sticky one such as
+/tmp may be, but not the checks directory itself), nothing in it is listed or run and
+the run reports one failure, ``drop-ins``, naming the component. Files that are not
 executable, editor backups and dotfiles are ignored. A missing or empty directory costs
-one ``scandir`` and nothing more.
+a few ``stat`` calls and one ``scandir``.
+
+A check's name must give it a toggle of its own: a file named like a built-in probe
+(``ssh``) or whose toggle is a built-in one (``gpu`` gives ENABLE_GPU_CHECK, the toggle of
+nvidia-smi and nvml) or another drop-in's (``a-b`` and ``a.b``) is not run but reported
+as ``drop-in-NAME`` (reason ``bad-check``), so that switching the built-in probes off can
+never silently switch it off too.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from __future__ import annotations
 import os
 import stat
 
+from probes import untrusted
 from probes._lazy import module
 from probes.context import Context
 from probes.registry import Cause
@@ -52,6 +63,7 @@ else:
 
 MODULE = __name__
 DEFAULT_DIR = "/etc/healthcheck.d"
+DIR_CHECK = "drop-ins"  # the one failure for a directory that may not be trusted
 LAYER = "drop-in"
 MEASUREMENT = "status"
 DEFAULT_PROFILES = ("startup", "readiness")
@@ -65,6 +77,8 @@ NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 BACKUP_SUFFIXES = ("~", ".bak", ".swp", ".swo", ".orig", ".rej", ".tmp", ".old", ".new", ".dpkg-old",
                    ".dpkg-new", ".dpkg-dist", ".rpmsave", ".rpmnew", ".disabled")
 FIX_OWNER = "chown root and chmod go-w"
+FIX_PATH = ("use a path that only root or the suite's user can change: directories chown root and chmod go-w "
+            "(or sticky, as /tmp), no other user's symbolic link")
 EXIT_STATUS = {0: "pass", 1: "warn", 2: "fail", 3: "unknown"}
 UNITS = ("us", "ms", "s", "%", "B", "KB", "MB", "GB", "TB", "c")
 
@@ -77,11 +91,13 @@ CAUSES = (
           "see the check's message"),
     Cause("bad-exit", "fail", "any other exit status, or killed by a signal", "fix the check script"),
     Cause("deadline", "fail", "no answer by its deadline", "the check hangs: fix it or raise its `timeout=`"),
-    Cause("untrusted", "fail", "not run: the file or the directory is writable by group or others, owned by "
-          "another user than root or the suite's, or a symbolic link",
-          f"`{FIX_OWNER}`, or replace the link by the file"),
-    Cause("bad-check", "fail", "not run: a bad header line, or a file name that cannot be a check name",
-          "fix the header, or rename the file (letters, digits, `.`, `_`, `-`)"),
+    Cause("untrusted", "fail", "not run: the file is writable by group or others, owned by another user than "
+          "root or the suite's, or a symbolic link; or (one failure, `drop-ins`) a directory on the way to "
+          "`HEALTHCHECK_CHECKS_DIR` or a symbolic link there is another user's or writable by others",
+          f"`{FIX_OWNER}`, or replace the link by the file; for the path, {FIX_PATH}"),
+    Cause("bad-check", "fail", "not run: a bad header line, a file name that cannot be a check name, or one "
+          "whose name or toggle is a built-in probe's or another drop-in's (reported as `drop-in-NAME`)",
+          "fix the header, or rename the file (letters, digits, `.`, `_`, `-`; a toggle of its own)"),
     Cause("cannot-start", "fail", "cannot be started (no `#!` line, a missing interpreter)",
           "add a `#!` line naming an installed interpreter"),
 )
@@ -101,6 +117,8 @@ class Check(NamedTuple):
     timeout: float = DEFAULT_TIMEOUT
     problem: str | None = None  # set: not run, reported as a failure with this reason...
     reason: str | None = None  # ...and this reason code
+    renamed: bool = False  # its name is taken (a built-in probe's, or its toggle): reported as drop-in-NAME
+    fix: str = FIX_OWNER  # the remedy named with an untrusted one
 
 
 def _ignored(name: str) -> bool:
@@ -142,13 +160,14 @@ def _parse_header(head: bytes, profiles: tuple[str, ...]) -> tuple[tuple[str, ..
     return found_profiles, timeout, None
 
 
+def _owners() -> tuple[int, int]:
+    return (0, os.geteuid())
+
+
 def _trusted(st: os.stat_result, what: str) -> str | None:
-    """Why a file or directory with this status may not be trusted, or None."""
-    if st.st_uid not in (0, os.geteuid()):
-        return f"{what} is owned by uid {st.st_uid}, not root or the suite's user"
-    if st.st_mode & 0o022:
-        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
+    """Why a file with this status may not be trusted, or None."""
+    why = untrusted.distrust(st, what, _owners())
+    return f"{why}, not root or the suite's user" if why and "owned by" in why else why
 
 
 def _read_head(dir_fd: int, name: str) -> tuple[os.stat_result, bytes]:
@@ -160,23 +179,41 @@ def _read_head(dir_fd: int, name: str) -> tuple[os.stat_result, bytes]:
         os.close(fd)
 
 
-def discover(directory: str, profiles: tuple[str, ...],
-             reserved: frozenset[str] = frozenset()) -> list[Check]:
-    """The drop-ins in ``directory``, sorted by name; [] when it is missing or empty."""
+def _name_problem(name: str, reserved: frozenset[str], taken: dict[str, str]) -> tuple[str | None, bool]:
+    """(why ``name`` cannot name a check, or None; whether it is taken and must be reported under
+    another name). ``taken`` maps each toggle in use to whose it is; ``name``'s is added."""
+    shown = clean(name, MAX_NAME)
+    if len(name) > MAX_NAME or any(ch not in NAME_CHARS for ch in name):
+        return (f"the file name {shown!r} cannot be a check name (accepted: letters, digits, '.', '_', '-'; "
+                "at most 64)"), False
+    if name in reserved:
+        return f"the file name {shown!r} is the name of a built-in probe: rename the file", True
+    toggle = toggle_for(name)
+    owner = taken.setdefault(toggle, f"the drop-in {shown!r}")
+    if owner != f"the drop-in {shown!r}":
+        return (f"the file name {shown!r} would share its toggle {toggle} with {owner}: {toggle}=false would "
+                "silently skip it; rename the file"), True
+    return None, False
+
+
+def discover(directory: str, profiles: tuple[str, ...], reserved: frozenset[str] = frozenset(),
+             toggles: dict[str, str] | None = None) -> list[Check]:
+    """The drop-ins in ``directory``, sorted by name; [] when it is missing or empty.
+
+    ``reserved``: the built-in probes' names; ``toggles``: their toggles, each with whose it is.
+    A directory reached through anything another user controls is one failure (``DIR_CHECK``)
+    and nothing in it is listed or run."""
     try:
-        entries = sorted((e.name for e in os.scandir(directory)), key=str)
-    except OSError:
-        return []
-    names = [n for n in entries if not _ignored(n)]
-    if not names:
-        return []
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dir_fd = untrusted.open_trusted_dir(directory, _owners())
+    except untrusted.Refused as exc:
+        return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)}: {exc}: "
+                      "nothing in it is run", reason="untrusted", fix=FIX_PATH)]
     except OSError:
         return []
     checks: list[Check] = []
+    taken = dict(toggles or {})
     try:
-        dir_problem = _trusted(os.fstat(dir_fd), f"the directory {clean(directory, 80)}")
+        names = sorted((e.name for e in os.scandir(dir_fd) if not _ignored(e.name)), key=str)
         for name in names:
             try:
                 lst = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -190,13 +227,11 @@ def discover(directory: str, profiles: tuple[str, ...],
                 continue
             if not stat.S_ISREG(lst.st_mode) or not lst.st_mode & 0o111:
                 continue  # directories, FIFOs, sockets, devices and plain files are not checks
-            if len(name) > MAX_NAME or any(ch not in NAME_CHARS for ch in name) or name in reserved:
-                why = "is the name of a built-in probe" if name in reserved else "cannot be a check name"
-                checks.append(Check(shown, path, problem=f"the file name {shown!r} {why} "
-                                    "(accepted: letters, digits, '.', '_', '-'; at most "
-                                    "64)", reason="bad-check"))
+            problem, renamed = _name_problem(name, reserved, taken)
+            if problem is not None:
+                checks.append(Check(shown, path, problem=problem, reason="bad-check", renamed=renamed))
                 continue
-            problem = dir_problem or _trusted(lst, name)
+            problem = _trusted(lst, name)
             if problem is not None:
                 checks.append(Check(name, path, problem=problem, reason="untrusted"))
                 continue
@@ -262,7 +297,7 @@ def judge(data: Ran, ctx: Context) -> Result:
     name = check.name
     if done is None:
         what = "untrusted" if check.reason == "untrusted" else "not run"
-        fix = f": {FIX_OWNER}" if check.reason == "untrusted" else ""
+        fix = f": {check.fix}" if check.reason == "untrusted" else ""
         return failed(name, f"{what}: {check.problem}{fix}", reason=check.reason)
     if done.spawn_error:
         return failed(name, f"cannot start {clean(check.path, 120)} ({done.spawn_error}): give it a #! line "
@@ -293,13 +328,14 @@ def judge(data: Ran, ctx: Context) -> Result:
                   + (f"; it said: {message}" if message else ""), reason="bad-exit")
 
 
-def specs(directory: str, reserved: frozenset[str] = frozenset()) -> tuple[Any, ...]:
+def specs(directory: str, reserved: frozenset[str] = frozenset(),
+          toggles: dict[str, str] | None = None) -> tuple[Any, ...]:
     """The drop-ins in ``directory`` as probe specs (what config, runner and reports use)."""
     from probes.registry import ALL_PROFILES, Spec
 
     out = []
-    for check in discover(directory, ALL_PROFILES, reserved):
-        name = f"drop-in-{check.name}" if check.name in reserved else check.name
+    for check in discover(directory, ALL_PROFILES, reserved, toggles):
+        name = f"drop-in-{check.name}" if check.renamed else check.name
         out.append(Spec(name, LAYER, MODULE, toggle_for(name), check.timeout, check.profiles,
                         measurement=MEASUREMENT, about=f"drop-in check {clean(check.path, 120)}",
                         dropin=check._replace(name=name)))

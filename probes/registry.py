@@ -49,7 +49,7 @@ MODULES = (
 
 # Setting kinds (how config parses the value); see probes.config.parse_setting.
 BOOL, NUMBER, INTEGER, PORT = "bool", "number", "integer", "port"
-TEXT, CHOICE, URL_PATH = "text", "choice", "path"
+TEXT, CHOICE, URL_PATH, HOST, ABSOLUTE_PATH = "text", "choice", "path", "host", "absolute-path"
 
 
 class Setting(NamedTuple):
@@ -57,7 +57,7 @@ class Setting(NamedTuple):
 
     env: str  # HEALTHCHECK_SSH_PORT
     field: str  # the attribute on Config: config.ssh_port
-    kind: str  # BOOL, NUMBER, INTEGER, PORT, TEXT, CHOICE or URL_PATH
+    kind: str  # BOOL, NUMBER, INTEGER, PORT, TEXT, CHOICE, URL_PATH, HOST or ABSOLUTE_PATH
     default: Any
     meaning: str  # one line for the README and --help
     low: float = 0.0  # NUMBER and INTEGER bounds
@@ -65,6 +65,9 @@ class Setting(NamedTuple):
     low_inclusive: bool = False
     choices: tuple[str, ...] = ()  # CHOICE
     shown_default: str | None = None  # the README's default column when not just the value
+    # A TEXT setting's own grammar: the value (surrounding whitespace removed) -> what is kept;
+    # ValueError("is not ... (accepted: ...)") refuses it with exit 3.
+    parse: Any = None
 
 
 class Cause(NamedTuple):

@@ -36,6 +36,7 @@ COMMON_CAUSES = (
                    "`HEALTHCHECK_LOG_FILE`", "report it with the log line"),
 )
 GRACE = 0.4  # how long past its deadline we wait for a probe that runs a child (TERM+KILL take 0.3 s)
+SIGNAL_POLL = 0.1  # the longest the main thread waits at once, so a signal's handler runs this soon
 
 
 class _Done:
@@ -200,7 +201,11 @@ def run(config: Config, state: State, *, start: float | None = None,
     for s in specs:
         _thread.start_new_thread(supervise, (s,))  # supervise sets done[s.name] when it ends
     for s in specs:
-        done[s.name].wait(max(0.0, end - time.monotonic()) + 3 * GRACE)
+        until = time.monotonic() + max(0.0, end - time.monotonic()) + 3 * GRACE
+        # In slices: a signal that lands on another thread (a probe's child TERMs the suite)
+        # does not wake the main thread's wait, and only the main thread runs the handler.
+        while not done[s.name].wait(min(SIGNAL_POLL, until - time.monotonic())) and time.monotonic() < until:
+            pass
     ordered = []
     for s in specs:
         r = results.get(s.name)

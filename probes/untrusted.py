@@ -14,6 +14,8 @@ names, settings, and files in directories another user can write.
 - ``read_regular`` reads a file only if it is a regular file (opened without following a
   link at the last component and without blocking on a FIFO or device), not larger than
   allowed, and owned by an accepted user when owners are given.
+- ``open_trusted_dir`` opens a directory only through components that nobody but the
+  accepted owners can change: no link or directory of another user on the way.
 """
 
 from __future__ import annotations
@@ -111,50 +113,16 @@ def depth_within(doc: Any, limit: int = MAX_DEPTH) -> bool:
     return True
 
 
-class _Decoder:
-    """The settings that ``json.JSONDecoder`` hands its scanner: strict strings, our hooks."""
-
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_constant = staticmethod(_no_constant)
-    parse_int = staticmethod(_bounded_int)
-    parse_float = staticmethod(_finite_float)
-
-
-_JSON_SPACE = " \t\n\r"
-
-
-def _c_scanner() -> Any:
-    try:
-        import _json
-    except ImportError:
-        return None
-    return getattr(_json, "make_scanner", None)
-
-
 def _loads(text: str) -> Any:
-    """``json.loads(text)`` with the hooks above, by the C scanner that json itself uses.
+    """``json.loads`` with the hooks above: the public API, whatever else the run imported.
 
-    ``import json`` compiles its regular expressions (and imports ``re``): about 3 ms of a
-    liveness run, in which the Jupyter probe reads its runtime file and reply (make bench).
-    The scanner is the same code json runs; its errors are json's JSONDecodeError, a
-    ValueError. Without the C module (another Python), json itself.
+    Importing json costs a liveness run that reads Jupyter's runtime file about 3 ms (make bench).
+    It is paid: json's C scanner, called without the package, raises SystemError instead of
+    JSONDecodeError on malformed input, and a parser must raise the same whatever ran first.
     """
-    make_scanner = _c_scanner()
-    if make_scanner is None:
-        import json
+    import json
 
-        return json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int,
-                          parse_float=_finite_float)
-    start = len(text) - len(text.lstrip(_JSON_SPACE))
-    try:
-        doc, end = make_scanner(_Decoder)(text, start)
-    except StopIteration:
-        raise ValueError("expecting a JSON value") from None
-    if text[end:].strip(_JSON_SPACE):
-        raise ValueError("extra data after the JSON value")
-    return doc
+    return json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_finite_float)
 
 
 def load_json(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
@@ -222,3 +190,78 @@ def read_regular(path: str, max_size: int, *, dir_fd: int | None = None,
         raise Refused(f"cannot read ({os.strerror(exc.errno or 0)})") from None
     finally:
         os.close(fd)
+
+
+MAX_LINKS = 40  # symbolic links one path may pass through (the kernel's own limit: ELOOP)
+
+
+def distrust(st: os.stat_result, what: str, owners: Collection[int], *,
+             sticky_ok: bool = False) -> str | None:
+    """Why a file or directory with this status may not be trusted, or None: it must be owned by
+    one of ``owners`` and not writable by group or others (a sticky directory may be, with
+    ``sticky_ok``: nobody else can rename or replace what is ours in it)."""
+    if st.st_uid not in owners:
+        return f"{what} is owned by uid {st.st_uid}"
+    if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def open_trusted_dir(path: str, owners: Collection[int]) -> int:
+    """A descriptor of the directory ``path`` (O_RDONLY), reached without trusting anyone else.
+
+    Every component is judged on the way, as sudo and cron judge the path to their files: each
+    directory is owned by one of ``owners`` and not writable by group or others (a sticky one
+    may be, like /tmp), and a symbolic link is followed only when one of ``owners`` owns it
+    (another user's link in /tmp is refused). The last directory may not be writable by group
+    or others even when sticky. Each step opens the next component relative to the last one
+    with O_NOFOLLOW, so what was judged is what is used. ``Refused`` names the component that
+    may not be trusted; an OSError (FileNotFoundError, NotADirectoryError) when the path does
+    not lead to a directory.
+    """
+    step = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    todo = path.split("/")[::-1]  # a stack: the next component is last
+    fds = [os.open("/", step)]  # the directories walked so far, for ".."
+    where = [""]
+    links = 0
+    try:
+        problem = distrust(os.fstat(fds[0]), "/", owners, sticky_ok=True)
+        while todo and problem is None:
+            name = todo.pop()
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if len(fds) > 1:
+                    os.close(fds.pop())
+                    where.pop()
+                continue
+            here = f"{where[-1]}/{name}"
+            st = os.stat(name, dir_fd=fds[-1], follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if st.st_uid not in owners:
+                    problem = f"{here} is a symbolic link owned by uid {st.st_uid}"
+                elif links > MAX_LINKS:
+                    problem = f"{here}: more than {MAX_LINKS} symbolic links"
+                else:
+                    target = os.readlink(name, dir_fd=fds[-1])
+                    todo.extend(target.split("/")[::-1])
+                    while target.startswith("/") and len(fds) > 1:
+                        os.close(fds.pop())
+                        where.pop()
+                continue
+            fds.append(os.open(name, step, dir_fd=fds[-1]))
+            where.append(here)
+            opened = os.fstat(fds[-1])
+            if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+                problem = f"{here} changed while it was checked"
+            else:
+                problem = distrust(opened, here, owners, sticky_ok=True)
+        if problem is None:
+            problem = distrust(os.fstat(fds[-1]), where[-1] or "/", owners)
+        if problem is not None:
+            raise Refused(clean(problem, 200))
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fds[-1])
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -33,6 +33,30 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+# A stand-in for the suite's interpreter behind the front door (./healthcheck): it speaks the
+# front door's protocol as probes/cli.py does (takes the caller's stdout and stderr back, says
+# "started" on the pipe it kept), runs BODY (bash), and says its verdict with `verdict N`.
+SUITE_STUB = """#!/bin/bash
+chan=""
+if [ -n "${_HEALTHCHECK_FRONT_DOOR:-}" ]; then
+  read -r out err <<<"$_HEALTHCHECK_FRONT_DOOR"
+  exec {chan}>&1 1>&"$out" 2>&"$err"
+  printf "\\036started\\n" >&"$chan"
+fi
+verdict() { [ -z "$chan" ] || printf "\\036verdict %s\\n" "$1" >&"$chan"; exit "$1"; }
+BODY
+verdict 0
+"""
+
+
+def suite_stub(path: Path, body: str = "") -> Path:
+    """SUITE_STUB with ``body`` written to ``path``, executable."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(SUITE_STUB.replace("BODY", body))
+    path.chmod(0o755)
+    return path
+
+
 def _has_gpu() -> bool:
     smi = shutil.which("nvidia-smi")
     if not smi:

@@ -30,7 +30,7 @@ import os
 
 from probes import untrusted
 from probes._lazy import module, regex
-from probes.context import Context
+from probes.context import Context, logger
 from probes.framework import checkpoint, deep, protocol
 from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.framework.protocol import INT, MEASURE, NUM, STR
@@ -70,9 +70,9 @@ SPEC = Spec(
                 "setting it turns the `model` probe on"),
         Setting("HEALTHCHECK_MODEL_INPUT", "model_input", TEXT, None,
                 "one forward pass of a TorchScript model on this input, `SHAPE:DTYPE[:zeros|seeded]` "
-                "(e.g. `1x3x224x224:float16`; zero-filled unless `seeded`, which is "
-                "`torch.randn(shape, generator=torch.Generator().manual_seed(20240601), "
-                "dtype=torch.float64).to(dtype)`)"),
+                "(e.g. `1x3x224x224:float16`: at most 8 dimensions of ASCII digits, none 0; zero-filled "
+                "unless `seeded`, which is `torch.randn(shape, generator=torch.Generator().manual_seed("
+                "20240601), dtype=torch.float64).to(dtype)`)", parse=lambda text: parse_input(text)),
         Setting("HEALTHCHECK_MODEL_EXPECT", "model_expect", TEXT, None,
                 "a tensor saved with `torch.save`: the forward pass's expected output"),
         Setting("HEALTHCHECK_MODEL_TOLERANCE", "model_tolerance", NUMBER, TOLERANCE,
@@ -87,8 +87,9 @@ SPEC = Spec(
     causes=(
         _c("model-missing", "`HEALTHCHECK_MODEL_PATH` names no file",
            "mount the model or fix `HEALTHCHECK_MODEL_PATH`"),
-        _c("model-unreadable", "the model file cannot be read (permissions, a directory, not a regular file)",
-           "make it readable by the probe's user"),
+        _c("model-unreadable", "the model file cannot be read (permissions, a directory; a FIFO, socket or "
+           "device is refused at once, never opened and waited on)",
+           "make it a regular file readable by the probe's user"),
         _c("unsupported-format", "not a TorchScript archive, safetensors file or `torch.save` state dict (or "
            "a torch without `weights_only` loading)", "save the model with `torch.jit.save`, "
            "safetensors or `torch.save(model.state_dict())`"),
@@ -113,7 +114,8 @@ SPEC = Spec(
         _c("output-mismatch", "the forward pass differs from `HEALTHCHECK_MODEL_EXPECT` beyond the "
            "tolerance (or in shape)", "check the GPU (torch-cuda, `dcgmi diag`) and the model and "
            "expected files"),
-        _c("expect-unreadable", "the expected-output file is missing or not a saved tensor",
+        _c("expect-unreadable", "the expected-output file is missing, not a regular file (said before the "
+           "model loads), too large for the memory, or not a saved tensor",
            "save it with `torch.save(tensor, path)`"),
         _c("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, or the model is not "
            "TorchScript", "fix the setting (a forward pass needs a TorchScript model)"),
@@ -145,6 +147,17 @@ KINDS = {"missing": "model-missing", "unreadable": "model-unreadable", "unsuppor
          "expect-unreadable": "expect-unreadable", "bad-input": "bad-input", "no-forward": "bad-input",
          "forward": "forward-failed", "load": "load-failed", "import": "torch-missing",
          "cuda-unavailable": "torch-missing", "worker": "load-failed"}
+
+
+def parse_input(text: str) -> str:
+    """HEALTHCHECK_MODEL_INPUT, read by the worker's own grammar when the settings are read; a
+    ValueError says what is wrong and what is accepted."""
+    try:
+        model_worker.parse_input(text)
+    except model_worker.Failure as exc:
+        raise ValueError(f"is not SHAPE:DTYPE[:zeros|seeded] ({exc}; accepted: e.g. 1x3x224x224:float16, "
+                         f"dtypes {', '.join(model_worker.INPUT_DTYPES)})") from None
+    return text
 
 
 def validate(report: Any, device: str) -> dict[str, Any]:
@@ -186,13 +199,14 @@ def result_arrived(stdout: bytes) -> bool:
 
 def _argv(ctx: Context) -> list[str]:
     cfg = ctx.config
-    argv = [cfg.torch_python, WORKER, "--path", cfg.model_path, "--device", cfg.torch_device]
+    # --flag=value: a value that starts with '-' is still the flag's value, never another flag.
+    argv = [cfg.torch_python, WORKER, f"--path={cfg.model_path}", f"--device={cfg.torch_device}"]
     if cfg.model_input is not None:
-        argv += ["--input", cfg.model_input]
+        argv.append(f"--input={cfg.model_input}")
     if cfg.model_expect is not None:
-        argv += ["--expect", cfg.model_expect]
+        argv.append(f"--expect={cfg.model_expect}")
     if cfg.model_max_bytes is not None:
-        argv += ["--max-bytes", str(cfg.model_max_bytes)]
+        argv.append(f"--max-bytes={cfg.model_max_bytes}")
     return argv
 
 
@@ -206,8 +220,17 @@ def need_mib(ctx: Context) -> int:
 
 def run_worker(ctx: Context) -> dict[str, Any]:
     device = ctx.config.torch_device
-    return deep_worker(ctx, NAME, _argv(ctx), {}, lambda out: parse_output(out, device), last_phase,
+    data = deep_worker(ctx, NAME, _argv(ctx), {}, lambda out: parse_output(out, device), last_phase,
                        result_arrived, need_mib(ctx))[0]
+    err = (data.get("report") or {}).get("error")
+    if err is not None and _phrase(err) is None:  # an exception's text: the log's, never the output's
+        logger().info("model worker: %s (%s): %s", err["kind"], err["type"], err["message"])
+    return data
+
+
+def _phrase(err: dict[str, Any]) -> str | None:
+    """The worker's message when it is one of its own phrases; None for anything else."""
+    return err["message"] if err["message"] in model_worker.PHRASES else None
 
 
 def _file_id(path: str | None) -> list[int] | None:
@@ -257,6 +280,13 @@ def on_deadline(ctx: Context) -> Result:
 # ---------------------------------------------------------------------------
 # judge: pure
 # ---------------------------------------------------------------------------
+
+def _type(err: dict[str, Any]) -> str:
+    """An exception's class name as the worker reported it, if it looks like one."""
+    name = err["type"]
+    ok = 0 < len(name) <= 60 and name.replace("_", "a").replace(".", "a").isalnum() and name.isascii()
+    return name if ok else "an exception"
+
 
 def _size(n: int | None) -> str:
     if n is None:
@@ -348,11 +378,14 @@ def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dic
         if cuda is not None:
             return cuda
     reason = KINDS[err["kind"]]
-    what = err["message"]
+    # The worker's own phrase, or a fixed one: an exception's text (torch's, with its escapes and
+    # the file's bytes; an errno text) went to the log.
+    what = _phrase(err) or "details in the log"
     if reason == "model-missing":
         msg = f"model file {path} not found: mount the model or fix HEALTHCHECK_MODEL_PATH"
     elif reason == "model-unreadable":
-        msg = f"model file {path} cannot be read ({what}): make it readable by the probe's user"
+        msg = (f"model file {path} cannot be read ({what}): make it a regular file readable by the probe's "
+               "user")
     elif reason == "unsupported-format":
         msg = (f"{path} is not a supported model format ({what}): save it with torch.jit.save, safetensors "
                "or torch.save(model.state_dict())")
@@ -369,7 +402,7 @@ def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dic
                       "memory; not checked, not a fault", reason="oom", **kw)
     elif reason == "output-mismatch":
         msg = (f"output mismatch: {path}'s forward pass has another shape than HEALTHCHECK_MODEL_EXPECT "
-               f"({what})")
+               "(both shapes are in the log)")
     elif reason == "expect-unreadable":
         msg = f"HEALTHCHECK_MODEL_EXPECT cannot be used ({what}): save a tensor with torch.save(tensor, path)"
     elif reason == "bad-input":
@@ -377,7 +410,7 @@ def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dic
     elif reason == "torch-missing":
         msg = f"torch cannot load models here ({what}): see the torch-cuda probe"
     elif reason == "forward-failed":
-        msg = f"the forward pass of {path} failed ({err['type']}; details in the log)"
+        msg = f"the forward pass of {path} failed ({_type(err)}; details in the log)"
     else:
-        msg = f"loading {path} failed ({err['type']}; details in the log)"
+        msg = f"loading {path} failed ({_type(err)}; details in the log)"
     return failed(NAME, msg, reason=reason, **kw)

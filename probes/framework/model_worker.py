@@ -25,7 +25,14 @@ model with ``--input SHAPE:DTYPE[:zeros|seeded]`` it runs one forward pass and, 
 difference and the expected output's largest magnitude; the parent judges them.
 
 It prints exactly ONE line on stdout, ``HEALTHCHECK-MODEL-RESULT {json}``, and progress
-markers (``HEALTHCHECK-MODEL-PHASE <phase>``) on stderr.
+markers (``HEALTHCHECK-MODEL-PHASE <phase>``) on stderr. An error's ``message`` is one of
+``PHRASES`` when the worker names the problem itself; anything else there (an exception's
+text: torch's, the C library's) is a detail the suite writes to its log, never to its output.
+
+The model file and the expected-output file are opened with O_NONBLOCK after a ``stat``
+says they are regular files, and used through that descriptor (``/proc/self/fd/N``): a
+FIFO, a socket or a device is refused at once, never waited on, and the file judged is
+the file loaded.
 
 Command-line equivalent::
 
@@ -52,8 +59,34 @@ ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bflo
 INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
 
 
+# The worker's own words for what went wrong: the suite shows these, and only these.
+NO_FILE = "no such file"
+A_DIRECTORY = "a directory, not a file"
+SPECIAL_FILE = "not a regular file (a FIFO, socket or device)"
+NO_PERMISSION = "permission denied"
+CANNOT_OPEN = "cannot be opened"
+PHRASES = (
+    NO_FILE, A_DIRECTORY, SPECIAL_FILE, NO_PERMISSION, CANNOT_OPEN,
+    "expected SHAPE:DTYPE[:zeros|seeded]", "the shape is not NxMx... (positive integers)",
+    "a dimension is zero", "dtype or fill not accepted",
+    "shorter than a safetensors header", "safetensors header length beyond the file (truncated?)",
+    "safetensors header is not JSON", "safetensors header is not an object",
+    "safetensors header entry is malformed",
+    "a tensor lies beyond the end of the file (truncated?)", "a damaged or truncated zip archive",
+    "not a TorchScript archive, a safetensors file or a torch.save state dict",
+    "a dtype unknown to this torch", "a tensor's size does not match its shape",
+    "the file ended inside a tensor (truncated?)", "safetensors data is little-endian; this machine is not",
+    "no weights_only loading in this torch: not unpickled",
+    "the expected output is not a tensor", "larger than the memory it may take",
+    "the model's output is not a tensor", "another shape than the expected output",
+    "torch.cuda.is_available() is False", "the model needs more memory than is free",
+    "only a TorchScript model can run a forward pass",
+)
+
+
 class Failure(Exception):
-    """A failure the worker names itself (``kind``), with a short message, and the CUDA error's
+    """A failure the worker names itself (``kind``) with one of ``PHRASES``, or with an
+    exception's text (a detail: the suite logs it and shows its own words), and the CUDA error's
     number (``torch.AcceleratorError.error_code``) when one was behind it."""
 
     def __init__(self, kind, message, code=None):
@@ -109,12 +142,14 @@ def new_report(args):
 
 
 def parse_input(spec):
-    """``1x3x224x224:float16[:zeros|seeded]`` -> (shape, dtype name, fill)."""
+    """``1x3x224x224:float16[:zeros|seeded]`` -> (shape, dtype name, fill). The suite validates
+    HEALTHCHECK_MODEL_INPUT with this function too, so both read it alike."""
     parts = spec.split(":")
     if len(parts) not in (2, 3):
         raise Failure("bad-input", "expected SHAPE:DTYPE[:zeros|seeded]")
     dims = parts[0].lower().split("x")
-    if not all(d.isdigit() and len(d) <= 9 for d in dims) or len(dims) > 8:
+    # ASCII digits only: str.isdigit() takes '\u0663' and '\u00b2', and int() reads them.
+    if not all(d and len(d) <= 9 and all(c in "0123456789" for c in d) for d in dims) or len(dims) > 8:
         raise Failure("bad-input", "the shape is not NxMx... (positive integers)")
     shape = [int(d) for d in dims]
     if any(d == 0 for d in shape):
@@ -125,23 +160,46 @@ def parse_input(spec):
     return shape, parts[1], fill
 
 
-def open_file(path):
-    """(file object, size); a missing or unreadable file is a Failure."""
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 (returned to the caller, which closes it)
-    except FileNotFoundError:
-        raise Failure("missing", "no such file") from None
-    except IsADirectoryError:
-        raise Failure("unreadable", "a directory, not a file") from None
-    except OSError as exc:
-        raise Failure("unreadable", os.strerror(exc.errno or 0)) from None
-    st = os.fstat(fh.fileno())
+def _kind_of(st):
     import stat
 
-    if not stat.S_ISREG(st.st_mode):
-        fh.close()
-        raise Failure("unreadable", "not a regular file")
-    return fh, st.st_size
+    if stat.S_ISDIR(st.st_mode):
+        return A_DIRECTORY
+    return None if stat.S_ISREG(st.st_mode) else SPECIAL_FILE
+
+
+def open_file(path, missing="missing", unreadable="unreadable"):
+    """(file object, size) of a regular file; anything else is a Failure (``missing`` or
+    ``unreadable``), said without waiting: the type is known before the file is opened, and
+    the open itself cannot block (O_NONBLOCK) should a FIFO be put there in between."""
+    import errno
+
+    try:
+        problem = _kind_of(os.stat(path))
+        if problem is None:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+                         | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        sys.stderr.write("cannot open " + path + ": " + text(exc) + "\n")  # the log's, not the output's
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise Failure(missing, NO_FILE) from None
+        denied = exc.errno in (errno.EACCES, errno.EPERM)
+        raise Failure(unreadable, NO_PERMISSION if denied else CANNOT_OPEN) from None
+    if problem is not None:
+        raise Failure(unreadable, problem)
+    problem = _kind_of(os.fstat(fd))
+    if problem is not None:
+        os.close(fd)
+        raise Failure(unreadable, problem)
+    os.set_blocking(fd, True)
+    fh = os.fdopen(fd, "rb")
+    return fh, os.fstat(fd).st_size
+
+
+def by_descriptor(fh, path):
+    """A path that opens the very file ``fh`` is (for loaders that take a path), where /proc has one."""
+    name = "/proc/self/fd/" + str(fh.fileno())
+    return name if os.path.exists(name) else path
 
 
 def safetensors_header(fh, size):
@@ -270,7 +328,7 @@ def load_safetensors(torch, fh, size, device):
     except Exception:
         load_file = None
     if load_file is not None:
-        return "safetensors", load_file(fh.name, device=str(device))
+        return "safetensors", load_file(by_descriptor(fh, fh.name), device=str(device))
     header, start = safetensors_header(fh, size)
     out = {}
     for name, info in header.items():
@@ -278,7 +336,7 @@ def load_safetensors(torch, fh, size, device):
             continue
         dtype = getattr(torch, ST_DTYPES[info["dtype"]], None)
         if dtype is None:
-            raise Failure("unsupported", "dtype " + info["dtype"] + " unknown to this torch")
+            raise Failure("unsupported", "a dtype unknown to this torch")
         begin, end = info["data_offsets"]
         count = 1
         for d in info["shape"]:
@@ -299,6 +357,7 @@ def load_safetensors(torch, fh, size, device):
 
 def load(torch, fmt, fh, size, path, device):
     """(loader name, loaded object)."""
+    path = by_descriptor(fh, path)
     if fmt == "torchscript":
         return "torch.jit.load", torch.jit.load(path, map_location=device)
     if fmt == "safetensors":
@@ -325,7 +384,7 @@ def load_error(exc):
     return Failure("load", message, error_code(exc))
 
 
-def forward(torch, model, args, device, report):
+def forward(torch, model, args, device, report, expect_fh):
     shape, dtype_name, fill = parse_input(args.input)
     dtype = getattr(torch, dtype_name)
     if fill == "seeded":
@@ -334,12 +393,10 @@ def forward(torch, model, args, device, report):
     else:
         x = torch.zeros(shape, dtype=dtype)
     expect = None
-    if args.expect:
+    if expect_fh is not None:
         phase("expect")
         try:
-            expect = torch.load(args.expect, map_location="cpu", weights_only=True)
-        except FileNotFoundError:
-            raise Failure("expect-missing", "no such file") from None
+            expect = torch.load(by_descriptor(expect_fh, args.expect), map_location="cpu", weights_only=True)
         except Exception as exc:
             raise Failure("expect-unreadable", text(exc)) from None
         if not hasattr(expect, "shape"):
@@ -362,8 +419,9 @@ def forward(torch, model, args, device, report):
         raise Failure("forward", "the model's output is not a tensor")
     if expect is not None:
         if list(out.shape) != list(expect.shape):
-            raise Failure("shape-mismatch", "output shape " + str(list(out.shape)) + ", expected "
-                          + str(list(expect.shape)))
+            shapes = str(list(out.shape)) + ", expected " + str(list(expect.shape))
+            sys.stderr.write("output shape " + shapes + "\n")  # the log's
+            raise Failure("shape-mismatch", "another shape than the expected output")
         got, want = out.detach().cpu().double(), expect.double()
         report["max_err"] = measure((got - want).abs().max().item()) if want.numel() else 0.0
         report["scale"] = measure(want.abs().max().item()) if want.numel() else 0.0
@@ -373,55 +431,68 @@ def work(args, report):
     phase("open")
     fh, size = open_file(args.path)
     report["file_bytes"] = size
-    with fh:
-        fmt, nbytes = detect(fh, size)
-        report["format"], report["bytes"] = fmt, nbytes
-        if args.input is not None:
-            parse_input(args.input)  # a bad input is said before anything costly
-        phase("import")
-        try:
-            import torch
-        except Exception as exc:
-            raise Failure("import", text(exc)) from None
-        report["torch"] = str(getattr(torch, "__version__", "?"))
-        if args.device == "cuda":
-            phase("init")
-            if not torch.cuda.is_available():
-                raise Failure("cuda-unavailable", "torch.cuda.is_available() is False")
-            device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            device = torch.device("cpu")
-        budget, source = budget_of(torch, args)
-        report["budget"], report["budget_source"] = budget, source
-        if budget is not None and nbytes > budget:
-            raise Failure("too-big", "the model needs more memory than is free")
-        phase("load")
+    expect_fh, expect_size = None, 0
+    try:
+        if args.expect and args.input is not None:  # said before anything costly, as a bad input is
+            expect_fh, expect_size = open_file(args.expect, "expect-missing", "expect-unreadable")
+        with fh:
+            load_and_run(args, report, fh, size, expect_fh, expect_size)
+    finally:
+        if expect_fh is not None:
+            expect_fh.close()
+
+
+def load_and_run(args, report, fh, size, expect_fh, expect_size):
+    fmt, nbytes = detect(fh, size)
+    report["format"], report["bytes"] = fmt, nbytes
+    if args.input is not None:
+        parse_input(args.input)  # a bad input is said before anything costly
+    phase("import")
+    try:
+        import torch
+    except Exception as exc:
+        raise Failure("import", text(exc)) from None
+    report["torch"] = str(getattr(torch, "__version__", "?"))
+    if args.device == "cuda":
+        phase("init")
+        if not torch.cuda.is_available():
+            raise Failure("cuda-unavailable", "torch.cuda.is_available() is False")
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    budget, source = budget_of(torch, args)
+    report["budget"], report["budget_source"] = budget, source
+    if budget is not None and nbytes > budget:
+        raise Failure("too-big", "the model needs more memory than is free")
+    if budget is not None and expect_size > budget:
+        raise Failure("expect-unreadable", "larger than the memory it may take")
+    phase("load")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    try:
+        loader, model = load(torch, fmt, fh, size, args.path, device)
         if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        start = time.perf_counter()
-        try:
-            loader, model = load(torch, fmt, fh, size, args.path, device)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-        except Failure:
-            raise
-        except Exception as exc:
-            raise load_error(exc) from None
-        report["load_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
-        report["loader"] = loader
-        found = []
-        if fmt == "torchscript":
-            found = list(model.parameters()) + list(model.buffers())
-        else:
-            tensors_of(model, found)
-        report["params"] = int(sum(t.numel() for t in found))
-        report["param_bytes"] = int(sum(t.numel() * t.element_size() for t in found))
-        if args.input is not None:
-            if fmt != "torchscript":
-                raise Failure("no-forward", "only a TorchScript model can run a forward pass")
-            forward(torch, model, args, device, report)
-        if device.type == "cuda":
-            report["peak_gpu"] = int(torch.cuda.max_memory_allocated(device))
+            torch.cuda.synchronize(device)
+    except Failure:
+        raise
+    except Exception as exc:
+        raise load_error(exc) from None
+    report["load_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
+    report["loader"] = loader
+    found = []
+    if fmt == "torchscript":
+        found = list(model.parameters()) + list(model.buffers())
+    else:
+        tensors_of(model, found)
+    report["params"] = int(sum(t.numel() for t in found))
+    report["param_bytes"] = int(sum(t.numel() * t.element_size() for t in found))
+    if args.input is not None:
+        if fmt != "torchscript":
+            raise Failure("no-forward", "only a TorchScript model can run a forward pass")
+        forward(torch, model, args, device, report, expect_fh)
+    if device.type == "cuda":
+        report["peak_gpu"] = int(torch.cuda.max_memory_allocated(device))
 
 
 def main(argv=None):

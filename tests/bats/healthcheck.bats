@@ -1,7 +1,9 @@
 #!/usr/bin/env bats
-# The bash front door: help, interpreter lookup, hard deadline and exit-status mapping.
-# The suite's interpreter is replaced by stub executables (HEALTHCHECK_PYTHON) that
-# behave as the real one might: exit with a status, hang, ignore SIGTERM.
+# The bash front door: help, interpreter lookup, the suite's verdict, hard deadline and
+# exit-status mapping. The suite's interpreter is replaced by stub executables
+# (HEALTHCHECK_PYTHON) that behave as the real one might: speak the front door's protocol
+# (suite), or not (stub: an interpreter that is not the suite's); exit with a status, hang,
+# ignore SIGTERM. Where the suite itself must act (a probe that signals it), it is the real one.
 
 bats_require_minimum_version 1.5.0
 
@@ -25,8 +27,39 @@ teardown() {
 
 # stub NAME BODY: an executable script in the stub bin dir
 stub() {
-  printf '#!/usr/bin/env bash\n%s\n' "$2" >"$BIN/$1"
+  printf '#!/bin/bash\n%s\n' "$2" >"$BIN/$1"
   chmod +x "$BIN/$1"
+}
+
+# suite NAME BODY: a stand-in for the suite's interpreter that speaks the front door's
+# protocol as probes/cli.py does: it takes the caller's stdout and stderr back from
+# _HEALTHCHECK_FRONT_DOOR, says "started" on the pipe it kept, runs BODY, and says its
+# verdict (the exit status) with `verdict N` (0 after BODY).
+suite() {
+  # shellcheck disable=SC2016 # written into the stub as it is
+  stub "$1" 'chan=""
+if [ -n "${_HEALTHCHECK_FRONT_DOOR:-}" ]; then
+  read -r out err <<<"$_HEALTHCHECK_FRONT_DOOR"
+  exec {chan}>&1 1>&"$out" 2>&"$err"
+  printf "\036started\n" >&"$chan"
+fi
+verdict() { [ -z "$chan" ] || printf "\036verdict %s\n" "$1" >&"$chan"; exit "$1"; }
+'"$2"'
+verdict 0'
+}
+
+# real_suite: skip unless the .venv the real suite runs in is here
+real_suite() {
+  [ -x "$ROOT/.venv/bin/python" ] || skip "no .venv in $ROOT (run make install)"
+  export ENABLE_GPU_CHECK=false ENABLE_TORCH_CHECK=false ENABLE_JUPYTER_CHECK=false ENABLE_SSH_CHECK=false
+  export ENABLE_RUNTIME_CHECK=false HEALTHCHECK_STATE_DIR="$TMP/state" HEALTHCHECK_CHECKS_DIR="$TMP/checks"
+  mkdir -p "$TMP/checks"
+}
+
+# dropin NAME BODY: a drop-in check in $TMP/checks (real_suite's HEALTHCHECK_CHECKS_DIR)
+dropin() {
+  printf '#!/bin/sh\n%s\n' "$2" >"$TMP/checks/$1"
+  chmod 755 "$TMP/checks/$1"
 }
 
 @test "--help prints the header comment and exits 0" {
@@ -38,13 +71,13 @@ stub() {
 }
 
 @test "arguments reach the suite's interpreter in isolated mode" {
-  stub py 'echo "args: $* home=${_HEALTHCHECK_HOME:-}"'
+  suite py 'echo "args: $* home=${_HEALTHCHECK_HOME:-}"'
   HEALTHCHECK_PYTHON="$BIN/py" _HEALTHCHECK_HOME=/elsewhere run -0 "$ROOT/healthcheck" --profile readiness --json
   [ "$output" = "args: -I -c $ENTRY --profile readiness --json home=" ]
 }
 
 @test "liveness from the source tree: no site-packages, the suite found beside the front door" {
-  stub py 'echo "args: $* home=${_HEALTHCHECK_HOME:-}"'
+  suite py 'echo "args: $* home=${_HEALTHCHECK_HOME:-}"'
   HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" --profile liveness --json
   [ "$output" = "args: -I -S -c $ENTRY --profile liveness --json home=$ROOT" ]
   HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_PROFILE=liveness run -0 "$ROOT/healthcheck" --profile startup
@@ -57,24 +90,125 @@ stub() {
   [[ "${lines[0]}" == "unhealthy: ssh: connection refused: nothing listening on 127.0.0.1:2 ("* ]]
 }
 
-@test "exit statuses 0, 1 and 3 pass through" {
+@test "the suite's verdicts 0, 1 and 3 pass through" {
   for s in 0 1 3; do
-    stub py "exit $s"
+    suite py "echo verdict-$s; verdict $s"
     HEALTHCHECK_PYTHON="$BIN/py" run "$ROOT/healthcheck"
     [ "$status" -eq "$s" ]
+    [ "$output" = "verdict-$s" ]
   done
 }
 
 @test "exit status 2 (reserved by Docker) becomes 1" {
-  stub py 'exit 2'
+  suite py 'verdict 2'
   HEALTHCHECK_PYTHON="$BIN/py" run -1 "$ROOT/healthcheck"
   [[ "$output" == "unhealthy: healthcheck: the suite ended with status 2" ]]
 }
 
 @test "a crash by signal becomes 1 with a reason" {
-  stub py 'kill -SEGV $$'
+  suite py 'kill -SEGV $$'
   HEALTHCHECK_PYTHON="$BIN/py" run -1 "$ROOT/healthcheck"
-  [[ "$output" == *"the suite ended with status 139"* ]]
+  [ "$output" = "unhealthy: healthcheck: the suite ended with status 139 (killed by signal 11) before its verdict" ]
+}
+
+@test "healthy needs the suite's verdict: an exit status alone is not one" {
+  # The suite started, then ended 0 (or said 0 and ended 1) without its own verdict.
+  suite py 'exit 0'
+  HEALTHCHECK_PYTHON="$BIN/py" run -1 "$ROOT/healthcheck"
+  [ "$output" = "unhealthy: healthcheck: the suite ended with status 0 before its verdict" ]
+  suite py 'printf "\036verdict 0\n" >&"$chan"; exit 1'
+  HEALTHCHECK_PYTHON="$BIN/py" run -1 "$ROOT/healthcheck"
+  [ "$output" = "unhealthy: healthcheck: the suite ended with status 1 (its verdict: 0)" ]
+}
+
+@test "an interpreter that is not the suite's is one exit-3 line naming HEALTHCHECK_PYTHON" {
+  mkdir "$TMP/a-directory"
+  stub talks 'echo "usage: talks [-x]" >&2; echo "Traceback (most recent call last):"; echo "ImportError: no probes"; exit 1'
+  stub silent 'exit 0'
+  stub blank 'echo; echo "   "; exit 0'
+  stub endless 'while :; do echo "-I -c ..."; done'
+  printf '#!%s\n' "$TMP/no-such-interpreter" >"$BIN/shebang"
+  chmod +x "$BIN/shebang"
+  for python in /bin/true /bin/false "$TMP/a-directory" "$TMP/missing" /bin/sh "$BIN/talks" "$BIN/silent" \
+    "$BIN/blank" "$BIN/endless" "$BIN/shebang"; do
+    SECONDS=0
+    HEALTHCHECK_PYTHON="$python" run -3 --separate-stderr "$ROOT/healthcheck" --profile liveness
+    [ "$output" = "" ]
+    [ "${#stderr_lines[@]}" -eq 1 ]
+    [[ "$stderr" == "healthcheck: HEALTHCHECK_PYTHON=$python "* ]]
+    [[ "$stderr" == *"(accepted: the path of "* ]]
+    [[ "$stderr" != *Traceback* ]]
+    [ "$SECONDS" -le 2 ]
+  done
+  HEALTHCHECK_PYTHON=/bin/true run -3 "$ROOT/healthcheck"
+  [ "$output" = "healthcheck: HEALTHCHECK_PYTHON=/bin/true cannot run the suite (exit status 0 and no verdict) (accepted: the path of a python with the suite installed)" ]
+  HEALTHCHECK_PYTHON="$BIN/talks" run -3 "$ROOT/healthcheck"
+  [[ "$output" == *"cannot run the suite (exit status 1: ImportError: no probes)"* ]]
+}
+
+@test "a python without the suite is one exit-3 line, not a traceback" {
+  local python
+  python=$(command -v python3) || skip "no python3 on PATH"
+  ! "$python" -I -c 'import probes' 2>/dev/null || python=/usr/bin/python3
+  [ -x "$python" ] && ! "$python" -I -c 'import probes' 2>/dev/null || skip "every python3 here has the suite"
+  HEALTHCHECK_PYTHON="$python" run -3 --separate-stderr "$ROOT/healthcheck"
+  [ "$output" = "" ]
+  [ "$stderr" = "healthcheck: HEALTHCHECK_PYTHON=$python cannot run the suite (exit status 1: ModuleNotFoundError: No module named 'probes') (accepted: the path of a python with the suite installed)" ]
+}
+
+@test "the front door starts with an empty or a hostile PATH" {
+  suite py 'echo "ran with PATH=$PATH"'
+  for tool in bash env timeout readlink sed; do
+    stub "$tool" "touch '$TMP/hijacked-by-$tool'; exit 0"
+  done
+  ln -s "$ROOT/healthcheck" "$TMP/linked"
+  HEALTHCHECK_PYTHON="$BIN/py" PATH= run -0 "$ROOT/healthcheck"
+  [ "$output" = "ran with PATH=" ]
+  HEALTHCHECK_PYTHON="$BIN/py" PATH="$BIN" run -0 "$TMP/linked" --profile liveness
+  [ "$output" = "ran with PATH=$BIN" ]
+  PATH="$BIN" run -0 "$TMP/linked" --help
+  [[ "${lines[0]}" == "Summary: prove that this GPU container can do its job"* ]]
+  run ls "$TMP"
+  [[ "$output" != *hijacked* ]]
+  # The real suite, with nothing on PATH at all (its probes find nothing there: they are off).
+  real_suite
+  command -p env -i PATH= ENABLE_GPU_CHECK=false ENABLE_TORCH_CHECK=false ENABLE_JUPYTER_CHECK=false ENABLE_SSH_CHECK=false \
+    ENABLE_RUNTIME_CHECK=false HEALTHCHECK_STATE_DIR="$TMP/state" HEALTHCHECK_CHECKS_DIR="$TMP/checks" \
+    "$ROOT/healthcheck" --profile liveness >"$TMP/out" 2>&1 || { cat "$TMP/out"; false; }
+  [[ "$(cat "$TMP/out")" == "healthy: "* ]]
+}
+
+@test "a probe that signals the suite still leaves a verdict" {
+  real_suite
+  # A drop-in, and a stub nvidia-smi, that TERM, KILL or INT their parent (the suite).
+  for signal in TERM KILL INT; do
+    rm -f "$TMP/checks"/*
+    dropin "sig-$signal" "kill -$signal \$PPID; sleep 5; echo late"
+    run -1 "$ROOT/healthcheck"
+    [ "${#lines[@]}" -ge 1 ]
+    case "$signal" in
+      TERM) [[ "${lines[0]}" == "unhealthy: healthcheck: the suite got SIGTERM before its verdict"* ]] ;;
+      KILL) [ "${lines[0]}" = "unhealthy: healthcheck: the suite ended with status 137 (killed by signal 9) before its verdict" ] ;;
+      INT) [ "${lines[0]}" = "unhealthy: healthcheck: interrupted (SIGINT) before a verdict" ] ;;
+    esac
+  done
+  rm -f "$TMP/checks"/*
+  stub nvidia-smi 'kill -TERM $PPID; sleep 5'
+  ENABLE_GPU_CHECK=true run -1 "$ROOT/healthcheck" --only nvidia-smi
+  [[ "${lines[0]}" == "unhealthy: healthcheck: the suite got SIGTERM before its verdict"* ]]
+}
+
+@test "a drop-in that stops the suite (SIGSTOP) does not delay the answer past the deadline" {
+  real_suite
+  dropin stopper 'kill -STOP $PPID; echo "stopped it"'
+  local start=$EPOCHREALTIME
+  HEALTHCHECK_TIMEOUT=2 run "$ROOT/healthcheck"
+  local took=$(( ${EPOCHREALTIME/[!0-9]/} - ${start/[!0-9]/} ))
+  # The suite's own verdict (continued at its deadline, it ends the drop-in or reads its result),
+  # never the front door's hard stop.
+  [[ "${lines[0]}" == "healthy: "* || "${lines[0]}" == "unhealthy: stopper: "* ]]
+  [ "$status" -le 1 ]
+  [ "$took" -lt 3500000 ] # the deadline (2 s) and a little; the hard stop would be 5 s
 }
 
 @test "a hung suite is stopped at the hard deadline with exit 1 and one line" {
@@ -96,25 +230,39 @@ stub() {
   ! pgrep -f "$BIN/py" >/dev/null
 }
 
+# hard_stop ARGS...: the hard deadline the front door computes (its HEALTHCHECK_DEBUG trace), in REPLY
+hard_stop() {
+  suite py 'exit 0'
+  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_DEBUG=1 run --separate-stderr "$ROOT/healthcheck" "$@"
+  local traced=$'\n''\+ hard=([0-9]+)'$'\n'
+  [[ "$stderr" =~ $traced ]]
+  REPLY=${BASH_REMATCH[1]}
+}
+
 @test "the hard deadline follows the profile" {
-  stub py 'exit 0'
-  stub timeout 'echo "timeout $*"'
-  HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" --profile liveness
-  [[ "$output" == "timeout -k 1 13 "* ]]
-  HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" --profile=startup
-  [[ "$output" == "timeout -k 1 63 "* ]]
-  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_PROFILE=liveness run -0 "$ROOT/healthcheck"
-  [[ "$output" == "timeout -k 1 13 "* ]]
-  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=2.5 run -0 "$ROOT/healthcheck"
-  [[ "$output" == "timeout -k 1 6 "* ]]
+  hard_stop --profile liveness && [ "$REPLY" = 13 ]
+  hard_stop --profile=startup && [ "$REPLY" = 63 ]
+  HEALTHCHECK_PROFILE=liveness hard_stop && [ "$REPLY" = 13 ]
+  HEALTHCHECK_TIMEOUT=2.5 hard_stop && [ "$REPLY" = 6 ]
   # Surrounding whitespace is ignored, as the suite ignores it.
-  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=" 30 " HEALTHCHECK_PROFILE=" liveness" run -0 "$ROOT/healthcheck"
-  [[ "$output" == "timeout -k 1 33 "* ]]
+  HEALTHCHECK_TIMEOUT=" 30 " HEALTHCHECK_PROFILE=" liveness" hard_stop && [ "$REPLY" = 33 ]
   # A value the suite refuses (exit 3) never breaks the arithmetic and gets the longest budget.
-  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=-1 run -0 "$ROOT/healthcheck"
-  [[ "$output" == "timeout -k 1 63 "* ]]
-  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=99999999999999999999999999 run -0 "$ROOT/healthcheck"
-  [[ "$output" == "timeout -k 1 28 "* ]]
+  HEALTHCHECK_TIMEOUT=-1 hard_stop && [ "$REPLY" = 63 ]
+  HEALTHCHECK_TIMEOUT=99999999999999999999999999 hard_stop && [ "$REPLY" = 28 ]
+}
+
+@test "a 100,000-character setting is one bounded exit-3 line, read at once" {
+  real_suite
+  local padded
+  printf -v padded '%100000s1' ''
+  for var in HEALTHCHECK_TIMEOUT HEALTHCHECK_PROFILE; do
+    SECONDS=0
+    run -3 --separate-stderr env "$var=$padded" "$ROOT/healthcheck"
+    [ "$SECONDS" -le 2 ]
+    [ "${#stderr_lines[@]}" -eq 1 ]
+    [ "${#stderr}" -lt 400 ]
+    [[ "$stderr" == "healthcheck: $var='  "*"' is too long: 100001 characters (accepted: at most 4096)" ]]
+  done
 }
 
 @test "serve runs without a deadline" {
@@ -126,7 +274,7 @@ stub() {
 
 @test "a HEALTHCHECK_PYTHON that is not executable is a usage error" {
   HEALTHCHECK_PYTHON="$TMP/nope" run -3 "$ROOT/healthcheck"
-  [ "$output" = "healthcheck: HEALTHCHECK_PYTHON=$TMP/nope is not an executable (accepted: the path of the suite's python)" ]
+  [ "$output" = "healthcheck: HEALTHCHECK_PYTHON=$TMP/nope is not an executable file (accepted: the path of the suite's python)" ]
 }
 
 @test "a strange HEALTHCHECK_PYTHON is one line with its control characters visible" {
@@ -173,7 +321,7 @@ installed() {
 }
 
 @test "installed by pip, it runs the interpreter the installer wrote beside it" {
-  stub py 'echo "py: $*"'
+  suite py 'echo "py: $*"'
   installed "$TMP/env/bin"
   printf '#!%s\n# -*- coding: utf-8 -*-\n' "$BIN/py" >"$TMP/env/bin/healthcheck-probes"
   run -0 "$TMP/env/bin/healthcheck" --profile liveness
@@ -183,7 +331,7 @@ installed() {
   run -0 healthcheck serve
   [ "$output" = "py: -I -c $ENTRY serve" ]
   # HEALTHCHECK_PYTHON still wins; a record that names no interpreter is a usage error.
-  stub other 'echo "other: $*"'
+  suite other 'echo "other: $*"'
   HEALTHCHECK_PYTHON="$BIN/other" run -0 "$TMP/env/bin/healthcheck" --json
   [[ "$output" == "other: -I -c "* ]]
   printf 'garbage\n' >"$TMP/env/bin/healthcheck-probes"
@@ -193,8 +341,8 @@ installed() {
 
 @test "installed in a path with spaces: the installer's /bin/sh form" {
   mkdir -p "$TMP/my env"
-  printf '#!/usr/bin/env bash\necho "spaced: $*"\n' >"$TMP/my env/python"
-  chmod +x "$TMP/my env/python"
+  suite py 'echo "spaced: $*"'
+  cp "$BIN/py" "$TMP/my env/python"
   installed "$TMP/env/bin"
   # shellcheck disable=SC2016 # the installer's literal text
   printf '#!/bin/sh\n'"'''"'exec'"'"' "%s" "$0" "$@"\n'"' '''"'\n' "$TMP/my env/python" \

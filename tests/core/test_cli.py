@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from probes import config, registry
-from tests.conftest import ROOT, clean_env, run_cli
+from tests.conftest import ROOT, clean_env, run_cli, suite_stub
 
 ALL_OFF = {t: "false" for t in registry.TOGGLES}
 
@@ -118,18 +119,18 @@ def test_unwritable_log_file_is_a_note_not_a_crash(tmp_path):
 
 
 # The front door and the suite read the budget and the profile with one grammar: the hard
-# stop (timeout's own argument, read by a stand-in interpreter from its parent's command
-# line) always leaves the suite its whole deadline plus the 3 s margin.
-HARD_STUB = '#!/bin/bash\ntr "\\0" "\\n" </proc/$PPID/cmdline\n'
+# stop (the front door's `hard`, read from its HEALTHCHECK_DEBUG trace, with a stand-in
+# interpreter that speaks its protocol) always leaves the suite its whole deadline plus 3 s.
+TRACED_HARD = re.compile(r"^\+ hard=(\d+)$", re.MULTILINE)
 
 
 def front_door_hard(stub: Path, args: list[str], env: dict[str, str]) -> int:
-    res = subprocess.run([str(ROOT / "healthcheck"), *args], env={**clean_env(HEALTHCHECK_PYTHON=str(stub)), **env},
+    res = subprocess.run([str(ROOT / "healthcheck"), *args],
+                         env={**clean_env(HEALTHCHECK_PYTHON=str(stub), HEALTHCHECK_DEBUG="1"), **env},
                          capture_output=True, text=True, timeout=30, check=False)
-    assert res.returncode == 0 and res.stderr == "", res.stderr
-    argv = res.stdout.splitlines()
-    assert argv[:3] == ["timeout", "-k", "1"], argv
-    return int(argv[3])
+    assert res.returncode == 0 and res.stdout == "", res.stdout + res.stderr[-2000:]
+    (hard,) = TRACED_HARD.findall(res.stderr)
+    return int(hard)
 
 
 def suite_timeout(args: list[str], env: dict[str, str]) -> float | None:
@@ -144,10 +145,7 @@ def suite_timeout(args: list[str], env: dict[str, str]) -> float | None:
 
 @pytest.fixture(scope="module")
 def hard_stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    stub = tmp_path_factory.mktemp("front") / "py"
-    stub.write_text(HARD_STUB)
-    stub.chmod(0o755)
-    return stub
+    return suite_stub(tmp_path_factory.mktemp("front") / "py")
 
 
 @pytest.mark.parametrize("args,env,hard", [

@@ -101,3 +101,103 @@ def test_serve_xid_lists_refuse_what_int_cannot_read(raw):
 
 def test_base_url_gets_trailing_slash():
     assert load({"HEALTHCHECK_JUPYTER_BASE_URL": "/lab"}).jupyter_base_url == "/lab/"
+
+
+# ---------------------------------------------------------------- every setting, validated to what its user can take
+
+HUGE = {"5000-digits": "9" * 5000, "100k-digits": "1" * 100_000, "100k-letters": "x" * 100_000,
+        "100k-path": "/" + "a" * 100_000, "zeros-then-5000-digits": "0" * 50 + "7" * 5000,
+        "100k-spaces-then-1": " " * 100_000 + "1", "5000-tabs-around-true": "\t" * 2500 + "true" + "\t" * 2500}
+
+
+def every_setting() -> list[registry.Setting]:
+    return [*config.GLOBAL_SETTINGS, *registry.SETTINGS]
+
+
+@pytest.mark.parametrize("value", list(HUGE.values()), ids=list(HUGE))
+def test_a_huge_value_of_any_setting_is_one_bounded_config_error(value):
+    envs = [s.env for s in every_setting()] + list(registry.TOGGLES)
+    for env in envs:
+        with pytest.raises(ConfigError) as err:
+            load({env: value})
+        text = str(err.value)
+        assert text.startswith(f"{env}=") and "\n" not in text and len(text) < 400, (env, text[:500])
+
+
+def test_an_integer_past_pythons_int_string_limit_is_exit_3_in_one_line():
+    from tests.conftest import run_cli
+
+    for env in ("HEALTHCHECK_GPU_COUNT", "HEALTHCHECK_SHM_MIN_MIB", "HEALTHCHECK_MODEL_MAX_BYTES",
+                "HEALTHCHECK_NCCL_MIN_SHM_MIB", "HEALTHCHECK_TORCH_TTL", "HEALTHCHECK_SSH_PORT"):
+        out = run_cli(env={**_no_probes(), env: "4" * 4301})
+        assert out.returncode == 3 and out.stdout == "", out.stdout + out.stderr[:500]
+        assert out.stderr.count("\n") == 1 and len(out.stderr) < 400 and "Traceback" not in out.stderr
+        assert f"healthcheck: {env}='4444" in out.stderr and "is too long: 4301 characters" in out.stderr
+    # Under the length bound but past any bound's digits: out of range before int() reads it; a
+    # leading run of zeros is still the number.
+    with pytest.raises(ConfigError, match=r"HEALTHCHECK_GPU_COUNT='4444.* is out of range"):
+        load({"HEALTHCHECK_GPU_COUNT": "4" * 4000})
+    cfg = load({"HEALTHCHECK_GPU_COUNT": "0" * 4000 + "3", "HEALTHCHECK_TIMEOUT": "0" * 2000 + "2.5" + "0" * 2000})
+    assert (cfg.gpu_count, cfg.timeout) == (3, 2.5)
+
+
+def _no_probes() -> dict[str, str]:
+    from tests.conftest import clean_env
+
+    return clean_env(**{t: "false" for t in registry.TOGGLES}, HEALTHCHECK_CHECKS_DIR="/nonexistent")
+
+
+def test_serve_host_of_100k_characters_is_one_bounded_line():
+    from tests.conftest import PYTHON, ROOT
+
+    env = {**_no_probes(), "HEALTHCHECK_SERVE_HOST": "h" * 100_000}
+    import subprocess
+
+    out = subprocess.run([PYTHON, "-m", "probes", "serve", "--port", "1"], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert out.returncode == 3 and out.stderr.count("\n") == 1 and len(out.stderr) < 400, out.stderr[:500]
+
+
+REFUSED_HOSTS = ["\u00b2", "\uff11\uff12\uff17.0.0.1", "\uff4cocalhost", "ex\u00e4mple.com", "127.0.0.1\u200b",
+                 "local host", "a/b", "h" * 254]
+HOSTS = ["127.0.0.1", "::1", "localhost", "fe80::1%eth0", "jupyter_svc.ns.svc", "[::1]"]
+
+
+def test_a_host_is_an_ip_address_or_an_ascii_name_else_refused_at_config_time():
+    for host in REFUSED_HOSTS:
+        with pytest.raises(ConfigError, match=r"HEALTHCHECK_HOST=.* is not (a host|accepted)"):
+            load({"HEALTHCHECK_HOST": host})
+    for host in HOSTS:
+        assert load({"HEALTHCHECK_HOST": f" {host} "}).host == host
+
+
+def test_a_non_ascii_host_is_exit_3_not_an_internal_error_in_a_probe():
+    from tests.conftest import run_cli
+
+    env = {**_no_probes(), "ENABLE_JUPYTER_CHECK": "true", "HEALTHCHECK_HOST": "\u00b2"}
+    out = run_cli("--profile", "liveness", env=env)
+    assert out.returncode == 3 and "HEALTHCHECK_HOST='\u00b2' is not a host" in out.stderr, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("env", ["HEALTHCHECK_STATE_DIR", "HEALTHCHECK_LOG_FILE", "HEALTHCHECK_CHECKS_DIR"])
+@pytest.mark.parametrize("path", ["state", "./state", "../up/log", "~/healthcheck", "relative/dir/"])
+def test_a_relative_path_is_refused(env, path):
+    with pytest.raises(ConfigError, match=f"{env}=.* is not an absolute path"):
+        load({env: path})
+
+
+def test_a_relative_state_dir_is_exit_3_and_creates_nothing(tmp_path):
+    import subprocess
+
+    from tests.conftest import PYTHON
+
+    for env in ("HEALTHCHECK_STATE_DIR", "HEALTHCHECK_LOG_FILE"):
+        out = subprocess.run([PYTHON, "-m", "probes", "--profile", "liveness"], env={**_no_probes(), env: "here"},
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+        assert out.returncode == 3 and f"{env}='here' is not an absolute path" in out.stderr, out.stderr
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_a_component_longer_than_name_max_is_refused():
+    with pytest.raises(ConfigError, match="path component longer than 255 bytes"):
+        load({"HEALTHCHECK_STATE_DIR": "/tmp/" + "d" * 256})

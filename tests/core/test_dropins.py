@@ -26,8 +26,8 @@ def write(directory: Path, name: str, body: str, *, mode: int = 0o755, header: s
 
 
 def run(directory: Path, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
-    full = clean_env(HEALTHCHECK_CHECKS_DIR=str(directory), HEALTHCHECK_STATE_DIR=str(directory.parent / "state"),
-                     **ALL_OFF, **env)
+    full = clean_env(**{"HEALTHCHECK_CHECKS_DIR": str(directory), "HEALTHCHECK_STATE_DIR": str(directory.parent / "state"),
+                        **ALL_OFF, **env})
     return subprocess.run([sys.executable, "-m", "probes", *args], env=full, cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, check=False)
 
@@ -171,3 +171,141 @@ def test_a_missing_or_empty_directory_changes_nothing(tmp_path):
     for d in (tmp_path / "missing", tmp_path):
         res = run(d if d.name == "missing" else tmp_path / "empty", "--json")
         assert res.returncode == 0 and json.loads(res.stdout)["checks"] == {}
+
+
+# ---------------------------------------------------------------- a name whose toggle is taken
+
+@pytest.mark.parametrize(("name", "toggle"), [("gpu", "ENABLE_GPU_CHECK"), ("torch", "ENABLE_TORCH_CHECK"),
+                                              ("GPU", "ENABLE_GPU_CHECK"), ("Torch", "ENABLE_TORCH_CHECK"),
+                                              ("model", None)])
+def test_a_drop_in_whose_toggle_is_a_built_in_one_is_reported_even_when_that_toggle_is_off(checks, tmp_path, name,
+                                                                                            toggle):
+    (tmp_path / "ran").mkdir()
+    write(checks, name, f"touch {tmp_path}/ran/{name}")
+    write(checks, "other", "echo fine")
+    res = run(checks, "--json")  # every built-in toggle is false here, ENABLE_GPU_CHECK and ENABLE_TORCH_CHECK too
+    assert res.returncode == 1 and os.listdir(tmp_path / "ran") == [], res.stdout
+    doc = json.loads(res.stdout)
+    check = doc["checks"][f"drop-in-{name}:status"][0]
+    assert check["status"] == "fail" and check["reason"] == "bad-check", check
+    assert (toggle or "built-in probe") in check["output"] and "rename the file" in check["output"]
+    assert doc["checks"]["other:status"][0]["status"] == "pass"
+
+
+def test_two_drop_ins_never_share_a_toggle(checks, tmp_path):
+    (tmp_path / "ran").mkdir()
+    write(checks, "disk-ok", f"touch {tmp_path}/ran/dash")
+    write(checks, "disk.ok", f"touch {tmp_path}/ran/dot")
+    res = run(checks, ENABLE_DISK_OK_CHECK="false")
+    assert res.returncode == 1 and os.listdir(tmp_path / "ran") == [], res.stdout
+    assert "FAIL drop-in-disk.ok" in res.stdout and "share its toggle ENABLE_DISK_OK_CHECK with the drop-in 'disk-ok'" \
+        in res.stdout
+
+
+# ---------------------------------------------------------------- a path another user controls
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="makes files owned by another user: needs root")
+OTHER = 65534
+
+
+def world(tmp_path: Path) -> Path:
+    """A world-writable sticky directory, as /tmp is."""
+    d = tmp_path / "world"
+    d.mkdir()
+    d.chmod(0o1777)
+    return d
+
+
+def their_link(at: Path, target: Path) -> Path:
+    at.symlink_to(target)
+    os.lchown(at, OTHER, OTHER)
+    return at
+
+
+def untrusted_layouts(tmp_path: Path, checks: Path) -> dict[str, tuple[Path, str]]:
+    """HEALTHCHECK_CHECKS_DIR values that lead to ``checks`` through something another user controls,
+    each with what the failure must name."""
+    w = world(tmp_path)
+    layouts = {"their link in a sticky dir": (their_link(w / "checks", checks), f"{w}/checks is a symbolic link "
+                                                                                 f"owned by uid {OTHER}")}
+    their_link(w / "mid", tmp_path)
+    layouts["their link mid-path"] = (w / "mid" / checks.name, f"{w}/mid is a symbolic link owned by uid {OTHER}")
+    (w / "root-link").symlink_to(w / "theirs")
+    their_link(w / "theirs", checks)
+    layouts["root's link to their link"] = (w / "root-link", f"{w}/theirs is a symbolic link owned by uid {OTHER}")
+    theirs = tmp_path / "their-dir"
+    theirs.mkdir()
+    os.chown(theirs, OTHER, OTHER)
+    (theirs / "checks").symlink_to(checks)
+    layouts["their directory on the way"] = (theirs / "checks", f"{theirs} is owned by uid {OTHER}")
+    group = tmp_path / "group-writable"
+    group.mkdir()
+    group.chmod(0o775)
+    (group / "checks").symlink_to(checks)
+    layouts["a group-writable directory on the way"] = (group / "checks", f"{group} is writable by group or "
+                                                                           "others (mode 775)")
+    sticky = w / "sticky-checks"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    write(sticky, "ran-from-sticky", f"touch {tmp_path}/ran/sticky")
+    layouts["the checks dir itself world-writable, even sticky"] = (sticky, f"{sticky} is writable by group or "
+                                                                            "others (mode 1777)")
+    return layouts
+
+
+@needs_root
+def test_a_checks_dir_reached_through_what_another_user_controls_runs_nothing(checks, tmp_path):
+    (tmp_path / "ran").mkdir()
+    write(checks, "root-owned-tool", f"touch {tmp_path}/ran/tool")
+    for layout, (path, named) in untrusted_layouts(tmp_path, checks).items():
+        res = run(checks, HEALTHCHECK_CHECKS_DIR=str(path))
+        assert os.listdir(tmp_path / "ran") == [], (layout, res.stdout)
+        assert res.returncode == 1 and res.stdout.startswith("unhealthy: drop-ins: untrusted: "), (layout, res.stdout)
+        assert named in res.stdout and "nothing in it is run" in res.stdout, (layout, res.stdout)
+        assert "root-owned-tool" not in res.stdout and "ran-from-sticky" not in res.stdout  # not even listed
+
+
+@needs_root
+def test_roots_link_and_a_sticky_directory_on_the_way_are_trusted_but_their_link_is_not(checks, tmp_path):
+    (tmp_path / "ran").mkdir()
+    write(checks, "tool", f"touch {tmp_path}/ran/tool")
+    w = world(tmp_path)
+    (w / "roots").symlink_to(checks)  # root's own link in /tmp: followed
+    inside = w / "inside"  # a root-owned directory inside a sticky world-writable one
+    inside.mkdir()
+    write(inside, "tool", f"touch {tmp_path}/ran/inside")
+    for path, ran in ((w / "roots", "tool"), (inside, "inside")):
+        res = run(checks, HEALTHCHECK_CHECKS_DIR=str(path))
+        assert res.returncode == 0 and (tmp_path / "ran" / ran).exists(), res.stdout
+    their_link(w / "theirs", checks)
+    (tmp_path / "ran" / "tool").unlink()
+    res = run(checks, HEALTHCHECK_CHECKS_DIR=str(w / "theirs"))
+    assert res.returncode == 1 and not (tmp_path / "ran" / "tool").exists(), res.stdout
+
+
+# SIGTERM to one of the suite's threads other than the main one (tgkill), as the kernel may pick
+# for a kill(1) under load: only the main thread runs a handler, and it must not sleep through it.
+TGKILL = {"x86_64": 234, "aarch64": 131}
+AT_ANOTHER_THREAD = f"""#!{sys.executable}
+import ctypes, os, time
+parent = os.getppid()
+tids = [int(t) for t in os.listdir(f"/proc/{{parent}}/task") if int(t) != parent]
+ctypes.CDLL(None).syscall({TGKILL.get(os.uname().machine, 0)}, parent, tids[0], 15)
+time.sleep(5)
+print("late")
+"""
+
+
+@pytest.mark.parametrize("signal", ["TERM", "INT", "TERM at another thread"])
+def test_a_drop_in_that_signals_the_suite_leaves_a_verdict_at_once_without_the_front_door(checks, signal):
+    if signal == "TERM at another thread":
+        if os.uname().machine not in TGKILL:
+            pytest.skip(f"no tgkill number known for {os.uname().machine}")
+        (checks / "rude").write_text(AT_ANOTHER_THREAD)
+        (checks / "rude").chmod(0o755)
+    else:
+        write(checks, "rude", f"kill -{signal} $PPID\nsleep 5\necho late")
+    t0 = time.monotonic()
+    res = run(checks)
+    assert res.returncode == 1 and time.monotonic() - t0 < 4, res.stdout + res.stderr
+    assert res.stdout.startswith("unhealthy: healthcheck: ") and "before a verdict" in res.stdout, res.stdout

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import probes
-from tests.conftest import ROOT, build_wheel, clean_env
+from tests.conftest import ROOT, build_wheel, clean_env, suite_stub
 from tests.servers import wait_gone
 from tests.services.conftest import ScriptedServer
 
@@ -164,24 +164,26 @@ def test_a_suite_that_ignores_term_is_killed_at_the_hard_deadline(bin_dir: Path,
     assert wait_gone(str(py), within=5) == []
 
 
-@pytest.mark.parametrize(("body", "status"), [("exit 2", 2), ("kill -SEGV $$", 139)])
-def test_exit_2_and_signals_become_1(bin_dir: Path, tmp_path: Path, body: str, status: int) -> None:
-    py = stub(tmp_path, "py", body)
+@pytest.mark.parametrize(("body", "said"), [("verdict 2", "status 2"),
+                                            ("kill -SEGV $$", "status 139 (killed by signal 11) before its verdict")])
+def test_exit_2_and_signals_become_1(bin_dir: Path, tmp_path: Path, body: str, said: str) -> None:
+    py = suite_stub(tmp_path / "stubs" / "py", body)
     res = run(bin_dir / "healthcheck", env=env_for(tmp_path, HEALTHCHECK_PYTHON=str(py)))
     assert res.returncode == 1
-    assert res.stdout == f"unhealthy: healthcheck: the suite ended with status {status}\n"
+    assert res.stdout == f"unhealthy: healthcheck: the suite ended with {said}\n"
 
 
 def test_isolated_mode_and_serve_without_a_deadline(bin_dir: Path, tmp_path: Path) -> None:
-    py = stub(tmp_path, "py", 'echo "args: $*"')
+    py = suite_stub(tmp_path / "stubs" / "py", 'echo "args: $*"')
     stub(tmp_path, "timeout", 'echo "timeout $*"; exit 9')
     env = env_for(tmp_path, HEALTHCHECK_PYTHON=str(py))
     entry = ('-I -c import os, sys; home = os.environ.pop("_HEALTHCHECK_HOME", ""); '
              'sys.path[:0] = [home] if home else []; from probes.cli import entry; entry()')
     served = run(bin_dir / "healthcheck", "serve", "--port", "1234", env=env)
     assert (served.returncode, served.stdout) == (0, f"args: {entry} serve --port 1234\n")
-    checked = run(bin_dir / "healthcheck", "--profile", "liveness", env=env)
-    assert checked.stdout.startswith("timeout -k 1 13 "), "the liveness budget (10 s) + 3"
+    checked = run(bin_dir / "healthcheck", "--profile", "liveness", env={**env, "HEALTHCHECK_DEBUG": "1"})
+    assert checked.stdout == f"args: {entry} --profile liveness\n", checked.stdout + checked.stderr[-2000:]
+    assert "\n+ hard=13\n" in checked.stderr, "the liveness budget (10 s) + 3"
 
 
 def test_an_environment_in_a_path_with_spaces(wheel: Path, tmp_path: Path, ssh_port: int) -> None:

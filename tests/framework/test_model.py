@@ -281,3 +281,129 @@ def test_torchscript_loads_and_runs_on_the_gpu(tmp_path: Path, scripted: tuple[P
     report = data["report"]
     assert report["peak_gpu"] and report["peak_gpu"] > 0 and report["budget_source"] == "free GPU memory"
     assert "peak GPU memory" in result.message
+
+
+# ---------------------------------------------------------------- special files, exception texts, the input setting
+
+def special_files(tmp_path: Path) -> dict[str, Path]:
+    import socket
+
+    fifo = tmp_path / "fifo.pt"
+    os.mkfifo(fifo)
+    sock_path = tmp_path / "sock.pt"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))  # left bound: the file stays a socket for the test's life
+    return {"fifo": fifo, "socket": sock_path, "device": Path("/dev/zero")}
+
+
+def test_a_special_file_as_the_model_is_refused_at_once(tmp_path: Path) -> None:
+    for what, path in special_files(tmp_path).items():
+        start = time.monotonic()
+        result, data = run_probe(tmp_path, path, profile="startup", timeout=15.0)
+        assert time.monotonic() - start < 10, f"{what}: waited on it"
+        assert (result.status, result.reason) == (Status.FAIL, "model-unreadable"), (what, result.message)
+        assert "not a regular file (a FIFO, socket or device)" in result.message
+        assert data["report"]["format"] is None  # nothing was read from it
+
+
+def test_a_special_file_as_the_expected_output_is_refused_before_the_model_loads(
+        tmp_path: Path, scripted: tuple[Path, torch.Tensor]) -> None:
+    path, _ = scripted
+    for what, expect in special_files(tmp_path).items():
+        start = time.monotonic()
+        result, data = run_probe(tmp_path, path, profile="startup", timeout=15.0, model_input="2x4:float32",
+                                 model_expect=str(expect))
+        assert time.monotonic() - start < 10, f"{what}: waited on it"
+        assert (result.status, result.reason) == (Status.FAIL, "expect-unreadable"), (what, result.message)
+        assert "not a regular file" in result.message and data["report"]["load_ms"] is None
+
+
+class LogLines(list):
+    """The suite's log lines during a test (probes.context.logger has no handler of its own)."""
+
+    def __enter__(self) -> LogLines:
+        import logging
+
+        from probes.context import logger
+
+        self.handler = logging.Handler()
+        self.handler.emit = lambda record: self.append(record.getMessage())  # type: ignore[method-assign]
+        self.level = logger().level
+        logger().addHandler(self.handler)
+        logger().setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from probes.context import logger
+
+        logger().removeHandler(self.handler)
+        logger().setLevel(self.level)
+
+
+def test_exception_texts_go_to_the_log_never_to_the_output(tmp_path: Path,
+                                                          scripted: tuple[Path, torch.Tensor]) -> None:
+    path, _ = scripted
+    unsafe = tmp_path / "expect-with-code.pt"  # torch.load's refusal: a long text with a URL, maybe escapes
+    torch.save({"x": Planted(tmp_path / "code-ran")}, str(unsafe))
+    loop = tmp_path / "loop.pt"  # an errno text: "Too many levels of symbolic links"
+    loop.symlink_to(loop)
+    cut = tmp_path / "cut.pt"  # the legacy reader's own words
+    torch.save(torch.nn.Linear(8, 2).state_dict(), str(cut), _use_new_zipfile_serialization=False)
+    cut.write_bytes(cut.read_bytes()[:-40])
+    cases = [({"model_input": "2x4:float32", "model_expect": str(unsafe)}, path, "expect-unreadable", "Weights only"),
+             ({}, loop, "model-unreadable", "Too many levels of symbolic links"),
+             ({}, cut, "model-corrupt", "unexpected EOF")]
+    for settings, model_path, reason, detail in cases:
+        with LogLines() as log:
+            result, _ = run_probe(tmp_path, model_path, profile="startup", **settings)
+        assert result.reason == reason, result.message
+        for text in (detail, "weights_only", "\\x1b", "\x1b", "http", "Error"):
+            assert text not in result.message, result.message
+        assert any(detail in line for line in log), (detail, log)
+    assert not (tmp_path / "code-ran").exists()
+
+
+def test_the_workers_own_phrases_are_the_only_messages_it_names_itself() -> None:
+    import ast
+
+    tree = ast.parse(Path(model_worker.__file__).read_text())
+    said = [node.args[1].value for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "Failure" and len(node.args) == 2
+            and isinstance(node.args[1], ast.Constant)]
+    assert said and set(said) <= set(model_worker.PHRASES), set(said) - set(model_worker.PHRASES)
+
+
+BAD_INPUTS = ["-1x4:float32", "\u0661x\u0664:float32", "\u00b2x4:float32", "2x4:float32:ones", "2x4:float32:",
+              "2x4", "2x0:float32", "2x4:complex64", "2x4:float32:zeros:more", "1x1x1x1x1x1x1x1x1:float32",
+              "1234567890x4:float32", " :float32"]
+
+
+def test_a_bad_model_input_is_a_configuration_error_with_one_line() -> None:
+    for raw in BAD_INPUTS:
+        with pytest.raises(config_mod.ConfigError) as err:
+            config_mod.load({"HEALTHCHECK_MODEL_INPUT": raw, "HEALTHCHECK_CHECKS_DIR": "/nonexistent"})
+        text = str(err.value)
+        assert text.startswith("HEALTHCHECK_MODEL_INPUT=") and "is not SHAPE:DTYPE" in text and "\n" not in text, text
+        assert "accepted: e.g. 1x3x224x224:float16" in text and len(text) < 400
+    ok = config_mod.load({"HEALTHCHECK_MODEL_INPUT": " 2X4:float16:seeded ", "HEALTHCHECK_CHECKS_DIR": "/nonexistent"})
+    assert ok.model_input == "2X4:float16:seeded"
+
+
+def test_the_cli_refuses_a_bad_model_input_with_exit_3(tmp_path: Path) -> None:
+    from tests.conftest import clean_env, run_cli
+
+    for raw in ("-1x4:float32", "\u0663x4:float32", "2x4:float32:ones"):
+        out = run_cli(env=clean_env(HEALTHCHECK_MODEL_PATH=str(tmp_path / "m.pt"), HEALTHCHECK_MODEL_INPUT=raw,
+                                    HEALTHCHECK_STATE_DIR=str(tmp_path / "state")))
+        assert out.returncode == 3 and out.stdout == "" and out.stderr.count("\n") == 1, out.stdout + out.stderr
+        assert "HEALTHCHECK_MODEL_INPUT=" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_worker_reads_only_ascii_digits_and_takes_a_leading_dash_as_the_inputs() -> None:
+    for raw in ("\u0663x4:float32", "\u00b2x4:float32"):
+        with pytest.raises(model_worker.Failure):
+            model_worker.parse_input(raw)
+    args = model_worker.parse_args(["--path=/m.pt", "--input=-1x4:float32", "--expect=-e.pt"])
+    assert (args.input, args.expect) == ("-1x4:float32", "-e.pt")
+    with pytest.raises(model_worker.Failure):
+        model_worker.parse_input(args.input)

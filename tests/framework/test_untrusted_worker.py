@@ -111,6 +111,27 @@ def test_numbers_no_float_can_hold_are_an_unreadable_result(old: str, new: str, 
     assert out.stdout.splitlines()[0].startswith("unhealthy: torch-cuda:")
 
 
+@pytest.mark.parametrize(("old", "new"), [
+    ('"torch": "2.3.0"', '"torch": "2.3\x01.0"'),
+    ('"name": "H100"', '"name": "H1\x0000"'),
+    ('"error": null}]}', '"error": null}]'),
+    ('"error": null}]}', '"error": null,}]}'),
+], ids=["control-character", "nul-in-a-string", "truncated", "trailing-comma"])
+def test_a_malformed_result_line_is_bad_output_when_json_was_never_imported(
+        old: str, new: str, make_interp: Callable[..., Interp], tmp_path: Path) -> None:
+    # --only: the run imports nothing that imports json before the result line is read.
+    out_file = tmp_path / "line"
+    out_file.write_text(result_line(old, new))
+    py = make_interp("malformed", body=f'cat "{out_file}"')
+    env = cli_env(py, tmp_path, HEALTHCHECK_FASTPATH="false")
+    for flags in (("--only", torch_cuda.NAME), ("--only", torch_cuda.NAME, "--json")):
+        out = run_cli(*flags, env=env, timeout=60)
+        both = out.stdout + out.stderr
+        assert out.returncode == 1, both
+        assert "internal" not in both and "SystemError" not in both, both
+        assert "bad-output" in out.stdout or "unreadable result (the result line is not readable JSON" in both, both
+
+
 def raw_controls(text: str) -> list[str]:
     return sorted({ch for ch in text if ch != "\n" and not ch.isprintable()})
 

@@ -115,9 +115,9 @@ def test_cli_passes_without_a_network() -> None:
 def test_front_door_constants_match_the_script(checker: ModuleType) -> None:
     """The policy's timeout floor is the front door's own kill time: read it from the script."""
     text = (ROOT / "healthcheck").read_text()
-    grace = re.search(r"hard=\$\(\(budget \+ (\d+)\)\)", text)
-    kill = re.search(r"timeout -k (\d+) ", text)
-    assert grace and kill, "the front door no longer has 'hard=$((budget + N))' and 'timeout -k N'"
+    grace = re.search(r"^hard=\$\(\(budget \+ (\d+)\)\)$", text, re.MULTILINE)
+    kill = re.search(r"^kill_after=(\d+)$", text, re.MULTILINE)
+    assert grace and kill, "the front door no longer has 'hard=$((budget + N))' and 'kill_after=N'"
     assert int(grace.group(1)) == checker.FRONT_DOOR_GRACE
     assert int(kill.group(1)) == checker.FRONT_DOOR_KILL_AFTER
 

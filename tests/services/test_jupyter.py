@@ -504,6 +504,29 @@ def test_cli_failure_never_shows_the_token(jupyter: Jupyter, tmp_path: Path) -> 
     assert out.stdout.count(TOKEN) <= out.stdout.count(f"/{TOKEN}/")
 
 
+def _malformed(live: str) -> dict[str, str]:
+    return {"truncated": live[: len(live) // 2], "trailing-comma": live.rstrip().rstrip("}") + ",}",
+            "nul-in-a-string": live.replace('"/"', '"/\x00"', 1), "control-character": live.replace('"/"', '"/\x1b"', 1)}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "trailing-comma", "nul-in-a-string", "control-character"])
+def test_a_malformed_runtime_file_is_refused_in_a_fresh_run(jupyter: Jupyter, tmp_path: Path, damage: str) -> None:
+    """The notebook user writes the runtime dir: a file cut mid-write or malformed is refused and the
+    server is still found, however the run was started (--only, --skip, no fast path: no json imported)."""
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    live = next(jupyter.runtime.glob("jpserver-*.json"))
+    (rt / "jpserver-1.json").write_text(_malformed(live.read_text())[damage])
+    env = clean_env(HEALTHCHECK_JUPYTER_RUNTIME_DIR=str(rt), HEALTHCHECK_JUPYTER_PORT=str(jupyter.port),
+                    HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_FASTPATH="false",
+                    **{t: "false" for t in ("ENABLE_GPU_CHECK", "ENABLE_RUNTIME_CHECK", "ENABLE_TORCH_CHECK",
+                                            "ENABLE_SSH_CHECK")})
+    for flags in (("--only", "jupyter"), ("--skip", "ssh", "--profile", "liveness"), ("--json",)):
+        out = run_cli(*flags, env=env, timeout=60)
+        assert out.returncode == 0, (flags, out.stdout + out.stderr)
+        assert "internal" not in out.stdout + out.stderr, (flags, out.stdout)
+
+
 # ---------------------------------------------------------------- servers that are not (working) Jupyter
 
 def test_plain_http_hello_is_not_jupyter(hello_http: Any, tmp_path: Path) -> None:
