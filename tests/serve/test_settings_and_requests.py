@@ -6,6 +6,8 @@ requests are raw bytes on a real socket to a real server.
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 
 import pytest
@@ -89,3 +91,65 @@ def test_the_floors_are_where_the_docs_say():
         settings.load(clean_env(), interval="0.2499")
     with pytest.raises(ConfigError, match=r"0 for off, or seconds from 0\.1 to 3600"):
         settings.load(clean_env(HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE="0.0999"))
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def _raw(port: int, request: bytes) -> bytes:
+    """What the server answers ``request`` (sent as is) until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+LINE_MAX = 65536  # http.server's limit on the request line and on each header line
+# Each is sent whole and read whole by the server before it answers (a request cut short
+# would leave unread bytes, and the kernel answers those with a reset that can eat the answer).
+REFUSED = [
+    (b"GET /livez\r\n", 505),  # HTTP/0.9: no version
+    (b"GET /livez HTTP/0.9\r\n\r\n", 505),
+    (b"GET /livez HTTP/2.0\r\n\r\n", 505),
+    (b"GET /readyz HTTP/3\r\n\r\n", 400),
+    (b"GET /livez HTTP/x.y-secret-token\r\n\r\n", 400),
+    (b"GET /livez HTTP/1.1 secret-token\r\n\r\n", 400),
+    (b"BREW\r\n", 400),
+    (bytes.fromhex("16030100f4010000f00303") + bytes(range(0x80, 0xa0)) + b"\r\n", 400),  # a TLS hello
+    (b"\x00\xff\xfe secret-token \x1b[31m\r\n", 400),
+    (b"POST /livez HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 501),
+    (b"SECRET-TOKEN /livez HTTP/1.0\r\n\r\n", 501),
+    ((b"GET /" + b"secret-token" * 6000)[:LINE_MAX + 1], 414),
+    ((b"GET /livez HTTP/1.1\r\nX-Pad: " + b"secret-token" * 6000)[:21 + LINE_MAX + 1], 431),
+    (b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-%d: secret-token\r\n" % i for i in range(101)), 431),
+]
+
+
+def test_every_refused_request_gets_a_status_line_and_health_json(start_server):
+    srv = start_server(ALL_OFF, "--interval", "3600")
+    for request, code in REFUSED:
+        case = f"{request[:40]!r}: "
+        answer = _raw(srv.port, request)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        assert lines[0].startswith(b"HTTP/1.1 %d " % code), case + repr(answer[:200])
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+        assert headers[b"content-type"] == b"application/health+json", case + repr(head)
+        assert headers[b"connection"] == b"close", case + repr(head)
+        assert int(headers[b"content-length"]) == len(body) < 400, case + repr(answer)
+        doc = json.loads(body)
+        assert doc["status"] == "fail" and doc["reason"] and doc["checks"] == {}, case + repr(doc)
+        assert b"secret" not in answer.lower() and b"<html" not in answer.lower(), case + repr(answer)
+        assert b"\x1b" not in answer, case + repr(answer)
+    assert srv.health("/livez")[0] in (200, 503)  # and it still serves
+    assert srv.terminate() == 0
+
+
+def test_a_head_request_refused_has_no_body(start_server):
+    srv = start_server(ALL_OFF, "--interval", "3600")
+    answer = _raw(srv.port, (b"HEAD /livez HTTP/1.1\r\nX-Pad: " + b"a" * LINE_MAX)[:22 + LINE_MAX + 1])
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 ") and b"application/health+json" in head and body == b""
+    assert srv.terminate() == 0
