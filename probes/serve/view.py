@@ -391,11 +391,13 @@ def _watcher(ask: Ask) -> Finding | None:
     return Finding(note="Xid/ECC event watching is off: NVML events are unavailable (see the log)")
 
 
-def _latch(ask: Ask) -> Finding | None:
-    """``latch:state``: latched unhealthy until the container restarts."""
+def _latch(ask: Ask) -> Finding:
+    """``latch:state``: latched unhealthy until the container restarts; a pass when not (or, for
+    startup once it passed, not judged: that answer stands for good)."""
     latch = ask.snap.latch
     if latch is None or ask.sticky:
-        return None
+        said = "not latched" if not ask.sticky else "not judged once startup passed (see /livez and /readyz)"
+        return Finding(key="latch:state", entry=_entry("hardware", "pass", said, now=ask.now))
     why = clean(latch.get("reason", "latched"), 200)
     code = clean(latch.get("code") or "latched", 40)
     msg = f"latched unhealthy: {why}; restart the container (reset the GPU if it persists)"

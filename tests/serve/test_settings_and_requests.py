@@ -14,6 +14,7 @@ import pytest
 
 from probes.config import ConfigError
 from probes.serve import settings
+from probes.state import State
 from tests.conftest import ROOT, clean_env
 from tests.serve.conftest import ALL_OFF, PYTHON
 
@@ -152,4 +153,27 @@ def test_a_head_request_refused_has_no_body(start_server):
     answer = _raw(srv.port, (b"HEAD /livez HTTP/1.1\r\nX-Pad: " + b"a" * LINE_MAX)[:22 + LINE_MAX + 1])
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 431 ") and b"application/health+json" in head and body == b""
+    assert srv.terminate() == 0
+
+
+# --------------------------------------------------------------------------- /<endpoint>/latch
+
+
+def test_latch_is_a_check_of_every_endpoint(start_server):
+    srv = start_server(ALL_OFF, "--interval", "0.5")
+    srv.wait_runs_ended()
+    for path in ("/livez", "/readyz", "/startupz"):
+        _, body = srv.wait_for(f"{path}/latch", lambda c, b: c == 200, 20, f"{path}/latch answers")
+        assert list(body["checks"]) == ["latch:state"] and body["checks"]["latch:state"][0]["status"] == "pass"
+    _, _, text = srv.get("/readyz?verbose")
+    assert "[+]latch ok" in text.decode().splitlines()
+    _, body = srv.health("/readyz?exclude=latch")
+    assert "latch:state" not in body["checks"] and not any("no matches" in n for n in body["notes"])
+
+    State(str(srv.state)).set_latch("torch-cuda", "fatal CUDA error (illegal address)")
+    for path in ("/livez/latch", "/readyz/latch"):
+        _, body = srv.wait_for(path, lambda c, b: c == 503, 20, f"{path} turns 503")
+        entry = body["checks"]["latch:state"][0]
+        assert entry["status"] == "fail" and "illegal address" in entry["output"], body
+    assert srv.health("/startupz/latch")[0] == 200  # startup passed before: that answer stands
     assert srv.terminate() == 0
