@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +18,7 @@ from probes.config import ConfigError
 from probes.serve import settings
 from probes.state import State
 from tests.conftest import ROOT, clean_env
-from tests.serve.conftest import ALL_OFF, PYTHON
+from tests.serve.conftest import ALL_OFF, PYTHON, watch_env
 
 # --------------------------------------------------------------------------- the address
 
@@ -176,4 +178,32 @@ def test_latch_is_a_check_of_every_endpoint(start_server):
         entry = body["checks"]["latch:state"][0]
         assert entry["status"] == "fail" and "illegal address" in entry["output"], body
     assert srv.health("/startupz/latch")[0] == 200  # startup passed before: that answer stands
+    assert srv.terminate() == 0
+
+
+# --------------------------------------------------------------------------- the event watch's state
+
+
+def _watch_state(srv) -> str:
+    _, _, text = srv.get("/metrics")
+    on = [line for line in text.decode().splitlines()
+          if line.startswith("healthcheck_nvml_event_watch{") and line.endswith(" 1.0")]
+    assert len(on) == 1, on
+    return on[0].split('"')[1]
+
+
+@pytest.mark.parametrize("stuck", ["nvmlInit", "nvmlDeviceRegisterEvents"])
+def test_the_event_watch_is_starting_until_nvml_has_registered_it(start_server, fake_nvml, tmp_path: Path,
+                                                                  stuck: str):
+    srv = start_server(watch_env(fake_nvml, tmp_path, f"gpus 1\nhang {stuck} 4000\n"), "--interval", "3600")
+    seen = set()
+    end = time.monotonic() + 2.0  # well inside the 4 s NVML is stuck for
+    while time.monotonic() < end:
+        seen.add(_watch_state(srv))
+        time.sleep(0.05)
+    assert seen == {"starting"}, seen
+    end = time.monotonic() + 20
+    while (state := _watch_state(srv)) != "running":
+        assert time.monotonic() < end, f"never running: {state}\n{srv.log_text()}"
+        time.sleep(0.1)
     assert srv.terminate() == 0
