@@ -57,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
                                   "loopback only)")
     p.add_argument("--port", help=f"TCP port (default {st.DEFAULT_PORT}; 0: a free one, logged)")
     p.add_argument("--interval", metavar="SECONDS|PROFILE=SECONDS,...",
-                   help="pause between runs of each profile (default startup=5,readiness=15,liveness=10)")
+                   help=f"pause between runs of each profile, at least {st.MIN_INTERVAL:g} s "
+                        "(default startup=5,readiness=15,liveness=10)")
     return p
 
 
