@@ -452,52 +452,46 @@ def gather(ctx: Context) -> dict[str, Any]:
 # (plus the version and time of a pass). Every fail reason here is one of SPEC's causes.
 
 LOGIN_STATUSES = (401, 407)
+NOT_200 = "not Jupyter: {where} answered {get} with HTTP {status}{src}"
+OTHER_SERVER = "another web server holds the port; check HEALTHCHECK_JUPYTER_PORT"
+SPOKE_PLAIN = "TLS mismatch: {where} speaks HTTPS but the probe spoke plain HTTP"
+CHECK_CERT = "check the server's ServerApp.certfile and keyfile, or HEALTHCHECK_JUPYTER_TLS"
 OUTCOMES: dict[str, tuple[str | None, str, str, str]] = {
     # outcome: (reason, status, problem, remedy)
-    "ok": (None, "pass", "Jupyter Server {version} answered {get} at {scheme}://{where} in {ms:.0f} ms",
-           ""),
+    "ok": (None, "pass", "Jupyter Server {version} answered {get} at {scheme}://{where} in {ms:.0f} ms", ""),
     "http-5xx": ("http-error", "fail", "Jupyter at {where} answered {get} with HTTP {status}",
                  "the server is failing; see its log"),
-    "http-404": ("not-jupyter", "fail", "not Jupyter: {where} answered {get} with HTTP {status}{src}",
+    "http-404": ("not-jupyter", "fail", NOT_200,
                  "wrong base URL? the server has no {path}; set HEALTHCHECK_JUPYTER_BASE_URL to Jupyter's "
                  "ServerApp.base_url"),
-    "http-403": ("not-jupyter", "fail", "not Jupyter: {where} answered {get} with HTTP {status}{src}",
+    "http-403": ("not-jupyter", "fail", NOT_200,
                  "Jupyter refuses requests for a Host it does not trust: probe it via 127.0.0.1 "
                  "(HEALTHCHECK_HOST) or set ServerApp.allow_remote_access"),
-    "http-login": ("not-jupyter", "fail", "not Jupyter: {where} answered {get} with HTTP {status}{src}",
+    "http-login": ("not-jupyter", "fail", NOT_200,
                    "a proxy or login page answers instead of Jupyter; point the probe at Jupyter itself"),
-    "http-other": ("not-jupyter", "fail", "not Jupyter: {where} answered {get} with HTTP {status}{src}",
-                   "another web server holds the port; check HEALTHCHECK_JUPYTER_PORT"),
+    "http-other": ("not-jupyter", "fail", NOT_200, OTHER_SERVER),
     "no-version": ("not-jupyter", "fail", "not Jupyter: {where} answered {get} with HTTP 200 ({ctype}) but "
-                   "no JSON version",
-                   "another web server holds the port; check HEALTHCHECK_JUPYTER_PORT"),
+                   "no JSON version", OTHER_SERVER),
     "refused": ("refused", "fail", "nothing listening on {where} (connection refused{listening})",
                 "start Jupyter or set HEALTHCHECK_JUPYTER_PORT to its port"),
     "connect-timeout": ("connect-timeout", "fail", "connection to {where} not accepted within {budget:.1f}s",
                         "Jupyter is hung or its accept queue is full; restart it"),
     "resolve": ("unreachable", "fail", "cannot resolve host {host!r}{src}",
                 "set HEALTHCHECK_HOST to an address such as 127.0.0.1"),
-    "unreachable": ("unreachable", "fail", "cannot reach {where}{detail}",
-                    "check HEALTHCHECK_HOST"),
+    "unreachable": ("unreachable", "fail", "cannot reach {where}{detail}", "check HEALTHCHECK_HOST"),
     "hung": ("hung", "fail", "hung: {where} accepted the connection but did not answer {get} within "
-             "{budget:.1f}s",
-             "Jupyter is hung or overloaded; restart it and check its log"),
+             "{budget:.1f}s", "Jupyter is hung or overloaded; restart it and check its log"),
     "partial": ("deadline", "fail", "answer from {where} incomplete at the deadline ({received} bytes in "
-                "{budget:.1f}s)",
-                "Jupyter is overloaded or stuck; check its log"),
-    "tls-expected-by-file": ("tls-mismatch", "fail", "TLS mismatch: {where} speaks HTTPS but the probe "
-                             "spoke plain HTTP",
+                "{budget:.1f}s)", "Jupyter is overloaded or stuck; check its log"),
+    "tls-expected-by-file": ("tls-mismatch", "fail", SPOKE_PLAIN,
                              "{source} says http: remove stale jpserver-*.json files"),
-    "tls-expected": ("tls-mismatch", "fail", "TLS mismatch: {where} speaks HTTPS but the probe spoke plain "
-                     "HTTP",
+    "tls-expected": ("tls-mismatch", "fail", SPOKE_PLAIN,
                      "set HEALTHCHECK_JUPYTER_TLS=true (or point HEALTHCHECK_JUPYTER_RUNTIME_DIR at the "
                      "server's runtime directory, where a trusted jpserver-*.json says secure=true)"),
     "plain-by-file": ("tls-mismatch", "fail", "TLS mismatch: {where} speaks plain HTTP but {source} says "
-                      "https",
-                      "check the server's ServerApp.certfile and keyfile, or HEALTHCHECK_JUPYTER_TLS"),
+                      "https", CHECK_CERT),
     "plain": ("tls-mismatch", "fail", "TLS mismatch: {where} speaks plain HTTP but HEALTHCHECK_JUPYTER_TLS "
-              "is true",
-              "check the server's ServerApp.certfile and keyfile, or HEALTHCHECK_JUPYTER_TLS"),
+              "is true", CHECK_CERT),
     "tls-verify": ("tls-error", "fail", "the TLS certificate of {where} is not trusted",
                    "probe over loopback (HEALTHCHECK_HOST=127.0.0.1), where a self-signed certificate is "
                    "accepted"),
@@ -510,8 +504,7 @@ OUTCOMES: dict[str, tuple[str | None, str, str, str]] = {
     "bad-http": ("not-jupyter", "fail", "not Jupyter: {where} does not answer HTTP ({excerpt})",
                  "another service holds the port; check HEALTHCHECK_JUPYTER_PORT"),
     "closed-mid-answer": ("not-jupyter", "fail", "not Jupyter: {where} closed the connection mid-answer to "
-                          "{get}",
-                          "the server crashed or is not Jupyter; check its log"),
+                          "{get}", "the server crashed or is not Jupyter; check its log"),
     "closed": ("not-jupyter", "fail", "not Jupyter: {where} closed the connection without answering {get}",
                "check HEALTHCHECK_JUPYTER_PORT and the server's log"),
 }
