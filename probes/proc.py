@@ -292,11 +292,35 @@ def _of_mine(table: Mapping[int, _Proc]) -> tuple[set[int], dict[int, int]]:
     return _below(table, [me]) - {me}, {}
 
 
+def _settled(table: Mapping[int, _Proc], found: set[int], dead: set[tuple[int, int]]) -> bool:
+    """Whether no process of the run can have forked unseen by this pass.
+
+    /proc is read one process at a time after it is listed, so a process that forks and
+    dies while the table is read shows as dead, and its child was listed by no one: the
+    pass is not settled while a process of the run (found, or a child of ours or of one
+    found) is newly seen dead (``dead``: pid and start of those seen, updated). Nor while a
+    process found is still running: a SIGSTOP that arrives during fork() stops the parent
+    only once the child exists. A process in uninterruptible sleep stops on its way back to
+    user space, so it counts as stopped.
+    """
+    me = os.getpid()
+    calm = True
+    for pid, p in table.items():
+        if p.state in DEAD:
+            if (pid in found or p.ppid == me or p.ppid in found) and (pid, p.start) not in dead:
+                dead.add((pid, p.start))
+                calm = False
+        elif pid in found and p.state not in STOPPED and p.state != b"D":
+            calm = False
+    return calm
+
+
 def _freeze_and_kill(select: Select, budget: float,
                      seen: dict[int, int] | None = None) -> tuple[dict[int, int], dict[int, _Proc]]:
-    """SIGSTOP what ``select`` finds, pass after pass until a pass finds nothing new, then
-    SIGKILL it all. A stopped process forks no more and its children stay below it, so
-    once a pass finds nothing new, nothing of the run is left to find.
+    """SIGSTOP what ``select`` finds, pass after pass until the run is settled (see _settled)
+    in two passes in a row (one, when it has nothing alive), then SIGKILL it all. A stopped
+    process forks no more and its children stay below it (or come to us, the subreaper,
+    with the run's marker), so then nothing of the run is left to find.
 
     A process that ``select`` cannot tell yet (its environment is empty: it is in the
     middle of execve) is stopped too, which it does once execve is done; then its new
@@ -309,10 +333,13 @@ def _freeze_and_kill(select: Select, budget: float,
     seen = {} if seen is None else seen
     killed: dict[int, int] = {}
     checking: dict[int, int] = {}  # stopped to read their environment once execve is done
+    dead: set[tuple[int, int]] = set()
+    settled_before = False
     table: dict[int, _Proc] = {}
     try:
         for _ in range(SWEEP_PASSES):
-            table = _table()
+            with _lock:  # no zombie of ours is reaped, by another thread, while /proc is read
+                table = _table()
             found, unsure = select(table)
             new = {pid: table[pid].start for pid in found
                    if table[pid].state not in DEAD and seen.get(pid) != table[pid].start}
@@ -341,8 +368,10 @@ def _freeze_and_kill(select: Select, budget: float,
                 _signal(new, signal.SIGSTOP)
                 killed.update(new)
                 seen.update(new)
-            elif not checking:
+            settled = _settled(table, found, dead) and not new
+            if settled and not checking and (settled_before or not _alive(table, found)):
                 break
+            settled_before = settled
             if time.monotonic() >= limit:
                 break
             if not new:
@@ -351,6 +380,10 @@ def _freeze_and_kill(select: Select, budget: float,
         _signal(killed, signal.SIGKILL)
         _signal([pid for pid in checking if pid not in killed], signal.SIGCONT)
     return killed, table
+
+
+def _alive(table: Mapping[int, _Proc], pids: Iterable[int]) -> bool:
+    return any(table[pid].state not in DEAD for pid in pids if pid in table)
 
 
 def _reap(focus: Iterable[int] = ()) -> set[int]:

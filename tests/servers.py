@@ -50,15 +50,23 @@ def stop(proc: subprocess.Popen[Any]) -> None:
 
 
 def leftovers(marker: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes anywhere whose command line carries ``marker``."""
+    """Live (non-zombie) processes anywhere whose command line carries ``marker``; ``info``
+    holds their command line, state and parent as found."""
     found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
+    for p in psutil.process_iter(["cmdline", "status", "ppid"]):
         try:
             if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except psutil.Error:
             continue
     return found
+
+
+def described(procs: list[psutil.Process]) -> list[str]:
+    """Leftovers as they were found: a later look (a Process's repr) would show what killing
+    them made of them, a zombie."""
+    return [f"pid {p.pid} (parent {p.info.get('ppid')}, {p.info.get('status')}): "
+            f"{' '.join(p.info.get('cmdline') or [])[:200]}" for p in procs]
 
 
 def wait_gone(marker: str, within: float = 1.0) -> list[psutil.Process]:

@@ -4,13 +4,14 @@ Serves /livez, /readyz, /startupz (application/health+json, 200 or 503) and /met
 (Prometheus) from results that a background monitor refreshes, and watches NVML for
 Xid/ECC events. SIGTERM or SIGINT stops it cleanly: the monitor's runs and the
 watcher are killed with their process groups, the socket is closed, exit status 0.
-Exit status 3 on a bad flag or setting (one line on stderr), 1 if it cannot serve
-(the port is taken).
+Exit status 3 on a bad flag or setting (one line on stderr), an address this machine does
+not have included; 1 if it cannot serve (the port is taken).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import logging.handlers
 import os
@@ -26,9 +27,13 @@ TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.
 if TYPE_CHECKING:
     from typing import IO, Any, NoReturn
 
+    from probes.serve.settings import Settings
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 3
 log = logging.getLogger("healthcheck.serve")
 STOP_GRACE = 1.0  # seconds a monitor run gets after SIGTERM before SIGKILL
+# bind() errors that blame the address (not on this machine, or its family not supported).
+HOST_ERRNOS = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,10 +53,12 @@ def parser() -> argparse.ArgumentParser:
                "HEALTHCHECK_SERVE_XID_WATCH, HEALTHCHECK_XID_CRITICAL, HEALTHCHECK_XID_APPLICATION, "
                "HEALTHCHECK_XID_IGNORE, HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE, "
                "HEALTHCHECK_SERVE_PYTHON and the probes' own settings (see the README).")
-    p.add_argument("--host", help=f"address to bind (default {st.DEFAULT_HOST}: loopback only)")
+    p.add_argument("--host", help=f"address to bind: {st.HOST_FORMS} (default {st.DEFAULT_HOST}: "
+                                  "loopback only)")
     p.add_argument("--port", help=f"TCP port (default {st.DEFAULT_PORT}; 0: a free one, logged)")
     p.add_argument("--interval", metavar="SECONDS|PROFILE=SECONDS,...",
-                   help="pause between runs of each profile (default startup=5,readiness=15,liveness=10)")
+                   help=f"pause between runs of each profile, at least {st.MIN_INTERVAL:g} s "
+                        "(default startup=5,readiness=15,liveness=10)")
     return p
 
 
@@ -101,6 +108,23 @@ def _kill_children(grace: float) -> None:
     proc.end_descendants(grace)
 
 
+def _listen(server_class: Any, settings: Settings, monitor: Any) -> Any:
+    """The bound server, or None when the port cannot be had (said on stderr: exit 1). An
+    address that cannot be bound is the host setting's fault: ConfigError (exit 3)."""
+    from probes.serve import settings as st
+
+    try:
+        return server_class((settings.host, settings.port), monitor, gating=settings.readiness_gating)
+    except OSError as exc:
+        if exc.errno in HOST_ERRNOS:
+            raise ConfigError(f"{settings.host_from}={settings.host} cannot be bound here "
+                              f"({os.strerror(exc.errno)}) (accepted: {st.HOST_FORMS})") from None
+        why = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else "cannot bind"
+        _stderr_line(f"healthcheck serve: cannot listen on {settings.host}:{settings.port} ({why}): "
+                     "choose another --port or HEALTHCHECK_SERVE_PORT")
+        return None
+
+
 def serve(argv: Sequence[str]) -> int:
     from probes.serve import settings as st
 
@@ -131,12 +155,8 @@ def serve(argv: Sequence[str]) -> int:
         log.warning("state dir not usable (%s): no serve.json for the CLI fast path, latch in memory only",
                     state.disabled_reason)
     monitor = Monitor(settings, state)
-    try:
-        server = HealthServer((settings.host, settings.port), monitor, gating=settings.readiness_gating)
-    except OSError as exc:
-        print(f"healthcheck serve: cannot listen on {settings.host}:{settings.port} "
-              f"({os.strerror(exc.errno or 0)}): choose another --port or HEALTHCHECK_SERVE_PORT",
-              file=sys.stderr)
+    server = _listen(HealthServer, settings, monitor)
+    if server is None:
         return EXIT_FAIL
     host, port = server.server_address[:2]
     monitor.address = (str(host), int(port))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,6 +48,16 @@ def error_body(reason: str, output: str) -> bytes:
 ERROR_BODY = error_body("internal-error", "internal error; see the server log")
 NOT_FOUND_BODY = error_body("not-found", "unknown path; try " + ", ".join(
     [*ENDPOINTS, *(p + "/<check>" for p in ENDPOINTS), "/metrics"]))
+# Requests refused before a handler runs: fixed words, nothing of the request echoed.
+REFUSED = {
+    400: error_body("bad-request", "malformed request line; send GET <path> HTTP/1.1"),
+    414: error_body("uri-too-long", "request line too long"),
+    431: error_body("headers-too-large", "request header fields too long or too many"),
+    501: error_body("not-implemented", "method not served; use GET or HEAD"),
+    505: error_body("http-version-not-supported", "HTTP version not served; use HTTP/1.0 or HTTP/1.1"),
+}
+HTTP_1 = re.compile(rb"HTTP/1\.[0-9]")
+HTTP_ANY = re.compile(rb"HTTP/[0-9]+\.[0-9]+")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -58,6 +69,33 @@ class Handler(BaseHTTPRequestHandler):
 
     def version_string(self) -> str:
         return self.server_version  # no Python version in the Server header
+
+    def parse_request(self) -> bool:
+        # Only HTTP/1.x is served. The standard parser answers a line without a version
+        # (HTTP/0.9) with a bare body, no status line, and passes HTTP/0.x on to a handler.
+        words = bytes(getattr(self, "raw_requestline", b"")).split()
+        if words and (len(words) != 3 or not HTTP_1.fullmatch(words[2])):
+            self.command, self.requestline = "", ""
+            self.send_error(505 if len(words) == 2 or (len(words) == 3 and HTTP_ANY.fullmatch(words[2]))
+                            else 400)
+            return False
+        return super().parse_request()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Every refused request: health+json, a status line always (HTTP/0.9 included), the
+        standard reason phrase (the library's messages quote the request), then close."""
+        body = REFUSED.get(code, REFUSED[400])
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+            self.request_version = "HTTP/1.0"  # send_response writes no status line for 0.9
+        self.close_connection = True
+        self.send_response(code)
+        self.send_header("Connection", "close")
+        self.send_header("Content-Type", HEALTH_JSON)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if getattr(self, "command", "") != "HEAD":
+            self.wfile.write(body)
 
     def do_GET(self) -> None:
         self._answer(head=False)
@@ -114,7 +152,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http: %s %s", self.address_string(), format % args)
+        log.debug("http: %s %s", self.address_string(), clean(format % args, 300))
 
 
 class HealthServer(ThreadingHTTPServer):

@@ -31,14 +31,24 @@ DEFAULT_XID_CRITICAL = tuple(sorted(x for x in xids.CATALOG if xids.bucket(x).se
 DEFAULT_XID_APPLICATION = tuple(sorted(x for x in xids.CATALOG
                                        if xids.bucket(x).severity == xids.APPLICATION))
 MAX_INTERVAL = 86400.0
+# Each run starts a Python interpreter (about 0.1 s of CPU): a shorter pause would keep a core
+# busy with runs back to back and change nothing a probe could see.
+MIN_INTERVAL = 0.25
+# What HEALTHCHECK_SERVE_HOST and --host accept: an address bound as written, never a name to
+# resolve (its answer could change, or be every interface).
+HOST_FORMS = ("an IPv4 or IPv6 address of this machine, e.g. 127.0.0.1 or ::1 (0.0.0.0 or :: for every "
+              "interface), or localhost for 127.0.0.1")
+MAX_HOST = 45  # characters of the longest IPv6 literal
 # The NVML watcher reads each GPU's clock event reasons this often; a reading with HW slowdown
 # or power brake is one slowdown event, judged by rate over a window (probes.serve.xid).
 DEFAULT_SLOWDOWN_SAMPLE = 60.0
+MIN_SLOWDOWN_SAMPLE = 0.1  # or 0 (off): NVML is read this often at most
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     host: str = DEFAULT_HOST
+    host_from: str = "HEALTHCHECK_SERVE_HOST"  # where the host came from, for an error that names it
     port: int = DEFAULT_PORT
     intervals: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(DEFAULT_INTERVALS))
     # Per profile: a result older than interval + slack is stale (503, reason "stale").
@@ -66,6 +76,36 @@ def parse_serve_port(name: str, raw: str) -> int:
     return cfg.parse_port(name, raw)
 
 
+def parse_host(name: str, raw: str) -> str:
+    """An address literal to listen on (HOST_FORMS); ``localhost`` is 127.0.0.1."""
+    import ipaddress
+
+    text = raw.strip(cfg.SPACE)
+    if text.lower() == "localhost":
+        return DEFAULT_HOST
+    try:
+        address = ipaddress.ip_address(text) if len(text) <= MAX_HOST and "%" not in text else None
+    except ValueError:
+        address = None
+    if address is None:
+        raise cfg.ConfigError(
+            f"{name}={cfg.shown(raw)} is not an address to listen on (accepted: {HOST_FORMS})")
+    return text
+
+
+def parse_interval(name: str, raw: str) -> float:
+    return cfg.parse_number(name, raw, low=MIN_INTERVAL, high=MAX_INTERVAL, low_inclusive=True)
+
+
+def parse_sample(name: str, raw: str) -> float:
+    """Seconds between clock-reason readings: 0 (off), or MIN_SLOWDOWN_SAMPLE to 3600."""
+    seconds = cfg.parse_number(name, raw, low=0, high=3600, low_inclusive=True)
+    if 0 < seconds < MIN_SLOWDOWN_SAMPLE:
+        raise cfg.ConfigError(f"{name}={cfg.shown(raw)} is too short (accepted: 0 for off, or seconds "
+                              f"from {MIN_SLOWDOWN_SAMPLE:g} to 3600)")
+    return seconds
+
+
 def parse_intervals(name: str, raw: str) -> dict[str, float]:
     """``15`` (every profile) or ``readiness=15,liveness=5`` (those profiles), or both mixed."""
     out: dict[str, float] = {}
@@ -75,11 +115,11 @@ def parse_intervals(name: str, raw: str) -> dict[str, float]:
     for part in parts:
         prof, sep, value = part.partition("=")
         if not sep:
-            seconds = cfg.parse_number(name, part, low=0, high=MAX_INTERVAL)
+            seconds = parse_interval(name, part)
             out.update({p: seconds for p in cfg.PROFILES})
             continue
         prof = cfg.parse_choice(name, prof, cfg.PROFILES)
-        out[prof] = cfg.parse_number(f"{name} {prof}", value, low=0, high=MAX_INTERVAL)
+        out[prof] = parse_interval(f"{name} {prof}", value)
     return out
 
 
@@ -112,10 +152,9 @@ def load(environ: Mapping[str, str] | None = None, *, host: str | None = None, p
     # The probe configuration of every profile the monitor runs: validated now.
     probe_cfgs = {p: cfg.load(env, profile=p) for p in cfg.PROFILES}
 
-    h = cfg.parse_text("--host", host) if host is not None else None
-    if h is None:
-        raw = _env(env, "HEALTHCHECK_SERVE_HOST")
-        h = cfg.parse_text("HEALTHCHECK_SERVE_HOST", raw) if raw is not None else DEFAULT_HOST
+    host_from = "--host" if host is not None else "HEALTHCHECK_SERVE_HOST"
+    raw = host if host is not None else _env(env, "HEALTHCHECK_SERVE_HOST")
+    h = parse_host(host_from, raw) if raw is not None else DEFAULT_HOST
     if port is not None:
         prt = parse_serve_port("--port", port)
     else:
@@ -166,13 +205,13 @@ def load(environ: Mapping[str, str] | None = None, *, host: str | None = None, p
     # An ignored Xid leaves the default lists (HEALTHCHECK_XID_IGNORE=79 stops 79 from latching).
     critical, application = critical - ignore, application - ignore
     raw = _env(env, "HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE")
-    sample = (cfg.parse_number("HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE", raw, low=0, high=3600, low_inclusive=True)
-              if raw is not None else DEFAULT_SLOWDOWN_SAMPLE)
+    sample = (parse_sample("HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE", raw) if raw is not None
+              else DEFAULT_SLOWDOWN_SAMPLE)
     py_raw = _env(env, "HEALTHCHECK_SERVE_PYTHON")
     python = cfg.parse_text("HEALTHCHECK_SERVE_PYTHON", py_raw) if py_raw is not None else sys.executable
     gpu_on = probe_cfgs["readiness"].toggles.get("ENABLE_GPU_CHECK", True)
     return Settings(
-        host=h, port=prt, intervals=intervals, slack=slack, deadlines=deadlines,
+        host=h, host_from=host_from, port=prt, intervals=intervals, slack=slack, deadlines=deadlines,
         readiness_gating=flag("HEALTHCHECK_SERVE_READINESS_GATING", True),
         deep=flag("HEALTHCHECK_SERVE_DEEP", True),
         # Default: watch whenever the GPU checks are on; an explicit value decides alone.

@@ -290,6 +290,222 @@ def _fold(checks: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[str, str |
     return status, None, ""
 
 
+# ---------------------------------------------------------------- an endpoint's verdict
+#
+# The run's report is the starting point; each overlay below (the result's age, Xid events,
+# sustained slowdown, the watcher's state, the latch) looks at the snapshot alone and returns
+# what it adds, or None; one loop folds them in order. Then ?exclude and /<check> select, and
+# the answer is built. An overlay's effect: "fail" decides status, reason and output (a later
+# one wins: the latch over a stale result); "warn" turns a pass into a warn; "pass" adds only.
+
+
+@dataclasses.dataclass(frozen=True)
+class Ask:
+    """What an endpoint asks of a snapshot: its profile, and the clocks of the question."""
+
+    profile: str
+    snap: Snapshot
+    now: float  # wall clock
+    now_mono: float  # time.monotonic(), for ages
+
+    @property
+    def sticky(self) -> bool:
+        """Startup passed once: that result stands for good (never stale, the latch not judged)."""
+        return self.profile == "startup" and self.snap.startup_passed is not None
+
+    @property
+    def run(self) -> Run | None:
+        return self.snap.startup_passed if self.sticky else self.snap.runs.get(self.profile)
+
+    @property
+    def age(self) -> float:
+        return max(0.0, self.now_mono - self.run.finished_mono) if self.run is not None else 0.0
+
+    @property
+    def stale(self) -> bool:
+        return self.run is not None and not self.sticky and self.age > self.snap.stale_after[self.profile]
+
+    @property
+    def no_result(self) -> bool:
+        return self.run is None or self.run.report is None
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """What one overlay adds: a check entry under ``key``, a note, and its effect on the verdict."""
+
+    effect: str = "pass"  # pass | warn | fail
+    key: str = ""  # the check it adds, if any
+    entry: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    reason: str | None = None
+    output: str = ""
+    note: str | None = None
+
+
+def _result_age(ask: Ask) -> Finding:
+    """``serve:result-age``: no result yet (pending), a run without a report, or a stale result."""
+    profile, run, now = ask.profile, ask.run, ask.now
+    if run is None:
+        output = f"no {profile} result yet: the first run is in progress"
+        return Finding("fail", "serve:result-age", _entry("serve", "fail", output, reason="pending", now=now),
+                       "pending", output)
+    age, limit = ask.age, ask.snap.stale_after[profile]
+    reason: str | None
+    if ask.stale:
+        effect, reason = "fail", "stale"
+        output = (f"{profile} result is stale: {age:.0f} s old, expected every "
+                  f"{ask.snap.intervals[profile]:g} s (+ slack, limit {limit:g} s); see the log for the run")
+    elif run.report is None:
+        effect, reason = "fail", run.reason
+        output = f"the {profile} run failed ({run.reason}): {run.message}"
+    else:
+        effect, reason = "pass", run.reason
+        output = (f"result is {age:.1f} s old (stale after {limit:g} s)" if not ask.sticky
+                  else f"startup passed {age:.0f} s ago")
+    entry = _entry("serve", effect, output, reason=reason, value=round(age, 3), unit="s", now=now)
+    return Finding(effect, "serve:result-age", entry, reason, output if effect == "fail" else "")
+
+
+def _xid_events(ask: Ask) -> Finding | None:
+    """``xid:events``: application and other Xids warn for a while (critical ones latch: see
+    _latch)."""
+    recent = [e for e in ask.snap.events
+              if e.severity in ("application", "other") and ask.now - e.time <= XID_WARN_SECONDS]
+    if not recent:
+        return None
+    last = recent[-1]
+    msg = (f"{last.describe()} ({len(recent)} in the last {XID_WARN_SECONDS / 60:.0f} min): "
+           f"{last.advice()}")
+    entry = _entry("hardware", "warn", msg, reason=f"xid-{last.data}", value=last.data, now=ask.now)
+    return Finding("warn", "xid:events", entry, note=msg)
+
+
+def _slowdown(ask: Ask) -> Finding | None:
+    """``nvml:slowdown``: sustained hardware slowdown or power brake (a rate, never one reading)."""
+    if ask.profile == "liveness":
+        return None
+    slowing: dict[int, SlowdownVerdict] = {}
+    for gpu, times in sorted(ask.snap.slowdown.items()):
+        judged = slowdown_window(times, ask.now)
+        if judged.warn:
+            slowing[gpu] = judged
+    if not slowing:
+        return None
+    gpu, v = next(iter(slowing.items()))
+    msg = (v.describe(gpu) + (f" and {len(slowing) - 1} other GPU(s)" if len(slowing) > 1 else "")
+           + ": check the power supply and cooling")
+    entry = _entry("hardware", "warn", msg, reason="hw-slowdown-sustained", value=round(v.per_minute, 2),
+                   unit="per minute", now=ask.now)
+    return Finding("warn", "nvml:slowdown", entry, note=msg)
+
+
+def _watcher(ask: Ask) -> Finding | None:
+    """A note when NVML events cannot be watched."""
+    if ask.snap.watcher not in ("unavailable", "failed"):
+        return None
+    return Finding(note="Xid/ECC event watching is off: NVML events are unavailable (see the log)")
+
+
+def _latch(ask: Ask) -> Finding:
+    """``latch:state``: latched unhealthy until the container restarts; a pass when not (or, for
+    startup once it passed, not judged: that answer stands for good)."""
+    latch = ask.snap.latch
+    if latch is None or ask.sticky:
+        said = "not latched" if not ask.sticky else "not judged once startup passed (see /livez and /readyz)"
+        return Finding(key="latch:state", entry=_entry("hardware", "pass", said, now=ask.now))
+    why = clean(latch.get("reason", "latched"), 200)
+    code = clean(latch.get("code") or "latched", 40)
+    msg = f"latched unhealthy: {why}; restart the container (reset the GPU if it persists)"
+    entry = _entry("hardware", "fail", msg, reason=code, now=ask.now)
+    return Finding("fail", "latch:state", entry, code, msg)
+
+
+OVERLAYS = (_result_age, _xid_events, _slowdown, _watcher, _latch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """An endpoint's answer before it is written out: the verdict and the checks behind it."""
+
+    status: str
+    reason: str | None
+    output: str
+    checks: Mapping[str, Sequence[Mapping[str, Any]]]
+    notes: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
+
+
+def _from_report(ask: Ask) -> Answer:
+    """The run's own verdict: its status, its first failure, its checks (a failed verdict without one)."""
+    run = ask.run
+    report = run.report if run is not None else None
+    if not report:
+        return Answer("fail", None, "", {})
+    reason, output = _first_failure(report)
+    return Answer(report["status"], reason, output or report.get("output", ""), dict(report["checks"]))
+
+
+def _overlay(answer: Answer, finding: Finding) -> Answer:
+    checks = {**answer.checks, finding.key: [finding.entry]} if finding.key else answer.checks
+    notes = (*answer.notes, finding.note) if finding.note else answer.notes
+    if finding.effect == "fail":
+        return Answer("fail", finding.reason, finding.output, checks, notes)
+    status = "warn" if finding.effect == "warn" and answer.status == "pass" else answer.status
+    return Answer(status, answer.reason, answer.output, checks, notes)
+
+
+def _select(ask: Ask, answer: Answer, only: str | None, exclude: Sequence[str]) -> Answer:
+    """``/<check>`` keeps one check, ``?exclude=`` leaves some out; what is left is folded again,
+    unless there is no result or it is stale: nothing turns those into a pass."""
+    names = {check_name(k): k for k in answer.checks}
+    if only is not None and only not in names and not ask.no_result:
+        raise UnknownCheck(only, sorted(names))
+    excluded = tuple(n for n in names if (n != only if only is not None else n in exclude))
+    unknown = sorted({n for n in exclude if n not in names})
+    notes = answer.notes
+    if unknown:
+        notes += ("some health checks cannot be excluded: no matches for "
+                  + ", ".join(f'"{clean(n, 80)}"' for n in unknown[:10]),)
+    if not excluded:
+        return dataclasses.replace(answer, notes=notes)
+    checks = {k: v for k, v in answer.checks.items() if check_name(k) not in excluded}
+    status, reason, output = answer.status, answer.reason, answer.output
+    if not ask.no_result and not ask.stale:
+        status, reason, output = _fold(checks)
+    return Answer(status, reason, output, checks, notes, excluded)
+
+
+def _respond(ask: Ask, answer: Answer, *, gating: bool, version: str, only: str | None
+             ) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and the health+json body."""
+    profile, status, reason = ask.profile, answer.status, answer.reason
+    if status == "fail" and not reason:
+        reason = "fail"
+    report = ask.run.report if ask.run is not None and ask.run.report is not None else None
+    notes = list(answer.notes)
+    code = 200 if status in ("pass", "warn") else 503
+    if not gating and profile == "readiness" and code != 200:
+        notes.append("readiness gating is off (HEALTHCHECK_SERVE_READINESS_GATING=false): answering 200")
+        code = 200
+    verdict_line = f"{status}: {answer.output}" if status != "pass" else f"pass: {profile} healthy"
+    body: dict[str, Any] = {
+        "status": status,
+        "version": (report or {}).get("version") or version,
+        "description": f"healthcheck serve: {profile} profile",
+        "profile": profile,
+        "output": clean(verdict_line),
+        "reason": reason,
+        "time": iso(ask.now),
+        "notes": ((report or {}).get("notes") or []) + notes,
+        "checks": dict(answer.checks),
+    }
+    if report and report.get("skipped"):
+        body["skipped"] = report["skipped"]
+    if answer.excluded and only is None:
+        body["excluded"] = list(answer.excluded)
+    return code, body
+
+
 def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating: bool = True,
             version: str = "", only: str | None = None,
             exclude: Sequence[str] = ()) -> tuple[int, dict[str, Any]]:
@@ -300,119 +516,14 @@ def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating
     with the run's reason); ``exclude`` leaves checks out (``?exclude=<name>``), as the
     Kubernetes API server does. Neither can turn a missing or stale result into a pass.
     """
-    notes: list[str] = []
-    run = snap.runs.get(profile)
-    sticky = profile == "startup" and snap.startup_passed is not None
-    if sticky:
-        run = snap.startup_passed
-    report = dict(run.report) if run is not None and run.report is not None else None
-    checks: dict[str, list[dict[str, Any]]] = dict(report["checks"]) if report else {}
-    status = report["status"] if report else "fail"
-    reason, output = (None, "")
-    if report:
-        reason, output = _first_failure(report)
-        output = output or report.get("output", "")
-
-    # The result's own age.
-    limit = snap.stale_after[profile]
-    stale = False
-    if run is None:
-        status, reason = "fail", "pending"
-        output = f"no {profile} result yet: the first run is in progress"
-        checks["serve:result-age"] = [_entry("serve", "fail", output, reason="pending", now=now)]
-    else:
-        age = max(0.0, now_mono - run.finished_mono)
-        stale = age > limit and not sticky
-        if run.report is None:
-            output = f"the {profile} run failed ({run.reason}): {run.message}"
-            status, reason = "fail", run.reason
-        if stale:
-            status, reason = "fail", "stale"
-            output = (f"{profile} result is stale: {age:.0f} s old, expected every "
-                      f"{snap.intervals[profile]:g} s (+ slack, limit {limit:g} s); see the log for the run")
-        age_out = (f"result is {age:.1f} s old (stale after {limit:g} s)" if not sticky
-                   else f"startup passed {age:.0f} s ago")
-        checks["serve:result-age"] = [_entry(
-            "serve", "fail" if (stale or run.report is None) else "pass",
-            output if (stale or run.report is None) else age_out,
-            reason="stale" if stale else run.reason, value=round(age, 3), unit="s", now=now)]
-
-    # Xid events: critical ones latch (below); application and other ones warn for a while.
-    recent = [e for e in snap.events
-              if e.severity in ("application", "other") and now - e.time <= XID_WARN_SECONDS]
-    if recent:
-        last = recent[-1]
-        msg = (f"{last.describe()} ({len(recent)} in the last {XID_WARN_SECONDS / 60:.0f} min): "
-               f"{last.advice()}")
-        checks["xid:events"] = [_entry("hardware", "warn", msg, reason=f"xid-{last.data}", value=last.data,
-                                       now=now)]
-        notes.append(msg)
-        if status == "pass":
-            status = "warn"
-    # Sustained hardware slowdown or power brake (a rate over a window, never one reading).
-    slowing: dict[int, SlowdownVerdict] = {}
-    if profile != "liveness":
-        for gpu, times in sorted(snap.slowdown.items()):
-            verdict = slowdown_window(times, now)
-            if verdict.warn:
-                slowing[gpu] = verdict
-    if slowing:
-        gpu, v = next(iter(slowing.items()))
-        msg = (v.describe(gpu) + (f" and {len(slowing) - 1} other GPU(s)" if len(slowing) > 1 else "")
-               + ": check the power supply and cooling")
-        checks["nvml:slowdown"] = [_entry("hardware", "warn", msg, reason="hw-slowdown-sustained",
-                                          value=round(v.per_minute, 2), unit="per minute", now=now)]
-        notes.append(msg)
-        if status == "pass":
-            status = "warn"
-    if snap.watcher in ("unavailable", "failed"):
-        notes.append("Xid/ECC event watching is off: NVML events are unavailable (see the log)")
-
-    # The sticky latch: unhealthy until the container restarts.
-    if snap.latch is not None and not sticky:
-        why = clean(snap.latch.get("reason", "latched"), 200)
-        latch_code = clean(snap.latch.get("code") or "latched", 40)
-        msg = f"latched unhealthy: {why}; restart the container (reset the GPU if it persists)"
-        checks["latch:state"] = [_entry("hardware", "fail", msg, reason=latch_code, now=now)]
-        status, reason, output = "fail", latch_code, msg
-
-    names = {check_name(k): k for k in checks}
-    no_result = run is None or run.report is None
-    if only is not None and only not in names and not no_result:
-        raise UnknownCheck(only, sorted(names))
-    excluded = [n for n in names if (n != only if only is not None else n in exclude)]
-    unknown = sorted({n for n in exclude if n not in names})
-    if unknown:
-        notes.append("some health checks cannot be excluded: no matches for "
-                     + ", ".join(f'"{clean(n, 80)}"' for n in unknown[:10]))
-    if excluded:
-        checks = {k: v for k, v in checks.items() if check_name(k) not in excluded}
-        if not no_result and not stale:
-            status, reason, output = _fold(checks)
-
-    if status == "fail" and not reason:
-        reason = "fail"
-    code = 200 if status in ("pass", "warn") else 503
-    if not gating and profile == "readiness" and code != 200:
-        notes.append("readiness gating is off (HEALTHCHECK_SERVE_READINESS_GATING=false): answering 200")
-        code = 200
-    verdict_line = f"{status}: {output}" if status != "pass" else f"pass: {profile} healthy"
-    body: dict[str, Any] = {
-        "status": status,
-        "version": (report or {}).get("version") or version,
-        "description": f"healthcheck serve: {profile} profile",
-        "profile": profile,
-        "output": clean(verdict_line),
-        "reason": reason,
-        "time": iso(now),
-        "notes": ((report or {}).get("notes") or []) + notes,
-        "checks": checks,
-    }
-    if report and report.get("skipped"):
-        body["skipped"] = report["skipped"]
-    if excluded and only is None:
-        body["excluded"] = excluded
-    return code, body
+    ask = Ask(profile, snap, now, now_mono)
+    answer = _from_report(ask)
+    for overlay in OVERLAYS:
+        finding = overlay(ask)
+        if finding is not None:
+            answer = _overlay(answer, finding)
+    answer = _select(ask, answer, only, exclude)
+    return _respond(ask, answer, gating=gating, version=version, only=only)
 
 
 def verbose_text(endpoint: str, body: Mapping[str, Any]) -> str:

@@ -118,7 +118,7 @@ class Watcher:
                 self.monitor.set_watcher("failed")
                 self.stop.wait(RESTART_PAUSE)
                 continue
-            self.monitor.set_watcher("running")
+            self.monitor.set_watcher("starting")  # "running" once the child has registered
             outcome = self._read(p)
             try:
                 p.wait(timeout=1.0)
@@ -148,7 +148,9 @@ class Watcher:
             if not isinstance(obj, dict):
                 continue
             kind = obj.get("type")
-            if kind == "event" and obj.get("kind") == "slowdown":
+            if kind == "started":
+                self.monitor.set_watcher("running")
+            elif kind == "event" and obj.get("kind") == "slowdown":
                 self._slowdown(obj)
             elif kind == "event":
                 ev = parse_event(obj, self.settings)

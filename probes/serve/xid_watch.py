@@ -6,6 +6,7 @@ answering. Xid events are seen only while a process is registered for them, so t
 watcher runs for as long as the server does.
 
 Lines on stdout (one JSON object each):
+  {"type": "started"}     (NVML is initialised and the GPUs are registered for events: watching)
   {"type": "event", "gpu": 0, "uuid": "GPU-...", "kind": "xid", "data": 79, "time": ...}
       (kind: "xid" | "ecc-single" | "ecc-double" | "slowdown"; data: the Xid number, NVML's event
       data, or for "slowdown" (one per reading with HW slowdown or power brake active, with
@@ -63,8 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               "message": "the suite's NVML layer cannot be imported"})
         return 0
     try:
-        emit({"type": "started"})
-        for ev in nvml_lib.watch_events(stop, max(1, args.wait_ms), max(0.0, args.sample_s)):
+        events = nvml_lib.watch_events(stop, max(1, args.wait_ms), max(0.0, args.sample_s))
+        emit({"type": "started"})  # NVML answered and every GPU that can be is registered
+        for ev in events:
             emit({"type": "event", "gpu": ev.gpu_index, "uuid": ev.uuid, "kind": ev.kind,
                   "data": ev.data, "time": time.time()})
     except nvml_lib.NvmlUnavailable as exc:

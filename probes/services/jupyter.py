@@ -445,110 +445,150 @@ def gather(ctx: Context) -> dict[str, Any]:
     return data
 
 
-def _not_jupyter_hint(status: int, data: dict[str, Any]) -> str:
-    if status == 404:
-        return (f"wrong base URL? the server has no {data['path']}; set HEALTHCHECK_JUPYTER_BASE_URL "
-                "to Jupyter's ServerApp.base_url")
-    if status == 403:
-        return ("Jupyter refuses requests for a Host it does not trust: probe it via 127.0.0.1 "
-                "(HEALTHCHECK_HOST) or set ServerApp.allow_remote_access")
-    if status in (401, 407) or 300 <= status < 400:
-        return "a proxy or login page answers instead of Jupyter; point the probe at Jupyter itself"
-    return "another web server holds the port; check HEALTHCHECK_JUPYTER_PORT"
+# ---------------------------------------------------------------- judge: an outcome table
+#
+# gather's outcome, refined by what came with it, names one row: the reason code, the status,
+# and the message as "problem: remedy", two str.format templates over the fields of _fields
+# (plus the version and time of a pass). Every fail reason here is one of SPEC's causes.
+
+LOGIN_STATUSES = (401, 407)
+NOT_200 = "not Jupyter: {where} answered {get} with HTTP {status}{src}"
+OTHER_SERVER = "another web server holds the port; check HEALTHCHECK_JUPYTER_PORT"
+SPOKE_PLAIN = "TLS mismatch: {where} speaks HTTPS but the probe spoke plain HTTP"
+CHECK_CERT = "check the server's ServerApp.certfile and keyfile, or HEALTHCHECK_JUPYTER_TLS"
+OUTCOMES: dict[str, tuple[str | None, str, str, str]] = {
+    # outcome: (reason, status, problem, remedy)
+    "ok": (None, "pass", "Jupyter Server {version} answered {get} at {scheme}://{where} in {ms:.0f} ms", ""),
+    "http-5xx": ("http-error", "fail", "Jupyter at {where} answered {get} with HTTP {status}",
+                 "the server is failing; see its log"),
+    "http-404": ("not-jupyter", "fail", NOT_200,
+                 "wrong base URL? the server has no {path}; set HEALTHCHECK_JUPYTER_BASE_URL to Jupyter's "
+                 "ServerApp.base_url"),
+    "http-403": ("not-jupyter", "fail", NOT_200,
+                 "Jupyter refuses requests for a Host it does not trust: probe it via 127.0.0.1 "
+                 "(HEALTHCHECK_HOST) or set ServerApp.allow_remote_access"),
+    "http-login": ("not-jupyter", "fail", NOT_200,
+                   "a proxy or login page answers instead of Jupyter; point the probe at Jupyter itself"),
+    "http-other": ("not-jupyter", "fail", NOT_200, OTHER_SERVER),
+    "no-version": ("not-jupyter", "fail", "not Jupyter: {where} answered {get} with HTTP 200 ({ctype}) but "
+                   "no JSON version", OTHER_SERVER),
+    "refused": ("refused", "fail", "nothing listening on {where} (connection refused{listening})",
+                "start Jupyter or set HEALTHCHECK_JUPYTER_PORT to its port"),
+    "connect-timeout": ("connect-timeout", "fail", "connection to {where} not accepted within {budget:.1f}s",
+                        "Jupyter is hung or its accept queue is full; restart it"),
+    "resolve": ("unreachable", "fail", "cannot resolve host {host!r}{src}",
+                "set HEALTHCHECK_HOST to an address such as 127.0.0.1"),
+    "unreachable": ("unreachable", "fail", "cannot reach {where}{detail}", "check HEALTHCHECK_HOST"),
+    "hung": ("hung", "fail", "hung: {where} accepted the connection but did not answer {get} within "
+             "{budget:.1f}s", "Jupyter is hung or overloaded; restart it and check its log"),
+    "partial": ("deadline", "fail", "answer from {where} incomplete at the deadline ({received} bytes in "
+                "{budget:.1f}s)", "Jupyter is overloaded or stuck; check its log"),
+    "tls-expected-by-file": ("tls-mismatch", "fail", SPOKE_PLAIN,
+                             "{source} says http: remove stale jpserver-*.json files"),
+    "tls-expected": ("tls-mismatch", "fail", SPOKE_PLAIN,
+                     "set HEALTHCHECK_JUPYTER_TLS=true (or point HEALTHCHECK_JUPYTER_RUNTIME_DIR at the "
+                     "server's runtime directory, where a trusted jpserver-*.json says secure=true)"),
+    "plain-by-file": ("tls-mismatch", "fail", "TLS mismatch: {where} speaks plain HTTP but {source} says "
+                      "https", CHECK_CERT),
+    "plain": ("tls-mismatch", "fail", "TLS mismatch: {where} speaks plain HTTP but HEALTHCHECK_JUPYTER_TLS "
+              "is true", CHECK_CERT),
+    "tls-verify": ("tls-error", "fail", "the TLS certificate of {where} is not trusted",
+                   "probe over loopback (HEALTHCHECK_HOST=127.0.0.1), where a self-signed certificate is "
+                   "accepted"),
+    "tls-failed": ("tls-error", "fail", "TLS handshake with {where}{src} failed",
+                   "check ServerApp.certfile and keyfile, and that Jupyter (not another service) holds the "
+                   "port"),
+    "too-large": ("not-jupyter", "fail", "not Jupyter: {where} answered {get} with a reply too large "
+                  "({why}; {max_kib} KiB in all at most)",
+                  "another service holds the port, or the server is broken; check HEALTHCHECK_JUPYTER_PORT"),
+    "bad-http": ("not-jupyter", "fail", "not Jupyter: {where} does not answer HTTP ({excerpt})",
+                 "another service holds the port; check HEALTHCHECK_JUPYTER_PORT"),
+    "closed-mid-answer": ("not-jupyter", "fail", "not Jupyter: {where} closed the connection mid-answer to "
+                          "{get}", "the server crashed or is not Jupyter; check its log"),
+    "closed": ("not-jupyter", "fail", "not Jupyter: {where} closed the connection without answering {get}",
+               "check HEALTHCHECK_JUPYTER_PORT and the server's log"),
+}
+# gather's outcomes that name their row as they are.
+AS_GATHERED = ("refused", "connect-timeout", "resolve", "unreachable", "tls-verify", "too-large", "bad-http")
+
+
+def _response(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The row of an HTTP answer, and for a pass the version and time."""
+    status = int(data["status"])
+    if 500 <= status < 600:
+        return "http-5xx", {}
+    if status != 200:
+        if status in (404, 403):
+            return f"http-{status}", {}
+        return ("http-login" if status in LOGIN_STATUSES or 300 <= status < 400 else "http-other"), {}
+    try:
+        doc = untrusted.load_json(data["body"])
+    except ValueError:
+        doc = None
+    version = doc.get("version") if isinstance(doc, dict) else None
+    if not isinstance(version, str) or not version:
+        return "no-version", {}
+    version = "".join(ch for ch in version if ch.isalnum() or ch in ".+-_")[:32]
+    return "ok", {"version": version, "ms": round(float(data["elapsed"]) * 1000, 1)}
+
+
+def outcome(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The OUTCOMES row for what gather found, and fields only that row needs."""
+    found = data["outcome"]
+    if found == "response":
+        return _response(data)
+    if found in AS_GATHERED:
+        return found, {}
+    if found == "timeout":
+        return ("partial" if data.get("received") else "hung"), {}
+    if found == "tls-mismatch":
+        row = "tls-expected" if data["server_tls"] else "plain"
+        return (f"{row}-by-file" if data["source"] else row), {}
+    if found in ("tls-failed", "tls-timeout"):
+        return "tls-failed", {}
+    return ("closed-mid-answer" if data.get("received") else "closed"), {}
+
+
+def _fields(data: dict[str, Any]) -> dict[str, Any]:
+    """What the message templates may name, every outside text cleaned."""
+    source, listening = data["source"], data.get("listening")
+    return {
+        "where": _net.host_header(data["host"], data["port"]),
+        "host": data["host"],
+        "scheme": "https" if data["secure"] else "http",
+        "source": source,
+        "src": f" (from {source})" if source else "",
+        "path": data["path"],
+        "get": f"GET {untrusted.clean(data['path'], 120)}",
+        "budget": float(data["budget"]),
+        "status": data.get("status"),
+        "ctype": untrusted.clean(data.get("content_type") or "", 40) or "no type",
+        "received": data.get("received"),
+        "detail": f" ({data['detail']})" if data.get("detail") else "",
+        "listening": (f"; listening here: {', '.join(listening)}" if listening
+                      else "; no TCP port is listening here" if listening == [] else ""),
+        "why": data.get("why"),
+        "excerpt": data.get("excerpt"),
+        "max_kib": MAX_REPLY // 1024,
+    }
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
-    where = _net.host_header(data["host"], data["port"])
-    scheme = "https" if data["secure"] else "http"
-    src = f" (from {data['source']})" if data["source"] else ""
+    row, extra = outcome(data)
+    reason, status, problem, remedy = OUTCOMES[row]
+    fields = {**_fields(data), **extra}
     refused = data.get("refused") or []
     facts = {"port": data["port"], "base_url": untrusted.clean(data["base_url"]), "secure": data["secure"],
              "runtime_file": data["source"], "runtime_files_refused": dict(refused[:SHOWN_REFUSED])}
-    outcome = data["outcome"]
-    budget = float(data["budget"])
-    get = f"GET {untrusted.clean(data['path'], 120)}"
-
-    def fail(message: str, reason: str) -> Result:
-        if refused:  # name one file the probe did not use, and why (never its content)
-            more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
-            message += f"; not used: {refused[0][0]}: {refused[0][1]}{more}"
-        return failed(NAME, message, reason=reason, facts=facts)
-
-    if outcome == "response":
-        status = int(data["status"])
-        ctype = untrusted.clean(data["content_type"], 40) or "no type"
-        if 500 <= status < 600:
-            return fail(f"Jupyter at {where} answered {get} with HTTP {status}: the server is failing; "
-                        "see its log", "http-error")
-        if status != 200:
-            return fail(f"not Jupyter: {where} answered {get} with HTTP {status}{src}: "
-                        f"{_not_jupyter_hint(status, data)}", "not-jupyter")
-        try:
-            doc = untrusted.load_json(data["body"])
-        except ValueError:
-            doc = None
-        version = doc.get("version") if isinstance(doc, dict) else None
-        if not isinstance(version, str) or not version:
-            return fail(f"not Jupyter: {where} answered {get} with HTTP 200 ({ctype}) but no JSON "
-                        "version: another web server holds the port; check HEALTHCHECK_JUPYTER_PORT",
-                        "not-jupyter")
-        version = "".join(ch for ch in version if ch.isalnum() or ch in ".+-_")[:32]
-        ms = round(float(data["elapsed"]) * 1000, 1)
-        return passed(NAME, f"Jupyter Server {version} answered {get} at {scheme}://{where} in {ms:.0f} ms",
-                      observed=ms, unit="ms", facts={**facts, "version": version})
-    if outcome == "refused":
-        listening = data.get("listening")
-        extra = ""
-        if listening:
-            extra = f"; listening here: {', '.join(listening)}"
-        elif listening == []:
-            extra = "; no TCP port is listening here"
-        return fail(f"nothing listening on {where} (connection refused{extra}): start Jupyter "
-                    "or set HEALTHCHECK_JUPYTER_PORT to its port", "refused")
-    if outcome == "connect-timeout":
-        return fail(f"connection to {where} not accepted within {budget:.1f}s: Jupyter is hung or its "
-                    "accept queue is full; restart it", "connect-timeout")
-    if outcome == "resolve":
-        return fail(f"cannot resolve host {data['host']!r}{src}: set HEALTHCHECK_HOST to an address "
-                    "such as 127.0.0.1", "unreachable")
-    if outcome == "unreachable":
-        why = f" ({data['detail']})" if data.get("detail") else ""
-        return fail(f"cannot reach {where}{why}: check HEALTHCHECK_HOST", "unreachable")
-    if outcome == "timeout":
-        if not data.get("received"):
-            return fail(f"hung: {where} accepted the connection but did not answer {get} within "
-                        f"{budget:.1f}s: Jupyter is hung or overloaded; restart it and check its log", "hung")
-        return fail(f"answer from {where} incomplete at the deadline ({data['received']} bytes in "
-                    f"{budget:.1f}s): Jupyter is overloaded or stuck; check its log", "deadline")
-    if outcome == "tls-mismatch":
-        if data["server_tls"]:
-            fix = (f"{data['source']} says http: remove stale jpserver-*.json files" if data["source"] else
-                   "set HEALTHCHECK_JUPYTER_TLS=true (or point HEALTHCHECK_JUPYTER_RUNTIME_DIR at the "
-                   "server's runtime directory, where a trusted jpserver-*.json says secure=true)")
-            return fail(f"TLS mismatch: {where} speaks HTTPS but the probe spoke plain HTTP: {fix}",
-                        "tls-mismatch")
-        said = f"{data['source']} says https" if data["source"] else "HEALTHCHECK_JUPYTER_TLS is true"
-        return fail(f"TLS mismatch: {where} speaks plain HTTP but {said}: check the server's "
-                    "ServerApp.certfile and keyfile, or HEALTHCHECK_JUPYTER_TLS", "tls-mismatch")
-    if outcome == "tls-verify":
-        return fail(f"the TLS certificate of {where} is not trusted: probe over loopback "
-                    "(HEALTHCHECK_HOST=127.0.0.1), where a self-signed certificate is accepted", "tls-error")
-    if outcome in ("tls-failed", "tls-timeout"):
-        return fail(f"TLS handshake with {where}{src} failed: check ServerApp.certfile and keyfile, "
-                    "and that Jupyter (not another service) holds the port", "tls-error")
-    if outcome == "too-large":
-        return fail(f"not Jupyter: {where} answered {get} with a reply too large ({data['why']}; "
-                    f"{MAX_REPLY // 1024} KiB in all at most): another service holds the port, or the "
-                    "server is broken; check HEALTHCHECK_JUPYTER_PORT", "not-jupyter")
-    if outcome == "bad-http":
-        return fail(f"not Jupyter: {where} does not answer HTTP ({data['excerpt']}): another service "
-                    "holds the port; check HEALTHCHECK_JUPYTER_PORT", "not-jupyter")
-    # closed
-    if data.get("received"):
-        return fail(f"not Jupyter: {where} closed the connection mid-answer to {get}: the server "
-                    "crashed or is not Jupyter; check its log", "not-jupyter")
-    return fail(f"not Jupyter: {where} closed the connection without answering {get}: check "
-                "HEALTHCHECK_JUPYTER_PORT and the server's log", "not-jupyter")
+    message = problem.format(**fields)
+    if status == "pass":
+        return passed(NAME, message, observed=fields["ms"], unit="ms",
+                      facts={**facts, "version": fields["version"]})
+    message += ": " + remedy.format(**fields)
+    if refused:  # name one file the probe did not use, and why (never its content)
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        message += f"; not used: {refused[0][0]}: {refused[0][1]}{more}"
+    return failed(NAME, message, reason=reason, facts=facts)
 
 
 def on_deadline(ctx: Context) -> Result:

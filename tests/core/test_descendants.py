@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -81,6 +82,48 @@ def test_a_whole_storm_is_found(marker, tmp_path):
     res, took = _run(path, 3.0)
     assert res.timed_out and took <= 3.0 + SLACK
     assert _gone(marker) == []
+
+
+# A daemon's middle process: an orphan of ours in a session of its own, with the run's
+# marker, that forks the daemon and dies when told (SIGUSR1); it writes its pid when ready.
+MIDDLE = ("import os, signal, sys\nif os.fork(): os._exit(0)\nos.setsid()\n"
+          "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])\n"
+          "open(sys.argv[2], 'w').write(str(os.getpid()))\nsignal.sigwait([signal.SIGUSR1])\n"
+          "if os.fork() == 0: os.execvp('sleep', [sys.argv[1], '300'])\nos._exit(0)")
+
+
+def test_a_process_that_forks_and_dies_while_proc_is_read_is_followed(marker, tmp_path, monkeypatch):
+    """/proc is listed, then read one process at a time: a process that forks and dies in
+    between shows dead, and its child is in no list. The sweep must look again rather than
+    end on a pass that found nothing new (daemons outlived their runs that way)."""
+    ready = tmp_path / "middle"
+    tool = tmp_path / "tool"
+    tool.write_text(f"#!/bin/bash\n{sys.executable} -I -S -c \"{MIDDLE}\" '{marker}-daemon' {ready} &\n"
+                    f"while [ ! -s {ready} ]; do sleep 0.01; done\n")
+    tool.chmod(0o755)
+    child = proc.spawn([str(tool)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert child.wait(10) == 0
+    middle = int(ready.read_text())
+    real_table, reads = proc._table, []
+
+    def listed_then_forked() -> dict[int, proc._Proc]:
+        table = real_table()
+        if not reads:  # the middle process forks and dies after the listing, before its entry is read
+            os.kill(middle, signal.SIGUSR1)
+            end = time.monotonic() + 5
+            while (st := proc.stat(middle)) is None or st.state not in proc.DEAD:
+                assert time.monotonic() < end, "the middle process did not fork and exit"
+                time.sleep(0.005)
+            table[middle] = st
+        reads.append(len(table))
+        return table
+
+    monkeypatch.setattr(proc, "_table", listed_then_forked)
+    proc.end(child, grace=0)
+    monkeypatch.undo()
+    left = _gone(marker)
+    assert len(reads) > 1, "the sweep ended on the pass that saw the middle process die"
+    assert left == []
 
 
 def test_sweeps_never_take_the_exit_status_of_someone_elses_child(marker, tmp_path):

@@ -670,3 +670,12 @@ def test_parser_only_ever_raises_http_error(raw: bytes, eof: bool) -> None:
 def test_request_path_is_encoded() -> None:
     assert jupyter._request_path("/user/a b/") == "/user/a%20b/api"
     assert jupyter._request_path("/ü/") == "/%C3%BC/api"
+
+
+def test_the_outcome_table_speaks_only_the_declared_causes() -> None:
+    """Each failing row of the judge's table is a cause of the declaration (and so of the README's
+    cause table), and each declared cause is a row's."""
+    declared = {c.reason for c in jupyter.SPEC.causes}
+    rows = {reason for reason, status, _, _ in jupyter.OUTCOMES.values() if status == "fail"}
+    assert rows == declared
+    assert [row for row, (_, status, _, _) in jupyter.OUTCOMES.items() if status == "pass"] == ["ok"]

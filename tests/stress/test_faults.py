@@ -25,7 +25,7 @@ from probes.config import load
 from probes.result import Status
 from probes.state import State
 from tests.conftest import ROOT, clean_env
-from tests.servers import wait_gone
+from tests.servers import described, wait_gone
 from tests.stress.conftest import (
     SMI,
     TORCH,
@@ -69,11 +69,12 @@ def _assert_nothing_leaked(problems: list[str], runs: int, marker: str,
                            before: tuple[int, int, set[int]]) -> None:
     """After a batch of runs: every run behaved, and no process, descriptor or thread remains."""
     fds, threads, kids = before
-    left = wait_gone(marker)
-    kill_all(left)
+    found = wait_gone(marker)
+    left = described(found)  # as found: once killed below, a leftover reads as a zombie
+    kill_all(found)
     gc.collect()
     assert not problems, f"{len(problems)} of {runs} runs misbehaved, e.g. {problems[:5]}"
-    assert not left, f"{len(left)} processes left behind: {[p.info['cmdline'] for p in left[:5]]}"
+    assert not left, f"{len(left)} processes left behind: {left[:5]}"
     assert descendants() - kids == set(), "children of this process were left behind"
     assert fd_count() == fds, f"file descriptors: {fds} before, {fd_count()} after {runs} runs"
     assert _settle_threads(threads) == threads, "threads were left behind"
@@ -147,7 +148,7 @@ def test_runner_with_faulty_probes_leaves_no_process_fd_or_thread(
                "HEALTHCHECK_TORCH_PYTHON": str(torches[torch]), "HEALTHCHECK_SSH_PORT": str(ssh_port),
                "HEALTHCHECK_GPU_COUNT": "1"}
         cfg = load(env, profile="startup", only="nvidia-smi,torch-cuda,ssh")
-        os.environ["SMI"] = smi  # read by the dispatcher stub (runs are sequential)
+        monkeypatch.setenv("SMI", smi)  # read by the dispatcher stub (runs are sequential)
         start = time.monotonic()
         out = runner.run(cfg, State.off("stress"))
         took = time.monotonic() - start
@@ -237,8 +238,9 @@ def test_whole_process_faults_answer_and_leave_nothing(tmp_path: Path, marker: s
     kids = descendants()
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         problems = [p for p in pool.map(one, range(WHOLE_RUNS)) if p]
-    left = wait_gone(marker, within=3.0)
-    kill_all(left)
+    found = wait_gone(marker, within=3.0)
+    left = described(found)
+    kill_all(found)
     assert not problems, f"{len(problems)} of {WHOLE_RUNS} runs misbehaved, e.g. {problems[:3]}"
-    assert not left, f"{len(left)} processes left behind: {[p.info['cmdline'] for p in left[:5]]}"
+    assert not left, f"{len(left)} processes left behind: {left[:5]}"
     assert descendants() - kids == set()
