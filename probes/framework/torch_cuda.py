@@ -534,7 +534,7 @@ def gather(ctx: Context) -> dict[str, Any]:
             return data
         result = judge(data, ctx)
         if result.facts.get("fatal"):
-            state.set_latch(NAME, result.message)
+            state.set_latch(NAME, result.message, result.reason)
         state.write_json(CACHE, {"key": key, "finished": data["finished"], "status": result.status.value,
                                  "data": data})
         return data

@@ -24,9 +24,10 @@ from prometheus_client.registry import Collector
 
 from probes import __version__
 from probes import config as cfg
+from probes.hardware import xids
 from probes.result import Result
 from probes.serve.monitor import Monitor
-from probes.serve.view import Run, Snapshot, results_of, verdict
+from probes.serve.view import Run, Snapshot, check_name, results_of, verdict
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
@@ -110,6 +111,26 @@ def probe_status(r: Reading) -> Metric:
     return m
 
 
+def probe_reason(r: Reading) -> Metric:
+    # As kube-state-metrics' *_reason series: one per reason while it holds, so an alert's
+    # description can name it without the alert's own series changing with it.
+    m = GaugeMetricFamily("healthcheck_probe_reason", "1 for the reason code of each check that warns, "
+                          "fails or did not run, as the profile's endpoint reports it (present only then)",
+                          labels=["profile", "probe", "reason"])
+    for profile in cfg.PROFILES:
+        body = r.verdicts[profile][1]
+        entries = [(key, e) for key, es in body.get("checks", {}).items() for e in es[:1]
+                   if e.get("status") != "pass"]
+        entries += list(body.get("skipped", {}).items())
+        seen = set()
+        for key, e in entries:
+            labels = (profile, check_name(key), str(e.get("reason") or "")[:40])
+            if labels[2] and labels not in seen:
+                seen.add(labels)
+                m.add_metric(list(labels), 1.0)
+    return m
+
+
 def probe_duration(r: Reading) -> Metric:
     m = GaugeMetricFamily("healthcheck_probe_duration_seconds", "Time the probe took in the latest run",
                           labels=["profile", "probe"])
@@ -154,12 +175,21 @@ def latch_info(r: Reading) -> Metric:
 
 
 def nvml_events(r: Reading) -> Metric:
-    m = CounterMetricFamily("healthcheck_nvml_events", "NVML events seen while serving",
-                            labels=["gpu", "UUID", "kind", "xid", "severity"])
+    m = CounterMetricFamily("healthcheck_nvml_events", "NVML events seen while serving; action: what the "
+                            "event needs (NVIDIA's Xid catalog resolution)",
+                            labels=["gpu", "UUID", "kind", "xid", "severity", "action"])
     uuids = _uuids(r.snap)
     for (gpu, kind, xid, sev), n in sorted(r.events.items()):
-        m.add_metric([gpu, uuids.get(gpu, ""), kind, xid, sev], n)
+        m.add_metric([gpu, uuids.get(gpu, ""), kind, xid, sev, action(kind, xid)], n)
     return m
+
+
+def action(kind: str, xid: str) -> str:
+    """What an event needs, whatever serve's latch policy says: for an Xid the catalog's resolution
+    (``unknown`` when the table lacks it), a GPU reset for an uncorrectable ECC error, else nothing."""
+    if kind == "xid":
+        return (xids.resolution(int(xid)) if xid.isdigit() else None) or "unknown"
+    return xids.RESET_GPU if kind == "ecc-double" else "none"
 
 
 def event_watch(r: Reading) -> Metric:
@@ -189,8 +219,8 @@ def gpu_up(r: Reading) -> Metric:
 
 # The exposition's order.
 FAMILIES: tuple[Callable[[Reading], Metric], ...] = (
-    healthy, result_age, result_stale, run_duration, probe_status, probe_duration, probe_last_success, runs,
-    latched, latch_info, nvml_events, event_watch, build, gpu_up)
+    healthy, result_age, result_stale, run_duration, probe_status, probe_reason, probe_duration,
+    probe_last_success, runs, latched, latch_info, nvml_events, event_watch, build, gpu_up)
 
 
 class HealthCollector(Collector):
