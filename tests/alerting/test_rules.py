@@ -15,6 +15,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from probes.serve import metrics
 from tests.alerting import promql
 from tests.alerting.conftest import RULE_TESTS, RULES, RUNBOOK, TARGET_LABELS, label_domains, rules, tool
 from tests.conftest import ROOT
@@ -110,7 +111,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
         for s in family.samples:
             out.setdefault(s.name, set(TARGET_LABELS)).update(s.labels)
     families = {name for name in out if name.startswith("healthcheck_")}
-    assert len(families) >= 15, families  # every family had a sample
+    assert len(families) == len(metrics.FAMILIES), families  # every family had a sample
     return out
 
 
