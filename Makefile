@@ -46,8 +46,8 @@ unit: ## pytest: unit and integration tests with real services (no docker)
 bats: ## bats: the bash front door
 	$(BIN)/bats tests/bats
 
-manifests: ## render and validate the Kubernetes manifests offline
-	$(PY) -m pytest -q tests/k8s
+manifests: ## render and validate the Kubernetes manifests offline; promtool checks and tests the alerting rules
+	$(PY) -m pytest -q tests/k8s tests/alerting/test_rules.py
 
 stress: ## the fault-injection and concurrency suite
 	$(PY) -m pytest -m stress tests

@@ -25,10 +25,13 @@ them safe (README.md, "Kubernetes", "Probe timings"):
   privilege escalation, not privileged, all capabilities dropped but the ones sshd needs
   (SSHD_CAPABILITIES), a RuntimeDefault (or Localhost) seccomp profile; the pod mounts no
   service-account token; the image is pinned (a tag other than latest, or a digest); the
-  workload and its pods carry the recommended app.kubernetes.io/* labels.
+  workload and its pods carry the recommended app.kubernetes.io/* labels;
+- the Prometheus Operator's objects (no schema ships for them) scrape what they should: a
+  PodMonitor selects the pods and names the port serve answers on, with the job the rules
+  expect; every PrometheusRule alert has a severity, a summary, a description and a runbook.
 
 Command line:
-    python k8s/check_probes.py                       # k8s/base and k8s/overlays/http
+    python k8s/check_probes.py                       # k8s/base, k8s/overlays/http and .../monitoring
     python k8s/check_probes.py k8s/overlays/http     # a kustomization directory
     python k8s/check_probes.py rendered.yaml         # an already rendered file ('-' for stdin)
 
@@ -68,7 +71,7 @@ FRONT_DOOR_KILL_AFTER = 1
 COLD_START_SECONDS = 300
 # Readiness must take a broken pod out of the Service within this, worst case.
 READINESS_REACTION_SECONDS = 60
-DEFAULT_PATHS = ("k8s/base", "k8s/overlays/http")
+DEFAULT_PATHS = ("k8s/base", "k8s/overlays/http", "k8s/overlays/monitoring")
 KUBERNETES_VERSIONS = ("1.25", "1.37")  # the oldest and newest schemas kubernetes-validate ships
 
 PROBE_FIELDS = {"startupProbe": "startup", "readinessProbe": "readiness", "livenessProbe": "liveness"}
@@ -83,6 +86,11 @@ HARDWARE = {s.name for s in registry.PROBES if s.layer == "hardware"}
 SSHD_CAPABILITIES = frozenset({"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "SYS_CHROOT", "KILL",
                                "NET_BIND_SERVICE", "AUDIT_WRITE"})
 SECCOMP_TYPES = ("RuntimeDefault", "Localhost")
+# The Prometheus Operator's API: checked by monitoring_problems, not against a schema.
+MONITORING_API = "monitoring.coreos.com/v1"
+SCRAPE_JOB = "healthcheck"  # what k8s/alerting/rules.yaml's target-down alert selects
+SEVERITIES = ("critical", "warning", "info")
+RULE_ANNOTATIONS = ("summary", "description", "runbook_url")
 RECOMMENDED_LABELS = tuple(f"app.kubernetes.io/{k}" for k in
                            ("name", "instance", "version", "component", "part-of", "managed-by"))
 
@@ -165,6 +173,8 @@ def schema_problems(docs: Sequence[dict[str, Any]], where: str,
 
     problems = []
     for doc in docs:
+        if doc.get("apiVersion") == MONITORING_API:
+            continue  # no schema ships for the operator's kinds: see monitoring_problems
         for version in versions:
             try:
                 kv.validate(doc, version, strict=True)
@@ -506,6 +516,66 @@ def policy_problems(docs: Sequence[dict[str, Any]], where: str,
     return out
 
 
+def monitoring_problems(docs: Sequence[dict[str, Any]], where: str) -> list[str]:
+    out: list[str] = []
+    for doc in docs:
+        if doc.get("apiVersion") != MONITORING_API:
+            continue
+        at = f"{where}: {name_of(doc)}"
+        spec = doc.get("spec") or {}
+        if doc.get("kind") == "PodMonitor":
+            out.extend(_pod_monitor_problems(at, spec, docs))
+        elif doc.get("kind") == "PrometheusRule":
+            out.extend(_rule_problems(at, spec))
+        else:
+            out.append(f"{at}: not checked here: use a PodMonitor or a PrometheusRule")
+        labels = (doc.get("metadata") or {}).get("labels") or {}
+        missing = [k for k in RECOMMENDED_LABELS if k not in labels]
+        if missing:
+            out.append(f"{at}: lacks the recommended labels {', '.join(missing)}: add them")
+    return out
+
+
+def _pod_monitor_problems(at: str, spec: dict[str, Any], docs: Sequence[dict[str, Any]]) -> list[str]:
+    wanted = ((spec.get("selector") or {}).get("matchLabels") or {}).items()
+    pods = [pod for doc in docs for pod in pod_specs(doc)
+            if wanted and wanted <= ((((doc.get("spec") or {}).get("template") or {}).get("metadata") or {})
+                                     .get("labels") or {}).items()]
+    if not pods:
+        return [f"{at}: its selector.matchLabels select no pod template in the render: use the pods' labels"]
+    out = []
+    for ep in spec.get("podMetricsEndpoints") or [{}]:
+        ports = {resolve_port(ep.get("port"), c) for pod in pods for c in pod.get("containers") or []}
+        if not ports & {p for pod in pods for p in serve_ports(pod)}:
+            out.append(f"{at}: port {ep.get('port')!r} is not where healthcheck serve answers: name the "
+                       f"container port of HEALTHCHECK_SERVE_PORT (health)")
+        if ep.get("path", "/metrics") != "/metrics":
+            out.append(f"{at}: path {ep.get('path')!r}: serve's metrics are at /metrics")
+        if not any(r.get("targetLabel") == "job" and r.get("replacement") == SCRAPE_JOB
+                   for r in ep.get("relabelings") or []):
+            out.append(f"{at}: the alerting rules select job=\"{SCRAPE_JOB}\": add a relabeling with "
+                       f"targetLabel: job and replacement: {SCRAPE_JOB}")
+    return out
+
+
+def _rule_problems(at: str, spec: dict[str, Any]) -> list[str]:
+    rules = [r for g in spec.get("groups") or [] for r in g.get("rules") or [] if "alert" in r]
+    if not rules:
+        return [f"{at}: no alerting rule in spec.groups"]
+    out = []
+    for r in rules:
+        name, annotations = r.get("alert"), r.get("annotations") or {}
+        if (r.get("labels") or {}).get("severity") not in SEVERITIES:
+            out.append(f"{at}: alert {name} has no severity label: set one of {', '.join(SEVERITIES)}")
+        lacking = [a for a in RULE_ANNOTATIONS if not annotations.get(a)]
+        if lacking:
+            out.append(f"{at}: alert {name} lacks {', '.join(lacking)}: every alert says what, why and "
+                       "where its runbook section is")
+        elif "docs/runbook.md#" not in str(annotations["runbook_url"]):
+            out.append(f"{at}: alert {name}'s runbook_url does not point at a section of docs/runbook.md")
+    return out
+
+
 def _runs_healthcheck(container: dict[str, Any]) -> bool:
     image = str(container.get("image", ""))
     return image.split("/")[-1].split(":")[0].split("@")[0] == "gpu-dev"
@@ -521,7 +591,8 @@ def check(path: Path, *, cold_start: float = COLD_START_SECONDS,
         docs = load_docs(render(path), where)
     except RenderError as exc:
         return [str(exc)]
-    return schema_problems(docs, where, versions) + policy_problems(docs, where, cold_start)
+    return (schema_problems(docs, where, versions) + policy_problems(docs, where, cold_start)
+            + monitoring_problems(docs, where))
 
 
 def main(argv: Iterable[str] | None = None) -> int:

@@ -227,6 +227,9 @@ class State:
         self.write_json(f"stuck-{key}.json", {"pid": pid, "start": process_start_time(pid),
                                                "time": time.time(), "identity": pid1_identity()})
 
-    def set_latch(self, source: str, reason: str) -> bool:
-        return self.write_json(LATCH, {"source": source, "reason": reason, "time": time.time(),
-                                       "identity": pid1_identity()})
+    def set_latch(self, source: str, reason: str, code: str | None = None) -> bool:
+        """Latch unhealthy: ``source`` (the probe, or "xid"), the message, and its reason code."""
+        data = {"source": source, "reason": reason, "time": time.time(), "identity": pid1_identity()}
+        if code:
+            data["code"] = code
+        return self.write_json(LATCH, data)

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Summary: install the Debian packages the tests need (sshd for the service tests, a
-# C compiler for the fake NVML library, debootstrap for the end-to-end base image).
+# C compiler for the fake NVML library, debootstrap for the end-to-end base image,
+# Prometheus with promtool and Alertmanager for the alerting rules' tests).
 # Usage: bash tests/setup-system.sh   (as root; otherwise it only lists what is missing)
 set -euo pipefail
 [ -n "${HEALTHCHECK_DEBUG:-}" ] && set -x
 
 packages=(openssh-server openssh-client openssl gcc make libc6-dev procps psmisc iproute2
-  debootstrap ca-certificates curl)
+  debootstrap ca-certificates curl prometheus prometheus-alertmanager)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -19,5 +20,13 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
+# Installing prometheus or prometheus-alertmanager starts its system service, listening on
+# every address; the tests start their own on loopback. Keep services from starting unless
+# the machine already has its own policy.
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+  chmod 755 /usr/sbin/policy-rc.d
+  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+fi
 apt-get update -q
 apt-get install -y -q --no-install-recommends "${missing[@]}"

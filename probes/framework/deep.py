@@ -135,7 +135,7 @@ def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
         return data
     result = judge(data, ctx)
     if result.facts.get("fatal"):
-        ctx.state.set_latch(result.name, result.message)
+        ctx.state.set_latch(result.name, result.message, result.reason)
     ctx.state.write_json(cache, {"key": key, "finished": data["finished"], "status": result.status.value,
                                  "data": data})
     return data

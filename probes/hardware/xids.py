@@ -298,6 +298,24 @@ def action(xid: int) -> str | None:
     return entry.action if entry is not None else None
 
 
+# The immediate action as a metric's ``action`` label: what the event needs, whatever serve's policy.
+# The catalog's workflows whose recovery is a reset are a reset; a VM's restart is, for a container
+# in that VM, a reboot.
+LABELS = {
+    RESET_GPU: "reset-gpu", WORKFLOW_XID_48: "reset-gpu", WORKFLOW_NVLINK_ERR: "reset-gpu",
+    RESTART_BM: "reboot", RESTART_VM: "reboot", RESTART_APP: "restart-app", IGNORE: "ignore",
+    CONTACT_SUPPORT: "contact-support", CHECK_MECHANICALS: "check-mechanicals", UPDATE_SWFW: "update-firmware",
+    CHECK_UVM: "check-uvm", XID_154: "see-recovery-action", WORKFLOW_XID_45: "see-other-xid",
+    WORKFLOW_NVLINK5_ERR: "decode-log", NO_BUCKET: "none-named",
+}
+
+
+def label(xid: int) -> str:
+    """The ``action`` label for an Xid: LABELS of its catalog entry, ``unknown`` outside the catalog."""
+    entry = CATALOG.get(xid)
+    return LABELS[entry.action] if entry is not None else "unknown"
+
+
 def bucket(xid: int) -> Bucket:
     """What serve does with an Xid by default (no setting overrides it here)."""
     entry = CATALOG.get(xid)

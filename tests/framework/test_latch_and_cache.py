@@ -34,6 +34,13 @@ def test_fatal_error_latches_and_latched_runs_start_no_worker(make_interp: Calla
     assert py.starts == 1, "a latched run started a worker"
 
 
+def test_the_latch_keeps_the_reason_code_for_serve_and_its_metrics(make_interp: Callable[..., Interp],
+                                                                    tmp_path: Path) -> None:
+    probe(make_interp("fatal", mode="fatal"), tmp_path)
+    latch = State.open(str(tmp_path / "state")).latch()
+    assert latch is not None and latch["code"] == "cuda-fatal", latch
+
+
 def test_a_new_container_life_clears_the_latch(make_interp: Callable[..., Interp], tmp_path: Path) -> None:
     py = make_interp("fatal", mode="fatal")
     probe(py, tmp_path)

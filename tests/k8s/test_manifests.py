@@ -22,7 +22,7 @@ from tests.k8s.conftest import K8S, ROOT, container
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
 CLI = [sys.executable, str(K8S / "check_probes.py")]
-RENDERED = ("k8s", "k8s/base", "k8s/overlays/http")
+RENDERED = ("k8s", "k8s/base", "k8s/overlays/http", "k8s/overlays/monitoring")
 
 
 def render(path: Path) -> list[dict[str, Any]]:
@@ -87,7 +87,7 @@ def test_http_overlay_replaces_every_handler() -> None:
 def test_cli_passes_on_the_real_manifests() -> None:
     done = subprocess.run(CLI, capture_output=True, text=True, timeout=120, cwd="/")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ok: ") == 2
+    assert done.stdout.count("ok: ") == 3
 
 
 def test_validation_needs_no_network(checker: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -157,5 +157,6 @@ def test_a_latch_flips_the_one_series_and_names_its_source(start_server, fake_nv
     assert _samples(families, "healthcheck_latched") == [({}, 1.0)]
     assert _samples(families, "healthcheck_latch_info") == [({"source": "xid", "code": "xid-79"}, 1.0)]
     events = _samples(families, "healthcheck_nvml_events_total")
-    assert ({"gpu": "1", "UUID": "GPU-1111-fake", "kind": "xid", "xid": "79", "severity": "critical"}, 1.0) in (
+    assert ({"gpu": "1", "UUID": "GPU-1111-fake", "kind": "xid", "xid": "79", "severity": "critical",
+             "action": "reboot"}, 1.0) in (
         events), events

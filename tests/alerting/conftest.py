@@ -1,0 +1,51 @@
+"""Helpers for the alerting tests: the shipped rules, Debian's Prometheus tools, and what serve exports."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from probes import config as cfg
+from probes import registry
+from probes.hardware import xids
+from probes.serve import metrics
+from probes.serve import settings as serve_settings
+from probes.serve.xid import KINDS, severity
+from tests.conftest import ROOT
+from tests.serve.conftest import fake_nvml, start_server  # noqa: F401  (fixtures used here)
+
+ALERTING = ROOT / "k8s" / "alerting"
+RULES = ALERTING / "rules.yaml"
+RULE_TESTS = ALERTING / "rules.test.yaml"
+RUNBOOK = ROOT / "docs" / "runbook.md"
+# The labels a scrape adds: job and instance always; namespace, pod and container from a
+# PodMonitor (or the kubernetes_sd relabeling in docs/alerting.md).
+TARGET_LABELS = {"job", "instance", "namespace", "pod", "container"}
+INSTALL = "install Debian's prometheus and prometheus-alertmanager (bash tests/setup-system.sh, as root)"
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} not found: {INSTALL}")
+    return path
+
+
+def rules(path: Path = RULES) -> list[dict[str, Any]]:
+    return [r for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"] if "alert" in r]
+
+
+def label_domains() -> dict[str, set[str]]:
+    """Every value serve can give the labels the rules match on, from the code that gives them."""
+    defaults = serve_settings.load({})
+    ignoring = serve_settings.load({"HEALTHCHECK_XID_IGNORE": "79"})
+    xid_values = [*xids.CATALOG, 4242]  # every catalog entry, and one the catalog lacks
+    severities = {severity(kind, x, s) for kind in KINDS for x in xid_values for s in (defaults, ignoring)}
+    actions = {metrics.action(kind, str(x) if kind == "xid" else "") for kind in KINDS for x in xid_values}
+    return {"profile": set(cfg.PROFILES), "status": set(metrics.STATUSES), "state": set(metrics.WATCHER_STATES),
+            "kind": set(KINDS), "severity": severities, "action": actions,
+            "source": {"xid", *registry.NAMES}}
