@@ -304,9 +304,9 @@ def action(xid: int) -> str | None:
 LABELS = {
     RESET_GPU: "reset-gpu", WORKFLOW_XID_48: "reset-gpu", WORKFLOW_NVLINK_ERR: "reset-gpu",
     RESTART_BM: "reboot", RESTART_VM: "reboot", RESTART_APP: "restart-app", IGNORE: "ignore",
-    CONTACT_SUPPORT: "contact-support", CHECK_MECHANICALS: "check-mechanicals", UPDATE_SWFW: "update-firmware",
-    CHECK_UVM: "check-uvm", XID_154: "see-recovery-action", WORKFLOW_XID_45: "see-other-xid",
-    WORKFLOW_NVLINK5_ERR: "decode-log", NO_BUCKET: "none-named",
+    CONTACT_SUPPORT: "contact-support", CHECK_MECHANICALS: "check-mechanicals",
+    UPDATE_SWFW: "update-firmware", CHECK_UVM: "check-uvm", XID_154: "see-recovery-action",
+    WORKFLOW_XID_45: "see-other-xid", WORKFLOW_NVLINK5_ERR: "decode-log", NO_BUCKET: "none-named",
 }
 
 
