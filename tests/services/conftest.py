@@ -59,14 +59,19 @@ class Listener:
 
 
 def neighbour_port(listener: Listener) -> int:
-    """The listener's port + 1, for "only a neighbouring port listens"; skips when it is taken."""
-    port = listener.port + 1
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            pytest.skip("the neighbouring port is taken")
-    return port
+    """The listener's port + 1, free, for "only a neighbouring port listens": where another
+    process holds it, the listener moves to another port (the test always runs, never skips)."""
+    for _ in range(64):
+        port = listener.port + 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                pass
+        listener.close()
+        listener.__init__()  # type: ignore[misc]  # a fresh ephemeral port
+    pytest.fail("64 listening ports in a row had their neighbour taken")
 
 
 @pytest.fixture
