@@ -45,7 +45,7 @@ class module:
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         if self._loaded is None:
-            from probes.registry import load
+            from probes.spec import load
 
             self._loaded = load(self._name)
         return getattr(self._loaded, name)

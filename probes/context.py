@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import NamedTuple
 
-    from probes.registry import Spec
+    from probes.spec import Spec
 else:
     from probes._typing import NamedTuple
 

@@ -33,8 +33,8 @@ from probes import untrusted
 from probes._lazy import module, regex
 from probes.context import Context, logger
 from probes.framework import protocol
-from probes.registry import Cause, Spec
 from probes.result import Result, failed, passed
+from probes.spec import Cause, Spec
 from probes.state import process_start_time
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)

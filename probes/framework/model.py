@@ -34,9 +34,9 @@ from probes.context import Context, logger
 from probes.framework import checkpoint, deep, protocol
 from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.framework.protocol import INT, MEASURE, NUM, STR
-from probes.registry import INTEGER, NUMBER, TEXT, Setting, Spec
-from probes.registry import cause as _c
 from probes.result import Result, Status, failed, passed, warned
+from probes.spec import INTEGER, NUMBER, TEXT, Setting, Spec
+from probes.spec import cause as _c
 from probes.state import pid1_identity
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)

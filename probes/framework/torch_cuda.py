@@ -54,10 +54,10 @@ from probes.context import Context, logger
 from probes.framework import deep, protocol
 from probes.framework.deep import LOCK, fresh_pass
 from probes.framework.protocol import BOOL, INT, MEASURE, NUM, STR
-from probes.registry import ALL_PROFILES, CHOICE, INTEGER, NUMBER, Setting, Spec
-from probes.registry import TEXT as TEXT_KIND
-from probes.registry import cause as _c
 from probes.result import SEVERITY, Result, failed, passed, skipped, warned
+from probes.spec import ALL_PROFILES, CHOICE, INTEGER, NUMBER, Setting, Spec
+from probes.spec import TEXT as TEXT_KIND
+from probes.spec import cause as _c
 from probes.state import pid1_identity
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from probes import hardware as hw
 from probes._lazy import module, regex
-from probes.config import is_integer_text
 from probes.context import Context
 from probes.hardware import smi_codes
-from probes.registry import Cause, Spec
+from probes.numbers import is_integer_text
 from probes.result import Result, failed, passed
+from probes.spec import Cause, Spec
 from probes.untrusted import clean, squeeze
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)

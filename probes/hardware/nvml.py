@@ -35,9 +35,9 @@ import os
 from probes import hardware as hw
 from probes._lazy import module
 from probes.context import Context
-from probes.registry import Spec
-from probes.registry import cause as _c
 from probes.result import Result, Status, failed, passed, warned
+from probes.spec import Spec
+from probes.spec import cause as _c
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:

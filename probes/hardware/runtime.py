@@ -29,8 +29,8 @@ import stat
 from probes import hardware as hw
 from probes._lazy import regex
 from probes.context import Context
-from probes.registry import INTEGER, TEXT, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, warned
+from probes.spec import INTEGER, TEXT, Cause, Setting, Spec
 from probes.untrusted import clean
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)

@@ -18,7 +18,7 @@ The causes and remedies are ours, for a container started through the NVIDIA Con
 
 from __future__ import annotations
 
-from probes.registry import Cause
+from probes.spec import Cause
 
 TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
 if TYPE_CHECKING:
