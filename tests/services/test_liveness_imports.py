@@ -18,7 +18,7 @@ from tests.core.test_startup import HEAVY, SCRIPT
 
 
 def imported_by_json() -> set[str]:
-    """The modules ``import json`` brings into a bare interpreter (-I -S, as liveness runs)."""
+    """The modules ``import json`` brings into a bare interpreter (-I -S: nothing else loaded)."""
     script = "import sys\nbefore = set(sys.modules)\nimport json\nprint(' '.join(set(sys.modules) - before))\n"
     res = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True,
                          timeout=60, check=True)
