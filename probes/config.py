@@ -28,7 +28,7 @@ from probes.spec import (
 )
 from probes.untrusted import clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Callable, TypeVar

@@ -6,7 +6,7 @@ from probes.config import Config
 from probes.result import Result
 from probes.state import State
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import logging
     from collections.abc import Mapping

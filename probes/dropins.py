@@ -49,7 +49,7 @@ from probes.numbers import is_number_text
 from probes.spec import Cause
 from probes.untrusted import clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
 else:

@@ -38,7 +38,7 @@ from probes import childio
 from probes.pidstat import Proc as _Proc
 from probes.pidstat import stat
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Iterable, Mapping, Sequence

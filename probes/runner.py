@@ -17,7 +17,7 @@ from probes.result import SEVERITY, Result, Status, failed, skipped
 from probes.spec import Cause, Spec
 from probes.state import State
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Callable, NamedTuple

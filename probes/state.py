@@ -8,7 +8,7 @@ If it cannot be used the suite still runs, with caching off, and says so.
 
 from __future__ import annotations
 
-import _thread  # not threading: liveness runs without it (see probes/_typing.py)
+import _thread
 import errno
 import fcntl
 import os
@@ -18,7 +18,7 @@ import time
 from probes import pidstat
 from probes.untrusted import Refused, load_json, read_regular
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

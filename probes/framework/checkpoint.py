@@ -36,7 +36,7 @@ from probes.result import Result, failed, passed
 from probes.spec import Cause, Spec
 from probes.state import process_start_time
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any

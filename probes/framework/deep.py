@@ -16,7 +16,7 @@ from probes.context import Context, logger
 from probes.framework import protocol
 from probes.result import Result, Status, failed, warned
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any

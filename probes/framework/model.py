@@ -38,7 +38,7 @@ from probes.spec import INTEGER, NUMBER, TEXT, Setting, Spec
 from probes.spec import cause as _c
 from probes.state import pid1_identity
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

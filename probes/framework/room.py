@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from probes import untrusted
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, NamedTuple

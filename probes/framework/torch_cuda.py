@@ -59,7 +59,7 @@ from probes.spec import TEXT as TEXT_KIND
 from probes.spec import cause as _c
 from probes.state import pid1_identity
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -21,7 +21,7 @@ from probes.result import Result, failed, passed
 from probes.spec import Cause, Spec
 from probes.untrusted import clean, squeeze
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NamedTuple
 

@@ -37,7 +37,7 @@ from types import ModuleType
 
 from probes.untrusted import MAX_TEXT, clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator

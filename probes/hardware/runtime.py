@@ -32,7 +32,7 @@ from probes.result import Result, Status, failed, passed, warned
 from probes.spec import INTEGER, TEXT, Cause, Setting, Spec
 from probes.untrusted import clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, NamedTuple

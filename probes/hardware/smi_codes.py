@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from probes.spec import Cause
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NamedTuple
 else:

@@ -16,7 +16,7 @@ import time
 
 from probes.untrusted import clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

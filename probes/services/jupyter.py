@@ -43,7 +43,7 @@ from probes.services import _net
 from probes.services._http import MAX_REPLY, _speaks_tls, exchange
 from probes.spec import ALL_PROFILES, BOOL, PORT, TEXT, URL_PATH, Cause, Setting, Spec
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

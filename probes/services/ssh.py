@@ -43,7 +43,7 @@ from probes.services import _net
 from probes.spec import ALL_PROFILES, PORT, Cause, Setting, Spec
 from probes.untrusted import clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

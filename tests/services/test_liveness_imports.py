@@ -4,7 +4,7 @@ tests/core/test_startup.py checks a liveness run with the services off; the serv
 talk to real servers here, as they do in make bench and in the image. The Jupyter probe reads
 JSON (its runtime file, the server's reply) through the public json API, so json and what
 json itself imports (re, enum, functools...: measured here, they differ between Python
-versions) are the one exception.
+versions) are the one exception (docs/development.md, "Start-up policy").
 """
 
 from __future__ import annotations
