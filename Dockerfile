@@ -45,8 +45,8 @@ RUN python3 -m pip install --no-cache-dir "jupyterlab==${JUPYTERLAB_VERSION}"
 # user can break it; it never imports torch itself (HEALTHCHECK_TORCH_PYTHON, default
 # python3 on PATH, runs the tensor op). The front door finds <its dir>/.venv/bin/python.
 # The `serve` extra brings prometheus-client for `healthcheck serve` (the http overlay).
-# A liveness run imports the suite from /opt/healthcheck/probes (the front door starts it
-# without site-packages): its bytecode is compiled here, so that a read-only or non-root
+# A liveness run imports the suite from /opt/healthcheck/probes (the front door puts it
+# first on the path): its bytecode is compiled here, so that a read-only or non-root
 # container never compiles it on a probe.
 COPY pyproject.toml /opt/healthcheck/
 COPY probes/ /opt/healthcheck/probes/

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import selectors
     from collections.abc import Mapping

@@ -14,7 +14,7 @@ from probes.config import Config, ConfigError, load, parse_bool, shown
 from probes.context import logger
 from probes.untrusted import clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Sequence

@@ -11,16 +11,31 @@ import os
 import types
 
 from probes import registry
+from probes.numbers import NUMBER_FORM, is_integer_text, is_number_text
+from probes.spec import (
+    ABSOLUTE_PATH,
+    ALL_PROFILES,
+    BOOL,
+    CHOICE,
+    HOST,
+    INTEGER,
+    NUMBER,
+    PORT,
+    TEXT,
+    URL_PATH,
+    Setting,
+    Spec,
+)
 from probes.untrusted import clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Callable, TypeVar
 
     T = TypeVar("T")
 
-PROFILES = registry.ALL_PROFILES
+PROFILES = ALL_PROFILES
 DEFAULT_PROFILE = "readiness"
 # Whole-run deadline per profile when HEALTHCHECK_TIMEOUT is unset. Kept below the
 # Docker HEALTHCHECK --timeout and the Kubernetes timeoutSeconds that run them.
@@ -39,8 +54,6 @@ class ConfigError(ValueError):
 # only that), then ASCII digits with an optional fraction. No sign, exponent, underscore,
 # inf/nan or non-ASCII digits (int() and float() take '\u0663' or '1_0'; bash does not).
 SPACE = " \t\n\r\f\v"
-DIGITS = frozenset("0123456789")
-NUMBER_FORM = "digits with an optional fraction, e.g. 25 or 2.5"
 MAX_VALUE = 4096  # characters of any value, surrounding whitespace included (the front door's limit too)
 MAX_DIGITS = 30  # whole digits of a number or integer setting; every bound has far fewer
 MAX_FRACTION = 30  # fraction digits float() reads; more cannot change a setting's value
@@ -61,17 +74,6 @@ def _bounded(name: str, raw: str) -> None:
     if len(raw) > MAX_VALUE:
         raise ConfigError(f"{name}={shown(raw)} is too long: {len(raw)} characters (accepted: at most "
                           f"{MAX_VALUE})")
-
-
-def is_integer_text(text: str) -> bool:
-    return bool(text) and all(ch in DIGITS for ch in text)
-
-
-def is_number_text(text: str) -> bool:
-    whole, dot, frac = text.partition(".")
-    if frac and not is_integer_text(frac):
-        return False
-    return is_integer_text(whole) or (not whole and bool(dot) and bool(frac))
 
 
 def parse_bool(name: str, raw: str) -> bool:
@@ -175,37 +177,37 @@ def parse_base_url(name: str, raw: str) -> str:
 
 
 GLOBAL_SETTINGS = (
-    registry.Setting("HEALTHCHECK_PROFILE", "profile", registry.CHOICE, DEFAULT_PROFILE,
+    Setting("HEALTHCHECK_PROFILE", "profile", CHOICE, DEFAULT_PROFILE,
                      "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=PROFILES),
-    registry.Setting("HEALTHCHECK_TIMEOUT", "timeout", registry.NUMBER, None,
+    Setting("HEALTHCHECK_TIMEOUT", "timeout", NUMBER, None,
                      "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
                      "the front door kills the run 3 s later", low=0, high=MAX_TIMEOUT,
                      shown_default="per profile: " + " / ".join(f"{v:g}" for v in PROFILE_TIMEOUTS.values())),
-    registry.Setting("HEALTHCHECK_HOST", "host", registry.HOST, "127.0.0.1",
+    Setting("HEALTHCHECK_HOST", "host", HOST, "127.0.0.1",
                      "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
                      "ASCII host name"),
-    registry.Setting("HEALTHCHECK_STATE_DIR", "state_dir", registry.ABSOLUTE_PATH, None,
+    Setting("HEALTHCHECK_STATE_DIR", "state_dir", ABSOLUTE_PATH, None,
                      "cache, locks, latch (an absolute path); created 0700, a symlink or foreign "
                      "directory is refused (caching off)",
                      shown_default="`/run/healthcheck`, else `$XDG_RUNTIME_DIR/healthcheck`, else "
                                    "`/tmp/healthcheck-<uid>`"),
-    registry.Setting("HEALTHCHECK_LOG_FILE", "log_file", registry.ABSOLUTE_PATH, None,
+    Setting("HEALTHCHECK_LOG_FILE", "log_file", ABSOLUTE_PATH, None,
                      "one line per run plus error details (an absolute path); rotated at 1 MiB (one "
                      "backup); a regular file only (see below)", shown_default="unset"),
-    registry.Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", registry.ABSOLUTE_PATH, "/etc/healthcheck.d",
+    Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", ABSOLUTE_PATH, "/etc/healthcheck.d",
                      "drop-in checks (an absolute path): every executable file there is a check (see "
                      "\"Drop-in checks\")"),
 )
 
 # Read outside the suite's configuration (the front door, the fast path): listed for the README.
 OTHER_SETTINGS = (
-    registry.Setting("HEALTHCHECK_PYTHON", "", registry.TEXT, None,
+    Setting("HEALTHCHECK_PYTHON", "", TEXT, None,
                      "the suite's own interpreter (front door only; one that cannot run the suite is "
                      "exit 3)",
                      shown_default="the `.venv` beside the `healthcheck` script"),
-    registry.Setting("HEALTHCHECK_FASTPATH", "", registry.BOOL, True,
+    Setting("HEALTHCHECK_FASTPATH", "", BOOL, True,
                      "use a running `healthcheck serve`'s fresh results instead of probing again"),
-    registry.Setting("HEALTHCHECK_DEBUG", "", registry.TEXT, None, "trace the front door (`set -x`)",
+    Setting("HEALTHCHECK_DEBUG", "", TEXT, None, "trace the front door (`set -x`)",
                      shown_default="unset"),
 )
 
@@ -231,7 +233,7 @@ class Config:
     state_dir: str | None
     log_file: str | None
     checks_dir: str
-    dropins: tuple[registry.Spec, ...]
+    dropins: tuple[Spec, ...]
 
     def __init__(self, **fields: Any) -> None:
         values = _defaults()
@@ -265,11 +267,11 @@ class Config:
     def _asdict(self) -> dict[str, Any]:
         return dict(self._values)
 
-    def probes(self) -> tuple[registry.Spec, ...]:
+    def probes(self) -> tuple[Spec, ...]:
         """Every probe this configuration knows: the built-in ones, then the drop-ins."""
         return (*registry.PROBES, *self.dropins)
 
-    def enabled(self, spec: registry.Spec) -> bool:
+    def enabled(self, spec: Spec) -> bool:
         """Whether a probe runs in this configuration (flags override the toggles)."""
         if self.profile not in spec.profiles:
             return False
@@ -279,11 +281,11 @@ class Config:
             return False
         return bool(self.toggles.get(spec.toggle, default_on(spec, self._values)))
 
-    def selected(self) -> list[registry.Spec]:
+    def selected(self) -> list[Spec]:
         return [s for s in self.probes() if self.enabled(s)]
 
 
-def default_on(spec: registry.Spec, values: Mapping[str, Any]) -> bool:
+def default_on(spec: Spec, values: Mapping[str, Any]) -> bool:
     """Whether a probe runs when its toggle is not given: opt-in ones only when their
     ``on_with`` setting is set (HEALTHCHECK_MODEL_PATH turns the model probe on)."""
     return spec.default_on or bool(spec.on_with and values.get(spec.on_with) is not None)
@@ -298,25 +300,25 @@ def _defaults() -> dict[str, Any]:
     return values
 
 
-def parse_setting(setting: registry.Setting, raw: str) -> Any:
+def parse_setting(setting: Setting, raw: str) -> Any:
     """A declared setting's value from its raw text (ConfigError on a bad one)."""
     name, kind = setting.env, setting.kind
-    if kind == registry.BOOL:
+    if kind == BOOL:
         return parse_bool(name, raw)
-    if kind == registry.PORT:
+    if kind == PORT:
         return parse_port(name, raw)
-    if kind in (registry.NUMBER, registry.INTEGER):
+    if kind in (NUMBER, INTEGER):
         value = parse_number(name, raw, low=setting.low, high=setting.high,
                              low_inclusive=setting.low_inclusive,
-                             integer=kind == registry.INTEGER)
-        return int(value) if kind == registry.INTEGER else value
-    if kind == registry.CHOICE:
+                             integer=kind == INTEGER)
+        return int(value) if kind == INTEGER else value
+    if kind == CHOICE:
         return parse_choice(name, raw, setting.choices)
-    if kind == registry.URL_PATH:
+    if kind == URL_PATH:
         return parse_base_url(name, raw)
-    if kind == registry.HOST:
+    if kind == HOST:
         return parse_host(name, raw)
-    if kind == registry.ABSOLUTE_PATH:
+    if kind == ABSOLUTE_PATH:
         return parse_absolute_path(name, raw)
     text = parse_text(name, raw)
     if setting.parse is None:

@@ -6,13 +6,13 @@ from probes.config import Config
 from probes.result import Result
 from probes.state import State
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import logging
     from collections.abc import Mapping
     from typing import NamedTuple
 
-    from probes.registry import Spec
+    from probes.spec import Spec
 else:
     from probes._typing import NamedTuple
 

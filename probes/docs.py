@@ -15,7 +15,7 @@ from pathlib import Path
 from probes import config, dropins, registry, runner
 from probes.framework import cuda_errors
 from probes.hardware import xids
-from probes.registry import Cause, Setting
+from probes.spec import LAYERS, Cause, Setting
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -72,7 +72,7 @@ def _cause_rows(causes: Iterable[Cause]) -> list[tuple[str, str, str, str]]:
 def causes() -> str:
     parts = ["#### Reasons every probe can report", "",
              _table(("cause", "reason", "status", "remedy"), _cause_rows(runner.COMMON_CAUSES))]
-    for layer in registry.LAYERS:
+    for layer in LAYERS:
         for spec in (s for s in registry.PROBES if s.layer == layer):
             parts += ["", f"#### `{spec.name}` ({layer})", "",
                       _table(("cause", "reason", "status", "remedy"), _cause_rows(spec.causes))]

@@ -45,23 +45,17 @@ import os
 import stat
 
 from probes import untrusted
-from probes._lazy import module
-from probes.context import Context
-from probes.registry import Cause
-from probes.result import Result, failed, passed, warned
+from probes.numbers import is_number_text
+from probes.spec import Cause
 from probes.untrusted import clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
-
-    from probes import proc
 else:
     from probes._typing import NamedTuple
 
-    proc = module("probes.proc")  # imported when a check runs: an empty directory costs a scandir
-
-MODULE = __name__
+MODULE = "probes.dropin_check"  # what runs a drop-in (its gather and judge)
 DEFAULT_DIR = "/etc/healthcheck.d"
 DIR_CHECK = "drop-ins"  # the one failure for a directory that may not be trusted
 LAYER = "drop-in"
@@ -71,7 +65,6 @@ DEFAULT_TIMEOUT = 10.0
 MAX_TIMEOUT = 3600.0
 HEADER_BYTES = 4096  # the header is looked for in the first lines of this much of the file
 HEADER_TAG = b"healthcheck:"
-MAX_MESSAGE = 200
 MAX_NAME = 64
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 BACKUP_SUFFIXES = ("~", ".bak", ".swp", ".swo", ".orig", ".rej", ".tmp", ".old", ".new", ".dpkg-old",
@@ -80,7 +73,6 @@ FIX_OWNER = "chown root and chmod go-w"
 FIX_PATH = ("use a path that only root or the suite's user can change: directories chown root and chmod go-w "
             "(or sticky, as /tmp), no other user's symbolic link")
 EXIT_STATUS = {0: "pass", 1: "warn", 2: "fail", 3: "unknown"}
-UNITS = ("us", "ms", "s", "%", "B", "KB", "MB", "GB", "TB", "c")
 
 # The causes a drop-in can report (the README's table is generated from these).
 CAUSES = (
@@ -127,8 +119,6 @@ def _ignored(name: str) -> bool:
 
 def _parse_header(head: bytes, profiles: tuple[str, ...]) -> tuple[tuple[str, ...], float, str | None]:
     """(profiles, timeout, problem) from the ``# healthcheck:`` line, if any."""
-    from probes.config import is_number_text
-
     found_profiles: tuple[str, ...] = DEFAULT_PROFILES
     timeout = DEFAULT_TIMEOUT
     for raw in head.split(b"\n")[:10]:
@@ -252,86 +242,10 @@ def discover(directory: str, profiles: tuple[str, ...], reserved: frozenset[str]
     return checks
 
 
-# ---------------------------------------------------------------------------------- run
-
-class Ran(NamedTuple):
-    check: Check
-    done: proc.Completed | None  # None: not run (check.problem says why)
-    budget: float
-
-
-def gather(ctx: Context) -> Ran:
-    spec = ctx.spec
-    assert spec is not None and spec.dropin is not None
-    check: Check = spec.dropin
-    import time
-
-    budget = max(0.0, ctx.deadline - time.monotonic())
-    if check.problem is not None:
-        return Ran(check, None, budget)
-    env = {**os.environ, "HEALTHCHECK_PROFILE": ctx.profile}
-    done = proc.run([check.path], deadline=ctx.deadline, env=env, cwd="/")
-    return Ran(check, done, budget)
-
-
-def _perfdata(text: str) -> tuple[Any, str | None]:
-    """(value, unit) of the first ``label=value[unit]`` item of Nagios performance data."""
-    first = text.strip().split(" ")[0] if text.strip() else ""
-    _, sep, rest = first.partition("=")
-    if not sep:
-        return None, None
-    value = rest.split(";", 1)[0]
-    unit = next((u for u in sorted(UNITS, key=len, reverse=True) if value.endswith(u)), None)
-    number = value[: len(value) - len(unit)] if unit else value
-    try:
-        parsed = float(number)
-    except ValueError:
-        return None, None
-    if parsed != parsed or parsed in (float("inf"), float("-inf")):
-        return None, None
-    return (int(parsed) if parsed.is_integer() and "." not in number else parsed), unit
-
-
-def judge(data: Ran, ctx: Context) -> Result:
-    check, done = data.check, data.done
-    name = check.name
-    if done is None:
-        what = "untrusted" if check.reason == "untrusted" else "not run"
-        fix = f": {check.fix}" if check.reason == "untrusted" else ""
-        return failed(name, f"{what}: {check.problem}{fix}", reason=check.reason)
-    if done.spawn_error:
-        return failed(name, f"cannot start {clean(check.path, 120)} ({done.spawn_error}): give it a #! line "
-                      "naming an installed interpreter", reason="cannot-start")
-    first = done.stdout.split(b"\n", 1)[0].decode("utf-8", "replace")
-    message, _, perf = first.partition("|")
-    message = clean(" ".join(message.split()), MAX_MESSAGE)
-    observed, unit = _perfdata(perf)
-    if done.timed_out or done.stuck:
-        return failed(name, f"no answer within {data.budget:.1f}s (deadline passed)"
-                      + (f"; it said: {message}" if message else ""), reason="deadline")
-    if done.signal is not None:
-        sig = proc.signal_name(done.signal)
-        return failed(name, f"killed by {sig}" + (f"; it said: "
-                                                  f"{message}" if message else ""), reason="bad-exit")
-    code = done.returncode
-    said = message or f"exit {code} with no message"
-    kw: dict[str, Any] = {"observed": observed, "unit": unit}
-    if code == 0:
-        return passed(name, said, **kw)
-    if code == 1:
-        return warned(name, said, reason="check-warning", **kw)
-    if code == 2:
-        return failed(name, said, reason="check-failed", **kw)
-    if code == 3:
-        return warned(name, f"unknown: {said}", reason="unknown", **kw)
-    return failed(name, f"exit {code} is not a check result (0 pass, 1 warn, 2 fail, 3 unknown)"
-                  + (f"; it said: {message}" if message else ""), reason="bad-exit")
-
-
 def specs(directory: str, reserved: frozenset[str] = frozenset(),
           toggles: dict[str, str] | None = None) -> tuple[Any, ...]:
     """The drop-ins in ``directory`` as probe specs (what config, runner and reports use)."""
-    from probes.registry import ALL_PROFILES, Spec
+    from probes.spec import ALL_PROFILES, Spec
 
     out = []
     for check in discover(directory, ALL_PROFILES, reserved, toggles):

@@ -17,7 +17,7 @@ import os
 import stat
 import sys
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, Any, Callable
 

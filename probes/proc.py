@@ -35,8 +35,10 @@ import signal
 import time
 
 from probes import childio
+from probes.pidstat import Proc as _Proc
+from probes.pidstat import stat
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Iterable, Mapping, Sequence
@@ -93,16 +95,6 @@ class Completed(NamedTuple):
 # Containment: the subreaper, run markers, and the sweeps that end a process tree
 # ---------------------------------------------------------------------------
 
-class _Proc(NamedTuple):
-    """What a sweep needs from /proc/<pid>/stat."""
-
-    state: bytes  # R, S, D, T, Z, ...
-    ppid: int
-    pgid: int
-    sid: int
-    start: int  # clock ticks since boot: tells a reused pid apart
-
-
 class _Child:
     """A child started here with Popen: only its Popen object ever reaps it."""
 
@@ -152,26 +144,6 @@ def _prctl_subreaper() -> bool:
         return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
-
-
-def stat(pid: int) -> _Proc | None:
-    """A process's state, parent, group, session and start time from /proc/<pid>/stat, or
-    None when it is gone: the one reader of that file in the suite."""
-    # os.open/os.read: half the cost of open(); a sweep reads this for every process.
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-        try:
-            data = os.read(fd, 1024)  # the command name is at most 16 bytes: the fields fit
-        finally:
-            os.close(fd)
-    except OSError:
-        return None
-    # Fields after the command name (which may contain spaces and parentheses).
-    fields = data[data.rfind(b")") + 2:].split(None, 20)
-    try:
-        return _Proc(fields[0], int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
-    except (IndexError, ValueError):
-        return None
 
 
 def _table() -> dict[int, _Proc]:

@@ -1,38 +1,23 @@
-"""The probes: one line per module below, and each module declares everything about itself.
+"""The catalog: which probes exist, one line per module, in layer order.
 
-A probe module defines ``SPEC = Spec(...)``: its name, layer, JSON measurement (the
-health+json key is ``NAME:MEASUREMENT``), ``ENABLE_*`` toggle, default deadline, profiles,
-the probes it requires, its own settings (environment variable, type, default, bounds,
-one-line meaning) and its table of causes (reason code, status, cause, remedy). It also
-defines ``gather(ctx)`` (the only part that touches hardware, subprocesses or sockets; it
-must return by ``ctx.deadline``), ``judge(data, ctx) -> Result`` (pure), and optionally
-``on_deadline(ctx)`` and ``requirements(config)`` (when what it requires depends on a
-setting).
-
-Everything else is derived from the declarations: configuration loading and validation,
-``--help``, ``--only``/``--skip``, the JSON report, serve and its metrics, and the README's
-probe, environment and cause tables (``make docs``). Adding a probe is one module, one
-test file and one line in ``MODULES``.
+What a probe declares about itself (``SPEC``, its settings and causes) is in
+``probes.spec``; everything else is derived from those declarations: configuration loading
+and validation, ``--help``, ``--only``/``--skip``, the JSON report, serve and its metrics,
+and the generated probe, environment and cause tables (``make docs``). Adding a probe is
+one module, one test file and one line in ``MODULES``.
 
 The modules are imported on first use of ``PROBES`` (or ``NAMES``, ``BY_NAME``,
-``TOGGLES``), not when this module is imported: the declarations' own imports must
-therefore stay light (what a probe needs only while it runs is reached through
-``probes._lazy.module`` or imported inside ``gather``).
+``TOGGLES``, ``SETTINGS``), not when this module is imported, and by name: a probe module
+imports ``probes.spec``, never this catalog.
 """
 
 from __future__ import annotations
 
-import sys
+from probes.spec import Setting, Spec, load
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from types import ModuleType
-    from typing import Any, NamedTuple
-else:
-    from probes._typing import NamedTuple
-
-ALL_PROFILES = ("startup", "readiness", "liveness")
-LAYERS = ("hardware", "framework", "services", "drop-in")
+    from typing import Any
 
 # One line per probe module, in layer order.
 MODULES = (
@@ -46,78 +31,6 @@ MODULES = (
     "probes.services.jupyter",
     "probes.services.ssh",
 )
-
-# Setting kinds (how config parses the value); see probes.config.parse_setting.
-BOOL, NUMBER, INTEGER, PORT = "bool", "number", "integer", "port"
-TEXT, CHOICE, URL_PATH, HOST, ABSOLUTE_PATH = "text", "choice", "path", "host", "absolute-path"
-
-
-class Setting(NamedTuple):
-    """One environment variable a probe reads, with its validation and its README row."""
-
-    env: str  # HEALTHCHECK_SSH_PORT
-    field: str  # the attribute on Config: config.ssh_port
-    kind: str  # BOOL, NUMBER, INTEGER, PORT, TEXT, CHOICE, URL_PATH, HOST or ABSOLUTE_PATH
-    default: Any
-    meaning: str  # one line for the README and --help
-    low: float = 0.0  # NUMBER and INTEGER bounds
-    high: float = 0.0
-    low_inclusive: bool = False
-    choices: tuple[str, ...] = ()  # CHOICE
-    shown_default: str | None = None  # the README's default column when not just the value
-    # A TEXT setting's own grammar: the value (surrounding whitespace removed) -> what is kept;
-    # ValueError("is not ... (accepted: ...)") refuses it with exit 3.
-    parse: Any = None
-
-
-class Cause(NamedTuple):
-    """One row of a probe's cause table: what happened, the reason code, status and remedy."""
-
-    reason: str
-    status: str  # "fail", "warn" or "skip"
-    cause: str
-    remedy: str
-
-
-def cause(reason: str, what: str, remedy: str, status: str = "fail") -> Cause:
-    """A cause row written reason, what happened, remedy: a failure unless ``status`` says
-    otherwise (the order the probes' long tables read best in)."""
-    return Cause(reason, status, what, remedy)
-
-
-class Spec(NamedTuple):
-    name: str
-    layer: str
-    module: str
-    toggle: str  # the ENABLE_* variable that switches it on or off
-    timeout: float  # default per-probe deadline in seconds (capped by the run's)
-    profiles: tuple[str, ...]
-    requires: tuple[str, ...] = ()  # probes whose failure skips this one
-    measurement: str = "status"
-    settings: tuple[Setting, ...] = ()
-    causes: tuple[Cause, ...] = ()
-    about: str = ""  # what it proves, one line (--help, README)
-    dropin: Any = None  # probes.dropins.Check for a drop-in check
-    # Deep, costly checks are opt-in: off unless their toggle says true, or (``on_with``, the
-    # ``field`` of one of its settings) unless that setting is given and the toggle is not.
-    default_on: bool = True
-    on_with: str = ""
-
-    def load(self) -> ModuleType:
-        return load(self.module)
-
-    def requirements(self, config: Any) -> tuple[str, ...]:
-        """The probes this one needs in this configuration (a module may decide by a setting)."""
-        decide = getattr(self.load(), "requirements", None) if self.requires else None
-        return tuple(decide(config)) if decide is not None else self.requires
-
-
-def load(name: str) -> ModuleType:
-    """The module ``name``, imported if need be, as ``importlib.import_module`` (which is not
-    imported: ~0.3 ms a run). ``__import__`` waits for a module that another thread is still
-    importing."""
-    __import__(name)
-    return sys.modules[name]
 
 
 _cache: dict[str, Any] = {}

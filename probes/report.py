@@ -13,7 +13,7 @@ from probes.result import Result, Status
 from probes.runner import Outcome
 from probes.untrusted import squeeze
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import types
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, ClassVar, NamedTuple

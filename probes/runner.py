@@ -11,13 +11,13 @@ from __future__ import annotations
 import _thread
 import time
 
-from probes import registry
 from probes.config import Config
 from probes.context import Context, logger
 from probes.result import SEVERITY, Result, Status, failed, skipped
+from probes.spec import Cause, Spec
 from probes.state import State
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Callable, NamedTuple
@@ -26,13 +26,13 @@ else:
 
 # What any probe can report, besides its own causes (the README's first cause table).
 COMMON_CAUSES = (
-    registry.Cause("deadline", "fail", "the probe gave no answer by its deadline (its own, or the run's "
+    Cause("deadline", "fail", "the probe gave no answer by its deadline (its own, or the run's "
                    "`HEALTHCHECK_TIMEOUT`)", "the named component is hung; see the probe's remedy"),
-    registry.Cause("dependency-failed", "skip", "a lower layer failed, so this probe did not run",
+    Cause("dependency-failed", "skip", "a lower layer failed, so this probe did not run",
                    "fix the layer named in the message"),
-    registry.Cause("latched", "fail", "a CUDA-fatal error or a critical Xid latched the container unhealthy",
+    Cause("latched", "fail", "a CUDA-fatal error or a critical Xid latched the container unhealthy",
                    "restart the container (a new PID 1 clears the latch)"),
-    registry.Cause("internal-error", "fail", "the probe itself raised (a bug); the detail is only in "
+    Cause("internal-error", "fail", "the probe itself raised (a bug); the detail is only in "
                    "`HEALTHCHECK_LOG_FILE`", "report it with the log line"),
 )
 GRACE = 0.4  # how long past its deadline we wait for a probe that runs a child (TERM+KILL take 0.3 s)
@@ -88,7 +88,7 @@ class Outcome(NamedTuple):
     notes: tuple[str, ...] = ()
     abandoned: bool = False  # a probe thread is still stuck in a call: exit without joining it
     elapsed: float = 0.0
-    specs: tuple[registry.Spec, ...] = ()  # what ran (drop-ins included), for the reports
+    specs: tuple[Spec, ...] = ()  # what ran (drop-ins included), for the reports
 
     @property
     def status(self) -> Status:
@@ -109,7 +109,7 @@ def run_deadline(timeout: float, start: float) -> float:
     return start + timeout - min(0.5, timeout / 2)
 
 
-def _deadline_result(spec: registry.Spec, module: object, ctx: Context, budget: float) -> Result:
+def _deadline_result(spec: Spec, module: object, ctx: Context, budget: float) -> Result:
     hook: Callable[[Context], Result] | None = getattr(module, "on_deadline", None)
     if hook is not None:
         try:
@@ -119,7 +119,7 @@ def _deadline_result(spec: registry.Spec, module: object, ctx: Context, budget: 
     return failed(spec.name, f"no answer within {budget:.1f}s (deadline passed)", reason="deadline")
 
 
-def _execute(spec: registry.Spec, ctx: Context, budget: float) -> tuple[Result, bool]:
+def _execute(spec: Spec, ctx: Context, budget: float) -> tuple[Result, bool]:
     """Run one probe under its deadline; returns (result, abandoned)."""
     box: list[Result] = []
 
@@ -146,7 +146,7 @@ def _execute(spec: registry.Spec, ctx: Context, budget: float) -> tuple[Result, 
 
 
 def run(config: Config, state: State, *, start: float | None = None,
-        specs: Sequence[registry.Spec] | None = None) -> Outcome:
+        specs: Sequence[Spec] | None = None) -> Outcome:
     """Run ``specs`` (default: what the configuration selects) and collect their results."""
     start = time.monotonic() if start is None else start
     wall = time.time()
@@ -162,7 +162,7 @@ def run(config: Config, state: State, *, start: float | None = None,
     torch_selected = any(s.name == "torch-cuda" for s in specs)
     by_name = {s.name: s for s in specs}
 
-    def supervise(spec: registry.Spec) -> None:
+    def supervise(spec: Spec) -> None:
         try:
             # Under a latch nothing waits: the hardware layer is not run at all.
             needs = [] if latch is not None else [

@@ -8,16 +8,17 @@ If it cannot be used the suite still runs, with caching off, and says so.
 
 from __future__ import annotations
 
-import _thread  # not threading: liveness runs without it (see probes/_typing.py)
+import _thread
 import errno
 import fcntl
 import os
 import stat
 import time
 
+from probes import pidstat
 from probes.untrusted import Refused, load_json, read_regular
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -62,9 +63,7 @@ def _usable(path: str) -> str | None:
 def process_start_time(pid: int) -> str | None:
     """A live process's start time (clock ticks since boot; tells a reused pid apart),
     or None if it is gone or a zombie."""
-    from probes import proc
-
-    st = proc.stat(pid)
+    st = pidstat.stat(pid)
     return None if st is None or st.state == b"Z" else str(st.start)
 
 
@@ -74,14 +73,12 @@ def pid1_identity() -> str:
     A container restart starts a new PID 1, so a latch recorded under another
     identity belongs to an earlier life and no longer applies.
     """
-    from probes import proc
-
     try:
         with open("/proc/sys/kernel/random/boot_id", "rb") as fh:
             boot = fh.read().decode().strip()
     except OSError:
         boot = "?"
-    st = proc.stat(1)
+    st = pidstat.stat(1)
     return f"{boot}:{st.start if st is not None else '?'}"
 
 

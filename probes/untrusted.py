@@ -24,7 +24,7 @@ import errno
 import os
 import stat
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Collection
     from typing import Any

@@ -30,23 +30,17 @@ import sys
 import time
 
 from probes import untrusted
-from probes._lazy import module, regex
 from probes.context import Context, logger
 from probes.framework import protocol
-from probes.registry import Cause, Spec
 from probes.result import Result, failed, passed
+from probes.spec import Cause, Spec
 from probes.state import process_start_time
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-    from probes import proc
-    from probes.framework import checkpoint_child  # the child's protocol: PREFIX, SCHEMA
-else:
-    proc = module("probes.proc")  # imported when the probe runs (probes/_lazy.py)
-    checkpoint_child = module("probes.framework.checkpoint_child")
 
 NAME = "checkpoint"
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_child.py")
@@ -54,7 +48,7 @@ MARKER = "checkpointed.json"
 MARKER_TTL = 300.0  # seconds a marker holds GPU work back when this probe does not run again
 MAX_PIDS = 64
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
-_GPU_NODE = regex(r"/dev/nvidia\d+")
+_GPU_NODE = r"/dev/nvidia\d+"
 
 SPEC = Spec(
     NAME, "framework", __name__, "ENABLE_CHECKPOINT_CHECK", 5.0, ("startup", "readiness"),
@@ -112,13 +106,15 @@ def _nspid(pid: int) -> list[int]:
 
 
 def _holds_gpu(pid: int) -> bool:
+    import re
+
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return False
     for fd in fds:
         try:
-            if _GPU_NODE.fullmatch(os.readlink(f"/proc/{pid}/fd/{fd}")):
+            if re.fullmatch(_GPU_NODE, os.readlink(f"/proc/{pid}/fd/{fd}")):
                 return True
         except OSError:
             continue
@@ -151,6 +147,8 @@ _STATE = {"pid": (protocol.INT, False), "rc": (protocol.INT, False), "state": (p
 
 def _valid(report: Any) -> dict[str, Any]:
     """The child's report if it matches the schema exactly; raises protocol.Bad otherwise."""
+    from probes.framework import checkpoint_child
+
     protocol.fields(report, _REPORT, "result", nested=("states",))
     if report["v"] != checkpoint_child.SCHEMA or not isinstance(report["states"], list):
         raise protocol.Bad("the result is for another request")
@@ -160,6 +158,8 @@ def _valid(report: Any) -> dict[str, Any]:
 
 
 def parse_output(stdout: bytes) -> dict[str, Any] | None:
+    from probes.framework import checkpoint_child
+
     try:
         return _valid(protocol.result(stdout, checkpoint_child.PREFIX))
     except protocol.Bad:
@@ -184,10 +184,14 @@ def _mark(ctx: Context, held: list[int]) -> None:
 
 
 def _answered(out: bytes) -> bool:
+    from probes.framework import checkpoint_child
+
     return protocol.arrived(out, checkpoint_child.PREFIX)
 
 
 def gather(ctx: Context) -> dict[str, Any]:
+    from probes import proc
+
     pids = local_pids(nvml_pids(ctx))
     if not pids:
         _mark(ctx, [])

@@ -39,13 +39,8 @@ status, then for a number or a name.
 
 from __future__ import annotations
 
-from probes._lazy import regex
-
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
-if TYPE_CHECKING:
-    from typing import NamedTuple
-else:
-    from probes._typing import NamedTuple
+import re
+from typing import NamedTuple
 
 STICKY, NOT_CHECKED, ENVIRONMENT, OTHER = "sticky", "could-not-check", "environment", "other"
 
@@ -333,12 +328,12 @@ _TEXTS = sorted(((t.lower(), e) for e in TABLE for t in (e.text, *e.aliases)
 BOILERPLATE = ("CUDA kernel errors might be asynchronously reported", "For debugging consider passing",
                "Compile with `TORCH_USE_CUDA_DSA`", "Compile with TORCH_USE_CUDA_DSA",
                "Search for `cudaError", "Search for 'cudaError")
-_CUT = regex("(?i)" + "|".join(BOILERPLATE))  # the phrases hold no pattern characters
-_NAMES = regex(r"\b(cudaError[A-Za-z]+|CUDA_ERROR_[A-Z_]+|CUBLAS_STATUS_[A-Z_]+|CUDNN_STATUS_[A-Z_]+)\b")
+_CUT = re.compile("(?i)" + "|".join(BOILERPLATE))  # the phrases hold no pattern characters
+_NAMES = re.compile(r"\b(cudaError[A-Za-z]+|CUDA_ERROR_[A-Z_]+|CUBLAS_STATUS_[A-Z_]+|CUDNN_STATUS_[A-Z_]+)\b")
 # Numbered forms that can only be CUDA's: "CUDA error 700", "cuda runtime error (59)", THCudaCheck's
 # "error=46", glog's "(803 vs. 0)", "CUDA failure 804", the CUDA samples' "code=802".
-_NUMBER = regex(r"(?i)cuda (?:runtime )?error:? \(?(\d{1,5})\b|\berror=(\d{1,5})\b|\((\d{1,5}) vs\. 0\)"
-                r"|cuda failure (\d{1,5})\b|\bcode[=#](\d{1,5})\b")
+_NUMBER = re.compile(r"(?i)cuda (?:runtime )?error:? \(?(\d{1,5})\b|\berror=(\d{1,5})\b|\((\d{1,5}) vs\. 0\)"
+                     r"|cuda failure (\d{1,5})\b|\bcode[=#](\d{1,5})\b")
 
 
 class Found(NamedTuple):

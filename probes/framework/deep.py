@@ -3,7 +3,7 @@ cache of a passing run, the latch of a sticky CUDA error, the worker's start on 
 room for it (probes/framework/room.py), and the verdicts the deep checks share.
 
 Imported when a framework probe's declaration is read: what a run needs (process control, the
-NVML survey, the CUDA error table) is imported when it runs (probes/_lazy.py).
+NVML survey, the CUDA error table) is imported inside the functions that use it.
 """
 
 from __future__ import annotations
@@ -12,22 +12,17 @@ import os
 import time
 
 from probes import untrusted
-from probes._lazy import module
 from probes.context import Context, logger
 from probes.framework import protocol
 from probes.result import Result, Status, failed, warned
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
     from probes import proc
-    from probes.framework import cuda_errors, room
-else:
-    proc = module("probes.proc")
-    room = module("probes.framework.room")
-    cuda_errors = module("probes.framework.cuda_errors")
+    from probes.framework import room
 
 LOCK = "torch-cuda.lock"  # one costly check at a time: torch-cuda, model and nccl take it
 
@@ -36,6 +31,8 @@ def start(ctx: Context, need_mib: int, extra: dict[str, str]) -> tuple[room.Room
     """(the room survey, or None on the CPU; the worker's environment): CUDA_MODULE_LOADING=LAZY
     (a smaller context), and CUDA_VISIBLE_DEVICES narrowed to the GPUs with room when some have
     none."""
+    from probes.framework import room
+
     env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **extra}
     if ctx.config.torch_device != "cuda":
         return None, env
@@ -47,17 +44,23 @@ def start(ctx: Context, need_mib: int, extra: dict[str, str]) -> tuple[room.Room
 
 def no_room(space: room.Room) -> dict[str, Any]:
     """A run that started nothing: no GPU had room."""
+    from probes.framework import room
+
     return {"kind": room.REASON, "room": space.facts(), "lingered": False, "finished": time.time()}
 
 
 def not_checked(name: str, data: dict[str, Any], what: str, **kw: Any) -> Result:
     """judge() of a run that started nothing because the workload holds every GPU's memory."""
+    from probes.framework import room
+
     facts = {**kw.pop("facts", {}), "room": data["room"]}
     return warned(name, room.not_checked(data["room"], what), reason=room.REASON, facts=facts, **kw)
 
 
 def with_room(result: Result, data: dict[str, Any], what: str) -> Result:
     """``result`` noting the GPUs left out for want of room: a pass becomes a warning."""
+    from probes.framework import room
+
     facts = room.read(data.get("room"))
     if facts is None:
         return result
@@ -76,6 +79,8 @@ def cuda_failure(name: str, code: Any, message: str, where: str, **kw: Any) -> R
     name: sticky latches (``fatal`` in the facts), could-not-check warns, anything else fails.
     torch-cuda judges the same table with more to say (the holder of a busy GPU, the driver's
     version)."""
+    from probes.framework import cuda_errors
+
     found = cuda_errors.identify(code, message)
     if found is None:
         return None
@@ -108,6 +113,8 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
     deep checks do not need: it answers a cached pass before waiting, hands every profile a
     run that finished while it waited (startup included) and re-reads the latch once the lock
     is held."""
+    from probes import proc
+
     state = ctx.state
     if not state.enabled:
         return run()
@@ -128,6 +135,8 @@ def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
     cached for later runs to reuse or share; a run whose worker lingered is not trusted (nothing is
     cached or shared, and an older pass must not be served after it), and one that started nothing
     (no GPU had room) has nothing to cache."""
+    from probes.framework import room
+
     if data["kind"] == room.REASON:
         return data
     if data["lingered"]:
@@ -148,6 +157,8 @@ def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
     """A deep check's worker (model, nccl) run under the probe's deadline, on the GPUs with
     ``need_mib`` MiB free (see :func:`start`): what its judge() reads of the run (``locked_run``'s
     ``run``), and the process, for what else it reads there (None when none was started)."""
+    from probes import proc
+
     space, env = start(ctx, need_mib, env)
     if space is not None and space.none_left:
         return no_room(space), None

@@ -29,33 +29,26 @@ from __future__ import annotations
 import os
 
 from probes import untrusted
-from probes._lazy import module, regex
 from probes.context import Context, logger
 from probes.framework import checkpoint, deep, protocol
 from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.framework.protocol import INT, MEASURE, NUM, STR
-from probes.registry import INTEGER, NUMBER, TEXT, Setting, Spec
-from probes.registry import cause as _c
 from probes.result import Result, Status, failed, passed, warned
+from probes.spec import INTEGER, NUMBER, TEXT, Setting, Spec
+from probes.spec import cause as _c
 from probes.state import pid1_identity
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from probes import proc
-    from probes.framework import model_worker, room  # model_worker: the protocol (PREFIX, PHASE, SCHEMA)
-else:
-    proc = module("probes.proc")  # imported when the probe runs (probes/_lazy.py)
-    model_worker = module("probes.framework.model_worker")
-    room = module("probes.framework.room")
 
 NAME = "model"
 MEASUREMENT = "load"
 UNIT = "ms"
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_worker.py")
 CACHE = "model.json"
-_PHASES = regex(r"start|open|import|init|load|expect|forward")
+_PHASES = r"start|open|import|init|load|expect|forward"
 TOLERANCE = 1e-3
 
 
@@ -152,6 +145,8 @@ KINDS = {"missing": "model-missing", "unreadable": "model-unreadable", "unsuppor
 def parse_input(text: str) -> str:
     """HEALTHCHECK_MODEL_INPUT, read by the worker's own grammar when the settings are read; a
     ValueError says what is wrong and what is accepted."""
+    from probes.framework import model_worker
+
     try:
         model_worker.parse_input(text)
     except model_worker.Failure as exc:
@@ -162,6 +157,8 @@ def parse_input(text: str) -> str:
 
 def validate(report: Any, device: str) -> dict[str, Any]:
     """A cleaned copy of the worker's report if it matches the schema exactly; raises protocol.Bad."""
+    from probes.framework import model_worker
+
     protocol.fields(report, _REPORT, "result", nested=("error",))
     if report["v"] != model_worker.SCHEMA or report["device"] != device:
         raise protocol.Bad("the result is for another request")
@@ -179,6 +176,8 @@ def validate(report: Any, device: str) -> dict[str, Any]:
 
 
 def parse_output(stdout: bytes, device: str) -> tuple[dict[str, Any] | None, str | None]:
+    from probes.framework import model_worker
+
     try:
         return validate(protocol.result(stdout, model_worker.PREFIX), device), None
     except protocol.Bad as exc:
@@ -186,10 +185,14 @@ def parse_output(stdout: bytes, device: str) -> tuple[dict[str, Any] | None, str
 
 
 def last_phase(stderr: bytes) -> str | None:
+    from probes.framework import model_worker
+
     return protocol.last_phase(stderr, model_worker.PHASE, _PHASES)
 
 
 def result_arrived(stdout: bytes) -> bool:
+    from probes.framework import model_worker
+
     return protocol.arrived(stdout, model_worker.PREFIX)
 
 
@@ -230,6 +233,8 @@ def run_worker(ctx: Context) -> dict[str, Any]:
 
 def _phrase(err: dict[str, Any]) -> str | None:
     """The worker's message when it is one of its own phrases; None for anything else."""
+    from probes.framework import model_worker
+
     return err["message"] if err["message"] in model_worker.PHRASES else None
 
 
@@ -301,6 +306,8 @@ ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus the model's size"
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
+    from probes.framework import room
+
     if data.get("kind") != room.REASON:
         return deep.with_room(_judge(data, ctx), data, ROOM)
     facts = data["room"]
@@ -312,6 +319,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
 
 def _judge(data: dict[str, Any], ctx: Context) -> Result:
+    from probes import proc
+
     kind = data.get("kind")
     path = untrusted.clean(ctx.config.model_path or "", 120)
     if kind == "checkpointed":

@@ -29,28 +29,22 @@ from __future__ import annotations
 import os
 
 from probes import untrusted
-from probes._lazy import module, regex
 from probes.context import Context
 from probes.framework import checkpoint, deep, protocol
 from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.framework.protocol import INT, NUM, STR
-from probes.registry import INTEGER, NUMBER, Setting, Spec
-from probes.registry import cause as _c
 from probes.result import Result, failed, passed, skipped
+from probes.spec import INTEGER, NUMBER, Setting, Spec
+from probes.spec import cause as _c
 from probes.state import pid1_identity
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
 
-    from probes import proc
-    from probes.framework import nccl_worker, room  # nccl_worker: the protocol (PREFIX, PHASE, SCHEMA)
 else:
     from probes._typing import NamedTuple
 
-    proc = module("probes.proc")  # imported when the probe runs (probes/_lazy.py)
-    nccl_worker = module("probes.framework.nccl_worker")
-    room = module("probes.framework.room")
 
 NAME = "nccl"
 MEASUREMENT = "allreduce"
@@ -58,7 +52,7 @@ UNIT = "ms"
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_worker.py")
 CACHE = "nccl.json"
 SHM = "/dev/shm"  # noqa: S108 (only its size is read)
-_PHASES = regex(r"start|import|nccl|init|place|allreduce|verify")
+_PHASES = r"start|import|nccl|init|place|allreduce|verify"
 MAX_WARNINGS = 5
 # Lower-case substrings of NCCL's WARN lines (misc/shmutils.cc, include/shm.h, transport/p2p.cc). Only a
 # segment NCCL could not extend ("Call to posix_fallocate failed : No space left on device", "Error: failed
@@ -148,6 +142,8 @@ def shm_size(path: str = SHM) -> Shm:
 
 
 def validate(report: Any) -> dict[str, Any]:
+    from probes.framework import nccl_worker
+
     protocol.fields(report, _REPORT, "result", nested=("error",))
     if report["v"] != nccl_worker.SCHEMA or report["backend"] != "nccl":
         raise protocol.Bad("the result is for another request")
@@ -167,6 +163,8 @@ def validate(report: Any) -> dict[str, Any]:
 
 
 def parse_output(stdout: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    from probes.framework import nccl_worker
+
     try:
         return validate(protocol.result(stdout, nccl_worker.PREFIX)), None
     except protocol.Bad as exc:
@@ -184,10 +182,14 @@ def warnings(stderr: bytes) -> list[str]:
 
 
 def last_phase(stderr: bytes) -> str | None:
+    from probes.framework import nccl_worker
+
     return protocol.last_phase(stderr, nccl_worker.PHASE, _PHASES)
 
 
 def result_arrived(stdout: bytes) -> bool:
+    from probes.framework import nccl_worker
+
     return protocol.arrived(stdout, nccl_worker.PREFIX)
 
 
@@ -196,6 +198,8 @@ def result_arrived(stdout: bytes) -> bool:
 # ---------------------------------------------------------------------------
 
 def run_worker(ctx: Context) -> dict[str, Any]:
+    from probes.framework import room
+
     floor = ctx.config.torch_min_free_mib
     data, done = deep_worker(ctx, NAME, [ctx.config.torch_python, WORKER], {"NCCL_DEBUG": "WARN"},
                              parse_output, last_phase, result_arrived, floor + room.NCCL_MIB if floor else 0)
@@ -258,6 +262,8 @@ ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus NCCL's buffers"
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
+    from probes.framework import room
+
     if data.get("kind") == room.REASON:
         return deep.not_checked(NAME, data, ROOM, unit=UNIT)
     return deep.with_room(_judge(data, ctx), data, ROOM)
@@ -274,6 +280,8 @@ def _cuda(report: dict[str, Any] | None, lines: list[str], kw: dict[str, Any]) -
 
 
 def _judge(data: dict[str, Any], ctx: Context) -> Result:
+    from probes import proc
+
     kind = data.get("kind")
     if kind == "checkpointed":
         return skipped(NAME, f"not started: {data['why']}", reason="checkpointed")

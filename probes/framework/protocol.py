@@ -16,12 +16,11 @@ import math
 
 from probes import untrusted
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from probes._lazy import regex
 
 # Field kinds of a schema: {"name": (kind, nullable)}.
 STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"
@@ -103,13 +102,15 @@ def arrived(stdout: bytes, prefix: str) -> bool:
     return any(line.startswith(marker) and line.endswith((b"\n", b"\r")) for line in lines)
 
 
-def last_phase(stderr: bytes, phase: str, names: regex) -> str | None:
-    """The last progress marker in ``stderr`` whose whole name matches ``names``: where the
-    worker was when it stopped."""
+def last_phase(stderr: bytes, phase: str, names: str) -> str | None:
+    """The last progress marker in ``stderr`` whose whole name matches the pattern ``names``:
+    where the worker was when it stopped."""
+    import re
+
     found = None
     for line in stderr.decode("utf-8", "replace").splitlines():
         if line.startswith(phase):
             name = line[len(phase):].strip()
-            if names.fullmatch(name):
+            if re.fullmatch(names, name):
                 found = name
     return found

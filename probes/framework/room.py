@@ -24,19 +24,15 @@ Command-line equivalent::
 from __future__ import annotations
 
 from probes import untrusted
-from probes._lazy import module
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, NamedTuple
 
-    from probes.hardware import nvml, nvml_lib
 else:
     from probes._typing import NamedTuple
 
-    nvml_lib = module("probes.hardware.nvml_lib")  # imported when a worker is about to start
-    nvml = module("probes.hardware.nvml")
 
 NCCL_MIB = 256  # NCCL's buffers on each GPU, on top (NCCL_BUFFSIZE 4 MiB per channel and peer)
 REASON = "workload-memory"
@@ -73,6 +69,8 @@ class Room(NamedTuple):
 
 def survey(need_mib: int, env: Mapping[str, str]) -> Room:
     """Which of the GPUs the worker would see have ``need_mib`` MiB free (NVML)."""
+    from probes.hardware import nvml, nvml_lib
+
     if need_mib <= 0:
         return Room(need_mib, unknown="off (HEALTHCHECK_TORCH_MIN_FREE_MIB=0)")
     try:
@@ -98,6 +96,8 @@ def survey(need_mib: int, env: Mapping[str, str]) -> Room:
 
 def _gpus(nv: Any) -> tuple[list[Gpu], str | None]:
     """Every GPU NVML sees, in NVML's order, or why the survey cannot be made."""
+    from probes.hardware import nvml_lib
+
     count, err = nvml_lib.call(nv.nvmlDeviceGetCount)
     if err is not None:
         return [], f"NVML error {err}"

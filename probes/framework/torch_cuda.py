@@ -49,28 +49,21 @@ import os
 import time
 
 from probes import untrusted
-from probes._lazy import module, regex
 from probes.context import Context, logger
 from probes.framework import deep, protocol
 from probes.framework.deep import LOCK, fresh_pass
 from probes.framework.protocol import BOOL, INT, MEASURE, NUM, STR
-from probes.registry import ALL_PROFILES, CHOICE, INTEGER, NUMBER, Setting, Spec
-from probes.registry import TEXT as TEXT_KIND
-from probes.registry import cause as _c
 from probes.result import SEVERITY, Result, failed, passed, skipped, warned
+from probes.spec import ALL_PROFILES, CHOICE, INTEGER, NUMBER, Setting, Spec
+from probes.spec import TEXT as TEXT_KIND
+from probes.spec import cause as _c
 from probes.state import pid1_identity
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from probes import proc
-    from probes.framework import cuda_errors, room, torch_worker  # torch_worker: PREFIX, PHASE, SCHEMA
-else:  # imported when the probe runs, not when its declaration is read (probes/_lazy.py)
-    proc = module("probes.proc")
-    torch_worker = module("probes.framework.torch_worker")
-    cuda_errors = module("probes.framework.cuda_errors")
-    room = module("probes.framework.room")
+    from probes.framework import cuda_errors
 
 NAME = "torch-cuda"
 MEASUREMENT = "devices"
@@ -189,9 +182,9 @@ MAX_DEVICES = 1024
 # Characters kept of each cleaned string of the worker's report (default TEXT).
 TEXT = 120
 TEXT_LIMITS = {"message": 1200, "visible_devices": 1000}  # a message keeps its line breaks, as \n
-_PHASES = regex(r"start|import|init|reference|device (cpu|\d{1,4})")
-_FOUND_VERSION = regex(r"found version (\d+)")  # in CUDA's "driver too old" message
-_CUDA_VERSION = regex(r"(\d{1,3})\.(\d{1,3})")
+_PHASES = r"start|import|init|reference|device (cpu|\d{1,4})"
+_FOUND_VERSION = r"found version (\d+)"  # in CUDA's "driver too old" message
+_CUDA_VERSION = r"(\d{1,3})\.(\d{1,3})"
 
 
 # ---------------------------------------------------------------------------
@@ -226,6 +219,8 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     finite float and every string is cleaned (``untrusted.clean``), so no later use
     (messages, the latch, the cache, JSON, Docker's log) sees a control character.
     """
+    from probes.framework import torch_worker
+
     protocol.fields(report, _TOP, "result", nested=("error", "devices"))
     if report["v"] != torch_worker.SCHEMA:
         raise protocol.Bad(f"schema version {report['v']} is not {torch_worker.SCHEMA}")
@@ -255,6 +250,8 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
 
 def parse_output(stdout: bytes, device: str, size: int) -> tuple[dict[str, Any] | None, str | None]:
     """(report, None) for one valid result line, else (None, what is wrong)."""
+    from probes.framework import torch_worker
+
     try:
         return validate(protocol.result(stdout, torch_worker.PREFIX), device, size), None
     except protocol.Bad as exc:
@@ -263,6 +260,8 @@ def parse_output(stdout: bytes, device: str, size: int) -> tuple[dict[str, Any] 
 
 def last_phase(stderr: bytes) -> str | None:
     """Where the worker was when it stopped, from its progress markers (validated)."""
+    from probes.framework import torch_worker
+
     return protocol.last_phase(stderr, torch_worker.PHASE, _PHASES)
 
 
@@ -290,10 +289,15 @@ def _argv(ctx: Context, expect: int | None) -> list[str]:
 
 def result_arrived(stdout: bytes) -> bool:
     """Whether the output so far holds a whole result line (proc.run's ``until``)."""
+    from probes.framework import torch_worker
+
     return protocol.arrived(stdout, torch_worker.PREFIX)
 
 
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
+    from probes import proc
+    from probes.framework import torch_worker
+
     space, env = deep.start(ctx, ctx.config.torch_min_free_mib, {})
     if space is not None and space.none_left:
         return deep.no_room(space)
@@ -348,6 +352,10 @@ _DATA = {"spawn_error": (STR, True), "returncode": (INT, True), "timed_out": (BO
 
 def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[str, Any] | None:
     """The cached worker run, checked and cleaned, or None: a damaged entry is a miss, never a crash."""
+    import re
+
+    from probes.framework import room
+
     if not entry or entry.get("key") != key or not isinstance(entry.get("data"), dict):
         return None
     data = entry["data"]
@@ -358,7 +366,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
     try:
         for name, (kind, nullable) in _DATA.items():
             protocol.check(data.get(name), kind, nullable, name)
-        if data["phase"] is not None and not _PHASES.fullmatch(data["phase"]):
+        if data["phase"] is not None and not re.fullmatch(_PHASES, data["phase"]):
             return None
         report = None if data.get("report") is None else validate(data["report"], key["device"], key["size"])
     except protocol.Bad:
@@ -415,6 +423,8 @@ def gather(ctx: Context) -> dict[str, Any]:
         if hit is not None:
             return hit
     waited_from = time.monotonic()
+    from probes import proc
+
     with state.lock(LOCK, ctx.deadline - proc.MARGIN) as held:
         if not held:
             return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
@@ -512,6 +522,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return failed(NAME, f"no result within {data['waited']:.1f}s: another torch-cuda run still holds "
                       "the lock (one CUDA context at a time); the driver may be stuck", reason="deadline",
                       unit=UNIT)
+    from probes.framework import room
+
     if kind == room.REASON:
         return deep.not_checked(NAME, data, MIN_FREE, unit=UNIT)
     result = deep.with_room(_judge_worker(data, ctx), data, MIN_FREE)
@@ -523,6 +535,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
 
 def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
+    from probes import proc
+
     python = untrusted.clean(data.get("python", "?"), 80)
     facts: dict[str, Any] = {"python": data.get("python"), "device": data.get("device"),
                              "cache": data.get("cache")}
@@ -581,6 +595,8 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
 def identify(err: dict[str, Any]) -> cuda_errors.Found | None:
     """The CUDA error the worker reported (probes/framework/cuda_errors.py), or None. torch's
     OutOfMemoryError is CUDA's out of memory whatever its text says."""
+    from probes.framework import cuda_errors
+
     found = cuda_errors.identify(err.get("code"), str(err.get("message", "")))
     if found is None and err.get("type") == "OutOfMemoryError":
         return cuda_errors.Found(cuda_errors.BY_CODE[2], "type")
@@ -589,6 +605,8 @@ def identify(err: dict[str, Any]) -> cuda_errors.Found | None:
 
 def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, python: str,
                   kw: dict[str, Any]) -> Result:
+    from probes.framework import room
+
     facts = kw["facts"]
     facts.update({"torch": report["torch"], "cuda": report["cuda"], "count": report["count"]})
     version = report["torch"] or "?"
@@ -639,6 +657,10 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
 def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw: dict[str, Any],
                   entry: dict[str, Any] | None) -> Result | None:
     """The result for one identified CUDA error, or None when it is not one we can name."""
+    import re
+
+    from probes.framework import cuda_errors
+
     found = identify(err)
     if found is None:
         return None
@@ -658,7 +680,7 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
         return warned(NAME, f"{where} out of memory for the probe's own context{holder} ({error.label}): the "
                       "workload is using the memory; not checked, not a fault", reason="oom", **kw)
     if error.reason == "driver-too-old":
-        version = _FOUND_VERSION.search(str(err.get("message", "")))
+        version = re.search(_FOUND_VERSION, str(err.get("message", "")))
         driver = (f"{int(version[1]) // 1000}.{int(version[1]) % 1000 // 10}" if version
                   else _driver_cuda(ctx))
         return _too_old(report, driver, kw)
@@ -675,13 +697,17 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
 
 def _driver_cuda(ctx: Context) -> str | None:
     """The highest CUDA version the driver supports ("12.4"), as the nvml probe read it."""
+    import re
+
     nvml = ctx.results.get("nvml")
     value = nvml.facts.get("cuda_driver") if nvml is not None else None
-    return value if isinstance(value, str) and _CUDA_VERSION.fullmatch(value) else None
+    return value if isinstance(value, str) and re.fullmatch(_CUDA_VERSION, value) else None
 
 
 def _version(text: Any) -> tuple[int, int] | None:
-    found = _CUDA_VERSION.match(str(text or ""))
+    import re
+
+    found = re.match(_CUDA_VERSION, str(text or ""))
     return (int(found[1]), int(found[2])) if found else None
 
 

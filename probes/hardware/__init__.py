@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from probes.registry import INTEGER, Cause, Setting
+from probes.spec import INTEGER, Cause, Setting
 
 
 def none_requested(visible: str | None) -> bool:

@@ -14,15 +14,14 @@ cause and a remedy.
 from __future__ import annotations
 
 from probes import hardware as hw
-from probes._lazy import module, regex
-from probes.config import is_integer_text
 from probes.context import Context
 from probes.hardware import smi_codes
-from probes.registry import Cause, Spec
+from probes.numbers import is_integer_text
 from probes.result import Result, failed, passed
+from probes.spec import Cause, Spec
 from probes.untrusted import clean, squeeze
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NamedTuple
 
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 else:
     from probes._typing import NamedTuple
 
-    proc = module("probes.proc")  # imported when the probe runs (probes/_lazy.py)
 
 NAME = "nvidia-smi"
 MEASUREMENT = "gpus"
@@ -68,8 +66,8 @@ WEDGED = ("the driver may be wedged: check dmesg for Xid errors, reset the GPU (
 MAX_OUTPUT = 512 * 1024
 MAX_NAME = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
 
-_LOST = regex(r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]*[0-9A-Fa-f])")
-_UUID = regex(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
+_LOST = r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]*[0-9A-Fa-f])"
+_UUID = r"^(GPU|MIG)-[0-9A-Za-z-]+$"
 
 
 class Gpu(NamedTuple):
@@ -79,6 +77,8 @@ class Gpu(NamedTuple):
 
 
 def gather(ctx: Context) -> proc.Completed:
+    from probes import proc
+
     return proc.run(ARGV, deadline=ctx.deadline, state=ctx.state, key=NAME, max_output=MAX_OUTPUT)
 
 
@@ -87,14 +87,17 @@ def parse_rows(text: str) -> tuple[list[Gpu], str | None]:
 
     Lines about a lost GPU are skipped here: ``judge`` reports them on their own.
     """
+    import re
+
     gpus: list[Gpu] = []
     for line in text.splitlines():
         line = line.strip()
-        if not line or _LOST.search(line):
+        if not line or re.search(_LOST, line):
             continue
         parts = [p.strip() for p in line.split(",")]
         # is_integer_text, not isdigit(): that accepts '\u00b2', which int() refuses.
-        if len(parts) < 3 or not is_integer_text(parts[0]) or len(parts[0]) > 6 or not _UUID.match(parts[-1]):
+        if (len(parts) < 3 or not is_integer_text(parts[0]) or len(parts[0]) > 6
+                or not re.match(_UUID, parts[-1])):
             return gpus, line
         # A GPU name never holds a comma today, but keep whatever lies between index and uuid.
         gpus.append(Gpu(int(parts[0]), clean(", ".join(parts[1:-1]), MAX_NAME), parts[-1]))
@@ -110,6 +113,10 @@ def _plural(n: int) -> str:
 
 
 def judge(data: proc.Completed, ctx: Context) -> Result:
+    import re
+
+    from probes import proc
+
     expected = ctx.config.gpu_count
     if data.spawn_error == "not found":
         return failed(NAME, "nvidia-smi not found on PATH: start the container with --gpus all "
@@ -135,7 +142,7 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     out = data.stdout.decode("utf-8", "replace")
     err = data.stderr.decode("utf-8", "replace")
     gpus, bad_line = parse_rows(out)
-    lost = _LOST.findall(out + "\n" + err)
+    lost = re.findall(_LOST, out + "\n" + err)
     if lost:
         others = f"{_plural(len(gpus))} still reported" if gpus else "no other GPU reported"
         return failed(NAME, f"GPU {lost[0]} is lost (Unable to determine the device handle; {others}): "

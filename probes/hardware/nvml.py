@@ -33,22 +33,19 @@ from __future__ import annotations
 import os
 
 from probes import hardware as hw
-from probes._lazy import module
 from probes.context import Context
-from probes.registry import Spec
-from probes.registry import cause as _c
 from probes.result import Result, Status, failed, passed, warned
+from probes.spec import Spec
+from probes.spec import cause as _c
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, Callable, NamedTuple
 
-    from probes.hardware import nvml_lib
 else:
     from probes._typing import NamedTuple
 
-    nvml_lib = module("probes.hardware.nvml_lib")  # imported when the probe runs (probes/_lazy.py)
 
 NAME = "nvml"
 MEASUREMENT = "gpus"
@@ -199,6 +196,8 @@ class _Lost(Exception):
 
 
 def gather(ctx: Context) -> Gathered:
+    from probes.hardware import nvml_lib
+
     env = {k: os.environ.get(k) for k in ENV_VARS}
     try:
         nv = nvml_lib.init()
@@ -234,12 +233,16 @@ class _Reader:
         self.unsupported: list[str] = []
 
     def __call__(self, field: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
+        from probes.hardware import nvml_lib
+
         if fn is None:
             return NA
         return self.judge(field, *nvml_lib.call(fn, *args))
 
     def judge(self, field: str, value: Any, err: int | None) -> Any:
         """The value of a query already made (``nvml_lib.call``'s answer), its error judged as above."""
+        from probes.hardware import nvml_lib
+
         if err is None:
             return value
         if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
@@ -257,6 +260,8 @@ class _Reader:
 
 
 def _gpu(nv: Any, index: int) -> Gpu:
+    from probes.hardware import nvml_lib
+
     handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, index)
     if err is not None:
         return Gpu(index, error=err)
@@ -320,6 +325,8 @@ NVLINK_COUNTERS = 4  # DL replay, DL recovery, CRC flit, CRC data
 
 
 def _processes(nv: Any, procs: Any) -> tuple[tuple[int, str], ...]:
+    from probes.hardware import nvml_lib
+
     if procs == NA:
         return ()
     named = []
@@ -332,6 +339,8 @@ def _processes(nv: Any, procs: Any) -> tuple[tuple[int, str], ...]:
 
 def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Value:
     """The driver's pending recovery action (field values API), NA where the driver has no such field."""
+    from probes.hardware import nvml_lib
+
     field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
     if field_id is None:
         return NA
@@ -351,6 +360,8 @@ def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Value:
 def _fabric(nv: Any, handle: Any, q: _Reader) -> Value:
     """(state, status) of the GPU's NVSwitch fabric registration, NA on GPUs without fabric support."""
     import ctypes
+
+    from probes.hardware import nvml_lib
 
     # The versioned call first (newer drivers), then the original one (535-era drivers).
     value: Any = None
@@ -374,6 +385,8 @@ def _fabric(nv: Any, handle: Any, q: _Reader) -> Value:
 
 def _nvlinks(nv: Any, handle: Any, q: _Reader) -> tuple[int, ...]:
     """1 (active) or 0 (down) per NVLink link; () on a PCIe-only GPU."""
+    from probes.hardware import nvml_lib
+
     fn = getattr(nv, "nvmlDeviceGetNvLinkState", None)
     states = []
     for link in range(MAX_NVLINKS):
@@ -388,6 +401,8 @@ def _nvlinks(nv: Any, handle: Any, q: _Reader) -> tuple[int, ...]:
 
 def _nvlink_errors(nv: Any, handle: Any, links: list[int]) -> dict[int, int]:
     """link -> the sum of its error counters, for the given (active) links; {} without NVLink."""
+    from probes.hardware import nvml_lib
+
     fn = getattr(nv, "nvmlDeviceGetNvLinkErrorCounter", None)
     out: dict[int, int] = {}
     if fn is None:
@@ -406,6 +421,8 @@ def _nvlink_errors(nv: Any, handle: Any, links: list[int]) -> dict[int, int]:
 
 
 def _mig_devices(nv: Any, handle: Any) -> tuple[tuple[str, str], ...]:
+    from probes.hardware import nvml_lib
+
     devices = []
     slots, err = nvml_lib.call(nv.nvmlDeviceGetMaxMigDeviceCount, handle)
     for slot in range(slots if err is None else 0):
@@ -494,6 +511,8 @@ class Problem(NamedTuple):
 
 
 def _gpu_problems(g: Gpu, reporting: int) -> list[Problem]:
+    from probes.hardware import nvml_lib
+
     fail, warn = Status.FAIL, Status.WARN
     i = g.index
     if g.error is not None:
@@ -583,6 +602,8 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[Problem]:
 
 
 def _env_problems(data: Gathered, expected: int) -> list[Problem]:
+    from probes.hardware import nvml_lib
+
     out = []
     nvd = data.env.get("NVIDIA_VISIBLE_DEVICES")
     if nvd is not None and not hw.none_requested(nvd) and nvd.strip().lower() != "all":
@@ -616,6 +637,8 @@ def _env_problems(data: Gathered, expected: int) -> list[Problem]:
 
 
 def _facts(data: Gathered, problems: list[Problem]) -> dict[str, Any]:
+    from probes.hardware import nvml_lib
+
     gpus = []
     for g in data.gpus:
         entry: dict[str, Any] = {

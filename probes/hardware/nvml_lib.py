@@ -35,10 +35,9 @@ import _thread
 import sys
 from types import ModuleType
 
-from probes import _site
 from probes.untrusted import MAX_TEXT, clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator
@@ -138,7 +137,6 @@ def _import_pynvml() -> ModuleType:
     module when it is called. It is taken out afterwards, so any later import of
     ``ctypes.util`` gets the real module.
     """
-    _site.packages()
     if "ctypes.util" in sys.modules:
         import pynvml
 

@@ -27,13 +27,12 @@ import os
 import stat
 
 from probes import hardware as hw
-from probes._lazy import regex
 from probes.context import Context
-from probes.registry import INTEGER, TEXT, Cause, Setting, Spec
 from probes.result import Result, Status, failed, passed, warned
+from probes.spec import INTEGER, TEXT, Cause, Setting, Spec
 from probes.untrusted import clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, NamedTuple
@@ -91,7 +90,7 @@ DEBUG_ENV: Mapping[str, str] = {
     "PYTORCH_NO_CUDA_MEMORY_CACHING": "turns torch's CUDA caching allocator off (slow)",
 }
 _OFF = ("", "0", "false", "no", "off")
-_GPU_NODE = regex(r"nvidia(\d+)\Z")
+_GPU_NODE = r"nvidia(\d+)\Z"
 
 
 class Gathered(NamedTuple):
@@ -148,11 +147,13 @@ def _given_gpus(data: Gathered) -> bool:
 
 
 def _node_problems(data: Gathered, ctx: Context) -> list[Problem]:
+    import re
+
     expected = ctx.config.gpu_count
     if expected == 0 or not _given_gpus(data):
         return []
     missing = [n for n in ("nvidiactl", "nvidia-uvm") if n not in data.nodes]
-    gpus = sorted(int(m[1]) for n in data.nodes if (m := _GPU_NODE.match(n)))
+    gpus = sorted(int(m[1]) for n in data.nodes if (m := re.match(_GPU_NODE, n)))
     if len(gpus) < expected:
         missing.append(f"nvidiaN for {expected - len(gpus)} more GPU(s) ({len(gpus)} of {expected})")
     if not missing:
@@ -181,6 +182,8 @@ def _persistence(ctx: Context) -> list[Problem]:
 
 
 def judge(data: Gathered, ctx: Context) -> Result:
+    import re
+
     problems = _node_problems(data, ctx)
     shm_mib = None if data.shm_bytes is None else data.shm_bytes // MIB
     limit = ctx.config.shm_min_mib
@@ -206,7 +209,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         make = failed if first.status is Status.FAIL else warned
         return make(NAME, first.message + more, reason=first.reason, **kw)
-    gpus = len([n for n in data.nodes if _GPU_NODE.match(n)])
+    gpus = len([n for n in data.nodes if re.match(_GPU_NODE, n)])
     nodes = (f"device nodes present ({gpus} GPU(s))" if _given_gpus(data) and ctx.config.gpu_count
              else "no GPU given (device nodes not judged)")
     return passed(NAME, f"{path} {shm_mib} MiB; {nodes}; no CUDA-debugging variables", **kw)

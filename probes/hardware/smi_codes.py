@@ -18,9 +18,9 @@ The causes and remedies are ours, for a container started through the NVIDIA Con
 
 from __future__ import annotations
 
-from probes.registry import Cause
+from probes.spec import Cause
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NamedTuple
 else:

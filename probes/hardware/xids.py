@@ -16,7 +16,7 @@ HEALTHCHECK_XID_CRITICAL, _APPLICATION and _IGNORE override it (probes.serve.set
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NamedTuple
 else:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from probes.config import ConfigError
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, Any, NoReturn
 

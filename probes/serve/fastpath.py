@@ -26,7 +26,7 @@ from probes.config import Config
 from probes.result import Result
 from probes.state import State, process_start_time
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

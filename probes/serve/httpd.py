@@ -25,7 +25,7 @@ from probes.serve import metrics
 from probes.serve.monitor import Monitor
 from probes.serve.view import UnknownCheck, clean, verbose_text, verdict
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -29,7 +29,7 @@ from probes.result import Result
 from probes.serve.monitor import Monitor
 from probes.serve.view import Run, Snapshot, check_name, results_of, verdict
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -29,7 +29,7 @@ from probes.serve.view import Run, Snapshot, XidEvent, parse_report, results_of
 from probes.state import State, process_start_time
 from probes.untrusted import squeeze
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

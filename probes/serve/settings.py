@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from probes import config as cfg
 from probes.hardware import xids
+from probes.numbers import is_integer_text
 
 DEFAULT_HOST = "127.0.0.1"
 # 9400 is dcgm-exporter's, 8888 Jupyter's, 8787 Dask's and RStudio's, 6006 TensorBoard's.
@@ -133,7 +134,7 @@ def parse_xids(name: str, raw: str) -> frozenset[int]:
     out = set()
     for v in values:
         # isdigit() alone accepts '\u00b2', which int() refuses.
-        if not cfg.is_integer_text(v) or len(v) > 4 or not 1 <= int(v) <= 9999:
+        if not is_integer_text(v) or len(v) > 4 or not 1 <= int(v) <= 9999:
             raise cfg.ConfigError(
                 f"{name}: {cfg.shown(v)} is not an Xid number "
                 "(accepted: comma-separated integers 1-9999, or none)")

@@ -19,7 +19,7 @@ from probes.report import check_entry, iso_time, public_facts
 from probes.result import Result, Status
 from probes.untrusted import load_json, squeeze
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
 else:

@@ -31,7 +31,7 @@ from probes.serve.view import (
     slowdown_window,
 )
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, Any
 

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

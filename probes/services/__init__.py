@@ -1,6 +1,6 @@
 """The services layer: Jupyter Server and sshd, judged by their protocols. Shared causes live here."""
 
-from probes.registry import Cause
+from probes.spec import Cause
 
 CONNECT_TIMEOUT = Cause("connect-timeout", "fail", "connection not accepted before the deadline (accept "
                                                    "queue full)",

@@ -14,10 +14,9 @@ import _socket
 import os
 import time
 
-from probes import _site
 from probes.untrusted import clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -108,7 +107,6 @@ def listening(expected: int, limit: int = 5) -> list[str] | None:
 
     Only used to explain a failure. None when psutil is missing or may not look.
     """
-    _site.packages()
     try:
         import psutil  # lazily: ~15 ms of imports that a passing probe never needs
     except ImportError:

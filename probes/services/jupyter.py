@@ -38,12 +38,12 @@ import time
 from probes import services, untrusted
 from probes.config import Config
 from probes.context import Context
-from probes.registry import ALL_PROFILES, BOOL, PORT, TEXT, URL_PATH, Cause, Setting, Spec
 from probes.result import Result, failed, passed
 from probes.services import _net
 from probes.services._http import MAX_REPLY, _speaks_tls, exchange
+from probes.spec import ALL_PROFILES, BOOL, PORT, TEXT, URL_PATH, Cause, Setting, Spec
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

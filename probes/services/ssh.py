@@ -38,12 +38,12 @@ import time
 
 from probes import services
 from probes.context import Context
-from probes.registry import ALL_PROFILES, PORT, Cause, Setting, Spec
 from probes.result import Result, failed, passed
 from probes.services import _net
+from probes.spec import ALL_PROFILES, PORT, Cause, Setting, Spec
 from probes.untrusted import clean
 
-TYPE_CHECKING = False  # typing is not imported at run time (see probes/_typing.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -6,6 +6,7 @@ import pytest
 
 from probes import config, registry
 from probes.config import ConfigError, load
+from probes.spec import Setting
 
 
 def test_defaults():
@@ -110,7 +111,7 @@ HUGE = {"5000-digits": "9" * 5000, "100k-digits": "1" * 100_000, "100k-letters":
         "100k-spaces-then-1": " " * 100_000 + "1", "5000-tabs-around-true": "\t" * 2500 + "true" + "\t" * 2500}
 
 
-def every_setting() -> list[registry.Setting]:
+def every_setting() -> list[Setting]:
     return [*config.GLOBAL_SETTINGS, *registry.SETTINGS]
 
 

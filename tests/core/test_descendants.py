@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from probes import proc
+from probes import pidstat, proc
 from tests.conftest import ROOT, clean_env, run_cli
 from tests.descendants import KINDS, hang, stub
 from tests.servers import leftovers, wait_gone
@@ -106,12 +106,12 @@ def test_a_process_that_forks_and_dies_while_proc_is_read_is_followed(marker, tm
     middle = int(ready.read_text())
     real_table, reads = proc._table, []
 
-    def listed_then_forked() -> dict[int, proc._Proc]:
+    def listed_then_forked() -> dict[int, pidstat.Proc]:
         table = real_table()
         if not reads:  # the middle process forks and dies after the listing, before its entry is read
             os.kill(middle, signal.SIGUSR1)
             end = time.monotonic() + 5
-            while (st := proc.stat(middle)) is None or st.state not in proc.DEAD:
+            while (st := pidstat.stat(middle)) is None or st.state not in proc.DEAD:
                 assert time.monotonic() < end, "the middle process did not fork and exit"
                 time.sleep(0.005)
             table[middle] = st

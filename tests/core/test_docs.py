@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from probes import docs, registry
-from probes.registry import Cause
+from probes.spec import Cause
 from tests.conftest import ROOT
 
 

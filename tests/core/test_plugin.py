@@ -28,7 +28,7 @@ PROBE = '''
 """echo: a line sent to an echo service on HEALTHCHECK_ECHO_PORT comes back."""
 import socket
 
-from probes.registry import ALL_PROFILES, PORT, Cause, Setting, Spec
+from probes.spec import ALL_PROFILES, PORT, Cause, Setting, Spec
 from probes.result import failed, passed
 
 NAME = "echo"

@@ -1,5 +1,7 @@
 """Start-up stays light: what a liveness run imports is checked here, its speed by make bench.
 
+The policy and what each module costs are in docs/development.md, "Start-up policy".
+
 Every run reads every probe's declaration, so a probe module's top-level imports are paid
 by all of them, liveness included. These modules each cost a millisecond or more and a
 liveness run with its services off needs none of them.
@@ -33,4 +35,10 @@ def test_a_liveness_run_imports_none_of_the_heavy_modules(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
     assert lines[0].startswith("healthy: liveness:"), res.stdout
-    assert lines[-1] == "", f"a liveness run imported: {lines[-1]}"
+    assert lines[-1] == "", f"a liveness run imported: {lines[-1]} (docs/development.md, Start-up policy)"
+
+
+def test_the_policy_is_written_where_these_tests_point():
+    policy = (ROOT / "docs" / "development.md").read_text()
+    assert "## Start-up policy" in policy
+    assert all(f"`{name}`" in policy for name in ("typing", "re", "json", "dataclasses", "logging")), policy

@@ -4,7 +4,7 @@ tests/core/test_startup.py checks a liveness run with the services off; the serv
 talk to real servers here, as they do in make bench and in the image. The Jupyter probe reads
 JSON (its runtime file, the server's reply) through the public json API, so json and what
 json itself imports (re, enum, functools...: measured here, they differ between Python
-versions) are the one exception.
+versions) are the one exception (docs/development.md, "Start-up policy").
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tests.core.test_startup import HEAVY, SCRIPT
 
 
 def imported_by_json() -> set[str]:
-    """The modules ``import json`` brings into a bare interpreter (-I -S, as liveness runs)."""
+    """The modules ``import json`` brings into a bare interpreter (-I -S: nothing else loaded)."""
     script = "import sys\nbefore = set(sys.modules)\nimport json\nprint(' '.join(set(sys.modules) - before))\n"
     res = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True,
                          timeout=60, check=True)

@@ -12,8 +12,8 @@ import time
 import types
 from typing import Any
 
-from probes import registry
 from probes.result import Result, Status
+from probes.spec import ALL_PROFILES, Spec
 
 SEEN: list[tuple[str, dict[str, Result]]] = []
 _never = threading.Event()
@@ -47,7 +47,7 @@ def make(name: str, behaviour: str) -> types.ModuleType:
 
 
 def spec(name: str, behaviour: str, layer: str = "services", timeout: float = 2.0,
-         requires: tuple[str, ...] = ()) -> registry.Spec:
+         requires: tuple[str, ...] = ()) -> Spec:
     module = make(name, behaviour)
-    return registry.Spec(name, layer, module.__name__, "ENABLE_SSH_CHECK", timeout, registry.ALL_PROFILES,
+    return Spec(name, layer, module.__name__, "ENABLE_SSH_CHECK", timeout, ALL_PROFILES,
                          requires)

@@ -1,0 +1,51 @@
+"""Every probe module keeps the contract that the runner, config and docs read (probes/contract.py).
+
+mypy (``make lint``) holds each built-in probe module to ``ProbeModule`` through ``CHECKED``;
+the tests hold the catalog to the same list and check the members at run time.
+"""
+
+from __future__ import annotations
+
+import types
+
+from probes import contract, registry, spec
+from probes.contract import ProbeModule
+from probes.framework import checkpoint, model, nccl, torch_cuda
+from probes.hardware import nvidia_smi, nvml, runtime
+from probes.result import Result, passed
+from probes.services import jupyter, ssh
+
+CHECKED: tuple[ProbeModule, ...] = (nvidia_smi, nvml, runtime, checkpoint, torch_cuda, model, nccl, jupyter, ssh)
+
+
+def test_mypy_checks_every_module_of_the_catalog() -> None:
+    assert {id(m) for m in CHECKED} == {id(spec.load(name)) for name in registry.MODULES}
+
+
+def test_every_probe_module_keeps_the_contract() -> None:
+    assert contract.required() == ("SPEC", "gather", "judge")
+    for name in registry.MODULES:
+        assert contract.missing(spec.load(name)) == [], name
+
+
+def _probe(**members: object) -> types.ModuleType:
+    module = types.ModuleType("probes.thrown_away")
+    for key, value in members.items():
+        setattr(module, key, value)
+    return module
+
+
+def _judge(data: object, ctx: object) -> Result:
+    return passed("thrown-away", "fine")
+
+
+SPEC = spec.Spec("thrown-away", "services", "probes.thrown_away", "ENABLE_THROWN_AWAY_CHECK", 1.0, ("readiness",))
+
+
+def test_a_module_without_a_member_breaks_the_contract() -> None:
+    assert contract.missing(_probe(SPEC=SPEC, gather=dict, judge=_judge)) == []
+    assert contract.missing(_probe(SPEC=SPEC, gather=dict)) == ["judge"]
+    assert contract.missing(_probe(gather=dict, judge=_judge)) == ["SPEC"]
+    assert contract.missing(_probe(SPEC=SPEC, gather=dict, judge="not callable")) == ["judge"]
+    assert contract.missing(_probe(SPEC=("a", "tuple"), gather=dict, judge=_judge)) == ["SPEC"]
+    assert contract.missing(_probe(SPEC=SPEC, gather=dict, judge=_judge, on_deadline=1)) == ["on_deadline"]
