@@ -50,9 +50,9 @@ import time
 
 from probes import untrusted
 from probes._lazy import module, regex
-from probes.context import Context, logger
+from probes.context import Context
 from probes.framework import deep, protocol
-from probes.framework.deep import LOCK, fresh_pass
+from probes.framework.deep import fresh_pass
 from probes.framework.protocol import BOOL, INT, MEASURE, NUM, STR
 from probes.registry import ALL_PROFILES, CHOICE, INTEGER, NUMBER, Setting, Spec
 from probes.registry import TEXT as TEXT_KIND
@@ -294,45 +294,20 @@ def result_arrived(stdout: bytes) -> bool:
 
 
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
-    space, env = deep.start(ctx, ctx.config.torch_min_free_mib, {})
-    if space is not None and space.none_left:
-        return deep.no_room(space)
-    deadline = ctx.deadline - proc.MARGIN
-    budget = max(0.0, deadline - time.monotonic())
-    done = proc.run(_argv(ctx, expect), deadline=deadline, env=env, state=ctx.state, key=NAME,
-                    until=result_arrived, linger=proc.LINGER)
-    report, problem = parse_output(done.stdout, ctx.config.torch_device, SIZE)
-    if (report is None or done.lingered or report.get("error")
-            or any(d.get("error") for d in report.get("devices", ()))):
-        # The details stay in the log; messages carry only fixed phrases.
-        logger().info("torch-cuda worker rc=%s timed_out=%s lingered=%s stderr tail: %s", done.returncode,
-                      done.timed_out, done.lingered, untrusted.squeeze(done.stderr[-2000:], 600))
+    device = ctx.config.torch_device
+    data, done = deep.deep_worker(ctx, NAME, _argv(ctx, expect), {},
+                                  lambda out: parse_output(out, device, SIZE), last_phase, result_arrived,
+                                  ctx.config.torch_min_free_mib)
+    if done is None:
+        return data
     shown = done.stdout
     if not shown.strip():  # nothing on stdout: the last line of stderr that is not a progress marker
         phase = torch_worker.PHASE.encode()
         lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(phase)]
         shown = lines[-1] if lines else b""
-    return {
-        "kind": "worker",
-        "python": ctx.config.torch_python,
-        "device": ctx.config.torch_device,
-        "expect": expect,
-        "spawn_error": done.spawn_error,
-        "returncode": done.returncode,
-        "timed_out": done.timed_out,
-        "lingered": done.lingered,
-        "stuck": done.stuck,
-        "held_by": done.held_by,
-        "budget": round(budget, 2),
-        "elapsed": round(done.elapsed, 3),
-        "phase": last_phase(done.stderr),
-        "report": report,
-        "problem": problem,
-        "excerpt": untrusted.squeeze(shown, 80) if report is None else None,
-        "finished": time.time(),
-        "cache": None,
-        "room": None if space is None else space.facts(),
-    }
+    excerpt = untrusted.squeeze(shown, 80) if data["report"] is None else None
+    return {**data, "python": ctx.config.torch_python, "device": device, "expect": expect,
+            "elapsed": round(done.elapsed, 3), "excerpt": excerpt}
 
 
 def _key(ctx: Context, expect: int | None) -> dict[str, Any]:
@@ -378,21 +353,11 @@ def _cached_pass(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) 
     return _reuse(entry, key, "ttl") if fresh_pass(entry, key, ttl) is not None else None
 
 
-def _latched(latch: dict[str, Any]) -> dict[str, Any]:
-    raw: Any = latch.get("time")
-    since = float(raw) if protocol.finite(raw) else 0.0
-    if not 0 < since <= time.time() + 86400:
-        since = 0.0  # damaged: shown as an unknown time, never a crash
-    return {"kind": "latched", "source": untrusted.clean(latch.get("source", "?"), 40),
-            "why": untrusted.clean(latch.get("reason", "?")), "since": since,
-            "age": round(max(time.time() - since, 0.0), 1) if since else None}
-
-
 def gather(ctx: Context) -> dict[str, Any]:
     state = ctx.state
     latch = state.latch()
     if latch is not None:
-        return _latched(latch)
+        return deep.latched(latch)
     if ctx.profile == "liveness":
         return {"kind": "no-latch", "state_off": state.disabled_reason}
     if ctx.config.torch_device == "cuda":
@@ -409,32 +374,10 @@ def gather(ctx: Context) -> dict[str, Any]:
         return data
 
     key = _key(ctx, expect)
-    started = time.time()
-    if ctx.profile == "readiness":
-        hit = _cached_pass(state.read_json(CACHE), key, ctx.config.torch_ttl)
-        if hit is not None:
-            return hit
-    waited_from = time.monotonic()
-    with state.lock(LOCK, ctx.deadline - proc.MARGIN) as held:
-        if not held:
-            return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
-        latch = state.latch()  # the run we waited for may have latched
-        if latch is not None:
-            return _latched(latch)
-        entry = state.read_json(CACHE)
-        if entry is not None:
-            try:
-                fresh = float(entry.get("finished", 0.0)) >= started
-            except (TypeError, ValueError):
-                fresh = False
-            shared = _reuse(entry, key, "shared") if fresh else None
-            if shared is not None:
-                return shared
-            if ctx.profile == "readiness":
-                hit = _cached_pass(entry, key, ctx.config.torch_ttl)
-                if hit is not None:
-                    return hit
-        return deep.record(ctx, CACHE, key, run_worker(ctx, expect), judge)
+    ttl = ctx.config.torch_ttl
+    return deep.locked_run(ctx, CACHE, key, lambda entry: _cached_pass(entry, key, ttl),
+                           lambda: run_worker(ctx, expect), judge, early=True,
+                           share=lambda entry: _reuse(entry, key, "shared"), relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:
