@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from probes.framework import deep, torch_cuda, torch_worker
+from probes.framework import deep, torch_cuda, torch_report, torch_worker
 from probes.result import Result, Status
 
 GOOD: dict[str, Any] = {
@@ -131,7 +131,7 @@ def test_strings_are_cleaned_where_the_report_enters() -> None:
     assert problem is None
     cleaned = report["devices"][0]["error"]
     assert cleaned["type"] == "Runtime\\x1bError"
-    assert len(cleaned["message"]) <= torch_cuda.TEXT_LIMITS["message"] and "\x00" not in cleaned["message"]
+    assert len(cleaned["message"]) <= torch_report.TEXT_LIMITS["message"] and "\x00" not in cleaned["message"]
 
 
 def test_a_whole_result_line_ends_the_wait() -> None:
