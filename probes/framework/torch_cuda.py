@@ -7,7 +7,7 @@ probe's deadline. On each visible device it runs a seeded float32 matmul (TF32 o
 compares it with a float64 CPU reference (silent data corruption shows up as a
 mismatch), synchronises and reads free/total memory. It prints one line,
 ``HEALTHCHECK-TORCH-RESULT {json}``; this module trusts nothing else it prints,
-validates that line strictly and judges it.
+validates that line strictly (torch_report.py) and judges it.
 
 Command-line equivalent::
 
@@ -27,7 +27,8 @@ Hard cases, decided here:
   the workload using its GPU, not a fault: they warn (reasons ``device-busy`` and ``oom``)
   and never latch.
 - One costly check at a time: concurrent runs share one worker through a lock in the
-  state dir. A run that waited reuses a result that finished after it started,
+  state dir (deep.locked_run, with its early, share and relatch options).
+  A run that waited reuses a result that finished after it started,
   whatever its status; ``readiness`` also reuses a passing result younger than
   ``HEALTHCHECK_TORCH_TTL``; ``startup`` always runs fresh. Without a state dir every
   run starts its own worker (caching off).
