@@ -102,31 +102,66 @@ def cuda_failure(name: str, code: Any, message: str, where: str, **kw: Any) -> R
 def locked_run(ctx: Context, cache: str, key: dict[str, Any],
                reuse: Callable[[dict[str, Any] | None], dict[str, Any] | None],
                run: Callable[[], dict[str, Any]],
-               judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
-    """The deep checks' costly run (model, nccl): one costly check at a time under this probe's
-    lock; readiness reuses what ``reuse`` accepts from ``cache`` (read again once the lock is
-    held, a run we waited for may have written it); a run's result is cached, except one whose
-    worker lingered (its cache entry is removed) or that started no worker (no GPU had room). A
-    sticky CUDA error latches the container, as in torch-cuda. Without a state dir it simply runs.
+               judge: Callable[[dict[str, Any], Context], Result], *, early: bool = False,
+               share: Callable[[dict[str, Any] | None], dict[str, Any] | None] | None = None,
+               relatch: bool = False) -> dict[str, Any]:
+    """A deep check's costly run: one costly check at a time under this probe's lock; readiness
+    reuses what ``reuse`` accepts from ``cache`` (read again once the lock is held, a run we
+    waited for may have written it); a run's result is cached, except one whose worker lingered
+    (its cache entry is removed) or that started no worker (no GPU had room). A sticky CUDA
+    error latches the container. Without a state dir it simply runs.
 
-    torch-cuda's own run (``gather``) takes the same lock but does more around it, which the
-    deep checks do not need: it answers a cached pass before waiting, hands every profile a
-    run that finished while it waited (startup included) and re-reads the latch once the lock
-    is held."""
+    torch-cuda, which every profile runs, asks for more: ``early`` answers readiness from the
+    cache before waiting for the lock, ``share`` hands every profile what it accepts of a run
+    that finished while this one waited (startup included), ``relatch`` reads the latch again
+    once the lock is held (the run waited for may have latched)."""
     from probes import proc
 
     state = ctx.state
     if not state.enabled:
         return run()
+    started = time.time()
+    if early and ctx.profile == "readiness":
+        hit = reuse(state.read_json(cache))
+        if hit is not None:
+            return hit
     waited_from = time.monotonic()
     with state.lock(LOCK, ctx.deadline - proc.MARGIN) as held:
         if not held:
             return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
+        latch = state.latch() if relatch else None
+        if latch is not None:
+            return latched(latch)
+        entry = state.read_json(cache)
+        shared = share(entry) if share is not None and _finished_since(entry, started) else None
+        if shared is not None:
+            return shared
         if ctx.profile == "readiness":
-            hit = reuse(state.read_json(cache))
+            hit = reuse(entry)
             if hit is not None:
                 return hit
         return record(ctx, cache, key, run(), judge)
+
+
+def _finished_since(entry: dict[str, Any] | None, started: float) -> bool:
+    """Whether a cache entry is of a run that finished after ``started`` (a damaged one is not)."""
+    if entry is None:
+        return False
+    try:
+        return float(entry.get("finished", 0.0)) >= started
+    except (TypeError, ValueError):
+        return False
+
+
+def latched(latch: dict[str, Any]) -> dict[str, Any]:
+    """What judge() reads of the latch (a sticky CUDA error, or an Xid): a run that starts nothing."""
+    raw: Any = latch.get("time")
+    since = float(raw) if protocol.finite(raw) else 0.0
+    if not 0 < since <= time.time() + 86400:
+        since = 0.0  # damaged: shown as an unknown time, never a crash
+    return {"kind": "latched", "source": untrusted.clean(latch.get("source", "?"), 40),
+            "why": untrusted.clean(latch.get("reason", "?")), "since": since,
+            "age": round(max(time.time() - since, 0.0), 1) if since else None}
 
 
 def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
@@ -154,7 +189,7 @@ def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
                 parse: Callable[[bytes], tuple[dict[str, Any] | None, str | None]],
                 phase: Callable[[bytes], str | None], arrived: Callable[[bytes], bool],
                 need_mib: int) -> tuple[dict[str, Any], proc.Completed | None]:
-    """A deep check's worker (model, nccl) run under the probe's deadline, on the GPUs with
+    """A deep check's worker run under the probe's deadline, on the GPUs with
     ``need_mib`` MiB free (see :func:`start`): what its judge() reads of the run (``locked_run``'s
     ``run``), and the process, for what else it reads there (None when none was started)."""
     from probes import proc
@@ -167,9 +202,11 @@ def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
     done = proc.run(argv, deadline=deadline, env=env, state=ctx.state, key=name, until=arrived,
                     linger=proc.LINGER)
     report, problem = parse(done.stdout)
-    if report is None or report.get("error") or done.timed_out:
-        logger().info("%s worker rc=%s timed_out=%s stderr tail: %s", name, done.returncode, done.timed_out,
-                      untrusted.squeeze(done.stderr[-2000:], 600))
+    if (report is None or report.get("error") or done.timed_out or done.lingered
+            or any(isinstance(d, dict) and d.get("error") for d in report.get("devices", ()))):
+        # The details stay in the log; messages carry only fixed phrases.
+        logger().info("%s worker rc=%s timed_out=%s lingered=%s stderr tail: %s", name, done.returncode,
+                      done.timed_out, done.lingered, untrusted.squeeze(done.stderr[-2000:], 600))
     return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
             "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
             "held_by": done.held_by, "budget": round(budget, 2), "phase": phase(done.stderr),

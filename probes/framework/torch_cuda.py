@@ -7,7 +7,7 @@ probe's deadline. On each visible device it runs a seeded float32 matmul (TF32 o
 compares it with a float64 CPU reference (silent data corruption shows up as a
 mismatch), synchronises and reads free/total memory. It prints one line,
 ``HEALTHCHECK-TORCH-RESULT {json}``; this module trusts nothing else it prints,
-validates that line strictly and judges it.
+validates that line strictly (torch_report.py) and judges it.
 
 Command-line equivalent::
 
@@ -27,7 +27,8 @@ Hard cases, decided here:
   the workload using its GPU, not a fault: they warn (reasons ``device-busy`` and ``oom``)
   and never latch.
 - One costly check at a time: concurrent runs share one worker through a lock in the
-  state dir. A run that waited reuses a result that finished after it started,
+  state dir (deep.locked_run, with its early, share and relatch options).
+  A run that waited reuses a result that finished after it started,
   whatever its status; ``readiness`` also reuses a passing result younger than
   ``HEALTHCHECK_TORCH_TTL``; ``startup`` always runs fresh. Without a state dir every
   run starts its own worker (caching off).
@@ -49,10 +50,11 @@ import os
 import time
 
 from probes import untrusted
-from probes.context import Context, logger
+from probes.context import Context
 from probes.framework import deep, protocol
-from probes.framework.deep import LOCK, fresh_pass
-from probes.framework.protocol import BOOL, INT, MEASURE, NUM, STR
+from probes.framework.deep import fresh_pass
+from probes.framework.protocol import BOOL, INT, NUM, STR
+from probes.framework.torch_report import PHASES, last_phase, parse_output, validate
 from probes.result import SEVERITY, Result, failed, passed, skipped, warned
 from probes.spec import ALL_PROFILES, CHOICE, INTEGER, NUMBER, Setting, Spec
 from probes.spec import TEXT as TEXT_KIND
@@ -63,7 +65,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from probes.framework import cuda_errors
+    from probes.framework import cuda_errors  # torch_worker: PREFIX, PHASE, SCHEMA
 
 NAME = "torch-cuda"
 MEASUREMENT = "devices"
@@ -178,91 +180,8 @@ SIZE = 1024  # 2 GFLOP: enough blocks to occupy a GPU, ~50 ms for the float64 CP
 # float32 vs float64 at this size differs by ~4e-7 of the largest value; TF32 would
 # give ~1e-3 and a flipped exponent or high mantissa bit far more.
 TOLERANCE = 1e-4
-MAX_DEVICES = 1024
-# Characters kept of each cleaned string of the worker's report (default TEXT).
-TEXT = 120
-TEXT_LIMITS = {"message": 1200, "visible_devices": 1000}  # a message keeps its line breaks, as \n
-_PHASES = r"start|import|init|reference|device (cpu|\d{1,4})"
 _FOUND_VERSION = r"found version (\d+)"  # in CUDA's "driver too old" message
 _CUDA_VERSION = r"(\d{1,3})\.(\d{1,3})"
-
-
-# ---------------------------------------------------------------------------
-# Parsing the worker's one line (pure)
-# ---------------------------------------------------------------------------
-
-_ERROR = {"phase": (STR, False), "type": (STR, False), "message": (STR, False),
-          "device": (INT, True), "module": (STR, True), "code": (INT, True)}
-_DEVICE = {"index": (INT, False), "name": (STR, False), "uuid": (STR, True), "op_ms": (NUM, True),
-           "max_err": (MEASURE, True), "scale": (MEASURE, True), "free": (INT, True),
-           "total": (INT, True)}
-_TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False), "expect_count": (INT, True),
-        "torch": (STR, True), "cuda": (STR, True), "cuda_built": (BOOL, True),
-        "available": (BOOL, True), "count": (INT, True), "visible_devices": (STR, True)}
-
-
-def _cleaned(value: Any, key: str = "") -> Any:
-    """A copy of a validated report with every string made one printable line."""
-    if isinstance(value, dict):
-        return {k: _cleaned(v, k) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_cleaned(v, key) for v in value]
-    if isinstance(value, str):
-        return untrusted.clean(value, TEXT_LIMITS.get(key, TEXT))
-    return value
-
-
-def validate(report: Any, device: str, size: int) -> dict[str, Any]:
-    """A cleaned copy of the report if it matches the schema exactly; raises protocol.Bad otherwise.
-
-    This is where the worker's report enters the suite: every number converts to a
-    finite float and every string is cleaned (``untrusted.clean``), so no later use
-    (messages, the latch, the cache, JSON, Docker's log) sees a control character.
-    """
-    from probes.framework import torch_worker
-
-    protocol.fields(report, _TOP, "result", nested=("error", "devices"))
-    if report["v"] != torch_worker.SCHEMA:
-        raise protocol.Bad(f"schema version {report['v']} is not {torch_worker.SCHEMA}")
-    if report["device"] != device or report["size"] != size:
-        raise protocol.Bad("the result is for another request")
-    if report["count"] is not None and not 0 <= report["count"] <= MAX_DEVICES:
-        raise protocol.Bad("result.count is out of range")
-    if report["error"] is not None:
-        protocol.fields(report["error"], _ERROR, "result.error")
-    devices = report["devices"]
-    if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
-        raise protocol.Bad("result.devices is not a list")
-    for i, dev in enumerate(devices):
-        protocol.fields(dev, _DEVICE, f"result.devices[{i}]", nested=("error",))
-        if dev["error"] is None:
-            for key in ("op_ms", "max_err", "scale"):
-                protocol.check(dev[key], _DEVICE[key][0], False, f"result.devices[{i}].{key}")
-        else:
-            protocol.fields(dev["error"], _ERROR, f"result.devices[{i}].error")
-    # A report without an error covers every device it counted.
-    stopped = report["error"] is not None or any(d["error"] is not None for d in devices)
-    if not stopped and report["count"] is not None and len(devices) != report["count"]:
-        raise protocol.Bad("the result does not cover every device")
-    cleaned: dict[str, Any] = _cleaned(report)
-    return cleaned
-
-
-def parse_output(stdout: bytes, device: str, size: int) -> tuple[dict[str, Any] | None, str | None]:
-    """(report, None) for one valid result line, else (None, what is wrong)."""
-    from probes.framework import torch_worker
-
-    try:
-        return validate(protocol.result(stdout, torch_worker.PREFIX), device, size), None
-    except protocol.Bad as exc:
-        return None, str(exc)
-
-
-def last_phase(stderr: bytes) -> str | None:
-    """Where the worker was when it stopped, from its progress markers (validated)."""
-    from probes.framework import torch_worker
-
-    return protocol.last_phase(stderr, torch_worker.PHASE, _PHASES)
 
 
 # ---------------------------------------------------------------------------
@@ -295,48 +214,22 @@ def result_arrived(stdout: bytes) -> bool:
 
 
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
-    from probes import proc
     from probes.framework import torch_worker
 
-    space, env = deep.start(ctx, ctx.config.torch_min_free_mib, {})
-    if space is not None and space.none_left:
-        return deep.no_room(space)
-    deadline = ctx.deadline - proc.MARGIN
-    budget = max(0.0, deadline - time.monotonic())
-    done = proc.run(_argv(ctx, expect), deadline=deadline, env=env, state=ctx.state, key=NAME,
-                    until=result_arrived, linger=proc.LINGER)
-    report, problem = parse_output(done.stdout, ctx.config.torch_device, SIZE)
-    if (report is None or done.lingered or report.get("error")
-            or any(d.get("error") for d in report.get("devices", ()))):
-        # The details stay in the log; messages carry only fixed phrases.
-        logger().info("torch-cuda worker rc=%s timed_out=%s lingered=%s stderr tail: %s", done.returncode,
-                      done.timed_out, done.lingered, untrusted.squeeze(done.stderr[-2000:], 600))
+    device = ctx.config.torch_device
+    data, done = deep.deep_worker(ctx, NAME, _argv(ctx, expect), {},
+                                  lambda out: parse_output(out, device, SIZE), last_phase, result_arrived,
+                                  ctx.config.torch_min_free_mib)
+    if done is None:
+        return data
     shown = done.stdout
     if not shown.strip():  # nothing on stdout: the last line of stderr that is not a progress marker
         phase = torch_worker.PHASE.encode()
         lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(phase)]
         shown = lines[-1] if lines else b""
-    return {
-        "kind": "worker",
-        "python": ctx.config.torch_python,
-        "device": ctx.config.torch_device,
-        "expect": expect,
-        "spawn_error": done.spawn_error,
-        "returncode": done.returncode,
-        "timed_out": done.timed_out,
-        "lingered": done.lingered,
-        "stuck": done.stuck,
-        "held_by": done.held_by,
-        "budget": round(budget, 2),
-        "elapsed": round(done.elapsed, 3),
-        "phase": last_phase(done.stderr),
-        "report": report,
-        "problem": problem,
-        "excerpt": untrusted.squeeze(shown, 80) if report is None else None,
-        "finished": time.time(),
-        "cache": None,
-        "room": None if space is None else space.facts(),
-    }
+    excerpt = untrusted.squeeze(shown, 80) if data["report"] is None else None
+    return {**data, "python": ctx.config.torch_python, "device": device, "expect": expect,
+            "elapsed": round(done.elapsed, 3), "excerpt": excerpt}
 
 
 def _key(ctx: Context, expect: int | None) -> dict[str, Any]:
@@ -366,7 +259,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
     try:
         for name, (kind, nullable) in _DATA.items():
             protocol.check(data.get(name), kind, nullable, name)
-        if data["phase"] is not None and not re.fullmatch(_PHASES, data["phase"]):
+        if data["phase"] is not None and not re.fullmatch(PHASES, data["phase"]):
             return None
         report = None if data.get("report") is None else validate(data["report"], key["device"], key["size"])
     except protocol.Bad:
@@ -386,21 +279,11 @@ def _cached_pass(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) 
     return _reuse(entry, key, "ttl") if fresh_pass(entry, key, ttl) is not None else None
 
 
-def _latched(latch: dict[str, Any]) -> dict[str, Any]:
-    raw: Any = latch.get("time")
-    since = float(raw) if protocol.finite(raw) else 0.0
-    if not 0 < since <= time.time() + 86400:
-        since = 0.0  # damaged: shown as an unknown time, never a crash
-    return {"kind": "latched", "source": untrusted.clean(latch.get("source", "?"), 40),
-            "why": untrusted.clean(latch.get("reason", "?")), "since": since,
-            "age": round(max(time.time() - since, 0.0), 1) if since else None}
-
-
 def gather(ctx: Context) -> dict[str, Any]:
     state = ctx.state
     latch = state.latch()
     if latch is not None:
-        return _latched(latch)
+        return deep.latched(latch)
     if ctx.profile == "liveness":
         return {"kind": "no-latch", "state_off": state.disabled_reason}
     if ctx.config.torch_device == "cuda":
@@ -417,34 +300,10 @@ def gather(ctx: Context) -> dict[str, Any]:
         return data
 
     key = _key(ctx, expect)
-    started = time.time()
-    if ctx.profile == "readiness":
-        hit = _cached_pass(state.read_json(CACHE), key, ctx.config.torch_ttl)
-        if hit is not None:
-            return hit
-    waited_from = time.monotonic()
-    from probes import proc
-
-    with state.lock(LOCK, ctx.deadline - proc.MARGIN) as held:
-        if not held:
-            return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
-        latch = state.latch()  # the run we waited for may have latched
-        if latch is not None:
-            return _latched(latch)
-        entry = state.read_json(CACHE)
-        if entry is not None:
-            try:
-                fresh = float(entry.get("finished", 0.0)) >= started
-            except (TypeError, ValueError):
-                fresh = False
-            shared = _reuse(entry, key, "shared") if fresh else None
-            if shared is not None:
-                return shared
-            if ctx.profile == "readiness":
-                hit = _cached_pass(entry, key, ctx.config.torch_ttl)
-                if hit is not None:
-                    return hit
-        return deep.record(ctx, CACHE, key, run_worker(ctx, expect), judge)
+    ttl = ctx.config.torch_ttl
+    return deep.locked_run(ctx, CACHE, key, lambda entry: _cached_pass(entry, key, ttl),
+                           lambda: run_worker(ctx, expect), judge, early=True,
+                           share=lambda entry: _reuse(entry, key, "shared"), relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:
@@ -504,6 +363,8 @@ def _gib(n: int | None) -> str:
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
+    from probes.framework import room
+
     kind = data.get("kind")
     if kind == "latched":
         when = (f"since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(data['since']))} "
@@ -522,8 +383,6 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return failed(NAME, f"no result within {data['waited']:.1f}s: another torch-cuda run still holds "
                       "the lock (one CUDA context at a time); the driver may be stuck", reason="deadline",
                       unit=UNIT)
-    from probes.framework import room
-
     if kind == room.REASON:
         return deep.not_checked(NAME, data, MIN_FREE, unit=UNIT)
     result = deep.with_room(_judge_worker(data, ctx), data, MIN_FREE)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from probes.spec import INTEGER, Cause, Setting
 
+NA = "N/A"  # a field the GPU or driver does not have, or could not be read: never judged
+
 
 def none_requested(visible: str | None) -> bool:
     """``NVIDIA_VISIBLE_DEVICES`` set to ask for no GPU: empty, ``none`` or ``void``."""

@@ -25,7 +25,8 @@ check", a warning; any other error on a supported field fails (fail closed). A l
 a value in the result while the other GPUs still report. The facts also carry the driver's
 CUDA version (``cuda_driver``, for torch-cuda's judge), persistence mode and the MPS clients.
 A hanging NVML call is abandoned by the runner at the deadline (see ``on_deadline``). Gather, then judge:
-``gather`` is the only part that calls NVML (through ``nvml_lib``); ``judge`` is pure.
+``gather`` is the only part that calls NVML (through ``nvml_lib``; ``nvml_read`` reads one GPU's
+fields); ``judge`` is pure.
 """
 
 from __future__ import annotations
@@ -41,11 +42,10 @@ from probes.spec import cause as _c
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import Any, Callable, NamedTuple
+    from typing import Any, NamedTuple
 
 else:
     from probes._typing import NamedTuple
-
 
 NAME = "nvml"
 MEASUREMENT = "gpus"
@@ -121,10 +121,9 @@ SPEC = Spec(
         hw.DEADLINE,
     ),
 )
-NA = "N/A"
+NA = hw.NA
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
-COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
 # Clock event (throttle) reason bits, nvml.h.
 HW_SLOWDOWN = 0x8
 SW_THERMAL = 0x20
@@ -132,7 +131,7 @@ HW_THERMAL = 0x40
 HW_POWER_BRAKE = 0x80
 RESET = "reset the GPU (nvidia-smi -r) or reboot the node"
 # nvmlGpuFabricState_t
-FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 0, 1, 2, 3
+FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 1, 2, 3  # 0: not supported (nvml_read)
 FABRIC_STATES = {FABRIC_NOT_STARTED: "not started", FABRIC_IN_PROGRESS: "in progress",
                  FABRIC_COMPLETED: "completed"}
 # NVML_GPU_RECOVERY_ACTION_*: the action -> (what it is, what to do).
@@ -190,11 +189,6 @@ class Gathered(NamedTuple):
     cuda_driver: Value = NA  # nvmlSystemGetCudaDriverVersion: 12040 is CUDA 12.4
 
 
-class _Lost(Exception):
-    def __init__(self, code: int):
-        self.code = code
-
-
 def gather(ctx: Context) -> Gathered:
     from probes.hardware import nvml_lib
 
@@ -218,221 +212,14 @@ def gather(ctx: Context) -> Gathered:
         nvml_lib.shutdown()
 
 
-class _Reader:
-    """Reads one GPU's fields and keeps, per field, why it could not be read.
-
-    NOT_SUPPORTED (and a function the driver's NVML lacks) is "N/A": not judged.
-    NO_PERMISSION is "could not check" (a MIG slice's container may not query its parent
-    GPU): a warning. A lost GPU raises _Lost. Any other error on a supported field is a
-    real NVML failure, kept so the judge fails closed.
-    """
-
-    def __init__(self) -> None:
-        self.denied: list[str] = []
-        self.errors: list[tuple[str, int]] = []
-        self.unsupported: list[str] = []
-
-    def __call__(self, field: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
-        from probes.hardware import nvml_lib
-
-        if fn is None:
-            return NA
-        return self.judge(field, *nvml_lib.call(fn, *args))
-
-    def judge(self, field: str, value: Any, err: int | None) -> Any:
-        """The value of a query already made (``nvml_lib.call``'s answer), its error judged as above."""
-        from probes.hardware import nvml_lib
-
-        if err is None:
-            return value
-        if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
-            raise _Lost(err)
-        if err == nvml_lib.NO_PERMISSION:
-            if field not in self.denied:
-                self.denied.append(field)
-        elif err in (nvml_lib.NOT_SUPPORTED, nvml_lib.FUNCTION_NOT_FOUND):
-            if field not in self.unsupported:
-                self.unsupported.append(field)
-        elif err != nvml_lib.INSUFFICIENT_SIZE:
-            # INSUFFICIENT_SIZE: the process list grew between the bindings' two calls, not a fault
-            self.errors.append((field, err))
-        return NA
-
-
 def _gpu(nv: Any, index: int) -> Gpu:
-    from probes.hardware import nvml_lib
+    from probes.hardware import nvml_lib, nvml_read
 
     handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, index)
     if err is not None:
         return Gpu(index, error=err)
-    fields: dict[str, Any] = {}
-    q = _Reader()
-    try:
-        fields["name"] = nvml_lib.text(q("name", nv.nvmlDeviceGetName, handle))
-        fields["uuid"] = nvml_lib.text(q("uuid", nv.nvmlDeviceGetUUID, handle))
-        # NVLink first: its error counters are read again at the end, the longest interval we have.
-        fields["nvlinks"] = links = _nvlinks(nv, handle, q)
-        active = [link for link, up in enumerate(links) if up]
-        links_before = _nvlink_errors(nv, handle, active)
-        mem = q("memory", nv.nvmlDeviceGetMemoryInfo, handle)
-        fields["memory_total_mib"] = NA if mem == NA else int(mem.total) >> 20
-        fields["ecc_uncorrected_volatile"] = q(
-            "ecc", nv.nvmlDeviceGetTotalEccErrors, handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-            nv.NVML_VOLATILE_ECC)
-        pending = q("retired pages", nv.nvmlDeviceGetRetiredPagesPendingStatus, handle)
-        fields["retired_pending"] = NA if pending == NA else bool(pending)
-        remap = q("row remap", nv.nvmlDeviceGetRemappedRows, handle)
-        if remap != NA:
-            fields["remap_pending"], fields["remap_failure"] = bool(remap[2]), bool(remap[3])
-        reasons = nvml_lib.clock_event_reasons(nv, handle)
-        fields["clocks_event_reasons"] = q.judge("clock event reasons", *reasons)
-        fields["temperature"] = q("temperature", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
-        fields["slowdown_temperature"] = q(
-            "temperature thresholds", nv.nvmlDeviceGetTemperatureThreshold, handle,
-            nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
-        mode = q("compute mode", nv.nvmlDeviceGetComputeMode, handle)
-        fields["compute_mode"] = COMPUTE_MODES.get(mode, NA) if mode != NA else NA
-        fields["processes"] = _processes(nv, q("processes", nv.nvmlDeviceGetComputeRunningProcesses, handle))
-        fields["mps_processes"] = _processes(
-            nv, q("processes", getattr(nv, "nvmlDeviceGetMPSComputeRunningProcesses", None), handle))
-        mig = q("MIG mode", nv.nvmlDeviceGetMigMode, handle)
-        if mig != NA:
-            fields["mig_enabled"] = bool(mig[0])
-            if mig[0]:
-                fields["mig_devices"] = _mig_devices(nv, handle)
-        fields["recovery_action"] = _recovery_action(nv, handle, q)
-        fields["fabric"] = _fabric(nv, handle, q)
-        fields["persistence"] = q("persistence mode", getattr(nv, "nvmlDeviceGetPersistenceMode", None),
-                                  handle)
-        fields["pcie"] = tuple(q("PCIe link", getattr(nv, f, None), handle) for f in PCIE_CALLS)
-        util = q("utilization", getattr(nv, "nvmlDeviceGetUtilizationRates", None), handle)
-        fields["utilization"] = NA if util == NA else int(util.gpu)
-        if links_before:
-            after = _nvlink_errors(nv, handle, list(links_before))
-            fields["nvlink_errors_rising"] = tuple(
-                link for link, n in after.items() if link in links_before and n > links_before[link])
-    except _Lost as lost:
-        return Gpu(index, error=lost.code, **{k: v for k, v in fields.items() if k in ("name", "uuid")})
-    return Gpu(index, denied=tuple(q.denied), field_errors=tuple(q.errors), unsupported=tuple(q.unsupported),
-               **fields)
-
-
-# nvmlDeviceGetCurrPcieLinkGeneration ... in Gpu.pcie's order: current gen/width, max gen/width.
-PCIE_CALLS = ("nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
-              "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth")
-MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
-NVLINK_COUNTERS = 4  # DL replay, DL recovery, CRC flit, CRC data
-
-
-def _processes(nv: Any, procs: Any) -> tuple[tuple[int, str], ...]:
-    from probes.hardware import nvml_lib
-
-    if procs == NA:
-        return ()
-    named = []
-    for p in procs:
-        # Host pids may be unknown inside the container: the name is then empty.
-        pname, _ = nvml_lib.call(nv.nvmlSystemGetProcessName, p.pid)
-        named.append((int(p.pid), os.path.basename(nvml_lib.text(pname)) if pname else ""))
-    return tuple(named)
-
-
-def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Value:
-    """The driver's pending recovery action (field values API), NA where the driver has no such field."""
-    from probes.hardware import nvml_lib
-
-    field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
-    if field_id is None:
-        return NA
-    values = q("recovery action", getattr(nv, "nvmlDeviceGetFieldValues", None), handle, [field_id])
-    if values == NA:
-        return NA
-    v = values[0]
-    code = int(v.nvmlReturn)
-    if code in (nvml_lib.INVALID_ARGUMENT, nvml_lib.NOT_SUPPORTED):
-        return NA  # a driver that predates the field answers INVALID_ARGUMENT for its id
-    if code != nvml_lib.SUCCESS:
-        # The per-value status: judged like any call's.
-        return q.judge("recovery action", None, code)
-    return int(v.value.uiVal)
-
-
-def _fabric(nv: Any, handle: Any, q: _Reader) -> Value:
-    """(state, status) of the GPU's NVSwitch fabric registration, NA on GPUs without fabric support."""
-    import ctypes
-
-    from probes.hardware import nvml_lib
-
-    # The versioned call first (newer drivers), then the original one (535-era drivers).
-    value: Any = None
-    err: int | None = nvml_lib.FUNCTION_NOT_FOUND
-    info: Any = None
-    for name, struct in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
-                         ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
-        fn, info_t = getattr(nv, name, None), getattr(nv, struct, None)
-        if fn is None or info_t is None:
-            continue
-        info = info_t()
-        value, err = nvml_lib.call(fn, handle, ctypes.byref(info))
-        if err != nvml_lib.FUNCTION_NOT_FOUND:
-            break
-    if q.judge("fabric state", value, err) == NA:
-        return NA
-    if int(info.state) == FABRIC_NOT_SUPPORTED:
-        return NA
-    return (int(info.state), int(info.status))
-
-
-def _nvlinks(nv: Any, handle: Any, q: _Reader) -> tuple[int, ...]:
-    """1 (active) or 0 (down) per NVLink link; () on a PCIe-only GPU."""
-    from probes.hardware import nvml_lib
-
-    fn = getattr(nv, "nvmlDeviceGetNvLinkState", None)
-    states = []
-    for link in range(MAX_NVLINKS):
-        value, err = nvml_lib.call(fn, handle, link) if fn is not None else (None, nvml_lib.NOT_SUPPORTED)
-        if err is not None:
-            if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
-                raise _Lost(err)
-            break  # past the last link (INVALID_ARGUMENT), or no NVLink at all (NOT_SUPPORTED)
-        states.append(1 if value else 0)
-    return tuple(states)
-
-
-def _nvlink_errors(nv: Any, handle: Any, links: list[int]) -> dict[int, int]:
-    """link -> the sum of its error counters, for the given (active) links; {} without NVLink."""
-    from probes.hardware import nvml_lib
-
-    fn = getattr(nv, "nvmlDeviceGetNvLinkErrorCounter", None)
-    out: dict[int, int] = {}
-    if fn is None:
-        return out
-    for link in links:
-        total = 0
-        for counter in range(NVLINK_COUNTERS):
-            value, err = nvml_lib.call(fn, handle, link, counter)
-            if err is not None:
-                if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
-                    raise _Lost(err)
-                return out
-            total += int(value)
-        out[link] = total
-    return out
-
-
-def _mig_devices(nv: Any, handle: Any) -> tuple[tuple[str, str], ...]:
-    from probes.hardware import nvml_lib
-
-    devices = []
-    slots, err = nvml_lib.call(nv.nvmlDeviceGetMaxMigDeviceCount, handle)
-    for slot in range(slots if err is None else 0):
-        mig, err = nvml_lib.call(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
-        if err is not None:
-            continue  # an empty slot (NOT_FOUND)
-        uuid, _ = nvml_lib.call(nv.nvmlDeviceGetUUID, mig)
-        name, _ = nvml_lib.call(nv.nvmlDeviceGetName, mig)
-        devices.append((nvml_lib.text(uuid or ""), nvml_lib.text(name or "")))
-    return tuple(devices)
+    fields, lost = nvml_read.fields(nv, handle)
+    return Gpu(index, error=lost, **fields)
 
 
 def on_deadline(ctx: Context) -> Result:

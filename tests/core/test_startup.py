@@ -21,7 +21,7 @@ HEAVY = ("typing", "ctypes", "subprocess", "json", "re", "argparse", "logging", 
          "collections", "contextlib", "functools", "threading", "importlib", "enum", "signal", "socket",
          "selectors", "encodings.utf_8_sig",
          # what a probe needs only while it runs, never to be declared
-         "probes.proc", "probes.hardware.nvml_lib", "probes.framework.torch_worker",
+         "probes.proc", "probes.hardware.nvml_lib", "probes.hardware.nvml_read", "probes.framework.torch_worker",
          "probes.framework.model_worker", "probes.framework.nccl_worker", "probes.framework.checkpoint_child")
 SCRIPT = ("import sys\nfrom probes.cli import main\ncode = main(['--profile', 'liveness'])\n"
           "print(','.join(sorted(m for m in sys.modules if m in {heavy!r})))\n")

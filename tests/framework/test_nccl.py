@@ -16,7 +16,7 @@ import torch
 from probes import config as config_mod
 from probes.config import Config
 from probes.context import Context
-from probes.framework import nccl, nccl_worker, torch_cuda
+from probes.framework import deep, nccl, nccl_worker
 from probes.result import Result, Status
 from probes.state import State
 from tests.servers import free_port
@@ -154,7 +154,7 @@ def test_a_wrong_sum_fails_and_is_not_reused(tmp_path: Path, make_interp: Any) -
 def test_shares_the_one_costly_check_lock_with_torch_cuda(tmp_path: Path, make_interp: Any) -> None:
     interp = make_interp("py")
     state = State.open(str(tmp_path / "state"))
-    with state.lock(torch_cuda.LOCK, time.monotonic() + 5) as held:
+    with state.lock(deep.LOCK, time.monotonic() + 5) as held:
         assert held
         result, _, took = run_probe(tmp_path, interp, timeout=1.5, state=state)
     assert result.reason == "deadline" and "holds the lock" in result.message

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from probes.framework import torch_cuda, torch_worker
+from probes.framework import deep, torch_cuda, torch_report, torch_worker
 from probes.result import Result, Status
 
 GOOD: dict[str, Any] = {
@@ -131,7 +131,7 @@ def test_strings_are_cleaned_where_the_report_enters() -> None:
     assert problem is None
     cleaned = report["devices"][0]["error"]
     assert cleaned["type"] == "Runtime\\x1bError"
-    assert len(cleaned["message"]) <= torch_cuda.TEXT_LIMITS["message"] and "\x00" not in cleaned["message"]
+    assert len(cleaned["message"]) <= torch_report.TEXT_LIMITS["message"] and "\x00" not in cleaned["message"]
 
 
 def test_a_whole_result_line_ends_the_wait() -> None:
@@ -172,7 +172,7 @@ def test_holder_names_from_nvml_are_cleaned() -> None:
 
 @pytest.mark.parametrize("when", [float("inf"), 1e300, "x", None, -5])
 def test_a_damaged_latch_time_is_unknown_not_a_crash(when: Any) -> None:
-    data = torch_cuda._latched({"source": "torch\x1b-cuda", "reason": "fatal\x00\nerror", "time": when})
+    data = deep.latched({"source": "torch\x1b-cuda", "reason": "fatal\x00\nerror", "time": when})
     result = torch_cuda.judge(data, None)  # type: ignore[arg-type]
     assert result.reason == "latched" and "since an unknown time" in result.message
     assert result.message.isprintable() and "fatal\\x00\\nerror" in result.message

@@ -21,6 +21,8 @@ import pytest
 
 from probes.config import Config
 from probes.context import Context
+from probes.result import Result
+from probes.services import jupyter as jupyter_probe
 from probes.state import State
 from tests.servers import SSHD, Jupyter, Sshd, free_port, stop, wait_port
 
@@ -158,6 +160,37 @@ def hello_http() -> Iterator[http.server.ThreadingHTTPServer]:
 # ---------------------------------------------------------------- Jupyter Server
 
 TOKEN = "tok-7f3e9c1d-never-shown-5b2a"  # a test secret the output must never contain
+
+
+def probe(timeout: float = 3.0, **config: Any) -> Result:
+    """One jupyter probe run, held to its deadline and to never showing the token."""
+    ctx = make_ctx(timeout, **config)
+    result = jupyter_probe.judge(jupyter_probe.gather(ctx), ctx)
+    assert time.monotonic() <= ctx.deadline + 0.5, "the probe overran its deadline"
+    assert "\n" not in result.message
+    assert TOKEN not in repr(result) and TOKEN not in json.dumps(result.to_dict())
+    return result
+
+
+def no_runtime(tmp_path: Path) -> str:
+    empty = tmp_path / "no-runtime"
+    empty.mkdir(exist_ok=True)
+    return str(empty)
+
+
+def fake_jupyter(seen: list[bytes]) -> Any:
+    """A scripted-server handler that answers like Jupyter's /api and keeps each request it got."""
+    def handler(conn: socket.socket) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return
+            data += chunk
+        seen.append(data)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+                     b"\r\n5\r\n{\"ver\r\n10\r\nsion\": \"9.9.9\"} \r\n0\r\n\r\n")
+    return handler
 
 
 def _self_signed(root: Path) -> tuple[str, str]:

@@ -1,5 +1,6 @@
-"""The jupyter probe against a real Jupyter Server (plain, base URL, HTTPS) and against
-servers that are not Jupyter, hang, trickle, or speak the other side of TLS."""
+"""The jupyter probe against a real Jupyter Server (plain, base URL, HTTPS, the other side of TLS)
+and against runtime files it must not trust (another user's, links, FIFOs, foreign hosts, damage).
+Servers that are not Jupyter on the wire, and the HTTP parser: test_jupyter_wire.py."""
 
 from __future__ import annotations
 
@@ -16,11 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from probes.result import Result, Status
-from probes.services import _http, jupyter
+from probes.services import jupyter
 from probes.services.jupyter import MAX_RUNTIME_FILE
 from tests.conftest import ROOT, clean_env, run_cli
 from tests.services.conftest import (
@@ -28,31 +27,16 @@ from tests.services.conftest import (
     TOKEN,
     Jupyter,
     Listener,
+    fake_jupyter,
     free_port,
-    make_ctx,
     needs_root,
-    neighbour_port,
-    trickle,
+    no_runtime,
+    probe,
     write_runtime,
 )
 
 PROXIES = {k: "http://127.0.0.1:9" for k in
            ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")}
-
-
-def probe(timeout: float = 3.0, **config: Any) -> Result:
-    ctx = make_ctx(timeout, **config)
-    result = jupyter.judge(jupyter.gather(ctx), ctx)
-    assert time.monotonic() <= ctx.deadline + 0.5, "the probe overran its deadline"
-    assert "\n" not in result.message
-    assert TOKEN not in repr(result) and TOKEN not in json.dumps(result.to_dict())
-    return result
-
-
-def no_runtime(tmp_path: Path) -> str:
-    empty = tmp_path / "no-runtime"
-    empty.mkdir(exist_ok=True)
-    return str(empty)
 
 
 # ---------------------------------------------------------------- real Jupyter Server
@@ -258,7 +242,7 @@ def test_foreign_hostname_is_never_contacted(jupyter: Jupyter, scripted: Any, tm
     if addr is None:
         pytest.skip("this machine has no non-loopback IPv4 address to listen on")
     seen: list[bytes] = []
-    fake = scripted(_fake_jupyter(seen), host=addr)
+    fake = scripted(fake_jupyter(seen), host=addr)
     rt = rt_dir(tmp_path)
     name = f"jpserver-{os.getpid()}.json"
     write_runtime(rt, name, pid=os.getpid(), port=fake.port, hostname=addr)
@@ -291,7 +275,7 @@ def test_configured_host_in_a_runtime_file_is_used(scripted: Any, tmp_path: Path
     addr = local_address()
     if addr is None:
         pytest.skip("this machine has no non-loopback IPv4 address to listen on")
-    fake = scripted(_fake_jupyter([]), host=addr)
+    fake = scripted(fake_jupyter([]), host=addr)
     rt = rt_dir(tmp_path)
     write_runtime(rt, "jpserver-1.json", pid=os.getpid(), port=fake.port, hostname=addr)
     r = probe(host=addr, jupyter_runtime_dir=str(rt), jupyter_port=1)
@@ -339,7 +323,7 @@ def test_is_not_loopback(host: str) -> None:
 
 def test_runtime_file_whose_pid_does_not_hold_the_port(scripted: Any, tmp_path: Path) -> None:
     # A live process, a fake Jupyter on another port: the file's pid is not the one listening.
-    fake = scripted(_fake_jupyter([]))
+    fake = scripted(fake_jupyter([]))
     other = subprocess.Popen(["sleep", "30"])
     try:
         rt = rt_dir(tmp_path)
@@ -412,7 +396,7 @@ def test_another_users_file_cannot_send_the_probe_to_another_port(scripted: Any,
     # configured one (Jupyter is dead): the verdict must be fail.
     needs_root()
     seen: list[bytes] = []
-    fake = scripted(_fake_jupyter(seen))
+    fake = scripted(fake_jupyter(seen))
     rt = rt_dir(tmp_path)
     write_runtime(rt, f"jpserver-{os.getpid()}.json", owner=OTHER_UID, pid=os.getpid(), port=fake.port,
                   hostname="127.0.0.1")
@@ -525,157 +509,3 @@ def test_a_malformed_runtime_file_is_refused_in_a_fresh_run(jupyter: Jupyter, tm
         out = run_cli(*flags, env=env, timeout=60)
         assert out.returncode == 0, (flags, out.stdout + out.stderr)
         assert "internal" not in out.stdout + out.stderr, (flags, out.stdout)
-
-
-# ---------------------------------------------------------------- servers that are not (working) Jupyter
-
-def test_plain_http_hello_is_not_jupyter(hello_http: Any, tmp_path: Path) -> None:
-    r = probe(jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=hello_http.server_address[1])
-    assert (r.status, r.reason) == (Status.FAIL, "not-jupyter")
-    assert "not Jupyter" in r.message and "HTTP 200" in r.message
-
-
-def test_silent_listener_is_hung_by_the_deadline(silent: Listener, tmp_path: Path) -> None:
-    t0 = time.monotonic()
-    r = probe(1.0, jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=silent.port)
-    assert time.monotonic() - t0 < 1.5
-    assert (r.status, r.reason) == (Status.FAIL, "hung")
-
-
-def test_trickling_server_returns_by_the_deadline(scripted: Any, tmp_path: Path) -> None:
-    body = b'{"version": "2.0.0"}'
-    srv = scripted(trickle(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body), 0.2))
-    t0 = time.monotonic()
-    r = probe(1.0, jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=srv.port)
-    assert time.monotonic() - t0 < 1.5
-    assert (r.status, r.reason) == (Status.FAIL, "deadline")
-
-
-def test_nothing_listening_names_what_does(silent: Listener, tmp_path: Path) -> None:
-    port = neighbour_port(silent)
-    r = probe(jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=port)
-    assert (r.status, r.reason) == (Status.FAIL, "refused")
-    assert "nothing listening" in r.message and f"127.0.0.1:{silent.port}" in r.message
-
-
-def test_chunked_trailer_that_never_ends_is_bounded(scripted: Any, tmp_path: Path) -> None:
-    # Head, a last chunk, then trailer fields for ever: today's reply limit must hold for all of it.
-    def handler(conn: socket.socket) -> None:
-        conn.recv(4096)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n0\r\n")
-        end = time.monotonic() + 5
-        while time.monotonic() < end:
-            conn.sendall(b"X-Pad: " + b"a" * 1000 + b"\r\n")
-    srv = scripted(handler)
-    ctx = make_ctx(3.0, jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=srv.port)
-    t0 = time.monotonic()
-    data = jupyter.gather(ctx)
-    r = jupyter.judge(data, ctx)
-    assert time.monotonic() - t0 < 1.5, "it read until the deadline"
-    assert data["received"] <= jupyter.MAX_REPLY + 1
-    assert (r.status, r.reason) == (Status.FAIL, "not-jupyter")
-    assert "not Jupyter" in r.message and "reply too large" in r.message
-
-
-def test_ssh_server_on_the_jupyter_port(scripted: Any, tmp_path: Path) -> None:
-    srv = scripted(lambda c: (c.sendall(b"SSH-2.0-OpenSSH_9.2\r\n"), time.sleep(3)))
-    r = probe(2.0, jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=srv.port)
-    assert r.reason == "not-jupyter" and "SSH-2.0-OpenSSH_9.2" in r.message
-
-
-def _fake_jupyter(seen: list[bytes]) -> Any:
-    def handler(conn: socket.socket) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = conn.recv(4096)
-            if not chunk:
-                return
-            data += chunk
-        seen.append(data)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
-                     b"\r\n5\r\n{\"ver\r\n10\r\nsion\": \"9.9.9\"} \r\n0\r\n\r\n")
-    return handler
-
-
-def test_ipv6_loopback_and_request_shape(scripted: Any, tmp_path: Path) -> None:
-    seen: list[bytes] = []
-    try:
-        srv = scripted(_fake_jupyter(seen), host="::1")
-    except OSError:
-        pytest.skip("no IPv6 loopback on this machine")
-    r = probe(host="::1", jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=srv.port)
-    assert r.status is Status.PASS, r.message
-    assert r.facts["version"] == "9.9.9"
-    request = seen[0].decode()
-    assert request.startswith("GET /api HTTP/1.1\r\n")
-    assert f"Host: [::1]:{srv.port}\r\n" in request
-    assert "token" not in request.lower() and "authorization" not in request.lower()
-
-
-# ---------------------------------------------------------------- the HTTP parser
-
-def test_parser_accepts_well_formed_replies() -> None:
-    ok = _http.parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", eof=False)
-    assert ok == {"status": 200, "content_type": "", "body": b"{}"}
-    assert _http.parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n{}", eof=False) is None
-    assert _http.parse_response(b"HTTP/1.0 200 OK\r\n\r\nabc", eof=True)["body"] == b"abc"
-    assert _http.parse_response(b"HTTP/1.0 200 OK\r\n\r\nabc", eof=False) is None
-    assert _http.parse_response(b"HTT", eof=False) is None
-
-
-@pytest.mark.parametrize("raw", [
-    b"SSH-2.0-x\r\n",
-    b"HTTP/2 200\r\n\r\n",
-    b"HTTP/1.1 20x OK\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\n folded\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nBad Name: x\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
-    b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-    b"HTTP/1.1 100 Continue\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nX: " + b"a" * 20000,
-])
-def test_parser_rejects_malformed_replies(raw: bytes) -> None:
-    with pytest.raises(_http.HttpError):
-        _http.parse_response(raw, eof=True)
-
-
-def test_parser_bounds_the_whole_reply() -> None:
-    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    with pytest.raises(_http.TooLarge):
-        _http.parse_response(head + b"0\r\n" + b"X-Pad: a\r\n" * 3000, eof=False)  # trailer
-    with pytest.raises(_http.TooLarge, match="too many chunks"):  # tiny chunks, a small body
-        _http.parse_response(head + b"1\r\nx\r\n" * 2000, eof=False)
-    # Every part within its own bound (body, chunk count, size lines, trailer), the whole too large.
-    chunk = b"3f;" + b"e" * 61 + b"\r\n" + b"x" * 63 + b"\r\n"
-    flood = head + chunk * 1020 + b"0\r\nX-Pad: " + b"a" * 16000 + b"\r\n"
-    with pytest.raises(_http.TooLarge, match="reply too large"):
-        _http.parse_response(flood, eof=False)
-    ok = head + b"1\r\nx\r\n" * 100 + b"0\r\nX-Pad: a\r\n\r\n"
-    assert _http.parse_response(ok, eof=False)["body"] == b"x" * 100
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=300), st.booleans())
-def test_parser_only_ever_raises_http_error(raw: bytes, eof: bool) -> None:
-    try:
-        _http.parse_response(b"HTTP/1.1 200 OK\r\n" + raw, eof)
-        _http.parse_response(raw, eof)
-    except _http.HttpError:
-        pass
-
-
-def test_request_path_is_encoded() -> None:
-    assert jupyter._request_path("/user/a b/") == "/user/a%20b/api"
-    assert jupyter._request_path("/ü/") == "/%C3%BC/api"
-
-
-def test_the_outcome_table_speaks_only_the_declared_causes() -> None:
-    """Each failing row of the judge's table is a cause of the declaration (and so of the README's
-    cause table), and each declared cause is a row's."""
-    declared = {c.reason for c in jupyter.SPEC.causes}
-    rows = {reason for reason, status, _, _ in jupyter.OUTCOMES.values() if status == "fail"}
-    assert rows == declared
-    assert [row for row, (_, status, _, _) in jupyter.OUTCOMES.items() if status == "pass"] == ["ok"]
