@@ -3,7 +3,7 @@
 What it proves: the kustomizations render (`kubectl kustomize`), every object is valid
 against the Kubernetes OpenAPI schemas that ship with kubernetes-validate (strict: an
 unknown or misspelt field is an error), and the health probes follow the rules that make
-them safe (README.md, "Kubernetes", "Probe timings"):
+them safe (docs/kubernetes.md, "Probe timings"):
 
 - each of startupProbe, readinessProbe and livenessProbe is present and runs its own
   profile: `healthcheck --profile P` (exec) or `GET /startupz|/readyz|/livez` against
