@@ -76,7 +76,7 @@ ENV JUPYTER_RUNTIME_DIR=/run/jupyter \
 
 EXPOSE 22 8888
 
-# Numbers measured on the end-to-end runs; see the README section "Docker HEALTHCHECK tuning".
+# Numbers measured on the end-to-end runs; see docs/image.md, "Docker HEALTHCHECK tuning".
 # The suite's own deadline (readiness: 25 s, hard stop 28 s) stays below --timeout, so a
 # stuck probe reports its own reason instead of Docker's "Health check exceeded timeout".
 HEALTHCHECK --interval=30s --timeout=35s --start-period=60s --start-interval=5s --retries=3 \

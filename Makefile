@@ -65,7 +65,7 @@ bench: ## the benchmark: wall time, CPU time and peak RSS per profile against tw
 gpu-verify: ## prove every CUDA path on a real GPU, offline (FAKE=1: self-test on the fakes; OUT=dir)
 	FAKE='$(FAKE)' OUT='$(OUT)' bash tests/gpu/verify.sh
 
-docs: install ## regenerate the README's probe, environment, cause and Xid tables from the code
+docs: install ## regenerate the manual's probe, environment, cause and Xid tables from the code
 	$(PY) -m probes.docs
 
 lint: ## ruff, mypy, shellcheck, hadolint

@@ -40,6 +40,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
+import docker_exec  # bench/ beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # for tests.servers and tests.fakes
 FRONT_DOOR = ROOT / "healthcheck"
@@ -504,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hang-timeout", type=float, default=2.0, help="HEALTHCHECK_TIMEOUT for the hangs")
     p.add_argument("--cases", help="substrings of the case names to run (floors always run)")
     p.add_argument("--no-services", action="store_true", help="do not start sshd and Jupyter Server")
+    p.add_argument("--no-docker", action="store_true", help="skip the docker exec case")
     p.add_argument("--no-hangs", action="store_true", help="skip the hang measurements")
     p.add_argument("--gpu-off", action="store_true", help="ENABLE_GPU_CHECK=false even with the fake NVML")
     p.add_argument("--json-only", action="store_true", help="print only the JSON result")
@@ -523,11 +526,17 @@ def main(argv: list[str] | None = None) -> int:
             load_before = os.getloadavg()
             cases = bench.run_cases()
             hangs = {} if args.no_hangs else bench.run_hangs()
+            docker = {"skipped": "--no-docker"} if args.no_docker else docker_exec.run(args.runs)
             load_after = os.getloadavg()
     finally:
         shutil.rmtree(bench.work, ignore_errors=True)
 
     lines, targets = summarise(cases, hangs)
+    docker_lines, docker_targets = docker_exec.summary(docker)
+    lines += ["", *docker_lines]
+    for what, ok, detail in docker_targets:
+        lines.append(f"  {'MET    ' if ok else 'NOT MET'}  {what}: {detail}")
+        targets.append({"target": what, "met": ok, "detail": detail})
     info = git_info()
     header = [
         f"healthcheck bench  {started:%Y-%m-%d %H:%M:%S}Z  commit {(info['commit'] or '?')[:12]}"
@@ -554,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": args.runs,
         "cases": cases,
         "hangs": hangs,
+        "docker_exec": docker,
         "targets": targets,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)

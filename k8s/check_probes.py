@@ -3,7 +3,7 @@
 What it proves: the kustomizations render (`kubectl kustomize`), every object is valid
 against the Kubernetes OpenAPI schemas that ship with kubernetes-validate (strict: an
 unknown or misspelt field is an error), and the health probes follow the rules that make
-them safe (README.md, "Kubernetes", "Probe timings"):
+them safe (docs/kubernetes.md, "Probe timings"):
 
 - each of startupProbe, readinessProbe and livenessProbe is present and runs its own
   profile: `healthcheck --profile P` (exec) or `GET /startupz|/readyz|/livez` against
@@ -67,7 +67,7 @@ FRONT_DOOR_GRACE = 3
 FRONT_DOOR_KILL_AFTER = 1
 # Assumed worst case from container start to the first passing startup run: a multi-GB
 # image's torch import from a cold page cache on a busy node plus the first CUDA context
-# (PTX JIT when the GPU is newer than the wheel's kernels). See README.md, "Kubernetes".
+# (PTX JIT when the GPU is newer than the wheel's kernels). See docs/kubernetes.md.
 COLD_START_SECONDS = 300
 # Readiness must take a broken pod out of the Service within this, worst case.
 READINESS_REACTION_SECONDS = 60
@@ -305,7 +305,7 @@ def probe_problems(where: str, probe_field: str, probe: dict[str, Any], containe
                    f"that starts Python): set it to at least {min_timeout(expected)}")
     for f in missing:
         if f != "timeoutSeconds":
-            out.append(f"{where}: has no {f}: set it explicitly (see README.md, Kubernetes, Probe timings)")
+            out.append(f"{where}: has no {f}: set it explicitly (see docs/kubernetes.md, Probe timings)")
     timeout = probe.get("timeoutSeconds")
     if isinstance(timeout, int) and timeout < min_timeout(expected):
         deadline = PROFILE_TIMEOUTS[expected]

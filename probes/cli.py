@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
                "(default /etc/healthcheck.d), toggled by ENABLE_<NAME>_CHECK. "
                "Subcommand: `healthcheck serve` runs the HTTP endpoints (/livez /readyz /startupz "
                "/metrics). Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error. "
-               f"Settings: {settings} (see the README).")
+               f"Settings: {settings} (see docs/probes.md).")
     p.add_argument("--profile", help="startup, readiness (default) or liveness")
     p.add_argument("--json", action="store_true", help="print application/health+json")
     p.add_argument("--only", metavar="NAMES", help="run only these probes or drop-in checks "

@@ -199,7 +199,7 @@ GLOBAL_SETTINGS = (
                      "\"Drop-in checks\")"),
 )
 
-# Read outside the suite's configuration (the front door, the fast path): listed for the README.
+# Read outside the suite's configuration (the front door, the fast path): listed in docs/probes.md.
 OTHER_SETTINGS = (
     Setting("HEALTHCHECK_PYTHON", "", TEXT, None,
                      "the suite's own interpreter (front door only; one that cannot run the suite is "

@@ -1,8 +1,8 @@
-"""The README's generated tables, from the probes' declarations, the Xid catalog and the CUDA errors
+"""The manual's generated tables, from the probes' declarations, the Xid catalog and the CUDA errors
 (``python -m probes.docs [--check]``).
 
 ``make docs`` rewrites the sections between ``<!-- BEGIN GENERATED: NAME -->`` and
-``<!-- END GENERATED: NAME -->`` in README.md; a test fails when the README differs from
+``<!-- END GENERATED: NAME -->`` in the docs/ pages of ``PAGES``; a test fails when a page differs from
 what the registry generates, so the tables cannot drift from the code.
 """
 
@@ -16,8 +16,6 @@ from probes import config, dropins, registry, runner
 from probes.framework import cuda_errors
 from probes.hardware import xids
 from probes.spec import LAYERS, Cause, Setting
-
-README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -127,16 +125,20 @@ def cuda_error_table() -> str:
     return _table(("code", "name", "text (`cudaGetErrorString`)", "class", "reason", "remedy"), rows)
 
 
-SECTIONS = {"probes": probes, "environment": environment, "causes": causes, "xid-actions": xid_actions,
-            "xids": xid_policy, "cuda-errors": cuda_error_table}
+ROOT = Path(__file__).resolve().parent.parent
+# Each generated section lives in one manual page; a page names its sections by their markers.
+PAGES = {"docs/probes.md": {"probes": probes, "environment": environment, "causes": causes,
+                            "cuda-errors": cuda_error_table},
+         "docs/serve.md": {"xid-actions": xid_actions, "xids": xid_policy}}
+SECTIONS = {name: build for page in PAGES.values() for name, build in page.items()}
 
 
-def render(text: str) -> str:
-    """``text`` (the README) with every generated section rebuilt."""
-    for name, build in SECTIONS.items():
+def render(text: str, page: str = "docs/probes.md") -> str:
+    """``text`` (the manual page ``page``) with each of its generated sections rebuilt."""
+    for name, build in PAGES[page].items():
         begin, end = f"<!-- BEGIN GENERATED: {name} (make docs) -->", f"<!-- END GENERATED: {name} -->"
         if begin not in text or end not in text:
-            raise SystemExit(f"docs: README.md lacks the markers of the {name} section")
+            raise SystemExit(f"docs: {page} lacks the markers of the {name} section")
         head, rest = text.split(begin, 1)
         _, tail = rest.split(end, 1)
         text = f"{head}{begin}\n{build()}\n{end}{tail}"
@@ -144,16 +146,19 @@ def render(text: str) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    old = README.read_text(encoding="utf-8")
-    new = render(old)
-    if "--check" in argv:
-        if new != old:
-            print("docs: README.md differs from the registry: run make docs", file=sys.stderr)
-            return 1
-        return 0
-    if new != old:
-        README.write_text(new, encoding="utf-8")
-    return 0
+    status = 0
+    for page in PAGES:
+        path = ROOT / page
+        old = path.read_text(encoding="utf-8")
+        new = render(old, page)
+        if new == old:
+            continue
+        if "--check" in argv:
+            print(f"docs: {page} differs from the registry: run make docs", file=sys.stderr)
+            status = 1
+        else:
+            path.write_text(new, encoding="utf-8")
+    return status
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ FIX_PATH = ("use a path that only root or the suite's user can change: directori
             "(or sticky, as /tmp), no other user's symbolic link")
 EXIT_STATUS = {0: "pass", 1: "warn", 2: "fail", 3: "unknown"}
 
-# The causes a drop-in can report (the README's table is generated from these).
+# The causes a drop-in can report (docs/probes.md's table is generated from these).
 CAUSES = (
     Cause("", "pass", "exit 0", "none"),
     Cause("check-warning", "warn", "exit 1 (warning)", "see the check's message"),

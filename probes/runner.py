@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 else:
     from probes._typing import NamedTuple
 
-# What any probe can report, besides its own causes (the README's first cause table).
+# What any probe can report, besides its own causes (the first cause table of docs/probes.md).
 COMMON_CAUSES = (
     Cause("deadline", "fail", "the probe gave no answer by its deadline (its own, or the run's "
                    "`HEALTHCHECK_TIMEOUT`)", "the named component is hung; see the probe's remedy"),

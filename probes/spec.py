@@ -30,18 +30,18 @@ TEXT, CHOICE, URL_PATH, HOST, ABSOLUTE_PATH = "text", "choice", "path", "host", 
 
 
 class Setting(NamedTuple):
-    """One environment variable a probe reads, with its validation and its README row."""
+    """One environment variable a probe reads, with its validation and its row in docs/probes.md."""
 
     env: str  # HEALTHCHECK_SSH_PORT
     field: str  # the attribute on Config: config.ssh_port
     kind: str  # BOOL, NUMBER, INTEGER, PORT, TEXT, CHOICE, URL_PATH, HOST or ABSOLUTE_PATH
     default: Any
-    meaning: str  # one line for the README and --help
+    meaning: str  # one line for docs/probes.md and --help
     low: float = 0.0  # NUMBER and INTEGER bounds
     high: float = 0.0
     low_inclusive: bool = False
     choices: tuple[str, ...] = ()  # CHOICE
-    shown_default: str | None = None  # the README's default column when not just the value
+    shown_default: str | None = None  # the default column of docs/probes.md when not just the value
     # A TEXT setting's own grammar: the value (surrounding whitespace removed) -> what is kept;
     # ValueError("is not ... (accepted: ...)") refuses it with exit 3.
     parse: Any = None
@@ -73,7 +73,7 @@ class Spec(NamedTuple):
     measurement: str = "status"
     settings: tuple[Setting, ...] = ()
     causes: tuple[Cause, ...] = ()
-    about: str = ""  # what it proves, one line (--help, README)
+    about: str = ""  # what it proves, one line (--help, docs/probes.md)
     dropin: Any = None  # probes.dropins.Check for a drop-in check
     # Deep, costly checks are opt-in: off unless their toggle says true, or (``on_with``, the
     # ``field`` of one of its settings) unless that setting is given and the toggle is not.

@@ -159,7 +159,7 @@ def message(code: Code, returncode: int | None, text: str | None = None) -> str:
 
 
 def causes() -> tuple[Cause, ...]:
-    """The README's cause rows, one per reason, in the order of the table."""
+    """The cause rows of docs/probes.md, one per reason, in the order of the table."""
     rows: dict[str, Cause] = {}
     for number, code in EXIT_CODES.items():
         said = f'exit {number}, "{code.documented}": {code.cause}'

@@ -9,7 +9,7 @@ and the buckets are the catalog's; where it gives no bucket (162-172) the action
 The policy is per bucket (:data:`BUCKETS`): a GPU reset or a reboot of the machine latches the
 container unhealthy; RESTART_APP warns (the application's error, maybe another tenant's); IGNORE
 is counted only; the rest warn with the catalog's action and never latch, because an Xid event
-carries only its number and those buckets need more than the number to act on (README, "Xid
+carries only its number and those buckets need more than the number to act on (docs/serve.md, "Xid
 policy", says why per bucket). An Xid outside the catalog warns and never latches.
 HEALTHCHECK_XID_CRITICAL, _APPLICATION and _IGNORE override it (probes.serve.settings).
 """

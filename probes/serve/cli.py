@@ -52,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
                "HEALTHCHECK_SERVE_SLACK, HEALTHCHECK_SERVE_READINESS_GATING, HEALTHCHECK_SERVE_DEEP, "
                "HEALTHCHECK_SERVE_XID_WATCH, HEALTHCHECK_XID_CRITICAL, HEALTHCHECK_XID_APPLICATION, "
                "HEALTHCHECK_XID_IGNORE, HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE, "
-               "HEALTHCHECK_SERVE_PYTHON and the probes' own settings (see the README).")
+               "HEALTHCHECK_SERVE_PYTHON and the probes' own settings (see docs/serve.md).")
     p.add_argument("--host", help=f"address to bind: {st.HOST_FORMS} (default {st.DEFAULT_HOST}: "
                                   "loopback only)")
     p.add_argument("--port", help=f"TCP port (default {st.DEFAULT_PORT}; 0: a free one, logged)")

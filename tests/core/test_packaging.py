@@ -113,7 +113,7 @@ def test_installed_healthcheck_answers_help_and_a_real_run(bin_dir: Path, tmp_pa
     assert ok.returncode == 0 and ok.stdout.startswith("healthy: "), ok.stdout + ok.stderr
     assert "PASS ssh" in ok.stdout
 
-    # Linked from elsewhere (the README recipe's /usr/local/bin/healthcheck), the same.
+    # Linked from elsewhere (docs/image.md's recipe's /usr/local/bin/healthcheck), the same.
     link = tmp_path / "elsewhere" / "healthcheck"
     link.parent.mkdir()
     link.symlink_to(bin_dir / "healthcheck")

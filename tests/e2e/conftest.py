@@ -41,7 +41,7 @@ LABEL = "gpu-dev-e2e"
 SESSION = uuid.uuid4().hex[:12]
 DEFAULT_IMAGE = "gpu-dev:e2e"
 CPU_ENV = {"ENABLE_GPU_CHECK": "false", "HEALTHCHECK_TORCH_DEVICE": "cpu"}
-# Measurements the tests take on the way (start-up and probe times), written for the README.
+# Measurements the tests take on the way (start-up and probe times), written for docs/image.md and docs/kubernetes.md.
 TIMINGS_FILE = ROOT / ".e2e" / "timings.json"
 
 
@@ -127,7 +127,7 @@ def last_output(cid: str) -> str:
 
 
 def record_timing(key: str, value: Any) -> None:
-    """Keep a measurement (seconds) in .e2e/timings.json for the tuning section of the README."""
+    """Keep a measurement (seconds) in .e2e/timings.json for the tuning sections of docs/image.md and docs/kubernetes.md."""
     TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
     try:
         data = json.loads(TIMINGS_FILE.read_text())
@@ -198,7 +198,7 @@ def start_container(image: str) -> Iterator[Callable[..., str]]:
         elif health is not None:
             argv += health.args()
         if not any(a.startswith("--shm-size") or a == "--ipc=host" for a in run_args):
-            argv.append("--shm-size=1g")  # as the README runs it: Docker's 64 MiB makes the runtime probe warn
+            argv.append("--shm-size=1g")  # as docs/image.md runs it: Docker's 64 MiB makes the runtime probe warn
         argv += [*run_args, image, *command]
         cid = docker(*argv).stdout.strip()
         started.append(cid)

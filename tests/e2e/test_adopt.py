@@ -1,7 +1,7 @@
-"""End to end: the README's "add it to your own image" lines on an image NOT built from our Dockerfile.
+"""End to end: docs/image.md's "add it to your own image" lines on an image NOT built from our Dockerfile.
 
 tests/e2e/adopt/Dockerfile is a plain training-style image (the CPU base with torch, no
-Jupyter, no sshd, no tini) plus only the README's lines: the suite's wheel in its own virtual
+Jupyter, no sshd, no tini) plus only docs/image.md's lines: the suite's wheel in its own virtual
 environment, the HEALTHCHECK, and the ENABLE_* toggles for the services it lacks. It must
 reach `healthy`, turn `unhealthy` with our reason first once torch is broken inside it, show
 the HEALTHCHECK in `docker inspect`, and answer `healthcheck --help` and the documented exit
@@ -58,13 +58,13 @@ def image(adopt_image: str) -> str:
 
 @pytest.fixture
 def start(start_container: Callable[..., str]) -> Callable[..., str]:
-    """A training container gets a real /dev/shm (DataLoader workers, NCCL), as the README says."""
+    """A training container gets a real /dev/shm (DataLoader workers, NCCL), as docs/image.md says."""
     return functools.partial(start_container, "--shm-size=2g")
 
 
 def test_the_readme_lines_alone_add_the_suite(adopt_image: str) -> None:
     text = (ADOPT / "Dockerfile").read_text()
-    assert "probes" not in text.split("# --- README")[1], "only the wheel: nothing of the repository's tree"
+    assert "probes" not in text.split("# --- docs/image.md")[1], "only the wheel: nothing of the repository's tree"
     config = inspect(adopt_image)["Config"]
     hc = config["Healthcheck"]
     assert hc["Test"] == ["CMD", "/usr/local/bin/healthcheck"]

@@ -84,13 +84,13 @@ def test_engine_script_takes_the_mirror_from_the_hosts_sources() -> None:
 
 
 def test_the_readme_recipe_is_the_adopt_images_lines():
-    """The README's "Add it to your own image" block and tests/e2e/adopt/Dockerfile cannot drift."""
+    """docs/image.md's "Add it to your own image" block and tests/e2e/adopt/Dockerfile cannot drift."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     dockerfile = (root / "tests/e2e/adopt/Dockerfile").read_text()
-    lines = dockerfile.split("# --- README: add it to your own image ---\n", 1)[1].split("# --- end ---", 1)[0]
-    readme = (root / "README.md").read_text()
+    lines = dockerfile.split("# --- docs/image.md: add it to your own image ---\n", 1)[1].split("# --- end ---", 1)[0]
+    readme = (root / "docs/image.md").read_text()
     section = readme.split("## Add it to your own image", 1)[1].split("\n## ", 1)[0]
     block = section.split("```dockerfile\n", 1)[1].split("```", 1)[0]
     assert lines.strip() in block

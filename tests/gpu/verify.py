@@ -330,7 +330,7 @@ class Verify:
             f"| {gpu} | {i.get('driver', '?')} | {i.get('cuda_driver', '?')} | {i.get('torch_cuda', '?')} | "
             f"{i.get('torch', '?')} | {i.get('python', '?')} | {i.get('date', '?')} | {i.get('commit', '?')} |",
             "",
-            "README row (Verified on):",
+            "docs/gpu-verify.md row (Verified on):",
             "",
             f"    | {gpu} | {i.get('driver', '?')} | {i.get('torch_cuda', '?')} | {i.get('torch', '?')} | "
             f"{str(i.get('date', '?'))[:10]} | {self.verdict().split(' (')[0]} |",

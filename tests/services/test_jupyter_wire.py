@@ -156,7 +156,7 @@ def test_request_path_is_encoded() -> None:
 
 
 def test_the_outcome_table_speaks_only_the_declared_causes() -> None:
-    """Each failing row of the judge's table is a cause of the declaration (and so of the README's
+    """Each failing row of the judge's table is a cause of the declaration (and so of docs/probes.md's
     cause table), and each declared cause is a row's."""
     declared = {c.reason for c in jupyter.SPEC.causes}
     rows = {reason for reason, status, _, _ in jupyter.OUTCOMES.values() if status == "fail"}
