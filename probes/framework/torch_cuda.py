@@ -363,8 +363,6 @@ def _gib(n: int | None) -> str:
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
-    from probes.framework import room
-
     kind = data.get("kind")
     if kind == "latched":
         when = (f"since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(data['since']))} "
@@ -383,6 +381,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return failed(NAME, f"no result within {data['waited']:.1f}s: another torch-cuda run still holds "
                       "the lock (one CUDA context at a time); the driver may be stuck", reason="deadline",
                       unit=UNIT)
+    from probes.framework import room  # not before: liveness answers above without it
+
     if kind == room.REASON:
         return deep.not_checked(NAME, data, MIN_FREE, unit=UNIT)
     result = deep.with_room(_judge_worker(data, ctx), data, MIN_FREE)
