@@ -1,8 +1,9 @@
 """The worker scripts share one scaffold (probes/framework/worker_base.py), loaded by its path.
 
-Each worker is copied with the scaffold into a folder of its own and run, with the image's
-kind of interpreter (the real CPU torch in .venv, nothing of the suite's), from a current
-directory full of decoys: a ``torch.py``, a ``json.py``, a ``ctypes.py`` and files named like
+Each worker is copied with the scaffold into a folder of its own and run three ways: by path,
+through runpy from the current directory (which puts that directory on sys.path), and by path
+with only the standard library and torch's folder (no site, so not the suite's own install),
+always with the real CPU torch in .venv and from a current directory full of decoys: a ``torch.py``, a ``json.py``, a ``ctypes.py`` and files named like
 the scaffold. Decoys also lie beside the copied worker. Neither the worker's folder nor the
 current directory may lend it a module: every decoy records that it was imported, and none may.
 """
@@ -55,7 +56,7 @@ WORKERS = {"torch_worker": torch_worker.PREFIX, "model_worker": model_worker.PRE
            "nccl_worker": nccl_worker.PREFIX, "checkpoint_child": checkpoint_child.PREFIX}
 
 
-@pytest.mark.parametrize("how", ["by-path", "from-the-current-directory"])
+@pytest.mark.parametrize("how", ["by-path", "from-the-current-directory", "stdlib-and-torch-only"])
 @pytest.mark.parametrize("name", sorted(WORKERS))
 def test_a_copied_worker_runs_on_the_stdlib_and_torch_and_no_decoy_shadows_anything(
         name: str, how: str, tmp_path: Path) -> None:
@@ -69,10 +70,17 @@ def test_a_copied_worker_runs_on_the_stdlib_and_torch_and_no_decoy_shadows_anyth
         if f"{module}.py" != SCAFFOLD:
             decoy(copy, module, seen)
     worker = copy / f"{name}.py"
-    argv = [str(worker)] if how == "by-path" else ["-c", VIA_CWD, str(worker)]
-    # -E -s: no PYTHONPATH, no user site: the interpreter's own site-packages (torch) only.
-    done = subprocess.run([sys.executable, "-E", "-s", *argv, *worker_args(name, tmp_path)], cwd=cwd,
-                          capture_output=True, text=True, timeout=120, check=False, env=clean_env())
+    if how == "stdlib-and-torch-only":
+        # -S: no site module, so none of site-packages' .pth files (the suite's own install is
+        # one): the standard library and torch's folder, nothing else.
+        import torch
+
+        flags, env = ["-S", str(worker)], clean_env(PYTHONPATH=str(Path(torch.__file__).parent.parent))
+    else:
+        # -E -s: no PYTHONPATH, no user site: the interpreter's own site-packages (torch) only.
+        flags, env = ["-E", "-s", *([str(worker)] if how == "by-path" else ["-c", VIA_CWD, str(worker)])], clean_env()
+    done = subprocess.run([sys.executable, *flags, *worker_args(name, tmp_path)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(p.name for p in seen.iterdir()) == [], done.stderr[-2000:]
     lines = done.stdout.splitlines()
