@@ -3,8 +3,9 @@
 Each worker is copied with the scaffold into a folder of its own and run three ways: by path,
 through runpy from the current directory (which puts that directory on sys.path), and by path
 with only the standard library and torch's folder (no site, so not the suite's own install),
-always with the real CPU torch in .venv and from a current directory full of decoys: a ``torch.py``, a ``json.py``, a ``ctypes.py`` and files named like
-the scaffold. Decoys also lie beside the copied worker. Neither the worker's folder nor the
+always with the real CPU torch in .venv and from a current directory full of decoys: a
+``torch.py``, a ``json.py``, a ``ctypes.py`` and files named like the scaffold. Decoys also lie
+beside the copied worker. Neither the worker's folder nor the
 current directory may lend it a module: every decoy records that it was imported, and none may.
 """
 
