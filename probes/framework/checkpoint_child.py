@@ -20,18 +20,39 @@ Command-line equivalent (one process)::
 import os
 import sys
 
-# ctypes and json are imported in main(): the suite imports this module for PREFIX and SCHEMA
+# ctypes and the scaffold are loaded where used: the suite imports this module for PREFIX and SCHEMA
 # on every run (liveness included), and ctypes alone costs about 2 ms.
 PREFIX = "HEALTHCHECK-CHECKPOINT-RESULT "
 SCHEMA = 1
 
 
-def main(argv=None):
-    import ctypes
-    import json
+_BASE = []  # type: list  # the shared scaffold, once loaded
 
-    pids = [int(p) for p in (sys.argv[1:] if argv is None else argv)]
-    report = {"v": SCHEMA, "loaded": False, "driver": None, "api": False, "init": None, "states": []}
+
+def scaffold():
+    """worker_base.py beside this file, loaded by its path (never by name), once."""
+    if not _BASE:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_base.py")
+        spec = importlib.util.spec_from_file_location("healthcheck_worker_base", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _BASE.append(module)
+    return _BASE[0]
+
+
+def scrub_and_load():
+    """Take this file's folder (sys.path[0]) and the current directory ('') off sys.path, so
+    that nothing there can shadow torch or the standard library, then load the scaffold."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
+    return scaffold()
+
+
+def query(pids, report):
+    import ctypes
+
     try:
         lib = ctypes.CDLL("libcuda.so.1")
         report["loaded"] = True
@@ -41,9 +62,9 @@ def main(argv=None):
         version = ctypes.c_int(0)
         if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
             report["driver"] = version.value
-        query = getattr(lib, "cuCheckpointProcessGetState", None)
-        report["api"] = query is not None
-        if query is not None:
+        ask = getattr(lib, "cuCheckpointProcessGetState", None)
+        report["api"] = ask is not None
+        if ask is not None:
             report["init"] = int(lib.cuInit(0))
             if report["init"] == 0:
                 for pid in pids:
@@ -52,11 +73,14 @@ def main(argv=None):
                     state = ctypes.c_int(-1)
                     sys.stderr.write("HEALTHCHECK-CHECKPOINT-QUERY " + str(pid) + "\n")
                     sys.stderr.flush()
-                    rc = int(query(ctypes.c_int(pid), ctypes.byref(state)))
+                    rc = int(ask(ctypes.c_int(pid), ctypes.byref(state)))
                     report["states"].append({"pid": pid, "rc": rc, "state": state.value if rc == 0 else None})
-    sys.stdout.write(PREFIX + json.dumps(report, sort_keys=True) + "\n")
-    sys.stdout.flush()
-    os._exit(0)
+
+
+def main(argv=None):
+    pids = [int(p) for p in (sys.argv[1:] if argv is None else argv)]
+    report = {"v": SCHEMA, "loaded": False, "driver": None, "api": False, "init": None, "states": []}
+    scrub_and_load().run(PREFIX, None, report, lambda report: query(pids, report))
 
 
 if __name__ == "__main__":

@@ -95,31 +95,44 @@ class Failure(Exception):
         self.code = code
 
 
+_BASE = []  # type: list  # the shared scaffold, once loaded
+
+
+def scaffold():
+    """worker_base.py beside this file, loaded by its path (never by name), once."""
+    if not _BASE:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_base.py")
+        spec = importlib.util.spec_from_file_location("healthcheck_worker_base", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _BASE.append(module)
+    return _BASE[0]
+
+
+def scrub_and_load():
+    """Take this file's folder (sys.path[0]) and the current directory ('') off sys.path, so
+    that nothing there can shadow torch or the standard library, then load the scaffold."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
+    return scaffold()
+
+
 def error_code(exc):
-    """``torch.AcceleratorError.error_code`` (a cudaError_t, torch 2.8 and later), or None."""
-    code = getattr(exc, "error_code", None)
-    return code if isinstance(code, int) and not isinstance(code, bool) else None
+    return scaffold().error_code(exc)
 
 
 def measure(value):
-    """A float as strict JSON allows it: non-finite values as "nan", "inf" or "-inf"."""
-    value = float(value)
-    import math  # here, not at the top: the suite imports this file's constants
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
+    return scaffold().measure(value)
 
 
 def phase(name):
-    sys.stderr.write(PHASE + name + "\n")
-    sys.stderr.flush()
+    scaffold().phase(PHASE, name)
 
 
 def text(exc):
-    message = str(exc).strip().replace("\n", " ")
-    return message[:MAX_TEXT]
+    return scaffold().text(exc, MAX_TEXT)
 
 
 def parse_args(argv):
@@ -495,31 +508,19 @@ def load_and_run(args, report, fh, size, expect_fh, expect_size):
         report["peak_gpu"] = int(torch.cuda.max_memory_allocated(device))
 
 
+def failed(exc):
+    """The error dict of an exception that escaped ``work``."""
+    if isinstance(exc, Failure):
+        return {"kind": exc.kind, "type": "Failure", "message": text(exc), "code": exc.code}
+    err = scaffold().described(exc, MAX_TEXT)
+    err["kind"] = "oom" if "out of memory" in str(exc).lower() else "worker"
+    return err
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    # Only the result line goes to the saved stdout; anything else printed lands on stderr.
-    result_fd = os.dup(1)
-    os.dup2(2, 1)
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    phase("start")
-    report = new_report(args)
-    try:
-        work(args, report)
-    except Failure as exc:
-        report["error"] = {"kind": exc.kind, "type": "Failure", "message": text(exc), "code": exc.code}
-    except Exception as exc:
-        import traceback
-
-        traceback.print_exc()
-        kind = "oom" if "out of memory" in str(exc).lower() else "worker"
-        report["error"] = {"kind": kind, "type": type(exc).__name__, "message": text(exc),
-                           "code": error_code(exc)}
-    import json  # here, not at the top: the suite imports this file's constants
-    line = PREFIX + json.dumps(report, sort_keys=True) + "\n"
-    os.write(result_fd, line.encode("utf-8"))
-    sys.stderr.flush()
-    os._exit(0)
+    scrub_and_load().run(PREFIX, PHASE, new_report(args), lambda report: work(args, report), failed,
+                         trace=True)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,32 @@ LENGTH = 1 << 16  # elements per tensor (256 KiB of float32): several NCCL chunk
 MAX_TEXT = 400
 
 
+_BASE = []  # type: list  # the shared scaffold, once loaded
+
+
+def scaffold():
+    """worker_base.py beside this file, loaded by its path (never by name), once."""
+    if not _BASE:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_base.py")
+        spec = importlib.util.spec_from_file_location("healthcheck_worker_base", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _BASE.append(module)
+    return _BASE[0]
+
+
+def scrub_and_load():
+    """Take this file's folder (sys.path[0]) and the current directory ('') off sys.path, so
+    that nothing there can shadow torch or the standard library, then load the scaffold."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
+    return scaffold()
+
+
 def phase(name):
-    sys.stderr.write(PHASE + name + "\n")
-    sys.stderr.flush()
+    scaffold().phase(PHASE, name)
 
 
 def contribution(torch, rank, length=LENGTH):
@@ -64,15 +87,10 @@ def verify(torch, tensors, world):
     return bad, worst
 
 
-def error_code(exc):
-    """``torch.AcceleratorError.error_code`` (a cudaError_t, torch 2.8 and later), or None."""
-    code = getattr(exc, "error_code", None)
-    return code if isinstance(code, int) and not isinstance(code, bool) else None
-
-
 def error(kind, exc):
-    message = str(exc).strip().replace("\n", " ")[:MAX_TEXT]
-    return {"kind": kind, "type": type(exc).__name__, "message": message, "code": error_code(exc)}
+    err = scaffold().described(exc, MAX_TEXT)
+    err["kind"] = kind
+    return err
 
 
 def parse_args(argv):
@@ -177,21 +195,8 @@ def work(args, report):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    result_fd = os.dup(1)
-    os.dup2(2, 1)
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    phase("start")
-    report = new_report(args)
-    try:
-        work(args, report)
-    except Exception as exc:
-        report["error"] = error("worker", exc)
-    import json  # here, not at the top: the suite imports this file's constants
-    line = PREFIX + json.dumps(report, sort_keys=True) + "\n"
-    os.write(result_fd, line.encode("utf-8"))
-    sys.stderr.flush()
-    os._exit(0)  # NCCL's and CUDA's exit handlers can hang after a failed collective
+    scrub_and_load().run(PREFIX, PHASE, new_report(args), lambda report: work(args, report),
+                         lambda exc: error("worker", exc))
 
 
 if __name__ == "__main__":

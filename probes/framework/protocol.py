@@ -3,7 +3,8 @@
 Each worker (``torch_worker.py``, ``model_worker.py``, ``nccl_worker.py``, ``checkpoint_child.py``)
 runs in another interpreter and prints exactly one line ``PREFIX + JSON`` on stdout, and
 progress markers ``PHASE + name`` on stderr; its PREFIX, PHASE and SCHEMA are declared in the
-worker's own file, beside the code that writes them. This is the reading side, shared by the
+worker's own file, beside the code that writes them (the writing side they share is
+``worker_base.py``, loaded by path). This is the reading side, shared by the
 probes that start them: find the one result line, parse it as untrusted JSON, check it field
 by field against a schema of kinds, and tell the last progress marker. A report enters the
 suite only through here, so no later use sees a wrong type, a non-finite number or an

@@ -28,12 +28,11 @@ Command-line equivalent::
 Keep this file compatible with old interpreters (3.6+): images carry their own.
 """
 
-import math
 import os
 import sys
 import time
 
-# argparse and traceback are imported where used: the suite imports this module for
+# argparse and the scaffold are loaded where used: the suite imports this module for
 # its protocol constants (PREFIX, PHASE, SCHEMA) on every run, liveness included.
 
 PREFIX = "HEALTHCHECK-TORCH-RESULT "
@@ -54,32 +53,39 @@ BENIGN = ("all cuda-capable devices are busy or unavailable", "cublas_status_all
           "the hardware resources required to support device connections have been exhausted")
 
 
-def measure(value):
-    """A float as strict JSON allows it: non-finite values as "nan", "inf" or "-inf"."""
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
+_BASE = []  # type: list  # the shared scaffold, once loaded
+
+
+def scaffold():
+    """worker_base.py beside this file, loaded by its path (never by name), once."""
+    if not _BASE:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_base.py")
+        spec = importlib.util.spec_from_file_location("healthcheck_worker_base", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _BASE.append(module)
+    return _BASE[0]
+
+
+def scrub_and_load():
+    """Take this file's folder (sys.path[0]) and the current directory ('') off sys.path, so
+    that nothing there can shadow torch or the standard library, then load the scaffold."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
+    return scaffold()
 
 
 def phase(name):
-    sys.stderr.write(PHASE + name + "\n")
-    sys.stderr.flush()
-
-
-def error_code(exc):
-    """``torch.AcceleratorError.error_code`` (a cudaError_t), or None."""
-    code = getattr(exc, "error_code", None)
-    return code if isinstance(code, int) and not isinstance(code, bool) else None
+    scaffold().phase(PHASE, name)
 
 
 def error(where, exc, device=None):
-    message = str(exc).strip()[:MAX_TEXT]
-    return {"phase": where, "type": type(exc).__name__, "message": message, "device": device,
-            "module": getattr(exc, "name", None) if isinstance(exc, ImportError) else None,
-            "code": error_code(exc)}
+    err = scaffold().described(exc, MAX_TEXT, one_line=False)  # the parent looks for the CUDA error line
+    err.update(phase=where, device=device,
+               module=getattr(exc, "name", None) if isinstance(exc, ImportError) else None)
+    return err
 
 
 def benign(err):
@@ -150,6 +156,7 @@ def run_op(torch, a, b, ref, scale, device, entry):
     if is_cuda:
         torch.cuda.synchronize(device)  # surfaces asynchronous errors of everything above
     entry["op_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
+    measure = scaffold().measure
     entry["max_err"] = measure((out.cpu().double() - ref).abs().max().item())
     entry["scale"] = measure(scale)
     if is_cuda:
@@ -220,29 +227,8 @@ def work(args, report):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    # Keep the result channel clean: stray prints (ours, torch's, its C++ code's)
-    # land on stderr; only the result line goes to the saved stdout.
-    result_fd = os.dup(1)
-    os.dup2(2, 1)
-    # The script's own folder is sys.path[0]; nothing there may shadow torch.
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    phase("start")
-    report = new_report(args)
-    try:
-        work(args, report)
-    except Exception as exc:
-        import traceback
-
-        traceback.print_exc()
-        report["error"] = error("worker", exc)
-    import json
-
-    line = PREFIX + json.dumps(report, sort_keys=True) + "\n"
-    os.write(result_fd, line.encode("utf-8"))
-    sys.stderr.flush()
-    # Skip interpreter teardown: after a fatal CUDA error torch's exit handlers can hang.
-    os._exit(0)
+    scrub_and_load().run(PREFIX, PHASE, new_report(args), lambda report: work(args, report),
+                         lambda exc: error("worker", exc), trace=True)
 
 
 if __name__ == "__main__":

@@ -102,6 +102,15 @@ def test_the_wheel_carries_the_one_front_door_and_the_version_from_one_place(whe
     assert "healthcheck-probes = probes.cli:entry" in entry_points
 
 
+def test_the_wheel_carries_the_worker_scaffold_beside_every_worker(wheel: Path) -> None:
+    # Each worker loads worker_base.py by path from its own folder: the two must travel together.
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    framework = "probes/framework/"
+    for worker in ("torch_worker.py", "model_worker.py", "nccl_worker.py", "checkpoint_child.py", "worker_base.py"):
+        assert framework + worker in names, sorted(n for n in names if n.startswith(framework))
+
+
 def test_installed_healthcheck_answers_help_and_a_real_run(bin_dir: Path, tmp_path: Path, ssh_port: int) -> None:
     env = env_for(tmp_path)
     helped = run(bin_dir / "healthcheck", "--help", env=env)

@@ -79,7 +79,7 @@ def test_not_a_number_is_a_wrong_result(spelled: str) -> None:
 
 
 def test_the_worker_spells_non_finite_numbers_as_strict_json() -> None:
-    assert [torch_worker.measure(x) for x in (float("nan"), float("inf"), -float("inf"), 2.5)] == \
+    assert [torch_worker.scaffold().measure(x) for x in (float("nan"), float("inf"), -float("inf"), 2.5)] == \
         ["nan", "inf", "-inf", 2.5]
 
 

@@ -32,7 +32,8 @@ VERIFY_FORBIDDEN = ("nvidia-smi -pm", "nvidia-smi -c ", "nvidia-smi -r", "--lock
 
 def test_scripts_are_found() -> None:
     names = {p.name for p in SCRIPTS}
-    assert {"verify.sh", "verify.py", "fault-python.sh", "fault_worker.py", "hold_memory.py",
+    assert {"verify.sh", "verify.py", "verify_core.py", "verify_runs.py", "verify_faults.py", "verify_serve.py",
+            "verify_timings.py", "fault-python.sh", "fault_worker.py", "hold_memory.py",
             "nvml_fields.py"} <= names
 
 

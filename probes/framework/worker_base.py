@@ -1,0 +1,84 @@
+"""The scaffold the worker scripts share (torch_worker.py, model_worker.py, nccl_worker.py,
+checkpoint_child.py).
+
+A worker runs in the image's own interpreter, not the suite's, so this file is as standalone
+as they are: stdlib only, never the ``probes`` package, compatible with old interpreters
+(3.6+). A worker loads it by its path, from the worker's own folder, after taking that folder
+and the current directory off ``sys.path`` (``scrub_and_load`` in each worker): it is never
+imported by name, so no file on ``sys.path`` can stand in for it, and nothing it imports
+afterwards (json, traceback) can be shadowed from there either.
+
+What it holds is the part every worker repeated: the result channel (a dup of fd 1, with fd 1
+pointed at stderr so that stray prints, ours or torch's C++ code's, never reach it), the phase
+markers on stderr, the common part of an error dict, ``measure`` for strict JSON, the one
+result line, and ``os._exit``, which skips an interpreter teardown that can hang after a
+fatal CUDA error or a failed collective.
+"""
+
+import os
+import sys
+
+
+def measure(value):
+    """A float as strict JSON allows it: non-finite values as "nan", "inf" or "-inf"."""
+    import math
+
+    value = float(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def error_code(exc):
+    """``torch.AcceleratorError.error_code`` (a cudaError_t, torch 2.8 and later), or None."""
+    code = getattr(exc, "error_code", None)
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+def text(exc, limit, one_line=True):
+    """An exception's text, at most ``limit`` characters, on one line unless told otherwise."""
+    message = str(exc).strip()
+    if one_line:
+        message = message.replace("\n", " ")
+    return message[:limit]
+
+
+def described(exc, limit, one_line=True):
+    """The part of an error dict every worker reports: class name, bounded text, CUDA error number."""
+    return {"type": type(exc).__name__, "message": text(exc, limit, one_line), "code": error_code(exc)}
+
+
+def phase(marker, name):
+    """A progress marker on stderr: the parent says where a hung worker was stuck."""
+    sys.stderr.write(marker + name + "\n")
+    sys.stderr.flush()
+
+
+def run(prefix, marker, report, work, failed=None, trace=False):
+    """Run ``work(report)`` and print ``report`` as the one result line, then exit at once.
+
+    Only that line reaches the real stdout. ``marker``: the phase marker's prefix (None: no
+    markers). ``failed(exc)``: the error dict of an exception that escapes ``work`` (None: it
+    propagates, and there is no result line); ``trace``: print its traceback on stderr first.
+    """
+    result_fd = os.dup(1)
+    os.dup2(2, 1)
+    if marker is not None:
+        phase(marker, "start")
+    try:
+        work(report)
+    except Exception as exc:
+        if failed is None:
+            raise
+        if trace:
+            import traceback
+
+            traceback.print_exc()
+        report["error"] = failed(exc)
+    import json
+
+    os.write(result_fd, (prefix + json.dumps(report, sort_keys=True) + "\n").encode("utf-8"))
+    sys.stderr.flush()
+    os._exit(0)
