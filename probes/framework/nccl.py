@@ -33,6 +33,7 @@ from probes.context import Context
 from probes.framework import checkpoint, deep, protocol
 from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.framework.protocol import INT, NUM, STR
+from probes.record import Record
 from probes.result import Result, failed, passed, skipped
 from probes.spec import INTEGER, NUMBER, Setting, Spec
 from probes.spec import cause as _c
@@ -40,11 +41,7 @@ from probes.state import pid1_identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
-
-else:
-    from probes._typing import NamedTuple
-
+    from typing import Any
 
 NAME = "nccl"
 MEASUREMENT = "allreduce"
@@ -128,9 +125,15 @@ _ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False), "
 KINDS = ("no-nccl", "cuda-unavailable", "import", "collective", "worker")
 
 
-class Shm(NamedTuple):
+class Shm(Record):
+    __slots__ = ("size", "why")
+
     size: int | None  # bytes, None when it cannot be read
-    why: str | None = None
+    why: str | None
+
+    def __init__(self, size: int | None, why: str | None = None) -> None:
+        self.size = size
+        self.why = why
 
 
 def shm_size(path: str = SHM) -> Shm:

@@ -17,17 +17,14 @@ from probes import hardware as hw
 from probes.context import Context
 from probes.hardware import smi_codes
 from probes.numbers import is_integer_text
+from probes.record import Record
 from probes.result import Result, failed, passed
 from probes.spec import Cause, Spec
 from probes.untrusted import clean, squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import NamedTuple
-
     from probes import proc
-else:
-    from probes._typing import NamedTuple
 
 
 NAME = "nvidia-smi"
@@ -70,10 +67,17 @@ _LOST = r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]*[0
 _UUID = r"^(GPU|MIG)-[0-9A-Za-z-]+$"
 
 
-class Gpu(NamedTuple):
+class Gpu(Record):
+    __slots__ = ("index", "name", "uuid")
+
     index: int  # type: ignore[assignment]  # a field, shadowing tuple.index() on purpose
     name: str
     uuid: str
+
+    def __init__(self, index: int, name: str, uuid: str) -> None:
+        self.index = index
+        self.name = name
+        self.uuid = uuid
 
 
 def gather(ctx: Context) -> proc.Completed:

@@ -28,6 +28,7 @@ import stat
 
 from probes import hardware as hw
 from probes.context import Context
+from probes.record import Record
 from probes.result import Result, Status, failed, passed, warned
 from probes.spec import INTEGER, TEXT, Cause, Setting, Spec
 from probes.untrusted import clean
@@ -35,9 +36,7 @@ from probes.untrusted import clean
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import Any, NamedTuple
-else:
-    from probes._typing import NamedTuple
+    from typing import Any
 
 NAME = "runtime"
 MEASUREMENT = "shm"
@@ -93,13 +92,24 @@ _OFF = ("", "0", "false", "no", "off")
 _GPU_NODE = r"nvidia(\d+)\Z"
 
 
-class Gathered(NamedTuple):
+class Gathered(Record):
+    __slots__ = ("shm_bytes", "shm_error", "nodes", "other_nodes", "env", "visible")
+
     shm_bytes: int | None
     shm_error: str | None
     nodes: frozenset[str]  # NVIDIA character devices under the dev root (names)
     other_nodes: frozenset[str]  # NVIDIA entries that exist but are not character devices
     env: Mapping[str, str]  # the debugging variables that are set
     visible: str | None  # NVIDIA_VISIBLE_DEVICES
+
+    def __init__(self, shm_bytes: int | None, shm_error: str | None, nodes: frozenset[str],
+                 other_nodes: frozenset[str], env: Mapping[str, str], visible: str | None) -> None:
+        self.shm_bytes = shm_bytes
+        self.shm_error = shm_error
+        self.nodes = nodes
+        self.other_nodes = other_nodes
+        self.env = env
+        self.visible = visible
 
 
 def gather(ctx: Context) -> Gathered:
@@ -135,10 +145,17 @@ def requirements(config: Any) -> tuple[str, ...]:
     return ()
 
 
-class Problem(NamedTuple):
+class Problem(Record):
+    __slots__ = ("status", "reason", "message")
+
     status: Status
     reason: str
     message: str
+
+    def __init__(self, status: Status, reason: str, message: str) -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message
 
 
 def _given_gpus(data: Gathered) -> bool:
