@@ -36,7 +36,7 @@ class Setting(Record):
                  "shown_default", "parse")
 
     env: str  # HEALTHCHECK_SSH_PORT
-    field: str  # the attribute on Config: config.ssh_port
+    field: str  # the field of the probe's Settings record: config.of(Settings).ssh_port
     kind: str  # BOOL, NUMBER, INTEGER, PORT, TEXT, CHOICE, URL_PATH, HOST or ABSOLUTE_PATH
     default: Any
     meaning: str  # one line for docs/probes.md and --help

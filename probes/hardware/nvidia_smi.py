@@ -54,6 +54,7 @@ SPEC = Spec(
               "driver wedged: check `dmesg` for Xid, reset the GPU or reboot the node"),
     ),
 )
+Settings = hw.Expected  # the settings nvidia-smi reads: HEALTHCHECK_GPU_COUNT
 ARGV = ("nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader,nounits")
 
 WEDGED = ("the driver may be wedged: check dmesg for Xid errors, reset the GPU (nvidia-smi -r) "
@@ -121,7 +122,7 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
 
     from probes import proc
 
-    expected = ctx.config.gpu_count
+    expected = ctx.config.of(Settings).gpu_count
     if data.spawn_error == "not found":
         return failed(NAME, "nvidia-smi not found on PATH: start the container with --gpus all "
                       "(NVIDIA Container Toolkit installed on the host)", reason="not-found")

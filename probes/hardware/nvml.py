@@ -119,6 +119,7 @@ SPEC = Spec(
         hw.DEADLINE,
     ),
 )
+Settings = hw.Expected  # the settings nvml reads: HEALTHCHECK_GPU_COUNT
 NA = hw.NA
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
@@ -519,7 +520,7 @@ def _facts(data: Gathered, problems: list[Problem]) -> dict[str, Any]:
 
 
 def judge(data: Gathered, ctx: Context) -> Result:
-    expected = ctx.config.gpu_count
+    expected = ctx.config.of(Settings).gpu_count
     if data.unavailable is not None:
         reason, message, _ = data.unavailable
         nvd = data.env.get("NVIDIA_VISIBLE_DEVICES")

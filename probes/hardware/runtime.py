@@ -77,6 +77,24 @@ SPEC = Spec(
     ),
 )
 
+
+class Settings(Record):
+    """The settings runtime reads, typed (``ctx.config.of(Settings)``)."""
+
+    __slots__ = ("gpu_count", "shm_path", "shm_min_mib", "dev_root")
+
+    gpu_count: int
+    shm_path: str
+    shm_min_mib: int
+    dev_root: str
+
+    def __init__(self, gpu_count: int, shm_path: str, shm_min_mib: int, dev_root: str) -> None:
+        self.gpu_count = gpu_count
+        self.shm_path = shm_path
+        self.shm_min_mib = shm_min_mib
+        self.dev_root = dev_root
+
+
 # Variables that change CUDA's (or torch's allocator's) behaviour and do not belong in production.
 DEBUG_ENV: Mapping[str, str] = {
     "CUDA_LAUNCH_BLOCKING": "serialises every kernel launch (slow)",
@@ -113,7 +131,7 @@ class Gathered(Record):
 
 
 def gather(ctx: Context) -> Gathered:
-    cfg = ctx.config
+    cfg = ctx.config.of(Settings)
     try:
         st = os.statvfs(cfg.shm_path)
         shm, shm_error = st.f_frsize * st.f_blocks, None
@@ -166,7 +184,7 @@ def _given_gpus(data: Gathered) -> bool:
 def _node_problems(data: Gathered, ctx: Context) -> list[Problem]:
     import re
 
-    expected = ctx.config.gpu_count
+    expected = ctx.config.of(Settings).gpu_count
     if expected == 0 or not _given_gpus(data):
         return []
     missing = [n for n in ("nvidiactl", "nvidia-uvm") if n not in data.nodes]
@@ -175,7 +193,7 @@ def _node_problems(data: Gathered, ctx: Context) -> list[Problem]:
         missing.append(f"nvidiaN for {expected - len(gpus)} more GPU(s) ({len(gpus)} of {expected})")
     if not missing:
         return []
-    root = clean(ctx.config.dev_root, 60)
+    root = clean(ctx.config.of(Settings).dev_root, 60)
     shown = ", ".join(f"{root}/{m}" if not m.startswith("nvidiaN") else m for m in missing)
     odd = (f" ({', '.join(sorted(data.other_nodes)[:3])} exist but are not device nodes)" if data.other_nodes
            else "")
@@ -203,8 +221,9 @@ def judge(data: Gathered, ctx: Context) -> Result:
 
     problems = _node_problems(data, ctx)
     shm_mib = None if data.shm_bytes is None else data.shm_bytes // MIB
-    limit = ctx.config.shm_min_mib
-    path = clean(ctx.config.shm_path, 60)
+    own = ctx.config.of(Settings)
+    limit = own.shm_min_mib
+    path = clean(own.shm_path, 60)
     if shm_mib is None:
         problems.append(Problem(Status.WARN, "shm-missing", f"{path} cannot be measured ({data.shm_error}): "
                                 "mount a tmpfs at /dev/shm (--shm-size, --ipc=host, or a memory-backed "
@@ -227,6 +246,6 @@ def judge(data: Gathered, ctx: Context) -> Result:
         make = failed if first.status is Status.FAIL else warned
         return make(NAME, first.message + more, reason=first.reason, **kw)
     gpus = len([n for n in data.nodes if re.match(_GPU_NODE, n)])
-    nodes = (f"device nodes present ({gpus} GPU(s))" if _given_gpus(data) and ctx.config.gpu_count
+    nodes = (f"device nodes present ({gpus} GPU(s))" if _given_gpus(data) and own.gpu_count
              else "no GPU given (device nodes not judged)")
     return passed(NAME, f"{path} {shm_mib} MiB; {nodes}; no CUDA-debugging variables", **kw)
