@@ -33,7 +33,10 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Callable, TypeVar
 
+    from probes.record import Record
+
     T = TypeVar("T")
+    R = TypeVar("R", bound=Record)
 
 PROFILES = ALL_PROFILES
 DEFAULT_PROFILE = "readiness"
@@ -212,16 +215,23 @@ OTHER_SETTINGS = (
 )
 
 
+# The fields every run has, attributes of Config; a probe's own settings are read through
+# Config.of (its settings record), so the type checker sees each one's type.
+GLOBAL_FIELDS = ("profile", "timeout", "json", "verbose", "only", "skip", "toggles", "host", "state_dir",
+                 "log_file", "checks_dir", "dropins")
+
+
 class Config:
-    """The validated settings of one run: the global ones, every probe's declared settings
-    (as attributes named by their ``field``), the flags and the drop-in checks found.
+    """The validated settings of one run: the global ones (attributes), every probe's declared
+    settings (read as a probe's settings record: ``config.of(Settings).ssh_port``), the flags
+    and the drop-in checks found.
 
     Immutable; ``cfg._replace(...)`` derives another and ``Config(**fields)`` builds one
-    with defaults for the rest (unknown names are a TypeError).
+    with defaults for the rest (unknown names are a TypeError); both take any declared
+    setting's ``field`` as well as the global ones.
     """
 
-    __slots__ = ("_values",)
-    # The global fields, for readers and type checkers; probe settings come from the registry.
+    __slots__ = ("_values", *GLOBAL_FIELDS)
     profile: str
     timeout: float
     json: bool
@@ -234,6 +244,7 @@ class Config:
     log_file: str | None
     checks_dir: str
     dropins: tuple[Spec, ...]
+    _values: Mapping[str, Any]
 
     def __init__(self, **fields: Any) -> None:
         values = _defaults()
@@ -242,12 +253,13 @@ class Config:
             raise TypeError(f"Config has no field {sorted(unknown)[0]!r}")
         values.update(fields)
         object.__setattr__(self, "_values", types.MappingProxyType(values))
+        for name in GLOBAL_FIELDS:
+            object.__setattr__(self, name, values[name])
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def of(self, kind: type[R]) -> R:
+        """A probe's settings record (its fields are declared settings' ``field`` names), read
+        from this configuration."""
+        return kind(*[self._values[name] for name in kind.__slots__])
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Config is immutable: use _replace()")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from probes.config import Config
+from probes.record import Record
 from probes.result import Result
 from probes.state import State
 
@@ -10,12 +11,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import logging
     from collections.abc import Mapping
-    from typing import NamedTuple
 
     from probes.spec import Spec
-else:
-    from probes._typing import NamedTuple
-
 
 def logger() -> logging.Logger:
     """The suite's logger, set up on first use: importing logging costs every run ~5 ms.
@@ -32,13 +29,24 @@ def logger() -> logging.Logger:
     return log
 
 
-class Context(NamedTuple):
+class Context(Record):
+    __slots__ = ("config", "deadline", "results", "state", "started", "spec")
+
     config: Config
     deadline: float  # time.monotonic() by which gather() must return
     results: Mapping[str, Result]  # probes that already finished in this run
     state: State
-    started: float = 0.0  # wall clock (time.time()) at run start
-    spec: Spec | None = None  # the probe being run (a drop-in check reads its file from here)
+    started: float  # wall clock (time.time()) at run start
+    spec: Spec | None  # the probe being run (a drop-in check reads its file from here)
+
+    def __init__(self, config: Config, deadline: float, results: Mapping[str, Result], state: State,
+                 started: float = 0.0, spec: Spec | None = None) -> None:
+        self.config = config
+        self.deadline = deadline
+        self.results = results
+        self.state = state
+        self.started = started
+        self.spec = spec
 
     @property
     def profile(self) -> str:

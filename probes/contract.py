@@ -11,7 +11,9 @@ and may define (a Protocol cannot say "optional"; ``OPTIONAL`` lists them):
 
 - ``on_deadline(ctx) -> Result``: the result when ``gather`` overran its deadline;
 - ``requirements(config) -> Iterable[str]``: the probes it requires in this configuration,
-  when that depends on a setting.
+  when that depends on a setting;
+- ``Settings``: the record its settings are read through (``ctx.config.of(Settings)``),
+  when it declares any (tests/core/test_settings.py checks it against the declarations).
 
 ``probes.dropin_check``, which runs every drop-in, defines ``gather`` and ``judge`` only:
 each drop-in's ``Spec`` comes from its file (``probes.dropins``).
@@ -39,7 +41,7 @@ class ProbeModule(Protocol):
     def judge(self, data: Any, ctx: Context) -> Result: ...
 
 
-OPTIONAL = ("on_deadline", "requirements")
+OPTIONAL = ("on_deadline", "requirements", "Settings")
 
 
 def required() -> tuple[str, ...]:

@@ -9,27 +9,33 @@ from __future__ import annotations
 
 import os
 
+from probes.record import Record
 from probes.result import Result, failed, passed, warned
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
+    from typing import Any
 
     from probes import proc
     from probes.context import Context
     from probes.dropins import Check
-else:
-    from probes._typing import NamedTuple
 
 MAX_MESSAGE = 200
 UNITS = ("us", "ms", "s", "%", "B", "KB", "MB", "GB", "TB", "c")
 
 
-class Ran(NamedTuple):
+class Ran(Record):
+    __slots__ = ("check", "done", "budget")
+
     check: Check
     done: proc.Completed | None  # None: not run (check.problem says why)
     budget: float
+
+    def __init__(self, check: Check, done: proc.Completed | None, budget: float) -> None:
+        self.check = check
+        self.done = done
+        self.budget = budget
 
 
 def gather(ctx: Context) -> Ran:

@@ -46,14 +46,13 @@ import stat
 
 from probes import untrusted
 from probes.numbers import is_number_text
+from probes.record import Record
 from probes.spec import Cause
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
-else:
-    from probes._typing import NamedTuple
+    from typing import Any
 
 MODULE = "probes.dropin_check"  # what runs a drop-in (its gather and judge)
 DEFAULT_DIR = "/etc/healthcheck.d"
@@ -100,17 +99,31 @@ def toggle_for(name: str) -> str:
     return "ENABLE_" + "".join(ch if ch.isalnum() else "_" for ch in name.upper()) + "_CHECK"
 
 
-class Check(NamedTuple):
+class Check(Record):
     """One drop-in as found in the directory (before any decision to run it)."""
+
+    __slots__ = ("name", "path", "profiles", "timeout", "problem", "reason", "renamed", "fix")
 
     name: str
     path: str
-    profiles: tuple[str, ...] = DEFAULT_PROFILES
-    timeout: float = DEFAULT_TIMEOUT
-    problem: str | None = None  # set: not run, reported as a failure with this reason...
-    reason: str | None = None  # ...and this reason code
-    renamed: bool = False  # its name is taken (a built-in probe's, or its toggle): reported as drop-in-NAME
-    fix: str = FIX_OWNER  # the remedy named with an untrusted one
+    profiles: tuple[str, ...]
+    timeout: float
+    problem: str | None  # set: not run, reported as a failure with this reason...
+    reason: str | None  # ...and this reason code
+    renamed: bool  # its name is taken (a built-in probe's, or its toggle): reported as drop-in-NAME
+    fix: str  # the remedy named with an untrusted one
+
+    def __init__(self, name: str, path: str, profiles: tuple[str, ...] = DEFAULT_PROFILES,
+                 timeout: float = DEFAULT_TIMEOUT, problem: str | None = None, reason: str | None = None,
+                 renamed: bool = False, fix: str = FIX_OWNER) -> None:
+        self.name = name
+        self.path = path
+        self.profiles = profiles
+        self.timeout = timeout
+        self.problem = problem
+        self.reason = reason
+        self.renamed = renamed
+        self.fix = fix
 
 
 def _ignored(name: str) -> bool:

@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import os
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import NamedTuple
-else:
-    from probes._typing import NamedTuple
+from probes.record import Record
 
 
-class Proc(NamedTuple):
+class Proc(Record):
     """What a sweep needs from /proc/<pid>/stat."""
+
+    __slots__ = ("state", "ppid", "pgid", "sid", "start")
 
     state: bytes  # R, S, D, T, Z, ...
     ppid: int
     pgid: int
     sid: int
     start: int  # clock ticks since boot: tells a reused pid apart
+
+    def __init__(self, state: bytes, ppid: int, pgid: int, sid: int, start: int) -> None:
+        self.state = state
+        self.ppid = ppid
+        self.pgid = pgid
+        self.sid = sid
+        self.start = start
 
 
 def stat(pid: int) -> Proc | None:

@@ -37,16 +37,15 @@ import time
 from probes import childio
 from probes.pidstat import Proc as _Proc
 from probes.pidstat import stat
+from probes.record import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Iterable, Mapping, Sequence
-    from typing import IO, Any, Callable, NamedTuple
+    from typing import IO, Any, Callable
 
     from probes.state import State
-else:
-    from probes._typing import NamedTuple
 
 TERM_GRACE = 0.15  # seconds between SIGTERM and SIGKILL
 KILL_WAIT = 0.15  # seconds we wait for what we killed to vanish after SIGKILL
@@ -64,20 +63,41 @@ MAX_RUN_IDS = 16  # markers of enclosing runs kept (serve -> CLI -> tool is 2 de
 PR_SET_CHILD_SUBREAPER = 36
 
 
-class Completed(NamedTuple):
+class Completed(Record):
+    __slots__ = ("argv", "returncode", "stdout", "stderr", "timed_out", "stuck", "truncated", "spawn_error",
+                 "elapsed", "pid", "held_by", "stderr_truncated", "lingered")
+
     argv: tuple[str, ...]
     returncode: int | None  # None: still there after SIGKILL (stuck) or never started
-    stdout: bytes = b""
-    stderr: bytes = b""
-    timed_out: bool = False  # not exited at the deadline: a verdict of deadline, never of its output
-    stuck: bool = False  # it survived SIGKILL (uninterruptible sleep)
-    truncated: bool = False  # stdout beyond max_output was discarded (stdout only)
-    spawn_error: str | None = None  # "not found", "permission denied", ...
-    elapsed: float = 0.0
-    pid: int | None = None
-    held_by: int | None = None  # not started: this earlier child is still stuck (see run's key)
-    stderr_truncated: bool = False  # stderr beyond MAX_STDERR was discarded
-    lingered: bool = False  # ``until`` was met but the child did not exit by itself: it was ended
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool  # not exited at the deadline: a verdict of deadline, never of its output
+    stuck: bool  # it survived SIGKILL (uninterruptible sleep)
+    truncated: bool  # stdout beyond max_output was discarded (stdout only)
+    spawn_error: str | None  # "not found", "permission denied", ...
+    elapsed: float
+    pid: int | None
+    held_by: int | None  # not started: this earlier child is still stuck (see run's key)
+    stderr_truncated: bool  # stderr beyond MAX_STDERR was discarded
+    lingered: bool  # ``until`` was met but the child did not exit by itself: it was ended
+
+    def __init__(self, argv: tuple[str, ...], returncode: int | None, stdout: bytes = b"",
+                 stderr: bytes = b"", timed_out: bool = False, stuck: bool = False, truncated: bool = False,
+                 spawn_error: str | None = None, elapsed: float = 0.0, pid: int | None = None,
+                 held_by: int | None = None, stderr_truncated: bool = False, lingered: bool = False) -> None:
+        self.argv = argv
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        self.timed_out = timed_out
+        self.stuck = stuck
+        self.truncated = truncated
+        self.spawn_error = spawn_error
+        self.elapsed = elapsed
+        self.pid = pid
+        self.held_by = held_by
+        self.stderr_truncated = stderr_truncated
+        self.lingered = lingered
 
     @property
     def signal(self) -> int | None:
@@ -217,7 +237,6 @@ def _signal(pids: Iterable[int], sig: int) -> None:
 # cannot tell yet: pid -> start of each whose environment is empty (in execve, or env -i).
 if TYPE_CHECKING:
     Select = Callable[[Mapping[int, _Proc]], "tuple[set[int], dict[int, int]]"]
-
 
 def _of_run(root: int, child: _Child | None) -> Select:
     """The processes of one run: the child, its group and session, everything below it,

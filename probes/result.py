@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import types
 
+from probes.record import Record
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import Any, ClassVar, NamedTuple
-else:
-    from probes._typing import NamedTuple
-
+    from typing import Any, ClassVar
 
 class Status(str):
     """A probe's status: ``pass``, ``warn``, ``fail`` or ``skip``, each one object, compared by ``is``.
@@ -57,7 +56,7 @@ SEVERITY = {Status.PASS: 0, Status.SKIP: 0, Status.WARN: 1, Status.FAIL: 2}
 NO_FACTS: Mapping[str, Any] = types.MappingProxyType({})
 
 
-class Result(NamedTuple):
+class Result(Record):
     """One probe's outcome.
 
     ``message`` is one line, safe to show anywhere (no tokens, no exception text).
@@ -65,21 +64,36 @@ class Result(NamedTuple):
     ``facts`` carries machine-readable data for later probes (e.g. the NVML device
     count for torch-cuda) and for ``-v``; it must be JSON-serialisable.
     ``elapsed`` and ``time`` are filled in by the runner (``result._replace(...)``).
-    A NamedTuple, not a dataclass: every probe run imports this, and dataclasses
+    A record, not a dataclass: every probe run imports this, and dataclasses
     costs several milliseconds of start-up.
     """
+
+    __slots__ = ("name", "status", "message", "observed", "unit", "reason", "facts", "elapsed", "time")
 
     name: str
     status: Status
     message: str
-    observed: Any = None
-    unit: str | None = None
+    observed: Any
+    unit: str | None
     # A short machine-readable cause ("not-found", "deadline", "gpu-lost", ...), the
     # only detail of a failure that HTTP clients and metrics see besides the message.
-    reason: str | None = None
-    facts: Mapping[str, Any] = NO_FACTS
-    elapsed: float = 0.0
-    time: float = 0.0
+    reason: str | None
+    facts: Mapping[str, Any]
+    elapsed: float
+    time: float
+
+    def __init__(self, name: str, status: Status, message: str, observed: Any = None, unit: str | None = None,
+                 reason: str | None = None, facts: Mapping[str, Any] = NO_FACTS, elapsed: float = 0.0,
+                 time: float = 0.0) -> None:
+        self.name = name
+        self.status = status
+        self.message = message
+        self.observed = observed
+        self.unit = unit
+        self.reason = reason
+        self.facts = facts
+        self.elapsed = elapsed
+        self.time = time
 
     @property
     def ok(self) -> bool:
@@ -93,7 +107,7 @@ class Result(NamedTuple):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Result:
-        kw = {k: v for k, v in d.items() if k in cls._fields}
+        kw = {k: v for k, v in d.items() if k in cls.__slots__}
         kw["status"] = Status(kw["status"])
         return cls(**kw)
 

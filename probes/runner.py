@@ -13,6 +13,7 @@ import time
 
 from probes.config import Config
 from probes.context import Context, logger
+from probes.record import Record
 from probes.result import SEVERITY, Result, Status, failed, skipped
 from probes.spec import Cause, Spec
 from probes.state import State
@@ -20,9 +21,7 @@ from probes.state import State
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Callable, NamedTuple
-else:
-    from probes._typing import NamedTuple
+    from typing import Callable
 
 # What any probe can report, besides its own causes (the first cause table of docs/probes.md).
 COMMON_CAUSES = (
@@ -82,13 +81,24 @@ def _start(function: Callable[..., None], *args: object) -> _Done:
     return done
 
 
-class Outcome(NamedTuple):
+class Outcome(Record):
+    __slots__ = ("profile", "results", "notes", "abandoned", "elapsed", "specs")
+
     profile: str
     results: tuple[Result, ...]
-    notes: tuple[str, ...] = ()
-    abandoned: bool = False  # a probe thread is still stuck in a call: exit without joining it
-    elapsed: float = 0.0
-    specs: tuple[Spec, ...] = ()  # what ran (drop-ins included), for the reports
+    notes: tuple[str, ...]
+    abandoned: bool  # a probe thread is still stuck in a call: exit without joining it
+    elapsed: float
+    specs: tuple[Spec, ...]  # what ran (drop-ins included), for the reports
+
+    def __init__(self, profile: str, results: tuple[Result, ...], notes: tuple[str, ...] = (),
+                 abandoned: bool = False, elapsed: float = 0.0, specs: tuple[Spec, ...] = ()) -> None:
+        self.profile = profile
+        self.results = results
+        self.notes = notes
+        self.abandoned = abandoned
+        self.elapsed = elapsed
+        self.specs = specs
 
     @property
     def status(self) -> Status:

@@ -14,6 +14,7 @@ import time
 from probes import untrusted
 from probes.context import Context, logger
 from probes.framework import protocol
+from probes.record import Record
 from probes.result import Result, Status, failed, warned
 
 TYPE_CHECKING = False
@@ -27,6 +28,25 @@ if TYPE_CHECKING:
 LOCK = "torch-cuda.lock"  # one costly check at a time: torch-cuda, model and nccl take it
 
 
+class Torch(Record):
+    """The ``HEALTHCHECK_TORCH_*`` settings (torch-cuda declares them), typed: what torch-cuda, model,
+    nccl and this layer read (``ctx.config.of(Torch)``)."""
+
+    __slots__ = ("torch_device", "torch_python", "torch_ttl", "torch_min_free_mib")
+
+    torch_device: str
+    torch_python: str
+    torch_ttl: float
+    torch_min_free_mib: int
+
+    def __init__(self, torch_device: str, torch_python: str, torch_ttl: float,
+                 torch_min_free_mib: int) -> None:
+        self.torch_device = torch_device
+        self.torch_python = torch_python
+        self.torch_ttl = torch_ttl
+        self.torch_min_free_mib = torch_min_free_mib
+
+
 def start(ctx: Context, need_mib: int, extra: dict[str, str]) -> tuple[room.Room | None, dict[str, str]]:
     """(the room survey, or None on the CPU; the worker's environment): CUDA_MODULE_LOADING=LAZY
     (a smaller context), and CUDA_VISIBLE_DEVICES narrowed to the GPUs with room when some have
@@ -34,7 +54,7 @@ def start(ctx: Context, need_mib: int, extra: dict[str, str]) -> tuple[room.Room
     from probes.framework import room
 
     env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **extra}
-    if ctx.config.torch_device != "cuda":
+    if ctx.config.of(Torch).torch_device != "cuda":
         return None, env
     space = room.survey(need_mib, os.environ)
     if space.visible is not None:
@@ -254,7 +274,7 @@ def lock_timeout(name: str, data: dict[str, Any], **kw: Any) -> Result:
 def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Result | None:
     """judge() of a deep check whose worker's interpreter cannot be run; None if it could."""
     if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
-        python = untrusted.clean(ctx.config.torch_python, 80)
+        python = untrusted.clean(ctx.config.of(Torch).torch_python, 80)
         return failed(name, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "
                       "image's Python that has torch", reason="interpreter-not-found", **kw)
     return None

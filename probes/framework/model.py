@@ -33,6 +33,7 @@ from probes.context import Context, logger
 from probes.framework import checkpoint, deep, protocol
 from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.framework.protocol import INT, MEASURE, NUM, STR
+from probes.record import Record
 from probes.result import Result, Status, failed, passed, warned
 from probes.spec import INTEGER, NUMBER, TEXT, Setting, Spec
 from probes.spec import cause as _c
@@ -127,6 +128,30 @@ SPEC = Spec(
     ),
 )
 
+
+class Settings(Record):
+    """The settings model reads, typed (``ctx.config.of(Settings)``); torch-cuda's are ``deep.Torch``."""
+
+    __slots__ = ("model_path", "model_input", "model_expect", "model_tolerance", "model_max_bytes",
+                 "model_ttl")
+
+    model_path: str | None
+    model_input: str | None
+    model_expect: str | None
+    model_tolerance: float
+    model_max_bytes: int | None
+    model_ttl: float
+
+    def __init__(self, model_path: str | None, model_input: str | None, model_expect: str | None,
+                 model_tolerance: float, model_max_bytes: int | None, model_ttl: float) -> None:
+        self.model_path = model_path
+        self.model_input = model_input
+        self.model_expect = model_expect
+        self.model_tolerance = model_tolerance
+        self.model_max_bytes = model_max_bytes
+        self.model_ttl = model_ttl
+
+
 _REPORT = {"v": (INT, False), "device": (STR, False), "torch": (STR, True), "format": (STR, True),
            "loader": (STR, True), "file_bytes": (INT, True), "bytes": (INT, True), "budget": (INT, True),
            "budget_source": (STR, True), "load_ms": (NUM, True), "params": (INT, True),
@@ -201,9 +226,9 @@ def result_arrived(stdout: bytes) -> bool:
 # ---------------------------------------------------------------------------
 
 def _argv(ctx: Context) -> list[str]:
-    cfg = ctx.config
+    cfg, torch = ctx.config.of(Settings), ctx.config.of(deep.Torch)
     # --flag=value: a value that starts with '-' is still the flag's value, never another flag.
-    argv = [cfg.torch_python, WORKER, f"--path={cfg.model_path}", f"--device={cfg.torch_device}"]
+    argv = [torch.torch_python, WORKER, f"--path={cfg.model_path}", f"--device={torch.torch_device}"]
     if cfg.model_input is not None:
         argv.append(f"--input={cfg.model_input}")
     if cfg.model_expect is not None:
@@ -216,13 +241,13 @@ def _argv(ctx: Context) -> list[str]:
 def need_mib(ctx: Context) -> int:
     """Free GPU memory the load needs: HEALTHCHECK_TORCH_MIN_FREE_MIB, plus the model file's size
     (about its tensors' bytes); 0 when the setting turns the check off."""
-    floor = ctx.config.torch_min_free_mib
-    found = _file_id(ctx.config.model_path)
+    floor = ctx.config.of(deep.Torch).torch_min_free_mib
+    found = _file_id(ctx.config.of(Settings).model_path)
     return floor + (-(-found[2] // 2**20) if found else 0) if floor else 0
 
 
 def run_worker(ctx: Context) -> dict[str, Any]:
-    device = ctx.config.torch_device
+    device = ctx.config.of(deep.Torch).torch_device
     data = deep_worker(ctx, NAME, _argv(ctx), {}, lambda out: parse_output(out, device), last_phase,
                        result_arrived, need_mib(ctx))[0]
     err = (data.get("report") or {}).get("error")
@@ -247,8 +272,8 @@ def _file_id(path: str | None) -> list[int] | None:
 
 
 def _key(ctx: Context) -> dict[str, Any]:
-    cfg = ctx.config
-    return {"python": cfg.torch_python, "device": cfg.torch_device, "path": cfg.model_path,
+    cfg, torch = ctx.config.of(Settings), ctx.config.of(deep.Torch)
+    return {"python": torch.torch_python, "device": torch.torch_device, "path": cfg.model_path,
             "file": _file_id(cfg.model_path), "input": cfg.model_input, "expect": cfg.model_expect,
             "expect_file": _file_id(cfg.model_expect), "max_bytes": cfg.model_max_bytes,
             "identity": pid1_identity()}
@@ -265,15 +290,16 @@ def gather(ctx: Context) -> dict[str, Any]:
     if hold is not None:
         return {"kind": "checkpointed", "why": hold}
     state = ctx.state
-    if not ctx.config.model_path:
+    own, device = ctx.config.of(Settings), ctx.config.of(deep.Torch).torch_device
+    if not own.model_path:
         return {"kind": "no-path"}
     key = _key(ctx)
     if ctx.profile == "readiness":
-        hit = _cached(state.read_json(CACHE), key, ctx.config.model_ttl, ctx.config.torch_device)
+        hit = _cached(state.read_json(CACHE), key, own.model_ttl, device)
         if hit is not None:
             return hit
     return locked_run(ctx, CACHE, key,
-                      lambda entry: _cached(entry, key, ctx.config.model_ttl, ctx.config.torch_device),
+                      lambda entry: _cached(entry, key, own.model_ttl, device),
                       lambda: run_worker(ctx), judge)
 
 
@@ -312,7 +338,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return deep.with_room(_judge(data, ctx), data, ROOM)
     facts = data["room"]
     if all(g["total_mib"] is not None and g["total_mib"] < facts["need_mib"] for g in facts["full"]):
-        return failed(NAME, f"{untrusted.clean(ctx.config.model_path or '', 120)} would not fit: it needs "
+        path = untrusted.clean(ctx.config.of(Settings).model_path or "", 120)
+        return failed(NAME, f"{path} would not fit: it needs "
                       f"{facts['need_mib']} MiB ({ROOM}) and no GPU has that much memory even when idle; not "
                       "loaded: use a larger GPU", reason="would-not-fit", facts={"room": facts})
     return deep.not_checked(NAME, data, ROOM, unit=UNIT)
@@ -322,7 +349,7 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
     from probes import proc
 
     kind = data.get("kind")
-    path = untrusted.clean(ctx.config.model_path or "", 120)
+    path = untrusted.clean(ctx.config.of(Settings).model_path or "", 120)
     if kind == "checkpointed":
         return Result(NAME, Status.SKIP, f"not started: {data['why']}", reason="checkpointed")
     if kind == "no-path":
@@ -366,7 +393,7 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
         max_err, scale = float(report["max_err"]), float(report["scale"])
         rel = max_err / scale if scale > 0 else (0.0 if max_err == 0 else float("inf"))
         kw["facts"]["max_rel_err"] = rel if rel == rel and rel != float("inf") else None
-        tol = ctx.config.model_tolerance
+        tol = ctx.config.of(Settings).model_tolerance
         if not rel <= tol:  # NaN fails too
             shown = f"{rel:.1e}" if rel == rel and rel != float("inf") else "not a number"
             return failed(NAME, f"output mismatch: {path}'s forward pass differs from "

@@ -33,6 +33,7 @@ from probes.context import Context
 from probes.framework import checkpoint, deep, protocol
 from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.framework.protocol import INT, NUM, STR
+from probes.record import Record
 from probes.result import Result, failed, passed, skipped
 from probes.spec import INTEGER, NUMBER, Setting, Spec
 from probes.spec import cause as _c
@@ -40,11 +41,7 @@ from probes.state import pid1_identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
-
-else:
-    from probes._typing import NamedTuple
-
+    from typing import Any
 
 NAME = "nccl"
 MEASUREMENT = "allreduce"
@@ -122,15 +119,35 @@ SPEC = Spec(
     ),
 )
 
+
+class Settings(Record):
+    """The settings nccl reads, typed (``ctx.config.of(Settings)``); torch-cuda's are ``deep.Torch``."""
+
+    __slots__ = ("nccl_ttl", "nccl_min_shm_mib")
+
+    nccl_ttl: float
+    nccl_min_shm_mib: int
+
+    def __init__(self, nccl_ttl: float, nccl_min_shm_mib: int) -> None:
+        self.nccl_ttl = nccl_ttl
+        self.nccl_min_shm_mib = nccl_min_shm_mib
+
+
 _REPORT = {"v": (INT, False), "backend": (STR, False), "torch": (STR, True), "nccl": (STR, True),
            "count": (INT, True), "ms": (NUM, True), "bad": (INT, True), "max_err": (NUM, True)}
 _ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False), "code": (INT, True)}
 KINDS = ("no-nccl", "cuda-unavailable", "import", "collective", "worker")
 
 
-class Shm(NamedTuple):
+class Shm(Record):
+    __slots__ = ("size", "why")
+
     size: int | None  # bytes, None when it cannot be read
-    why: str | None = None
+    why: str | None
+
+    def __init__(self, size: int | None, why: str | None = None) -> None:
+        self.size = size
+        self.why = why
 
 
 def shm_size(path: str = SHM) -> Shm:
@@ -200,14 +217,15 @@ def result_arrived(stdout: bytes) -> bool:
 def run_worker(ctx: Context) -> dict[str, Any]:
     from probes.framework import room
 
-    floor = ctx.config.torch_min_free_mib
-    data, done = deep_worker(ctx, NAME, [ctx.config.torch_python, WORKER], {"NCCL_DEBUG": "WARN"},
+    torch = ctx.config.of(deep.Torch)
+    floor = torch.torch_min_free_mib
+    data, done = deep_worker(ctx, NAME, [torch.torch_python, WORKER], {"NCCL_DEBUG": "WARN"},
                              parse_output, last_phase, result_arrived, floor + room.NCCL_MIB if floor else 0)
     return {**data, "warnings": warnings(done.stderr) if done is not None else []}
 
 
 def _key(ctx: Context) -> dict[str, Any]:
-    return {"python": ctx.config.torch_python, "identity": pid1_identity(),
+    return {"python": ctx.config.of(deep.Torch).torch_python, "identity": pid1_identity(),
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
@@ -223,18 +241,19 @@ def gather(ctx: Context) -> dict[str, Any]:
     hold = checkpoint.hold(ctx)
     if hold is not None:
         return {"kind": "checkpointed", "why": hold}
-    if ctx.config.torch_device != "cuda":
+    own = ctx.config.of(Settings)
+    if ctx.config.of(deep.Torch).torch_device != "cuda":
         return {"kind": "device-cpu"}
     state = ctx.state
     key = _key(ctx)
     if ctx.profile == "readiness":
-        hit = _cached(state.read_json(CACHE), key, ctx.config.nccl_ttl)
+        hit = _cached(state.read_json(CACHE), key, own.nccl_ttl)
         if hit is not None:
             return hit
     shm = shm_size()
-    if shm.size is not None and shm.size < ctx.config.nccl_min_shm_mib * 2**20:
+    if shm.size is not None and shm.size < own.nccl_min_shm_mib * 2**20:
         return {"kind": "shm-small", "shm": shm.size}
-    return locked_run(ctx, CACHE, key, lambda entry: _cached(entry, key, ctx.config.nccl_ttl),
+    return locked_run(ctx, CACHE, key, lambda entry: _cached(entry, key, own.nccl_ttl),
                       lambda: {**run_worker(ctx), "shm": shm.size}, judge)
 
 
@@ -290,7 +309,7 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
                        reason="device-cpu")
     if kind == "shm-small":
         return failed(NAME, f"/dev/shm is {_mib(data['shm'])}, below "  # noqa: S108
-                      f"{ctx.config.nccl_min_shm_mib} MiB: NCCL "
+                      f"{ctx.config.of(Settings).nccl_min_shm_mib} MiB: NCCL "
                       f"fails with 'unhandled system error' (and DataLoader workers die): {SHM_REMEDY}",
                       reason="shm-too-small", unit=UNIT)
     if kind == "lock-timeout":

@@ -24,33 +24,47 @@ Command-line equivalent::
 from __future__ import annotations
 
 from probes import untrusted
+from probes.record import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import Any, NamedTuple
-
-else:
-    from probes._typing import NamedTuple
-
+    from typing import Any
 
 NCCL_MIB = 256  # NCCL's buffers on each GPU, on top (NCCL_BUFFSIZE 4 MiB per channel and peer)
 REASON = "workload-memory"
 MAX_GPUS = 1024
 
 
-class Gpu(NamedTuple):
+class Gpu(Record):
+    __slots__ = ("index", "uuid", "free_mib", "total_mib")
+
     index: int  # type: ignore[assignment]  # NVML's index, as nvidia-smi shows it
     uuid: str
     free_mib: int | None  # None: NVML did not say
     total_mib: int | None
 
+    def __init__(self, index: int, uuid: str, free_mib: int | None, total_mib: int | None) -> None:
+        self.index = index
+        self.uuid = uuid
+        self.free_mib = free_mib
+        self.total_mib = total_mib
 
-class Room(NamedTuple):
+
+class Room(Record):
+    __slots__ = ("need_mib", "allowed", "full", "unknown")
+
     need_mib: int
-    allowed: tuple[Gpu, ...] = ()  # the GPUs the worker may use
-    full: tuple[Gpu, ...] = ()  # not checked: the workload holds the memory
-    unknown: str | None = None  # why NVML could not say, when it could not (then nothing is held back)
+    allowed: tuple[Gpu, ...]  # the GPUs the worker may use
+    full: tuple[Gpu, ...]  # not checked: the workload holds the memory
+    unknown: str | None  # why NVML could not say, when it could not (then nothing is held back)
+
+    def __init__(self, need_mib: int, allowed: tuple[Gpu, ...] = (), full: tuple[Gpu, ...] = (),
+                 unknown: str | None = None) -> None:
+        self.need_mib = need_mib
+        self.allowed = allowed
+        self.full = full
+        self.unknown = unknown
 
     @property
     def visible(self) -> str | None:

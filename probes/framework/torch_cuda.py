@@ -65,6 +65,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from probes.config import Config
     from probes.framework import cuda_errors  # torch_worker: PREFIX, PHASE, SCHEMA
 
 NAME = "torch-cuda"
@@ -167,12 +168,13 @@ SPEC = Spec(
         _c("torch-error", "other torch error", "details in the log"),
     ),
 )
+Settings = deep.Torch  # the settings torch-cuda reads: its own HEALTHCHECK_TORCH_*
 
 
-def requirements(config: Any) -> tuple[str, ...]:
+def requirements(config: Config) -> tuple[str, ...]:
     """The hardware layer is a prerequisite only for the GPU: a CPU-only image has none. On the
     GPU, a CUDA-checkpointed process (the checkpoint probe, when it runs) holds the op back."""
-    return (*SPEC.requires, "checkpoint") if config.torch_device == "cuda" else ()
+    return (*SPEC.requires, "checkpoint") if config.of(Settings).torch_device == "cuda" else ()
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
 CACHE = "torch-cuda.json"
@@ -190,7 +192,7 @@ _CUDA_VERSION = r"(\d{1,3})\.(\d{1,3})"
 
 def expected_count(ctx: Context) -> int | None:
     """NVML's device count when the hardware layer ran and passed, for device cuda."""
-    if ctx.config.torch_device != "cuda":
+    if ctx.config.of(Settings).torch_device != "cuda":
         return None
     nvml = ctx.results.get("nvml")
     if nvml is None or not nvml.ok:
@@ -200,7 +202,8 @@ def expected_count(ctx: Context) -> int | None:
 
 
 def _argv(ctx: Context, expect: int | None) -> list[str]:
-    argv = [ctx.config.torch_python, WORKER, "--device", ctx.config.torch_device, "--size", str(SIZE)]
+    own = ctx.config.of(Settings)
+    argv = [own.torch_python, WORKER, "--device", own.torch_device, "--size", str(SIZE)]
     if expect is not None:
         argv += ["--expect-count", str(expect)]
     return argv
@@ -216,10 +219,11 @@ def result_arrived(stdout: bytes) -> bool:
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     from probes.framework import torch_worker
 
-    device = ctx.config.torch_device
+    own = ctx.config.of(Settings)
+    device = own.torch_device
     data, done = deep.deep_worker(ctx, NAME, _argv(ctx, expect), {},
                                   lambda out: parse_output(out, device, SIZE), last_phase, result_arrived,
-                                  ctx.config.torch_min_free_mib)
+                                  own.torch_min_free_mib)
     if done is None:
         return data
     shown = done.stdout
@@ -228,12 +232,13 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
         lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(phase)]
         shown = lines[-1] if lines else b""
     excerpt = untrusted.squeeze(shown, 80) if data["report"] is None else None
-    return {**data, "python": ctx.config.torch_python, "device": device, "expect": expect,
+    return {**data, "python": own.torch_python, "device": device, "expect": expect,
             "elapsed": round(done.elapsed, 3), "excerpt": excerpt}
 
 
 def _key(ctx: Context, expect: int | None) -> dict[str, Any]:
-    return {"python": ctx.config.torch_python, "device": ctx.config.torch_device, "size": SIZE,
+    own = ctx.config.of(Settings)
+    return {"python": own.torch_python, "device": own.torch_device, "size": SIZE,
             "expect": expect, "identity": pid1_identity()}
 
 
@@ -286,7 +291,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         return deep.latched(latch)
     if ctx.profile == "liveness":
         return {"kind": "no-latch", "state_off": state.disabled_reason}
-    if ctx.config.torch_device == "cuda":
+    if ctx.config.of(Settings).torch_device == "cuda":
         from probes.framework import checkpoint
 
         why = checkpoint.hold(ctx)  # an earlier run saw a checkpointed process that still exists
@@ -300,7 +305,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         return data
 
     key = _key(ctx, expect)
-    ttl = ctx.config.torch_ttl
+    ttl = ctx.config.of(Settings).torch_ttl
     return deep.locked_run(ctx, CACHE, key, lambda entry: _cached_pass(entry, key, ttl),
                            lambda: run_worker(ctx, expect), judge, early=True,
                            share=lambda entry: _reuse(entry, key, "shared"), relatch=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from probes.record import Record
 from probes.spec import INTEGER, Cause, Setting
 
 NA = "N/A"  # a field the GPU or driver does not have, or could not be read: never judged
@@ -14,6 +15,18 @@ def none_requested(visible: str | None) -> bool:
 
 GPU_COUNT = Setting("HEALTHCHECK_GPU_COUNT", "gpu_count", INTEGER, 1, "minimum number of GPUs expected",
                     low=0, high=1024, low_inclusive=True)
+
+
+class Expected(Record):
+    """``HEALTHCHECK_GPU_COUNT``, typed: what nvidia-smi and nvml read (their ``Settings``)."""
+
+    __slots__ = ("gpu_count",)
+
+    gpu_count: int
+
+    def __init__(self, gpu_count: int) -> None:
+        self.gpu_count = gpu_count
+
 
 # Causes that nvidia-smi and NVML report alike.
 DRIVER_NOT_LOADED = Cause("driver-not-loaded", "fail", "exit 9 / NVML_ERROR_DRIVER_NOT_LOADED: driver not "

@@ -17,17 +17,14 @@ from probes import hardware as hw
 from probes.context import Context
 from probes.hardware import smi_codes
 from probes.numbers import is_integer_text
+from probes.record import Record
 from probes.result import Result, failed, passed
 from probes.spec import Cause, Spec
 from probes.untrusted import clean, squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import NamedTuple
-
     from probes import proc
-else:
-    from probes._typing import NamedTuple
 
 
 NAME = "nvidia-smi"
@@ -57,6 +54,7 @@ SPEC = Spec(
               "driver wedged: check `dmesg` for Xid, reset the GPU or reboot the node"),
     ),
 )
+Settings = hw.Expected  # the settings nvidia-smi reads: HEALTHCHECK_GPU_COUNT
 ARGV = ("nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader,nounits")
 
 WEDGED = ("the driver may be wedged: check dmesg for Xid errors, reset the GPU (nvidia-smi -r) "
@@ -70,10 +68,17 @@ _LOST = r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]*[0
 _UUID = r"^(GPU|MIG)-[0-9A-Za-z-]+$"
 
 
-class Gpu(NamedTuple):
+class Gpu(Record):
+    __slots__ = ("index", "name", "uuid")
+
     index: int  # type: ignore[assignment]  # a field, shadowing tuple.index() on purpose
     name: str
     uuid: str
+
+    def __init__(self, index: int, name: str, uuid: str) -> None:
+        self.index = index
+        self.name = name
+        self.uuid = uuid
 
 
 def gather(ctx: Context) -> proc.Completed:
@@ -117,7 +122,7 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
 
     from probes import proc
 
-    expected = ctx.config.gpu_count
+    expected = ctx.config.of(Settings).gpu_count
     if data.spawn_error == "not found":
         return failed(NAME, "nvidia-smi not found on PATH: start the container with --gpus all "
                       "(NVIDIA Container Toolkit installed on the host)", reason="not-found")

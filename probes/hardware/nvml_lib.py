@@ -35,15 +35,14 @@ import _thread
 import sys
 from types import ModuleType
 
+from probes.record import Record
 from probes.untrusted import MAX_TEXT, clean
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator
-    from typing import Any, Literal, NamedTuple
-else:
-    from probes._typing import NamedTuple
+    from typing import Any, Literal
 
 if TYPE_CHECKING:
     EventKind = Literal["xid", "ecc-single", "ecc-double", "slowdown"]
@@ -243,11 +242,19 @@ def text(value: Any) -> str:
     return clean(value, MAX_TEXT)
 
 
-class Event(NamedTuple):
+class Event(Record):
+    __slots__ = ("gpu_index", "uuid", "kind", "data")
+
     gpu_index: int
     uuid: str
     kind: EventKind
     data: int  # the Xid number for "xid"; NVML's event data for ECC events; the reasons for "slowdown"
+
+    def __init__(self, gpu_index: int, uuid: str, kind: EventKind, data: int) -> None:
+        self.gpu_index = gpu_index
+        self.uuid = uuid
+        self.kind = kind
+        self.data = data
 
 
 def _kind(event_type: int) -> EventKind | None:

@@ -28,6 +28,7 @@ import stat
 
 from probes import hardware as hw
 from probes.context import Context
+from probes.record import Record
 from probes.result import Result, Status, failed, passed, warned
 from probes.spec import INTEGER, TEXT, Cause, Setting, Spec
 from probes.untrusted import clean
@@ -35,9 +36,7 @@ from probes.untrusted import clean
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import Any, NamedTuple
-else:
-    from probes._typing import NamedTuple
+    from typing import Any
 
 NAME = "runtime"
 MEASUREMENT = "shm"
@@ -78,6 +77,24 @@ SPEC = Spec(
     ),
 )
 
+
+class Settings(Record):
+    """The settings runtime reads, typed (``ctx.config.of(Settings)``)."""
+
+    __slots__ = ("gpu_count", "shm_path", "shm_min_mib", "dev_root")
+
+    gpu_count: int
+    shm_path: str
+    shm_min_mib: int
+    dev_root: str
+
+    def __init__(self, gpu_count: int, shm_path: str, shm_min_mib: int, dev_root: str) -> None:
+        self.gpu_count = gpu_count
+        self.shm_path = shm_path
+        self.shm_min_mib = shm_min_mib
+        self.dev_root = dev_root
+
+
 # Variables that change CUDA's (or torch's allocator's) behaviour and do not belong in production.
 DEBUG_ENV: Mapping[str, str] = {
     "CUDA_LAUNCH_BLOCKING": "serialises every kernel launch (slow)",
@@ -93,7 +110,9 @@ _OFF = ("", "0", "false", "no", "off")
 _GPU_NODE = r"nvidia(\d+)\Z"
 
 
-class Gathered(NamedTuple):
+class Gathered(Record):
+    __slots__ = ("shm_bytes", "shm_error", "nodes", "other_nodes", "env", "visible")
+
     shm_bytes: int | None
     shm_error: str | None
     nodes: frozenset[str]  # NVIDIA character devices under the dev root (names)
@@ -101,9 +120,18 @@ class Gathered(NamedTuple):
     env: Mapping[str, str]  # the debugging variables that are set
     visible: str | None  # NVIDIA_VISIBLE_DEVICES
 
+    def __init__(self, shm_bytes: int | None, shm_error: str | None, nodes: frozenset[str],
+                 other_nodes: frozenset[str], env: Mapping[str, str], visible: str | None) -> None:
+        self.shm_bytes = shm_bytes
+        self.shm_error = shm_error
+        self.nodes = nodes
+        self.other_nodes = other_nodes
+        self.env = env
+        self.visible = visible
+
 
 def gather(ctx: Context) -> Gathered:
-    cfg = ctx.config
+    cfg = ctx.config.of(Settings)
     try:
         st = os.statvfs(cfg.shm_path)
         shm, shm_error = st.f_frsize * st.f_blocks, None
@@ -135,10 +163,17 @@ def requirements(config: Any) -> tuple[str, ...]:
     return ()
 
 
-class Problem(NamedTuple):
+class Problem(Record):
+    __slots__ = ("status", "reason", "message")
+
     status: Status
     reason: str
     message: str
+
+    def __init__(self, status: Status, reason: str, message: str) -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message
 
 
 def _given_gpus(data: Gathered) -> bool:
@@ -149,7 +184,7 @@ def _given_gpus(data: Gathered) -> bool:
 def _node_problems(data: Gathered, ctx: Context) -> list[Problem]:
     import re
 
-    expected = ctx.config.gpu_count
+    expected = ctx.config.of(Settings).gpu_count
     if expected == 0 or not _given_gpus(data):
         return []
     missing = [n for n in ("nvidiactl", "nvidia-uvm") if n not in data.nodes]
@@ -158,7 +193,7 @@ def _node_problems(data: Gathered, ctx: Context) -> list[Problem]:
         missing.append(f"nvidiaN for {expected - len(gpus)} more GPU(s) ({len(gpus)} of {expected})")
     if not missing:
         return []
-    root = clean(ctx.config.dev_root, 60)
+    root = clean(ctx.config.of(Settings).dev_root, 60)
     shown = ", ".join(f"{root}/{m}" if not m.startswith("nvidiaN") else m for m in missing)
     odd = (f" ({', '.join(sorted(data.other_nodes)[:3])} exist but are not device nodes)" if data.other_nodes
            else "")
@@ -186,8 +221,9 @@ def judge(data: Gathered, ctx: Context) -> Result:
 
     problems = _node_problems(data, ctx)
     shm_mib = None if data.shm_bytes is None else data.shm_bytes // MIB
-    limit = ctx.config.shm_min_mib
-    path = clean(ctx.config.shm_path, 60)
+    own = ctx.config.of(Settings)
+    limit = own.shm_min_mib
+    path = clean(own.shm_path, 60)
     if shm_mib is None:
         problems.append(Problem(Status.WARN, "shm-missing", f"{path} cannot be measured ({data.shm_error}): "
                                 "mount a tmpfs at /dev/shm (--shm-size, --ipc=host, or a memory-backed "
@@ -210,6 +246,6 @@ def judge(data: Gathered, ctx: Context) -> Result:
         make = failed if first.status is Status.FAIL else warned
         return make(NAME, first.message + more, reason=first.reason, **kw)
     gpus = len([n for n in data.nodes if re.match(_GPU_NODE, n)])
-    nodes = (f"device nodes present ({gpus} GPU(s))" if _given_gpus(data) and ctx.config.gpu_count
+    nodes = (f"device nodes present ({gpus} GPU(s))" if _given_gpus(data) and own.gpu_count
              else "no GPU given (device nodes not judged)")
     return passed(NAME, f"{path} {shm_mib} MiB; {nodes}; no CUDA-debugging variables", **kw)

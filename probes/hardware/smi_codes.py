@@ -18,20 +18,23 @@ The causes and remedies are ours, for a container started through the NVIDIA Con
 
 from __future__ import annotations
 
+from probes.record import Record
 from probes.spec import Cause
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import NamedTuple
-else:
-    from probes._typing import NamedTuple
 
+class Code(Record):
+    __slots__ = ("reason", "documented", "cause", "remedy")
 
-class Code(NamedTuple):
     reason: str  # the probe's reason code
     documented: str  # NVIDIA's words for the code
     cause: str  # what it means for a container
     remedy: str
+
+    def __init__(self, reason: str, documented: str, cause: str, remedy: str) -> None:
+        self.reason = reason
+        self.documented = documented
+        self.cause = cause
+        self.remedy = remedy
 
 
 RESET_OR_REBOOT = "reset the GPU (nvidia-smi -r) or reboot the node"

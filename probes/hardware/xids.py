@@ -16,11 +16,7 @@ HEALTHCHECK_XID_CRITICAL, _APPLICATION and _IGNORE override it (probes.serve.set
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import NamedTuple
-else:
-    from probes._typing import NamedTuple
+from probes.record import Record
 
 SOURCE = ('NVIDIA, "Analyzing Xid Errors with the Xid Catalog", '
           "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, read 2026-11-24")
@@ -38,10 +34,17 @@ NO_BUCKET = ""
 CRITICAL, APPLICATION, OTHER, NO_ACTION = "critical", "application", "other", "no-action"
 
 
-class Bucket(NamedTuple):
+class Bucket(Record):
+    __slots__ = ("severity", "todo", "why")
+
     severity: str  # CRITICAL, APPLICATION, OTHER or NO_ACTION
     todo: str  # the remedy, in a few words
     why: str  # why serve latches or not (the docs' policy table)
+
+    def __init__(self, severity: str, todo: str, why: str) -> None:
+        self.severity = severity
+        self.todo = todo
+        self.why = why
 
 
 BUCKETS: dict[str, Bucket] = {
@@ -97,10 +100,17 @@ UNKNOWN = Bucket(OTHER, "see NVIDIA's current Xid documentation",
                  "not in the catalog read here: shown, never latched")
 
 
-class Xid(NamedTuple):
+class Xid(Record):
+    __slots__ = ("mnemonic", "meaning", "action")
+
     mnemonic: str
     meaning: str  # the catalog's description
     action: str  # its "Resolution Bucket (Immediate Action)"
+
+    def __init__(self, mnemonic: str, meaning: str, action: str) -> None:
+        self.mnemonic = mnemonic
+        self.meaning = meaning
+        self.action = action
 
 
 UNUSED = "unused on Ampere and newer"

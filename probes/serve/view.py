@@ -15,15 +15,14 @@ import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
 
+from probes.record import Record
 from probes.report import check_entry, iso_time, public_facts
 from probes.result import Result, Status
 from probes.untrusted import load_json, squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
-else:
-    from probes._typing import NamedTuple
+    from typing import Any
 
 MAX_TEXT = 300
 CHECK_KEYS = ("componentId", "componentType", "layer", "status", "observedValue", "observedUnit", "time",
@@ -216,10 +215,17 @@ SLOWDOWN_WINDOW = 600.0
 SLOWDOWN_PER_MINUTE = 0.5
 
 
-class SlowdownVerdict(NamedTuple):
+class SlowdownVerdict(Record):
+    __slots__ = ("events", "per_minute", "warn")
+
     events: int  # readings with HW slowdown or power brake in the window
     per_minute: float
     warn: bool
+
+    def __init__(self, events: int, per_minute: float, warn: bool) -> None:
+        self.events = events
+        self.per_minute = per_minute
+        self.warn = warn
 
     def describe(self, gpu: int) -> str:
         """What serve's log and its endpoints say of a GPU's slowdown readings."""

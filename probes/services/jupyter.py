@@ -38,6 +38,7 @@ import time
 from probes import services, untrusted
 from probes.config import Config
 from probes.context import Context
+from probes.record import Record
 from probes.result import Result, failed, passed
 from probes.services import _net
 from probes.services._http import MAX_REPLY, _speaks_tls, exchange
@@ -87,6 +88,25 @@ SPEC = Spec(
     ),
 )
 
+
+class Settings(Record):
+    """The settings jupyter reads, typed (``config.of(Settings)``)."""
+
+    __slots__ = ("jupyter_port", "jupyter_base_url", "jupyter_tls", "jupyter_runtime_dir")
+
+    jupyter_port: int
+    jupyter_base_url: str
+    jupyter_tls: bool
+    jupyter_runtime_dir: str | None
+
+    def __init__(self, jupyter_port: int, jupyter_base_url: str, jupyter_tls: bool,
+                 jupyter_runtime_dir: str | None) -> None:
+        self.jupyter_port = jupyter_port
+        self.jupyter_base_url = jupyter_base_url
+        self.jupyter_tls = jupyter_tls
+        self.jupyter_runtime_dir = jupyter_runtime_dir
+
+
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*")  # noqa: S104  (addresses to listen on, not to connect to)
 PATH_CHARS = frozenset("-._~/!$&'()*+,;=:@%0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
@@ -123,8 +143,9 @@ LOOPBACK_NAMES = ("localhost",)
 
 def runtime_dir(config: Config, environ: Any = None) -> str:
     env = os.environ if environ is None else environ
-    if config.jupyter_runtime_dir:
-        return config.jupyter_runtime_dir
+    given = config.of(Settings).jupyter_runtime_dir
+    if given:
+        return given
     if env.get("JUPYTER_RUNTIME_DIR"):
         return str(env["JUPYTER_RUNTIME_DIR"])
     data = env.get("JUPYTER_DATA_DIR") or os.path.join(
@@ -339,9 +360,10 @@ def _read_runtime_file(name: str, dir_fd: int, config: Config, listeners: _Liste
     owner = st.st_uid
     trusted_owner = owner in (0, os.geteuid())
     if not trusted_owner:
-        if port != config.jupyter_port:
+        own_port = config.of(Settings).jupyter_port
+        if port != own_port:
             raise untrusted.Refused(f"owned by uid {owner} and names port {port}: a file of another "
-                                    f"user may only describe HEALTHCHECK_JUPYTER_PORT {config.jupyter_port}")
+                                    f"user may only describe HEALTHCHECK_JUPYTER_PORT {own_port}")
         pid_uid = _proc_uid(pid)
         if pid_uid is None:
             raise untrusted.Refused(f"stale: its process {pid} is gone")
@@ -394,7 +416,8 @@ def find_runtime_file(config: Config, environ: Any = None
         os.close(dir_fd)
     if not found:
         return None, refused
-    best = max(found, key=lambda f: (f["port"] == config.jupyter_port, f["trusted_owner"], f["mtime"]))
+    port = config.of(Settings).jupyter_port
+    best = max(found, key=lambda f: (f["port"] == port, f["trusted_owner"], f["mtime"]))
     return best, refused
 
 
@@ -425,8 +448,9 @@ def gather(ctx: Context) -> dict[str, Any]:
         target = {"source": found["file"], "host": found["host"], "port": found["port"],
                   "base_url": found["base_url"], "secure": found["secure"]}
     else:
-        target = {"source": None, "host": cfg.host, "port": cfg.jupyter_port,
-                  "base_url": cfg.jupyter_base_url, "secure": bool(cfg.jupyter_tls)}
+        own = cfg.of(Settings)
+        target = {"source": None, "host": cfg.host, "port": own.jupyter_port,
+                  "base_url": own.jupyter_base_url, "secure": bool(own.jupyter_tls)}
     path = _request_path(target["base_url"])
     data: dict[str, Any] = {**target, "path": path, "budget": max(0.0, deadline - t0), "refused": refused}
     data.update(exchange(target["host"], target["port"], path, target["secure"], deadline))
@@ -592,6 +616,6 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
 
 def on_deadline(ctx: Context) -> Result:
-    where = _net.host_header(ctx.config.host, ctx.config.jupyter_port)
+    where = _net.host_header(ctx.config.host, ctx.config.of(Settings).jupyter_port)
     return failed(NAME, f"no answer from Jupyter at {where} before the deadline: it is hung or "
                   "overloaded; restart it", reason="deadline")

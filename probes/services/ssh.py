@@ -38,6 +38,7 @@ import time
 
 from probes import services
 from probes.context import Context
+from probes.record import Record
 from probes.result import Result, failed, passed
 from probes.services import _net
 from probes.spec import ALL_PROFILES, PORT, Cause, Setting, Spec
@@ -74,6 +75,18 @@ SPEC = Spec(
     ),
 )
 
+
+class Settings(Record):
+    """The settings ssh reads, typed (``ctx.config.of(Settings)``)."""
+
+    __slots__ = ("ssh_port",)
+
+    ssh_port: int
+
+    def __init__(self, ssh_port: int) -> None:
+        self.ssh_port = ssh_port
+
+
 MAX_LINE = 255  # RFC 4253 4.2, including CR LF
 MAX_PRELUDE = 8192  # bytes of other lines we tolerate before the identification line
 CLIENT_ID = b"SSH-2.0-healthcheck\r\n"
@@ -106,18 +119,18 @@ def _scan(buf: bytes) -> dict[str, Any] | None:
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    cfg = ctx.config
+    cfg, port = ctx.config, ctx.config.of(Settings).ssh_port
     deadline = ctx.deadline
     t0 = time.monotonic()
-    data: dict[str, Any] = {"host": cfg.host, "port": cfg.ssh_port, "budget": max(0.0, deadline - t0),
+    data: dict[str, Any] = {"host": cfg.host, "port": port, "budget": max(0.0, deadline - t0),
                             "spoke_first": False}
     try:
-        sock = _net.connect(cfg.host, cfg.ssh_port, deadline)
+        sock = _net.connect(cfg.host, port, deadline)
     except _net.NetError as exc:
         kind = "connect-timeout" if exc.kind == "timeout" else exc.kind
         data.update(outcome=kind, detail=exc.detail)
         if exc.kind == "refused":
-            data["listening"] = _net.listening(cfg.ssh_port)
+            data["listening"] = _net.listening(port)
         return data
     buf = b""
     sent = False  # our identification line is out (or the attempt failed: the server closed)
@@ -244,6 +257,6 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
 
 def on_deadline(ctx: Context) -> Result:
-    where = _net.host_header(ctx.config.host, ctx.config.ssh_port)
+    where = _net.host_header(ctx.config.host, ctx.config.of(Settings).ssh_port)
     return failed(NAME, f"no SSH banner from {where} before the deadline: sshd is hung or overloaded",
                   reason="deadline")

@@ -5,15 +5,19 @@ from __future__ import annotations
 import pytest
 
 from probes import config, registry
+from probes import hardware as hw
 from probes.config import ConfigError, load
+from probes.framework import torch_cuda
+from probes.services import jupyter, ssh
 from probes.spec import Setting
 
 
 def test_defaults():
     cfg = load({})
     assert cfg.profile == "readiness" and cfg.timeout == config.PROFILE_TIMEOUTS["readiness"]
-    assert cfg.jupyter_port == 8888 and cfg.ssh_port == 22 and cfg.host == "127.0.0.1"
-    assert cfg.torch_device == "cuda" and cfg.gpu_count == 1
+    assert cfg.of(jupyter.Settings).jupyter_port == 8888 and cfg.of(ssh.Settings).ssh_port == 22
+    assert cfg.host == "127.0.0.1"
+    assert cfg.of(torch_cuda.Settings).torch_device == "cuda" and cfg.of(hw.Expected).gpu_count == 1
     on = [s.name for s in registry.PROBES if s.default_on and "readiness" in s.profiles]
     assert [s.name for s in cfg.selected()] == on
     assert {"nvidia-smi", "nvml", "torch-cuda", "jupyter", "ssh"} <= set(on)
@@ -101,7 +105,7 @@ def test_serve_xid_lists_refuse_what_int_cannot_read(raw):
 
 
 def test_base_url_gets_trailing_slash():
-    assert load({"HEALTHCHECK_JUPYTER_BASE_URL": "/lab"}).jupyter_base_url == "/lab/"
+    assert load({"HEALTHCHECK_JUPYTER_BASE_URL": "/lab"}).of(jupyter.Settings).jupyter_base_url == "/lab/"
 
 
 # ---------------------------------------------------------------- every setting, validated to what its user can take
@@ -139,7 +143,7 @@ def test_an_integer_past_pythons_int_string_limit_is_exit_3_in_one_line():
     with pytest.raises(ConfigError, match=r"HEALTHCHECK_GPU_COUNT='4444.* is out of range"):
         load({"HEALTHCHECK_GPU_COUNT": "4" * 4000})
     cfg = load({"HEALTHCHECK_GPU_COUNT": "0" * 4000 + "3", "HEALTHCHECK_TIMEOUT": "0" * 2000 + "2.5" + "0" * 2000})
-    assert (cfg.gpu_count, cfg.timeout) == (3, 2.5)
+    assert (cfg.of(hw.Expected).gpu_count, cfg.timeout) == (3, 2.5)
 
 
 def _no_probes() -> dict[str, str]:

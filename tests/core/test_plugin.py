@@ -28,6 +28,7 @@ PROBE = '''
 """echo: a line sent to an echo service on HEALTHCHECK_ECHO_PORT comes back."""
 import socket
 
+from probes.record import Record
 from probes.spec import ALL_PROFILES, PORT, Cause, Setting, Spec
 from probes.result import failed, passed
 
@@ -38,9 +39,17 @@ SPEC = Spec(NAME, "services", __name__, "ENABLE_ECHO_CHECK", 2.0, ALL_PROFILES, 
             causes=(Cause("refused", "fail", "nothing listens", "start the echo service"),))
 
 
+class Settings(Record):
+    __slots__ = ("echo_port",)
+
+    def __init__(self, echo_port):
+        self.echo_port = echo_port
+
+
 def gather(ctx):
     try:
-        with socket.create_connection((ctx.config.host, ctx.config.echo_port), timeout=ctx.remaining()) as s:
+        port = ctx.config.of(Settings).echo_port
+        with socket.create_connection((ctx.config.host, port), timeout=ctx.remaining()) as s:
             s.sendall(b"ping\\n")
             return s.recv(16)
     except OSError:
@@ -48,9 +57,10 @@ def gather(ctx):
 
 
 def judge(data, ctx):
+    port = ctx.config.of(Settings).echo_port
     if data == b"ping\\n":
-        return passed(NAME, f"echo on port {ctx.config.echo_port} answered", observed=1, unit="lines")
-    return failed(NAME, f"no echo on port {ctx.config.echo_port}", reason="refused")
+        return passed(NAME, f"echo on port {port} answered", observed=1, unit="lines")
+    return failed(NAME, f"no echo on port {port}", reason="refused")
 '''
 
 

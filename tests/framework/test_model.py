@@ -386,7 +386,7 @@ def test_a_bad_model_input_is_a_configuration_error_with_one_line() -> None:
         assert text.startswith("HEALTHCHECK_MODEL_INPUT=") and "is not SHAPE:DTYPE" in text and "\n" not in text, text
         assert "accepted: e.g. 1x3x224x224:float16" in text and len(text) < 400
     ok = config_mod.load({"HEALTHCHECK_MODEL_INPUT": " 2X4:float16:seeded ", "HEALTHCHECK_CHECKS_DIR": "/nonexistent"})
-    assert ok.model_input == "2X4:float16:seeded"
+    assert ok.of(model.Settings).model_input == "2X4:float16:seeded"
 
 
 def test_the_cli_refuses_a_bad_model_input_with_exit_3(tmp_path: Path) -> None:

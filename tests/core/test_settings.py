@@ -1,0 +1,57 @@
+"""Each probe reads its settings as a typed record (``config.of(Settings)``), never as loose attributes."""
+
+from __future__ import annotations
+
+import pytest
+
+from probes import config, registry
+from probes.framework import deep
+from probes.record import Record
+from probes.spec import BOOL, INTEGER, NUMBER, PORT, Setting, load
+
+# What config.parse_setting returns for each kind; a TEXT setting's own grammar gives text too.
+TYPES = {BOOL: "bool", PORT: "int", INTEGER: "int", NUMBER: "float"}
+DECLARED = {s.field: s for s in registry.SETTINGS}
+WITH_SETTINGS = [s for s in registry.PROBES if s.settings]
+
+
+def expected_type(setting: Setting) -> str:
+    kind = TYPES.get(setting.kind, "str")
+    return kind if setting.default is not None else f"{kind} | None"
+
+
+def settings_records() -> list[type[Record]]:
+    return [*(load(s.module).Settings for s in WITH_SETTINGS), deep.Torch]
+
+
+@pytest.mark.parametrize("spec", WITH_SETTINGS, ids=lambda s: s.name)
+def test_a_probe_that_declares_settings_reads_them_through_its_record(spec):
+    kind = load(spec.module).Settings
+    assert issubclass(kind, Record)
+    missing = {s.field for s in spec.settings} - set(kind.__slots__)
+    assert not missing, f"{spec.name}: {missing} declared but not in its Settings"
+
+
+@pytest.mark.parametrize("kind", settings_records(), ids=lambda k: f"{k.__module__}.{k.__name__}")
+def test_every_field_of_a_settings_record_is_a_declared_setting_of_the_type_it_is_parsed_to(kind):
+    for name in kind.__slots__:
+        assert name in DECLARED, f"{kind.__name__}.{name} is no declared setting"
+        assert kind.__annotations__[name] == expected_type(DECLARED[name]), f"{kind.__name__}.{name}"
+
+
+def test_the_record_carries_the_defaults_and_the_parsed_environment():
+    ssh, torch = load("probes.services.ssh").Settings, load("probes.framework.torch_cuda").Settings
+    assert config.load({}).of(ssh).ssh_port == 22
+    cfg = config.load({"HEALTHCHECK_SSH_PORT": " 2222 ", "HEALTHCHECK_TORCH_TTL": "7",
+                       "HEALTHCHECK_TORCH_DEVICE": "cpu"})
+    assert cfg.of(ssh).ssh_port == 2222
+    got = cfg.of(torch)
+    assert (got.torch_device, got.torch_ttl, got.torch_min_free_mib) == ("cpu", 7.0, 1024)
+    assert cfg._replace(torch_ttl=9.5).of(torch).torch_ttl == 9.5
+
+
+def test_probe_settings_are_not_loose_attributes_of_the_configuration():
+    cfg = config.load({})
+    for field in DECLARED:
+        assert not hasattr(cfg, field), field
+    assert cfg.profile == "readiness" and cfg.host == "127.0.0.1"  # the run-wide fields still are
