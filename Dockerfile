@@ -52,7 +52,7 @@ COPY pyproject.toml /opt/healthcheck/
 COPY probes/ /opt/healthcheck/probes/
 COPY healthcheck /opt/healthcheck/healthcheck
 RUN python3 -m venv /opt/healthcheck/.venv \
- && /opt/healthcheck/.venv/bin/pip install --no-cache-dir --disable-pip-version-check "/opt/healthcheck[serve]" \
+ && /opt/healthcheck/.venv/bin/pip install --no-cache-dir --disable-pip-version-check "/opt/healthcheck[serve,jupyter]" \
  && /opt/healthcheck/.venv/bin/python -m compileall -q /opt/healthcheck/probes \
  && rm -rf /opt/healthcheck/build /opt/healthcheck/*.egg-info \
  && chmod 0755 /opt/healthcheck/healthcheck \
