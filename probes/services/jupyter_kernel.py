@@ -54,7 +54,7 @@ UNIT = "s"
 
 SPEC = Spec(
     NAME, "services", __name__, "ENABLE_JUPYTER_KERNEL_CHECK", 40.0, ("startup", "readiness"),
-    requires=("jupyter",), measurement=MEASUREMENT,
+    requires=("jupyter",), measurement=MEASUREMENT, follows="ENABLE_JUPYTER_CHECK",
     about="through Jupyter Server, a kernel of the default kernelspec starts, imports torch and runs a "
           "verified op on `HEALTHCHECK_TORCH_DEVICE`, and is shut down",
     settings=(
@@ -342,8 +342,10 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
                       reason="kernelspec-missing", **kw)
     if outcome == "start-failed":
         why = untrusted.clean(data.get("why"), 200)
+        if data.get("interpreter"):
+            why += f" ({untrusted.clean(data['interpreter'], 160)})"
         return failed(NAME, f"the server could not start {what}: {why}: fix the kernelspec's "
-                      " argv (jupyter kernelspec list) or reinstall the kernel",
+                      "argv (jupyter kernelspec list) or reinstall the kernel",
                       reason="kernel-start-failed", **kw)
     if outcome == "died":
         said = data.get("said")

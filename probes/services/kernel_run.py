@@ -67,7 +67,7 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
         if got["outcome"] == "timeout":
             return {"outcome": "timeout", "stage": "start"}
         why = _kernel.server_reason(got) if got["outcome"] == "response" else got["outcome"]
-        return {"outcome": "start-failed", "why": why}
+        return {"outcome": "start-failed", "why": why, "interpreter": interpreter_problem(spec, srv)}
     _live[kid] = srv
     out: dict[str, Any] = {"kernel_id": kid}
     seen: set[int] = set()
@@ -195,6 +195,24 @@ def replay(spec: dict[str, Any], srv: Server, deadline: float) -> str | None:
     text = (done.stderr + b"\n" + done.stdout).decode("utf-8", "replace")
     logger().info("kernel replay exit %s: %s", done.returncode, untrusted.squeeze(done.stderr[-2000:], 600))
     return _kernel.first_cause(text) or None
+
+
+def interpreter_problem(spec: dict[str, Any], srv: Server) -> str | None:
+    """What is wrong with the program the kernelspec's argv names, if anything (the server's
+    own answer to a start that failed is often just "Unhandled error")."""
+    import shutil
+
+    argv = spec["argv"]
+    if not argv or not argv[0]:
+        return "its argv is empty"
+    program = argv[0]
+    shown = untrusted.clean(program, 80)
+    if "/" in program:
+        if not os.path.exists(program):
+            return f"its argv names {shown}, which does not exist"
+        return None if os.access(program, os.X_OK) else f"its argv names {shown}, which is not executable"
+    found = shutil.which(program, path=_server_env(srv).get("PATH") or os.defpath)
+    return None if found else f"its argv names {shown}, which is not on the server's PATH"
 
 
 def _free_ports(n: int) -> list[int]:
