@@ -143,16 +143,16 @@ CELL = '''def _healthcheck(device, gentle):
             return out
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
-        g = torch.Generator().manual_seed(1234)
-        a = torch.randn(256, 256, generator=g, dtype=torch.float64)
-        b = torch.randn(256, 256, generator=g, dtype=torch.float64)
+        dev, g = torch.device(device), torch.Generator().manual_seed(1234)
+        a = torch.randn(256, 256, generator=g, dtype=torch.float32)
+        b = torch.randn(256, 256, generator=g, dtype=torch.float32)
         t0 = time.perf_counter()
-        got = a.float().to(device) @ b.float().to(device)
+        got = torch.matmul(a.to(dev), b.to(dev))
         if device == "cuda":
             torch.cuda.synchronize()
-        ref = a @ b
-        out["op"] = {"max_err": float((got.double().cpu() - ref).abs().max()),
-                     "scale": float(ref.abs().max()), "ms": (time.perf_counter() - t0) * 1000}
+        ref = torch.matmul(a.double(), b.double())
+        out["op"] = {"max_err": float((got.double().cpu() - ref).abs().max().item()),
+                     "scale": float(ref.abs().max().item()), "ms": (time.perf_counter() - t0) * 1000}
     except BaseException as exc:
         out["error"] = {"phase": "op", "type": type(exc).__name__, "module": None,
                         "text": (str(exc).splitlines() or [""])[0][:200]}

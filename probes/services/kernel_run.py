@@ -24,6 +24,7 @@ KERNEL_ID = re.compile(r"[0-9A-Za-z-]{1,64}")
 MAX_NAMES = 32  # kernelspecs kept from a listing
 MAX_ARGV = 64
 DELETE_WAIT = 2.0  # seconds the server gets to shut the kernel down before its processes are ended
+SETTLE = 1.0  # seconds a kernel the server has shut down gets for its process to be gone
 STOP_WAIT = 0.4  # the same, on SIGTERM: the front door kills the suite a second after it
 # Kernels started by this process and not yet removed: kernel id -> server (end_all's list).
 _live: dict[str, Server] = {}
@@ -136,6 +137,10 @@ def remove(srv: Server, kid: str, seen: set[int], end: float, wait: float = DELE
         got = _kernel.rest(srv, "DELETE", f"api/kernels/{kid}", min(end, time.monotonic() + wait))
         out["deleted"] = got["outcome"] == "response" and got.get("status") in (200, 204, 404)
         left = _kernel.kernel_pids(kid) | {p for p in seen if _kernel.alive(p)}
+        settle = min(end, time.monotonic() + (SETTLE if out["deleted"] else 0.0))
+        while left and time.monotonic() < settle:  # shut down: its process may still be exiting
+            time.sleep(0.02)
+            left = {p for p in left if _kernel.alive(p)}
         if left:
             out["ended"] = len(left)
             out["left"] = len(_kernel.end_tree(left, max(end, time.monotonic() + 0.2)))

@@ -27,6 +27,8 @@ from probes.result import Result, Status
 from probes.services import jupyter_kernel
 from probes.state import State
 from tests.conftest import ROOT, clean_env, run_cli
+from tests.framework.conftest import FAKE_TORCH
+from tests.hardware.conftest import FAKE_LIB_DIR
 from tests.servers import Jupyter, leftovers, wait_gone
 from tests.services.conftest import TOKEN, _jupyter
 
@@ -63,6 +65,9 @@ def kserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jupyter]:
         kernelspec(data, "broken", [sys.executable, *LAUNCH], {"PYTHONPATH": str(broken)})
         kernelspec(data, "notorch", [sys.executable, "-c", NO_TORCH, "-f", "{connection_file}"])
         kernelspec(data, "hangs", [sys.executable, "-c", HANGS, "{connection_file}"])
+        for mode in ("ok", "busy", "cpu-build", "wrong"):  # torch at its boundary: tests/framework/fake_torch
+            kernelspec(data, f"fake-{mode}", [sys.executable, *LAUNCH],
+                       {"PYTHONPATH": str(FAKE_TORCH), "FAKE_TORCH_MODE": mode})
         yield server
 
 
@@ -88,8 +93,8 @@ def kernel_ids(server: Jupyter) -> set[str]:
 def probe(server: Jupyter, kernel: str | None = "ok", timeout: float = 30.0, **config: Any) -> Result:
     """One probe run without a state dir, held to its deadline, the token, and leaving nothing."""
     before = kernel_ids(server)
-    cfg = Config(jupyter_port=server.port, jupyter_runtime_dir=str(server.runtime), torch_device="cpu",
-                 jupyter_kernel_name=kernel, **config)
+    cfg = Config(**{"jupyter_port": server.port, "jupyter_runtime_dir": str(server.runtime),
+                    "torch_device": "cpu", "jupyter_kernel_name": kernel, **config})
     ctx = Context(cfg, time.monotonic() + timeout, {}, State.off("tests"))
     result = jupyter_kernel.judge(jupyter_kernel.gather(ctx), ctx)
     assert time.monotonic() <= ctx.deadline + 0.5, "the probe overran its deadline"
@@ -103,7 +108,7 @@ def test_a_healthy_kernel_passes_with_the_seconds_to_its_verified_reply(kserver:
     r = probe(kserver)
     assert r.status is Status.PASS, r.message
     assert "verified matmul on cpu" in r.message and r.unit == "s" and 0 < r.observed < 30
-    assert r.facts["cleanup"] == {"deleted": True, "ended": 0, "left": 0}
+    assert r.facts["cleanup"]["deleted"] is True and r.facts["cleanup"]["left"] == 0
 
 
 def test_the_servers_default_kernelspec_is_taken_when_none_is_named(kserver: Jupyter) -> None:
@@ -114,7 +119,9 @@ def test_the_servers_default_kernelspec_is_taken_when_none_is_named(kserver: Jup
 def test_a_missing_kernelspec_lists_those_that_exist(kserver: Jupyter) -> None:
     r = probe(kserver, kernel="nosuch")
     assert r.status is Status.FAIL and r.reason == "kernelspec-missing"
-    assert "'nosuch'" in r.message and "broken, gone, hangs, notorch, ok, python3" in r.message
+    assert "'nosuch'" in r.message
+    assert ("(it has: broken, fake-busy, fake-cpu-build, fake-ok, fake-wrong, gone, hangs, notorch and 2 more)"
+            in r.message), r.message
 
 
 def test_a_kernelspec_naming_a_missing_interpreter_cannot_start(kserver: Jupyter) -> None:
@@ -200,10 +207,10 @@ def test_a_users_busy_kernel_beside_the_check_is_untouched(kserver: Jupyter) -> 
 
 
 def _env(server: Jupyter, tmp_path: Path, **extra: str) -> dict[str, str]:
-    return clean_env(HEALTHCHECK_JUPYTER_PORT=str(server.port), HEALTHCHECK_JUPYTER_RUNTIME_DIR=str(server.runtime),
-                     HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
-                     HEALTHCHECK_LOG_FILE=str(tmp_path / "log"), HEALTHCHECK_CHECKS_DIR=str(tmp_path / "none"),
-                     **extra)
+    return clean_env(**{"HEALTHCHECK_JUPYTER_PORT": str(server.port),
+                        "HEALTHCHECK_JUPYTER_RUNTIME_DIR": str(server.runtime), "HEALTHCHECK_TORCH_DEVICE": "cpu",
+                        "HEALTHCHECK_STATE_DIR": str(tmp_path / "state"), "HEALTHCHECK_LOG_FILE": str(tmp_path / "log"),
+                        "HEALTHCHECK_CHECKS_DIR": str(tmp_path / "none"), **extra})
 
 
 def test_the_token_never_appears_in_output_logs_or_serve_answers(kserver: Jupyter, tmp_path: Path) -> None:
@@ -285,3 +292,33 @@ def test_on_by_default_wherever_the_jupyter_probe_is_on(env: dict[str, str], on:
     names = [s.name for s in config.load(env).selected()]
     assert ("jupyter-kernel" in names) is on, names
     assert "jupyter-kernel" not in [s.name for s in config.load(env, profile="liveness").selected()]
+
+
+# ---------------------------------------------------------------- the GPU: torch at its boundary
+
+@pytest.mark.parametrize(("kernel", "status", "reason", "words"), [
+    ("fake-ok", Status.PASS, None, "verified matmul on cuda"),
+    ("ok", Status.FAIL, "kernel-no-gpu", "sees no CUDA device"),  # the real, CPU-only torch
+    ("fake-cpu-build", Status.FAIL, "kernel-no-gpu", "(a CPU-only build) sees no CUDA device"),
+    ("fake-wrong", Status.FAIL, "kernel-wrong-result", "differs from the CPU reference"),
+    ("fake-busy", Status.FAIL, "kernel-op-failed", "RuntimeError: CUDA error: CUDA-capable device"),
+])
+def test_on_the_gpu(kserver: Jupyter, kernel: str, status: Status, reason: str | None, words: str) -> None:
+    r = probe(kserver, kernel=kernel, torch_device="cuda")
+    assert (r.status, r.reason) == (status, reason), r.message
+    assert words in r.message, r.message
+
+
+def test_a_gpu_the_workload_fills_gets_no_op_and_a_warning(kserver: Jupyter, tmp_path: Path) -> None:
+    # fake-busy fails any tensor put on the GPU: the warning proves no op (no context) was tried.
+    (tmp_path / "scenario").write_text("gpus 1\ngpu 0 memory 81559 81000\n")
+    env = _env(kserver, tmp_path, HEALTHCHECK_JUPYTER_KERNEL_NAME="fake-busy", HEALTHCHECK_TORCH_DEVICE="cuda",
+               LD_LIBRARY_PATH=str(FAKE_LIB_DIR), FAKE_NVML_SCENARIO=str(tmp_path / "scenario"))
+    res = run_cli("--profile", "startup", "--only", "jupyter-kernel", "--json", env=env)
+    check = json.loads(res.stdout)["checks"]["jupyter-kernel:startTime"][0]
+    assert (res.returncode, check["status"], check["reason"]) == (0, "warn", "workload-memory"), check
+    assert "the op was not run" in check["output"]
+    (tmp_path / "scenario").write_text("gpus 1\ngpu 0 memory 81559 1000\n")
+    res = run_cli("--profile", "startup", "--only", "jupyter-kernel", "--json", env=env)
+    check = json.loads(res.stdout)["checks"]["jupyter-kernel:startTime"][0]
+    assert (res.returncode, check["reason"]) == (1, "kernel-op-failed"), check
