@@ -70,7 +70,10 @@ RUN chmod 0755 /usr/local/bin/gpu-dev-entrypoint \
 # Jupyter runs as; the container itself starts as root because sshd needs it.
 # HEALTHCHECK_SERVE=true makes the entrypoint start and supervise `healthcheck serve`
 # (HTTP probes and metrics on HEALTHCHECK_SERVE_PORT, 8779) beside sshd and Jupyter.
+# The entrypoint writes Jupyter's token to /run/jupyter/token; jupyter-kernel reads it there
+# (root without CAP_SYS_PTRACE cannot trust the notebook user's runtime file for it).
 ENV JUPYTER_RUNTIME_DIR=/run/jupyter \
+    HEALTHCHECK_JUPYTER_TOKEN_FILE=/run/jupyter/token \
     DEV_USER=${DEV_USER} \
     HEALTHCHECK_SERVE=false
 

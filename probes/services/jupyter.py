@@ -383,11 +383,11 @@ def _read_runtime_file(name: str, dir_fd: int, config: Config, listeners: _Liste
         "host": host,
         "trusted_owner": trusted_owner,
         "mtime": st.st_mtime,
-        **({"pid": pid, "token": _token(doc.get("token"))} if secret else {}),
+        **({"pid": pid, "token": token(doc.get("token"))} if secret else {}),
     }
 
 
-def _token(value: Any) -> str:
+def token(value: Any) -> str:
     """A runtime file's token if it can only be a token (it goes into a header line), else ""."""
     ok = isinstance(value, str) and 0 < len(value) <= MAX_TOKEN and all(ch in TOKEN_CHARS for ch in value)
     return value if ok else ""

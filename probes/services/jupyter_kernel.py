@@ -36,7 +36,7 @@ Hard cases, decided here:
 from __future__ import annotations
 
 from probes.record import Record
-from probes.spec import NUMBER, TEXT, Setting, Spec
+from probes.spec import ABSOLUTE_PATH, NUMBER, TEXT, Setting, Spec
 from probes.spec import cause as _c
 
 TYPE_CHECKING = False
@@ -63,6 +63,9 @@ SPEC = Spec(
         Setting("HEALTHCHECK_JUPYTER_KERNEL_TTL", "jupyter_kernel_ttl", NUMBER, 600.0,
                 "seconds a passing jupyter-kernel result is reused by readiness", low=0, high=86400,
                 low_inclusive=True),
+        Setting("HEALTHCHECK_JUPYTER_TOKEN_FILE", "jupyter_token_file", ABSOLUTE_PATH, None,
+                "a file holding the server's token, for when no trusted runtime file gives it (a probe run "
+                "as root without `CAP_SYS_PTRACE`, as in the image)", shown_default="none"),
     ),
     causes=(
         _c("api-error", "the kernel API did not answer `GET {base_url}api/kernelspecs` (401/403: no trusted "
@@ -104,14 +107,17 @@ SPEC = Spec(
 class Settings(Record):
     """The settings jupyter-kernel reads, typed (``config.of(Settings)``)."""
 
-    __slots__ = ("jupyter_kernel_name", "jupyter_kernel_ttl")
+    __slots__ = ("jupyter_kernel_name", "jupyter_kernel_ttl", "jupyter_token_file")
 
     jupyter_kernel_name: str | None
     jupyter_kernel_ttl: float
+    jupyter_token_file: str | None
 
-    def __init__(self, jupyter_kernel_name: str | None, jupyter_kernel_ttl: float) -> None:
+    def __init__(self, jupyter_kernel_name: str | None, jupyter_kernel_ttl: float,
+                 jupyter_token_file: str | None) -> None:
         self.jupyter_kernel_name = jupyter_kernel_name
         self.jupyter_kernel_ttl = jupyter_kernel_ttl
+        self.jupyter_token_file = jupyter_token_file
 
 
 def requirements(config: Config) -> tuple[str, ...]:
@@ -170,12 +176,31 @@ def server(ctx: Context) -> tuple[Server, str | None]:
     from probes.services._kernel import Server
 
     found, _ = jupyter.find_runtime_file(ctx.config, secret=True)
-    if found is not None:
+    if found is not None and found["token"]:
         return Server(found["host"], found["port"], found["base_url"], found["secure"], found["token"],
                       found["pid"]), found["file"]
+    token = token_file(ctx.config.of(Settings).jupyter_token_file)
+    if found is not None:
+        return Server(found["host"], found["port"], found["base_url"], found["secure"], token,
+                      found["pid"]), found["file"]
     own = ctx.config.of(jupyter.Settings)
-    return Server(ctx.config.host, own.jupyter_port, own.jupyter_base_url, bool(own.jupyter_tls), "",
+    return Server(ctx.config.host, own.jupyter_port, own.jupyter_base_url, bool(own.jupyter_tls), token,
                   None), None
+
+
+def token_file(path: str | None) -> str:
+    """The token in HEALTHCHECK_JUPYTER_TOKEN_FILE (one line; a regular file of at most 4 KiB,
+    never through a link, never blocking), or "" when there is none we can use."""
+    from probes import untrusted
+    from probes.services import jupyter
+
+    if not path:
+        return ""
+    try:
+        raw, _ = untrusted.read_regular(path, 4096)
+    except untrusted.Refused:
+        return ""
+    return jupyter.token(raw.decode("ascii", "replace").strip())
 
 
 def _key(ctx: Context, srv: Server) -> dict[str, Any]:

@@ -168,6 +168,23 @@ def test_without_the_token_the_api_refuses_and_the_probe_says_where_to_find_it(k
     assert r.status is Status.FAIL and r.reason == "api-error" and "HTTP 403" in r.message, r.message
 
 
+def test_a_token_file_serves_where_no_runtime_file_can_be_trusted(kbase: Jupyter, tmp_path: Path) -> None:
+    # As in the image: root without CAP_SYS_PTRACE cannot trust the notebook user's runtime file.
+    empty = tmp_path / "runtime"
+    empty.mkdir()
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    (tmp_path / "link").symlink_to(tmp_path / "token")
+    results = {}
+    for name in ("token", "link"):
+        cfg = Config(jupyter_port=kbase.port, jupyter_runtime_dir=str(empty), jupyter_base_url=kbase.base_url,
+                     torch_device="cpu", jupyter_token_file=str(tmp_path / name))
+        ctx = Context(cfg, time.monotonic() + 30, {}, State.off("tests"))
+        results[name] = jupyter_kernel.judge(jupyter_kernel.gather(ctx), ctx)
+        assert TOKEN not in json.dumps(results[name].to_dict())
+    assert results["token"].status is Status.PASS, results["token"].message
+    assert results["link"].reason == "api-error", results["link"].message  # a link is never followed
+
+
 def _busy_user_kernel(server: Jupyter) -> str:
     """A user's kernel, busy in a long cell."""
     import websocket
