@@ -72,12 +72,14 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
     _live[kid] = srv
     out: dict[str, Any] = {"kernel_id": kid}
     seen: set[int] = set()
+    owners: list[int | None] = []
     try:
-        out.update(watch(srv, kid, code, share, seen))
+        out.update(watch(srv, kid, code, share, seen, owners))
         if out["outcome"] == "reply":
             out["observed"] = round(time.monotonic() - started, 3)
         elif out["outcome"] == "died":
-            out["said"] = replay(spec, srv, min(share, time.monotonic() + REPLAY_WAIT))
+            uid = _uid_of(srv.pid) if srv.pid is not None else (owners[0] if owners else None)
+            out["said"] = replay(spec, srv, uid, min(share, time.monotonic() + REPLAY_WAIT))
     finally:
         out["cleanup"] = remove(srv, kid, seen, end)
         out["lingered"] = bool(out["cleanup"]["left"])
@@ -87,9 +89,11 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
 REPLAY_WAIT = 5.0
 
 
-def watch(srv: Server, kid: str, code: str, share: float, seen: set[int]) -> dict[str, Any]:
+def watch(srv: Server, kid: str, code: str, share: float, seen: set[int],
+          owners: list[int | None]) -> dict[str, Any]:
     """Run ``code`` over the kernel's channels in a thread while its processes are watched: a
-    kernel whose processes all end before the reply has died (``seen``: the pids seen)."""
+    kernel whose processes all end before the reply has died (``seen``: the pids seen;
+    ``owners``: the uid of the first)."""
     import threading
 
     chan = _kernel.Channel(srv, kid)
@@ -108,6 +112,8 @@ def watch(srv: Server, kid: str, code: str, share: float, seen: set[int]) -> dic
         if seen and not now and not done.is_set():
             died = "its process exited"
             break
+        if now and not seen:
+            owners.extend(_uid_of(pid) for pid in sorted(now)[:1])  # whom the server runs kernels as
         seen |= now
         if time.monotonic() >= share:
             break
@@ -163,7 +169,7 @@ def end_all() -> None:
         remove(srv, kid, set(), time.monotonic() + STOP_WAIT, STOP_WAIT)
 
 
-def replay(spec: dict[str, Any], srv: Server, deadline: float) -> str | None:
+def replay(spec: dict[str, Any], srv: Server, uid: int | None, deadline: float) -> str | None:
     """Run the kernelspec's command once more as a contained child, as the server's user with its
     environment, and return the line of its output that names why it exits (None: it did not)."""
     import json
@@ -186,10 +192,9 @@ def replay(spec: dict[str, Any], srv: Server, deadline: float) -> str | None:
                                                               "control_port", "hb_port"), ports))}, fh)
         os.chmod(conn, 0o644)
         argv = [a.replace("{connection_file}", conn) for a in argv]
-        env = {**_server_env(srv), **spec["env"]}
-        uid = _server_uid(srv)
+        env = {**_server_env(srv, uid), **spec["env"]}
         if uid is not None and os.geteuid() == 0 and uid != 0 and shutil.which("setpriv"):
-            argv = ["setpriv", f"--reuid={uid}", f"--regid={_server_gid(srv)}", "--clear-groups", "--", *argv]
+            argv = ["setpriv", f"--reuid={uid}", f"--regid={_gid_of(uid)}", "--clear-groups", "--", *argv]
         done = proc.run(argv, deadline=deadline, env=env, cwd=work)
     except OSError:
         return None
@@ -216,7 +221,7 @@ def interpreter_problem(spec: dict[str, Any], srv: Server) -> str | None:
         if not os.path.exists(program):
             return f"its argv names {shown}, which does not exist"
         return None if os.access(program, os.X_OK) else f"its argv names {shown}, which is not executable"
-    found = shutil.which(program, path=_server_env(srv).get("PATH") or os.defpath)
+    found = shutil.which(program, path=_server_env(srv, None).get("PATH") or os.defpath)
     return None if found else f"its argv names {shown}, which is not on the server's PATH"
 
 
@@ -236,8 +241,9 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _server_env(srv: Server) -> dict[str, str]:
-    """The server's environment (its kernels inherit it) when we may read it, else ours."""
+def _server_env(srv: Server, uid: int | None) -> dict[str, str]:
+    """The server's environment (its kernels inherit it) when we may read it, else ours with the
+    home and name of ``uid`` (where its ~/.local lies)."""
     if srv.pid is not None:
         try:
             with open(f"/proc/{srv.pid}/environ", "rb") as fh:
@@ -251,18 +257,29 @@ def _server_env(srv: Server) -> dict[str, str]:
                 return env
         except OSError:
             pass
-    return dict(os.environ)
+    env = dict(os.environ)
+    if uid is not None and uid != os.geteuid():
+        import pwd
+
+        try:
+            entry = pwd.getpwuid(uid)
+        except KeyError:
+            return env
+        env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
+    return env
 
 
-def _server_uid(srv: Server) -> int | None:
+def _uid_of(pid: int) -> int | None:
     try:
-        return os.stat(f"/proc/{srv.pid}").st_uid if srv.pid is not None else None
+        return os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return None
 
 
-def _server_gid(srv: Server) -> int:
+def _gid_of(uid: int) -> int:
+    import pwd
+
     try:
-        return os.stat(f"/proc/{srv.pid}").st_gid if srv.pid is not None else 0
-    except OSError:
-        return 0
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return uid
