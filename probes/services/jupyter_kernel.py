@@ -267,13 +267,14 @@ def check(ctx: Context, srv: Server) -> dict[str, Any]:
 
     from probes import proc
     from probes.framework.deep import Torch
-    from probes.services import _kernel, kernel_run
+    from probes.services import _kernel, _net, kernel_run
 
     end = ctx.deadline - proc.MARGIN
     share = end - min(CLEANUP, max(0.0, end - time.monotonic()) / 4)
     device = ctx.config.of(Torch).torch_device
-    data: dict[str, Any] = {"kind": "kernel", "lingered": False, "device": device, "where": srv.host and
-                            f"{srv.host}:{srv.port}", "budget": round(max(0.0, share - time.monotonic()), 2)}
+    data: dict[str, Any] = {"kind": "kernel", "lingered": False, "device": device,
+                            "where": _net.host_header(srv.host, srv.port),
+                            "budget": round(max(0.0, share - time.monotonic()), 2)}
     specs = _kernel.rest(srv, "GET", "api/kernelspecs", share)
     listing = kernel_run.kernelspecs(specs)
     if listing is None:
