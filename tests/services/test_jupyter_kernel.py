@@ -339,3 +339,35 @@ def test_a_gpu_the_workload_fills_gets_no_op_and_a_warning(kserver: Jupyter, tmp
     res = run_cli("--profile", "startup", "--only", "jupyter-kernel", "--json", env=env)
     check = json.loads(res.stdout)["checks"]["jupyter-kernel:startTime"][0]
     assert (res.returncode, check["reason"]) == (1, "kernel-op-failed"), check
+
+
+# ---------------------------------------------------------------- the image's case: root without CAP_SYS_PTRACE
+
+def test_root_without_ptrace_uses_the_token_file_and_still_names_a_dead_kernels_cause(kserver: Jupyter,
+                                                                                     tmp_path: Path) -> None:
+    # As Docker runs the HEALTHCHECK: root without CAP_SYS_PTRACE may not look into the server's
+    # file descriptors, so it cannot trust its runtime file (the token comes from the token file)
+    # nor read the server's environment (the dead kernel's command runs again with the suite's).
+    from tests.services.conftest import needs_root
+
+    needs_root()
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    env = _env(kserver, tmp_path, HEALTHCHECK_JUPYTER_TOKEN_FILE=str(tmp_path / "token"), PYTHONPATH=str(ROOT))
+    argv = ["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace", sys.executable, "-m", "probes",
+            "--profile", "startup", "--only", "jupyter-kernel", "--json", "-v"]
+    checks = {}
+    for name in ("ok", "broken"):
+        before = kernel_ids(kserver)
+        res = subprocess.run(argv, env={**env, "HEALTHCHECK_JUPYTER_KERNEL_NAME": name}, cwd=ROOT,
+                             capture_output=True, text=True, timeout=90, check=False)
+        assert TOKEN not in res.stdout + res.stderr
+        checks[name] = json.loads(res.stdout)["checks"]["jupyter-kernel:startTime"][0]
+        assert kernel_ids(kserver) <= before
+    assert checks["ok"]["status"] == "pass", checks["ok"]["output"]
+    assert checks["broken"]["reason"] == "kernel-died", checks["broken"]["output"]
+    assert "ImportError: comm is broken: planted by the test" in checks["broken"]["output"]
+    res = subprocess.run(argv, env={**env, "HEALTHCHECK_JUPYTER_TOKEN_FILE": str(tmp_path / "none"),
+                                    "HEALTHCHECK_JUPYTER_KERNEL_NAME": "ok"},
+                         cwd=ROOT, capture_output=True, text=True, timeout=90, check=False)
+    check = json.loads(res.stdout)["checks"]["jupyter-kernel:startTime"][0]
+    assert check["reason"] == "api-error" and "HTTP 403" in check["output"], check  # the file was refused
