@@ -378,12 +378,18 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
         cause = f": {untrusted.clean(said, 200)}" if said else " (the server's log has its output)"
         return failed(NAME, f"{what} died during start-up{cause}: remove or fix what breaks it (often a "
                       "package under ~/.local: pip list --user)", reason="kernel-died", **kw)
-    if outcome in ("timeout", "channels-failed"):
+    if outcome == "channels-failed":
+        why = untrusted.clean(data.get("why"), 80)
+        denied = why.endswith(("HTTP 401", "HTTP 403"))
+        return failed(NAME, f"{what} started but {why}: " + (
+            "point HEALTHCHECK_JUPYTER_RUNTIME_DIR or HEALTHCHECK_JUPYTER_TOKEN_FILE at the server's token"
+            if denied else "see the server's log; fix the kernelspec or reinstall the kernel"),
+            reason="api-error" if denied else "kernel-start-failed", **kw)
+    if outcome == "timeout":
         stage = {"start": "to start", "connect": "to answer", "execute": "to run the cell"}.get(
             str(data.get("stage")), "to answer")
-        why = f" ({untrusted.clean(data.get('why'), 80)})" if outcome == "channels-failed" else ""
         return failed(NAME, f"{what} gave no verified reply within {float(data.get('budget') or 0):.1f}s: it "
-                      f"took too long {stage}{why}; it was removed: the kernel hangs or the machine is "
+                      f"took too long {stage}; it was removed: the kernel hangs or the machine is "
                       "overloaded", reason="kernel-timeout", **kw)
     return _judge_reply(data, what, kw, ctx)
 

@@ -371,3 +371,40 @@ def test_root_without_ptrace_uses_the_token_file_and_still_names_a_dead_kernels_
                          cwd=ROOT, capture_output=True, text=True, timeout=90, check=False)
     check = json.loads(res.stdout)["checks"]["jupyter-kernel:startTime"][0]
     assert check["reason"] == "api-error" and "HTTP 403" in check["output"], check  # the file was refused
+
+
+# ---------------------------------------------------------------- judge, on gathered data
+
+def _reply(report: dict[str, Any], **data: Any) -> dict[str, Any]:
+    line = jupyter_kernel.PREFIX + json.dumps(report)
+    return {"kind": "kernel", "outcome": "reply", "kernel": "python3", "device": "cuda", "observed": 4.2,
+            "stdout": f"noise\n{line}\n", "lingered": False, **data}
+
+
+TORCH = {"torch": "2.9.1", "cuda": "12.8", "available": True, "count": 2, "error": None,
+         "op": {"max_err": 1e-6, "scale": 80.0, "ms": 3.0}}
+
+
+@pytest.mark.parametrize(("data", "status", "reason", "words"), [
+    (_reply(TORCH), Status.PASS, None, "verified matmul on cuda in 4.2s (torch 2.9.1)"),
+    (_reply(TORCH, cache={"how": "ttl", "age": 42.0}), Status.PASS, None, "(cached, 42s old)"),
+    (_reply({**TORCH, "op": None}, room={"need_mib": 1024, "unknown": None, "full": []}), Status.WARN,
+     "workload-memory", "sees 2 GPU(s); the op was not run"),
+    (_reply({**TORCH, "op": {"max_err": 5.0, "scale": 80.0}}), Status.FAIL, "kernel-wrong-result", "6.2e-02"),
+    (_reply({**TORCH, "op": {"max_err": "nan", "scale": 80.0}}), Status.FAIL, "kernel-wrong-result",
+     "not a number"),
+    ({"kind": "kernel", "outcome": "reply", "stdout": "HEALTHCHECK-KERNEL-RESULT {\"forged\"\n",
+      "error": {"ename": "NameError", "evalue": "x\x1b[31m"}}, Status.FAIL, "kernel-wrong-result",
+     "no result line (NameError: x\\x1b[31m)"),
+    ({"kind": "kernel", "outcome": "channels-failed", "why": "the server refused the channels with HTTP 403"},
+     Status.FAIL, "api-error", "HEALTHCHECK_JUPYTER_TOKEN_FILE"),
+    ({"kind": "kernel", "outcome": "channels-failed", "why": "the server refused the channels with HTTP 500"},
+     Status.FAIL, "kernel-start-failed", "HTTP 500"),
+    ({"kind": "kernel", "outcome": "no-client"}, Status.WARN, "client-missing", "gpu-healthcheck[jupyter]"),
+    ({**_reply(TORCH), "lingered": True, "cleanup": {"deleted": False, "ended": 1, "left": 1}}, Status.FAIL,
+     "kernel-left", "1 process(es) left"),
+])
+def test_judge(data: dict[str, Any], status: Status, reason: str | None, words: str) -> None:
+    r = jupyter_kernel.judge(data, None)
+    assert (r.status, r.reason) == (status, reason), r.message
+    assert words in r.message and "\n" not in r.message and "\x1b" not in r.message, r.message
