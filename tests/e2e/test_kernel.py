@@ -58,7 +58,12 @@ def test_default_kernel_checked_broken_user_package_unhealthy_then_healthy(start
 
     site = exec_in(cid, "python3", "-c", "import site; print(site.getusersitepackages())",
                    user="dev").stdout.strip()
-    plant = f"mkdir -p '{site}' && echo \"raise ImportError('broken by the user')\" > '{site}/comm.py'"
+    # pytorch/pytorch's conda Python puts the user's site-packages before its own; the e2e base's
+    # venv (--system-site-packages) puts them after, so a .pth file there puts the broken module
+    # first, as a user's `pip install --user` of a broken package does in the real image.
+    plant = (f"mkdir -p '{site}/broken' && echo \"raise ImportError('broken by the user')\" > "
+             f"'{site}/broken/comm.py' && echo \"import sys; sys.path.insert(0, '{site}/broken')\" > "
+             f"'{site}/zz-broken.pth'")
     exec_in(cid, "sh", "-c", plant, user="dev")
     wait_for_health(cid, "unhealthy", 120)
     output = last_output(cid)
@@ -68,6 +73,6 @@ def test_default_kernel_checked_broken_user_package_unhealthy_then_healthy(start
     assert "ImportError: broken by the user" in str(broken.get("output")), broken
     no_kernel_left(cid)
 
-    exec_in(cid, "rm", "-f", f"{site}/comm.py", user="dev")
+    exec_in(cid, "rm", "-rf", f"{site}/zz-broken.pth", f"{site}/broken", user="dev")
     wait_for_health(cid, "healthy", 120)
     no_kernel_left(cid)
