@@ -79,6 +79,19 @@ def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: t
         check(obj[key], kind, nullable, f"{where}.{key}")
 
 
+def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key: str = "") -> Any:
+    """A copy of a validated report with every string made one printable line of at most ``limit``
+    characters (``limits``: per field name); numbers, booleans and None stay what they are (an
+    error's ``code`` stays the integer the CUDA error table is keyed by)."""
+    if isinstance(value, dict):
+        return {k: cleaned(v, limit, limits, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [cleaned(v, limit, limits, key) for v in value]
+    if isinstance(value, str):
+        return untrusted.clean(value, (limits or {}).get(key, limit))
+    return value
+
+
 def result(stdout: bytes, prefix: str) -> Any:
     """The JSON of the one result line in ``stdout``; Bad when there is none, more than one,
     or it is not readable JSON (malformed, too deep, NaN, a number too large for a float)."""

@@ -3,7 +3,6 @@ suite (torch_cuda.py judges it). A report that does not match the schema exactly
 
 from __future__ import annotations
 
-from probes import untrusted
 from probes.framework import protocol
 from probes.framework.protocol import BOOL, INT, MEASURE, NUM, STR
 
@@ -26,17 +25,6 @@ _DEVICE = {"index": (INT, False), "name": (STR, False), "uuid": (STR, True), "op
 _TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False), "expect_count": (INT, True),
         "torch": (STR, True), "cuda": (STR, True), "cuda_built": (BOOL, True),
         "available": (BOOL, True), "count": (INT, True), "visible_devices": (STR, True)}
-
-
-def _cleaned(value: Any, key: str = "") -> Any:
-    """A copy of a validated report with every string made one printable line."""
-    if isinstance(value, dict):
-        return {k: _cleaned(v, k) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_cleaned(v, key) for v in value]
-    if isinstance(value, str):
-        return untrusted.clean(value, TEXT_LIMITS.get(key, TEXT))
-    return value
 
 
 def validate(report: Any, device: str, size: int) -> dict[str, Any]:
@@ -71,7 +59,7 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     stopped = report["error"] is not None or any(d["error"] is not None for d in devices)
     if not stopped and report["count"] is not None and len(devices) != report["count"]:
         raise protocol.Bad("the result does not cover every device")
-    cleaned: dict[str, Any] = _cleaned(report)
+    cleaned: dict[str, Any] = protocol.cleaned(report, TEXT, TEXT_LIMITS)
     return cleaned
 
 
