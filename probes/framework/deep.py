@@ -271,8 +271,21 @@ def lock_timeout(name: str, data: dict[str, Any], **kw: Any) -> Result:
                   "nccl or model) still holds the lock", reason="deadline", **kw)
 
 
+def limited(name: str, data: dict[str, Any], **kw: Any) -> Result | None:
+    """judge() of a deep check whose worker a resource limit kept from starting (the interpreter is
+    not at fault: not checked); None otherwise."""
+    from probes import childio
+
+    if childio.limited(data.get("spawn_error")):
+        return warned(name, f"not checked: the worker {data['spawn_error']}", reason="limit", **kw)
+    return None
+
+
 def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Result | None:
     """judge() of a deep check whose worker's interpreter cannot be run; None if it could."""
+    limit = limited(name, data, **kw)
+    if limit is not None:
+        return limit
     if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
         python = untrusted.clean(ctx.config.of(Torch).torch_python, 80)
         return failed(name, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "

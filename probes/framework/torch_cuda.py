@@ -406,6 +406,8 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
                              "cache": data.get("cache")}
     kw: dict[str, Any] = {"unit": UNIT, "facts": facts}
     report = data.get("report")
+    if (limit := deep.limited(NAME, data, **kw)) is not None:
+        return limit
     if data.get("spawn_error") == "not found" or (report is None and data.get("returncode") == 127):
         return failed(NAME, f"torch interpreter {python} not found: set HEALTHCHECK_TORCH_PYTHON to the "
                       "image's Python that has torch (e.g. /opt/conda/bin/python)",

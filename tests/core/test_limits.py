@@ -141,3 +141,38 @@ def test_a_child_that_a_limit_keeps_from_starting_is_named_as_that_limit(limit):
     words = {"nofile": "could not start: too many open files (RLIMIT_NOFILE=",
              "nproc": "could not start: process limit reached (RLIMIT_NPROC=1, or the container's pids limit)"}
     assert said.startswith(words[limit]), said
+
+
+PROBES = """
+import json, sys, time
+from probes.config import Config
+from probes.context import Context
+from probes.framework import nccl, torch_cuda
+from probes.hardware import nvidia_smi
+from probes.state import State
+
+cfg = Config()._replace(torch_device="cpu", torch_python=sys.executable)
+out = {}
+for module, device in ((nvidia_smi, "cpu"), (torch_cuda, "cpu"), (nccl, "cuda")):
+    ctx = Context(cfg._replace(torch_device=device, nccl_min_shm_mib=0), time.monotonic() + 20, {},
+                  State.open(sys.argv[1]))
+    r = module.judge(module.gather(ctx), ctx)
+    out[module.NAME] = [r.status.value, r.reason, r.message]
+print(json.dumps(out))
+"""
+
+
+def test_a_tool_or_worker_that_the_process_limit_keeps_from_starting_is_not_blamed(short_dir):
+    """nvidia-smi was 'check the file mounted by the NVIDIA Container Toolkit', the torch worker
+    'set HEALTHCHECK_TORCH_PYTHON to an executable Python': fork() said EAGAIN, and neither is at fault."""
+    prefix = as_another_user(1)  # 1: the interpreter itself, so fork() says EAGAIN
+    nobody_can_run_the_suite(as_another_user(64))
+    state = short_dir / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, UID, UID)
+    out = subprocess.run([*prefix, sys.executable, "-c", PROBES, str(state)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=False, env=clean_env(PATH="/usr/bin:/bin"))
+    assert out.returncode == 0, out.stderr
+    for name, (status, reason, message) in json.loads(out.stdout).items():
+        assert (status, reason) == ("warn", "limit"), (name, message)
+        assert "could not start: process limit reached (RLIMIT_NPROC=1" in message, (name, message)
