@@ -230,6 +230,7 @@ def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
     return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
             "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
             "held_by": done.held_by, "budget": round(budget, 2), "phase": phase(done.stderr),
+            "memory": protocol.out_of_memory(done.stderr),
             "report": report, "problem": problem, "finished": time.time(), "cache": None,
             "room": None if space is None else space.facts()}, done
 

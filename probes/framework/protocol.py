@@ -116,6 +116,19 @@ def arrived(stdout: bytes, prefix: str) -> bool:
     return any(line.startswith(marker) and line.endswith((b"\n", b"\r")) for line in lines)
 
 
+# What an interpreter says when loading ran out of memory or address space (RLIMIT_AS): Python's
+# MemoryError, the C library's ENOMEM text, the dynamic loader's mmap() failure, C++'s allocation
+# failure (std::bad_alloc, then abort()).
+MEMORY_WORDS = ("memoryerror", "cannot allocate memory", "failed to map segment from shared object",
+                "std::bad_alloc")
+
+
+def out_of_memory(text: bytes | str) -> bool:
+    """Whether ``text`` (a worker's stderr or error message) says it ran out of memory."""
+    low = (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).lower()
+    return any(word in low for word in MEMORY_WORDS)
+
+
 def last_phase(stderr: bytes, phase: str, names: str) -> str | None:
     """The last progress marker in ``stderr`` whose whole name matches the pattern ``names``:
     where the worker was when it stopped."""
