@@ -363,6 +363,16 @@ class Problem(Record):
         self.message = message
 
 
+def _memory_problems(g: Gpu) -> list[Problem]:
+    """A GPU with 0 MiB of memory: no GPU has none (one without memory of its own, an integrated GPU,
+    answers NOT_SUPPORTED), so it is broken or misreported, and nothing can run there either way."""
+    if g.memory_total_mib != 0:
+        return []
+    return [Problem(Status.FAIL, "no-memory", f"GPU {g.index} reports 0 MiB of memory (NVML): the GPU is "
+                    "broken or the driver misreports it, and no workload can run there; check nvidia-smi -q "
+                    f"-d MEMORY and dmesg for Xid, {RESET}")]
+
+
 def _gpu_problems(g: Gpu, reporting: int) -> list[Problem]:
     from probes.hardware import nvml_lib
 
@@ -394,10 +404,7 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[Problem]:
     if g.retired_pending is True:
         out.append(Problem(fail, "page-retirement-pending", f"GPU {i} has page retirements pending: "
                            f"{RESET} when idle to retire the pages"))
-    if g.memory_total_mib == 0:
-        out.append(Problem(fail, "no-memory", f"GPU {i} reports 0 MiB of memory (NVML): the GPU is broken or "
-                           f"the driver misreports it, and no workload can run there; check nvidia-smi -q -d "
-                           f"MEMORY and dmesg for Xid, {RESET}"))
+    out.extend(_memory_problems(g))
     reasons = g.clocks_event_reasons
     if isinstance(reasons, int) and reasons & (SW_THERMAL | HW_THERMAL):
         out.append(Problem(warn, "thermal-slowdown", f"GPU {i} clocks are slowed for heat (thermal "
