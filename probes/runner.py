@@ -137,13 +137,22 @@ def run_deadline(timeout: float, start: float) -> float:
     return start + timeout - min(0.5, timeout / 2)
 
 
+def _log_exception(message: str, *args: object) -> None:
+    """The exception being handled, to the log, if the log can be had: under an open-file limit
+    the logging module itself may not load, and that must not turn a result into a traceback."""
+    try:
+        logger().exception(message, *args)
+    except Exception:  # noqa: S110 - best effort by design
+        pass
+
+
 def _deadline_result(spec: Spec, module: object, ctx: Context, budget: float) -> Result:
     hook: Callable[[Context], Result] | None = getattr(module, "on_deadline", None)
     if hook is not None:
         try:
             return hook(ctx)
         except Exception:  # the hook must not turn a deadline into a crash
-            logger().exception("on_deadline of %s failed", spec.name)
+            _log_exception("on_deadline of %s failed", spec.name)
     return failed(spec.name, f"no answer within {budget:.1f}s (deadline passed)", reason="deadline")
 
 
@@ -153,11 +162,10 @@ def _raised(spec: Spec, exc: Exception) -> Result:
     hold paths, tokens or driver noise: it goes to the log only, when the log can be had at all."""
     import errno  # built in: importing it needs no file
 
-    try:
-        logger().exception("probe %s raised", spec.name)
-    except Exception:  # noqa: S110 - under EMFILE the logging module itself may not load
-        pass
-    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM):
+    _log_exception("probe %s raised", spec.name)
+    # Not EAGAIN: a non-blocking socket's BlockingIOError is a probe's bug, not the process limit
+    # (which a child's start, in probes.proc, and a thread's, here, answer themselves).
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
         words = childio.limit_words(exc.errno)
         return warned(spec.name, f"not checked: the {spec.name} probe could not go on: {words}",
                       reason="limit")
