@@ -59,7 +59,7 @@ def limited(check: dict) -> bool:
 
 
 def test_a_low_open_file_limit_is_not_checked_never_a_missing_shebang_nor_a_vanished_directory(short_dir):
-    """Under each limit from 5 to 16 descriptors: a drop-in passes, or its own shell fails under the
+    """Under each limit from 6 to 16 descriptors: a drop-in passes, or its own shell fails under the
     limit too, or it is "not checked" naming RLIMIT_NOFILE; never "give it a #! line" (EMFILE read
     as ENOEXEC), and a directory that cannot be opened is said, not taken as empty."""
     prlimit = shutil.which("prlimit")
@@ -67,7 +67,7 @@ def test_a_low_open_file_limit_is_not_checked_never_a_missing_shebang_nor_a_vani
         pytest.skip("needs prlimit (util-linux)")
     checks = drop_ins(short_dir, 3)
     seen: set[str] = set()
-    for n in range(5, 17):
+    for n in range(6, 17):
         _, found = run([prlimit, f"--nofile={n}"], checks, short_dir / "state")
         results = {key.split(":")[0]: value[0] for key, value in found.items()}
         for name, check in results.items():
