@@ -230,6 +230,7 @@ def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
     return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
             "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
             "held_by": done.held_by, "budget": round(budget, 2), "phase": phase(done.stderr),
+            "memory": protocol.out_of_memory(done.stderr),
             "report": report, "problem": problem, "finished": time.time(), "cache": None,
             "room": None if space is None else space.facts()}, done
 
@@ -271,8 +272,21 @@ def lock_timeout(name: str, data: dict[str, Any], **kw: Any) -> Result:
                   "nccl or model) still holds the lock", reason="deadline", **kw)
 
 
+def limited(name: str, data: dict[str, Any], **kw: Any) -> Result | None:
+    """judge() of a deep check whose worker a resource limit kept from starting (the interpreter is
+    not at fault: not checked); None otherwise."""
+    from probes import childio
+
+    if childio.limited(data.get("spawn_error")):
+        return warned(name, f"not checked: the worker {data['spawn_error']}", reason="limit", **kw)
+    return None
+
+
 def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Result | None:
     """judge() of a deep check whose worker's interpreter cannot be run; None if it could."""
+    limit = limited(name, data, **kw)
+    if limit is not None:
+        return limit
     if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
         python = untrusted.clean(ctx.config.of(Torch).torch_python, 80)
         return failed(name, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "

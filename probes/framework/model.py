@@ -195,9 +195,8 @@ def validate(report: Any, device: str) -> dict[str, Any]:
             raise protocol.Bad("result.error.kind is unknown")
     elif report["load_ms"] is None or report["params"] is None:
         raise protocol.Bad("a passing result without load time or parameters")
-    return {k: untrusted.clean(v, 200) if isinstance(v, str) else
-            ({ek: untrusted.clean(ev, 200) for ek, ev in v.items()} if isinstance(v, dict) else v)
-            for k, v in report.items()}
+    cleaned: dict[str, Any] = protocol.cleaned(report, 200)
+    return cleaned
 
 
 def parse_output(stdout: bytes, device: str) -> tuple[dict[str, Any] | None, str | None]:

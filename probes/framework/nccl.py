@@ -170,12 +170,7 @@ def validate(report: Any) -> dict[str, Any]:
             raise protocol.Bad("result.error.kind is unknown")
     elif None in (report["count"], report["bad"], report["max_err"], report["ms"]):
         raise protocol.Bad("a result without its measurements")
-    out = dict(report)
-    for key in ("torch", "nccl", "backend"):
-        if out[key] is not None:
-            out[key] = untrusted.clean(out[key], 40)
-    if out["error"] is not None:
-        out["error"] = {k: untrusted.clean(v, 300) for k, v in out["error"].items()}
+    out: dict[str, Any] = protocol.cleaned(report, 40, {"kind": 300, "type": 300, "message": 300})
     return out
 
 
