@@ -56,6 +56,34 @@ def phase(marker, name):
     sys.stderr.flush()
 
 
+def with_the_suite():
+    """Arm the parent-death signal (SIGKILL): a worker dies with the suite that started it, even
+    one killed by SIGKILL (probes/orphans.py). False when that suite is already gone (it died
+    before this was armed). The suite is named by the last of the run markers the suite puts in
+    the environment (``HEALTHCHECK_RUN_ID``: ``<pid>-<start>-<n>-<random>``); without one, or
+    where the kernel has no such option, there is nothing to check."""
+    parts = os.environ.get("HEALTHCHECK_RUN_ID", "").split(":")[-1].split("-")
+    if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, 9, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG, SIGKILL
+            return True
+    except (OSError, AttributeError):
+        return True
+    if os.getppid() == int(parts[0]):
+        return True  # armed while the suite is our parent: its death now kills us
+    # Re-parented already, or an interpreter wrapper that does not exec sits between us.
+    try:
+        with open("/proc/" + parts[0] + "/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return fields[19] == parts[1].encode() and fields[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
 def run(prefix, marker, report, work, failed=None, trace=False):
     """Run ``work(report)`` and print ``report`` as the one result line, then exit at once.
 
@@ -63,6 +91,8 @@ def run(prefix, marker, report, work, failed=None, trace=False):
     markers). ``failed(exc)``: the error dict of an exception that escapes ``work`` (None: it
     propagates, and there is no result line); ``trace``: print its traceback on stderr first.
     """
+    if not with_the_suite():
+        os._exit(1)  # the suite that started us is gone: nobody reads the answer
     result_fd = os.dup(1)
     os.dup2(2, 1)
     if marker is not None:

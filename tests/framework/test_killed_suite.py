@@ -1,0 +1,152 @@
+"""A suite killed by SIGKILL (the OOM killer, the front door's KILL after its TERM, a runtime
+ending a timed-out exec) runs no handler and ends nothing itself: its torch worker dies with it
+(the parent-death signal the worker arms), what else it left is ended by the next run (by the
+run marker), and the next run never starts a second worker beside a live orphan.
+
+Real processes and real signals: the suite is the real CLI (or the real front door), the worker
+the real torch_worker.py on the fake torch, sleeping in its import as a hung one would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.conftest import PYTHON, ROOT, clean_env, run_cli
+from tests.framework.conftest import REAL_PYTHON, Interp, write_exe
+
+WITHIN = 5.0  # seconds for what was killed to be gone (SIGKILL is asynchronous; a loaded machine)
+
+
+def _until(ready: Callable[[], object], within: float) -> object:
+    """Poll ``ready`` until it is truthy or ``within`` seconds pass; its last value."""
+    end = time.monotonic() + within
+    while not (value := ready()) and time.monotonic() < end:
+        time.sleep(0.05)
+    return value
+
+
+def _env(tmp_path: Path, python: object, **extra: str) -> dict[str, str]:
+    checks = tmp_path / "checks"
+    checks.mkdir(exist_ok=True)
+    return clean_env(HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_PYTHON=str(python),
+                     HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_CHECKS_DIR=str(checks),
+                     HEALTHCHECK_FASTPATH="false", HEALTHCHECK_TIMEOUT="30", **extra)
+
+
+def _suite(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([PYTHON, "-m", "probes", "--profile", "startup", *args], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _slow(make_interp: Callable[..., Interp], tmp_path: Path, name: str, **kw: str) -> tuple[Interp, Path]:
+    """An interpreter whose torch worker sleeps in its import; the file it creates once there
+    (after the phase markers it writes to the suite: a worker that writes to a dead suite's pipe
+    dies of SIGPIPE by itself)."""
+    ready = tmp_path / f"{name}.ready"
+    return make_interp(name, mode="ok", exports={"FAKE_TORCH_SLEEP": "60", "FAKE_TORCH_READY": str(ready)},
+                       **kw), ready
+
+
+def _kill(suite: subprocess.Popen[bytes]) -> None:
+    os.kill(suite.pid, signal.SIGKILL)
+    suite.wait(10)
+
+
+def _others(alive: Callable[[], list[int]], *besides: int) -> list[int]:
+    return [pid for pid in alive() if pid not in besides]
+
+
+@pytest.fixture
+def tagged(marker: Callable[[], list[int]]):
+    """The marker fixture's lister; whatever a test leaves is killed afterwards."""
+    yield marker
+    for pid in marker():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_the_worker_dies_with_a_suite_killed_by_sigkill(make_interp: Callable[..., Interp], tagged,
+                                                         tmp_path: Path) -> None:
+    py, ready = _slow(make_interp, tmp_path, "slow")
+    suite = _suite(_env(tmp_path, py), "--only", "torch-cuda")
+    assert _until(ready.exists, 20), "the torch worker did not start"
+    _kill(suite)
+    left = _until(lambda: not _others(tagged, suite.pid), WITHIN) or _others(tagged, suite.pid)
+    assert left is True, f"the worker outlived the killed suite: {left}"
+
+
+def test_the_front_doors_kill_after_its_term_leaves_no_worker(make_interp: Callable[..., Interp], tagged,
+                                                             tmp_path: Path) -> None:
+    """The front door TERMs the suite at its hard deadline and KILLs it a second later; here the
+    suite cannot act on the TERM (blocked: a wedged interpreter) and its own deadline is later."""
+    py, ready = _slow(make_interp, tmp_path, "slow")
+    wedged = write_exe(tmp_path / "wedged-python", (
+        "#!/bin/sh\n"
+        "entry=$3\nshift 3\n"  # the front door runs: python -I -c ENTRY ARGS...
+        "export HEALTHCHECK_TIMEOUT=30\n"
+        f'exec "{REAL_PYTHON}" -I -c "import signal; signal.pthread_sigmask(signal.SIG_BLOCK, '
+        '[signal.SIGTERM]); $entry" "$@"\n'))
+    env = _env(tmp_path, py, HEALTHCHECK_PYTHON=str(wedged))
+    env["HEALTHCHECK_TIMEOUT"] = "1"  # the front door's: its hard stop comes at 4 s
+    r = subprocess.run([str(ROOT / "healthcheck"), "--profile", "startup", "--only", "torch-cuda"], env=env,
+                       cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 1 and "no verdict within 4s (hard deadline)" in r.stdout, r.stdout + r.stderr
+    assert ready.exists(), "the torch worker did not start"
+    left = _until(lambda: not tagged(), WITHIN) or tagged()
+    assert left is True, f"the worker outlived the suite the front door killed: {left}"
+
+
+def test_the_next_run_ends_an_orphan_worker_before_it_starts_one(make_interp: Callable[..., Interp],
+                                                                 tagged, tmp_path: Path) -> None:
+    """An interpreter wrapper that does not exec keeps the worker from the parent-death signal's
+    reach (the worker's parent, the wrapper, lives on): the next run ends both before its own worker."""
+    slow, ready = _slow(make_interp, tmp_path, "wrapped", body=f'"{REAL_PYTHON}" "$@"')
+    suite = _suite(_env(tmp_path, slow), "--only", "torch-cuda")
+    assert _until(ready.exists, 20), "the torch worker did not start"
+    _kill(suite)
+    orphans = _others(tagged, suite.pid)
+    assert len(orphans) >= 2, f"no orphan to test with: {orphans}"
+    seen = tmp_path / "seen"
+    # The next run's interpreter notes the orphans' state as it starts: none may still be running.
+    pids = " ".join(map(str, orphans))
+    quick = make_interp("quick", mode="ok", body=(
+        f'for p in {pids}; do cat /proc/$p/stat >> "{seen}" 2>/dev/null; done; touch "{seen}"\n'
+        f'exec "{REAL_PYTHON}" "$@"'))
+    r = run_cli("--profile", "startup", "--only", "torch-cuda", "--json", env=_env(tmp_path, quick), timeout=60)
+    assert quick.starts == 1, r.stdout + r.stderr
+    running = [line for line in seen.read_text().splitlines() if line.rsplit(")", 1)[1].split()[0] not in "ZX"]
+    assert running == [], "the next run started its worker beside the orphans"
+    assert json.loads(r.stdout)["checks"]["torch-cuda:devices"][0]["status"] == "pass", r.stdout
+    left = _until(lambda: not tagged(), WITHIN) or tagged()
+    assert left is True, f"orphans left: {left}"
+
+
+def test_the_next_run_ends_what_a_killed_suites_drop_in_left(tagged, tmp_path: Path) -> None:
+    """A drop-in (and a grandchild of it that called setsid) outlives the SIGKILL of the suite
+    (nothing gives it a parent-death signal); the next run that starts a child ends them."""
+    env = _env(tmp_path, REAL_PYTHON, ENABLE_GPU_CHECK="false", ENABLE_TORCH_CHECK="false",
+               ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false")
+    flag = tmp_path / "hang"
+    flag.touch()
+    write_exe(tmp_path / "checks" / "sleeper", (
+        f'#!/bin/sh\nif [ -e "{flag}" ]; then setsid sleep 300 & exec sleep 300; fi\necho "fine"\n'))
+    suite = _suite(env, "--only", "sleeper")
+    _until(lambda: len(_others(tagged, suite.pid)) >= 2, 20)  # the drop-in and its grandchild
+    _kill(suite)
+    orphans = _others(tagged, suite.pid)
+    assert len(orphans) >= 2, f"no orphan to test with: {orphans}"
+    flag.unlink()
+    r = run_cli("--profile", "startup", "--only", "sleeper", env=env, timeout=60)
+    assert r.returncode == 0 and "sleeper" in r.stdout, r.stdout + r.stderr
+    left = _until(lambda: not tagged(), WITHIN) or tagged()
+    assert left is True, f"what the killed suite's drop-in left still runs: {left}"
