@@ -57,11 +57,18 @@ def suite_of(marker: bytes) -> tuple[int, int] | None:
 
 def _markers(pid: int) -> list[bytes]:
     """The run markers in a process's environment ([] when none, or it cannot be read)."""
+    # os.open/os.read: half the cost of open(); this is read for every process.
+    chunks = []
     try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            data = fh.read()
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
+        try:
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
     except OSError:
         return []
+    data = b"".join(chunks)
     at = data.find(_KEY)
     while at > 0 and data[at - 1] != 0:
         at = data.find(_KEY, at + 1)
