@@ -20,7 +20,7 @@ from typing import Callable
 import pytest
 
 from tests.conftest import PYTHON, ROOT, clean_env, run_cli
-from tests.framework.conftest import REAL_PYTHON, Interp, write_exe
+from tests.framework.conftest import FAKE_TORCH, REAL_PYTHON, Interp, write_exe
 
 WITHIN = 5.0  # seconds for what was killed to be gone (SIGKILL is asynchronous; a loaded machine)
 
@@ -150,3 +150,89 @@ def test_the_next_run_ends_what_a_killed_suites_drop_in_left(tagged, tmp_path: P
     assert r.returncode == 0 and "sleeper" in r.stdout, r.stdout + r.stderr
     left = _until(lambda: not tagged(), WITHIN) or tagged()
     assert left is True, f"what the killed suite's drop-in left still runs: {left}"
+
+
+def test_a_live_suites_worker_is_not_taken_for_a_leftover(make_interp: Callable[..., Interp], tagged,
+                                                          tmp_path: Path) -> None:
+    """Two suites at once: the second's sweep ends only what suites that are gone left."""
+    py, ready = _slow(make_interp, tmp_path, "slow")
+    first = _suite(_env(tmp_path, py), "--only", "torch-cuda")
+    try:
+        assert _until(ready.exists, 20), "the torch worker did not start"
+        workers = _others(tagged, first.pid)
+        assert workers
+        write_exe(tmp_path / "checks" / "quick", '#!/bin/sh\necho "fine"\n')
+        r = run_cli("--profile", "startup", "--only", "quick", env=_env(tmp_path, py), timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert first.poll() is None and set(workers) <= set(tagged()), "the live suite's worker was ended"
+    finally:
+        _kill(first)
+
+
+@pytest.fixture
+def frozen(tmp_path: Path):
+    """A directory on a frozen filesystem (a loop-mounted ext4 image under ``fsfreeze -f``): a write
+    there blocks in uninterruptible sleep, SIGKILL or not, as in a wedged driver, until thawed."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: mounts a loop device and freezes it")
+    image, mnt = tmp_path / "fs.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with image.open("wb") as fh:
+        fh.truncate(16 << 20)
+    for argv in (["mkfs.ext4", "-q", str(image)], ["mount", "-o", "loop", str(image), str(mnt)]):
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"cannot make a frozen filesystem here: {' '.join(argv[:1])}: {done.stderr.strip()}")
+    try:
+        subprocess.run(["fsfreeze", "-f", str(mnt)], check=True)
+        yield mnt
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(mnt)], capture_output=True, check=False)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def test_a_leftover_that_survives_sigkill_holds_the_gpu_and_no_worker_starts(
+        make_interp: Callable[..., Interp], tagged, frozen: Path, tmp_path: Path) -> None:
+    """The killed suite's worker sits in uninterruptible sleep (a write to a frozen filesystem,
+    as a wedged driver would hold it): the next run ends what it can, reports the survivor and
+    starts no worker beside it."""
+    stuck = make_interp("stuck", body=f'echo x > "{frozen}/f"')
+    first = _suite(_env(tmp_path, stuck), "--only", "torch-cuda")
+    found = _until(lambda: [p for p in _others(tagged, first.pid) if _state(p) == "D"], 20)
+    assert found, "the worker did not block"
+    _kill(first)
+    quick = make_interp("quick", mode="ok")
+    r = run_cli("--profile", "startup", "--only", "torch-cuda", "--json", env=_env(tmp_path, quick), timeout=60)
+    assert quick.starts == 0, "a second worker started beside the one that survived SIGKILL"
+    check = json.loads(r.stdout)["checks"]["torch-cuda:devices"][0]
+    assert r.returncode == 1 and check["status"] == "fail" and f"pid {found[0]}" in check["output"], check
+    subprocess.run(["fsfreeze", "-u", str(frozen)], check=True)  # the SIGKILL it got now ends it
+    left = _until(lambda: not tagged(), WITHIN) or tagged()
+    assert left is True, f"left: {left}"
+
+
+def test_a_worker_whose_suite_is_gone_before_it_arms_exits_at_once(tmp_path: Path) -> None:
+    """The race between the worker's start and the arming of its parent-death signal: a suite that
+    is already gone (its marker names a pid with another start time: the killed suite's pid reused,
+    or no process) gets no worker left running, and no answer."""
+    worker = ROOT / "probes" / "framework" / "torch_worker.py"
+    me = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]
+    pid1 = int(Path("/proc/1/stat").read_text().rsplit(")", 1)[1].split()[19])
+    for marker in ("outer-1-abc:999999999-5-1-abcd", f"1-{pid1 + 1}-1-abcd"):
+        env = {**clean_env(PYTHONPATH=str(FAKE_TORCH), FAKE_TORCH_MODE="ok"), "HEALTHCHECK_RUN_ID": marker}
+        done = subprocess.run([REAL_PYTHON, str(worker), "--device", "cpu"], env=env, capture_output=True,
+                              timeout=60, check=False)
+        assert (done.returncode, done.stdout) == (1, b""), (marker, done)
+    # The suite that started it is its parent: it runs.
+    env = {**clean_env(PYTHONPATH=str(FAKE_TORCH), FAKE_TORCH_MODE="ok"),
+           "HEALTHCHECK_RUN_ID": f"{os.getpid()}-{me}-1-abcd"}
+    done = subprocess.run([REAL_PYTHON, str(worker), "--device", "cpu"], env=env, capture_output=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0 and done.stdout.startswith(b"HEALTHCHECK-TORCH-RESULT "), done
