@@ -21,10 +21,10 @@ re-parented and keep running, a torch worker on the GPU among them. Two things c
 
 Why not the others: the lock held by the worker (its fd inherited) would make every later run
 wait for a hung orphan and report only "lock held", never end it; a cgroup is rarely delegated
-inside a container. The sweep costs one read of each process's environment (~1 ms for 100
-processes) in a suite process that starts a child, never on a liveness run that starts none.
-A leftover that also emptied its environment (``env -i`` after a double fork) is found only
-below one that did not.
+inside a container. The sweep reads each process's /proc/<pid>/stat and the environment of the
+session leaders (~1 ms for 100 processes), in a suite process that starts a child, never on a
+liveness run that starts none. A leftover that also emptied its environment (``env -i`` after a
+double fork) is found only below, or in the session of, one that did not.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import os
 import signal
 import time
 
-from probes.pidstat import stat
+from probes.pidstat import Proc, stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -78,11 +78,18 @@ def _markers(pid: int) -> list[bytes]:
     return data[at + len(_KEY):end if end >= 0 else len(data)].split(b":")
 
 
-def _gone(suite: tuple[int, int], known: dict[tuple[int, int], bool]) -> bool:
-    if suite not in known:
-        st = stat(suite[0])
-        known[suite] = st is None or st.start != suite[1] or st.state in DEAD
-    return known[suite]
+def _table() -> dict[int, Proc]:
+    table: dict[int, Proc] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if entry.isdigit():
+            st = stat(int(entry))
+            if st is not None and st.state not in DEAD:
+                table[int(entry)] = st
+    return table
 
 
 def _pid_ns(pid: int | str) -> str | None:
@@ -93,38 +100,43 @@ def _pid_ns(pid: int | str) -> str | None:
 
 
 def leftovers() -> set[int]:
-    """The processes that carry the run marker of a suite process that is gone, and what is
-    below them, in this pid namespace (a marker's pid means nothing in another)."""
+    """The processes that carry the run marker of a suite process that is gone, what is below
+    them and what is in the sessions they lead, in this pid namespace (a marker's pid means
+    nothing in another).
+
+    Only the environments of session leaders, and of processes whose session leader is gone, are
+    read: each child the suite starts leads a session of its own, and a descendant is in that
+    session, in one it leads itself (setsid), or in one whose leader died. An environment is read
+    through the process's memory map, which a process stuck in a driver may hold: the fewer read,
+    the fewer such waits; /proc/<pid>/stat is read without it.
+    """
     me = os.getpid()
     mine = set(os.environ.get(RUN_ID_VAR, "").encode().split(b":"))  # our enclosing runs: not ours to judge
-    known: dict[tuple[int, int], bool] = {}
+    table = _table()
     found: set[int] = set()
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        for marker in _markers(int(entry)):
+    for pid, p in table.items():
+        if pid == me or (p.sid != pid and p.sid in table):
+            continue  # in a live session: its leader, or a process above it, tells
+        for marker in _markers(pid):
             suite = suite_of(marker)
-            if suite is not None and marker not in mine and _gone(suite, known):
-                found.add(int(entry))
+            if suite is None or marker in mine:
+                continue
+            cur = table.get(suite[0])
+            if cur is None or cur.start != suite[1]:
+                found.add(pid)
                 break
     if not found:
         return found
     ns = _pid_ns("self")
     found = {pid for pid in found if _pid_ns(pid) == ns}
-    return _below(found, entries) - {me}
+    led = {pid for pid in found if table[pid].sid == pid}
+    return _below(table, found | {pid for pid, p in table.items() if p.sid in led}) - {me}
 
 
-def _below(roots: set[int], entries: Iterable[str]) -> set[int]:
+def _below(table: dict[int, Proc], roots: set[int]) -> set[int]:
     kids: dict[int, list[int]] = {}
-    for entry in entries:
-        if entry.isdigit():
-            st = stat(int(entry))
-            if st is not None and st.state not in DEAD:
-                kids.setdefault(st.ppid, []).append(int(entry))
+    for pid, p in table.items():
+        kids.setdefault(p.ppid, []).append(pid)
     found: set[int] = set()
     todo = list(roots)
     while todo:

@@ -132,19 +132,20 @@ def test_the_next_run_ends_an_orphan_worker_before_it_starts_one(make_interp: Ca
 
 
 def test_the_next_run_ends_what_a_killed_suites_drop_in_left(tagged, tmp_path: Path) -> None:
-    """A drop-in (and a grandchild of it that called setsid) outlives the SIGKILL of the suite
-    (nothing gives it a parent-death signal); the next run that starts a child ends them."""
+    """What a drop-in started (a grandchild that called setsid, one left in the drop-in's session
+    once the drop-in itself exited) outlives the SIGKILL of the suite (nothing gives it a
+    parent-death signal); the next run that starts a child ends it."""
     env = _env(tmp_path, REAL_PYTHON, ENABLE_GPU_CHECK="false", ENABLE_TORCH_CHECK="false",
                ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false")
     flag = tmp_path / "hang"
     flag.touch()
     write_exe(tmp_path / "checks" / "sleeper", (
-        f'#!/bin/sh\nif [ -e "{flag}" ]; then setsid sleep 300 & exec sleep 300; fi\necho "fine"\n'))
+        f'#!/bin/sh\nif [ -e "{flag}" ]; then setsid sleep 300 & sleep 300 & exec sleep 1; fi\necho "fine"\n'))
     suite = _suite(env, "--only", "sleeper")
-    _until(lambda: len(_others(tagged, suite.pid)) >= 2, 20)  # the drop-in and its grandchild
+    _until(lambda: len(_others(tagged, suite.pid)) >= 3, 20)  # the drop-in and its two children
     _kill(suite)
-    orphans = _others(tagged, suite.pid)
-    assert len(orphans) >= 2, f"no orphan to test with: {orphans}"
+    orphans = _until(lambda: len(tagged()) == 2, 20) and tagged()  # the drop-in exited
+    assert orphans and len(orphans) == 2, f"no orphans to test with: {tagged()}"
     flag.unlink()
     r = run_cli("--profile", "startup", "--only", "sleeper", env=env, timeout=60)
     assert r.returncode == 0 and "sleeper" in r.stdout, r.stdout + r.stderr
