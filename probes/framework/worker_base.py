@@ -12,7 +12,8 @@ What it holds is the part every worker repeated: the result channel (a dup of fd
 pointed at stderr so that stray prints, ours or torch's C++ code's, never reach it), the phase
 markers on stderr, the common part of an error dict, ``measure`` for strict JSON, the one
 result line, and ``os._exit``, which skips an interpreter teardown that can hang after a
-fatal CUDA error or a failed collective.
+fatal CUDA error or a failed collective. And before all that, the parent-death signal: a worker
+dies with the suite that started it, even a suite killed by SIGKILL (``with_the_suite``).
 """
 
 import os
