@@ -212,15 +212,22 @@ def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
     """A deep check's worker run under the probe's deadline, on the GPUs with
     ``need_mib`` MiB free (see :func:`start`): what its judge() reads of the run (``locked_run``'s
     ``run``), and the process, for what else it reads there (None when none was started)."""
-    from probes import proc
+    from probes import orphans, proc
 
-    space, env = start(ctx, need_mib, env)
-    if space is not None and space.none_left:
-        return no_room(space), None
+    # What a killed suite left (a worker behind a wrapper, its grandchildren) goes before the GPUs'
+    # memory is surveyed; one that survives SIGKILL may hold the GPU: no second worker beside it.
+    space = None
+    held = orphans.end()
+    if held:
+        logger().info("%s: processes of a killed run survive SIGKILL: %s", name, held)
+    else:
+        space, env = start(ctx, need_mib, env)
+        if space is not None and space.none_left:
+            return no_room(space), None
     deadline = ctx.deadline - proc.MARGIN
     budget = max(0.0, deadline - time.monotonic())
-    done = proc.run(argv, deadline=deadline, env=env, state=ctx.state, key=name, until=arrived,
-                    linger=proc.LINGER)
+    done = proc.Completed(tuple(argv), None, stuck=True, held_by=held[0]) if held else proc.run(
+        argv, deadline=deadline, env=env, state=ctx.state, key=name, until=arrived, linger=proc.LINGER)
     report, problem = parse(done.stdout)
     if (report is None or report.get("error") or done.timed_out or done.lingered
             or any(isinstance(d, dict) and d.get("error") for d in report.get("devices", ()))):
