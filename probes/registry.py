@@ -30,6 +30,7 @@ MODULES = (
     "probes.framework.nccl",
     "probes.services.jupyter",
     "probes.services.ssh",
+    "probes.services.ssh_keys",
 )
 
 
