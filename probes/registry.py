@@ -31,6 +31,7 @@ MODULES = (
     "probes.services.jupyter",
     "probes.services.ssh",
     "probes.services.ssh_keys",
+    "probes.services.ssh_login",
 )
 
 
