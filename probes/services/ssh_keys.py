@@ -261,14 +261,12 @@ def keys_file(path: str, uid: int, user: str, home: str) -> dict[str, Any]:
         lst = os.lstat(path)
     except OSError:
         return {"path": path, "state": "missing"}
-    real = path
-    if stat.S_ISLNK(lst.st_mode):
-        if lst.st_uid not in (0, uid):
-            return {"path": path, "state": "unsafe",
-                    "problem": {"path": path, "owner": lst.st_uid, "mode": "link",
-                                "fix": f"replace the symbolic link {path} with {user}'s own file"},
-                    "why": f"a symbolic link owned by uid {lst.st_uid}"}
-        real = os.path.realpath(path)
+    if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in (0, uid):
+        return {"path": path, "state": "unsafe",
+                "problem": {"path": path, "owner": lst.st_uid, "mode": "link",
+                            "fix": f"replace the symbolic link {path} with {user}'s own file"},
+                "why": f"a symbolic link owned by uid {lst.st_uid}"}
+    real = os.path.realpath(path)  # sshd judges the resolved path, as here
     try:
         raw, st = read_regular(real, MAX_KEYS_FILE)
     except Refused as exc:

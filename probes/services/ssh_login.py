@@ -82,8 +82,8 @@ SPEC = Spec(
         Cause("no-client", "fail", "the `ssh` client is not installed", "install openssh-client"),
         Cause("deadline", "fail", "no answer before the deadline (a stall in key exchange, a hung session)",
               "sshd is overloaded or stuck: restart it"),
-        Cause("could-not", "warn", "no private directory for the run's known hosts file", "give the suite a "
-              "writable `HEALTHCHECK_STATE_DIR` or `TMPDIR`"),
+        Cause("could-not", "warn", "the run's known hosts file could not be written (no writable private "
+              "directory, or a full disk)", "give the suite a writable `HEALTHCHECK_STATE_DIR` or `TMPDIR`"),
     ),
 )
 
@@ -185,9 +185,12 @@ def gather(ctx: Context) -> dict[str, Any]:
         return {"outcome": "could-not"}
     hosts_file = os.path.join(scratch, "known_hosts")
     try:
-        fd = os.open(hosts_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        try:
+            fd = os.open(hosts_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write("\n".join(lines) + "\n")
+        except OSError:  # a full disk: not checked, which is not unhealthy
+            return {"outcome": "could-not"}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": scratch, "LC_ALL": "C"}
         done = proc.run(client_argv(s, ctx.config.host, hosts_file, ctx.remaining()),
                         deadline=ctx.deadline - proc.MARGIN, env=env, cwd=scratch, max_output=4096)
@@ -234,8 +237,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                       "the server against; set HEALTHCHECK_SSH_HOST_KEYS or run ssh-keygen -A",
                       reason="no-host-keys")
     if outcome == "could-not":
-        return warned(NAME, "login not checked: no private directory for the known hosts file (state dir "
-                      "and TMPDIR not writable)", reason="could-not")
+        return warned(NAME, "login not checked: the known hosts file could not be written (state dir and "
+                      "TMPDIR not writable, or full)", reason="could-not")
     if data["spawn_error"]:
         return failed(NAME, f"cannot run the ssh client ({clean(data['spawn_error'], 60)}): install "
                       "openssh-client", reason="no-client")

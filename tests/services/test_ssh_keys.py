@@ -234,3 +234,12 @@ def test_cli_runs_it_in_readiness_not_in_liveness(tmp_path: Any) -> None:
     assert check["status"] == "fail" and "no-such-user-here does not exist" in check["output"]
     out = run_cli("--profile", "liveness", "--json", "--skip", "jupyter,ssh", env=env, timeout=60)
     assert "ssh-keys" not in out.stdout
+
+
+def test_home_reached_through_a_symbolic_link_is_judged_at_its_real_path(box: Box) -> None:
+    # /home -> /data/home: sshd resolves the key file's path and stops at the resolved home.
+    (box.root / "link").symlink_to(box.root / "home")
+    box.home = box.root / "link" / "dev"
+    box.account(shell="/bin/bash", password="!", expire="")
+    r = box.check()
+    assert r.status is Status.PASS, r.message

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 from probes.result import Result, Status
 from probes.services import ssh_login
-from tests.conftest import clean_env, run_cli
+from tests.conftest import ROOT, clean_env, run_cli
 from tests.servers import Sshd, wait_gone
 from tests.services.conftest import make_ctx, needs_root
 
@@ -181,3 +182,26 @@ def test_host_keys_setting_must_be_absolute_paths(tmp_path: Path) -> None:
     env = clean_env(HEALTHCHECK_SSH_HOST_KEYS="relative.pub", HEALTHCHECK_STATE_DIR=str(tmp_path))
     out = run_cli("--only", "ssh", env=env, timeout=60)
     assert out.returncode == 3 and "HEALTHCHECK_SSH_HOST_KEYS" in out.stdout + out.stderr
+
+
+def test_a_full_disk_is_not_checked_rather_than_unhealthy(login: Any, tmp_path: Path) -> None:
+    # Principle 14: a full /tmp and state directory give an honest "not checked", never an error.
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare(1) is not installed: cannot mount a private tmpfs")
+    srv = login()
+    full = tmp_path / "full"
+    full.mkdir()
+    env = clean_env(HEALTHCHECK_SSH_PORT=str(srv.sshd.port), HEALTHCHECK_SSH_PROBE_KEY=str(srv.key),
+                    HEALTHCHECK_SSH_PROBE_USER="root", HEALTHCHECK_SSH_HOST_KEYS=f"{srv.sshd.host_key}.pub",
+                    HEALTHCHECK_STATE_DIR=f"{full}/state", TMPDIR=str(full))
+    script = ('mount -t tmpfs -o size=64k hc-test-full "$1" && mkdir -m 700 "$1/state" && '
+              '{ head -c 1048576 /dev/zero >"$1/fill" 2>/dev/null; '
+              'exec "$0" -m probes --only ssh,ssh-login --json; }')
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script,
+                           sys.executable, str(full)], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=str(ROOT), check=False)
+    if "mount" in done.stderr and done.returncode not in (0, 1):
+        pytest.skip(f"cannot mount a tmpfs in a private mount namespace: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    check = json.loads(done.stdout)["checks"]["ssh-login:login"][0]
+    assert (check["status"], check["reason"]) == ("warn", "could-not"), check
