@@ -70,9 +70,12 @@ RUN chmod 0755 /usr/local/bin/gpu-dev-entrypoint \
 # Jupyter runs as; the container itself starts as root because sshd needs it.
 # HEALTHCHECK_SERVE=true makes the entrypoint start and supervise `healthcheck serve`
 # (HTTP probes and metrics on HEALTHCHECK_SERVE_PORT, 8779) beside sshd and Jupyter.
+# HEALTHCHECK_SSH_PROBE_KEY makes the entrypoint create the health check's own SSH principal
+# and key at each start, and turns on the ssh-login probe (a real login over loopback).
 ENV JUPYTER_RUNTIME_DIR=/run/jupyter \
     DEV_USER=${DEV_USER} \
-    HEALTHCHECK_SERVE=false
+    HEALTHCHECK_SERVE=false \
+    HEALTHCHECK_SSH_PROBE_KEY=/run/healthcheck-ssh/id_ed25519
 
 EXPOSE 22 8888
 

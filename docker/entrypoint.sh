@@ -15,6 +15,9 @@
 #   JUPYTER_TOKEN              the Jupyter token; generated when unset (never disabled, never logged)
 #   JUPYTER_PORT               Jupyter's port (default 8888); JUPYTER_RUNTIME_DIR is set by the image
 #   DEV_USER                   the user Jupyter runs as and SSH logs in to (default: the image's)
+#   HEALTHCHECK_SSH_PROBE_KEY  where to make the health check's own SSH key at each start (the image
+#                              sets it); unset: no probe principal, no probe login
+#   HEALTHCHECK_SSH_PROBE_USER the probe principal (default healthcheck), made when missing
 #   HEALTHCHECK_SERVE          true/false (1/0, yes/no, on/off; default false): run `healthcheck serve`
 #                              too (it reads HEALTHCHECK_SERVE_HOST, HEALTHCHECK_SERVE_PORT, ...)
 set -euo pipefail
@@ -69,6 +72,33 @@ if [ -s "$home/.ssh/authorized_keys.new" ]; then
 else
   rm -f "$home/.ssh/authorized_keys.new"
   log "ssh: no authorized keys given (SSH_AUTHORIZED_KEYS or $keys_file): nobody can log in"
+fi
+
+# The health check's own SSH login (the ssh-login probe; docs/image.md, "The SSH probe
+# principal"): a principal with no password and no other use, whose key, made fresh at every
+# start and readable by root only, may do nothing but run /bin/true from loopback. The key is
+# never printed; its public half lives only in the principal's root-owned authorized_keys.
+probe_key=${HEALTHCHECK_SSH_PROBE_KEY:-}
+if [ -n "$probe_key" ]; then
+  probe_user=${HEALTHCHECK_SSH_PROBE_USER:-healthcheck}
+  probe_home=/var/lib/healthcheck-ssh
+  if ! getent passwd "$probe_user" >/dev/null; then
+    useradd --system --no-create-home --home-dir "$probe_home" --shell /bin/sh --password '*' "$probe_user" ||
+      abort "cannot create the SSH probe user '$probe_user'"
+  fi
+  [ "$(getent passwd "$probe_user" | cut -d: -f6)" = "$probe_home" ] ||
+    abort "user '$probe_user' exists and is not the SSH probe principal (home $probe_home): set HEALTHCHECK_SSH_PROBE_USER to another name"
+  install -d -m 0755 -o root -g root "$probe_home" "$probe_home/.ssh"
+  [ -d "$(dirname "$probe_key")" ] || install -d -m 0700 -o root -g root "$(dirname "$probe_key")"
+  rm -f "$probe_key" "$probe_key.pub"
+  (umask 077 && ssh-keygen -q -t ed25519 -N '' -C healthcheck-probe -f "$probe_key" </dev/null >/dev/null) ||
+    abort "cannot make the SSH probe key $probe_key"
+  printf 'restrict,from="127.0.0.1,::1",command="/bin/true" %s\n' "$(cut -d' ' -f1,2 "$probe_key.pub")" \
+    >"$probe_home/.ssh/authorized_keys.new"
+  chmod 0644 "$probe_home/.ssh/authorized_keys.new"
+  mv -f "$probe_home/.ssh/authorized_keys.new" "$probe_home/.ssh/authorized_keys"
+  rm -f "$probe_key.pub"
+  log "ssh: probe key made for $probe_user (loopback only, forced /bin/true)"
 fi
 
 # Loopback exemption from OpenSSH 9.8+ penalties, only where this sshd knows the option.

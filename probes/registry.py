@@ -30,6 +30,8 @@ MODULES = (
     "probes.framework.nccl",
     "probes.services.jupyter",
     "probes.services.ssh",
+    "probes.services.ssh_keys",
+    "probes.services.ssh_login",
 )
 
 

@@ -67,7 +67,16 @@ start_engine() {
       && ! iptables -L >/dev/null 2>&1; then
       update-alternatives --set iptables /usr/sbin/iptables-legacy >/dev/null || true
     fi
-    nohup dockerd >"$DOCKERD_LOG" 2>&1 </dev/null &
+    # dockerd outlives this script: it must not keep any descriptor it would inherit beyond the
+    # standard three. A `flock /tmp/docker.lock make e2e` caller's lock is such a descriptor, and
+    # a dockerd holding it keeps every later caller waiting for ever.
+    (
+      for fd in /proc/self/fd/*; do
+        fd=${fd##*/}
+        if [ "$fd" -gt 2 ] 2>/dev/null; then eval "exec $fd>&-"; fi
+      done
+      exec nohup dockerd >"$DOCKERD_LOG" 2>&1 </dev/null
+    ) &
     disown || true
   fi
   for _ in $(seq 1 120); do
