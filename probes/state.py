@@ -371,7 +371,8 @@ class State:
         why = self.problem
         name = MARK + "@".join(_safe(p) for p in (now.ident, now.pid1 or "?", source, code or ""))
         try:
-            os.close(os.open(self._file(name), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open(self._file(name), flags, 0o600))
         except OSError as exc:
             self.problem = f"{why}; not even an empty file: {os.strerror(exc.errno or 0)}"
             return False

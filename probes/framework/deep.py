@@ -276,7 +276,8 @@ def unkept(result: Result, data: dict[str, Any], ctx: Context) -> Result:
     "unhealthy until the container restarts"."""
     if not result.facts.get("fatal"):
         return result
-    why = data.get("latch_lost") or (None if ctx.state.enabled else f"state dir off: {ctx.state.disabled_reason}")
+    off = None if ctx.state.enabled else f"state dir off: {ctx.state.disabled_reason}"
+    why = data.get("latch_lost") or off
     if not why:
         return result
     said = f"the latch could not be kept ({untrusted.clean(why, 160)}), later runs will not remember it"

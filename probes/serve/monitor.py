@@ -176,7 +176,8 @@ class Monitor:
             log.error("NVML event: %s; latched unhealthy until the container restarts", said)
             if latch_now and not self.state.set_latch("xid", said, code):
                 log.error("latch kept by this serve process only, the state dir could not keep it (%s): "
-                          "exec probes will not see it, and a restart of serve forgets it", self.state.problem)
+                          "exec probes will not see it, and a restart of serve forgets it",
+                          self.state.problem)
         elif event.severity in ("corrected", "ignored", "no-action"):
             log.info("NVML event: %s%s", said, {"ignored": " (ignored: HEALTHCHECK_XID_IGNORE)",
                                                   "no-action": " (NVIDIA's Xid catalog: no action)"}.get(

@@ -7,6 +7,7 @@ import os
 import stat
 import threading
 import time
+from pathlib import Path
 
 from probes import state as state_mod
 from probes.state import State
@@ -142,10 +143,10 @@ def test_latch_holds_for_this_life_and_clears_after_restart(tmp_path):
 
 def test_identity_is_the_boot_and_the_pid_namespace_with_pid1_beside_it():
     life = state_mod.life()
-    boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     ns = os.readlink("/proc/self/ns/pid")
     assert life.ident == f"{boot}:ns{ns[ns.index('[') + 1:-1]}"
-    assert life.pid1 == str(int(open("/proc/1/stat").read().rsplit(")", 1)[1].split()[19]))
+    assert life.pid1 == str(int(Path("/proc/1/stat").read_text().rsplit(")", 1)[1].split()[19]))
 
 
 def test_a_latch_of_the_earlier_identity_form_is_honoured_or_cleared_as_written(tmp_path):
