@@ -59,9 +59,9 @@ def _usable(path: str) -> str | None:
     """Create ``path`` (0700) if needed; return why it cannot be used, or None."""
     try:
         os.mkdir(path, 0o700)
-        made = True
+        _private(path)
     except FileExistsError:
-        made = False
+        pass
     except OSError as exc:
         return f"cannot create {path}: {os.strerror(exc.errno or 0)}"
     try:
@@ -74,11 +74,7 @@ def _usable(path: str) -> str | None:
     except OSError as exc:
         return f"cannot open {path}: {os.strerror(exc.errno or 0)}"
     try:
-        if made:  # the umask may have taken bits away (0477 leaves 0300): 0700, as documented
-            os.fchmod(fd, 0o700)
         opened = os.fstat(fd)
-    except OSError as exc:
-        return f"cannot set up {path}: {os.strerror(exc.errno or 0)}"
     finally:
         os.close(fd)
     if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
@@ -90,6 +86,19 @@ def _usable(path: str) -> str | None:
     return None
 
 
+def _private(path: str) -> None:
+    """Make the directory we just created 0700, whatever the umask took away (0477 leaves 0300,
+    which not even we could list): through a descriptor of the directory itself, never a link
+    put in its place."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)  # fchmod() refuses an O_PATH descriptor
+    except OSError:
+        pass  # no /proc: judged as it is below
+    finally:
+        os.close(fd)
+
+
 def process_start_time(pid: int) -> str | None:
     """A live process's start time (clock ticks since boot; tells a reused pid apart),
     or None if it is gone or a zombie."""
@@ -98,11 +107,13 @@ def process_start_time(pid: int) -> str | None:
 
 
 class Life:
-    """This container's life, as every uid sees it: ``ident`` is the boot id and the inode of our
-    PID namespace (``/proc/self/ns/pid``, readable by any process even with ``/proc`` mounted
-    ``hidepid=2``); a container restart makes a new namespace. ``pid1`` is PID 1's start time where
-    it can be seen (None with hidepid as another uid than PID 1's): a namespace inode the kernel
-    reused after a restart is told apart by it whenever both runs can see PID 1."""
+    """This container's life, as every uid sees it. ``ident`` is the boot id, the inode of our PID
+    namespace (``/proc/self/ns/pid``) and the time ``/proc`` was mounted (its root's mtime, set when
+    the runtime mounts a fresh /proc for the container's new PID namespace): all readable by any
+    process, even with ``/proc`` mounted ``hidepid=2``. The kernel reuses namespace inodes soon
+    after a container ends; the mount time tells two lives apart all the same. ``pid1`` is PID 1's
+    start time where it can be seen (None with hidepid, as another uid than PID 1's), a further
+    check when both runs can see it."""
 
     __slots__ = ("boot", "ident", "pid1")
 
@@ -127,8 +138,12 @@ def life() -> Life:
             ns = ns[ns.index("[") + 1:ns.index("]")]
         except (OSError, ValueError):
             ns = "?"
+        try:
+            mounted = str(os.stat("/proc").st_mtime_ns)
+        except OSError:
+            mounted = "?"
         st = pidstat.stat(1)
-        _life.append(Life(boot, f"{boot}:ns{ns}", None if st is None else str(st.start)))
+        _life.append(Life(boot, f"{boot}:ns{ns}.{mounted}", None if st is None else str(st.start)))
     return _life[0]
 
 
@@ -166,10 +181,11 @@ class Lock:
     lock); ``None`` when not had. A class, not ``contextlib.contextmanager``: contextlib costs
     every run, liveness included, ~1 ms of start-up (make bench)."""
 
-    __slots__ = ("_fd",)
+    __slots__ = ("_fd", "unusable")
 
-    def __init__(self, fd: int | None) -> None:
+    def __init__(self, fd: int | None, unusable: str | None = None) -> None:
         self._fd = fd
+        self.unusable = unusable  # why the lock file could not be had at all (nobody holds it)
 
     def __enter__(self) -> bool:
         return self._fd is not None
@@ -258,7 +274,8 @@ class State:
         for attempt in (1, 2):
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            except PermissionError:
+            except PermissionError as exc:
+                self.problem = f"cannot open {name}: {os.strerror(exc.errno or 0)}"
                 if attempt == 2:
                     return None
                 # Left unreadable by an earlier run's umask: the directory is ours and private.
@@ -267,7 +284,8 @@ class State:
                 except OSError:
                     return None
                 continue
-            except OSError:
+            except OSError as exc:  # a full disk (no inode left for it), a read-only remount
+                self.problem = f"cannot create {name}: {os.strerror(exc.errno or 0)}"
                 return None
             try:
                 os.fchmod(fd, 0o600)
@@ -281,10 +299,10 @@ class State:
         ends; ``held`` is False if it was not had by ``deadline`` (a time.monotonic() value)
         or when the state dir is off."""
         if not self.enabled:
-            return Lock(None)
+            return Lock(None, f"state dir off: {self.disabled_reason}")
         fd = self._open_lock(name)
         if fd is None:
-            return Lock(None)
+            return Lock(None, self.problem or "the lock file cannot be opened")
         delay = 0.005
         while True:
             try:
@@ -381,4 +399,4 @@ class State:
 
 def _safe(part: str) -> str:
     """A part of the latch file's name: no separator, no slash, nothing outside [A-Za-z0-9._:-]."""
-    return "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._:-") else "_" for ch in part)[:60]
+    return "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._:-") else "_" for ch in part)[:80]

@@ -146,7 +146,11 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
         if hit is not None:
             return hit
     waited_from = time.monotonic()
-    with state.lock(LOCK, ctx.deadline - proc.MARGIN) as held:
+    lock = state.lock(LOCK, ctx.deadline - proc.MARGIN)
+    if lock.unusable:  # nobody holds it (a disk too full for the lock file): run as without a state dir
+        logger().warning("%s runs without the one-check-at-a-time lock: %s", cache, lock.unusable)
+        return record(ctx, cache, key, run(), judge)
+    with lock as held:
         if not held:
             return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
         latch = state.latch() if relatch else None

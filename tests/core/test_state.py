@@ -141,11 +141,11 @@ def test_latch_holds_for_this_life_and_clears_after_restart(tmp_path):
     assert not (tmp_path / "st" / state_mod.LATCH).exists()
 
 
-def test_identity_is_the_boot_and_the_pid_namespace_with_pid1_beside_it():
+def test_identity_is_the_boot_the_pid_namespace_and_procs_mount_with_pid1_beside_it():
     life = state_mod.life()
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     ns = os.readlink("/proc/self/ns/pid")
-    assert life.ident == f"{boot}:ns{ns[ns.index('[') + 1:-1]}"
+    assert life.ident == f"{boot}:ns{ns[ns.index('[') + 1:-1]}.{os.stat('/proc').st_mtime_ns}"
     assert life.pid1 == str(int(Path("/proc/1/stat").read_text().rsplit(")", 1)[1].split()[19]))
 
 
