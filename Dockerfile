@@ -29,14 +29,17 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # tini is PID 1: it forwards signals and reaps what a timed-out probe leaves behind
 # (Docker kills only the probe's top process). Host keys made by the package's install
-# script are removed: each container generates its own at first start.
+# script are removed: each container generates its own at first start. Jupyter's runtime
+# dir is writable by GID 0, so that an arbitrary UID (OpenShift's, with GID 0) can start
+# Jupyter; as root the entrypoint hands it to the dev user, 0700.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       ca-certificates openssh-server procps tini \
  && rm -rf /var/lib/apt/lists/* \
  && rm -f /etc/ssh/ssh_host_* \
- && useradd --create-home --uid "${DEV_UID}" --shell /bin/bash "${DEV_USER}"
+ && useradd --create-home --uid "${DEV_UID}" --shell /bin/bash "${DEV_USER}" \
+ && install -d -m 0770 -g 0 /run/jupyter
 
 # JupyterLab goes into the image's own Python, next to torch.
 RUN python3 -m pip install --no-cache-dir "jupyterlab==${JUPYTERLAB_VERSION}"
