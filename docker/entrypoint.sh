@@ -7,7 +7,7 @@
 #   with a token; with HEALTHCHECK_SERVE=true also `healthcheck serve` (HTTP probes and
 #   metrics) as root, like the exec probes. A TERM or INT (docker stop; tini forwards it)
 #   stops them all. On a read-only root (docker run --read-only --tmpfs /run) the host keys
-#   live in /run/sshd. Started as another user than root (docker run --user 12345:0, an
+#   live in /run/ssh-host-keys. Started as another user than root (docker run --user 12345:0, an
 #   OpenShift UID), sshd is not started (it needs root) and Jupyter runs as that user.
 #   With a command: run it instead (e.g. `docker run -it IMAGE bash`).
 #
@@ -65,17 +65,21 @@ setup_ssh() {
   mkdir -p /run/sshd || abort "cannot create /run/sshd: a read-only root needs a writable /run (docker run --tmpfs /run)"
   chmod 0755 /run/sshd
   # Host keys belong to the container, not the image: two containers never share them. On a
-  # read-only root they live in /run/sshd (this container's own tmpfs) instead of /etc/ssh.
-  if ! ssh-keygen -A >/dev/null 2>&1; then
-    [ ! -w /etc/ssh ] || abort "ssh-keygen -A failed: cannot make this container's SSH host keys"
-    install -d -m 0700 /run/sshd/keys/etc/ssh
-    ssh-keygen -A -f /run/sshd/keys >/dev/null || abort "cannot make SSH host keys in /run/sshd/keys"
-    local key
-    for key in /run/sshd/keys/etc/ssh/ssh_host_*_key; do
+  # read-only root they live in /run/ssh-host-keys (this container's tmpfs), not /etc/ssh.
+  # (ssh-keygen -A exits 0 even when it could not write a key: what it left is checked.)
+  local keys_dir=/etc/ssh key
+  if [ -w /etc/ssh ]; then
+    ssh-keygen -A >/dev/null
+  else
+    keys_dir=/run/ssh-host-keys/etc/ssh
+    install -d -m 0700 "$keys_dir"
+    ssh-keygen -A -f /run/ssh-host-keys >/dev/null
+    for key in "$keys_dir"/ssh_host_*_key; do
       sshd_args+=(-o "HostKey=$key")
     done
-    log "ssh: read-only /etc/ssh: host keys made in /run/sshd/keys"
+    log "ssh: read-only /etc/ssh: host keys made in /run/ssh-host-keys"
   fi
+  [ -s "$keys_dir/ssh_host_ed25519_key" ] || abort "cannot make this container's SSH host keys in $keys_dir"
 
   local keys_file=${SSH_AUTHORIZED_KEYS_FILE:-/run/secrets/authorized_keys} keys
   keys=$(

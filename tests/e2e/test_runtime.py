@@ -31,7 +31,7 @@ def test_read_only_root_with_the_documented_tmpfs_mounts_reaches_healthy(start_c
         assert check in out, out
     assert "caching off" not in out, out
     assert mode_and_owner(cid, "/run/healthcheck") == ["700", "0"]
-    assert "host keys made in /run/sshd/keys" in docker("logs", cid).stderr
+    assert "host keys made in /run/ssh-host-keys" in docker("logs", cid).stderr
     assert exec_in(cid, "touch", "/etc/x", check=False).returncode != 0, "the root file system is writable"
 
 
