@@ -212,10 +212,12 @@ GLOBAL_SETTINGS = (
                      "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
                      "ASCII host name"),
     Setting("HEALTHCHECK_STATE_DIR", "state_dir", ABSOLUTE_PATH, None,
-                     "cache, locks, latch (an absolute path); created 0700, a symlink or foreign "
-                     "directory is refused (caching off)",
-                     shown_default="`/run/healthcheck`, else `$XDG_RUNTIME_DIR/healthcheck`, else "
-                                   "`/tmp/healthcheck-<uid>`"),
+                     "cache, locks, latch (an absolute path); made 0700, a symlink, a foreign "
+                     "directory or one below a directory another user can change is refused (caching off); "
+                     "see \"Runs anywhere\" in docs/kubernetes.md",
+                     shown_default="the first usable of `/run/healthcheck`, `$XDG_RUNTIME_DIR/healthcheck`, "
+                                   "`$TMPDIR/healthcheck-<uid>`, `/tmp/healthcheck-<uid>`, "
+                                   "`/dev/shm/healthcheck-<uid>`; none: caching off"),
     Setting("HEALTHCHECK_LOG_FILE", "log_file", ABSOLUTE_PATH, None,
                      "one line per run plus error details (an absolute path); rotated at 1 MiB (one "
                      "backup); a regular file only (see below)", shown_default="unset"),

@@ -146,7 +146,11 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
         if hit is not None:
             return hit
     waited_from = time.monotonic()
-    with state.lock(LOCK, ctx.deadline - proc.MARGIN) as held:
+    lock = state.lock(LOCK, ctx.deadline - proc.MARGIN)
+    if lock.unusable:  # nobody holds it (a disk too full for the lock file): run as without a state dir
+        logger().warning("%s runs without the one-check-at-a-time lock: %s", cache, lock.unusable)
+        return record(ctx, cache, key, run(), judge)
+    with lock as held:
         if not held:
             return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
         latch = state.latch() if relatch else None
@@ -198,8 +202,10 @@ def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
         ctx.state.remove(cache)
         return data
     result = judge(data, ctx)
-    if result.facts.get("fatal"):
-        ctx.state.set_latch(result.name, result.message, result.reason)
+    if result.facts.get("fatal") and not ctx.state.set_latch(result.name, result.message, result.reason):
+        data["latch_lost"] = untrusted.clean(ctx.state.problem or "?", 120)
+        logger().error("%s: fatal CUDA error NOT latched, the state dir could not keep it (%s): later runs "
+                       "will not see it; restart the container", result.name, data["latch_lost"])
     ctx.state.write_json(cache, {"key": key, "finished": data["finished"], "status": result.status.value,
                                  "data": data})
     return data
@@ -271,6 +277,25 @@ def deep_cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
     return {"kind": "worker", "spawn_error": None, "returncode": 0, "timed_out": False, "lingered": False,
             "stuck": False, "held_by": None, "budget": 0.0, "phase": None, "report": report, "problem": None,
             "finished": finished, "cache": {"how": "ttl", "age": round(age, 1)}}
+
+
+UNTIL_RESTART = "unhealthy until the container restarts"
+
+
+def unkept(result: Result, data: dict[str, Any], ctx: Context) -> Result:
+    """``result`` saying so when its fatal error could not be latched (the state dir is off, or
+    too full for even an empty file): later runs will not remember it, so nothing may promise
+    "unhealthy until the container restarts"."""
+    if not result.facts.get("fatal"):
+        return result
+    off = None if ctx.state.enabled else f"state dir off: {ctx.state.disabled_reason}"
+    why = data.get("latch_lost") or off
+    if not why:
+        return result
+    said = f"the latch could not be kept ({untrusted.clean(why, 160)}), later runs will not remember it"
+    message = (result.message.replace(UNTIL_RESTART, said) if UNTIL_RESTART in result.message
+               else f"{result.message}; {said}")
+    return result._replace(message=message, facts={**result.facts, "latch_kept": False})
 
 
 def lock_timeout(name: str, data: dict[str, Any], **kw: Any) -> Result:

@@ -59,7 +59,7 @@ from probes.result import SEVERITY, Result, failed, passed, skipped, warned
 from probes.spec import ALL_PROFILES, CHOICE, INTEGER, NUMBER, Setting, Spec
 from probes.spec import TEXT as TEXT_KIND
 from probes.spec import cause as _c
-from probes.state import pid1_identity
+from probes.state import life_identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -242,7 +242,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
 def _key(ctx: Context, expect: int | None) -> dict[str, Any]:
     own = ctx.config.of(Settings)
     return {"python": own.torch_python, "device": own.torch_device, "size": SIZE,
-            "expect": expect, "identity": pid1_identity()}
+            "expect": expect, "identity": life_identity()}
 
 
 # What judge() reads of a cached worker run, checked before reuse.
@@ -393,7 +393,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
     if kind == room.REASON:
         return deep.not_checked(NAME, data, MIN_FREE, unit=UNIT)
-    result = deep.with_room(_judge_worker(data, ctx), data, MIN_FREE)
+    result = deep.unkept(deep.with_room(_judge_worker(data, ctx), data, MIN_FREE), data, ctx)
     suffix = _suffix(data)
     if suffix:
         result = Result(result.name, result.status, result.message + suffix, result.observed, result.unit,

@@ -39,7 +39,10 @@ if TYPE_CHECKING:
 NAME = "ssh-login"
 MEASUREMENT = "login"
 HOST_ALIAS = "healthcheck-probe"  # the name the known hosts file and the client agree on
-HOST_KEYS = "/etc/ssh"  # ssh_host_*_key.pub here, unless HEALTHCHECK_SSH_HOST_KEYS says otherwise
+# ssh_host_*_key.pub in the first of these that has any, unless HEALTHCHECK_SSH_HOST_KEYS says
+# otherwise: /etc/ssh, or on a read-only root where the image's entrypoint makes them (docs/image.md).
+HOST_KEY_DIRS = ("/etc/ssh", "/run/ssh-host-keys/etc/ssh")
+HOST_KEYS = f"{HOST_KEY_DIRS[0]}/ssh_host_*_key.pub"
 MAX_HOST_KEY = 16 << 10  # bytes of one public host key file
 
 
@@ -128,7 +131,11 @@ def known_hosts(host_keys: str | None) -> list[str]:
     else:
         import glob
 
-        paths = sorted(glob.glob(os.path.join(HOST_KEYS, "ssh_host_*_key.pub")))
+        paths = []
+        for where in HOST_KEY_DIRS:
+            paths = sorted(glob.glob(os.path.join(where, "ssh_host_*_key.pub")))
+            if paths:
+                break
     lines = []
     for path in paths:
         try:
@@ -179,7 +186,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         return {"outcome": "probe-key", "key": key, "problem": problem}
     lines = known_hosts(s.ssh_host_keys)
     if not lines:
-        return {"outcome": "no-host-keys", "where": s.ssh_host_keys or f"{HOST_KEYS}/ssh_host_*_key.pub"}
+        return {"outcome": "no-host-keys", "where": s.ssh_host_keys or HOST_KEYS}
     scratch = _scratch(ctx)
     if scratch is None:
         return {"outcome": "could-not"}

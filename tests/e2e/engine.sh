@@ -67,13 +67,12 @@ start_engine() {
       && ! iptables -L >/dev/null 2>&1; then
       update-alternatives --set iptables /usr/sbin/iptables-legacy >/dev/null || true
     fi
-    # dockerd outlives this script: it must not keep any descriptor it would inherit beyond the
-    # standard three. A `flock /tmp/docker.lock make e2e` caller's lock is such a descriptor, and
-    # a dockerd holding it keeps every later caller waiting for ever.
+    # Only stdin, stdout and stderr: under `flock /tmp/docker.lock make e2e` an inherited lock
+    # descriptor would keep the lock held for as long as dockerd lives, and nobody would get it again.
     (
       for fd in /proc/self/fd/*; do
         fd=${fd##*/}
-        if [ "$fd" -gt 2 ] 2>/dev/null; then eval "exec $fd>&-"; fi
+        if [ "$fd" -gt 2 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
       done
       exec nohup dockerd >"$DOCKERD_LOG" 2>&1 </dev/null
     ) &

@@ -33,7 +33,7 @@ def test_real_probe_login_then_strict_modes_then_auth_failed(start_container) ->
     mode = exec_in(cid, "stat", "-c", "%U %a", "/run/healthcheck-ssh/id_ed25519", "/run/healthcheck-ssh").stdout
     assert mode.split() == ["root", "600", "root", "700"], mode
     private = exec_in(cid, "cat", "/run/healthcheck-ssh/id_ed25519").stdout.splitlines()[2]
-    authorized = exec_in(cid, "cat", "/var/lib/healthcheck-ssh/.ssh/authorized_keys").stdout
+    authorized = exec_in(cid, "cat", "/run/healthcheck-ssh-home/.ssh/authorized_keys").stdout
     assert authorized.startswith('restrict,from="127.0.0.1,::1",command="/bin/true" ssh-ed25519 '), authorized
     timed = exec_in(cid, "healthcheck", "--only", "ssh,ssh-login", "--json")
     assert timed.returncode == 0, timed.stdout
@@ -50,7 +50,7 @@ def test_real_probe_login_then_strict_modes_then_auth_failed(start_container) ->
     exec_in(cid, "chmod", "0755", home)
     wait_for_health(cid, "healthy", timeout=WORST)
 
-    exec_in(cid, "truncate", "-s", "0", "/var/lib/healthcheck-ssh/.ssh/authorized_keys")
+    exec_in(cid, "truncate", "-s", "0", "/run/healthcheck-ssh-home/.ssh/authorized_keys")
     wait_for_health(cid, "unhealthy", timeout=WORST)
     out = last_output(cid)
     assert out.startswith("unhealthy: ssh-login:") and "refused the probe key" in out, out
