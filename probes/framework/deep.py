@@ -138,8 +138,10 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
     from probes import proc
 
     state = ctx.state
-    if not state.enabled:
-        return run()
+    if not state.enabled:  # nothing can latch: the judge says so if the run finds a fatal error
+        data = run()
+        data.setdefault("latch_lost", f"state dir off: {state.disabled_reason}")
+        return data
     started = time.time()
     if early and ctx.profile == "readiness":
         hit = reuse(state.read_json(cache))
@@ -282,14 +284,13 @@ def deep_cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
 UNTIL_RESTART = "unhealthy until the container restarts"
 
 
-def unkept(result: Result, data: dict[str, Any], ctx: Context) -> Result:
+def unkept(result: Result, data: dict[str, Any]) -> Result:
     """``result`` saying so when its fatal error could not be latched (the state dir is off, or
     too full for even an empty file): later runs will not remember it, so nothing may promise
     "unhealthy until the container restarts"."""
     if not result.facts.get("fatal"):
         return result
-    off = None if ctx.state.enabled else f"state dir off: {ctx.state.disabled_reason}"
-    why = data.get("latch_lost") or off
+    why = data.get("latch_lost")
     if not why:
         return result
     said = f"the latch could not be kept ({untrusted.clean(why, 160)}), later runs will not remember it"

@@ -334,7 +334,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     from probes.framework import room
 
     if data.get("kind") != room.REASON:
-        return deep.unkept(deep.with_room(_judge(data, ctx), data, ROOM), data, ctx)
+        return deep.unkept(deep.with_room(_judge(data, ctx), data, ROOM), data)
     facts = data["room"]
     if all(g["total_mib"] is not None and g["total_mib"] < facts["need_mib"] for g in facts["full"]):
         path = untrusted.clean(ctx.config.of(Settings).model_path or "", 120)

@@ -280,7 +280,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
     if data.get("kind") == room.REASON:
         return deep.not_checked(NAME, data, ROOM, unit=UNIT)
-    return deep.unkept(deep.with_room(_judge(data, ctx), data, ROOM), data, ctx)
+    return deep.unkept(deep.with_room(_judge(data, ctx), data, ROOM), data)
 
 
 def _cuda(report: dict[str, Any] | None, lines: list[str], kw: dict[str, Any]) -> Result | None:

@@ -305,6 +305,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     if not state.enabled:
         data = run_worker(ctx, expect)
         data["cache"] = {"how": "off", "why": state.disabled_reason}
+        data["latch_lost"] = f"state dir off: {state.disabled_reason}"  # said if the run is fatal
         return data
 
     key = _key(ctx, expect)
@@ -393,7 +394,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
     if kind == room.REASON:
         return deep.not_checked(NAME, data, MIN_FREE, unit=UNIT)
-    result = deep.unkept(deep.with_room(_judge_worker(data, ctx), data, MIN_FREE), data, ctx)
+    result = deep.unkept(deep.with_room(_judge_worker(data, ctx), data, MIN_FREE), data)
     suffix = _suffix(data)
     if suffix:
         result = Result(result.name, result.status, result.message + suffix, result.observed, result.unit,
