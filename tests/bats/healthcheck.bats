@@ -487,3 +487,24 @@ exit 2'
   HEALTHCHECK_PYTHON="$BIN/py" run -0 setpriv --reuid "$uid" --regid "$uid" --clear-groups prlimit --nproc=2 "$TMP/healthcheck"
   [ "$output" = "healthy: ran" ]
 }
+
+@test "a fork that fails for good (the process limit reached out of sight) is still one line and exit 1" {
+  [ "$(id -u)" = 0 ] || skip "needs root to run as another user in a PID namespace of its own"
+  command -v setpriv >/dev/null && command -v prlimit >/dev/null && command -v unshare >/dev/null ||
+    skip "no setpriv, prlimit or unshare"
+  suite py 'echo "healthy: ran"'
+  stub hidden "sleep 30 & touch '$TMP/theirs/hidden'; wait"
+  cp "$ROOT/healthcheck" "$TMP/healthcheck"
+  chmod -R a+rX "$TMP"
+  mkdir -m 777 "$TMP/theirs"
+  local uid=$((40000 + $$ % 20000))
+  # Two processes of the user that the front door cannot see (another PID namespace, as in
+  # another container): it starts the suite, and bash's fork fails after its 15 s of retries.
+  setpriv --reuid "$uid" --regid "$uid" --clear-groups "$BIN/hidden" 3>&- &
+  SECONDS=0
+  until [ -e "$TMP/theirs/hidden" ] || [ "$SECONDS" -gt 10 ]; do sleep 0.05; done
+  HEALTHCHECK_PYTHON="$BIN/py" run -1 --separate-stderr unshare --pid --fork --mount-proc \
+    setpriv --reuid "$uid" --regid "$uid" --clear-groups prlimit --nproc=3 "$TMP/healthcheck"
+  [ "$output" = "unhealthy: healthcheck: bash failed (status 254; its message is on stderr) before the verdict" ]
+  [[ "$stderr" == *"fork: Resource temporarily unavailable" ]]
+}
