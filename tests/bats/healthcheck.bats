@@ -367,26 +367,54 @@ clock_step() {
   cc -O2 -shared -fPIC -o "$TMP/clock_step.so" "$ROOT/tests/fakes/clock_step.c"
 }
 
+# stepping_suite ACTION: $BIN/py, a suite (in Python, for FIONREAD) that says it started,
+# waits until the front door has read that line (so that it holds its start time), steps the
+# wall clock (creates $TMP/step, see clock_step), runs ACTION and says its verdict 0.
+stepping_suite() {
+  local python
+  python=$(command -v python3) || skip "no python3"
+  cat >"$BIN/py" <<EOF
+#!$python
+import fcntl, os, signal, struct, termios, time
+out, err = map(int, os.environ["_HEALTHCHECK_FRONT_DOOR"].split())
+chan = os.dup(1)
+os.dup2(out, 1)
+os.dup2(err, 2)
+os.write(chan, b"\\x1estarted\\n")
+while struct.unpack("i", fcntl.ioctl(chan, termios.FIONREAD, b"0000"))[0]:
+    time.sleep(0.01)
+open("$TMP/step", "w").close()
+$1
+print("healthy: after the step", flush=True)
+os.write(chan, b"\\x1everdict 0\\n")
+EOF
+  chmod +x "$BIN/py"
+}
+
 @test "a wall-clock step forward mid-run does not cut the run at a hard deadline" {
   clock_step
   # An hour forward (NTP, a VM resume) once the suite has started: its healthy verdict stands.
-  suite py "touch '$TMP/step'; sleep 0.3; echo 'healthy: after the step'"
-  LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=3600 HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" --profile liveness
+  stepping_suite 'time.sleep(0.3)'
+  LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=3600 \
+    HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" --profile liveness
   [ "$output" = "healthy: after the step" ]
 }
 
 @test "a wall-clock step back mid-run still continues a stopped suite at its deadline" {
   clock_step
   # An hour back, and something stops the suite: it is continued at its deadline (1 s) and answers.
-  suite py "touch '$TMP/step'; kill -STOP \$\$; echo 'healthy: continued'"
+  stepping_suite 'os.kill(os.getpid(), signal.SIGSTOP)'
   SECONDS=0
   LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=-3600 \
     HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -0 timeout 10 "$ROOT/healthcheck"
-  [ "$output" = "healthy: continued" ]
+  [ "$output" = "healthy: after the step" ]
   [ "$SECONDS" -le 3 ]
-  # Stopped for good (it stops itself again when continued): killed at the hard stop (4 s).
+  # Stopped for good (it ignores SIGTERM and stops itself again when continued): killed at the
+  # hard stop (4 s).
   rm -f "$TMP/step"
-  stub py "touch '$TMP/step'; trap '' TERM; while :; do kill -STOP \$\$; done"
+  stepping_suite 'signal.signal(signal.SIGTERM, signal.SIG_IGN)
+while True:
+    os.kill(os.getpid(), signal.SIGSTOP)'
   SECONDS=0
   LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=-3600 \
     HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -1 timeout 20 "$ROOT/healthcheck"
@@ -507,4 +535,34 @@ exit 2'
     setpriv --reuid "$uid" --regid "$uid" --clear-groups prlimit --nproc=3 "$TMP/healthcheck"
   [ "$output" = "unhealthy: healthcheck: bash failed (status 254; its message is on stderr) before the verdict" ]
   [[ "$stderr" == *"fork: Resource temporarily unavailable" ]]
+}
+
+@test "with a /proc of another PID namespace the suite is still continued and stopped on time" {
+  [ "$(id -u)" = 0 ] || skip "needs root for a PID namespace"
+  command -v unshare >/dev/null || skip "no unshare"
+  # PID 1 of a new namespace, with the caller's /proc: the numbers there are not its own.
+  suite py "kill -STOP \$\$; echo 'healthy: continued'"
+  SECONDS=0
+  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -0 unshare --pid --fork "$ROOT/healthcheck"
+  [ "$output" = "healthy: continued" ]
+  stub py 'exec sleep 60'
+  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -1 unshare --pid --fork "$ROOT/healthcheck"
+  [ "$output" = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE" ]
+  [ "$SECONDS" -le 9 ]
+}
+
+@test "without /proc/uptime the wall clock's progress times the run, never going back" {
+  [ "$(id -u)" = 0 ] || skip "needs root for a mount namespace"
+  command -v unshare >/dev/null || skip "no unshare"
+  clock_step
+  # /proc/uptime reads empty (a bind mount of /dev/null over it), and the wall clock goes an
+  # hour back while something stops the suite: it is still continued at its deadline (1 s).
+  stepping_suite 'os.kill(os.getpid(), signal.SIGSTOP)'
+  SECONDS=0
+  # shellcheck disable=SC2016 # run by sh -c
+  LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=-3600 \
+    HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 \
+    run -0 timeout 10 unshare -m sh -c 'mount --bind /dev/null /proc/uptime && exec "$0"' "$ROOT/healthcheck"
+  [ "$output" = "healthy: after the step" ]
+  [ "$SECONDS" -le 3 ]
 }
