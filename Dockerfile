@@ -29,14 +29,18 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # tini is PID 1: it forwards signals and reaps what a timed-out probe leaves behind
 # (Docker kills only the probe's top process). Host keys made by the package's install
-# script are removed: each container generates its own at first start.
+# script are removed: each container generates its own at first start. The health check's
+# SSH probe principal exists in the image (a read-only root cannot add it at start); its
+# home, authorized key and private key are made under /run at every start (entrypoint).
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       ca-certificates openssh-server procps tini \
  && rm -rf /var/lib/apt/lists/* \
  && rm -f /etc/ssh/ssh_host_* \
- && useradd --create-home --uid "${DEV_UID}" --shell /bin/bash "${DEV_USER}"
+ && useradd --create-home --uid "${DEV_UID}" --shell /bin/bash "${DEV_USER}" \
+ && useradd --system --no-create-home --home-dir /run/healthcheck-ssh-home --shell /bin/sh \
+      --password '*' healthcheck
 
 # JupyterLab goes into the image's own Python, next to torch.
 RUN python3 -m pip install --no-cache-dir "jupyterlab==${JUPYTERLAB_VERSION}"
@@ -62,14 +66,19 @@ RUN python3 -m venv /opt/healthcheck/.venv \
 COPY docker/sshd/gpu-dev.conf /etc/ssh/sshd_config.d/10-gpu-dev.conf
 COPY docker/sshd/penalty-exempt.conf /etc/ssh/gpu-dev/penalty-exempt.conf
 COPY docker/entrypoint.sh /usr/local/bin/gpu-dev-entrypoint
+# Jupyter's runtime dir is writable by GID 0, so that an arbitrary UID (OpenShift's, with
+# GID 0) can start Jupyter; started as root, the entrypoint hands it to the dev user, 0700.
 RUN chmod 0755 /usr/local/bin/gpu-dev-entrypoint \
- && chmod 0644 /etc/ssh/sshd_config.d/10-gpu-dev.conf /etc/ssh/gpu-dev/penalty-exempt.conf
+ && chmod 0644 /etc/ssh/sshd_config.d/10-gpu-dev.conf /etc/ssh/gpu-dev/penalty-exempt.conf \
+ && install -d -m 0770 -g 0 /run/jupyter
 
 # Global, so the health check (which runs with the image's environment, not the
 # entrypoint's) finds the server's jpserver-<pid>.json. DEV_USER tells the entrypoint whom
 # Jupyter runs as; the container itself starts as root because sshd needs it.
 # HEALTHCHECK_SERVE=true makes the entrypoint start and supervise `healthcheck serve`
 # (HTTP probes and metrics on HEALTHCHECK_SERVE_PORT, 8779) beside sshd and Jupyter.
+# HEALTHCHECK_SSH_PROBE_KEY makes the entrypoint create the health check's own SSH principal
+# and key at each start, and turns on the ssh-login probe (a real login over loopback).
 # The entrypoint writes Jupyter's token to /run/jupyter/token; jupyter-kernel reads it there
 # (root without CAP_SYS_PTRACE cannot trust the notebook user's runtime file for it). The
 # variable names a file's path, not a secret: DL3064 reads "TOKEN" in its name.
@@ -77,7 +86,8 @@ RUN chmod 0755 /usr/local/bin/gpu-dev-entrypoint \
 ENV JUPYTER_RUNTIME_DIR=/run/jupyter \
     HEALTHCHECK_JUPYTER_TOKEN_FILE=/run/jupyter/token \
     DEV_USER=${DEV_USER} \
-    HEALTHCHECK_SERVE=false
+    HEALTHCHECK_SERVE=false \
+    HEALTHCHECK_SSH_PROBE_KEY=/run/healthcheck-ssh/id_ed25519
 
 EXPOSE 22 8888
 

@@ -136,17 +136,27 @@ def probe_elapsed(out: str, name: str) -> float | None:
 # ---------------------------------------------------------------- the boundary: servers and stubs
 
 @contextlib.contextmanager
-def sshd(work: Path) -> Iterator[int | None]:
-    """A real OpenSSH server on a loopback port (None when sshd is not installed)."""
+def sshd(work: Path) -> Iterator[tuple[int, dict[str, str]] | None]:
+    """A real OpenSSH server on a loopback port (None when sshd is not installed), and the
+    settings of a real probe login to it: a key authorized for root from loopback only, forced to
+    /bin/true, as the image's probe principal is."""
     from tests.servers import Sshd  # the tests' own starter: one place knows how to run sshd
 
-    if Sshd.missing():
+    if Sshd.missing() or not shutil.which("ssh"):
         yield None
         return
-    (work / "sshd").mkdir()
-    server = Sshd(work / "sshd", ipv6=False).start()
+    root = work / "sshd"
+    root.mkdir()
+    key = root / "probe"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    authorized = root / "authorized_keys"
+    pub = (root / "probe.pub").read_text()
+    authorized.write_text(f'restrict,from="127.0.0.1,::1",command="/bin/true" {pub}')
+    server = Sshd(root, ipv6=False, options=(f"AuthorizedKeysFile {authorized}",)).start()
+    login = {"HEALTHCHECK_SSH_PROBE_KEY": str(key), "HEALTHCHECK_SSH_PROBE_USER": "root",
+             "HEALTHCHECK_SSH_HOST_KEYS": f"{server.host_key}.pub", "HEALTHCHECK_SSH_USER": "root"}
     try:
-        yield server.port
+        yield server.port, login
     finally:
         server.stop()
 
@@ -255,13 +265,15 @@ class Bench:
         self.base_env: dict[str, str] = {}
         self.gpu_mode = ""
         self.services: dict[str, str] = {}
+        self.ssh_login: dict[str, str] = {}  # a real probe login's settings (see sshd())
 
     def env(self, **extra: str) -> dict[str, str]:
         e = dict(self.base_env)
         e.update(extra)
         return e
 
-    def prepare(self, ssh_port: int | None, jup: tuple[int, Path] | None) -> None:
+    def prepare(self, ssh: tuple[int, dict[str, str]] | None, jup: tuple[int, Path] | None) -> None:
+        ssh_port, self.ssh_login = (ssh[0], ssh[1]) if ssh else (None, {})
         bin_dir = self.work / "bin"
         bin_dir.mkdir()
         env = {k: v for k, v in os.environ.items()
@@ -325,6 +337,9 @@ class Bench:
             ("readiness (cold state dir)", "profile", [hc, "--profile", "readiness"], fresh_state),
             ("startup (torch fresh)", "profile", [hc, "--profile", "startup"], fixed(self.env())),
         ]
+        if self.ssh_login:  # the SSH user's key files and a real login: what they add to readiness
+            all_cases.append(("readiness + ssh-keys, ssh-login", "profile", [hc, "--profile", "readiness"],
+                              fixed(self.env(**self.ssh_login))))
         if self.args.cases:
             wanted = [c.strip() for c in self.args.cases.split(",")]
             all_cases = [c for c in all_cases if c[1] == "floor" or any(w in c[0] for w in wanted)]
@@ -347,6 +362,8 @@ class Bench:
         for name, kind, argv, _ in cases:
             s = samples[name]
             torch_s = [t for t in (probe_elapsed(x.out, "torch-cuda") for x in s) if t is not None]
+            ssh_s = {p: [t for t in (probe_elapsed(x.out, p) for x in s) if t is not None]
+                     for p in ("ssh-keys", "ssh-login")}
             bad = [x for x in s if x.code != 0]
             out[name] = {
                 "kind": kind,
@@ -362,6 +379,7 @@ class Bench:
                 # a kernel started through Jupyter Server (startup), or its cached pass (readiness)
                 "kernel_probe_s": [t for t in (probe_elapsed(x.out, "jupyter-kernel") for x in s)
                                    if t is not None],
+                "ssh_probe_s": {p: t for p, t in ssh_s.items() if t},
                 "sample_output": s[-1].out[:1000] if s else "",
             }
         return out
@@ -462,6 +480,13 @@ def summarise(cases: dict[str, Any], hangs: dict[str, Any]) -> tuple[list[str], 
             lines.append(f"  {n:<32} median {statistics.median(t) * 1000:8.1f} ms   "
                          f"p95 {pct(t, 95) * 1000:8.1f} ms")
 
+    ssh_rows = [(n, p, t) for n, c in cases.items() for p, t in c.get("ssh_probe_s", {}).items()]
+    if ssh_rows:
+        lines += ["", "ssh-keys (static) and ssh-login (real login) probes' own elapsed time:"]
+        for n, p, t in ssh_rows:
+            lines.append(f"  {n:<32} {p:<10} median {statistics.median(t) * 1000:8.1f} ms   "
+                         f"p95 {pct(t, 95) * 1000:8.1f} ms")
+
     if hangs:
         lines += ["", f"hangs: wall time from start to answer vs HEALTHCHECK_TIMEOUT "
                       f"(target: within +{HANG_SLACK:g}s)"]
@@ -530,9 +555,9 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     try:
         with contextlib.ExitStack() as stack:
-            ssh_port = None if args.no_services else stack.enter_context(sshd(bench.work))
+            ssh = None if args.no_services else stack.enter_context(sshd(bench.work))
             jup = None if args.no_services else stack.enter_context(jupyter(bench.work))
-            bench.prepare(ssh_port, jup)
+            bench.prepare(ssh, jup)
             load_before = os.getloadavg()
             cases = bench.run_cases()
             hangs = {} if args.no_hangs else bench.run_hangs()

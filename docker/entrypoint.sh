@@ -6,7 +6,9 @@
 #   no root login) and Jupyter (lab, or server when lab is absent) as the non-root user,
 #   with a token; with HEALTHCHECK_SERVE=true also `healthcheck serve` (HTTP probes and
 #   metrics) as root, like the exec probes. A TERM or INT (docker stop; tini forwards it)
-#   stops them all.
+#   stops them all. On a read-only root (docker run --read-only --tmpfs /run) the host keys
+#   live in /run/ssh-host-keys. Started as another user than root (docker run --user 12345:0, an
+#   OpenShift UID), sshd is not started (it needs root) and Jupyter runs as that user.
 #   With a command: run it instead (e.g. `docker run -it IMAGE bash`).
 #
 # Environment:
@@ -15,6 +17,9 @@
 #   JUPYTER_TOKEN              the Jupyter token; generated when unset (never disabled, never logged)
 #   JUPYTER_PORT               Jupyter's port (default 8888); JUPYTER_RUNTIME_DIR is set by the image
 #   DEV_USER                   the user Jupyter runs as and SSH logs in to (default: the image's)
+#   HEALTHCHECK_SSH_PROBE_KEY  where to make the health check's own SSH key at each start (the image
+#                              sets it); unset: no probe principal, no probe login
+#   HEALTHCHECK_SSH_PROBE_USER the probe principal (default healthcheck), made when missing
 #   HEALTHCHECK_SERVE          true/false (1/0, yes/no, on/off; default false): run `healthcheck serve`
 #                              too (it reads HEALTHCHECK_SERVE_HOST, HEALTHCHECK_SERVE_PORT, ...)
 set -euo pipefail
@@ -40,48 +45,110 @@ case "$(printf '%s' "${HEALTHCHECK_SERVE:-false}" | tr '[:upper:]' '[:lower:]')"
   *) abort "HEALTHCHECK_SERVE=${HEALTHCHECK_SERVE:0:40}: expected true or false (1/0, yes/no, on/off)" ;;
 esac
 
-[ "$(id -u)" -eq 0 ] || abort "must start as root (sshd needs it; Jupyter drops to ${DEV_USER:-dev}): remove --user"
-
-user=${DEV_USER:-dev}
-home=$(getent passwd "$user" | cut -d: -f6) || abort "user '$user' does not exist: set DEV_USER to an existing user"
-group=$(id -gn "$user")
 runtime_dir=${JUPYTER_RUNTIME_DIR:-/run/jupyter}
 port=${JUPYTER_PORT:-8888}
+ssh=1
+if [ "$(id -u)" -ne 0 ]; then
+  # An arbitrary UID (OpenShift; docker run --user), maybe without a passwd entry: Jupyter runs
+  # as it, in its HOME; sshd needs root and is not started.
+  ssh=
+  user=$(id -u)
+  group=$(id -g)
+  home=${HOME:-/}
+  log "running as uid $user (not root): sshd is not started (it needs root); set ENABLE_SSH_CHECK=false"
+else
+  user=${DEV_USER:-dev}
+  home=$(getent passwd "$user" | cut -d: -f6) || abort "user '$user' does not exist: set DEV_USER to an existing user"
+  group=$(id -gn "$user")
+fi
 
 # --- SSH -----------------------------------------------------------------------------------
-# Host keys belong to the container, not the image: two containers never share them.
-ssh-keygen -A >/dev/null
-mkdir -p /run/sshd
-chmod 0755 /run/sshd
+sshd_args=()
+setup_ssh() {
+  mkdir -p /run/sshd || abort "cannot create /run/sshd: a read-only root needs a writable /run (docker run --tmpfs /run)"
+  chmod 0755 /run/sshd
+  # Host keys belong to the container, not the image: two containers never share them. On a
+  # read-only root they live in /run/ssh-host-keys (this container's tmpfs), not /etc/ssh.
+  # (ssh-keygen -A exits 0 even when it could not write a key: what it left is checked.)
+  local keys_dir=/etc/ssh key
+  if [ -w /etc/ssh ]; then
+    ssh-keygen -A >/dev/null
+  else
+    keys_dir=/run/ssh-host-keys/etc/ssh
+    install -d -m 0700 "$keys_dir"
+    ssh-keygen -A -f /run/ssh-host-keys >/dev/null
+    for key in "$keys_dir"/ssh_host_*_key; do
+      sshd_args+=(-o "HostKey=$key")
+    done
+    log "ssh: read-only /etc/ssh: host keys made in /run/ssh-host-keys"
+  fi
+  [ -s "$keys_dir/ssh_host_ed25519_key" ] || abort "cannot make this container's SSH host keys in $keys_dir"
 
-keys_file=${SSH_AUTHORIZED_KEYS_FILE:-/run/secrets/authorized_keys}
-install -d -m 0700 -o "$user" -g "$group" "$home/.ssh"
-{
-  [ -r "$keys_file" ] && cat "$keys_file"
-  [ -n "${SSH_AUTHORIZED_KEYS:-}" ] && printf '%s\n' "$SSH_AUTHORIZED_KEYS"
-  true
-} >"$home/.ssh/authorized_keys.new"
-if [ -s "$home/.ssh/authorized_keys.new" ]; then
-  chown "$user:$group" "$home/.ssh/authorized_keys.new"
-  chmod 0600 "$home/.ssh/authorized_keys.new"
-  mv -f "$home/.ssh/authorized_keys.new" "$home/.ssh/authorized_keys"
-  log "ssh: $(grep -c -v -e '^#' -e '^$' "$home/.ssh/authorized_keys" || true) authorized key(s) for $user"
-else
-  rm -f "$home/.ssh/authorized_keys.new"
-  log "ssh: no authorized keys given (SSH_AUTHORIZED_KEYS or $keys_file): nobody can log in"
-fi
+  local keys_file=${SSH_AUTHORIZED_KEYS_FILE:-/run/secrets/authorized_keys} keys
+  keys=$(
+    [ -r "$keys_file" ] && cat "$keys_file"
+    [ -n "${SSH_AUTHORIZED_KEYS:-}" ] && printf '%s\n' "$SSH_AUTHORIZED_KEYS"
+    true
+  )
+  if [ -n "$keys" ]; then
+    install -d -m 0700 -o "$user" -g "$group" "$home/.ssh" \
+      || abort "cannot write $home/.ssh for the SSH keys: on a read-only root, mount a volume at $home"
+    printf '%s\n' "$keys" >"$home/.ssh/authorized_keys.new"
+    chown "$user:$group" "$home/.ssh/authorized_keys.new"
+    chmod 0600 "$home/.ssh/authorized_keys.new"
+    mv -f "$home/.ssh/authorized_keys.new" "$home/.ssh/authorized_keys"
+    log "ssh: $(grep -c -v -e '^#' -e '^$' "$home/.ssh/authorized_keys" || true) authorized key(s) for $user"
+  else
+    log "ssh: no authorized keys given (SSH_AUTHORIZED_KEYS or $keys_file): nobody can log in"
+  fi
 
-# Loopback exemption from OpenSSH 9.8+ penalties, only where this sshd knows the option.
-piece=/etc/ssh/gpu-dev/penalty-exempt.conf
-if [ -r "$piece" ] && /usr/sbin/sshd -T -f "$piece" >/dev/null 2>&1; then
-  cp "$piece" /etc/ssh/sshd_config.d/20-penalty-exempt.conf
-else
-  rm -f /etc/ssh/sshd_config.d/20-penalty-exempt.conf
-fi
-/usr/sbin/sshd -t || abort "sshd refuses its configuration: see the line above"
+  # The health check's own SSH login (the ssh-login probe; docs/image.md, "The SSH probe
+  # principal"): a principal with no password and no other use, whose key, made fresh at every
+  # start and readable by root only, may do nothing but run /bin/true from loopback. The key is
+  # never printed; its public half lives only in the principal's root-owned authorized_keys,
+  # under /run (a tmpfs on a read-only root). The image creates the principal; an image
+  # without it gets it here, where /etc/passwd is writable.
+  local probe_key=${HEALTHCHECK_SSH_PROBE_KEY:-} probe_user probe_home=/run/healthcheck-ssh-home
+  if [ -n "$probe_key" ]; then
+    probe_user=${HEALTHCHECK_SSH_PROBE_USER:-healthcheck}
+    if ! getent passwd "$probe_user" >/dev/null; then
+      useradd --system --no-create-home --home-dir "$probe_home" --shell /bin/sh --password '*' "$probe_user" ||
+        abort "cannot create the SSH probe user '$probe_user' (on a read-only root the image must have it)"
+    fi
+    [ "$(getent passwd "$probe_user" | cut -d: -f6)" = "$probe_home" ] ||
+      abort "user '$probe_user' exists and is not the SSH probe principal (home $probe_home): set HEALTHCHECK_SSH_PROBE_USER to another name"
+    install -d -m 0755 -o root -g root "$probe_home" "$probe_home/.ssh"
+    [ -d "$(dirname "$probe_key")" ] || install -d -m 0700 -o root -g root "$(dirname "$probe_key")"
+    rm -f "$probe_key" "$probe_key.pub"
+    (umask 077 && ssh-keygen -q -t ed25519 -N '' -C healthcheck-probe -f "$probe_key" </dev/null >/dev/null) ||
+      abort "cannot make the SSH probe key $probe_key"
+    printf 'restrict,from="127.0.0.1,::1",command="/bin/true" %s\n' "$(cut -d' ' -f1,2 "$probe_key.pub")" \
+      >"$probe_home/.ssh/authorized_keys.new"
+    chmod 0644 "$probe_home/.ssh/authorized_keys.new"
+    mv -f "$probe_home/.ssh/authorized_keys.new" "$probe_home/.ssh/authorized_keys"
+    rm -f "$probe_key.pub"
+    log "ssh: probe key made for $probe_user (loopback only, forced /bin/true)"
+  fi
+
+  # Loopback exemption from OpenSSH 9.8+ penalties, only where this sshd knows the option.
+  local piece=/etc/ssh/gpu-dev/penalty-exempt.conf
+  if [ -r "$piece" ] && /usr/sbin/sshd -T -f "$piece" >/dev/null 2>&1; then
+    cp "$piece" /etc/ssh/sshd_config.d/20-penalty-exempt.conf \
+      || log "ssh: read-only /etc/ssh: loopback is not exempt from sshd's penalties"
+  else
+    rm -f /etc/ssh/sshd_config.d/20-penalty-exempt.conf
+  fi
+  /usr/sbin/sshd -t "${sshd_args[@]}" || abort "sshd refuses its configuration: see the line above"
+}
+[ -z "$ssh" ] || setup_ssh
 
 # --- Jupyter -------------------------------------------------------------------------------
-install -d -m 0700 -o "$user" -g "$group" "$runtime_dir"
+if [ -n "$ssh" ]; then
+  install -d -m 0700 -o "$user" -g "$group" "$runtime_dir"
+else
+  [ -d "$runtime_dir" ] || mkdir -m 0700 "$runtime_dir"
+fi \
+  || abort "cannot create $runtime_dir: give the container a writable /run (docker run --tmpfs /run)"
 # A server killed without cleanup leaves its runtime file behind: the health check must
 # only ever see the live server's.
 rm -f "$runtime_dir"/jpserver-*.json "$runtime_dir"/jpserver-*.html
@@ -93,7 +160,7 @@ else
   log "jupyter: using the token from JUPYTER_TOKEN"
 fi
 (umask 077 && printf '%s\n' "$JUPYTER_TOKEN" >"$runtime_dir/token")
-chown "$user:$group" "$runtime_dir/token"
+[ -z "$ssh" ] || chown "$user:$group" "$runtime_dir/token"
 export JUPYTER_TOKEN
 
 if command -v jupyter-lab >/dev/null; then
@@ -112,7 +179,7 @@ serve_pid=
 # shellcheck disable=SC2329  # invoked through the trap below
 stop() {
   trap - TERM INT
-  log "stopping sshd, jupyter${serve:+ and healthcheck serve}"
+  log "stopping ${ssh:+sshd, }jupyter${serve:+ and healthcheck serve}"
   # shellcheck disable=SC2086  # the pids are numbers or empty
   kill -TERM $sshd_pid $jupyter_pid $serve_pid 2>/dev/null || true
   wait || true
@@ -120,17 +187,20 @@ stop() {
 }
 trap stop TERM INT
 
-/usr/sbin/sshd -D -e &
-sshd_pid=$!
-log "sshd started (pid $sshd_pid)"
+if [ -n "$ssh" ]; then
+  /usr/sbin/sshd -D -e "${sshd_args[@]}" &
+  sshd_pid=$!
+  log "sshd started (pid $sshd_pid)"
+fi
 
 # The token travels in the environment (not argv, which `ps` shows to everyone).
+jupyter_argv=(jupyter "$app" --no-browser --ip=0.0.0.0 --port="$port" --ServerApp.port_retries=0
+  --ServerApp.root_dir="$home")
 (
   cd "$home"
+  [ -n "$ssh" ] || exec "${jupyter_argv[@]}" # already the user it runs as
   exec setpriv --reuid="$user" --regid="$group" --init-groups \
-    env HOME="$home" USER="$user" LOGNAME="$user" SHELL=/bin/bash \
-    jupyter "$app" --no-browser --ip=0.0.0.0 --port="$port" --ServerApp.port_retries=0 \
-    --ServerApp.root_dir="$home"
+    env HOME="$home" USER="$user" LOGNAME="$user" SHELL=/bin/bash "${jupyter_argv[@]}"
 ) &
 jupyter_pid=$!
 log "jupyter $app started as $user on port $port (pid $jupyter_pid)"
@@ -146,7 +216,8 @@ fi
 
 # A service that ends is reported by the health check (the container becomes unhealthy)
 # rather than stopping the container; the entrypoint ends when all have ended.
-declare -A names=(["$sshd_pid"]=sshd ["$jupyter_pid"]=jupyter)
+declare -A names=(["$jupyter_pid"]=jupyter)
+[ -z "$sshd_pid" ] || names["$sshd_pid"]=sshd
 [ -z "$serve_pid" ] || names["$serve_pid"]="healthcheck serve"
 while [ "${#names[@]}" -gt 0 ]; do
   ended=
@@ -156,4 +227,4 @@ while [ "${#names[@]}" -gt 0 ]; do
   log "${names[$ended]} (pid $ended) ended with status $status; the health check will report it"
   unset "names[$ended]"
 done
-abort "sshd, jupyter${serve:+ and healthcheck serve} have all ended"
+abort "${ssh:+sshd, }jupyter${serve:+ and healthcheck serve} have all ended"

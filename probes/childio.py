@@ -13,7 +13,62 @@ if TYPE_CHECKING:
 MAX_STDERR = 64 * 1024  # stderr kept; the rest is dropped without making the result "truncated"
 
 
+# How a spawn error that a resource limit caused begins: the program is not at fault, and the
+# judges say "could not" (a warning) instead of blaming it (see limited()).
+LIMITED = "could not start: "
+
+
+# The soft limits that sysconf() reads without opening a file (glibc reads them with getrlimit):
+# at the open-file limit, the resource module may no longer load.
+SYSCONF = {"RLIMIT_NOFILE": "SC_OPEN_MAX", "RLIMIT_NPROC": "SC_CHILD_MAX"}
+
+
+def _soft(which: str) -> str:
+    """``RLIMIT_X=N`` (or ``unlimited``, or ``?``): this process's soft limit."""
+    try:
+        if which in SYSCONF:
+            value = os.sysconf(SYSCONF[which])
+            unlimited = value < 0
+        else:
+            import resource
+
+            value = resource.getrlimit(getattr(resource, which))[0]
+            unlimited = value == resource.RLIM_INFINITY
+    except (ImportError, AttributeError, ValueError, OSError):
+        return f"{which}=?"
+    return f"{which}={'unlimited' if unlimited else value}"
+
+
+def limit_words(err: int | None) -> str | None:
+    """What a resource limit that answered ``err`` is, naming the limit and its remedy; None when
+    ``err`` is no resource limit's. fork/clone (and a thread's start) answer EAGAIN at the process
+    limit (RLIMIT_NPROC, per user, threads included; or the cgroup's pids.max), ENOMEM without the
+    memory for it (RLIMIT_AS, or the cgroup's memory); pipe() and open() answer EMFILE at this
+    process's open-file limit, ENFILE at the system's."""
+    if err == errno.EMFILE:
+        return (f"too many open files ({_soft('RLIMIT_NOFILE')}): raise the container's open-file limit "
+                "(docker run --ulimit nofile=1024:1024, or the runtime's default)")
+    if err == errno.ENFILE:
+        return "the system's open-file table is full (ENFILE): the node's fs.file-max is reached"
+    if err == errno.EAGAIN:
+        return (f"process limit reached ({_soft('RLIMIT_NPROC')}, or the container's pids limit): raise it "
+                "(docker run --pids-limit / --ulimit nproc, the pod's pids limit) or find what uses it up")
+    if err == errno.ENOMEM:
+        return (f"out of memory ({_soft('RLIMIT_AS')}, or the container's memory limit): raise the "
+                "container's memory or address-space limit")
+    return None
+
+
+def limited(spawn_error: str | None) -> bool:
+    """Whether ``spawn_error`` (spawn_error()'s words) is a resource limit, not the program."""
+    return spawn_error is not None and spawn_error.startswith(LIMITED)
+
+
 def spawn_error(exc: OSError, program: str, env: Mapping[str, str] | None, cwd: str | None) -> str:
+    """Why ``program`` could not be started, in words (``LIMITED`` first when a resource limit said no)."""
+    words = limit_words(exc.errno)
+    if words is not None:
+        return LIMITED + words
     if exc.errno == errno.ENOENT:
         if cwd is not None and exc.filename == cwd:
             return "working directory not found"

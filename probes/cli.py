@@ -199,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 # Started by the front door, the suite takes back the caller's stdout and stderr and speaks
 # to the front door on a pipe of its own (see ./healthcheck): "started" first, its verdict
 # (the exit status) last. A line of that pipe starts with RS, which no interpreter prints.
+# The front door takes the exit status itself (wait): these lines are needed for a healthy
+# answer but never enough, as any process of the same user can write into the pipe (/proc).
 FRONT_DOOR = "_HEALTHCHECK_FRONT_DOOR"
 _SAY = b"\x1e"
 _channel: int | None = None
@@ -216,7 +218,7 @@ def _take_over_from_the_front_door() -> None:
     try:
         os.fstat(out)
         os.fstat(err)
-        channel = os.dup(1)  # not inherited: no child of the suite can speak for it
+        channel = os.dup(1)  # not inherited by the suite's children
         os.dup2(out, 1)
         os.dup2(err, 2)
     except OSError:
@@ -225,8 +227,8 @@ def _take_over_from_the_front_door() -> None:
         if fd > 2:
             os.close(fd)
     _channel = channel
-    # The front door starts the suite as an asynchronous command, which bash starts with
-    # SIGINT ignored: a SIGINT is an interruption (a verdict, exit 1) as when run by hand.
+    # A shell may start the suite with SIGINT ignored (an asynchronous command): a SIGINT is
+    # an interruption (a verdict, exit 1) as when run by hand.
     import _signal
 
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)

@@ -140,12 +140,34 @@ def parse_names(flag: str, raw: str, known: Sequence[str] | None = None) -> tupl
     return names
 
 
+def os_bytes(value: str) -> bytes:
+    """The bytes the system holds for ``value`` (Python decoded the environment and the command line
+    with the locale's encoding): what a path setting names, and what the system is given back."""
+    try:
+        return os.fsencode(value)
+    except UnicodeEncodeError:  # not from the environment: a caller's own text
+        return value.encode("utf-8", "surrogatepass")
+
+
+def as_written(value: str) -> str:
+    """The characters ``value``'s bytes spell: UTF-8 where they are UTF-8 (as paths are written
+    today, whatever the locale), else the locale's reading. Under a Latin-1 locale Python reads the
+    UTF-8 bytes of 'à' (C3 A0) as 'Ã' and a no-break space, and those of '€' (E2 82 AC) with a
+    control character: neither is in the path."""
+    try:
+        return os_bytes(value).decode("utf-8")
+    except UnicodeDecodeError:
+        return value
+
+
 def parse_text(name: str, raw: str) -> str:
+    """One word of printable characters, judged as its bytes spell it (see as_written); the value is
+    kept as Python read it, so the system is given the same bytes back."""
     _bounded(name, raw)
     v = raw.strip(SPACE)
-    if not v or any(not ch.isprintable() or ch.isspace() for ch in v):
+    if not v or any(not ch.isprintable() or ch.isspace() for ch in as_written(v)):
         raise ConfigError(f"{name}={shown(raw)} is not accepted (accepted: a non-empty value without spaces)")
-    if len(v.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+    if len(os_bytes(v)) > MAX_TEXT_BYTES:
         raise ConfigError(f"{name}={shown(raw)} is too long (accepted: at most {MAX_TEXT_BYTES} bytes)")
     return v
 
@@ -165,7 +187,7 @@ def parse_absolute_path(name: str, raw: str) -> str:
     v = parse_text(name, raw)
     if not v.startswith("/"):
         raise ConfigError(f"{name}={shown(raw)} is not an absolute path (accepted: a path starting with /)")
-    if any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in v.split("/")):
+    if any(len(part) > MAX_NAME_BYTES for part in os_bytes(v).split(b"/")):
         raise ConfigError(f"{name}={shown(raw)} has a path component longer than {MAX_NAME_BYTES} bytes "
                           "(accepted: an absolute path the system can open)")
     return v
@@ -190,10 +212,12 @@ GLOBAL_SETTINGS = (
                      "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
                      "ASCII host name"),
     Setting("HEALTHCHECK_STATE_DIR", "state_dir", ABSOLUTE_PATH, None,
-                     "cache, locks, latch (an absolute path); created 0700, a symlink or foreign "
-                     "directory is refused (caching off)",
-                     shown_default="`/run/healthcheck`, else `$XDG_RUNTIME_DIR/healthcheck`, else "
-                                   "`/tmp/healthcheck-<uid>`"),
+                     "cache, locks, latch (an absolute path); made 0700, a symlink, a foreign "
+                     "directory or one below a directory another user can change is refused (caching off); "
+                     "see \"Runs anywhere\" in docs/kubernetes.md",
+                     shown_default="the first usable of `/run/healthcheck`, `$XDG_RUNTIME_DIR/healthcheck`, "
+                                   "`$TMPDIR/healthcheck-<uid>`, `/tmp/healthcheck-<uid>`, "
+                                   "`/dev/shm/healthcheck-<uid>`; none: caching off"),
     Setting("HEALTHCHECK_LOG_FILE", "log_file", ABSOLUTE_PATH, None,
                      "one line per run plus error details (an absolute path); rotated at 1 MiB (one "
                      "backup); a regular file only (see below)", shown_default="unset"),

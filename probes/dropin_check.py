@@ -75,10 +75,17 @@ def _perfdata(text: str) -> tuple[Any, str | None]:
 def judge(data: Ran, ctx: Context) -> Result:
     check, done = data.check, data.done
     name = check.name
+    if done is None and check.reason == "limit":
+        return warned(name, f"not checked: {check.problem}", reason="limit")
     if done is None:
         what = "untrusted" if check.reason == "untrusted" else "not run"
         fix = f": {check.fix}" if check.reason == "untrusted" else ""
         return failed(name, f"{what}: {check.problem}{fix}", reason=check.reason)
+    from probes import childio
+
+    if childio.limited(done.spawn_error):
+        # The limit is the container's, not the check's: no "#! line" to blame, nothing checked.
+        return warned(name, f"not checked: {clean(check.path, 120)} {done.spawn_error}", reason="limit")
     if done.spawn_error:
         return failed(name, f"cannot start {clean(check.path, 120)} ({done.spawn_error}): give it a #! line "
                       "naming an installed interpreter", reason="cannot-start")

@@ -91,6 +91,9 @@ CAUSES = (
           "fix the header, or rename the file (letters, digits, `.`, `_`, `-`; a toggle of its own)"),
     Cause("cannot-start", "fail", "cannot be started (no `#!` line, a missing interpreter)",
           "add a `#!` line naming an installed interpreter"),
+    Cause("limit", "warn", "not checked: a resource limit of the container (open files, processes, memory) "
+          "kept the check from starting, or its file or directory (`drop-ins`) from being read; the check is "
+          "not at fault", "raise the limit the message names"),
 )
 
 
@@ -211,47 +214,71 @@ def discover(directory: str, profiles: tuple[str, ...], reserved: frozenset[str]
     except untrusted.Refused as exc:
         return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)}: {exc}: "
                       "nothing in it is run", reason="untrusted", fix=FIX_PATH)]
-    except OSError:
-        return []
-    checks: list[Check] = []
-    taken = dict(toggles or {})
+    except OSError as exc:
+        return _unreadable(directory, exc)
     try:
-        names = sorted((e.name for e in os.scandir(dir_fd) if not _ignored(e.name)), key=str)
-        for name in names:
-            try:
-                lst = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except OSError:
-                continue
-            path = os.path.join(directory, name)
-            shown = clean(name, MAX_NAME)
-            if stat.S_ISLNK(lst.st_mode):
-                checks.append(Check(shown, path, problem=f"{shown} is a symbolic link (not followed)",
-                                    reason="untrusted"))
-                continue
-            if not stat.S_ISREG(lst.st_mode) or not lst.st_mode & 0o111:
-                continue  # directories, FIFOs, sockets, devices and plain files are not checks
-            problem, renamed = _name_problem(name, reserved, taken)
-            if problem is not None:
-                checks.append(Check(shown, path, problem=problem, reason="bad-check", renamed=renamed))
-                continue
-            problem = _trusted(lst, name)
-            if problem is not None:
-                checks.append(Check(name, path, problem=problem, reason="untrusted"))
-                continue
-            try:
-                st, head = _read_head(dir_fd, name)
-            except OSError as exc:
-                checks.append(Check(name, path, problem=f"cannot read {name} ({os.strerror(exc.errno or 0)})",
-                                    reason="cannot-start"))
-                continue
-            if (st.st_ino, st.st_dev) != (lst.st_ino, lst.st_dev):  # replaced while we looked
-                checks.append(Check(name, path, problem=f"{name} changed while it was "
-                                                        f"read", reason="untrusted"))
-                continue
-            found, timeout, problem = _parse_header(head, profiles)
-            checks.append(Check(name, path, found, timeout, problem, "bad-check" if problem else None))
+        return _listed(dir_fd, directory, profiles, reserved, dict(toggles or {}))
+    except OSError as exc:
+        return _unreadable(directory, exc)
     finally:
         os.close(dir_fd)
+
+
+def _unreadable(directory: str, exc: OSError) -> list[Check]:
+    """A directory that cannot be read: nothing to run, as a missing one; but when a resource limit
+    is why (too many open files), one warning that says so: the checks in it did not vanish."""
+    from probes import childio
+
+    words = childio.limit_words(exc.errno)
+    if words is None:
+        return []
+    return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)} could not be "
+                  f"read: {words}; nothing in it is run", reason="limit")]
+
+
+def _listed(dir_fd: int, directory: str, profiles: tuple[str, ...], reserved: frozenset[str],
+            taken: dict[str, str]) -> list[Check]:
+    """The checks in the open directory ``dir_fd`` (see discover)."""
+    checks: list[Check] = []
+    names = sorted((e.name for e in os.scandir(dir_fd) if not _ignored(e.name)), key=str)
+    for name in names:
+        try:
+            lst = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            continue
+        path = os.path.join(directory, name)
+        shown = clean(name, MAX_NAME)
+        if stat.S_ISLNK(lst.st_mode):
+            checks.append(Check(shown, path, problem=f"{shown} is a symbolic link (not followed)",
+                                reason="untrusted"))
+            continue
+        if not stat.S_ISREG(lst.st_mode) or not lst.st_mode & 0o111:
+            continue  # directories, FIFOs, sockets, devices and plain files are not checks
+        problem, renamed = _name_problem(name, reserved, taken)
+        if problem is not None:
+            checks.append(Check(shown, path, problem=problem, reason="bad-check", renamed=renamed))
+            continue
+        problem = _trusted(lst, name)
+        if problem is not None:
+            checks.append(Check(name, path, problem=problem, reason="untrusted"))
+            continue
+        try:
+            st, head = _read_head(dir_fd, name)
+        except OSError as exc:
+            from probes import childio
+
+            words = childio.limit_words(exc.errno)
+            checks.append(Check(name, path, problem=f"{name} could not be read: {words}", reason="limit")
+                          if words is not None else
+                          Check(name, path, problem=f"cannot read {name} ({os.strerror(exc.errno or 0)})",
+                                reason="cannot-start"))
+            continue
+        if (st.st_ino, st.st_dev) != (lst.st_ino, lst.st_dev):  # replaced while we looked
+            checks.append(Check(name, path, problem=f"{name} changed while it was "
+                                                    f"read", reason="untrusted"))
+            continue
+        found, timeout, problem = _parse_header(head, profiles)
+        checks.append(Check(name, path, found, timeout, problem, "bad-check" if problem else None))
     return checks
 
 

@@ -34,9 +34,25 @@ def _why(exc: OSError) -> str:
     return exc.strerror or "unusable"
 
 
+def _open_fd(path: str) -> int:
+    """A descriptor of ``path``; a file created here is 0600 whatever the umask (a umask of 0277
+    or more would leave it unwritable, or unreadable, by the suite's own user at the next run). An
+    existing file keeps the mode its owner gave it."""
+    try:
+        fd = os.open(path, FLAGS | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return os.open(path, FLAGS, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def open_append(path: str) -> IO[str]:
     """``path`` opened for appending, if it is (or becomes) a regular file; OSError otherwise."""
-    fd = os.open(path, FLAGS, 0o600)
+    fd = _open_fd(path)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

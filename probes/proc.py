@@ -23,7 +23,8 @@ e.g. blocked in a wedged GPU driver) die, even on SIGKILL. We wait only a short,
 bounded time for it, report it as ``stuck``, remember it (see run's ``key``) and move
 on; it goes when the driver lets it go, or with the container. A descendant that both
 leaves the tree and drops the marker from its environment (``env -i`` after a
-double fork) is ended only by the final sweep (end_descendants) when we exit.
+double fork) is ended only by the final sweep (end_descendants) when we exit. A suite that is
+SIGKILLed ends nothing itself: probes/orphans.py says what ends its children then, and why.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import os
 import signal
 import time
 
-from probes import childio
+from probes import childio, orphans
 from probes.pidstat import Proc as _Proc
 from probes.pidstat import stat
 from probes.record import Record
@@ -58,7 +59,7 @@ DRAIN_AFTER_EXIT = 0.05  # output still in the pipe after the child exits
 MAX_OUTPUT = 64 * 1024  # stdout kept, by default (run's max_output)
 MAX_STDERR = childio.MAX_STDERR
 LINGER = 1.0  # seconds a child gets to exit once ``until`` says its answer is complete
-RUN_ID_VAR = "HEALTHCHECK_RUN_ID"
+RUN_ID_VAR = orphans.RUN_ID_VAR
 MAX_RUN_IDS = 16  # markers of enclosing runs kept (serve -> CLI -> tool is 2 deep)
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -219,7 +220,8 @@ def _carries(pid: int, run_id: bytes) -> bool | None:
 def _marked_env(env: Mapping[str, str] | None) -> tuple[dict[str, str], str]:
     """The child's environment with a new run marker after ours (the enclosing runs')."""
     full = dict(os.environ if env is None else env)
-    run_id = f"{os.getpid()}-{next(_ids)}-{os.urandom(4).hex()}"
+    me = stat(os.getpid())  # with our start time, a later suite tells whether we are gone (orphans.py)
+    run_id = f"{os.getpid()}-{me.start if me else 0}-{next(_ids)}-{os.urandom(4).hex()}"
     outer = [x for x in os.environ.get(RUN_ID_VAR, "").split(":") if x][-(MAX_RUN_IDS - 1):]
     full[RUN_ID_VAR] = ":".join([*outer, run_id])
     return full, run_id
@@ -417,6 +419,7 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
     import subprocess
 
     subreaper()
+    orphans.sweep_once()  # what a killed suite left (probes/orphans.py)
     full, run_id = _marked_env(env)
     with _lock:  # no sweep may take this child's exit status before it is registered
         _prune()

@@ -31,6 +31,8 @@ MODULES = (
     "probes.services.jupyter",
     "probes.services.jupyter_kernel",
     "probes.services.ssh",
+    "probes.services.ssh_keys",
+    "probes.services.ssh_login",
 )
 
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 import _thread
 import time
 
+# Loaded here, not where it is needed: under an open-file limit a module can no longer be read
+# then. Every run loads it anyway (probes.proc, for the final sweep).
+from probes import childio
 from probes.config import Config
 from probes.context import Context, logger
 from probes.record import Record
-from probes.result import SEVERITY, Result, Status, failed, skipped
+from probes.result import SEVERITY, Result, Status, failed, skipped, warned
 from probes.spec import Cause, Spec
 from probes.state import State
 
@@ -33,6 +36,9 @@ COMMON_CAUSES = (
                    "restart the container (a new PID 1 clears the latch)"),
     Cause("internal-error", "fail", "the probe itself raised (a bug); the detail is only in "
                    "`HEALTHCHECK_LOG_FILE`", "report it with the log line"),
+    Cause("limit", "warn", "not checked: a resource limit of the container (processes or threads, open "
+                   "files, memory) kept the suite from starting the probe's thread or process; the probe's "
+                   "component is not at fault", "raise the limit the message names, or find what uses it up"),
 )
 GRACE = 0.4  # how long past its deadline we wait for a probe that runs a child (TERM+KILL take 0.3 s)
 SIGNAL_POLL = 0.1  # the longest the main thread waits at once, so a signal's handler runs this soon
@@ -67,8 +73,10 @@ class _Done:
         return False
 
 
-def _start(function: Callable[..., None], *args: object) -> _Done:
-    """Run ``function(*args)`` in a new thread; the returned flag is set when it returns."""
+def _start(function: Callable[..., None], *args: object) -> _Done | None:
+    """Run ``function(*args)`` in a new thread; the returned flag is set when it returns. None when
+    no thread can be started (pthread_create said EAGAIN: the process limit, RLIMIT_NPROC or the
+    cgroup's pids.max, which counts threads; or no memory for its stack)."""
     done = _Done()
 
     def body() -> None:
@@ -77,8 +85,18 @@ def _start(function: Callable[..., None], *args: object) -> _Done:
         finally:
             done.set()
 
-    _thread.start_new_thread(body, ())
+    try:
+        _thread.start_new_thread(body, ())
+    except RuntimeError:  # "can't start new thread"
+        return None
     return done
+
+
+def _no_thread(spec: Spec) -> Result:
+    import errno
+
+    return warned(spec.name, f"not checked: could not start a thread: {childio.limit_words(errno.EAGAIN)}",
+                  reason="limit")
 
 
 class Outcome(Record):
@@ -119,14 +137,40 @@ def run_deadline(timeout: float, start: float) -> float:
     return start + timeout - min(0.5, timeout / 2)
 
 
+def _log_exception(message: str, *args: object) -> None:
+    """The exception being handled, to the log, if the log can be had: under an open-file limit
+    the logging module itself may not load, and that must not turn a result into a traceback."""
+    try:
+        logger().exception(message, *args)
+    except Exception:  # noqa: S110 - best effort by design
+        pass
+
+
 def _deadline_result(spec: Spec, module: object, ctx: Context, budget: float) -> Result:
     hook: Callable[[Context], Result] | None = getattr(module, "on_deadline", None)
     if hook is not None:
         try:
             return hook(ctx)
         except Exception:  # the hook must not turn a deadline into a crash
-            logger().exception("on_deadline of %s failed", spec.name)
+            _log_exception("on_deadline of %s failed", spec.name)
     return failed(spec.name, f"no answer within {budget:.1f}s (deadline passed)", reason="deadline")
+
+
+def _raised(spec: Spec, exc: Exception) -> Result:
+    """The result of a probe that raised: "not checked" when a resource limit is why (no descriptor
+    left to import a module or open a file: EMFILE), else an internal error. Exception text may
+    hold paths, tokens or driver noise: it goes to the log only, when the log can be had at all."""
+    import errno  # built in: importing it needs no file
+
+    _log_exception("probe %s raised", spec.name)
+    # Not EAGAIN: a non-blocking socket's BlockingIOError is a probe's bug, not the process limit
+    # (which a child's start, in probes.proc, and a thread's, here, answer themselves).
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+        words = childio.limit_words(exc.errno)
+        return warned(spec.name, f"not checked: the {spec.name} probe could not go on: {words}",
+                      reason="limit")
+    return failed(spec.name, f"internal error in the {spec.name} probe ({type(exc).__name__}); details in "
+                  "the log", reason="internal-error")
 
 
 def _execute(spec: Spec, ctx: Context, budget: float) -> tuple[Result, bool]:
@@ -139,12 +183,13 @@ def _execute(spec: Spec, ctx: Context, budget: float) -> tuple[Result, bool]:
             data = module.gather(ctx)
             box.append(module.judge(data, ctx))
         except Exception as exc:
-            # Exception text may hold paths, tokens or driver noise: it goes to the log only.
-            logger().exception("probe %s raised", spec.name)
-            box.append(failed(spec.name, f"internal error in the {spec.name} probe "
-                              f"({type(exc).__name__}); details in the log", reason="internal-error"))
+            box.append(_raised(spec, exc))
 
     finished = _start(work)
+    if finished is None:
+        # Not run in this thread instead: nothing would then bound it by its deadline (an NVML call
+        # stuck in the driver would hold the whole run), and the run promises an answer by then.
+        return _no_thread(spec), False
     finished.wait(max(0.0, ctx.deadline - time.monotonic()) + GRACE)
     if box:
         return box[0], False
@@ -209,7 +254,12 @@ def run(config: Config, state: State, *, start: float | None = None,
             done[spec.name].set()
 
     for s in specs:
-        _thread.start_new_thread(supervise, (s,))  # supervise sets done[s.name] when it ends
+        # supervise sets done[s.name] when it ends. Without a thread for it (the process limit), it
+        # runs here: it only waits, bounded by the run's deadline, for the probes it needs, and its
+        # probe runs under _execute, bounded by a thread of its own or "not checked" at once. The
+        # probes after it start later, still within the run's deadline.
+        if _start(supervise, s) is None:
+            supervise(s)
     for s in specs:
         until = time.monotonic() + max(0.0, end - time.monotonic()) + 3 * GRACE
         # In slices: a signal that lands on another thread (a probe's child TERMs the suite)

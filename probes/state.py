@@ -1,9 +1,15 @@
 """The state directory: cached results, locks and the sticky CUDA-fatal latch.
 
-Default location: ``/run/healthcheck`` when writable, else ``$XDG_RUNTIME_DIR/healthcheck``,
-else ``/tmp/healthcheck-<uid>``. The directory is created 0700 and must be a real
-directory owned by us (a symlink or a directory planted by someone else is refused).
-If it cannot be used the suite still runs, with caching off, and says so.
+Default location, the first of these that can be used: ``/run/healthcheck``,
+``$XDG_RUNTIME_DIR/healthcheck``, ``$TMPDIR/healthcheck-<uid>`` (only an absolute path to a real
+directory), ``/tmp/healthcheck-<uid>``, ``/dev/shm/healthcheck-<uid>`` (a tmpfs every container
+has). Never the working directory. The directory is made 0700 and its files 0600 whatever the
+umask; it must be a real directory owned by us, reached only through directories that nobody
+but root or us can change (``untrusted.open_trusted_dir``, the walk the checks dir gets). When
+none can be used the suite still runs, with caching off, and says so.
+
+The latch is ``latch.json``; when the file system is too full for it, an empty file whose name
+carries the container life's identity (``latch@<identity>@<pid 1>@<source>@<code>``) stands for it.
 """
 
 from __future__ import annotations
@@ -16,48 +22,81 @@ import stat
 import time
 
 from probes import pidstat
-from probes.untrusted import Refused, load_json, read_regular
+from probes.untrusted import Refused, load_json, open_trusted_dir, read_regular
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 LATCH = "latch.json"
+MARK = "latch@"  # the empty file that stands for the latch when nothing else can be written
 MAX_FILE = 1 << 20  # no state file is anywhere near this size
+KEPT_WITHOUT_DETAILS = "its details could not be stored (the state dir was full)"
 
 
-def default_dir() -> str:
-    if os.access("/run", os.W_OK):
-        return "/run/healthcheck"
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        return os.path.join(runtime, "healthcheck")
-    import tempfile  # rarely reached; importing it costs ~4 ms on every run
+def candidates() -> list[str]:
+    """The default locations, in the order they are tried (see the module's docstring)."""
+    uid = os.getuid()
+    found = ["/run/healthcheck"]
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime.startswith("/") and os.path.isdir(runtime):
+        found.append(os.path.join(runtime, "healthcheck"))
+    tmpdir = os.environ.get("TMPDIR", "")
+    if tmpdir.startswith("/") and _real_dir(tmpdir):
+        found.append(os.path.join(tmpdir, f"healthcheck-{uid}"))
+    found += [f"/tmp/healthcheck-{uid}", f"/dev/shm/healthcheck-{uid}"]  # noqa: S108
+    return list(dict.fromkeys(os.path.normpath(p) for p in found))
 
-    return os.path.join(tempfile.gettempdir(), f"healthcheck-{os.getuid()}")
+
+def _real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _usable(path: str) -> str | None:
     """Create ``path`` (0700) if needed; return why it cannot be used, or None."""
     try:
         os.mkdir(path, 0o700)
+        _private(path)
     except FileExistsError:
         pass
     except OSError as exc:
         return f"cannot create {path}: {os.strerror(exc.errno or 0)}"
     try:
         st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            return f"{path} is not a directory (a symlink or file is refused)"
+        fd = open_trusted_dir(path, (0, os.geteuid()))
+    except Refused as exc:  # it names the directory or link that may not be trusted
+        return str(exc)
     except OSError as exc:
-        return f"cannot stat {path}: {os.strerror(exc.errno or 0)}"
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a directory (a symlink or file is refused)"
-    if st.st_uid != os.geteuid():
-        return f"{path} belongs to uid {st.st_uid}, not to us"
-    if st.st_mode & 0o022:
-        return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+        return f"cannot open {path}: {os.strerror(exc.errno or 0)}"
+    try:
+        opened = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+        return f"{path} changed while it was checked"
+    if opened.st_uid != os.geteuid():
+        return f"{path} belongs to uid {opened.st_uid}, not to us"
     if not os.access(path, os.W_OK | os.X_OK):
         return f"{path} is not writable"
     return None
+
+
+def _private(path: str) -> None:
+    """Make the directory we just created 0700, whatever the umask took away (0477 leaves 0300,
+    which not even we could list): through a descriptor of the directory itself, never a link
+    put in its place."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)  # fchmod() refuses an O_PATH descriptor
+    except OSError:
+        pass  # no /proc: judged as it is below
+    finally:
+        os.close(fd)
 
 
 def process_start_time(pid: int) -> str | None:
@@ -67,19 +106,67 @@ def process_start_time(pid: int) -> str | None:
     return None if st is None or st.state == b"Z" else str(st.start)
 
 
-def pid1_identity() -> str:
-    """Identifies this container's life: boot id plus PID 1's start time.
+class Life:
+    """This container's life, as every uid sees it. ``ident`` is the boot id, the inode of our PID
+    namespace (``/proc/self/ns/pid``) and the time ``/proc`` was mounted (its root's mtime, set when
+    the runtime mounts a fresh /proc for the container's new PID namespace): all readable by any
+    process, even with ``/proc`` mounted ``hidepid=2``. The kernel reuses namespace inodes soon
+    after a container ends; the mount time tells two lives apart all the same. ``pid1`` is PID 1's
+    start time where it can be seen (None with hidepid, as another uid than PID 1's), a further
+    check when both runs can see it."""
 
-    A container restart starts a new PID 1, so a latch recorded under another
-    identity belongs to an earlier life and no longer applies.
+    __slots__ = ("boot", "ident", "pid1")
+
+    def __init__(self, boot: str, ident: str, pid1: str | None) -> None:
+        self.boot = boot
+        self.ident = ident
+        self.pid1 = pid1
+
+
+_life: list[Life] = []  # computed once per process: none of it changes while the process lives
+
+
+def life() -> Life:
+    if not _life:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as fh:
+                boot = fh.read().decode().strip()
+        except OSError:
+            boot = "?"
+        try:
+            ns = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+            ns = ns[ns.index("[") + 1:ns.index("]")]
+        except (OSError, ValueError):
+            ns = "?"
+        try:
+            mounted = str(os.stat("/proc").st_mtime_ns)
+        except OSError:
+            mounted = "?"
+        st = pidstat.stat(1)
+        _life.append(Life(boot, f"{boot}:ns{ns}.{mounted}", None if st is None else str(st.start)))
+    return _life[0]
+
+
+def life_identity() -> str:
+    """What a cached result and a latch record of this container's life (see Life)."""
+    return life().ident
+
+
+def same_life(ident: Any, pid1: Any) -> bool:
+    """Whether a latch (or a record) written with ``ident`` and ``pid1`` is of this container's life.
+
+    An identity of the earlier form, ``<boot id>:<PID 1's start time>``, is judged as it was
+    written: by PID 1's start time where PID 1 can be seen, held where it cannot (a latch is
+    never dropped for want of evidence); ``<boot id>:?`` (PID 1 was hidden when it was written)
+    proves nothing and no longer holds.
     """
-    try:
-        with open("/proc/sys/kernel/random/boot_id", "rb") as fh:
-            boot = fh.read().decode().strip()
-    except OSError:
-        boot = "?"
-    st = pidstat.stat(1)
-    return f"{boot}:{st.start if st is not None else '?'}"
+    now = life()
+    if not isinstance(ident, str):
+        return False
+    if ident == now.ident:
+        return not isinstance(pid1, str) or now.pid1 is None or pid1 == now.pid1
+    boot, _, start = ident.rpartition(":")
+    return boot == now.boot and start.isdigit() and (now.pid1 is None or start == now.pid1)
 
 
 def _unlink(path: str) -> None:
@@ -94,10 +181,11 @@ class Lock:
     lock); ``None`` when not had. A class, not ``contextlib.contextmanager``: contextlib costs
     every run, liveness included, ~1 ms of start-up (make bench)."""
 
-    __slots__ = ("_fd",)
+    __slots__ = ("_fd", "unusable")
 
-    def __init__(self, fd: int | None) -> None:
+    def __init__(self, fd: int | None, unusable: str | None = None) -> None:
         self._fd = fd
+        self.unusable = unusable  # why the lock file could not be had at all (nobody holds it)
 
     def __enter__(self) -> bool:
         return self._fd is not None
@@ -114,12 +202,22 @@ class State:
     def __init__(self, path: str | None, disabled_reason: str | None = None):
         self.path = path
         self.disabled_reason = disabled_reason
+        self.problem: str | None = None  # why the last write failed
 
     @classmethod
     def open(cls, path: str | None) -> State:
-        path = path or default_dir()
-        why = _usable(path)
-        return cls(None, why) if why else cls(path)
+        """The state dir at ``path``, else the first default location that can be used; off
+        (with every location's reason) when none can."""
+        tried = [path] if path else candidates()
+        reasons = []
+        for where in tried:
+            why = _usable(where)
+            if why is None:
+                return cls(where)
+            reasons.append(why)
+        if len(reasons) == 1:
+            return cls(None, reasons[0])
+        return cls(None, "no writable state dir (" + "; ".join(reasons) + ")")
 
     @classmethod
     def off(cls, reason: str) -> State:
@@ -145,8 +243,10 @@ class State:
         return data if isinstance(data, dict) else None
 
     def write_json(self, name: str, data: dict[str, Any]) -> bool:
-        """Atomically replace ``name``; False (never an exception) when it cannot."""
+        """Atomically replace ``name``; False (never an exception, the reason in ``problem``)
+        when it cannot."""
         if not self.enabled:
+            self.problem = f"state dir off: {self.disabled_reason}"
             return False
         # One temporary file per writing thread: serve's monitor threads write serve.json at
         # once, and two writers sharing one would interleave into a torn file.
@@ -156,27 +256,53 @@ class State:
             import json  # reading goes through probes.untrusted; only writers need this
 
             with os.fdopen(fd, "w") as fh:
+                os.fchmod(fd, 0o600)  # whatever the umask took away
                 json.dump(data, fh, separators=(",", ":"))
             os.replace(tmp, self._file(name))
             return True
-        except (OSError, TypeError, ValueError):
+        except (OSError, TypeError, ValueError) as exc:
             _unlink(tmp)
+            self.problem = os.strerror(exc.errno or 0) if isinstance(exc, OSError) else type(exc).__name__
             return False
 
     def remove(self, name: str) -> None:
         if self.enabled:
             _unlink(self._file(name))
 
+    def _open_lock(self, name: str) -> int | None:
+        path = self._file(name)
+        for attempt in (1, 2):
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except PermissionError as exc:
+                self.problem = f"cannot open {name}: {os.strerror(exc.errno or 0)}"
+                if attempt == 2:
+                    return None
+                # Left unreadable by an earlier run's umask: the directory is ours and private.
+                try:
+                    os.chmod(path, 0o600)
+                except OSError:
+                    return None
+                continue
+            except OSError as exc:  # a full disk (no inode left for it), a read-only remount
+                self.problem = f"cannot create {name}: {os.strerror(exc.errno or 0)}"
+                return None
+            try:
+                os.fchmod(fd, 0o600)
+            except OSError:
+                pass
+            return fd
+        return None
+
     def lock(self, name: str, deadline: float) -> Lock:
         """``with state.lock(name, deadline) as held``: an exclusive lock, held until the block
         ends; ``held`` is False if it was not had by ``deadline`` (a time.monotonic() value)
         or when the state dir is off."""
         if not self.enabled:
-            return Lock(None)
-        try:
-            fd = os.open(self._file(name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError:
-            return Lock(None)
+            return Lock(None, f"state dir off: {self.disabled_reason}")
+        fd = self._open_lock(name)
+        if fd is None:
+            return Lock(None, self.problem or "the lock file cannot be opened")
         delay = 0.005
         while True:
             try:
@@ -198,12 +324,32 @@ class State:
     def latch(self) -> dict[str, Any] | None:
         """The latch in force for this container life, or None. A stale one is cleared."""
         data = self.read_json(LATCH)
-        if data is None:
-            return None
-        if data.get("identity") != pid1_identity():
+        if data is not None:
+            if same_life(data.get("identity"), data.get("pid1")):
+                return data
             self.remove(LATCH)
+        return self._mark() if self.enabled else None
+
+    def _mark(self) -> dict[str, Any] | None:
+        """The latch an empty file stands for (see set_latch); stale ones are removed."""
+        assert self.path is not None
+        try:
+            names = [n for n in os.listdir(self.path) if n.startswith(MARK)]
+        except OSError:
             return None
-        return data
+        found = None
+        for name in names:
+            parts = name[len(MARK):].split("@")
+            if len(parts) == 4 and same_life(parts[0], None if parts[1] == "?" else parts[1]):
+                try:
+                    since = os.lstat(self._file(name)).st_mtime
+                except OSError:
+                    continue
+                found = {"source": parts[2], "code": parts[3] or None, "time": since,
+                         "reason": f"a fatal error latched the container; {KEPT_WITHOUT_DETAILS}"}
+            else:
+                self.remove(name)
+        return found
 
     # A child that survived SIGKILL sits in uninterruptible sleep on a wedged driver. Starting
     # another on every probe would pile them up: remember it while it exists.
@@ -214,7 +360,7 @@ class State:
         if data is None:
             return None
         pid = data.get("pid")
-        if (isinstance(pid, int) and data.get("identity") == pid1_identity()
+        if (isinstance(pid, int) and same_life(data.get("identity"), data.get("pid1"))
                 and data.get("start") == process_start_time(pid)):
             return pid
         self.remove(name)
@@ -222,11 +368,35 @@ class State:
 
     def remember_stuck(self, key: str, pid: int) -> None:
         self.write_json(f"stuck-{key}.json", {"pid": pid, "start": process_start_time(pid),
-                                               "time": time.time(), "identity": pid1_identity()})
+                                               "time": time.time(), "identity": life_identity(),
+                                               "pid1": life().pid1})
 
     def set_latch(self, source: str, reason: str, code: str | None = None) -> bool:
-        """Latch unhealthy: ``source`` (the probe, or "xid"), the message, and its reason code."""
-        data = {"source": source, "reason": reason, "time": time.time(), "identity": pid1_identity()}
+        """Latch unhealthy: ``source`` (the probe, or "xid"), the message, and its reason code.
+
+        A file system too full for ``latch.json`` usually still has an inode for an empty file:
+        its name keeps what the latch needs (this life's identity, the source and the code).
+        False, with the reason in ``problem``, when not even that could be written."""
+        now = life()
+        data = {"source": source, "reason": reason, "time": time.time(), "identity": now.ident,
+                "pid1": now.pid1}
         if code:
             data["code"] = code
-        return self.write_json(LATCH, data)
+        if self.write_json(LATCH, data):
+            return True
+        if not self.enabled:
+            return False
+        why = self.problem
+        name = MARK + "@".join(_safe(p) for p in (now.ident, now.pid1 or "?", source, code or ""))
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open(self._file(name), flags, 0o600))
+        except OSError as exc:
+            self.problem = f"{why}; not even an empty file: {os.strerror(exc.errno or 0)}"
+            return False
+        return True
+
+
+def _safe(part: str) -> str:
+    """A part of the latch file's name: no separator, no slash, nothing outside [A-Za-z0-9._:-]."""
+    return "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._:-") else "_" for ch in part)[:80]

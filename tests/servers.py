@@ -87,10 +87,12 @@ class Sshd:
             return "needs openssh-server (apt-get install -y openssh-server)"
         return None
 
-    def __init__(self, root: Path, *, ipv6: bool = True) -> None:
+    def __init__(self, root: Path, *, ipv6: bool = True, options: tuple[str, ...] = (),
+                 key_name: str = "host_ed25519") -> None:
         self.root = root
         self.port = free_port()
-        key = root / "host_ed25519"
+        key = root / key_name
+        self.host_key = key
         if not key.exists():
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
         os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory sshd insists on
@@ -98,7 +100,7 @@ class Sshd:
         lines = [f"Port {self.port}", "ListenAddress 127.0.0.1", *(["ListenAddress ::1"] if ipv6 else []),
                  f"HostKey {key}", f"PidFile {root / 'sshd.pid'}", "UsePAM no", "StrictModes no",
                  "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-                 "MaxStartups 200:30:400", "LogLevel ERROR"]
+                 "MaxStartups 200:30:400", "LogLevel ERROR", *options]
         self.cfg = root / "sshd_config"
         self.cfg.write_text("\n".join(lines) + "\n")
         # OpenSSH 9.8+ penalises clients that disconnect before authenticating, as probes do.

@@ -138,15 +138,21 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
     from probes import proc
 
     state = ctx.state
-    if not state.enabled:
-        return run()
+    if not state.enabled:  # nothing can latch: the judge says so if the run finds a fatal error
+        data = run()
+        data.setdefault("latch_lost", f"state dir off: {state.disabled_reason}")
+        return data
     started = time.time()
     if early and ctx.profile == "readiness":
         hit = reuse(state.read_json(cache))
         if hit is not None:
             return hit
     waited_from = time.monotonic()
-    with state.lock(LOCK, ctx.deadline - proc.MARGIN) as held:
+    lock = state.lock(LOCK, ctx.deadline - proc.MARGIN)
+    if lock.unusable:  # nobody holds it (a disk too full for the lock file): run as without a state dir
+        logger().warning("%s runs without the one-check-at-a-time lock: %s", cache, lock.unusable)
+        return record(ctx, cache, key, run(), judge)
+    with lock as held:
         if not held:
             return {"kind": "lock-timeout", "waited": round(time.monotonic() - waited_from, 2)}
         latch = state.latch() if relatch else None
@@ -198,8 +204,10 @@ def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
         ctx.state.remove(cache)
         return data
     result = judge(data, ctx)
-    if result.facts.get("fatal"):
-        ctx.state.set_latch(result.name, result.message, result.reason)
+    if result.facts.get("fatal") and not ctx.state.set_latch(result.name, result.message, result.reason):
+        data["latch_lost"] = untrusted.clean(ctx.state.problem or "?", 120)
+        logger().error("%s: fatal CUDA error NOT latched, the state dir could not keep it (%s): later runs "
+                       "will not see it; restart the container", result.name, data["latch_lost"])
     ctx.state.write_json(cache, {"key": key, "finished": data["finished"], "status": result.status.value,
                                  "data": data})
     return data
@@ -212,15 +220,22 @@ def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
     """A deep check's worker run under the probe's deadline, on the GPUs with
     ``need_mib`` MiB free (see :func:`start`): what its judge() reads of the run (``locked_run``'s
     ``run``), and the process, for what else it reads there (None when none was started)."""
-    from probes import proc
+    from probes import orphans, proc
 
-    space, env = start(ctx, need_mib, env)
-    if space is not None and space.none_left:
-        return no_room(space), None
+    # What a killed suite left (a worker behind a wrapper, its grandchildren) goes before the GPUs'
+    # memory is surveyed; one that survives SIGKILL may hold the GPU: no second worker beside it.
+    space = None
+    held = orphans.end()
+    if held:
+        logger().info("%s: processes of a killed run survive SIGKILL: %s", name, held)
+    else:
+        space, env = start(ctx, need_mib, env)
+        if space is not None and space.none_left:
+            return no_room(space), None
     deadline = ctx.deadline - proc.MARGIN
     budget = max(0.0, deadline - time.monotonic())
-    done = proc.run(argv, deadline=deadline, env=env, state=ctx.state, key=name, until=arrived,
-                    linger=proc.LINGER)
+    done = proc.Completed(tuple(argv), None, stuck=True, held_by=held[0]) if held else proc.run(
+        argv, deadline=deadline, env=env, state=ctx.state, key=name, until=arrived, linger=proc.LINGER)
     report, problem = parse(done.stdout)
     if (report is None or report.get("error") or done.timed_out or done.lingered
             or any(isinstance(d, dict) and d.get("error") for d in report.get("devices", ()))):
@@ -230,6 +245,7 @@ def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
     return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
             "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
             "held_by": done.held_by, "budget": round(budget, 2), "phase": phase(done.stderr),
+            "memory": protocol.out_of_memory(done.stderr),
             "report": report, "problem": problem, "finished": time.time(), "cache": None,
             "room": None if space is None else space.facts()}, done
 
@@ -265,14 +281,45 @@ def deep_cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
             "finished": finished, "cache": {"how": "ttl", "age": round(age, 1)}}
 
 
+UNTIL_RESTART = "unhealthy until the container restarts"
+
+
+def unkept(result: Result, data: dict[str, Any]) -> Result:
+    """``result`` saying so when its fatal error could not be latched (the state dir is off, or
+    too full for even an empty file): later runs will not remember it, so nothing may promise
+    "unhealthy until the container restarts"."""
+    if not result.facts.get("fatal"):
+        return result
+    why = data.get("latch_lost")
+    if not why:
+        return result
+    said = f"the latch could not be kept ({untrusted.clean(why, 160)}), later runs will not remember it"
+    message = (result.message.replace(UNTIL_RESTART, said) if UNTIL_RESTART in result.message
+               else f"{result.message}; {said}")
+    return result._replace(message=message, facts={**result.facts, "latch_kept": False})
+
+
 def lock_timeout(name: str, data: dict[str, Any], **kw: Any) -> Result:
     """judge() of a deep check whose locked_run did not get the lock in time."""
     return failed(name, f"no result within {data['waited']:.1f}s: another costly check (torch-cuda, "
                   "nccl or model) still holds the lock", reason="deadline", **kw)
 
 
+def limited(name: str, data: dict[str, Any], **kw: Any) -> Result | None:
+    """judge() of a deep check whose worker a resource limit kept from starting (the interpreter is
+    not at fault: not checked); None otherwise."""
+    from probes import childio
+
+    if childio.limited(data.get("spawn_error")):
+        return warned(name, f"not checked: the worker {data['spawn_error']}", reason="limit", **kw)
+    return None
+
+
 def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Result | None:
     """judge() of a deep check whose worker's interpreter cannot be run; None if it could."""
+    limit = limited(name, data, **kw)
+    if limit is not None:
+        return limit
     if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
         python = untrusted.clean(ctx.config.of(Torch).torch_python, 80)
         return failed(name, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "

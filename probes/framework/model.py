@@ -37,7 +37,7 @@ from probes.record import Record
 from probes.result import Result, Status, failed, passed, warned
 from probes.spec import INTEGER, NUMBER, TEXT, Setting, Spec
 from probes.spec import cause as _c
-from probes.state import pid1_identity
+from probes.state import life_identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -195,9 +195,8 @@ def validate(report: Any, device: str) -> dict[str, Any]:
             raise protocol.Bad("result.error.kind is unknown")
     elif report["load_ms"] is None or report["params"] is None:
         raise protocol.Bad("a passing result without load time or parameters")
-    return {k: untrusted.clean(v, 200) if isinstance(v, str) else
-            ({ek: untrusted.clean(ev, 200) for ek, ev in v.items()} if isinstance(v, dict) else v)
-            for k, v in report.items()}
+    cleaned: dict[str, Any] = protocol.cleaned(report, 200)
+    return cleaned
 
 
 def parse_output(stdout: bytes, device: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -276,7 +275,7 @@ def _key(ctx: Context) -> dict[str, Any]:
     return {"python": torch.torch_python, "device": torch.torch_device, "path": cfg.model_path,
             "file": _file_id(cfg.model_path), "input": cfg.model_input, "expect": cfg.model_expect,
             "expect_file": _file_id(cfg.model_expect), "max_bytes": cfg.model_max_bytes,
-            "identity": pid1_identity()}
+            "identity": life_identity()}
 
 
 def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
@@ -335,7 +334,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     from probes.framework import room
 
     if data.get("kind") != room.REASON:
-        return deep.with_room(_judge(data, ctx), data, ROOM)
+        return deep.unkept(deep.with_room(_judge(data, ctx), data, ROOM), data)
     facts = data["room"]
     if all(g["total_mib"] is not None and g["total_mib"] < facts["need_mib"] for g in facts["full"]):
         path = untrusted.clean(ctx.config.of(Settings).model_path or "", 120)

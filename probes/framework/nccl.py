@@ -37,7 +37,7 @@ from probes.record import Record
 from probes.result import Result, failed, passed, skipped
 from probes.spec import INTEGER, NUMBER, Setting, Spec
 from probes.spec import cause as _c
-from probes.state import pid1_identity
+from probes.state import life_identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -170,12 +170,7 @@ def validate(report: Any) -> dict[str, Any]:
             raise protocol.Bad("result.error.kind is unknown")
     elif None in (report["count"], report["bad"], report["max_err"], report["ms"]):
         raise protocol.Bad("a result without its measurements")
-    out = dict(report)
-    for key in ("torch", "nccl", "backend"):
-        if out[key] is not None:
-            out[key] = untrusted.clean(out[key], 40)
-    if out["error"] is not None:
-        out["error"] = {k: untrusted.clean(v, 300) for k, v in out["error"].items()}
+    out: dict[str, Any] = protocol.cleaned(report, 40, {"kind": 300, "type": 300, "message": 300})
     return out
 
 
@@ -225,7 +220,7 @@ def run_worker(ctx: Context) -> dict[str, Any]:
 
 
 def _key(ctx: Context) -> dict[str, Any]:
-    return {"python": ctx.config.of(deep.Torch).torch_python, "identity": pid1_identity(),
+    return {"python": ctx.config.of(deep.Torch).torch_python, "identity": life_identity(),
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
@@ -285,7 +280,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
     if data.get("kind") == room.REASON:
         return deep.not_checked(NAME, data, ROOM, unit=UNIT)
-    return deep.with_room(_judge(data, ctx), data, ROOM)
+    return deep.unkept(deep.with_room(_judge(data, ctx), data, ROOM), data)
 
 
 def _cuda(report: dict[str, Any] | None, lines: list[str], kw: dict[str, Any]) -> Result | None:

@@ -79,6 +79,19 @@ def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: t
         check(obj[key], kind, nullable, f"{where}.{key}")
 
 
+def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key: str = "") -> Any:
+    """A copy of a validated report with every string made one printable line of at most ``limit``
+    characters (``limits``: per field name); numbers, booleans and None stay what they are (an
+    error's ``code`` stays the integer the CUDA error table is keyed by)."""
+    if isinstance(value, dict):
+        return {k: cleaned(v, limit, limits, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [cleaned(v, limit, limits, key) for v in value]
+    if isinstance(value, str):
+        return untrusted.clean(value, (limits or {}).get(key, limit))
+    return value
+
+
 def result(stdout: bytes, prefix: str) -> Any:
     """The JSON of the one result line in ``stdout``; Bad when there is none, more than one,
     or it is not readable JSON (malformed, too deep, NaN, a number too large for a float)."""
@@ -101,6 +114,19 @@ def arrived(stdout: bytes, prefix: str) -> bool:
         return False
     lines = stdout.splitlines(keepends=True)
     return any(line.startswith(marker) and line.endswith((b"\n", b"\r")) for line in lines)
+
+
+# What an interpreter says when loading ran out of memory or address space (RLIMIT_AS): Python's
+# MemoryError, the C library's ENOMEM text, the dynamic loader's mmap() failure, C++'s allocation
+# failure (std::bad_alloc, then abort()).
+MEMORY_WORDS = ("memoryerror", "cannot allocate memory", "failed to map segment from shared object",
+                "std::bad_alloc")
+
+
+def out_of_memory(text: bytes | str) -> bool:
+    """Whether ``text`` (a worker's stderr or error message) says it ran out of memory."""
+    low = (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).lower()
+    return any(word in low for word in MEMORY_WORDS)
 
 
 def last_phase(stderr: bytes, phase: str, names: str) -> str | None:

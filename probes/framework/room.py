@@ -12,9 +12,12 @@ does on "device 0" at start (its first context, the model probe's current device
 GPU with room. With no GPU left nothing is started, and the probe warns "not checked: the
 workload holds the memory" (reason ``workload-memory``), which never latches.
 
-When NVML cannot say (no library, an error, a GPU that does not report its memory, MIG mode,
-where the memory of a MIG device is not the GPU's) the GPUs are used as before and the facts
-say why; the setting 0 turns the check off.
+When NVML cannot say (no library, an error, a GPU that does not report its memory or reports
+0 MiB of it, MIG mode, where the memory of a MIG device is not the GPU's) the GPUs are used as
+before and the facts say why; the setting 0 turns the check off. A GPU with 0 MiB is not "held by
+the workload": no GPU has no memory (one without memory of its own, such as an integrated GPU,
+answers NOT_SUPPORTED), so NVML misreports it, and the nvml probe fails it; what the worker does
+there is the evidence.
 
 Command-line equivalent::
 
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
 NCCL_MIB = 256  # NCCL's buffers on each GPU, on top (NCCL_BUFFSIZE 4 MiB per channel and peer)
 REASON = "workload-memory"
 MAX_GPUS = 1024
+MAX_MIB = 2**44  # NVML gives bytes as an unsigned 64-bit number: every MiB count it can give is below
 
 
 class Gpu(Record):
@@ -102,10 +106,12 @@ def survey(need_mib: int, env: Mapping[str, str]) -> Room:
         uuids = [g.uuid for g in gpus]
         selected, _ = nvml.cuda_visible(wanted, uuids)
         gpus = [g for u in selected for g in gpus if g.uuid == u]
-    full = tuple(g for g in gpus if g.free_mib is not None and g.free_mib < need_mib)
+    full = tuple(g for g in gpus if g.free_mib is not None and g.total_mib != 0 and g.free_mib < need_mib)
     silent = [str(g.index) for g in gpus if g.free_mib is None]
-    why = f"NVML gives no free memory for GPU {', '.join(silent)}" if silent else None
-    return Room(need_mib, tuple(g for g in gpus if g not in full), full, why)
+    zero = [str(g.index) for g in gpus if g.total_mib == 0]
+    whys = ([f"NVML gives no free memory for GPU {', '.join(silent)}"] if silent else []) + (
+        [f"NVML reports 0 MiB of memory for GPU {', '.join(zero)} (misreported)"] if zero else [])
+    return Room(need_mib, tuple(g for g in gpus if g not in full), full, "; ".join(whys) or None)
 
 
 def _gpus(nv: Any) -> tuple[list[Gpu], str | None]:
@@ -149,7 +155,7 @@ def read(value: Any) -> dict[str, Any] | None:
 
 
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**40
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_MIB
 
 
 def _gpu_list(full: list[dict[str, Any]]) -> str:

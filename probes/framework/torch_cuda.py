@@ -54,19 +54,18 @@ from probes.context import Context
 from probes.framework import deep, protocol
 from probes.framework.deep import fresh_pass
 from probes.framework.protocol import BOOL, INT, NUM, STR
-from probes.framework.torch_report import PHASES, last_phase, parse_output, validate
+from probes.framework.torch_report import PHASES, identify, last_phase, memory_limit, parse_output, validate
 from probes.result import SEVERITY, Result, failed, passed, skipped, warned
 from probes.spec import ALL_PROFILES, CHOICE, INTEGER, NUMBER, Setting, Spec
 from probes.spec import TEXT as TEXT_KIND
 from probes.spec import cause as _c
-from probes.state import pid1_identity
+from probes.state import life_identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
     from probes.config import Config
-    from probes.framework import cuda_errors  # torch_worker: PREFIX, PHASE, SCHEMA
 
 NAME = "torch-cuda"
 MEASUREMENT = "devices"
@@ -101,6 +100,10 @@ SPEC = Spec(
            "set `HEALTHCHECK_TORCH_PYTHON` to the interpreter that has torch"),
         _c("torch-import-failed", "`import torch` fails (missing module or library)",
            "reinstall torch in the image or fix its libraries (details in the log)"),
+        _c("memory-limit", "the worker ran out of host memory: the address-space limit (RLIMIT_AS, `ulimit "
+           "-v`) or the container's memory is too small for torch (MemoryError, \"failed to map segment from "
+           "shared object\", \"Cannot allocate memory\", std::bad_alloc)", "raise the container's memory or "
+           "address-space limit"),
         _c("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`",
            "install a CUDA build of torch, or set `HEALTHCHECK_TORCH_DEVICE=cpu` for CPU-only images"),
         _c("cuda-unavailable", "`torch.cuda.is_available()` false / no GPU visible",
@@ -239,7 +242,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
 def _key(ctx: Context, expect: int | None) -> dict[str, Any]:
     own = ctx.config.of(Settings)
     return {"python": own.torch_python, "device": own.torch_device, "size": SIZE,
-            "expect": expect, "identity": pid1_identity()}
+            "expect": expect, "identity": life_identity()}
 
 
 # What judge() reads of a cached worker run, checked before reuse.
@@ -302,6 +305,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     if not state.enabled:
         data = run_worker(ctx, expect)
         data["cache"] = {"how": "off", "why": state.disabled_reason}
+        data["latch_lost"] = f"state dir off: {state.disabled_reason}"  # said if the run is fatal
         return data
 
     key = _key(ctx, expect)
@@ -390,7 +394,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
     if kind == room.REASON:
         return deep.not_checked(NAME, data, MIN_FREE, unit=UNIT)
-    result = deep.with_room(_judge_worker(data, ctx), data, MIN_FREE)
+    result = deep.unkept(deep.with_room(_judge_worker(data, ctx), data, MIN_FREE), data)
     suffix = _suffix(data)
     if suffix:
         result = Result(result.name, result.status, result.message + suffix, result.observed, result.unit,
@@ -406,6 +410,8 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
                              "cache": data.get("cache")}
     kw: dict[str, Any] = {"unit": UNIT, "facts": facts}
     report = data.get("report")
+    if (limit := deep.limited(NAME, data, **kw)) is not None:
+        return limit
     if data.get("spawn_error") == "not found" or (report is None and data.get("returncode") == 127):
         return failed(NAME, f"torch interpreter {python} not found: set HEALTHCHECK_TORCH_PYTHON to the "
                       "image's Python that has torch (e.g. /opt/conda/bin/python)",
@@ -440,6 +446,8 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
                 "the GPU driver may be wedged; check nvidia-smi and dmesg for Xid errors")
         return failed(NAME, f"torch worker gave no result within {data.get('budget', 0):.1f}s "
                       f"(killed while in {where or 'start-up'}): {hint}", reason="deadline", **kw)
+    if (memory := memory_limit(None, data)) is not None:
+        return failed(NAME, f"torch worker in {python}: {memory}", reason="memory-limit", **kw)
     rc = data.get("returncode")
     if isinstance(rc, int) and rc < 0:
         sig = -rc
@@ -456,17 +464,6 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
                   f"'{data.get('excerpt') or ''}'", reason="bad-output", **kw)
 
 
-def identify(err: dict[str, Any]) -> cuda_errors.Found | None:
-    """The CUDA error the worker reported (probes/framework/cuda_errors.py), or None. torch's
-    OutOfMemoryError is CUDA's out of memory whatever its text says."""
-    from probes.framework import cuda_errors
-
-    found = cuda_errors.identify(err.get("code"), str(err.get("message", "")))
-    if found is None and err.get("type") == "OutOfMemoryError":
-        return cuda_errors.Found(cuda_errors.BY_CODE[2], "type")
-    return found
-
-
 def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, python: str,
                   kw: dict[str, Any]) -> Result:
     from probes.framework import room
@@ -476,6 +473,8 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
     version = report["torch"] or "?"
     err = report["error"]
     cuda = report["device"] == "cuda"
+    if (memory := memory_limit(report, data)) is not None:
+        return failed(NAME, f"torch worker in {python}: {memory}", reason="memory-limit", **kw)
     if err is not None and err["phase"] == "import":
         if err["module"] == "torch":
             return failed(NAME, f"torch is not installed for {python}: set HEALTHCHECK_TORCH_PYTHON to the "

@@ -3,13 +3,14 @@ suite (torch_cuda.py judges it). A report that does not match the schema exactly
 
 from __future__ import annotations
 
-from probes import untrusted
 from probes.framework import protocol
 from probes.framework.protocol import BOOL, INT, MEASURE, NUM, STR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from probes.framework import cuda_errors
 
 
 MAX_DEVICES = 1024
@@ -26,17 +27,6 @@ _DEVICE = {"index": (INT, False), "name": (STR, False), "uuid": (STR, True), "op
 _TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False), "expect_count": (INT, True),
         "torch": (STR, True), "cuda": (STR, True), "cuda_built": (BOOL, True),
         "available": (BOOL, True), "count": (INT, True), "visible_devices": (STR, True)}
-
-
-def _cleaned(value: Any, key: str = "") -> Any:
-    """A copy of a validated report with every string made one printable line."""
-    if isinstance(value, dict):
-        return {k: _cleaned(v, k) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_cleaned(v, key) for v in value]
-    if isinstance(value, str):
-        return untrusted.clean(value, TEXT_LIMITS.get(key, TEXT))
-    return value
 
 
 def validate(report: Any, device: str, size: int) -> dict[str, Any]:
@@ -71,7 +61,7 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     stopped = report["error"] is not None or any(d["error"] is not None for d in devices)
     if not stopped and report["count"] is not None and len(devices) != report["count"]:
         raise protocol.Bad("the result does not cover every device")
-    cleaned: dict[str, Any] = _cleaned(report)
+    cleaned: dict[str, Any] = protocol.cleaned(report, TEXT, TEXT_LIMITS)
     return cleaned
 
 
@@ -90,3 +80,36 @@ def last_phase(stderr: bytes) -> str | None:
     from probes.framework import torch_worker
 
     return protocol.last_phase(stderr, torch_worker.PHASE, PHASES)
+
+
+def identify(err: dict[str, Any]) -> cuda_errors.Found | None:
+    """The CUDA error the worker reported (probes/framework/cuda_errors.py), or None. torch's
+    OutOfMemoryError is CUDA's out of memory whatever its text says."""
+    from probes.framework import cuda_errors
+
+    found = cuda_errors.identify(err.get("code"), str(err.get("message", "")))
+    if found is None and err.get("type") == "OutOfMemoryError":
+        return cuda_errors.Found(cuda_errors.BY_CODE[2], "type")
+    return found
+
+
+def memory_limit(report: dict[str, Any] | None, data: dict[str, Any]) -> str | None:
+    """Why the worker failed when host memory is why (naming the limit and the remedy), else None.
+
+    A too-small address-space limit (RLIMIT_AS, ``ulimit -v``), which the worker inherits, shows as
+    a MemoryError, as the dynamic loader's "failed to map segment from shared object" (an
+    ImportError naming torch's ``_C``: no module is missing), as torch's CPU allocator's "Cannot
+    allocate memory", or as std::bad_alloc and abort() (no report, a SIGABRT: torch did not
+    crash). A GPU's own out of memory is none of these (CUDA says "out of memory")."""
+    import errno
+
+    from probes import childio
+
+    if report is not None:
+        errors = [report["error"], *(d["error"] for d in report["devices"])]
+        said = any(e is not None and (e["type"] == "MemoryError" or protocol.out_of_memory(e["message"]))
+                   for e in errors)
+    else:
+        rc = data.get("returncode")
+        said = data.get("memory") is True and isinstance(rc, int) and rc != 0
+    return childio.limit_words(errno.ENOMEM) if said else None

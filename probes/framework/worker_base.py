@@ -12,7 +12,8 @@ What it holds is the part every worker repeated: the result channel (a dup of fd
 pointed at stderr so that stray prints, ours or torch's C++ code's, never reach it), the phase
 markers on stderr, the common part of an error dict, ``measure`` for strict JSON, the one
 result line, and ``os._exit``, which skips an interpreter teardown that can hang after a
-fatal CUDA error or a failed collective.
+fatal CUDA error or a failed collective. And before all that, the parent-death signal: a worker
+dies with the suite that started it, even a suite killed by SIGKILL (``with_the_suite``).
 """
 
 import os
@@ -56,6 +57,41 @@ def phase(marker, name):
     sys.stderr.flush()
 
 
+def with_the_suite():
+    """Arm the parent-death signal (SIGKILL): a worker dies with the suite that started it, even
+    one killed by SIGKILL (probes/orphans.py). False when that suite is already gone (it died
+    before this was armed). The suite is named by the last of the run markers the suite puts in
+    the environment (``HEALTHCHECK_RUN_ID``: ``<pid>-<start>-<n>-<random>``); without one, or
+    where the kernel has no such option, there is nothing to check."""
+    parts = os.environ.get("HEALTHCHECK_RUN_ID", "").split(":")[-1].split("-")
+    if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, 9, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG, SIGKILL
+            return True
+    except (OSError, AttributeError):
+        return True
+    if os.getppid() == int(parts[0]):
+        return True  # armed while the suite is our parent: its death now kills us
+    # An interpreter wrapper that does not exec sits between us (it carries the run's marker; the
+    # next suite process ends it and us if the suite dies), or we were re-parented already.
+    try:
+        with open("/proc/" + str(os.getppid()) + "/environ", "rb") as fh:
+            if b"HEALTHCHECK_RUN_ID=" + os.environb[b"HEALTHCHECK_RUN_ID"] in fh.read().split(b"\0"):
+                return True
+    except OSError:
+        pass
+    try:
+        with open("/proc/" + parts[0] + "/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return fields[19] == parts[1].encode() and fields[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
 def run(prefix, marker, report, work, failed=None, trace=False):
     """Run ``work(report)`` and print ``report`` as the one result line, then exit at once.
 
@@ -63,6 +99,8 @@ def run(prefix, marker, report, work, failed=None, trace=False):
     markers). ``failed(exc)``: the error dict of an exception that escapes ``work`` (None: it
     propagates, and there is no result line); ``trace``: print its traceback on stderr first.
     """
+    if not with_the_suite():
+        os._exit(1)  # the suite that started us is gone: nobody reads the answer
     result_fd = os.dup(1)
     os.dup2(2, 1)
     if marker is not None:

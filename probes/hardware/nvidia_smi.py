@@ -18,7 +18,7 @@ from probes.context import Context
 from probes.hardware import smi_codes
 from probes.numbers import is_integer_text
 from probes.record import Record
-from probes.result import Result, failed, passed
+from probes.result import Result, failed, passed, warned
 from probes.spec import Cause, Spec
 from probes.untrusted import clean, squeeze
 
@@ -120,7 +120,7 @@ def _plural(n: int) -> str:
 def judge(data: proc.Completed, ctx: Context) -> Result:
     import re
 
-    from probes import proc
+    from probes import childio, proc
 
     expected = ctx.config.of(Settings).gpu_count
     if data.spawn_error == "not found":
@@ -130,6 +130,8 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
         return failed(NAME, "nvidia-smi cannot start: its interpreter is missing (a script's #! line or a "
                       "binary's loader names a file the container lacks): check the file mounted by the "
                       "NVIDIA Container Toolkit and recreate the container", reason="cannot-start")
+    if childio.limited(data.spawn_error):
+        return warned(NAME, f"not checked: nvidia-smi {data.spawn_error}", reason="limit")
     if data.spawn_error:
         return failed(NAME, f"nvidia-smi cannot start ({data.spawn_error}): check the file mounted by the "
                       "NVIDIA Container Toolkit and recreate the container", reason="cannot-start")

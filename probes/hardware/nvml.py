@@ -1,8 +1,8 @@
 """nvml probe: per-GPU state through NVIDIA's NVML (the nvidia-ml-py bindings).
 
 Proves that NVML initialises, that at least HEALTHCHECK_GPU_COUNT GPUs are present, and
-that none of them is lost, has volatile uncorrectable ECC errors, a pending page
-retirement or row remap, or a failed row remap (each a failure: the GPU needs a reset),
+that none of them is lost, reports 0 MiB of memory, has volatile uncorrectable ECC errors, a
+pending page retirement or row remap, or a failed row remap (each a failure: the GPU needs a reset),
 a pending recovery action from the driver (GPU reset, node reboot, drain P2P, drain and
 reset: the action is the remedy), or, on NVSwitch systems, a fabric registration that did
 not complete with success (fabric manager down: CUDA error 802).
@@ -83,6 +83,10 @@ SPEC = Spec(
         _c("row-remap-pending", "row remap pending", "reset the GPU when idle to apply it"),
         _c("page-retirement-pending", "page retirement pending", "reset the GPU when idle to retire the "
                                                                  "pages"),
+        _c("no-memory", "NVML reports 0 MiB of memory on a GPU: the GPU is broken or the driver misreports "
+           "it (a GPU without memory of its own answers NOT_SUPPORTED, never 0); no workload can run there",
+           "check `nvidia-smi -q -d MEMORY` and `dmesg` for Xid on the host; reset the GPU (`nvidia-smi -r`) "
+           "or reboot the node"),
         _c("thermal-slowdown", "SW/HW thermal slowdown clock event", "check cooling and airflow", "warn"),
         _c("hw-slowdown", "HW slowdown / power brake clock event", "check the power supply and "
                                                                    "cooling", "warn"),
@@ -359,6 +363,16 @@ class Problem(Record):
         self.message = message
 
 
+def _memory_problems(g: Gpu) -> list[Problem]:
+    """A GPU with 0 MiB of memory: no GPU has none (one without memory of its own, an integrated GPU,
+    answers NOT_SUPPORTED), so it is broken or misreported, and nothing can run there either way."""
+    if g.memory_total_mib != 0:
+        return []
+    return [Problem(Status.FAIL, "no-memory", f"GPU {g.index} reports 0 MiB of memory (NVML): the GPU is "
+                    "broken or the driver misreports it, and no workload can run there; check nvidia-smi -q "
+                    f"-d MEMORY and dmesg for Xid, {RESET}")]
+
+
 def _gpu_problems(g: Gpu, reporting: int) -> list[Problem]:
     from probes.hardware import nvml_lib
 
@@ -390,6 +404,7 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[Problem]:
     if g.retired_pending is True:
         out.append(Problem(fail, "page-retirement-pending", f"GPU {i} has page retirements pending: "
                            f"{RESET} when idle to retire the pages"))
+    out.extend(_memory_problems(g))
     reasons = g.clocks_event_reasons
     if isinstance(reasons, int) and reasons & (SW_THERMAL | HW_THERMAL):
         out.append(Problem(warn, "thermal-slowdown", f"GPU {i} clocks are slowed for heat (thermal "

@@ -169,13 +169,15 @@ class Monitor:
             self.event_counts[key] = self.event_counts.get(key, 0) + 1
             latch_now = event.severity == "critical" and self._xid_latch is None
             said = event.describe() + (f": {event.advice()}" if event.kind == "xid" else "")
+            code = f"xid-{event.data}" if event.kind == "xid" else event.kind
             if latch_now:
-                code = f"xid-{event.data}" if event.kind == "xid" else event.kind
                 self._xid_latch = {"source": "xid", "code": code, "reason": said, "time": event.time}
         if event.severity == "critical":
             log.error("NVML event: %s; latched unhealthy until the container restarts", said)
-            if latch_now and not self.state.set_latch("xid", said):
-                log.warning("latch kept in memory only: the state dir is not usable")
+            if latch_now and not self.state.set_latch("xid", said, code):
+                log.error("latch kept by this serve process only, the state dir could not keep it (%s): "
+                          "exec probes will not see it, and a restart of serve forgets it",
+                          self.state.problem)
         elif event.severity in ("corrected", "ignored", "no-action"):
             log.info("NVML event: %s%s", said, {"ignored": " (ignored: HEALTHCHECK_XID_IGNORE)",
                                                   "no-action": " (NVIDIA's Xid catalog: no action)"}.get(

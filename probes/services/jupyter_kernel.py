@@ -205,11 +205,11 @@ def token_file(path: str | None) -> str:
 
 def _key(ctx: Context, srv: Server) -> dict[str, Any]:
     from probes.framework.deep import Torch
-    from probes.state import pid1_identity
+    from probes.state import life_identity
 
     return {"kernel": ctx.config.of(Settings).jupyter_kernel_name,
             "device": ctx.config.of(Torch).torch_device, "server": [srv.host, srv.port, srv.base_url],
-            "identity": pid1_identity()}
+            "identity": life_identity()}
 
 
 def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:

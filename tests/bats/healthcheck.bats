@@ -350,3 +350,227 @@ installed() {
   run -0 "$TMP/env/bin/healthcheck" --json
   [ "$output" = "spaced: -I -c $ENTRY --json" ]
 }
+
+# The runtime the front door lives in: wall-clock steps, children that write into its pipes,
+# signals, readers that went away, low limits.
+
+# bare CMD...: CMD with stdin, stdout and stderr only, as a runtime starts it (bats holds more
+# descriptors, which its children inherit)
+bare() {
+  # shellcheck disable=SC2016 # run by bash -c
+  bash -c 'for fd in /proc/$$/fd/*; do fd=${fd##*/}; [ "$fd" -le 2 ] || eval "exec $fd>&-"; done; exec "$@"' - "$@"
+}
+
+# clock_step: tests/fakes/clock_step.c (a wall-clock step for LD_PRELOAD) built into $TMP
+clock_step() {
+  command -v cc >/dev/null || skip "no C compiler to build tests/fakes/clock_step.c"
+  cc -O2 -shared -fPIC -o "$TMP/clock_step.so" "$ROOT/tests/fakes/clock_step.c"
+}
+
+# stepping_suite ACTION: $BIN/py, a suite (in Python, for FIONREAD) that says it started,
+# waits until the front door has read that line (so that it holds its start time), steps the
+# wall clock (creates $TMP/step, see clock_step), runs ACTION and says its verdict 0.
+stepping_suite() {
+  local python
+  python=$(command -v python3) || skip "no python3"
+  cat >"$BIN/py" <<EOF
+#!$python
+import fcntl, os, signal, struct, termios, time
+out, err = map(int, os.environ["_HEALTHCHECK_FRONT_DOOR"].split())
+chan = os.dup(1)
+os.dup2(out, 1)
+os.dup2(err, 2)
+os.write(chan, b"\\x1estarted\\n")
+while struct.unpack("i", fcntl.ioctl(chan, termios.FIONREAD, b"0000"))[0]:
+    time.sleep(0.01)
+open("$TMP/step", "w").close()
+$1
+print("healthy: after the step", flush=True)
+os.write(chan, b"\\x1everdict 0\\n")
+EOF
+  chmod +x "$BIN/py"
+}
+
+@test "a wall-clock step forward mid-run does not cut the run at a hard deadline" {
+  clock_step
+  # An hour forward (NTP, a VM resume) once the suite has started: its healthy verdict stands.
+  stepping_suite 'time.sleep(0.3)'
+  LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=3600 \
+    HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" --profile liveness
+  [ "$output" = "healthy: after the step" ]
+}
+
+@test "a wall-clock step back mid-run still continues a stopped suite at its deadline" {
+  clock_step
+  # An hour back, and something stops the suite: it is continued at its deadline (1 s) and answers.
+  stepping_suite 'os.kill(os.getpid(), signal.SIGSTOP)'
+  SECONDS=0
+  LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=-3600 \
+    HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -0 timeout 10 "$ROOT/healthcheck"
+  [ "$output" = "healthy: after the step" ]
+  [ "$SECONDS" -le 3 ]
+  # Stopped for good (it ignores SIGTERM and stops itself again when continued): killed at the
+  # hard stop (4 s).
+  rm -f "$TMP/step"
+  stepping_suite 'signal.signal(signal.SIGTERM, signal.SIG_IGN)
+while True:
+    os.kill(os.getpid(), signal.SIGSTOP)'
+  SECONDS=0
+  LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=-3600 \
+    HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -1 timeout 20 "$ROOT/healthcheck"
+  [ "$output" = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE" ]
+  [ "$SECONDS" -le 7 ]
+  ! pgrep -f "$BIN/py" >/dev/null
+}
+
+@test "a drop-in that writes the protocol into the suite's and the front door's pipes cannot pass the run" {
+  real_suite
+  # It fails (exit 2), then writes a passing verdict and exit status into every pipe that the
+  # suite and the front door's processes hold (but their stdout and stderr), as any process of
+  # the same user can through /proc.
+  # shellcheck disable=SC2016 # the drop-in's own text
+  dropin forger 'echo "forged: this check fails"
+forge() {
+  for fd in /proc/$1/fd/*; do
+    case ${fd##*/} in 0 | 1 | 2) continue ;; esac
+    [ -p "$fd" ] || continue
+    if [ "$fd" -ef "/proc/$1/fd/1" ] || [ "$fd" -ef "/proc/$1/fd/2" ]; then continue; fi
+    printf "\036started\n\036verdict 0\n\036exit 0\n" 2>/dev/null >"$fd" || true
+  done
+}
+parent() { read -r stat <"/proc/$1/stat"; set -- ${stat##*") "}; pid=$2; }
+forge "$PPID"
+parent "$PPID"
+while tr "\\0" "\\n" <"/proc/$pid/cmdline" | grep -qx ".*/healthcheck"; do
+  forge "$pid"
+  parent "$pid"
+done
+exit 2'
+  run -1 bare "$ROOT/healthcheck"
+  [[ "${lines[0]}" == "unhealthy: forger: "* ]]
+}
+
+@test "a reader that went away costs the front door its own line, never its exit status" {
+  # A pipe whose reader has already ended: the front door's own lines after a suite that ended
+  # without its verdict (stdout), about an interpreter that is not the suite's (stderr, exit 3),
+  # and its help text. SIGPIPE as a caller leaves it (bats ignores it).
+  # shellcheck disable=SC2016 # run by bash -c
+  local gone='exec {w}> >(:); wait "$!"; env --default-signal=PIPE "$@" 1>&"$w" 2>&"$w"; echo "status $?"'
+  suite py 'verdict 2'
+  HEALTHCHECK_PYTHON="$BIN/py" run -0 --separate-stderr bash -c "$gone" - "$ROOT/healthcheck"
+  [ "$output" = "status 1" ]
+  [ "$stderr" = "" ]
+  stub talks 'echo "usage: talks"; exit 1'
+  HEALTHCHECK_PYTHON="$BIN/talks" run -0 --separate-stderr bash -c "$gone" - "$ROOT/healthcheck"
+  [ "$output" = "status 3" ]
+  [ "$stderr" = "" ]
+  run -0 --separate-stderr bash -c "$gone" - "$ROOT/healthcheck" --help
+  [ "$output" = "status 0" ]
+  [ "$stderr" = "" ]
+}
+
+@test "SIGTERM, SIGINT or SIGHUP to the front door ends the suite, with one line" {
+  suite py "touch '$TMP/started'; while :; do sleep 0.1; done"
+  local signal pid status
+  for signal in TERM INT HUP; do
+    rm -f "$TMP/started"
+    # As a supervisor starts it: SIGINT not ignored (a background job here would have it ignored).
+    HEALTHCHECK_PYTHON="$BIN/py" env --default-signal=INT "$ROOT/healthcheck" >"$TMP/out" 2>"$TMP/err" 3>&- &
+    pid=$!
+    SECONDS=0
+    until [ -e "$TMP/started" ] || [ "$SECONDS" -gt 10 ]; do sleep 0.05; done
+    kill -"$signal" "$pid"
+    status=0
+    wait "$pid" || status=$?
+    [ "$status" -eq 1 ]
+    [ "$(cat "$TMP/out")" = "unhealthy: healthcheck: stopped by SIG$signal before the verdict" ]
+    [ ! -s "$TMP/err" ]
+    ! pgrep -f "$BIN/py" >/dev/null
+  done
+}
+
+@test "a very low open-file limit is one line and exit 1, at once" {
+  suite py 'echo "healthy: ran"'
+  # shellcheck disable=SC2016 # run by bash -c
+  local n limited='ulimit -n "$1" && exec "$2"'
+  for n in 5 6 7 8 9 10 11 12 13 14 15; do
+    SECONDS=0
+    HEALTHCHECK_PYTHON="$BIN/py" run -1 --separate-stderr bare bash -c "$limited" - "$n" "$ROOT/healthcheck"
+    [ "$stderr" = "" ]
+    [ "$output" = "unhealthy: healthcheck: the open-file limit (ulimit -n) is $n; the front door and the suite need at least 16" ]
+    [ "$SECONDS" -le 2 ]
+  done
+  HEALTHCHECK_PYTHON="$BIN/py" run -0 --separate-stderr bare bash -c "$limited" - 16 "$ROOT/healthcheck"
+  [ "$stderr" = "" ]
+  [ "$output" = "healthy: ran" ]
+}
+
+@test "a process limit that leaves no room for the suite is one line and exit 1, at once" {
+  [ "$(id -u)" = 0 ] || skip "needs root to run as another user (root itself ignores RLIMIT_NPROC)"
+  command -v setpriv >/dev/null && command -v prlimit >/dev/null || skip "no setpriv or prlimit"
+  suite py 'echo "healthy: ran"'
+  cp "$ROOT/healthcheck" "$TMP/healthcheck"
+  chmod -R a+rX "$TMP"
+  # A user of its own: the kernel counts each user's processes across the whole machine.
+  local uid=$((40000 + $$ % 20000))
+  SECONDS=0
+  HEALTHCHECK_PYTHON="$BIN/py" run -1 --separate-stderr \
+    setpriv --reuid "$uid" --regid "$uid" --clear-groups prlimit --nproc=1 "$TMP/healthcheck"
+  [ "$stderr" = "" ]
+  [ "$output" = "unhealthy: healthcheck: cannot start the suite: the process limit (ulimit -u) is 1 and user $uid runs 1" ]
+  [ "$SECONDS" -le 2 ]
+  # One more is enough: the front door starts the suite with a single fork.
+  HEALTHCHECK_PYTHON="$BIN/py" run -0 setpriv --reuid "$uid" --regid "$uid" --clear-groups prlimit --nproc=2 "$TMP/healthcheck"
+  [ "$output" = "healthy: ran" ]
+}
+
+@test "a fork that fails for good (the process limit reached out of sight) is still one line and exit 1" {
+  [ "$(id -u)" = 0 ] || skip "needs root to run as another user in a PID namespace of its own"
+  command -v setpriv >/dev/null && command -v prlimit >/dev/null && command -v unshare >/dev/null ||
+    skip "no setpriv, prlimit or unshare"
+  suite py 'echo "healthy: ran"'
+  stub hidden "sleep 30 & touch '$TMP/theirs/hidden'; wait"
+  cp "$ROOT/healthcheck" "$TMP/healthcheck"
+  chmod -R a+rX "$TMP"
+  mkdir -m 777 "$TMP/theirs"
+  local uid=$((40000 + $$ % 20000))
+  # Two processes of the user that the front door cannot see (another PID namespace, as in
+  # another container): it starts the suite, and bash's fork fails after its 15 s of retries.
+  setpriv --reuid "$uid" --regid "$uid" --clear-groups "$BIN/hidden" 3>&- &
+  SECONDS=0
+  until [ -e "$TMP/theirs/hidden" ] || [ "$SECONDS" -gt 10 ]; do sleep 0.05; done
+  HEALTHCHECK_PYTHON="$BIN/py" run -1 --separate-stderr unshare --pid --fork --mount-proc \
+    setpriv --reuid "$uid" --regid "$uid" --clear-groups prlimit --nproc=3 "$TMP/healthcheck"
+  [ "$output" = "unhealthy: healthcheck: bash failed (status 254; its message is on stderr) before the verdict" ]
+  [[ "$stderr" == *"fork: Resource temporarily unavailable" ]]
+}
+
+@test "with a /proc of another PID namespace the suite is still continued and stopped on time" {
+  [ "$(id -u)" = 0 ] || skip "needs root for a PID namespace"
+  command -v unshare >/dev/null || skip "no unshare"
+  # PID 1 of a new namespace, with the caller's /proc: the numbers there are not its own.
+  suite py "kill -STOP \$\$; echo 'healthy: continued'"
+  SECONDS=0
+  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -0 unshare --pid --fork "$ROOT/healthcheck"
+  [ "$output" = "healthy: continued" ]
+  stub py 'exec sleep 60'
+  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -1 unshare --pid --fork "$ROOT/healthcheck"
+  [ "$output" = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE" ]
+  [ "$SECONDS" -le 9 ]
+}
+
+@test "without /proc/uptime the wall clock's progress times the run, never going back" {
+  [ "$(id -u)" = 0 ] || skip "needs root for a mount namespace"
+  command -v unshare >/dev/null || skip "no unshare"
+  clock_step
+  # /proc/uptime reads empty (a bind mount of /dev/null over it), and the wall clock goes an
+  # hour back while something stops the suite: it is still continued at its deadline (1 s).
+  stepping_suite 'os.kill(os.getpid(), signal.SIGSTOP)'
+  SECONDS=0
+  # shellcheck disable=SC2016 # run by sh -c
+  LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=-3600 \
+    HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 \
+    run -0 timeout 10 unshare -m sh -c 'mount --bind /dev/null /proc/uptime && exec "$0"' "$ROOT/healthcheck"
+  [ "$output" = "healthy: after the step" ]
+  [ "$SECONDS" -le 3 ]
+}

@@ -113,6 +113,27 @@ def test_a_check_exits_without_finalization_or_gc_after_flushing_its_output_and_
     assert serve.returncode == 3 and serve.stdout.endswith("gc=True|finalized\n"), serve.stdout + serve.stderr
 
 
+@pytest.mark.parametrize("umask", [0o177, 0o277, 0o477, 0o777], ids=oct)
+def test_the_log_file_is_0600_whatever_the_umask_and_rotation_keeps_it(tmp_path, umask):
+    """A umask of 0277 or more would leave the log the suite creates unwritable (or unreadable) by
+    its own user at the next run; 0600 is what it asks for."""
+    log = tmp_path / "hc.log"
+    env = clean_env(HEALTHCHECK_LOG_FILE=str(log), HEALTHCHECK_SSH_PORT="2", **ALL_OFF)
+
+    def run_under_umask() -> None:
+        res = subprocess.run([sys.executable, "-m", "probes", "--only", "ssh"], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=60, check=False,
+                             preexec_fn=lambda: os.umask(umask))
+        assert res.returncode == 1 and "log file" not in res.stdout + res.stderr, res.stdout + res.stderr
+
+    run_under_umask()
+    assert oct(log.stat().st_mode & 0o7777) == oct(0o600)
+    log.write_bytes(b"x" * (1 << 20))
+    run_under_umask()  # rotates: hc.log.1 is the old file, hc.log a new one
+    assert oct(log.stat().st_mode & 0o7777) == oct(0o600) and "ssh=fail" in log.read_text()
+    assert oct((tmp_path / "hc.log.1").stat().st_mode & 0o7777) == oct(0o600)
+
+
 def test_unwritable_log_file_is_a_note_not_a_crash(tmp_path):
     res = run_cli(env=clean_env(HEALTHCHECK_LOG_FILE=str(tmp_path / "no" / "dir" / "x.log"), **ALL_OFF))
     assert res.returncode == 0 and "Traceback" not in res.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from probes import config, registry
@@ -206,3 +208,55 @@ def test_a_relative_state_dir_is_exit_3_and_creates_nothing(tmp_path):
 def test_a_component_longer_than_name_max_is_refused():
     with pytest.raises(ConfigError, match="path component longer than 255 bytes"):
         load({"HEALTHCHECK_STATE_DIR": "/tmp/" + "d" * 256})
+
+
+@pytest.fixture(scope="module")
+def latin1_locale(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """An ISO-8859-1 locale compiled into a private directory (localedef, ~0.3 s; nothing
+    system-wide), as the environment that selects it."""
+    import shutil
+    import subprocess
+
+    localedef = shutil.which("localedef")
+    if localedef is None or not Path("/usr/share/i18n/charmaps/ISO-8859-1.gz").exists():
+        pytest.skip("needs localedef and the ISO-8859-1 charmap (Debian: locales)")
+    where = tmp_path_factory.mktemp("locales")
+    subprocess.run([localedef, "-i", "en_US", "-f", "ISO-8859-1", str(where / "en_US.ISO-8859-1")],
+                   capture_output=True, timeout=60, check=False)
+    env = {"LOCPATH": str(where), "LC_ALL": "en_US.ISO-8859-1"}
+    from tests.conftest import PYTHON
+
+    seen = subprocess.run([PYTHON, "-c", "import sys; print(sys.getfilesystemencoding())"],
+                          env={**_no_probes(), **env}, capture_output=True, text=True, timeout=60, check=False)
+    if seen.stdout.strip() != "iso8859-1":
+        pytest.skip(f"the compiled Latin-1 locale is not taken ({seen.stdout.strip() or seen.stderr[:200]})")
+    return env
+
+
+def test_a_utf8_path_under_a_latin1_locale_is_taken_and_used_as_the_same_bytes(tmp_path, latin1_locale):
+    """Python reads the environment in the locale's encoding: under Latin-1, the UTF-8 bytes of 'à'
+    (C3 A0) become 'Ã' and a no-break space, and those of '€' (E2 82 AC) hold a control character.
+    The path is valid, and the suite must use its bytes as they are."""
+    import subprocess
+
+    from tests.conftest import PYTHON
+
+    base = tmp_path / "voilà-€"
+    checks = base / "checks"
+    checks.mkdir(parents=True, mode=0o755)
+    base.chmod(0o755)
+    check = checks / "ok"
+    check.write_text("#!/bin/sh\necho fine\n")
+    check.chmod(0o755)
+    env = {k: v for k, v in _no_probes().items() if not k.startswith(("LC_", "LANG"))}
+    env.update(latin1_locale, HEALTHCHECK_STATE_DIR=str(base / "état"), HEALTHCHECK_CHECKS_DIR=str(checks),
+               HEALTHCHECK_LOG_FILE=str(base / "journal.log"), ENABLE_TORCH_CHECK="true",
+               HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_PYTHON="/nonexistent/python")
+    out = subprocess.run([PYTHON, "-m", "probes", "--only", "ok,torch-cuda"], env=env, cwd=tmp_path,
+                         capture_output=True, timeout=60, check=False)
+    text = out.stdout.decode("latin-1")
+    assert out.returncode == 1 and "is not accepted" not in text + out.stderr.decode("latin-1"), text
+    assert "PASS ok " in text and "fine" in text, text
+    # The same bytes reached the system: the state dir (torch-cuda's caching), the checks dir
+    # (the drop-in ran), the log file.
+    assert (base / "état").is_dir() and "ok=pass" in (base / "journal.log").read_text()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
+from pathlib import Path
 
 from probes import state as state_mod
 from probes.state import State
@@ -29,11 +31,11 @@ def test_foreign_or_open_directory_is_refused(tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir(mode=0o700)
     os.chown(foreign, 65534, 65534)
-    assert "belongs to uid 65534" in (State.open(str(foreign)).disabled_reason or "")
+    assert "owned by uid 65534" in (State.open(str(foreign)).disabled_reason or "")
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    assert "writable by others" in (State.open(str(shared)).disabled_reason or "")
+    assert "writable by group or others" in (State.open(str(shared)).disabled_reason or "")
 
 
 def test_uncreatable_directory_degrades(tmp_path):
@@ -139,10 +141,79 @@ def test_latch_holds_for_this_life_and_clears_after_restart(tmp_path):
     assert not (tmp_path / "st" / state_mod.LATCH).exists()
 
 
-def test_identity_has_boot_and_pid1_start():
-    ident = state_mod.pid1_identity()
-    boot, start = ident.rsplit(":", 1)
-    assert boot and start.isdigit()
+def test_identity_is_the_boot_the_pid_namespace_and_procs_mount_with_pid1_beside_it():
+    life = state_mod.life()
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    ns = os.readlink("/proc/self/ns/pid")
+    assert life.ident == f"{boot}:ns{ns[ns.index('[') + 1:-1]}.{os.stat('/proc').st_mtime_ns}"
+    assert life.pid1 == str(int(Path("/proc/1/stat").read_text().rsplit(")", 1)[1].split()[19]))
+
+
+def test_a_latch_of_the_earlier_identity_form_is_honoured_or_cleared_as_written(tmp_path):
+    """``<boot>:<PID 1's start>`` (before the pid namespace was in it) still holds in the same
+    life and is cleared in another; ``<boot>:?`` (PID 1 was hidden) proves nothing."""
+    s = State.open(str(tmp_path / "st"))
+    life = state_mod.life()
+    assert life.pid1 is not None
+    for identity, holds in ((f"{life.boot}:{life.pid1}", True), (f"{life.boot}:{int(life.pid1) + 1}", False),
+                            (f"other-boot:{life.pid1}", False), (f"{life.boot}:?", False)):
+        assert s.write_json(state_mod.LATCH, {"source": "torch-cuda", "reason": "old", "identity": identity})
+        assert (s.latch() is not None) is holds, identity
+        assert (tmp_path / "st" / state_mod.LATCH).exists() is holds, identity
+    # The new form with another PID 1 beside the same namespace: the kernel reused the inode.
+    s.write_json(state_mod.LATCH, {"identity": life.ident, "pid1": str(int(life.pid1) + 1)})
+    assert s.latch() is None
+
+
+def test_state_dir_below_another_users_directory_is_refused(tmp_path):
+    """The directories above the state dir are judged as the checks dir's are: a parent another
+    user owns (who could move root's latch aside) turns the state dir off, naming it."""
+    parent = tmp_path / "theirs"
+    parent.mkdir(mode=0o755)
+    os.chown(parent, 65534, 65534)
+    (parent / "st").mkdir(mode=0o700)
+    s = State.open(str(parent / "st"))
+    assert not s.enabled and f"{parent} is owned by uid 65534" in (s.disabled_reason or ""), s.disabled_reason
+    open_parent = tmp_path / "open"
+    open_parent.mkdir()
+    open_parent.chmod(0o777)  # writable by all and not sticky
+    assert not State.open(str(open_parent / "st")).enabled
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # like /tmp: nobody else can move what is ours
+    assert State.open(str(sticky / "st")).enabled
+
+
+def test_private_whatever_the_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        for mask in range(0o177, 0o1000, 0o100):
+            os.umask(mask)
+            s = State.open(str(tmp_path / f"st-{mask:o}"))
+            assert s.enabled, s.disabled_reason
+            assert s.write_json("r.json", {"a": 1}) and s.set_latch("torch-cuda", "fatal")
+            with s.lock("t.lock", time.monotonic() + 1) as got:
+                assert got
+            assert stat.S_IMODE(os.stat(tmp_path / f"st-{mask:o}").st_mode) == 0o700, oct(mask)
+            for name in ("r.json", state_mod.LATCH, "t.lock"):
+                assert stat.S_IMODE(os.stat(tmp_path / f"st-{mask:o}" / name).st_mode) == 0o600, (oct(mask), name)
+    finally:
+        os.umask(old)
+
+
+def test_default_locations_never_the_working_directory(monkeypatch, tmp_path):
+    uid = os.getuid()
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    for tmpdir, used in (("relative", False), (str(tmp_path / "link"), False), (str(tmp_path / "gone"), False),
+                         (str(tmp_path / "real"), True)):
+        monkeypatch.setenv("TMPDIR", tmpdir)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", "relative")
+        found = state_mod.candidates()
+        assert all(p.startswith("/") for p in found), found
+        assert found[0] == "/run/healthcheck" and found[-2:] == [f"/tmp/healthcheck-{uid}",
+                                                                 f"/dev/shm/healthcheck-{uid}"]
+        assert (f"{tmp_path}/real/healthcheck-{uid}" in found) is used, (tmpdir, found)
 
 
 def test_stuck_child_entry_holds_only_while_that_process_lives(tmp_path):

@@ -17,7 +17,8 @@ Stable interface (other e2e test modules rely on it):
   is one of ``wanted`` and returns ``(status, seconds)``; ``exec_in(cid, *argv)``.
 
 Every test container starts with ``ENABLE_GPU_CHECK=false`` and
-``HEALTHCHECK_TORCH_DEVICE=cpu`` unless the test's ``env`` says otherwise: there is no GPU here.
+``HEALTHCHECK_TORCH_DEVICE=cpu`` unless the test's ``env`` says otherwise: there is no GPU here;
+and with ``SSH_AUTHORIZED_KEYS`` set to a public key (``USER_KEY``), as docs/image.md runs it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ LABEL = "gpu-dev-e2e"
 SESSION = uuid.uuid4().hex[:12]
 DEFAULT_IMAGE = "gpu-dev:e2e"
 CPU_ENV = {"ENABLE_GPU_CHECK": "false", "HEALTHCHECK_TORCH_DEVICE": "cpu"}
+# As docs/image.md runs it, a container has the user's public key (its private half exists
+# nowhere): without one the ssh-keys probe warns that nobody can log in yet.
+USER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKAkScCdCvGtUZqxZdyvU3UbAjv/xy/1ATDv6h4ggdd7 e2e-default"
+DEFAULT_ENV = {**CPU_ENV, "SSH_AUTHORIZED_KEYS": USER_KEY}
 # Measurements the tests take on the way (start-up and probe times), written for docs/image.md and docs/kubernetes.md.
 TIMINGS_FILE = ROOT / ".e2e" / "timings.json"
 
@@ -191,7 +196,7 @@ def start_container(image: str) -> Iterator[Callable[..., str]]:
         argv = ["run", "-d", "--label", f"{LABEL}={SESSION}"]
         if name:
             argv += ["--name", name]
-        for key, value in {**CPU_ENV, **(env or {})}.items():
+        for key, value in {**DEFAULT_ENV, **(env or {})}.items():
             argv += ["-e", f"{key}={value}"]
         if not healthcheck:
             argv.append("--no-healthcheck")

@@ -67,7 +67,15 @@ start_engine() {
       && ! iptables -L >/dev/null 2>&1; then
       update-alternatives --set iptables /usr/sbin/iptables-legacy >/dev/null || true
     fi
-    nohup dockerd >"$DOCKERD_LOG" 2>&1 </dev/null &
+    # Only stdin, stdout and stderr: under `flock /tmp/docker.lock make e2e` an inherited lock
+    # descriptor would keep the lock held for as long as dockerd lives, and nobody would get it again.
+    (
+      for fd in /proc/self/fd/*; do
+        fd=${fd##*/}
+        if [ "$fd" -gt 2 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+      done
+      exec nohup dockerd >"$DOCKERD_LOG" 2>&1 </dev/null
+    ) &
     disown || true
   fi
   for _ in $(seq 1 120); do

@@ -113,3 +113,38 @@ def test_the_survey_narrows_to_the_gpus_with_room(fake_nvml: Path,  # noqa: F811
     assert room.survey(1024, {"CUDA_VISIBLE_DEVICES": "0"}).none_left
     assert room.survey(1024, {"CUDA_VISIBLE_DEVICES": UUIDS[1]}).visible is None  # nothing held back
     assert room.survey(0, {}).unknown == "off (HEALTHCHECK_TORCH_MIN_FREE_MIB=0)"
+
+
+def test_a_gpu_reporting_no_memory_is_not_the_workloads_and_is_checked(tmp_path: Path, fake_nvml: Path,  # noqa: F811
+                                                                       make_interp: Callable[..., Interp]) -> None:
+    """0 MiB of 0 MiB is no workload holding the memory: NVML misreports the GPU (the nvml probe
+    fails it); the worker runs there, and what it finds is the evidence."""
+    python, seen = interp(make_interp, tmp_path)
+    _, check = run(tmp_path, python, scenario("gpu 0 memory 0"), "startup")
+    assert check["reason"] != room.REASON and "holds the memory" not in check.get("output", ""), check
+    assert check["status"] == "pass" and python.starts == 1 and seen.read_text().split() == ["unset"]
+
+
+def test_a_full_gpu_with_an_enormous_total_stays_in_the_result(tmp_path: Path, fake_nvml: Path,  # noqa: F811
+                                                               make_interp: Callable[..., Interp]) -> None:
+    """NVML's total is an unsigned 64-bit byte count: 2^40 MiB and more is a number it can give, and a
+    GPU left out for want of room is named whatever its total."""
+    python, seen = interp(make_interp, tmp_path, count=1)
+    lines = scenario("gpu 1 memory 1099511627776 1099511627000", gpus=2)
+    done, check = run(tmp_path, python, lines)
+    assert (done.returncode, check["status"], check["reason"]) == (0, "warn", "workload-memory"), check
+    assert "GPU 1 (776 MiB free of 1099511627776 MiB)" in check["output"]
+    assert seen.read_text().split() == [UUIDS[0]]
+
+
+@pytest.mark.parametrize(("lines", "unknown"), [
+    (["gpus 1", "gpu 0 memory 0"], "NVML reports 0 MiB of memory for GPU 0 (misreported)"),
+    (["gpus 2", "gpu 0 memory 0", "gpu 1 unsupported memory"],
+     "NVML gives no free memory for GPU 1; NVML reports 0 MiB of memory for GPU 0 (misreported)"),
+])
+def test_a_gpu_reporting_no_memory_is_noted_and_holds_nothing_back(
+        fake_nvml: Path, scenario_file: Callable[..., Path], lines: list[str], unknown: str) -> None:  # noqa: F811
+    scenario_file(*lines)
+    space = room.survey(1024, {})
+    assert space.unknown == unknown and not space.full and space.visible is None
+    assert room.read(space.facts()) == space.facts()

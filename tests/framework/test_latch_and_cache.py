@@ -46,8 +46,7 @@ def test_a_new_container_life_clears_the_latch(make_interp: Callable[..., Interp
     probe(py, tmp_path)
     path = tmp_path / "state" / LATCH
     latch = json.loads(path.read_text())
-    boot, _, start = latch["identity"].rpartition(":")
-    latch["identity"] = f"{boot}:{int(start) + 1 if start.isdigit() else 1}"  # PID 1 started later
+    latch["identity"] += "1"  # another PID namespace and /proc mount: the container restarted
     path.write_text(json.dumps(latch))
     ok = make_interp("ok", mode="ok")
     result, _, _ = probe(ok, tmp_path)
@@ -165,3 +164,12 @@ def test_a_damaged_cache_file_is_a_miss(make_interp: Callable[..., Interp], tmp_
     path.write_text(json.dumps(entry))
     result, _, _ = probe(py, tmp_path)
     assert result.status is Status.PASS and "cached" not in result.message and py.starts == 2
+
+
+def test_a_fatal_error_without_a_state_dir_says_it_cannot_latch(make_interp: Callable[..., Interp],
+                                                                tmp_path: Path) -> None:
+    """Nothing may promise "unhealthy until the container restarts" when no latch can be kept."""
+    result, _, _ = probe(make_interp("fatal", mode="fatal"), tmp_path, state=State.off("read-only file system"))
+    assert result.reason == "cuda-fatal" and result.facts.get("latch_kept") is False, result
+    assert "the latch could not be kept (state dir off: read-only file system)" in result.message, result.message
+    assert "until the container restarts" not in result.message, result.message

@@ -407,3 +407,24 @@ def test_the_worker_reads_only_ascii_digits_and_takes_a_leading_dash_as_the_inpu
     assert (args.input, args.expect) == ("-1x4:float32", "-e.pt")
     with pytest.raises(model_worker.Failure):
         model_worker.parse_input(args.input)
+
+
+def test_a_sticky_cuda_error_known_only_by_its_number_latches(tmp_path: Path, make_interp: Any) -> None:
+    """torch 2.8+ names a CUDA error by ``error_code``; a message the table does not know (cut, or
+    reworded) leaves the number as the only evidence, and it must reach the judge as a number."""
+    report = {"v": model_worker.SCHEMA, "device": "cpu", "torch": "2.9", "format": "state-dict",
+              "loader": "torch.load", "file_bytes": 1, "bytes": 1, "budget": 2, "budget_source": "x",
+              "load_ms": None, "params": None, "param_bytes": None, "peak_gpu": None, "forward_ms": None,
+              "max_err": None, "scale": None,
+              "error": {"kind": "forward", "type": "AcceleratorError", "message": "the forward pass failed",
+                        "code": 700}}
+    line = tmp_path / "line"
+    line.write_text(model_worker.PREFIX + json.dumps(report) + "\n")
+    interp = make_interp("sticky", body=f'cat "{line}"')
+    path = tmp_path / "sd.pt"
+    torch.save({"w": torch.ones(3)}, str(path))
+    result, data = run_probe(tmp_path, path, python=interp)
+    assert data["report"]["error"]["code"] == 700
+    assert result.status is Status.FAIL and result.reason == "cuda-fatal", result.message
+    latch = State.open(str(tmp_path / "state")).latch()
+    assert latch is not None and latch["source"] == "model", latch

@@ -193,3 +193,19 @@ def test_real_nccl_all_reduce_on_the_gpus(tmp_path: Path) -> None:
     result, data, _ = run_probe(tmp_path, sys.executable, profile="startup")
     assert result.status is Status.PASS, result.message
     assert data["report"]["count"] >= 1 and data["report"]["nccl"]
+
+
+def test_a_sticky_cuda_error_known_only_by_its_number_latches(tmp_path: Path, make_interp: Any) -> None:
+    """torch 2.8+ names a CUDA error by ``error_code``; a message the table does not know leaves the
+    number as the only evidence, and it must reach the judge as a number."""
+    error = {"kind": "collective", "type": "AcceleratorError", "message": "the all-reduce failed", "code": 700}
+    line = tmp_path / "line"
+    line.write_text(nccl_worker.PREFIX + json.dumps({**PASSING, "count": None, "ms": None, "bad": None,
+                                                     "max_err": None, "error": error}) + "\n")
+    interp = make_interp("sticky", body=f'cat "{line}"')
+    state = State.open(str(tmp_path / "state"))
+    result, data, _ = run_probe(tmp_path, interp, state=state)
+    assert data["report"]["error"]["code"] == 700
+    assert result.status is Status.FAIL and result.reason == "cuda-fatal", result.message
+    latch = state.latch()
+    assert latch is not None and latch["source"] == "nccl", latch

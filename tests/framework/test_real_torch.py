@@ -6,6 +6,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from probes.framework import torch_cuda, torch_worker
 from probes.result import Status
 from tests.conftest import clean_env, run_cli
@@ -51,3 +53,32 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
     check = json.loads(bad.stdout)["checks"]["torch-cuda:devices"][0]
     assert check["status"] == "fail" and check["reason"] == "cpu-only-build"
     assert "CUDA not available" in check["output"]
+
+
+def test_an_address_space_limit_too_small_for_torch_is_named_as_a_memory_limit(tmp_path: Path) -> None:
+    """The whole run under a runtime's RLIMIT_AS (prlimit, as `docker run --ulimit as=` or `ulimit -v`):
+    torch's import fails as 'failed to map segment from shared object' (an ImportError naming _C), as
+    std::bad_alloc and abort(), or as a MemoryError, depending on where it runs out. None of those is a
+    missing module or a torch crash."""
+    import shutil
+    import sys
+
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        pytest.skip("needs prlimit (util-linux)")
+    env = clean_env(HEALTHCHECK_TORCH_PYTHON=REAL_PYTHON, HEALTHCHECK_TORCH_DEVICE="cpu",
+                    HEALTHCHECK_STATE_DIR=str(tmp_path / "st"), HEALTHCHECK_CHECKS_DIR=str(tmp_path / "none"))
+    limited = []
+    for mib in (250, 400, 550):
+        out = subprocess.run([prlimit, f"--as={mib << 20}", sys.executable, "-m", "probes", "--only", "torch-cuda",
+                              "--profile", "startup", "--json"], env=env, capture_output=True, text=True,
+                             timeout=120, check=False)
+        assert "Traceback" not in out.stderr, out.stderr
+        check = json.loads(out.stdout)["checks"]["torch-cuda:devices"][0]
+        if check["status"] == "pass":
+            continue
+        assert (check["status"], check["reason"]) == ("fail", "memory-limit"), (mib, check)
+        assert f"out of memory (RLIMIT_AS={mib << 20}" in check["output"] and "_C" not in check["output"]
+        assert "raise the container's memory or address-space limit" in check["output"]
+        limited.append(mib)
+    assert 250 in limited, "torch imported under 250 MiB of address space: the test proves nothing"

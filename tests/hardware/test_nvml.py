@@ -92,6 +92,7 @@ def test_lost_gpu_while_the_other_still_reports(probe, fault, reason):
     (["gpu 0 clocks-event-reasons 0x8"], Status.WARN, "hw-slowdown", "power supply"),
     (["gpu 1 temperature 87 87"], Status.WARN, "temperature", "87 C"),
     (["gpu 0 mig 0"], Status.WARN, "mig-no-instances", "MIG mode"),
+    (["gpu 1 memory 0"], Status.FAIL, "no-memory", "GPU 1 reports 0 MiB of memory"),
 ])
 def test_per_gpu_faults(probe, lines, status, reason, words):
     r = probe("gpus 2", *lines)
@@ -109,6 +110,7 @@ def test_failures_come_before_warnings_and_the_rest_is_counted(probe):
     ["gpu 0 ecc uncorrected aggregate 5", "gpu 0 ecc corrected volatile 9"],  # history, not now
     ["gpu 0 clocks-event-reasons 0x1"],  # idle
     ["gpu 0 temperature 86 87"],
+    ["gpu 0 memory 1099511627776 1099511627000"],  # 2^40 MiB: a number, not a fault of its own
 ])
 def test_benign_readings_pass(probe, lines):
     assert probe("gpus 2", *lines).status is Status.PASS

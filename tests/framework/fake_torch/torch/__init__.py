@@ -5,7 +5,8 @@ ok, wrong, nan, busy, busy-one, oom, fatal, fatal-init, old-driver, unavailable,
 missing-dep, hang-import, ignore-term, segv, print-noise, control-chars (NUL, ESC, BEL and
 a newline in the version and the device names). FAKE_TORCH_COUNT sets the
 number of GPUs (default 1; CUDA_VISIBLE_DEVICES lowers it to the number of entries listed there),
-FAKE_TORCH_SLEEP delays the import (seconds).
+FAKE_TORCH_SLEEP delays the import (seconds), after creating the file FAKE_TORCH_READY names if set
+(a test then knows the worker is in its import, past everything it writes before it).
 
 A "tensor" is a single number standing for a whole matrix: the worker's arithmetic
 (matmul, difference, abs, max, item) works on it, so a mode can make the GPU result
@@ -23,6 +24,8 @@ MODE = os.environ.get("FAKE_TORCH_MODE", "ok")
 COUNT = int(os.environ.get("FAKE_TORCH_COUNT", "1"))
 if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:  # as CUDA: only the devices listed there
     COUNT = min(COUNT, len([d for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]))
+if os.environ.get("FAKE_TORCH_READY"):
+    open(os.environ["FAKE_TORCH_READY"], "w").close()
 time.sleep(float(os.environ.get("FAKE_TORCH_SLEEP", "0")))
 
 if MODE == "hang-import":

@@ -1,0 +1,403 @@
+"""ssh-keys: the SSH user's key files pass sshd's StrictModes, and the account may log in.
+
+A running sshd proves nothing about a login: when the user's home directory, ``~/.ssh`` or
+``authorized_keys`` became group-writable (a volume mount, a ``chmod -R``), sshd refuses every
+key and the client sees only "Permission denied (publickey)". This probe checks, without
+the network, what sshd would check for ``HEALTHCHECK_SSH_USER`` (default ``$DEV_USER``):
+
+- StrictModes (OpenSSH ``auth.c`` ``auth_secure_path``): the authorized keys file is a regular
+  file, and it and each directory above it, up to and including the home directory (up to
+  ``/`` for a file outside the home), is owned by root or the user and has no group or other
+  write bit;
+- the file holds at least one public key line that parses (``ssh-no-keys``, a warning: nobody
+  can log in with a key yet);
+- the account (``auth.c`` ``allowed_user``): its login shell exists and is executable (and is not
+  ``nologin``/``false``), it has not expired (shadow's expiry day), and, when sshd runs without
+  PAM, its password field is not locked (a ``!`` prefix; with ``UsePAM yes`` sshd leaves that to
+  PAM, which refuses only an expired account).
+
+Command-line equivalent::
+
+    stat -c '%U %a %n' /home/dev /home/dev/.ssh /home/dev/.ssh/authorized_keys
+    ssh-keygen -l -f /home/dev/.ssh/authorized_keys; getent shadow dev
+
+Every file is read as untrusted input (``probes.untrusted.read_regular``: no link followed at
+the last component, never blocking on a FIFO, bounded size); a symbolic link in place of the
+key file is followed only when root or the user owns it. sshd's ``AuthorizedKeysFile``,
+``StrictModes`` and ``UsePAM`` are read from its configuration files (first value wins, ``Include``
+followed, ``Match`` blocks ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+from probes.context import Context
+from probes.record import Record
+from probes.result import Result, failed, passed, skipped, warned
+from probes.spec import TEXT, Cause, Setting, Spec
+from probes.untrusted import Refused, clean, read_regular
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+NAME = "ssh-keys"
+MEASUREMENT = "strict-modes"
+
+SPEC = Spec(
+    NAME, "services", __name__, "ENABLE_SSH_CHECK", 2.0, ("startup", "readiness"), measurement=MEASUREMENT,
+    about="the SSH user's home, `~/.ssh` and `authorized_keys` pass sshd's StrictModes, hold a key, and the "
+          "account may log in",
+    settings=(Setting("HEALTHCHECK_SSH_USER", "ssh_user", TEXT, None,
+                      "the user whose key files and account are checked as sshd would",
+                      shown_default="`$DEV_USER`, else the check is skipped"),),
+    causes=(
+        Cause("ssh-account", "fail", "the account cannot log in: no such user, login shell missing or "
+              "`nologin`, account expired, or password locked (`!`) while sshd runs without PAM",
+              "fix the account (`usermod -s /bin/bash USER`, `usermod -e '' USER`, `usermod -U USER`)"),
+        Cause("ssh-strict-modes", "fail", "sshd's StrictModes refuses the key file: it, `~/.ssh` or the home "
+              "directory is group/other-writable or owned by another user, or the file is not a regular "
+              "file (the message names the path, owner and mode)",
+              "the command the message gives, e.g. `chmod g-w /home/dev`"),
+        Cause("ssh-no-keys", "warn", "no authorized keys file, or it is empty or holds no public key that "
+              "parses: nobody can log in with a key yet",
+              "give keys (`SSH_AUTHORIZED_KEYS` in the image) or fix the file's lines"),
+        Cause("deadline", "fail", "the key files were not read before the deadline (a hung file system)",
+              "check the home directory's mount"),
+        Cause("no-user", "skip", "neither `HEALTHCHECK_SSH_USER` nor `DEV_USER` is set",
+              "set `HEALTHCHECK_SSH_USER` to the user who logs in over SSH"),
+    ),
+)
+
+
+class Settings(Record):
+    """The settings ssh-keys reads, typed (``ctx.config.of(Settings)``)."""
+
+    __slots__ = ("ssh_user",)
+
+    ssh_user: str | None
+
+    def __init__(self, ssh_user: str | None) -> None:
+        self.ssh_user = ssh_user
+
+
+class System(Record):
+    """Where the account database and sshd's configuration are read (tests point elsewhere)."""
+
+    __slots__ = ("passwd", "shadow", "sshd_config", "nss")
+
+    passwd: str
+    shadow: str
+    sshd_config: str
+    nss: bool  # a user missing from ``passwd`` is looked up through NSS (pwd.getpwnam)
+
+    def __init__(self, passwd: str = "/etc/passwd", shadow: str = "/etc/shadow",  # noqa: S107 (paths)
+                 sshd_config: str = "/etc/ssh/sshd_config", nss: bool = True) -> None:
+        self.passwd = passwd
+        self.shadow = shadow
+        self.sshd_config = sshd_config
+        self.nss = nss
+
+
+SYSTEM = System()
+MAX_DB = 4 << 20  # bytes of /etc/passwd, /etc/shadow, one sshd configuration file
+MAX_KEYS_FILE = 1 << 20  # bytes of authorized_keys read
+MAX_INCLUDES = 64  # configuration files followed through Include
+DEFAULT_KEYS_FILES = (".ssh/authorized_keys", ".ssh/authorized_keys2")  # sshd's own default
+# Public key types sshd accepts in authorized_keys (sshkey.c keytypes), certificates included.
+KEY_TYPES = frozenset({
+    "ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com", "ssh-ed448",
+    "ssh-ed25519-cert-v01@openssh.com", "ssh-rsa-cert-v01@openssh.com", "ssh-dss-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp256-cert-v01@openssh.com", "ecdsa-sha2-nistp384-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp521-cert-v01@openssh.com", "sk-ssh-ed25519-cert-v01@openssh.com",
+    "sk-ecdsa-sha2-nistp256-cert-v01@openssh.com",
+})
+
+
+# ---------------------------------------------------------------------------------- sshd config
+
+def sshd_options(path: str) -> dict[str, str]:
+    """First value of each keyword (lower case) outside Match blocks, Includes read where they
+    stand. Files that cannot be read are passed over (a non-root run sees sshd's defaults)."""
+    found: dict[str, str] = {}
+    _read_options(path, found, [0])
+    return found
+
+
+def _read_options(path: str, found: dict[str, str], files: list[int]) -> None:
+    import glob
+
+    files[0] += 1
+    try:
+        raw, _ = read_regular(path, MAX_DB, owners=(0,))
+    except Refused:
+        return
+    for line in raw.decode("utf-8", "replace").splitlines():
+        words = line.split("#", 1)[0].replace("=", " ", 1).split()
+        if not words:
+            continue
+        key = words[0].lower()
+        if key == "match":
+            return  # the rest of this file applies to some connections only
+        if key != "include":
+            if len(words) > 1:
+                found.setdefault(key, " ".join(words[1:]))
+            continue
+        for pattern in words[1:]:
+            pattern = pattern if pattern.startswith("/") else os.path.join("/etc/ssh", pattern)
+            for name in sorted(glob.glob(pattern)):
+                if files[0] < MAX_INCLUDES:
+                    _read_options(name, found, files)
+
+
+def keys_files(options: Mapping[str, str], user: str, home: str) -> list[str]:
+    """The AuthorizedKeysFile paths for ``user`` (``%h``, ``%u``, ``%%`` expanded; relative to home)."""
+    words = options.get("authorizedkeysfile", " ".join(DEFAULT_KEYS_FILES)).split()
+    if [w.lower() for w in words] == ["none"]:
+        return []
+    out = []
+    for word in words:
+        path = word.replace("%%", "\0").replace("%h", home).replace("%u", user).replace("\0", "%")
+        out.append(path if path.startswith("/") else os.path.join(home, path))
+    return out
+
+
+# ---------------------------------------------------------------------------------- accounts
+
+def _entry(raw: bytes, user: str, fields: int) -> list[str] | None:
+    for line in raw.decode("utf-8", "replace").splitlines():
+        parts = line.split(":")
+        if parts[0] == user and len(parts) >= fields:
+            return parts
+    return None
+
+
+def account(user: str, system: System) -> dict[str, Any] | None:
+    """uid, home, shell and, where readable, the password field and expiry day of ``user``."""
+    try:
+        raw, _ = read_regular(system.passwd, MAX_DB, owners=(0,))
+        row = _entry(raw, user, 7)
+    except Refused:
+        row = None
+    if row is None and system.nss:
+        import pwd
+
+        try:
+            pw = pwd.getpwnam(user)
+        except (KeyError, OSError):
+            return None
+        row = [pw.pw_name, pw.pw_passwd, str(pw.pw_uid), str(pw.pw_gid), "", pw.pw_dir, pw.pw_shell]
+    if row is None or not row[2].isdigit():
+        return None
+    info: dict[str, Any] = {"uid": int(row[2]), "home": row[5], "shell": row[6] or "/bin/sh",
+                            "password": row[1] if row[1] != "x" else None, "expire": None}
+    try:
+        raw, _ = read_regular(system.shadow, MAX_DB, owners=(0,))
+        shadow = _entry(raw, user, 8)
+    except Refused:
+        shadow = None  # not root: the lock state is not known, only the shell is judged
+    if shadow is not None:
+        info["password"] = shadow[1]
+        info["expire"] = int(shadow[7]) if shadow[7].isdigit() else None
+    return info
+
+
+def shell_problem(shell: str) -> str | None:
+    try:
+        st = os.stat(shell)
+    except OSError:
+        return f"login shell {clean(shell, 80)} does not exist"
+    if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
+        return f"login shell {clean(shell, 80)} is not an executable file"
+    if os.path.basename(shell) in ("nologin", "false"):
+        return f"login shell is {clean(shell, 80)}: no session can start"
+    return None
+
+
+# ---------------------------------------------------------------------------------- StrictModes
+
+def _fix(path: str, st: os.stat_result, uid: int, user: str) -> str:
+    if st.st_uid not in (0, uid):
+        return f"chown {user} {path}"
+    who = ("g" if st.st_mode & 0o020 else "") + ("o" if st.st_mode & 0o002 else "")
+    return f"chmod {who}-w {path}"
+
+
+def _unsafe(path: str, st: os.stat_result, uid: int, user: str) -> dict[str, Any] | None:
+    if st.st_uid in (0, uid) and not st.st_mode & 0o022:
+        return None
+    return {"path": path, "owner": st.st_uid, "mode": f"{stat.S_IMODE(st.st_mode):04o}",
+            "fix": _fix(path, st, uid, user)}
+
+
+def secure_path(path: str, st: os.stat_result, uid: int, user: str, home: str) -> dict[str, Any] | None:
+    """sshd's auth_secure_path: the first of the file and its directories (up to the home, or
+    ``/``) that is owned by another user or writable by group or others, or None."""
+    problem = _unsafe(path, st, uid, user)
+    if problem is not None:
+        return problem
+    real_home = os.path.realpath(home)
+    here = path
+    while True:
+        here = os.path.dirname(here)
+        try:
+            dst = os.stat(here)
+        except OSError:
+            return {"path": here, "owner": None, "mode": None, "fix": f"check {here}"}
+        problem = _unsafe(here, dst, uid, user)
+        if problem is not None or here in (real_home, "/"):
+            return problem
+
+
+def keys_file(path: str, uid: int, user: str, home: str) -> dict[str, Any]:
+    """What sshd would make of one authorized keys file: missing, refused by StrictModes, or
+    read (its content, for the key count)."""
+    try:
+        lst = os.lstat(path)
+    except OSError:
+        return {"path": path, "state": "missing"}
+    if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in (0, uid):
+        return {"path": path, "state": "unsafe",
+                "problem": {"path": path, "owner": lst.st_uid, "mode": "link",
+                            "fix": f"replace the symbolic link {path} with {user}'s own file"},
+                "why": f"a symbolic link owned by uid {lst.st_uid}"}
+    real = os.path.realpath(path)  # sshd judges the resolved path, as here
+    try:
+        raw, st = read_regular(real, MAX_KEYS_FILE)
+    except Refused as exc:
+        why = str(exc)
+        if why == "not a regular file":
+            return {"path": path, "state": "unsafe", "why": why,
+                    "problem": {"path": real, "owner": None, "mode": None,
+                                "fix": f"make {real} a regular file owned by {user}"}}
+        return {"path": path, "state": "unreadable", "why": why}
+    problem = secure_path(real, st, uid, user, home)
+    if problem is not None:
+        return {"path": path, "state": "unsafe", "problem": problem}
+    return {"path": path, "state": "ok", "keys": count_keys(raw), "size": len(raw)}
+
+
+def _skip_options(line: str) -> str:
+    """The rest of an authorized_keys line after its options (commas, quoted strings)."""
+    quoted = False
+    for i, ch in enumerate(line):
+        if ch == '"':
+            quoted = not quoted
+        elif ch in " \t" and not quoted:
+            return line[i:].lstrip()
+    return ""
+
+
+def key_parses(kind: str, blob: str) -> bool:
+    import binascii
+
+    try:
+        raw = binascii.a2b_base64(blob.encode("ascii"))
+    except (ValueError, UnicodeError):
+        return False
+    size = int.from_bytes(raw[:4], "big")
+    return len(raw) > 4 + size and raw[4: 4 + size] == kind.encode()
+
+
+def count_keys(raw: bytes) -> int:
+    """Lines of an authorized_keys file that hold a public key sshd could parse."""
+    count = 0
+    for line in raw.decode("utf-8", "replace").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        words = line.split()
+        if words[0] not in KEY_TYPES:
+            words = _skip_options(line).split()
+        if len(words) >= 2 and words[0] in KEY_TYPES and key_parses(words[0], words[1]):
+            count += 1
+    return count
+
+
+# ---------------------------------------------------------------------------------- gather, judge
+
+def gather(ctx: Context, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    env = os.environ if environ is None else environ
+    user = ctx.config.of(Settings).ssh_user or env.get("DEV_USER") or None
+    return collect(user, SYSTEM)
+
+
+def collect(user: str | None, system: System) -> dict[str, Any]:
+    if not user:
+        return {"outcome": "no-user"}
+    data: dict[str, Any] = {"outcome": "checked", "user": user}
+    info = account(user, system)
+    if info is None:
+        data["outcome"] = "no-such-user"
+        return data
+    options = sshd_options(system.sshd_config)
+    data.update(info, use_pam=options.get("usepam", "no").lower() == "yes",
+                strict=options.get("strictmodes", "yes").lower() != "no", today=int(time.time() // 86400),
+                shell_problem=shell_problem(info["shell"]))
+    data["files"] = [keys_file(p, info["uid"], user, info["home"]) for p in keys_files(options, user,
+                                                                                          info["home"])]
+    return data
+
+
+def _account_problem(data: Mapping[str, Any]) -> str | None:
+    if data["shell_problem"]:
+        return str(data["shell_problem"])
+    expire = data.get("expire")
+    if expire is not None and expire <= data["today"]:
+        return "the account expired (shadow's expiry day has passed)"
+    password = data.get("password") or ""
+    if password.startswith("!") and not data["use_pam"]:
+        return "the account is locked (password field starts with '!') and sshd runs without PAM"
+    return None
+
+
+def judge(data: dict[str, Any], ctx: Context) -> Result:
+    if data["outcome"] == "no-user":
+        return skipped(NAME, "no SSH user to check: set HEALTHCHECK_SSH_USER (or DEV_USER)", reason="no-user")
+    user = clean(data["user"], 64)
+    if data["outcome"] == "no-such-user":
+        return failed(NAME, f"SSH user {user} does not exist: create it or set HEALTHCHECK_SSH_USER",
+                      reason="ssh-account")
+    problem = _account_problem(data)
+    if problem is not None:
+        return failed(NAME, f"{user} cannot log in over SSH: {problem}: fix the account",
+                      reason="ssh-account")
+    files = data["files"]
+    if data["strict"]:
+        for f in files:
+            if f["state"] == "unsafe":
+                p = f["problem"]
+                what = f["why"] if f.get("why") else f"owner uid {p['owner']}, mode {p['mode']}"
+                return failed(NAME, f"sshd (StrictModes) refuses every key of {user}: "
+                              f"{clean(p['path'], 120)} ({what}): run `{clean(p['fix'], 160)}`",
+                              reason="ssh-strict-modes",
+                              facts={"path": clean(p["path"], 200), "owner": p["owner"], "mode": p["mode"]})
+    keys = sum(f.get("keys", 0) for f in files)
+    if keys == 0:
+        return warned(NAME, f"nobody can log in as {user} with a key yet: {_no_keys(files)}",
+                      reason="ssh-no-keys", observed=0, unit="keys")
+    return passed(NAME, f"{user}: {keys} authorized key(s), sshd's StrictModes accept the key files",
+                  observed=keys, unit="keys")
+
+
+def _no_keys(files: list[dict[str, Any]]) -> str:
+    if not files:
+        return "AuthorizedKeysFile is none"
+    for f in files:
+        if f["state"] == "ok":
+            what = "is empty" if f["size"] == 0 else "holds no public key that parses"
+            return f"{clean(f['path'], 120)} {what}: give keys (SSH_AUTHORIZED_KEYS) or fix its lines"
+    for f in files:
+        if f["state"] == "unreadable":
+            return f"{clean(f['path'], 120)} not read ({clean(f['why'], 60)})"
+    return f"no authorized keys file ({clean(files[0]['path'], 120)}): give keys (SSH_AUTHORIZED_KEYS)"
+
+
+def on_deadline(ctx: Context) -> Result:
+    return failed(NAME, "the SSH key files were not read before the deadline: is the home directory's "
+                  "file system hung?", reason="deadline")

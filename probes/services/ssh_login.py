@@ -1,0 +1,274 @@
+"""ssh-login: a real SSH key login over loopback succeeds and its forced command exits 0 (opt-in).
+
+A banner proves that sshd answers; only a login proves that a user can get in. When
+HEALTHCHECK_SSH_PROBE_KEY names a private key, this probe logs in as
+HEALTHCHECK_SSH_PROBE_USER with the system OpenSSH client and expects the command to exit 0.
+The image authorizes the probe key for a principal of its own, only with ``restrict``,
+``from="127.0.0.1,::1"`` and ``command="/bin/true"`` (docs/image.md, "The SSH probe principal").
+
+Command-line equivalent (the known hosts file holds the container's own public host keys)::
+
+    ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o IdentityAgent=none \\
+        -o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes -i KEY -p 22 -l USER 127.0.0.1 true
+
+Nothing of the caller's SSH set-up plays a part: no user configuration (``-F /dev/null``), no
+agent, only the probe key, no password or keyboard prompt, and the server's host key is
+checked against a known hosts file written for this run, in a private directory, from the
+public host keys in ``/etc/ssh`` (or the files HEALTHCHECK_SSH_HOST_KEYS names), then
+removed: nothing is written to any known_hosts file. The client runs under the suite's
+process control (``probes.proc.run``): at the deadline it is killed with everything it started.
+Its output is read for the outcome only: the private key is never read by the suite, and the
+client's messages reach the result only as a reason.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from probes.context import Context
+from probes.record import Record
+from probes.result import Result, failed, passed, warned
+from probes.spec import ABSOLUTE_PATH, TEXT, Cause, Setting, Spec
+from probes.untrusted import Refused, clean, read_regular, squeeze
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+NAME = "ssh-login"
+MEASUREMENT = "login"
+HOST_ALIAS = "healthcheck-probe"  # the name the known hosts file and the client agree on
+# ssh_host_*_key.pub in the first of these that has any, unless HEALTHCHECK_SSH_HOST_KEYS says
+# otherwise: /etc/ssh, or on a read-only root where the image's entrypoint makes them (docs/image.md).
+HOST_KEY_DIRS = ("/etc/ssh", "/run/ssh-host-keys/etc/ssh")
+HOST_KEYS = f"{HOST_KEY_DIRS[0]}/ssh_host_*_key.pub"
+MAX_HOST_KEY = 16 << 10  # bytes of one public host key file
+
+
+def parse_host_keys(text: str) -> str:
+    """Comma-separated absolute paths of public host key files."""
+    paths = [p.strip() for p in text.split(",")]
+    if not all(p.startswith("/") for p in paths):
+        raise ValueError("is not a list of absolute paths (accepted: /etc/ssh/ssh_host_ed25519_key.pub,...)")
+    return ",".join(paths)
+
+
+SPEC = Spec(
+    NAME, "services", __name__, "ENABLE_SSH_LOGIN_CHECK", 5.0, ("startup", "readiness"), requires=("ssh",),
+    measurement=MEASUREMENT, default_on=False, on_with="ssh_probe_key",
+    about="a real SSH key login of a restricted loopback-only probe principal runs its forced command "
+          "(opt-in)",
+    settings=(
+        Setting("HEALTHCHECK_SSH_PROBE_KEY", "ssh_probe_key", ABSOLUTE_PATH, None,
+                "the probe principal's private key (root-only); setting it turns the `ssh-login` probe on",
+                shown_default="unset (the image sets `/run/healthcheck-ssh/id_ed25519`)"),
+        Setting("HEALTHCHECK_SSH_PROBE_USER", "ssh_probe_user", TEXT, "healthcheck",
+                "the user the probe logs in as"),
+        Setting("HEALTHCHECK_SSH_HOST_KEYS", "ssh_host_keys", TEXT, None,
+                "comma-separated public host key files the server's key must be one of",
+                shown_default="`/etc/ssh/ssh_host_*_key.pub`", parse=parse_host_keys),
+    ),
+    causes=(
+        Cause("ssh-auth-failed", "fail", "sshd refused the probe key (publickey): the key is not authorized, "
+              "or StrictModes, the account or AuthorizedKeysFile turned it away",
+              "see sshd's log; the `ssh-keys` probe names a StrictModes problem; restore the probe's "
+              "authorized key (restart the container)"),
+        Cause("ssh-login-failed", "fail", "authenticated, but the session did not run or its command failed "
+              "(account, shell, PAM, MaxSessions)", "see sshd's log and the probe user's account and shell"),
+        Cause("ssh-hostkey", "fail", "the server's host key is none of the container's own public host keys",
+              "another server answers on the SSH port, or the host keys changed under sshd: restart sshd"),
+        Cause("ssh-probe-key", "fail", "the probe key is missing, a link, not owned by the suite's user, or "
+              "readable by others (the client refuses it)", "fix `HEALTHCHECK_SSH_PROBE_KEY` (`chmod 600`)"),
+        Cause("no-host-keys", "fail", "no public host key could be read to check the server against",
+              "set `HEALTHCHECK_SSH_HOST_KEYS`, or generate host keys (`ssh-keygen -A`)"),
+        Cause("no-client", "fail", "the `ssh` client is not installed", "install openssh-client"),
+        Cause("deadline", "fail", "no answer before the deadline (a stall in key exchange, a hung session)",
+              "sshd is overloaded or stuck: restart it"),
+        Cause("could-not", "warn", "the run's known hosts file could not be written (no writable private "
+              "directory, or a full disk)", "give the suite a writable `HEALTHCHECK_STATE_DIR` or `TMPDIR`"),
+    ),
+)
+
+
+class Settings(Record):
+    """The settings ssh-login reads, typed (``ctx.config.of(Settings)``)."""
+
+    __slots__ = ("ssh_port", "ssh_probe_key", "ssh_probe_user", "ssh_host_keys")
+
+    ssh_port: int
+    ssh_probe_key: str | None
+    ssh_probe_user: str
+    ssh_host_keys: str | None
+
+    def __init__(self, ssh_port: int, ssh_probe_key: str | None, ssh_probe_user: str,
+                 ssh_host_keys: str | None) -> None:
+        self.ssh_port = ssh_port
+        self.ssh_probe_key = ssh_probe_key
+        self.ssh_probe_user = ssh_probe_user
+        self.ssh_host_keys = ssh_host_keys
+
+
+def key_problem(path: str) -> str | None:
+    """Why the client would not (or should not) use the private key at ``path``; never reads it."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be read ({os.strerror(exc.errno or 0)})"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not {os.geteuid()}"
+    if st.st_mode & 0o077:
+        return f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o}): chmod 600 it"
+    return None
+
+
+def known_hosts(host_keys: str | None) -> list[str]:
+    """``HOST_ALIAS keytype base64`` for each public host key that can be read."""
+    if host_keys:
+        paths = host_keys.split(",")
+    else:
+        import glob
+
+        paths = []
+        for where in HOST_KEY_DIRS:
+            paths = sorted(glob.glob(os.path.join(where, "ssh_host_*_key.pub")))
+            if paths:
+                break
+    lines = []
+    for path in paths:
+        try:
+            raw, _ = read_regular(path, MAX_HOST_KEY, owners=(0, os.geteuid()))
+        except Refused:
+            continue
+        words = raw.decode("ascii", "replace").split()
+        if len(words) >= 2:
+            lines.append(f"{HOST_ALIAS} {words[0]} {words[1]}")
+    return lines
+
+
+def client_argv(s: Settings, host: str, hosts_file: str, deadline_left: float) -> list[str]:
+    opts = {"BatchMode": "yes", "IdentitiesOnly": "yes", "IdentityAgent": "none",
+            "IdentityFile": str(s.ssh_probe_key),
+            "PreferredAuthentications": "publickey", "PasswordAuthentication": "no",
+            "KbdInteractiveAuthentication": "no", "UserKnownHostsFile": hosts_file,
+            "GlobalKnownHostsFile": "/dev/null", "StrictHostKeyChecking": "yes", "HostKeyAlias": HOST_ALIAS,
+            "UpdateHostKeys": "no", "CheckHostIP": "no", "ControlMaster": "no", "ControlPath": "none",
+            "ForwardAgent": "no", "ForwardX11": "no", "ClearAllForwardings": "yes", "RequestTTY": "no",
+            "ConnectTimeout": str(max(1, int(deadline_left))), "LogLevel": "VERBOSE"}
+    argv = ["ssh", "-F", "/dev/null", "-n"]
+    for key, value in opts.items():
+        argv += ["-o", f"{key}={value}"]
+    return [*argv, "-p", str(s.ssh_port), "-l", s.ssh_probe_user, "--", host, "true"]
+
+
+def _scratch(ctx: Context) -> str | None:
+    import tempfile
+
+    for where in (ctx.state.path, None):
+        try:
+            return tempfile.mkdtemp(prefix="ssh-login-", dir=where)
+        except OSError:
+            continue
+    return None
+
+
+def gather(ctx: Context) -> dict[str, Any]:
+    from probes import proc
+
+    s = ctx.config.of(Settings)
+    key = s.ssh_probe_key
+    if key is None:
+        return {"outcome": "no-key"}
+    problem = key_problem(key)
+    if problem is not None:
+        return {"outcome": "probe-key", "key": key, "problem": problem}
+    lines = known_hosts(s.ssh_host_keys)
+    if not lines:
+        return {"outcome": "no-host-keys", "where": s.ssh_host_keys or HOST_KEYS}
+    scratch = _scratch(ctx)
+    if scratch is None:
+        return {"outcome": "could-not"}
+    hosts_file = os.path.join(scratch, "known_hosts")
+    try:
+        try:
+            fd = os.open(hosts_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write("\n".join(lines) + "\n")
+        except OSError:  # a full disk: not checked, which is not unhealthy
+            return {"outcome": "could-not"}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": scratch, "LC_ALL": "C"}
+        done = proc.run(client_argv(s, ctx.config.host, hosts_file, ctx.remaining()),
+                        deadline=ctx.deadline - proc.MARGIN, env=env, cwd=scratch, max_output=4096)
+    finally:
+        for name in os.listdir(scratch):
+            os.unlink(os.path.join(scratch, name))
+        os.rmdir(scratch)
+    return {"outcome": "ran", "returncode": done.returncode, "timed_out": done.timed_out,
+            "spawn_error": done.spawn_error, "stderr": done.stderr, "elapsed": done.elapsed,
+            "user": s.ssh_probe_user, "where": f"{ctx.config.host}:{s.ssh_port}"}
+
+
+HOSTKEY_WORDS = (b"Host key verification failed", b"IDENTIFICATION HAS CHANGED", b"No matching host key",
+                 b"no matching host key")
+
+
+def classify(returncode: int | None, stderr: bytes) -> str:
+    """The reason for a login that did not exit 0, from the client's exit status and messages."""
+    authenticated = b"Authenticated to " in stderr
+    if any(w in stderr for w in HOSTKEY_WORDS) and not authenticated:
+        return "ssh-hostkey"
+    if b"Permission denied" in stderr and not authenticated:
+        return "ssh-auth-failed"
+    return "ssh-login-failed"
+
+
+def _last_words(stderr: bytes) -> str:
+    """The client's last error line, cleaned: a hint, never a secret (the key is never read)."""
+    lines = [ln for ln in stderr.splitlines()
+             if ln.strip() and not ln.startswith((b"debug", b"Authenticated"))]
+    return squeeze(lines[-1], 120) if lines else "no message"
+
+
+def judge(data: dict[str, Any], ctx: Context) -> Result:
+    outcome = data["outcome"]
+    if outcome == "no-key":
+        return failed(NAME, "HEALTHCHECK_SSH_PROBE_KEY is not set: the login probe has no key",
+                      reason="ssh-probe-key")
+    if outcome == "probe-key":
+        return failed(NAME, f"the probe key {clean(data['key'], 120)} {data['problem']}",
+                      reason="ssh-probe-key")
+    if outcome == "no-host-keys":
+        return failed(NAME, f"no public host key read from {clean(data['where'], 120)}: nothing to check "
+                      "the server against; set HEALTHCHECK_SSH_HOST_KEYS or run ssh-keygen -A",
+                      reason="no-host-keys")
+    if outcome == "could-not":
+        return warned(NAME, "login not checked: the known hosts file could not be written (state dir and "
+                      "TMPDIR not writable, or full)", reason="could-not")
+    if data["spawn_error"]:
+        return failed(NAME, f"cannot run the ssh client ({clean(data['spawn_error'], 60)}): install "
+                      "openssh-client", reason="no-client")
+    where, user = data["where"], clean(data["user"], 32)
+    if data["timed_out"]:
+        return failed(NAME, f"no SSH login as {user} at {where} before the deadline "
+                      f"({data['elapsed']:.1f}s): sshd is overloaded or stuck in key exchange",
+                      reason="deadline")
+    elapsed = round(float(data["elapsed"]), 3)
+    if data["returncode"] == 0:
+        return passed(NAME, f"logged in as {user} at {where} with the probe key in {elapsed:.2f}s",
+                      observed=elapsed, unit="s")
+    reason = classify(data["returncode"], data["stderr"])
+    said = _last_words(data["stderr"])
+    if reason == "ssh-hostkey":
+        text = f"the server at {where} offered a host key that is not the container's own ({said})"
+    elif reason == "ssh-auth-failed":
+        text = (f"sshd at {where} refused the probe key for {user} ({said}): see sshd's log and the "
+                "ssh-keys probe")
+    else:
+        text = f"login as {user} at {where} did not run its command (exit {data['returncode']}: {said})"
+    return failed(NAME, text, reason=reason, observed=elapsed, unit="s")
+
+
+def on_deadline(ctx: Context) -> Result:
+    return failed(NAME, "no SSH login before the deadline: sshd is overloaded or stuck", reason="deadline")
