@@ -56,7 +56,7 @@ COPY pyproject.toml /opt/healthcheck/
 COPY probes/ /opt/healthcheck/probes/
 COPY healthcheck /opt/healthcheck/healthcheck
 RUN python3 -m venv /opt/healthcheck/.venv \
- && /opt/healthcheck/.venv/bin/pip install --no-cache-dir --disable-pip-version-check "/opt/healthcheck[serve]" \
+ && /opt/healthcheck/.venv/bin/pip install --no-cache-dir --disable-pip-version-check "/opt/healthcheck[serve,jupyter]" \
  && /opt/healthcheck/.venv/bin/python -m compileall -q /opt/healthcheck/probes \
  && rm -rf /opt/healthcheck/build /opt/healthcheck/*.egg-info \
  && chmod 0755 /opt/healthcheck/healthcheck \
@@ -79,7 +79,12 @@ RUN chmod 0755 /usr/local/bin/gpu-dev-entrypoint \
 # (HTTP probes and metrics on HEALTHCHECK_SERVE_PORT, 8779) beside sshd and Jupyter.
 # HEALTHCHECK_SSH_PROBE_KEY makes the entrypoint create the health check's own SSH principal
 # and key at each start, and turns on the ssh-login probe (a real login over loopback).
+# The entrypoint writes Jupyter's token to /run/jupyter/token; jupyter-kernel reads it there
+# (root without CAP_SYS_PTRACE cannot trust the notebook user's runtime file for it). The
+# variable names a file's path, not a secret: DL3064 reads "TOKEN" in its name.
+# hadolint ignore=DL3064
 ENV JUPYTER_RUNTIME_DIR=/run/jupyter \
+    HEALTHCHECK_JUPYTER_TOKEN_FILE=/run/jupyter/token \
     DEV_USER=${DEV_USER} \
     HEALTHCHECK_SERVE=false \
     HEALTHCHECK_SSH_PROBE_KEY=/run/healthcheck-ssh/id_ed25519

@@ -22,7 +22,7 @@ $(PY):
 EDITABLE := --config-settings editable_mode=strict
 
 install: $(PY) ## install the suite into .venv (what `run` needs)
-	$(PY) -m pip install -q $(EDITABLE) -e '.[serve]'
+	$(PY) -m pip install -q $(EDITABLE) -e '.[serve,jupyter]'
 
 system-deps: ## apt packages the tests need (as root; skipped otherwise)
 	bash tests/setup-system.sh

@@ -376,6 +376,9 @@ class Bench:
                 "failures": len(bad),
                 "first_failure": bad[0].out.splitlines()[0] if bad and bad[0].out else None,
                 "torch_probe_s": torch_s,
+                # a kernel started through Jupyter Server (startup), or its cached pass (readiness)
+                "kernel_probe_s": [t for t in (probe_elapsed(x.out, "jupyter-kernel") for x in s)
+                                   if t is not None],
                 "ssh_probe_s": {p: t for p, t in ssh_s.items() if t},
                 "sample_output": s[-1].out[:1000] if s else "",
             }
@@ -467,6 +470,13 @@ def summarise(cases: dict[str, Any], hangs: dict[str, Any]) -> tuple[list[str], 
     if torch_rows:
         lines += ["", "torch-cuda probe's own elapsed time (from the report line):"]
         for n, t in torch_rows:
+            lines.append(f"  {n:<32} median {statistics.median(t) * 1000:8.1f} ms   "
+                         f"p95 {pct(t, 95) * 1000:8.1f} ms")
+
+    kernel_rows = [(n, c.get("kernel_probe_s")) for n, c in cases.items() if c.get("kernel_probe_s")]
+    if kernel_rows:
+        lines += ["", "jupyter-kernel probe's own elapsed time (a kernel started, or its cached pass):"]
+        for n, t in kernel_rows:
             lines.append(f"  {n:<32} median {statistics.median(t) * 1000:8.1f} ms   "
                          f"p95 {pct(t, 95) * 1000:8.1f} ms")
 

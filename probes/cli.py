@@ -285,7 +285,14 @@ def exit_now(code: int) -> None:
 
 
 def _end_descendants() -> None:
-    """The final sweep: nothing a probe started outlives the run (free when none was started)."""
+    """The final sweep: nothing a probe started outlives the run (free when none was started);
+    a Jupyter kernel that jupyter-kernel started is removed through its server first."""
+    kernels = sys.modules.get("probes.services.kernel_run")  # imported only when a kernel was started
+    if kernels is not None:
+        try:
+            kernels.end_all()
+        except Exception:  # noqa: S110 - best effort, as the sweep below
+            pass
     proc = sys.modules.get("probes.proc")  # not imported: nothing was started through it
     if proc is None:
         return

@@ -398,8 +398,11 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
                           {t: f"the built-in {', '.join(names)}" for t, names in builtin.items()})
     defaults = {t: any(default_on(s, values) for s in registry.PROBES if s.toggle == t)
                 for t in registry.TOGGLES}
-    toggles = {t: _env(env, t, parse_bool, defaults.get(t, True))
-               for t in (*registry.TOGGLES, *(s.toggle for s in found))}
+    # A probe that ``follows`` another's toggle is on by default wherever that one is on.
+    follows = {s.toggle: s.follows for s in registry.PROBES if s.follows}
+    toggles: dict[str, bool] = {}
+    for t in (*registry.TOGGLES, *(s.toggle for s in found)):
+        toggles[t] = _env(env, t, parse_bool, toggles.get(follows.get(t, ""), defaults.get(t, True)))
     known = (*registry.NAMES, *(s.name for s in found))
     values.update(
         toggles=types.MappingProxyType(toggles), dropins=found,

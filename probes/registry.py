@@ -29,6 +29,7 @@ MODULES = (
     "probes.framework.model",
     "probes.framework.nccl",
     "probes.services.jupyter",
+    "probes.services.jupyter_kernel",
     "probes.services.ssh",
     "probes.services.ssh_keys",
     "probes.services.ssh_login",

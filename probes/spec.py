@@ -90,7 +90,7 @@ def cause(reason: str, what: str, remedy: str, status: str = "fail") -> Cause:
 
 class Spec(Record):
     __slots__ = ("name", "layer", "module", "toggle", "timeout", "profiles", "requires", "measurement",
-                 "settings", "causes", "about", "dropin", "default_on", "on_with")
+                 "settings", "causes", "about", "dropin", "default_on", "on_with", "follows")
 
     name: str
     layer: str
@@ -108,11 +108,13 @@ class Spec(Record):
     # ``field`` of one of its settings) unless that setting is given and the toggle is not.
     default_on: bool
     on_with: str
+    follows: str  # another probe's toggle: when this one's is not given, it takes that one's value
+
 
     def __init__(self, name: str, layer: str, module: str, toggle: str, timeout: float,
                  profiles: tuple[str, ...], requires: tuple[str, ...] = (), measurement: str = "status",
                  settings: tuple[Setting, ...] = (), causes: tuple[Cause, ...] = (), about: str = "",
-                 dropin: Any = None, default_on: bool = True, on_with: str = "") -> None:
+                 dropin: Any = None, default_on: bool = True, on_with: str = "", follows: str = "") -> None:
         self.name = name
         self.layer = layer
         self.module = module
@@ -127,6 +129,7 @@ class Spec(Record):
         self.dropin = dropin
         self.default_on = default_on
         self.on_with = on_with
+        self.follows = follows
 
     def load(self) -> ModuleType:
         return load(self.module)

@@ -8,7 +8,8 @@ Content-Length, chunked as the only transfer coding, and everything read from on
 instead of buffered until the deadline. ``ssl`` is imported only for a TLS server or to
 explain a failure. The connection is direct: proxy variables do not apply. On loopback a
 self-signed certificate is accepted; elsewhere the certificate is verified. Any probe of an
-HTTP service uses ``exchange``; Jupyter's is the first.
+HTTP service uses ``exchange``; Jupyter's is the first, and jupyter-kernel sends its token,
+POST and DELETE through it.
 """
 
 from __future__ import annotations
@@ -165,8 +166,12 @@ def _tls_wrap(sock: _net.Socket, host: str, deadline: float) -> _net.Socket:
     return tls
 
 
-def exchange(host: str, port: int, path: str, secure: bool, deadline: float) -> dict[str, Any]:
-    """One ``GET path`` under ``deadline``; returns what happened, never raises for network faults."""
+def exchange(host: str, port: int, path: str, secure: bool, deadline: float, *, method: str = "GET",
+             headers: str = "", body: bytes = b"") -> dict[str, Any]:
+    """One ``method path`` under ``deadline``; returns what happened, never raises for network faults.
+
+    ``headers``: more header lines, each ending in CRLF (a token's, which nothing here shows);
+    ``body``: sent with its Content-Length, as JSON."""
     t0 = time.monotonic()
     try:
         sock = _net.connect(host, port, deadline)
@@ -184,11 +189,14 @@ def exchange(host: str, port: int, path: str, secure: bool, deadline: float) -> 
                 verify = type(exc).__name__ == "SSLCertVerificationError"
                 return {"outcome": "tls-verify" if verify else "tls-failed",
                         "detail": str(getattr(exc, "reason", "") or "")[:40]}
-        request = (f"GET {path} HTTP/1.1\r\nHost: {_net.host_header(host, port)}\r\n"
-                   "User-Agent: healthcheck\r\nAccept: application/json\r\nConnection: close\r\n\r\n")
+        sent = (f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                if body or method in ("POST", "PUT") else "")
+        request = (f"{method} {path} HTTP/1.1\r\nHost: {_net.host_header(host, port)}\r\n"
+                   f"User-Agent: healthcheck\r\nAccept: application/json\r\n{headers}{sent}"
+                   "Connection: close\r\n\r\n")
         try:
             _net.arm(sock, deadline)
-            sock.sendall(request.encode("ascii"))
+            sock.sendall(request.encode("ascii") + body)
         except _net.timeout:
             return {"outcome": "timeout", "received": 0}
         except OSError:

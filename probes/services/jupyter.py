@@ -17,7 +17,8 @@ its files are untrusted input: one is used only if it passes every check listed 
 ``find_runtime_file`` (the server's own live file does); without one the probe uses
 HEALTHCHECK_HOST, HEALTHCHECK_JUPYTER_PORT and HEALTHCHECK_JUPYTER_BASE_URL over plain
 HTTP. A refused file is named, with the reason, in the facts and in a failure message.
-The token in that file is never used, kept or shown.
+This probe never uses the token in that file; jupyter-kernel sends it, in a header only,
+to the server the file describes, and never shows it.
 
 The request is a small HTTP/1.1 GET written on a socket, with a strict response parser:
 ``http.client`` would import ``ssl`` and ``email`` (tens of milliseconds) on every
@@ -139,6 +140,8 @@ MAX_FDS = 65536  # open files of a server searched for its listening socket
 MAX_NAME = 64  # characters of a file name shown in messages and facts
 SHOWN_REFUSED = 5  # refused files named in the facts
 LOOPBACK_NAMES = ("localhost",)
+MAX_TOKEN = 512
+TOKEN_CHARS = frozenset("-._~+/=0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 def runtime_dir(config: Config, environ: Any = None) -> str:
@@ -333,8 +336,10 @@ def _check_listener(pid: int, port: int, listeners: _Listeners) -> None:
     raise untrusted.Refused(f"stale or forged: process {pid} does not listen on port {port}")
 
 
-def _read_runtime_file(name: str, dir_fd: int, config: Config, listeners: _Listeners) -> dict[str, Any]:
-    """The fields we use from one jpserver-*.json file (never its token); ``Refused`` says why not."""
+def _read_runtime_file(name: str, dir_fd: int, config: Config, listeners: _Listeners,
+                       secret: bool = False) -> dict[str, Any]:
+    """The fields we use from one jpserver-*.json file (its token only when ``secret``, for
+    jupyter-kernel); ``Refused`` says why not."""
     raw, st = untrusted.read_regular(name, MAX_RUNTIME_FILE, dir_fd=dir_fd)
     if st.st_nlink != 1:
         raise untrusted.Refused("a hard link")
@@ -378,7 +383,14 @@ def _read_runtime_file(name: str, dir_fd: int, config: Config, listeners: _Liste
         "host": host,
         "trusted_owner": trusted_owner,
         "mtime": st.st_mtime,
+        **({"pid": pid, "token": token(doc.get("token"))} if secret else {}),
     }
+
+
+def token(value: Any) -> str:
+    """A runtime file's token if it can only be a token (it goes into a header line), else ""."""
+    ok = isinstance(value, str) and 0 < len(value) <= MAX_TOKEN and all(ch in TOKEN_CHARS for ch in value)
+    return value if ok else ""
 
 
 def _candidate_names(dir_fd: int) -> list[str]:
@@ -392,10 +404,11 @@ def _candidate_names(dir_fd: int) -> list[str]:
     return sorted(names)
 
 
-def find_runtime_file(config: Config, environ: Any = None
+def find_runtime_file(config: Config, environ: Any = None, secret: bool = False
                       ) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
     """The trusted runtime file of the server to probe (the configured port first, then root's
-    or our own, then the newest), and the refused files as (cleaned name, reason)."""
+    or our own, then the newest), and the refused files as (cleaned name, reason). With
+    ``secret`` it carries the server's pid and token (jupyter-kernel's; never shown)."""
     try:
         dir_fd = os.open(runtime_dir(config, environ),
                          os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -407,7 +420,7 @@ def find_runtime_file(config: Config, environ: Any = None
     try:
         for name in _candidate_names(dir_fd):
             try:
-                found.append(_read_runtime_file(name, dir_fd, config, listeners))
+                found.append(_read_runtime_file(name, dir_fd, config, listeners, secret))
             except untrusted.Refused as exc:
                 refused.append((untrusted.clean(name, MAX_NAME), str(exc)))
     except OSError:

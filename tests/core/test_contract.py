@@ -13,10 +13,10 @@ from probes.contract import ProbeModule
 from probes.framework import checkpoint, model, nccl, torch_cuda
 from probes.hardware import nvidia_smi, nvml, runtime
 from probes.result import Result, passed
-from probes.services import jupyter, ssh, ssh_keys, ssh_login
+from probes.services import jupyter, jupyter_kernel, ssh, ssh_keys, ssh_login
 
-CHECKED: tuple[ProbeModule, ...] = (nvidia_smi, nvml, runtime, checkpoint, torch_cuda, model, nccl, jupyter, ssh,
-                                     ssh_keys, ssh_login)
+CHECKED: tuple[ProbeModule, ...] = (nvidia_smi, nvml, runtime, checkpoint, torch_cuda, model, nccl, jupyter,
+                                     jupyter_kernel, ssh, ssh_keys, ssh_login)
 
 
 def test_mypy_checks_every_module_of_the_catalog() -> None:

@@ -504,7 +504,7 @@ def test_a_malformed_runtime_file_is_refused_in_a_fresh_run(jupyter: Jupyter, tm
     env = clean_env(HEALTHCHECK_JUPYTER_RUNTIME_DIR=str(rt), HEALTHCHECK_JUPYTER_PORT=str(jupyter.port),
                     HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_FASTPATH="false",
                     **{t: "false" for t in ("ENABLE_GPU_CHECK", "ENABLE_RUNTIME_CHECK", "ENABLE_TORCH_CHECK",
-                                            "ENABLE_SSH_CHECK")})
+                                            "ENABLE_SSH_CHECK", "ENABLE_JUPYTER_KERNEL_CHECK")})
     for flags in (("--only", "jupyter"), ("--skip", "ssh", "--profile", "liveness"), ("--json",)):
         out = run_cli(*flags, env=env, timeout=60)
         assert out.returncode == 0, (flags, out.stdout + out.stderr)

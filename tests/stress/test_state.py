@@ -75,7 +75,9 @@ def full_env(tmp_path: Path, sshd_port: int, jupyter_server: tuple[int, Path]) -
                     HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_SSH_PORT=str(sshd_port),
                     HEALTHCHECK_JUPYTER_PORT=str(jupyter_server[0]),
                     HEALTHCHECK_JUPYTER_RUNTIME_DIR=str(jupyter_server[1]), HEALTHCHECK_FASTPATH="false",
-                    HEALTHCHECK_GPU_COUNT="1", NO_PROXY="*")
+                    HEALTHCHECK_GPU_COUNT="1", NO_PROXY="*",
+                    # a kernel per run is not what this stresses (tests/services/test_jupyter_kernel.py)
+                    ENABLE_JUPYTER_KERNEL_CHECK="false")
     nvml = fake_nvml_env()
     if nvml is not None:
         from tests.fakes.nvidia_smi_stub import write_stub

@@ -1,0 +1,306 @@
+"""jupyter-kernel's client: Jupyter Server's kernel REST API, one cell over the kernel's channels,
+and the kernel's processes.
+
+REST goes through ``_http.exchange`` (the strict client the jupyter probe uses) with the
+token in an ``Authorization: token`` header. The cell goes over the websocket
+``{base_url}api/kernels/<id>/channels`` with websocket-client (Jupyter messaging protocol v5
+as JSON text frames: ``execute_request`` on shell, then the iopub messages and the shell
+``execute_reply`` whose ``parent_header.msg_id`` is ours). The kernel's processes are found by
+the connection file the server gives it (``kernel-<id>.json`` on their command line); when the
+server cannot shut the kernel down, its session, group and tree are ended here: SIGTERM,
+then frozen (SIGSTOP) and killed, as probes/proc.py ends the suite's own workers.
+
+Imported only when the probe runs (never by liveness, whose probes do not include it):
+websocket-client costs its import here (docs/development.md, "Start-up policy").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from probes import untrusted
+from probes.pidstat import stat
+from probes.record import Record
+from probes.services import _net
+from probes.services._http import exchange
+from probes.services.jupyter import is_loopback
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+PATH_CHARS = frozenset("-._~/!$&'()*+,;=:@0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+MAX_OUTPUT = 64 * 1024  # characters of the cell's stdout kept
+MAX_FRAME = 1024 * 1024  # a message larger than this is not ours to read
+POLL = 0.1  # seconds between looks at the kernel's processes
+TERM_GRACE = 0.5  # a kernel gets this long to exit on SIGTERM before it is frozen and killed
+DEAD_STATES = (b"Z", b"X")
+
+
+class Server(Record):
+    """Where the server is and how to speak to it; ``token`` is never shown."""
+
+    __slots__ = ("host", "port", "base_url", "secure", "token", "pid")
+
+    host: str
+    port: int
+    base_url: str
+    secure: bool
+    token: str
+    pid: int | None  # from a trusted runtime file
+
+    def __init__(self, host: str, port: int, base_url: str, secure: bool, token: str,
+                 pid: int | None) -> None:
+        self.host = host
+        self.port = port
+        self.base_url = base_url
+        self.secure = secure
+        self.token = token
+        self.pid = pid
+
+    def path(self, tail: str) -> str:
+        """``{base_url}{tail}``, anything outside the URL path characters percent-encoded."""
+        return "".join(ch if ch in PATH_CHARS else "".join(f"%{b:02X}" for b in ch.encode("utf-8"))
+                       for ch in self.base_url + tail)
+
+    def headers(self) -> str:
+        return f"Authorization: token {self.token}\r\n" if self.token else ""
+
+
+def rest(server: Server, method: str, tail: str, deadline: float, body: Any = None) -> dict[str, Any]:
+    """One REST call: gather's outcome (``_http.exchange``'s), with ``doc``, the JSON answer, when any."""
+    raw = b"" if body is None else json.dumps(body).encode()
+    got = exchange(server.host, server.port, server.path(tail), server.secure, deadline, method=method,
+                   headers=server.headers(), body=raw)
+    if got["outcome"] == "response":
+        try:
+            got["doc"] = untrusted.load_json(got["body"]) if got["body"] else None
+        except ValueError:
+            got["doc"] = None
+        del got["body"]
+    return got
+
+
+def server_reason(got: dict[str, Any]) -> str:
+    """The reason a server gave in a JSON error answer (``message`` or ``reason``), cleaned and bounded."""
+    doc = got.get("doc")
+    if isinstance(doc, dict):
+        for key in ("message", "reason"):
+            if isinstance(doc.get(key), str) and doc[key].strip():
+                return first_cause(doc[key], 200)
+    return f"HTTP {got.get('status')}"
+
+
+def first_cause(text: str, limit: int = 160) -> str:
+    """The line of a process's output that names the cause: a Python exception line
+    ("ModuleNotFoundError: No module named 'x'") if there is one, else the last line."""
+    import re
+
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    named = [ln for ln in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Warning)\b:?", ln)]
+    pick = named[-1] if named else (lines[-1] if lines else "")
+    return untrusted.clean(pick, limit)
+
+
+# ---------------------------------------------------------------- the kernel's processes
+
+def kernel_pids(kernel_id: str) -> set[int]:
+    """Live processes whose command line names the kernel's connection file (the kernel itself,
+    and a wrapper around it)."""
+    mark = f"kernel-{kernel_id}.json".encode()
+    found: set[int] = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if mark in fh.read(65536):
+                    found.add(int(entry))
+        except OSError:
+            continue
+    return {pid for pid in found if alive(pid)}
+
+
+def alive(pid: int) -> bool:
+    st = stat(pid)
+    return st is not None and st.state not in DEAD_STATES
+
+
+def _tree(roots: set[int]) -> set[int]:
+    """``roots``, every process in their sessions or groups, and everything below those."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = stat(int(entry))
+            if st is not None and st.state not in DEAD_STATES:
+                table[int(entry)] = st
+    seeds = {pid for pid, st in table.items() if pid in roots or st.sid in roots or st.pgid in roots}
+    kids: dict[int, list[int]] = {}
+    for pid, st in table.items():
+        kids.setdefault(st.ppid, []).append(pid)
+    found: set[int] = set()
+    todo = list(seeds)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(kids.get(pid, ()))
+    found.discard(os.getpid())
+    return found
+
+
+def _signal(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def end_tree(roots: set[int], deadline: float) -> set[int]:
+    """End the kernel's processes: SIGTERM, TERM_GRACE seconds (within ``deadline``), then freeze
+    and kill the tree until a pass finds nothing new. Returns what is still alive (none, unless
+    we may not signal it or it is stuck in the kernel)."""
+    if not roots:
+        return set()
+    _signal(_tree(roots), signal.SIGTERM)
+    until = min(deadline, time.monotonic() + TERM_GRACE)
+    while time.monotonic() < until and _tree(roots):
+        time.sleep(0.02)
+    for _ in range(20):
+        left = _tree(roots)
+        if not left:
+            return set()
+        _signal(left, signal.SIGSTOP)
+        if _tree(roots) == left:
+            break
+    left = _tree(roots)
+    _signal(left, signal.SIGKILL)
+    until = max(min(deadline, time.monotonic() + 0.5), time.monotonic() + 0.05)
+    while time.monotonic() < until:
+        left = {pid for pid in left if alive(pid)}
+        if not left:
+            break
+        time.sleep(0.01)
+    return left
+
+
+# ---------------------------------------------------------------- one cell over the channels
+
+def _message(session: str, code: str) -> tuple[str, str]:
+    import uuid
+
+    msg_id = uuid.uuid4().hex
+    return msg_id, json.dumps({
+        "header": {"msg_id": msg_id, "username": "healthcheck", "session": session, "date": "",
+                   "msg_type": "execute_request", "version": "5.3"},
+        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                    "allow_stdin": False, "stop_on_error": True}})
+
+
+class Channel:
+    """The kernel's channels over one websocket, run in a thread while the caller watches the
+    kernel's processes; ``box`` says what happened (``stage``, then ``stdout``, ``error``,
+    ``reply``, or ``died``/``failed``), ``close()`` ends a blocked call from another thread."""
+
+    def __init__(self, server: Server, kernel_id: str) -> None:
+        import websocket  # websocket-client: ~15 ms, only when a kernel is checked
+
+        self.ws = websocket.WebSocket(enable_multithread=True, skip_utf8_validation=True)
+        self.url = (f"{'wss' if server.secure else 'ws'}://{_net.host_header(server.host, server.port)}"
+                    f"{server.path(f'api/kernels/{kernel_id}/channels')}")
+        self.server = server
+        self.box: dict[str, Any] = {"stage": "connect", "stdout": "", "error": None, "reply": None,
+                                    "idle": False, "died": None, "failed": None}
+
+    def _options(self, deadline: float) -> dict[str, Any]:
+        opts: dict[str, Any] = {"timeout": max(_net.remaining(deadline), _net.MIN_TIMEOUT),
+                                "suppress_origin": True, "http_no_proxy": ["*"]}
+        if self.server.token:
+            opts["header"] = [f"Authorization: token {self.server.token}"]
+        if self.server.secure and is_loopback(self.server.host):
+            import ssl  # Jupyter's certificate is usually self-signed; on loopback nobody sits between
+
+            opts["sslopt"] = {"cert_reqs": ssl.CERT_NONE, "check_hostname": False}
+        return opts
+
+    def run(self, code: str, deadline: float) -> None:
+        """Connect (the server answers once the kernel has replied to kernel_info), send the cell,
+        read until its execute_reply and its idle status arrive; never raises."""
+        box = self.box
+        try:
+            self.ws.connect(self.url, **self._options(deadline))
+            box["stage"] = "execute"
+            msg_id, text = _message(os.urandom(8).hex(), code)
+            self.ws.send(text)
+            while box["reply"] is None or not box["idle"]:
+                self.ws.settimeout(max(_net.remaining(deadline), _net.MIN_TIMEOUT))
+                if _net.remaining(deadline) <= 0:
+                    raise TimeoutError
+                self._take(self.ws.recv(), msg_id)
+                if box["died"]:
+                    return
+            box["stage"] = "done"
+        except Exception as exc:  # websocket-client's errors, socket timeouts, a handshake refused
+            if box["stage"] != "done":
+                box["failed"] = _why(exc)
+
+    def _take(self, frame: Any, msg_id: str) -> None:
+        """One frame: keep what belongs to our request (and the server's word that the kernel died)."""
+        if not isinstance(frame, str) or len(frame) > MAX_FRAME:
+            return  # a binary frame carries buffers: none of ours
+        try:
+            msg = untrusted.load_json(frame.encode())
+        except ValueError:
+            return
+        if not isinstance(msg, dict):
+            return
+        header, content, parent = (msg.get(k) for k in ("header", "content", "parent_header"))
+        kind = header.get("msg_type") if isinstance(header, dict) else None
+        content = content if isinstance(content, dict) else {}
+        parent = parent if isinstance(parent, dict) else {}
+        box = self.box
+        if kind == "status" and content.get("execution_state") in ("dead", "restarting", "autorestarting"):
+            box["died"] = "the server reported the kernel " + str(content.get("execution_state"))
+            return
+        if parent.get("msg_id") != msg_id:
+            return
+        if kind == "stream" and content.get("name") == "stdout" and isinstance(content.get("text"), str):
+            box["stdout"] = (box["stdout"] + content["text"])[:MAX_OUTPUT]
+        elif kind == "error":
+            box["error"] = {"ename": untrusted.clean(content.get("ename", "?"), 60),
+                            "evalue": untrusted.clean(content.get("evalue", ""), 160)}
+        elif kind == "status" and content.get("execution_state") == "idle":
+            box["idle"] = True
+        elif kind == "execute_reply":
+            box["reply"] = untrusted.clean(content.get("status", "?"), 20)
+
+    def close(self) -> None:
+        try:
+            self.ws.abort()
+        except Exception:  # noqa: S110 - ending a connection that may never have opened
+            pass
+        try:
+            self.ws.close(timeout=0.2)
+        except Exception:  # noqa: S110
+            pass
+
+
+def _why(exc: BaseException) -> str:
+    """A failed connection in fixed words (an exception's text could quote a header or a URL)."""
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return f"the server refused the channels with HTTP {status}"
+    if isinstance(exc, TimeoutError) or type(exc).__name__ in ("WebSocketTimeoutException", "timeout"):
+        return "timeout"
+    if type(exc).__name__ == "WebSocketConnectionClosedException":
+        return "the server closed the channels"
+    return f"the channels failed ({type(exc).__name__})"

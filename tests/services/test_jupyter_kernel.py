@@ -1,0 +1,410 @@
+"""The jupyter-kernel probe against a real Jupyter Server starting real ipykernel kernels (torch on
+the CPU): a healthy kernel, a kernelspec whose interpreter is gone, a kernel killed by a broken
+module on its path, an interpreter without torch, a kernel that never answers, a token-protected
+server under a base URL, a user's busy kernel beside the check, the token kept out of every
+output, and a SIGTERM to the suite mid-check. After each, the server lists no kernel of the
+probe's and no process of it is alive."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from probes.config import Config
+from probes.context import Context
+from probes.result import Result, Status
+from probes.services import jupyter_kernel
+from probes.state import State
+from tests.conftest import ROOT, clean_env, run_cli
+from tests.framework.conftest import FAKE_TORCH
+from tests.hardware.conftest import FAKE_LIB_DIR
+from tests.servers import Jupyter, leftovers, wait_gone
+from tests.services.conftest import TOKEN, _jupyter
+
+pytest.importorskip("ipykernel")
+pytest.importorskip("websocket")
+
+HANG = "healthcheck-test-hanging-kernel"  # on the hanging kernel's command line, to find leftovers
+LAUNCH = ["-m", "ipykernel_launcher", "-f", "{connection_file}"]
+# An interpreter that cannot import torch: ipykernel starts, `import torch` finds nothing.
+NO_TORCH = ("import sys; sys.modules['torch'] = None; from ipykernel import kernelapp; "
+            "kernelapp.launch_new_instance()")
+HANGS = (f"import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+         f"signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)  # {HANG}")
+
+
+def kernelspec(data: Path, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    where = data / "kernels" / name
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": name, "language": "python",
+                                                   **({"env": env} if env else {})}))
+
+
+@pytest.fixture(scope="session")
+def kserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jupyter]:
+    """A Jupyter Server (token-protected, as they all are here) with the test's kernelspecs."""
+    for server in _jupyter(tmp_path_factory, "jupyter-kernels"):
+        data = server.root / "data"
+        broken = server.root / "planted"
+        broken.mkdir()
+        # Shadows a module ipykernel imports at start, as a file under ~/.local would.
+        (broken / "comm.py").write_text("raise ImportError('comm is broken: planted by the test')\n")
+        kernelspec(data, "ok", [sys.executable, *LAUNCH])
+        kernelspec(data, "gone", ["/nonexistent/bin/python3", *LAUNCH])
+        kernelspec(data, "broken", [sys.executable, *LAUNCH], {"PYTHONPATH": str(broken)})
+        kernelspec(data, "notorch", [sys.executable, "-c", NO_TORCH, "-f", "{connection_file}"])
+        kernelspec(data, "hangs", [sys.executable, "-c", HANGS, "{connection_file}"])
+        for mode in ("ok", "busy", "cpu-build", "wrong"):  # torch at its boundary: tests/framework/fake_torch
+            kernelspec(data, f"fake-{mode}", [sys.executable, *LAUNCH],
+                       {"PYTHONPATH": str(FAKE_TORCH), "FAKE_TORCH_MODE": mode})
+        yield server
+
+
+@pytest.fixture(scope="session")
+def kbase(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jupyter]:
+    yield from _jupyter(tmp_path_factory, "jupyter-kernel-base", base_url="/user/alice/")
+
+
+def api(server: Jupyter, method: str, path: str, body: Any = None) -> Any:
+    req = urllib.request.Request(f"http://127.0.0.1:{server.port}{server.base_url}{path}", method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"token {TOKEN}"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=30) as resp:
+        text = resp.read()
+    return json.loads(text) if text else None
+
+
+def kernel_ids(server: Jupyter) -> set[str]:
+    return {k["id"] for k in api(server, "GET", "api/kernels")}
+
+
+def probe(server: Jupyter, kernel: str | None = "ok", timeout: float = 30.0, **config: Any) -> Result:
+    """One probe run without a state dir, held to its deadline, the token, and leaving nothing."""
+    before = kernel_ids(server)
+    cfg = Config(**{"jupyter_port": server.port, "jupyter_runtime_dir": str(server.runtime),
+                    "torch_device": "cpu", "jupyter_kernel_name": kernel, **config})
+    ctx = Context(cfg, time.monotonic() + timeout, {}, State.off("tests"))
+    result = jupyter_kernel.judge(jupyter_kernel.gather(ctx), ctx)
+    assert time.monotonic() <= ctx.deadline + 0.5, "the probe overran its deadline"
+    assert "\n" not in result.message
+    assert TOKEN not in repr(result) and TOKEN not in json.dumps(result.to_dict())
+    assert kernel_ids(server) <= before, "the probe left its kernel on the server"
+    return result
+
+
+def test_a_healthy_kernel_passes_with_the_seconds_to_its_verified_reply(kserver: Jupyter) -> None:
+    r = probe(kserver)
+    assert r.status is Status.PASS, r.message
+    assert "verified matmul on cpu" in r.message and r.unit == "s" and 0 < r.observed < 30
+    assert r.facts["cleanup"]["deleted"] is True and r.facts["cleanup"]["left"] == 0
+
+
+def test_the_servers_default_kernelspec_is_taken_when_none_is_named(kserver: Jupyter) -> None:
+    r = probe(kserver, kernel=None)
+    assert r.status is Status.PASS and r.facts["kernel"] == "python3", r.message
+
+
+def test_a_missing_kernelspec_lists_those_that_exist(kserver: Jupyter) -> None:
+    r = probe(kserver, kernel="nosuch")
+    assert r.status is Status.FAIL and r.reason == "kernelspec-missing"
+    assert "'nosuch'" in r.message
+    assert ("(it has: broken, fake-busy, fake-cpu-build, fake-ok, fake-wrong, gone, hangs, notorch and 2 more)"
+            in r.message), r.message
+
+
+def test_a_kernelspec_naming_a_missing_interpreter_cannot_start(kserver: Jupyter) -> None:
+    r = probe(kserver, kernel="gone")
+    assert r.status is Status.FAIL and r.reason == "kernel-start-failed", r.message
+    assert "/nonexistent/bin/python3" in r.message or "No such file" in r.message, r.message
+
+
+def test_a_kernel_killed_by_a_broken_module_on_its_path_died_and_says_which(kserver: Jupyter) -> None:
+    r = probe(kserver, kernel="broken")
+    assert r.status is Status.FAIL and r.reason == "kernel-died", r.message
+    assert "ImportError: comm is broken: planted by the test" in r.message
+
+
+def test_an_interpreter_without_torch(kserver: Jupyter) -> None:
+    r = probe(kserver, kernel="notorch")
+    assert r.status is Status.FAIL and r.reason == "kernel-no-torch", r.message
+    assert "no module 'torch'" in r.message
+
+
+def test_a_kernel_that_never_answers_times_out_in_its_share_and_leaves_no_process(kserver: Jupyter) -> None:
+    t0 = time.monotonic()
+    r = probe(kserver, kernel="hangs", timeout=12.0)
+    assert r.status is Status.FAIL and r.reason == "kernel-timeout", r.message
+    assert time.monotonic() - t0 < 12.5
+    assert not wait_gone(HANG), "the hanging kernel outlived the probe"
+    assert r.facts["cleanup"]["ended"] >= 1 and r.facts["cleanup"]["left"] == 0
+
+
+def test_a_token_protected_server_under_a_base_url(kbase: Jupyter) -> None:
+    r = probe(kbase, kernel=None)
+    assert r.status is Status.PASS, r.message
+    assert r.facts["runtime_file"].startswith("jpserver-")
+
+
+def test_without_the_token_the_api_refuses_and_the_probe_says_where_to_find_it(kbase: Jupyter,
+                                                                                tmp_path: Path) -> None:
+    empty = tmp_path / "runtime"
+    empty.mkdir()
+    cfg = Config(jupyter_port=kbase.port, jupyter_runtime_dir=str(empty), jupyter_base_url=kbase.base_url,
+                 torch_device="cpu")
+    ctx = Context(cfg, time.monotonic() + 10, {}, State.off("tests"))
+    r = jupyter_kernel.judge(jupyter_kernel.gather(ctx), ctx)
+    assert r.status is Status.FAIL and r.reason == "api-error" and "HTTP 403" in r.message, r.message
+
+
+def test_a_token_file_serves_where_no_runtime_file_can_be_trusted(kbase: Jupyter, tmp_path: Path) -> None:
+    # As in the image: root without CAP_SYS_PTRACE cannot trust the notebook user's runtime file.
+    empty = tmp_path / "runtime"
+    empty.mkdir()
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    (tmp_path / "link").symlink_to(tmp_path / "token")
+    results = {}
+    for name in ("token", "link"):
+        cfg = Config(jupyter_port=kbase.port, jupyter_runtime_dir=str(empty), jupyter_base_url=kbase.base_url,
+                     torch_device="cpu", jupyter_token_file=str(tmp_path / name))
+        ctx = Context(cfg, time.monotonic() + 30, {}, State.off("tests"))
+        results[name] = jupyter_kernel.judge(jupyter_kernel.gather(ctx), ctx)
+        assert TOKEN not in json.dumps(results[name].to_dict())
+    assert results["token"].status is Status.PASS, results["token"].message
+    assert results["link"].reason == "api-error", results["link"].message  # a link is never followed
+
+
+def _busy_user_kernel(server: Jupyter) -> str:
+    """A user's kernel, busy in a long cell."""
+    import websocket
+
+    kid = api(server, "POST", "api/kernels", {"name": "ok"})["id"]
+    ws = websocket.create_connection(f"ws://127.0.0.1:{server.port}/api/kernels/{kid}/channels",
+                                     header=[f"Authorization: token {TOKEN}"], timeout=30, suppress_origin=True)
+    msg = {"header": {"msg_id": uuid.uuid4().hex, "username": "user", "session": uuid.uuid4().hex,
+                      "msg_type": "execute_request", "version": "5.3", "date": ""},
+           "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+           "content": {"code": "import time; time.sleep(120)", "silent": False, "store_history": True,
+                       "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}}
+    ws.send(json.dumps(msg))
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        states = {k["id"]: k["execution_state"] for k in api(server, "GET", "api/kernels")}
+        if states.get(kid) == "busy":
+            ws.close()
+            return kid
+        time.sleep(0.1)
+    ws.close()
+    raise AssertionError("the user's kernel never got busy")
+
+
+def test_a_users_busy_kernel_beside_the_check_is_untouched(kserver: Jupyter) -> None:
+    kid = _busy_user_kernel(kserver)
+    try:
+        pids = set(leftovers(f"kernel-{kid}.json"))
+        assert pids
+        for name in ("ok", "hangs"):
+            probe(kserver, kernel=name, timeout=12.0)
+        states = {k["id"]: k["execution_state"] for k in api(kserver, "GET", "api/kernels")}
+        assert states.get(kid) == "busy", states
+        assert all(p.is_running() for p in pids)
+    finally:
+        api(kserver, "DELETE", f"api/kernels/{kid}")
+
+
+def _env(server: Jupyter, tmp_path: Path, **extra: str) -> dict[str, str]:
+    return clean_env(**{"HEALTHCHECK_JUPYTER_PORT": str(server.port),
+                        "HEALTHCHECK_JUPYTER_RUNTIME_DIR": str(server.runtime), "HEALTHCHECK_TORCH_DEVICE": "cpu",
+                        "HEALTHCHECK_STATE_DIR": str(tmp_path / "state"), "HEALTHCHECK_LOG_FILE": str(tmp_path / "log"),
+                        "HEALTHCHECK_CHECKS_DIR": str(tmp_path / "none"), **extra})
+
+
+def test_the_token_never_appears_in_output_logs_or_serve_answers(kserver: Jupyter, tmp_path: Path) -> None:
+    from tests.serve.conftest import ALL_OFF, Server
+
+    for name in ("ok", "broken"):
+        env = _env(kserver, tmp_path, HEALTHCHECK_JUPYTER_KERNEL_NAME=name)
+        for flags in (["-v"], ["--json", "-v"]):
+            res = run_cli("--profile", "startup", "--only", "jupyter,jupyter-kernel", *flags, env=env)
+            assert res.returncode == (0 if name == "ok" else 1), res.stdout + res.stderr
+            assert "jupyter-kernel" in res.stdout and TOKEN not in res.stdout + res.stderr
+    assert TOKEN not in (tmp_path / "log").read_text(errors="replace")
+    wanted = {k: v for k, v in _env(kserver, tmp_path).items()
+              if k.startswith("HEALTHCHECK_") and k != "HEALTHCHECK_LOG_FILE"}  # serve logs to stderr
+    serve = Server(tmp_path, {**ALL_OFF, **wanted, "ENABLE_JUPYTER_CHECK": "true",
+                              "ENABLE_JUPYTER_KERNEL_CHECK": "true"}, [])
+    try:
+        serve.wait_runs_ended(timeout=90)
+        for path in ("/readyz?verbose", "/startupz?verbose", "/health", "/metrics"):
+            _, _, body = serve.get(path)
+            assert TOKEN.encode() not in body, path
+    finally:
+        serve.cleanup()
+    assert TOKEN not in serve.log_text()
+
+
+def test_readiness_reuses_a_pass_within_its_ttl_and_startup_runs_fresh(kserver: Jupyter, tmp_path: Path) -> None:
+    env = _env(kserver, tmp_path, HEALTHCHECK_JUPYTER_KERNEL_NAME="ok")
+    first = run_cli("--only", "jupyter-kernel", env=env)
+    assert first.returncode == 0 and "cached" not in first.stdout, first.stdout
+    again = run_cli("--only", "jupyter-kernel", env=env)
+    assert again.returncode == 0 and "cached" in again.stdout, again.stdout
+    fresh = run_cli("--profile", "startup", "--only", "jupyter-kernel", env=env)
+    assert fresh.returncode == 0 and "cached" not in fresh.stdout, fresh.stdout
+    off = run_cli("--only", "jupyter-kernel", env={**env, "HEALTHCHECK_JUPYTER_KERNEL_TTL": "0"})
+    assert off.returncode == 0 and "cached" not in off.stdout, off.stdout
+
+
+def test_liveness_never_runs_it(kserver: Jupyter, tmp_path: Path) -> None:
+    res = run_cli("--profile", "liveness", "-v", env=_env(kserver, tmp_path, ENABLE_GPU_CHECK="false",
+                                                          ENABLE_TORCH_CHECK="false", ENABLE_SSH_CHECK="false"))
+    assert "jupyter-kernel" not in res.stdout and "jupyter" in res.stdout, res.stdout
+
+
+def test_sigterm_to_the_suite_removes_the_kernel_it_started(kserver: Jupyter, tmp_path: Path) -> None:
+    before = kernel_ids(kserver)
+    env = _env(kserver, tmp_path, HEALTHCHECK_JUPYTER_KERNEL_NAME="hangs", HEALTHCHECK_TIMEOUT="30",
+               PYTHONPATH=str(ROOT))
+    suite = subprocess.Popen([sys.executable, "-m", "probes", "--profile", "startup", "--only", "jupyter-kernel"],
+                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 20
+        while not leftovers(HANG) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert leftovers(HANG), "the hanging kernel never started"
+        suite.send_signal(signal.SIGTERM)
+        out, _ = suite.communicate(timeout=10)
+        assert suite.returncode == 1 and "SIGTERM" in out, out
+        assert not wait_gone(HANG, within=3.0), "the kernel outlived the suite"
+        end = time.monotonic() + 10
+        while kernel_ids(kserver) - before and time.monotonic() < end:
+            time.sleep(0.1)
+        assert kernel_ids(kserver) <= before
+    finally:
+        if suite.poll() is None:
+            os.kill(suite.pid, signal.SIGKILL)
+            suite.wait()
+
+
+@pytest.mark.parametrize(("env", "on"), [
+    ({}, True),
+    ({"ENABLE_JUPYTER_CHECK": "false"}, False),
+    ({"ENABLE_JUPYTER_CHECK": "false", "ENABLE_JUPYTER_KERNEL_CHECK": "true"}, True),
+    ({"ENABLE_JUPYTER_KERNEL_CHECK": "false"}, False),
+])
+def test_on_by_default_wherever_the_jupyter_probe_is_on(env: dict[str, str], on: bool) -> None:
+    from probes import config
+
+    names = [s.name for s in config.load(env).selected()]
+    assert ("jupyter-kernel" in names) is on, names
+    assert "jupyter-kernel" not in [s.name for s in config.load(env, profile="liveness").selected()]
+
+
+# ---------------------------------------------------------------- the GPU: torch at its boundary
+
+@pytest.mark.parametrize(("kernel", "status", "reason", "words"), [
+    ("fake-ok", Status.PASS, None, "verified matmul on cuda"),
+    ("ok", Status.FAIL, "kernel-no-gpu", "sees no CUDA device"),  # the real, CPU-only torch
+    ("fake-cpu-build", Status.FAIL, "kernel-no-gpu", "(a CPU-only build) sees no CUDA device"),
+    ("fake-wrong", Status.FAIL, "kernel-wrong-result", "differs from the CPU reference"),
+    ("fake-busy", Status.FAIL, "kernel-op-failed", "RuntimeError: CUDA error: CUDA-capable device"),
+])
+def test_on_the_gpu(kserver: Jupyter, kernel: str, status: Status, reason: str | None, words: str) -> None:
+    r = probe(kserver, kernel=kernel, torch_device="cuda")
+    assert (r.status, r.reason) == (status, reason), r.message
+    assert words in r.message, r.message
+
+
+def test_a_gpu_the_workload_fills_gets_no_op_and_a_warning(kserver: Jupyter, tmp_path: Path) -> None:
+    # fake-busy fails any tensor put on the GPU: the warning proves no op (no context) was tried.
+    (tmp_path / "scenario").write_text("gpus 1\ngpu 0 memory 81559 81000\n")
+    env = _env(kserver, tmp_path, HEALTHCHECK_JUPYTER_KERNEL_NAME="fake-busy", HEALTHCHECK_TORCH_DEVICE="cuda",
+               LD_LIBRARY_PATH=str(FAKE_LIB_DIR), FAKE_NVML_SCENARIO=str(tmp_path / "scenario"))
+    res = run_cli("--profile", "startup", "--only", "jupyter-kernel", "--json", env=env)
+    check = json.loads(res.stdout)["checks"]["jupyter-kernel:startTime"][0]
+    assert (res.returncode, check["status"], check["reason"]) == (0, "warn", "workload-memory"), check
+    assert "the op was not run" in check["output"]
+    (tmp_path / "scenario").write_text("gpus 1\ngpu 0 memory 81559 1000\n")
+    res = run_cli("--profile", "startup", "--only", "jupyter-kernel", "--json", env=env)
+    check = json.loads(res.stdout)["checks"]["jupyter-kernel:startTime"][0]
+    assert (res.returncode, check["reason"]) == (1, "kernel-op-failed"), check
+
+
+# ---------------------------------------------------------------- the image's case: root without CAP_SYS_PTRACE
+
+def test_root_without_ptrace_uses_the_token_file_and_still_names_a_dead_kernels_cause(kserver: Jupyter,
+                                                                                     tmp_path: Path) -> None:
+    # As Docker runs the HEALTHCHECK: root without CAP_SYS_PTRACE may not look into the server's
+    # file descriptors, so it cannot trust its runtime file (the token comes from the token file)
+    # nor read the server's environment (the dead kernel's command runs again with the suite's).
+    from tests.services.conftest import needs_root
+
+    needs_root()
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    env = _env(kserver, tmp_path, HEALTHCHECK_JUPYTER_TOKEN_FILE=str(tmp_path / "token"), PYTHONPATH=str(ROOT))
+    argv = ["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace", sys.executable, "-m", "probes",
+            "--profile", "startup", "--only", "jupyter-kernel", "--json", "-v"]
+    checks = {}
+    for name in ("ok", "broken"):
+        before = kernel_ids(kserver)
+        res = subprocess.run(argv, env={**env, "HEALTHCHECK_JUPYTER_KERNEL_NAME": name}, cwd=ROOT,
+                             capture_output=True, text=True, timeout=90, check=False)
+        assert TOKEN not in res.stdout + res.stderr
+        checks[name] = json.loads(res.stdout)["checks"]["jupyter-kernel:startTime"][0]
+        assert kernel_ids(kserver) <= before
+    assert checks["ok"]["status"] == "pass", checks["ok"]["output"]
+    assert checks["broken"]["reason"] == "kernel-died", checks["broken"]["output"]
+    assert "ImportError: comm is broken: planted by the test" in checks["broken"]["output"]
+    res = subprocess.run(argv, env={**env, "HEALTHCHECK_JUPYTER_TOKEN_FILE": str(tmp_path / "none"),
+                                    "HEALTHCHECK_JUPYTER_KERNEL_NAME": "ok"},
+                         cwd=ROOT, capture_output=True, text=True, timeout=90, check=False)
+    check = json.loads(res.stdout)["checks"]["jupyter-kernel:startTime"][0]
+    assert check["reason"] == "api-error" and "HTTP 403" in check["output"], check  # the file was refused
+
+
+# ---------------------------------------------------------------- judge, on gathered data
+
+def _reply(report: dict[str, Any], **data: Any) -> dict[str, Any]:
+    line = jupyter_kernel.PREFIX + json.dumps(report)
+    return {"kind": "kernel", "outcome": "reply", "kernel": "python3", "device": "cuda", "observed": 4.2,
+            "stdout": f"noise\n{line}\n", "lingered": False, **data}
+
+
+TORCH = {"torch": "2.9.1", "cuda": "12.8", "available": True, "count": 2, "error": None,
+         "op": {"max_err": 1e-6, "scale": 80.0, "ms": 3.0}}
+
+
+@pytest.mark.parametrize(("data", "status", "reason", "words"), [
+    (_reply(TORCH), Status.PASS, None, "verified matmul on cuda in 4.2s (torch 2.9.1)"),
+    (_reply(TORCH, cache={"how": "ttl", "age": 42.0}), Status.PASS, None, "(cached, 42s old)"),
+    (_reply({**TORCH, "op": None}, room={"need_mib": 1024, "unknown": None, "full": []}), Status.WARN,
+     "workload-memory", "sees 2 GPU(s); the op was not run"),
+    (_reply({**TORCH, "op": {"max_err": 5.0, "scale": 80.0}}), Status.FAIL, "kernel-wrong-result", "6.2e-02"),
+    (_reply({**TORCH, "op": {"max_err": "nan", "scale": 80.0}}), Status.FAIL, "kernel-wrong-result",
+     "not a number"),
+    ({"kind": "kernel", "outcome": "reply", "stdout": "HEALTHCHECK-KERNEL-RESULT {\"forged\"\n",
+      "error": {"ename": "NameError", "evalue": "x\x1b[31m"}}, Status.FAIL, "kernel-wrong-result",
+     "no result line (NameError: x\\x1b[31m)"),
+    ({"kind": "kernel", "outcome": "channels-failed", "why": "the server refused the channels with HTTP 403"},
+     Status.FAIL, "api-error", "HEALTHCHECK_JUPYTER_TOKEN_FILE"),
+    ({"kind": "kernel", "outcome": "channels-failed", "why": "the server refused the channels with HTTP 500"},
+     Status.FAIL, "kernel-start-failed", "HTTP 500"),
+    ({"kind": "kernel", "outcome": "no-client"}, Status.WARN, "client-missing", "gpu-healthcheck[jupyter]"),
+    ({**_reply(TORCH), "lingered": True, "cleanup": {"deleted": False, "ended": 1, "left": 1}}, Status.FAIL,
+     "kernel-left", "1 process(es) left"),
+])
+def test_judge(data: dict[str, Any], status: Status, reason: str | None, words: str) -> None:
+    r = jupyter_kernel.judge(data, None)
+    assert (r.status, r.reason) == (status, reason), r.message
+    assert words in r.message and "\n" not in r.message and "\x1b" not in r.message, r.message
