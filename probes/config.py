@@ -398,11 +398,13 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
                           {t: f"the built-in {', '.join(names)}" for t, names in builtin.items()})
     defaults = {t: any(default_on(s, values) for s in registry.PROBES if s.toggle == t)
                 for t in registry.TOGGLES}
-    # A probe that ``follows`` another's toggle is on by default wherever that one is on.
+    # A probe that ``follows`` another's toggle is on by default only where that one is on
+    # (ENABLE_SSH_CHECK=false turns the SSH login off too, unless its own toggle is given).
     follows = {s.toggle: s.follows for s in registry.PROBES if s.follows}
     toggles: dict[str, bool] = {}
-    for t in (*registry.TOGGLES, *(s.toggle for s in found)):
-        toggles[t] = _env(env, t, parse_bool, toggles.get(follows.get(t, ""), defaults.get(t, True)))
+    for t in sorted((*registry.TOGGLES, *(s.toggle for s in found)), key=lambda t: t in follows):
+        default = defaults.get(t, True) and toggles.get(follows.get(t, ""), True)
+        toggles[t] = _env(env, t, parse_bool, default)
     known = (*registry.NAMES, *(s.name for s in found))
     values.update(
         toggles=types.MappingProxyType(toggles), dropins=found,

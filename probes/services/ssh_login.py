@@ -57,6 +57,7 @@ def parse_host_keys(text: str) -> str:
 SPEC = Spec(
     NAME, "services", __name__, "ENABLE_SSH_LOGIN_CHECK", 5.0, ("startup", "readiness"), requires=("ssh",),
     measurement=MEASUREMENT, default_on=False, on_with="ssh_probe_key",
+    follows="ENABLE_SSH_CHECK",
     about="a real SSH key login of a restricted loopback-only probe principal runs its forced command "
           "(opt-in)",
     settings=(

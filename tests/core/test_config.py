@@ -260,3 +260,18 @@ def test_a_utf8_path_under_a_latin1_locale_is_taken_and_used_as_the_same_bytes(t
     # The same bytes reached the system: the state dir (torch-cuda's caching), the checks dir
     # (the drop-in ran), the log file.
     assert (base / "état").is_dir() and "ok=pass" in (base / "journal.log").read_text()
+
+
+@pytest.mark.parametrize(("env", "on"), [
+    ({}, False),  # opt-in: no probe key, no login
+    ({"HEALTHCHECK_SSH_PROBE_KEY": "/run/k"}, True),
+    ({"HEALTHCHECK_SSH_PROBE_KEY": "/run/k", "ENABLE_SSH_CHECK": "false"}, False),
+    ({"HEALTHCHECK_SSH_PROBE_KEY": "/run/k", "ENABLE_SSH_CHECK": "false", "ENABLE_SSH_LOGIN_CHECK": "true"}, True),
+    ({"ENABLE_SSH_CHECK": "true", "ENABLE_SSH_LOGIN_CHECK": "true"}, True),
+])
+def test_the_ssh_login_follows_the_ssh_toggle_and_stays_opt_in(env, on):
+    """ENABLE_SSH_CHECK=false (a container without sshd, as an arbitrary UID runs the image) turns
+    the login off too, though the image sets the probe key; its own toggle still wins."""
+    from probes.services import ssh_login
+
+    assert load(env).enabled(ssh_login.SPEC) is on
