@@ -55,7 +55,7 @@ stress: ## the fault-injection and concurrency suite
 # A health check runs beside a training job that keeps every core busy: what flakes here
 # under load may flake there. tests/loaded.sh ends its loops however the run ends.
 loaded: ## unit and stress again while a busy loop per core competes for the CPU
-	bash tests/loaded.sh $(MAKE) unit stress
+	bash tests/loaded.sh $(MAKE) -k unit stress
 
 image: ## build the GPU dev image (BASE_IMAGE=... to override the base)
 	docker build --network host $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) -t $(IMAGE) .
