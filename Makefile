@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 IMAGE ?= gpu-dev:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' probes/__init__.py)
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help install setup system-deps fakes run test unit bats manifests stress e2e image bench lint clean gpu-verify docs
+.PHONY: help install setup system-deps fakes run test unit bats manifests stress loaded e2e image bench lint clean gpu-verify docs
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -37,8 +37,8 @@ fakes: ## build the fake NVML library used by the tests
 run: install ## run the health check on this host (readiness profile, all probes)
 	./healthcheck -v
 
-test: setup ## every test: unit and integration, bats, manifests, stress, end to end
-	$(MAKE) unit bats manifests stress e2e
+test: setup ## every test: unit and integration, bats, manifests, stress, both again under load, end to end
+	$(MAKE) unit bats manifests stress loaded e2e
 
 unit: ## pytest: unit and integration tests with real services (no docker)
 	$(PY) -m pytest -m 'not stress and not e2e' tests
@@ -51,6 +51,11 @@ manifests: ## render and validate the Kubernetes manifests offline; promtool che
 
 stress: ## the fault-injection and concurrency suite
 	$(PY) -m pytest -m stress tests
+
+# A health check runs beside a training job that keeps every core busy: what flakes here
+# under load may flake there. tests/loaded.sh ends its loops however the run ends.
+loaded: ## unit and stress again while a busy loop per core competes for the CPU
+	bash tests/loaded.sh $(MAKE) -k unit stress
 
 image: ## build the GPU dev image (BASE_IMAGE=... to override the base)
 	docker build --network host $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) -t $(IMAGE) .

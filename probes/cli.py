@@ -227,11 +227,6 @@ def _take_over_from_the_front_door() -> None:
         if fd > 2:
             os.close(fd)
     _channel = channel
-    # A shell may start the suite with SIGINT ignored (an asynchronous command): a SIGINT is
-    # an interruption (a verdict, exit 1) as when run by hand.
-    import _signal
-
-    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
     _say(b"started")
 
 
@@ -252,6 +247,13 @@ def entry() -> None:
     they cost a readiness run ~4 ms (make bench). ``serve`` runs for days: it keeps it.
     """
     _take_over_from_the_front_door()
+    # A non-interactive shell starts an asynchronous command (the front door's suite, or
+    # `healthcheck-probes &` in a script, a CI job) with SIGINT ignored, and the interpreter
+    # keeps an ignored SIGINT as it finds it: a SIGINT (from a terminal, or a probe that
+    # signals its parent) is an interruption, a verdict and exit 1, however the run started.
+    import _signal
+
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
     argv = sys.argv[1:]
     if argv[:1] == ["serve"]:
         sys.exit(main(argv))

@@ -53,7 +53,9 @@ KILL_WAIT = 0.15  # seconds we wait for what we killed to vanish after SIGKILL
 # run() may overrun its deadline by TERM_GRACE + KILL_WAIT: a caller that must itself return
 # by a deadline gives run() that deadline less MARGIN.
 MARGIN = TERM_GRACE + KILL_WAIT + 0.05
-SWEEP_TIME = 0.1  # seconds the freeze-then-kill passes may take at most (a fork storm; usually ~5 ms)
+# Seconds the freeze-then-kill passes may take (a fork storm; usually ~5 ms): in CPU time, and
+# in wall time since the last pass that found a new process (see _freeze_and_kill).
+SWEEP_TIME = 0.1
 SWEEP_PASSES = 200  # and at most this many passes
 DRAIN_AFTER_EXIT = 0.05  # output still in the pipe after the child exits
 MAX_OUTPUT = 64 * 1024  # stdout kept, by default (run's max_output)
@@ -318,11 +320,16 @@ def _freeze_and_kill(select: Select, budget: float,
     A process that ``select`` cannot tell yet (its environment is empty: it is in the
     middle of execve) is stopped too, which it does once execve is done; then its new
     environment says whether it is ours. One that is still empty (env -i) is let go on
-    (SIGCONT) and not stopped again. Bounded by ``budget`` seconds and SWEEP_PASSES.
+    (SIGCONT) and not stopped again. Bounded by ``budget`` seconds of this thread's CPU time,
+    ``budget`` seconds of wall time since the last pass that found a process to stop, and
+    SWEEP_PASSES. Not by wall time from the start: a busy machine keeps the sweeper waiting
+    between passes, and what a storm forked meanwhile (found by the next pass) outlived
+    the run.
     ``seen``: pid -> start of processes killed before (not new; updated). Returns pid ->
     start of those killed now, and the last process table read.
     """
     limit = time.monotonic() + budget
+    cpu_limit = time.thread_time() + budget
     seen = {} if seen is None else seen
     killed: dict[int, int] = {}
     checking: dict[int, int] = {}  # stopped to read their environment once execve is done
@@ -365,7 +372,9 @@ def _freeze_and_kill(select: Select, budget: float,
             if settled and not checking and (settled_before or not _alive(table, found)):
                 break
             settled_before = settled
-            if time.monotonic() >= limit:
+            if new or probe:
+                limit = time.monotonic() + budget  # found more: the wait before this pass did not count
+            if time.monotonic() >= limit or time.thread_time() >= cpu_limit:
                 break
             if not new:
                 time.sleep(0.002)  # for an execve to end

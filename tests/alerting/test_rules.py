@@ -86,19 +86,23 @@ def test_each_alert_links_its_own_runbook_section() -> None:
 
 # --- what serve exports ------------------------------------------------------------------------
 
-def _scrape(srv: Server) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {"up": set(TARGET_LABELS)}
+def _scrape(srv: Server, into: dict[str, set[str]]) -> dict[str, set[str]]:
     for family in text_string_to_metric_families(srv.get("/metrics")[2].decode()):
         for s in family.samples:
-            out.setdefault(s.name, set(TARGET_LABELS)).update(s.labels)
-    return out
+            into.setdefault(s.name, set(TARGET_LABELS)).update(s.labels)
+    return into
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, set[str]]:
-    """metric -> label names, from a real serve whose every family has a sample: two GPUs (one
-    lost), a corrected ECC event, then a critical Xid that latches, a passing and a failing
-    drop-in check."""
+    """metric -> label names, from a real serve whose every family has had a sample: two GPUs
+    (one lost), a corrected ECC event, then a critical Xid that latches, a passing and a failing
+    drop-in check.
+
+    The GPUs' families come from runs before the latch and leave with it (the GPU is not touched
+    while latched), the latch's only come after it: the Xid is due when the scrapes have seen the
+    GPUs (the fake delivers it once a file exists), and the scrapes' union is what serve exports.
+    """
     fake = request.getfixturevalue("fake_nvml")
     tmp = tmp_path_factory.mktemp("exported")
     checks = tmp / "checks"
@@ -106,17 +110,21 @@ def exported(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     write_exe(checks / "model", f"#!/bin/sh\n{ALL}echo 'model loaded'\n")
     write_exe(checks / "scratch", f"#!/bin/sh\n{ALL}echo 'scratch full'\nexit 2\n")
     write_stub(tmp / "bin", "ok", gpus=2)
-    env = watch_env(fake, tmp, "gpus 2\ngpu 1 lost\nevent 0 ecc-single 1 300\nevent 0 xid 79 2000\n",
+    xid_now = tmp / "xid-now"
+    env = watch_env(fake, tmp, f"gpus 2\ngpu 1 lost\nevent 0 ecc-single 1 300\nevent 0 xid 79 @{xid_now}\n",
                     ENABLE_GPU_CHECK="true", HEALTHCHECK_CHECKS_DIR=str(checks),
                     PATH=f"{tmp / 'bin'}:/usr/bin:/bin")
     srv = Server(tmp, env, ["--interval", "0.5"])
     every = len(metrics.FAMILIES)
+    seen: dict[str, set[str]] = {"up": set(TARGET_LABELS)}
     try:
         end = time.monotonic() + 30
-        while len(got := {n for n in _scrape(srv) if n.startswith("healthcheck_")}) < every:
+        while len(got := {n for n in _scrape(srv, seen) if n.startswith("healthcheck_")}) < every:
             assert time.monotonic() < end, f"families with a sample: {sorted(got)}\n{srv.log_text()}"
+            if "healthcheck_gpu_up" in got:
+                xid_now.touch()
             time.sleep(0.2)
-        return _scrape(srv)
+        return seen
     finally:
         srv.terminate()
         srv.cleanup()

@@ -126,6 +126,46 @@ def test_a_process_that_forks_and_dies_while_proc_is_read_is_followed(marker, tm
     assert left == []
 
 
+# An orphan of ours that never stops forking (a marked sleeper every 5 ms); it writes its pid.
+FORKER = ("import os, sys, time\nif os.fork(): os._exit(0)\nos.setsid()\n"
+          "open(sys.argv[2], 'w').write(str(os.getpid()))\nwhile True:\n"
+          "    if os.fork() == 0:\n        time.sleep(300)\n        os._exit(0)\n    time.sleep(0.005)")
+
+
+def test_a_sweep_that_the_machine_keeps_waiting_still_ends_the_storm(marker, tmp_path, monkeypatch):
+    """On a busy machine the sweeper is preempted between its passes: wall time passes while
+    it does nothing. A pass after the wait that finds new processes earns another pass (its
+    wall budget counts from there), or what a storm forked meanwhile is never found (a fork
+    storm's children outlived a run under load)."""
+    ready = tmp_path / "forker"
+    tool = tmp_path / "tool"
+    tool.write_text(f"#!/bin/bash\n{sys.executable} -I -S -c \"{FORKER}\" '{marker}-storm' {ready} &\n"
+                    f"while [ ! -s {ready} ]; do sleep 0.01; done\n")
+    tool.chmod(0o755)
+    child = proc.spawn([str(tool)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert child.wait(10) == 0
+    forker = psutil.Process(int(ready.read_text()))
+    real_table, reads = proc._table, []
+
+    def preempted_after_the_listing() -> dict[int, pidstat.Proc]:
+        table = real_table()
+        if not reads:  # the forker forks a child that this listing lacks while the sweeper waits
+            end = time.monotonic() + 5
+            while all(c.pid in table for c in forker.children()):
+                assert time.monotonic() < end, "the forker did not fork"
+                time.sleep(0.005)
+            time.sleep(proc.SWEEP_TIME)  # the rest of the preemption: longer than the sweep's budget
+        reads.append(len(table))
+        return table
+
+    monkeypatch.setattr(proc, "_table", preempted_after_the_listing)
+    proc.end(child, grace=0)
+    monkeypatch.undo()
+    left = _gone(marker)
+    assert len(reads) > 1, "the sweep ended on the pass it waited through"
+    assert left == []
+
+
 def test_sweeps_never_take_the_exit_status_of_someone_elses_child(marker, tmp_path):
     """A Popen child of other code that has exited (a zombie waiting for its owner) keeps
     its status through sweeps: they reap only specific pids they killed."""

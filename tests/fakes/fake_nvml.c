@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -91,6 +92,7 @@ typedef struct {
     unsigned long long type;
     unsigned long long data;
     long delay_ms;
+    char when[256]; /* "@PATH": due once PATH exists (delay_ms unused) */
 } fevent;
 
 typedef struct { char sym[96]; long ms; } fhang;
@@ -234,13 +236,15 @@ static int load_scenario(void) {
             char *delay = strtok_r(NULL, " \t", &save);
             if (!kind || !data || !delay) { rc = bad(path, lineno, raw); break; }
             fevent *e = &events[nevents];
+            memset(e, 0, sizeof *e);
             e->gpu = atoi(a);
             if (strcmp(kind, "xid") == 0) e->type = EV_XID;
             else if (strcmp(kind, "ecc-single") == 0) e->type = EV_SINGLE_ECC;
             else if (strcmp(kind, "ecc-double") == 0) e->type = EV_DOUBLE_ECC;
             else { rc = bad(path, lineno, raw); break; }
             e->data = strtoull(data, NULL, 0);
-            e->delay_ms = atol(delay);
+            if (delay[0] == '@') snprintf(e->when, sizeof e->when, "%s", delay + 1);
+            else e->delay_ms = atol(delay);
             nevents++;
         } else if (strcmp(key, "gpu") == 0 && a) {
             int i = atoi(a);
@@ -875,7 +879,9 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned int 
             fevent *ev = &events[e];
             if (s->delivered[e] || ev->gpu < 0 || ev->gpu >= ngpus || !(s->mask[ev->gpu] & ev->type))
                 continue;
-            double due = s->registered_at[ev->gpu] + ev->delay_ms;
+            /* An event due when a file appears is looked for on every poll (20 ms). */
+            double due = !ev->when[0] ? s->registered_at[ev->gpu] + ev->delay_ms
+                         : access(ev->when, F_OK) == 0 ? t : t + 20;
             if (due <= t) {
                 s->delivered[e] = 1;
                 data->device = &phys[ev->gpu];
