@@ -119,14 +119,16 @@ def arrived(stdout: bytes, prefix: str) -> bool:
 # What an interpreter says when loading ran out of memory or address space (RLIMIT_AS): Python's
 # MemoryError, the C library's ENOMEM text, the dynamic loader's mmap() failure, C++'s allocation
 # failure (std::bad_alloc, then abort()).
-MEMORY_WORDS = ("memoryerror", "cannot allocate memory", "failed to map segment from shared object",
-                "std::bad_alloc")
+# Host memory's words; MemoryError as a whole word: torch's OutOfMemoryError is the GPU's.
+MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
 
 
 def out_of_memory(text: bytes | str) -> bool:
     """Whether ``text`` (a worker's stderr or error message) says it ran out of memory."""
+    import re
+
     low = (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).lower()
-    return any(word in low for word in MEMORY_WORDS)
+    return any(word in low for word in MEMORY_WORDS) or re.search(r"\bmemoryerror\b", low) is not None
 
 
 def last_phase(stderr: bytes, phase: str, names: str) -> str | None:
