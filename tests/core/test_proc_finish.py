@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import struct
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,24 +24,34 @@ ROWS = b"0, NVIDIA H100 80GB HBM3, GPU-00000000-0000-0000-0000-000000000000\n" *
 
 
 @contextlib.contextmanager
-def starved(seconds: float = 0.3) -> Iterator[None]:
-    """Another thread holds the GIL for ``seconds``: the caller's thread gets the CPU back only
-    long after its child has finished and its deadline has passed, as on a loaded machine."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.05)
-    until = time.monotonic() + seconds
+def starved() -> Iterator[None]:
+    """The run's thread looks again only after its child has finished and its deadline has passed,
+    as on a loaded machine, whatever the machine's real load: another thread takes the GIL once the
+    run has started its child and keeps it (ctypes.PyDLL calls never release it) while it waits for
+    that child to exit (waitid with WNOWAIT: the child stays the run's to reap) and 0.1 s more."""
+    import ctypes
+    import os
 
-    def spin() -> None:
-        while time.monotonic() < until:
-            pass
+    libc = ctypes.PyDLL(None, use_errno=True)
+    before = set(proc._children)
+    done = threading.Event()
 
-    t = threading.Thread(target=spin)
+    def hold() -> None:
+        while not done.is_set():
+            new = set(proc._children) - before
+            if new:
+                siginfo = ctypes.create_string_buffer(256)
+                libc.waitid(os.P_PID, max(new), siginfo, os.WEXITED | os.WNOWAIT)
+                libc.usleep(100_000)
+                return
+
+    t = threading.Thread(target=hold)
     t.start()
     try:
         yield
     finally:
+        done.set()
         t.join()
-        sys.setswitchinterval(interval)
 
 
 @pytest.mark.parametrize(("script", "code", "out", "err"), [
@@ -56,14 +65,14 @@ def test_a_child_that_finished_before_a_starved_run_looked_is_judged_by_all_it_w
     completed = 0
     for _ in range(10):
         with starved():
-            res = proc.run(["sh", "-c", script], deadline=time.monotonic() + 0.005, env={"ROWS": ROWS.decode(),
+            res = proc.run(["sh", "-c", script], deadline=time.monotonic() + 0.05, env={"ROWS": ROWS.decode(),
                                                                                        "PATH": "/usr/bin:/bin"})
         # Either it is the deadline, or it is everything the child wrote with its exit status.
         assert res.timed_out or (res.returncode == code, res.stdout, res.stderr) == (True, out, err), res
         completed += not res.timed_out
         if completed >= 2:
             break
-    assert completed, "the child never finished before the deadline: the machine is too loaded to tell"
+    assert completed, "the child never finished before the run looked"
 
 
 def elf_with_missing_loader(tmp_path: Path) -> Path | None:
@@ -122,12 +131,12 @@ def test_nvidia_smi_that_finished_unseen_is_never_zero_gpus(tmp_path, monkeypatc
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     seen = set()
     for _ in range(5):
-        c = Context(Config(gpu_count=1), time.monotonic() + 0.005, {}, State.off("tests"))
+        c = Context(Config(gpu_count=1), time.monotonic() + 0.05, {}, State.off("tests"))
         with starved():
             r = nvidia_smi.judge(nvidia_smi.gather(c), c)
         assert (r.reason, r.observed) in ((None, 2), ("deadline", None)), r
         seen.add(r.reason)
-    assert None in seen, "nvidia-smi never finished before the deadline: the machine is too loaded to tell"
+    assert None in seen, "nvidia-smi never finished before the run looked"
 
 
 def test_a_drop_in_that_finished_unseen_keeps_its_message(tmp_path):
@@ -138,7 +147,7 @@ def test_a_drop_in_that_finished_unseen_keeps_its_message(tmp_path):
     spec = dropins.specs(str(checks))[0]
     said = set()
     for _ in range(5):
-        c = Context(Config(), time.monotonic() + 0.005, {}, State.off("tests"), spec=spec)
+        c = Context(Config(), time.monotonic() + 0.05, {}, State.off("tests"), spec=spec)
         with starved():
             r = dropin_check.judge(dropin_check.gather(c), c)
         assert r.reason in ("check-failed", "deadline") and "with no message" not in r.message, r
