@@ -137,13 +137,17 @@ def test_the_next_run_ends_what_a_killed_suites_drop_in_left(tagged, tmp_path: P
     parent-death signal); the next run that starts a child ends it."""
     env = _env(tmp_path, REAL_PYTHON, ENABLE_GPU_CHECK="false", ENABLE_TORCH_CHECK="false",
                ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false")
-    flag = tmp_path / "hang"
+    flag, started, release = tmp_path / "hang", tmp_path / "started", tmp_path / "release"
     flag.touch()
+    # The drop-in starts its two children, says so, and exits only once released: the suite is
+    # killed while all three live, whatever the machine's load.
     write_exe(tmp_path / "checks" / "sleeper", (
-        f'#!/bin/sh\nif [ -e "{flag}" ]; then setsid sleep 300 & sleep 300 & exec sleep 1; fi\necho "fine"\n'))
+        f'#!/bin/sh\nif [ -e "{flag}" ]; then setsid sleep 300 & sleep 300 & touch "{started}"\n'
+        f'  while [ ! -e "{release}" ]; do sleep 0.05; done; exit 0; fi\necho "fine"\n'))
     suite = _suite(env, "--only", "sleeper")
-    _until(lambda: len(_others(tagged, suite.pid)) >= 3, 20)  # the drop-in and its two children
+    assert _until(lambda: started.exists() and len(_others(tagged, suite.pid)) >= 3, 20), "the drop-in did not start"
     _kill(suite)
+    release.touch()
     orphans = _until(lambda: len(tagged()) == 2, 20) and tagged()  # the drop-in exited
     assert orphans and len(orphans) == 2, f"no orphans to test with: {tagged()}"
     flag.unlink()
