@@ -33,14 +33,13 @@ import os
 import signal
 import time
 
-from probes.pidstat import Proc, stat
+from probes.pidstat import DEAD, below, signal_each, stat, table
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
 RUN_ID_VAR = "HEALTHCHECK_RUN_ID"  # probes/proc.py sets it
-DEAD = (b"Z", b"X")
 SWEEP_TIME = 0.1  # seconds the stop-then-kill passes may take at most (a fork storm)
 KILL_WAIT = 0.15  # seconds we wait for what we killed to vanish
 _KEY = RUN_ID_VAR.encode() + b"="
@@ -78,20 +77,6 @@ def _markers(pid: int) -> list[bytes]:
     return data[at + len(_KEY):end if end >= 0 else len(data)].split(b":")
 
 
-def _table() -> dict[int, Proc]:
-    table: dict[int, Proc] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return table
-    for entry in entries:
-        if entry.isdigit():
-            st = stat(int(entry))
-            if st is not None and st.state not in DEAD:
-                table[int(entry)] = st
-    return table
-
-
 def _pid_ns(pid: int | str) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/pid")
@@ -112,16 +97,16 @@ def leftovers() -> set[int]:
     """
     me = os.getpid()
     mine = set(os.environ.get(RUN_ID_VAR, "").encode().split(b":"))  # our enclosing runs: not ours to judge
-    table = _table()
+    procs = table(alive=True)
     found: set[int] = set()
-    for pid, p in table.items():
-        if pid == me or (p.sid != pid and p.sid in table):
+    for pid, p in procs.items():
+        if pid == me or (p.sid != pid and p.sid in procs):
             continue  # in a live session: its leader, or a process above it, tells
         for marker in _markers(pid):
             suite = suite_of(marker)
             if suite is None or marker in mine:
                 continue
-            cur = table.get(suite[0])
+            cur = procs.get(suite[0])
             if cur is None or cur.start != suite[1]:
                 found.add(pid)
                 break
@@ -129,30 +114,8 @@ def leftovers() -> set[int]:
         return found
     ns = _pid_ns("self")
     found = {pid for pid in found if _pid_ns(pid) == ns}
-    led = {pid for pid in found if table[pid].sid == pid}
-    return _below(table, found | {pid for pid, p in table.items() if p.sid in led}) - {me}
-
-
-def _below(table: dict[int, Proc], roots: set[int]) -> set[int]:
-    kids: dict[int, list[int]] = {}
-    for pid, p in table.items():
-        kids.setdefault(p.ppid, []).append(pid)
-    found: set[int] = set()
-    todo = list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(kids.get(pid, ()))
-    return found
-
-
-def _signal(pids: Iterable[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    led = {pid for pid in found if procs[pid].sid == pid}
+    return below(procs, found | {pid for pid, p in procs.items() if p.sid in led}) - {me}
 
 
 def end() -> list[int]:
@@ -172,12 +135,12 @@ def end() -> list[int]:
                 st = stat(pid)
                 if st is not None:
                     stopped[pid] = st.start
-            _signal(new, signal.SIGSTOP)
+            signal_each(new, signal.SIGSTOP)
             calm = 0 if new else calm + 1
             time.sleep(0.002)  # for an execve to end: its new environment is then readable
             found = leftovers()
     finally:
-        _signal(stopped, signal.SIGKILL)
+        signal_each(stopped, signal.SIGKILL)
     _reap(stopped)
     wait_until = time.monotonic() + KILL_WAIT
     while True:

@@ -1,7 +1,8 @@
 """A process's line of /proc/<pid>/stat: state, parent, group, session and start time.
 
-The one reader of that file in the suite: the sweeps in ``probes.proc`` read it for every
-process, and ``probes.state`` reads it for a process's start time (a latch's identity).
+The one reader of that file in the suite: the sweeps in ``probes.proc`` and ``probes.orphans``
+and the kernel clean-up in ``probes.services._kernel`` read it for every process (``table``, then
+``below`` for a tree), and ``probes.state`` reads it for a process's start time.
 """
 
 from __future__ import annotations
@@ -9,6 +10,12 @@ from __future__ import annotations
 import os
 
 from probes.record import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+DEAD = (b"Z", b"X")
 
 
 class Proc(Record):
@@ -47,3 +54,42 @@ def stat(pid: int) -> Proc | None:
         return Proc(fields[0], int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
     except (IndexError, ValueError):
         return None
+
+
+def table(alive: bool = False) -> dict[int, Proc]:
+    """Every process this /proc shows, by pid (``alive``: zombies and dead ones left out)."""
+    found: dict[int, Proc] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if entry.isdigit():
+            st = stat(int(entry))
+            if st is not None and not (alive and st.state in DEAD):
+                found[int(entry)] = st
+    return found
+
+
+def below(procs: Mapping[int, Proc], roots: Iterable[int]) -> set[int]:
+    """``roots`` and everything under them in the parent tree."""
+    kids: dict[int, list[int]] = {}
+    for pid, p in procs.items():
+        kids.setdefault(p.ppid, []).append(pid)
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(kids.get(pid, ()))
+    return found
+
+
+def signal_each(pids: Iterable[int], sig: int) -> None:
+    """``sig`` to each of ``pids`` that is still there and ours to signal."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass

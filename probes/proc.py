@@ -36,8 +36,11 @@ import signal
 import time
 
 from probes import childio, orphans
+from probes.pidstat import DEAD, stat
 from probes.pidstat import Proc as _Proc
-from probes.pidstat import stat
+from probes.pidstat import below as _below
+from probes.pidstat import signal_each as _signal
+from probes.pidstat import table as _table
 from probes.record import Record
 
 TYPE_CHECKING = False
@@ -130,7 +133,6 @@ class _Child:
         self.ended = False  # end() gave up on it (stuck): polled later, then forgotten
 
 
-DEAD = (b"Z", b"X")
 STOPPED = (b"T", b"t")
 _lock = _thread.allocate_lock()
 _children: dict[int, _Child] = {}  # pid -> child started by spawn() (proc.run, serve's watcher)
@@ -169,35 +171,6 @@ def _prctl_subreaper() -> bool:
         return False
 
 
-def _table() -> dict[int, _Proc]:
-    table: dict[int, _Proc] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return table
-    for entry in entries:
-        if entry.isdigit():
-            st = stat(int(entry))
-            if st is not None:
-                table[int(entry)] = st
-    return table
-
-
-def _below(table: Mapping[int, _Proc], roots: Iterable[int]) -> set[int]:
-    """``roots`` and everything under them in the parent tree."""
-    kids: dict[int, list[int]] = {}
-    for pid, p in table.items():
-        kids.setdefault(p.ppid, []).append(pid)
-    found: set[int] = set()
-    todo = list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(kids.get(pid, ()))
-    return found
-
-
 def _carries(pid: int, run_id: bytes) -> bool | None:
     """Whether the process's environment has ``run_id`` among its run markers; None when
     it cannot tell yet (an empty environment: the process is in the middle of execve)."""
@@ -227,14 +200,6 @@ def _marked_env(env: Mapping[str, str] | None) -> tuple[dict[str, str], str]:
     outer = [x for x in os.environ.get(RUN_ID_VAR, "").split(":") if x][-(MAX_RUN_IDS - 1):]
     full[RUN_ID_VAR] = ":".join([*outer, run_id])
     return full, run_id
-
-
-def _signal(pids: Iterable[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 # A selector: in a process table, the processes of a run (or all of ours), and those it

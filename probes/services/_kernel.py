@@ -22,7 +22,7 @@ import signal
 import time
 
 from probes import untrusted
-from probes.pidstat import stat
+from probes.pidstat import DEAD, below, signal_each, stat, table
 from probes.record import Record
 from probes.services import _net
 from probes.services._http import exchange
@@ -37,7 +37,6 @@ MAX_OUTPUT = 64 * 1024  # characters of the cell's stdout kept
 MAX_FRAME = 1024 * 1024  # a message larger than this is not ours to read
 POLL = 0.1  # seconds between looks at the kernel's processes
 TERM_GRACE = 0.5  # a kernel gets this long to exit on SIGTERM before it is frozen and killed
-DEAD_STATES = (b"Z", b"X")
 
 
 class Server(Record):
@@ -130,38 +129,14 @@ def kernel_pids(kernel_id: str) -> set[int]:
 
 def alive(pid: int) -> bool:
     st = stat(pid)
-    return st is not None and st.state not in DEAD_STATES
+    return st is not None and st.state not in DEAD
 
 
 def _tree(roots: set[int]) -> set[int]:
     """``roots``, every process in their sessions or groups, and everything below those."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = stat(int(entry))
-            if st is not None and st.state not in DEAD_STATES:
-                table[int(entry)] = st
-    seeds = {pid for pid, st in table.items() if pid in roots or st.sid in roots or st.pgid in roots}
-    kids: dict[int, list[int]] = {}
-    for pid, st in table.items():
-        kids.setdefault(st.ppid, []).append(pid)
-    found: set[int] = set()
-    todo = list(seeds)
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(kids.get(pid, ()))
-    found.discard(os.getpid())
-    return found
-
-
-def _signal(pids: set[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    procs = table(alive=True)
+    seeds = {pid for pid, st in procs.items() if pid in roots or st.sid in roots or st.pgid in roots}
+    return below(procs, seeds) - {os.getpid()}
 
 
 def end_tree(roots: set[int], deadline: float) -> set[int]:
@@ -170,7 +145,7 @@ def end_tree(roots: set[int], deadline: float) -> set[int]:
     we may not signal it or it is stuck in the kernel)."""
     if not roots:
         return set()
-    _signal(_tree(roots), signal.SIGTERM)
+    signal_each(_tree(roots), signal.SIGTERM)
     until = min(deadline, time.monotonic() + TERM_GRACE)
     while time.monotonic() < until and _tree(roots):
         time.sleep(0.02)
@@ -178,11 +153,11 @@ def end_tree(roots: set[int], deadline: float) -> set[int]:
         left = _tree(roots)
         if not left:
             return set()
-        _signal(left, signal.SIGSTOP)
+        signal_each(left, signal.SIGSTOP)
         if _tree(roots) == left:
             break
     left = _tree(roots)
-    _signal(left, signal.SIGKILL)
+    signal_each(left, signal.SIGKILL)
     until = max(min(deadline, time.monotonic() + 0.5), time.monotonic() + 0.05)
     while time.monotonic() < until:
         left = {pid for pid in left if alive(pid)}

@@ -353,9 +353,11 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
         status = data.get("http")
         why = (f"HTTP {status}: no trusted runtime file gave the server's token" if status in (401, 403)
                else f"HTTP {status}" if status else f"{untrusted.clean(data.get('net'), 30)}")
-        return failed(NAME, f"the kernel API at {where} did not list kernelspecs ({why}): point "
-                      "HEALTHCHECK_JUPYTER_RUNTIME_DIR at the server's runtime directory", reason="api-error",
-                      **kw)
+        fix = ("the server failed: see Jupyter Server's log (a read-only home or /tmp keeps it from "
+               "listing kernels)" if isinstance(status, int) and status >= 500 else
+               "point HEALTHCHECK_JUPYTER_RUNTIME_DIR at the server's runtime directory")
+        return failed(NAME, f"the kernel API at {where} did not list kernelspecs ({why}): {fix}",
+                      reason="api-error", **kw)
     if outcome == "no-client":
         return warned(NAME, "not checked: websocket-client, which speaks to a kernel's channels, is not "
                       "installed beside the suite: install gpu-healthcheck[jupyter]", reason="client-missing",
