@@ -38,10 +38,16 @@ def hogs(stderr: str) -> list[int]:
     return [int(p) for p in found.group(1).split()]
 
 
+def as_at_a_terminal() -> None:
+    """SIGINT as a foreground job at a terminal has it: a runner started in the background of a
+    script (nohup, CI) inherits SIGINT ignored, and a shell cannot trap what it got ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(tmp_path: Path, script: str) -> tuple[subprocess.Popen[bytes], Path]:
     err = tmp_path / "stderr"
     proc = subprocess.Popen(["bash", str(LOADED), "sh", "-c", script], stderr=err.open("wb"),
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=as_at_a_terminal)
     return proc, err
 
 
