@@ -23,6 +23,7 @@ from probes.spec import (
     PORT,
     TEXT,
     URL_PATH,
+    Declared,
     Setting,
     Spec,
 )
@@ -33,10 +34,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Callable, TypeVar
 
-    from probes.record import Record
-
     T = TypeVar("T")
-    R = TypeVar("R", bound=Record)
+    R = TypeVar("R")
 
 PROFILES = ALL_PROFILES
 DEFAULT_PROFILE = "readiness"
@@ -283,7 +282,9 @@ class Config:
     def of(self, kind: type[R]) -> R:
         """A probe's settings record (its fields are declared settings' ``field`` names), read
         from this configuration."""
-        return kind(*[self._values[name] for name in kind.__slots__])
+        if issubclass(kind, Declared):
+            return kind.read(self._values)
+        return kind(*[self._values[name] for name in kind.__slots__])  # type: ignore[attr-defined]
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Config is immutable: use _replace()")

@@ -63,7 +63,8 @@ def public_facts(facts: Any) -> dict[str, Any]:
 
 def check_entry(*, status: str, time: float, output: str = "", layer: str | None = None,
                 observed: Any = None, unit: str | None = None, reason: str | None = None,
-                elapsed: float = 0.0, name: str | None = None, facts: Any = None) -> dict[str, Any]:
+                elapsed: float = 0.0, name: str | None = None, facts: Any = None, action: str | None = None,
+                actor: str | None = None) -> dict[str, Any]:
     """One health+json check object as the draft wants it (shared with serve's own checks).
 
     ``output`` only for warn and fail (the draft: omitted for pass; a passing check's
@@ -87,6 +88,10 @@ def check_entry(*, status: str, time: float, output: str = "", layer: str | None
     else:
         entry["output"] = output
     entry["reason"] = reason or None  # non-standard, always there: null when there is none
+    if status != "pass":
+        # Non-standard: who can act on a warning or failure (tenant or operator) and how.
+        entry["action"] = action
+        entry["actor"] = actor
     entry["elapsed"] = elapsed
     shown = public_facts(facts)
     if shown:
@@ -167,7 +172,7 @@ def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
             name=r.name, layer=spec.layer if spec else None, status=r.status.value,
             observed=_short(r.observed, 120) if isinstance(r.observed, str) else r.observed,
             unit=_short(r.unit, 20) if r.unit else None, time=r.time or stamp, output=_short(r.message),
-            reason=r.reason, elapsed=r.elapsed, facts=r.facts)]
+            reason=r.reason, elapsed=r.elapsed, facts=r.facts, action=r.action, actor=r.actor)]
     doc: dict[str, Any] = {
         "status": outcome.status.value,
         "version": __version__,

@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, ClassVar
 
+    from probes.spec import Cause
+
 class Status(str):
     """A probe's status: ``pass``, ``warn``, ``fail`` or ``skip``, each one object, compared by ``is``.
 
@@ -68,7 +70,8 @@ class Result(Record):
     costs several milliseconds of start-up.
     """
 
-    __slots__ = ("name", "status", "message", "observed", "unit", "reason", "facts", "elapsed", "time")
+    __slots__ = ("name", "status", "message", "observed", "unit", "reason", "facts", "elapsed", "time",
+                 "action", "actor")
 
     name: str
     status: Status
@@ -81,10 +84,13 @@ class Result(Record):
     facts: Mapping[str, Any]
     elapsed: float
     time: float
+    # Who can act on the cause (tenant or operator) and how: from the catalog, set by verdict().
+    action: str | None
+    actor: str | None
 
     def __init__(self, name: str, status: Status, message: str, observed: Any = None, unit: str | None = None,
                  reason: str | None = None, facts: Mapping[str, Any] = NO_FACTS, elapsed: float = 0.0,
-                 time: float = 0.0) -> None:
+                 time: float = 0.0, action: str | None = None, actor: str | None = None) -> None:
         self.name = name
         self.status = status
         self.message = message
@@ -94,6 +100,8 @@ class Result(Record):
         self.facts = facts
         self.elapsed = elapsed
         self.time = time
+        self.action = action
+        self.actor = actor
 
     @property
     def ok(self) -> bool:
@@ -126,3 +134,13 @@ def failed(name: str, message: str, **kw: Any) -> Result:
 
 def skipped(name: str, message: str, **kw: Any) -> Result:
     return Result(name, Status.SKIP, message, **kw)
+
+
+def verdict(name: str, cause: Cause, detail: str, *, remedy: bool = True, **kw: Any) -> Result:
+    """The result a cause of the catalog gives: its status, reason, action and actor, and the
+    message built in this one place: the ``detail`` the probe observed, then ``: `` and the
+    cause's remedy without its Markdown backticks (``remedy=False``: the detail alone, for a
+    cause whose remedy the detail already names)."""
+    message = f"{detail}: {cause.remedy.replace('`', '')}" if remedy and cause.remedy else detail
+    return Result(name, Status(cause.status), message, reason=cause.reason, action=cause.action,
+                  actor=cause.actor, **kw)

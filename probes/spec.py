@@ -19,7 +19,7 @@ from probes.record import Record
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any
+    from typing import Any, Self
 
 ALL_PROFILES = ("startup", "readiness", "liveness")
 LAYERS = ("hardware", "framework", "services", "drop-in")
@@ -65,27 +65,105 @@ class Setting(Record):
         self.parse = parse
 
 
-class Cause(Record):
-    """One row of a probe's cause table: what happened, the reason code, status and remedy."""
+# What to do about a cause, and who can do it: every cause declares both, and every warn or fail
+# check carries them (health+json, the healthcheck_probe_reason labels, the alert routes).
+ACTIONS = ("none", "retry", "restart-app", "restart-container", "reset-gpu", "reboot-node",
+           "service-hardware", "fix-config")
+# tenant: whoever runs the container (a notebook user, the pod's owner); operator: whoever runs the node.
+ACTORS = ("tenant", "operator")
 
-    __slots__ = ("reason", "status", "cause", "remedy")
+
+class Cause(Record):
+    """One cause in the catalog: its reason code, status, what it means, the remedy, and who acts
+    (``actor``) and how (``action``).
+
+    The remedy is written once, here: the docs table shows it as written (Markdown), and a
+    probe's message is the detail it observed followed by the remedy with its backticks
+    dropped (``probes.result.verdict``).
+    """
+
+    __slots__ = ("reason", "status", "cause", "remedy", "action", "actor")
 
     reason: str
-    status: str  # "fail", "warn" or "skip"
+    status: str  # "fail", "warn", "skip", or "pass" (a reason that is not a fault: action none)
     cause: str
     remedy: str
+    action: str  # one of ACTIONS
+    actor: str  # one of ACTORS
 
-    def __init__(self, reason: str, status: str, cause: str, remedy: str) -> None:
+    def __init__(self, reason: str, status: str, cause: str, remedy: str, action: str = "TODO",
+                 actor: str = "TODO") -> None:  # TODO(catalog): required once every cause says
+        if status not in ("pass", "warn", "fail", "skip"):
+            raise ValueError(f"cause {reason!r}: status {status!r} is not pass, warn, fail or skip")
+        if action not in ACTIONS and action != "TODO":
+            raise ValueError(f"cause {reason!r}: action {action!r} is not one of {', '.join(ACTIONS)}")
+        if actor not in ACTORS and actor != "TODO":
+            raise ValueError(f"cause {reason!r}: actor {actor!r} is not tenant or operator")
         self.reason = reason
         self.status = status
         self.cause = cause
         self.remedy = remedy
+        self.action = action
+        self.actor = actor
 
 
-def cause(reason: str, what: str, remedy: str, status: str = "fail") -> Cause:
+def cause(reason: str, what: str, remedy: str, status: str = "fail", *, action: str = "TODO",
+          actor: str = "TODO") -> Cause:
     """A cause row written reason, what happened, remedy: a failure unless ``status`` says
-    otherwise (the order the probes' long tables read best in)."""
-    return Cause(reason, status, what, remedy)
+    otherwise (the order the probes' long tables read best in), then who acts and how."""
+    return Cause(reason, status, what, remedy, action, actor)
+
+
+def setting(env: str, kind: str, default: Any, meaning: str, **more: Any) -> Any:
+    """One field of a ``Declared`` settings record: ``gpu_count: int = setting(...)``.
+
+    Typed ``Any`` so that the field's annotation is its type for mypy; the record class turns
+    it into a ``Setting`` whose ``field`` is the attribute's name."""
+    return Setting(env, "", kind, default, meaning, **more)
+
+
+class Declared:
+    """A probe's settings, declared once: each field is ``name: type = setting(...)``.
+
+    The class collects its fields' ``Setting`` rows (in order, a base's first) into
+    ``SETTINGS``, which the probe's ``Spec`` lists; ``config.of(TheClass)`` is an instance
+    whose attributes are the values of this run.
+    """
+
+    SETTINGS: tuple[Setting, ...] = ()
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        rows = list(cls.SETTINGS)
+        for name, value in list(vars(cls).items()):
+            if isinstance(value, Setting):
+                row = value._replace(field=name) if value.field != name else value
+                setattr(cls, name, row)
+                rows.append(row)
+        cls.SETTINGS = tuple(rows)
+
+    @classmethod
+    def read(cls, values: Any) -> Self:
+        """The record of these settings' values (a mapping from ``field`` to value)."""
+        self = object.__new__(cls)
+        for row in cls.SETTINGS:
+            self.__dict__[row.field] = values[row.field]
+        return self
+
+    def _asdict(self) -> dict[str, Any]:
+        return {row.field: self.__dict__[row.field] for row in self.SETTINGS}
+
+    def _replace(self, **changes: Any) -> Self:
+        return self.read({**self._asdict(), **changes})
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._asdict() == other._asdict()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._asdict().items()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._asdict().items())})"
 
 
 class Spec(Record):

@@ -26,7 +26,8 @@ def test_replace_derives_a_new_value_and_refuses_unknown_fields():
 def test_asdict_lists_the_fields_in_constructor_order_and_round_trips():
     r = passed("ssh", "sshd answered", observed=1, unit="servers", elapsed=0.01)
     d = r.to_dict()
-    assert list(d) == ["name", "status", "message", "observed", "unit", "reason", "facts", "elapsed", "time"]
+    assert list(d) == ["name", "status", "message", "observed", "unit", "reason", "facts", "elapsed", "time",
+                       "action", "actor"]
     assert d["status"] == "pass"
     assert Result.from_dict(d) == r
 
