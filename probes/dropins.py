@@ -196,8 +196,8 @@ def _name_problem(name: str, reserved: frozenset[str], taken: dict[str, str]) ->
     another name). ``taken`` maps each toggle in use to whose it is; ``name``'s is added."""
     shown = clean(name, MAX_NAME)
     if len(name) > MAX_NAME or any(ch not in NAME_CHARS for ch in name):
-        return (f"the file name {shown!r} cannot be a check name (accepted: letters, digits, '.', '_', '-'; "
-                "at most 64)"), False
+        return (f"the file name {shown!r} cannot be a check name "
+                "(accepted: letters, digits, '.', '_', '-'; at most 64)"), False
     if name in reserved:
         return f"the file name {shown!r} is the name of a built-in probe", True
     toggle = toggle_for(name)

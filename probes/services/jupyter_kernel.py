@@ -367,10 +367,10 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
     where = untrusted.clean(data.get("where") or "?", 80)
     if outcome == "api":
         status = data.get("http")
+        failing = isinstance(status, int) and status >= 500
         why = (f"HTTP {status}: no trusted runtime file gave the server's token" if status in (401, 403)
-               else f"HTTP {status}: the server failed; a read-only home or /tmp keeps it from listing "
-                    "kernels"
-               if isinstance(status, int) and status >= 500
+               else f"HTTP {status}: the server failed; "
+                    "a read-only home or /tmp keeps it from listing kernels" if failing
                else f"HTTP {status}" if status else f"{untrusted.clean(data.get('net'), 30)}")
         return verdict(NAME, API_ERROR, f"the kernel API at {where} did not list kernelspecs ({why})", **kw)
     if outcome == "no-client":

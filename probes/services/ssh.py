@@ -224,8 +224,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                        f"connection to {where} not accepted within {budget:.1f}s")
     received = data.get("received", 0)
     if outcome == "timeout" and received == 0:
-        return verdict(NAME, NO_BANNER, f"no banner: {where} accepted the connection but sent nothing within "
-                       f"{budget:.1f}s")
+        return verdict(NAME, NO_BANNER, f"no banner: {where} accepted the connection "
+                       f"but sent nothing within {budget:.1f}s")
     partial: bytes = data.get("partial", b"")
     if outcome == "timeout" and partial and b"SSH-".startswith(partial[:4]):
         return verdict(NAME, services.SSHD_STUCK, f"SSH banner from {where} incomplete at the deadline "

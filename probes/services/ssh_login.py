@@ -100,8 +100,8 @@ SPEC = Spec(
     NAME, layer="services", module=__name__, toggle="ENABLE_SSH_LOGIN_CHECK", timeout=5.0,
     profiles=("startup", "readiness"), requires=("ssh",), measurement=MEASUREMENT, default_on=False,
     on_with="ssh_probe_key", follows="ENABLE_SSH_CHECK",
-    about="a real SSH key login of a restricted loopback-only probe principal runs its forced command "
-          "(opt-in)",
+    about="a real SSH key login of a restricted loopback-only probe principal "
+          "runs its forced command (opt-in)",
     settings=Settings.SETTINGS,
     causes=(AUTH_FAILED, LOGIN_FAILED, HOSTKEY, PROBE_KEY, NO_HOST_KEYS, NO_CLIENT, services.SSHD_STUCK,
             COULD_NOT),
@@ -255,8 +255,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     reason = classify(data["returncode"], data["stderr"])
     said = _last_words(data["stderr"])
     if reason == "ssh-hostkey":
-        return verdict(NAME, HOSTKEY, f"the server at {where} offered a host key that is not the container's "
-                       f"own ({said})", observed=elapsed, unit="s")
+        return verdict(NAME, HOSTKEY, f"the server at {where} offered a host key "
+                       f"that is not the container's own ({said})", observed=elapsed, unit="s")
     if reason == "ssh-auth-failed":
         return verdict(NAME, AUTH_FAILED, f"sshd at {where} refused the probe key for {user} ({said})",
                        observed=elapsed, unit="s")
