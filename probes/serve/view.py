@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from probes.record import Record
 from probes.report import check_entry, iso_time, public_facts
 from probes.result import Result, Status
+from probes.spec import Cause
 from probes.untrusted import load_json, squeeze
 
 TYPE_CHECKING = False
@@ -26,11 +27,48 @@ if TYPE_CHECKING:
 
 MAX_TEXT = 300
 CHECK_KEYS = ("componentId", "componentType", "layer", "status", "observedValue", "observedUnit", "time",
-              "output", "message", "reason", "elapsed", "facts")
+              "output", "message", "reason", "action", "actor", "elapsed", "facts")
 STATUSES = ("pass", "warn", "fail")
 RANK = {"pass": 0, "warn": 1, "fail": 2}
 # An Xid that warns (application or other) keeps the endpoints at "warn" this long after it was seen.
 XID_WARN_SECONDS = 600.0
+
+# The causes of the checks serve adds to a run's report (the "serve" table of docs/probes.md).
+# A run that gave no report: monitor.Monitor.run_once names one of RUN_FAILED.
+PENDING = Cause("pending", "fail", "the profile's first run since serve started has not finished",
+                "wait for it (the startup probe covers this window)", "retry", "tenant")
+STALE = Cause("stale", "fail", "no run of the profile has finished for longer than its interval + slack: "
+              "a run is stuck (a wedged driver) or serve is",
+              "see the log for the run; restart the container, and if runs stay stuck the node's operator "
+              "checks the driver", "restart-container", "tenant")
+RUN_FAILED = {c.reason: c for c in (
+    Cause("deadline", "fail", "the run gave no report by serve's deadline and was stopped",
+          "a component is hung: see the log for the run, then the probe's own remedy", "retry", "tenant"),
+    Cause("config-error", "fail", "the run exited 3: a setting serve passes on is not valid",
+          "fix the `HEALTHCHECK_*` setting the log names", "fix-config", "tenant"),
+    Cause("crashed", "fail", "the run was killed by a signal", "see the log; check the container's memory "
+          "limit (an OOM kill is SIGKILL)", "restart-container", "tenant"),
+    Cause("bad-exit", "fail", "the run exited with a status other than 0, 1 or 3 and no report",
+          "see the log for its output", "restart-container", "tenant"),
+    Cause("bad-output", "fail", "the run printed no valid health+json report", "see the log for its output",
+          "restart-container", "tenant"),
+    Cause("spawn-error", "fail", "serve cannot start the run's Python (`HEALTHCHECK_SERVE_PYTHON`)",
+          "fix `HEALTHCHECK_SERVE_PYTHON` or the image", "fix-config", "tenant"),
+)}
+XID_APPLICATION = Cause("xid-<n>", "warn", "an application Xid (the catalog's RESTART_APP: the program's "
+                        "own fault) in the last 10 minutes", "restart the application", "restart-app",
+                        "tenant")
+XID_OTHER = Cause("xid-<n>", "warn", "an Xid whose catalog action is neither a reset nor a reboot, in the "
+                  "last 10 minutes", "see the Xid catalog's action in the message", "none", "operator")
+SLOWDOWN = Cause("hw-slowdown-sustained", "warn", "HW slowdown or power brake in 0.5 or more readings a "
+                 "minute over 10 minutes", "check the power supply and cooling", "service-hardware",
+                 "operator")
+LATCHED_CUDA = Cause("<code>", "fail", "a probe met a fatal CUDA error and latched the container unhealthy",
+                     "restart the container (reset the GPU if it persists)", "restart-container", "tenant")
+LATCHED_XID = LATCHED_CUDA._replace(reason="xid-<n>", cause="a critical Xid (the catalog's reset or reboot) "
+                                    "latched the container unhealthy", action="reset-gpu", actor="operator")
+CAUSES = (PENDING, STALE, *RUN_FAILED.values(), XID_APPLICATION, XID_OTHER, SLOWDOWN, LATCHED_CUDA,
+          LATCHED_XID)
 
 
 def clean(text: Any, limit: int = MAX_TEXT) -> str:
@@ -144,7 +182,8 @@ def results_of(report: Mapping[str, Any], default_time: float) -> list[Result]:
             results.append(Result(
                 name=name, status=Status(e["status"]), message=e.get("output") or e.get("message") or "",
                 observed=e.get("observedValue"), unit=e.get("observedUnit"), reason=e.get("reason"),
-                elapsed=float(e.get("elapsed") or 0.0), time=from_iso(e.get("time")) or default_time))
+                action=e.get("action"), actor=e.get("actor"), elapsed=float(e.get("elapsed") or 0.0),
+                time=from_iso(e.get("time")) or default_time))
     for key, e in report.get("skipped", {}).items():
         results.append(Result(name=key.split(":", 1)[0], status=Status.SKIP, message=e.get("output") or "",
                               reason=e.get("reason"), time=from_iso(e.get("time")) or default_time))
@@ -257,10 +296,12 @@ class Snapshot:
     slowdown: Mapping[int, tuple[float, ...]] = dataclasses.field(default_factory=dict)
 
 
-def _entry(component: str, status: str, output: str, *, reason: str | None = None, value: Any = None,
-           unit: str | None = None, now: float) -> dict[str, Any]:
+def _entry(component: str, status: str, output: str, *, cause: Cause | None = None, reason: str | None = None,
+           value: Any = None, unit: str | None = None, now: float) -> dict[str, Any]:
+    """A check entry of serve's own; a warn or fail names its ``cause`` (reason, action, actor)."""
     return check_entry(status=status, time=now, output=output, layer=component, observed=value, unit=unit,
-                       reason=reason)
+                       reason=reason or (cause.reason if cause else None),
+                       action=cause.action if cause else None, actor=cause.actor if cause else None)
 
 
 def _first_failure(report: Mapping[str, Any]) -> tuple[str | None, str]:
@@ -353,22 +394,24 @@ def _result_age(ask: Ask) -> Finding:
     profile, run, now = ask.profile, ask.run, ask.now
     if run is None:
         output = f"no {profile} result yet: the first run is in progress"
-        return Finding("fail", "serve:result-age", _entry("serve", "fail", output, reason="pending", now=now),
+        return Finding("fail", "serve:result-age", _entry("serve", "fail", output, cause=PENDING, now=now),
                        "pending", output)
     age, limit = ask.age, ask.snap.stale_after[profile]
     reason: str | None
+    cause: Cause | None = None
     if ask.stale:
-        effect, reason = "fail", "stale"
+        effect, reason, cause = "fail", "stale", STALE
         output = (f"{profile} result is stale: {age:.0f} s old, expected every "
                   f"{ask.snap.intervals[profile]:g} s (+ slack, limit {limit:g} s); see the log for the run")
     elif run.report is None:
-        effect, reason = "fail", run.reason
+        effect, reason, cause = "fail", run.reason, RUN_FAILED.get(run.reason or "")
         output = f"the {profile} run failed ({run.reason}): {run.message}"
     else:
         effect, reason = "pass", run.reason
         output = (f"result is {age:.1f} s old (stale after {limit:g} s)" if not ask.sticky
                   else f"startup passed {age:.0f} s ago")
-    entry = _entry("serve", effect, output, reason=reason, value=round(age, 3), unit="s", now=now)
+    entry = _entry("serve", effect, output, cause=cause, reason=reason, value=round(age, 3), unit="s",
+                   now=now)
     return Finding(effect, "serve:result-age", entry, reason, output if effect == "fail" else "")
 
 
@@ -382,7 +425,9 @@ def _xid_events(ask: Ask) -> Finding | None:
     last = recent[-1]
     msg = (f"{last.describe()} ({len(recent)} in the last {XID_WARN_SECONDS / 60:.0f} min): "
            f"{last.advice()}")
-    entry = _entry("hardware", "warn", msg, reason=f"xid-{last.data}", value=last.data, now=ask.now)
+    cause = XID_APPLICATION if last.severity == "application" else XID_OTHER
+    entry = _entry("hardware", "warn", msg, cause=cause, reason=f"xid-{last.data}", value=last.data,
+                   now=ask.now)
     return Finding("warn", "xid:events", entry, note=msg)
 
 
@@ -399,8 +444,8 @@ def _slowdown(ask: Ask) -> Finding | None:
         return None
     gpu, v = next(iter(slowing.items()))
     msg = (v.describe(gpu) + (f" and {len(slowing) - 1} other GPU(s)" if len(slowing) > 1 else "")
-           + ": check the power supply and cooling")
-    entry = _entry("hardware", "warn", msg, reason="hw-slowdown-sustained", value=round(v.per_minute, 2),
+           + ": " + SLOWDOWN.remedy)
+    entry = _entry("hardware", "warn", msg, cause=SLOWDOWN, value=round(v.per_minute, 2),
                    unit="per minute", now=ask.now)
     return Finding("warn", "nvml:slowdown", entry, note=msg)
 
@@ -421,8 +466,9 @@ def _latch(ask: Ask) -> Finding:
         return Finding(key="latch:state", entry=_entry("hardware", "pass", said, now=ask.now))
     why = clean(latch.get("reason", "latched"), 200)
     code = clean(latch.get("code") or "latched", 40)
-    msg = f"latched unhealthy: {why}; restart the container (reset the GPU if it persists)"
-    entry = _entry("hardware", "fail", msg, reason=code, now=ask.now)
+    cause = LATCHED_XID if latch.get("source") == "xid" else LATCHED_CUDA
+    msg = f"latched unhealthy: {why}; {cause.remedy}"
+    entry = _entry("hardware", "fail", msg, cause=cause, reason=code, now=ask.now)
     return Finding("fail", "latch:state", entry, code, msg)
 
 
