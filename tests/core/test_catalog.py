@@ -156,3 +156,9 @@ def test_no_text_is_split_mid_phrase():
     for path in judge_modules():
         split += [f"{path.relative_to(ROOT)}: {m.group(0).strip()!r}" for m in SCRAP.finditer(path.read_text())]
     assert not split
+
+
+def test_every_reason_serve_gives_a_run_without_report_is_in_its_table():
+    source = (PACKAGE / "serve" / "monitor.py").read_text()
+    given = {c.args[0].value for c in _calls(ast.parse(source), "broken") if isinstance(c.args[0], ast.Constant)}
+    assert given and given <= set(view.RUN_FAILED), given - set(view.RUN_FAILED)
