@@ -13,7 +13,7 @@ imports ``probes.spec``, never this catalog.
 
 from __future__ import annotations
 
-from probes.spec import Setting, Spec, load
+from probes.spec import Setting, load
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -58,7 +58,3 @@ def __getattr__(name: str) -> Any:
     if name in ("PROBES", "BY_NAME", "NAMES", "TOGGLES", "SETTINGS"):
         return _build()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def requirements(spec: Spec, config: Any) -> tuple[str, ...]:
-    return spec.requirements(config)
