@@ -1,9 +1,5 @@
-"""The HTTP endpoints: /livez, /readyz, /startupz (health+json, 200 or 503) and /metrics.
-
-They speak the Kubernetes API server's conventions too: ``?verbose`` answers plain text
-(``[+]name ok`` / ``[-]name failed: reason`` lines, then ``readyz check passed``), unless
-the client asks for ``application/health+json``; ``/readyz/<check>`` answers for one check
-(404 for an unknown one); ``?exclude=<check>`` (repeatable) leaves checks out.
+"""The HTTP endpoints: /livez, /readyz, /startupz (health+json, 200 or 503) and /metrics, with the
+Kubernetes API server's ``?verbose``, ``/readyz/<check>`` and ``?exclude=`` (docs/serve.md).
 
 Handlers only read the monitor's in-memory snapshot, so a response never waits on a
 probe, a GPU or NVML. Any error inside a handler answers 500 with a fixed body; the
