@@ -134,10 +134,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = {"docs/probes.md": {"probes": probes, "environment": environment, "causes": causes,
                             "cuda-errors": cuda_error_table},
          "docs/serve.md": {"xid-actions": xid_actions, "xids": xid_policy}}
-SECTIONS = {name: build for page in PAGES.values() for name, build in page.items()}
 
 
-def render(text: str, page: str = "docs/probes.md") -> str:
+def render(text: str, page: str) -> str:
     """``text`` (the manual page ``page``) with each of its generated sections rebuilt."""
     for name, build in PAGES[page].items():
         begin, end = f"<!-- BEGIN GENERATED: {name} (make docs) -->", f"<!-- END GENERATED: {name} -->"

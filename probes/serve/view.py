@@ -25,7 +25,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-MAX_TEXT = 300
 CHECK_KEYS = ("componentId", "componentType", "layer", "status", "observedValue", "observedUnit", "time",
               "output", "message", "reason", "action", "actor", "elapsed", "facts")
 STATUSES = ("pass", "warn", "fail")
@@ -71,11 +70,6 @@ CAUSES = (PENDING, STALE, *RUN_FAILED.values(), XID_APPLICATION, XID_OTHER, SLOW
           LATCHED_XID)
 
 
-def clean(text: Any, limit: int = MAX_TEXT) -> str:
-    """One printable line, at most ``limit`` characters (see probes.untrusted.squeeze)."""
-    return squeeze(text, limit)
-
-
 iso = iso_time  # one time format for the CLI's --json and serve
 
 
@@ -92,9 +86,9 @@ def _scalar(v: Any) -> Any:
     if v is None or isinstance(v, (bool, int, float)):
         return v
     if isinstance(v, str):
-        return clean(v)
+        return squeeze(v)
     try:
-        return clean(json.dumps(v, sort_keys=True))
+        return squeeze(json.dumps(v, sort_keys=True))
     except (TypeError, ValueError):
         return None
 
@@ -118,7 +112,7 @@ def _check(entry: Any) -> dict[str, Any] | None:
         elif key == "elapsed":
             out[key] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         else:
-            out[key] = clean(v)
+            out[key] = squeeze(v)
     if out.get("observedValue") is None:
         out.pop("observedValue", None)
         out.pop("observedUnit", None)
@@ -132,8 +126,8 @@ def _skips(data: Any) -> dict[str, dict[str, Any]]:
     out = {}
     for key, v in list(data.items())[:40]:
         if isinstance(key, str) and isinstance(v, dict):
-            out[clean(key, 80)] = {k: clean(v[k]) for k in ("output", "reason", "time")
-                                   if isinstance(v.get(k), str)}
+            out[squeeze(key, 80)] = {k: squeeze(v[k]) for k in ("output", "reason", "time")
+                                     if isinstance(v.get(k), str)}
     return out
 
 
@@ -155,16 +149,16 @@ def parse_report(stdout: bytes) -> dict[str, Any] | None:
         rebuilt = [_check(e) for e in entries]
         if any(e is None for e in rebuilt):
             return None
-        out_checks[clean(key, 80)] = rebuilt  # type: ignore[assignment]
+        out_checks[squeeze(key, 80)] = rebuilt  # type: ignore[assignment]
     notes = data.get("notes")
     report = {
         "status": data["status"],
-        "version": clean(data.get("version", ""), 40),
-        "description": clean(data.get("description", ""), 200),
-        "profile": clean(data.get("profile", ""), 20),
-        "output": clean(data.get("output", "")),
-        "time": clean(data.get("time", ""), 40),
-        "notes": [clean(n) for n in notes][:20] if isinstance(notes, list) else [],
+        "version": squeeze(data.get("version", ""), 40),
+        "description": squeeze(data.get("description", ""), 200),
+        "profile": squeeze(data.get("profile", ""), 20),
+        "output": squeeze(data.get("output", "")),
+        "time": squeeze(data.get("time", ""), 40),
+        "notes": [squeeze(n) for n in notes][:20] if isinstance(notes, list) else [],
         "checks": out_checks,
     }
     skips = _skips(data.get("skipped"))
@@ -464,8 +458,8 @@ def _latch(ask: Ask) -> Finding:
     if latch is None or ask.sticky:
         said = "not latched" if not ask.sticky else "not judged once startup passed (see /livez and /readyz)"
         return Finding(key="latch:state", entry=_entry("hardware", "pass", said, now=ask.now))
-    why = clean(latch.get("reason", "latched"), 200)
-    code = clean(latch.get("code") or "latched", 40)
+    why = squeeze(latch.get("reason", "latched"), 200)
+    code = squeeze(latch.get("code") or "latched", 40)
     cause = LATCHED_XID if latch.get("source") == "xid" else LATCHED_CUDA
     msg = f"latched unhealthy: {why}; {cause.remedy}"
     entry = _entry("hardware", "fail", msg, cause=cause, reason=code, now=ask.now)
@@ -517,7 +511,7 @@ def _select(ask: Ask, answer: Answer, only: str | None, exclude: Sequence[str]) 
     notes = answer.notes
     if unknown:
         notes += ("some health checks cannot be excluded: no matches for "
-                  + ", ".join(f'"{clean(n, 80)}"' for n in unknown[:10]),)
+                  + ", ".join(f'"{squeeze(n, 80)}"' for n in unknown[:10]),)
     if not excluded:
         return dataclasses.replace(answer, notes=notes)
     checks = {k: v for k, v in answer.checks.items() if check_name(k) not in excluded}
@@ -545,7 +539,7 @@ def _respond(ask: Ask, answer: Answer, *, gating: bool, version: str, only: str 
         "version": (report or {}).get("version") or version,
         "description": f"healthcheck serve: {profile} profile",
         "profile": profile,
-        "output": clean(verdict_line),
+        "output": squeeze(verdict_line),
         "reason": reason,
         "time": iso(ask.now),
         "notes": ((report or {}).get("notes") or []) + notes,
