@@ -63,8 +63,10 @@ image: ## build the GPU dev image (BASE_IMAGE=... to override the base)
 e2e: ## end-to-end tests on a real Docker engine (installs and starts one as root if missing)
 	bash tests/e2e/run.sh
 
+# VS=dir: also run liveness and cached readiness through a baseline checkout (its own .venv),
+# paired round by round (bench/run.py --vs).
 bench: ## the benchmark: wall time, CPU time and peak RSS per profile against two floors
-	$(PY) bench/run.py
+	$(PY) bench/run.py $(if $(VS),--vs '$(VS)')
 
 # No dependency on .venv: a GPU machine has no network for `make setup`. FAKE=1 uses .venv.
 gpu-verify: ## prove every CUDA path on a real GPU, offline (FAKE=1: self-test on the fakes; OUT=dir)

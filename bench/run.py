@@ -51,6 +51,12 @@ FAKE_NVML = ROOT / "tests" / "fakes" / "build" / "libnvidia-ml.so.1"
 MIB = 1024.0  # ru_maxrss is in KiB on Linux
 CHILD_LIMIT = 180.0  # a bench child that takes longer than this is killed and reported
 
+# --vs DIR: these cases run again through DIR's front door (a checkout with its own .venv) in
+# the same rounds, and each must stay within BASELINE_SLACK of it, the ratio taken pair by pair.
+PAIRED = ("liveness", "readiness (torch cached)")
+AT_BASELINE = " @ baseline"
+BASELINE_SLACK = 0.05
+
 # Targets (the verdicts printed under the table).
 LIVENESS_FLOOR_FACTOR = 3.0
 LIVENESS_RSS_MIB = 30.0
@@ -340,6 +346,12 @@ class Bench:
         if self.ssh_login:  # the SSH user's key files and a real login: what they add to readiness
             all_cases.append(("readiness + ssh-keys, ssh-login", "profile", [hc, "--profile", "readiness"],
                               fixed(self.env(**self.ssh_login))))
+        if self.args.vs:  # the same cases through a baseline checkout, in the same rounds
+            base = Path(self.args.vs).resolve()
+            twin = self.env(HEALTHCHECK_PYTHON=str(base / ".venv" / "bin" / "python"),
+                            HEALTHCHECK_STATE_DIR=str(self.work / "state-baseline"))
+            all_cases += [(f"{name}{AT_BASELINE}", kind, [str(base / "healthcheck"), *argv[1:]], fixed(twin))
+                          for name, kind, argv, _ in all_cases if name in PAIRED]
         if self.args.cases:
             wanted = [c.strip() for c in self.args.cases.split(",")]
             all_cases = [c for c in all_cases if c[1] == "floor" or any(w in c[0] for w in wanted)]
@@ -528,6 +540,15 @@ def summarise(cases: dict[str, Any], hangs: dict[str, Any]) -> tuple[list[str], 
         target(f"hang answered within {HANG_SLACK:g}s of deadline: {n}", ok,
                f"worst {worst:+.2f}s vs deadline, exit {h['exit_codes']}, "
                f"leftovers {h['leftover_processes']}")
+    for name in PAIRED:
+        new, old = cases.get(name), cases.get(name + AT_BASELINE)
+        if new and old:
+            ratios = {k: statistics.median([a / b for a, b in zip(new[k], old[k]) if b > 0])
+                      for k in ("wall_ms", "cpu_ms")}
+            target(f"{name} within {BASELINE_SLACK:.0%} of the baseline (paired, round by round)",
+                   max(ratios.values()) <= 1 + BASELINE_SLACK and not new["failures"],
+                   f"median ratio wall {ratios['wall_ms']:.3f}, cpu {ratios['cpu_ms']:.3f} "
+                   f"({len(new['wall_ms'])} pairs)")
     lines += ["", "targets:"]
     for t in targets:
         lines.append(f"  {'MET    ' if t['met'] else 'NOT MET'}  {t['target']}: {t['detail']}")
@@ -545,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-hangs", action="store_true", help="skip the hang measurements")
     p.add_argument("--gpu-off", action="store_true", help="ENABLE_GPU_CHECK=false even with the fake NVML")
     p.add_argument("--json-only", action="store_true", help="print only the JSON result")
+    p.add_argument("--vs", metavar="DIR", help="a baseline checkout (with its .venv): liveness and cached "
+                   "readiness run through its front door too, paired round by round")
     args = p.parse_args(argv)
     if args.runs < 1 or args.hang_runs < 1:
         p.error("--runs and --hang-runs must be at least 1")

@@ -12,16 +12,14 @@ and may define (a Protocol cannot say "optional"; ``OPTIONAL`` lists them):
 - ``on_deadline(ctx) -> Result``: the result when ``gather`` overran its deadline;
 - ``requirements(config) -> Iterable[str]``: the probes it requires in this configuration,
   when that depends on a setting;
-- ``Settings``: the record its settings are read through (``ctx.config.of(Settings)``),
-  when it declares any (tests/core/test_settings.py checks it against the declarations).
+- ``Settings``: its declared settings (a ``probes.spec.Declared`` class), read as
+  ``ctx.config.of(Settings)``.
 
 ``probes.dropin_check``, which runs every drop-in, defines ``gather`` and ``judge`` only:
 each drop-in's ``Spec`` comes from its file (``probes.dropins``).
 
-Imported only by the type checker and the tests: ``typing`` stays off the liveness path
-(docs/development.md, "Start-up policy"). mypy holds every built-in probe module to
-``ProbeModule`` (tests/core/test_contract.py), and that test also checks the members at
-run time.
+Imported only by the type checker and the tests, so ``typing`` stays off the liveness path: mypy
+holds every built-in probe module to ``ProbeModule``; tests/core/test_contract.py checks it at run time.
 """
 
 from __future__ import annotations

@@ -63,19 +63,23 @@ def environment() -> str:
     return _table(("variable", "default", "meaning"), rows)
 
 
-def _cause_rows(causes: Iterable[Cause]) -> list[tuple[str, str, str, str]]:
-    return [(c.cause, f"`{c.reason}`" if c.reason else "", c.status, c.remedy) for c in causes]
+CAUSE_COLUMNS = ("cause", "reason", "status", "remedy", "who acts", "action")
+
+
+def _cause_table(causes: Iterable[Cause]) -> str:
+    return _table(CAUSE_COLUMNS, [(c.cause, f"`{c.reason}`" if c.reason else "", c.status, c.remedy, c.actor,
+                                   f"`{c.action}`") for c in causes])
 
 
 def causes() -> str:
-    parts = ["#### Reasons every probe can report", "",
-             _table(("cause", "reason", "status", "remedy"), _cause_rows(runner.COMMON_CAUSES))]
+    from probes.serve import view
+
+    parts = ["#### Reasons every probe can report", "", _cause_table(runner.COMMON_CAUSES)]
     for layer in LAYERS:
         for spec in (s for s in registry.PROBES if s.layer == layer):
-            parts += ["", f"#### `{spec.name}` ({layer})", "",
-                      _table(("cause", "reason", "status", "remedy"), _cause_rows(spec.causes))]
-    parts += ["", "#### Drop-in checks", "", _table(("cause", "reason", "status", "remedy"),
-                                                   _cause_rows(dropins.CAUSES))]
+            parts += ["", f"#### `{spec.name}` ({layer})", "", _cause_table(spec.causes)]
+    parts += ["", "#### Drop-in checks", "", _cause_table(dropins.CAUSES),
+              "", "#### The checks `healthcheck serve` adds (docs/serve.md)", "", _cause_table(view.CAUSES)]
     return "\n".join(parts)
 
 
@@ -130,10 +134,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = {"docs/probes.md": {"probes": probes, "environment": environment, "causes": causes,
                             "cuda-errors": cuda_error_table},
          "docs/serve.md": {"xid-actions": xid_actions, "xids": xid_policy}}
-SECTIONS = {name: build for page in PAGES.values() for name, build in page.items()}
 
 
-def render(text: str, page: str = "docs/probes.md") -> str:
+def render(text: str, page: str) -> str:
     """``text`` (the manual page ``page``) with each of its generated sections rebuilt."""
     for name, build in PAGES[page].items():
         begin, end = f"<!-- BEGIN GENERATED: {name} (make docs) -->", f"<!-- END GENERATED: {name} -->"

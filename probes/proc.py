@@ -1,32 +1,17 @@
 """Run a child process that may hang, without ever hanging the caller, and leave nothing behind.
 
-The child runs in its own session (so its whole process group can be signalled),
-its output is read with a deadline (a grandchild that keeps the pipe open cannot
-hold us), and at the deadline it gets SIGTERM, then SIGKILL.
-
-Nothing outlives a run, not even a descendant that left the child's session or group
-(``setsid``, a double-forking daemon, a fork storm, a SIGTERM handler that forks):
-
-- this process is the child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), so an
-  orphaned descendant is re-parented to us, never to PID 1;
-- every child carries a run marker in its environment (``HEALTHCHECK_RUN_ID``, after
-  the markers of the runs that enclose ours), which its descendants inherit, so a
-  process re-parented to us is attributed to the run that started it;
-- when a run ends (exit or deadline), its child's group and session, everything still
-  below the child in the process tree and everything re-parented to us that carries
-  the run's marker is frozen (SIGSTOP: it forks no more), pass after pass until a pass
-  finds nothing new, then killed; what was ours to reap is reaped with
-  ``waitpid(pid, WNOHANG)`` on that pid, never a child that a Popen object here owns.
-
-One case remains: the kernel does not let a process in uninterruptible sleep (state D,
-e.g. blocked in a wedged GPU driver) die, even on SIGKILL. We wait only a short,
-bounded time for it, report it as ``stuck``, remember it (see run's ``key``) and move
-on; it goes when the driver lets it go, or with the container. A descendant that both
-leaves the tree and drops the marker from its environment (``env -i`` after a
-double fork) is ended only by the final sweep (end_descendants) when we exit. A suite that is
-SIGKILLed ends nothing itself: probes/orphans.py says what ends its children then, and why.
+What it promises is in docs/probes.md ("Containment"); how: the child runs in its own session
+with the run's marker (``HEALTHCHECK_RUN_ID``, after those of the runs that enclose ours) in its
+environment, and its output is read with a deadline (a grandchild holding the pipe cannot hold
+us); at the deadline it gets SIGTERM, then SIGKILL. This process is the child subreaper. When a
+run ends (exit or deadline), the child's group and session, everything below it and everything
+re-parented to us with the run's marker is frozen (SIGSTOP), pass after pass until a pass finds
+nothing new, then killed; what was ours is reaped with ``waitpid(pid, WNOHANG)`` on that pid,
+never a child a Popen object here owns. A process in state D (a wedged driver) cannot die: we
+wait briefly, report it ``stuck``, remember it (``run``'s ``key``) and move on. One that left the
+tree and dropped the marker is ended only by the final sweep (``end_descendants``); what ends
+the children of a SIGKILLed suite is probes/orphans.py.
 """
-
 from __future__ import annotations
 
 import _thread

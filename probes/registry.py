@@ -1,19 +1,14 @@
-"""The catalog: which probes exist, one line per module, in layer order.
+"""The catalog: which probes exist, one line per module, in layer order (docs/architecture.md).
 
-What a probe declares about itself (``SPEC``, its settings and causes) is in
-``probes.spec``; everything else is derived from those declarations: configuration loading
-and validation, ``--help``, ``--only``/``--skip``, the JSON report, serve and its metrics,
-and the generated probe, environment and cause tables (``make docs``). Adding a probe is
-one module, one test file and one line in ``MODULES``.
-
-The modules are imported on first use of ``PROBES`` (or ``NAMES``, ``BY_NAME``,
-``TOGGLES``, ``SETTINGS``), not when this module is imported, and by name: a probe module
-imports ``probes.spec``, never this catalog.
+The modules are imported on first use of ``PROBES`` (or ``NAMES``, ``BY_NAME``, ``TOGGLES``,
+``SETTINGS``), by name, not when this module is imported: ``probes.config`` imports this
+catalog, and a probe module may import ``probes.config``. A probe module imports
+``probes.spec``, never this catalog.
 """
 
 from __future__ import annotations
 
-from probes.spec import Setting, Spec, load
+from probes.spec import Setting, load
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -58,7 +53,3 @@ def __getattr__(name: str) -> Any:
     if name in ("PROBES", "BY_NAME", "NAMES", "TOGGLES", "SETTINGS"):
         return _build()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def requirements(spec: Spec, config: Any) -> tuple[str, ...]:
-    return spec.requirements(config)

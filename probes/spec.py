@@ -1,13 +1,7 @@
-"""What a probe declares about itself: ``SPEC = Spec(...)``, its settings and its causes.
-
-A probe module defines ``SPEC``: its name, layer, JSON measurement (the health+json key is
-``NAME:MEASUREMENT``), ``ENABLE_*`` toggle, default deadline, profiles, the probes it
-requires, its own settings (environment variable, type, default, bounds, one-line meaning)
-and its table of causes (reason code, status, cause, remedy). The module contract (``SPEC``,
-``gather``, ``judge``, the optional hooks) is written down in ``probes/contract.py``.
-
-Every run reads every probe's declaration, so this module and the declarations stay cheap
-to import (docs/development.md, "Start-up policy").
+"""What a probe declares about itself: ``SPEC = Spec(...)``, its settings (``Declared``) and its
+causes (``Cause``: the catalog a judge's ``verdict`` points into). docs/architecture.md says how
+they are read; probes/contract.py is the module contract. Every run reads every declaration, so
+this module stays cheap to import (docs/development.md, "Start-up policy").
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The state directory: cached results, locks and the sticky CUDA-fatal latch.
 
-Default location, the first of these that can be used: ``/run/healthcheck``,
-``$XDG_RUNTIME_DIR/healthcheck``, ``$TMPDIR/healthcheck-<uid>`` (only an absolute path to a real
-directory), ``/tmp/healthcheck-<uid>``, ``/dev/shm/healthcheck-<uid>`` (a tmpfs every container
-has). Never the working directory. The directory is made 0700 and its files 0600 whatever the
-umask; it must be a real directory owned by us, reached only through directories that nobody
-but root or us can change (``untrusted.open_trusted_dir``, the walk the checks dir gets). When
-none can be used the suite still runs, with caching off, and says so.
-
-The latch is ``latch.json``; when the file system is too full for it, an empty file whose name
-carries the container life's identity (``latch@<identity>@<pid 1>@<source>@<code>``) stands for it.
+Where it is: the first usable of ``candidates()`` (``HEALTHCHECK_STATE_DIR`` in docs/probes.md),
+a real directory owned by us, reached only through directories nobody but root or us can change
+(``untrusted.open_trusted_dir``), made 0700 with files 0600 whatever the umask. When none can be
+used the suite runs with caching off, and says so. The latch is ``latch.json``; when the file
+system is too full for it, an empty file whose name carries the container life's identity
+(``latch@<identity>@<pid 1>@<source>@<code>``) stands for it.
 """
 
 from __future__ import annotations

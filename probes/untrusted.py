@@ -7,7 +7,8 @@ names, settings, and files in directories another user can write.
 - ``clean`` makes one printable line of any text: control characters, newlines, escape
   sequences and other invisible characters are shown as escapes (``\\n``, ``\\x1b``,
   ``\\u202e``) instead of being passed on or silently dropped, and the result is cut.
-  It is idempotent: cleaning clean text changes nothing.
+  It is idempotent: cleaning clean text changes nothing. ``squeeze`` first folds runs of
+  whitespace into one space: for a program's multi-line output, and for all that serve answers.
 - ``load_json`` parses JSON with bounded depth and only finite numbers of bounded size:
   damaged or hostile data is a ``ValueError``, never a ``RecursionError`` or an
   ``OverflowError`` later on.

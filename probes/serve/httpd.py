@@ -1,9 +1,5 @@
-"""The HTTP endpoints: /livez, /readyz, /startupz (health+json, 200 or 503) and /metrics.
-
-They speak the Kubernetes API server's conventions too: ``?verbose`` answers plain text
-(``[+]name ok`` / ``[-]name failed: reason`` lines, then ``readyz check passed``), unless
-the client asks for ``application/health+json``; ``/readyz/<check>`` answers for one check
-(404 for an unknown one); ``?exclude=<check>`` (repeatable) leaves checks out.
+"""The HTTP endpoints: /livez, /readyz, /startupz (health+json, 200 or 503) and /metrics, with the
+Kubernetes API server's ``?verbose``, ``/readyz/<check>`` and ``?exclude=`` (docs/serve.md).
 
 Handlers only read the monitor's in-memory snapshot, so a response never waits on a
 probe, a GPU or NVML. Any error inside a handler answers 500 with a fixed body; the
@@ -23,7 +19,8 @@ from urllib.parse import parse_qs, unquote
 from probes import __version__
 from probes.serve import metrics
 from probes.serve.monitor import Monitor
-from probes.serve.view import UnknownCheck, clean, verbose_text, verdict
+from probes.serve.view import UnknownCheck, verbose_text, verdict
+from probes.untrusted import squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -126,14 +123,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def _health(self, endpoint: str, only: str | None, query: str, head: bool) -> None:
         args = parse_qs(query, keep_blank_values=True)
-        exclude = [clean(n, 80) for n in args.get("exclude", [])[:MAX_EXCLUDES]]
+        exclude = [squeeze(n, 80) for n in args.get("exclude", [])[:MAX_EXCLUDES]]
         try:
             code, body = verdict(ENDPOINTS[endpoint], self.server.monitor.snapshot(), now=time.time(),
                                  now_mono=time.monotonic(), gating=self.server.gating, version=__version__,
-                                 only=None if only is None else clean(only, 80), exclude=exclude)
+                                 only=None if only is None else squeeze(only, 80), exclude=exclude)
         except UnknownCheck as e:
             known = ", ".join(e.known) or "none yet"
-            self._send(404, HEALTH_JSON, error_body("not-found", clean(
+            self._send(404, HEALTH_JSON, error_body("not-found", squeeze(
                 f"no check {e.name!r} in {endpoint}; checks: {known}")), head)
             return
         accept = self.headers.get("Accept", "")
@@ -152,7 +149,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http: %s %s", self.address_string(), clean(format % args, 300))
+        log.debug("http: %s %s", self.address_string(), squeeze(format % args, 300))
 
 
 class HealthServer(ThreadingHTTPServer):

@@ -113,10 +113,13 @@ def probe_status(r: Reading) -> Metric:
 
 def probe_reason(r: Reading) -> Metric:
     # As kube-state-metrics' *_reason series: one per reason while it holds, so an alert's
-    # description can name it without the alert's own series changing with it.
+    # description can name it without the alert's own series changing with it. ``actor`` and
+    # ``action`` (the catalog's: who can act, tenant or operator, and how) let the alert rules
+    # route a failure to whoever can fix it; empty for a check that did not run.
     m = GaugeMetricFamily("healthcheck_probe_reason", "1 for the reason code of each check that warns, "
-                          "fails or did not run, as the profile's endpoint reports it (present only then)",
-                          labels=["profile", "probe", "reason"])
+                          "fails or did not run, as the profile's endpoint reports it (present only then), "
+                          "with who can act (actor: tenant or operator) and how (action)",
+                          labels=["profile", "probe", "reason", "action", "actor"])
     for profile in cfg.PROFILES:
         body = r.verdicts[profile][1]
         entries = [(key, e) for key, es in body.get("checks", {}).items() for e in es[:1]
@@ -124,7 +127,8 @@ def probe_reason(r: Reading) -> Metric:
         entries += list(body.get("skipped", {}).items())
         seen = set()
         for key, e in entries:
-            labels = (profile, check_name(key), str(e.get("reason") or "")[:40])
+            labels = (profile, check_name(key), *(str(e.get(k) or "")[:40] for k in ("reason", "action",
+                                                                                        "actor")))
             if labels[2] and labels not in seen:
                 seen.add(labels)
                 m.add_metric(list(labels), 1.0)

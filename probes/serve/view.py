@@ -18,24 +18,56 @@ from collections.abc import Mapping, Sequence
 from probes.record import Record
 from probes.report import check_entry, iso_time, public_facts
 from probes.result import Result, Status
+from probes.spec import Cause
 from probes.untrusted import load_json, squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-MAX_TEXT = 300
 CHECK_KEYS = ("componentId", "componentType", "layer", "status", "observedValue", "observedUnit", "time",
-              "output", "message", "reason", "elapsed", "facts")
+              "output", "message", "reason", "action", "actor", "elapsed", "facts")
 STATUSES = ("pass", "warn", "fail")
 RANK = {"pass": 0, "warn": 1, "fail": 2}
 # An Xid that warns (application or other) keeps the endpoints at "warn" this long after it was seen.
 XID_WARN_SECONDS = 600.0
 
-
-def clean(text: Any, limit: int = MAX_TEXT) -> str:
-    """One printable line, at most ``limit`` characters (see probes.untrusted.squeeze)."""
-    return squeeze(text, limit)
+# The causes of the checks serve adds to a run's report (the "serve" table of docs/probes.md).
+# A run that gave no report: monitor.Monitor.run_once names one of RUN_FAILED.
+PENDING = Cause("pending", "fail", "the profile's first run since serve started has not finished",
+                "wait for it (the startup probe covers this window)", "retry", "tenant")
+STALE = Cause("stale", "fail", "no run of the profile has finished for longer than its interval + slack: "
+              "a run is stuck (a wedged driver) or serve is",
+              "see the log for the run; restart the container, and if runs stay stuck the node's operator "
+              "checks the driver", "restart-container", "tenant")
+RUN_FAILED = {c.reason: c for c in (
+    Cause("deadline", "fail", "the run gave no report by serve's deadline and was stopped",
+          "a component is hung: see the log for the run, then the probe's own remedy", "retry", "tenant"),
+    Cause("config-error", "fail", "the run exited 3: a setting serve passes on is not valid",
+          "fix the `HEALTHCHECK_*` setting the log names", "fix-config", "tenant"),
+    Cause("crashed", "fail", "the run was killed by a signal", "see the log; check the container's memory "
+          "limit (an OOM kill is SIGKILL)", "restart-container", "tenant"),
+    Cause("bad-exit", "fail", "the run exited with a status other than 0, 1 or 3 and no report",
+          "see the log for its output", "restart-container", "tenant"),
+    Cause("bad-output", "fail", "the run printed no valid health+json report", "see the log for its output",
+          "restart-container", "tenant"),
+    Cause("spawn-error", "fail", "serve cannot start the run's Python (`HEALTHCHECK_SERVE_PYTHON`)",
+          "fix `HEALTHCHECK_SERVE_PYTHON` or the image", "fix-config", "tenant"),
+)}
+XID_APPLICATION = Cause("xid-<n>", "warn", "an application Xid (the catalog's RESTART_APP: the program's "
+                        "own fault) in the last 10 minutes", "restart the application", "restart-app",
+                        "tenant")
+XID_OTHER = Cause("xid-<n>", "warn", "an Xid whose catalog action is neither a reset nor a reboot, in the "
+                  "last 10 minutes", "see the Xid catalog's action in the message", "none", "operator")
+SLOWDOWN = Cause("hw-slowdown-sustained", "warn", "HW slowdown or power brake in 0.5 or more readings a "
+                 "minute over 10 minutes", "check the power supply and cooling", "service-hardware",
+                 "operator")
+LATCHED_CUDA = Cause("<code>", "fail", "a probe met a fatal CUDA error and latched the container unhealthy",
+                     "restart the container (reset the GPU if it persists)", "restart-container", "tenant")
+LATCHED_XID = LATCHED_CUDA._replace(reason="xid-<n>", cause="a critical Xid (the catalog's reset or reboot) "
+                                    "latched the container unhealthy", action="reset-gpu", actor="operator")
+CAUSES = (PENDING, STALE, *RUN_FAILED.values(), XID_APPLICATION, XID_OTHER, SLOWDOWN, LATCHED_CUDA,
+          LATCHED_XID)
 
 
 iso = iso_time  # one time format for the CLI's --json and serve
@@ -54,9 +86,9 @@ def _scalar(v: Any) -> Any:
     if v is None or isinstance(v, (bool, int, float)):
         return v
     if isinstance(v, str):
-        return clean(v)
+        return squeeze(v)
     try:
-        return clean(json.dumps(v, sort_keys=True))
+        return squeeze(json.dumps(v, sort_keys=True))
     except (TypeError, ValueError):
         return None
 
@@ -80,7 +112,7 @@ def _check(entry: Any) -> dict[str, Any] | None:
         elif key == "elapsed":
             out[key] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         else:
-            out[key] = clean(v)
+            out[key] = squeeze(v)
     if out.get("observedValue") is None:
         out.pop("observedValue", None)
         out.pop("observedUnit", None)
@@ -94,8 +126,8 @@ def _skips(data: Any) -> dict[str, dict[str, Any]]:
     out = {}
     for key, v in list(data.items())[:40]:
         if isinstance(key, str) and isinstance(v, dict):
-            out[clean(key, 80)] = {k: clean(v[k]) for k in ("output", "reason", "time")
-                                   if isinstance(v.get(k), str)}
+            out[squeeze(key, 80)] = {k: squeeze(v[k]) for k in ("output", "reason", "time")
+                                     if isinstance(v.get(k), str)}
     return out
 
 
@@ -117,16 +149,16 @@ def parse_report(stdout: bytes) -> dict[str, Any] | None:
         rebuilt = [_check(e) for e in entries]
         if any(e is None for e in rebuilt):
             return None
-        out_checks[clean(key, 80)] = rebuilt  # type: ignore[assignment]
+        out_checks[squeeze(key, 80)] = rebuilt  # type: ignore[assignment]
     notes = data.get("notes")
     report = {
         "status": data["status"],
-        "version": clean(data.get("version", ""), 40),
-        "description": clean(data.get("description", ""), 200),
-        "profile": clean(data.get("profile", ""), 20),
-        "output": clean(data.get("output", "")),
-        "time": clean(data.get("time", ""), 40),
-        "notes": [clean(n) for n in notes][:20] if isinstance(notes, list) else [],
+        "version": squeeze(data.get("version", ""), 40),
+        "description": squeeze(data.get("description", ""), 200),
+        "profile": squeeze(data.get("profile", ""), 20),
+        "output": squeeze(data.get("output", "")),
+        "time": squeeze(data.get("time", ""), 40),
+        "notes": [squeeze(n) for n in notes][:20] if isinstance(notes, list) else [],
         "checks": out_checks,
     }
     skips = _skips(data.get("skipped"))
@@ -144,7 +176,8 @@ def results_of(report: Mapping[str, Any], default_time: float) -> list[Result]:
             results.append(Result(
                 name=name, status=Status(e["status"]), message=e.get("output") or e.get("message") or "",
                 observed=e.get("observedValue"), unit=e.get("observedUnit"), reason=e.get("reason"),
-                elapsed=float(e.get("elapsed") or 0.0), time=from_iso(e.get("time")) or default_time))
+                action=e.get("action"), actor=e.get("actor"), elapsed=float(e.get("elapsed") or 0.0),
+                time=from_iso(e.get("time")) or default_time))
     for key, e in report.get("skipped", {}).items():
         results.append(Result(name=key.split(":", 1)[0], status=Status.SKIP, message=e.get("output") or "",
                               reason=e.get("reason"), time=from_iso(e.get("time")) or default_time))
@@ -257,10 +290,12 @@ class Snapshot:
     slowdown: Mapping[int, tuple[float, ...]] = dataclasses.field(default_factory=dict)
 
 
-def _entry(component: str, status: str, output: str, *, reason: str | None = None, value: Any = None,
-           unit: str | None = None, now: float) -> dict[str, Any]:
+def _entry(component: str, status: str, output: str, *, cause: Cause | None = None, reason: str | None = None,
+           value: Any = None, unit: str | None = None, now: float) -> dict[str, Any]:
+    """A check entry of serve's own; a warn or fail names its ``cause`` (reason, action, actor)."""
     return check_entry(status=status, time=now, output=output, layer=component, observed=value, unit=unit,
-                       reason=reason)
+                       reason=reason or (cause.reason if cause else None),
+                       action=cause.action if cause else None, actor=cause.actor if cause else None)
 
 
 def _first_failure(report: Mapping[str, Any]) -> tuple[str | None, str]:
@@ -353,22 +388,24 @@ def _result_age(ask: Ask) -> Finding:
     profile, run, now = ask.profile, ask.run, ask.now
     if run is None:
         output = f"no {profile} result yet: the first run is in progress"
-        return Finding("fail", "serve:result-age", _entry("serve", "fail", output, reason="pending", now=now),
+        return Finding("fail", "serve:result-age", _entry("serve", "fail", output, cause=PENDING, now=now),
                        "pending", output)
     age, limit = ask.age, ask.snap.stale_after[profile]
     reason: str | None
+    cause: Cause | None = None
     if ask.stale:
-        effect, reason = "fail", "stale"
+        effect, reason, cause = "fail", "stale", STALE
         output = (f"{profile} result is stale: {age:.0f} s old, expected every "
                   f"{ask.snap.intervals[profile]:g} s (+ slack, limit {limit:g} s); see the log for the run")
     elif run.report is None:
-        effect, reason = "fail", run.reason
+        effect, reason, cause = "fail", run.reason, RUN_FAILED.get(run.reason or "")
         output = f"the {profile} run failed ({run.reason}): {run.message}"
     else:
         effect, reason = "pass", run.reason
         output = (f"result is {age:.1f} s old (stale after {limit:g} s)" if not ask.sticky
                   else f"startup passed {age:.0f} s ago")
-    entry = _entry("serve", effect, output, reason=reason, value=round(age, 3), unit="s", now=now)
+    entry = _entry("serve", effect, output, cause=cause, reason=reason, value=round(age, 3), unit="s",
+                   now=now)
     return Finding(effect, "serve:result-age", entry, reason, output if effect == "fail" else "")
 
 
@@ -382,7 +419,9 @@ def _xid_events(ask: Ask) -> Finding | None:
     last = recent[-1]
     msg = (f"{last.describe()} ({len(recent)} in the last {XID_WARN_SECONDS / 60:.0f} min): "
            f"{last.advice()}")
-    entry = _entry("hardware", "warn", msg, reason=f"xid-{last.data}", value=last.data, now=ask.now)
+    cause = XID_APPLICATION if last.severity == "application" else XID_OTHER
+    entry = _entry("hardware", "warn", msg, cause=cause, reason=f"xid-{last.data}", value=last.data,
+                   now=ask.now)
     return Finding("warn", "xid:events", entry, note=msg)
 
 
@@ -399,8 +438,8 @@ def _slowdown(ask: Ask) -> Finding | None:
         return None
     gpu, v = next(iter(slowing.items()))
     msg = (v.describe(gpu) + (f" and {len(slowing) - 1} other GPU(s)" if len(slowing) > 1 else "")
-           + ": check the power supply and cooling")
-    entry = _entry("hardware", "warn", msg, reason="hw-slowdown-sustained", value=round(v.per_minute, 2),
+           + ": " + SLOWDOWN.remedy)
+    entry = _entry("hardware", "warn", msg, cause=SLOWDOWN, value=round(v.per_minute, 2),
                    unit="per minute", now=ask.now)
     return Finding("warn", "nvml:slowdown", entry, note=msg)
 
@@ -419,10 +458,11 @@ def _latch(ask: Ask) -> Finding:
     if latch is None or ask.sticky:
         said = "not latched" if not ask.sticky else "not judged once startup passed (see /livez and /readyz)"
         return Finding(key="latch:state", entry=_entry("hardware", "pass", said, now=ask.now))
-    why = clean(latch.get("reason", "latched"), 200)
-    code = clean(latch.get("code") or "latched", 40)
-    msg = f"latched unhealthy: {why}; restart the container (reset the GPU if it persists)"
-    entry = _entry("hardware", "fail", msg, reason=code, now=ask.now)
+    why = squeeze(latch.get("reason", "latched"), 200)
+    code = squeeze(latch.get("code") or "latched", 40)
+    cause = LATCHED_XID if latch.get("source") == "xid" else LATCHED_CUDA
+    msg = f"latched unhealthy: {why}; {cause.remedy}"
+    entry = _entry("hardware", "fail", msg, cause=cause, reason=code, now=ask.now)
     return Finding("fail", "latch:state", entry, code, msg)
 
 
@@ -471,7 +511,7 @@ def _select(ask: Ask, answer: Answer, only: str | None, exclude: Sequence[str]) 
     notes = answer.notes
     if unknown:
         notes += ("some health checks cannot be excluded: no matches for "
-                  + ", ".join(f'"{clean(n, 80)}"' for n in unknown[:10]),)
+                  + ", ".join(f'"{squeeze(n, 80)}"' for n in unknown[:10]),)
     if not excluded:
         return dataclasses.replace(answer, notes=notes)
     checks = {k: v for k, v in answer.checks.items() if check_name(k) not in excluded}
@@ -499,7 +539,7 @@ def _respond(ask: Ask, answer: Answer, *, gating: bool, version: str, only: str 
         "version": (report or {}).get("version") or version,
         "description": f"healthcheck serve: {profile} profile",
         "profile": profile,
-        "output": clean(verdict_line),
+        "output": squeeze(verdict_line),
         "reason": reason,
         "time": iso(ask.now),
         "notes": ((report or {}).get("notes") or []) + notes,

@@ -27,9 +27,9 @@ from probes.serve.view import (
     SLOWDOWN_PER_MINUTE,
     SLOWDOWN_WINDOW,
     XidEvent,
-    clean,
     slowdown_window,
 )
+from probes.untrusted import squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def parse_event(obj: dict[str, Any], settings: Settings) -> XidEvent | None:
     gpu_index = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0 else None
     t = obj.get("time")
     return XidEvent(time=float(t) if isinstance(t, (int, float)) else time.time(), gpu=gpu_index,
-                    uuid=clean(obj.get("uuid") or "", 80), kind=kind, data=data,
+                    uuid=squeeze(obj.get("uuid") or "", 80), kind=kind, data=data,
                     severity=severity(kind, data, settings))
 
 
@@ -159,10 +159,10 @@ class Watcher:
             elif kind == "unavailable":
                 outcome = "unavailable"
                 log.warning("NVML events unavailable (%s): %s; Xid/ECC events are not watched, "
-                            "serving goes on", clean(obj.get("reason"), 40),
-                            clean(obj.get("message", ""), 300))
+                            "serving goes on", squeeze(obj.get("reason"), 40),
+                            squeeze(obj.get("message", ""), 300))
             elif kind == "error":
-                outcome = f"error {clean(obj.get('reason'), 40)}"
+                outcome = f"error {squeeze(obj.get('reason'), 40)}"
         p.stdout.close()
         return outcome
 

@@ -187,7 +187,8 @@ def test_a_poisoned_cuda_context_pages_through_prometheus_and_alertmanager(tmp_p
             a for a in hook.alerts() if a["labels"]["alertname"] == POISONED], 90, logs)
         rule = next(r for r in rules() if r["alert"] == POISONED)
         assert alert["status"] == "firing"
-        assert alert["labels"] == {"alertname": POISONED, "severity": "critical", "source": "torch-cuda",
+        assert alert["labels"] == {"alertname": POISONED, "severity": "critical", "actor": "tenant",
+                                   "source": "torch-cuda",
                                    "code": "cuda-fatal", "job": "healthcheck",
                                    "instance": f"127.0.0.1:{srv.port}", **TARGET}
         assert alert["annotations"]["runbook_url"] == rule["annotations"]["runbook_url"]

@@ -1,4 +1,5 @@
-"""probes.untrusted.load_json: what json.loads accepts, minus what later arithmetic cannot bear."""
+"""probes.untrusted: load_json reads what json.loads accepts, minus what later arithmetic cannot bear;
+clean and squeeze make one printable line of any text."""
 
 from __future__ import annotations
 
@@ -84,6 +85,15 @@ def test_malformed_json_is_a_value_error_when_json_was_never_imported():
     res = subprocess.run([sys.executable, "-I", "-c", script], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, check=False)
     assert (res.returncode, res.stdout.strip()) == (0, "all refused"), res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("value", ["two\nlines\x1b[2J\u202e", b"two\nlines\x1b[2J\xe2\x80\xae"])
+def test_clean_shows_what_is_invisible_and_squeeze_folds_whitespace_first(value):
+    assert untrusted.clean(value) == "two\\nlines\\x1b[2J\\u202e"
+    assert untrusted.squeeze(value) == "two lines\\x1b[2J\\u202e"
+    for once in (untrusted.clean(value), untrusted.squeeze(value)):
+        assert untrusted.clean(once) == untrusted.squeeze(once) == once  # cleaned text passes either unchanged
+    assert untrusted.clean("x" * 500, 20) == "x" * 17 + "..."
 
 
 def test_squeeze_is_short_single_line_and_printable():

@@ -51,12 +51,25 @@ def test_the_schema_is_a_valid_2020_12_schema_and_rejects_what_the_draft_does():
     check = good["checks"]["gpu:count"][0]
     for bad in ({"status": "ok"}, {"componentType": "hardware"}, {"output": "fine"}, {"time": None},
                 {"time": "2026-01-01T00:00:00+00:00"}, {"observedUnit": None}, {"observedValue": None},
-                {"status": "fail"}):
+                {"status": "fail"}, {"status": "fail", "output": "gone", "action": "reset-gpu"},
+                {"status": "warn", "output": "slow", "actor": "operator"},
+                {"status": "fail", "output": "gone", "action": "pray", "actor": "operator"},
+                {"status": "fail", "output": "gone", "action": "reset-gpu", "actor": "nobody"}):
         doc = {"status": "pass", "checks": {"gpu:count": [{**check, **bad}]}}
         for k, v in bad.items():
             if v is None:
                 del doc["checks"]["gpu:count"][0][k]  # type: ignore[index]
         assert problems(doc), bad
+    failing = {**check, "status": "fail", "output": "gone", "action": "reset-gpu", "actor": "operator"}
+    assert problems({"status": "fail", "checks": {"gpu:count": [failing]}}) == []
+
+
+def test_the_schema_knows_every_action_and_actor_the_catalog_declares():
+    from probes import spec
+
+    props = SCHEMA["$defs"]["check"]["properties"]
+    assert tuple(props["action"]["enum"]) == spec.ACTIONS
+    assert tuple(props["actor"]["enum"]) == spec.ACTORS
 
 
 @pytest.mark.parametrize("profile", PROFILES)

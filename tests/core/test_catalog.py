@@ -1,0 +1,164 @@
+"""The catalog of causes: every cause says who acts and how, once; judges build no remedy themselves.
+
+A cause (probes.spec.Cause) is declared once, in a probe's table, a layer's shared causes,
+the runner's common ones, the drop-in table or serve's own. A judge returns
+``probes.result.verdict(name, cause, detail)``: the message is the detail it observed and the
+cause's remedy, built in that one place, and the result carries the cause's reason, action and
+actor. These tests read the code as the reader would: the tables, and what the judges call.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from probes import dropins, registry, runner, spec
+from probes.result import Status, verdict
+from probes.serve import view
+from probes.spec import Cause
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "probes"
+# Where reason codes are data, not a probe's judgement: the catalog's own code and serve, which
+# passes on the reasons a run reported.
+NOT_JUDGES = {"spec.py", "result.py", "docs.py", "report.py", "__main__.py"}
+
+
+def tables() -> Iterator[tuple[str, Cause]]:
+    yield from (("common", c) for c in runner.COMMON_CAUSES)
+    for s in registry.PROBES:
+        yield from ((s.name, c) for c in s.causes)
+    yield from (("drop-in", c) for c in dropins.CAUSES)
+    yield from (("serve", c) for c in view.CAUSES)
+
+
+def judge_modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py")
+                  if p.name not in NOT_JUDGES and "serve" not in p.relative_to(PACKAGE).parts)
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def test_every_cause_says_who_acts_and_how():
+    bad = [(where, c.reason, c.action, c.actor) for where, c in tables()
+           if c.action not in spec.ACTIONS or c.actor not in spec.ACTORS]
+    assert not bad, "causes without a valid action and actor"
+
+
+def test_a_cause_declared_without_who_acts_or_how_is_refused():
+    with pytest.raises(TypeError):
+        Cause("gpu-lost", "fail", "GPU fallen off the bus", "reset the GPU")  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="action 'pray' is not one of"):
+        Cause("gpu-lost", "fail", "GPU fallen off the bus", "reset the GPU", "pray", "operator")
+    with pytest.raises(ValueError, match="actor 'nobody' is not tenant or operator"):
+        Cause("gpu-lost", "fail", "GPU fallen off the bus", "reset the GPU", "reset-gpu", "nobody")
+
+
+def test_a_verdict_carries_the_cause_and_builds_the_message_once():
+    lost = Cause("gpu-lost", "fail", "GPU fallen off the bus", "reset the GPU (`nvidia-smi -r`)", "reset-gpu",
+                 "operator")
+    r = verdict("nvml", lost, "GPU 0 is lost", observed=1, unit="gpus")
+    assert (r.status, r.reason, r.action, r.actor) == (Status.FAIL, "gpu-lost", "reset-gpu", "operator")
+    assert r.message == "GPU 0 is lost: reset the GPU (nvidia-smi -r)"
+    assert verdict("nvml", lost, "GPU 0 is lost; reset it", remedy=False).message == "GPU 0 is lost; reset it"
+
+
+def test_each_probe_declares_a_reason_once():
+    for s in registry.PROBES:
+        reasons = [c.reason for c in s.causes]
+        assert len(reasons) == len(set(reasons)), (s.name, sorted(r for r in reasons if reasons.count(r) > 1))
+
+
+def _calls(tree: ast.AST, name: str) -> Iterator[ast.Call]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if (isinstance(f, ast.Name) and f.id == name) or (isinstance(f, ast.Attribute) and f.attr == name):
+                yield node
+
+
+def test_no_judge_names_a_reason_code_itself():
+    """A warn or fail's reason comes from a cause of the catalog (through verdict), never a literal."""
+    found = []
+    for path in judge_modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                for kw in node.keywords:
+                    if kw.arg == "reason" and isinstance(kw.value, ast.Constant) and kw.value.value:
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} reason={kw.value.value!r}")
+    assert not found, "use verdict() with a Cause of the catalog"
+
+
+def test_every_cause_a_judge_gives_is_in_its_probes_table():
+    """``verdict(NAME, X, ...)``: X, where the module names it (a constant, ``hw.GPU_LOST``), is a row of
+    the module's own table (or the common causes); a helper module's, a row of some table."""
+    import importlib
+
+    everything = {c for _, c in tables()}
+    missing = []
+    for path in judge_modules():
+        module = importlib.import_module(module_name(path))
+        own = getattr(module, "SPEC", None)
+        allowed = set(own.causes) | set(runner.COMMON_CAUSES) if own is not None else everything
+        for call in _calls(ast.parse(path.read_text()), "verdict"):
+            if len(call.args) < 2:
+                continue
+            try:
+                cause = eval(compile(ast.Expression(call.args[1]), str(path), "eval"), vars(module))
+            except NameError:
+                continue  # a local: the cause a helper chose from its table
+            if isinstance(cause, Cause) and cause not in allowed:
+                missing.append(f"{path.relative_to(ROOT)}:{call.lineno} {cause.reason}")
+    assert not missing, "causes given by a judge but not in its probe's table"
+
+
+def _texts(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """The string constants of the module's functions, an f-string's literal parts joined by a mark,
+    leaving out the arguments of the calls that declare causes."""
+    declared: set[int] = set()
+    for name in ("Cause", "cause", "_c", "_replace"):
+        for call in _calls(tree, name):
+            declared.update(id(n) for n in ast.walk(call))
+    for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for node in ast.walk(fn):
+            if id(node) in declared:
+                continue
+            if isinstance(node, ast.JoinedStr):
+                declared.update(id(v) for v in node.values)
+                yield node.lineno, "\0".join(v.value for v in node.values if isinstance(v, ast.Constant))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                yield node.lineno, node.value
+
+
+def test_no_judge_types_a_remedy_the_catalog_holds():
+    remedies = {c.remedy.replace("`", "") for _, c in tables() if len(c.remedy) >= 24}
+    typed = []
+    for path in judge_modules():
+        for line, text in _texts(ast.parse(path.read_text())):
+            typed += [f"{path.relative_to(ROOT)}:{line} {r!r}" for r in remedies if r in text]
+    assert not typed, "remedies typed in a judge instead of taken from its cause"
+
+
+# A line that holds only a scrap of a sentence (a word or two) between two parts of it: what a
+# formatter leaves when it splits text mid-phrase (``"driver not " "loaded"``, ``"runs do "``).
+SCRAP = re.compile(r'[A-Za-z,;:] "\n[ \t]*f?"[^"\n]{1,14}("\n|"[,)])|\n[ \t]*f?"[^"\n]{1,14} "\n[ \t]*f?"')
+
+
+def test_no_text_is_split_mid_phrase():
+    """Causes, remedies and messages read as whole phrases in the code: split only between phrases."""
+    split = []
+    for path in judge_modules():
+        split += [f"{path.relative_to(ROOT)}: {m.group(0).strip()!r}" for m in SCRAP.finditer(path.read_text())]
+    assert not split
+
+
+def test_every_reason_serve_gives_a_run_without_report_is_in_its_table():
+    source = (PACKAGE / "serve" / "monitor.py").read_text()
+    given = {c.args[0].value for c in _calls(ast.parse(source), "broken") if isinstance(c.args[0], ast.Constant)}
+    assert given and given <= set(view.RUN_FAILED), given - set(view.RUN_FAILED)
