@@ -76,9 +76,9 @@ def _perfdata(text: str) -> tuple[Any, str | None]:
 def judge(data: Ran, ctx: Context) -> Result:
     check, done = data.check, data.done
     name = check.name
-    if done is None and check.cause is dropins.UNTRUSTED:
+    if done is None and check.cause == dropins.UNTRUSTED:
         return verdict(name, dropins.UNTRUSTED, f"untrusted: {check.problem}")
-    if done is None and check.cause is dropins.LIMIT:
+    if done is None and check.cause == dropins.LIMIT:
         return verdict(name, dropins.LIMIT, f"not checked: {check.problem}", remedy=False)
     if done is None:
         assert check.cause is not None
@@ -105,8 +105,8 @@ def judge(data: Ran, ctx: Context) -> Result:
         return verdict(name, dropins.BAD_EXIT, f"killed by {proc.signal_name(done.signal)}{said}")
     code = done.returncode
     if code not in (0, 1, 2, 3):
-        return verdict(name, dropins.BAD_EXIT, f"exit {code} is not a check result (0 pass, 1 warn, 2 fail, "
-                       f"3 unknown){said}")
+        return verdict(name, dropins.BAD_EXIT, f"exit {code} is not a check result "
+                       f"(0 pass, 1 warn, 2 fail, 3 unknown){said}")
     # The check's own first line is the message, and its own remedy: nothing is added to it.
     found = (dropins.PASSED, dropins.WARNING, dropins.FAILED, dropins.UNKNOWN)[code]
     text = message or f"exit {code} with no message"
