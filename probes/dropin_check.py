@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 
+from probes import dropins
 from probes.record import Record
-from probes.result import Result, failed, passed, warned
+from probes.result import Result, passed, verdict
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
@@ -75,43 +76,41 @@ def _perfdata(text: str) -> tuple[Any, str | None]:
 def judge(data: Ran, ctx: Context) -> Result:
     check, done = data.check, data.done
     name = check.name
-    if done is None and check.reason == "limit":
-        return warned(name, f"not checked: {check.problem}", reason="limit")
+    if done is None and check.cause == dropins.UNTRUSTED:
+        return verdict(name, dropins.UNTRUSTED, f"untrusted: {check.problem}")
+    if done is None and check.cause == dropins.LIMIT:
+        return verdict(name, dropins.LIMIT, f"not checked: {check.problem}", remedy=False)
     if done is None:
-        what = "untrusted" if check.reason == "untrusted" else "not run"
-        fix = f": {check.fix}" if check.reason == "untrusted" else ""
-        return failed(name, f"{what}: {check.problem}{fix}", reason=check.reason)
+        assert check.cause is not None
+        return verdict(name, check.cause, f"not run: {check.problem}")
     from probes import childio
 
     if childio.limited(done.spawn_error):
         # The limit is the container's, not the check's: no "#! line" to blame, nothing checked.
-        return warned(name, f"not checked: {clean(check.path, 120)} {done.spawn_error}", reason="limit")
+        return verdict(name, dropins.LIMIT, f"not checked: {clean(check.path, 120)} {done.spawn_error}",
+                       remedy=False)
     if done.spawn_error:
-        return failed(name, f"cannot start {clean(check.path, 120)} ({done.spawn_error}): give it a #! line "
-                      "naming an installed interpreter", reason="cannot-start")
+        return verdict(name, dropins.CANNOT_START,
+                       f"cannot start {clean(check.path, 120)} ({done.spawn_error})")
     first = done.stdout.split(b"\n", 1)[0].decode("utf-8", "replace")
     message, _, perf = first.partition("|")
     message = clean(" ".join(message.split()), MAX_MESSAGE)
+    said = f"; it said: {message}" if message else ""
     observed, unit = _perfdata(perf)
     if done.timed_out or done.stuck:
-        return failed(name, f"no answer within {data.budget:.1f}s (deadline passed)"
-                      + (f"; it said: {message}" if message else ""), reason="deadline")
+        return verdict(name, dropins.DEADLINE, f"no answer within {data.budget:.1f}s (deadline passed){said}")
     if done.signal is not None:
         from probes import proc
 
-        sig = proc.signal_name(done.signal)
-        return failed(name, f"killed by {sig}" + (f"; it said: "
-                                                  f"{message}" if message else ""), reason="bad-exit")
+        return verdict(name, dropins.BAD_EXIT, f"killed by {proc.signal_name(done.signal)}{said}")
     code = done.returncode
-    said = message or f"exit {code} with no message"
-    kw: dict[str, Any] = {"observed": observed, "unit": unit}
-    if code == 0:
-        return passed(name, said, **kw)
-    if code == 1:
-        return warned(name, said, reason="check-warning", **kw)
-    if code == 2:
-        return failed(name, said, reason="check-failed", **kw)
-    if code == 3:
-        return warned(name, f"unknown: {said}", reason="unknown", **kw)
-    return failed(name, f"exit {code} is not a check result (0 pass, 1 warn, 2 fail, 3 unknown)"
-                  + (f"; it said: {message}" if message else ""), reason="bad-exit")
+    if code not in (0, 1, 2, 3):
+        return verdict(name, dropins.BAD_EXIT, f"exit {code} is not a check result "
+                       f"(0 pass, 1 warn, 2 fail, 3 unknown){said}")
+    # The check's own first line is the message, and its own remedy: nothing is added to it.
+    found = (dropins.PASSED, dropins.WARNING, dropins.FAILED, dropins.UNKNOWN)[code]
+    text = message or f"exit {code} with no message"
+    if found is dropins.PASSED:
+        return passed(name, text, observed=observed, unit=unit)
+    return verdict(name, found, f"unknown: {text}" if found is dropins.UNKNOWN else text, remedy=False,
+                   observed=observed, unit=unit)

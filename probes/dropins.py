@@ -47,7 +47,7 @@ import stat
 from probes import untrusted
 from probes.numbers import is_number_text
 from probes.record import Record
-from probes.spec import Cause
+from probes.spec import ALL_PROFILES, Cause, cause
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 MODULE = "probes.dropin_check"  # what runs a drop-in (its gather and judge)
-DEFAULT_DIR = "/etc/healthcheck.d"
 DIR_CHECK = "drop-ins"  # the one failure for a directory that may not be trusted
 LAYER = "drop-in"
 MEASUREMENT = "status"
@@ -68,33 +67,42 @@ MAX_NAME = 64
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 BACKUP_SUFFIXES = ("~", ".bak", ".swp", ".swo", ".orig", ".rej", ".tmp", ".old", ".new", ".dpkg-old",
                    ".dpkg-new", ".dpkg-dist", ".rpmsave", ".rpmnew", ".disabled")
-FIX_OWNER = "chown root and chmod go-w"
-FIX_PATH = ("use a path that only root or the suite's user can change: directories chown root and chmod go-w "
-            "(or sticky, as /tmp), no other user's symbolic link")
-EXIT_STATUS = {0: "pass", 1: "warn", 2: "fail", 3: "unknown"}
 
-# The causes a drop-in can report (docs/probes.md's table is generated from these).
-CAUSES = (
-    Cause("", "pass", "exit 0", "none"),
-    Cause("check-warning", "warn", "exit 1 (warning)", "see the check's message"),
-    Cause("check-failed", "fail", "exit 2 (critical)", "see the check's message"),
-    Cause("unknown", "warn", "exit 3 (unknown: the check could not decide; does not fail the run)",
-          "see the check's message"),
-    Cause("bad-exit", "fail", "any other exit status, or killed by a signal", "fix the check script"),
-    Cause("deadline", "fail", "no answer by its deadline", "the check hangs: fix it or raise its `timeout=`"),
-    Cause("untrusted", "fail", "not run: the file is writable by group or others, owned by another user than "
-          "root or the suite's, or a symbolic link; or (one failure, `drop-ins`) a directory on the way to "
-          "`HEALTHCHECK_CHECKS_DIR` or a symbolic link there is another user's or writable by others",
-          f"`{FIX_OWNER}`, or replace the link by the file; for the path, {FIX_PATH}"),
-    Cause("bad-check", "fail", "not run: a bad header line, a file name that cannot be a check name, or one "
-          "whose name or toggle is a built-in probe's or another drop-in's (reported as `drop-in-NAME`)",
-          "fix the header, or rename the file (letters, digits, `.`, `_`, `-`; a toggle of its own)"),
-    Cause("cannot-start", "fail", "cannot be started (no `#!` line, a missing interpreter)",
-          "add a `#!` line naming an installed interpreter"),
-    Cause("limit", "warn", "not checked: a resource limit of the container (open files, processes, memory) "
-          "kept the check from starting, or its file or directory (`drop-ins`) from being read; the check is "
-          "not at fault", "raise the limit the message names"),
-)
+# The causes a drop-in can report (docs/probes.md's table is generated from these). The image's
+# owner writes the checks and what they check: the tenant acts on them.
+PASSED = cause("", "exit 0", "none", "pass", action="none", actor="tenant")
+# The check's own message says what to do (remedy=False).
+WARNING = cause("check-warning", "exit 1 (warning)", "see the check's message", "warn", action="fix-config",
+                actor="tenant")
+FAILED = cause("check-failed", "exit 2 (critical)", "see the check's message", action="fix-config",
+               actor="tenant")
+UNKNOWN = cause("unknown", "exit 3 (unknown: the check could not decide; does not fail the run)",
+                "see the check's message", "warn", action="retry", actor="tenant")
+BAD_EXIT = cause("bad-exit", "any other exit status, or killed by a signal", "fix the check script",
+                 action="fix-config", actor="tenant")
+DEADLINE = cause("deadline", "no answer by its deadline", "the check hangs: fix it or raise its `timeout=`",
+                 action="fix-config", actor="tenant")
+UNTRUSTED = cause(
+    "untrusted", "not run: the file is writable by group or others, owned by another user than root "
+    "or the suite's, or a symbolic link; or (one failure, `drop-ins`) a directory on the way to "
+    "`HEALTHCHECK_CHECKS_DIR` or a symbolic link there is another user's or writable by others",
+    "`chown root` and `chmod go-w` what it names (a directory on the way may be sticky instead, as `/tmp`); "
+    "replace a symbolic link by the file, or use a path no other user can change", action="fix-config",
+    actor="tenant")
+BAD_CHECK = cause(
+    "bad-check", "not run: a bad header line, a file name that cannot be a check name, "
+    "or one whose name or toggle is a built-in probe's or another drop-in's (reported as `drop-in-NAME`)",
+    "rename the file (letters, digits, `.`, `_`, `-`; a toggle of its own), or fix its header line",
+    action="fix-config", actor="tenant")
+CANNOT_START = cause("cannot-start", "cannot be started (no `#!` line, a missing interpreter)",
+                     "give it a `#!` line naming an installed interpreter, readable by the suite's user",
+                     action="fix-config", actor="tenant")
+# Its remedy is in the message: childio.limit_words names the limit and how to raise it (remedy=False).
+LIMIT = cause("limit", "not checked: a resource limit of the container (open files, processes, memory) "
+                       "kept the check from starting, or its file or directory (`drop-ins`) from being read; "
+                       "the check is not at fault", "raise the limit the message names", "warn",
+              action="fix-config", actor="tenant")
+CAUSES = (PASSED, WARNING, FAILED, UNKNOWN, BAD_EXIT, DEADLINE, UNTRUSTED, BAD_CHECK, CANNOT_START, LIMIT)
 
 
 def toggle_for(name: str) -> str:
@@ -105,35 +113,33 @@ def toggle_for(name: str) -> str:
 class Check(Record):
     """One drop-in as found in the directory (before any decision to run it)."""
 
-    __slots__ = ("name", "path", "profiles", "timeout", "problem", "reason", "renamed", "fix")
+    __slots__ = ("name", "path", "profiles", "timeout", "problem", "cause", "renamed")
 
     name: str
     path: str
     profiles: tuple[str, ...]
     timeout: float
-    problem: str | None  # set: not run, reported as a failure with this reason...
-    reason: str | None  # ...and this reason code
+    problem: str | None  # set: not run, reported with this detail...
+    cause: Cause | None  # ...and this cause
     renamed: bool  # its name is taken (a built-in probe's, or its toggle): reported as drop-in-NAME
-    fix: str  # the remedy named with an untrusted one
 
     def __init__(self, name: str, path: str, profiles: tuple[str, ...] = DEFAULT_PROFILES,
-                 timeout: float = DEFAULT_TIMEOUT, problem: str | None = None, reason: str | None = None,
-                 renamed: bool = False, fix: str = FIX_OWNER) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, problem: str | None = None, cause: Cause | None = None,
+                 renamed: bool = False) -> None:
         self.name = name
         self.path = path
         self.profiles = profiles
         self.timeout = timeout
         self.problem = problem
-        self.reason = reason
+        self.cause = cause
         self.renamed = renamed
-        self.fix = fix
 
 
 def _ignored(name: str) -> bool:
     return name.startswith((".", "#")) or name.endswith(BACKUP_SUFFIXES)
 
 
-def _parse_header(head: bytes, profiles: tuple[str, ...]) -> tuple[tuple[str, ...], float, str | None]:
+def _parse_header(head: bytes) -> tuple[tuple[str, ...], float, str | None]:
     """(profiles, timeout, problem) from the ``# healthcheck:`` line, if any."""
     found_profiles: tuple[str, ...] = DEFAULT_PROFILES
     timeout = DEFAULT_TIMEOUT
@@ -149,10 +155,10 @@ def _parse_header(head: bytes, profiles: tuple[str, ...]) -> tuple[tuple[str, ..
             key, sep, value = item.partition("=")
             if key == "profiles" and sep:
                 names = tuple(p for p in value.split(",") if p)
-                bad = [p for p in names if p not in profiles]
+                bad = [p for p in names if p not in ALL_PROFILES]
                 if not names or bad:
                     return found_profiles, timeout, (f"header: profiles={clean(value, 40)} "
-                                                     f"(accepted: {', '.join(profiles)})")
+                                                     f"(accepted: {', '.join(ALL_PROFILES)})")
                 found_profiles = names
             elif key == "timeout" and sep:
                 if not is_number_text(value) or not 0 < float(value) <= MAX_TIMEOUT:
@@ -190,19 +196,19 @@ def _name_problem(name: str, reserved: frozenset[str], taken: dict[str, str]) ->
     another name). ``taken`` maps each toggle in use to whose it is; ``name``'s is added."""
     shown = clean(name, MAX_NAME)
     if len(name) > MAX_NAME or any(ch not in NAME_CHARS for ch in name):
-        return (f"the file name {shown!r} cannot be a check name (accepted: letters, digits, '.', '_', '-'; "
-                "at most 64)"), False
+        return (f"the file name {shown!r} cannot be a check name "
+                "(accepted: letters, digits, '.', '_', '-'; at most 64)"), False
     if name in reserved:
-        return f"the file name {shown!r} is the name of a built-in probe: rename the file", True
+        return f"the file name {shown!r} is the name of a built-in probe", True
     toggle = toggle_for(name)
     owner = taken.setdefault(toggle, f"the drop-in {shown!r}")
     if owner != f"the drop-in {shown!r}":
         return (f"the file name {shown!r} would share its toggle {toggle} with {owner}: {toggle}=false would "
-                "silently skip it; rename the file"), True
+                "silently skip it"), True
     return None, False
 
 
-def discover(directory: str, profiles: tuple[str, ...], reserved: frozenset[str] = frozenset(),
+def discover(directory: str, reserved: frozenset[str] = frozenset(),
              toggles: dict[str, str] | None = None) -> list[Check]:
     """The drop-ins in ``directory``, sorted by name; [] when it is missing or empty.
 
@@ -213,11 +219,11 @@ def discover(directory: str, profiles: tuple[str, ...], reserved: frozenset[str]
         dir_fd = untrusted.open_trusted_dir(directory, _owners())
     except untrusted.Refused as exc:
         return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)}: {exc}: "
-                      "nothing in it is run", reason="untrusted", fix=FIX_PATH)]
+                      "nothing in it is run", cause=UNTRUSTED)]
     except OSError as exc:
         return _unreadable(directory, exc)
     try:
-        return _listed(dir_fd, directory, profiles, reserved, dict(toggles or {}))
+        return _listed(dir_fd, directory, reserved, dict(toggles or {}))
     except OSError as exc:
         return _unreadable(directory, exc)
     finally:
@@ -233,11 +239,10 @@ def _unreadable(directory: str, exc: OSError) -> list[Check]:
     if words is None:
         return []
     return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)} could not be "
-                  f"read: {words}; nothing in it is run", reason="limit")]
+                  f"read: {words}; nothing in it is run", cause=LIMIT)]
 
 
-def _listed(dir_fd: int, directory: str, profiles: tuple[str, ...], reserved: frozenset[str],
-            taken: dict[str, str]) -> list[Check]:
+def _listed(dir_fd: int, directory: str, reserved: frozenset[str], taken: dict[str, str]) -> list[Check]:
     """The checks in the open directory ``dir_fd`` (see discover)."""
     checks: list[Check] = []
     names = sorted((e.name for e in os.scandir(dir_fd) if not _ignored(e.name)), key=str)
@@ -250,17 +255,17 @@ def _listed(dir_fd: int, directory: str, profiles: tuple[str, ...], reserved: fr
         shown = clean(name, MAX_NAME)
         if stat.S_ISLNK(lst.st_mode):
             checks.append(Check(shown, path, problem=f"{shown} is a symbolic link (not followed)",
-                                reason="untrusted"))
+                                cause=UNTRUSTED))
             continue
         if not stat.S_ISREG(lst.st_mode) or not lst.st_mode & 0o111:
             continue  # directories, FIFOs, sockets, devices and plain files are not checks
         problem, renamed = _name_problem(name, reserved, taken)
         if problem is not None:
-            checks.append(Check(shown, path, problem=problem, reason="bad-check", renamed=renamed))
+            checks.append(Check(shown, path, problem=problem, cause=BAD_CHECK, renamed=renamed))
             continue
         problem = _trusted(lst, name)
         if problem is not None:
-            checks.append(Check(name, path, problem=problem, reason="untrusted"))
+            checks.append(Check(name, path, problem=problem, cause=UNTRUSTED))
             continue
         try:
             st, head = _read_head(dir_fd, name)
@@ -268,29 +273,28 @@ def _listed(dir_fd: int, directory: str, profiles: tuple[str, ...], reserved: fr
             from probes import childio
 
             words = childio.limit_words(exc.errno)
-            checks.append(Check(name, path, problem=f"{name} could not be read: {words}", reason="limit")
+            checks.append(Check(name, path, problem=f"{name} could not be read: {words}", cause=LIMIT)
                           if words is not None else
                           Check(name, path, problem=f"cannot read {name} ({os.strerror(exc.errno or 0)})",
-                                reason="cannot-start"))
+                                cause=CANNOT_START))
             continue
         if (st.st_ino, st.st_dev) != (lst.st_ino, lst.st_dev):  # replaced while we looked
-            checks.append(Check(name, path, problem=f"{name} changed while it was "
-                                                    f"read", reason="untrusted"))
+            checks.append(Check(name, path, problem=f"{name} changed while it was read", cause=UNTRUSTED))
             continue
-        found, timeout, problem = _parse_header(head, profiles)
-        checks.append(Check(name, path, found, timeout, problem, "bad-check" if problem else None))
+        found, timeout, problem = _parse_header(head)
+        checks.append(Check(name, path, found, timeout, problem, BAD_CHECK if problem else None))
     return checks
 
 
 def specs(directory: str, reserved: frozenset[str] = frozenset(),
           toggles: dict[str, str] | None = None) -> tuple[Any, ...]:
     """The drop-ins in ``directory`` as probe specs (what config, runner and reports use)."""
-    from probes.spec import ALL_PROFILES, Spec
+    from probes.spec import Spec
 
     out = []
-    for check in discover(directory, ALL_PROFILES, reserved, toggles):
+    for check in discover(directory, reserved, toggles):
         name = f"drop-in-{check.name}" if check.renamed else check.name
-        out.append(Spec(name, LAYER, MODULE, toggle_for(name), check.timeout, check.profiles,
-                        measurement=MEASUREMENT, about=f"drop-in check {clean(check.path, 120)}",
-                        dropin=check._replace(name=name)))
+        out.append(Spec(name, layer=LAYER, module=MODULE, toggle=toggle_for(name), timeout=check.timeout,
+                        profiles=check.profiles, measurement=MEASUREMENT,
+                        about=f"drop-in check {clean(check.path, 120)}", dropin=check._replace(name=name)))
     return tuple(out)

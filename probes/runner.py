@@ -17,8 +17,8 @@ from probes import childio
 from probes.config import Config
 from probes.context import Context, logger
 from probes.record import Record
-from probes.result import SEVERITY, Result, Status, failed, skipped, warned
-from probes.spec import Cause, Spec
+from probes.result import SEVERITY, Result, Status, verdict
+from probes.spec import Spec, cause
 from probes.state import State
 
 TYPE_CHECKING = False
@@ -27,19 +27,33 @@ if TYPE_CHECKING:
     from typing import Callable
 
 # What any probe can report, besides its own causes (the first cause table of docs/probes.md).
-COMMON_CAUSES = (
-    Cause("deadline", "fail", "the probe gave no answer by its deadline (its own, or the run's "
-                   "`HEALTHCHECK_TIMEOUT`)", "the named component is hung; see the probe's remedy"),
-    Cause("dependency-failed", "skip", "a lower layer failed, so this probe did not run",
-                   "fix the layer named in the message"),
-    Cause("latched", "fail", "a CUDA-fatal error or a critical Xid latched the container unhealthy",
-                   "restart the container (a new PID 1 clears the latch)"),
-    Cause("internal-error", "fail", "the probe itself raised (a bug); the detail is only in "
-                   "`HEALTHCHECK_LOG_FILE`", "report it with the log line"),
-    Cause("limit", "warn", "not checked: a resource limit of the container (processes or threads, open "
-                   "files, memory) kept the suite from starting the probe's thread or process; the probe's "
-                   "component is not at fault", "raise the limit the message names, or find what uses it up"),
-)
+# A probe that hangs past its deadline with no deadline cause of its own: a hardware probe whose
+# call is stuck in the driver, or a machine so starved that a probe's thread never ran.
+DEADLINE = cause("deadline", "the probe gave no answer by its deadline "
+                             "(its own, or the run's `HEALTHCHECK_TIMEOUT`)",
+                 "the component it checks is hung or the machine overloaded; "
+                 "if it lasts, the node's operator looks", action="retry", actor="operator")
+# The failed probe named in the message carries its own remedy and actor; this one has nothing to do.
+DEPENDENCY_FAILED = cause("dependency-failed", "a lower layer failed, so this probe did not run",
+                          "fix the layer named in the message", "skip", action="none", actor="tenant")
+# A fatal CUDA error or a critical Xid is the GPU's or the driver's: a new container clears the latch,
+# but only the operator can mend a GPU that fails again.
+LATCHED = cause("latched", "a CUDA-fatal error or a critical Xid latched the container unhealthy",
+                "restart the container (a new PID 1 clears the latch)", action="restart-container",
+                actor="operator")
+# A bug in the suite: no restart of the container nor reset of the GPU mends it; whoever ships the
+# image (the operator's side) reports it and updates the suite.
+INTERNAL_ERROR = cause("internal-error", "the probe itself raised "
+                                         "(a bug of the suite, not a fault of the container or the GPU); "
+                                         "the detail is only in `HEALTHCHECK_LOG_FILE`",
+                       "report it with the log line", action="none", actor="operator")
+LIMIT = cause("limit", "not checked: a resource limit of the container "
+                       "(processes or threads, open files, memory) "
+                       "kept the suite from starting the probe's thread or process; "
+                       "the probe's component is not at fault",
+              "raise the limit the message names, or find what uses it up", "warn", action="fix-config",
+              actor="tenant")
+COMMON_CAUSES = (DEADLINE, DEPENDENCY_FAILED, LATCHED, INTERNAL_ERROR, LIMIT)
 GRACE = 0.4  # how long past its deadline we wait for a probe that runs a child (TERM+KILL take 0.3 s)
 SIGNAL_POLL = 0.1  # the longest the main thread waits at once, so a signal's handler runs this soon
 
@@ -95,8 +109,9 @@ def _start(function: Callable[..., None], *args: object) -> _Done | None:
 def _no_thread(spec: Spec) -> Result:
     import errno
 
-    return warned(spec.name, f"not checked: could not start a thread: {childio.limit_words(errno.EAGAIN)}",
-                  reason="limit")
+    # limit_words names the limit and how to raise it: the message needs no more.
+    words = childio.limit_words(errno.EAGAIN)
+    return verdict(spec.name, LIMIT, f"not checked: could not start a thread: {words}", remedy=False)
 
 
 class Outcome(Record):
@@ -153,7 +168,7 @@ def _deadline_result(spec: Spec, module: object, ctx: Context, budget: float) ->
             return hook(ctx)
         except Exception:  # the hook must not turn a deadline into a crash
             _log_exception("on_deadline of %s failed", spec.name)
-    return failed(spec.name, f"no answer within {budget:.1f}s (deadline passed)", reason="deadline")
+    return verdict(spec.name, DEADLINE, f"no answer within {budget:.1f}s (deadline passed)")
 
 
 def _raised(spec: Spec, exc: Exception) -> Result:
@@ -167,10 +182,10 @@ def _raised(spec: Spec, exc: Exception) -> Result:
     # (which a child's start, in probes.proc, and a thread's, here, answer themselves).
     if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
         words = childio.limit_words(exc.errno)
-        return warned(spec.name, f"not checked: the {spec.name} probe could not go on: {words}",
-                      reason="limit")
-    return failed(spec.name, f"internal error in the {spec.name} probe ({type(exc).__name__}); details in "
-                  "the log", reason="internal-error")
+        return verdict(spec.name, LIMIT, f"not checked: the {spec.name} probe could not go on: {words}",
+                       remedy=False)
+    return verdict(spec.name, INTERNAL_ERROR, f"internal error in the {spec.name} probe "
+                   f"({type(exc).__name__}); details in the log")
 
 
 def _execute(spec: Spec, ctx: Context, budget: float) -> tuple[Result, bool]:
@@ -230,14 +245,16 @@ def run(config: Config, state: State, *, start: float | None = None,
             if latch is not None and spec.layer == "hardware":
                 why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
                        "the GPU is not touched until the container restarts")
-                result = (skipped if torch_selected else failed)(spec.name, why, reason="latched")
+                result = verdict(spec.name, LATCHED, why, remedy=False)  # it says when the latch clears
+                if torch_selected:  # torch-cuda reports the latch; the hardware probes stand aside
+                    result = result._replace(status=Status.SKIP)
             elif bad:
                 first = bad[0]
                 why = (f"{first.name}: {first.message}" if first is not None
                        else f"{needs[0]} gave no result")
                 layer = by_name[needs[0]].layer
-                result = skipped(spec.name, f"skipped: the {layer} layer failed ({why})",
-                                 reason="dependency-failed")
+                result = verdict(spec.name, DEPENDENCY_FAILED, f"skipped: the {layer} layer failed ({why})",
+                                 remedy=False)
             else:
                 t0 = time.monotonic()
                 deadline = min(t0 + spec.timeout, end)
@@ -271,7 +288,7 @@ def run(config: Config, state: State, *, start: float | None = None,
         r = results.get(s.name)
         if r is None:  # its supervisor is itself stuck: cannot happen unless the machine is starved
             abandoned.set()
-            r = failed(s.name, "no answer before the run's deadline", reason="deadline", time=time.time())
+            r = verdict(s.name, DEADLINE, "no answer before the run's deadline", time=time.time())
         ordered.append(r)
     notes = []
     if not state.enabled and torch_selected:

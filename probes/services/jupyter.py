@@ -39,74 +39,71 @@ import time
 from probes import services, untrusted
 from probes.config import Config
 from probes.context import Context
-from probes.record import Record
-from probes.result import Result, failed, passed
+from probes.result import Result, passed, verdict
 from probes.services import _net
 from probes.services._http import MAX_REPLY, _speaks_tls, exchange
-from probes.spec import ALL_PROFILES, BOOL, PORT, TEXT, URL_PATH, Cause, Setting, Spec
+from probes.spec import ALL_PROFILES, BOOL, PORT, TEXT, URL_PATH, Declared, Spec, cause, setting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from probes.spec import Cause
+
 NAME = "jupyter"
 MEASUREMENT = "responseTime"
 
+
+class Settings(Declared):
+    """The settings jupyter reads (``config.of(Settings)``)."""
+
+    jupyter_port: int = setting("HEALTHCHECK_JUPYTER_PORT", PORT, 8888, "Jupyter Server port")
+    jupyter_base_url: str = setting("HEALTHCHECK_JUPYTER_BASE_URL", URL_PATH, "/",
+                                    "Jupyter base URL, when no trusted runtime file says otherwise")
+    jupyter_tls: bool = setting("HEALTHCHECK_JUPYTER_TLS", BOOL, False,
+                                "Jupyter serves HTTPS, when no trusted runtime file says otherwise")
+    jupyter_runtime_dir: str | None = setting(
+        "HEALTHCHECK_JUPYTER_RUNTIME_DIR", TEXT, None,
+        "where `jpserver-*.json` files are looked for (see \"What is trusted in the runtime directory\")",
+        shown_default="`$JUPYTER_RUNTIME_DIR`, else `~/.local/share/jupyter/runtime`")
+
+
+# Jupyter Server is the tenant's own service: restarting it, or setting the probe right, is theirs.
+REFUSED = cause(
+    "refused", "nothing listening (the message lists what is, and names a refused runtime file and why)",
+    "start Jupyter or set `HEALTHCHECK_JUPYTER_PORT` to its port; remove stale `jpserver-*.json`",
+    action="restart-app", actor="tenant")
+STUCK = "Jupyter is hung or overloaded: restart it and check its log"
+HUNG = cause("hung", "accepted but no answer to `GET {base_url}api` before the deadline", STUCK,
+             action="restart-app", actor="tenant")
+DEADLINE = cause("deadline", "answer incomplete at the deadline", STUCK, action="restart-app", actor="tenant")
+NOT_JUPYTER = cause(
+    "not-jupyter", "answered, but not 200 with a JSON `version` "
+    "(404 = wrong base URL, 403 = Host check, 3xx/401 = proxy or login page), "
+    "not HTTP at all, or a reply over 144 KiB or with more than 1024 chunks",
+    "check `HEALTHCHECK_JUPYTER_PORT`, `HEALTHCHECK_JUPYTER_BASE_URL` (Jupyter's `ServerApp.base_url`) "
+    "and the server's log; probe Jupyter itself via `127.0.0.1` (or set `ServerApp.allow_remote_access`)",
+    action="fix-config", actor="tenant")
+HTTP_ERROR = cause("http-error", "HTTP 5xx", "Jupyter is failing: see its log", action="restart-app",
+                   actor="tenant")
+TLS_MISMATCH = cause(
+    "tls-mismatch", "plain HTTP sent to a TLS server, or HTTPS to a plain one",
+    "set `HEALTHCHECK_JUPYTER_TLS=true` for a server with `ServerApp.certfile`, `false` for one without, "
+    "or point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime directory; "
+    "remove stale `jpserver-*.json`", action="fix-config", actor="tenant")
+TLS_ERROR = cause(
+    "tls-error", "TLS handshake failed, or certificate not trusted (off loopback)",
+    "check `ServerApp.certfile` and `keyfile`, and that Jupyter holds the port; "
+    "probe over loopback (`HEALTHCHECK_HOST=127.0.0.1`), where a self-signed certificate is accepted",
+    action="fix-config", actor="tenant")
+
 SPEC = Spec(
-    NAME, "services", __name__, "ENABLE_JUPYTER_CHECK", 3.0, ALL_PROFILES, measurement=MEASUREMENT,
-    about="Jupyter Server answers `GET {base_url}api` with its version",
-    settings=(
-        Setting("HEALTHCHECK_JUPYTER_PORT", "jupyter_port", PORT, 8888, "Jupyter Server port"),
-        Setting("HEALTHCHECK_JUPYTER_BASE_URL", "jupyter_base_url", URL_PATH, "/",
-                "Jupyter base URL, when no trusted runtime file says otherwise"),
-        Setting("HEALTHCHECK_JUPYTER_TLS", "jupyter_tls", BOOL, False,
-                "Jupyter serves HTTPS, when no trusted runtime file says otherwise"),
-        Setting("HEALTHCHECK_JUPYTER_RUNTIME_DIR", "jupyter_runtime_dir", TEXT, None,
-                "where `jpserver-*.json` files are looked for (see \"What is trusted in the runtime "
-                "directory\")",
-                shown_default="`$JUPYTER_RUNTIME_DIR`, else `~/.local/share/jupyter/runtime`"),
-    ),
-    causes=(
-        Cause("refused", "fail", "nothing listening (the message lists what is, and names a refused runtime "
-              "file and why)", "start Jupyter or set `HEALTHCHECK_JUPYTER_PORT`; remove stale "
-                               "`jpserver-*.json`"),
-        Cause("hung", "fail", "accepted but no answer to `GET {base_url}api` before the deadline",
-              "Jupyter is hung or overloaded: restart it and check its log"),
-        Cause("deadline", "fail", "answer incomplete at the deadline", "Jupyter is overloaded or stuck"),
-        Cause("not-jupyter", "fail", "answered, but not 200 with a JSON `version` (404 = wrong base URL, "
-                                     "403 = "
-              "Host check, 3xx/401 = proxy or login page), not HTTP at all, or a reply over 144 KiB or with "
-              "more than 1024 chunks", "check `HEALTHCHECK_JUPYTER_PORT` / `HEALTHCHECK_JUPYTER_BASE_URL`; "
-              "probe via 127.0.0.1"),
-        Cause("http-error", "fail", "HTTP 5xx", "Jupyter is failing: see its log"),
-        Cause("tls-mismatch", "fail", "plain HTTP sent to a TLS server, or HTTPS to a plain one",
-              "set `HEALTHCHECK_JUPYTER_TLS`, or point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's "
-              "runtime "
-              "dir; remove stale `jpserver-*.json`"),
-        Cause("tls-error", "fail", "TLS handshake failed, or certificate not trusted (off loopback)",
-              "check `ServerApp.certfile`/`keyfile`; probe over loopback"),
-        services.CONNECT_TIMEOUT, services.UNREACHABLE,
-    ),
+    NAME, layer="services", module=__name__, toggle="ENABLE_JUPYTER_CHECK", timeout=3.0,
+    profiles=ALL_PROFILES, measurement=MEASUREMENT,
+    about="Jupyter Server answers `GET {base_url}api` with its version", settings=Settings.SETTINGS,
+    causes=(REFUSED, HUNG, DEADLINE, NOT_JUPYTER, HTTP_ERROR, TLS_MISMATCH, TLS_ERROR,
+            services.CONNECT_TIMEOUT, services.UNREACHABLE),
 )
-
-
-class Settings(Record):
-    """The settings jupyter reads, typed (``config.of(Settings)``)."""
-
-    __slots__ = ("jupyter_port", "jupyter_base_url", "jupyter_tls", "jupyter_runtime_dir")
-
-    jupyter_port: int
-    jupyter_base_url: str
-    jupyter_tls: bool
-    jupyter_runtime_dir: str | None
-
-    def __init__(self, jupyter_port: int, jupyter_base_url: str, jupyter_tls: bool,
-                 jupyter_runtime_dir: str | None) -> None:
-        self.jupyter_port = jupyter_port
-        self.jupyter_base_url = jupyter_base_url
-        self.jupyter_tls = jupyter_tls
-        self.jupyter_runtime_dir = jupyter_runtime_dir
-
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*")  # noqa: S104  (addresses to listen on, not to connect to)
 PATH_CHARS = frozenset("-._~/!$&'()*+,;=:@%0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -484,66 +481,40 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- judge: an outcome table
 #
-# gather's outcome, refined by what came with it, names one row: the reason code, the status,
-# and the message as "problem: remedy", two str.format templates over the fields of _fields
-# (plus the version and time of a pass). Every fail reason here is one of SPEC's causes.
+# gather's outcome, refined by what came with it, names one row: the cause and what was seen, a
+# str.format template over the fields of _fields (plus the version and time of a pass). The
+# message is that detail and the cause's remedy (probes.result.verdict).
 
 LOGIN_STATUSES = (401, 407)
 NOT_200 = "not Jupyter: {where} answered {get} with HTTP {status}{src}"
-OTHER_SERVER = "another web server holds the port; check HEALTHCHECK_JUPYTER_PORT"
 SPOKE_PLAIN = "TLS mismatch: {where} speaks HTTPS but the probe spoke plain HTTP"
-CHECK_CERT = "check the server's ServerApp.certfile and keyfile, or HEALTHCHECK_JUPYTER_TLS"
-OUTCOMES: dict[str, tuple[str | None, str, str, str]] = {
-    # outcome: (reason, status, problem, remedy)
-    "ok": (None, "pass", "Jupyter Server {version} answered {get} at {scheme}://{where} in {ms:.0f} ms", ""),
-    "http-5xx": ("http-error", "fail", "Jupyter at {where} answered {get} with HTTP {status}",
-                 "the server is failing; see its log"),
-    "http-404": ("not-jupyter", "fail", NOT_200,
-                 "wrong base URL? the server has no {path}; set HEALTHCHECK_JUPYTER_BASE_URL to Jupyter's "
-                 "ServerApp.base_url"),
-    "http-403": ("not-jupyter", "fail", NOT_200,
-                 "Jupyter refuses requests for a Host it does not trust: probe it via 127.0.0.1 "
-                 "(HEALTHCHECK_HOST) or set ServerApp.allow_remote_access"),
-    "http-login": ("not-jupyter", "fail", NOT_200,
-                   "a proxy or login page answers instead of Jupyter; point the probe at Jupyter itself"),
-    "http-other": ("not-jupyter", "fail", NOT_200, OTHER_SERVER),
-    "no-version": ("not-jupyter", "fail", "not Jupyter: {where} answered {get} with HTTP 200 ({ctype}) but "
-                   "no JSON version", OTHER_SERVER),
-    "refused": ("refused", "fail", "nothing listening on {where} (connection refused{listening})",
-                "start Jupyter or set HEALTHCHECK_JUPYTER_PORT to its port"),
-    "connect-timeout": ("connect-timeout", "fail", "connection to {where} not accepted within {budget:.1f}s",
-                        "Jupyter is hung or its accept queue is full; restart it"),
-    "resolve": ("unreachable", "fail", "cannot resolve host {host!r}{src}",
-                "set HEALTHCHECK_HOST to an address such as 127.0.0.1"),
-    "unreachable": ("unreachable", "fail", "cannot reach {where}{detail}", "check HEALTHCHECK_HOST"),
-    "hung": ("hung", "fail", "hung: {where} accepted the connection but did not answer {get} within "
-             "{budget:.1f}s", "Jupyter is hung or overloaded; restart it and check its log"),
-    "partial": ("deadline", "fail", "answer from {where} incomplete at the deadline ({received} bytes in "
-                "{budget:.1f}s)", "Jupyter is overloaded or stuck; check its log"),
-    "tls-expected-by-file": ("tls-mismatch", "fail", SPOKE_PLAIN,
-                             "{source} says http: remove stale jpserver-*.json files"),
-    "tls-expected": ("tls-mismatch", "fail", SPOKE_PLAIN,
-                     "set HEALTHCHECK_JUPYTER_TLS=true (or point HEALTHCHECK_JUPYTER_RUNTIME_DIR at the "
-                     "server's runtime directory, where a trusted jpserver-*.json says secure=true)"),
-    "plain-by-file": ("tls-mismatch", "fail", "TLS mismatch: {where} speaks plain HTTP but {source} says "
-                      "https", CHECK_CERT),
-    "plain": ("tls-mismatch", "fail", "TLS mismatch: {where} speaks plain HTTP but HEALTHCHECK_JUPYTER_TLS "
-              "is true", CHECK_CERT),
-    "tls-verify": ("tls-error", "fail", "the TLS certificate of {where} is not trusted",
-                   "probe over loopback (HEALTHCHECK_HOST=127.0.0.1), where a self-signed certificate is "
-                   "accepted"),
-    "tls-failed": ("tls-error", "fail", "TLS handshake with {where}{src} failed",
-                   "check ServerApp.certfile and keyfile, and that Jupyter (not another service) holds the "
-                   "port"),
-    "too-large": ("not-jupyter", "fail", "not Jupyter: {where} answered {get} with a reply too large "
-                  "({why}; {max_kib} KiB in all at most)",
-                  "another service holds the port, or the server is broken; check HEALTHCHECK_JUPYTER_PORT"),
-    "bad-http": ("not-jupyter", "fail", "not Jupyter: {where} does not answer HTTP ({excerpt})",
-                 "another service holds the port; check HEALTHCHECK_JUPYTER_PORT"),
-    "closed-mid-answer": ("not-jupyter", "fail", "not Jupyter: {where} closed the connection mid-answer to "
-                          "{get}", "the server crashed or is not Jupyter; check its log"),
-    "closed": ("not-jupyter", "fail", "not Jupyter: {where} closed the connection without answering {get}",
-               "check HEALTHCHECK_JUPYTER_PORT and the server's log"),
+OUTCOMES: dict[str, tuple[Cause | None, str]] = {
+    "ok": (None, "Jupyter Server {version} answered {get} at {scheme}://{where} in {ms:.0f} ms"),
+    "http-5xx": (HTTP_ERROR, "Jupyter at {where} answered {get} with HTTP {status}"),
+    "http-404": (NOT_JUPYTER, NOT_200 + ": wrong base URL? the server has no {path}"),
+    "http-403": (NOT_JUPYTER, NOT_200 + ": Jupyter refuses requests for a Host it does not trust"),
+    "http-login": (NOT_JUPYTER, NOT_200 + ": a proxy or login page answers instead of Jupyter"),
+    "http-other": (NOT_JUPYTER, NOT_200 + ": another web server holds the port"),
+    "no-version": (NOT_JUPYTER, "not Jupyter: {where} answered {get} with HTTP 200 ({ctype}) but no JSON "
+                                "version: another web server holds the port"),
+    "refused": (REFUSED, "nothing listening on {where} (connection refused{listening})"),
+    "connect-timeout": (services.CONNECT_TIMEOUT, "connection to {where} not accepted within {budget:.1f}s"),
+    "resolve": (services.UNREACHABLE, "cannot resolve host {host!r}{src}"),
+    "unreachable": (services.UNREACHABLE, "cannot reach {where}{detail}"),
+    "hung": (HUNG, "hung: {where} accepted the connection but did not answer {get} within {budget:.1f}s"),
+    "partial": (DEADLINE, "answer from {where} incomplete at the deadline "
+                          "({received} bytes in {budget:.1f}s)"),
+    "tls-expected-by-file": (TLS_MISMATCH, SPOKE_PLAIN + " ({source} says http)"),
+    "tls-expected": (TLS_MISMATCH, SPOKE_PLAIN),
+    "plain-by-file": (TLS_MISMATCH, "TLS mismatch: {where} speaks plain HTTP but {source} says https"),
+    "plain": (TLS_MISMATCH, "TLS mismatch: {where} speaks plain HTTP but HEALTHCHECK_JUPYTER_TLS is true"),
+    "tls-verify": (TLS_ERROR, "the TLS certificate of {where} is not trusted"),
+    "tls-failed": (TLS_ERROR, "TLS handshake with {where}{src} failed"),
+    "too-large": (NOT_JUPYTER, "not Jupyter: {where} answered {get} with a reply too large "
+                               "({why}; {max_kib} KiB in all at most)"),
+    "bad-http": (NOT_JUPYTER, "not Jupyter: {where} does not answer HTTP ({excerpt})"),
+    "closed-mid-answer": (NOT_JUPYTER, "not Jupyter: {where} closed the connection mid-answer to {get}"),
+    "closed": (NOT_JUPYTER, "not Jupyter: {where} closed the connection without answering {get}"),
 }
 # gather's outcomes that name their row as they are.
 AS_GATHERED = ("refused", "connect-timeout", "resolve", "unreachable", "tls-verify", "too-large", "bad-http")
@@ -612,23 +583,23 @@ def _fields(data: dict[str, Any]) -> dict[str, Any]:
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     row, extra = outcome(data)
-    reason, status, problem, remedy = OUTCOMES[row]
+    found, detail = OUTCOMES[row]
     fields = {**_fields(data), **extra}
     refused = data.get("refused") or []
     facts = {"port": data["port"], "base_url": untrusted.clean(data["base_url"]), "secure": data["secure"],
              "runtime_file": data["source"], "runtime_files_refused": dict(refused[:SHOWN_REFUSED])}
-    message = problem.format(**fields)
-    if status == "pass":
+    message = detail.format(**fields)
+    if found is None:
         return passed(NAME, message, observed=fields["ms"], unit="ms",
                       facts={**facts, "version": fields["version"]})
-    message += ": " + remedy.format(**fields)
+    result = verdict(NAME, found, message, facts=facts)
     if refused:  # name one file the probe did not use, and why (never its content)
         more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
-        message += f"; not used: {refused[0][0]}: {refused[0][1]}{more}"
-    return failed(NAME, message, reason=reason, facts=facts)
+        name, why = refused[0]
+        result = result._replace(message=f"{result.message}; not used: {name}: {why}{more}")
+    return result
 
 
 def on_deadline(ctx: Context) -> Result:
     where = _net.host_header(ctx.config.host, ctx.config.of(Settings).jupyter_port)
-    return failed(NAME, f"no answer from Jupyter at {where} before the deadline: it is hung or "
-                  "overloaded; restart it", reason="deadline")
+    return verdict(NAME, DEADLINE, f"no answer from Jupyter at {where} before the deadline")

@@ -35,9 +35,7 @@ Hard cases, decided here:
 
 from __future__ import annotations
 
-from probes.record import Record
-from probes.spec import ABSOLUTE_PATH, NUMBER, TEXT, Setting, Spec
-from probes.spec import cause as _c
+from probes.spec import ABSOLUTE_PATH, NUMBER, TEXT, Declared, Spec, cause, setting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,72 +50,90 @@ NAME = "jupyter-kernel"
 MEASUREMENT = "startTime"
 UNIT = "s"
 
+
+class Settings(Declared):
+    """The settings jupyter-kernel reads (``config.of(Settings)``)."""
+
+    jupyter_kernel_name: str | None = setting("HEALTHCHECK_JUPYTER_KERNEL_NAME", TEXT, None,
+                                              "the kernelspec jupyter-kernel starts",
+                                              shown_default="the server's default kernelspec")
+    jupyter_kernel_ttl: float = setting("HEALTHCHECK_JUPYTER_KERNEL_TTL", NUMBER, 600.0,
+                                        "seconds a passing jupyter-kernel result is reused by readiness",
+                                        low=0, high=86400, low_inclusive=True)
+    jupyter_token_file: str | None = setting(
+        "HEALTHCHECK_JUPYTER_TOKEN_FILE", ABSOLUTE_PATH, None,
+        "a file holding the server's token, for when no trusted runtime file gives it "
+        "(a probe run as root without `CAP_SYS_PTRACE`, as in the image)", shown_default="none")
+
+
+# The kernel, its kernelspec and its environment are the tenant's (their image, their ~/.local).
+API_ERROR = cause(
+    "api-error", "the kernel API did not answer `GET {base_url}api/kernelspecs` "
+    "(401/403: no trusted runtime file gave the token; or the server is unreachable)",
+    "point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime directory, "
+    "or `HEALTHCHECK_JUPYTER_TOKEN_FILE` at its token; on HTTP 5xx see Jupyter Server's log",
+    action="fix-config", actor="tenant")
+KERNELSPEC_MISSING = cause(
+    "kernelspec-missing", "the named (or default) kernelspec is not among the server's; "
+    "the message lists those that are",
+    "set `HEALTHCHECK_JUPYTER_KERNEL_NAME` to one of them, "
+    "or install the kernel (`python -m ipykernel install`)",
+    action="fix-config", actor="tenant")
+START_FAILED = cause(
+    "kernel-start-failed", "the server refused to start the kernel "
+    "(its reason, cleaned and bounded: for example an interpreter that is gone)",
+    "fix the kernelspec's `argv` (`jupyter kernelspec list`) or reinstall the kernel; see the server's log",
+    action="fix-config", actor="tenant")
+DIED = cause(
+    "kernel-died", "the kernel process exited during start-up; "
+    "the message gives the line of its output that names the cause (the module that failed to import)",
+    "remove or fix what breaks it (often a package under `~/.local`: `pip list --user`)",
+    action="fix-config", actor="tenant")
+TIMEOUT = cause(
+    "kernel-timeout", "no verified reply within the kernel's share of the deadline; the kernel is removed",
+    "the kernel hangs or the machine is overloaded; raise `HEALTHCHECK_TIMEOUT` if the image is slow",
+    action="retry", actor="tenant")
+NO_TORCH = cause(
+    "kernel-no-torch", "the kernel's interpreter cannot import torch",
+    "install torch in the kernel's environment or point the kernelspec at the image's Python",
+    action="fix-config", actor="tenant")
+NO_GPU = cause(
+    "kernel-no-gpu", "the kernel's torch sees no CUDA device "
+    "(a CPU-only torch in the kernel's environment, or `CUDA_VISIBLE_DEVICES` emptied)",
+    "install a CUDA build of torch in the kernel's environment, or use the image's kernel; "
+    "`HEALTHCHECK_TORCH_DEVICE=cpu` on CPU-only images", action="fix-config", actor="tenant")
+OP_FAILED = cause(
+    "kernel-op-failed", "the op raised in the kernel (a CUDA error, out of memory)",
+    "see the error it names; check the torch-cuda probe", action="retry", actor="tenant")
+# A wrong matmul is the GPU's: only the node's operator can drain the node and test it.
+WRONG_RESULT = cause(
+    "kernel-wrong-result", "the cell's answer is not the verified result "
+    "(a wrong matmul, no result line, an error)",
+    "silent data corruption; drain the node and run `dcgmi diag`", action="service-hardware",
+    actor="operator")
+WORKLOAD_MEMORY = cause(
+    "workload-memory", "NVML says the workload holds a GPU's memory: "
+    "torch imported and the GPU seen, no op run",
+    "not a fault: nothing to do", "warn", action="none", actor="tenant")
+CLIENT_MISSING = cause(
+    "client-missing", "websocket-client is not installed beside the suite: no kernel was started",
+    "install the suite with its `jupyter` extra (`pip install gpu-healthcheck[jupyter]`)", "warn",
+    action="fix-config", actor="tenant")
+KERNEL_LEFT = cause(
+    "kernel-left", "the kernel could not be removed (its processes could not be ended)",
+    "end them by hand (`jupyter` server log, `ps`); the suite may not signal the server's user",
+    action="restart-app", actor="tenant")
+
 SPEC = Spec(
-    NAME, "services", __name__, "ENABLE_JUPYTER_KERNEL_CHECK", 40.0, ("startup", "readiness"),
-    requires=("jupyter",), measurement=MEASUREMENT, follows="ENABLE_JUPYTER_CHECK",
+    NAME, layer="services", module=__name__, toggle="ENABLE_JUPYTER_KERNEL_CHECK", timeout=40.0,
+    profiles=("startup", "readiness"), requires=("jupyter",), measurement=MEASUREMENT,
+    follows="ENABLE_JUPYTER_CHECK",
     about="through Jupyter Server, a kernel of the default kernelspec starts, imports torch and runs a "
           "verified op on `HEALTHCHECK_TORCH_DEVICE`, and is shut down",
-    settings=(
-        Setting("HEALTHCHECK_JUPYTER_KERNEL_NAME", "jupyter_kernel_name", TEXT, None,
-                "the kernelspec jupyter-kernel starts", shown_default="the server's default kernelspec"),
-        Setting("HEALTHCHECK_JUPYTER_KERNEL_TTL", "jupyter_kernel_ttl", NUMBER, 600.0,
-                "seconds a passing jupyter-kernel result is reused by readiness", low=0, high=86400,
-                low_inclusive=True),
-        Setting("HEALTHCHECK_JUPYTER_TOKEN_FILE", "jupyter_token_file", ABSOLUTE_PATH, None,
-                "a file holding the server's token, for when no trusted runtime file gives it (a probe run "
-                "as root without `CAP_SYS_PTRACE`, as in the image)", shown_default="none"),
-    ),
-    causes=(
-        _c("api-error", "the kernel API did not answer `GET {base_url}api/kernelspecs` (401/403: no trusted "
-           "runtime file gave the token; or the server is unreachable)",
-           "point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime directory; see the jupyter "
-           "probe"),
-        _c("kernelspec-missing", "the named (or default) kernelspec is not among the server's; the message "
-           "lists those that are", "set `HEALTHCHECK_JUPYTER_KERNEL_NAME` to one of them, or install the "
-           "kernel (`python -m ipykernel install`)"),
-        _c("kernel-start-failed", "the server refused to start the kernel (its reason, cleaned and bounded: "
-           "for example an interpreter that is gone)", "fix the kernelspec's `argv` (`jupyter kernelspec "
-           "list`), or reinstall the kernel"),
-        _c("kernel-died", "the kernel process exited during start-up; the message gives the line of its "
-           "output that names the cause (the module that failed to import)",
-           "remove or fix what breaks it, often a package under `~/.local` (`pip list --user`)"),
-        _c("kernel-timeout", "no verified reply within the kernel's share of the deadline; the kernel is "
-           "removed", "the kernel hangs at start or the machine is overloaded; raise `HEALTHCHECK_TIMEOUT` "
-           "if the image is slow"),
-        _c("kernel-no-torch", "the kernel's interpreter cannot import torch",
-           "install torch in the kernel's environment, or point the kernelspec at the image's Python"),
-        _c("kernel-no-gpu", "the kernel's torch sees no CUDA device (a CPU-only torch in the kernel's "
-           "environment, or `CUDA_VISIBLE_DEVICES` emptied)", "install a CUDA build of torch there, or use "
-           "the image's kernel; `HEALTHCHECK_TORCH_DEVICE=cpu` on CPU-only images"),
-        _c("kernel-op-failed", "the op raised in the kernel (a CUDA error, out of memory)",
-           "see the error named in the message; check the torch-cuda probe"),
-        _c("kernel-wrong-result", "the cell's answer is not the verified result (a wrong matmul, no result "
-           "line, an error)", "a wrong matmul is silent data corruption: drain the node and run "
-           "`dcgmi diag`"),
-        _c("workload-memory", "NVML says the workload holds a GPU's memory: torch imported and the GPU seen, "
-           "no op run", "none: not a fault", "warn"),
-        _c("client-missing", "websocket-client is not installed beside the suite: no kernel was started",
-           "install the suite with its `jupyter` extra (`pip install gpu-healthcheck[jupyter]`)", "warn"),
-        _c("kernel-left", "the kernel could not be removed (its processes could not be ended)",
-           "end them by hand (`jupyter` server log, `ps`); the suite may not signal the server's user"),
-    ),
+    settings=Settings.SETTINGS,
+    causes=(API_ERROR, KERNELSPEC_MISSING, START_FAILED, DIED, TIMEOUT, NO_TORCH, NO_GPU, OP_FAILED,
+            WRONG_RESULT, WORKLOAD_MEMORY, CLIENT_MISSING, KERNEL_LEFT),
 )
-
-
-class Settings(Record):
-    """The settings jupyter-kernel reads, typed (``config.of(Settings)``)."""
-
-    __slots__ = ("jupyter_kernel_name", "jupyter_kernel_ttl", "jupyter_token_file")
-
-    jupyter_kernel_name: str | None
-    jupyter_kernel_ttl: float
-    jupyter_token_file: str | None
-
-    def __init__(self, jupyter_kernel_name: str | None, jupyter_kernel_ttl: float,
-                 jupyter_token_file: str | None) -> None:
-        self.jupyter_kernel_name = jupyter_kernel_name
-        self.jupyter_kernel_ttl = jupyter_kernel_ttl
-        self.jupyter_token_file = jupyter_token_file
 
 
 def requirements(config: Config) -> tuple[str, ...]:
@@ -298,10 +314,10 @@ def check(ctx: Context, srv: Server) -> dict[str, Any]:
 
 
 def on_deadline(ctx: Context) -> Result:
-    from probes.result import failed
+    from probes.result import verdict
 
-    return failed(NAME, "no result within the deadline: the kernel or the server is stuck; the kernel "
-                  "started by the probe is removed when the suite exits", reason="kernel-timeout", unit=UNIT)
+    return verdict(NAME, TIMEOUT, "no result within the deadline (the kernel started by the probe is removed "
+                   "when the suite exits)", unit=UNIT)
 
 
 def end_all() -> None:
@@ -315,7 +331,7 @@ def end_all() -> None:
 
 def judge(data: dict[str, Any], ctx: Context | None) -> Result:
     from probes.framework import deep
-    from probes.result import failed
+    from probes.result import verdict
 
     kind = data.get("kind")
     if kind == "lock-timeout":
@@ -326,8 +342,8 @@ def judge(data: dict[str, Any], ctx: Context | None) -> Result:
         result = result._replace(message=f"{result.message} (cached, {cache.get('age', 0):.0f}s old)")
     if data.get("lingered") and result.reason != "kernel-left":
         left = data.get("cleanup", {}).get("left")
-        return failed(NAME, f"{result.message}; and the kernel could not be removed ({left} process(es) "
-                      "left): end them by hand", reason="kernel-left", unit=UNIT, facts=result.facts)
+        return verdict(NAME, KERNEL_LEFT, f"{result.message}; and the kernel could not be removed ({left} "
+                       "process(es) left)", unit=UNIT, facts=result.facts)
     return result
 
 
@@ -343,7 +359,7 @@ def _fields(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
     """The verdict on a run's data (a cached one's too): gather's outcome names the row."""
     from probes import untrusted
-    from probes.result import failed, warned
+    from probes.result import verdict
 
     what, facts = _fields(data)
     kw: dict[str, Any] = {"unit": UNIT, "facts": facts}
@@ -351,48 +367,39 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
     where = untrusted.clean(data.get("where") or "?", 80)
     if outcome == "api":
         status = data.get("http")
+        failing = isinstance(status, int) and status >= 500
         why = (f"HTTP {status}: no trusted runtime file gave the server's token" if status in (401, 403)
+               else f"HTTP {status}: the server failed; "
+                    "a read-only home or /tmp keeps it from listing kernels" if failing
                else f"HTTP {status}" if status else f"{untrusted.clean(data.get('net'), 30)}")
-        fix = ("the server failed: see Jupyter Server's log (a read-only home or /tmp keeps it from "
-               "listing kernels)" if isinstance(status, int) and status >= 500 else
-               "point HEALTHCHECK_JUPYTER_RUNTIME_DIR at the server's runtime directory")
-        return failed(NAME, f"the kernel API at {where} did not list kernelspecs ({why}): {fix}",
-                      reason="api-error", **kw)
+        return verdict(NAME, API_ERROR, f"the kernel API at {where} did not list kernelspecs ({why})", **kw)
     if outcome == "no-client":
-        return warned(NAME, "not checked: websocket-client, which speaks to a kernel's channels, is not "
-                      "installed beside the suite: install gpu-healthcheck[jupyter]", reason="client-missing",
-                      **kw)
+        return verdict(NAME, CLIENT_MISSING, "not checked: websocket-client, which speaks to a kernel's "
+                       "channels, is not installed beside the suite", **kw)
     if outcome == "kernelspec-missing":
         names = [untrusted.clean(n, 40) for n in data.get("names") or []]
         have = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "") or "none"
-        return failed(NAME, f"no kernelspec {what[7:]} on the server (it has: {have}): set "
-                      "HEALTHCHECK_JUPYTER_KERNEL_NAME to one of them or install the kernel",
-                      reason="kernelspec-missing", **kw)
+        return verdict(NAME, KERNELSPEC_MISSING, f"no kernelspec {what[7:]} on the server (it has: {have})",
+                       **kw)
     if outcome == "start-failed":
         why = untrusted.clean(data.get("why"), 200)
         if data.get("interpreter"):
             why += f" ({untrusted.clean(data['interpreter'], 160)})"
-        return failed(NAME, f"the server could not start {what}: {why}: fix the kernelspec's "
-                      "argv (jupyter kernelspec list) or reinstall the kernel",
-                      reason="kernel-start-failed", **kw)
+        return verdict(NAME, START_FAILED, f"the server could not start {what}: {why}", **kw)
     if outcome == "died":
         said = data.get("said")
-        cause = f": {untrusted.clean(said, 200)}" if said else " (the server's log has its output)"
-        return failed(NAME, f"{what} died during start-up{cause}: remove or fix what breaks it (often a "
-                      "package under ~/.local: pip list --user)", reason="kernel-died", **kw)
+        shown = f": {untrusted.clean(said, 200)}" if said else " (the server's log has its output)"
+        return verdict(NAME, DIED, f"{what} died during start-up{shown}", **kw)
     if outcome == "channels-failed":
         why = untrusted.clean(data.get("why"), 80)
         denied = why.endswith(("HTTP 401", "HTTP 403"))
-        return failed(NAME, f"{what} started but {why}: " + (
-            "point HEALTHCHECK_JUPYTER_RUNTIME_DIR or HEALTHCHECK_JUPYTER_TOKEN_FILE at the server's token"
-            if denied else "see the server's log; fix the kernelspec or reinstall the kernel"),
-            reason="api-error" if denied else "kernel-start-failed", **kw)
+        return verdict(NAME, API_ERROR if denied else START_FAILED, f"{what} started but {why}", **kw)
     if outcome == "timeout":
         stage = {"start": "to start", "connect": "to answer", "execute": "to run the cell"}.get(
             str(data.get("stage")), "to answer")
-        return failed(NAME, f"{what} gave no verified reply within {float(data.get('budget') or 0):.1f}s: it "
-                      f"took too long {stage}; it was removed: the kernel hangs or the machine is "
-                      "overloaded", reason="kernel-timeout", **kw)
+        budget = float(data.get("budget") or 0)
+        return verdict(NAME, TIMEOUT, f"{what} gave no verified reply within {budget:.1f}s: it took too long "
+                       f"{stage}; it was removed", **kw)
     return _judge_reply(data, what, kw, ctx)
 
 
@@ -419,15 +426,16 @@ def _number(value: Any) -> float | None:
 
 def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Context | None) -> Result:
     from probes import untrusted
-    from probes.result import failed, passed, warned
+    from probes.result import passed, verdict
 
     report = _report(str(data.get("stdout") or ""))
     if report is None:
         err = data.get("error") or {}
         shown = f" ({untrusted.clean(err.get('ename'), 60)}: {untrusted.clean(err.get('evalue'), 120)})" \
             if err else ""
-        return failed(NAME, f"{what} ran the cell but gave no result line{shown}",
-                      reason="kernel-wrong-result", **kw)
+        # Not a wrong matmul: the remedy for silent data corruption would mislead.
+        return verdict(NAME, WRONG_RESULT, f"{what} ran the cell but gave no result line{shown}",
+                       remedy=False, **kw)
     version = untrusted.clean(report.get("torch") or "?", 40)
     kw["facts"]["torch"] = version
     err = report.get("error") if isinstance(report.get("error"), dict) else None
@@ -435,32 +443,28 @@ def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Conte
         module = untrusted.clean(err.get("module") or "", 60)
         detail = (f"no module {module!r}" if module else
                   f"{untrusted.clean(err.get('type'), 40)}: {untrusted.clean(err.get('text'), 120)}")
-        return failed(NAME, f"{what} cannot import torch ({detail}): install torch in the kernel's "
-                      "environment or point the kernelspec at the image's Python", reason="kernel-no-torch",
-                      **kw)
+        return verdict(NAME, NO_TORCH, f"{what} cannot import torch ({detail})", **kw)
     sees = report.get("available") is True and (_number(report.get("count")) or 0) > 0
     if data.get("device") == "cuda" and not sees:
         build = " (a CPU-only build)" if report.get("cuda") is None else ""
-        return failed(NAME, f"{what}'s torch {version}{build} sees no CUDA device{_gpu_layer(ctx)}: "
-                      "install a CUDA build of torch in the kernel's environment, or use the image's kernel",
-                      reason="kernel-no-gpu", **kw)
+        return verdict(NAME, NO_GPU, f"{what}'s torch {version}{build} sees no CUDA device{_gpu_layer(ctx)}",
+                       **kw)
     if err is not None:
-        return failed(NAME, f"the op failed in {what} ({untrusted.clean(err.get('type'), 40)}: "
-                      f"{untrusted.clean(err.get('text'), 120)})", reason="kernel-op-failed", **kw)
+        return verdict(NAME, OP_FAILED, f"the op failed in {what} ({untrusted.clean(err.get('type'), 40)}: "
+                       f"{untrusted.clean(err.get('text'), 120)})", **kw)
     observed = _number(data.get("observed"))
     if data.get("room") is not None:
-        return warned(NAME, f"{what} started in {observed or 0:.1f}s, imports torch {version} and sees "
-                      f"{report.get('count')} GPU(s); the op was not run: the workload holds a GPU's memory "
-                      "(not a fault)", reason="workload-memory", observed=observed, **kw)
+        count = report.get("count")
+        return verdict(NAME, WORKLOAD_MEMORY, f"{what} started in {observed or 0:.1f}s, imports torch "
+                       f"{version} and sees {count} GPU(s); the op was not run: "
+                       "the workload holds a GPU's memory", observed=observed, **kw)
     op = report.get("op")
     op = op if isinstance(op, dict) else {}
     err_max, scale = _number(op.get("max_err")), _number(op.get("scale"))
     if err_max is None or scale is None or scale <= 0 or err_max / scale > TOLERANCE:
         shown = f"{err_max / scale:.1e}" if err_max is not None and scale else "not a number"
-        return failed(NAME, f"wrong result in {what}: the matmul differs from the CPU reference by {shown} "
-                      f"(tolerance {TOLERANCE:.0e}): silent data corruption; drain the node and run "
-                      "dcgmi diag",
-                      reason="kernel-wrong-result", **kw)
+        return verdict(NAME, WRONG_RESULT, f"wrong result in {what}: the matmul differs from the CPU "
+                       f"reference by {shown} (tolerance {TOLERANCE:.0e})", **kw)
     device = untrusted.clean(data.get("device"), 8)
     return passed(NAME, f"{what} started and ran a verified matmul on {device} in {observed or 0:.1f}s "
                   f"(torch {version})", observed=observed, **kw)

@@ -38,10 +38,9 @@ import time
 
 from probes import services
 from probes.context import Context
-from probes.record import Record
-from probes.result import Result, failed, passed
+from probes.result import Result, passed, verdict
 from probes.services import _net
-from probes.spec import ALL_PROFILES, PORT, Cause, Setting, Spec
+from probes.spec import ALL_PROFILES, PORT, Declared, Spec, cause, setting
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
@@ -51,40 +50,35 @@ if TYPE_CHECKING:
 NAME = "ssh"
 MEASUREMENT = "banner"
 
+
+class Settings(Declared):
+    """The settings ssh reads (``ctx.config.of(Settings)``)."""
+
+    ssh_port: int = setting("HEALTHCHECK_SSH_PORT", PORT, 22, "sshd port")
+
+
+REFUSED = cause("refused", "nothing listening on the SSH port (the message lists what is listening)",
+                "start sshd (`/usr/sbin/sshd`) or set `HEALTHCHECK_SSH_PORT` to its port",
+                action="restart-app", actor="tenant")
+NO_BANNER = cause(
+    "no-banner", "port accepts but sends nothing before the deadline, or closes without a banner",
+    "sshd is hung, or refuses this client (MaxStartups, PerSourcePenalties, tcp wrappers): "
+    "restart it and check its log", action="restart-app", actor="tenant")
+NOT_SSH = cause("not-ssh", "the first line is not `SSH-2.0-`/`SSH-1.99-` (short excerpt quoted), "
+                           "or the server speaks only SSH protocol 1",
+                "another service holds the port; check `HEALTHCHECK_SSH_PORT` and what listens there "
+                "(an sshd of protocol 1 only: install a current openssh-server)", action="fix-config",
+                actor="tenant")
+ECHO = cause("echo", "the server sent back our own `SSH-2.0-healthcheck` line "
+                     "(an echo service, or a port forward that loops back)",
+             "not sshd: point `HEALTHCHECK_SSH_PORT` at sshd's port", action="fix-config", actor="tenant")
+
 SPEC = Spec(
-    NAME, "services", __name__, "ENABLE_SSH_CHECK", 3.0, ALL_PROFILES, measurement=MEASUREMENT,
-    about="sshd sends an `SSH-2.0-` identification line",
-    settings=(Setting("HEALTHCHECK_SSH_PORT", "ssh_port", PORT, 22, "sshd port"),),
-    causes=(
-        Cause("refused", "fail", "nothing listening on the SSH port (the message lists what is listening)",
-              "start sshd (`/usr/sbin/sshd`) or set `HEALTHCHECK_SSH_PORT`"),
-        Cause("no-banner", "fail", "port accepts but sends nothing before the deadline, or closes without a "
-              "banner", "sshd is hung, or refuses this client (MaxStartups, PerSourcePenalties): restart it "
-                        "and "
-              "check its log"),
-        Cause("not-ssh", "fail", "the first line is not `SSH-2.0-`/`SSH-1.99-` (short excerpt quoted), or "
-                                 "the "
-              "server speaks only SSH protocol 1", "another service holds the port: check "
-                                                   "`HEALTHCHECK_SSH_PORT`"),
-        Cause("echo", "fail", "the server sent back our own `SSH-2.0-healthcheck` line (an echo service, or "
-                              "a "
-              "port forward that loops back)", "not sshd: check `HEALTHCHECK_SSH_PORT` and what listens "
-                                               "there"),
-        Cause("deadline", "fail", "banner still incomplete at the deadline", "sshd is overloaded or stuck"),
-        services.CONNECT_TIMEOUT, services.UNREACHABLE,
-    ),
+    NAME, layer="services", module=__name__, toggle="ENABLE_SSH_CHECK", timeout=3.0, profiles=ALL_PROFILES,
+    measurement=MEASUREMENT, about="sshd sends an `SSH-2.0-` identification line", settings=Settings.SETTINGS,
+    causes=(REFUSED, NO_BANNER, NOT_SSH, ECHO, services.SSHD_STUCK, services.CONNECT_TIMEOUT,
+            services.UNREACHABLE),
 )
-
-
-class Settings(Record):
-    """The settings ssh reads, typed (``ctx.config.of(Settings)``)."""
-
-    __slots__ = ("ssh_port",)
-
-    ssh_port: int
-
-    def __init__(self, ssh_port: int) -> None:
-        self.ssh_port = ssh_port
 
 
 MAX_LINE = 255  # RFC 4253 4.2, including CR LF
@@ -201,10 +195,10 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
             return passed(NAME, f"sshd at {where} identifies as {shown} (SSH-{proto})",
                           observed=software, facts=facts)
         if proto in ("2.0", "1.99"):
-            return failed(NAME, f"the SSH banner at {where} names no software version: "
-                          f"{_net.safe_excerpt(data['line'])}", reason="not-ssh", facts=facts)
-        return failed(NAME, f"the server at {where} speaks only SSH protocol {proto!r}, not 2.0: "
-                      "install a current openssh-server", reason="not-ssh", facts=facts)
+            return verdict(NAME, NOT_SSH, f"the SSH banner at {where} names no software version: "
+                           f"{_net.safe_excerpt(data['line'])}", facts=facts)
+        return verdict(NAME, NOT_SSH, f"the server at {where} speaks only SSH protocol {proto!r}, not 2.0",
+                       facts=facts)
     if outcome == "refused":
         listening = data.get("listening")
         if listening is None:
@@ -213,50 +207,35 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
             extra = f" (listening here: {', '.join(listening)})"
         else:
             extra = " (no TCP port is listening here)"
-        return failed(NAME, f"connection refused: nothing listening on {where}{extra}: start sshd "
-                      "(/usr/sbin/sshd) or set HEALTHCHECK_SSH_PORT to its port",
-                      reason="refused", facts={"listening": listening or []})
+        return verdict(NAME, REFUSED, f"connection refused: nothing listening on {where}{extra}",
+                       facts={"listening": listening or []})
     if outcome == "resolve":
-        return failed(NAME, f"cannot resolve HEALTHCHECK_HOST {data['host']!r}: use an address "
-                      "such as 127.0.0.1", reason="unreachable")
+        return verdict(NAME, services.UNREACHABLE, f"cannot resolve HEALTHCHECK_HOST {data['host']!r}")
     if outcome == "unreachable":
         why = f" ({data['detail']})" if data.get("detail") else ""
-        return failed(NAME, f"cannot reach {where}{why}: check HEALTHCHECK_HOST", reason="unreachable")
+        return verdict(NAME, services.UNREACHABLE, f"cannot reach {where}{why}")
     if outcome == "echo":
         ours = CLIENT_ID.rstrip(b"\r\n").decode()
-        return failed(NAME, f"{where} sent back our own identification line ({ours}) instead of an SSH "
-                      "banner: an echo service or a port forward that loops back holds the port, not sshd; "
-                      "check HEALTHCHECK_SSH_PORT and what listens there", reason="echo")
-    if outcome in ("too-long", "not-ssh"):
-        return failed(NAME, f"not an SSH banner from {where}: {data['excerpt']}: another service "
-                      "holds the port; check HEALTHCHECK_SSH_PORT and what listens there",
-                      reason="not-ssh")
+        return verdict(NAME, ECHO, f"{where} sent back our own identification line ({ours}) instead of an "
+                       "SSH banner: an echo service or a port forward that loops back holds the port")
     budget = float(data["budget"])
     if outcome == "connect-timeout":
-        return failed(NAME, f"connection to {where} not accepted within {budget:.1f}s: sshd is "
-                      "hung or its accept queue is full; restart sshd", reason="connect-timeout")
-    if outcome == "timeout":
-        partial: bytes = data.get("partial", b"")
-        if data.get("received", 0) == 0:
-            return failed(NAME, f"no banner: {where} accepted the connection but sent nothing within "
-                          f"{budget:.1f}s: sshd is hung, or the port is not SSH; restart sshd",
-                          reason="no-banner")
-        if b"SSH-".startswith(partial[:4]) and partial:
-            return failed(NAME, f"SSH banner from {where} incomplete at the deadline "
-                          f"({data['received']} bytes in {budget:.1f}s): sshd is overloaded or stuck",
-                          reason="deadline")
-        return failed(NAME, f"not an SSH banner from {where}: {data['excerpt']}: another service "
-                      "holds the port; check HEALTHCHECK_SSH_PORT", reason="not-ssh")
-    # closed
-    if data.get("received", 0) == 0:
-        return failed(NAME, f"no banner: {where} closed the connection without one: sshd refuses "
-                      "this client (MaxStartups, PerSourcePenalties, tcp wrappers); see its log",
-                      reason="no-banner")
-    return failed(NAME, f"not an SSH banner from {where}: {data['excerpt']}: another service holds "
-                  "the port; check HEALTHCHECK_SSH_PORT", reason="not-ssh")
+        return verdict(NAME, services.CONNECT_TIMEOUT,
+                       f"connection to {where} not accepted within {budget:.1f}s")
+    received = data.get("received", 0)
+    if outcome == "timeout" and received == 0:
+        return verdict(NAME, NO_BANNER, f"no banner: {where} accepted the connection "
+                       f"but sent nothing within {budget:.1f}s")
+    partial: bytes = data.get("partial", b"")
+    if outcome == "timeout" and partial and b"SSH-".startswith(partial[:4]):
+        return verdict(NAME, services.SSHD_STUCK, f"SSH banner from {where} incomplete at the deadline "
+                       f"({received} bytes in {budget:.1f}s)")
+    if outcome == "closed" and received == 0:
+        return verdict(NAME, NO_BANNER, f"no banner: {where} closed the connection without one")
+    # too-long, not-ssh, or a timeout or close after something that is no banner
+    return verdict(NAME, NOT_SSH, f"not an SSH banner from {where}: {data['excerpt']}")
 
 
 def on_deadline(ctx: Context) -> Result:
     where = _net.host_header(ctx.config.host, ctx.config.of(Settings).ssh_port)
-    return failed(NAME, f"no SSH banner from {where} before the deadline: sshd is hung or overloaded",
-                  reason="deadline")
+    return verdict(NAME, services.SSHD_STUCK, f"no SSH banner from {where} before the deadline")

@@ -36,8 +36,8 @@ import time
 
 from probes.context import Context
 from probes.record import Record
-from probes.result import Result, failed, passed, skipped, warned
-from probes.spec import TEXT, Cause, Setting, Spec
+from probes.result import Result, passed, verdict
+from probes.spec import TEXT, Declared, Spec, cause, setting
 from probes.untrusted import Refused, clean, read_regular
 
 TYPE_CHECKING = False
@@ -48,41 +48,44 @@ if TYPE_CHECKING:
 NAME = "ssh-keys"
 MEASUREMENT = "strict-modes"
 
+
+class Settings(Declared):
+    """The settings ssh-keys reads (``ctx.config.of(Settings)``)."""
+
+    ssh_user: str | None = setting("HEALTHCHECK_SSH_USER", TEXT, None,
+                                   "the user whose key files and account are checked as sshd would",
+                                   shown_default="`$DEV_USER`, else the check is skipped")
+
+
+ACCOUNT = cause("ssh-account", "the account cannot log in: no such user, login shell missing or `nologin`, "
+                               "account expired, or password locked (`!`) while sshd runs without PAM",
+                "create the account or fix it (`usermod -s /bin/bash USER`, `usermod -e '' USER`, "
+                "`usermod -U USER`)", action="fix-config", actor="tenant")
+# The message gives the command that mends the path it names (remedy=False).
+STRICT_MODES = cause("ssh-strict-modes", "sshd's StrictModes refuses the key file: "
+                                         "it, `~/.ssh` or the home directory is group/other-writable "
+                                         "or owned by another user, or the file is not a regular file "
+                                         "(the message names the path, owner and mode)",
+                     "the command the message gives, e.g. `chmod g-w /home/dev`", action="fix-config",
+                     actor="tenant")
+NO_KEYS = cause("ssh-no-keys", "no authorized keys file, or it is empty or holds no public key that parses: "
+                               "nobody can log in with a key yet",
+                "give keys (`SSH_AUTHORIZED_KEYS` in the image) or fix the file's lines", "warn",
+                action="fix-config", actor="tenant")
+# A home directory on a network or host mount that hangs: the node's storage, not the container.
+HUNG = cause("deadline", "the key files were not read before the deadline (a hung file system)",
+             "check the home directory's mount", action="retry", actor="operator")
+NO_USER = cause("no-user", "neither `HEALTHCHECK_SSH_USER` nor `DEV_USER` is set",
+                "set `HEALTHCHECK_SSH_USER` (or `DEV_USER`) to the user who logs in over SSH", "skip",
+                action="fix-config", actor="tenant")
+
 SPEC = Spec(
-    NAME, "services", __name__, "ENABLE_SSH_CHECK", 2.0, ("startup", "readiness"), measurement=MEASUREMENT,
+    NAME, layer="services", module=__name__, toggle="ENABLE_SSH_CHECK", timeout=2.0,
+    profiles=("startup", "readiness"), measurement=MEASUREMENT,
     about="the SSH user's home, `~/.ssh` and `authorized_keys` pass sshd's StrictModes, hold a key, and the "
           "account may log in",
-    settings=(Setting("HEALTHCHECK_SSH_USER", "ssh_user", TEXT, None,
-                      "the user whose key files and account are checked as sshd would",
-                      shown_default="`$DEV_USER`, else the check is skipped"),),
-    causes=(
-        Cause("ssh-account", "fail", "the account cannot log in: no such user, login shell missing or "
-              "`nologin`, account expired, or password locked (`!`) while sshd runs without PAM",
-              "fix the account (`usermod -s /bin/bash USER`, `usermod -e '' USER`, `usermod -U USER`)"),
-        Cause("ssh-strict-modes", "fail", "sshd's StrictModes refuses the key file: it, `~/.ssh` or the home "
-              "directory is group/other-writable or owned by another user, or the file is not a regular "
-              "file (the message names the path, owner and mode)",
-              "the command the message gives, e.g. `chmod g-w /home/dev`"),
-        Cause("ssh-no-keys", "warn", "no authorized keys file, or it is empty or holds no public key that "
-              "parses: nobody can log in with a key yet",
-              "give keys (`SSH_AUTHORIZED_KEYS` in the image) or fix the file's lines"),
-        Cause("deadline", "fail", "the key files were not read before the deadline (a hung file system)",
-              "check the home directory's mount"),
-        Cause("no-user", "skip", "neither `HEALTHCHECK_SSH_USER` nor `DEV_USER` is set",
-              "set `HEALTHCHECK_SSH_USER` to the user who logs in over SSH"),
-    ),
+    settings=Settings.SETTINGS, causes=(ACCOUNT, STRICT_MODES, NO_KEYS, HUNG, NO_USER),
 )
-
-
-class Settings(Record):
-    """The settings ssh-keys reads, typed (``ctx.config.of(Settings)``)."""
-
-    __slots__ = ("ssh_user",)
-
-    ssh_user: str | None
-
-    def __init__(self, ssh_user: str | None) -> None:
-        self.ssh_user = ssh_user
 
 
 class System(Record):
@@ -358,29 +361,27 @@ def _account_problem(data: Mapping[str, Any]) -> str | None:
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     if data["outcome"] == "no-user":
-        return skipped(NAME, "no SSH user to check: set HEALTHCHECK_SSH_USER (or DEV_USER)", reason="no-user")
+        return verdict(NAME, NO_USER, "no SSH user to check")
     user = clean(data["user"], 64)
     if data["outcome"] == "no-such-user":
-        return failed(NAME, f"SSH user {user} does not exist: create it or set HEALTHCHECK_SSH_USER",
-                      reason="ssh-account")
+        return verdict(NAME, ACCOUNT, f"SSH user {user} does not exist")
     problem = _account_problem(data)
     if problem is not None:
-        return failed(NAME, f"{user} cannot log in over SSH: {problem}: fix the account",
-                      reason="ssh-account")
+        return verdict(NAME, ACCOUNT, f"{user} cannot log in over SSH: {problem}")
     files = data["files"]
     if data["strict"]:
         for f in files:
             if f["state"] == "unsafe":
                 p = f["problem"]
                 what = f["why"] if f.get("why") else f"owner uid {p['owner']}, mode {p['mode']}"
-                return failed(NAME, f"sshd (StrictModes) refuses every key of {user}: "
-                              f"{clean(p['path'], 120)} ({what}): run `{clean(p['fix'], 160)}`",
-                              reason="ssh-strict-modes",
-                              facts={"path": clean(p["path"], 200), "owner": p["owner"], "mode": p["mode"]})
+                return verdict(NAME, STRICT_MODES, f"sshd (StrictModes) refuses every key of {user}: "
+                               f"{clean(p['path'], 120)} ({what}): run `{clean(p['fix'], 160)}`",
+                               remedy=False,
+                               facts={"path": clean(p["path"], 200), "owner": p["owner"], "mode": p["mode"]})
     keys = sum(f.get("keys", 0) for f in files)
     if keys == 0:
-        return warned(NAME, f"nobody can log in as {user} with a key yet: {_no_keys(files)}",
-                      reason="ssh-no-keys", observed=0, unit="keys")
+        return verdict(NAME, NO_KEYS, f"nobody can log in as {user} with a key yet: {_no_keys(files)}",
+                       observed=0, unit="keys")
     return passed(NAME, f"{user}: {keys} authorized key(s), sshd's StrictModes accept the key files",
                   observed=keys, unit="keys")
 
@@ -391,13 +392,12 @@ def _no_keys(files: list[dict[str, Any]]) -> str:
     for f in files:
         if f["state"] == "ok":
             what = "is empty" if f["size"] == 0 else "holds no public key that parses"
-            return f"{clean(f['path'], 120)} {what}: give keys (SSH_AUTHORIZED_KEYS) or fix its lines"
+            return f"{clean(f['path'], 120)} {what}"
     for f in files:
         if f["state"] == "unreadable":
             return f"{clean(f['path'], 120)} not read ({clean(f['why'], 60)})"
-    return f"no authorized keys file ({clean(files[0]['path'], 120)}): give keys (SSH_AUTHORIZED_KEYS)"
+    return f"no authorized keys file ({clean(files[0]['path'], 120)})"
 
 
 def on_deadline(ctx: Context) -> Result:
-    return failed(NAME, "the SSH key files were not read before the deadline: is the home directory's "
-                  "file system hung?", reason="deadline")
+    return verdict(NAME, HUNG, "the SSH key files were not read before the deadline (a hung file system?)")

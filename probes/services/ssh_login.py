@@ -26,10 +26,11 @@ from __future__ import annotations
 import os
 import stat
 
+from probes import services
 from probes.context import Context
-from probes.record import Record
-from probes.result import Result, failed, passed, warned
-from probes.spec import ABSOLUTE_PATH, TEXT, Cause, Setting, Spec
+from probes.result import Result, passed, verdict
+from probes.services import ssh
+from probes.spec import ABSOLUTE_PATH, TEXT, Spec, cause, setting
 from probes.untrusted import Refused, clean, read_regular, squeeze
 
 TYPE_CHECKING = False
@@ -54,60 +55,57 @@ def parse_host_keys(text: str) -> str:
     return ",".join(paths)
 
 
+class Settings(ssh.Settings):
+    """The settings ssh-login reads (``ctx.config.of(Settings)``): ssh's port, and its own."""
+
+    ssh_probe_key: str | None = setting(
+        "HEALTHCHECK_SSH_PROBE_KEY", ABSOLUTE_PATH, None,
+        "the probe principal's private key (root-only); setting it turns the `ssh-login` probe on",
+        shown_default="unset (the image sets `/run/healthcheck-ssh/id_ed25519`)")
+    ssh_probe_user: str = setting("HEALTHCHECK_SSH_PROBE_USER", TEXT, "healthcheck",
+                                  "the user the probe logs in as")
+    ssh_host_keys: str | None = setting(
+        "HEALTHCHECK_SSH_HOST_KEYS", TEXT, None,
+        "comma-separated public host key files the server's key must be one of",
+        shown_default="`/etc/ssh/ssh_host_*_key.pub`", parse=parse_host_keys)
+
+
+AUTH_FAILED = cause("ssh-auth-failed", "sshd refused the probe key (publickey): the key is not authorized, "
+                                       "or StrictModes, the account or AuthorizedKeysFile turned it away",
+                    "see sshd's log; the `ssh-keys` probe names a StrictModes problem; "
+                    "restore the probe's authorized key (restart the container)",
+                    action="restart-container", actor="tenant")
+LOGIN_FAILED = cause("ssh-login-failed", "authenticated, but the session did not run or its command failed "
+                                         "(account, shell, PAM, MaxSessions)",
+                     "see sshd's log and the probe user's account and shell", action="fix-config",
+                     actor="tenant")
+HOSTKEY = cause("ssh-hostkey", "the server's host key is none of the container's own public host keys",
+                "another server answers on the SSH port, or the host keys changed under sshd: restart sshd",
+                action="restart-app", actor="tenant")
+PROBE_KEY = cause("ssh-probe-key", "the probe key is missing, a link, not owned by the suite's user, "
+                                   "or readable by others (the client refuses it)",
+                  "fix `HEALTHCHECK_SSH_PROBE_KEY` (the suite's own file, `chmod 600`)", action="fix-config",
+                  actor="tenant")
+NO_HOST_KEYS = cause("no-host-keys", "no public host key could be read to check the server against",
+                     "set `HEALTHCHECK_SSH_HOST_KEYS`, or generate host keys (`ssh-keygen -A`)",
+                     action="fix-config", actor="tenant")
+NO_CLIENT = cause("no-client", "the `ssh` client is not installed", "install openssh-client",
+                  action="fix-config", actor="tenant")
+COULD_NOT = cause("could-not", "the run's known hosts file could not be written "
+                               "(no writable private directory, or a full disk)",
+                  "give the suite a writable `HEALTHCHECK_STATE_DIR` or `TMPDIR`", "warn",
+                  action="fix-config", actor="tenant")
+
 SPEC = Spec(
-    NAME, "services", __name__, "ENABLE_SSH_LOGIN_CHECK", 5.0, ("startup", "readiness"), requires=("ssh",),
-    measurement=MEASUREMENT, default_on=False, on_with="ssh_probe_key",
-    follows="ENABLE_SSH_CHECK",
-    about="a real SSH key login of a restricted loopback-only probe principal runs its forced command "
-          "(opt-in)",
-    settings=(
-        Setting("HEALTHCHECK_SSH_PROBE_KEY", "ssh_probe_key", ABSOLUTE_PATH, None,
-                "the probe principal's private key (root-only); setting it turns the `ssh-login` probe on",
-                shown_default="unset (the image sets `/run/healthcheck-ssh/id_ed25519`)"),
-        Setting("HEALTHCHECK_SSH_PROBE_USER", "ssh_probe_user", TEXT, "healthcheck",
-                "the user the probe logs in as"),
-        Setting("HEALTHCHECK_SSH_HOST_KEYS", "ssh_host_keys", TEXT, None,
-                "comma-separated public host key files the server's key must be one of",
-                shown_default="`/etc/ssh/ssh_host_*_key.pub`", parse=parse_host_keys),
-    ),
-    causes=(
-        Cause("ssh-auth-failed", "fail", "sshd refused the probe key (publickey): the key is not authorized, "
-              "or StrictModes, the account or AuthorizedKeysFile turned it away",
-              "see sshd's log; the `ssh-keys` probe names a StrictModes problem; restore the probe's "
-              "authorized key (restart the container)"),
-        Cause("ssh-login-failed", "fail", "authenticated, but the session did not run or its command failed "
-              "(account, shell, PAM, MaxSessions)", "see sshd's log and the probe user's account and shell"),
-        Cause("ssh-hostkey", "fail", "the server's host key is none of the container's own public host keys",
-              "another server answers on the SSH port, or the host keys changed under sshd: restart sshd"),
-        Cause("ssh-probe-key", "fail", "the probe key is missing, a link, not owned by the suite's user, or "
-              "readable by others (the client refuses it)", "fix `HEALTHCHECK_SSH_PROBE_KEY` (`chmod 600`)"),
-        Cause("no-host-keys", "fail", "no public host key could be read to check the server against",
-              "set `HEALTHCHECK_SSH_HOST_KEYS`, or generate host keys (`ssh-keygen -A`)"),
-        Cause("no-client", "fail", "the `ssh` client is not installed", "install openssh-client"),
-        Cause("deadline", "fail", "no answer before the deadline (a stall in key exchange, a hung session)",
-              "sshd is overloaded or stuck: restart it"),
-        Cause("could-not", "warn", "the run's known hosts file could not be written (no writable private "
-              "directory, or a full disk)", "give the suite a writable `HEALTHCHECK_STATE_DIR` or `TMPDIR`"),
-    ),
+    NAME, layer="services", module=__name__, toggle="ENABLE_SSH_LOGIN_CHECK", timeout=5.0,
+    profiles=("startup", "readiness"), requires=("ssh",), measurement=MEASUREMENT, default_on=False,
+    on_with="ssh_probe_key", follows="ENABLE_SSH_CHECK",
+    about="a real SSH key login of a restricted loopback-only probe principal "
+          "runs its forced command (opt-in)",
+    settings=Settings.SETTINGS,
+    causes=(AUTH_FAILED, LOGIN_FAILED, HOSTKEY, PROBE_KEY, NO_HOST_KEYS, NO_CLIENT, services.SSHD_STUCK,
+            COULD_NOT),
 )
-
-
-class Settings(Record):
-    """The settings ssh-login reads, typed (``ctx.config.of(Settings)``)."""
-
-    __slots__ = ("ssh_port", "ssh_probe_key", "ssh_probe_user", "ssh_host_keys")
-
-    ssh_port: int
-    ssh_probe_key: str | None
-    ssh_probe_user: str
-    ssh_host_keys: str | None
-
-    def __init__(self, ssh_port: int, ssh_probe_key: str | None, ssh_probe_user: str,
-                 ssh_host_keys: str | None) -> None:
-        self.ssh_port = ssh_port
-        self.ssh_probe_key = ssh_probe_key
-        self.ssh_probe_user = ssh_probe_user
-        self.ssh_host_keys = ssh_host_keys
 
 
 def key_problem(path: str) -> str | None:
@@ -121,7 +119,7 @@ def key_problem(path: str) -> str | None:
     if st.st_uid != os.geteuid():
         return f"is owned by uid {st.st_uid}, not {os.geteuid()}"
     if st.st_mode & 0o077:
-        return f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o}): chmod 600 it"
+        return f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
 
@@ -235,26 +233,21 @@ def _last_words(stderr: bytes) -> str:
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     outcome = data["outcome"]
     if outcome == "no-key":
-        return failed(NAME, "HEALTHCHECK_SSH_PROBE_KEY is not set: the login probe has no key",
-                      reason="ssh-probe-key")
+        return verdict(NAME, PROBE_KEY, "HEALTHCHECK_SSH_PROBE_KEY is not set: the login probe has no key")
     if outcome == "probe-key":
-        return failed(NAME, f"the probe key {clean(data['key'], 120)} {data['problem']}",
-                      reason="ssh-probe-key")
+        return verdict(NAME, PROBE_KEY, f"the probe key {clean(data['key'], 120)} {data['problem']}")
     if outcome == "no-host-keys":
-        return failed(NAME, f"no public host key read from {clean(data['where'], 120)}: nothing to check "
-                      "the server against; set HEALTHCHECK_SSH_HOST_KEYS or run ssh-keygen -A",
-                      reason="no-host-keys")
+        return verdict(NAME, NO_HOST_KEYS, f"no public host key read from {clean(data['where'], 120)}: "
+                       "nothing to check the server against")
     if outcome == "could-not":
-        return warned(NAME, "login not checked: the known hosts file could not be written (state dir and "
-                      "TMPDIR not writable, or full)", reason="could-not")
+        return verdict(NAME, COULD_NOT, "login not checked: the known hosts file could not be written "
+                       "(state dir and TMPDIR not writable, or full)")
     if data["spawn_error"]:
-        return failed(NAME, f"cannot run the ssh client ({clean(data['spawn_error'], 60)}): install "
-                      "openssh-client", reason="no-client")
+        return verdict(NAME, NO_CLIENT, f"cannot run the ssh client ({clean(data['spawn_error'], 60)})")
     where, user = data["where"], clean(data["user"], 32)
     if data["timed_out"]:
-        return failed(NAME, f"no SSH login as {user} at {where} before the deadline "
-                      f"({data['elapsed']:.1f}s): sshd is overloaded or stuck in key exchange",
-                      reason="deadline")
+        return verdict(NAME, services.SSHD_STUCK, f"no SSH login as {user} at {where} before the deadline "
+                       f"({data['elapsed']:.1f}s)")
     elapsed = round(float(data["elapsed"]), 3)
     if data["returncode"] == 0:
         return passed(NAME, f"logged in as {user} at {where} with the probe key in {elapsed:.2f}s",
@@ -262,14 +255,14 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     reason = classify(data["returncode"], data["stderr"])
     said = _last_words(data["stderr"])
     if reason == "ssh-hostkey":
-        text = f"the server at {where} offered a host key that is not the container's own ({said})"
-    elif reason == "ssh-auth-failed":
-        text = (f"sshd at {where} refused the probe key for {user} ({said}): see sshd's log and the "
-                "ssh-keys probe")
-    else:
-        text = f"login as {user} at {where} did not run its command (exit {data['returncode']}: {said})"
-    return failed(NAME, text, reason=reason, observed=elapsed, unit="s")
+        return verdict(NAME, HOSTKEY, f"the server at {where} offered a host key "
+                       f"that is not the container's own ({said})", observed=elapsed, unit="s")
+    if reason == "ssh-auth-failed":
+        return verdict(NAME, AUTH_FAILED, f"sshd at {where} refused the probe key for {user} ({said})",
+                       observed=elapsed, unit="s")
+    return verdict(NAME, LOGIN_FAILED, f"login as {user} at {where} did not run its command "
+                   f"(exit {data['returncode']}: {said})", observed=elapsed, unit="s")
 
 
 def on_deadline(ctx: Context) -> Result:
-    return failed(NAME, "no SSH login before the deadline: sshd is overloaded or stuck", reason="deadline")
+    return verdict(NAME, services.SSHD_STUCK, "no SSH login before the deadline")

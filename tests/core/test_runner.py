@@ -68,6 +68,7 @@ def test_hanging_probe_is_abandoned_at_its_deadline(state):
     stuck = out.results[0]
     assert stuck.status is Status.FAIL and stuck.reason == "deadline"
     assert "0.5s" in stuck.message
+    assert (stuck.action, stuck.actor) == ("retry", "operator")  # a call stuck in the driver is the node's
     assert out.abandoned
     assert out.results[1].status is Status.PASS  # the others still report
 
@@ -91,8 +92,17 @@ def test_exception_becomes_failure_without_its_text(state):
     out = run([spec("boom", "raise")], state)
     r = out.results[0]
     assert r.status is Status.FAIL and r.reason == "internal-error"
-    assert "RuntimeError" in r.message
+    assert "RuntimeError" in r.message and r.message.endswith("details in the log: report it with the log line")
     assert "secret-token" not in r.message
+    assert (r.action, r.actor) == ("none", "operator")  # a bug of the suite: no restart mends it
+
+
+def test_every_result_the_runner_makes_comes_from_its_catalog():
+    """Who acts, and how, is declared with each common cause: nothing is left to be decided."""
+    from probes.spec import ACTIONS, ACTORS
+
+    for cause in runner.COMMON_CAUSES:
+        assert cause.action in ACTIONS and cause.actor in ACTORS, cause.reason
 
 
 def test_notes_say_caching_off_when_torch_runs_without_state():
@@ -125,4 +135,5 @@ def test_latch_without_torch_fails_the_hardware_layer(state):
     state.set_latch("xid", "Xid 79 on GPU 0")
     out = run([spec("nvidia-smi", "pass", layer="hardware"), spec("ssh", "pass")], state)
     assert out.results[0].status is Status.FAIL and out.results[0].reason == "latched"
+    assert (out.results[0].action, out.results[0].actor) == ("restart-container", "operator")
     assert out.status is Status.FAIL

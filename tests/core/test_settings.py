@@ -7,12 +7,14 @@ import pytest
 from probes import config, registry
 from probes.framework import deep
 from probes.record import Record
-from probes.spec import BOOL, INTEGER, NUMBER, PORT, Setting, load
+from probes.spec import BOOL, INTEGER, NUMBER, PORT, Declared, Setting, load
 
 # What config.parse_setting returns for each kind; a TEXT setting's own grammar gives text too.
 TYPES = {BOOL: "bool", PORT: "int", INTEGER: "int", NUMBER: "float"}
 DECLARED = {s.field: s for s in registry.SETTINGS}
 WITH_SETTINGS = [s for s in registry.PROBES if s.settings]
+# Hand-written records, held to the declarations here; a Declared class is built from its own.
+RECORDS = [s for s in WITH_SETTINGS if not issubclass(load(s.module).Settings, Declared)]
 
 
 def expected_type(setting: Setting) -> str:
@@ -24,7 +26,15 @@ def settings_records() -> list[type[Record]]:
     return [*(load(s.module).Settings for s in WITH_SETTINGS), deep.Torch]
 
 
-@pytest.mark.parametrize("spec", WITH_SETTINGS, ids=lambda s: s.name)
+def fields(kind: type) -> dict[str, str]:
+    """Each field of a settings record with its annotation (a Declared one's bases' too)."""
+    if issubclass(kind, Declared):
+        notes = {k: v for base in reversed(kind.__mro__) for k, v in vars(base).get("__annotations__", {}).items()}
+        return {row.field: notes[row.field] for row in kind.SETTINGS}
+    return {name: kind.__annotations__[name] for name in kind.__slots__}
+
+
+@pytest.mark.parametrize("spec", RECORDS, ids=lambda s: s.name)
 def test_a_probe_that_declares_settings_reads_them_through_its_record(spec):
     kind = load(spec.module).Settings
     assert issubclass(kind, Record)
@@ -34,9 +44,14 @@ def test_a_probe_that_declares_settings_reads_them_through_its_record(spec):
 
 @pytest.mark.parametrize("kind", settings_records(), ids=lambda k: f"{k.__module__}.{k.__name__}")
 def test_every_field_of_a_settings_record_is_a_declared_setting_of_the_type_it_is_parsed_to(kind):
-    for name in kind.__slots__:
+    for name, note in fields(kind).items():
         assert name in DECLARED, f"{kind.__name__}.{name} is no declared setting"
-        assert kind.__annotations__[name] == expected_type(DECLARED[name]), f"{kind.__name__}.{name}"
+        assert note == expected_type(DECLARED[name]), f"{kind.__name__}.{name}"
+
+
+@pytest.mark.parametrize("spec", [s for s in WITH_SETTINGS if s not in RECORDS], ids=lambda s: s.name)
+def test_a_probe_that_declares_its_settings_once_lists_its_settings_class(spec):
+    assert spec.settings == load(spec.module).Settings.SETTINGS
 
 
 def test_the_record_carries_the_defaults_and_the_parsed_environment():

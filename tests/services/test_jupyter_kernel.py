@@ -402,7 +402,7 @@ TORCH = {"torch": "2.9.1", "cuda": "12.8", "available": True, "count": 2, "error
      Status.FAIL, "kernel-start-failed", "HTTP 500"),
     ({"kind": "kernel", "outcome": "no-client"}, Status.WARN, "client-missing", "gpu-healthcheck[jupyter]"),
     ({"kind": "kernel", "outcome": "api", "http": 500, "net": "http", "where": "127.0.0.1:8888"}, Status.FAIL,
-     "api-error", "(HTTP 500): the server failed: see Jupyter Server's log"),
+     "api-error", "(HTTP 500: the server failed; a read-only home or /tmp keeps it from listing kernels)"),
     ({"kind": "kernel", "outcome": "api", "http": 404, "net": "http", "where": "127.0.0.1:8888"}, Status.FAIL,
      "api-error", "(HTTP 404): point HEALTHCHECK_JUPYTER_RUNTIME_DIR at the server's runtime directory"),
     ({**_reply(TORCH), "lingered": True, "cleanup": {"deleted": False, "ended": 1, "left": 1}}, Status.FAIL,
