@@ -18,7 +18,7 @@ from probes.context import Context
 from probes.hardware import smi_codes
 from probes.numbers import is_integer_text
 from probes.record import Record
-from probes.result import Result, passed, verdict, warned
+from probes.result import Result, passed, verdict
 from probes.spec import Spec, cause
 from probes.untrusted import clean, squeeze
 
@@ -117,7 +117,7 @@ def _plural(n: int) -> str:
 def judge(data: proc.Completed, ctx: Context) -> Result:
     import re
 
-    from probes import childio, proc
+    from probes import childio, proc, runner
 
     expected = ctx.config.of(hw.Expected).gpu_count
     if data.spawn_error == "not found":
@@ -125,8 +125,8 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     if data.spawn_error == "interpreter missing":
         return verdict(NAME, CANNOT_START, "nvidia-smi cannot start: its interpreter is missing "
                        "(a script's #! line or a binary's loader names a file the container lacks)")
-    if childio.limited(data.spawn_error):
-        return warned(NAME, f"not checked: nvidia-smi {data.spawn_error}", reason="limit")
+    if childio.limited(data.spawn_error):  # its words name the limit to raise
+        return verdict(NAME, runner.LIMIT, f"not checked: nvidia-smi {data.spawn_error}", remedy=False)
     if data.spawn_error:
         return verdict(NAME, CANNOT_START, f"nvidia-smi cannot start ({data.spawn_error})")
     if data.held_by is not None:
@@ -146,8 +146,8 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     lost = re.findall(_LOST, out + "\n" + err)
     if lost:
         others = f"{_plural(len(gpus))} still reported" if gpus else "no other GPU reported"
-        return verdict(NAME, hw.GPU_LOST, f"GPU {lost[0]} is lost (Unable to determine the device handle; "
-                       f"{others})", **counted)
+        return verdict(NAME, hw.GPU_LOST, f"GPU {lost[0]} is lost "
+                       f"(Unable to determine the device handle; {others})", **counted)
     # Not run through a shell: a signal is Completed.signal, and an exit of 129-254 is a plain exit.
     if data.signal is not None:
         return verdict(NAME, KILLED, f"nvidia-smi was killed by {proc.signal_name(data.signal)}")

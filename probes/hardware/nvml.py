@@ -96,7 +96,7 @@ MIG_EMPTY = cause("mig-no-instances", "GPU in MIG mode with no MIG device",
 CUDA_VISIBLE = cause("cuda-visible-devices", "`CUDA_VISIBLE_DEVICES` selects no GPU or fewer than expected",
                      "fix or unset `CUDA_VISIBLE_DEVICES`, or lower `HEALTHCHECK_GPU_COUNT`",
                      action="fix-config", actor="tenant")
-CUDA_VISIBLE_STOPS = cause("cuda-visible-devices",
+CUDA_VISIBLE_STOPS = cause("cuda-visible-devices-partial",
                            "`CUDA_VISIBLE_DEVICES` names a device that does not exist: CUDA stops there",
                            "fix the list", "warn", action="fix-config", actor="tenant")
 NVIDIA_VISIBLE = cause("nvidia-visible-devices", "`NVIDIA_VISIBLE_DEVICES` lists more GPUs than NVML sees: "

@@ -81,8 +81,9 @@ EXIT_CODES: dict[int, Code] = dict((
          "The GPU control device has been blocked by the operating system/cgroups (NVML)",
          "the container's device cgroup does not allow the GPU (lost after a host systemctl daemon-reload, "
          "or a runtime set to no-cgroups)",
-         "recreate the container; let the toolkit manage the device rules (CDI) so a daemon-reload cannot "
-         "drop them", action="restart-container", actor="operator"),
+         "recreate the container; "
+         "let the toolkit manage the device rules (CDI) so a daemon-reload cannot drop them",
+         action="restart-container", actor="operator"),
     (18, Code("RM detects a driver/library version mismatch (NVML)",
               "the host's driver was upgraded without reloading the kernel module", hw.DRIVER_MISMATCH)),
     _own(255, "exit-code", "Other error or internal driver error occurred", "nvidia-smi failed",

@@ -22,7 +22,7 @@ def settings_class(spec: Spec) -> type:
     while kind is None and classes:
         candidate = classes.pop()
         classes += candidate.__subclasses__()
-        kind = candidate if candidate.SETTINGS == spec.settings else None
+        kind = candidate if spec.settings == candidate.SETTINGS else None
     assert kind is not None, f"{spec.name}: no settings class"
     return kind
 

@@ -121,6 +121,17 @@ def test_cannot_start(ctx):
     assert r.reason == "cannot-start" and "permission denied" in r.message
 
 
+def test_a_limit_of_the_container_is_not_checked_with_the_runners_cause(ctx):
+    import errno
+
+    from probes import childio, runner
+
+    words = childio.spawn_error(OSError(errno.EAGAIN, "try again"), "nvidia-smi", None, None)
+    r = nvidia_smi.judge(proc.Completed(nvidia_smi.ARGV, None, spawn_error=words), ctx)
+    assert (r.status, r.reason, r.action, r.actor) == (Status.WARN, "limit", runner.LIMIT.action, "tenant")
+    assert r.message == f"not checked: nvidia-smi {words}"
+
+
 def test_killed_by_signal(ctx):
     r = nvidia_smi.judge(gathered(-11), ctx)
     assert r.reason == "killed" and "SIGSEGV" in r.message
