@@ -82,16 +82,10 @@ SPEC = Spec(
 
 def nvml_pids(ctx: Context) -> set[int]:
     """PIDs of the compute processes the nvml probe saw (any namespace: NVML's view)."""
-    res = ctx.results.get("nvml")
-    gpus = res.facts.get("gpus") if res is not None else None
-    found: set[int] = set()
-    for gpu in gpus if isinstance(gpus, list) else ():
-        procs = gpu.get("processes") if isinstance(gpu, dict) else None
-        for p in procs if isinstance(procs, list) else ():
-            pid = p.get("pid") if isinstance(p, dict) else None
-            if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2**22:
-                found.add(pid)
-    return found
+    from probes import hardware
+
+    seen = hardware.seen(ctx.results)
+    return {pid for g in seen.gpus for pid, _, _ in g.processes} if seen is not None else set()
 
 
 def _nspid(pid: int) -> list[int]:

@@ -197,11 +197,10 @@ def expected_count(ctx: Context) -> int | None:
     """NVML's device count when the hardware layer ran and passed, for device cuda."""
     if ctx.config.of(Settings).torch_device != "cuda":
         return None
-    nvml = ctx.results.get("nvml")
-    if nvml is None or not nvml.ok:
-        return None
-    count = nvml.facts.get("count")
-    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
+    from probes import hardware
+
+    seen = hardware.seen(ctx.results)
+    return seen.count if seen is not None and seen.ok else None
 
 
 def _argv(ctx: Context, expect: int | None) -> list[str]:
@@ -331,29 +330,24 @@ def _norm_uuid(uuid: Any) -> str:
 
 def _holder(ctx: Context, report: dict[str, Any], index: int, uuid: str | None) -> str:
     """Who holds a busy device, from the nvml probe's facts, as a short phrase."""
-    nvml = ctx.results.get("nvml")
-    gpus = nvml.facts.get("gpus") if nvml is not None else None
-    if not isinstance(gpus, list):
-        return ""
+    from probes import hardware
+
+    seen = hardware.seen(ctx.results)
+    gpus = seen.gpus if seen is not None else ()
     gpu = None
     if uuid:
-        gpu = next((g for g in gpus if isinstance(g, dict) and _norm_uuid(g.get("uuid")) == _norm_uuid(uuid)),
-                   None)
+        gpu = next((g for g in gpus if _norm_uuid(g.uuid) == _norm_uuid(uuid)), None)
     if gpu is None and report.get("visible_devices") is None:
-        gpu = next((g for g in gpus if isinstance(g, dict) and g.get("index") == index), None)
+        gpu = next((g for g in gpus if g.index == index), None)
     if gpu is None:
         return ""
     parts = []
-    mode = gpu.get("compute_mode")
-    if isinstance(mode, str) and mode not in ("DEFAULT", "N/A"):
-        parts.append(f"{untrusted.clean(mode, 40)} compute mode")
-    procs = gpu.get("processes")
-    procs = [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else []
-    if procs:
+    if gpu.compute_mode not in ("DEFAULT", "N/A"):
+        parts.append(f"{untrusted.clean(gpu.compute_mode, 40)} compute mode")
+    if gpu.processes:
         # Process names come from NVML (any user's command line): cleaned, short.
-        who = ", ".join(f"{'MPS client ' if p.get('mps') is True else ''}"
-                        f"pid {untrusted.clean(p.get('pid'), 12)} ({untrusted.clean(p.get('name', '?'), 40)})"
-                        for p in procs[:3])
+        who = ", ".join(f"{'MPS client ' if mps else ''}pid {pid} ({untrusted.clean(name, 40)})"
+                        for pid, name, mps in gpu.processes[:3])
         parts.append(f"held by {who}")
     return f" ({'; '.join(parts)})" if parts else ""
 
@@ -562,9 +556,11 @@ def _driver_cuda(ctx: Context) -> str | None:
     """The highest CUDA version the driver supports ("12.4"), as the nvml probe read it."""
     import re
 
-    nvml = ctx.results.get("nvml")
-    value = nvml.facts.get("cuda_driver") if nvml is not None else None
-    return value if isinstance(value, str) and re.fullmatch(_CUDA_VERSION, value) else None
+    from probes import hardware
+
+    seen = hardware.seen(ctx.results)
+    value = seen.cuda_driver if seen is not None else None
+    return value if value is not None and re.fullmatch(_CUDA_VERSION, value) else None
 
 
 def _version(text: Any) -> tuple[int, int] | None:

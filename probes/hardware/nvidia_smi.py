@@ -18,12 +18,14 @@ from probes.context import Context
 from probes.hardware import smi_codes
 from probes.numbers import is_integer_text
 from probes.record import Record
-from probes.result import Result, failed, passed, warned
-from probes.spec import Cause, Spec
+from probes.result import Result, passed, verdict
+from probes.spec import Spec, cause
 from probes.untrusted import clean, squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from probes import proc
 
 
@@ -31,34 +33,29 @@ NAME = "nvidia-smi"
 MEASUREMENT = "gpus"
 UNIT = "gpus"
 
-SPEC = Spec(
-    NAME, "hardware", __name__, "ENABLE_GPU_CHECK", 10.0, ("startup", "readiness"), measurement=MEASUREMENT,
-    about="the driver answers and at least `HEALTHCHECK_GPU_COUNT` GPUs are visible",
-    settings=(hw.GPU_COUNT,),
-    causes=(
-        Cause("not-found", "fail", "nvidia-smi not on PATH",
-              "start the container with `--gpus all` (NVIDIA Container Toolkit on the host)"),
-        Cause("cannot-start", "fail",
-              "nvidia-smi cannot be executed (not executable, or its `#!` interpreter or loader is missing)",
-              "check the file the toolkit mounts; recreate the container"),
-        *smi_codes.causes(),
-        Cause("killed", "fail",
-              "killed by a signal (an exit status above 128 is an exit status: no shell runs nvidia-smi)",
-              "check `dmesg` for Xid errors (driver or tool crashed)"),
-        Cause("unparseable", "fail", "output is not the expected CSV (quoted, short excerpt)",
-              "make sure the `nvidia-smi` on PATH is NVIDIA's and matches the driver"),
-        hw.GPU_COUNT_LOW, hw.DEADLINE,
-        Cause("stuck", "fail", "still there after SIGKILL (uninterruptible sleep); while it exists, later "
-                               "runs do "
-              "not start another and say so at once",
-              "driver wedged: check `dmesg` for Xid, reset the GPU or reboot the node"),
-    ),
-)
-Settings = hw.Expected  # the settings nvidia-smi reads: HEALTHCHECK_GPU_COUNT
-ARGV = ("nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader,nounits")
+NOT_FOUND = cause("not-found", "nvidia-smi not on PATH",
+                  f"{hw.TOOLKIT} (NVIDIA Container Toolkit installed on the host)", action="fix-config",
+                  actor="tenant")
+CANNOT_START = cause("cannot-start", "nvidia-smi cannot be executed (not executable, or its `#!` interpreter "
+                     "or loader is missing)",
+                     "check the file mounted by the NVIDIA Container Toolkit and recreate the container",
+                     action="restart-container", actor="tenant")
+KILLED = cause("killed", "killed by a signal (an exit status above 128 is an exit status: "
+               "no shell runs nvidia-smi)", "the driver or the tool crashed; check `dmesg` for Xid errors",
+               action="reset-gpu", actor="operator")
+UNPARSEABLE = cause("unparseable", "output is not the expected CSV (quoted, short excerpt)",
+                    "check the `nvidia-smi` on PATH is NVIDIA's and matches the driver", action="fix-config",
+                    actor="tenant")
 
-WEDGED = ("the driver may be wedged: check dmesg for Xid errors, reset the GPU (nvidia-smi -r) "
-          "or reboot the node")
+SPEC = Spec(
+    NAME, layer="hardware", module=__name__, toggle="ENABLE_GPU_CHECK", timeout=10.0,
+    profiles=("startup", "readiness"), measurement=MEASUREMENT,
+    about="the driver answers and at least `HEALTHCHECK_GPU_COUNT` GPUs are visible",
+    settings=hw.Expected.SETTINGS,
+    causes=(NOT_FOUND, CANNOT_START, *smi_codes.CAUSES, KILLED, UNPARSEABLE, hw.GPU_COUNT_LOW, hw.DEADLINE,
+            hw.STUCK),
+)
+ARGV = ("nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader,nounits")
 
 # Room for the largest GPU count HEALTHCHECK_GPU_COUNT accepts (1024) at ~170 bytes a row.
 MAX_OUTPUT = 512 * 1024
@@ -120,67 +117,57 @@ def _plural(n: int) -> str:
 def judge(data: proc.Completed, ctx: Context) -> Result:
     import re
 
-    from probes import childio, proc
+    from probes import childio, proc, runner
 
-    expected = ctx.config.of(Settings).gpu_count
+    expected = ctx.config.of(hw.Expected).gpu_count
     if data.spawn_error == "not found":
-        return failed(NAME, "nvidia-smi not found on PATH: start the container with --gpus all "
-                      "(NVIDIA Container Toolkit installed on the host)", reason="not-found")
+        return verdict(NAME, NOT_FOUND, "nvidia-smi not found on PATH")
     if data.spawn_error == "interpreter missing":
-        return failed(NAME, "nvidia-smi cannot start: its interpreter is missing (a script's #! line or a "
-                      "binary's loader names a file the container lacks): check the file mounted by the "
-                      "NVIDIA Container Toolkit and recreate the container", reason="cannot-start")
-    if childio.limited(data.spawn_error):
-        return warned(NAME, f"not checked: nvidia-smi {data.spawn_error}", reason="limit")
+        return verdict(NAME, CANNOT_START, "nvidia-smi cannot start: its interpreter is missing "
+                       "(a script's #! line or a binary's loader names a file the container lacks)")
+    if childio.limited(data.spawn_error):  # its words name the limit to raise
+        return verdict(NAME, runner.LIMIT, f"not checked: nvidia-smi {data.spawn_error}", remedy=False)
     if data.spawn_error:
-        return failed(NAME, f"nvidia-smi cannot start ({data.spawn_error}): check the file mounted by the "
-                      "NVIDIA Container Toolkit and recreate the container", reason="cannot-start")
+        return verdict(NAME, CANNOT_START, f"nvidia-smi cannot start ({data.spawn_error})")
     if data.held_by is not None:
-        return failed(NAME, f"an earlier nvidia-smi (pid {data.held_by}) is still stuck in the driver "
-                      "(uninterruptible sleep); not starting another: " + WEDGED, reason="stuck")
+        return verdict(NAME, hw.STUCK, f"an earlier nvidia-smi (pid {data.held_by}) is still stuck "
+                       "in the driver (uninterruptible sleep); not starting another")
     if data.stuck:
-        return failed(NAME, "nvidia-smi survived SIGKILL (stuck in the driver, uninterruptible sleep): "
-                      + WEDGED, reason="stuck")
+        return verdict(NAME, hw.STUCK, "nvidia-smi survived SIGKILL "
+                       "(stuck in the driver, uninterruptible sleep)")
     if data.timed_out:
-        return failed(NAME, f"nvidia-smi gave no answer within {data.elapsed:.1f}s (deadline passed): "
-                      + WEDGED + "; enable persistence mode on the host (nvidia-smi -pm 1)",
-                      reason="deadline")
+        return verdict(NAME, hw.DEADLINE, f"nvidia-smi gave no answer within {data.elapsed:.1f}s "
+                       "(deadline passed)")
 
     out = data.stdout.decode("utf-8", "replace")
     err = data.stderr.decode("utf-8", "replace")
     gpus, bad_line = parse_rows(out)
+    counted: dict[str, Any] = {"observed": len(gpus), "unit": UNIT, "facts": _facts(gpus)}
     lost = re.findall(_LOST, out + "\n" + err)
     if lost:
         others = f"{_plural(len(gpus))} still reported" if gpus else "no other GPU reported"
-        return failed(NAME, f"GPU {lost[0]} is lost (Unable to determine the device handle; {others}): "
-                      "reset the GPU (nvidia-smi -r) or reboot the node; check dmesg for Xid 79",
-                      observed=len(gpus), unit=UNIT, reason="gpu-lost", facts=_facts(gpus))
+        return verdict(NAME, hw.GPU_LOST, f"GPU {lost[0]} is lost "
+                       f"(Unable to determine the device handle; {others})", **counted)
     # Not run through a shell: a signal is Completed.signal, and an exit of 129-254 is a plain exit.
     if data.signal is not None:
-        return failed(NAME, f"nvidia-smi was killed by {proc.signal_name(data.signal)}: the driver or the "
-                      "tool crashed; check dmesg for Xid errors", reason="killed")
+        return verdict(NAME, KILLED, f"nvidia-smi was killed by {proc.signal_name(data.signal)}")
     known = smi_codes.known(data.returncode, out + "\n" + err) if data.returncode or bad_line else None
-    if known is not None and known[0].reason != "exit-code":
+    if known is not None and known[0].cause is not smi_codes.EXIT_CODE:
         code, text = known
-        return failed(NAME, smi_codes.message(code, data.returncode, text), reason=code.reason,
-                      observed=len(gpus), unit=UNIT, facts=_facts(gpus))
+        return verdict(NAME, code.cause, smi_codes.detail(code, data.returncode, text), **counted)
     if data.returncode != 0:
         said = squeeze(data.stderr or data.stdout, 100)
-        return failed(NAME, f"nvidia-smi failed (exit {data.returncode}: {said or 'no output'}): check the "
-                      "host's dmesg for Xid errors and run nvidia-smi -q there", reason="exit-code")
+        return verdict(NAME, smi_codes.EXIT_CODE, f"nvidia-smi failed (exit {data.returncode}: "
+                       f"{said or 'no output'})")
     if data.truncated:
-        return failed(NAME, f"nvidia-smi output is too long to be a GPU list (over {MAX_OUTPUT} bytes, "
-                      f"starts: {squeeze(data.stdout[:200], 60)!r}): check the nvidia-smi on PATH",
-                      reason="unparseable")
+        return verdict(NAME, UNPARSEABLE, "nvidia-smi output is too long to be a GPU list "
+                       f"(over {MAX_OUTPUT} bytes, starts: {squeeze(data.stdout[:200], 60)!r})")
     if bad_line is not None:
-        return failed(NAME, f"cannot parse nvidia-smi output ({squeeze(bad_line.encode(), 80)!r}): "
-                      "check the nvidia-smi on PATH is NVIDIA's and matches the driver", reason="unparseable")
+        return verdict(NAME, UNPARSEABLE, "cannot parse nvidia-smi output "
+                       f"({squeeze(bad_line.encode(), 80)!r})")
     names = sorted({g.name for g in gpus})
     summary = ", ".join(f"{n} x{sum(g.name == n for g in gpus)}" for n in names)
     if len(gpus) < expected:
-        return failed(NAME, f"{_plural(len(gpus))} visible (expected at least {expected}): start the "
-                      "container with more GPUs (--gpus all, NVIDIA_VISIBLE_DEVICES, nvidia.com/gpu limit) "
-                      "or lower HEALTHCHECK_GPU_COUNT", observed=len(gpus), unit=UNIT, reason="gpu-count",
-                      facts=_facts(gpus))
-    return passed(NAME, f"{_plural(len(gpus))} visible ({summary or 'none expected'})", observed=len(gpus),
-                  unit=UNIT, facts=_facts(gpus))
+        return verdict(NAME, hw.GPU_COUNT_LOW, f"{_plural(len(gpus))} visible (expected at least {expected})",
+                       **counted)
+    return passed(NAME, f"{_plural(len(gpus))} visible ({summary or 'none expected'})", **counted)

@@ -1,32 +1,18 @@
 """nvml probe: per-GPU state through NVIDIA's NVML (the nvidia-ml-py bindings).
 
-Proves that NVML initialises, that at least HEALTHCHECK_GPU_COUNT GPUs are present, and
-that none of them is lost, reports 0 MiB of memory, has volatile uncorrectable ECC errors, a
-pending page retirement or row remap, or a failed row remap (each a failure: the GPU needs a reset),
-a pending recovery action from the driver (GPU reset, node reboot, drain P2P, drain and
-reset: the action is the remedy), or, on NVSwitch systems, a fabric registration that did
-not complete with success (fabric manager down: CUDA error 802).
-Thermal or hardware clock slowdowns and a temperature at the slowdown threshold warn; so
-do a PCIe link below its maximum generation or width while the GPU is at least 80% busy
-(an idle GPU lowers its link by design), NVLink links that are down, and NVLink error
-counters that rise between two readings in one run (PCIe-only GPUs: not judged).
-It also checks that CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES agree with what NVML
-sees, counts MIG devices the way CUDA enumerates them, and publishes each GPU's compute
-mode and compute processes for the torch-cuda probe.
-
-Command-line equivalent::
+Proves that NVML initialises, that at least HEALTHCHECK_GPU_COUNT GPUs are present, and that
+none is lost or has a fault that needs a reset, a reboot or service (ECC, pending retirement or
+remap, recovery action, fabric registration); slowdowns, a degraded PCIe link under load and
+NVLink trouble warn. What each reading means, and what is not judged, is in docs/probes.md
+(cause table, "Could not check is not unhealthy"). It publishes what the probes above read
+(``probes.hardware.seen``). Command-line equivalent::
 
     nvidia-smi --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total,\
 retired_pages.pending,clocks_event_reasons.active,temperature.gpu,compute_mode --format=csv
 
-A field a GPU does not support (NVML_ERROR_NOT_SUPPORTED, or a function the driver lacks)
-is "N/A", never judged; NO_PERMISSION (the parent GPU seen from a MIG slice) is "could not
-check", a warning; any other error on a supported field fails (fail closed). A lost GPU is
-a value in the result while the other GPUs still report. The facts also carry the driver's
-CUDA version (``cuda_driver``, for torch-cuda's judge), persistence mode and the MPS clients.
-A hanging NVML call is abandoned by the runner at the deadline (see ``on_deadline``). Gather, then judge:
-``gather`` is the only part that calls NVML (through ``nvml_lib``; ``nvml_read`` reads one GPU's
-fields); ``judge`` is pure.
+Gather, then judge: ``gather`` is the only part that calls NVML (through ``nvml_lib``;
+``nvml_read`` reads one GPU's fields); ``judge`` is pure. A hanging NVML call is abandoned by
+the runner at the deadline (``on_deadline``).
 """
 
 from __future__ import annotations
@@ -36,9 +22,8 @@ import os
 from probes import hardware as hw
 from probes.context import Context
 from probes.record import Record
-from probes.result import Result, Status, failed, passed, warned
-from probes.spec import Spec
-from probes.spec import cause as _c
+from probes.result import Result, passed, verdict
+from probes.spec import Spec, cause
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,96 +33,100 @@ if TYPE_CHECKING:
 NAME = "nvml"
 MEASUREMENT = "gpus"
 UNIT = "gpus"
-
-
-SPEC = Spec(
-    NAME, "hardware", __name__, "ENABLE_GPU_CHECK", 5.0, ("startup", "readiness"), measurement=MEASUREMENT,
-    about="per-GPU state through NVML: lost GPU, uncorrectable ECC, pending retirement/remap or recovery "
-          "action, fabric; slowdown, PCIe under load, NVLink (warn)",
-    settings=(hw.GPU_COUNT,),
-    causes=(
-        _c("nvml-bindings-missing", "nvidia-ml-py not installed", "`pip install nvidia-ml-py` in the suite's "
-           "environment"),
-        _c("nvml-bindings-shadowed", "the deprecated `pynvml` package shadows nvidia-ml-py",
-           "`pip uninstall pynvml && pip install --force-reinstall nvidia-ml-py`"),
-        hw.DRIVER_NOT_LOADED, hw.NVML_NOT_FOUND, hw.INFOROM, hw.GPU_LOST, hw.UNKNOWN_ERROR,
-        _c("no-permission", "NVML_ERROR_NO_PERMISSION on `/dev/nvidia*`",
-           "start with `--gpus all` or allow the devices in the container's cgroup"),
-        _c("driver-mismatch", "NVML/kernel driver version mismatch", "reboot the node or reload the nvidia "
-                                                                     "kernel "
-           "module"),
-        _c("reset-required", "NVML_ERROR_RESET_REQUIRED", "reset the GPU (`nvidia-smi -r`) or reboot the "
-                                                          "node"),
-        _c("nvml-too-old", "the driver's NVML lacks a function", "update the NVIDIA driver on the host"),
-        _c("nvml-timeout", "NVML_ERROR_TIMEOUT", "driver may be wedged: check `dmesg` for Xid"),
-        _c("nvml-error", "another NVML error code", "check the driver on the host (`nvidia-smi`, `dmesg`)"),
-        _c("no-gpu-requested", "`NVIDIA_VISIBLE_DEVICES` is `void`/`none`/empty: no GPU requested",
-           "start with `--gpus all` or `NVIDIA_VISIBLE_DEVICES=all`"),
-        _c("gpu-unknown-error", "one GPU answers Unknown Error while others report",
-           "GPU likely lost (check `dmesg` for Xid 79): reset the GPU or reboot the node"),
-        hw.GPU_COUNT_LOW,
-        _c("ecc-uncorrectable", "volatile uncorrectable ECC errors",
-           "drain the workload and reset the GPU; service it if they recur"),
-        _c("row-remap-failure", "row remapping failed", "the GPU needs a reset (`nvidia-smi -r`) and likely "
-           "service (RMA)"),
-        _c("row-remap-pending", "row remap pending", "reset the GPU when idle to apply it"),
-        _c("page-retirement-pending", "page retirement pending", "reset the GPU when idle to retire the "
-                                                                 "pages"),
-        _c("no-memory", "NVML reports 0 MiB of memory on a GPU: the GPU is broken or the driver misreports "
-           "it (a GPU without memory of its own answers NOT_SUPPORTED, never 0); no workload can run there",
-           "check `nvidia-smi -q -d MEMORY` and `dmesg` for Xid on the host; reset the GPU (`nvidia-smi -r`) "
-           "or reboot the node"),
-        _c("thermal-slowdown", "SW/HW thermal slowdown clock event", "check cooling and airflow", "warn"),
-        _c("hw-slowdown", "HW slowdown / power brake clock event", "check the power supply and "
-                                                                   "cooling", "warn"),
-        _c("temperature", "temperature at or above the slowdown threshold", "check cooling and "
-                                                                            "airflow", "warn"),
-        _c("field-error", "NVML fails on a field the GPU supports (any code but NOT_SUPPORTED, NO_PERMISSION "
-           "or a lost GPU): fail closed", "check the driver on the host (`nvidia-smi -q`, `dmesg`)"),
-        _c("recovery-action", "the driver's GPU recovery action (NVML field values) is set: GPU reset, node "
-           "reboot, drain P2P or drain and reset", "the action itself: reset the GPU (`nvidia-smi -r`) when "
-           "idle, reboot the node, or drain the workload first"),
-        _c("fabric-manager", "NVSwitch fabric registration not completed with success (fabric manager not "
-           "running or failed: CUDA reports error 802 'system not yet initialized')",
-           "start `nvidia-fabricmanager` on the host"),
-        _c("mig-no-permission", "NVML answers NO_PERMISSION for the parent GPU of a MIG slice: not checked",
-           "none: not a fault", "warn"),
-        _c("field-no-permission", "NVML answers NO_PERMISSION for a field: not checked", "none: not a fault",
-           "warn"),
-        _c("pcie-degraded", "PCIe link generation or width below the maximum while the GPU is at least "
-           "80% busy (an idle GPU lowers its link by design)", "reseat the GPU, check the riser and slot",
-           "warn"),
-        _c("nvlink-down", "an NVLink link is down on a GPU with NVLink (PCIe-only GPUs are not judged)",
-           "check `nvidia-smi nvlink -s`; reset the GPU or have the board serviced", "warn"),
-        _c("nvlink-errors", "NVLink error counters rose between two readings in one run",
-           "check `nvidia-smi nvlink -e`; a failing link or bridge needs service", "warn"),
-        _c("mig-no-instances", "GPU in MIG mode with no MIG device",
-           "create GPU and compute instances (`nvidia-smi mig -cgi ... -C`) or disable MIG", "warn"),
-        _c("cuda-visible-devices", "`CUDA_VISIBLE_DEVICES` selects no GPU or fewer than expected (fail), or "
-                                   "names "
-           "devices that do not exist (warn: CUDA stops there)", "fix or unset `CUDA_VISIBLE_DEVICES`, or "
-                                                                 "lower "
-           "`HEALTHCHECK_GPU_COUNT`"),
-        _c("nvidia-visible-devices", "`NVIDIA_VISIBLE_DEVICES` lists more GPUs than NVML sees",
-           "a requested GPU is missing or not mounted: check `nvidia-smi` on the host", "warn"),
-        hw.DEADLINE,
-    ),
-)
-Settings = hw.Expected  # the settings nvml reads: HEALTHCHECK_GPU_COUNT
 NA = hw.NA
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+COOLING = "check cooling and airflow"
+
+NO_GPU_REQUESTED = cause("no-gpu-requested", "`NVIDIA_VISIBLE_DEVICES` is `void`/`none`/empty: "
+                         "no GPU requested",
+                         "start it with `--gpus all` or `NVIDIA_VISIBLE_DEVICES=all`", action="fix-config",
+                         actor="tenant")
+GPU_UNKNOWN = cause("gpu-unknown-error", "one GPU answers Unknown Error while others report",
+                    f"the GPU is likely lost (check `dmesg` for Xid 79); {hw.RESET}", action="reset-gpu",
+                    actor="operator")
+ECC = cause("ecc-uncorrectable", "volatile uncorrectable ECC errors",
+            f"drain the workload and {hw.RESET}; service the GPU if they recur", action="reset-gpu",
+            actor="operator")
+REMAP_FAILURE = cause("row-remap-failure", "row remapping failed",
+                      "the GPU needs a reset (`nvidia-smi -r`) and likely service (RMA)",
+                      action="service-hardware", actor="operator")
+REMAP_PENDING = cause("row-remap-pending", "row remap pending", f"{hw.RESET} when idle to apply it",
+                      action="reset-gpu", actor="operator")
+RETIREMENT_PENDING = cause("page-retirement-pending", "page retirement pending",
+                           f"{hw.RESET} when idle to retire the pages", action="reset-gpu", actor="operator")
+NO_MEMORY = cause("no-memory", "NVML reports 0 MiB of memory on a GPU: the GPU is broken or the driver "
+                  "misreports it (a GPU without memory of its own answers NOT_SUPPORTED, never 0); "
+                  "no workload can run there",
+                  f"check `nvidia-smi -q -d MEMORY` and `dmesg` for Xid, {hw.RESET}", action="reset-gpu",
+                  actor="operator")
+THERMAL = cause("thermal-slowdown", "SW/HW thermal slowdown clock event", COOLING, "warn",
+                action="service-hardware", actor="operator")
+HW_SLOW = cause("hw-slowdown", "HW slowdown / power brake clock event", "check the power supply and cooling",
+                "warn", action="service-hardware", actor="operator")
+HOT = cause("temperature", "temperature at or above the slowdown threshold", COOLING, "warn",
+            action="service-hardware", actor="operator")
+FIELD_ERROR = cause("field-error", "NVML fails on a field the GPU supports (any code but NOT_SUPPORTED, "
+                    "NO_PERMISSION or a lost GPU): fail closed; the message gives that code's remedy",
+                    hw.CHECK_DRIVER, action="reset-gpu", actor="operator")
+RECOVERY = cause("recovery-action", "the driver's GPU recovery action (NVML field values) is set: GPU reset, "
+                 "node reboot, drain P2P or drain and reset; the message names it",
+                 "the action itself: reset the GPU (`nvidia-smi -r`) when idle, reboot the node, "
+                 "or drain the workload first", action="reset-gpu", actor="operator")
+FABRIC = cause("fabric-manager", "NVSwitch fabric registration not completed with success (fabric manager "
+               "not running or failed: CUDA reports error 802 'system not yet initialized')",
+               "start `nvidia-fabricmanager` on the host", action="fix-config", actor="operator")
+MIG_DENIED = cause("mig-no-permission", "NVML answers NO_PERMISSION for the parent GPU of a MIG slice",
+                   "not checked, not a fault", "warn", action="none", actor="tenant")
+FIELD_DENIED = cause("field-no-permission", "NVML answers NO_PERMISSION for a field",
+                     "not checked, not a fault", "warn", action="none", actor="tenant")
+PCIE = cause("pcie-degraded", "PCIe link generation or width below the maximum while the GPU is at least 80% "
+             "busy (an idle GPU lowers its link by design)",
+             "reseat the GPU or check the riser and slot; `nvidia-smi -q -d PCIE` on the host", "warn",
+             action="service-hardware", actor="operator")
+NVLINK_DOWN = cause("nvlink-down", "an NVLink link is down on a GPU with NVLink "
+                    "(PCIe-only GPUs are not judged)",
+                    "check `nvidia-smi nvlink -s`, reset the GPU or have the board serviced", "warn",
+                    action="reset-gpu", actor="operator")
+NVLINK_ERRORS = cause("nvlink-errors", "NVLink error counters rose between two readings in one run",
+                      "check `nvidia-smi nvlink -e`; a failing link or bridge needs service", "warn",
+                      action="service-hardware", actor="operator")
+MIG_EMPTY = cause("mig-no-instances", "GPU in MIG mode with no MIG device",
+                  "create GPU and compute instances (`nvidia-smi mig -cgi ... -C`) or disable MIG", "warn",
+                  action="fix-config", actor="operator")
+CUDA_VISIBLE = cause("cuda-visible-devices", "`CUDA_VISIBLE_DEVICES` selects no GPU or fewer than expected",
+                     "fix or unset `CUDA_VISIBLE_DEVICES`, or lower `HEALTHCHECK_GPU_COUNT`",
+                     action="fix-config", actor="tenant")
+CUDA_VISIBLE_STOPS = cause("cuda-visible-devices-partial",
+                           "`CUDA_VISIBLE_DEVICES` names a device that does not exist: CUDA stops there",
+                           "fix the list", "warn", action="fix-config", actor="tenant")
+NVIDIA_VISIBLE = cause("nvidia-visible-devices", "`NVIDIA_VISIBLE_DEVICES` lists more GPUs than NVML sees: "
+                       "a requested GPU is missing on the host or was not mounted",
+                       "check `nvidia-smi` on the host", "warn", action="reset-gpu", actor="operator")
+
+SPEC = Spec(
+    NAME, layer="hardware", module=__name__, toggle="ENABLE_GPU_CHECK", timeout=5.0,
+    profiles=("startup", "readiness"), measurement=MEASUREMENT,
+    about="per-GPU state through NVML: lost GPU, uncorrectable ECC, pending retirement/remap or recovery "
+          "action, fabric; slowdown, PCIe under load, NVLink (warn)",
+    settings=hw.Expected.SETTINGS,
+    causes=(hw.BINDINGS_MISSING, hw.BINDINGS_SHADOWED, hw.DRIVER_NOT_LOADED, hw.NVML_NOT_FOUND, hw.INFOROM,
+            hw.GPU_LOST, hw.UNKNOWN_ERROR, hw.NO_PERMISSION, hw.DRIVER_MISMATCH, hw.RESET_REQUIRED,
+            hw.NVML_TOO_OLD, hw.NVML_TIMEOUT, hw.NVML_ERROR, NO_GPU_REQUESTED, GPU_UNKNOWN, hw.GPU_COUNT_LOW,
+            ECC, REMAP_FAILURE, REMAP_PENDING, RETIREMENT_PENDING, NO_MEMORY, THERMAL, HW_SLOW, HOT,
+            FIELD_ERROR, RECOVERY, FABRIC, MIG_DENIED, FIELD_DENIED, PCIE, NVLINK_DOWN, NVLINK_ERRORS,
+            MIG_EMPTY, CUDA_VISIBLE, CUDA_VISIBLE_STOPS, NVIDIA_VISIBLE, hw.DEADLINE),
+)
 
 # Clock event (throttle) reason bits, nvml.h.
 HW_SLOWDOWN = 0x8
 SW_THERMAL = 0x20
 HW_THERMAL = 0x40
 HW_POWER_BRAKE = 0x80
-RESET = "reset the GPU (nvidia-smi -r) or reboot the node"
 # nvmlGpuFabricState_t
 FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 1, 2, 3  # 0: not supported (nvml_read)
 FABRIC_STATES = {FABRIC_NOT_STARTED: "not started", FABRIC_IN_PROGRESS: "in progress",
                  FABRIC_COMPLETED: "completed"}
-# NVML_GPU_RECOVERY_ACTION_*: the action -> (what it is, what to do).
+# NVML_GPU_RECOVERY_ACTION_*: the action -> (what it is, what to do: the message's remedy).
 RECOVERY_ACTIONS = {
     1: ("GPU reset", "reset the GPU (nvidia-smi -r) when idle"),
     2: ("node reboot", "reboot the node"),
@@ -231,13 +220,13 @@ class Gathered(Record):
     __slots__ = ("env", "unavailable", "driver", "count", "gpus", "cuda_driver")
 
     env: Mapping[str, str | None]
-    unavailable: tuple[str, str, int | None] | None  # (reason, message, NVML code)
+    unavailable: hw.Problem | None  # why NVML cannot be used
     driver: str
     count: int  # type: ignore[assignment]  # a field, shadowing tuple.count() on purpose
     gpus: tuple[Gpu, ...]
     cuda_driver: Value  # nvmlSystemGetCudaDriverVersion: 12040 is CUDA 12.4
 
-    def __init__(self, env: Mapping[str, str | None], unavailable: tuple[str, str, int | None] | None = None,
+    def __init__(self, env: Mapping[str, str | None], unavailable: hw.Problem | None = None,
                  driver: str = "", count: int = 0, gpus: tuple[Gpu, ...] = (),
                  cuda_driver: Value = NA) -> None:
         self.env = env
@@ -255,13 +244,12 @@ def gather(ctx: Context) -> Gathered:
     try:
         nv = nvml_lib.init()
     except nvml_lib.NvmlUnavailable as exc:
-        return Gathered(env, (exc.reason, exc.message, exc.code))
+        return Gathered(env, exc.problem)
     try:
         driver, _ = nvml_lib.call(nv.nvmlSystemGetDriverVersion)
         count, err = nvml_lib.call(nv.nvmlDeviceGetCount)
         if err is not None:
-            reason, message = nvml_lib.describe(err)
-            return Gathered(env, (reason, message, err))
+            return Gathered(env, nvml_lib.describe(err))
         cuda_fn = getattr(nv, "nvmlSystemGetCudaDriverVersion", None)
         cuda_driver, _ = nvml_lib.call(cuda_fn) if cuda_fn is not None else (NA, None)
         gpus = tuple(_gpu(nv, i) for i in range(count))
@@ -282,8 +270,7 @@ def _gpu(nv: Any, index: int) -> Gpu:
 
 
 def on_deadline(ctx: Context) -> Result:
-    return failed(NAME, "NVML gave no answer before the deadline: the driver may be wedged; check dmesg "
-                  f"for Xid errors, {RESET}", reason="deadline")
+    return verdict(NAME, hw.DEADLINE, "NVML gave no answer before the deadline")
 
 
 # ---------------------------------------------------------------------------
@@ -350,122 +337,112 @@ def cuda_visible(var: str, devices: list[str]) -> tuple[list[str], str | None]:
     return selected, None
 
 
-class Problem(Record):
-    __slots__ = ("status", "reason", "message")
-
-    status: Status
-    reason: str
-    message: str
-
-    def __init__(self, status: Status, reason: str, message: str) -> None:
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-
-def _memory_problems(g: Gpu) -> list[Problem]:
+def _memory_problems(g: Gpu) -> list[hw.Problem]:
     """A GPU with 0 MiB of memory: no GPU has none (one without memory of its own, an integrated GPU,
     answers NOT_SUPPORTED), so it is broken or misreported, and nothing can run there either way."""
     if g.memory_total_mib != 0:
         return []
-    return [Problem(Status.FAIL, "no-memory", f"GPU {g.index} reports 0 MiB of memory (NVML): the GPU is "
-                    "broken or the driver misreports it, and no workload can run there; check nvidia-smi -q "
-                    f"-d MEMORY and dmesg for Xid, {RESET}")]
+    return [hw.Problem(NO_MEMORY, f"GPU {g.index} reports 0 MiB of memory (NVML): the GPU is broken or the "
+                       "driver misreports it, and no workload can run there")]
 
 
-def _gpu_problems(g: Gpu, reporting: int) -> list[Problem]:
+def _lost(g: Gpu, reporting: int) -> hw.Problem:
     from probes.hardware import nvml_lib
 
-    fail, warn = Status.FAIL, Status.WARN
-    i = g.index
+    verb = "reports" if reporting == 1 else "report"
+    others = (f"while {_plural(reporting, 'other GPU')} still {verb}" if reporting
+              else "and no other GPU reports")
+    if g.error == nvml_lib.GPU_IS_LOST:
+        return hw.Problem(hw.GPU_LOST, f"GPU {g.index} is lost (NVML: GPU is lost, fallen off the bus) "
+                          f"{others}")
+    if g.error == nvml_lib.UNKNOWN:
+        return hw.Problem(GPU_UNKNOWN, f"GPU {g.index} answers Unknown Error {others}")
+    problem = nvml_lib.describe(g.error)
+    return problem._replace(detail=f"GPU {g.index} cannot be queried {others}: {problem.detail}")
+
+
+def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
+    from probes.hardware import nvml_lib
+
     if g.error is not None:
-        verb = "reports" if reporting == 1 else "report"
-        others = (f"while {_plural(reporting, 'other GPU')} still {verb}" if reporting
-                  else "and no other GPU reports")
-        if g.error == nvml_lib.GPU_IS_LOST:
-            return [Problem(fail, "gpu-lost", f"GPU {i} is lost (NVML: GPU is lost) {others}: fallen off "
-                            f"the bus (Xid 79); {RESET}")]
-        if g.error == nvml_lib.UNKNOWN:
-            return [Problem(fail, "gpu-unknown-error", f"GPU {i} answers Unknown Error {others}: the GPU is "
-                            f"likely lost (check dmesg for Xid 79); {RESET}")]
-        reason, text = nvml_lib.describe(g.error)
-        return [Problem(fail, reason, f"GPU {i} cannot be queried {others}: {text}")]
+        return [_lost(g, reporting)]
+    i = g.index
     out = []
     ecc = g.ecc_uncorrected_volatile
     if isinstance(ecc, int) and ecc > 0:
-        out.append(Problem(fail, "ecc-uncorrectable", f"GPU {i} has {ecc} volatile uncorrectable ECC "
-                           f"error(s): drain the workload and {RESET}; service the GPU if they recur"))
+        out.append(hw.Problem(ECC, f"GPU {i} has {ecc} volatile uncorrectable ECC error(s)"))
     if g.remap_failure is True:
-        out.append(Problem(fail, "row-remap-failure", f"GPU {i} row remapping failed: the GPU needs a reset "
-                           "(nvidia-smi -r) and likely service (RMA)"))
+        out.append(hw.Problem(REMAP_FAILURE, f"GPU {i} row remapping failed"))
     if g.remap_pending is True:
-        out.append(Problem(fail, "row-remap-pending", f"GPU {i} has a row remap pending: {RESET} "
-                           "when idle to apply it"))
+        out.append(hw.Problem(REMAP_PENDING, f"GPU {i} has a row remap pending"))
     if g.retired_pending is True:
-        out.append(Problem(fail, "page-retirement-pending", f"GPU {i} has page retirements pending: "
-                           f"{RESET} when idle to retire the pages"))
+        out.append(hw.Problem(RETIREMENT_PENDING, f"GPU {i} has page retirements pending"))
     out.extend(_memory_problems(g))
     reasons = g.clocks_event_reasons
     if isinstance(reasons, int) and reasons & (SW_THERMAL | HW_THERMAL):
-        out.append(Problem(warn, "thermal-slowdown", f"GPU {i} clocks are slowed for heat (thermal "
-                           "slowdown): check cooling and airflow"))
+        out.append(hw.Problem(THERMAL, f"GPU {i} clocks are slowed for heat (thermal slowdown)"))
     elif isinstance(reasons, int) and reasons & (HW_SLOWDOWN | HW_POWER_BRAKE):
-        out.append(Problem(warn, "hw-slowdown", f"GPU {i} clocks are slowed by hardware (HW slowdown or "
-                           "power brake): check the power supply and cooling"))
+        out.append(hw.Problem(HW_SLOW, f"GPU {i} clocks are slowed by hardware (HW slowdown or power brake)"))
     t, limit = g.temperature, g.slowdown_temperature
     if isinstance(t, int) and isinstance(limit, int) and limit > 0 and t >= limit:
-        out.append(Problem(warn, "temperature", f"GPU {i} is at {t} C, at or above its slowdown threshold "
-                           f"{limit} C: check cooling and airflow"))
+        out.append(hw.Problem(HOT, f"GPU {i} is at {t} C, at or above its slowdown threshold {limit} C"))
     for field, code in g.field_errors:
-        reason, why = nvml_lib.describe(code)
-        out.append(Problem(fail, "field-error", f"GPU {i}: NVML failed reading its {field} ({reason}, "
-                           f"code {code}) although the GPU supports it: {why}"))
+        # The failing code's own remedy (a timeout, a reset required...) says more than the generic one.
+        why = nvml_lib.describe(code)
+        out.append(hw.Problem(FIELD_ERROR, f"GPU {i}: NVML failed reading its {field} "
+                              f"({why.cause.reason}, code {code}) although the GPU supports it: "
+                              f"{why.result(NAME).message}", remedy=False))
     action = g.recovery_action
     if isinstance(action, int) and action != 0:
         what, remedy = RECOVERY_ACTIONS.get(action, (f"action {action}", "see the driver's documentation "
                                                      "for this recovery action; check dmesg for Xid"))
-        out.append(Problem(fail, "recovery-action", f"GPU {i} has a pending recovery action ({what}): "
-                           f"{remedy}"))
+        out.append(hw.Problem(RECOVERY, f"GPU {i} has a pending recovery action ({what}): {remedy}",
+                              remedy=False))
+    out.extend(_link_problems(g))
+    if g.denied:
+        fields = ", ".join(g.denied[:4]) + (f" and {len(g.denied) - 4} more" if len(g.denied) > 4 else "")
+        if g.mig_enabled is True or "MIG mode" in g.denied:
+            out.append(hw.Problem(MIG_DENIED, f"GPU {i}: NVML denies {fields} on the parent GPU "
+                                  "(NO_PERMISSION), as it does inside a MIG slice"))
+        else:
+            out.append(hw.Problem(FIELD_DENIED, f"GPU {i}: NVML denies {fields} (NO_PERMISSION)"))
+    if g.mig_enabled is True and not g.mig_devices:
+        out.append(hw.Problem(MIG_EMPTY, f"GPU {i} is in MIG mode with no MIG device: CUDA cannot use it"))
+    return out
+
+
+def _link_problems(g: Gpu) -> list[hw.Problem]:
+    """The GPU's links: its NVSwitch fabric, its PCIe link under load, its NVLink links."""
+    from probes.hardware import nvml_lib
+
+    out = []
+    i = g.index
     if isinstance(g.fabric, tuple):
         state, status = g.fabric
         if state != FABRIC_COMPLETED or status != nvml_lib.SUCCESS:
             shown = FABRIC_STATES.get(state, f"state {state}")
-            detail = f"{shown}" + (f", {nvml_lib.describe(status)[0]}" if status != nvml_lib.SUCCESS else "")
-            out.append(Problem(fail, "fabric-manager", f"GPU {i} NVSwitch fabric registration {detail}: "
-                               "fabric manager not running or failed: CUDA will report error 802 "
-                               "'system not yet initialized'; start nvidia-fabricmanager on the host"))
+            if status != nvml_lib.SUCCESS:
+                shown += f", {nvml_lib.describe(status).cause.reason}"
+            out.append(hw.Problem(FABRIC, f"GPU {i} NVSwitch fabric registration {shown}: "
+                                  "fabric manager not running or failed: "
+                                  "CUDA will report error 802 'system not yet initialized'"))
     cur_gen, cur_width, max_gen, max_width = g.pcie
     busy = isinstance(g.utilization, int) and g.utilization >= BUSY_UTILIZATION
     if busy and all(isinstance(v, int) and v > 0 for v in g.pcie) and (cur_gen < max_gen or
                                                                         cur_width < max_width):
-        out.append(Problem(warn, "pcie-degraded", f"GPU {i} PCIe link runs at gen {cur_gen} x{cur_width} "
-                           f"(max gen {max_gen} x{max_width}) while {g.utilization}% busy: reseat the GPU or "
-                           "check the riser and slot; `nvidia-smi -q -d PCIE` on the host"))
+        out.append(hw.Problem(PCIE, f"GPU {i} PCIe link runs at gen {cur_gen} x{cur_width} "
+                              f"(max gen {max_gen} x{max_width}) while {g.utilization}% busy"))
     down = [link for link, up in enumerate(g.nvlinks) if not up]
     if down:
-        out.append(Problem(warn, "nvlink-down", f"GPU {i} NVLink link(s) {', '.join(map(str, down[:6]))} "
-                           f"down of {len(g.nvlinks)}: peer-to-peer traffic falls back to PCIe or fails; "
-                           "check `nvidia-smi nvlink -s`, reset the GPU or have the board serviced"))
+        out.append(hw.Problem(NVLINK_DOWN, f"GPU {i} NVLink link(s) {', '.join(map(str, down[:6]))} down of "
+                              f"{len(g.nvlinks)}: peer-to-peer traffic falls back to PCIe or fails"))
     if g.nvlink_errors_rising:
         links = ", ".join(map(str, g.nvlink_errors_rising[:6]))
-        out.append(Problem(warn, "nvlink-errors", f"GPU {i} NVLink error counters rising on link(s) {links}: "
-                           "check `nvidia-smi nvlink -e`; a failing link or bridge needs service"))
-    if g.denied:
-        fields = ", ".join(g.denied[:4]) + (f" and {len(g.denied) - 4} more" if len(g.denied) > 4 else "")
-        if g.mig_enabled is True or "MIG mode" in g.denied:
-            out.append(Problem(warn, "mig-no-permission", f"GPU {i}: NVML denies {fields} on the parent GPU "
-                               "(NO_PERMISSION), as it does inside a MIG slice: not checked, not a fault"))
-        else:
-            out.append(Problem(warn, "field-no-permission", f"GPU {i}: NVML denies {fields} "
-                               "(NO_PERMISSION): not checked, not a fault"))
-    if g.mig_enabled is True and not g.mig_devices:
-        out.append(Problem(warn, "mig-no-instances", f"GPU {i} is in MIG mode with no MIG device: CUDA "
-                           "cannot use it; create GPU and compute instances (nvidia-smi mig -cgi ... -C) "
-                           "or disable MIG"))
+        out.append(hw.Problem(NVLINK_ERRORS, f"GPU {i} NVLink error counters rising on link(s) {links}"))
     return out
 
 
-def _env_problems(data: Gathered, expected: int) -> list[Problem]:
+def _env_problems(data: Gathered, expected: int) -> list[hw.Problem]:
     from probes.hardware import nvml_lib
 
     out = []
@@ -473,10 +450,9 @@ def _env_problems(data: Gathered, expected: int) -> list[Problem]:
     if nvd is not None and not hw.none_requested(nvd) and nvd.strip().lower() != "all":
         listed = len([e for e in nvd.split(",") if e.strip()])
         if data.count < listed:
-            out.append(Problem(Status.WARN, "nvidia-visible-devices",
-                               f"NVIDIA_VISIBLE_DEVICES lists {_plural(listed)} but NVML sees {data.count}: "
-                               "a requested GPU is missing on the host or was not mounted; check nvidia-smi "
-                               "on the host"))
+            out.append(hw.Problem(NVIDIA_VISIBLE, f"NVIDIA_VISIBLE_DEVICES lists {_plural(listed)} "
+                                  f"but NVML sees {data.count}: "
+                                  "a requested GPU is missing on the host or was not mounted"))
     cvd = data.env.get("CUDA_VISIBLE_DEVICES")
     if cvd is None:
         return out
@@ -485,22 +461,19 @@ def _env_problems(data: Gathered, expected: int) -> list[Problem]:
     shown = nvml_lib.text(cvd)[:60]
     if not selected and devices:
         why = "it is empty" if stop == "" else f"{stop!r} names no device or repeats one"
-        out.append(Problem(Status.FAIL, "cuda-visible-devices",
-                           f"CUDA_VISIBLE_DEVICES={shown!r} selects no GPU ({why}; NVML sees "
-                           f"{_plural(len(devices), 'CUDA device')}): CUDA sees no GPU; fix or unset it"))
+        out.append(hw.Problem(CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} selects no GPU "
+                              f"({why}; NVML sees {_plural(len(devices), 'CUDA device')}): CUDA sees no GPU"))
     elif selected and len(selected) < expected:
-        out.append(Problem(Status.FAIL, "cuda-visible-devices",
-                           f"CUDA_VISIBLE_DEVICES={shown!r} leaves {_plural(len(selected))} visible to CUDA "
-                           f"(expected at least {expected}): fix or unset it, or lower "
-                           "HEALTHCHECK_GPU_COUNT"))
+        out.append(hw.Problem(CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} leaves {_plural(len(selected))} "
+                              f"visible to CUDA (expected at least {expected})"))
     elif stop is not None and selected:
-        out.append(Problem(Status.WARN, "cuda-visible-devices",
-                           f"CUDA_VISIBLE_DEVICES={shown!r}: CUDA stops at {stop!r} (no such device among "
-                           f"{len(devices)}) and uses only {_plural(len(selected), 'device')}: fix the list"))
+        out.append(hw.Problem(CUDA_VISIBLE_STOPS, f"CUDA_VISIBLE_DEVICES={shown!r}: CUDA stops at {stop!r} "
+                              f"(no such device among {len(devices)}) "
+                              f"and uses only {_plural(len(selected), 'device')}"))
     return out
 
 
-def _facts(data: Gathered, problems: list[Problem]) -> dict[str, Any]:
+def _facts(data: Gathered) -> dict[str, Any]:
     from probes.hardware import nvml_lib
 
     gpus = []
@@ -517,8 +490,8 @@ def _facts(data: Gathered, problems: list[Problem]) -> dict[str, Any]:
             entry["not_judged"] = {**{f: "not supported" for f in g.unsupported},
                                    **{f: "no permission" for f in g.denied}}
         if g.error is not None:
-            entry["error"] = (nvml_lib.describe(g.error)[0] if g.error != nvml_lib.UNKNOWN
-                              else "gpu-unknown-error")
+            entry["error"] = (nvml_lib.describe(g.error).cause.reason if g.error != nvml_lib.UNKNOWN
+                              else GPU_UNKNOWN.reason)
         if g.mig_enabled is True:
             entry["mig_devices"] = [{"uuid": u, "name": n} for u, n in g.mig_devices]
         gpus.append(entry)
@@ -530,44 +503,34 @@ def _facts(data: Gathered, problems: list[Problem]) -> dict[str, Any]:
             "driver": data.driver, "gpus": gpus,
             # The highest CUDA version the driver supports (12040 -> "12.4"), for torch-cuda's judge.
             "cuda_driver": (f"{data.cuda_driver // 1000}.{data.cuda_driver % 1000 // 10}"
-                            if isinstance(data.cuda_driver, int) and data.cuda_driver > 0 else None),
-            "problems": [{"status": p.status.value, "reason": p.reason} for p in problems]}
+                            if isinstance(data.cuda_driver, int) and data.cuda_driver > 0 else None)}
 
 
 def judge(data: Gathered, ctx: Context) -> Result:
-    expected = ctx.config.of(Settings).gpu_count
+    expected = ctx.config.of(hw.Expected).gpu_count
+    nvd = data.env.get("NVIDIA_VISIBLE_DEVICES")
     if data.unavailable is not None:
-        reason, message, _ = data.unavailable
-        nvd = data.env.get("NVIDIA_VISIBLE_DEVICES")
         if hw.none_requested(nvd):
             if expected == 0:
                 return passed(NAME, f"no GPU requested (NVIDIA_VISIBLE_DEVICES={nvd!r}) and none expected",
                               observed=0, unit=UNIT, facts={"count": 0, "gpus": []})
-            return failed(NAME, f"no GPU was requested for this container (NVIDIA_VISIBLE_DEVICES={nvd!r}) "
-                          "so NVML cannot start: start it with --gpus all or NVIDIA_VISIBLE_DEVICES=all",
-                          reason="no-gpu-requested")
-        return failed(NAME, message, reason=reason)
+            return verdict(NAME, NO_GPU_REQUESTED, f"no GPU was requested for this container "
+                           f"(NVIDIA_VISIBLE_DEVICES={nvd!r}) so NVML cannot start")
+        return data.unavailable.result(NAME)
 
     reporting = sum(1 for g in data.gpus if g.error is None)
-    problems: list[Problem] = []
+    problems: list[hw.Problem] = []
     if data.count < expected:
-        hint = (f" (NVIDIA_VISIBLE_DEVICES={data.env['NVIDIA_VISIBLE_DEVICES']!r}: no GPU was requested)"
-                if hw.none_requested(data.env.get("NVIDIA_VISIBLE_DEVICES")) else "")
-        problems.append(Problem(Status.FAIL, "gpu-count",
-                                f"NVML sees {_plural(data.count)} (expected at least {expected}){hint}: "
-                                "start the container with more GPUs (--gpus all, NVIDIA_VISIBLE_DEVICES, "
-                                "nvidia.com/gpu limit) or lower HEALTHCHECK_GPU_COUNT"))
+        hint = f" (NVIDIA_VISIBLE_DEVICES={nvd!r}: no GPU was requested)" if hw.none_requested(nvd) else ""
+        problems.append(hw.Problem(hw.GPU_COUNT_LOW, f"NVML sees {_plural(data.count)} (expected at least "
+                                   f"{expected}){hint}"))
     for g in data.gpus:
         problems.extend(_gpu_problems(g, reporting - (1 if g.error is None else 0)))
     problems.extend(_env_problems(data, expected))
-    problems.sort(key=lambda p: p.status is not Status.FAIL)  # stable: failures first, in GPU order
-    facts = _facts(data, problems)
-    kw: dict[str, Any] = {"observed": data.count, "unit": UNIT, "facts": facts}
-    if problems:
-        first = problems[0]
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        make = failed if first.status is Status.FAIL else warned
-        return make(NAME, first.message + more, reason=first.reason, **kw)
+    kw: dict[str, Any] = {"observed": data.count, "unit": UNIT, "facts": _facts(data)}
+    found = hw.worst(NAME, problems, **kw)
+    if found is not None:
+        return found
     names = sorted({g.name for g in data.gpus})
     summary = ", ".join(f"{n} x{sum(g.name == n for g in data.gpus)}" for n in names)
     migs = [f"GPU {g.index}: {_plural(len(g.mig_devices), 'MIG device')}" for g in data.gpus

@@ -6,9 +6,8 @@ The deprecated ``pynvml`` distribution can shadow nvidia-ml-py under the same im
 name; we accept the module only if it is NVIDIA's (it has ``_nvmlGetFunctionPointer``
 and ``nvmlInitWithFlags``).
 
-Error knowledge lives here too: :func:`describe` maps an NVML return code to a short
-reason code and a one-line explanation with the remedy, for the probe and for the
-event watcher alike.
+Error knowledge lives here too: :func:`describe` maps an NVML return code to its cause in
+the catalog (probes.hardware) and a detail, for the probe and for the event watcher alike.
 
 Events (for ``healthcheck serve``)::
 
@@ -35,6 +34,7 @@ import _thread
 import sys
 from types import ModuleType
 
+from probes import hardware as hw
 from probes.record import Record
 from probes.untrusted import MAX_TEXT, clean
 
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator
     from typing import Any, Literal
+
+    from probes.spec import Cause
 
 if TYPE_CHECKING:
     EventKind = Literal["xid", "ecc-single", "ecc-double", "slowdown"]
@@ -71,54 +73,42 @@ WATCHED_EVENTS = EVENT_XID | EVENT_SINGLE_ECC | EVENT_DOUBLE_ECC
 # Clock event reasons sampled for "slowdown" events: HW slowdown and HW power brake.
 SLOWDOWN_REASONS = 0x8 | 0x80
 
-_LIBRARY_HINT = ("HINT: libnvidia-ml.so.1 ships with the NVIDIA driver; the NVIDIA Container Toolkit "
-                 "mounts it when the container starts with --gpus all "
-                 "(NVIDIA_DRIVER_CAPABILITIES must include utility)")
 
-# code -> (reason, what it means and what to do)
-_DESCRIPTIONS: dict[int, tuple[str, str]] = {
-    LIBRARY_NOT_FOUND: ("nvml-not-found", "NVML library not found. " + _LIBRARY_HINT),
-    DRIVER_NOT_LOADED: ("driver-not-loaded",
-                        "NVIDIA driver not loaded: load the kernel module on the host "
-                        "(modprobe nvidia; check nvidia-smi there), then restart the container"),
-    NO_PERMISSION: ("no-permission",
-                    "no permission to use the GPU device nodes (/dev/nvidia*): start the container "
-                    "with --gpus all (NVIDIA Container Toolkit) or allow the devices in its cgroup"),
-    LIB_RM_VERSION_MISMATCH: ("driver-mismatch",
-                              "NVML and kernel driver versions differ (driver upgraded without "
-                              "reload): reboot the node or reload the nvidia kernel module"),
-    UNKNOWN: ("nvml-unknown-error",
-              "NVML failed with Unknown Error: in a container this usually means the device cgroup "
-              "access was lost after a host systemctl daemon-reload; recreate the container"),
-    GPU_IS_LOST: ("gpu-lost",
-                  "GPU is lost (fallen off the bus, Xid 79): reset the GPU (nvidia-smi -r) "
-                  "or reboot the node; check dmesg for Xid errors"),
-    CORRUPTED_INFOROM: ("inforom-corrupted",
-                        "GPU InfoROM is corrupted: drain the node and have the GPU serviced (RMA)"),
-    RESET_REQUIRED: ("reset-required", "GPU requires a reset: reset the GPU (nvidia-smi -r) or "
-                     "reboot the node"),
-    FUNCTION_NOT_FOUND: ("nvml-too-old", "the driver's NVML lacks a function this suite calls: "
-                         "update the NVIDIA driver on the host"),
-    TIMEOUT: ("nvml-timeout", "NVML timed out: the driver may be wedged; check dmesg for Xid errors"),
+# code -> the catalog's cause, and what the code says
+_DESCRIPTIONS: dict[int, tuple[Cause, str]] = {
+    LIBRARY_NOT_FOUND: (hw.NVML_NOT_FOUND, "NVML library not found. "
+                        "HINT: libnvidia-ml.so.1 ships with the NVIDIA driver"),
+    DRIVER_NOT_LOADED: (hw.DRIVER_NOT_LOADED, "NVIDIA driver not loaded"),
+    NO_PERMISSION: (hw.NO_PERMISSION, "no permission to use the GPU device nodes (/dev/nvidia*)"),
+    LIB_RM_VERSION_MISMATCH: (hw.DRIVER_MISMATCH, "NVML and kernel driver versions differ (driver upgraded "
+                              "without reload)"),
+    UNKNOWN: (hw.UNKNOWN_ERROR, "NVML failed with Unknown Error: in a container this usually means "
+              "the device cgroup access was lost after a host systemctl daemon-reload"),
+    GPU_IS_LOST: (hw.GPU_LOST, "GPU is lost (fallen off the bus, Xid 79)"),
+    CORRUPTED_INFOROM: (hw.INFOROM, "GPU InfoROM is corrupted"),
+    RESET_REQUIRED: (hw.RESET_REQUIRED, "GPU requires a reset"),
+    FUNCTION_NOT_FOUND: (hw.NVML_TOO_OLD, "the driver's NVML lacks a function this suite calls"),
+    TIMEOUT: (hw.NVML_TIMEOUT, "NVML timed out"),
 }
 
 
-def describe(code: int | None) -> tuple[str, str]:
-    """(reason code, one-line explanation with the remedy) for an NVML return code."""
+def describe(code: int | None) -> hw.Problem:
+    """What an NVML return code means: the catalog's cause, and a detail that names it."""
     if code is not None and code in _DESCRIPTIONS:
-        return _DESCRIPTIONS[code]
-    return ("nvml-error", f"NVML error {code}: check the driver on the host (nvidia-smi, dmesg)")
+        return hw.Problem(*_DESCRIPTIONS[code])
+    return hw.Problem(hw.NVML_ERROR, f"NVML error {code}")
 
 
 class NvmlUnavailable(Exception):
-    """NVML cannot be used. ``reason`` is a short code, ``message`` one safe line with a remedy,
-    ``code`` the NVML return code when there is one."""
+    """NVML cannot be used: ``problem`` (its cause and detail), ``code`` the NVML return code
+    when there is one; ``reason`` and ``message`` (one safe line with the remedy) say it."""
 
-    def __init__(self, reason: str, message: str, code: int | None = None):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
+    def __init__(self, problem: hw.Problem, code: int | None = None):
+        self.problem = problem
         self.code = code
+        self.reason = problem.cause.reason
+        self.message = problem.result("nvml").message
+        super().__init__(self.message)
 
 
 _pynvml: ModuleType | None = None
@@ -173,16 +163,13 @@ def _checked_import() -> tuple[ModuleType | None, NvmlUnavailable | None]:
     try:
         candidate = _import_pynvml()
     except Exception:  # ImportError, or a broken install raising anything on import
-        return None, NvmlUnavailable(
-            "nvml-bindings-missing",
-            "the nvidia-ml-py bindings are not installed in the suite's environment: pip install "
-            "nvidia-ml-py")
+        return None, NvmlUnavailable(hw.Problem(
+            hw.BINDINGS_MISSING, "the nvidia-ml-py bindings are not installed in the suite's environment"))
     if all(hasattr(candidate, a) for a in ("_nvmlGetFunctionPointer", "nvmlInitWithFlags", "NVMLError")):
         return candidate, None
-    return None, NvmlUnavailable(
-        "nvml-bindings-shadowed",
-        "the imported pynvml is not NVIDIA's nvidia-ml-py (the deprecated pynvml package shadows "
-        "it): pip uninstall pynvml && pip install --force-reinstall nvidia-ml-py")
+    return None, NvmlUnavailable(hw.Problem(
+        hw.BINDINGS_SHADOWED, "the imported pynvml is not NVIDIA's nvidia-ml-py "
+        "(the deprecated pynvml package shadows it)"))
 
 
 def bindings() -> ModuleType:
@@ -211,8 +198,7 @@ def init() -> ModuleType:
         nv.nvmlInit()
     except nv.NVMLError as exc:
         code = error_code(exc)
-        reason, text = describe(code)
-        raise NvmlUnavailable(reason, text, code) from None
+        raise NvmlUnavailable(describe(code), code) from None
     return nv
 
 
@@ -285,8 +271,7 @@ def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.
     except nv.NVMLError as exc:
         shutdown()
         code = error_code(exc)
-        reason, why = describe(code)
-        raise NvmlUnavailable(reason, "cannot create an NVML event set: " + why, code) from None
+        raise NvmlUnavailable(_during("cannot create an NVML event set", code), code) from None
     sampled: list[tuple[int, str, Any]] = []
     try:
         gpus = _register_all(nv, event_set, sampled)
@@ -355,8 +340,7 @@ def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], st
                 if error_code(exc) == TIMEOUT:
                     continue
                 code = error_code(exc)
-                reason, why = describe(code)
-                raise NvmlUnavailable(reason, "waiting for NVML events failed: " + why, code) from None
+                raise NvmlUnavailable(_during("waiting for NVML events failed", code), code) from None
             kind = _kind(int(data.eventType))
             if kind is None:
                 continue
@@ -364,6 +348,11 @@ def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], st
             yield Event(index, uuid, kind, int(data.eventData))
     finally:
         _release(nv, event_set)
+
+
+def _during(what: str, code: int | None) -> hw.Problem:
+    problem = describe(code)
+    return problem._replace(detail=f"{what}: {problem.detail}")
 
 
 def _release(nv: ModuleType, event_set: Any) -> None:

@@ -1,20 +1,9 @@
 """runtime probe: the container's runtime limits that break CUDA work without any GPU fault.
 
-Cheap and without a GPU call. It proves that
-
-- ``/dev/shm`` is large enough for NCCL and DataLoader workers (Docker's default 64 MiB
-  fails NCCL with "unhandled system error" and DataLoader workers with a bus error): below
-  ``HEALTHCHECK_SHM_MIN_MIB`` (1024) it warns with the fix;
-- the device nodes CUDA needs are there: ``/dev/nvidiactl``, ``/dev/nvidia-uvm`` (without it
-  NVML and nvidia-smi work while CUDA fails) and one ``/dev/nvidiaN`` per expected GPU. They
-  are judged only when the container was given GPUs (``NVIDIA_VISIBLE_DEVICES`` names some,
-  or an NVIDIA node exists): a container without GPUs is the nvml probe's to judge;
-- no environment variable that changes CUDA's behaviour for debugging is set
-  (``CUDA_LAUNCH_BLOCKING``, ``CUDA_INJECTION64_PATH``, core dumps on exception, ...): each
-  warns, naming the variable. The probe sees the image's configured environment, which is
-  what the workload inherits unless its entrypoint changes it;
-- in the startup profile only, persistence mode is on (read from the nvml probe's facts, so
-  no second NVML session; not judged when nvml did not run): off is an informational warning.
+Cheap and without a GPU call: ``/dev/shm`` at least ``HEALTHCHECK_SHM_MIN_MIB``, the device
+nodes CUDA needs when the container was given GPUs, no CUDA-debugging variable in the
+environment the workload inherits, and, in startup only, persistence mode on (from the nvml
+probe's facts: no second NVML session). docs/probes.md, "The runtime probe", says why each.
 
 Command-line equivalent::
 
@@ -29,8 +18,8 @@ import stat
 from probes import hardware as hw
 from probes.context import Context
 from probes.record import Record
-from probes.result import Result, Status, failed, passed, warned
-from probes.spec import INTEGER, TEXT, Cause, Setting, Spec
+from probes.result import Result, passed
+from probes.spec import INTEGER, TEXT, Spec, cause, setting
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
@@ -43,56 +32,50 @@ MEASUREMENT = "shm"
 UNIT = "MiB"
 MIB = 1 << 20
 
+
+class Settings(hw.Expected):
+    """What runtime reads: ``HEALTHCHECK_GPU_COUNT`` and its own."""
+
+    shm_path: str = setting("HEALTHCHECK_SHM_PATH", TEXT, "/dev/shm",  # noqa: S108  (measured, not written)
+                            "the shared-memory mount whose size is judged")
+    shm_min_mib: int = setting("HEALTHCHECK_SHM_MIN_MIB", INTEGER, 1024,
+                               "`/dev/shm` below this many MiB warns (NCCL, DataLoader workers)", low=0,
+                               high=1 << 24, low_inclusive=True)
+    dev_root: str = setting("HEALTHCHECK_DEV_ROOT", TEXT, "/dev",
+                            "where the NVIDIA device nodes are looked for")
+
+
+SHM_SMALL = cause("shm-small", "`/dev/shm` smaller than `HEALTHCHECK_SHM_MIN_MIB` "
+                  "(Docker's default is 64 MiB): NCCL fails with \"unhandled system error\", "
+                  "DataLoader workers die",
+                  "`docker run --shm-size=8g` or `--ipc=host`, "
+                  "in Kubernetes an `emptyDir` with `medium: Memory` at `/dev/shm`", "warn",
+                  action="fix-config", actor="tenant")
+SHM_MISSING = cause("shm-missing", "`/dev/shm` cannot be measured",
+                    "mount a tmpfs at `/dev/shm` (`--shm-size`, `--ipc=host`, or a memory-backed `emptyDir`)",
+                    "warn", action="fix-config", actor="tenant")
+DEVICE_NODES = cause("device-nodes", "`/dev/nvidiactl`, `/dev/nvidia-uvm` or a `/dev/nvidiaN` "
+                     "per expected GPU is missing although the container was given GPUs",
+                     f"{hw.TOOLKIT} (NVIDIA Container Toolkit); for `nvidia-uvm` "
+                     "run `nvidia-modprobe -u -c=0` on the host, then recreate the container",
+                     action="restart-container", actor="operator")
+DEBUG_ENV_SET = cause("cuda-debug-env", "a variable that changes CUDA's behaviour for debugging is set "
+                      "(`CUDA_LAUNCH_BLOCKING`, `CUDA_INJECTION64_PATH`, "
+                      "`CUDA_ENABLE_COREDUMP_ON_EXCEPTION`, ...)",
+                      "remove it from the image or deployment for production", "warn", action="fix-config",
+                      actor="tenant")
+PERSISTENCE_OFF = cause("persistence-off", "persistence mode off (startup only, from the nvml probe): "
+                        "each NVML/CUDA start re-initialises the GPU",
+                        "`nvidia-smi -pm 1` or run `nvidia-persistenced` on the host", "warn",
+                        action="fix-config", actor="operator")
+
 SPEC = Spec(
-    NAME, "hardware", __name__, "ENABLE_RUNTIME_CHECK", 2.0, ("startup", "readiness"), requires=("nvml",),
-    measurement=MEASUREMENT,
+    NAME, layer="hardware", module=__name__, toggle="ENABLE_RUNTIME_CHECK", timeout=2.0,
+    profiles=("startup", "readiness"), requires=("nvml",), measurement=MEASUREMENT,
     about="container runtime limits: `/dev/shm` size, CUDA's device nodes, CUDA-debugging variables, "
           "persistence mode (startup)",
-    settings=(
-        hw.GPU_COUNT,
-        Setting("HEALTHCHECK_SHM_PATH", "shm_path", TEXT, "/dev/shm",  # noqa: S108  (measured, not written)
-                "the shared-memory mount whose size is judged"),
-        Setting("HEALTHCHECK_SHM_MIN_MIB", "shm_min_mib", INTEGER, 1024,
-                "`/dev/shm` below this many MiB warns (NCCL, DataLoader workers)", low=0, high=1 << 24,
-                low_inclusive=True),
-        Setting("HEALTHCHECK_DEV_ROOT", "dev_root", TEXT, "/dev",
-                "where the NVIDIA device nodes are looked for"),
-    ),
-    causes=(
-        Cause("shm-small", "warn", "`/dev/shm` smaller than `HEALTHCHECK_SHM_MIN_MIB` (Docker's default is "
-              "64 MiB): NCCL fails with \"unhandled system error\", DataLoader workers die",
-              "`docker run --shm-size=8g` or `--ipc=host`; in Kubernetes mount an `emptyDir` with "
-              "`medium: Memory` at `/dev/shm`"),
-        Cause("shm-missing", "warn", "`/dev/shm` cannot be measured", "mount a tmpfs at `/dev/shm`"),
-        Cause("device-nodes", "fail", "`/dev/nvidiactl`, `/dev/nvidia-uvm` or a `/dev/nvidiaN` per expected "
-              "GPU is missing although the container was given GPUs",
-              "start with `--gpus all` (NVIDIA Container Toolkit); for `nvidia-uvm` run "
-              "`nvidia-modprobe -u -c=0` on the host, then recreate the container"),
-        Cause("cuda-debug-env", "warn", "a variable that changes CUDA's behaviour for debugging is set "
-              "(`CUDA_LAUNCH_BLOCKING`, `CUDA_INJECTION64_PATH`, `CUDA_ENABLE_COREDUMP_ON_EXCEPTION`, ...)",
-              "remove it from the image or deployment for production"),
-        Cause("persistence-off", "warn", "persistence mode off (startup only, from the nvml probe): each "
-              "NVML/CUDA start re-initialises the GPU", "`nvidia-smi -pm 1` or run `nvidia-persistenced` on "
-              "the host"),
-    ),
+    settings=Settings.SETTINGS, causes=(SHM_SMALL, SHM_MISSING, DEVICE_NODES, DEBUG_ENV_SET, PERSISTENCE_OFF),
 )
-
-
-class Settings(Record):
-    """The settings runtime reads, typed (``ctx.config.of(Settings)``)."""
-
-    __slots__ = ("gpu_count", "shm_path", "shm_min_mib", "dev_root")
-
-    gpu_count: int
-    shm_path: str
-    shm_min_mib: int
-    dev_root: str
-
-    def __init__(self, gpu_count: int, shm_path: str, shm_min_mib: int, dev_root: str) -> None:
-        self.gpu_count = gpu_count
-        self.shm_path = shm_path
-        self.shm_min_mib = shm_min_mib
-        self.dev_root = dev_root
 
 
 # Variables that change CUDA's (or torch's allocator's) behaviour and do not belong in production.
@@ -163,28 +146,15 @@ def requirements(config: Any) -> tuple[str, ...]:
     return ()
 
 
-class Problem(Record):
-    __slots__ = ("status", "reason", "message")
-
-    status: Status
-    reason: str
-    message: str
-
-    def __init__(self, status: Status, reason: str, message: str) -> None:
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-
 def _given_gpus(data: Gathered) -> bool:
     asked = data.visible is not None and not hw.none_requested(data.visible)
     return asked or bool(data.nodes | data.other_nodes)
 
 
-def _node_problems(data: Gathered, ctx: Context) -> list[Problem]:
+def _node_problems(data: Gathered, own: Settings) -> list[hw.Problem]:
     import re
 
-    expected = ctx.config.of(Settings).gpu_count
+    expected = own.gpu_count
     if expected == 0 or not _given_gpus(data):
         return []
     missing = [n for n in ("nvidiactl", "nvidia-uvm") if n not in data.nodes]
@@ -193,58 +163,44 @@ def _node_problems(data: Gathered, ctx: Context) -> list[Problem]:
         missing.append(f"nvidiaN for {expected - len(gpus)} more GPU(s) ({len(gpus)} of {expected})")
     if not missing:
         return []
-    root = clean(ctx.config.of(Settings).dev_root, 60)
+    root = clean(own.dev_root, 60)
     shown = ", ".join(f"{root}/{m}" if not m.startswith("nvidiaN") else m for m in missing)
     odd = (f" ({', '.join(sorted(data.other_nodes)[:3])} exist but are not device nodes)" if data.other_nodes
            else "")
-    return [Problem(Status.FAIL, "device-nodes", f"CUDA's device nodes are missing: {shown}{odd}: start the "
-                    "container with --gpus all (NVIDIA Container Toolkit); for nvidia-uvm run "
-                    "nvidia-modprobe -u -c=0 on the host, then recreate the container")]
+    return [hw.Problem(DEVICE_NODES, f"CUDA's device nodes are missing: {shown}{odd}")]
 
 
-def _persistence(ctx: Context) -> list[Problem]:
-    if ctx.config.profile != "startup":
-        return []
-    nvml = ctx.results.get("nvml")
-    gpus = nvml.facts.get("gpus") if nvml is not None else None
-    off = [g.get("index") for g in gpus or () if isinstance(g, dict) and g.get("persistence") is False]
+def _persistence(ctx: Context) -> list[hw.Problem]:
+    seen = hw.seen(ctx.results) if ctx.config.profile == "startup" else None
+    off = [g.index for g in seen.gpus if g.persistence is False] if seen is not None else []
     if not off:
         return []
-    shown = ", ".join(map(str, off))
-    return [Problem(Status.WARN, "persistence-off", f"persistence mode is off on GPU {shown}: each NVML or "
-                    "CUDA start re-initialises the GPU (slow probes, first-call latency): "
-                    "nvidia-smi -pm 1 or nvidia-persistenced on the host")]
+    return [hw.Problem(PERSISTENCE_OFF, f"persistence mode is off on GPU {', '.join(map(str, off))}: "
+                       "each NVML or CUDA start re-initialises the GPU (slow probes, first-call latency)")]
 
 
 def judge(data: Gathered, ctx: Context) -> Result:
     import re
 
-    problems = _node_problems(data, ctx)
-    shm_mib = None if data.shm_bytes is None else data.shm_bytes // MIB
     own = ctx.config.of(Settings)
+    problems = _node_problems(data, own)
+    shm_mib = None if data.shm_bytes is None else data.shm_bytes // MIB
     limit = own.shm_min_mib
     path = clean(own.shm_path, 60)
     if shm_mib is None:
-        problems.append(Problem(Status.WARN, "shm-missing", f"{path} cannot be measured ({data.shm_error}): "
-                                "mount a tmpfs at /dev/shm (--shm-size, --ipc=host, or a memory-backed "
-                                "emptyDir)"))
+        problems.append(hw.Problem(SHM_MISSING, f"{path} cannot be measured ({data.shm_error})"))
     elif shm_mib < limit:
-        problems.append(Problem(Status.WARN, "shm-small", f"{path} is {shm_mib} MiB (below {limit} MiB): "
-                                "NCCL and DataLoader workers fail; docker run --shm-size=8g or --ipc=host, "
-                                "in Kubernetes an emptyDir with medium: Memory at /dev/shm"))
+        problems.append(hw.Problem(SHM_SMALL, f"{path} is {shm_mib} MiB (below {limit} MiB): "
+                                   "NCCL and DataLoader workers fail"))
     for var in sorted(data.env):
-        problems.append(Problem(Status.WARN, "cuda-debug-env", f"{var}={clean(data.env[var], 40)!r} is set: "
-                                f"it {DEBUG_ENV[var]}; remove it for production"))
+        problems.append(hw.Problem(DEBUG_ENV_SET, f"{var}={clean(data.env[var], 40)!r} is set: "
+                                   f"it {DEBUG_ENV[var]}"))
     problems.extend(_persistence(ctx))
-    problems.sort(key=lambda p: p.status is not Status.FAIL)
-    facts: dict[str, Any] = {"shm_mib": shm_mib, "nodes": sorted(data.nodes), "debug_env": sorted(data.env),
-                             "problems": [{"status": p.status.value, "reason": p.reason} for p in problems]}
+    facts: dict[str, Any] = {"shm_mib": shm_mib, "nodes": sorted(data.nodes), "debug_env": sorted(data.env)}
     kw: dict[str, Any] = {"observed": shm_mib, "unit": UNIT, "facts": facts}
-    if problems:
-        first = problems[0]
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        make = failed if first.status is Status.FAIL else warned
-        return make(NAME, first.message + more, reason=first.reason, **kw)
+    found = hw.worst(NAME, problems, **kw)
+    if found is not None:
+        return found
     gpus = len([n for n in data.nodes if re.match(_GPU_NODE, n)])
     nodes = (f"device nodes present ({gpus} GPU(s))" if _given_gpus(data) and own.gpu_count
              else "no GPU given (device nodes not judged)")

@@ -58,8 +58,8 @@ BUCKETS: dict[str, Bucket] = {
         "the VM that owns the GPU must restart: for a container in that VM, the machine's reboot"),
     WORKFLOW_XID_48: Bucket(
         CRITICAL, "reset the GPU (with Xid 63 or 64: drain, then reset)",
-        "its workflow's recovery action is RESET_GPU alone and DRAIN_AND_RESET with Xid 63/64: a reset "
-        "either way"),
+        "its workflow's recovery action is RESET_GPU alone and DRAIN_AND_RESET with Xid 63/64: "
+        "a reset either way"),
     WORKFLOW_NVLINK_ERR: Bucket(
         CRITICAL, "reset the GPU or reboot the node; if it returns, check the NVLink links",
         "the catalog's text: a GPU reset or node reboot is needed to clear this error (the workflow then "
@@ -181,8 +181,8 @@ CATALOG: dict[int, Xid] = {
     60: Xid("ROBUST_CHANNEL_SEC2_ERROR", "video processor exception", RESTART_APP),
     61: Xid("PMU_BREAKPOINT", UNUSED, CONTACT_SUPPORT),
     62: Xid("PMU_HALT_ERROR", "internal micro-controller halt", RESET_GPU),
-    63: Xid("INFOROM_DRAM_RETIREMENT_EVENT", "GPU memory remapping event (the nvml probe judges a pending "
-                                             "remap)", IGNORE),
+    63: Xid("INFOROM_DRAM_RETIREMENT_EVENT",
+            "GPU memory remapping event (the nvml probe judges a pending remap)", IGNORE),
     64: Xid("INFOROM_DRAM_RETIREMENT_FAILURE", "GPU memory remapping failure", RESET_GPU),
     65: Xid("ROBUST_CHANNEL_NVENC1_ERROR", UNUSED, CONTACT_SUPPORT),
     66: Xid("ROBUST_CHANNEL_FECS_ERR_REG_ACCESS_VIOLATION", "illegal access by driver", IGNORE),

@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         log.exception("NVML event watch failed")
         code = nvml_lib.error_code(exc) if nvml_lib.is_nvml_error(exc) else None
-        reason = nvml_lib.describe(code)[0] if code is not None else "internal-error"
+        reason = nvml_lib.describe(code).cause.reason if code is not None else "internal-error"
         emit({"type": "error", "reason": reason})
         return 1
     return 0

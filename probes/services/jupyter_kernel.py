@@ -472,6 +472,8 @@ def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Conte
 
 def _gpu_layer(ctx: Context | None) -> str:
     """", while NVML sees 2 GPU(s)" when the GPU layer saw some in this run."""
-    nvml = ctx.results.get("nvml") if ctx is not None else None
-    count = nvml.facts.get("count") if nvml is not None and nvml.ok else None
-    return f" while NVML sees {count} GPU(s)" if isinstance(count, int) and count > 0 else ""
+    from probes import hardware
+
+    seen = hardware.seen(ctx.results) if ctx is not None else None
+    count = seen.count if seen is not None and seen.ok else None
+    return f" while NVML sees {count} GPU(s)" if count else ""

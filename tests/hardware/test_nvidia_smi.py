@@ -86,9 +86,8 @@ def test_the_exit_code_table_holds_what_nvidia_documents():
     assert smi_codes.EXIT_CODES[9].documented == "NVIDIA driver is not loaded"
     assert smi_codes.EXIT_CODES[255].documented == "Other error or internal driver error occurred"
     assert "nvidia-smi/index.html" in smi_codes.__doc__ and "nvml-api" in smi_codes.__doc__
-    rows = {c.reason: c for c in nvidia_smi.SPEC.causes}
     for code, entry in smi_codes.EXIT_CODES.items():
-        assert f"exit {code}, " in rows[entry.reason].cause and rows[entry.reason].remedy == entry.remedy
+        assert entry.cause in nvidia_smi.SPEC.causes and f"exit {code}" in entry.cause.cause
 
 
 @pytest.mark.parametrize(("code", "text", "reason"), [
@@ -120,6 +119,17 @@ def test_not_on_path(ctx):
 def test_cannot_start(ctx):
     r = nvidia_smi.judge(proc.Completed(nvidia_smi.ARGV, None, spawn_error="permission denied"), ctx)
     assert r.reason == "cannot-start" and "permission denied" in r.message
+
+
+def test_a_limit_of_the_container_is_not_checked_with_the_runners_cause(ctx):
+    import errno
+
+    from probes import childio, runner
+
+    words = childio.spawn_error(OSError(errno.EAGAIN, "try again"), "nvidia-smi", None, None)
+    r = nvidia_smi.judge(proc.Completed(nvidia_smi.ARGV, None, spawn_error=words), ctx)
+    assert (r.status, r.reason, r.action, r.actor) == (Status.WARN, "limit", runner.LIMIT.action, "tenant")
+    assert r.message == f"not checked: nvidia-smi {words}"
 
 
 def test_killed_by_signal(ctx):
