@@ -1,6 +1,6 @@
 """The deep-check layer shared by torch-cuda, model and nccl: the one-costly-check lock, the
 cache of a passing run, the latch of a sticky CUDA error, the worker's start on the GPUs with
-room for it (probes/framework/room.py), and the verdicts the deep checks share.
+room for it (probes/framework/free_memory.py), and the verdicts the deep checks share.
 
 Imported when a framework probe's declaration is read: what a run needs (process control, the
 NVML survey, the CUDA error table) is imported inside the functions that use it.
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from probes import proc
-    from probes.framework import room
+    from probes.framework import free_memory
 
 LOCK = "torch-cuda.lock"  # one costly check at a time: torch-cuda, model and nccl take it
 
@@ -47,50 +47,52 @@ class Torch(Record):
         self.torch_min_free_mib = torch_min_free_mib
 
 
-def start(ctx: Context, need_mib: int, extra: dict[str, str]) -> tuple[room.Room | None, dict[str, str]]:
+def start(ctx: Context, need_mib: int,
+          extra: dict[str, str]) -> tuple[free_memory.Room | None, dict[str, str]]:
     """(the room survey, or None on the CPU; the worker's environment): CUDA_MODULE_LOADING=LAZY
     (a smaller context), and CUDA_VISIBLE_DEVICES narrowed to the GPUs with room when some have
     none."""
-    from probes.framework import room
+    from probes.framework import free_memory
 
     env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **extra}
     if ctx.config.of(Torch).torch_device != "cuda":
         return None, env
-    space = room.survey(need_mib, os.environ)
+    space = free_memory.survey(need_mib, os.environ)
     if space.visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = space.visible
     return space, env
 
 
-def no_room(space: room.Room) -> dict[str, Any]:
+def no_room(space: free_memory.Room) -> dict[str, Any]:
     """A run that started nothing: no GPU had room."""
-    from probes.framework import room
+    from probes.framework import free_memory
 
-    return {"kind": room.REASON, "room": space.facts(), "lingered": False, "finished": time.time()}
+    return {"kind": free_memory.REASON, "room": space.facts(), "lingered": False, "finished": time.time()}
 
 
 def not_checked(name: str, data: dict[str, Any], what: str, **kw: Any) -> Result:
     """judge() of a run that started nothing because the workload holds every GPU's memory."""
-    from probes.framework import room
+    from probes.framework import free_memory
 
     facts = {**kw.pop("facts", {}), "room": data["room"]}
-    return warned(name, room.not_checked(data["room"], what), reason=room.REASON, facts=facts, **kw)
+    return warned(name, free_memory.not_checked(data["room"], what), reason=free_memory.REASON, facts=facts,
+                  **kw)
 
 
 def with_room(result: Result, data: dict[str, Any], what: str) -> Result:
     """``result`` noting the GPUs left out for want of room: a pass becomes a warning."""
-    from probes.framework import room
+    from probes.framework import free_memory
 
-    facts = room.read(data.get("room"))
+    facts = free_memory.read(data.get("room"))
     if facts is None:
         return result
     merged = {**result.facts, "room": facts}
     if not facts["full"]:
         return result._replace(facts=merged)
-    note = "; " + room.not_checked(facts, what)
+    note = "; " + free_memory.not_checked(facts, what)
     if result.status is Status.PASS:
         return Result(result.name, Status.WARN, result.message + note, result.observed, result.unit,
-                      room.REASON, merged)
+                      free_memory.REASON, merged)
     return result._replace(message=result.message + note, facts=merged)
 
 
@@ -196,9 +198,9 @@ def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
     cached for later runs to reuse or share; a run whose worker lingered is not trusted (nothing is
     cached or shared, and an older pass must not be served after it), and one that started nothing
     (no GPU had room) has nothing to cache."""
-    from probes.framework import room
+    from probes.framework import free_memory
 
-    if data["kind"] == room.REASON:
+    if data["kind"] == free_memory.REASON:
         return data
     if data["lingered"]:
         ctx.state.remove(cache)

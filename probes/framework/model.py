@@ -331,9 +331,9 @@ ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus the model's size"
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
-    from probes.framework import room
+    from probes.framework import free_memory
 
-    if data.get("kind") != room.REASON:
+    if data.get("kind") != free_memory.REASON:
         return deep.unkept(deep.with_room(_judge(data, ctx), data, ROOM), data)
     facts = data["room"]
     if all(g["total_mib"] is not None and g["total_mib"] < facts["need_mib"] for g in facts["full"]):

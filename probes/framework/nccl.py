@@ -14,7 +14,7 @@ failure (``nccl-shm``); P2P not supported or hanging (confirm with ``NCCL_P2P_DI
 fix the host's IOMMU/ACS settings); NCCL missing from this torch build. A CUDA error behind the
 collective (the exception, or NCCL's "Cuda failure 'text'") is judged by the CUDA error table
 (probes/framework/cuda_errors.py): a sticky one latches, out of memory or a busy GPU warns.
-Like torch-cuda it starts nothing on a GPU without room (probes/framework/room.py).
+Like torch-cuda it starts nothing on a GPU without room (probes/framework/free_memory.py).
 
 Command-line equivalent::
 
@@ -210,12 +210,13 @@ def result_arrived(stdout: bytes) -> bool:
 # ---------------------------------------------------------------------------
 
 def run_worker(ctx: Context) -> dict[str, Any]:
-    from probes.framework import room
+    from probes.framework import free_memory
 
     torch = ctx.config.of(deep.Torch)
     floor = torch.torch_min_free_mib
     data, done = deep_worker(ctx, NAME, [torch.torch_python, WORKER], {"NCCL_DEBUG": "WARN"},
-                             parse_output, last_phase, result_arrived, floor + room.NCCL_MIB if floor else 0)
+                             parse_output, last_phase, result_arrived,
+                             floor + free_memory.NCCL_MIB if floor else 0)
     return {**data, "warnings": warnings(done.stderr) if done is not None else []}
 
 
@@ -276,9 +277,9 @@ ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus NCCL's buffers"
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
-    from probes.framework import room
+    from probes.framework import free_memory
 
-    if data.get("kind") == room.REASON:
+    if data.get("kind") == free_memory.REASON:
         return deep.not_checked(NAME, data, ROOM, unit=UNIT)
     return deep.unkept(deep.with_room(_judge(data, ctx), data, ROOM), data)
 

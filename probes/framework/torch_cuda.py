@@ -254,7 +254,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
     """The cached worker run, checked and cleaned, or None: a damaged entry is a miss, never a crash."""
     import re
 
-    from probes.framework import room
+    from probes.framework import free_memory
 
     if not entry or entry.get("key") != key or not isinstance(entry.get("data"), dict):
         return None
@@ -277,7 +277,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
                            **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None
                               else data[name] for name, (kind, _) in _DATA.items()}}
     out["cache"] = {"how": how, "age": round(max(age, 0.0), 1)}
-    out["room"] = room.read(data.get("room"))
+    out["room"] = free_memory.read(data.get("room"))
     return out
 
 
@@ -384,9 +384,9 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return failed(NAME, f"no result within {data['waited']:.1f}s: another torch-cuda run still holds "
                       "the lock (one CUDA context at a time); the driver may be stuck", reason="deadline",
                       unit=UNIT)
-    from probes.framework import room  # not before: liveness answers above without it
+    from probes.framework import free_memory  # not before: liveness answers above without it
 
-    if kind == room.REASON:
+    if kind == free_memory.REASON:
         return deep.not_checked(NAME, data, MIN_FREE, unit=UNIT)
     result = deep.unkept(deep.with_room(_judge_worker(data, ctx), data, MIN_FREE), data)
     suffix = _suffix(data)
@@ -460,7 +460,7 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
 
 def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, python: str,
                   kw: dict[str, Any]) -> Result:
-    from probes.framework import room
+    from probes.framework import free_memory
 
     facts = kw["facts"]
     facts.update({"torch": report["torch"], "cuda": report["cuda"], "count": report["count"]})
@@ -498,7 +498,7 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
                       "(NVIDIA Container Toolkit)", reason="cuda-unavailable", **kw)
     notes = []
     expect = data.get("expect")
-    held = room.read(data.get("room"))
+    held = free_memory.read(data.get("room"))
     if expect is not None and held is not None:
         expect -= len(held["full"])  # those were kept from the worker (CUDA_VISIBLE_DEVICES)
     if cuda and expect is not None and count != expect:
