@@ -15,9 +15,9 @@ BAD_OUTPUT = cause("bad-output", "worker output unreadable (no or several result
                    "number no float can hold such as 1e999, a field of the wrong type)",
                    "the interpreter is not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`",
                    action="fix-config", actor="tenant")
-KILLED = cause("killed", "worker killed by a signal", "SIGKILL: check the container's memory limit; "
-               "SIGSEGV/SIGBUS/SIGABRT: check dmesg and the torch install",
-               action="fix-config", actor="tenant")
+KILLED = cause("killed", "worker killed by a signal", "check the container's memory limit (SIGKILL: out of "
+               "memory?), dmesg and the torch install (SIGSEGV, SIGBUS, SIGABRT: a crash in torch or the "
+               "driver)", action="fix-config", actor="tenant")
 LOCK_HELD = cause("deadline", "another costly check (torch-cuda, nccl, model, jupyter-kernel) still held the "
                   "one-check-at-a-time lock at the deadline",
                   "retry; if it lasts, check `nvidia-smi` and dmesg for Xid errors (the driver may be stuck)",

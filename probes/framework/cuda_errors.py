@@ -92,10 +92,10 @@ class CudaError(NamedTuple):
         return result.verdict(name, (cause or self.cause)._replace(remedy=self.remedy), detail, **kw)
 
 
-# What each class of the table is (its cause, so who acts and how), and its remedy unless a row says.
-_CAUSES = {STICKY: fw.CUDA_FATAL, NOT_CHECKED: fw.OOM, ENVIRONMENT: fw.CUDA_INIT, OTHER: fw.CUDA_ERROR}
-_REMEDIES = {STICKY: _STICKY, NOT_CHECKED: "none: the workload uses the GPU; not checked, not a fault",
-             ENVIRONMENT: _INIT, OTHER: PROGRAM}
+# What each class of the table is (its cause, so who acts and how), and its remedy unless a row says;
+# a could-not-check row always names its own (oom, device-busy, mps-busy).
+_CAUSES = {STICKY: fw.CUDA_FATAL, ENVIRONMENT: fw.CUDA_INIT, OTHER: fw.CUDA_ERROR}
+_REMEDIES = {STICKY: _STICKY, ENVIRONMENT: _INIT, OTHER: PROGRAM}
 
 
 def _e(code: int, name: str, text: str, category: str = OTHER, cause: Cause | None = None, remedy: str = "",

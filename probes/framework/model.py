@@ -335,7 +335,7 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
     if report is None or data.get("lingered"):
         where = data.get("phase") or "start-up"
         if data.get("stuck") or data.get("held_by") is not None:
-            return verdict(NAME, DEADLINE, f"model worker stuck in {where} (survived SIGKILL): the GPU "
+            return verdict(NAME, DEADLINE, f"model worker stuck in {where} (survived SIGKILL), the GPU "
                            "driver is wedged", **kw)
         if data.get("timed_out"):
             return verdict(NAME, DEADLINE, f"model worker gave no result within {data.get('budget', 0):.1f}s "

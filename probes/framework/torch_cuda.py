@@ -327,7 +327,7 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
                        "GPU driver (uninterruptible sleep); not starting another", **kw)
     if data.get("stuck"):
         return verdict(NAME, STUCK, f"torch worker stuck in {where} and survived SIGKILL (uninterruptible "
-                       "sleep): the GPU driver is wedged", **kw)
+                       "sleep), the GPU driver is wedged", **kw)
     if data.get("timed_out"):
         return verdict(NAME, DEADLINE, f"torch worker gave no result within {data.get('budget', 0):.1f}s "
                        f"(killed while in {where})", **kw)
