@@ -11,40 +11,39 @@ SET_PYTHON = ("set `HEALTHCHECK_TORCH_PYTHON` to the image's Python that has tor
               "(e.g. `/opt/conda/bin/python`)")
 INTERPRETER_NOT_FOUND = cause("interpreter-not-found", "the `HEALTHCHECK_TORCH_PYTHON` interpreter is not "
                               "found or cannot be run", SET_PYTHON, action="fix-config", actor="tenant")
-BAD_OUTPUT = cause("bad-output", "worker output unreadable (no or several result lines, not strict JSON, a "
-                   "number no float can hold such as 1e999, a field of the wrong type)",
+BAD_OUTPUT = cause("bad-output", "worker output unreadable (no or several result lines, not strict JSON, "
+                   "a number no float can hold such as 1e999, a field of the wrong type)",
                    "the interpreter is not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`",
                    action="fix-config", actor="tenant")
-KILLED = cause("killed", "worker killed by a signal", "check the container's memory limit (SIGKILL: out of "
-               "memory?), dmesg and the torch install (SIGSEGV, SIGBUS, SIGABRT: a crash in torch or the "
-               "driver)", action="fix-config", actor="tenant")
-LOCK_HELD = cause("deadline", "another costly check (torch-cuda, nccl, model, jupyter-kernel) still held the "
-                  "one-check-at-a-time lock at the deadline",
-                  "retry; if it lasts, check `nvidia-smi` and dmesg for Xid errors (the driver may be stuck)",
-                  action="retry", actor="operator")
+KILLED = cause("killed", "worker killed by a signal",
+               "check the container's memory limit (SIGKILL: out of memory?), "
+               "dmesg and the torch install (SIGSEGV, SIGBUS, SIGABRT: a crash in torch or the driver)",
+               action="fix-config", actor="tenant")
 WORKLOAD_MEMORY = cause("workload-memory", "NVML says a GPU has less free memory than the probe needs "
-                        "(`HEALTHCHECK_TORCH_MIN_FREE_MIB`, plus the model's size for model, plus 256 MiB of "
-                        "NCCL's buffers for nccl): not checked, nothing started there; the other GPUs are "
-                        "checked", "none: the workload holds the memory; not a fault", "warn",
-                        action="none", actor="tenant")
-HELD_BACK = cause("checkpointed", "a CUDA process here is locked or checkpointed (the checkpoint probe, or "
-                  "its marker from an earlier run): no GPU work is started",
+                        "(`HEALTHCHECK_TORCH_MIN_FREE_MIB`, plus the model's size for model, "
+                        "plus 256 MiB of NCCL's buffers for nccl): not checked, nothing started there; "
+                        "the other GPUs are checked", "none: the workload holds the memory; not a fault",
+                        "warn", action="none", actor="tenant")
+HELD_BACK = cause("checkpointed", "a CUDA process here is locked or checkpointed "
+                  "(the checkpoint probe, or its marker from an earlier run): no GPU work is started",
                   "none: it runs again once the process is restored", "skip", action="none", actor="tenant")
 
 # The causes of CUDA errors (cuda_errors.py maps each class of its table, and some rows, to one).
 CUDA_FATAL = cause("cuda-fatal", "sticky CUDA error, one NVIDIA's runtime documentation says leaves the "
                    "process unusable (illegal address, launch failure or timeout, device-side assert, "
-                   "misaligned address, ...), or an uncorrectable ECC or NVLink error; latches (see \"CUDA "
-                   "errors\")", "restart the container; check dmesg for Xid errors (each error's own remedy "
-                   "is in the message)", action="restart-container", actor="operator")
+                   "misaligned address, ...), or an uncorrectable ECC or NVLink error; "
+                   "latches (see \"CUDA errors\")", "restart the container; check dmesg for Xid errors "
+                   "(each error's own remedy is in the message)", action="restart-container",
+                   actor="operator")
 CUDA_ERROR = cause("cuda-error", "another CUDA error (no kernel image for this GPU, invalid device ordinal, "
                    "invalid configuration, a cuBLAS/cuDNN status, ...): fails, never latches",
                    OWN_REMEDY, action="fix-config", actor="tenant")
-OOM = cause("oom", "out of memory for the probe's own context, tensors or buffers (CUDA's, or cuBLAS's or "
-            "cuDNN's `*_ALLOC_FAILED`)", "the workload is using the memory; not checked, not a fault", "warn",
-            action="none", actor="tenant")
-DEVICE_BUSY = cause("device-busy", "GPU held by the workload in EXCLUSIVE_PROCESS mode (\"busy or "
-                    "unavailable\"); the message names the holding PID",
+OOM = cause("oom", "out of memory for the probe's own context, tensors or buffers "
+            "(CUDA's, or cuBLAS's or cuDNN's `*_ALLOC_FAILED`)",
+            "the workload is using the memory; not checked, not a fault", "warn", action="none",
+            actor="tenant")
+DEVICE_BUSY = cause("device-busy", "GPU held by the workload in EXCLUSIVE_PROCESS mode "
+                    "(\"busy or unavailable\"); the message names the holding PID",
                     "the workload holds the GPU, so the probe cannot open a context there; not a fault",
                     "warn", action="none", actor="tenant")
 MPS_BUSY = cause("mps-busy", "GPU shared through MPS: the probe cannot open its own context; the message "
@@ -64,9 +63,10 @@ FABRIC_MANAGER = cause("fabric-manager", "CUDA error 802 at start (system not ye
                        "fabric state Completed", action="fix-config", actor="operator")
 # The same mismatch the hardware probes report (NVML's driver/library version mismatch): the driver's
 # user-space library no longer matches the loaded kernel module.
-DRIVER_MISMATCH = cause("driver-mismatch", "CUDA error 803 at start: libcuda does not match the loaded "
-                        "kernel module", "reboot the node (or reload the nvidia module); never ship libcuda "
-                        "in the image", action="reboot-node", actor="operator")
+DRIVER_MISMATCH = cause("driver-mismatch",
+                        "CUDA error 803 at start: libcuda does not match the loaded kernel module",
+                        "reboot the node (or reload the nvidia module); never ship libcuda in the image",
+                        action="reboot-node", actor="operator")
 FORWARD_COMPAT = cause("forward-compat", "CUDA error 804 at start: the forward-compatibility package "
                        "(`cuda-compat`) on a GPU that does not support it", "remove `cuda-compat` from the "
                        "image's library path, or upgrade the host driver", action="fix-config",

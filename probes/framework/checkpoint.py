@@ -53,8 +53,9 @@ _GPU_NODE = r"/dev/nvidia\d+"
 
 PAUSED = "traffic paused until it is restored"
 CHECKPOINTED = _c("checkpointed", "a process here holding a CUDA context is LOCKED or CHECKPOINTED "
-                  "(readiness only; liveness passes, nothing latches; torch-cuda, nccl and model start no "
-                  "GPU work)", "none while it is paused on purpose: traffic resumes when it is restored "
+                  "(readiness only; liveness passes, nothing latches; "
+                  "torch-cuda, nccl and model start no GPU work)",
+                  "none while it is paused on purpose: traffic resumes when it is restored "
                   "(`cuda-checkpoint --toggle --pid N`)", action="none", actor="tenant")
 FAILED = _c("checkpoint-failed", "the driver reports a process's checkpoint or restore FAILED",
             "restore it again (`cuda-checkpoint --toggle --pid N`) or restart that process; if that fails, "
@@ -65,8 +66,9 @@ HANG = _c("query-hang", "the driver's state query gave no answer by the deadline
 NO_API = _c("no-checkpoint-api", "driver without `cuCheckpointProcessGetState` (before 555) or no "
             "`libcuda.so.1`: not judged (a pass, so the GPU probes that wait for this one still run)", "none",
             "pass", action="none", actor="tenant")
-QUERY_FAILED = _c("query-failed", "the child could not ask the driver (`cuInit` failed, or unreadable "
-                  "output)", "check `nvidia-smi`; details in the log", action="fix-config", actor="operator")
+QUERY_FAILED = _c("query-failed",
+                  "the child could not ask the driver (`cuInit` failed, or unreadable output)",
+                  "check `nvidia-smi`; details in the log", action="fix-config", actor="operator")
 
 SPEC = Spec(
     NAME, layer="framework", module=__name__, toggle="ENABLE_CHECKPOINT_CHECK", timeout=5.0,

@@ -176,8 +176,8 @@ TABLE: tuple[CudaError, ...] = (
     _e(102, "DeviceNotLicensed", "device doesn't have valid Grid license", ENVIRONMENT,
        remedy="the vGPU has no valid license: check the license server and the guest's licensing settings"),
     _e(103, "SoftwareValidityNotEstablished", "integrity checks failed", ENVIRONMENT,
-       remedy="CUDA's self-tests of the runtime and driver failed: reinstall the host driver and the image's "
-              "CUDA runtime"),
+       remedy="CUDA's self-tests of the runtime and driver failed: "
+              "reinstall the host driver and the image's CUDA runtime"),
     _e(127, "StartupFailure", "startup failure in cuda runtime", ENVIRONMENT),
     _e(200, "InvalidKernelImage", "device kernel image is invalid", remedy=_IMAGE),
     _e(201, "DeviceUninitialized", "invalid device context"),
@@ -286,8 +286,9 @@ TABLE: tuple[CudaError, ...] = (
     _e(808, "MpsMaxClientsReached",
        "the hardware resources required to create MPS client have been exhausted", NOT_CHECKED, fw.MPS_BUSY,
        _MPS),
-    _e(809, "MpsMaxConnectionsReached", "the hardware resources required to support device connections have "
-                                        "been exhausted", NOT_CHECKED, fw.MPS_BUSY, _MPS),
+    _e(809, "MpsMaxConnectionsReached",
+       "the hardware resources required to support device connections have been exhausted", NOT_CHECKED,
+       fw.MPS_BUSY, _MPS),
     _e(810, "MpsClientTerminated", "the MPS client has been terminated by the server", STICKY,
        remedy="the MPS server ended this client (after a fault in any client, or a server restart): the "
               "process must be relaunched; check the MPS server's log"),
@@ -299,11 +300,11 @@ TABLE: tuple[CudaError, ...] = (
     _e(903, "StreamCaptureUnmatched", "capture was not ended in the same stream as it began"),
     _e(904, "StreamCaptureUnjoined", "capturing stream has unjoined work"),
     _e(905, "StreamCaptureIsolation", "dependency created on uncaptured work in another stream"),
-    _e(906, "StreamCaptureImplicit", "operation would make the legacy stream depend on a capturing blocking "
-                                     "stream"),
+    _e(906, "StreamCaptureImplicit",
+       "operation would make the legacy stream depend on a capturing blocking stream"),
     _e(907, "CapturedEvent", "operation not permitted on an event last recorded in a capturing stream"),
-    _e(908, "StreamCaptureWrongThread", "attempt to terminate a thread-local capture sequence from another "
-                                        "thread"),
+    _e(908, "StreamCaptureWrongThread",
+       "attempt to terminate a thread-local capture sequence from another thread"),
     _e(909, "Timeout", "wait operation timed out"),
     _e(910, "GraphExecUpdateFailure", "the graph update was not performed because it included changes which "
                                       "violated constraints specific to instantiated graph update"),

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from probes import proc
     from probes.framework import free_memory
+    from probes.spec import Cause
 
 LOCK = "torch-cuda.lock"  # one costly check at a time: torch-cuda, model and nccl take it
 MIN_FREE = "HEALTHCHECK_TORCH_MIN_FREE_MIB"
@@ -308,20 +309,28 @@ def unkept(result: Result, data: dict[str, Any]) -> Result:
     return result._replace(message=message, facts={**result.facts, "latch_kept": False})
 
 
-def lock_timeout(name: str, data: dict[str, Any], **kw: Any) -> Result:
-    """judge() of a deep check whose locked_run did not get the lock in time."""
-    return verdict(name, fw.LOCK_HELD, f"no result within {data['waited']:.1f}s: another costly check "
-                   "(torch-cuda, nccl or model) still holds the lock", **kw)
+def lock_timeout(name: str, data: dict[str, Any], cause: Cause | None = None, **kw: Any) -> Result:
+    """judge() of a deep check whose locked_run did not get the lock in time: its own ``cause``
+    for a deadline (by default the one every probe can report)."""
+    return verdict(name, cause or _common("deadline"), f"no result within {data['waited']:.1f}s: another "
+                   "costly check (torch-cuda, nccl or model) still holds the lock", **kw)
+
+
+def _common(reason: str) -> Cause:
+    """A cause every probe can report (the runner's)."""
+    from probes import runner
+
+    return {c.reason: c for c in runner.COMMON_CAUSES}[reason]
 
 
 def limited(name: str, data: dict[str, Any], **kw: Any) -> Result | None:
     """judge() of a deep check whose worker a resource limit kept from starting (the interpreter is
     not at fault: not checked); None otherwise."""
-    from probes import childio, runner
+    from probes import childio
 
     if childio.limited(data.get("spawn_error")):
-        limit = {c.reason: c for c in runner.COMMON_CAUSES}["limit"]
-        return verdict(name, limit, f"not checked: the worker {data['spawn_error']}", remedy=False, **kw)
+        return verdict(name, _common("limit"), f"not checked: the worker {data['spawn_error']}", remedy=False,
+                       **kw)
     return None
 
 

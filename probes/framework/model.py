@@ -110,9 +110,10 @@ FORWARD = _fix("forward-failed", "the forward pass raised", fw.LOGGED)
 LOAD = _fix("load-failed", "loading raised another error", fw.LOGGED)
 TORCH_MISSING = _fix("torch-missing", "torch cannot be imported, or CUDA is not available to it",
                      "see the `torch-cuda` probe")
-DEADLINE = _c("deadline", "no result by the deadline (a large model on a slow disk, or a wedged driver)",
-              "raise `HEALTHCHECK_TIMEOUT` for large models; check `nvidia-smi` and dmesg", action="retry",
-              actor="tenant")
+DEADLINE = _c("deadline", "no result by the deadline (a large model on a slow disk, or a wedged driver), "
+              "or another costly check held the lock until then",
+              "raise `HEALTHCHECK_TIMEOUT` for large models; check `nvidia-smi` and dmesg",
+              action="retry", actor="tenant")
 
 SPEC = Spec(
     NAME, layer="framework", module=__name__, toggle="ENABLE_MODEL_CHECK", timeout=60.0,
@@ -121,7 +122,7 @@ SPEC = Spec(
     default_on=False, on_with="model_path", settings=Settings.SETTINGS,
     causes=(MISSING, UNREADABLE, UNSUPPORTED, UNSAFE, CORRUPT, TOO_BIG, fw.OOM, fw.WORKLOAD_MEMORY,
             fw.DEVICE_BUSY, fw.CUDA_FATAL, fw.CUDA_ERROR, MISMATCH, EXPECT, BAD_INPUT, FORWARD, LOAD,
-            fw.HELD_BACK, fw.INTERPRETER_NOT_FOUND, TORCH_MISSING, DEADLINE, fw.LOCK_HELD, fw.KILLED,
+            fw.HELD_BACK, fw.INTERPRETER_NOT_FOUND, TORCH_MISSING, DEADLINE, fw.KILLED,
             fw.BAD_OUTPUT),
 )
 
@@ -326,7 +327,7 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
     if kind == "no-path":
         return verdict(NAME, MISSING, "HEALTHCHECK_MODEL_PATH is not set")
     if kind == "lock-timeout":
-        return lock_timeout(NAME, data)
+        return lock_timeout(NAME, data, DEADLINE)
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"path": path, "cache": data.get("cache")}}
     report = data.get("report")
     unrunnable = cannot_run(NAME, data, ctx, **kw)

@@ -74,32 +74,38 @@ class Settings(Declared):
                                     low=0, high=2**30, low_inclusive=True)
 
 
-SHM_SMALL = _c("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` (checked first), or "
-               "NCCL warns it could not extend a shared memory segment (no space left on device)",
-               "start the container with `--shm-size=1g` (or `--ipc=host`; Kubernetes: an emptyDir medium "
-               "Memory)", action="fix-config", actor="tenant")
-OWN_SHM = _c("nccl-shm", "NCCL could not open or attach its own shared memory segment (\"No such file or "
-             "directory\"): not the size of `/dev/shm`", "NCCL lost a shared memory segment another of its "
-             "threads had made (a known regression of some NCCL releases, or something else clearing "
-             "/dev/shm): try another NCCL (torch) release, keep /dev/shm private to the container, and "
-             "confirm with `NCCL_SHM_DISABLE=1`", action="fix-config", actor="tenant")
+SHM_SMALL = _c("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` (checked first), "
+               "or NCCL warns it could not extend a shared memory segment (no space left on device)",
+               "start the container with `--shm-size=1g` "
+               "(or `--ipc=host`; Kubernetes: an emptyDir medium Memory)",
+               action="fix-config", actor="tenant")
+OWN_SHM = _c("nccl-shm", "NCCL could not open or attach its own shared memory segment "
+             "(\"No such file or directory\"): not the size of `/dev/shm`",
+             "NCCL lost a shared memory segment another of its threads had made "
+             "(a known regression of some NCCL releases, or something else clearing /dev/shm): "
+             "try another NCCL (torch) release, keep /dev/shm private to the container, "
+             "and confirm with `NCCL_SHM_DISABLE=1`", action="fix-config", actor="tenant")
 P2P = _c("p2p", "NCCL warns that peer-to-peer access is not supported or failed", P2P_REMEDY,
          action="fix-config", actor="operator")
-HANG = _c("nccl-hang", "the collective did not finish by the deadline (P2P hanging with IOMMU/ACS on is the "
-          "usual cause)", P2P_REMEDY, action="fix-config", actor="operator")
+HANG = _c("nccl-hang", "the collective did not finish by the deadline "
+          "(P2P hanging with IOMMU/ACS on is the usual cause)", P2P_REMEDY,
+          action="fix-config", actor="operator")
 NO_NCCL = _c("no-nccl", "this torch build has no NCCL (a CPU-only or ROCm-less build)",
              "install a CUDA build of torch, or leave `ENABLE_NCCL_CHECK` off", action="fix-config",
              actor="tenant")
 WRONG_SUM = _c("wrong-result", "the all-reduce gave a wrong sum on some GPU",
                "drain the node; run `nccl-tests` and `dcgmi diag`", action="service-hardware",
                actor="operator")
-NCCL_ERROR = _c("nccl-error", "the collective raised another NCCL or CUDA error (NCCL's warning is in the "
-                "message)", "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand", action="fix-config",
+NCCL_ERROR = _c("nccl-error", "the collective raised another NCCL or CUDA error "
+                "(NCCL's warning is in the message)",
+                "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand", action="fix-config",
                 actor="tenant")
 ON_CPU = _c("device-cpu", "`HEALTHCHECK_TORCH_DEVICE=cpu`: NCCL is not judged", "none", "skip", action="none",
             actor="tenant")
-DEADLINE = _c("deadline", "no result by the deadline before the collective started", "check `nvidia-smi`; "
-              "raise `HEALTHCHECK_TIMEOUT` if torch is slow to import", action="retry", actor="operator")
+DEADLINE = _c("deadline", "no result by the deadline before the collective started, or another costly "
+              "check held the lock until then",
+              "check `nvidia-smi`; raise `HEALTHCHECK_TIMEOUT` if torch is slow to import",
+              action="retry", actor="operator")
 
 SPEC = Spec(
     NAME, layer="framework", module=__name__, toggle="ENABLE_NCCL_CHECK", timeout=45.0,
@@ -108,7 +114,7 @@ SPEC = Spec(
     settings=Settings.SETTINGS,
     causes=(SHM_SMALL, OWN_SHM, P2P, HANG, NO_NCCL, WRONG_SUM, NCCL_ERROR, fw.CUDA_UNAVAILABLE, fw.CUDA_FATAL,
             fw.CUDA_ERROR, fw.OOM, fw.DEVICE_BUSY, fw.WORKLOAD_MEMORY, ON_CPU, fw.HELD_BACK,
-            fw.INTERPRETER_NOT_FOUND, DEADLINE, fw.LOCK_HELD, fw.KILLED, fw.BAD_OUTPUT),
+            fw.INTERPRETER_NOT_FOUND, DEADLINE, fw.KILLED, fw.BAD_OUTPUT),
 )
 
 
@@ -286,7 +292,7 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
                        f"{ctx.config.of(Settings).nccl_min_shm_mib} MiB: NCCL fails with 'unhandled system "
                        "error' (and DataLoader workers die)", unit=UNIT)
     if kind == "lock-timeout":
-        return lock_timeout(NAME, data, unit=UNIT)
+        return lock_timeout(NAME, data, DEADLINE, unit=UNIT)
     warned_lines: list[str] = list(data.get("warnings") or [])
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"warnings": warned_lines, "shm": data.get("shm"),
                                                   "cache": data.get("cache")}}
@@ -312,14 +318,14 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
         budget = data.get("budget", 0)
         if data.get("timed_out") or data.get("stuck") or data.get("held_by") is not None:
             if where in ("place", "allreduce", "verify"):
-                return verdict(NAME, HANG, f"the NCCL all-reduce hung (killed in {where} after "
-                               f"{budget:.1f}s)", **kw)
-            return verdict(NAME, DEADLINE, f"the NCCL worker gave no result within {budget:.1f}s (killed in "
-                           f"{where})", **kw)
+                return verdict(NAME, HANG, f"the NCCL all-reduce hung "
+                               f"(killed in {where} after {budget:.1f}s)", **kw)
+            return verdict(NAME, DEADLINE, f"the NCCL worker gave no result within {budget:.1f}s "
+                           f"(killed in {where})", **kw)
         rc = data.get("returncode")
         if isinstance(rc, int) and rc < 0:
-            return verdict(NAME, fw.KILLED, f"the NCCL worker was killed by {proc.signal_name(-rc)} in "
-                           f"{where}", **kw)
+            return verdict(NAME, fw.KILLED,
+                           f"the NCCL worker was killed by {proc.signal_name(-rc)} in {where}", **kw)
         return verdict(NAME, fw.BAD_OUTPUT, f"the NCCL worker gave an unreadable result "
                        f"({data.get('problem')}, exit status {rc})", **kw)
     kw["facts"].update({"nccl": report["nccl"], "count": report["count"], "torch": report["torch"]})

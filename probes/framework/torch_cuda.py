@@ -45,16 +45,17 @@ NOT_EXECUTABLE = _c("interpreter-not-executable", "interpreter not executable",
                     action="fix-config", actor="tenant")
 TORCH_MISSING = _c("torch-missing", "torch not installed in that interpreter", fw.SET_PYTHON,
                    action="fix-config", actor="tenant")
-IMPORT_FAILED = _c("torch-import-failed", "`import torch` fails (missing module or library; details in the "
-                   "log)", "reinstall torch in the image or fix its libraries", action="fix-config",
-                   actor="tenant")
+IMPORT_FAILED = _c("torch-import-failed",
+                   "`import torch` fails (missing module or library; details in the log)",
+                   "reinstall torch in the image or fix its libraries", action="fix-config", actor="tenant")
 MEMORY_LIMIT = _c("memory-limit", "the worker ran out of host memory: the address-space limit (RLIMIT_AS, "
                   "`ulimit -v`) or the container's memory is too small for torch (MemoryError, \"failed to "
                   "map segment from shared object\", \"Cannot allocate memory\", std::bad_alloc)",
                   "raise the container's memory or address-space limit", action="fix-config", actor="tenant")
 CPU_ONLY = _c("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`",
-              "install a CUDA build of torch in the image, or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a "
-              "CPU-only image", action="fix-config", actor="tenant")
+              "install a CUDA build of torch in the image, "
+              "or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a CPU-only image",
+              action="fix-config", actor="tenant")
 COUNT_MISMATCH = _c("count-mismatch", "torch sees a different GPU count than NVML",
                     "a GPU is not usable by CUDA; check `nvidia-smi`, dmesg for Xid errors and "
                     "`NVIDIA_VISIBLE_DEVICES`", action="reset-gpu", actor="operator")
@@ -64,17 +65,19 @@ WRONG_RESULT = _c("wrong-result", "GPU result differs from the CPU reference",
 LATCHED = _c("latched", "latch in force from an earlier fatal error (or a critical Xid seen by `healthcheck "
              "serve`): no worker started, the hardware probes are skipped too",
              "restart the container (a new PID 1 clears it)", action="restart-container", actor="operator")
-DEADLINE = _c("deadline", "worker gave no result by the deadline (killed while in `import`: a slow disk or a "
-              "wedged driver)", "the GPU driver may be wedged: check `nvidia-smi` and dmesg for Xid errors; "
-              "raise `HEALTHCHECK_TIMEOUT` if the image is slow to import torch", action="retry",
-              actor="operator")
+DEADLINE = _c("deadline", "worker gave no result by the deadline (killed while in `import`: a slow disk "
+              "or a wedged driver), or another costly check held the lock until then",
+              "the GPU driver may be wedged: check `nvidia-smi` and dmesg for Xid errors; "
+              "raise `HEALTHCHECK_TIMEOUT` if the image is slow to import torch",
+              action="retry", actor="operator")
 STUCK = _c("stuck", "worker survived SIGKILL (uninterruptible sleep): the driver is wedged; while it exists, "
            "later runs start no other worker and say so at once",
            "check dmesg for Xid errors, the node may need a reboot", action="reboot-node", actor="operator")
-LINGERED = _c("lingered", "worker printed its result but did not exit within 1.0 s (a wrapper script as "
-              "`HEALTHCHECK_TORCH_PYTHON` that keeps running, or a hang at exit); nothing from it is cached "
-              "or shared", "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself and check "
-              "dmesg for Xid errors", action="fix-config", actor="tenant")
+LINGERED = _c("lingered", "worker printed its result but did not exit within 1.0 s "
+              "(a wrapper script as `HEALTHCHECK_TORCH_PYTHON` that keeps running, or a hang at exit); "
+              "nothing from it is cached or shared",
+              "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself "
+              "and check dmesg for Xid errors", action="fix-config", actor="tenant")
 TORCH_ERROR = _c("torch-error", "other torch error", fw.LOGGED, action="fix-config", actor="tenant")
 
 SPEC = Spec(
@@ -82,7 +85,7 @@ SPEC = Spec(
     profiles=ALL_PROFILES, requires=("nvidia-smi", "nvml"), measurement=MEASUREMENT, settings=Torch.SETTINGS,
     about="the image's own Python imports torch and runs a verified matmul on every GPU",
     causes=(fw.INTERPRETER_NOT_FOUND, NOT_EXECUTABLE, TORCH_MISSING, IMPORT_FAILED, MEMORY_LIMIT, CPU_ONLY,
-            COUNT_MISMATCH, *fw.CUDA_CAUSES, WRONG_RESULT, LATCHED, DEADLINE, fw.LOCK_HELD, STUCK, fw.KILLED,
+            COUNT_MISMATCH, *fw.CUDA_CAUSES, WRONG_RESULT, LATCHED, DEADLINE, STUCK, fw.KILLED,
             LINGERED, fw.BAD_OUTPUT, fw.WORKLOAD_MEMORY, fw.HELD_BACK, TORCH_ERROR),
 )
 
@@ -286,7 +289,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         note = f" ({deep.state_off(off)}; a fatal error cannot latch)" if off else ""
         return passed(NAME, f"no CUDA-fatal latch{note}", unit=UNIT, facts={"latched": False})
     if kind == "lock-timeout":
-        return deep.lock_timeout(NAME, data, unit=UNIT)
+        return deep.lock_timeout(NAME, data, DEADLINE, unit=UNIT)
     from probes.framework import free_memory  # not before: liveness answers above without it
 
     if kind == free_memory.REASON:
@@ -357,8 +360,8 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
                 else f"{err['type']}; details in the log")
         return verdict(NAME, IMPORT_FAILED, f"import torch failed in {python} ({what})", **kw)
     if cuda and report["available"] is False and report["cuda_built"] is False:
-        return verdict(NAME, CPU_ONLY, f"CUDA not available: torch {report['torch'] or '?'} in {python} is a "
-                       "CPU-only build", **kw)
+        return verdict(NAME, CPU_ONLY, f"CUDA not available: torch {report['torch'] or '?'} in {python} "
+                       "is a CPU-only build", **kw)
     if cuda and report["available"] is False and _driver_older(report, ctx):
         return _too_old(report, _driver_cuda(ctx), kw)
     if err is not None and err["phase"] == "init":
