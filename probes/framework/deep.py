@@ -312,24 +312,19 @@ def unkept(result: Result, data: dict[str, Any]) -> Result:
 def lock_timeout(name: str, data: dict[str, Any], cause: Cause | None = None, **kw: Any) -> Result:
     """judge() of a deep check whose locked_run did not get the lock in time: its own ``cause``
     for a deadline (by default the one every probe can report)."""
-    return verdict(name, cause or _common("deadline"), f"no result within {data['waited']:.1f}s: another "
-                   "costly check (torch-cuda, nccl or model) still holds the lock", **kw)
-
-
-def _common(reason: str) -> Cause:
-    """A cause every probe can report (the runner's)."""
     from probes import runner
 
-    return {c.reason: c for c in runner.COMMON_CAUSES}[reason]
+    return verdict(name, cause or runner.DEADLINE, f"no result within {data['waited']:.1f}s: another "
+                   "costly check (torch-cuda, nccl or model) still holds the lock", **kw)
 
 
 def limited(name: str, data: dict[str, Any], **kw: Any) -> Result | None:
     """judge() of a deep check whose worker a resource limit kept from starting (the interpreter is
     not at fault: not checked); None otherwise."""
-    from probes import childio
+    from probes import childio, runner
 
     if childio.limited(data.get("spawn_error")):
-        return verdict(name, _common("limit"), f"not checked: the worker {data['spawn_error']}", remedy=False,
+        return verdict(name, runner.LIMIT, f"not checked: the worker {data['spawn_error']}", remedy=False,
                        **kw)
     return None
 

@@ -51,7 +51,9 @@ IMPORT_FAILED = _c("torch-import-failed",
 MEMORY_LIMIT = _c("memory-limit", "the worker ran out of host memory: the address-space limit (RLIMIT_AS, "
                   "`ulimit -v`) or the container's memory is too small for torch (MemoryError, \"failed to "
                   "map segment from shared object\", \"Cannot allocate memory\", std::bad_alloc)",
-                  "raise the container's memory or address-space limit", action="fix-config", actor="tenant")
+                  "raise the limit the message names: "
+                  "the container's memory, or its address space (`ulimit -v`)",
+                  action="fix-config", actor="tenant")
 CPU_ONLY = _c("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`",
               "install a CUDA build of torch in the image, "
               "or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a CPU-only image",
