@@ -32,8 +32,9 @@ import time
 from probes import untrusted
 from probes.context import Context, logger
 from probes.framework import protocol
-from probes.result import Result, failed, passed
-from probes.spec import Cause, Spec
+from probes.result import Result, passed, verdict
+from probes.spec import Spec
+from probes.spec import cause as _c
 from probes.state import process_start_time
 
 TYPE_CHECKING = False
@@ -50,29 +51,30 @@ MAX_PIDS = 64
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
 _GPU_NODE = r"/dev/nvidia\d+"
 
+PAUSED = "traffic paused until it is restored"
+CHECKPOINTED = _c("checkpointed", "a process here holding a CUDA context is LOCKED or CHECKPOINTED "
+                  "(readiness only; liveness passes, nothing latches; "
+                  "torch-cuda, nccl and model start no GPU work)",
+                  "none while it is paused on purpose: traffic resumes when it is restored "
+                  "(`cuda-checkpoint --toggle --pid N`)", action="none", actor="tenant")
+FAILED = _c("checkpoint-failed", "the driver reports a process's checkpoint or restore FAILED",
+            "restore it again (`cuda-checkpoint --toggle --pid N`) or restart that process; if that fails, "
+            "restart the container", action="restart-app", actor="tenant")
+HANG = _c("query-hang", "the driver's state query gave no answer by the deadline (it blocks while a peer "
+          "process is locked)", "check `cuda-checkpoint --get-state` on each process; wait for the restore",
+          action="retry", actor="tenant")
+NO_API = _c("no-checkpoint-api", "driver without `cuCheckpointProcessGetState` (before 555) or no "
+            "`libcuda.so.1`: not judged (a pass, so the GPU probes that wait for this one still run)", "none",
+            "pass", action="none", actor="tenant")
+QUERY_FAILED = _c("query-failed",
+                  "the child could not ask the driver (`cuInit` failed, or unreadable output)",
+                  "check `nvidia-smi`; details in the log", action="fix-config", actor="operator")
+
 SPEC = Spec(
-    NAME, "framework", __name__, "ENABLE_CHECKPOINT_CHECK", 5.0, ("startup", "readiness"),
-    requires=("nvml",), measurement="processes", default_on=False,
+    NAME, layer="framework", module=__name__, toggle="ENABLE_CHECKPOINT_CHECK", timeout=5.0,
+    profiles=("startup", "readiness"), requires=("nvml",), measurement="processes", default_on=False,
     about="no CUDA process here is locked or checkpointed by CUDA checkpoint (opt-in; driver 555+)",
-    causes=(
-        Cause("checkpointed", "fail", "a process here holding a CUDA context is LOCKED or CHECKPOINTED "
-              "(readiness only; liveness passes, nothing latches; torch-cuda, nccl and model start no GPU "
-              "work)",
-              "none while it is paused on purpose: traffic resumes when it is restored "
-              "(`cuda-checkpoint --toggle --pid N`)"),
-        Cause("checkpoint-failed", "fail", "the driver reports a process's checkpoint or restore FAILED",
-              "restore it again (`cuda-checkpoint --toggle --pid N`) or restart that process; if that fails, "
-              "restart the container"),
-        Cause("query-hang", "fail", "the driver's state query gave no answer by the deadline (it blocks "
-              "while a peer process is locked)",
-              "check `cuda-checkpoint --get-state` on each process; wait for the restore"),
-        Cause("no-checkpoint-api", "pass", "driver without `cuCheckpointProcessGetState` (before 555) or "
-              "no `libcuda.so.1`: not judged (a pass, so the GPU probes that wait for this one still run)",
-              "none"),
-        Cause("query-failed", "fail", "the child could not ask the driver (`cuInit` failed, or unreadable "
-              "output)",
-              "check `nvidia-smi`; details in the log"),
-    ),
+    causes=(CHECKPOINTED, FAILED, HANG, NO_API, QUERY_FAILED),
 )
 
 
@@ -214,7 +216,7 @@ def hold(ctx: Context) -> str | None:
     (honoured for MARKER_TTL seconds, and only while that very process still exists)."""
     res = ctx.results.get(NAME)
     if res is not None:
-        return res.message if res.reason in ("checkpointed", "query-hang") else None
+        return res.message if res.reason in (CHECKPOINTED.reason, HANG.reason) else None
     marker = ctx.state.read_json(MARKER)
     if not marker:
         return None
@@ -224,13 +226,13 @@ def hold(ctx: Context) -> str | None:
     for item in pids if isinstance(pids, list) else ():
         if (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and item[1] is not None
                 and process_start_time(item[0]) == item[1]):
-            return f"process {item[0]} is CUDA-checkpointed: traffic paused until it is restored"
+            return f"process {item[0]} is CUDA-checkpointed: {PAUSED}"
     return None
 
 
 def on_deadline(ctx: Context) -> Result:
-    return failed(NAME, "no answer within the deadline: the driver's checkpoint state query hangs (it blocks "
-                  "while a process is locked)", reason="query-hang")
+    return verdict(NAME, HANG, "no answer within the deadline: the driver's checkpoint state query hangs (it "
+                   "blocks while a process is locked)")
 
 
 # ---------------------------------------------------------------------------
@@ -244,34 +246,34 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     if report is None:
         if data["timed_out"]:
             who = f" for process {data['asked']}" if data.get("asked") is not None else ""
-            return failed(NAME, f"the driver's checkpoint state query{who} gave no answer by the deadline: a "
-                          "process is probably locked for a checkpoint; traffic paused until it is restored",
-                          reason="query-hang", facts={"pids": pids})
-        return failed(NAME, f"the checkpoint query child gave no readable answer (exit status "
-                      f"{data.get('returncode')}): check nvidia-smi", reason="query-failed")
+            return verdict(NAME, HANG, f"the driver's checkpoint state query{who} gave no answer by the "
+                           f"deadline: a process is probably locked for a checkpoint; {PAUSED}",
+                           facts={"pids": pids})
+        return verdict(NAME, QUERY_FAILED, "the checkpoint query child gave no readable answer (exit status "
+                       f"{data.get('returncode')})")
     if not report["loaded"] or not report["api"]:
         why = ("no libcuda.so.1" if not report["loaded"] else
                f"driver {_driver(report['driver'])} has no cuCheckpointProcessGetState (555+)")
         # A pass, not a skip: the probes that wait for this one must still run.
-        return passed(NAME, f"not judged: {why}", reason="no-checkpoint-api")
+        return verdict(NAME, NO_API, f"not judged: {why}", remedy=False)
     if report["init"] != 0:
-        return failed(NAME, f"cuInit failed (CUresult {report['init']}) in the checkpoint query: check "
-                      "nvidia-smi", reason="query-failed")
+        return verdict(NAME, QUERY_FAILED,
+                       f"cuInit failed (CUresult {report['init']}) in the checkpoint query")
     seen = {s["pid"]: STATES.get(s["state"], f"state {s['state']}") for s in report["states"] if s["rc"] == 0}
     facts = {"pids": pids, "states": {str(k): v for k, v in seen.items()}}
     bad = [(p, st) for p, st in seen.items() if st != "running"]
     failed_ = [p for p, st in bad if st not in ("locked", "checkpointed")]
     if failed_:
         pid = failed_[0]
-        return failed(NAME, f"process {pid}'s CUDA checkpoint or restore failed ({seen[pid]}): restore it "
-                      f"again (cuda-checkpoint --toggle --pid {pid}) or restart that process",
-                      reason="checkpoint-failed", observed=len(seen), unit="processes", facts=facts)
+        this = FAILED._replace(remedy=FAILED.remedy.replace("--pid N", f"--pid {pid}"))
+        return verdict(NAME, this, f"process {pid}'s CUDA checkpoint or restore failed ({seen[pid]})",
+                       observed=len(seen), unit="processes", facts=facts)
     if bad:
         pid, st = bad[0]
         what = "CUDA-checkpointed" if st == "checkpointed" else "CUDA-locked for a checkpoint"
         more = f" (and {len(bad) - 1} other process(es))" if len(bad) > 1 else ""
-        return failed(NAME, f"process {pid} is {what}{more}: traffic paused until it is restored",
-                      reason="checkpointed", observed=len(seen), unit="processes", facts=facts)
+        return verdict(NAME, CHECKPOINTED, f"process {pid} is {what}{more}: {PAUSED}", remedy=False,
+                       observed=len(seen), unit="processes", facts=facts)
     return passed(NAME, f"{len(seen)} CUDA process(es) running, none locked or checkpointed (driver "
                   f"{_driver(report['driver'])})", observed=len(seen), unit="processes", facts=facts)
 

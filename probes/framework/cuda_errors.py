@@ -40,7 +40,15 @@ status, then for a number or a name.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from probes import framework as fw
+from probes import result
+from probes.spec import Cause
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from probes.result import Result
 
 STICKY, NOT_CHECKED, ENVIRONMENT, OTHER = "sticky", "could-not-check", "environment", "other"
 
@@ -64,9 +72,13 @@ class CudaError(NamedTuple):
     name: str  # cudaErrorIllegalAddress, or CUBLAS_STATUS_ALLOC_FAILED
     text: str  # what cudaGetErrorString returns ("" where no text is known)
     category: str  # STICKY, NOT_CHECKED, ENVIRONMENT or OTHER
-    reason: str  # the probes' reason code
-    remedy: str
+    cause: Cause  # the catalog's cause (probes/framework/__init__.py): reason, status, who acts and how
+    remedy: str  # this error's own remedy, said in the message instead of the cause's
     aliases: tuple[str, ...] = ()  # other wordings and the driver API's name
+
+    @property
+    def reason(self) -> str:
+        return self.cause.reason
 
     @property
     def label(self) -> str:
@@ -74,22 +86,28 @@ class CudaError(NamedTuple):
         number = f" {self.code}" if self.code is not None else ""
         return f"{self.name}{number}: {self.text}" if self.text else f"{self.name}{number}"
 
+    def verdict(self, name: str, detail: str, cause: Cause | None = None, **kw: Any) -> Result:
+        """The result of meeting this error: the status, reason, action and actor of its cause (or of
+        ``cause``, a probe that says less), the detail followed by this error's own remedy."""
+        return result.verdict(name, (cause or self.cause)._replace(remedy=self.remedy), detail, **kw)
 
-_REASONS = {STICKY: "cuda-fatal", NOT_CHECKED: "oom", ENVIRONMENT: "cuda-init", OTHER: "cuda-error"}
-_REMEDIES = {STICKY: _STICKY, NOT_CHECKED: "none: the workload uses the GPU; not checked, not a fault",
-             ENVIRONMENT: _INIT, OTHER: PROGRAM}
+
+# What each class of the table is (its cause, so who acts and how), and its remedy unless a row says;
+# a could-not-check row always names its own (oom, device-busy, mps-busy).
+_CAUSES = {STICKY: fw.CUDA_FATAL, ENVIRONMENT: fw.CUDA_INIT, OTHER: fw.CUDA_ERROR}
+_REMEDIES = {STICKY: _STICKY, ENVIRONMENT: _INIT, OTHER: PROGRAM}
 
 
-def _e(code: int, name: str, text: str, category: str = OTHER, reason: str = "", remedy: str = "",
+def _e(code: int, name: str, text: str, category: str = OTHER, cause: Cause | None = None, remedy: str = "",
        aliases: tuple[str, ...] = ()) -> CudaError:
-    return CudaError(code, "cudaError" + name, text, category, reason or _REASONS[category],
-                     remedy or _REMEDIES[category], aliases)
+    return CudaError(code, "cudaError" + name, text, category, cause or _CAUSES[category],
+                     remedy or (cause.remedy if cause else _REMEDIES[category]), aliases)
 
 
 # enum cudaError (cudaSuccess, 0, is no error and not listed).
 TABLE: tuple[CudaError, ...] = (
     _e(1, "InvalidValue", "invalid argument", aliases=("CUDA_ERROR_INVALID_VALUE",)),
-    _e(2, "MemoryAllocation", "out of memory", NOT_CHECKED, "oom",
+    _e(2, "MemoryAllocation", "out of memory", NOT_CHECKED, fw.OOM,
        "none: the workload uses the GPU's memory; not checked, not a fault",
        ("CUDA_ERROR_OUT_OF_MEMORY", "CUDA out of memory")),
     _e(3, "InitializationError", "initialization error", ENVIRONMENT,
@@ -124,17 +142,15 @@ TABLE: tuple[CudaError, ...] = (
               "remove it from the path; the NVIDIA Container Toolkit mounts the real libcuda.so.1",
        aliases=("CUDA_ERROR_STUB_LIBRARY",)),
     _e(35, "InsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version", ENVIRONMENT,
-       "driver-too-old", "install a newer host NVIDIA driver, or the CUDA forward-compatibility package "
-       "(cuda-compat) on data-center GPUs, or use an image built for an older CUDA",
-       ("The NVIDIA driver on your system is too old",)),
+       fw.DRIVER_TOO_OLD, aliases=("The NVIDIA driver on your system is too old",)),
     _e(36, "CallRequiresNewerDriver", "API call is not supported in the installed CUDA driver", ENVIRONMENT,
-       "driver-too-old", "install a newer host NVIDIA driver"),
+       fw.DRIVER_TOO_OLD, "install a newer host NVIDIA driver"),
     _e(37, "InvalidSurface", "invalid surface reference"),
     _e(43, "DuplicateVariableName", "duplicate global variable looked up by string name"),
     _e(44, "DuplicateTextureName", "duplicate texture looked up by string name"),
     _e(45, "DuplicateSurfaceName", "duplicate surface looked up by string name"),
     _e(46, "DevicesUnavailable", "CUDA-capable device(s) is/are busy or unavailable", NOT_CHECKED,
-       "device-busy", "none: the workload holds the GPU (exclusive or prohibited compute mode, or a full "
+       fw.DEVICE_BUSY, "none: the workload holds the GPU (exclusive or prohibited compute mode, or a full "
        "GPU); not a fault",
        ("all CUDA-capable devices are busy or unavailable", "CUDA_ERROR_DEVICE_UNAVAILABLE")),
     _e(49, "IncompatibleDriverContext", "incompatible driver context"),
@@ -150,7 +166,7 @@ TABLE: tuple[CudaError, ...] = (
     _e(69, "LaunchPendingCountExceeded", "launch failed because launch would exceed "
                                          "cudaLimitDevRuntimePendingLaunchCount"),
     _e(98, "InvalidDeviceFunction", "invalid device function", remedy=_IMAGE),
-    _e(100, "NoDevice", "no CUDA-capable device is detected", ENVIRONMENT, "cuda-unavailable",
+    _e(100, "NoDevice", "no CUDA-capable device is detected", ENVIRONMENT, fw.CUDA_UNAVAILABLE,
        "no GPU is visible: start the container with --gpus all (NVIDIA Container Toolkit) and check the host "
        "driver with nvidia-smi", ("CUDA_ERROR_NO_DEVICE", "No CUDA GPUs are available",
                                   "Found no NVIDIA driver on your system")),
@@ -160,8 +176,8 @@ TABLE: tuple[CudaError, ...] = (
     _e(102, "DeviceNotLicensed", "device doesn't have valid Grid license", ENVIRONMENT,
        remedy="the vGPU has no valid license: check the license server and the guest's licensing settings"),
     _e(103, "SoftwareValidityNotEstablished", "integrity checks failed", ENVIRONMENT,
-       remedy="CUDA's self-tests of the runtime and driver failed: reinstall the host driver and the image's "
-              "CUDA runtime"),
+       remedy="CUDA's self-tests of the runtime and driver failed: "
+              "reinstall the host driver and the image's CUDA runtime"),
     _e(127, "StartupFailure", "startup failure in cuda runtime", ENVIRONMENT),
     _e(200, "InvalidKernelImage", "device kernel image is invalid", remedy=_IMAGE),
     _e(201, "DeviceUninitialized", "invalid device context"),
@@ -181,7 +197,7 @@ TABLE: tuple[CudaError, ...] = (
        aliases=("CUDA_ERROR_ECC_UNCORRECTABLE",)),
     _e(215, "UnsupportedLimit", "limit is not supported on this architecture"),
     _e(216, "DeviceAlreadyInUse", "exclusive-thread device already in use by a different thread", NOT_CHECKED,
-       "device-busy", "none: another thread holds the GPU in exclusive-thread compute mode; not a fault",
+       fw.DEVICE_BUSY, "none: another thread holds the GPU in exclusive-thread compute mode; not a fault",
        ("CUDA_ERROR_CONTEXT_ALREADY_IN_USE",)),
     _e(217, "PeerAccessUnsupported", "peer access is not supported between these two devices",
        remedy="the GPUs cannot reach each other's memory (P2P): confirm with NCCL_P2P_DISABLE=1, then check "
@@ -244,18 +260,18 @@ TABLE: tuple[CudaError, ...] = (
     _e(721, "TensorMemoryLeak", "", STICKY, aliases=("CUDA_ERROR_TENSOR_MEMORY_LEAK",)),
     _e(800, "NotPermitted", "operation not permitted"),
     _e(801, "NotSupported", "operation not supported"),
-    _e(802, "SystemNotReady", "system not yet initialized", ENVIRONMENT, "fabric-manager",
+    _e(802, "SystemNotReady", "system not yet initialized", ENVIRONMENT, fw.FABRIC_MANAGER,
        "the system is not ready for CUDA: on NVSwitch systems (HGX/DGX A100, H100, H200, B200) start "
        "NVIDIA Fabric Manager on the host (systemctl start nvidia-fabricmanager, the same version as the "
        "driver) and wait until the GPUs' fabric state is Completed (nvidia-smi -q)",
        ("CUDA_ERROR_SYSTEM_NOT_READY",)),
     _e(803, "SystemDriverMismatch", "system has unsupported display driver / cuda driver combination",
-       ENVIRONMENT, "driver-mismatch",
+       ENVIRONMENT, fw.DRIVER_MISMATCH,
        "the CUDA driver library (libcuda) does not match the loaded kernel module: a driver upgraded "
        "without a reboot, or a libcuda copied into the image; reboot the node (or reload the nvidia module) "
        "and never ship libcuda in the image", ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",)),
     _e(804, "CompatNotSupportedOnDevice", "forward compatibility was attempted on non supported HW",
-       ENVIRONMENT, "forward-compat",
+       ENVIRONMENT, fw.FORWARD_COMPAT,
        "the image's CUDA forward-compatibility libraries (cuda-compat) were loaded on a GPU that does not "
        "support them (GeForce/RTX and other non-data-center GPUs): remove cuda-compat from the library path "
        "or upgrade the host driver to one that supports this CUDA",
@@ -266,12 +282,13 @@ TABLE: tuple[CudaError, ...] = (
     _e(806, "MpsRpcFailure", "the remote procedural call between the MPS server and the MPS client failed",
        ENVIRONMENT, remedy="the MPS server failed: check its log and restart it"),
     _e(807, "MpsServerNotReady", "MPS server is not ready to accept new MPS client requests", NOT_CHECKED,
-       "mps-busy", _MPS),
+       fw.MPS_BUSY, _MPS),
     _e(808, "MpsMaxClientsReached",
-       "the hardware resources required to create MPS client have been exhausted", NOT_CHECKED, "mps-busy",
+       "the hardware resources required to create MPS client have been exhausted", NOT_CHECKED, fw.MPS_BUSY,
        _MPS),
-    _e(809, "MpsMaxConnectionsReached", "the hardware resources required to support device connections have "
-                                        "been exhausted", NOT_CHECKED, "mps-busy", _MPS),
+    _e(809, "MpsMaxConnectionsReached",
+       "the hardware resources required to support device connections have been exhausted", NOT_CHECKED,
+       fw.MPS_BUSY, _MPS),
     _e(810, "MpsClientTerminated", "the MPS client has been terminated by the server", STICKY,
        remedy="the MPS server ended this client (after a fault in any client, or a server restart): the "
               "process must be relaunched; check the MPS server's log"),
@@ -283,11 +300,11 @@ TABLE: tuple[CudaError, ...] = (
     _e(903, "StreamCaptureUnmatched", "capture was not ended in the same stream as it began"),
     _e(904, "StreamCaptureUnjoined", "capturing stream has unjoined work"),
     _e(905, "StreamCaptureIsolation", "dependency created on uncaptured work in another stream"),
-    _e(906, "StreamCaptureImplicit", "operation would make the legacy stream depend on a capturing blocking "
-                                     "stream"),
+    _e(906, "StreamCaptureImplicit",
+       "operation would make the legacy stream depend on a capturing blocking stream"),
     _e(907, "CapturedEvent", "operation not permitted on an event last recorded in a capturing stream"),
-    _e(908, "StreamCaptureWrongThread", "attempt to terminate a thread-local capture sequence from another "
-                                        "thread"),
+    _e(908, "StreamCaptureWrongThread",
+       "attempt to terminate a thread-local capture sequence from another thread"),
     _e(909, "Timeout", "wait operation timed out"),
     _e(910, "GraphExecUpdateFailure", "the graph update was not performed because it included changes which "
                                       "violated constraints specific to instantiated graph update"),
@@ -298,7 +315,7 @@ TABLE: tuple[CudaError, ...] = (
     _e(914, "InvalidResourceType", ""),
     _e(915, "InvalidResourceConfiguration", ""),
     _e(917, "StreamDetached", ""),
-    _e(999, "Unknown", "unknown error", ENVIRONMENT, "cuda-unknown",
+    _e(999, "Unknown", "unknown error", ENVIRONMENT, fw.CUDA_UNKNOWN,
        "an unknown error from the driver: check nvidia-smi and dmesg for Xid errors; inside a container it "
        "often means the device access was lost after a host systemctl daemon-reload: recreate the container",
        ("CUDA_ERROR_UNKNOWN", "CUDA unknown error")),
@@ -310,10 +327,9 @@ _LIBRARY = ("a cuBLAS or cuDNN call failed without harming the GPU (a bad input,
 # cuBLAS's and cuDNN's status codes, as torch prints them ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when
 # calling `cublasCreate(handle)`", "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"); any other status is OTHER.
 LIBRARY: tuple[CudaError, ...] = (
-    CudaError(None, "CUBLAS_STATUS_ALLOC_FAILED", "", NOT_CHECKED, "oom", _ALLOC),
-    CudaError(None, "CUDNN_STATUS_ALLOC_FAILED", "", NOT_CHECKED, "oom", _ALLOC),
+    CudaError(None, "CUBLAS_STATUS_ALLOC_FAILED", "", NOT_CHECKED, fw.OOM, _ALLOC),
+    CudaError(None, "CUDNN_STATUS_ALLOC_FAILED", "", NOT_CHECKED, fw.OOM, _ALLOC),
 )
-_LIBRARY_OTHER = "cuda-error"
 
 BY_CODE = {e.code: e for e in TABLE}
 _BY_NAME = {name.lower(): e for e in (*TABLE, *LIBRARY)
@@ -354,7 +370,7 @@ def lines(message: str) -> list[str]:
 
 
 def _library(name: str) -> CudaError:
-    return _BY_NAME.get(name.lower()) or CudaError(None, name, "", OTHER, _LIBRARY_OTHER, _LIBRARY)
+    return _BY_NAME.get(name.lower()) or CudaError(None, name, "", OTHER, fw.CUDA_ERROR, _LIBRARY)
 
 
 def identify(code: object, message: str) -> Found | None:

@@ -1,6 +1,7 @@
-"""The deep-check layer shared by torch-cuda, model and nccl: the one-costly-check lock, the
-cache of a passing run, the latch of a sticky CUDA error, the worker's start on the GPUs with
-room for it (probes/framework/room.py), and the verdicts the deep checks share.
+"""The deep-check layer shared by torch-cuda, model and nccl: their ``HEALTHCHECK_TORCH_*``
+settings, the one-costly-check lock, the cache of a passing run, the latch of a sticky CUDA
+error, the worker's start on the GPUs with room for it (probes/framework/free_memory.py), and
+the verdicts the deep checks share.
 
 Imported when a framework probe's declaration is read: what a run needs (process control, the
 NVML survey, the CUDA error table) is imported inside the functions that use it.
@@ -11,11 +12,12 @@ from __future__ import annotations
 import os
 import time
 
+from probes import framework as fw
 from probes import untrusted
 from probes.context import Context, logger
 from probes.framework import protocol
-from probes.record import Record
-from probes.result import Result, Status, failed, warned
+from probes.result import Result, Status, verdict
+from probes.spec import CHOICE, INTEGER, NUMBER, TEXT, Declared, setting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,82 +25,91 @@ if TYPE_CHECKING:
     from typing import Any
 
     from probes import proc
-    from probes.framework import room
+    from probes.framework import free_memory
+    from probes.spec import Cause
 
 LOCK = "torch-cuda.lock"  # one costly check at a time: torch-cuda, model and nccl take it
+MIN_FREE = "HEALTHCHECK_TORCH_MIN_FREE_MIB"
 
 
-class Torch(Record):
-    """The ``HEALTHCHECK_TORCH_*`` settings (torch-cuda declares them), typed: what torch-cuda, model,
-    nccl and this layer read (``ctx.config.of(Torch)``)."""
+class Torch(Declared):
+    """The ``HEALTHCHECK_TORCH_*`` settings: torch-cuda declares them; torch-cuda, model, nccl,
+    jupyter-kernel and this layer read them (``ctx.config.of(Torch)``)."""
 
-    __slots__ = ("torch_device", "torch_python", "torch_ttl", "torch_min_free_mib")
+    torch_device: str = setting("HEALTHCHECK_TORCH_DEVICE", CHOICE, "cuda",
+                                "`cuda` (every visible GPU) or `cpu` (CPU-only images)",
+                                choices=("cuda", "cpu"))
+    torch_python: str = setting("HEALTHCHECK_TORCH_PYTHON", TEXT, "python3",
+                                "the interpreter that owns torch (the image's)",
+                                shown_default="`python3` on `PATH`")
+    torch_ttl: float = setting("HEALTHCHECK_TORCH_TTL", NUMBER, 300.0,
+                               "seconds a passing torch-cuda result is reused by readiness", low=0,
+                               high=86400, low_inclusive=True)
+    torch_min_free_mib: int = setting(
+        MIN_FREE, INTEGER, 1024, "free memory (MiB, from NVML) a GPU needs before torch-cuda, model or nccl "
+        "start CUDA work on it; below it the GPU is not checked (a warning); `0` turns the check off", low=0,
+        high=2**20, low_inclusive=True)
 
-    torch_device: str
-    torch_python: str
-    torch_ttl: float
-    torch_min_free_mib: int
 
-    def __init__(self, torch_device: str, torch_python: str, torch_ttl: float,
-                 torch_min_free_mib: int) -> None:
-        self.torch_device = torch_device
-        self.torch_python = torch_python
-        self.torch_ttl = torch_ttl
-        self.torch_min_free_mib = torch_min_free_mib
+def state_off(why: str | None) -> str:
+    """What a run without a state dir says of it (a fatal error cannot latch there)."""
+    return f"state dir off: {why}"
 
 
-def start(ctx: Context, need_mib: int, extra: dict[str, str]) -> tuple[room.Room | None, dict[str, str]]:
+def start(ctx: Context, need_mib: int,
+          extra: dict[str, str]) -> tuple[free_memory.Room | None, dict[str, str]]:
     """(the room survey, or None on the CPU; the worker's environment): CUDA_MODULE_LOADING=LAZY
     (a smaller context), and CUDA_VISIBLE_DEVICES narrowed to the GPUs with room when some have
     none."""
-    from probes.framework import room
+    from probes.framework import free_memory
 
     env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **extra}
     if ctx.config.of(Torch).torch_device != "cuda":
         return None, env
-    space = room.survey(need_mib, os.environ)
+    space = free_memory.survey(need_mib, os.environ)
     if space.visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = space.visible
     return space, env
 
 
-def no_room(space: room.Room) -> dict[str, Any]:
+def no_room(space: free_memory.Room) -> dict[str, Any]:
     """A run that started nothing: no GPU had room."""
-    from probes.framework import room
+    from probes.framework import free_memory
 
-    return {"kind": room.REASON, "room": space.facts(), "lingered": False, "finished": time.time()}
+    return {"kind": free_memory.REASON, "room": space.facts(), "lingered": False, "finished": time.time()}
 
 
 def not_checked(name: str, data: dict[str, Any], what: str, **kw: Any) -> Result:
     """judge() of a run that started nothing because the workload holds every GPU's memory."""
-    from probes.framework import room
+    from probes.framework import free_memory
 
     facts = {**kw.pop("facts", {}), "room": data["room"]}
-    return warned(name, room.not_checked(data["room"], what), reason=room.REASON, facts=facts, **kw)
+    return verdict(name, fw.WORKLOAD_MEMORY, free_memory.not_checked(data["room"], what), remedy=False,
+                   facts=facts, **kw)
 
 
 def with_room(result: Result, data: dict[str, Any], what: str) -> Result:
     """``result`` noting the GPUs left out for want of room: a pass becomes a warning."""
-    from probes.framework import room
+    from probes.framework import free_memory
 
-    facts = room.read(data.get("room"))
+    facts = free_memory.read(data.get("room"))
     if facts is None:
         return result
     merged = {**result.facts, "room": facts}
     if not facts["full"]:
         return result._replace(facts=merged)
-    note = "; " + room.not_checked(facts, what)
+    note = "; " + free_memory.not_checked(facts, what)
     if result.status is Status.PASS:
-        return Result(result.name, Status.WARN, result.message + note, result.observed, result.unit,
-                      room.REASON, merged)
+        return verdict(result.name, fw.WORKLOAD_MEMORY, result.message + note, remedy=False,
+                       observed=result.observed, unit=result.unit, facts=merged)
     return result._replace(message=result.message + note, facts=merged)
 
 
 def cuda_failure(name: str, code: Any, message: str, where: str, **kw: Any) -> Result | None:
     """model's and nccl's verdict on a CUDA error (cuda_errors.py), or None when it is none we can
-    name: sticky latches (``fatal`` in the facts), could-not-check warns, anything else fails.
-    torch-cuda judges the same table with more to say (the holder of a busy GPU, the driver's
-    version)."""
+    name: sticky latches (``fatal`` in the facts), could-not-check warns, anything else fails as
+    ``cuda-error``. torch-cuda judges the same table with more to say (the holder of a busy GPU,
+    the driver's version, an error at start by its own reason)."""
     from probes.framework import cuda_errors
 
     found = cuda_errors.identify(code, message)
@@ -108,15 +119,13 @@ def cuda_failure(name: str, code: Any, message: str, where: str, **kw: Any) -> R
     facts = {**kw.pop("facts", {}), "cuda_error": {"code": error.code, "name": error.name,
                                                     "category": error.category, "how": found.how}}
     if error.category == cuda_errors.STICKY:
-        return failed(name, f"fatal CUDA error on {where} ({error.label}): sticky, unhealthy until the "
-                      f"container restarts: {error.remedy}", reason="cuda-fatal",
-                      facts={**facts, "fatal": True}, **kw)
+        return error.verdict(name, f"fatal CUDA error on {where} ({error.label}): sticky, {UNTIL_RESTART}",
+                             facts={**facts, "fatal": True}, **kw)
     if error.category == cuda_errors.NOT_CHECKED:
-        reason = "oom" if error.reason == "oom" else "device-busy"
-        return warned(name, f"{where}: {error.label}: the workload uses the GPU; not checked, not a fault",
-                      reason=reason, facts=facts, **kw)
-    return failed(name, f"CUDA error on {where} ({error.label}): {error.remedy}", reason="cuda-error",
-                  facts=facts, **kw)
+        busy = fw.OOM if error.cause is fw.OOM else fw.DEVICE_BUSY
+        return verdict(name, busy, f"{where}: {error.label}", facts=facts, **kw)
+    return error.verdict(name, f"CUDA error on {where} ({error.label})", cause=fw.CUDA_ERROR, facts=facts,
+                         **kw)
 
 
 def locked_run(ctx: Context, cache: str, key: dict[str, Any],
@@ -140,7 +149,8 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
     state = ctx.state
     if not state.enabled:  # nothing can latch: the judge says so if the run finds a fatal error
         data = run()
-        data.setdefault("latch_lost", f"state dir off: {state.disabled_reason}")
+        data.setdefault("latch_lost", state_off(state.disabled_reason))
+        data["cache"] = {"how": "off", "why": state.disabled_reason}
         return data
     started = time.time()
     if early and ctx.profile == "readiness":
@@ -196,9 +206,9 @@ def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
     cached for later runs to reuse or share; a run whose worker lingered is not trusted (nothing is
     cached or shared, and an older pass must not be served after it), and one that started nothing
     (no GPU had room) has nothing to cache."""
-    from probes.framework import room
+    from probes.framework import free_memory
 
-    if data["kind"] == room.REASON:
+    if data["kind"] == free_memory.REASON:
         return data
     if data["lingered"]:
         ctx.state.remove(cache)
@@ -299,19 +309,23 @@ def unkept(result: Result, data: dict[str, Any]) -> Result:
     return result._replace(message=message, facts={**result.facts, "latch_kept": False})
 
 
-def lock_timeout(name: str, data: dict[str, Any], **kw: Any) -> Result:
-    """judge() of a deep check whose locked_run did not get the lock in time."""
-    return failed(name, f"no result within {data['waited']:.1f}s: another costly check (torch-cuda, "
-                  "nccl or model) still holds the lock", reason="deadline", **kw)
+def lock_timeout(name: str, data: dict[str, Any], cause: Cause | None = None, **kw: Any) -> Result:
+    """judge() of a deep check whose locked_run did not get the lock in time: its own ``cause``
+    for a deadline (by default the one every probe can report)."""
+    from probes import runner
+
+    return verdict(name, cause or runner.DEADLINE, f"no result within {data['waited']:.1f}s: another "
+                   "costly check (torch-cuda, nccl or model) still holds the lock", **kw)
 
 
 def limited(name: str, data: dict[str, Any], **kw: Any) -> Result | None:
     """judge() of a deep check whose worker a resource limit kept from starting (the interpreter is
     not at fault: not checked); None otherwise."""
-    from probes import childio
+    from probes import childio, runner
 
     if childio.limited(data.get("spawn_error")):
-        return warned(name, f"not checked: the worker {data['spawn_error']}", reason="limit", **kw)
+        return verdict(name, runner.LIMIT, f"not checked: the worker {data['spawn_error']}", remedy=False,
+                       **kw)
     return None
 
 
@@ -322,8 +336,7 @@ def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Resu
         return limit
     if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
         python = untrusted.clean(ctx.config.of(Torch).torch_python, 80)
-        return failed(name, f"torch interpreter {python} cannot be run: set HEALTHCHECK_TORCH_PYTHON to the "
-                      "image's Python that has torch", reason="interpreter-not-found", **kw)
+        return verdict(name, fw.INTERPRETER_NOT_FOUND, f"torch interpreter {python} cannot be run", **kw)
     return None
 
 

@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import os
 
+from probes import framework as fw
 from probes import untrusted
 from probes.context import Context, logger
 from probes.framework import checkpoint, deep, protocol
 from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.framework.protocol import INT, MEASURE, NUM, STR
-from probes.record import Record
-from probes.result import Result, Status, failed, passed, warned
-from probes.spec import INTEGER, NUMBER, TEXT, Setting, Spec
+from probes.result import Result, passed, verdict
+from probes.spec import INTEGER, NUMBER, TEXT, Cause, Declared, Spec, setting
 from probes.spec import cause as _c
 from probes.state import life_identity
 
@@ -53,103 +53,78 @@ _PHASES = r"start|open|import|init|load|expect|forward"
 TOLERANCE = 1e-3
 
 
+class Settings(Declared):
+    """The settings model reads (``ctx.config.of(Settings)``); torch-cuda's are ``deep.Torch``."""
+
+    model_path: str | None = setting(
+        "HEALTHCHECK_MODEL_PATH", TEXT, None, "the model file to load (TorchScript archive, safetensors, or "
+        "a `torch.save` state dict); setting it turns the `model` probe on")
+    model_input: str | None = setting(
+        "HEALTHCHECK_MODEL_INPUT", TEXT, None, "one forward pass of a TorchScript model on this input, "
+        "`SHAPE:DTYPE[:zeros|seeded]` (e.g. `1x3x224x224:float16`: at most 8 dimensions of ASCII digits, "
+        "none 0; zero-filled unless `seeded`, which is `torch.randn(shape, "
+        "generator=torch.Generator().manual_seed(20240601), dtype=torch.float64).to(dtype)`)",
+        parse=lambda text: parse_input(text))
+    model_expect: str | None = setting("HEALTHCHECK_MODEL_EXPECT", TEXT, None,
+                                       "a tensor saved with `torch.save`: the forward pass's expected output")
+    model_tolerance: float = setting("HEALTHCHECK_MODEL_TOLERANCE", NUMBER, TOLERANCE,
+                                     "largest accepted max(abs(output - expected)) / max(abs(expected))",
+                                     low=0, high=1)
+    model_max_bytes: int | None = setting(
+        "HEALTHCHECK_MODEL_MAX_BYTES", INTEGER, None, "the most bytes the model may take (besides the free "
+        "GPU memory or available RAM, whichever is smaller)", low=0, high=2**62)
+    model_ttl: float = setting("HEALTHCHECK_MODEL_TTL", NUMBER, 3600.0,
+                               "seconds a passing model result is reused by readiness", low=0, high=86400,
+                               low_inclusive=True)
+
+
+def _fix(reason: str, what: str, remedy: str) -> Cause:
+    """A cause the model's owner fixes: the file, or a setting."""
+    return _c(reason, what, remedy, action="fix-config", actor="tenant")
+
+
+MISSING = _fix("model-missing", "`HEALTHCHECK_MODEL_PATH` is not set or names no file",
+               "mount the model or fix `HEALTHCHECK_MODEL_PATH`")
+UNREADABLE = _fix("model-unreadable", "the model file cannot be read (permissions, a directory; a FIFO, "
+                  "socket or device is refused at once, never opened and waited on)",
+                  "make it a regular file readable by the probe's user")
+UNSUPPORTED = _fix("unsupported-format", "not a TorchScript archive, safetensors file or `torch.save` state "
+                   "dict (or a torch without `weights_only` loading)",
+                   "save it with `torch.jit.save`, safetensors or `torch.save(model.state_dict())`")
+UNSAFE = _fix("unsafe-pickle", "the file is a pickle that needs code to load: refused, never executed",
+              "re-save only the weights (`torch.save(model.state_dict())` or safetensors)")
+CORRUPT = _fix("model-corrupt", "the file is damaged or truncated",
+               "copy the model file again and check its checksum")
+TOO_BIG = _fix("would-not-fit", "the model's bytes exceed the free GPU memory (or available RAM, or "
+               "`HEALTHCHECK_MODEL_MAX_BYTES`), or every GPU's whole memory; said before loading",
+               "free memory, use a larger GPU, or raise the limit")
+MISMATCH = _fix("output-mismatch", "the forward pass differs from `HEALTHCHECK_MODEL_EXPECT` beyond the "
+                "tolerance (or in shape)", "check the GPU (torch-cuda, `dcgmi diag`) and that the expected "
+                "file fits this model and input")
+EXPECT = _fix("expect-unreadable", "the expected-output file is missing, not a regular file (said before the "
+              "model loads), too large for the memory, or not a saved tensor",
+              "save a tensor with `torch.save(tensor, path)`")
+BAD_INPUT = _fix("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, or the model "
+                 "is not TorchScript", "fix the setting (a forward pass needs a TorchScript model)")
+FORWARD = _fix("forward-failed", "the forward pass raised", fw.LOGGED)
+LOAD = _fix("load-failed", "loading raised another error", fw.LOGGED)
+TORCH_MISSING = _fix("torch-missing", "torch cannot be imported, or CUDA is not available to it",
+                     "see the `torch-cuda` probe")
+DEADLINE = _c("deadline", "no result by the deadline (a large model on a slow disk, or a wedged driver), "
+              "or another costly check held the lock until then",
+              "raise `HEALTHCHECK_TIMEOUT` for large models; check `nvidia-smi` and dmesg",
+              action="retry", actor="tenant")
+
 SPEC = Spec(
-    NAME, "framework", __name__, "ENABLE_MODEL_CHECK", 60.0, ("startup", "readiness"),
-    requires=("checkpoint", "torch-cuda"), measurement=MEASUREMENT,
+    NAME, layer="framework", module=__name__, toggle="ENABLE_MODEL_CHECK", timeout=60.0,
+    profiles=("startup", "readiness"), requires=("checkpoint", "torch-cuda"), measurement=MEASUREMENT,
     about="the image's model file loads onto the device without running pickled code (opt-in)",
-    default_on=False, on_with="model_path",
-    settings=(
-        Setting("HEALTHCHECK_MODEL_PATH", "model_path", TEXT, None,
-                "the model file to load (TorchScript archive, safetensors, or a `torch.save` state dict); "
-                "setting it turns the `model` probe on"),
-        Setting("HEALTHCHECK_MODEL_INPUT", "model_input", TEXT, None,
-                "one forward pass of a TorchScript model on this input, `SHAPE:DTYPE[:zeros|seeded]` "
-                "(e.g. `1x3x224x224:float16`: at most 8 dimensions of ASCII digits, none 0; zero-filled "
-                "unless `seeded`, which is `torch.randn(shape, generator=torch.Generator().manual_seed("
-                "20240601), dtype=torch.float64).to(dtype)`)", parse=lambda text: parse_input(text)),
-        Setting("HEALTHCHECK_MODEL_EXPECT", "model_expect", TEXT, None,
-                "a tensor saved with `torch.save`: the forward pass's expected output"),
-        Setting("HEALTHCHECK_MODEL_TOLERANCE", "model_tolerance", NUMBER, TOLERANCE,
-                "largest accepted max(abs(output - expected)) / max(abs(expected))", low=0, high=1),
-        Setting("HEALTHCHECK_MODEL_MAX_BYTES", "model_max_bytes", INTEGER, None,
-                "the most bytes the model may take (besides the free GPU memory or available RAM, "
-                "whichever is smaller)", low=0, high=2**62),
-        Setting("HEALTHCHECK_MODEL_TTL", "model_ttl", NUMBER, 3600.0,
-                "seconds a passing model result is reused by readiness", low=0, high=86400,
-                low_inclusive=True),
-    ),
-    causes=(
-        _c("model-missing", "`HEALTHCHECK_MODEL_PATH` names no file",
-           "mount the model or fix `HEALTHCHECK_MODEL_PATH`"),
-        _c("model-unreadable", "the model file cannot be read (permissions, a directory; a FIFO, socket or "
-           "device is refused at once, never opened and waited on)",
-           "make it a regular file readable by the probe's user"),
-        _c("unsupported-format", "not a TorchScript archive, safetensors file or `torch.save` state dict (or "
-           "a torch without `weights_only` loading)", "save the model with `torch.jit.save`, "
-           "safetensors or `torch.save(model.state_dict())`"),
-        _c("unsafe-pickle", "the file is a pickle that needs code to load: refused, never executed",
-           "re-save only the weights (`torch.save(model.state_dict())` or safetensors)"),
-        _c("model-corrupt", "the file is damaged or truncated", "copy the model file again and check its "
-           "checksum"),
-        _c("would-not-fit", "the model's bytes exceed the free GPU memory (or available RAM, or "
-           "`HEALTHCHECK_MODEL_MAX_BYTES`); said before loading", "free memory, use a larger GPU, or raise "
-           "the limit"),
-        _c("oom", "out of memory while loading or running the model", "none: the workload uses the memory; "
-           "not a fault", "warn"),
-        _c("workload-memory", "NVML says no GPU has the free memory the load needs "
-           "(`HEALTHCHECK_TORCH_MIN_FREE_MIB` plus the model's size): nothing started", "none: the workload "
-           "holds the memory; not a fault", "warn"),
-        _c("device-busy", "the GPU is busy with the workload (exclusive mode, MPS full)", "none: not a fault",
-           "warn"),
-        _c("cuda-fatal", "a sticky CUDA error while loading or running the model (see torch-cuda); latches",
-           "restart the container; the error's own remedy is in the message"),
-        _c("cuda-error", "another CUDA error while loading or running the model",
-           "the error's own remedy, in the message"),
-        _c("output-mismatch", "the forward pass differs from `HEALTHCHECK_MODEL_EXPECT` beyond the "
-           "tolerance (or in shape)", "check the GPU (torch-cuda, `dcgmi diag`) and the model and "
-           "expected files"),
-        _c("expect-unreadable", "the expected-output file is missing, not a regular file (said before the "
-           "model loads), too large for the memory, or not a saved tensor",
-           "save it with `torch.save(tensor, path)`"),
-        _c("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, or the model is not "
-           "TorchScript", "fix the setting (a forward pass needs a TorchScript model)"),
-        _c("forward-failed", "the forward pass raised", "details in the log"),
-        _c("load-failed", "loading raised another error", "details in the log"),
-        _c("checkpointed", "a process here is CUDA-checkpointed: no GPU work is started", "wait for the "
-           "restore", "skip"),
-        _c("interpreter-not-found", "`HEALTHCHECK_TORCH_PYTHON` cannot be run", "set it to the image's "
-           "Python"),
-        _c("torch-missing", "torch cannot be imported, or CUDA is not available to it",
-           "see the `torch-cuda` probe"),
-        _c("deadline", "no result by the deadline (a large model on a slow disk, or a wedged driver)",
-           "raise `HEALTHCHECK_TIMEOUT` for large models; check `nvidia-smi`"),
-        _c("killed", "worker killed by a signal", "SIGKILL: check the container's memory limit"),
-        _c("bad-output", "worker output unreadable", "check `HEALTHCHECK_TORCH_PYTHON`"),
-    ),
+    default_on=False, on_with="model_path", settings=Settings.SETTINGS,
+    causes=(MISSING, UNREADABLE, UNSUPPORTED, UNSAFE, CORRUPT, TOO_BIG, fw.OOM, fw.WORKLOAD_MEMORY,
+            fw.DEVICE_BUSY, fw.CUDA_FATAL, fw.CUDA_ERROR, MISMATCH, EXPECT, BAD_INPUT, FORWARD, LOAD,
+            fw.HELD_BACK, fw.INTERPRETER_NOT_FOUND, TORCH_MISSING, DEADLINE, fw.KILLED,
+            fw.BAD_OUTPUT),
 )
-
-
-class Settings(Record):
-    """The settings model reads, typed (``ctx.config.of(Settings)``); torch-cuda's are ``deep.Torch``."""
-
-    __slots__ = ("model_path", "model_input", "model_expect", "model_tolerance", "model_max_bytes",
-                 "model_ttl")
-
-    model_path: str | None
-    model_input: str | None
-    model_expect: str | None
-    model_tolerance: float
-    model_max_bytes: int | None
-    model_ttl: float
-
-    def __init__(self, model_path: str | None, model_input: str | None, model_expect: str | None,
-                 model_tolerance: float, model_max_bytes: int | None, model_ttl: float) -> None:
-        self.model_path = model_path
-        self.model_input = model_input
-        self.model_expect = model_expect
-        self.model_tolerance = model_tolerance
-        self.model_max_bytes = model_max_bytes
-        self.model_ttl = model_ttl
 
 
 _REPORT = {"v": (INT, False), "device": (STR, False), "torch": (STR, True), "format": (STR, True),
@@ -159,12 +134,11 @@ _REPORT = {"v": (INT, False), "device": (STR, False), "torch": (STR, True), "for
            "max_err": (MEASURE, True), "scale": (MEASURE, True)}
 _ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False), "code": (INT, True)}
 CUDA_KINDS = ("load", "forward", "worker", "oom")  # the failures a CUDA error can be behind
-KINDS = {"missing": "model-missing", "unreadable": "model-unreadable", "unsupported": "unsupported-format",
-         "unsafe": "unsafe-pickle", "corrupt": "model-corrupt", "too-big": "would-not-fit", "oom": "oom",
-         "shape-mismatch": "output-mismatch", "expect-missing": "expect-unreadable",
-         "expect-unreadable": "expect-unreadable", "bad-input": "bad-input", "no-forward": "bad-input",
-         "forward": "forward-failed", "load": "load-failed", "import": "torch-missing",
-         "cuda-unavailable": "torch-missing", "worker": "load-failed"}
+KINDS = {"missing": MISSING, "unreadable": UNREADABLE, "unsupported": UNSUPPORTED, "unsafe": UNSAFE,
+         "corrupt": CORRUPT, "too-big": TOO_BIG, "oom": fw.OOM, "shape-mismatch": MISMATCH,
+         "expect-missing": EXPECT, "expect-unreadable": EXPECT, "bad-input": BAD_INPUT,
+         "no-forward": BAD_INPUT, "forward": FORWARD, "load": LOAD, "import": TORCH_MISSING,
+         "cuda-unavailable": TORCH_MISSING, "worker": LOAD}
 
 
 def parse_input(text: str) -> str:
@@ -303,8 +277,8 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def on_deadline(ctx: Context) -> Result:
-    return failed(NAME, "no result within the deadline: loading the model took too long (a large model on "
-                  "a slow disk: raise HEALTHCHECK_TIMEOUT) or the GPU driver is stuck", reason="deadline")
+    return verdict(NAME, DEADLINE, "no result within the deadline: loading the model took too long (a large "
+                   "model on a slow disk) or the GPU driver is stuck")
 
 
 # ---------------------------------------------------------------------------
@@ -331,16 +305,15 @@ ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus the model's size"
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
-    from probes.framework import room
+    from probes.framework import free_memory
 
-    if data.get("kind") != room.REASON:
+    if data.get("kind") != free_memory.REASON:
         return deep.unkept(deep.with_room(_judge(data, ctx), data, ROOM), data)
     facts = data["room"]
     if all(g["total_mib"] is not None and g["total_mib"] < facts["need_mib"] for g in facts["full"]):
         path = untrusted.clean(ctx.config.of(Settings).model_path or "", 120)
-        return failed(NAME, f"{path} would not fit: it needs "
-                      f"{facts['need_mib']} MiB ({ROOM}) and no GPU has that much memory even when idle; not "
-                      "loaded: use a larger GPU", reason="would-not-fit", facts={"room": facts})
+        return verdict(NAME, TOO_BIG, f"{path} would not fit: it needs {facts['need_mib']} MiB ({ROOM}) and "
+                       "no GPU has that much memory even when idle; not loaded", facts={"room": facts})
     return deep.not_checked(NAME, data, ROOM, unit=UNIT)
 
 
@@ -350,12 +323,11 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
     kind = data.get("kind")
     path = untrusted.clean(ctx.config.of(Settings).model_path or "", 120)
     if kind == "checkpointed":
-        return Result(NAME, Status.SKIP, f"not started: {data['why']}", reason="checkpointed")
+        return verdict(NAME, fw.HELD_BACK, f"not started: {data['why']}", remedy=False)
     if kind == "no-path":
-        return failed(NAME, "HEALTHCHECK_MODEL_PATH is not set: name the model file to load",
-                      reason="model-missing")
+        return verdict(NAME, MISSING, "HEALTHCHECK_MODEL_PATH is not set")
     if kind == "lock-timeout":
-        return lock_timeout(NAME, data)
+        return lock_timeout(NAME, data, DEADLINE)
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"path": path, "cache": data.get("cache")}}
     report = data.get("report")
     unrunnable = cannot_run(NAME, data, ctx, **kw)
@@ -364,19 +336,18 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
     if report is None or data.get("lingered"):
         where = data.get("phase") or "start-up"
         if data.get("stuck") or data.get("held_by") is not None:
-            return failed(NAME, f"model worker stuck in {where} (survived SIGKILL): the GPU driver is "
-                          "wedged; check dmesg", reason="deadline", **kw)
+            return verdict(NAME, DEADLINE, f"model worker stuck in {where} (survived SIGKILL), the GPU "
+                           "driver is wedged", **kw)
         if data.get("timed_out"):
-            return failed(NAME, f"model worker gave no result within {data.get('budget', 0):.1f}s (killed "
-                          f"while in {where}): a large model on a slow disk (raise HEALTHCHECK_TIMEOUT) or a "
-                          "wedged driver", reason="deadline", **kw)
+            return verdict(NAME, DEADLINE, f"model worker gave no result within {data.get('budget', 0):.1f}s "
+                           f"(killed while in {where}): a large model on a slow disk or a wedged driver",
+                           **kw)
         rc = data.get("returncode")
         if isinstance(rc, int) and rc < 0:
-            sig = proc.signal_name(-rc)
-            return failed(NAME, f"model worker killed by {sig} in {where}: check the container's memory "
-                          "limit and dmesg", reason="killed", **kw)
-        return failed(NAME, f"model worker gave an unreadable result ({data.get('problem')}, exit status "
-                      f"{rc})", reason="bad-output", **kw)
+            return verdict(NAME, fw.KILLED, f"model worker killed by {proc.signal_name(-rc)} in {where}",
+                           **kw)
+        return verdict(NAME, fw.BAD_OUTPUT, f"model worker gave an unreadable result ({data.get('problem')}, "
+                       f"exit status {rc})", **kw)
     kw["facts"].update({k: report[k] for k in ("format", "loader", "bytes", "budget", "params",
                                                  "param_bytes", "peak_gpu", "load_ms", "forward_ms")})
     err = report["error"]
@@ -395,10 +366,9 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
         tol = ctx.config.of(Settings).model_tolerance
         if not rel <= tol:  # NaN fails too
             shown = f"{rel:.1e}" if rel == rel and rel != float("inf") else "not a number"
-            return failed(NAME, f"output mismatch: {path}'s forward pass differs from "
-                          f"HEALTHCHECK_MODEL_EXPECT by {shown} (tolerance {tol:g}): check the GPU "
-                          "(torch-cuda, dcgmi diag) and that the expected file fits this model and input",
-                          reason="output-mismatch", observed=report["load_ms"], **kw)
+            return verdict(NAME, MISMATCH, f"output mismatch: {path}'s forward pass differs from "
+                           f"HEALTHCHECK_MODEL_EXPECT by {shown} (tolerance {tol:g})",
+                           observed=report["load_ms"], **kw)
         loaded += f", matches the expected output (max rel err {rel:.0e})"
     cache = data.get("cache") or {}
     if cache.get("how") == "ttl":
@@ -412,40 +382,24 @@ def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dic
         cuda = deep.cuda_failure(NAME, err["code"], err["message"], where, **kw)
         if cuda is not None:
             return cuda
-    reason = KINDS[err["kind"]]
+    cause = KINDS[err["kind"]]
     # The worker's own phrase, or a fixed one: an exception's text (torch's, with its escapes and
     # the file's bytes; an errno text) went to the log.
     what = _phrase(err) or "details in the log"
-    if reason == "model-missing":
-        msg = f"model file {path} not found: mount the model or fix HEALTHCHECK_MODEL_PATH"
-    elif reason == "model-unreadable":
-        msg = (f"model file {path} cannot be read ({what}): make it a regular file readable by the probe's "
-               "user")
-    elif reason == "unsupported-format":
-        msg = (f"{path} is not a supported model format ({what}): save it with torch.jit.save, safetensors "
-               "or torch.save(model.state_dict())")
-    elif reason == "unsafe-pickle":
-        msg = (f"{path} is a pickle that needs code to load: refused (weights_only), nothing executed; "
-               "re-save only the weights (state dict or safetensors)")
-    elif reason == "model-corrupt":
-        msg = f"{path} is damaged or truncated ({what}): copy the model file again and check its checksum"
-    elif reason == "would-not-fit":
-        msg = (f"{path} would not fit: {_size(report['bytes'])} of tensors, {_size(report['budget'])} "
-               f"allowed ({report['budget_source']}); not loaded: free memory or raise the limit")
-    elif reason == "oom":
-        return warned(NAME, f"out of memory loading {path} on {report['device']}: the workload uses the "
-                      "memory; not checked, not a fault", reason="oom", **kw)
-    elif reason == "output-mismatch":
-        msg = (f"output mismatch: {path}'s forward pass has another shape than HEALTHCHECK_MODEL_EXPECT "
-               "(both shapes are in the log)")
-    elif reason == "expect-unreadable":
-        msg = f"HEALTHCHECK_MODEL_EXPECT cannot be used ({what}): save a tensor with torch.save(tensor, path)"
-    elif reason == "bad-input":
-        msg = f"HEALTHCHECK_MODEL_INPUT cannot be used ({what})"
-    elif reason == "torch-missing":
-        msg = f"torch cannot load models here ({what}): see the torch-cuda probe"
-    elif reason == "forward-failed":
-        msg = f"the forward pass of {path} failed ({_type(err)}; details in the log)"
-    else:
-        msg = f"loading {path} failed ({_type(err)}; details in the log)"
-    return failed(NAME, msg, reason=reason, **kw)
+    detail = {
+        MISSING: f"model file {path} not found",
+        UNREADABLE: f"model file {path} cannot be read ({what})",
+        UNSUPPORTED: f"{path} is not a supported model format ({what})",
+        UNSAFE: f"{path} is a pickle that needs code to load: refused (weights_only), nothing executed",
+        CORRUPT: f"{path} is damaged or truncated ({what})",
+        TOO_BIG: f"{path} would not fit: {_size(report['bytes'])} of tensors, {_size(report['budget'])} "
+                 f"allowed ({report['budget_source']}); not loaded",
+        fw.OOM: f"out of memory loading {path} on {report['device']}",
+        MISMATCH: f"output mismatch: {path}'s forward pass has another shape than HEALTHCHECK_MODEL_EXPECT "
+                  "(both shapes are in the log)",
+        EXPECT: f"HEALTHCHECK_MODEL_EXPECT cannot be used ({what})",
+        BAD_INPUT: f"HEALTHCHECK_MODEL_INPUT cannot be used ({what})",
+        TORCH_MISSING: f"torch cannot load models here ({what})",
+        FORWARD: f"the forward pass of {path} failed ({_type(err)})",
+    }.get(cause, f"loading {path} failed ({_type(err)})")
+    return verdict(NAME, cause, detail, **kw)

@@ -14,7 +14,7 @@ failure (``nccl-shm``); P2P not supported or hanging (confirm with ``NCCL_P2P_DI
 fix the host's IOMMU/ACS settings); NCCL missing from this torch build. A CUDA error behind the
 collective (the exception, or NCCL's "Cuda failure 'text'") is judged by the CUDA error table
 (probes/framework/cuda_errors.py): a sticky one latches, out of memory or a busy GPU warns.
-Like torch-cuda it starts nothing on a GPU without room (probes/framework/room.py).
+Like torch-cuda it starts nothing on a GPU without room (probes/framework/free_memory.py).
 
 Command-line equivalent::
 
@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import os
 
+from probes import framework as fw
 from probes import untrusted
 from probes.context import Context
 from probes.framework import checkpoint, deep, protocol
 from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.framework.protocol import INT, NUM, STR
 from probes.record import Record
-from probes.result import Result, failed, passed, skipped
-from probes.spec import INTEGER, NUMBER, Setting, Spec
+from probes.result import Result, passed, verdict
+from probes.spec import INTEGER, NUMBER, Declared, Spec, setting
 from probes.spec import cause as _c
 from probes.state import life_identity
 
@@ -57,80 +58,64 @@ MAX_WARNINGS = 5
 # attaching to shared memory segment ... No such file or directory") is NCCL's own failure.
 SHM_SIZE_WORDS = ("no space left on device", "posix_fallocate", "failed to extend")
 SHM_WORDS = ("/dev/shm", "shared memory", "nccl-shm")  # noqa: S108
-SHM_OWN_REMEDY = ("NCCL lost a shared memory segment another of its threads had made (a known regression of "
-                  "some NCCL releases, or something else clearing /dev/shm): try another NCCL (torch) "
-                  "release, keep /dev/shm private to the container, and confirm with NCCL_SHM_DISABLE=1")
 P2P_WORDS = ("peer access", "p2p", "cudaipc", "ipc handle", "peer-to-peer")
-P2P_REMEDY = ("confirm with NCCL_P2P_DISABLE=1 (if that passes, P2P is the problem), then fix the host's "
+P2P_REMEDY = ("confirm with `NCCL_P2P_DISABLE=1` (if that passes, P2P is the problem), then fix the host's "
               "IOMMU/ACS settings (ACS off on the PCIe switches, iommu=pt) or keep P2P disabled")
-SHM_REMEDY = "start the container with --shm-size=1g (or --ipc=host; Kubernetes: an emptyDir medium Memory)"
 
+
+class Settings(Declared):
+    """The settings nccl reads (``ctx.config.of(Settings)``); torch-cuda's are ``deep.Torch``."""
+
+    nccl_ttl: float = setting("HEALTHCHECK_NCCL_TTL", NUMBER, 300.0,
+                              "seconds a passing nccl result is reused by readiness", low=0, high=86400,
+                              low_inclusive=True)
+    nccl_min_shm_mib: int = setting("HEALTHCHECK_NCCL_MIN_SHM_MIB", INTEGER, 256,
+                                    "`/dev/shm` smaller than this (MiB) fails the nccl probe before it runs",
+                                    low=0, high=2**30, low_inclusive=True)
+
+
+SHM_SMALL = _c("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` (checked first), "
+               "or NCCL warns it could not extend a shared memory segment (no space left on device)",
+               "start the container with `--shm-size=1g` "
+               "(or `--ipc=host`; Kubernetes: an emptyDir medium Memory)",
+               action="fix-config", actor="tenant")
+OWN_SHM = _c("nccl-shm", "NCCL could not open or attach its own shared memory segment "
+             "(\"No such file or directory\"): not the size of `/dev/shm`",
+             "NCCL lost a shared memory segment another of its threads had made "
+             "(a known regression of some NCCL releases, or something else clearing /dev/shm): "
+             "try another NCCL (torch) release, keep /dev/shm private to the container, "
+             "and confirm with `NCCL_SHM_DISABLE=1`", action="fix-config", actor="tenant")
+P2P = _c("p2p", "NCCL warns that peer-to-peer access is not supported or failed", P2P_REMEDY,
+         action="fix-config", actor="operator")
+HANG = _c("nccl-hang", "the collective did not finish by the deadline "
+          "(P2P hanging with IOMMU/ACS on is the usual cause)", P2P_REMEDY,
+          action="fix-config", actor="operator")
+NO_NCCL = _c("no-nccl", "this torch build has no NCCL (a CPU-only or ROCm-less build)",
+             "install a CUDA build of torch, or leave `ENABLE_NCCL_CHECK` off", action="fix-config",
+             actor="tenant")
+WRONG_SUM = _c("wrong-result", "the all-reduce gave a wrong sum on some GPU",
+               "drain the node; run `nccl-tests` and `dcgmi diag`", action="service-hardware",
+               actor="operator")
+NCCL_ERROR = _c("nccl-error", "the collective raised another NCCL or CUDA error "
+                "(NCCL's warning is in the message)",
+                "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand", action="fix-config",
+                actor="tenant")
+ON_CPU = _c("device-cpu", "`HEALTHCHECK_TORCH_DEVICE=cpu`: NCCL is not judged", "none", "skip", action="none",
+            actor="tenant")
+DEADLINE = _c("deadline", "no result by the deadline before the collective started, or another costly "
+              "check held the lock until then",
+              "check `nvidia-smi`; raise `HEALTHCHECK_TIMEOUT` if torch is slow to import",
+              action="retry", actor="operator")
 
 SPEC = Spec(
-    NAME, "framework", __name__, "ENABLE_NCCL_CHECK", 45.0, ("startup", "readiness"),
-    requires=("checkpoint", "torch-cuda"), measurement=MEASUREMENT, default_on=False,
-    about="an NCCL all-reduce across every visible GPU gives the exact sum (opt-in)",
-    settings=(
-        Setting("HEALTHCHECK_NCCL_TTL", "nccl_ttl", NUMBER, 300.0,
-                "seconds a passing nccl result is reused by readiness", low=0, high=86400,
-                low_inclusive=True),
-        Setting("HEALTHCHECK_NCCL_MIN_SHM_MIB", "nccl_min_shm_mib", INTEGER, 256,
-                "`/dev/shm` smaller than this (MiB) fails the nccl probe before it runs", low=0,
-                high=2**30, low_inclusive=True),
-    ),
-    causes=(
-        _c("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` (checked first), or NCCL "
-           "warns it could not extend a shared memory segment (no space left on device)", SHM_REMEDY),
-        _c("nccl-shm", "NCCL could not open or attach its own shared memory segment (\"No such file or "
-           "directory\"): not the size of `/dev/shm`", SHM_OWN_REMEDY.replace("NCCL_SHM_DISABLE=1",
-                                                                               "`NCCL_SHM_DISABLE=1`")),
-        _c("p2p", "NCCL warns that peer-to-peer access is not supported or failed",
-           P2P_REMEDY.replace("NCCL_P2P_DISABLE=1", "`NCCL_P2P_DISABLE=1`")),
-        _c("nccl-hang", "the collective did not finish by the deadline (P2P hanging with IOMMU/ACS on is the "
-           "usual cause)", P2P_REMEDY.replace("NCCL_P2P_DISABLE=1", "`NCCL_P2P_DISABLE=1`")),
-        _c("no-nccl", "this torch build has no NCCL (a CPU-only or ROCm-less build)",
-           "install a CUDA build of torch, or leave `ENABLE_NCCL_CHECK` off"),
-        _c("wrong-result", "the all-reduce gave a wrong sum on some GPU", "drain the node; run "
-           "`nccl-tests` and `dcgmi diag`"),
-        _c("nccl-error", "the collective raised another NCCL or CUDA error (NCCL's warning is in the "
-           "message)",
-           "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand"),
-        _c("cuda-unavailable", "torch sees no GPU", "see the `torch-cuda` probe"),
-        _c("cuda-fatal", "a sticky CUDA error behind the collective (see torch-cuda); latches",
-           "restart the container; the error's own remedy is in the message"),
-        _c("cuda-error", "another CUDA error behind the collective",
-           "the error's own remedy, in the message"),
-        _c("oom", "out of memory for NCCL's buffers or the tensors", "none: the workload uses the memory; "
-           "not a fault", "warn"),
-        _c("device-busy", "a GPU is busy with the workload (exclusive mode, MPS full)", "none: not a fault",
-           "warn"),
-        _c("workload-memory", "NVML says no GPU has the free memory the all-reduce needs "
-           "(`HEALTHCHECK_TORCH_MIN_FREE_MIB` plus 256 MiB for NCCL's buffers): nothing started; with some "
-           "room, the GPUs with room are used", "none: the workload holds the memory; not a fault", "warn"),
-        _c("device-cpu", "`HEALTHCHECK_TORCH_DEVICE=cpu`: NCCL is not judged", "none", "skip"),
-        _c("checkpointed", "a process here is CUDA-checkpointed: no GPU work is started", "wait for the "
-           "restore", "skip"),
-        _c("interpreter-not-found", "`HEALTHCHECK_TORCH_PYTHON` cannot be run, or torch is missing there",
-           "see the `torch-cuda` probe"),
-        _c("deadline", "no result by the deadline before the collective started", "check `nvidia-smi`; "
-           "raise `HEALTHCHECK_TIMEOUT` if torch is slow to import"),
-        _c("killed", "worker killed by a signal", "check the container's memory limit and dmesg"),
-        _c("bad-output", "worker output unreadable", "check `HEALTHCHECK_TORCH_PYTHON`"),
-    ),
+    NAME, layer="framework", module=__name__, toggle="ENABLE_NCCL_CHECK", timeout=45.0,
+    profiles=("startup", "readiness"), requires=("checkpoint", "torch-cuda"), measurement=MEASUREMENT,
+    default_on=False, about="an NCCL all-reduce across every visible GPU gives the exact sum (opt-in)",
+    settings=Settings.SETTINGS,
+    causes=(SHM_SMALL, OWN_SHM, P2P, HANG, NO_NCCL, WRONG_SUM, NCCL_ERROR, fw.CUDA_UNAVAILABLE, fw.CUDA_FATAL,
+            fw.CUDA_ERROR, fw.OOM, fw.DEVICE_BUSY, fw.WORKLOAD_MEMORY, ON_CPU, fw.HELD_BACK,
+            fw.INTERPRETER_NOT_FOUND, DEADLINE, fw.KILLED, fw.BAD_OUTPUT),
 )
-
-
-class Settings(Record):
-    """The settings nccl reads, typed (``ctx.config.of(Settings)``); torch-cuda's are ``deep.Torch``."""
-
-    __slots__ = ("nccl_ttl", "nccl_min_shm_mib")
-
-    nccl_ttl: float
-    nccl_min_shm_mib: int
-
-    def __init__(self, nccl_ttl: float, nccl_min_shm_mib: int) -> None:
-        self.nccl_ttl = nccl_ttl
-        self.nccl_min_shm_mib = nccl_min_shm_mib
 
 
 _REPORT = {"v": (INT, False), "backend": (STR, False), "torch": (STR, True), "nccl": (STR, True),
@@ -210,12 +195,13 @@ def result_arrived(stdout: bytes) -> bool:
 # ---------------------------------------------------------------------------
 
 def run_worker(ctx: Context) -> dict[str, Any]:
-    from probes.framework import room
+    from probes.framework import free_memory
 
     torch = ctx.config.of(deep.Torch)
     floor = torch.torch_min_free_mib
     data, done = deep_worker(ctx, NAME, [torch.torch_python, WORKER], {"NCCL_DEBUG": "WARN"},
-                             parse_output, last_phase, result_arrived, floor + room.NCCL_MIB if floor else 0)
+                             parse_output, last_phase, result_arrived,
+                             floor + free_memory.NCCL_MIB if floor else 0)
     return {**data, "warnings": warnings(done.stderr) if done is not None else []}
 
 
@@ -253,8 +239,7 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def on_deadline(ctx: Context) -> Result:
-    return failed(NAME, "no result within the deadline: the NCCL worker or the GPU driver is stuck; "
-                  + P2P_REMEDY, reason="nccl-hang")
+    return verdict(NAME, HANG, "no result within the deadline: the NCCL worker or the GPU driver is stuck")
 
 
 # ---------------------------------------------------------------------------
@@ -276,9 +261,9 @@ ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus NCCL's buffers"
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
-    from probes.framework import room
+    from probes.framework import free_memory
 
-    if data.get("kind") == room.REASON:
+    if data.get("kind") == free_memory.REASON:
         return deep.not_checked(NAME, data, ROOM, unit=UNIT)
     return deep.unkept(deep.with_room(_judge(data, ctx), data, ROOM), data)
 
@@ -298,17 +283,16 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
 
     kind = data.get("kind")
     if kind == "checkpointed":
-        return skipped(NAME, f"not started: {data['why']}", reason="checkpointed")
+        return verdict(NAME, fw.HELD_BACK, f"not started: {data['why']}", remedy=False)
     if kind == "device-cpu":
-        return skipped(NAME, "not judged: HEALTHCHECK_TORCH_DEVICE=cpu (NCCL needs GPUs)",
-                       reason="device-cpu")
+        return verdict(NAME, ON_CPU, "not judged: HEALTHCHECK_TORCH_DEVICE=cpu (NCCL needs GPUs)",
+                       remedy=False)
     if kind == "shm-small":
-        return failed(NAME, f"/dev/shm is {_mib(data['shm'])}, below "  # noqa: S108
-                      f"{ctx.config.of(Settings).nccl_min_shm_mib} MiB: NCCL "
-                      f"fails with 'unhandled system error' (and DataLoader workers die): {SHM_REMEDY}",
-                      reason="shm-too-small", unit=UNIT)
+        return verdict(NAME, SHM_SMALL, f"/dev/shm is {_mib(data['shm'])}, below "  # noqa: S108
+                       f"{ctx.config.of(Settings).nccl_min_shm_mib} MiB: NCCL fails with 'unhandled system "
+                       "error' (and DataLoader workers die)", unit=UNIT)
     if kind == "lock-timeout":
-        return lock_timeout(NAME, data, unit=UNIT)
+        return lock_timeout(NAME, data, DEADLINE, unit=UNIT)
     warned_lines: list[str] = list(data.get("warnings") or [])
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"warnings": warned_lines, "shm": data.get("shm"),
                                                   "cache": data.get("cache")}}
@@ -318,57 +302,50 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
         return unrunnable
     shm_line = _has(warned_lines, SHM_SIZE_WORDS)
     if shm_line is not None:
-        return failed(NAME, f"NCCL cannot use shared memory (/dev/shm is {_mib(data.get('shm'))}; NCCL WARN "
-                      f"{shm_line}): {SHM_REMEDY}", reason="shm-too-small", **kw)
+        return verdict(NAME, SHM_SMALL, f"NCCL cannot use shared memory (/dev/shm is "
+                       f"{_mib(data.get('shm'))}; NCCL WARN {shm_line})", **kw)
     cuda = _cuda(report if not data.get("lingered") else None, warned_lines, kw)
-    if cuda is not None and cuda.reason != "cuda-error":
+    if cuda is not None and cuda.reason != fw.CUDA_ERROR.reason:
         return cuda
     shm_line = _has(warned_lines, SHM_WORDS)
     if shm_line is not None:
-        return failed(NAME, f"NCCL's own shared memory failed (NCCL WARN {shm_line}): {SHM_OWN_REMEDY}",
-                      reason="nccl-shm", **kw)
+        return verdict(NAME, OWN_SHM, f"NCCL's own shared memory failed (NCCL WARN {shm_line})", **kw)
     p2p_line = _has(warned_lines, P2P_WORDS)
     if p2p_line is not None:
-        return failed(NAME, f"NCCL peer-to-peer failed (NCCL WARN {p2p_line}): {P2P_REMEDY}", reason="p2p",
-                      **kw)
+        return verdict(NAME, P2P, f"NCCL peer-to-peer failed (NCCL WARN {p2p_line})", **kw)
     where = data.get("phase") or "start-up"
     if report is None or data.get("lingered"):
+        budget = data.get("budget", 0)
         if data.get("timed_out") or data.get("stuck") or data.get("held_by") is not None:
             if where in ("place", "allreduce", "verify"):
-                return failed(NAME, f"the NCCL all-reduce hung (killed in {where} after "
-                              f"{data.get('budget', 0):.1f}s): {P2P_REMEDY}", reason="nccl-hang", **kw)
-            return failed(NAME, f"the NCCL worker gave no result within {data.get('budget', 0):.1f}s (killed "
-                          f"in {where}): check nvidia-smi; raise HEALTHCHECK_TIMEOUT if torch is slow to "
-                          "import", reason="deadline", **kw)
+                return verdict(NAME, HANG, f"the NCCL all-reduce hung "
+                               f"(killed in {where} after {budget:.1f}s)", **kw)
+            return verdict(NAME, DEADLINE, f"the NCCL worker gave no result within {budget:.1f}s "
+                           f"(killed in {where})", **kw)
         rc = data.get("returncode")
         if isinstance(rc, int) and rc < 0:
-            sig = proc.signal_name(-rc)
-            return failed(NAME, f"the NCCL worker was killed by {sig} in {where}: check the container's "
-                          "memory limit and dmesg", reason="killed", **kw)
-        return failed(NAME, f"the NCCL worker gave an unreadable result ({data.get('problem')}, exit status "
-                      f"{rc})", reason="bad-output", **kw)
+            return verdict(NAME, fw.KILLED,
+                           f"the NCCL worker was killed by {proc.signal_name(-rc)} in {where}", **kw)
+        return verdict(NAME, fw.BAD_OUTPUT, f"the NCCL worker gave an unreadable result "
+                       f"({data.get('problem')}, exit status {rc})", **kw)
     kw["facts"].update({"nccl": report["nccl"], "count": report["count"], "torch": report["torch"]})
     err = report["error"]
     if err is not None:
         if err["kind"] == "no-nccl":
-            return failed(NAME, f"NCCL is not available in this torch build (torch {report['torch']}): "
-                          "install a CUDA build of torch, or leave ENABLE_NCCL_CHECK off", reason="no-nccl",
-                          **kw)
+            return verdict(NAME, NO_NCCL, f"NCCL is not available in this torch build (torch "
+                           f"{report['torch']})", **kw)
         if err["kind"] == "cuda-unavailable":
-            return failed(NAME, "torch sees no GPU: see the torch-cuda probe", reason="cuda-unavailable",
-                          **kw)
+            return verdict(NAME, fw.CUDA_UNAVAILABLE, "torch sees no GPU", **kw)
         if err["kind"] == "import":
-            return failed(NAME, "torch cannot be imported: see the torch-cuda probe",
-                          reason="interpreter-not-found", **kw)
+            return verdict(NAME, fw.INTERPRETER_NOT_FOUND, "torch cannot be imported", **kw)
         if cuda is not None:
             return cuda
-        return failed(NAME, f"the NCCL all-reduce failed ({err['type']}: {err['message'][:160]})",
-                      reason="nccl-error", **kw)
+        return verdict(NAME, NCCL_ERROR, f"the NCCL all-reduce failed ({err['type']}: "
+                       f"{err['message'][:160]})", **kw)
     count = report["count"]
     if report["bad"]:
-        return failed(NAME, f"wrong all-reduce result on {report['bad']} of {count} GPU(s) (max error "
-                      f"{report['max_err']:g}): drain the node; run nccl-tests and dcgmi diag",
-                      reason="wrong-result", observed=report["ms"], **kw)
+        return verdict(NAME, WRONG_SUM, f"wrong all-reduce result on {report['bad']} of {count} GPU(s) (max "
+                       f"error {report['max_err']:g})", observed=report["ms"], **kw)
     note = "" if count and count > 1 else " (one GPU: no peer traffic)"
     cache = data.get("cache") or {}
     cached = f" (cached, {cache.get('age', 0):.0f}s old)" if cache.get("how") == "ttl" else ""

@@ -1,46 +1,15 @@
 """torch-cuda: the image's own Python can import torch and run a real, verified op on each GPU.
 
-A worker (``torch_worker.py``) runs in the interpreter that owns torch
-(``HEALTHCHECK_TORCH_PYTHON``, default ``python3``), never in the suite's own
-process, with ``CUDA_MODULE_LOADING=LAZY``, in its own session and under the
-probe's deadline. On each visible device it runs a seeded float32 matmul (TF32 off),
-compares it with a float64 CPU reference (silent data corruption shows up as a
-mismatch), synchronises and reads free/total memory. It prints one line,
-``HEALTHCHECK-TORCH-RESULT {json}``; this module trusts nothing else it prints,
-validates that line strictly (torch_report.py) and judges it.
+A worker (``torch_worker.py``) runs in ``HEALTHCHECK_TORCH_PYTHON`` under the probe's deadline and
+prints one line, ``HEALTHCHECK-TORCH-RESULT {json}``: this module trusts nothing else it prints,
+validates that line strictly (torch_report.py) and judges it, a CUDA error by its table
+(cuda_errors.py). The lock, the cache and the latch of a sticky error are deep.py's
+(``locked_run``). What it checks and each cause: docs/probes.md ("How the probes decide", "CUDA
+errors", the torch-cuda cause table).
 
 Command-line equivalent::
 
     CUDA_MODULE_LOADING=LAZY python3 probes/framework/torch_worker.py --device cuda
-
-Hard cases, decided here:
-- A CUDA error is identified by its number (``torch.AcceleratorError.error_code``) or its
-  text, never by PyTorch's added lines, in one table (``cuda_errors.py``, from NVIDIA's CUDA
-  runtime documentation). A sticky one (illegal address, launch failure or timeout,
-  device-side assert, uncorrectable ECC or NVLink, ...) latches the container unhealthy
-  until it restarts; latched runs answer at once without touching the GPU. The liveness
-  profile only reads the latch: no worker, no torch. Any other CUDA error fails with its
-  own reason and remedy (fabric manager, driver/libcuda mismatch, forward compatibility,
-  no kernel image for this GPU, ...) and never latches.
-- A device held by the workload in EXCLUSIVE_PROCESS mode ("busy or unavailable") and
-  an out-of-memory error for the probe's own context (cuBLAS's and cuDNN's included) are
-  the workload using its GPU, not a fault: they warn (reasons ``device-busy`` and ``oom``)
-  and never latch.
-- One costly check at a time: concurrent runs share one worker through a lock in the
-  state dir (deep.locked_run, with its early, share and relatch options).
-  A run that waited reuses a result that finished after it started,
-  whatever its status; ``readiness`` also reuses a passing result younger than
-  ``HEALTHCHECK_TORCH_TTL``; ``startup`` always runs fresh. Without a state dir every
-  run starts its own worker (caching off).
-- A worker that prints its result line but does not exit within ``proc.LINGER`` seconds
-  (a wrapper that keeps running, a hang at exit) is ended and fails (``lingered``);
-  nothing from it is cached or shared, so the next run starts a worker again.
-- The result line is untrusted: it is parsed with bounded depth and bounded, finite
-  numbers (``untrusted.load_json``), validated field by field (numbers must convert to
-  finite floats), and every string in it is cleaned (control characters shown as
-  escapes) before anything else sees it. The worker reports a non-finite error or
-  scale as the string ``"nan"``, ``"inf"`` or ``"-inf"``, which judges as a wrong result.
-  A cache entry that does not pass the same checks is a miss.
 """
 
 from __future__ import annotations
@@ -49,15 +18,15 @@ import math
 import os
 import time
 
+from probes import framework as fw
 from probes import untrusted
 from probes.context import Context
 from probes.framework import deep, protocol
-from probes.framework.deep import fresh_pass
+from probes.framework.deep import MIN_FREE, Torch, fresh_pass
 from probes.framework.protocol import BOOL, INT, NUM, STR
 from probes.framework.torch_report import PHASES, identify, last_phase, memory_limit, parse_output, validate
-from probes.result import SEVERITY, Result, failed, passed, skipped, warned
-from probes.spec import ALL_PROFILES, CHOICE, INTEGER, NUMBER, Setting, Spec
-from probes.spec import TEXT as TEXT_KIND
+from probes.result import SEVERITY, Result, passed, verdict
+from probes.spec import ALL_PROFILES, Spec
 from probes.spec import cause as _c
 from probes.state import life_identity
 
@@ -70,114 +39,63 @@ if TYPE_CHECKING:
 NAME = "torch-cuda"
 MEASUREMENT = "devices"
 UNIT = "devices"
-MIN_FREE = "HEALTHCHECK_TORCH_MIN_FREE_MIB"
 
+NOT_EXECUTABLE = _c("interpreter-not-executable", "interpreter not executable",
+                    "set `HEALTHCHECK_TORCH_PYTHON` to an executable Python that has torch",
+                    action="fix-config", actor="tenant")
+TORCH_MISSING = _c("torch-missing", "torch not installed in that interpreter", fw.SET_PYTHON,
+                   action="fix-config", actor="tenant")
+IMPORT_FAILED = _c("torch-import-failed",
+                   "`import torch` fails (missing module or library; details in the log)",
+                   "reinstall torch in the image or fix its libraries", action="fix-config", actor="tenant")
+MEMORY_LIMIT = _c("memory-limit", "the worker ran out of host memory: the address-space limit (RLIMIT_AS, "
+                  "`ulimit -v`) or the container's memory is too small for torch (MemoryError, \"failed to "
+                  "map segment from shared object\", \"Cannot allocate memory\", std::bad_alloc)",
+                  "raise the limit the message names: "
+                  "the container's memory, or its address space (`ulimit -v`)",
+                  action="fix-config", actor="tenant")
+CPU_ONLY = _c("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`",
+              "install a CUDA build of torch in the image, "
+              "or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a CPU-only image",
+              action="fix-config", actor="tenant")
+COUNT_MISMATCH = _c("count-mismatch", "torch sees a different GPU count than NVML",
+                    "a GPU is not usable by CUDA; check `nvidia-smi`, dmesg for Xid errors and "
+                    "`NVIDIA_VISIBLE_DEVICES`", action="reset-gpu", actor="operator")
+WRONG_RESULT = _c("wrong-result", "GPU result differs from the CPU reference",
+                  "silent data corruption; drain the node and run the GPU diagnostics (`dcgmi diag`)",
+                  action="service-hardware", actor="operator")
+LATCHED = _c("latched", "latch in force from an earlier fatal error (or a critical Xid seen by `healthcheck "
+             "serve`): no worker started, the hardware probes are skipped too",
+             "restart the container (a new PID 1 clears it)", action="restart-container", actor="operator")
+DEADLINE = _c("deadline", "worker gave no result by the deadline (killed while in `import`: a slow disk "
+              "or a wedged driver), or another costly check held the lock until then",
+              "the GPU driver may be wedged: check `nvidia-smi` and dmesg for Xid errors; "
+              "raise `HEALTHCHECK_TIMEOUT` if the image is slow to import torch",
+              action="retry", actor="operator")
+STUCK = _c("stuck", "worker survived SIGKILL (uninterruptible sleep): the driver is wedged; while it exists, "
+           "later runs start no other worker and say so at once",
+           "check dmesg for Xid errors, the node may need a reboot", action="reboot-node", actor="operator")
+LINGERED = _c("lingered", "worker printed its result but did not exit within 1.0 s "
+              "(a wrapper script as `HEALTHCHECK_TORCH_PYTHON` that keeps running, or a hang at exit); "
+              "nothing from it is cached or shared",
+              "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself "
+              "and check dmesg for Xid errors", action="fix-config", actor="tenant")
+TORCH_ERROR = _c("torch-error", "other torch error", fw.LOGGED, action="fix-config", actor="tenant")
 
 SPEC = Spec(
-    NAME, "framework", __name__, "ENABLE_TORCH_CHECK", 45.0, ALL_PROFILES, requires=("nvidia-smi", "nvml"),
-    measurement=MEASUREMENT,
+    NAME, layer="framework", module=__name__, toggle="ENABLE_TORCH_CHECK", timeout=45.0,
+    profiles=ALL_PROFILES, requires=("nvidia-smi", "nvml"), measurement=MEASUREMENT, settings=Torch.SETTINGS,
     about="the image's own Python imports torch and runs a verified matmul on every GPU",
-    settings=(
-        Setting("HEALTHCHECK_TORCH_DEVICE", "torch_device", CHOICE, "cuda",
-                "`cuda` (every visible GPU) or `cpu` (CPU-only images)", choices=("cuda", "cpu")),
-        Setting("HEALTHCHECK_TORCH_PYTHON", "torch_python", TEXT_KIND, "python3",
-                "the interpreter that owns torch (the image's)", shown_default="`python3` on `PATH`"),
-        Setting("HEALTHCHECK_TORCH_TTL", "torch_ttl", NUMBER, 300.0,
-                "seconds a passing torch-cuda result is reused by readiness", low=0, high=86400,
-                low_inclusive=True),
-        Setting(MIN_FREE, "torch_min_free_mib", INTEGER, 1024,
-                "free memory (MiB, from NVML) a GPU needs before torch-cuda, model or nccl start CUDA work "
-                "on it; below it the GPU is not checked (a warning); `0` turns the check off",
-                low=0, high=2**20, low_inclusive=True),
-    ),
-    causes=(
-        _c("interpreter-not-found", "`HEALTHCHECK_TORCH_PYTHON` interpreter not found",
-           "set `HEALTHCHECK_TORCH_PYTHON` to the image's Python that has torch (e.g. "
-           "`/opt/conda/bin/python`)"),
-        _c("interpreter-not-executable", "interpreter not executable",
-           "point `HEALTHCHECK_TORCH_PYTHON` at an executable Python"),
-        _c("torch-missing", "torch not installed in that interpreter",
-           "set `HEALTHCHECK_TORCH_PYTHON` to the interpreter that has torch"),
-        _c("torch-import-failed", "`import torch` fails (missing module or library)",
-           "reinstall torch in the image or fix its libraries (details in the log)"),
-        _c("memory-limit", "the worker ran out of host memory: the address-space limit (RLIMIT_AS, `ulimit "
-           "-v`) or the container's memory is too small for torch (MemoryError, \"failed to map segment from "
-           "shared object\", \"Cannot allocate memory\", std::bad_alloc)", "raise the container's memory or "
-           "address-space limit"),
-        _c("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`",
-           "install a CUDA build of torch, or set `HEALTHCHECK_TORCH_DEVICE=cpu` for CPU-only images"),
-        _c("cuda-unavailable", "`torch.cuda.is_available()` false / no GPU visible",
-           "start the container with `--gpus all` (NVIDIA Container Toolkit); check the host driver with "
-           "`nvidia-smi`"),
-        _c("driver-too-old", "the driver's CUDA version (NVML `nvmlSystemGetCudaDriverVersion`, or torch's "
-           "own message) older than `torch.version.cuda`; the message gives both",
-           "install a newer host NVIDIA driver, or the CUDA forward-compatibility package (`cuda-compat`) on "
-           "data-center GPUs, or use an image built for an older CUDA"),
-        _c("count-mismatch", "torch sees a different GPU count than NVML",
-           "check `nvidia-smi`, dmesg for Xid errors, `NVIDIA_VISIBLE_DEVICES`"),
-        _c("device-busy", "GPU held by the workload in EXCLUSIVE_PROCESS mode (\"busy or unavailable\"); the "
-           "message names the holding PID", "none: the workload owns the GPU; not a fault", "warn"),
-        _c("mps-busy", "GPU shared through MPS: the probe cannot open its own context; the message names the "
-           "MPS clients", "none: not a fault", "warn"),
-        _c("oom", "out of memory for the probe's own context (CUDA's, or cuBLAS's or cuDNN's "
-           "`*_ALLOC_FAILED`)", "none: the workload uses the memory; not a fault", "warn"),
-        _c("wrong-result", "GPU result differs from the CPU reference",
-           "silent data corruption: drain the node, run `dcgmi diag`"),
-        _c("cuda-fatal", "sticky CUDA error, one NVIDIA's runtime documentation says leaves the process "
-           "unusable (illegal address, launch failure or timeout, device-side assert, misaligned address, "
-           "...), or an uncorrectable ECC or NVLink error; latches (see \"CUDA errors\")",
-           "restart the container; check dmesg for Xid errors (each error's own remedy is in the message)"),
-        _c("cuda-error", "another CUDA error (no kernel image for this GPU, invalid device ordinal, invalid "
-           "configuration, a cuBLAS/cuDNN status, ...): fails, never latches",
-           "the error's own remedy, in the message (see \"CUDA errors\")"),
-        _c("fabric-manager", "CUDA error 802 at start (system not yet initialized): NVIDIA Fabric Manager is "
-           "not running on an NVSwitch system", "start `nvidia-fabricmanager` on the host (the driver's "
-           "version) and wait for the fabric state Completed"),
-        _c("driver-mismatch", "CUDA error 803 at start: libcuda does not match the loaded kernel module",
-           "reboot the node (or reload the nvidia module); never ship libcuda in the image"),
-        _c("forward-compat", "CUDA error 804 at start: the forward-compatibility package (`cuda-compat`) on "
-           "a GPU that does not support it", "remove `cuda-compat` from the image's library path, or upgrade "
-           "the host driver"),
-        _c("cuda-unknown", "CUDA's unknown error (999)", "check `nvidia-smi` and dmesg for Xid errors; in a "
-           "container after a host `systemctl daemon-reload`, recreate the container"),
-        _c("cuda-init", "CUDA cannot start for another reason (initialization error, a stub libcuda, no vGPU "
-           "license, MPS daemon unreachable, ...)", "the error's own remedy, in the message"),
-        _c("latched", "latch in force from an earlier fatal error (or a critical Xid seen by `healthcheck "
-                      "serve`): "
-           "no worker started, the hardware probes are skipped too", "restart the container (a new PID 1 "
-                                                                     "clears it)"),
-        _c("deadline", "worker gave no result by the deadline",
-           "the driver may be wedged (check `nvidia-smi`, dmesg); if stuck in `import`, raise "
-           "`HEALTHCHECK_TIMEOUT`"),
-        _c("stuck", "worker survived SIGKILL (uninterruptible sleep); while it exists, later runs start no "
-                    "other "
-           "worker and say so at once", "driver wedged; the node may need a reboot"),
-        _c("killed", "worker killed by a signal", "SIGKILL: check the container's memory limit; "
-           "SIGSEGV/SIGBUS/SIGABRT: check dmesg and the torch install"),
-        _c("lingered", "worker printed its result but did not exit within 1.0 s (a wrapper script as "
-           "`HEALTHCHECK_TORCH_PYTHON` that keeps running, or a hang at exit); nothing from it is cached or "
-           "shared",
-           "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself; check dmesg for Xid errors"),
-        _c("bad-output", "worker output unreadable (no or several result lines, not strict JSON, a number no "
-           "float can hold such as 1e999, a field of the wrong type)",
-           "the interpreter is not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`"),
-        _c("workload-memory", "NVML says a GPU has less free memory than the probe needs "
-           "(`HEALTHCHECK_TORCH_MIN_FREE_MIB`): not checked, nothing started there; the other GPUs are "
-           "checked",
-           "none: the workload holds the memory; not a fault", "warn"),
-        _c("checkpointed", "a CUDA process here is locked or checkpointed (the checkpoint probe, or its "
-           "marker from an earlier run): no GPU work is started",
-           "none: it runs again once the process is restored", "skip"),
-        _c("torch-error", "other torch error", "details in the log"),
-    ),
+    causes=(fw.INTERPRETER_NOT_FOUND, NOT_EXECUTABLE, TORCH_MISSING, IMPORT_FAILED, MEMORY_LIMIT, CPU_ONLY,
+            COUNT_MISMATCH, *fw.CUDA_CAUSES, WRONG_RESULT, LATCHED, DEADLINE, STUCK, fw.KILLED,
+            LINGERED, fw.BAD_OUTPUT, fw.WORKLOAD_MEMORY, fw.HELD_BACK, TORCH_ERROR),
 )
-Settings = deep.Torch  # the settings torch-cuda reads: its own HEALTHCHECK_TORCH_*
 
 
 def requirements(config: Config) -> tuple[str, ...]:
     """The hardware layer is a prerequisite only for the GPU: a CPU-only image has none. On the
     GPU, a CUDA-checkpointed process (the checkpoint probe, when it runs) holds the op back."""
-    return (*SPEC.requires, "checkpoint") if config.of(Settings).torch_device == "cuda" else ()
+    return (*SPEC.requires, "checkpoint") if config.of(Torch).torch_device == "cuda" else ()
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
 CACHE = "torch-cuda.json"
@@ -195,7 +113,7 @@ _CUDA_VERSION = r"(\d{1,3})\.(\d{1,3})"
 
 def expected_count(ctx: Context) -> int | None:
     """NVML's device count when the hardware layer ran and passed, for device cuda."""
-    if ctx.config.of(Settings).torch_device != "cuda":
+    if ctx.config.of(Torch).torch_device != "cuda":
         return None
     from probes import hardware
 
@@ -204,7 +122,7 @@ def expected_count(ctx: Context) -> int | None:
 
 
 def _argv(ctx: Context, expect: int | None) -> list[str]:
-    own = ctx.config.of(Settings)
+    own = ctx.config.of(Torch)
     argv = [own.torch_python, WORKER, "--device", own.torch_device, "--size", str(SIZE)]
     if expect is not None:
         argv += ["--expect-count", str(expect)]
@@ -221,7 +139,7 @@ def result_arrived(stdout: bytes) -> bool:
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     from probes.framework import torch_worker
 
-    own = ctx.config.of(Settings)
+    own = ctx.config.of(Torch)
     device = own.torch_device
     data, done = deep.deep_worker(ctx, NAME, _argv(ctx, expect), {},
                                   lambda out: parse_output(out, device, SIZE), last_phase, result_arrived,
@@ -239,7 +157,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
 
 
 def _key(ctx: Context, expect: int | None) -> dict[str, Any]:
-    own = ctx.config.of(Settings)
+    own = ctx.config.of(Torch)
     return {"python": own.torch_python, "device": own.torch_device, "size": SIZE,
             "expect": expect, "identity": life_identity()}
 
@@ -254,7 +172,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
     """The cached worker run, checked and cleaned, or None: a damaged entry is a miss, never a crash."""
     import re
 
-    from probes.framework import room
+    from probes.framework import free_memory
 
     if not entry or entry.get("key") != key or not isinstance(entry.get("data"), dict):
         return None
@@ -277,7 +195,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
                            **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None
                               else data[name] for name, (kind, _) in _DATA.items()}}
     out["cache"] = {"how": how, "age": round(max(age, 0.0), 1)}
-    out["room"] = room.read(data.get("room"))
+    out["room"] = free_memory.read(data.get("room"))
     return out
 
 
@@ -293,7 +211,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         return deep.latched(latch)
     if ctx.profile == "liveness":
         return {"kind": "no-latch", "state_off": state.disabled_reason}
-    if ctx.config.of(Settings).torch_device == "cuda":
+    if ctx.config.of(Torch).torch_device == "cuda":
         from probes.framework import checkpoint
 
         why = checkpoint.hold(ctx)  # an earlier run saw a checkpointed process that still exists
@@ -301,22 +219,15 @@ def gather(ctx: Context) -> dict[str, Any]:
             return {"kind": "checkpointed", "why": why}
 
     expect = expected_count(ctx)
-    if not state.enabled:
-        data = run_worker(ctx, expect)
-        data["cache"] = {"how": "off", "why": state.disabled_reason}
-        data["latch_lost"] = f"state dir off: {state.disabled_reason}"  # said if the run is fatal
-        return data
-
     key = _key(ctx, expect)
-    ttl = ctx.config.of(Settings).torch_ttl
+    ttl = ctx.config.of(Torch).torch_ttl
     return deep.locked_run(ctx, CACHE, key, lambda entry: _cached_pass(entry, key, ttl),
                            lambda: run_worker(ctx, expect), judge, early=True,
                            share=lambda entry: _reuse(entry, key, "shared"), relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:
-    return failed(NAME, "no result within the deadline: the torch worker or the GPU driver is stuck "
-                  "(check nvidia-smi and dmesg for Xid errors)", reason="deadline", unit=UNIT)
+    return verdict(NAME, DEADLINE, "no result within the deadline from the torch worker", unit=UNIT)
 
 
 # ---------------------------------------------------------------------------
@@ -370,29 +281,26 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     if kind == "latched":
         when = (f"since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(data['since']))} "
                 f"({data['age']:.0f}s ago, " if data["since"] else "(since an unknown time, ")
-        return failed(NAME, f"latched unhealthy {when}by {data['source']}): "
-                      f"{data['why']}; restart the container", reason="latched", unit=UNIT,
-                      facts={"latched": True, "since": data["since"], "source": data["source"]})
+        return verdict(NAME, LATCHED, f"latched unhealthy {when}by {data['source']}): {data['why']}",
+                       unit=UNIT, facts={"latched": True, "since": data["since"], "source": data["source"]})
     if kind == "checkpointed":
-        return skipped(NAME, f"not started: {untrusted.clean(data['why'], 200)}", reason="checkpointed",
+        return verdict(NAME, fw.HELD_BACK, f"not started: {untrusted.clean(data['why'], 200)}", remedy=False,
                        unit=UNIT)
     if kind == "no-latch":
         off = data.get("state_off")
-        note = f" (state dir off: {off}; a fatal error cannot latch)" if off else ""
+        note = f" ({deep.state_off(off)}; a fatal error cannot latch)" if off else ""
         return passed(NAME, f"no CUDA-fatal latch{note}", unit=UNIT, facts={"latched": False})
     if kind == "lock-timeout":
-        return failed(NAME, f"no result within {data['waited']:.1f}s: another torch-cuda run still holds "
-                      "the lock (one CUDA context at a time); the driver may be stuck", reason="deadline",
-                      unit=UNIT)
-    from probes.framework import room  # not before: liveness answers above without it
+        return deep.lock_timeout(NAME, data, DEADLINE, unit=UNIT)
+    from probes.framework import free_memory  # not before: liveness answers above without it
 
-    if kind == room.REASON:
+    if kind == free_memory.REASON:
         return deep.not_checked(NAME, data, MIN_FREE, unit=UNIT)
     result = deep.unkept(deep.with_room(_judge_worker(data, ctx), data, MIN_FREE), data)
     suffix = _suffix(data)
     if suffix:
-        result = Result(result.name, result.status, result.message + suffix, result.observed, result.unit,
-                        result.reason, {**result.facts, "cache": data.get("cache")})
+        result = result._replace(message=result.message + suffix,
+                                 facts={**result.facts, "cache": data.get("cache")})
     return result
 
 
@@ -407,105 +315,74 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
     if (limit := deep.limited(NAME, data, **kw)) is not None:
         return limit
     if data.get("spawn_error") == "not found" or (report is None and data.get("returncode") == 127):
-        return failed(NAME, f"torch interpreter {python} not found: set HEALTHCHECK_TORCH_PYTHON to the "
-                      "image's Python that has torch (e.g. /opt/conda/bin/python)",
-                      reason="interpreter-not-found", **kw)
+        return verdict(NAME, fw.INTERPRETER_NOT_FOUND, f"torch interpreter {python} not found", **kw)
     if data.get("spawn_error") or (report is None and data.get("returncode") == 126):
         why = data.get("spawn_error") or "not executable"
-        return failed(NAME, f"torch interpreter {python} cannot be run ({why}): "
-                      "set HEALTHCHECK_TORCH_PYTHON to an executable Python that has torch",
-                      reason="interpreter-not-executable", **kw)
+        return verdict(NAME, NOT_EXECUTABLE, f"torch interpreter {python} cannot be run ({why})", **kw)
     if data.get("lingered") and not data.get("stuck"):
-        linger = proc.LINGER
-        return failed(NAME, f"torch worker printed its result but did not exit within {linger:.1f} s: its "
-                      "result is not used; something keeps running after the worker (a wrapper script as "
-                      "HEALTHCHECK_TORCH_PYTHON, or a hang in torch or the driver at exit): point "
-                      "HEALTHCHECK_TORCH_PYTHON at the Python interpreter itself and check dmesg for Xid "
-                      "errors",
-                      reason="lingered", **kw)
+        return verdict(NAME, LINGERED, f"torch worker printed its result but did not exit within "
+                       f"{proc.LINGER:.1f} s: its result is not used; something keeps running after the "
+                       "worker (a wrapper script as HEALTHCHECK_TORCH_PYTHON, or a hang in torch or the "
+                       "driver at exit)", **kw)
     if report is not None and not data.get("lingered"):
         return _judge_report(report, data, ctx, python, kw)
-    where = data.get("phase")
+    where = data.get("phase") or "start-up"
     if data.get("held_by") is not None:
-        return failed(NAME, f"an earlier torch worker (pid {data['held_by']}) is still stuck in the GPU "
-                      "driver (uninterruptible sleep); not starting another: check dmesg for Xid errors, "
-                      "the node may need a reboot", reason="stuck", **kw)
+        return verdict(NAME, STUCK, f"an earlier torch worker (pid {data['held_by']}) is still stuck in the "
+                       "GPU driver (uninterruptible sleep); not starting another", **kw)
     if data.get("stuck"):
-        return failed(NAME, f"torch worker stuck in {where or 'start-up'} and survived SIGKILL "
-                      "(uninterruptible sleep): the GPU driver is wedged; check dmesg for Xid errors, "
-                      "the node may need a reboot", reason="stuck", **kw)
+        return verdict(NAME, STUCK, f"torch worker stuck in {where} and survived SIGKILL (uninterruptible "
+                       "sleep), the GPU driver is wedged", **kw)
     if data.get("timed_out"):
-        hint = ("importing torch took too long: a slow disk or a wedged driver; raise HEALTHCHECK_TIMEOUT "
-                "if the image is slow to start" if where == "import" else
-                "the GPU driver may be wedged; check nvidia-smi and dmesg for Xid errors")
-        return failed(NAME, f"torch worker gave no result within {data.get('budget', 0):.1f}s "
-                      f"(killed while in {where or 'start-up'}): {hint}", reason="deadline", **kw)
+        return verdict(NAME, DEADLINE, f"torch worker gave no result within {data.get('budget', 0):.1f}s "
+                       f"(killed while in {where})", **kw)
     if (memory := memory_limit(None, data)) is not None:
-        return failed(NAME, f"torch worker in {python}: {memory}", reason="memory-limit", **kw)
+        return verdict(NAME, MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False, **kw)
     rc = data.get("returncode")
     if isinstance(rc, int) and rc < 0:
-        sig = -rc
-        import signal
-
-        hint = ("out of memory? check the container's memory limit" if sig == signal.SIGKILL else
-                "a crash in torch or the driver; check dmesg" if sig in (signal.SIGSEGV, signal.SIGBUS,
-                                                                          signal.SIGABRT, signal.SIGILL)
-                else "something outside the suite stopped it")
-        name = proc.signal_name(sig)
-        return failed(NAME, f"torch worker killed by {name} in {where or 'start-up'}: {hint}",
-                      reason="killed", **kw)
-    return failed(NAME, f"torch worker gave an unreadable result ({data.get('problem')}, exit status {rc}): "
-                  f"'{data.get('excerpt') or ''}'", reason="bad-output", **kw)
+        return verdict(NAME, fw.KILLED, f"torch worker killed by {proc.signal_name(-rc)} in {where}", **kw)
+    return verdict(NAME, fw.BAD_OUTPUT, f"torch worker gave an unreadable result ({data.get('problem')}, "
+                   f"exit status {rc}): '{data.get('excerpt') or ''}'", **kw)
 
 
 def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, python: str,
                   kw: dict[str, Any]) -> Result:
-    from probes.framework import room
+    from probes.framework import free_memory
 
     facts = kw["facts"]
     facts.update({"torch": report["torch"], "cuda": report["cuda"], "count": report["count"]})
-    version = report["torch"] or "?"
     err = report["error"]
     cuda = report["device"] == "cuda"
     if (memory := memory_limit(report, data)) is not None:
-        return failed(NAME, f"torch worker in {python}: {memory}", reason="memory-limit", **kw)
+        return verdict(NAME, MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False, **kw)
     if err is not None and err["phase"] == "import":
         if err["module"] == "torch":
-            return failed(NAME, f"torch is not installed for {python}: set HEALTHCHECK_TORCH_PYTHON to the "
-                          "interpreter that has torch (e.g. /opt/conda/bin/python)",
-                          reason="torch-missing", **kw)
+            return verdict(NAME, TORCH_MISSING, f"torch is not installed for {python}", **kw)
         what = (f"module {err['module']!r} is missing" if err["module"]
                 else f"{err['type']}; details in the log")
-        return failed(NAME, f"import torch failed in {python} ({what}): reinstall torch in the image or "
-                      "fix its libraries", reason="torch-import-failed", **kw)
+        return verdict(NAME, IMPORT_FAILED, f"import torch failed in {python} ({what})", **kw)
     if cuda and report["available"] is False and report["cuda_built"] is False:
-        return failed(NAME, f"CUDA not available: torch {version} in {python} is a CPU-only build: install a "
-                      "CUDA build of torch in the image, or set HEALTHCHECK_TORCH_DEVICE=cpu for a CPU-only "
-                      "image", reason="cpu-only-build", **kw)
+        return verdict(NAME, CPU_ONLY, f"CUDA not available: torch {report['torch'] or '?'} in {python} "
+                       "is a CPU-only build", **kw)
     if cuda and report["available"] is False and _driver_older(report, ctx):
         return _too_old(report, _driver_cuda(ctx), kw)
     if err is not None and err["phase"] == "init":
-        return _device_error(err, report, ctx, kw, None) or failed(
-            NAME, "CUDA not available (torch.cuda.is_available() is False): start the container with "
-            "--gpus all (NVIDIA Container Toolkit) and check the host driver with nvidia-smi",
-            reason="cuda-unavailable", **kw)
+        return _device_error(err, report, ctx, kw, None) or verdict(
+            NAME, fw.CUDA_UNAVAILABLE, "CUDA not available (torch.cuda.is_available() is False)", **kw)
     if err is not None:
-        return failed(NAME, f"the torch worker failed in {err['phase']} ({err['type']}; details in the log)",
-                      reason="torch-error", **kw)
+        return verdict(NAME, TORCH_ERROR, f"the torch worker failed in {err['phase']} ({err['type']})", **kw)
     count = report["count"] or 0
     if cuda and count == 0:
-        return failed(NAME, "CUDA not available: torch sees no GPU: start the container with --gpus all "
-                      "(NVIDIA Container Toolkit)", reason="cuda-unavailable", **kw)
+        return verdict(NAME, fw.CUDA_UNAVAILABLE, "CUDA not available: torch sees no GPU", **kw)
     notes = []
     expect = data.get("expect")
-    held = room.read(data.get("room"))
+    held = free_memory.read(data.get("room"))
     if expect is not None and held is not None:
         expect -= len(held["full"])  # those were kept from the worker (CUDA_VISIBLE_DEVICES)
     if cuda and expect is not None and count != expect:
         if report["visible_devices"] is None or count > expect:
-            return failed(NAME, f"torch sees {count} GPU(s) but NVML sees {expect}: a GPU is not usable by "
-                          "CUDA; check nvidia-smi, dmesg for Xid errors and NVIDIA_VISIBLE_DEVICES",
-                          reason="count-mismatch", observed=count, **kw)
+            return verdict(NAME, COUNT_MISMATCH, f"torch sees {count} GPU(s) but NVML sees {expect}",
+                           observed=count, **kw)
         notes.append(f"{count} of {expect} GPUs visible through CUDA_VISIBLE_DEVICES")
 
     return _judge_devices(report, ctx, kw, notes)
@@ -528,28 +405,24 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
     if error.category == cuda_errors.NOT_CHECKED:
         index = entry["index"] if entry is not None else 0
         holder = _holder(ctx, report, index, entry["uuid"] if entry else None)
-        if error.reason == "mps-busy" or (error.reason == "device-busy" and "MPS client" in holder):
-            return warned(NAME, f"{where} busy{holder}: the GPU is shared through MPS and the probe cannot "
-                          "open its own context there; not checked, not a fault", reason="mps-busy", **kw)
-        if error.reason == "device-busy":
-            return warned(NAME, f"{where} busy{holder}: the workload holds it, so the probe cannot open a "
-                          "context there; not a fault", reason="device-busy", **kw)
-        return warned(NAME, f"{where} out of memory for the probe's own context{holder} ({error.label}): the "
-                      "workload is using the memory; not checked, not a fault", reason="oom", **kw)
-    if error.reason == "driver-too-old":
+        if error.cause is fw.MPS_BUSY or (error.cause is fw.DEVICE_BUSY and "MPS client" in holder):
+            return verdict(NAME, fw.MPS_BUSY, f"{where} busy{holder}", **kw)
+        if error.cause is fw.DEVICE_BUSY:
+            return verdict(NAME, fw.DEVICE_BUSY, f"{where} busy{holder}", **kw)
+        return verdict(NAME, fw.OOM, f"{where} out of memory for the probe's own context{holder} "
+                       f"({error.label})", **kw)
+    if error.cause is fw.DRIVER_TOO_OLD:
         version = re.search(_FOUND_VERSION, str(err.get("message", "")))
         driver = (f"{int(version[1]) // 1000}.{int(version[1]) % 1000 // 10}" if version
                   else _driver_cuda(ctx))
         return _too_old(report, driver, kw)
     if error.category == cuda_errors.STICKY:
         kw["facts"]["fatal"] = True
-        return failed(NAME, f"fatal CUDA error on {where} ({error.label}): sticky, the CUDA context is "
-                      f"unusable; unhealthy until the container restarts: {error.remedy}",
-                      reason="cuda-fatal", **kw)
+        return error.verdict(NAME, f"fatal CUDA error on {where} ({error.label}): sticky, the CUDA context "
+                             f"is unusable; {deep.UNTIL_RESTART}", **kw)
     if error.category == cuda_errors.ENVIRONMENT:
-        return failed(NAME, f"CUDA cannot start on {where} ({error.label}): {error.remedy}",
-                      reason=error.reason, **kw)
-    return failed(NAME, f"CUDA error on {where} ({error.label}): {error.remedy}", reason=error.reason, **kw)
+        return error.verdict(NAME, f"CUDA cannot start on {where} ({error.label})", **kw)
+    return error.verdict(NAME, f"CUDA error on {where} ({error.label})", **kw)
 
 
 def _driver_cuda(ctx: Context) -> str | None:
@@ -578,10 +451,8 @@ def _driver_older(report: dict[str, Any], ctx: Context) -> bool:
 
 def _too_old(report: dict[str, Any], driver: str | None, kw: dict[str, Any]) -> Result:
     have = f", driver supports CUDA {driver}" if driver else ""
-    return failed(NAME, f"CUDA driver too old for torch {report['torch']} (built for CUDA "
-                  f"{report['cuda']}{have}): install a newer NVIDIA driver on the host, or the CUDA "
-                  "forward-compatibility package (cuda-compat) on data-center GPUs, or use an image built "
-                  "for an older CUDA", reason="driver-too-old", **kw)
+    return verdict(NAME, fw.DRIVER_TOO_OLD, f"CUDA driver too old for torch {report['torch']} (built for "
+                   f"CUDA {report['cuda']}{have})", **kw)
 
 
 def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], notes: list[str]) -> Result:
@@ -595,9 +466,8 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
                                "op_ms": entry["op_ms"], "free": entry["free"], "total": entry["total"]}
         per.append(row)
         if entry["error"] is not None:
-            res = _device_error(entry["error"], report, ctx, kw, entry) or failed(
-                NAME, f"torch op failed on {tag} ({entry['error']['type']}; details in the log)",
-                reason="torch-error", **kw)
+            res = _device_error(entry["error"], report, ctx, kw, entry) or verdict(
+                NAME, TORCH_ERROR, f"torch op failed on {tag} ({entry['error']['type']})", **kw)
             row["status"] = res.reason
             problems.append(res)
             continue
@@ -608,10 +478,8 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
         if not math.isfinite(rel) or rel > TOLERANCE:
             shown = f"{rel:.1e}" if math.isfinite(rel) else "not a number"
             row["status"] = "wrong-result"
-            problems.append(failed(NAME, f"wrong result on {tag}: matmul differs from the CPU reference by "
-                                   f"{shown} (tolerance {TOLERANCE:.0e}): silent data corruption; drain "
-                                   "the node and run the GPU diagnostics (dcgmi diag)",
-                                   reason="wrong-result", **kw))
+            problems.append(verdict(NAME, WRONG_RESULT, f"wrong result on {tag}: matmul differs from the CPU "
+                                    f"reference by {shown} (tolerance {TOLERANCE:.0e})", **kw))
             continue
         row["status"] = "ok"
         good.append({**entry, "rel": rel})
@@ -620,9 +488,9 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
     if problems:
         worst = max(problems, key=lambda r: SEVERITY[r.status])
         others = f"; {checked} other device(s) OK" if checked else ""
-        return Result(NAME, worst.status, worst.message + others, checked, UNIT, worst.reason, worst.facts)
+        return worst._replace(message=worst.message + others, observed=checked)
     if not good:
-        return failed(NAME, "the torch worker checked no device", reason="bad-output", **kw)
+        return verdict(NAME, fw.BAD_OUTPUT, "the torch worker checked no device", **kw)
     worst_rel = max(g["rel"] for g in good)
     slow = max(good, key=lambda g: g["op_ms"])
     base = f"{report['size']}x{report['size']} matmul matches the CPU reference (max rel err {worst_rel:.0e})"

@@ -267,13 +267,13 @@ def _gentle(ctx: Context) -> dict[str, Any] | None:
     """The room survey's facts when the workload holds a GPU's memory (then no op runs), else None."""
     import os
 
-    from probes.framework import room
+    from probes.framework import free_memory
     from probes.framework.deep import Torch
 
     own = ctx.config.of(Torch)
     if own.torch_device != "cuda":
         return None
-    space = room.survey(own.torch_min_free_mib, os.environ)
+    space = free_memory.survey(own.torch_min_free_mib, os.environ)
     return space.facts() if space.full else None
 
 

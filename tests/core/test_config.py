@@ -9,7 +9,7 @@ import pytest
 from probes import config, registry
 from probes import hardware as hw
 from probes.config import ConfigError, load
-from probes.framework import torch_cuda
+from probes.framework.deep import Torch
 from probes.services import jupyter, ssh
 from probes.spec import Setting
 
@@ -19,7 +19,7 @@ def test_defaults():
     assert cfg.profile == "readiness" and cfg.timeout == config.PROFILE_TIMEOUTS["readiness"]
     assert cfg.of(jupyter.Settings).jupyter_port == 8888 and cfg.of(ssh.Settings).ssh_port == 22
     assert cfg.host == "127.0.0.1"
-    assert cfg.of(torch_cuda.Settings).torch_device == "cuda" and cfg.of(hw.Expected).gpu_count == 1
+    assert cfg.of(Torch).torch_device == "cuda" and cfg.of(hw.Expected).gpu_count == 1
     on = [s.name for s in registry.PROBES if s.default_on and "readiness" in s.profiles]
     assert [s.name for s in cfg.selected()] == on
     assert {"nvidia-smi", "nvml", "torch-cuda", "jupyter", "ssh"} <= set(on)

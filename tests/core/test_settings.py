@@ -70,7 +70,7 @@ def test_a_probe_that_declares_its_settings_once_lists_its_settings_class(spec):
 
 
 def test_the_record_carries_the_defaults_and_the_parsed_environment():
-    ssh, torch = load("probes.services.ssh").Settings, load("probes.framework.torch_cuda").Settings
+    ssh, torch = load("probes.services.ssh").Settings, deep.Torch
     assert config.load({}).of(ssh).ssh_port == 22
     cfg = config.load({"HEALTHCHECK_SSH_PORT": " 2222 ", "HEALTHCHECK_TORCH_TTL": "7",
                        "HEALTHCHECK_TORCH_DEVICE": "cpu"})

@@ -23,7 +23,7 @@ HEAVY = ("typing", "ctypes", "subprocess", "json", "re", "argparse", "logging", 
          # what a probe needs only while it runs, never to be declared
          "probes.proc", "probes.hardware.nvml_lib", "probes.hardware.nvml_read", "probes.framework.torch_worker",
          "probes.framework.model_worker", "probes.framework.nccl_worker", "probes.framework.checkpoint_child",
-         "probes.framework.room", "probes.framework.cuda_errors",
+         "probes.framework.free_memory", "probes.framework.cuda_errors",
          # jupyter-kernel's client (websocket-client) and its run: never on liveness's path
          "websocket", "probes.services._kernel", "probes.services.kernel_run")
 SCRIPT = ("import sys\nfrom probes.cli import main\ncode = main(['--profile', 'liveness'])\n"

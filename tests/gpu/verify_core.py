@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "tests" / "gpu"
 FRONT_DOOR = str(ROOT / "healthcheck")
 FAULT_PYTHON = str(HERE / "fault-python.sh")
-MIN_FREE_MIB = 1024  # HEALTHCHECK_TORCH_MIN_FREE_MIB's default (probes/framework/torch_cuda.py)
-NCCL_MIB = 256  # what the suite adds for NCCL's buffers (probes/framework/room.py)
+MIN_FREE_MIB = 1024  # HEALTHCHECK_TORCH_MIN_FREE_MIB's default (probes/framework/deep.py)
+NCCL_MIB = 256  # what the suite adds for NCCL's buffers (probes/framework/free_memory.py)
 NEEDS_GPU = "skipped: needs a real GPU"
 # The probe's own query (probes/hardware/nvidia_smi.py): read-only.
 SMI_QUERY = ("nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader,nounits")
