@@ -3,6 +3,7 @@ and those the CUDA error table (cuda_errors.py) gives, are declared here once.""
 
 from __future__ import annotations
 
+from probes.hardware import DRIVER_MISMATCH
 from probes.spec import cause
 
 OWN_REMEDY = "the error's own remedy, in the message (see \"CUDA errors\")"
@@ -63,10 +64,6 @@ FABRIC_MANAGER = cause("fabric-manager", "CUDA error 802 at start (system not ye
                        "fabric state Completed", action="fix-config", actor="operator")
 # The same mismatch the hardware probes report (NVML's driver/library version mismatch): the driver's
 # user-space library no longer matches the loaded kernel module.
-DRIVER_MISMATCH = cause("driver-mismatch",
-                        "CUDA error 803 at start: libcuda does not match the loaded kernel module",
-                        "reboot the node (or reload the nvidia module); never ship libcuda in the image",
-                        action="reboot-node", actor="operator")
 FORWARD_COMPAT = cause("forward-compat", "CUDA error 804 at start: the forward-compatibility package "
                        "(`cuda-compat`) on a GPU that does not support it", "remove `cuda-compat` from the "
                        "image's library path, or upgrade the host driver", action="fix-config",

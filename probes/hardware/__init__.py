@@ -63,10 +63,12 @@ GPU_LOST = cause("gpu-lost", "exit 15, \"Unable to determine the device handle\"
                  f"{RESET}; check `dmesg` for Xid 79", action="reset-gpu", actor="operator")
 RESET_REQUIRED = cause("reset-required", "exit 16 / NVML_ERROR_RESET_REQUIRED: a GPU needs a reset", RESET,
                        action="reset-gpu", actor="operator")
-DRIVER_MISMATCH = cause("driver-mismatch", "exit 18 / NVML_ERROR_LIB_RM_VERSION_MISMATCH: the host's driver "
-                        "was upgraded without reloading the kernel module",
+DRIVER_MISMATCH = cause("driver-mismatch", "the driver's user-space libraries do not match the loaded kernel "
+                        "module: the host's driver was upgraded without reloading it (nvidia-smi exit 18, "
+                        "NVML_ERROR_LIB_RM_VERSION_MISMATCH, CUDA error 803)",
                         "reboot the node, or reload the kernel module (stop what uses the GPUs, `rmmod` the "
-                        "nvidia modules, `modprobe nvidia`)", action="reboot-node", actor="operator")
+                        "nvidia modules, `modprobe nvidia`); never ship libcuda or NVML in the image",
+                        action="reboot-node", actor="operator")
 UNKNOWN_ERROR = cause("nvml-unknown-error", "exit 255 / NVML init \"Unknown Error\": "
                       "device cgroup access lost after a host `systemctl daemon-reload`",
                       "recreate the container", action="restart-container", actor="operator")
