@@ -74,8 +74,8 @@ def _bounded(name: str, raw: str) -> None:
     """Any value longer than MAX_VALUE characters is refused before it is read: no setting needs
     one, and the front door's own reading of a value stays cheap (it refuses them too)."""
     if len(raw) > MAX_VALUE:
-        raise ConfigError(f"{name}={shown(raw)} is too long: {len(raw)} characters (accepted: at most "
-                          f"{MAX_VALUE})")
+        raise ConfigError(f"{name}={shown(raw)} is too long: {len(raw)} characters "
+                          f"(accepted: at most {MAX_VALUE})")
 
 
 def parse_bool(name: str, raw: str) -> bool:
@@ -228,8 +228,8 @@ GLOBAL_SETTINGS = (
 # Read outside the suite's configuration (the front door, the fast path): listed in docs/probes.md.
 OTHER_SETTINGS = (
     Setting("HEALTHCHECK_PYTHON", "", TEXT, None,
-                     "the suite's own interpreter (front door only; one that cannot run the suite is "
-                     "exit 3)",
+                     "the suite's own interpreter (front door only; "
+                     "one that cannot run the suite is exit 3)",
                      shown_default="the `.venv` beside the `healthcheck` script"),
     Setting("HEALTHCHECK_FASTPATH", "", BOOL, True,
                      "use a running `healthcheck serve`'s fresh results instead of probing again"),

@@ -85,13 +85,12 @@ class Cause(Record):
     action: str  # one of ACTIONS
     actor: str  # one of ACTORS
 
-    def __init__(self, reason: str, status: str, cause: str, remedy: str, action: str = "TODO",
-                 actor: str = "TODO") -> None:  # TODO(catalog): required once every cause says
+    def __init__(self, reason: str, status: str, cause: str, remedy: str, action: str, actor: str) -> None:
         if status not in ("pass", "warn", "fail", "skip"):
             raise ValueError(f"cause {reason!r}: status {status!r} is not pass, warn, fail or skip")
-        if action not in ACTIONS and action != "TODO":
+        if action not in ACTIONS:
             raise ValueError(f"cause {reason!r}: action {action!r} is not one of {', '.join(ACTIONS)}")
-        if actor not in ACTORS and actor != "TODO":
+        if actor not in ACTORS:
             raise ValueError(f"cause {reason!r}: actor {actor!r} is not tenant or operator")
         self.reason = reason
         self.status = status
@@ -101,8 +100,7 @@ class Cause(Record):
         self.actor = actor
 
 
-def cause(reason: str, what: str, remedy: str, status: str = "fail", *, action: str = "TODO",
-          actor: str = "TODO") -> Cause:
+def cause(reason: str, what: str, remedy: str, status: str = "fail", *, action: str, actor: str) -> Cause:
     """A cause row written reason, what happened, remedy: a failure unless ``status`` says
     otherwise (the order the probes' long tables read best in), then who acts and how."""
     return Cause(reason, status, what, remedy, action, actor)
