@@ -65,7 +65,9 @@ def test_probe_reason_holds_while_the_check_fails_and_goes_with_it(start_server,
 
     got = wait_samples(srv, "healthcheck_probe_reason", failing, "the failing check's reason")
     ready = [x for x in got if x["profile"] == "readiness"]
-    assert {"profile": "readiness", "probe": "scratch", "reason": "check-failed", "value": "1.0"} in ready
+    # with who can act on it and how: the drop-in table's check-failed (exit 2) row
+    assert {"profile": "readiness", "probe": "scratch", "reason": "check-failed", "action": "fix-config",
+            "actor": "tenant", "value": "1.0"} in ready
     assert not [x for x in got if x["probe"] == "good"], got  # a passing check has no reason series
     flag.unlink()
     wait_samples(srv, "healthcheck_probe_reason", lambda s: not failing(s), "the reason goes when it passes")
