@@ -40,7 +40,8 @@ def _judge(data: object, ctx: object) -> Result:
     return passed("thrown-away", "fine")
 
 
-SPEC = spec.Spec("thrown-away", "services", "probes.thrown_away", "ENABLE_THROWN_AWAY_CHECK", 1.0, ("readiness",))
+SPEC = spec.Spec("thrown-away", layer="services", module="probes.thrown_away", toggle="ENABLE_THROWN_AWAY_CHECK",
+                 timeout=1.0, profiles=("readiness",))
 
 
 def test_a_module_without_a_member_breaks_the_contract() -> None:

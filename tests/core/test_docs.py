@@ -33,7 +33,7 @@ def test_every_declaration_reaches_the_manual():
 def test_a_changed_declaration_changes_the_generated_tables(monkeypatch):
     spec = registry.PROBES[0]
     before = docs.causes()
-    changed = spec._replace(causes=(*spec.causes, Cause("brand-new", "warn", "a new cause", "a new remedy")))
+    changed = spec._replace(causes=(*spec.causes, Cause("brand-new", "warn", "a new cause", "a new remedy", "retry", "tenant")))
     monkeypatch.setitem(registry._cache, "PROBES", (changed, *registry.PROBES[1:]))
     after = docs.causes()
     assert "| a new cause | `brand-new` | warn | a new remedy |" in after and after != before

@@ -28,22 +28,20 @@ PROBE = '''
 """echo: a line sent to an echo service on HEALTHCHECK_ECHO_PORT comes back."""
 import socket
 
-from probes.record import Record
-from probes.spec import ALL_PROFILES, PORT, Cause, Setting, Spec
-from probes.result import failed, passed
+from probes.spec import ALL_PROFILES, PORT, Cause, Declared, Spec, setting
+from probes.result import passed, verdict
 
 NAME = "echo"
-SPEC = Spec(NAME, "services", __name__, "ENABLE_ECHO_CHECK", 2.0, ALL_PROFILES, measurement="roundTrip",
-            about="an echo service sends back what it gets",
-            settings=(Setting("HEALTHCHECK_ECHO_PORT", "echo_port", PORT, 7, "echo service port"),),
-            causes=(Cause("refused", "fail", "nothing listens", "start the echo service"),))
 
 
-class Settings(Record):
-    __slots__ = ("echo_port",)
+class Settings(Declared):
+    echo_port: int = setting("HEALTHCHECK_ECHO_PORT", PORT, 7, "echo service port")
 
-    def __init__(self, echo_port):
-        self.echo_port = echo_port
+
+REFUSED = Cause("refused", "fail", "nothing listens", "start the echo service", "restart-app", "tenant")
+SPEC = Spec(NAME, layer="services", module=__name__, toggle="ENABLE_ECHO_CHECK", timeout=2.0, profiles=ALL_PROFILES,
+            measurement="roundTrip", about="an echo service sends back what it gets", settings=Settings.SETTINGS,
+            causes=(REFUSED,))
 
 
 def gather(ctx):
@@ -60,7 +58,7 @@ def judge(data, ctx):
     port = ctx.config.of(Settings).echo_port
     if data == b"ping\\n":
         return passed(NAME, f"echo on port {port} answered", observed=1, unit="lines")
-    return failed(NAME, f"no echo on port {port}", reason="refused")
+    return verdict(NAME, REFUSED, f"no echo on port {port}")
 '''
 
 

@@ -33,9 +33,9 @@ def test_asdict_lists_the_fields_in_constructor_order_and_round_trips():
 
 
 def test_equality_and_hash_are_by_type_and_fields():
-    a, b = Cause("x", "fail", "what", "fix"), Cause("x", "fail", "what", "fix")
+    a, b = Cause("x", "fail", "what", "fix", "retry", "tenant"), Cause("x", "fail", "what", "fix", "retry", "tenant")
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
-    assert a != Cause("x", "warn", "what", "fix")
+    assert a != Cause("x", "warn", "what", "fix", "retry", "tenant")
     assert a != ("x", "fail", "what", "fix")  # a record is not a tuple
     assert Outcome("liveness", (passed("a", "ok"),)) == Outcome("liveness", (passed("a", "ok"),))
 
@@ -56,7 +56,7 @@ def test_every_record_declares_its_slots_in_constructor_order():
             slots = next(ast.literal_eval(s.value) for s in node.body if isinstance(s, ast.Assign)
                          and getattr(s.targets[0], "id", "") == "__slots__")
             init = next(f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
-            params = tuple(a.arg for a in init.args.args[1:])
+            params = tuple(a.arg for a in (*init.args.args[1:], *init.args.kwonlyargs))
             assert slots == params, f"{path.name}: {node.name}"
             checked += 1
     assert checked >= 20

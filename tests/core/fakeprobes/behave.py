@@ -49,5 +49,5 @@ def make(name: str, behaviour: str) -> types.ModuleType:
 def spec(name: str, behaviour: str, layer: str = "services", timeout: float = 2.0,
          requires: tuple[str, ...] = ()) -> Spec:
     module = make(name, behaviour)
-    return Spec(name, layer, module.__name__, "ENABLE_SSH_CHECK", timeout, ALL_PROFILES,
-                         requires)
+    return Spec(name, layer=layer, module=module.__name__, toggle="ENABLE_SSH_CHECK", timeout=timeout,
+                profiles=ALL_PROFILES, requires=requires)
