@@ -2,7 +2,8 @@
 
 A probe module (one line in ``probes.registry.MODULES``) defines:
 
-- ``SPEC``: its declaration (``probes.spec.Spec``), read by every run;
+- ``SPEC``: its declaration (``probes.spec.Spec``), read by every run; it may be its layer
+  package's (``probes.hardware.NVML_SPEC``), bound here, so a run need not import the module;
 - ``gather(ctx)``: the only part that touches hardware, subprocesses or sockets; it returns
   by ``ctx.deadline``;
 - ``judge(data, ctx)``: pure, ``gather``'s data in, a ``Result`` out;

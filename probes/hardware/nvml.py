@@ -23,99 +23,16 @@ from probes import hardware as hw
 from probes.context import Context
 from probes.record import Record
 from probes.result import Result, passed, verdict
-from probes.spec import Spec, cause
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-NAME = "nvml"
-MEASUREMENT = "gpus"
 UNIT = "gpus"
 NA = hw.NA
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
-COOLING = "check cooling and airflow"
-
-NO_GPU_REQUESTED = cause("no-gpu-requested", "`NVIDIA_VISIBLE_DEVICES` is `void`/`none`/empty: "
-                         "no GPU requested",
-                         "start it with `--gpus all` or `NVIDIA_VISIBLE_DEVICES=all`", action="fix-config",
-                         actor="tenant")
-GPU_UNKNOWN = cause("gpu-unknown-error", "one GPU answers Unknown Error while others report",
-                    f"the GPU is likely lost (check `dmesg` for Xid 79); {hw.RESET}", action="reset-gpu",
-                    actor="operator")
-ECC = cause("ecc-uncorrectable", "volatile uncorrectable ECC errors",
-            f"drain the workload and {hw.RESET}; service the GPU if they recur", action="reset-gpu",
-            actor="operator")
-REMAP_FAILURE = cause("row-remap-failure", "row remapping failed",
-                      "the GPU needs a reset (`nvidia-smi -r`) and likely service (RMA)",
-                      action="service-hardware", actor="operator")
-REMAP_PENDING = cause("row-remap-pending", "row remap pending", f"{hw.RESET} when idle to apply it",
-                      action="reset-gpu", actor="operator")
-RETIREMENT_PENDING = cause("page-retirement-pending", "page retirement pending",
-                           f"{hw.RESET} when idle to retire the pages", action="reset-gpu", actor="operator")
-NO_MEMORY = cause("no-memory", "NVML reports 0 MiB of memory on a GPU: the GPU is broken or the driver "
-                  "misreports it (a GPU without memory of its own answers NOT_SUPPORTED, never 0); "
-                  "no workload can run there",
-                  f"check `nvidia-smi -q -d MEMORY` and `dmesg` for Xid, {hw.RESET}", action="reset-gpu",
-                  actor="operator")
-THERMAL = cause("thermal-slowdown", "SW/HW thermal slowdown clock event", COOLING, "warn",
-                action="service-hardware", actor="operator")
-HW_SLOW = cause("hw-slowdown", "HW slowdown / power brake clock event", "check the power supply and cooling",
-                "warn", action="service-hardware", actor="operator")
-HOT = cause("temperature", "temperature at or above the slowdown threshold", COOLING, "warn",
-            action="service-hardware", actor="operator")
-FIELD_ERROR = cause("field-error", "NVML fails on a field the GPU supports (any code but NOT_SUPPORTED, "
-                    "NO_PERMISSION or a lost GPU): fail closed; the message gives that code's remedy",
-                    hw.CHECK_DRIVER, action="reset-gpu", actor="operator")
-RECOVERY = cause("recovery-action", "the driver's GPU recovery action (NVML field values) is set: GPU reset, "
-                 "node reboot, drain P2P or drain and reset; the message names it",
-                 "the action itself: reset the GPU (`nvidia-smi -r`) when idle, reboot the node, "
-                 "or drain the workload first", action="reset-gpu", actor="operator")
-FABRIC = cause("fabric-manager", "NVSwitch fabric registration not completed with success (fabric manager "
-               "not running or failed: CUDA reports error 802 'system not yet initialized')",
-               "start `nvidia-fabricmanager` on the host", action="fix-config", actor="operator")
-MIG_DENIED = cause("mig-no-permission", "NVML answers NO_PERMISSION for the parent GPU of a MIG slice",
-                   "not checked, not a fault", "warn", action="none", actor="tenant")
-FIELD_DENIED = cause("field-no-permission", "NVML answers NO_PERMISSION for a field",
-                     "not checked, not a fault", "warn", action="none", actor="tenant")
-PCIE = cause("pcie-degraded", "PCIe link generation or width below the maximum while the GPU is at least 80% "
-             "busy (an idle GPU lowers its link by design)",
-             "reseat the GPU or check the riser and slot; `nvidia-smi -q -d PCIE` on the host", "warn",
-             action="service-hardware", actor="operator")
-NVLINK_DOWN = cause("nvlink-down", "an NVLink link is down on a GPU with NVLink "
-                    "(PCIe-only GPUs are not judged)",
-                    "check `nvidia-smi nvlink -s`, reset the GPU or have the board serviced", "warn",
-                    action="reset-gpu", actor="operator")
-NVLINK_ERRORS = cause("nvlink-errors", "NVLink error counters rose between two readings in one run",
-                      "check `nvidia-smi nvlink -e`; a failing link or bridge needs service", "warn",
-                      action="service-hardware", actor="operator")
-MIG_EMPTY = cause("mig-no-instances", "GPU in MIG mode with no MIG device",
-                  "create GPU and compute instances (`nvidia-smi mig -cgi ... -C`) or disable MIG", "warn",
-                  action="fix-config", actor="operator")
-CUDA_VISIBLE = cause("cuda-visible-devices", "`CUDA_VISIBLE_DEVICES` selects no GPU or fewer than expected",
-                     "fix or unset `CUDA_VISIBLE_DEVICES`, or lower `HEALTHCHECK_GPU_COUNT`",
-                     action="fix-config", actor="tenant")
-CUDA_VISIBLE_STOPS = cause("cuda-visible-devices-partial",
-                           "`CUDA_VISIBLE_DEVICES` names a device that does not exist: CUDA stops there",
-                           "fix the list", "warn", action="fix-config", actor="tenant")
-NVIDIA_VISIBLE = cause("nvidia-visible-devices", "`NVIDIA_VISIBLE_DEVICES` lists more GPUs than NVML sees: "
-                       "a requested GPU is missing on the host or was not mounted",
-                       "check `nvidia-smi` on the host", "warn", action="reset-gpu", actor="operator")
-
-SPEC = Spec(
-    NAME, layer="hardware", module=__name__, toggle="ENABLE_GPU_CHECK", timeout=5.0,
-    profiles=("startup", "readiness"), measurement=MEASUREMENT,
-    about="per-GPU state through NVML: lost GPU, uncorrectable ECC, pending retirement/remap or recovery "
-          "action, fabric; slowdown, PCIe under load, NVLink (warn)",
-    settings=hw.Expected.SETTINGS,
-    causes=(hw.BINDINGS_MISSING, hw.BINDINGS_SHADOWED, hw.DRIVER_NOT_LOADED, hw.NVML_NOT_FOUND, hw.INFOROM,
-            hw.GPU_LOST, hw.UNKNOWN_ERROR, hw.NO_PERMISSION, hw.DRIVER_MISMATCH, hw.RESET_REQUIRED,
-            hw.NVML_TOO_OLD, hw.NVML_TIMEOUT, hw.NVML_ERROR, NO_GPU_REQUESTED, GPU_UNKNOWN, hw.GPU_COUNT_LOW,
-            ECC, REMAP_FAILURE, REMAP_PENDING, RETIREMENT_PENDING, NO_MEMORY, THERMAL, HW_SLOW, HOT,
-            FIELD_ERROR, RECOVERY, FABRIC, MIG_DENIED, FIELD_DENIED, PCIE, NVLINK_DOWN, NVLINK_ERRORS,
-            MIG_EMPTY, CUDA_VISIBLE, CUDA_VISIBLE_STOPS, NVIDIA_VISIBLE, hw.DEADLINE),
-)
+SPEC = hw.NVML_SPEC
 
 # Clock event (throttle) reason bits, nvml.h.
 HW_SLOWDOWN = 0x8
@@ -270,7 +187,7 @@ def _gpu(nv: Any, index: int) -> Gpu:
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(NAME, hw.DEADLINE, "NVML gave no answer before the deadline")
+    return verdict(hw.NVML_NAME, hw.DEADLINE, "NVML gave no answer before the deadline")
 
 
 # ---------------------------------------------------------------------------
@@ -342,8 +259,8 @@ def _memory_problems(g: Gpu) -> list[hw.Problem]:
     answers NOT_SUPPORTED), so it is broken or misreported, and nothing can run there either way."""
     if g.memory_total_mib != 0:
         return []
-    return [hw.Problem(NO_MEMORY, f"GPU {g.index} reports 0 MiB of memory (NVML): the GPU is broken or the "
-                       "driver misreports it, and no workload can run there")]
+    return [hw.Problem(hw.NO_MEMORY, f"GPU {g.index} reports 0 MiB of memory (NVML): "
+                       "the GPU is broken or the driver misreports it, and no workload can run there")]
 
 
 def _lost(g: Gpu, reporting: int) -> hw.Problem:
@@ -356,7 +273,7 @@ def _lost(g: Gpu, reporting: int) -> hw.Problem:
         return hw.Problem(hw.GPU_LOST, f"GPU {g.index} is lost (NVML: GPU is lost, fallen off the bus) "
                           f"{others}")
     if g.error == nvml_lib.UNKNOWN:
-        return hw.Problem(GPU_UNKNOWN, f"GPU {g.index} answers Unknown Error {others}")
+        return hw.Problem(hw.GPU_UNKNOWN, f"GPU {g.index} answers Unknown Error {others}")
     problem = nvml_lib.describe(g.error)
     return problem._replace(detail=f"GPU {g.index} cannot be queried {others}: {problem.detail}")
 
@@ -370,44 +287,45 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
     out = []
     ecc = g.ecc_uncorrected_volatile
     if isinstance(ecc, int) and ecc > 0:
-        out.append(hw.Problem(ECC, f"GPU {i} has {ecc} volatile uncorrectable ECC error(s)"))
+        out.append(hw.Problem(hw.ECC, f"GPU {i} has {ecc} volatile uncorrectable ECC error(s)"))
     if g.remap_failure is True:
-        out.append(hw.Problem(REMAP_FAILURE, f"GPU {i} row remapping failed"))
+        out.append(hw.Problem(hw.REMAP_FAILURE, f"GPU {i} row remapping failed"))
     if g.remap_pending is True:
-        out.append(hw.Problem(REMAP_PENDING, f"GPU {i} has a row remap pending"))
+        out.append(hw.Problem(hw.REMAP_PENDING, f"GPU {i} has a row remap pending"))
     if g.retired_pending is True:
-        out.append(hw.Problem(RETIREMENT_PENDING, f"GPU {i} has page retirements pending"))
+        out.append(hw.Problem(hw.RETIREMENT_PENDING, f"GPU {i} has page retirements pending"))
     out.extend(_memory_problems(g))
     reasons = g.clocks_event_reasons
     if isinstance(reasons, int) and reasons & (SW_THERMAL | HW_THERMAL):
-        out.append(hw.Problem(THERMAL, f"GPU {i} clocks are slowed for heat (thermal slowdown)"))
+        out.append(hw.Problem(hw.THERMAL, f"GPU {i} clocks are slowed for heat (thermal slowdown)"))
     elif isinstance(reasons, int) and reasons & (HW_SLOWDOWN | HW_POWER_BRAKE):
-        out.append(hw.Problem(HW_SLOW, f"GPU {i} clocks are slowed by hardware (HW slowdown or power brake)"))
+        out.append(hw.Problem(hw.HW_SLOW, f"GPU {i} clocks are slowed by hardware "
+                              "(HW slowdown or power brake)"))
     t, limit = g.temperature, g.slowdown_temperature
     if isinstance(t, int) and isinstance(limit, int) and limit > 0 and t >= limit:
-        out.append(hw.Problem(HOT, f"GPU {i} is at {t} C, at or above its slowdown threshold {limit} C"))
+        out.append(hw.Problem(hw.HOT, f"GPU {i} is at {t} C, at or above its slowdown threshold {limit} C"))
     for field, code in g.field_errors:
         # The failing code's own remedy (a timeout, a reset required...) says more than the generic one.
         why = nvml_lib.describe(code)
-        out.append(hw.Problem(FIELD_ERROR, f"GPU {i}: NVML failed reading its {field} "
+        out.append(hw.Problem(hw.FIELD_ERROR, f"GPU {i}: NVML failed reading its {field} "
                               f"({why.cause.reason}, code {code}) although the GPU supports it: "
-                              f"{why.result(NAME).message}", remedy=False))
+                              f"{why.result(hw.NVML_NAME).message}", remedy=False))
     action = g.recovery_action
     if isinstance(action, int) and action != 0:
         what, remedy = RECOVERY_ACTIONS.get(action, (f"action {action}", "see the driver's documentation "
                                                      "for this recovery action; check dmesg for Xid"))
-        out.append(hw.Problem(RECOVERY, f"GPU {i} has a pending recovery action ({what}): {remedy}",
+        out.append(hw.Problem(hw.RECOVERY, f"GPU {i} has a pending recovery action ({what}): {remedy}",
                               remedy=False))
     out.extend(_link_problems(g))
     if g.denied:
         fields = ", ".join(g.denied[:4]) + (f" and {len(g.denied) - 4} more" if len(g.denied) > 4 else "")
         if g.mig_enabled is True or "MIG mode" in g.denied:
-            out.append(hw.Problem(MIG_DENIED, f"GPU {i}: NVML denies {fields} on the parent GPU "
+            out.append(hw.Problem(hw.MIG_DENIED, f"GPU {i}: NVML denies {fields} on the parent GPU "
                                   "(NO_PERMISSION), as it does inside a MIG slice"))
         else:
-            out.append(hw.Problem(FIELD_DENIED, f"GPU {i}: NVML denies {fields} (NO_PERMISSION)"))
+            out.append(hw.Problem(hw.FIELD_DENIED, f"GPU {i}: NVML denies {fields} (NO_PERMISSION)"))
     if g.mig_enabled is True and not g.mig_devices:
-        out.append(hw.Problem(MIG_EMPTY, f"GPU {i} is in MIG mode with no MIG device: CUDA cannot use it"))
+        out.append(hw.Problem(hw.MIG_EMPTY, f"GPU {i} is in MIG mode with no MIG device: CUDA cannot use it"))
     return out
 
 
@@ -423,22 +341,22 @@ def _link_problems(g: Gpu) -> list[hw.Problem]:
             shown = FABRIC_STATES.get(state, f"state {state}")
             if status != nvml_lib.SUCCESS:
                 shown += f", {nvml_lib.describe(status).cause.reason}"
-            out.append(hw.Problem(FABRIC, f"GPU {i} NVSwitch fabric registration {shown}: "
+            out.append(hw.Problem(hw.FABRIC, f"GPU {i} NVSwitch fabric registration {shown}: "
                                   "fabric manager not running or failed: "
                                   "CUDA will report error 802 'system not yet initialized'"))
     cur_gen, cur_width, max_gen, max_width = g.pcie
     busy = isinstance(g.utilization, int) and g.utilization >= BUSY_UTILIZATION
     if busy and all(isinstance(v, int) and v > 0 for v in g.pcie) and (cur_gen < max_gen or
                                                                         cur_width < max_width):
-        out.append(hw.Problem(PCIE, f"GPU {i} PCIe link runs at gen {cur_gen} x{cur_width} "
+        out.append(hw.Problem(hw.PCIE, f"GPU {i} PCIe link runs at gen {cur_gen} x{cur_width} "
                               f"(max gen {max_gen} x{max_width}) while {g.utilization}% busy"))
     down = [link for link, up in enumerate(g.nvlinks) if not up]
     if down:
-        out.append(hw.Problem(NVLINK_DOWN, f"GPU {i} NVLink link(s) {', '.join(map(str, down[:6]))} down of "
-                              f"{len(g.nvlinks)}: peer-to-peer traffic falls back to PCIe or fails"))
+        out.append(hw.Problem(hw.NVLINK_DOWN, f"GPU {i} NVLink link(s) {', '.join(map(str, down[:6]))} "
+                              f"down of {len(g.nvlinks)}: peer-to-peer traffic falls back to PCIe or fails"))
     if g.nvlink_errors_rising:
         links = ", ".join(map(str, g.nvlink_errors_rising[:6]))
-        out.append(hw.Problem(NVLINK_ERRORS, f"GPU {i} NVLink error counters rising on link(s) {links}"))
+        out.append(hw.Problem(hw.NVLINK_ERRORS, f"GPU {i} NVLink error counters rising on link(s) {links}"))
     return out
 
 
@@ -450,7 +368,7 @@ def _env_problems(data: Gathered, expected: int) -> list[hw.Problem]:
     if nvd is not None and not hw.none_requested(nvd) and nvd.strip().lower() != "all":
         listed = len([e for e in nvd.split(",") if e.strip()])
         if data.count < listed:
-            out.append(hw.Problem(NVIDIA_VISIBLE, f"NVIDIA_VISIBLE_DEVICES lists {_plural(listed)} "
+            out.append(hw.Problem(hw.NVIDIA_VISIBLE, f"NVIDIA_VISIBLE_DEVICES lists {_plural(listed)} "
                                   f"but NVML sees {data.count}: "
                                   "a requested GPU is missing on the host or was not mounted"))
     cvd = data.env.get("CUDA_VISIBLE_DEVICES")
@@ -461,14 +379,15 @@ def _env_problems(data: Gathered, expected: int) -> list[hw.Problem]:
     shown = nvml_lib.text(cvd)[:60]
     if not selected and devices:
         why = "it is empty" if stop == "" else f"{stop!r} names no device or repeats one"
-        out.append(hw.Problem(CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} selects no GPU "
+        out.append(hw.Problem(hw.CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} selects no GPU "
                               f"({why}; NVML sees {_plural(len(devices), 'CUDA device')}): CUDA sees no GPU"))
     elif selected and len(selected) < expected:
-        out.append(hw.Problem(CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} leaves {_plural(len(selected))} "
-                              f"visible to CUDA (expected at least {expected})"))
+        out.append(hw.Problem(hw.CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} "
+                              f"leaves {_plural(len(selected))} visible to CUDA "
+                              f"(expected at least {expected})"))
     elif stop is not None and selected:
-        out.append(hw.Problem(CUDA_VISIBLE_STOPS, f"CUDA_VISIBLE_DEVICES={shown!r}: CUDA stops at {stop!r} "
-                              f"(no such device among {len(devices)}) "
+        out.append(hw.Problem(hw.CUDA_VISIBLE_STOPS, f"CUDA_VISIBLE_DEVICES={shown!r}: "
+                              f"CUDA stops at {stop!r} (no such device among {len(devices)}) "
                               f"and uses only {_plural(len(selected), 'device')}"))
     return out
 
@@ -491,7 +410,7 @@ def _facts(data: Gathered) -> dict[str, Any]:
                                    **{f: "no permission" for f in g.denied}}
         if g.error is not None:
             entry["error"] = (nvml_lib.describe(g.error).cause.reason if g.error != nvml_lib.UNKNOWN
-                              else GPU_UNKNOWN.reason)
+                              else hw.GPU_UNKNOWN.reason)
         if g.mig_enabled is True:
             entry["mig_devices"] = [{"uuid": u, "name": n} for u, n in g.mig_devices]
         gpus.append(entry)
@@ -512,11 +431,12 @@ def judge(data: Gathered, ctx: Context) -> Result:
     if data.unavailable is not None:
         if hw.none_requested(nvd):
             if expected == 0:
-                return passed(NAME, f"no GPU requested (NVIDIA_VISIBLE_DEVICES={nvd!r}) and none expected",
+                return passed(hw.NVML_NAME,
+                              f"no GPU requested (NVIDIA_VISIBLE_DEVICES={nvd!r}) and none expected",
                               observed=0, unit=UNIT, facts={"count": 0, "gpus": []})
-            return verdict(NAME, NO_GPU_REQUESTED, f"no GPU was requested for this container "
+            return verdict(hw.NVML_NAME, hw.NO_GPU_REQUESTED, f"no GPU was requested for this container "
                            f"(NVIDIA_VISIBLE_DEVICES={nvd!r}) so NVML cannot start")
-        return data.unavailable.result(NAME)
+        return data.unavailable.result(hw.NVML_NAME)
 
     reporting = sum(1 for g in data.gpus if g.error is None)
     problems: list[hw.Problem] = []
@@ -528,7 +448,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
         problems.extend(_gpu_problems(g, reporting - (1 if g.error is None else 0)))
     problems.extend(_env_problems(data, expected))
     kw: dict[str, Any] = {"observed": data.count, "unit": UNIT, "facts": _facts(data)}
-    found = hw.worst(NAME, problems, **kw)
+    found = hw.worst(hw.NVML_NAME, problems, **kw)
     if found is not None:
         return found
     names = sorted({g.name for g in data.gpus})
@@ -536,4 +456,4 @@ def judge(data: Gathered, ctx: Context) -> Result:
     migs = [f"GPU {g.index}: {_plural(len(g.mig_devices), 'MIG device')}" for g in data.gpus
             if g.mig_enabled is True]
     detail = "; ".join(x for x in (f"driver {data.driver}" if data.driver else "", summary, *migs) if x)
-    return passed(NAME, f"{_plural(data.count)} healthy ({detail or 'none expected'})", **kw)
+    return passed(hw.NVML_NAME, f"{_plural(data.count)} healthy ({detail or 'none expected'})", **kw)

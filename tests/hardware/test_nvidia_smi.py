@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from probes import hardware as hw
 from probes import proc
-from probes.hardware import nvidia_smi, smi_codes
+from probes.hardware import nvidia_smi
 from probes.result import Status
 from tests.fakes.nvidia_smi_stub import MESSAGES, gpu_rows, started_pids, write_stub
 from tests.hardware.conftest import assert_gone, make_ctx
@@ -82,11 +83,11 @@ def test_every_documented_exit_code_has_its_cause_and_remedy(ctx, code, reason, 
 
 
 def test_the_exit_code_table_holds_what_nvidia_documents():
-    assert set(DOCUMENTED) | {16, 17, 18} == set(smi_codes.EXIT_CODES)
-    assert smi_codes.EXIT_CODES[9].documented == "NVIDIA driver is not loaded"
-    assert smi_codes.EXIT_CODES[255].documented == "Other error or internal driver error occurred"
-    assert "nvidia-smi/index.html" in smi_codes.__doc__ and "nvml-api" in smi_codes.__doc__
-    for code, entry in smi_codes.EXIT_CODES.items():
+    assert set(DOCUMENTED) | {16, 17, 18} == set(hw.SMI_EXIT_CODES)
+    assert hw.SMI_EXIT_CODES[9].documented == "NVIDIA driver is not loaded"
+    assert hw.SMI_EXIT_CODES[255].documented == "Other error or internal driver error occurred"
+    assert "nvidia-smi/index.html" in hw.__doc__ and "nvml-api" in hw.__doc__
+    for code, entry in hw.SMI_EXIT_CODES.items():
         assert entry.cause in nvidia_smi.SPEC.causes and f"exit {code}" in entry.cause.cause
 
 
@@ -102,7 +103,7 @@ def test_the_exit_code_table_holds_what_nvidia_documents():
 ])
 def test_what_nvidia_smi_prints_decides_over_its_exit_code(ctx, code, text, reason):
     r = nvidia_smi.judge(gathered(code, text + "\n"), ctx)
-    assert r.reason == reason and any(t in r.message for t, _ in smi_codes.TEXTS if t in text), r.message
+    assert r.reason == reason and any(t in r.message for t, _ in nvidia_smi.TEXTS if t in text), r.message
 
 
 def test_255_without_unknown_error_is_a_plain_exit_code(ctx):

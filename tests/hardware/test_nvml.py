@@ -83,7 +83,7 @@ def test_lost_gpu_while_the_other_still_reports(probe, fault, reason):
 
 
 @pytest.mark.parametrize(("lines", "status", "reason", "words"), [
-    (["gpu 0 ecc uncorrected volatile 3"], Status.FAIL, "ecc-uncorrectable", "3 volatile uncorrectable"),
+    (["gpu 0 ecc uncorrected volatile 3"], Status.FAIL, "ecc-uncorrectable", "3 volatile uncorrectable ECC error(s)"),
     (["gpu 0 retired-pending"], Status.FAIL, "page-retirement-pending", "reset the GPU"),
     (["gpu 1 remap 0 0 1 0"], Status.FAIL, "row-remap-pending", "reset the GPU"),
     (["gpu 1 remap 0 1 0 1"], Status.FAIL, "row-remap-failure", "needs a reset"),
