@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, TypeVar
 
     T = TypeVar("T")
-    R = TypeVar("R")
+    D = TypeVar("D", bound=Declared)
 
 PROFILES = ALL_PROFILES
 DEFAULT_PROFILE = "readiness"
@@ -279,12 +279,9 @@ class Config:
         for name in GLOBAL_FIELDS:
             object.__setattr__(self, name, values[name])
 
-    def of(self, kind: type[R]) -> R:
-        """A probe's settings record (its fields are declared settings' ``field`` names), read
-        from this configuration."""
-        if issubclass(kind, Declared):
-            return kind.read(self._values)
-        return kind(*[self._values[name] for name in kind.__slots__])  # type: ignore[attr-defined]
+    def of(self, kind: type[D]) -> D:
+        """A probe's settings (a ``probes.spec.Declared`` class), read from this configuration."""
+        return kind.read(self._values)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Config is immutable: use _replace()")

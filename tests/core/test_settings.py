@@ -6,7 +6,6 @@ import pytest
 
 from probes import config, registry
 from probes.framework import deep
-from probes.record import Record
 from probes.spec import BOOL, INTEGER, NUMBER, PORT, Declared, Setting, Spec, load
 
 # What config.parse_setting returns for each kind; a TEXT setting's own grammar gives text too.
@@ -28,8 +27,6 @@ def settings_class(spec: Spec) -> type:
 
 
 WITH_SETTINGS = [s for s in registry.PROBES if s.settings]
-# Hand-written records, held to the declarations here; a Declared class is built from its own.
-RECORDS = [s for s in WITH_SETTINGS if not issubclass(settings_class(s), Declared)]
 
 
 def expected_type(setting: Setting) -> str:
@@ -37,24 +34,14 @@ def expected_type(setting: Setting) -> str:
     return kind if setting.default is not None else f"{kind} | None"
 
 
-def settings_records() -> list[type[Record]]:
+def settings_records() -> list[type[Declared]]:
     return [*dict.fromkeys(settings_class(s) for s in WITH_SETTINGS), deep.Torch]
 
 
-def fields(kind: type) -> dict[str, str]:
-    """Each field of a settings record with its annotation (a Declared one's bases' too)."""
-    if issubclass(kind, Declared):
-        notes = {k: v for base in reversed(kind.__mro__) for k, v in vars(base).get("__annotations__", {}).items()}
-        return {row.field: notes[row.field] for row in kind.SETTINGS}
-    return {name: kind.__annotations__[name] for name in kind.__slots__}
-
-
-@pytest.mark.parametrize("spec", RECORDS, ids=lambda s: s.name)
-def test_a_probe_that_declares_settings_reads_them_through_its_record(spec):
-    kind = settings_class(spec)
-    assert issubclass(kind, Record)
-    missing = {s.field for s in spec.settings} - set(kind.__slots__)
-    assert not missing, f"{spec.name}: {missing} declared but not in its Settings"
+def fields(kind: type[Declared]) -> dict[str, str]:
+    """Each field of a settings class with its annotation (its bases' too)."""
+    notes = {k: v for base in reversed(kind.__mro__) for k, v in vars(base).get("__annotations__", {}).items()}
+    return {row.field: notes[row.field] for row in kind.SETTINGS}
 
 
 @pytest.mark.parametrize("kind", settings_records(), ids=lambda k: f"{k.__module__}.{k.__name__}")
@@ -64,7 +51,7 @@ def test_every_field_of_a_settings_record_is_a_declared_setting_of_the_type_it_i
         assert note == expected_type(DECLARED[name]), f"{kind.__name__}.{name}"
 
 
-@pytest.mark.parametrize("spec", [s for s in WITH_SETTINGS if s not in RECORDS], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", WITH_SETTINGS, ids=lambda s: s.name)
 def test_a_probe_that_declares_its_settings_once_lists_its_settings_class(spec):
     assert spec.settings == settings_class(spec).SETTINGS
 
