@@ -10,7 +10,7 @@ import os
 import sys
 
 from probes import __version__, registry
-from probes.config import Config, ConfigError, load, parse_bool, shown
+from probes.config import DEFAULT_PROFILE, PROFILES, Config, ConfigError, load, parse_bool, shown
 from probes.context import logger
 from probes.untrusted import clean
 
@@ -43,21 +43,29 @@ def parser() -> argparse.ArgumentParser:
                "Subcommand: `healthcheck serve` runs the HTTP endpoints (/livez /readyz /startupz "
                "/metrics). Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error. "
                f"Settings: {settings} (see docs/probes.md).")
-    p.add_argument("--profile", help="startup, readiness (default) or liveness")
-    p.add_argument("--json", action="store_true", help="print application/health+json")
-    p.add_argument("--only", metavar="NAMES", help="run only these probes or drop-in checks "
-                                                   "(comma-separated)")
-    p.add_argument("--skip", metavar="NAMES", help="do not run these probes or drop-in checks")
-    p.add_argument("-v", "--verbose", action="store_true", help="show observed values")
+    for names, dest, metavar, about in FLAGS:
+        if metavar:
+            p.add_argument(*names, dest=dest, metavar=metavar, help=about)
+        else:
+            p.add_argument(*names, dest=dest, action="store_true", help=about)
     p.add_argument("--version", action="version", version=f"healthcheck {__version__}")
     return p
 
 
-# The flags, parsed by hand on every run: argparse (with the re, shutil and locale
-# imports it pulls in while building a parser) costs ~10 ms of each probe's start-up.
-# parser() above stays the single source of the help text.
-_VALUE_FLAGS = {"--profile": "profile", "--only": "only", "--skip": "skip"}
-_BOOL_FLAGS = {"--json": "json", "-v": "verbose", "--verbose": "verbose"}
+# The flags, declared once: (names, keyword of config.load, a value's metavar or None for a
+# switch, help). parse_flags() reads them by hand on every run (argparse, with the re, shutil
+# and locale imports it pulls in while building a parser, costs ~10 ms of each probe's
+# start-up); parser() only writes the help text from them. config.load() reads the values.
+FLAGS = (
+    (("--profile",), "profile", "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p
+                                                     for p in PROFILES)),
+    (("--json",), "json", None, "print application/health+json"),
+    (("--only",), "only", "NAMES", "run only these probes or drop-in checks (comma-separated)"),
+    (("--skip",), "skip", "NAMES", "do not run these probes or drop-in checks"),
+    (("-v", "--verbose"), "verbose", None, "show observed values"),
+)
+_VALUE_FLAGS = {name: dest for names, dest, metavar, _ in FLAGS if metavar for name in names}
+_BOOL_FLAGS = {name: dest for names, dest, metavar, _ in FLAGS if not metavar for name in names}
 
 
 class _Exit(Exception):
@@ -66,7 +74,7 @@ class _Exit(Exception):
 
 def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
     """The flags as keyword arguments for config.load(); ConfigError on anything else."""
-    opts: dict[str, Any] = {"profile": None, "only": None, "skip": None, "json": False, "verbose": False}
+    opts: dict[str, Any] = {dest: None if metavar else False for _, dest, metavar, _ in FLAGS}
     unknown = []
     i = 0
     while i < len(argv):
