@@ -52,10 +52,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-# The flags, declared once: (names, keyword of config.load, a value's metavar or None for a
-# switch, help). parse_flags() reads them by hand on every run (argparse, with the re, shutil
-# and locale imports it pulls in while building a parser, costs ~10 ms of each probe's
-# start-up); parser() only writes the help text from them. config.load() reads the values.
+# The flags: (names, keyword of config.load, a value's metavar or None, help). parse_flags() reads
+# them by hand on every run (argparse's imports cost ~10 ms); parser() only writes the help text.
 FLAGS = (
     (("--profile",), "profile", "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p
                                                      for p in PROFILES)),

@@ -1,8 +1,8 @@
 """The deadline ladder, from a probe's child out to what runs the suite, each margin with its reason.
 
-Each profile's own deadline is its ``Profile.timeout`` (probes/spec.py). The front door keeps a copy
-of its two numbers (tests/core/test_cli.py holds them equal); k8s/check_probes.py and the ladder table
-of docs/kubernetes.md (python -m probes.docs) are derived from here. Every run reads it, liveness too.
+A profile's own deadline is its ``Profile.timeout`` (probes/spec.py). The front door keeps a copy of
+its two numbers (tests/core/test_cli.py holds them equal); k8s/check_probes.py and docs/kubernetes.md's
+ladder table derive from here. Every run reads it, liveness included.
 """
 
 from __future__ import annotations
@@ -26,11 +26,6 @@ FRONT_DOOR_KILL_AFTER = 1  # then KILL; as long again, and it answers without th
 # healthcheck serve's monitor runs `python -m probes` itself, and ends it this long after its budget:
 # the suite's own deadline, not the monitor's, normally ends a slow run.
 SERVE_RUN_GRACE = 5.0
-
-
-def run_end(timeout: float) -> float:
-    """Seconds into a run by which the runner stops waiting for its probes."""
-    return timeout - min(RUN_MARGIN, timeout / 2)
 
 
 def hard_stop(timeout: float) -> int:

@@ -132,8 +132,9 @@ def cuda_error_table() -> str:
 def deadline_ladder() -> str:
     """When each rung of probes/deadlines.py ends a run of each profile, in seconds from its start."""
     d = deadlines
-    rows = [(f"`{p.name}`", f"{p.timeout:g} s", f"{d.run_end(p.timeout):g} s", f"{d.hard_stop(p.timeout)} s",
-             f"{d.hard_stop(p.timeout) + d.FRONT_DOOR_KILL_AFTER} s", str(d.probe_timeout_floor(p.timeout)),
+    rows = [(f"`{p.name}`", f"{p.timeout:g} s", f"{runner.run_deadline(p.timeout, 0.0):g} s",
+             f"{d.hard_stop(p.timeout)} s", f"{d.hard_stop(p.timeout) + d.FRONT_DOOR_KILL_AFTER} s",
+             str(d.probe_timeout_floor(p.timeout)),
              f"{p.timeout + d.SERVE_RUN_GRACE:g} s") for p in PROFILE_RULES.values()]
     return _table(("profile", "its deadline", "probes given up", "front door TERM", "front door KILL",
                    "least timeoutSeconds", "serve ends a run"), rows)

@@ -16,7 +16,7 @@ import time
 from probes import childio
 from probes.config import Config
 from probes.context import Context, logger
-from probes.deadlines import GRACE, run_end
+from probes.deadlines import GRACE, RUN_MARGIN
 from probes.record import Record
 from probes.result import SEVERITY, Result, Status, verdict
 from probes.spec import Spec, cause
@@ -148,8 +148,8 @@ class Outcome(Record):
 
 
 def run_deadline(timeout: float, start: float) -> float:
-    """Leave a margin inside the run's budget for reporting (probes/deadlines.py)."""
-    return start + run_end(timeout)
+    """Leave a margin inside the run's budget for reporting."""
+    return start + timeout - min(RUN_MARGIN, timeout / 2)
 
 
 def _log_exception(message: str, *args: object) -> None:

@@ -20,34 +20,33 @@ class Profile(Record):
     """What a profile (``--profile``) means: its whole-run deadline and what its run may do. Probes
     ask ``ctx.config.profile_rules`` instead of comparing names; serve and the docs read it too."""
 
-    __slots__ = ("name", "timeout", "reuses_cache", "spawns_worker", "hardware", "advises", "sticky", "gates")
+    __slots__ = ("name", "timeout", "reuses_cache", "spawns_worker", "hardware", "once", "gates")
 
     name: str
     timeout: float  # the run's deadline when HEALTHCHECK_TIMEOUT is unset (the margins: probes/deadlines.py)
     reuses_cache: bool  # a passing costly result (torch-cuda, model, nccl) younger than its TTL answers
     spawns_worker: bool  # a GPU worker may start; else torch-cuda answers from the latch alone
     hardware: bool  # the GPU's state is judged (nvidia-smi, NVML, serve's slowdown): no restart repairs it
-    advises: bool  # advice worth once per container start (persistence mode off) is given
-    sticky: bool  # serve: once passed it stands, as Kubernetes stops a startupProbe at its first success
+    # Runs until it first passes, once per container start (Kubernetes stops a startupProbe then, and
+    # serve keeps that pass): advice worth giving once (persistence mode off) is given here.
+    once: bool
     gates: bool  # serve: a failure takes the pod out of the Service (HEALTHCHECK_SERVE_READINESS_GATING)
 
     def __init__(self, name: str, timeout: float, *, reuses_cache: bool = False, spawns_worker: bool = False,
-                 hardware: bool = False, advises: bool = False, sticky: bool = False,
-                 gates: bool = False) -> None:
+                 hardware: bool = False, once: bool = False, gates: bool = False) -> None:
         self.name = name
         self.timeout = timeout
         self.reuses_cache = reuses_cache
         self.spawns_worker = spawns_worker
         self.hardware = hardware
-        self.advises = advises
-        self.sticky = sticky
+        self.once = once
         self.gates = gates
 
 
 # Each profile's deadline stays below the Docker HEALTHCHECK --timeout and the Kubernetes
 # timeoutSeconds that run it (probes/deadlines.py).
 PROFILE_RULES = {p.name: p for p in (
-    Profile("startup", 60.0, spawns_worker=True, hardware=True, advises=True, sticky=True),
+    Profile("startup", 60.0, spawns_worker=True, hardware=True, once=True),
     Profile("readiness", 25.0, reuses_cache=True, spawns_worker=True, hardware=True, gates=True),
     Profile("liveness", 10.0),  # cheap and dependency-free: the services and the latch
 )}

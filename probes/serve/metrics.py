@@ -248,8 +248,8 @@ def _uuids(snap: Snapshot) -> dict[str, str]:
 
 def _facts(snap: Snapshot, probe: str) -> Mapping[str, Any]:
     """The probe's facts from the latest run that has its check of a profile that judges the hardware:
-    one that keeps running (readiness) first, then the sticky one's (startup)."""
-    for rules in sorted((p for p in PROFILE_RULES.values() if p.hardware), key=lambda p: p.sticky):
+    one that keeps running (readiness) first, then the one run once per start (startup)."""
+    for rules in sorted((p for p in PROFILE_RULES.values() if p.hardware), key=lambda p: p.once):
         run = snap.runs.get(rules.name)
         if run is None or run.report is None:
             continue

@@ -81,7 +81,7 @@ class Monitor:
 
     def _loop(self, profile: str) -> None:
         while not self.stop.is_set():
-            if PROFILE_RULES[profile].sticky and self._startup_passed is not None:
+            if PROFILE_RULES[profile].once and self._startup_passed is not None:
                 return  # like Kubernetes: once startup passed it is not checked again
             try:
                 run = self.run_once(profile)
@@ -134,7 +134,7 @@ class Monitor:
         outcome = run.status if run.report is not None else (run.reason or "error")
         with self._lock:
             self._runs[run.profile] = run
-            if PROFILE_RULES[run.profile].sticky and run.report is not None and run.status != "fail":
+            if PROFILE_RULES[run.profile].once and run.report is not None and run.status != "fail":
                 self._startup_passed = run
             key = (run.profile, outcome)
             self.runs_total[key] = self.runs_total.get(key, 0) + 1

@@ -352,7 +352,7 @@ class Ask:
     @property
     def sticky(self) -> bool:
         """Startup passed once: that result stands for good (never stale, the latch not judged)."""
-        return PROFILE_RULES[self.profile].sticky and self.snap.startup_passed is not None
+        return PROFILE_RULES[self.profile].once and self.snap.startup_passed is not None
 
     @property
     def run(self) -> Run | None:
