@@ -203,6 +203,7 @@ def test_front_door_reads_the_profiles_and_the_ladder(hard_stub):
     grace = re.findall(r"^hard=\$\(\(budget \+ (\d+)\)\)$", text, re.MULTILINE)
     kill = re.findall(r"^kill_after=(\d+)$", text, re.MULTILINE)
     assert grace == [str(deadlines.FRONT_DOOR_GRACE)] and kill == [str(deadlines.FRONT_DOOR_KILL_AFTER)]
+    assert f"the run is killed {deadlines.FRONT_DOOR_GRACE} seconds" in text  # its --help says so too
 
 
 PADDING = st.text(alphabet=" \t\n\r\f\v\x1c\xa0\u2003", max_size=2)
