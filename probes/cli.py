@@ -43,27 +43,26 @@ def parser() -> argparse.ArgumentParser:
                "Subcommand: `healthcheck serve` runs the HTTP endpoints (/livez /readyz /startupz "
                "/metrics). Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error. "
                f"Settings: {settings} (see docs/probes.md).")
-    for names, dest, metavar, about in FLAGS:
+    for names, metavar, about in FLAGS:
         if metavar:
-            p.add_argument(*names, dest=dest, metavar=metavar, help=about)
+            p.add_argument(*names, metavar=metavar, help=about)
         else:
-            p.add_argument(*names, dest=dest, action="store_true", help=about)
+            p.add_argument(*names, action="store_true", help=about)
     p.add_argument("--version", action="version", version=f"healthcheck {__version__}")
     return p
 
 
-# The flags: (names, keyword of config.load, a value's metavar or None, help). parse_flags() reads
-# them by hand on every run (argparse's imports cost ~10 ms); parser() only writes the help text.
+# The flags (names, a value's metavar or None, help), as config.load's keywords (the long name).
+# parse_flags() reads them by hand on every run (argparse's imports cost ~10 ms); parser() only
+# writes the help text.
 FLAGS = (
-    (("--profile",), "profile", "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p
-                                                     for p in PROFILES)),
-    (("--json",), "json", None, "print application/health+json"),
-    (("--only",), "only", "NAMES", "run only these probes or drop-in checks (comma-separated)"),
-    (("--skip",), "skip", "NAMES", "do not run these probes or drop-in checks"),
-    (("-v", "--verbose"), "verbose", None, "show observed values"),
+    (("--profile",), "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p for p in PROFILES)),
+    (("--json",), None, "print application/health+json"),
+    (("--only",), "NAMES", "run only these probes or drop-in checks (comma-separated)"),
+    (("--skip",), "NAMES", "do not run these probes or drop-in checks"),
+    (("-v", "--verbose"), None, "show observed values"),
 )
-_VALUE_FLAGS = {name: dest for names, dest, metavar, _ in FLAGS if metavar for name in names}
-_BOOL_FLAGS = {name: dest for names, dest, metavar, _ in FLAGS if not metavar for name in names}
+_FLAG = {name: (names[-1][2:], bool(metavar)) for names, metavar, _ in FLAGS for name in names}
 
 
 class _Exit(Exception):
@@ -72,7 +71,7 @@ class _Exit(Exception):
 
 def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
     """The flags as keyword arguments for config.load(); ConfigError on anything else."""
-    opts: dict[str, Any] = {dest: None if metavar else False for _, dest, metavar, _ in FLAGS}
+    opts: dict[str, Any] = {dest: None if value else False for dest, value in _FLAG.values()}
     unknown = []
     i = 0
     while i < len(argv):
@@ -83,15 +82,16 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
         if arg == "--version":
             raise _Exit(f"healthcheck {__version__}")
         name, eq, value = arg.partition("=")
-        if name in _VALUE_FLAGS:
+        dest, takes_value = _FLAG.get(name, ("", False))
+        if takes_value:
             if not eq:
                 if i >= len(argv):
                     raise ConfigError(f"argument {name}: expected one value (see healthcheck --help)")
                 value = argv[i]
                 i += 1
-            opts[_VALUE_FLAGS[name]] = value
-        elif arg in _BOOL_FLAGS:
-            opts[_BOOL_FLAGS[arg]] = True
+            opts[dest] = value
+        elif dest and not eq:
+            opts[dest] = True
         else:
             unknown.append(shown(arg))
     if unknown:

@@ -27,9 +27,7 @@ class Profile(Record):
     reuses_cache: bool  # a passing costly result (torch-cuda, model, nccl) younger than its TTL answers
     spawns_worker: bool  # a GPU worker may start; else torch-cuda answers from the latch alone
     hardware: bool  # the GPU's state is judged (nvidia-smi, NVML, serve's slowdown): no restart repairs it
-    # Runs until it first passes, once per container start (Kubernetes stops a startupProbe then, and
-    # serve keeps that pass): advice worth giving once (persistence mode off) is given here.
-    once: bool
+    once: bool  # runs till its first pass, once per container start (serve keeps it): one-time advice here
     gates: bool  # serve: a failure takes the pod out of the Service (HEALTHCHECK_SERVE_READINESS_GATING)
 
     def __init__(self, name: str, timeout: float, *, reuses_cache: bool = False, spawns_worker: bool = False,
