@@ -30,7 +30,7 @@ class Profile(Record):
     once: bool  # runs till its first pass, once per container start (serve keeps it): one-time advice here
     gates: bool  # serve: a failure takes the pod out of the Service (HEALTHCHECK_SERVE_READINESS_GATING)
 
-    def __init__(self, name: str, timeout: float, *, reuses_cache: bool = False, spawns_worker: bool = False,
+    def __init__(self, name: str, timeout: float, reuses_cache: bool = False, spawns_worker: bool = False,
                  hardware: bool = False, once: bool = False, gates: bool = False) -> None:
         self.name = name
         self.timeout = timeout
@@ -41,8 +41,6 @@ class Profile(Record):
         self.gates = gates
 
 
-# Each profile's deadline stays below the Docker HEALTHCHECK --timeout and the Kubernetes
-# timeoutSeconds that run it (probes/deadlines.py).
 PROFILE_RULES = {p.name: p for p in (
     Profile("startup", 60.0, spawns_worker=True, hardware=True, once=True),
     Profile("readiness", 25.0, reuses_cache=True, spawns_worker=True, hardware=True, gates=True),
