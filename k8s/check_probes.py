@@ -10,10 +10,10 @@ them safe (docs/kubernetes.md, "Probe timings"):
   `healthcheck serve` started in the same pod (httpGet);
 - timeoutSeconds, periodSeconds and failureThreshold are explicit (timeoutSeconds defaults
   to 1 s, far too short for a probe that starts Python);
-- timeoutSeconds is above the profile's deadline (probes.config.PROFILE_TIMEOUTS) plus the
-  front door's grace and kill delay: the kubelet does not kill the grandchildren of a
-  timed-out exec probe, so the front door must end the run itself, before the kubelet
-  gives up on it;
+- timeoutSeconds is above the profile's deadline (probes/spec.py PROFILE_RULES) plus the
+  front door's grace and kill delay (probes/deadlines.py): the kubelet does not kill the
+  grandchildren of a timed-out exec probe, so the front door must end the run itself, before
+  the kubelet gives up on it;
 - the startup budget (initialDelaySeconds + failureThreshold x periodSeconds) covers the
   assumed cold start (COLD_START_SECONDS, --cold-start);
 - readiness reacts within READINESS_REACTION_SECONDS even when every run spends its whole
@@ -58,13 +58,10 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: the suite's own 
     sys.path.insert(0, str(ROOT))
 
 from probes import registry  # noqa: E402
-from probes.config import PROFILE_TIMEOUTS, TRUE  # noqa: E402
+from probes.config import TRUE  # noqa: E402
+from probes.deadlines import FRONT_DOOR_GRACE, FRONT_DOOR_KILL_AFTER, probe_timeout_floor  # noqa: E402
+from probes.spec import PROFILE_RULES  # noqa: E402
 
-# The front door (./healthcheck) TERMs the suite FRONT_DOOR_GRACE seconds after the
-# profile deadline and KILLs it FRONT_DOOR_KILL_AFTER seconds later (its `kill_after`);
-# tests/k8s compares these with the script so they cannot drift.
-FRONT_DOOR_GRACE = 3
-FRONT_DOOR_KILL_AFTER = 1
 # Assumed worst case from container start to the first passing startup run: a multi-GB
 # image's torch import from a cold page cache on a busy node plus the first CUDA context
 # (PTX JIT when the GPU is newer than the wheel's kernels). See docs/kubernetes.md.
@@ -105,7 +102,7 @@ def probes_in(profile: str) -> set[str]:
 
 def min_timeout(profile: str) -> int:
     """The smallest timeoutSeconds that outlasts the front door's own kill for a profile."""
-    return math.floor(PROFILE_TIMEOUTS[profile] + FRONT_DOOR_GRACE + FRONT_DOOR_KILL_AFTER) + 1
+    return probe_timeout_floor(PROFILE_RULES[profile].timeout)
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -308,7 +305,7 @@ def probe_problems(where: str, probe_field: str, probe: dict[str, Any], containe
             out.append(f"{where}: has no {f}: set it explicitly (see docs/kubernetes.md, Probe timings)")
     timeout = probe.get("timeoutSeconds")
     if isinstance(timeout, int) and timeout < min_timeout(expected):
-        deadline = PROFILE_TIMEOUTS[expected]
+        deadline = PROFILE_RULES[expected].timeout
         out.append(f"{where}: timeoutSeconds {timeout} is not above the {expected} deadline {deadline:g} s "
                    f"+ {FRONT_DOOR_GRACE} s front-door grace + {FRONT_DOOR_KILL_AFTER} s kill delay: "
                    f"set it to at least {min_timeout(expected)} (the kubelet does not kill the "
@@ -358,7 +355,7 @@ def _readiness_reaction(where: str, ready: dict[str, Any], container: dict[str, 
     """Worst case from a fault to the pod leaving the Service, every run spending its deadline."""
     period = _int(ready, "periodSeconds", 10)
     threshold = _int(ready, "failureThreshold", 3)
-    deadline = PROFILE_TIMEOUTS["readiness"]
+    deadline = PROFILE_RULES["readiness"].timeout
     if ready.get("httpGet") is not None:
         # serve runs the profile every `interval` seconds (end to start) and the kubelet only
         # reads the last result: the first run that sees the fault starts within one interval
@@ -396,7 +393,7 @@ def serve_interval(container: dict[str, Any], profile: str) -> float:
 def _profile_of(probe: dict[str, Any], default: str) -> str:
     if probe.get("exec") is not None:
         _, profile, _ = _argv_profile(list((probe["exec"] or {}).get("command") or []))
-        return profile if profile in PROFILE_TIMEOUTS else default
+        return profile if profile in PROFILE_RULES else default
     path = (probe.get("httpGet") or {}).get("path")
     for p, want in HTTP_PATHS.items():
         if path == want:
@@ -409,8 +406,8 @@ def _liveness_vs_readiness(where: str, live: dict[str, Any], ready: dict[str, An
     lp, rp = _profile_of(live, "liveness"), _profile_of(ready, "readiness")
     gpu = sorted(probes_in(lp) & HARDWARE)
     extra = sorted(probes_in(lp) - probes_in(rp))
-    if gpu or extra or PROFILE_TIMEOUTS[lp] > PROFILE_TIMEOUTS[rp]:
-        what = ", ".join(gpu or extra) or f"a {PROFILE_TIMEOUTS[lp]:g} s deadline"
+    if gpu or extra or PROFILE_RULES[lp].timeout > PROFILE_RULES[rp].timeout:
+        what = ", ".join(gpu or extra) or f"a {PROFILE_RULES[lp].timeout:g} s deadline"
         out.append(f"{where} livenessProbe: deeper than readiness ({lp} profile runs {what}): liveness "
                    f"must stay cheap and off the GPU (a restart does not repair a lost GPU)")
     lt, rt = live.get("timeoutSeconds"), ready.get("timeoutSeconds")

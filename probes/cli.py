@@ -10,7 +10,7 @@ import os
 import sys
 
 from probes import __version__, registry
-from probes.config import Config, ConfigError, load, parse_bool, shown
+from probes.config import DEFAULT_PROFILE, PROFILES, Config, ConfigError, load, parse_bool, shown
 from probes.context import logger
 from probes.untrusted import clean
 
@@ -43,21 +43,26 @@ def parser() -> argparse.ArgumentParser:
                "Subcommand: `healthcheck serve` runs the HTTP endpoints (/livez /readyz /startupz "
                "/metrics). Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error. "
                f"Settings: {settings} (see docs/probes.md).")
-    p.add_argument("--profile", help="startup, readiness (default) or liveness")
-    p.add_argument("--json", action="store_true", help="print application/health+json")
-    p.add_argument("--only", metavar="NAMES", help="run only these probes or drop-in checks "
-                                                   "(comma-separated)")
-    p.add_argument("--skip", metavar="NAMES", help="do not run these probes or drop-in checks")
-    p.add_argument("-v", "--verbose", action="store_true", help="show observed values")
+    for names, metavar, about in FLAGS:
+        if metavar:
+            p.add_argument(*names, metavar=metavar, help=about)
+        else:
+            p.add_argument(*names, action="store_true", help=about)
     p.add_argument("--version", action="version", version=f"healthcheck {__version__}")
     return p
 
 
-# The flags, parsed by hand on every run: argparse (with the re, shutil and locale
-# imports it pulls in while building a parser) costs ~10 ms of each probe's start-up.
-# parser() above stays the single source of the help text.
-_VALUE_FLAGS = {"--profile": "profile", "--only": "only", "--skip": "skip"}
-_BOOL_FLAGS = {"--json": "json", "-v": "verbose", "--verbose": "verbose"}
+# The flags (names, a value's metavar or None, help), as config.load's keywords (the long name).
+# parse_flags() reads them by hand on every run (argparse's imports cost ~10 ms); parser() only
+# writes the help text.
+FLAGS = (
+    (("--profile",), "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p for p in PROFILES)),
+    (("--json",), None, "print application/health+json"),
+    (("--only",), "NAMES", "run only these probes or drop-in checks (comma-separated)"),
+    (("--skip",), "NAMES", "do not run these probes or drop-in checks"),
+    (("-v", "--verbose"), None, "show observed values"),
+)
+_FLAG = {name: (names[-1][2:], bool(metavar)) for names, metavar, _ in FLAGS for name in names}
 
 
 class _Exit(Exception):
@@ -66,7 +71,7 @@ class _Exit(Exception):
 
 def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
     """The flags as keyword arguments for config.load(); ConfigError on anything else."""
-    opts: dict[str, Any] = {"profile": None, "only": None, "skip": None, "json": False, "verbose": False}
+    opts: dict[str, Any] = {dest: None if value else False for dest, value in _FLAG.values()}
     unknown = []
     i = 0
     while i < len(argv):
@@ -77,15 +82,16 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
         if arg == "--version":
             raise _Exit(f"healthcheck {__version__}")
         name, eq, value = arg.partition("=")
-        if name in _VALUE_FLAGS:
+        dest, takes_value = _FLAG.get(name, ("", False))
+        if takes_value:
             if not eq:
                 if i >= len(argv):
                     raise ConfigError(f"argument {name}: expected one value (see healthcheck --help)")
                 value = argv[i]
                 i += 1
-            opts[_VALUE_FLAGS[name]] = value
-        elif arg in _BOOL_FLAGS:
-            opts[_BOOL_FLAGS[arg]] = True
+            opts[dest] = value
+        elif dest and not eq:
+            opts[dest] = True
         else:
             unknown.append(shown(arg))
     if unknown:

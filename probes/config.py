@@ -11,6 +11,7 @@ import os
 import types
 
 from probes import registry
+from probes.deadlines import FRONT_DOOR_GRACE
 from probes.numbers import NUMBER_FORM, is_integer_text, is_number_text
 from probes.spec import (
     ABSOLUTE_PATH,
@@ -21,9 +22,11 @@ from probes.spec import (
     INTEGER,
     NUMBER,
     PORT,
+    PROFILE_RULES,
     TEXT,
     URL_PATH,
     Declared,
+    Profile,
     Setting,
     Spec,
 )
@@ -39,9 +42,6 @@ if TYPE_CHECKING:
 
 PROFILES = ALL_PROFILES
 DEFAULT_PROFILE = "readiness"
-# Whole-run deadline per profile when HEALTHCHECK_TIMEOUT is unset. Kept below the
-# Docker HEALTHCHECK --timeout and the Kubernetes timeoutSeconds that run them.
-PROFILE_TIMEOUTS = {"startup": 60.0, "readiness": 25.0, "liveness": 10.0}
 MAX_TIMEOUT = 3600.0
 TRUE = ("true", "1", "yes", "on")
 FALSE = ("false", "0", "no", "off")
@@ -205,8 +205,9 @@ GLOBAL_SETTINGS = (
                      "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=PROFILES),
     Setting("HEALTHCHECK_TIMEOUT", "timeout", NUMBER, None,
                      "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
-                     "the front door kills the run 3 s later", low=0, high=MAX_TIMEOUT,
-                     shown_default="per profile: " + " / ".join(f"{v:g}" for v in PROFILE_TIMEOUTS.values())),
+                     f"the front door kills the run {FRONT_DOOR_GRACE} s later", low=0, high=MAX_TIMEOUT,
+                     shown_default="per profile: " + " / ".join(f"{p.timeout:g}"
+                                                                for p in PROFILE_RULES.values())),
     Setting("HEALTHCHECK_HOST", "host", HOST, "127.0.0.1",
                      "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
                      "ASCII host name"),
@@ -279,6 +280,11 @@ class Config:
         for name in GLOBAL_FIELDS:
             object.__setattr__(self, name, values[name])
 
+    @property
+    def profile_rules(self) -> Profile:
+        """What this run's profile may do (probes/spec.py)."""
+        return PROFILE_RULES[self.profile]
+
     def of(self, kind: type[D]) -> D:
         """A probe's settings (a ``probes.spec.Declared`` class), read from this configuration."""
         return kind.read(self._values)
@@ -326,7 +332,7 @@ def default_on(spec: Spec, values: Mapping[str, Any]) -> bool:
 
 
 def _defaults() -> dict[str, Any]:
-    values: dict[str, Any] = {"profile": DEFAULT_PROFILE, "timeout": PROFILE_TIMEOUTS[DEFAULT_PROFILE],
+    values: dict[str, Any] = {"profile": DEFAULT_PROFILE, "timeout": PROFILE_RULES[DEFAULT_PROFILE].timeout,
                               "json": False, "verbose": False, "only": (), "skip": (),
                               "toggles": types.MappingProxyType({}), "dropins": ()}
     for setting in (*GLOBAL_SETTINGS, *registry.SETTINGS):
@@ -382,7 +388,7 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
         prof = _env(env, "HEALTHCHECK_PROFILE", lambda n, r: parse_choice(n, r, PROFILES), DEFAULT_PROFILE)
     values: dict[str, Any] = {"profile": prof, "json": json, "verbose": verbose}
     values["timeout"] = _env(env, "HEALTHCHECK_TIMEOUT", lambda n, r: parse_setting(by_env[n], r),
-                             PROFILE_TIMEOUTS[prof])
+                             PROFILE_RULES[prof].timeout)
     for setting in (*GLOBAL_SETTINGS, *registry.SETTINGS):
         if setting.field not in values:
             values[setting.field] = _env(env, setting.env, lambda n, r, s=setting: parse_setting(s, r),  # type: ignore[misc]

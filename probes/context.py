@@ -48,10 +48,6 @@ class Context(Record):
         self.started = started
         self.spec = spec
 
-    @property
-    def profile(self) -> str:
-        return self.config.profile
-
     def remaining(self) -> float:
         import time
 

@@ -12,10 +12,10 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from probes import config, dropins, registry, runner
+from probes import config, deadlines, dropins, registry, runner
 from probes.framework import cuda_errors
 from probes.hardware import xids
-from probes.spec import LAYERS, Cause, Setting
+from probes.spec import LAYERS, PROFILE_RULES, Cause, Setting
 
 
 def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -129,11 +129,23 @@ def cuda_error_table() -> str:
     return _table(("code", "name", "text (`cudaGetErrorString`)", "class", "reason", "remedy"), rows)
 
 
+def deadline_ladder() -> str:
+    """When each rung of probes/deadlines.py ends a run of each profile, in seconds from its start."""
+    d = deadlines
+    rows = [(f"`{p.name}`", f"{p.timeout:g} s", f"{runner.run_deadline(p.timeout, 0.0):g} s",
+             f"{d.hard_stop(p.timeout)} s", f"{d.hard_stop(p.timeout) + d.FRONT_DOOR_KILL_AFTER} s",
+             str(d.probe_timeout_floor(p.timeout)),
+             f"{p.timeout + d.SERVE_RUN_GRACE:g} s") for p in PROFILE_RULES.values()]
+    return _table(("profile", "its deadline", "probes given up", "front door TERM", "front door KILL",
+                   "least timeoutSeconds", "serve ends a run"), rows)
+
+
 ROOT = Path(__file__).resolve().parent.parent
 # Each generated section lives in one manual page; a page names its sections by their markers.
 PAGES = {"docs/probes.md": {"probes": probes, "environment": environment, "causes": causes,
                             "cuda-errors": cuda_error_table},
-         "docs/serve.md": {"xid-actions": xid_actions, "xids": xid_policy}}
+         "docs/serve.md": {"xid-actions": xid_actions, "xids": xid_policy},
+         "docs/kubernetes.md": {"deadlines": deadline_ladder}}
 
 
 def render(text: str, page: str) -> str:

@@ -50,7 +50,7 @@ def gather(ctx: Context) -> Ran:
     budget = max(0.0, ctx.deadline - time.monotonic())
     if check.problem is not None:
         return Ran(check, None, budget)
-    env = {**os.environ, "HEALTHCHECK_PROFILE": ctx.profile}
+    env = {**os.environ, "HEALTHCHECK_PROFILE": ctx.config.profile}
     done = proc.run([check.path], deadline=ctx.deadline, env=env, cwd="/")
     return Ran(check, done, budget)
 

@@ -33,6 +33,7 @@ import os
 import signal
 import time
 
+from probes.deadlines import KILL_WAIT, SWEEP_TIME
 from probes.pidstat import DEAD, below, signal_each, stat, table
 
 TYPE_CHECKING = False
@@ -40,8 +41,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 RUN_ID_VAR = "HEALTHCHECK_RUN_ID"  # probes/proc.py sets it
-SWEEP_TIME = 0.1  # seconds the stop-then-kill passes may take at most (a fork storm)
-KILL_WAIT = 0.15  # seconds we wait for what we killed to vanish
 _KEY = RUN_ID_VAR.encode() + b"="
 _swept_by: int | None = None  # the pid that made its one sweep at its first child
 

@@ -21,6 +21,10 @@ import signal
 import time
 
 from probes import childio, orphans
+
+# The margins of a child's end (probes/deadlines.py); probes give run() ``ctx.deadline - proc.MARGIN``.
+from probes.deadlines import DRAIN_AFTER_EXIT, KILL_WAIT, LINGER, SWEEP_TIME, TERM_GRACE
+from probes.deadlines import MARGIN as MARGIN
 from probes.pidstat import DEAD, stat
 from probes.pidstat import Proc as _Proc
 from probes.pidstat import below as _below
@@ -36,19 +40,9 @@ if TYPE_CHECKING:
 
     from probes.state import State
 
-TERM_GRACE = 0.15  # seconds between SIGTERM and SIGKILL
-KILL_WAIT = 0.15  # seconds we wait for what we killed to vanish after SIGKILL
-# run() may overrun its deadline by TERM_GRACE + KILL_WAIT: a caller that must itself return
-# by a deadline gives run() that deadline less MARGIN.
-MARGIN = TERM_GRACE + KILL_WAIT + 0.05
-# Seconds the freeze-then-kill passes may take (a fork storm; usually ~5 ms): in CPU time, and
-# in wall time since the last pass that found a new process (see _freeze_and_kill).
-SWEEP_TIME = 0.1
-SWEEP_PASSES = 200  # and at most this many passes
-DRAIN_AFTER_EXIT = 0.05  # output still in the pipe after the child exits
+SWEEP_PASSES = 200  # the freeze-then-kill passes, at most (and SWEEP_TIME)
 MAX_OUTPUT = 64 * 1024  # stdout kept, by default (run's max_output)
 MAX_STDERR = childio.MAX_STDERR
-LINGER = 1.0  # seconds a child gets to exit once ``until`` says its answer is complete
 RUN_ID_VAR = orphans.RUN_ID_VAR
 MAX_RUN_IDS = 16  # markers of enclosing runs kept (serve -> CLI -> tool is 2 deep)
 PR_SET_CHILD_SUBREAPER = 36

@@ -16,6 +16,7 @@ import time
 from probes import childio
 from probes.config import Config
 from probes.context import Context, logger
+from probes.deadlines import GRACE, RUN_MARGIN
 from probes.record import Record
 from probes.result import SEVERITY, Result, Status, verdict
 from probes.spec import Spec, cause
@@ -54,7 +55,6 @@ LIMIT = cause("limit", "not checked: a resource limit of the container "
               "raise the limit the message names, or find what uses it up", "warn", action="fix-config",
               actor="tenant")
 COMMON_CAUSES = (DEADLINE, DEPENDENCY_FAILED, LATCHED, INTERNAL_ERROR, LIMIT)
-GRACE = 0.4  # how long past its deadline we wait for a probe that runs a child (TERM+KILL take 0.3 s)
 SIGNAL_POLL = 0.1  # the longest the main thread waits at once, so a signal's handler runs this soon
 
 
@@ -149,7 +149,7 @@ class Outcome(Record):
 
 def run_deadline(timeout: float, start: float) -> float:
     """Leave a margin inside the run's budget for reporting."""
-    return start + timeout - min(0.5, timeout / 2)
+    return start + timeout - min(RUN_MARGIN, timeout / 2)
 
 
 def _log_exception(message: str, *args: object) -> None:

@@ -15,7 +15,38 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Self
 
-ALL_PROFILES = ("startup", "readiness", "liveness")
+
+class Profile(Record):
+    """What a profile (``--profile``) means: its whole-run deadline and what its run may do. Probes
+    ask ``ctx.config.profile_rules`` instead of comparing names; serve and the docs read it too."""
+
+    __slots__ = ("name", "timeout", "reuses_cache", "spawns_worker", "hardware", "once", "gates")
+
+    name: str
+    timeout: float  # the run's deadline when HEALTHCHECK_TIMEOUT is unset (the margins: probes/deadlines.py)
+    reuses_cache: bool  # a passing costly result (torch-cuda, model, nccl) younger than its TTL answers
+    spawns_worker: bool  # a GPU worker may start; else torch-cuda answers from the latch alone
+    hardware: bool  # the GPU's state is judged (nvidia-smi, NVML, serve's slowdown): no restart repairs it
+    once: bool  # runs till its first pass, once per container start (serve keeps it): one-time advice here
+    gates: bool  # serve: a failure takes the pod out of the Service (HEALTHCHECK_SERVE_READINESS_GATING)
+
+    def __init__(self, name: str, timeout: float, reuses_cache: bool = False, spawns_worker: bool = False,
+                 hardware: bool = False, once: bool = False, gates: bool = False) -> None:
+        self.name = name
+        self.timeout = timeout
+        self.reuses_cache = reuses_cache
+        self.spawns_worker = spawns_worker
+        self.hardware = hardware
+        self.once = once
+        self.gates = gates
+
+
+PROFILE_RULES = {p.name: p for p in (
+    Profile("startup", 60.0, spawns_worker=True, hardware=True, once=True),
+    Profile("readiness", 25.0, reuses_cache=True, spawns_worker=True, hardware=True, gates=True),
+    Profile("liveness", 10.0),  # cheap and dependency-free: the services and the latch
+)}
+ALL_PROFILES = tuple(PROFILE_RULES)
 LAYERS = ("hardware", "framework", "services", "drop-in")
 
 # Setting kinds (how config parses the value); see probes.config.parse_setting.

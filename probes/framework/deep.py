@@ -153,7 +153,7 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
         data["cache"] = {"how": "off", "why": state.disabled_reason}
         return data
     started = time.time()
-    if early and ctx.profile == "readiness":
+    if early and ctx.config.profile_rules.reuses_cache:
         hit = reuse(state.read_json(cache))
         if hit is not None:
             return hit
@@ -172,7 +172,7 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
         shared = share(entry) if share is not None and _finished_since(entry, started) else None
         if shared is not None:
             return shared
-        if ctx.profile == "readiness":
+        if ctx.config.profile_rules.reuses_cache:
             hit = reuse(entry)
             if hit is not None:
                 return hit

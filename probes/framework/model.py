@@ -267,7 +267,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     if not own.model_path:
         return {"kind": "no-path"}
     key = _key(ctx)
-    if ctx.profile == "readiness":
+    if ctx.config.profile_rules.reuses_cache:
         hit = _cached(state.read_json(CACHE), key, own.model_ttl, device)
         if hit is not None:
             return hit

@@ -227,7 +227,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         return {"kind": "device-cpu"}
     state = ctx.state
     key = _key(ctx)
-    if ctx.profile == "readiness":
+    if ctx.config.profile_rules.reuses_cache:
         hit = _cached(state.read_json(CACHE), key, own.nccl_ttl)
         if hit is not None:
             return hit

@@ -209,7 +209,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     latch = state.latch()
     if latch is not None:
         return deep.latched(latch)
-    if ctx.profile == "liveness":
+    if not ctx.config.profile_rules.spawns_worker:
         return {"kind": "no-latch", "state_off": state.disabled_reason}
     if ctx.config.of(Torch).torch_device == "cuda":
         from probes.framework import checkpoint

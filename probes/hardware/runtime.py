@@ -93,7 +93,7 @@ def gather(ctx: Context) -> Gathered:
 
 def requirements(config: Any) -> tuple[str, ...]:
     """Persistence mode comes from the nvml probe's facts: in startup, run after it."""
-    if config.profile == "startup":
+    if config.profile_rules.once:
         return SPEC.requires
     return ()
 
@@ -123,7 +123,7 @@ def _node_problems(data: Gathered, own: hw.RuntimeSettings) -> list[hw.Problem]:
 
 
 def _persistence(ctx: Context) -> list[hw.Problem]:
-    seen = hw.seen(ctx.results) if ctx.config.profile == "startup" else None
+    seen = hw.seen(ctx.results) if ctx.config.profile_rules.once else None
     off = [g.index for g in seen.gpus if g.persistence is False] if seen is not None else []
     if not off:
         return []

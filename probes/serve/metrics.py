@@ -28,6 +28,7 @@ from probes.hardware import xids
 from probes.result import Result
 from probes.serve.monitor import Monitor
 from probes.serve.view import Run, Snapshot, check_name, results_of, verdict
+from probes.spec import PROFILE_RULES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -246,9 +247,10 @@ def _uuids(snap: Snapshot) -> dict[str, str]:
 
 
 def _facts(snap: Snapshot, probe: str) -> Mapping[str, Any]:
-    """The probe's facts from the latest readiness run that has its check, else startup's."""
-    for profile in ("readiness", "startup"):
-        run = snap.runs.get(profile)
+    """The probe's facts from the latest run that has its check of a profile that judges the hardware:
+    one that keeps running (readiness) first, then the one run once per start (startup)."""
+    for rules in sorted((p for p in PROFILE_RULES.values() if p.hardware), key=lambda p: p.once):
+        run = snap.runs.get(rules.name)
         if run is None or run.report is None:
             continue
         for key, entries in run.report.get("checks", {}).items():

@@ -26,6 +26,7 @@ from probes.result import Status
 from probes.serve import fastpath
 from probes.serve.settings import Settings
 from probes.serve.view import Run, Snapshot, XidEvent, parse_report, results_of
+from probes.spec import PROFILE_RULES
 from probes.state import State, process_start_time
 from probes.untrusted import squeeze
 
@@ -80,7 +81,7 @@ class Monitor:
 
     def _loop(self, profile: str) -> None:
         while not self.stop.is_set():
-            if profile == "startup" and self._startup_passed is not None:
+            if PROFILE_RULES[profile].once and self._startup_passed is not None:
                 return  # like Kubernetes: once startup passed it is not checked again
             try:
                 run = self.run_once(profile)
@@ -98,7 +99,7 @@ class Monitor:
         # A server started isolated (-I, as the front door does) keeps its runs isolated too.
         isolated = ["-I"] if sys.flags.isolated and self.settings.python == sys.executable else []
         argv = [self.settings.python, *isolated, "-m", "probes", "--json", "--profile", profile]
-        if not self.settings.deep and profile != "liveness":
+        if not self.settings.deep and PROFILE_RULES[profile].spawns_worker:
             argv += ["--skip", DEEP_PROBE]
         return argv
 
@@ -133,7 +134,7 @@ class Monitor:
         outcome = run.status if run.report is not None else (run.reason or "error")
         with self._lock:
             self._runs[run.profile] = run
-            if run.profile == "startup" and run.report is not None and run.status != "fail":
+            if PROFILE_RULES[run.profile].once and run.report is not None and run.status != "fail":
                 self._startup_passed = run
             key = (run.profile, outcome)
             self.runs_total[key] = self.runs_total.get(key, 0) + 1
@@ -214,7 +215,7 @@ class Monitor:
         for p, run in snap.runs.items():
             if run.report is None:
                 continue
-            skip = (DEEP_PROBE,) if (not self.settings.deep and p != "liveness") else ()
+            skip = (DEEP_PROBE,) if (not self.settings.deep and PROFILE_RULES[p].spawns_worker) else ()
             try:
                 probe_cfg = cfg.load(self.env, profile=p, skip=",".join(skip) if skip else None)
             except cfg.ConfigError:

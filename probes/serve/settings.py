@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping
 
 from probes import config as cfg
+from probes.deadlines import SERVE_RUN_GRACE
 from probes.hardware import xids
 from probes.numbers import is_integer_text
 
@@ -21,9 +22,6 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8779
 # Seconds between the end of one run of a profile and the start of the next.
 DEFAULT_INTERVALS = {"startup": 5.0, "readiness": 15.0, "liveness": 10.0}
-# A run may take up to its deadline; the monitor's own deadline adds this much to
-# the profile's so the CLI's deadline, not ours, normally ends a slow run.
-RUN_GRACE = 5.0
 # From NVIDIA's Xid catalog (probes.hardware.xids): the Xids whose immediate action resets the GPU
 # or restarts the machine latch; those whose action is RESTART_APP (the application's errors,
 # possibly another tenant's) warn for a while. The rest of the catalog is not in either list:
@@ -168,7 +166,7 @@ def load(environ: Mapping[str, str] | None = None, *, host: str | None = None, p
     if interval is not None:
         intervals.update(parse_intervals("--interval", interval))
 
-    deadlines = {p: probe_cfgs[p].timeout + RUN_GRACE for p in cfg.PROFILES}
+    deadlines = {p: probe_cfgs[p].timeout + SERVE_RUN_GRACE for p in cfg.PROFILES}
     raw = _env(env, "HEALTHCHECK_SERVE_SLACK")
     if raw is not None:
         s = cfg.parse_number("HEALTHCHECK_SERVE_SLACK", raw, low=0, high=MAX_INTERVAL, low_inclusive=True)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from probes.record import Record
 from probes.report import check_entry, iso_time, public_facts
 from probes.result import Result, Status
-from probes.spec import Cause
+from probes.spec import PROFILE_RULES, Cause
 from probes.untrusted import load_json, squeeze
 
 TYPE_CHECKING = False
@@ -352,7 +352,7 @@ class Ask:
     @property
     def sticky(self) -> bool:
         """Startup passed once: that result stands for good (never stale, the latch not judged)."""
-        return self.profile == "startup" and self.snap.startup_passed is not None
+        return PROFILE_RULES[self.profile].once and self.snap.startup_passed is not None
 
     @property
     def run(self) -> Run | None:
@@ -427,7 +427,7 @@ def _xid_events(ask: Ask) -> Finding | None:
 
 def _slowdown(ask: Ask) -> Finding | None:
     """``nvml:slowdown``: sustained hardware slowdown or power brake (a rate, never one reading)."""
-    if ask.profile == "liveness":
+    if not PROFILE_RULES[ask.profile].hardware:
         return None
     slowing: dict[int, SlowdownVerdict] = {}
     for gpu, times in sorted(ask.snap.slowdown.items()):
@@ -530,7 +530,7 @@ def _respond(ask: Ask, answer: Answer, *, gating: bool, version: str, only: str 
     report = ask.run.report if ask.run is not None and ask.run.report is not None else None
     notes = list(answer.notes)
     code = 200 if status in ("pass", "warn") else 503
-    if not gating and profile == "readiness" and code != 200:
+    if not gating and PROFILE_RULES[profile].gates and code != 200:
         notes.append("readiness gating is off (HEALTHCHECK_SERVE_READINESS_GATING=false): answering 200")
         code = 200
     verdict_line = f"{status}: {answer.output}" if status != "pass" else f"pass: {profile} healthy"

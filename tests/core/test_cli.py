@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from probes import config, registry
+from probes import config, deadlines, registry
+from probes.spec import PROFILE_RULES
 from tests.conftest import ROOT, clean_env, run_cli, suite_stub
 
 ALL_OFF = {t: "false" for t in registry.TOGGLES}
@@ -141,7 +142,8 @@ def test_unwritable_log_file_is_a_note_not_a_crash(tmp_path):
 
 # The front door and the suite read the budget and the profile with one grammar: the hard
 # stop (the front door's `hard`, read from its HEALTHCHECK_DEBUG trace, with a stand-in
-# interpreter that speaks its protocol) always leaves the suite its whole deadline plus 3 s.
+# interpreter that speaks its protocol) is the deadline ladder's (probes/deadlines.py): the
+# suite's whole deadline, rounded up, plus the front door's grace.
 TRACED_HARD = re.compile(r"^\+ hard=(\d+)$", re.MULTILINE)
 
 
@@ -185,12 +187,23 @@ def test_front_door_hard_stop_matches_the_suite(hard_stub, args, env, hard):
     assert front_door_hard(hard_stub, args, env) == hard
     timeout = suite_timeout(args, env)
     if timeout is not None:
-        assert hard >= timeout + 3
+        assert hard == deadlines.hard_stop(timeout)
 
 
-def test_front_door_profile_budgets_are_the_suites(hard_stub):
-    for profile, seconds in config.PROFILE_TIMEOUTS.items():
-        assert front_door_hard(hard_stub, ["--profile", profile], {}) == seconds + 3
+def test_front_door_reads_the_profiles_and_the_ladder(hard_stub):
+    """The front door keeps its own copy of the budgets (it needs them before Python starts): each
+    profile's, the default profile's, the longest for a profile the suite refuses, and its grace
+    and kill delay are those of probes/spec.py's PROFILE_RULES and probes/deadlines.py."""
+    for profile, rules in PROFILE_RULES.items():
+        assert front_door_hard(hard_stub, ["--profile", profile], {}) == deadlines.hard_stop(rules.timeout)
+    assert front_door_hard(hard_stub, [], {}) == deadlines.hard_stop(PROFILE_RULES[config.DEFAULT_PROFILE].timeout)
+    longest = max(rules.timeout for rules in PROFILE_RULES.values())
+    assert front_door_hard(hard_stub, ["--profile", "nope"], {}) == deadlines.hard_stop(longest)
+    text = (ROOT / "healthcheck").read_text()
+    grace = re.findall(r"^hard=\$\(\(budget \+ (\d+)\)\)$", text, re.MULTILINE)
+    kill = re.findall(r"^kill_after=(\d+)$", text, re.MULTILINE)
+    assert grace == [str(deadlines.FRONT_DOOR_GRACE)] and kill == [str(deadlines.FRONT_DOOR_KILL_AFTER)]
+    assert f"the run is killed {deadlines.FRONT_DOOR_GRACE} seconds" in text  # its --help says so too
 
 
 PADDING = st.text(alphabet=" \t\n\r\f\v\x1c\xa0\u2003", max_size=2)
@@ -217,7 +230,7 @@ def test_any_budget_or_profile_leaves_the_suite_its_deadline(hard_stub, timeout,
     hard = front_door_hard(hard_stub, flags, env)
     seconds = suite_timeout(flags, env)
     if seconds is not None:
-        assert hard >= seconds + 3, (flags, env, hard, seconds)
+        assert hard == deadlines.hard_stop(seconds), (flags, env, hard, seconds)
 
 
 def test_a_flood_of_unknown_flags_is_one_bounded_line():
@@ -382,7 +395,7 @@ def test_a_closed_or_full_stdout_keeps_the_verdicts_exit_status(tmp_path, stdout
 
 
 def test_the_hand_flag_parser_accepts_exactly_what_parser_declares():
-    """parse_flags (fast, by hand) and parser() (argparse, the help text) cannot drift apart."""
+    """parse_flags (by hand, every run) accepts what parser() (argparse, only the help text) shows."""
     from probes import cli
 
     declared = {opt for action in cli.parser()._actions for opt in action.option_strings}

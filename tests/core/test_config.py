@@ -11,12 +11,12 @@ from probes import hardware as hw
 from probes.config import ConfigError, load
 from probes.framework.deep import Torch
 from probes.services import jupyter, ssh
-from probes.spec import Setting
+from probes.spec import PROFILE_RULES, Setting
 
 
 def test_defaults():
     cfg = load({})
-    assert cfg.profile == "readiness" and cfg.timeout == config.PROFILE_TIMEOUTS["readiness"]
+    assert cfg.profile == "readiness" and cfg.timeout == PROFILE_RULES["readiness"].timeout
     assert cfg.of(jupyter.Settings).jupyter_port == 8888 and cfg.of(ssh.Settings).ssh_port == 22
     assert cfg.host == "127.0.0.1"
     assert cfg.of(Torch).torch_device == "cuda" and cfg.of(hw.Expected).gpu_count == 1
@@ -61,9 +61,24 @@ def test_bad_values_name_variable_value_and_accepted(env, needle):
     assert "\n" not in str(err.value)
 
 
+def test_each_profile_says_what_its_run_may_do():
+    """What liveness leaves out is data: the hardware probes run exactly in the profiles that judge the
+    hardware, and a probe that only runs a GPU worker (model, nccl) only where a worker may start."""
+    assert list(PROFILE_RULES) == list(config.PROFILES) and config.DEFAULT_PROFILE in PROFILE_RULES
+    hardware = {name for name, rules in PROFILE_RULES.items() if rules.hardware}
+    workers = {name for name, rules in PROFILE_RULES.items() if rules.spawns_worker}
+    assert hardware and "liveness" not in hardware | workers
+    for spec in registry.PROBES:
+        if spec.layer == "hardware":
+            assert set(spec.profiles) == hardware, spec.name
+        if spec.name in ("model", "nccl"):
+            assert set(spec.profiles) <= workers, spec.name
+    assert load({}, profile="liveness").profile_rules is PROFILE_RULES["liveness"]
+
+
 def test_flags_override_environment():
     cfg = load({"HEALTHCHECK_PROFILE": "startup"}, profile="liveness")
-    assert cfg.profile == "liveness" and cfg.timeout == config.PROFILE_TIMEOUTS["liveness"]
+    assert cfg.profile == "liveness" and cfg.timeout == PROFILE_RULES["liveness"].timeout
     with pytest.raises(ConfigError, match="--profile='nope'"):
         load({}, profile="nope")
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from probes import config
+from probes import deadlines
+from probes.spec import PROFILE_RULES
 from tests.conftest import ROOT
 
 HADOLINT = shutil.which("hadolint") or str(ROOT / ".venv" / "bin" / "hadolint")
@@ -43,9 +44,10 @@ def test_exec_form_and_timeout_above_the_front_doors_hard_stop():
     line = healthcheck_line()
     assert re.search(r'CMD \["/usr/local/bin/healthcheck"', line), "exec form, no shell in between"
     opts = {k: int(v) for k, v in re.findall(r"--([a-z-]+)=(\d+)s?\b", line)}
-    # The front door kills the readiness run 3 s after its deadline (and KILLs 1 s later):
-    # Docker's own timeout must never fire first, or its children are orphaned.
-    hard_stop = config.PROFILE_TIMEOUTS["readiness"] + 3 + 1
-    assert opts["timeout"] > hard_stop
-    assert opts["start-period"] >= config.PROFILE_TIMEOUTS["readiness"]
+    # The front door TERMs the readiness run a few seconds after its deadline and KILLs it a
+    # second later (probes/deadlines.py): Docker's own timeout must never fire first, or its
+    # children are orphaned.
+    readiness = PROFILE_RULES["readiness"].timeout
+    assert opts["timeout"] >= deadlines.probe_timeout_floor(readiness)
+    assert opts["start-period"] >= readiness
     assert set(opts) == {"interval", "timeout", "start-period", "start-interval", "retries"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from probes import docs, registry
+from probes import deadlines, docs, registry
 from probes.spec import Cause
 from tests.conftest import ROOT
 
@@ -43,3 +43,11 @@ def test_the_architecture_page_names_every_module():
     text = (ROOT / "docs/architecture.md").read_text(encoding="utf-8")
     modules = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "probes").rglob("*.py")) if p.stat().st_size]
     assert [m for m in modules if f"`{m}`" not in text] == []
+
+
+def test_the_deadline_ladders_table_is_generated_from_it(monkeypatch):
+    before = docs.deadline_ladder()
+    assert "| `readiness` | 25 s | 24.5 s | 28 s | 29 s | 30 | 30 s |" in before
+    monkeypatch.setattr(deadlines, "FRONT_DOOR_GRACE", deadlines.FRONT_DOOR_GRACE + 1)
+    after = docs.deadline_ladder()
+    assert "| `readiness` | 25 s | 24.5 s | 29 s | 30 s | 31 | 30 s |" in after

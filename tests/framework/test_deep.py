@@ -15,6 +15,7 @@ from probes.config import Config
 from probes.context import Context
 from probes.framework import deep
 from probes.result import Result, passed
+from probes.spec import PROFILE_RULES
 from probes.state import State
 
 
@@ -83,3 +84,23 @@ def test_readiness_is_answered_from_the_cache_before_waiting_only_when_asked(tmp
                                "deep-test.json", {}, reuse, lambda: {"kind": "worker"}, _judge)
     assert early == {"kind": "worker", "by": "cache"}
     assert late["kind"] == "lock-timeout"
+
+
+def test_whether_a_cached_pass_answers_is_the_profiles_rule_not_its_name(tmp_path: Path, monkeypatch) -> None:
+    """Startup runs fresh; a profile whose rules say ``reuses_cache`` is answered from the cache."""
+    state = State.open(str(tmp_path / "state"))
+    state.write_json("deep-test.json", {"data": {"kind": "worker", "by": "cache"}})
+    ran: list[int] = []
+
+    def run() -> dict[str, Any]:
+        ran.append(1)
+        return {"kind": "worker", "by": "me", "lingered": False, "finished": time.time()}
+
+    def locked() -> dict[str, Any]:
+        return deep.locked_run(_ctx(state, "startup"), "deep-test.json", {},
+                               lambda entry: entry["data"] if entry else None, run, _judge)
+
+    assert locked()["by"] == "me" and ran == [1]
+    monkeypatch.setitem(PROFILE_RULES, "startup", PROFILE_RULES["startup"]._replace(reuses_cache=True))
+    locked()
+    assert ran == [1], "a profile that reuses the cache ran the check again"

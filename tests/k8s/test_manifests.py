@@ -4,7 +4,6 @@ the probe policy; broken copies of them fail with a message that names the probl
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -16,8 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from probes import __version__
-from probes.config import PROFILE_TIMEOUTS
+from probes import __version__, deadlines
+from probes.deadlines import probe_timeout_floor
+from probes.spec import PROFILE_RULES
 from tests.k8s.conftest import K8S, ROOT, container
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
@@ -57,7 +57,7 @@ def test_base_shape() -> None:
     for field, profile in (("startupProbe", "startup"), ("readinessProbe", "readiness"),
                            ("livenessProbe", "liveness")):
         assert c[field]["exec"]["command"] == ["healthcheck", "--profile", profile]
-        assert c[field]["timeoutSeconds"] > PROFILE_TIMEOUTS[profile] + 3
+        assert c[field]["timeoutSeconds"] >= probe_timeout_floor(PROFILE_RULES[profile].timeout)
 
 
 def test_every_written_version_is_the_suites() -> None:
@@ -112,16 +112,6 @@ def test_cli_passes_without_a_network() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_front_door_constants_match_the_script(checker: ModuleType) -> None:
-    """The policy's timeout floor is the front door's own kill time: read it from the script."""
-    text = (ROOT / "healthcheck").read_text()
-    grace = re.search(r"^hard=\$\(\(budget \+ (\d+)\)\)$", text, re.MULTILINE)
-    kill = re.search(r"^kill_after=(\d+)$", text, re.MULTILINE)
-    assert grace and kill, "the front door no longer has 'hard=$((budget + N))' and 'kill_after=N'"
-    assert int(grace.group(1)) == checker.FRONT_DOOR_GRACE
-    assert int(kill.group(1)) == checker.FRONT_DOOR_KILL_AFTER
-
-
 # --- broken copies -------------------------------------------------------------------------------
 
 def test_missing_timeout(checker: ModuleType, edit_deployment: Any) -> None:
@@ -150,11 +140,18 @@ def test_unknown_field_on_the_container(checker: ModuleType, edit_deployment: An
                for p in problems), problems
 
 
+def test_the_timeout_floor_is_the_front_doors_kill_and_a_second(checker: ModuleType, monkeypatch) -> None:
+    """The policy's floor derives from the deadline ladder the front door uses: it cannot drift."""
+    assert checker.min_timeout("readiness") == 30
+    monkeypatch.setattr(deadlines, "FRONT_DOOR_KILL_AFTER", deadlines.FRONT_DOOR_KILL_AFTER + 2)
+    assert checker.min_timeout("readiness") == 32
+
+
 @pytest.mark.parametrize(("field", "profile", "floor"), [
     ("startupProbe", "startup", 65), ("readinessProbe", "readiness", 30), ("livenessProbe", "liveness", 15)])
 def test_timeout_not_above_the_deadline(checker: ModuleType, edit_deployment: Any, field: str,
                                         profile: str, floor: int) -> None:
-    deadline = int(PROFILE_TIMEOUTS[profile])
+    deadline = int(PROFILE_RULES[profile].timeout)
     problems = checker.check(edit_deployment(lambda c: c[field].update(timeoutSeconds=deadline)))
     assert any(f"{field}: timeoutSeconds {deadline} is not above the {profile} deadline {deadline} s" in p
                and f"at least {floor}" in p for p in problems), problems

@@ -1,0 +1,39 @@
+"""The deadline ladder, from a probe's child out to what runs the suite, each margin with its reason.
+
+A profile's own deadline is its ``Profile.timeout`` (probes/spec.py). The front door keeps a copy of
+its two numbers (tests/core/test_cli.py holds them equal); k8s/check_probes.py and docs/kubernetes.md's
+ladder table derive from here. Every run reads it, liveness included.
+"""
+
+from __future__ import annotations
+
+import math
+
+# A child (probes/proc.py): ended within TERM_GRACE + KILL_WAIT of its deadline, so a probe that must
+# itself answer by ``ctx.deadline`` gives the child that less MARGIN.
+TERM_GRACE = 0.15  # SIGTERM to SIGKILL: a well-behaved child exits on TERM well within it
+KILL_WAIT = 0.15  # after SIGKILL, for what was killed to vanish (one stuck in the driver never does)
+MARGIN = TERM_GRACE + KILL_WAIT + 0.05
+SWEEP_TIME = 0.1  # the freeze-then-kill passes over a fork storm (usually ~5 ms); part of KILL_WAIT
+DRAIN_AFTER_EXIT = 0.05  # output still in the pipe after the child exits
+LINGER = 1.0  # a child whose answer is complete (``until``) gets this long to exit
+# The run (probes/runner.py).
+GRACE = 0.4  # past a probe's deadline (x2 for a dependency, x3 for the run): its child's TERM+KILL, 0.3 s
+RUN_MARGIN = 0.5  # kept of the run's budget (at most half of it) for the report
+# The front door (./healthcheck: `hard=$((budget + 3))`, `kill_after=1`).
+FRONT_DOOR_GRACE = 3  # TERM this long past the budget (rounded up): the runner's 3 x GRACE, the report
+FRONT_DOOR_KILL_AFTER = 1  # then KILL; as long again, and it answers without the suite (stuck in D)
+# healthcheck serve's monitor runs `python -m probes` itself, and ends it this long after its budget:
+# the suite's own deadline, not the monitor's, normally ends a slow run.
+SERVE_RUN_GRACE = 5.0
+
+
+def hard_stop(timeout: float) -> int:
+    """Seconds into a run at which the front door TERMs it."""
+    return math.ceil(timeout) + FRONT_DOOR_GRACE
+
+
+def probe_timeout_floor(timeout: float) -> int:
+    """The least Kubernetes timeoutSeconds above the front door's KILL: the kubelet does not end the
+    grandchildren of an exec probe it timed out, so the front door must."""
+    return hard_stop(timeout) + FRONT_DOOR_KILL_AFTER + 1
