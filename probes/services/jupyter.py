@@ -42,68 +42,14 @@ from probes.context import Context
 from probes.result import Result, passed, verdict
 from probes.services import _net
 from probes.services._http import MAX_REPLY, _speaks_tls, exchange
-from probes.spec import ALL_PROFILES, BOOL, PORT, TEXT, URL_PATH, Declared, Spec, cause, setting
+from probes.spec import Cause
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from probes.spec import Cause
-
-NAME = "jupyter"
-MEASUREMENT = "responseTime"
-
-
-class Settings(Declared):
-    """The settings jupyter reads (``config.of(Settings)``)."""
-
-    jupyter_port: int = setting("HEALTHCHECK_JUPYTER_PORT", PORT, 8888, "Jupyter Server port")
-    jupyter_base_url: str = setting("HEALTHCHECK_JUPYTER_BASE_URL", URL_PATH, "/",
-                                    "Jupyter base URL, when no trusted runtime file says otherwise")
-    jupyter_tls: bool = setting("HEALTHCHECK_JUPYTER_TLS", BOOL, False,
-                                "Jupyter serves HTTPS, when no trusted runtime file says otherwise")
-    jupyter_runtime_dir: str | None = setting(
-        "HEALTHCHECK_JUPYTER_RUNTIME_DIR", TEXT, None,
-        "where `jpserver-*.json` files are looked for (see \"What is trusted in the runtime directory\")",
-        shown_default="`$JUPYTER_RUNTIME_DIR`, else `~/.local/share/jupyter/runtime`")
-
-
-# Jupyter Server is the tenant's own service: restarting it, or setting the probe right, is theirs.
-REFUSED = cause(
-    "refused", "nothing listening (the message lists what is, and names a refused runtime file and why)",
-    "start Jupyter or set `HEALTHCHECK_JUPYTER_PORT` to its port; remove stale `jpserver-*.json`",
-    action="restart-app", actor="tenant")
-STUCK = "Jupyter is hung or overloaded: restart it and check its log"
-HUNG = cause("hung", "accepted but no answer to `GET {base_url}api` before the deadline", STUCK,
-             action="restart-app", actor="tenant")
-DEADLINE = cause("deadline", "answer incomplete at the deadline", STUCK, action="restart-app", actor="tenant")
-NOT_JUPYTER = cause(
-    "not-jupyter", "answered, but not 200 with a JSON `version` "
-    "(404 = wrong base URL, 403 = Host check, 3xx/401 = proxy or login page), "
-    "not HTTP at all, or a reply over 144 KiB or with more than 1024 chunks",
-    "check `HEALTHCHECK_JUPYTER_PORT`, `HEALTHCHECK_JUPYTER_BASE_URL` (Jupyter's `ServerApp.base_url`) "
-    "and the server's log; probe Jupyter itself via `127.0.0.1` (or set `ServerApp.allow_remote_access`)",
-    action="fix-config", actor="tenant")
-HTTP_ERROR = cause("http-error", "HTTP 5xx", "Jupyter is failing: see its log", action="restart-app",
-                   actor="tenant")
-TLS_MISMATCH = cause(
-    "tls-mismatch", "plain HTTP sent to a TLS server, or HTTPS to a plain one",
-    "set `HEALTHCHECK_JUPYTER_TLS=true` for a server with `ServerApp.certfile`, `false` for one without, "
-    "or point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime directory; "
-    "remove stale `jpserver-*.json`", action="fix-config", actor="tenant")
-TLS_ERROR = cause(
-    "tls-error", "TLS handshake failed, or certificate not trusted (off loopback)",
-    "check `ServerApp.certfile` and `keyfile`, and that Jupyter holds the port; "
-    "probe over loopback (`HEALTHCHECK_HOST=127.0.0.1`), where a self-signed certificate is accepted",
-    action="fix-config", actor="tenant")
-
-SPEC = Spec(
-    NAME, layer="services", module=__name__, toggle="ENABLE_JUPYTER_CHECK", timeout=3.0,
-    profiles=ALL_PROFILES, measurement=MEASUREMENT,
-    about="Jupyter Server answers `GET {base_url}api` with its version", settings=Settings.SETTINGS,
-    causes=(REFUSED, HUNG, DEADLINE, NOT_JUPYTER, HTTP_ERROR, TLS_MISMATCH, TLS_ERROR,
-            services.CONNECT_TIMEOUT, services.UNREACHABLE),
-)
+SPEC = services.JUPYTER_SPEC
+NAME = SPEC.name
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*")  # noqa: S104  (addresses to listen on, not to connect to)
 PATH_CHARS = frozenset("-._~/!$&'()*+,;=:@%0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -143,7 +89,7 @@ TOKEN_CHARS = frozenset("-._~+/=0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKL
 
 def runtime_dir(config: Config, environ: Any = None) -> str:
     env = os.environ if environ is None else environ
-    given = config.of(Settings).jupyter_runtime_dir
+    given = config.of(services.JupyterSettings).jupyter_runtime_dir
     if given:
         return given
     if env.get("JUPYTER_RUNTIME_DIR"):
@@ -362,7 +308,7 @@ def _read_runtime_file(name: str, dir_fd: int, config: Config, listeners: _Liste
     owner = st.st_uid
     trusted_owner = owner in (0, os.geteuid())
     if not trusted_owner:
-        own_port = config.of(Settings).jupyter_port
+        own_port = config.of(services.JupyterSettings).jupyter_port
         if port != own_port:
             raise untrusted.Refused(f"owned by uid {owner} and names port {port}: a file of another "
                                     f"user may only describe HEALTHCHECK_JUPYTER_PORT {own_port}")
@@ -426,7 +372,7 @@ def find_runtime_file(config: Config, environ: Any = None, secret: bool = False
         os.close(dir_fd)
     if not found:
         return None, refused
-    port = config.of(Settings).jupyter_port
+    port = config.of(services.JupyterSettings).jupyter_port
     best = max(found, key=lambda f: (f["port"] == port, f["trusted_owner"], f["mtime"]))
     return best, refused
 
@@ -458,7 +404,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         target = {"source": found["file"], "host": found["host"], "port": found["port"],
                   "base_url": found["base_url"], "secure": found["secure"]}
     else:
-        own = cfg.of(Settings)
+        own = cfg.of(services.JupyterSettings)
         target = {"source": None, "host": cfg.host, "port": own.jupyter_port,
                   "base_url": own.jupyter_base_url, "secure": bool(own.jupyter_tls)}
     path = _request_path(target["base_url"])
@@ -488,33 +434,36 @@ def gather(ctx: Context) -> dict[str, Any]:
 LOGIN_STATUSES = (401, 407)
 NOT_200 = "not Jupyter: {where} answered {get} with HTTP {status}{src}"
 SPOKE_PLAIN = "TLS mismatch: {where} speaks HTTPS but the probe spoke plain HTTP"
+SPEAKS_PLAIN = "TLS mismatch: {where} speaks plain HTTP"
+CLOSED = "not Jupyter: {where} closed the connection "
 OUTCOMES: dict[str, tuple[Cause | None, str]] = {
     "ok": (None, "Jupyter Server {version} answered {get} at {scheme}://{where} in {ms:.0f} ms"),
-    "http-5xx": (HTTP_ERROR, "Jupyter at {where} answered {get} with HTTP {status}"),
-    "http-404": (NOT_JUPYTER, NOT_200 + ": wrong base URL? the server has no {path}"),
-    "http-403": (NOT_JUPYTER, NOT_200 + ": Jupyter refuses requests for a Host it does not trust"),
-    "http-login": (NOT_JUPYTER, NOT_200 + ": a proxy or login page answers instead of Jupyter"),
-    "http-other": (NOT_JUPYTER, NOT_200 + ": another web server holds the port"),
-    "no-version": (NOT_JUPYTER, "not Jupyter: {where} answered {get} with HTTP 200 ({ctype}) but no JSON "
-                                "version: another web server holds the port"),
-    "refused": (REFUSED, "nothing listening on {where} (connection refused{listening})"),
+    "http-5xx": (services.JUPYTER_HTTP_ERROR, "Jupyter at {where} answered {get} with HTTP {status}"),
+    "http-404": (services.NOT_JUPYTER, NOT_200 + ": wrong base URL? the server has no {path}"),
+    "http-403": (services.NOT_JUPYTER, NOT_200 + ": Jupyter refuses requests for a Host it does not trust"),
+    "http-login": (services.NOT_JUPYTER, NOT_200 + ": a proxy or login page answers instead of Jupyter"),
+    "http-other": (services.NOT_JUPYTER, NOT_200 + ": another web server holds the port"),
+    "no-version": (services.NOT_JUPYTER, "not Jupyter: {where} answered {get} with HTTP 200 ({ctype}) "
+                                         "but no JSON version: another web server holds the port"),
+    "refused": (services.JUPYTER_REFUSED, "nothing listening on {where} (connection refused{listening})"),
     "connect-timeout": (services.CONNECT_TIMEOUT, "connection to {where} not accepted within {budget:.1f}s"),
     "resolve": (services.UNREACHABLE, "cannot resolve host {host!r}{src}"),
     "unreachable": (services.UNREACHABLE, "cannot reach {where}{detail}"),
-    "hung": (HUNG, "hung: {where} accepted the connection but did not answer {get} within {budget:.1f}s"),
-    "partial": (DEADLINE, "answer from {where} incomplete at the deadline "
-                          "({received} bytes in {budget:.1f}s)"),
-    "tls-expected-by-file": (TLS_MISMATCH, SPOKE_PLAIN + " ({source} says http)"),
-    "tls-expected": (TLS_MISMATCH, SPOKE_PLAIN),
-    "plain-by-file": (TLS_MISMATCH, "TLS mismatch: {where} speaks plain HTTP but {source} says https"),
-    "plain": (TLS_MISMATCH, "TLS mismatch: {where} speaks plain HTTP but HEALTHCHECK_JUPYTER_TLS is true"),
-    "tls-verify": (TLS_ERROR, "the TLS certificate of {where} is not trusted"),
-    "tls-failed": (TLS_ERROR, "TLS handshake with {where}{src} failed"),
-    "too-large": (NOT_JUPYTER, "not Jupyter: {where} answered {get} with a reply too large "
-                               "({why}; {max_kib} KiB in all at most)"),
-    "bad-http": (NOT_JUPYTER, "not Jupyter: {where} does not answer HTTP ({excerpt})"),
-    "closed-mid-answer": (NOT_JUPYTER, "not Jupyter: {where} closed the connection mid-answer to {get}"),
-    "closed": (NOT_JUPYTER, "not Jupyter: {where} closed the connection without answering {get}"),
+    "hung": (services.JUPYTER_HUNG, "hung: {where} accepted the connection but did not answer {get} "
+                                    "within {budget:.1f}s"),
+    "partial": (services.JUPYTER_DEADLINE, "answer from {where} incomplete at the deadline "
+                                           "({received} bytes in {budget:.1f}s)"),
+    "tls-expected-by-file": (services.JUPYTER_TLS_MISMATCH, SPOKE_PLAIN + " ({source} says http)"),
+    "tls-expected": (services.JUPYTER_TLS_MISMATCH, SPOKE_PLAIN),
+    "plain-by-file": (services.JUPYTER_TLS_MISMATCH, SPEAKS_PLAIN + " but {source} says https"),
+    "plain": (services.JUPYTER_TLS_MISMATCH, SPEAKS_PLAIN + " but HEALTHCHECK_JUPYTER_TLS is true"),
+    "tls-verify": (services.JUPYTER_TLS_ERROR, "the TLS certificate of {where} is not trusted"),
+    "tls-failed": (services.JUPYTER_TLS_ERROR, "TLS handshake with {where}{src} failed"),
+    "too-large": (services.NOT_JUPYTER, "not Jupyter: {where} answered {get} with a reply too large "
+                                        "({why}; {max_kib} KiB in all at most)"),
+    "bad-http": (services.NOT_JUPYTER, "not Jupyter: {where} does not answer HTTP ({excerpt})"),
+    "closed-mid-answer": (services.NOT_JUPYTER, CLOSED + "mid-answer to {get}"),
+    "closed": (services.NOT_JUPYTER, CLOSED + "without answering {get}"),
 }
 # gather's outcomes that name their row as they are.
 AS_GATHERED = ("refused", "connect-timeout", "resolve", "unreachable", "tls-verify", "too-large", "bad-http")
@@ -601,5 +550,5 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
 
 
 def on_deadline(ctx: Context) -> Result:
-    where = _net.host_header(ctx.config.host, ctx.config.of(Settings).jupyter_port)
-    return verdict(NAME, DEADLINE, f"no answer from Jupyter at {where} before the deadline")
+    where = _net.host_header(ctx.config.host, ctx.config.of(services.JupyterSettings).jupyter_port)
+    return verdict(NAME, services.JUPYTER_DEADLINE, f"no answer from Jupyter at {where} before the deadline")

@@ -35,7 +35,15 @@ Hard cases, decided here:
 
 from __future__ import annotations
 
-from probes.spec import ABSOLUTE_PATH, NUMBER, TEXT, Declared, Spec, cause, setting
+import math
+import os
+import time
+
+from probes import hardware, services, untrusted
+from probes.framework import deep
+from probes.result import Result, passed, verdict
+from probes.services import jupyter
+from probes.state import life_identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,104 +51,16 @@ if TYPE_CHECKING:
 
     from probes.config import Config
     from probes.context import Context
-    from probes.result import Result
     from probes.services._kernel import Server
 
-NAME = "jupyter-kernel"
-MEASUREMENT = "startTime"
+SPEC = services.KERNEL_SPEC
+NAME = SPEC.name
 UNIT = "s"
-
-
-class Settings(Declared):
-    """The settings jupyter-kernel reads (``config.of(Settings)``)."""
-
-    jupyter_kernel_name: str | None = setting("HEALTHCHECK_JUPYTER_KERNEL_NAME", TEXT, None,
-                                              "the kernelspec jupyter-kernel starts",
-                                              shown_default="the server's default kernelspec")
-    jupyter_kernel_ttl: float = setting("HEALTHCHECK_JUPYTER_KERNEL_TTL", NUMBER, 600.0,
-                                        "seconds a passing jupyter-kernel result is reused by readiness",
-                                        low=0, high=86400, low_inclusive=True)
-    jupyter_token_file: str | None = setting(
-        "HEALTHCHECK_JUPYTER_TOKEN_FILE", ABSOLUTE_PATH, None,
-        "a file holding the server's token, for when no trusted runtime file gives it "
-        "(a probe run as root without `CAP_SYS_PTRACE`, as in the image)", shown_default="none")
-
-
-# The kernel, its kernelspec and its environment are the tenant's (their image, their ~/.local).
-API_ERROR = cause(
-    "api-error", "the kernel API did not answer `GET {base_url}api/kernelspecs` "
-    "(401/403: no trusted runtime file gave the token; or the server is unreachable)",
-    "point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime directory, "
-    "or `HEALTHCHECK_JUPYTER_TOKEN_FILE` at its token; on HTTP 5xx see Jupyter Server's log",
-    action="fix-config", actor="tenant")
-KERNELSPEC_MISSING = cause(
-    "kernelspec-missing", "the named (or default) kernelspec is not among the server's; "
-    "the message lists those that are",
-    "set `HEALTHCHECK_JUPYTER_KERNEL_NAME` to one of them, "
-    "or install the kernel (`python -m ipykernel install`)",
-    action="fix-config", actor="tenant")
-START_FAILED = cause(
-    "kernel-start-failed", "the server refused to start the kernel "
-    "(its reason, cleaned and bounded: for example an interpreter that is gone)",
-    "fix the kernelspec's `argv` (`jupyter kernelspec list`) or reinstall the kernel; see the server's log",
-    action="fix-config", actor="tenant")
-DIED = cause(
-    "kernel-died", "the kernel process exited during start-up; "
-    "the message gives the line of its output that names the cause (the module that failed to import)",
-    "remove or fix what breaks it (often a package under `~/.local`: `pip list --user`)",
-    action="fix-config", actor="tenant")
-TIMEOUT = cause(
-    "kernel-timeout", "no verified reply within the kernel's share of the deadline; the kernel is removed",
-    "the kernel hangs or the machine is overloaded; raise `HEALTHCHECK_TIMEOUT` if the image is slow",
-    action="retry", actor="tenant")
-NO_TORCH = cause(
-    "kernel-no-torch", "the kernel's interpreter cannot import torch",
-    "install torch in the kernel's environment or point the kernelspec at the image's Python",
-    action="fix-config", actor="tenant")
-NO_GPU = cause(
-    "kernel-no-gpu", "the kernel's torch sees no CUDA device "
-    "(a CPU-only torch in the kernel's environment, or `CUDA_VISIBLE_DEVICES` emptied)",
-    "install a CUDA build of torch in the kernel's environment, or use the image's kernel; "
-    "`HEALTHCHECK_TORCH_DEVICE=cpu` on CPU-only images", action="fix-config", actor="tenant")
-OP_FAILED = cause(
-    "kernel-op-failed", "the op raised in the kernel (a CUDA error, out of memory)",
-    "see the error it names; check the torch-cuda probe", action="retry", actor="tenant")
-# A wrong matmul is the GPU's: only the node's operator can drain the node and test it.
-WRONG_RESULT = cause(
-    "kernel-wrong-result", "the cell's answer is not the verified result "
-    "(a wrong matmul, no result line, an error)",
-    "silent data corruption; drain the node and run `dcgmi diag`", action="service-hardware",
-    actor="operator")
-WORKLOAD_MEMORY = cause(
-    "workload-memory", "NVML says the workload holds a GPU's memory: "
-    "torch imported and the GPU seen, no op run",
-    "not a fault: nothing to do", "warn", action="none", actor="tenant")
-CLIENT_MISSING = cause(
-    "client-missing", "websocket-client is not installed beside the suite: no kernel was started",
-    "install the suite with its `jupyter` extra (`pip install gpu-healthcheck[jupyter]`)", "warn",
-    action="fix-config", actor="tenant")
-KERNEL_LEFT = cause(
-    "kernel-left", "the kernel could not be removed (its processes could not be ended)",
-    "end them by hand (`jupyter` server log, `ps`); the suite may not signal the server's user",
-    action="restart-app", actor="tenant")
-
-SPEC = Spec(
-    NAME, layer="services", module=__name__, toggle="ENABLE_JUPYTER_KERNEL_CHECK", timeout=40.0,
-    profiles=("startup", "readiness"), requires=("jupyter",), measurement=MEASUREMENT,
-    follows="ENABLE_JUPYTER_CHECK",
-    about="through Jupyter Server, a kernel of the default kernelspec starts, imports torch and runs a "
-          "verified op on `HEALTHCHECK_TORCH_DEVICE`, and is shut down",
-    settings=Settings.SETTINGS,
-    causes=(API_ERROR, KERNELSPEC_MISSING, START_FAILED, DIED, TIMEOUT, NO_TORCH, NO_GPU, OP_FAILED,
-            WRONG_RESULT, WORKLOAD_MEMORY, CLIENT_MISSING, KERNEL_LEFT),
-)
 
 
 def requirements(config: Config) -> tuple[str, ...]:
     """The server must answer; on the GPU, the image's own torch must work there first."""
-    from probes.framework.deep import Torch
-
-    return (*SPEC.requires, "torch-cuda") if config.of(Torch).torch_device == "cuda" else SPEC.requires
+    return (*SPEC.requires, "torch-cuda") if config.of(deep.Torch).torch_device == "cuda" else SPEC.requires
 
 
 CACHE = "jupyter-kernel.json"
@@ -188,18 +108,17 @@ del _healthcheck
 
 def server(ctx: Context) -> tuple[Server, str | None]:
     """The server, found as the jupyter probe finds it, and the runtime file that said so."""
-    from probes.services import jupyter
     from probes.services._kernel import Server
 
     found, _ = jupyter.find_runtime_file(ctx.config, secret=True)
     if found is not None and found["token"]:
         return Server(found["host"], found["port"], found["base_url"], found["secure"], found["token"],
                       found["pid"]), found["file"]
-    token = token_file(ctx.config.of(Settings).jupyter_token_file)
+    token = token_file(ctx.config.of(services.KernelSettings).jupyter_token_file)
     if found is not None:
         return Server(found["host"], found["port"], found["base_url"], found["secure"], token,
                       found["pid"]), found["file"]
-    own = ctx.config.of(jupyter.Settings)
+    own = ctx.config.of(services.JupyterSettings)
     return Server(ctx.config.host, own.jupyter_port, own.jupyter_base_url, bool(own.jupyter_tls), token,
                   None), None
 
@@ -207,9 +126,6 @@ def server(ctx: Context) -> tuple[Server, str | None]:
 def token_file(path: str | None) -> str:
     """The token in HEALTHCHECK_JUPYTER_TOKEN_FILE (one line; a regular file of at most 4 KiB,
     never through a link, never blocking), or "" when there is none we can use."""
-    from probes import untrusted
-    from probes.services import jupyter
-
     if not path:
         return ""
     try:
@@ -220,19 +136,14 @@ def token_file(path: str | None) -> str:
 
 
 def _key(ctx: Context, srv: Server) -> dict[str, Any]:
-    from probes.framework.deep import Torch
-    from probes.state import life_identity
-
-    return {"kernel": ctx.config.of(Settings).jupyter_kernel_name,
-            "device": ctx.config.of(Torch).torch_device, "server": [srv.host, srv.port, srv.base_url],
+    return {"kernel": ctx.config.of(services.KernelSettings).jupyter_kernel_name,
+            "device": ctx.config.of(deep.Torch).torch_device, "server": [srv.host, srv.port, srv.base_url],
             "identity": life_identity()}
 
 
 def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
     """A cached pass (or do-no-harm warning) for the same key younger than ``ttl``, judged again
     (a damaged entry is a miss), or None."""
-    import time
-
     if not isinstance(entry, dict) or entry.get("key") != key or entry.get("status") not in ("pass", "warn"):
         return None
     data, finished = entry.get("data"), entry.get("finished")
@@ -251,13 +162,11 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dic
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes.framework import deep
-
     srv, source = server(ctx)
     if not ctx.state.enabled:
         return {**check(ctx, srv), "source": source, "cache": {"how": "off"}}
     key = _key(ctx, srv)
-    ttl = ctx.config.of(Settings).jupyter_kernel_ttl
+    ttl = ctx.config.of(services.KernelSettings).jupyter_kernel_ttl
     data = deep.locked_run(ctx, CACHE, key, lambda entry: _reuse(entry, key, ttl),
                            lambda: {**check(ctx, srv), "source": source}, judge, early=True)
     return data
@@ -265,12 +174,9 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 def _gentle(ctx: Context) -> dict[str, Any] | None:
     """The room survey's facts when the workload holds a GPU's memory (then no op runs), else None."""
-    import os
-
     from probes.framework import free_memory
-    from probes.framework.deep import Torch
 
-    own = ctx.config.of(Torch)
+    own = ctx.config.of(deep.Torch)
     if own.torch_device != "cuda":
         return None
     space = free_memory.survey(own.torch_min_free_mib, os.environ)
@@ -279,15 +185,12 @@ def _gentle(ctx: Context) -> dict[str, Any] | None:
 
 def check(ctx: Context, srv: Server) -> dict[str, Any]:
     """The costly run: kernelspecs, a kernel, its cell, its removal (see the module's docstring)."""
-    import time
-
     from probes import proc
-    from probes.framework.deep import Torch
     from probes.services import _kernel, _net, kernel_run
 
     end = ctx.deadline - proc.MARGIN
     share = end - min(CLEANUP, max(0.0, end - time.monotonic()) / 4)
-    device = ctx.config.of(Torch).torch_device
+    device = ctx.config.of(deep.Torch).torch_device
     data: dict[str, Any] = {"kind": "kernel", "lingered": False, "device": device,
                             "where": _net.host_header(srv.host, srv.port),
                             "budget": round(max(0.0, share - time.monotonic()), 2)}
@@ -297,7 +200,7 @@ def check(ctx: Context, srv: Server) -> dict[str, Any]:
         return {**data, "outcome": "api", "http": specs.get("status"), "net": specs["outcome"],
                 "finished": time.time()}
     names, default, specs_by_name = listing
-    name = ctx.config.of(Settings).jupyter_kernel_name or default
+    name = ctx.config.of(services.KernelSettings).jupyter_kernel_name or default
     data["kernel"] = name
     if name not in specs_by_name:
         return {**data, "outcome": "kernelspec-missing", "names": names, "finished": time.time()}
@@ -314,10 +217,8 @@ def check(ctx: Context, srv: Server) -> dict[str, Any]:
 
 
 def on_deadline(ctx: Context) -> Result:
-    from probes.result import verdict
-
-    return verdict(NAME, TIMEOUT, "no result within the deadline (the kernel started by the probe is removed "
-                   "when the suite exits)", unit=UNIT)
+    return verdict(NAME, services.KERNEL_TIMEOUT, "no result within the deadline "
+                   "(the kernel started by the probe is removed when the suite exits)", unit=UNIT)
 
 
 def end_all() -> None:
@@ -330,9 +231,6 @@ def end_all() -> None:
 # ---------------------------------------------------------------- judge
 
 def judge(data: dict[str, Any], ctx: Context | None) -> Result:
-    from probes.framework import deep
-    from probes.result import verdict
-
     kind = data.get("kind")
     if kind == "lock-timeout":
         return deep.lock_timeout(NAME, data, unit=UNIT)
@@ -342,14 +240,12 @@ def judge(data: dict[str, Any], ctx: Context | None) -> Result:
         result = result._replace(message=f"{result.message} (cached, {cache.get('age', 0):.0f}s old)")
     if data.get("lingered") and result.reason != "kernel-left":
         left = data.get("cleanup", {}).get("left")
-        return verdict(NAME, KERNEL_LEFT, f"{result.message}; and the kernel could not be removed ({left} "
-                       "process(es) left)", unit=UNIT, facts=result.facts)
+        return verdict(NAME, services.KERNEL_LEFT, f"{result.message}; and the kernel could not be removed "
+                       f"({left} process(es) left)", unit=UNIT, facts=result.facts)
     return result
 
 
 def _fields(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    from probes import untrusted
-
     name = untrusted.clean(data.get("kernel") or "?", 40)
     facts = {"kernel": name, "device": data.get("device"), "runtime_file": data.get("source"),
              "cache": data.get("cache"), "cleanup": data.get("cleanup")}
@@ -358,9 +254,6 @@ def _fields(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
     """The verdict on a run's data (a cached one's too): gather's outcome names the row."""
-    from probes import untrusted
-    from probes.result import verdict
-
     what, facts = _fields(data)
     kw: dict[str, Any] = {"unit": UNIT, "facts": facts}
     outcome = data.get("outcome")
@@ -372,41 +265,41 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
                else f"HTTP {status}: the server failed; "
                     "a read-only home or /tmp keeps it from listing kernels" if failing
                else f"HTTP {status}" if status else f"{untrusted.clean(data.get('net'), 30)}")
-        return verdict(NAME, API_ERROR, f"the kernel API at {where} did not list kernelspecs ({why})", **kw)
+        return verdict(NAME, services.KERNEL_API_ERROR, f"the kernel API at {where} did not list "
+                       f"kernelspecs ({why})", **kw)
     if outcome == "no-client":
-        return verdict(NAME, CLIENT_MISSING, "not checked: websocket-client, which speaks to a kernel's "
-                       "channels, is not installed beside the suite", **kw)
+        return verdict(NAME, services.KERNEL_CLIENT_MISSING, "not checked: websocket-client, which speaks to "
+                       "a kernel's channels, is not installed beside the suite", **kw)
     if outcome == "kernelspec-missing":
         names = [untrusted.clean(n, 40) for n in data.get("names") or []]
         have = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "") or "none"
-        return verdict(NAME, KERNELSPEC_MISSING, f"no kernelspec {what[7:]} on the server (it has: {have})",
-                       **kw)
+        return verdict(NAME, services.KERNELSPEC_MISSING, f"no kernelspec {what[7:]} on the server "
+                       f"(it has: {have})", **kw)
     if outcome == "start-failed":
         why = untrusted.clean(data.get("why"), 200)
         if data.get("interpreter"):
             why += f" ({untrusted.clean(data['interpreter'], 160)})"
-        return verdict(NAME, START_FAILED, f"the server could not start {what}: {why}", **kw)
+        return verdict(NAME, services.KERNEL_START_FAILED, f"the server could not start {what}: {why}", **kw)
     if outcome == "died":
         said = data.get("said")
         shown = f": {untrusted.clean(said, 200)}" if said else " (the server's log has its output)"
-        return verdict(NAME, DIED, f"{what} died during start-up{shown}", **kw)
+        return verdict(NAME, services.KERNEL_DIED, f"{what} died during start-up{shown}", **kw)
     if outcome == "channels-failed":
         why = untrusted.clean(data.get("why"), 80)
         denied = why.endswith(("HTTP 401", "HTTP 403"))
-        return verdict(NAME, API_ERROR if denied else START_FAILED, f"{what} started but {why}", **kw)
+        found = services.KERNEL_API_ERROR if denied else services.KERNEL_START_FAILED
+        return verdict(NAME, found, f"{what} started but {why}", **kw)
     if outcome == "timeout":
         stage = {"start": "to start", "connect": "to answer", "execute": "to run the cell"}.get(
             str(data.get("stage")), "to answer")
         budget = float(data.get("budget") or 0)
-        return verdict(NAME, TIMEOUT, f"{what} gave no verified reply within {budget:.1f}s: it took too long "
-                       f"{stage}; it was removed", **kw)
+        return verdict(NAME, services.KERNEL_TIMEOUT, f"{what} gave no verified reply within {budget:.1f}s: "
+                       f"it took too long {stage}; it was removed", **kw)
     return _judge_reply(data, what, kw, ctx)
 
 
 def _report(stdout: str) -> dict[str, Any] | None:
     """The cell's result line, read strictly (untrusted), or None."""
-    from probes import untrusted
-
     lines = [ln for ln in stdout.splitlines() if ln.startswith(PREFIX)]
     if len(lines) != 1:
         return None
@@ -418,24 +311,19 @@ def _report(stdout: str) -> dict[str, Any] | None:
 
 
 def _number(value: Any) -> float | None:
-    import math
-
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
     return float(value) if ok else None
 
 
 def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Context | None) -> Result:
-    from probes import untrusted
-    from probes.result import passed, verdict
-
     report = _report(str(data.get("stdout") or ""))
     if report is None:
         err = data.get("error") or {}
         shown = f" ({untrusted.clean(err.get('ename'), 60)}: {untrusted.clean(err.get('evalue'), 120)})" \
             if err else ""
         # Not a wrong matmul: the remedy for silent data corruption would mislead.
-        return verdict(NAME, WRONG_RESULT, f"{what} ran the cell but gave no result line{shown}",
-                       remedy=False, **kw)
+        return verdict(NAME, services.KERNEL_WRONG_RESULT, f"{what} ran the cell but gave no "
+                       f"result line{shown}", remedy=False, **kw)
     version = untrusted.clean(report.get("torch") or "?", 40)
     kw["facts"]["torch"] = version
     err = report.get("error") if isinstance(report.get("error"), dict) else None
@@ -443,28 +331,28 @@ def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Conte
         module = untrusted.clean(err.get("module") or "", 60)
         detail = (f"no module {module!r}" if module else
                   f"{untrusted.clean(err.get('type'), 40)}: {untrusted.clean(err.get('text'), 120)}")
-        return verdict(NAME, NO_TORCH, f"{what} cannot import torch ({detail})", **kw)
+        return verdict(NAME, services.KERNEL_NO_TORCH, f"{what} cannot import torch ({detail})", **kw)
     sees = report.get("available") is True and (_number(report.get("count")) or 0) > 0
     if data.get("device") == "cuda" and not sees:
         build = " (a CPU-only build)" if report.get("cuda") is None else ""
-        return verdict(NAME, NO_GPU, f"{what}'s torch {version}{build} sees no CUDA device{_gpu_layer(ctx)}",
-                       **kw)
+        return verdict(NAME, services.KERNEL_NO_GPU, f"{what}'s torch {version}{build} sees no CUDA "
+                       f"device{_gpu_layer(ctx)}", **kw)
     if err is not None:
-        return verdict(NAME, OP_FAILED, f"the op failed in {what} ({untrusted.clean(err.get('type'), 40)}: "
-                       f"{untrusted.clean(err.get('text'), 120)})", **kw)
+        raised = f"{untrusted.clean(err.get('type'), 40)}: {untrusted.clean(err.get('text'), 120)}"
+        return verdict(NAME, services.KERNEL_OP_FAILED, f"the op failed in {what} ({raised})", **kw)
     observed = _number(data.get("observed"))
     if data.get("room") is not None:
         count = report.get("count")
-        return verdict(NAME, WORKLOAD_MEMORY, f"{what} started in {observed or 0:.1f}s, imports torch "
-                       f"{version} and sees {count} GPU(s); the op was not run: "
+        return verdict(NAME, services.KERNEL_WORKLOAD_MEMORY, f"{what} started in {observed or 0:.1f}s, "
+                       f"imports torch {version} and sees {count} GPU(s); the op was not run: "
                        "the workload holds a GPU's memory", observed=observed, **kw)
     op = report.get("op")
     op = op if isinstance(op, dict) else {}
     err_max, scale = _number(op.get("max_err")), _number(op.get("scale"))
     if err_max is None or scale is None or scale <= 0 or err_max / scale > TOLERANCE:
         shown = f"{err_max / scale:.1e}" if err_max is not None and scale else "not a number"
-        return verdict(NAME, WRONG_RESULT, f"wrong result in {what}: the matmul differs from the CPU "
-                       f"reference by {shown} (tolerance {TOLERANCE:.0e})", **kw)
+        return verdict(NAME, services.KERNEL_WRONG_RESULT, f"wrong result in {what}: the matmul differs from "
+                       f"the CPU reference by {shown} (tolerance {TOLERANCE:.0e})", **kw)
     device = untrusted.clean(data.get("device"), 8)
     return passed(NAME, f"{what} started and ran a verified matmul on {device} in {observed or 0:.1f}s "
                   f"(torch {version})", observed=observed, **kw)
@@ -472,8 +360,6 @@ def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Conte
 
 def _gpu_layer(ctx: Context | None) -> str:
     """", while NVML sees 2 GPU(s)" when the GPU layer saw some in this run."""
-    from probes import hardware
-
     seen = hardware.seen(ctx.results) if ctx is not None else None
     count = seen.count if seen is not None and seen.ok else None
     return f" while NVML sees {count} GPU(s)" if count else ""

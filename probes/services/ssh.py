@@ -40,45 +40,14 @@ from probes import services
 from probes.context import Context
 from probes.result import Result, passed, verdict
 from probes.services import _net
-from probes.spec import ALL_PROFILES, PORT, Declared, Spec, cause, setting
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-NAME = "ssh"
-MEASUREMENT = "banner"
-
-
-class Settings(Declared):
-    """The settings ssh reads (``ctx.config.of(Settings)``)."""
-
-    ssh_port: int = setting("HEALTHCHECK_SSH_PORT", PORT, 22, "sshd port")
-
-
-REFUSED = cause("refused", "nothing listening on the SSH port (the message lists what is listening)",
-                "start sshd (`/usr/sbin/sshd`) or set `HEALTHCHECK_SSH_PORT` to its port",
-                action="restart-app", actor="tenant")
-NO_BANNER = cause(
-    "no-banner", "port accepts but sends nothing before the deadline, or closes without a banner",
-    "sshd is hung, or refuses this client (MaxStartups, PerSourcePenalties, tcp wrappers): "
-    "restart it and check its log", action="restart-app", actor="tenant")
-NOT_SSH = cause("not-ssh", "the first line is not `SSH-2.0-`/`SSH-1.99-` (short excerpt quoted), "
-                           "or the server speaks only SSH protocol 1",
-                "another service holds the port; check `HEALTHCHECK_SSH_PORT` and what listens there "
-                "(an sshd of protocol 1 only: install a current openssh-server)", action="fix-config",
-                actor="tenant")
-ECHO = cause("echo", "the server sent back our own `SSH-2.0-healthcheck` line "
-                     "(an echo service, or a port forward that loops back)",
-             "not sshd: point `HEALTHCHECK_SSH_PORT` at sshd's port", action="fix-config", actor="tenant")
-
-SPEC = Spec(
-    NAME, layer="services", module=__name__, toggle="ENABLE_SSH_CHECK", timeout=3.0, profiles=ALL_PROFILES,
-    measurement=MEASUREMENT, about="sshd sends an `SSH-2.0-` identification line", settings=Settings.SETTINGS,
-    causes=(REFUSED, NO_BANNER, NOT_SSH, ECHO, services.SSHD_STUCK, services.CONNECT_TIMEOUT,
-            services.UNREACHABLE),
-)
+SPEC = services.SSH_SPEC
+NAME = SPEC.name
 
 
 MAX_LINE = 255  # RFC 4253 4.2, including CR LF
@@ -113,7 +82,7 @@ def _scan(buf: bytes) -> dict[str, Any] | None:
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    cfg, port = ctx.config, ctx.config.of(Settings).ssh_port
+    cfg, port = ctx.config, ctx.config.of(services.SshSettings).ssh_port
     deadline = ctx.deadline
     t0 = time.monotonic()
     data: dict[str, Any] = {"host": cfg.host, "port": port, "budget": max(0.0, deadline - t0),
@@ -195,10 +164,10 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
             return passed(NAME, f"sshd at {where} identifies as {shown} (SSH-{proto})",
                           observed=software, facts=facts)
         if proto in ("2.0", "1.99"):
-            return verdict(NAME, NOT_SSH, f"the SSH banner at {where} names no software version: "
+            return verdict(NAME, services.NOT_SSH, f"the SSH banner at {where} names no software version: "
                            f"{_net.safe_excerpt(data['line'])}", facts=facts)
-        return verdict(NAME, NOT_SSH, f"the server at {where} speaks only SSH protocol {proto!r}, not 2.0",
-                       facts=facts)
+        return verdict(NAME, services.NOT_SSH, f"the server at {where} speaks only SSH "
+                       f"protocol {proto!r}, not 2.0", facts=facts)
     if outcome == "refused":
         listening = data.get("listening")
         if listening is None:
@@ -207,7 +176,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
             extra = f" (listening here: {', '.join(listening)})"
         else:
             extra = " (no TCP port is listening here)"
-        return verdict(NAME, REFUSED, f"connection refused: nothing listening on {where}{extra}",
+        return verdict(NAME, services.SSH_REFUSED, f"connection refused: nothing listening on {where}{extra}",
                        facts={"listening": listening or []})
     if outcome == "resolve":
         return verdict(NAME, services.UNREACHABLE, f"cannot resolve HEALTHCHECK_HOST {data['host']!r}")
@@ -216,26 +185,27 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return verdict(NAME, services.UNREACHABLE, f"cannot reach {where}{why}")
     if outcome == "echo":
         ours = CLIENT_ID.rstrip(b"\r\n").decode()
-        return verdict(NAME, ECHO, f"{where} sent back our own identification line ({ours}) instead of an "
-                       "SSH banner: an echo service or a port forward that loops back holds the port")
+        return verdict(NAME, services.SSH_ECHO, f"{where} sent back our own identification line ({ours}) "
+                       "instead of an SSH banner: an echo service or a port forward "
+                       "that loops back holds the port")
     budget = float(data["budget"])
     if outcome == "connect-timeout":
         return verdict(NAME, services.CONNECT_TIMEOUT,
                        f"connection to {where} not accepted within {budget:.1f}s")
     received = data.get("received", 0)
     if outcome == "timeout" and received == 0:
-        return verdict(NAME, NO_BANNER, f"no banner: {where} accepted the connection "
+        return verdict(NAME, services.SSH_NO_BANNER, f"no banner: {where} accepted the connection "
                        f"but sent nothing within {budget:.1f}s")
     partial: bytes = data.get("partial", b"")
     if outcome == "timeout" and partial and b"SSH-".startswith(partial[:4]):
         return verdict(NAME, services.SSHD_STUCK, f"SSH banner from {where} incomplete at the deadline "
                        f"({received} bytes in {budget:.1f}s)")
     if outcome == "closed" and received == 0:
-        return verdict(NAME, NO_BANNER, f"no banner: {where} closed the connection without one")
+        return verdict(NAME, services.SSH_NO_BANNER, f"no banner: {where} closed the connection without one")
     # too-long, not-ssh, or a timeout or close after something that is no banner
-    return verdict(NAME, NOT_SSH, f"not an SSH banner from {where}: {data['excerpt']}")
+    return verdict(NAME, services.NOT_SSH, f"not an SSH banner from {where}: {data['excerpt']}")
 
 
 def on_deadline(ctx: Context) -> Result:
-    where = _net.host_header(ctx.config.host, ctx.config.of(Settings).ssh_port)
+    where = _net.host_header(ctx.config.host, ctx.config.of(services.SshSettings).ssh_port)
     return verdict(NAME, services.SSHD_STUCK, f"no SSH banner from {where} before the deadline")

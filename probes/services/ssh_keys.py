@@ -34,10 +34,10 @@ import os
 import stat
 import time
 
+from probes import services
 from probes.context import Context
 from probes.record import Record
 from probes.result import Result, passed, verdict
-from probes.spec import TEXT, Declared, Spec, cause, setting
 from probes.untrusted import Refused, clean, read_regular
 
 TYPE_CHECKING = False
@@ -45,47 +45,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-NAME = "ssh-keys"
-MEASUREMENT = "strict-modes"
-
-
-class Settings(Declared):
-    """The settings ssh-keys reads (``ctx.config.of(Settings)``)."""
-
-    ssh_user: str | None = setting("HEALTHCHECK_SSH_USER", TEXT, None,
-                                   "the user whose key files and account are checked as sshd would",
-                                   shown_default="`$DEV_USER`, else the check is skipped")
-
-
-ACCOUNT = cause("ssh-account", "the account cannot log in: no such user, login shell missing or `nologin`, "
-                               "account expired, or password locked (`!`) while sshd runs without PAM",
-                "create the account or fix it (`usermod -s /bin/bash USER`, `usermod -e '' USER`, "
-                "`usermod -U USER`)", action="fix-config", actor="tenant")
-# The message gives the command that mends the path it names (remedy=False).
-STRICT_MODES = cause("ssh-strict-modes", "sshd's StrictModes refuses the key file: "
-                                         "it, `~/.ssh` or the home directory is group/other-writable "
-                                         "or owned by another user, or the file is not a regular file "
-                                         "(the message names the path, owner and mode)",
-                     "the command the message gives, e.g. `chmod g-w /home/dev`", action="fix-config",
-                     actor="tenant")
-NO_KEYS = cause("ssh-no-keys", "no authorized keys file, or it is empty or holds no public key that parses: "
-                               "nobody can log in with a key yet",
-                "give keys (`SSH_AUTHORIZED_KEYS` in the image) or fix the file's lines", "warn",
-                action="fix-config", actor="tenant")
-# A home directory on a network or host mount that hangs: the node's storage, not the container.
-HUNG = cause("deadline", "the key files were not read before the deadline (a hung file system)",
-             "check the home directory's mount", action="retry", actor="operator")
-NO_USER = cause("no-user", "neither `HEALTHCHECK_SSH_USER` nor `DEV_USER` is set",
-                "set `HEALTHCHECK_SSH_USER` (or `DEV_USER`) to the user who logs in over SSH", "skip",
-                action="fix-config", actor="tenant")
-
-SPEC = Spec(
-    NAME, layer="services", module=__name__, toggle="ENABLE_SSH_CHECK", timeout=2.0,
-    profiles=("startup", "readiness"), measurement=MEASUREMENT,
-    about="the SSH user's home, `~/.ssh` and `authorized_keys` pass sshd's StrictModes, hold a key, and the "
-          "account may log in",
-    settings=Settings.SETTINGS, causes=(ACCOUNT, STRICT_MODES, NO_KEYS, HUNG, NO_USER),
-)
+SPEC = services.KEYS_SPEC
+NAME = SPEC.name
 
 
 class System(Record):
@@ -326,7 +287,7 @@ def count_keys(raw: bytes) -> int:
 
 def gather(ctx: Context, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = os.environ if environ is None else environ
-    user = ctx.config.of(Settings).ssh_user or env.get("DEV_USER") or None
+    user = ctx.config.of(services.SshKeysSettings).ssh_user or env.get("DEV_USER") or None
     return collect(user, SYSTEM)
 
 
@@ -361,27 +322,28 @@ def _account_problem(data: Mapping[str, Any]) -> str | None:
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     if data["outcome"] == "no-user":
-        return verdict(NAME, NO_USER, "no SSH user to check")
+        return verdict(NAME, services.KEYS_NO_USER, "no SSH user to check")
     user = clean(data["user"], 64)
     if data["outcome"] == "no-such-user":
-        return verdict(NAME, ACCOUNT, f"SSH user {user} does not exist")
+        return verdict(NAME, services.KEYS_ACCOUNT, f"SSH user {user} does not exist")
     problem = _account_problem(data)
     if problem is not None:
-        return verdict(NAME, ACCOUNT, f"{user} cannot log in over SSH: {problem}")
+        return verdict(NAME, services.KEYS_ACCOUNT, f"{user} cannot log in over SSH: {problem}")
     files = data["files"]
     if data["strict"]:
         for f in files:
             if f["state"] == "unsafe":
                 p = f["problem"]
                 what = f["why"] if f.get("why") else f"owner uid {p['owner']}, mode {p['mode']}"
-                return verdict(NAME, STRICT_MODES, f"sshd (StrictModes) refuses every key of {user}: "
+                return verdict(NAME, services.KEYS_STRICT_MODES,
+                               f"sshd (StrictModes) refuses every key of {user}: "
                                f"{clean(p['path'], 120)} ({what}): run `{clean(p['fix'], 160)}`",
                                remedy=False,
                                facts={"path": clean(p["path"], 200), "owner": p["owner"], "mode": p["mode"]})
     keys = sum(f.get("keys", 0) for f in files)
     if keys == 0:
-        return verdict(NAME, NO_KEYS, f"nobody can log in as {user} with a key yet: {_no_keys(files)}",
-                       observed=0, unit="keys")
+        return verdict(NAME, services.KEYS_NONE, f"nobody can log in as {user} with a key yet: "
+                       f"{_no_keys(files)}", observed=0, unit="keys")
     return passed(NAME, f"{user}: {keys} authorized key(s), sshd's StrictModes accept the key files",
                   observed=keys, unit="keys")
 
@@ -400,4 +362,5 @@ def _no_keys(files: list[dict[str, Any]]) -> str:
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(NAME, HUNG, "the SSH key files were not read before the deadline (a hung file system?)")
+    return verdict(NAME, services.KEYS_HUNG,
+                   "the SSH key files were not read before the deadline (a hung file system?)")

@@ -29,83 +29,20 @@ import stat
 from probes import services
 from probes.context import Context
 from probes.result import Result, passed, verdict
-from probes.services import ssh
-from probes.spec import ABSOLUTE_PATH, TEXT, Spec, cause, setting
 from probes.untrusted import Refused, clean, read_regular, squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-NAME = "ssh-login"
-MEASUREMENT = "login"
 HOST_ALIAS = "healthcheck-probe"  # the name the known hosts file and the client agree on
 # ssh_host_*_key.pub in the first of these that has any, unless HEALTHCHECK_SSH_HOST_KEYS says
 # otherwise: /etc/ssh, or on a read-only root where the image's entrypoint makes them (docs/image.md).
 HOST_KEY_DIRS = ("/etc/ssh", "/run/ssh-host-keys/etc/ssh")
 HOST_KEYS = f"{HOST_KEY_DIRS[0]}/ssh_host_*_key.pub"
 MAX_HOST_KEY = 16 << 10  # bytes of one public host key file
-
-
-def parse_host_keys(text: str) -> str:
-    """Comma-separated absolute paths of public host key files."""
-    paths = [p.strip() for p in text.split(",")]
-    if not all(p.startswith("/") for p in paths):
-        raise ValueError("is not a list of absolute paths (accepted: /etc/ssh/ssh_host_ed25519_key.pub,...)")
-    return ",".join(paths)
-
-
-class Settings(ssh.Settings):
-    """The settings ssh-login reads (``ctx.config.of(Settings)``): ssh's port, and its own."""
-
-    ssh_probe_key: str | None = setting(
-        "HEALTHCHECK_SSH_PROBE_KEY", ABSOLUTE_PATH, None,
-        "the probe principal's private key (root-only); setting it turns the `ssh-login` probe on",
-        shown_default="unset (the image sets `/run/healthcheck-ssh/id_ed25519`)")
-    ssh_probe_user: str = setting("HEALTHCHECK_SSH_PROBE_USER", TEXT, "healthcheck",
-                                  "the user the probe logs in as")
-    ssh_host_keys: str | None = setting(
-        "HEALTHCHECK_SSH_HOST_KEYS", TEXT, None,
-        "comma-separated public host key files the server's key must be one of",
-        shown_default="`/etc/ssh/ssh_host_*_key.pub`", parse=parse_host_keys)
-
-
-AUTH_FAILED = cause("ssh-auth-failed", "sshd refused the probe key (publickey): the key is not authorized, "
-                                       "or StrictModes, the account or AuthorizedKeysFile turned it away",
-                    "see sshd's log; the `ssh-keys` probe names a StrictModes problem; "
-                    "restore the probe's authorized key (restart the container)",
-                    action="restart-container", actor="tenant")
-LOGIN_FAILED = cause("ssh-login-failed", "authenticated, but the session did not run or its command failed "
-                                         "(account, shell, PAM, MaxSessions)",
-                     "see sshd's log and the probe user's account and shell", action="fix-config",
-                     actor="tenant")
-HOSTKEY = cause("ssh-hostkey", "the server's host key is none of the container's own public host keys",
-                "another server answers on the SSH port, or the host keys changed under sshd: restart sshd",
-                action="restart-app", actor="tenant")
-PROBE_KEY = cause("ssh-probe-key", "the probe key is missing, a link, not owned by the suite's user, "
-                                   "or readable by others (the client refuses it)",
-                  "fix `HEALTHCHECK_SSH_PROBE_KEY` (the suite's own file, `chmod 600`)", action="fix-config",
-                  actor="tenant")
-NO_HOST_KEYS = cause("no-host-keys", "no public host key could be read to check the server against",
-                     "set `HEALTHCHECK_SSH_HOST_KEYS`, or generate host keys (`ssh-keygen -A`)",
-                     action="fix-config", actor="tenant")
-NO_CLIENT = cause("no-client", "the `ssh` client is not installed", "install openssh-client",
-                  action="fix-config", actor="tenant")
-COULD_NOT = cause("could-not", "the run's known hosts file could not be written "
-                               "(no writable private directory, or a full disk)",
-                  "give the suite a writable `HEALTHCHECK_STATE_DIR` or `TMPDIR`", "warn",
-                  action="fix-config", actor="tenant")
-
-SPEC = Spec(
-    NAME, layer="services", module=__name__, toggle="ENABLE_SSH_LOGIN_CHECK", timeout=5.0,
-    profiles=("startup", "readiness"), requires=("ssh",), measurement=MEASUREMENT, default_on=False,
-    on_with="ssh_probe_key", follows="ENABLE_SSH_CHECK",
-    about="a real SSH key login of a restricted loopback-only probe principal "
-          "runs its forced command (opt-in)",
-    settings=Settings.SETTINGS,
-    causes=(AUTH_FAILED, LOGIN_FAILED, HOSTKEY, PROBE_KEY, NO_HOST_KEYS, NO_CLIENT, services.SSHD_STUCK,
-            COULD_NOT),
-)
+SPEC = services.LOGIN_SPEC
+NAME = SPEC.name
 
 
 def key_problem(path: str) -> str | None:
@@ -147,7 +84,7 @@ def known_hosts(host_keys: str | None) -> list[str]:
     return lines
 
 
-def client_argv(s: Settings, host: str, hosts_file: str, deadline_left: float) -> list[str]:
+def client_argv(s: services.SshLoginSettings, host: str, hosts_file: str, deadline_left: float) -> list[str]:
     opts = {"BatchMode": "yes", "IdentitiesOnly": "yes", "IdentityAgent": "none",
             "IdentityFile": str(s.ssh_probe_key),
             "PreferredAuthentications": "publickey", "PasswordAuthentication": "no",
@@ -176,7 +113,7 @@ def _scratch(ctx: Context) -> str | None:
 def gather(ctx: Context) -> dict[str, Any]:
     from probes import proc
 
-    s = ctx.config.of(Settings)
+    s = ctx.config.of(services.SshLoginSettings)
     key = s.ssh_probe_key
     if key is None:
         return {"outcome": "no-key"}
@@ -233,17 +170,20 @@ def _last_words(stderr: bytes) -> str:
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     outcome = data["outcome"]
     if outcome == "no-key":
-        return verdict(NAME, PROBE_KEY, "HEALTHCHECK_SSH_PROBE_KEY is not set: the login probe has no key")
+        return verdict(NAME, services.LOGIN_PROBE_KEY,
+                       "HEALTHCHECK_SSH_PROBE_KEY is not set: the login probe has no key")
     if outcome == "probe-key":
-        return verdict(NAME, PROBE_KEY, f"the probe key {clean(data['key'], 120)} {data['problem']}")
+        return verdict(NAME, services.LOGIN_PROBE_KEY,
+                       f"the probe key {clean(data['key'], 120)} {data['problem']}")
     if outcome == "no-host-keys":
-        return verdict(NAME, NO_HOST_KEYS, f"no public host key read from {clean(data['where'], 120)}: "
-                       "nothing to check the server against")
+        return verdict(NAME, services.LOGIN_NO_HOST_KEYS, "no public host key read from "
+                       f"{clean(data['where'], 120)}: nothing to check the server against")
     if outcome == "could-not":
-        return verdict(NAME, COULD_NOT, "login not checked: the known hosts file could not be written "
-                       "(state dir and TMPDIR not writable, or full)")
+        return verdict(NAME, services.LOGIN_COULD_NOT, "login not checked: the known hosts file could not "
+                       "be written (state dir and TMPDIR not writable, or full)")
     if data["spawn_error"]:
-        return verdict(NAME, NO_CLIENT, f"cannot run the ssh client ({clean(data['spawn_error'], 60)})")
+        return verdict(NAME, services.LOGIN_NO_CLIENT,
+                       f"cannot run the ssh client ({clean(data['spawn_error'], 60)})")
     where, user = data["where"], clean(data["user"], 32)
     if data["timed_out"]:
         return verdict(NAME, services.SSHD_STUCK, f"no SSH login as {user} at {where} before the deadline "
@@ -255,12 +195,12 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     reason = classify(data["returncode"], data["stderr"])
     said = _last_words(data["stderr"])
     if reason == "ssh-hostkey":
-        return verdict(NAME, HOSTKEY, f"the server at {where} offered a host key "
+        return verdict(NAME, services.LOGIN_HOSTKEY, f"the server at {where} offered a host key "
                        f"that is not the container's own ({said})", observed=elapsed, unit="s")
     if reason == "ssh-auth-failed":
-        return verdict(NAME, AUTH_FAILED, f"sshd at {where} refused the probe key for {user} ({said})",
-                       observed=elapsed, unit="s")
-    return verdict(NAME, LOGIN_FAILED, f"login as {user} at {where} did not run its command "
+        return verdict(NAME, services.LOGIN_AUTH_FAILED, f"sshd at {where} refused the probe key for {user} "
+                       f"({said})", observed=elapsed, unit="s")
+    return verdict(NAME, services.LOGIN_FAILED, f"login as {user} at {where} did not run its command "
                    f"(exit {data['returncode']}: {said})", observed=elapsed, unit="s")
 
 

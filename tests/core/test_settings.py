@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from probes import config, registry
+from probes import config, registry, services
 from probes.framework import deep
 from probes.spec import BOOL, INTEGER, NUMBER, PORT, Declared, Setting, Spec, load
 
@@ -57,7 +57,7 @@ def test_a_probe_that_declares_its_settings_once_lists_its_settings_class(spec):
 
 
 def test_the_record_carries_the_defaults_and_the_parsed_environment():
-    ssh, torch = load("probes.services.ssh").Settings, deep.Torch
+    ssh, torch = services.SshSettings, deep.Torch
     assert config.load({}).of(ssh).ssh_port == 22
     cfg = config.load({"HEALTHCHECK_SSH_PORT": " 2222 ", "HEALTHCHECK_TORCH_TTL": "7",
                        "HEALTHCHECK_TORCH_DEVICE": "cpu"})
