@@ -81,10 +81,7 @@ CUDA_CAUSES = (CUDA_UNAVAILABLE, DRIVER_TOO_OLD, DEVICE_BUSY, MPS_BUSY, OOM, CUD
                FABRIC_MANAGER, DRIVER_MISMATCH, FORWARD_COMPAT, CUDA_UNKNOWN, CUDA_INIT)
 
 
-# ---------------------------------------------------------------------------
-# checkpoint
-# ---------------------------------------------------------------------------
-
+# checkpoint's declaration
 CHECKPOINT_NAME = "checkpoint"
 CHECKPOINTED = cause("checkpointed", "a process here holding a CUDA context is LOCKED or CHECKPOINTED "
                      "(readiness only; liveness passes, nothing latches; "
@@ -102,10 +99,9 @@ CHECKPOINT_NO_API = cause("no-checkpoint-api", "driver without `cuCheckpointProc
                           "or no `libcuda.so.1`: not judged "
                           "(a pass, so the GPU probes that wait for this one still run)", "none", "pass",
                           action="none", actor="tenant")
-CHECKPOINT_QUERY_FAILED = cause("query-failed", "the child could not ask the driver "
-                                "(`cuInit` failed, or unreadable output)",
-                                "check `nvidia-smi`; details in the log", action="fix-config",
-                                actor="operator")
+CHECKPOINT_QUERY_FAILED = cause(
+    "query-failed", "the child could not ask the driver (`cuInit` failed, or unreadable output)",
+    "check `nvidia-smi`; details in the log", action="fix-config", actor="operator")
 
 CHECKPOINT_SPEC = Spec(
     CHECKPOINT_NAME, layer="framework", module="probes.framework.checkpoint",
@@ -116,10 +112,7 @@ CHECKPOINT_SPEC = Spec(
 )
 
 
-# ---------------------------------------------------------------------------
-# torch-cuda, and the HEALTHCHECK_TORCH_* settings model, nccl and jupyter-kernel read too
-# ---------------------------------------------------------------------------
-
+# torch-cuda's declaration, and the HEALTHCHECK_TORCH_* settings model, nccl and jupyter-kernel read too
 TORCH_NAME = "torch-cuda"
 TORCH_MEASUREMENT = "devices"
 MIN_FREE = "HEALTHCHECK_TORCH_MIN_FREE_MIB"
@@ -149,17 +142,15 @@ TORCH_NOT_EXECUTABLE = cause("interpreter-not-executable", "interpreter not exec
                              action="fix-config", actor="tenant")
 TORCH_MISSING = cause("torch-missing", "torch not installed in that interpreter", SET_PYTHON,
                       action="fix-config", actor="tenant")
-TORCH_IMPORT_FAILED = cause("torch-import-failed",
-                            "`import torch` fails (missing module or library; details in the log)",
-                            "reinstall torch in the image or fix its libraries", action="fix-config",
-                            actor="tenant")
-TORCH_MEMORY_LIMIT = cause("memory-limit", "the worker ran out of host memory: the address-space limit "
-                           "(RLIMIT_AS, `ulimit -v`) or the container's memory is too small for torch "
-                           "(MemoryError, \"failed to map segment from shared object\", "
-                           "\"Cannot allocate memory\", std::bad_alloc)",
-                           "raise the limit the message names: "
-                           "the container's memory, or its address space (`ulimit -v`)",
-                           action="fix-config", actor="tenant")
+TORCH_IMPORT_FAILED = cause(
+    "torch-import-failed", "`import torch` fails (missing module or library; details in the log)",
+    "reinstall torch in the image or fix its libraries", action="fix-config", actor="tenant")
+TORCH_MEMORY_LIMIT = cause(
+    "memory-limit", "the worker ran out of host memory: the address-space limit "
+    "(RLIMIT_AS, `ulimit -v`) or the container's memory is too small for torch "
+    "(MemoryError, \"failed to map segment from shared object\", \"Cannot allocate memory\", std::bad_alloc)",
+    "raise the limit the message names: the container's memory, or its address space (`ulimit -v`)",
+    action="fix-config", actor="tenant")
 TORCH_CPU_ONLY = cause("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`",
                        "install a CUDA build of torch in the image, "
                        "or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a CPU-only image",
@@ -167,10 +158,9 @@ TORCH_CPU_ONLY = cause("cpu-only-build", "CPU-only torch build with `HEALTHCHECK
 TORCH_COUNT_MISMATCH = cause("count-mismatch", "torch sees a different GPU count than NVML",
                              "a GPU is not usable by CUDA; check `nvidia-smi`, dmesg for Xid errors and "
                              "`NVIDIA_VISIBLE_DEVICES`", action="reset-gpu", actor="operator")
-TORCH_WRONG_RESULT = cause("wrong-result", "GPU result differs from the CPU reference",
-                           "silent data corruption; drain the node "
-                           "and run the GPU diagnostics (`dcgmi diag`)",
-                           action="service-hardware", actor="operator")
+TORCH_WRONG_RESULT = cause(
+    "wrong-result", "GPU result differs from the CPU reference", "silent data corruption; drain the node "
+    "and run the GPU diagnostics (`dcgmi diag`)", action="service-hardware", actor="operator")
 TORCH_LATCHED = cause("latched", "latch in force from an earlier fatal error (or a critical Xid seen by "
                       "`healthcheck serve`): no worker started, the hardware probes are skipped too",
                       "restart the container (a new PID 1 clears it)", action="restart-container",
@@ -204,10 +194,7 @@ TORCH_SPEC = Spec(
 )
 
 
-# ---------------------------------------------------------------------------
-# model
-# ---------------------------------------------------------------------------
-
+# model's declaration
 MODEL_NAME = "model"
 MODEL_MEASUREMENT = "load"
 
@@ -303,10 +290,7 @@ MODEL_SPEC = Spec(
 )
 
 
-# ---------------------------------------------------------------------------
-# nccl
-# ---------------------------------------------------------------------------
-
+# nccl's declaration
 NCCL_NAME = "nccl"
 NCCL_MEASUREMENT = "allreduce"
 NCCL_P2P_REMEDY = ("confirm with `NCCL_P2P_DISABLE=1` (if that passes, P2P is the problem), then fix the "
@@ -346,10 +330,9 @@ NO_NCCL = cause("no-nccl", "this torch build has no NCCL (a CPU-only or ROCm-les
 NCCL_WRONG_SUM = cause("wrong-result", "the all-reduce gave a wrong sum on some GPU",
                        "drain the node; run `nccl-tests` and `dcgmi diag`", action="service-hardware",
                        actor="operator")
-NCCL_ERROR = cause("nccl-error", "the collective raised another NCCL or CUDA error "
-                   "(NCCL's warning is in the message)",
-                   "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand", action="fix-config",
-                   actor="tenant")
+NCCL_ERROR = cause(
+    "nccl-error", "the collective raised another NCCL or CUDA error (NCCL's warning is in the message)",
+    "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand", action="fix-config", actor="tenant")
 NCCL_ON_CPU = cause("device-cpu", "`HEALTHCHECK_TORCH_DEVICE=cpu`: NCCL is not judged", "none", "skip",
                     action="none", actor="tenant")
 NCCL_DEADLINE = cause("deadline", "no result by the deadline before the collective started, or another "
