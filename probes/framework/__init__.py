@@ -82,7 +82,6 @@ CUDA_CAUSES = (CUDA_UNAVAILABLE, DRIVER_TOO_OLD, DEVICE_BUSY, MPS_BUSY, OOM, CUD
 
 
 # checkpoint's declaration
-CHECKPOINT_NAME = "checkpoint"
 CHECKPOINTED = cause("checkpointed", "a process here holding a CUDA context is LOCKED or CHECKPOINTED "
                      "(readiness only; liveness passes, nothing latches; "
                      "torch-cuda, nccl and model start no GPU work)",
@@ -104,7 +103,7 @@ CHECKPOINT_QUERY_FAILED = cause(
     "check `nvidia-smi`; details in the log", action="fix-config", actor="operator")
 
 CHECKPOINT_SPEC = Spec(
-    CHECKPOINT_NAME, layer="framework", module="probes.framework.checkpoint",
+    "checkpoint", layer="framework", module="probes.framework.checkpoint",
     toggle="ENABLE_CHECKPOINT_CHECK", timeout=5.0, profiles=("startup", "readiness"), requires=("nvml",),
     measurement="processes", default_on=False,
     about="no CUDA process here is locked or checkpointed by CUDA checkpoint (opt-in; driver 555+)",
@@ -113,8 +112,6 @@ CHECKPOINT_SPEC = Spec(
 
 
 # torch-cuda's declaration, and the HEALTHCHECK_TORCH_* settings model, nccl and jupyter-kernel read too
-TORCH_NAME = "torch-cuda"
-TORCH_MEASUREMENT = "devices"
 MIN_FREE = "HEALTHCHECK_TORCH_MIN_FREE_MIB"
 
 
@@ -183,8 +180,8 @@ TORCH_LINGERED = cause("lingered", "worker printed its result but did not exit w
 TORCH_ERROR = cause("torch-error", "other torch error", LOGGED, action="fix-config", actor="tenant")
 
 TORCH_SPEC = Spec(
-    TORCH_NAME, layer="framework", module="probes.framework.torch_cuda", toggle="ENABLE_TORCH_CHECK",
-    timeout=45.0, profiles=ALL_PROFILES, requires=("nvidia-smi", "nvml"), measurement=TORCH_MEASUREMENT,
+    "torch-cuda", layer="framework", module="probes.framework.torch_cuda", toggle="ENABLE_TORCH_CHECK",
+    timeout=45.0, profiles=ALL_PROFILES, requires=("nvidia-smi", "nvml"), measurement="devices",
     settings=Torch.SETTINGS,
     about="the image's own Python imports torch and runs a verified matmul on every GPU",
     causes=(INTERPRETER_NOT_FOUND, TORCH_NOT_EXECUTABLE, TORCH_MISSING, TORCH_IMPORT_FAILED,
@@ -195,8 +192,6 @@ TORCH_SPEC = Spec(
 
 
 # model's declaration
-MODEL_NAME = "model"
-MODEL_MEASUREMENT = "load"
 
 
 def model_input(text: str) -> str:
@@ -279,8 +274,8 @@ MODEL_DEADLINE = cause("deadline", "no result by the deadline (a large model on 
                        action="retry", actor="tenant")
 
 MODEL_SPEC = Spec(
-    MODEL_NAME, layer="framework", module="probes.framework.model", toggle="ENABLE_MODEL_CHECK", timeout=60.0,
-    profiles=("startup", "readiness"), requires=("checkpoint", "torch-cuda"), measurement=MODEL_MEASUREMENT,
+    "model", layer="framework", module="probes.framework.model", toggle="ENABLE_MODEL_CHECK", timeout=60.0,
+    profiles=("startup", "readiness"), requires=("checkpoint", "torch-cuda"), measurement="load",
     about="the image's model file loads onto the device without running pickled code (opt-in)",
     default_on=False, on_with="model_path", settings=ModelSettings.SETTINGS,
     causes=(MODEL_MISSING, MODEL_UNREADABLE, MODEL_UNSUPPORTED, MODEL_UNSAFE, MODEL_CORRUPT, MODEL_TOO_BIG,
@@ -291,8 +286,6 @@ MODEL_SPEC = Spec(
 
 
 # nccl's declaration
-NCCL_NAME = "nccl"
-NCCL_MEASUREMENT = "allreduce"
 NCCL_P2P_REMEDY = ("confirm with `NCCL_P2P_DISABLE=1` (if that passes, P2P is the problem), then fix the "
                    "host's IOMMU/ACS settings (ACS off on the PCIe switches, iommu=pt) or keep P2P disabled")
 
@@ -341,8 +334,8 @@ NCCL_DEADLINE = cause("deadline", "no result by the deadline before the collecti
                       action="retry", actor="operator")
 
 NCCL_SPEC = Spec(
-    NCCL_NAME, layer="framework", module="probes.framework.nccl", toggle="ENABLE_NCCL_CHECK", timeout=45.0,
-    profiles=("startup", "readiness"), requires=("checkpoint", "torch-cuda"), measurement=NCCL_MEASUREMENT,
+    "nccl", layer="framework", module="probes.framework.nccl", toggle="ENABLE_NCCL_CHECK", timeout=45.0,
+    profiles=("startup", "readiness"), requires=("checkpoint", "torch-cuda"), measurement="allreduce",
     default_on=False, about="an NCCL all-reduce across every visible GPU gives the exact sum (opt-in)",
     settings=NcclSettings.SETTINGS,
     causes=(NCCL_SHM_SMALL, NCCL_OWN_SHM, NCCL_P2P, NCCL_HANG, NO_NCCL, NCCL_WRONG_SUM, NCCL_ERROR,
