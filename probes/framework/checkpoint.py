@@ -29,12 +29,11 @@ import os
 import sys
 import time
 
+from probes import framework as fw
 from probes import untrusted
 from probes.context import Context, logger
 from probes.framework import protocol
 from probes.result import Result, passed, verdict
-from probes.spec import Spec
-from probes.spec import cause as _c
 from probes.state import process_start_time
 
 TYPE_CHECKING = False
@@ -43,7 +42,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-NAME = "checkpoint"
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_child.py")
 MARKER = "checkpointed.json"
 MARKER_TTL = 300.0  # seconds a marker holds GPU work back when this probe does not run again
@@ -52,30 +50,7 @@ STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
 _GPU_NODE = r"/dev/nvidia\d+"
 
 PAUSED = "traffic paused until it is restored"
-CHECKPOINTED = _c("checkpointed", "a process here holding a CUDA context is LOCKED or CHECKPOINTED "
-                  "(readiness only; liveness passes, nothing latches; "
-                  "torch-cuda, nccl and model start no GPU work)",
-                  "none while it is paused on purpose: traffic resumes when it is restored "
-                  "(`cuda-checkpoint --toggle --pid N`)", action="none", actor="tenant")
-FAILED = _c("checkpoint-failed", "the driver reports a process's checkpoint or restore FAILED",
-            "restore it again (`cuda-checkpoint --toggle --pid N`) or restart that process; if that fails, "
-            "restart the container", action="restart-app", actor="tenant")
-HANG = _c("query-hang", "the driver's state query gave no answer by the deadline (it blocks while a peer "
-          "process is locked)", "check `cuda-checkpoint --get-state` on each process; wait for the restore",
-          action="retry", actor="tenant")
-NO_API = _c("no-checkpoint-api", "driver without `cuCheckpointProcessGetState` (before 555) or no "
-            "`libcuda.so.1`: not judged (a pass, so the GPU probes that wait for this one still run)", "none",
-            "pass", action="none", actor="tenant")
-QUERY_FAILED = _c("query-failed",
-                  "the child could not ask the driver (`cuInit` failed, or unreadable output)",
-                  "check `nvidia-smi`; details in the log", action="fix-config", actor="operator")
-
-SPEC = Spec(
-    NAME, layer="framework", module=__name__, toggle="ENABLE_CHECKPOINT_CHECK", timeout=5.0,
-    profiles=("startup", "readiness"), requires=("nvml",), measurement="processes", default_on=False,
-    about="no CUDA process here is locked or checkpointed by CUDA checkpoint (opt-in; driver 555+)",
-    causes=(CHECKPOINTED, FAILED, HANG, NO_API, QUERY_FAILED),
-)
+SPEC = fw.CHECKPOINT_SPEC
 
 
 # ---------------------------------------------------------------------------
@@ -194,7 +169,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         return {"kind": "none"}
     deadline = ctx.deadline - proc.MARGIN
     done = proc.run([sys.executable, CHILD, *map(str, pids)], deadline=deadline, env=dict(os.environ),
-                    state=ctx.state, key=NAME, until=_answered)
+                    state=ctx.state, key=SPEC.name, until=_answered)
     report = parse_output(done.stdout)
     if report is None:
         logger().info("checkpoint child rc=%s timed_out=%s stderr: %s", done.returncode, done.timed_out,
@@ -214,9 +189,9 @@ def hold(ctx: Context) -> str | None:
 
     From this run's checkpoint result when it ran, else from the marker an earlier run left
     (honoured for MARKER_TTL seconds, and only while that very process still exists)."""
-    res = ctx.results.get(NAME)
+    res = ctx.results.get(SPEC.name)
     if res is not None:
-        return res.message if res.reason in (CHECKPOINTED.reason, HANG.reason) else None
+        return res.message if res.reason in (fw.CHECKPOINTED.reason, fw.CHECKPOINT_HANG.reason) else None
     marker = ctx.state.read_json(MARKER)
     if not marker:
         return None
@@ -231,8 +206,8 @@ def hold(ctx: Context) -> str | None:
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(NAME, HANG, "no answer within the deadline: the driver's checkpoint state query hangs (it "
-                   "blocks while a process is locked)")
+    return verdict(SPEC.name, fw.CHECKPOINT_HANG, "no answer within the deadline: the driver's checkpoint "
+                   "state query hangs (it blocks while a process is locked)")
 
 
 # ---------------------------------------------------------------------------
@@ -241,23 +216,23 @@ def on_deadline(ctx: Context) -> Result:
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     if data["kind"] == "none":
-        return passed(NAME, "no process here holds a CUDA context", observed=0, unit="processes")
+        return passed(SPEC.name, "no process here holds a CUDA context", observed=0, unit="processes")
     pids, report = data["pids"], data["report"]
     if report is None:
         if data["timed_out"]:
             who = f" for process {data['asked']}" if data.get("asked") is not None else ""
-            return verdict(NAME, HANG, f"the driver's checkpoint state query{who} gave no answer by the "
-                           f"deadline: a process is probably locked for a checkpoint; {PAUSED}",
+            return verdict(SPEC.name, fw.CHECKPOINT_HANG, f"the driver's checkpoint state query{who} gave no "
+                           f"answer by the deadline: a process is probably locked for a checkpoint; {PAUSED}",
                            facts={"pids": pids})
-        return verdict(NAME, QUERY_FAILED, "the checkpoint query child gave no readable answer (exit status "
-                       f"{data.get('returncode')})")
+        return verdict(SPEC.name, fw.CHECKPOINT_QUERY_FAILED, "the checkpoint query child gave no readable "
+                       f"answer (exit status {data.get('returncode')})")
     if not report["loaded"] or not report["api"]:
         why = ("no libcuda.so.1" if not report["loaded"] else
                f"driver {_driver(report['driver'])} has no cuCheckpointProcessGetState (555+)")
         # A pass, not a skip: the probes that wait for this one must still run.
-        return verdict(NAME, NO_API, f"not judged: {why}", remedy=False)
+        return verdict(SPEC.name, fw.CHECKPOINT_NO_API, f"not judged: {why}", remedy=False)
     if report["init"] != 0:
-        return verdict(NAME, QUERY_FAILED,
+        return verdict(SPEC.name, fw.CHECKPOINT_QUERY_FAILED,
                        f"cuInit failed (CUresult {report['init']}) in the checkpoint query")
     seen = {s["pid"]: STATES.get(s["state"], f"state {s['state']}") for s in report["states"] if s["rc"] == 0}
     facts = {"pids": pids, "states": {str(k): v for k, v in seen.items()}}
@@ -265,16 +240,17 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     failed_ = [p for p, st in bad if st not in ("locked", "checkpointed")]
     if failed_:
         pid = failed_[0]
-        this = FAILED._replace(remedy=FAILED.remedy.replace("--pid N", f"--pid {pid}"))
-        return verdict(NAME, this, f"process {pid}'s CUDA checkpoint or restore failed ({seen[pid]})",
+        failed = fw.CHECKPOINT_FAILED
+        this = failed._replace(remedy=failed.remedy.replace("--pid N", f"--pid {pid}"))
+        return verdict(SPEC.name, this, f"process {pid}'s CUDA checkpoint or restore failed ({seen[pid]})",
                        observed=len(seen), unit="processes", facts=facts)
     if bad:
         pid, st = bad[0]
         what = "CUDA-checkpointed" if st == "checkpointed" else "CUDA-locked for a checkpoint"
         more = f" (and {len(bad) - 1} other process(es))" if len(bad) > 1 else ""
-        return verdict(NAME, CHECKPOINTED, f"process {pid} is {what}{more}: {PAUSED}", remedy=False,
+        return verdict(SPEC.name, fw.CHECKPOINTED, f"process {pid} is {what}{more}: {PAUSED}", remedy=False,
                        observed=len(seen), unit="processes", facts=facts)
-    return passed(NAME, f"{len(seen)} CUDA process(es) running, none locked or checkpointed (driver "
+    return passed(SPEC.name, f"{len(seen)} CUDA process(es) running, none locked or checkpointed (driver "
                   f"{_driver(report['driver'])})", observed=len(seen), unit="processes", facts=facts)
 
 

@@ -1,10 +1,10 @@
-"""The deep-check layer shared by torch-cuda, model and nccl: their ``HEALTHCHECK_TORCH_*``
-settings, the one-costly-check lock, the cache of a passing run, the latch of a sticky CUDA
-error, the worker's start on the GPUs with room for it (probes/framework/free_memory.py), and
-the verdicts the deep checks share.
+"""The deep-check layer shared by torch-cuda, model and nccl: the one-costly-check lock, the
+cache of a passing run, the latch of a sticky CUDA error, the worker's start on the GPUs with
+room for it (probes/framework/free_memory.py), and the verdicts the deep checks share. Their
+``HEALTHCHECK_TORCH_*`` settings (``Torch``) are declared in the layer's package.
 
-Imported when a framework probe's declaration is read: what a run needs (process control, the
-NVML survey, the CUDA error table) is imported inside the functions that use it.
+Imported when a framework probe runs: what a run needs (process control, the NVML survey, the
+CUDA error table) is imported inside the functions that use it.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import time
 from probes import framework as fw
 from probes import untrusted
 from probes.context import Context, logger
-from probes.framework import protocol
+from probes.framework import Torch, protocol
 from probes.result import Result, Status, verdict
-from probes.spec import CHOICE, INTEGER, NUMBER, TEXT, Declared, setting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,26 +28,6 @@ if TYPE_CHECKING:
     from probes.spec import Cause
 
 LOCK = "torch-cuda.lock"  # one costly check at a time: torch-cuda, model and nccl take it
-MIN_FREE = "HEALTHCHECK_TORCH_MIN_FREE_MIB"
-
-
-class Torch(Declared):
-    """The ``HEALTHCHECK_TORCH_*`` settings: torch-cuda declares them; torch-cuda, model, nccl,
-    jupyter-kernel and this layer read them (``ctx.config.of(Torch)``)."""
-
-    torch_device: str = setting("HEALTHCHECK_TORCH_DEVICE", CHOICE, "cuda",
-                                "`cuda` (every visible GPU) or `cpu` (CPU-only images)",
-                                choices=("cuda", "cpu"))
-    torch_python: str = setting("HEALTHCHECK_TORCH_PYTHON", TEXT, "python3",
-                                "the interpreter that owns torch (the image's)",
-                                shown_default="`python3` on `PATH`")
-    torch_ttl: float = setting("HEALTHCHECK_TORCH_TTL", NUMBER, 300.0,
-                               "seconds a passing torch-cuda result is reused by readiness", low=0,
-                               high=86400, low_inclusive=True)
-    torch_min_free_mib: int = setting(
-        MIN_FREE, INTEGER, 1024, "free memory (MiB, from NVML) a GPU needs before torch-cuda, model or nccl "
-        "start CUDA work on it; below it the GPU is not checked (a warning); `0` turns the check off", low=0,
-        high=2**20, low_inclusive=True)
 
 
 def state_off(why: str | None) -> str:

@@ -35,8 +35,6 @@ from probes.framework import checkpoint, deep, protocol
 from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_timeout, locked_run
 from probes.framework.protocol import INT, MEASURE, NUM, STR
 from probes.result import Result, passed, verdict
-from probes.spec import INTEGER, NUMBER, TEXT, Cause, Declared, Spec, setting
-from probes.spec import cause as _c
 from probes.state import life_identity
 
 TYPE_CHECKING = False
@@ -44,87 +42,13 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-NAME = "model"
-MEASUREMENT = "load"
 UNIT = "ms"
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_worker.py")
 CACHE = "model.json"
 _PHASES = r"start|open|import|init|load|expect|forward"
-TOLERANCE = 1e-3
 
 
-class Settings(Declared):
-    """The settings model reads (``ctx.config.of(Settings)``); torch-cuda's are ``deep.Torch``."""
-
-    model_path: str | None = setting(
-        "HEALTHCHECK_MODEL_PATH", TEXT, None, "the model file to load (TorchScript archive, safetensors, or "
-        "a `torch.save` state dict); setting it turns the `model` probe on")
-    model_input: str | None = setting(
-        "HEALTHCHECK_MODEL_INPUT", TEXT, None, "one forward pass of a TorchScript model on this input, "
-        "`SHAPE:DTYPE[:zeros|seeded]` (e.g. `1x3x224x224:float16`: at most 8 dimensions of ASCII digits, "
-        "none 0; zero-filled unless `seeded`, which is `torch.randn(shape, "
-        "generator=torch.Generator().manual_seed(20240601), dtype=torch.float64).to(dtype)`)",
-        parse=lambda text: parse_input(text))
-    model_expect: str | None = setting("HEALTHCHECK_MODEL_EXPECT", TEXT, None,
-                                       "a tensor saved with `torch.save`: the forward pass's expected output")
-    model_tolerance: float = setting("HEALTHCHECK_MODEL_TOLERANCE", NUMBER, TOLERANCE,
-                                     "largest accepted max(abs(output - expected)) / max(abs(expected))",
-                                     low=0, high=1)
-    model_max_bytes: int | None = setting(
-        "HEALTHCHECK_MODEL_MAX_BYTES", INTEGER, None, "the most bytes the model may take (besides the free "
-        "GPU memory or available RAM, whichever is smaller)", low=0, high=2**62)
-    model_ttl: float = setting("HEALTHCHECK_MODEL_TTL", NUMBER, 3600.0,
-                               "seconds a passing model result is reused by readiness", low=0, high=86400,
-                               low_inclusive=True)
-
-
-def _fix(reason: str, what: str, remedy: str) -> Cause:
-    """A cause the model's owner fixes: the file, or a setting."""
-    return _c(reason, what, remedy, action="fix-config", actor="tenant")
-
-
-MISSING = _fix("model-missing", "`HEALTHCHECK_MODEL_PATH` is not set or names no file",
-               "mount the model or fix `HEALTHCHECK_MODEL_PATH`")
-UNREADABLE = _fix("model-unreadable", "the model file cannot be read (permissions, a directory; a FIFO, "
-                  "socket or device is refused at once, never opened and waited on)",
-                  "make it a regular file readable by the probe's user")
-UNSUPPORTED = _fix("unsupported-format", "not a TorchScript archive, safetensors file or `torch.save` state "
-                   "dict (or a torch without `weights_only` loading)",
-                   "save it with `torch.jit.save`, safetensors or `torch.save(model.state_dict())`")
-UNSAFE = _fix("unsafe-pickle", "the file is a pickle that needs code to load: refused, never executed",
-              "re-save only the weights (`torch.save(model.state_dict())` or safetensors)")
-CORRUPT = _fix("model-corrupt", "the file is damaged or truncated",
-               "copy the model file again and check its checksum")
-TOO_BIG = _fix("would-not-fit", "the model's bytes exceed the free GPU memory (or available RAM, or "
-               "`HEALTHCHECK_MODEL_MAX_BYTES`), or every GPU's whole memory; said before loading",
-               "free memory, use a larger GPU, or raise the limit")
-MISMATCH = _fix("output-mismatch", "the forward pass differs from `HEALTHCHECK_MODEL_EXPECT` beyond the "
-                "tolerance (or in shape)", "check the GPU (torch-cuda, `dcgmi diag`) and that the expected "
-                "file fits this model and input")
-EXPECT = _fix("expect-unreadable", "the expected-output file is missing, not a regular file (said before the "
-              "model loads), too large for the memory, or not a saved tensor",
-              "save a tensor with `torch.save(tensor, path)`")
-BAD_INPUT = _fix("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, or the model "
-                 "is not TorchScript", "fix the setting (a forward pass needs a TorchScript model)")
-FORWARD = _fix("forward-failed", "the forward pass raised", fw.LOGGED)
-LOAD = _fix("load-failed", "loading raised another error", fw.LOGGED)
-TORCH_MISSING = _fix("torch-missing", "torch cannot be imported, or CUDA is not available to it",
-                     "see the `torch-cuda` probe")
-DEADLINE = _c("deadline", "no result by the deadline (a large model on a slow disk, or a wedged driver), "
-              "or another costly check held the lock until then",
-              "raise `HEALTHCHECK_TIMEOUT` for large models; check `nvidia-smi` and dmesg",
-              action="retry", actor="tenant")
-
-SPEC = Spec(
-    NAME, layer="framework", module=__name__, toggle="ENABLE_MODEL_CHECK", timeout=60.0,
-    profiles=("startup", "readiness"), requires=("checkpoint", "torch-cuda"), measurement=MEASUREMENT,
-    about="the image's model file loads onto the device without running pickled code (opt-in)",
-    default_on=False, on_with="model_path", settings=Settings.SETTINGS,
-    causes=(MISSING, UNREADABLE, UNSUPPORTED, UNSAFE, CORRUPT, TOO_BIG, fw.OOM, fw.WORKLOAD_MEMORY,
-            fw.DEVICE_BUSY, fw.CUDA_FATAL, fw.CUDA_ERROR, MISMATCH, EXPECT, BAD_INPUT, FORWARD, LOAD,
-            fw.HELD_BACK, fw.INTERPRETER_NOT_FOUND, TORCH_MISSING, DEADLINE, fw.KILLED,
-            fw.BAD_OUTPUT),
-)
+SPEC = fw.MODEL_SPEC
 
 
 _REPORT = {"v": (INT, False), "device": (STR, False), "torch": (STR, True), "format": (STR, True),
@@ -134,24 +58,13 @@ _REPORT = {"v": (INT, False), "device": (STR, False), "torch": (STR, True), "for
            "max_err": (MEASURE, True), "scale": (MEASURE, True)}
 _ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False), "code": (INT, True)}
 CUDA_KINDS = ("load", "forward", "worker", "oom")  # the failures a CUDA error can be behind
-KINDS = {"missing": MISSING, "unreadable": UNREADABLE, "unsupported": UNSUPPORTED, "unsafe": UNSAFE,
-         "corrupt": CORRUPT, "too-big": TOO_BIG, "oom": fw.OOM, "shape-mismatch": MISMATCH,
-         "expect-missing": EXPECT, "expect-unreadable": EXPECT, "bad-input": BAD_INPUT,
-         "no-forward": BAD_INPUT, "forward": FORWARD, "load": LOAD, "import": TORCH_MISSING,
-         "cuda-unavailable": TORCH_MISSING, "worker": LOAD}
+KINDS = {"missing": fw.MODEL_MISSING, "unreadable": fw.MODEL_UNREADABLE, "unsupported": fw.MODEL_UNSUPPORTED,
+         "unsafe": fw.MODEL_UNSAFE, "corrupt": fw.MODEL_CORRUPT, "too-big": fw.MODEL_TOO_BIG, "oom": fw.OOM,
+         "shape-mismatch": fw.MODEL_MISMATCH, "expect-missing": fw.MODEL_EXPECT, "worker": fw.MODEL_LOAD,
+         "expect-unreadable": fw.MODEL_EXPECT, "bad-input": fw.MODEL_BAD_INPUT, "load": fw.MODEL_LOAD,
+         "no-forward": fw.MODEL_BAD_INPUT, "forward": fw.MODEL_FORWARD, "import": fw.MODEL_TORCH_MISSING,
+         "cuda-unavailable": fw.MODEL_TORCH_MISSING}
 
-
-def parse_input(text: str) -> str:
-    """HEALTHCHECK_MODEL_INPUT, read by the worker's own grammar when the settings are read; a
-    ValueError says what is wrong and what is accepted."""
-    from probes.framework import model_worker
-
-    try:
-        model_worker.parse_input(text)
-    except model_worker.Failure as exc:
-        raise ValueError(f"is not SHAPE:DTYPE[:zeros|seeded] ({exc}; accepted: e.g. 1x3x224x224:float16, "
-                         f"dtypes {', '.join(model_worker.INPUT_DTYPES)})") from None
-    return text
 
 
 def validate(report: Any, device: str) -> dict[str, Any]:
@@ -199,7 +112,7 @@ def result_arrived(stdout: bytes) -> bool:
 # ---------------------------------------------------------------------------
 
 def _argv(ctx: Context) -> list[str]:
-    cfg, torch = ctx.config.of(Settings), ctx.config.of(deep.Torch)
+    cfg, torch = ctx.config.of(fw.ModelSettings), ctx.config.of(fw.Torch)
     # --flag=value: a value that starts with '-' is still the flag's value, never another flag.
     argv = [torch.torch_python, WORKER, f"--path={cfg.model_path}", f"--device={torch.torch_device}"]
     if cfg.model_input is not None:
@@ -214,14 +127,14 @@ def _argv(ctx: Context) -> list[str]:
 def need_mib(ctx: Context) -> int:
     """Free GPU memory the load needs: HEALTHCHECK_TORCH_MIN_FREE_MIB, plus the model file's size
     (about its tensors' bytes); 0 when the setting turns the check off."""
-    floor = ctx.config.of(deep.Torch).torch_min_free_mib
-    found = _file_id(ctx.config.of(Settings).model_path)
+    floor = ctx.config.of(fw.Torch).torch_min_free_mib
+    found = _file_id(ctx.config.of(fw.ModelSettings).model_path)
     return floor + (-(-found[2] // 2**20) if found else 0) if floor else 0
 
 
 def run_worker(ctx: Context) -> dict[str, Any]:
-    device = ctx.config.of(deep.Torch).torch_device
-    data = deep_worker(ctx, NAME, _argv(ctx), {}, lambda out: parse_output(out, device), last_phase,
+    device = ctx.config.of(fw.Torch).torch_device
+    data = deep_worker(ctx, SPEC.name, _argv(ctx), {}, lambda out: parse_output(out, device), last_phase,
                        result_arrived, need_mib(ctx))[0]
     err = (data.get("report") or {}).get("error")
     if err is not None and _phrase(err) is None:  # an exception's text: the log's, never the output's
@@ -245,7 +158,7 @@ def _file_id(path: str | None) -> list[int] | None:
 
 
 def _key(ctx: Context) -> dict[str, Any]:
-    cfg, torch = ctx.config.of(Settings), ctx.config.of(deep.Torch)
+    cfg, torch = ctx.config.of(fw.ModelSettings), ctx.config.of(fw.Torch)
     return {"python": torch.torch_python, "device": torch.torch_device, "path": cfg.model_path,
             "file": _file_id(cfg.model_path), "input": cfg.model_input, "expect": cfg.model_expect,
             "expect_file": _file_id(cfg.model_expect), "max_bytes": cfg.model_max_bytes,
@@ -263,7 +176,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     if hold is not None:
         return {"kind": "checkpointed", "why": hold}
     state = ctx.state
-    own, device = ctx.config.of(Settings), ctx.config.of(deep.Torch).torch_device
+    own, device = ctx.config.of(fw.ModelSettings), ctx.config.of(fw.Torch).torch_device
     if not own.model_path:
         return {"kind": "no-path"}
     key = _key(ctx)
@@ -277,8 +190,8 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(NAME, DEADLINE, "no result within the deadline: loading the model took too long (a large "
-                   "model on a slow disk) or the GPU driver is stuck")
+    return verdict(SPEC.name, fw.MODEL_DEADLINE, "no result within the deadline: loading the model took too "
+                   "long (a large model on a slow disk) or the GPU driver is stuck")
 
 
 # ---------------------------------------------------------------------------
@@ -311,43 +224,45 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return deep.unkept(deep.with_room(_judge(data, ctx), data, ROOM), data)
     facts = data["room"]
     if all(g["total_mib"] is not None and g["total_mib"] < facts["need_mib"] for g in facts["full"]):
-        path = untrusted.clean(ctx.config.of(Settings).model_path or "", 120)
-        return verdict(NAME, TOO_BIG, f"{path} would not fit: it needs {facts['need_mib']} MiB ({ROOM}) and "
-                       "no GPU has that much memory even when idle; not loaded", facts={"room": facts})
-    return deep.not_checked(NAME, data, ROOM, unit=UNIT)
+        path = untrusted.clean(ctx.config.of(fw.ModelSettings).model_path or "", 120)
+        return verdict(SPEC.name, fw.MODEL_TOO_BIG, f"{path} would not fit: it needs {facts['need_mib']} MiB "
+                       f"({ROOM}) and no GPU has that much memory even when idle; not loaded",
+                       facts={"room": facts})
+    return deep.not_checked(SPEC.name, data, ROOM, unit=UNIT)
 
 
 def _judge(data: dict[str, Any], ctx: Context) -> Result:
     from probes import proc
 
     kind = data.get("kind")
-    path = untrusted.clean(ctx.config.of(Settings).model_path or "", 120)
+    path = untrusted.clean(ctx.config.of(fw.ModelSettings).model_path or "", 120)
     if kind == "checkpointed":
-        return verdict(NAME, fw.HELD_BACK, f"not started: {data['why']}", remedy=False)
+        return verdict(SPEC.name, fw.HELD_BACK, f"not started: {data['why']}", remedy=False)
     if kind == "no-path":
-        return verdict(NAME, MISSING, "HEALTHCHECK_MODEL_PATH is not set")
+        return verdict(SPEC.name, fw.MODEL_MISSING, "HEALTHCHECK_MODEL_PATH is not set")
     if kind == "lock-timeout":
-        return lock_timeout(NAME, data, DEADLINE)
+        return lock_timeout(SPEC.name, data, fw.MODEL_DEADLINE)
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"path": path, "cache": data.get("cache")}}
     report = data.get("report")
-    unrunnable = cannot_run(NAME, data, ctx, **kw)
+    unrunnable = cannot_run(SPEC.name, data, ctx, **kw)
     if unrunnable is not None:
         return unrunnable
     if report is None or data.get("lingered"):
         where = data.get("phase") or "start-up"
         if data.get("stuck") or data.get("held_by") is not None:
-            return verdict(NAME, DEADLINE, f"model worker stuck in {where} (survived SIGKILL), the GPU "
-                           "driver is wedged", **kw)
+            return verdict(SPEC.name, fw.MODEL_DEADLINE, f"model worker stuck in {where} (survived SIGKILL), "
+                           "the GPU driver is wedged", **kw)
         if data.get("timed_out"):
-            return verdict(NAME, DEADLINE, f"model worker gave no result within {data.get('budget', 0):.1f}s "
-                           f"(killed while in {where}): a large model on a slow disk or a wedged driver",
+            return verdict(SPEC.name, fw.MODEL_DEADLINE, "model worker gave no result within "
+                           f"{data.get('budget', 0):.1f}s (killed while in {where}): "
+                           "a large model on a slow disk or a wedged driver",
                            **kw)
         rc = data.get("returncode")
         if isinstance(rc, int) and rc < 0:
-            return verdict(NAME, fw.KILLED, f"model worker killed by {proc.signal_name(-rc)} in {where}",
+            return verdict(SPEC.name, fw.KILLED, f"model worker killed by {proc.signal_name(-rc)} in {where}",
                            **kw)
-        return verdict(NAME, fw.BAD_OUTPUT, f"model worker gave an unreadable result ({data.get('problem')}, "
-                       f"exit status {rc})", **kw)
+        return verdict(SPEC.name, fw.BAD_OUTPUT, "model worker gave an unreadable result "
+                       f"({data.get('problem')}, exit status {rc})", **kw)
     kw["facts"].update({k: report[k] for k in ("format", "loader", "bytes", "budget", "params",
                                                  "param_bytes", "peak_gpu", "load_ms", "forward_ms")})
     err = report["error"]
@@ -363,23 +278,23 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
         max_err, scale = float(report["max_err"]), float(report["scale"])
         rel = max_err / scale if scale > 0 else (0.0 if max_err == 0 else float("inf"))
         kw["facts"]["max_rel_err"] = rel if rel == rel and rel != float("inf") else None
-        tol = ctx.config.of(Settings).model_tolerance
+        tol = ctx.config.of(fw.ModelSettings).model_tolerance
         if not rel <= tol:  # NaN fails too
             shown = f"{rel:.1e}" if rel == rel and rel != float("inf") else "not a number"
-            return verdict(NAME, MISMATCH, f"output mismatch: {path}'s forward pass differs from "
-                           f"HEALTHCHECK_MODEL_EXPECT by {shown} (tolerance {tol:g})",
+            return verdict(SPEC.name, fw.MODEL_MISMATCH, f"output mismatch: {path}'s forward pass differs "
+                           f"from HEALTHCHECK_MODEL_EXPECT by {shown} (tolerance {tol:g})",
                            observed=report["load_ms"], **kw)
         loaded += f", matches the expected output (max rel err {rel:.0e})"
     cache = data.get("cache") or {}
     if cache.get("how") == "ttl":
         loaded += f" (cached, {cache.get('age', 0):.0f}s old)"
-    return passed(NAME, loaded, observed=report["load_ms"], **kw)
+    return passed(SPEC.name, loaded, observed=report["load_ms"], **kw)
 
 
 def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dict[str, Any]) -> Result:
     if err["kind"] in CUDA_KINDS:
         where = f"{report['device']}, loading {path}"
-        cuda = deep.cuda_failure(NAME, err["code"], err["message"], where, **kw)
+        cuda = deep.cuda_failure(SPEC.name, err["code"], err["message"], where, **kw)
         if cuda is not None:
             return cuda
     cause = KINDS[err["kind"]]
@@ -387,19 +302,20 @@ def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dic
     # the file's bytes; an errno text) went to the log.
     what = _phrase(err) or "details in the log"
     detail = {
-        MISSING: f"model file {path} not found",
-        UNREADABLE: f"model file {path} cannot be read ({what})",
-        UNSUPPORTED: f"{path} is not a supported model format ({what})",
-        UNSAFE: f"{path} is a pickle that needs code to load: refused (weights_only), nothing executed",
-        CORRUPT: f"{path} is damaged or truncated ({what})",
-        TOO_BIG: f"{path} would not fit: {_size(report['bytes'])} of tensors, {_size(report['budget'])} "
-                 f"allowed ({report['budget_source']}); not loaded",
+        fw.MODEL_MISSING: f"model file {path} not found",
+        fw.MODEL_UNREADABLE: f"model file {path} cannot be read ({what})",
+        fw.MODEL_UNSUPPORTED: f"{path} is not a supported model format ({what})",
+        fw.MODEL_UNSAFE: f"{path} is a pickle that needs code to load: "
+                         "refused (weights_only), nothing executed",
+        fw.MODEL_CORRUPT: f"{path} is damaged or truncated ({what})",
+        fw.MODEL_TOO_BIG: f"{path} would not fit: {_size(report['bytes'])} of tensors, "
+                          f"{_size(report['budget'])} allowed ({report['budget_source']}); not loaded",
         fw.OOM: f"out of memory loading {path} on {report['device']}",
-        MISMATCH: f"output mismatch: {path}'s forward pass has another shape than HEALTHCHECK_MODEL_EXPECT "
-                  "(both shapes are in the log)",
-        EXPECT: f"HEALTHCHECK_MODEL_EXPECT cannot be used ({what})",
-        BAD_INPUT: f"HEALTHCHECK_MODEL_INPUT cannot be used ({what})",
-        TORCH_MISSING: f"torch cannot load models here ({what})",
-        FORWARD: f"the forward pass of {path} failed ({_type(err)})",
+        fw.MODEL_MISMATCH: f"output mismatch: {path}'s forward pass has another shape than "
+                           "HEALTHCHECK_MODEL_EXPECT (both shapes are in the log)",
+        fw.MODEL_EXPECT: f"HEALTHCHECK_MODEL_EXPECT cannot be used ({what})",
+        fw.MODEL_BAD_INPUT: f"HEALTHCHECK_MODEL_INPUT cannot be used ({what})",
+        fw.MODEL_TORCH_MISSING: f"torch cannot load models here ({what})",
+        fw.MODEL_FORWARD: f"the forward pass of {path} failed ({_type(err)})",
     }.get(cause, f"loading {path} failed ({_type(err)})")
-    return verdict(NAME, cause, detail, **kw)
+    return verdict(SPEC.name, cause, detail, **kw)

@@ -36,16 +36,12 @@ from probes.framework.deep import cannot_run, deep_cached, deep_worker, lock_tim
 from probes.framework.protocol import INT, NUM, STR
 from probes.record import Record
 from probes.result import Result, passed, verdict
-from probes.spec import INTEGER, NUMBER, Declared, Spec, setting
-from probes.spec import cause as _c
 from probes.state import life_identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-NAME = "nccl"
-MEASUREMENT = "allreduce"
 UNIT = "ms"
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_worker.py")
 CACHE = "nccl.json"
@@ -59,63 +55,9 @@ MAX_WARNINGS = 5
 SHM_SIZE_WORDS = ("no space left on device", "posix_fallocate", "failed to extend")
 SHM_WORDS = ("/dev/shm", "shared memory", "nccl-shm")  # noqa: S108
 P2P_WORDS = ("peer access", "p2p", "cudaipc", "ipc handle", "peer-to-peer")
-P2P_REMEDY = ("confirm with `NCCL_P2P_DISABLE=1` (if that passes, P2P is the problem), then fix the host's "
-              "IOMMU/ACS settings (ACS off on the PCIe switches, iommu=pt) or keep P2P disabled")
 
 
-class Settings(Declared):
-    """The settings nccl reads (``ctx.config.of(Settings)``); torch-cuda's are ``deep.Torch``."""
-
-    nccl_ttl: float = setting("HEALTHCHECK_NCCL_TTL", NUMBER, 300.0,
-                              "seconds a passing nccl result is reused by readiness", low=0, high=86400,
-                              low_inclusive=True)
-    nccl_min_shm_mib: int = setting("HEALTHCHECK_NCCL_MIN_SHM_MIB", INTEGER, 256,
-                                    "`/dev/shm` smaller than this (MiB) fails the nccl probe before it runs",
-                                    low=0, high=2**30, low_inclusive=True)
-
-
-SHM_SMALL = _c("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` (checked first), "
-               "or NCCL warns it could not extend a shared memory segment (no space left on device)",
-               "start the container with `--shm-size=1g` "
-               "(or `--ipc=host`; Kubernetes: an emptyDir medium Memory)",
-               action="fix-config", actor="tenant")
-OWN_SHM = _c("nccl-shm", "NCCL could not open or attach its own shared memory segment "
-             "(\"No such file or directory\"): not the size of `/dev/shm`",
-             "NCCL lost a shared memory segment another of its threads had made "
-             "(a known regression of some NCCL releases, or something else clearing /dev/shm): "
-             "try another NCCL (torch) release, keep /dev/shm private to the container, "
-             "and confirm with `NCCL_SHM_DISABLE=1`", action="fix-config", actor="tenant")
-P2P = _c("p2p", "NCCL warns that peer-to-peer access is not supported or failed", P2P_REMEDY,
-         action="fix-config", actor="operator")
-HANG = _c("nccl-hang", "the collective did not finish by the deadline "
-          "(P2P hanging with IOMMU/ACS on is the usual cause)", P2P_REMEDY,
-          action="fix-config", actor="operator")
-NO_NCCL = _c("no-nccl", "this torch build has no NCCL (a CPU-only or ROCm-less build)",
-             "install a CUDA build of torch, or leave `ENABLE_NCCL_CHECK` off", action="fix-config",
-             actor="tenant")
-WRONG_SUM = _c("wrong-result", "the all-reduce gave a wrong sum on some GPU",
-               "drain the node; run `nccl-tests` and `dcgmi diag`", action="service-hardware",
-               actor="operator")
-NCCL_ERROR = _c("nccl-error", "the collective raised another NCCL or CUDA error "
-                "(NCCL's warning is in the message)",
-                "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand", action="fix-config",
-                actor="tenant")
-ON_CPU = _c("device-cpu", "`HEALTHCHECK_TORCH_DEVICE=cpu`: NCCL is not judged", "none", "skip", action="none",
-            actor="tenant")
-DEADLINE = _c("deadline", "no result by the deadline before the collective started, or another costly "
-              "check held the lock until then",
-              "check `nvidia-smi`; raise `HEALTHCHECK_TIMEOUT` if torch is slow to import",
-              action="retry", actor="operator")
-
-SPEC = Spec(
-    NAME, layer="framework", module=__name__, toggle="ENABLE_NCCL_CHECK", timeout=45.0,
-    profiles=("startup", "readiness"), requires=("checkpoint", "torch-cuda"), measurement=MEASUREMENT,
-    default_on=False, about="an NCCL all-reduce across every visible GPU gives the exact sum (opt-in)",
-    settings=Settings.SETTINGS,
-    causes=(SHM_SMALL, OWN_SHM, P2P, HANG, NO_NCCL, WRONG_SUM, NCCL_ERROR, fw.CUDA_UNAVAILABLE, fw.CUDA_FATAL,
-            fw.CUDA_ERROR, fw.OOM, fw.DEVICE_BUSY, fw.WORKLOAD_MEMORY, ON_CPU, fw.HELD_BACK,
-            fw.INTERPRETER_NOT_FOUND, DEADLINE, fw.KILLED, fw.BAD_OUTPUT),
-)
+SPEC = fw.NCCL_SPEC
 
 
 _REPORT = {"v": (INT, False), "backend": (STR, False), "torch": (STR, True), "nccl": (STR, True),
@@ -197,16 +139,16 @@ def result_arrived(stdout: bytes) -> bool:
 def run_worker(ctx: Context) -> dict[str, Any]:
     from probes.framework import free_memory
 
-    torch = ctx.config.of(deep.Torch)
+    torch = ctx.config.of(fw.Torch)
     floor = torch.torch_min_free_mib
-    data, done = deep_worker(ctx, NAME, [torch.torch_python, WORKER], {"NCCL_DEBUG": "WARN"},
+    data, done = deep_worker(ctx, SPEC.name, [torch.torch_python, WORKER], {"NCCL_DEBUG": "WARN"},
                              parse_output, last_phase, result_arrived,
                              floor + free_memory.NCCL_MIB if floor else 0)
     return {**data, "warnings": warnings(done.stderr) if done is not None else []}
 
 
 def _key(ctx: Context) -> dict[str, Any]:
-    return {"python": ctx.config.of(deep.Torch).torch_python, "identity": life_identity(),
+    return {"python": ctx.config.of(fw.Torch).torch_python, "identity": life_identity(),
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
@@ -222,8 +164,8 @@ def gather(ctx: Context) -> dict[str, Any]:
     hold = checkpoint.hold(ctx)
     if hold is not None:
         return {"kind": "checkpointed", "why": hold}
-    own = ctx.config.of(Settings)
-    if ctx.config.of(deep.Torch).torch_device != "cuda":
+    own = ctx.config.of(fw.NcclSettings)
+    if ctx.config.of(fw.Torch).torch_device != "cuda":
         return {"kind": "device-cpu"}
     state = ctx.state
     key = _key(ctx)
@@ -239,7 +181,8 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(NAME, HANG, "no result within the deadline: the NCCL worker or the GPU driver is stuck")
+    return verdict(SPEC.name, fw.NCCL_HANG,
+                   "no result within the deadline: the NCCL worker or the GPU driver is stuck")
 
 
 # ---------------------------------------------------------------------------
@@ -264,7 +207,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     from probes.framework import free_memory
 
     if data.get("kind") == free_memory.REASON:
-        return deep.not_checked(NAME, data, ROOM, unit=UNIT)
+        return deep.not_checked(SPEC.name, data, ROOM, unit=UNIT)
     return deep.unkept(deep.with_room(_judge(data, ctx), data, ROOM), data)
 
 
@@ -274,7 +217,7 @@ def _cuda(report: dict[str, Any] | None, lines: list[str], kw: dict[str, Any]) -
     if err is None and not lines:
         return None
     message = "\n".join(([err["message"]] if err is not None else []) + lines)
-    return deep.cuda_failure(NAME, err["code"] if err is not None else None, message, "the GPUs",
+    return deep.cuda_failure(SPEC.name, err["code"] if err is not None else None, message, "the GPUs",
                              unit=UNIT, facts=dict(kw["facts"]))
 
 
@@ -283,71 +226,73 @@ def _judge(data: dict[str, Any], ctx: Context) -> Result:
 
     kind = data.get("kind")
     if kind == "checkpointed":
-        return verdict(NAME, fw.HELD_BACK, f"not started: {data['why']}", remedy=False)
+        return verdict(SPEC.name, fw.HELD_BACK, f"not started: {data['why']}", remedy=False)
     if kind == "device-cpu":
-        return verdict(NAME, ON_CPU, "not judged: HEALTHCHECK_TORCH_DEVICE=cpu (NCCL needs GPUs)",
-                       remedy=False)
+        return verdict(SPEC.name, fw.NCCL_ON_CPU, "not judged: HEALTHCHECK_TORCH_DEVICE=cpu "
+                       "(NCCL needs GPUs)", remedy=False)
     if kind == "shm-small":
-        return verdict(NAME, SHM_SMALL, f"/dev/shm is {_mib(data['shm'])}, below "  # noqa: S108
-                       f"{ctx.config.of(Settings).nccl_min_shm_mib} MiB: NCCL fails with 'unhandled system "
-                       "error' (and DataLoader workers die)", unit=UNIT)
+        return verdict(SPEC.name, fw.NCCL_SHM_SMALL, f"/dev/shm is {_mib(data['shm'])}, below "  # noqa: S108
+                       f"{ctx.config.of(fw.NcclSettings).nccl_min_shm_mib} MiB: "
+                       "NCCL fails with 'unhandled system error' (and DataLoader workers die)", unit=UNIT)
     if kind == "lock-timeout":
-        return lock_timeout(NAME, data, DEADLINE, unit=UNIT)
+        return lock_timeout(SPEC.name, data, fw.NCCL_DEADLINE, unit=UNIT)
     warned_lines: list[str] = list(data.get("warnings") or [])
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"warnings": warned_lines, "shm": data.get("shm"),
                                                   "cache": data.get("cache")}}
     report = data.get("report")
-    unrunnable = cannot_run(NAME, data, ctx, **kw)
+    unrunnable = cannot_run(SPEC.name, data, ctx, **kw)
     if unrunnable is not None:
         return unrunnable
     shm_line = _has(warned_lines, SHM_SIZE_WORDS)
     if shm_line is not None:
-        return verdict(NAME, SHM_SMALL, f"NCCL cannot use shared memory (/dev/shm is "
+        return verdict(SPEC.name, fw.NCCL_SHM_SMALL, f"NCCL cannot use shared memory (/dev/shm is "
                        f"{_mib(data.get('shm'))}; NCCL WARN {shm_line})", **kw)
     cuda = _cuda(report if not data.get("lingered") else None, warned_lines, kw)
     if cuda is not None and cuda.reason != fw.CUDA_ERROR.reason:
         return cuda
     shm_line = _has(warned_lines, SHM_WORDS)
     if shm_line is not None:
-        return verdict(NAME, OWN_SHM, f"NCCL's own shared memory failed (NCCL WARN {shm_line})", **kw)
+        return verdict(SPEC.name, fw.NCCL_OWN_SHM, f"NCCL's own shared memory failed (NCCL WARN {shm_line})",
+                       **kw)
     p2p_line = _has(warned_lines, P2P_WORDS)
     if p2p_line is not None:
-        return verdict(NAME, P2P, f"NCCL peer-to-peer failed (NCCL WARN {p2p_line})", **kw)
+        return verdict(SPEC.name, fw.NCCL_P2P, f"NCCL peer-to-peer failed (NCCL WARN {p2p_line})", **kw)
     where = data.get("phase") or "start-up"
     if report is None or data.get("lingered"):
         budget = data.get("budget", 0)
         if data.get("timed_out") or data.get("stuck") or data.get("held_by") is not None:
             if where in ("place", "allreduce", "verify"):
-                return verdict(NAME, HANG, f"the NCCL all-reduce hung "
+                return verdict(SPEC.name, fw.NCCL_HANG, f"the NCCL all-reduce hung "
                                f"(killed in {where} after {budget:.1f}s)", **kw)
-            return verdict(NAME, DEADLINE, f"the NCCL worker gave no result within {budget:.1f}s "
-                           f"(killed in {where})", **kw)
+            return verdict(SPEC.name, fw.NCCL_DEADLINE, "the NCCL worker gave no result within "
+                           f"{budget:.1f}s (killed in {where})", **kw)
         rc = data.get("returncode")
         if isinstance(rc, int) and rc < 0:
-            return verdict(NAME, fw.KILLED,
+            return verdict(SPEC.name, fw.KILLED,
                            f"the NCCL worker was killed by {proc.signal_name(-rc)} in {where}", **kw)
-        return verdict(NAME, fw.BAD_OUTPUT, f"the NCCL worker gave an unreadable result "
+        return verdict(SPEC.name, fw.BAD_OUTPUT, f"the NCCL worker gave an unreadable result "
                        f"({data.get('problem')}, exit status {rc})", **kw)
     kw["facts"].update({"nccl": report["nccl"], "count": report["count"], "torch": report["torch"]})
     err = report["error"]
     if err is not None:
         if err["kind"] == "no-nccl":
-            return verdict(NAME, NO_NCCL, f"NCCL is not available in this torch build (torch "
+            return verdict(SPEC.name, fw.NO_NCCL, f"NCCL is not available in this torch build (torch "
                            f"{report['torch']})", **kw)
         if err["kind"] == "cuda-unavailable":
-            return verdict(NAME, fw.CUDA_UNAVAILABLE, "torch sees no GPU", **kw)
+            return verdict(SPEC.name, fw.CUDA_UNAVAILABLE, "torch sees no GPU", **kw)
         if err["kind"] == "import":
-            return verdict(NAME, fw.INTERPRETER_NOT_FOUND, "torch cannot be imported", **kw)
+            return verdict(SPEC.name, fw.INTERPRETER_NOT_FOUND, "torch cannot be imported", **kw)
         if cuda is not None:
             return cuda
-        return verdict(NAME, NCCL_ERROR, f"the NCCL all-reduce failed ({err['type']}: "
+        return verdict(SPEC.name, fw.NCCL_ERROR, f"the NCCL all-reduce failed ({err['type']}: "
                        f"{err['message'][:160]})", **kw)
     count = report["count"]
     if report["bad"]:
-        return verdict(NAME, WRONG_SUM, f"wrong all-reduce result on {report['bad']} of {count} GPU(s) (max "
-                       f"error {report['max_err']:g})", observed=report["ms"], **kw)
+        return verdict(SPEC.name, fw.NCCL_WRONG_SUM, f"wrong all-reduce result on {report['bad']} of {count} "
+                       f"GPU(s) (max error {report['max_err']:g})", observed=report["ms"], **kw)
     note = "" if count and count > 1 else " (one GPU: no peer traffic)"
     cache = data.get("cache") or {}
     cached = f" (cached, {cache.get('age', 0):.0f}s old)" if cache.get("how") == "ttl" else ""
-    return passed(NAME, f"NCCL {report['nccl']} all-reduce over {count} GPU(s) exact in {report['ms']:.1f} ms"
-                  f"{note}; /dev/shm {_mib(data.get('shm'))}{cached}", observed=report["ms"], **kw)
+    return passed(SPEC.name, f"NCCL {report['nccl']} all-reduce over {count} GPU(s) exact in "
+                  f"{report['ms']:.1f} ms{note}; /dev/shm {_mib(data.get('shm'))}{cached}",
+                  observed=report["ms"], **kw)

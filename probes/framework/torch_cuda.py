@@ -22,12 +22,10 @@ from probes import framework as fw
 from probes import untrusted
 from probes.context import Context
 from probes.framework import deep, protocol
-from probes.framework.deep import MIN_FREE, Torch, fresh_pass
+from probes.framework.deep import fresh_pass
 from probes.framework.protocol import BOOL, INT, NUM, STR
 from probes.framework.torch_report import PHASES, identify, last_phase, memory_limit, parse_output, validate
 from probes.result import SEVERITY, Result, passed, verdict
-from probes.spec import ALL_PROFILES, Spec
-from probes.spec import cause as _c
 from probes.state import life_identity
 
 TYPE_CHECKING = False
@@ -36,66 +34,15 @@ if TYPE_CHECKING:
 
     from probes.config import Config
 
-NAME = "torch-cuda"
-MEASUREMENT = "devices"
 UNIT = "devices"
 
-NOT_EXECUTABLE = _c("interpreter-not-executable", "interpreter not executable",
-                    "set `HEALTHCHECK_TORCH_PYTHON` to an executable Python that has torch",
-                    action="fix-config", actor="tenant")
-TORCH_MISSING = _c("torch-missing", "torch not installed in that interpreter", fw.SET_PYTHON,
-                   action="fix-config", actor="tenant")
-IMPORT_FAILED = _c("torch-import-failed",
-                   "`import torch` fails (missing module or library; details in the log)",
-                   "reinstall torch in the image or fix its libraries", action="fix-config", actor="tenant")
-MEMORY_LIMIT = _c("memory-limit", "the worker ran out of host memory: the address-space limit (RLIMIT_AS, "
-                  "`ulimit -v`) or the container's memory is too small for torch (MemoryError, \"failed to "
-                  "map segment from shared object\", \"Cannot allocate memory\", std::bad_alloc)",
-                  "raise the limit the message names: "
-                  "the container's memory, or its address space (`ulimit -v`)",
-                  action="fix-config", actor="tenant")
-CPU_ONLY = _c("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`",
-              "install a CUDA build of torch in the image, "
-              "or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a CPU-only image",
-              action="fix-config", actor="tenant")
-COUNT_MISMATCH = _c("count-mismatch", "torch sees a different GPU count than NVML",
-                    "a GPU is not usable by CUDA; check `nvidia-smi`, dmesg for Xid errors and "
-                    "`NVIDIA_VISIBLE_DEVICES`", action="reset-gpu", actor="operator")
-WRONG_RESULT = _c("wrong-result", "GPU result differs from the CPU reference",
-                  "silent data corruption; drain the node and run the GPU diagnostics (`dcgmi diag`)",
-                  action="service-hardware", actor="operator")
-LATCHED = _c("latched", "latch in force from an earlier fatal error (or a critical Xid seen by `healthcheck "
-             "serve`): no worker started, the hardware probes are skipped too",
-             "restart the container (a new PID 1 clears it)", action="restart-container", actor="operator")
-DEADLINE = _c("deadline", "worker gave no result by the deadline (killed while in `import`: a slow disk "
-              "or a wedged driver), or another costly check held the lock until then",
-              "the GPU driver may be wedged: check `nvidia-smi` and dmesg for Xid errors; "
-              "raise `HEALTHCHECK_TIMEOUT` if the image is slow to import torch",
-              action="retry", actor="operator")
-STUCK = _c("stuck", "worker survived SIGKILL (uninterruptible sleep): the driver is wedged; while it exists, "
-           "later runs start no other worker and say so at once",
-           "check dmesg for Xid errors, the node may need a reboot", action="reboot-node", actor="operator")
-LINGERED = _c("lingered", "worker printed its result but did not exit within 1.0 s "
-              "(a wrapper script as `HEALTHCHECK_TORCH_PYTHON` that keeps running, or a hang at exit); "
-              "nothing from it is cached or shared",
-              "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself "
-              "and check dmesg for Xid errors", action="fix-config", actor="tenant")
-TORCH_ERROR = _c("torch-error", "other torch error", fw.LOGGED, action="fix-config", actor="tenant")
-
-SPEC = Spec(
-    NAME, layer="framework", module=__name__, toggle="ENABLE_TORCH_CHECK", timeout=45.0,
-    profiles=ALL_PROFILES, requires=("nvidia-smi", "nvml"), measurement=MEASUREMENT, settings=Torch.SETTINGS,
-    about="the image's own Python imports torch and runs a verified matmul on every GPU",
-    causes=(fw.INTERPRETER_NOT_FOUND, NOT_EXECUTABLE, TORCH_MISSING, IMPORT_FAILED, MEMORY_LIMIT, CPU_ONLY,
-            COUNT_MISMATCH, *fw.CUDA_CAUSES, WRONG_RESULT, LATCHED, DEADLINE, STUCK, fw.KILLED,
-            LINGERED, fw.BAD_OUTPUT, fw.WORKLOAD_MEMORY, fw.HELD_BACK, TORCH_ERROR),
-)
+SPEC = fw.TORCH_SPEC
 
 
 def requirements(config: Config) -> tuple[str, ...]:
     """The hardware layer is a prerequisite only for the GPU: a CPU-only image has none. On the
     GPU, a CUDA-checkpointed process (the checkpoint probe, when it runs) holds the op back."""
-    return (*SPEC.requires, "checkpoint") if config.of(Torch).torch_device == "cuda" else ()
+    return (*SPEC.requires, "checkpoint") if config.of(fw.Torch).torch_device == "cuda" else ()
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
 CACHE = "torch-cuda.json"
@@ -113,7 +60,7 @@ _CUDA_VERSION = r"(\d{1,3})\.(\d{1,3})"
 
 def expected_count(ctx: Context) -> int | None:
     """NVML's device count when the hardware layer ran and passed, for device cuda."""
-    if ctx.config.of(Torch).torch_device != "cuda":
+    if ctx.config.of(fw.Torch).torch_device != "cuda":
         return None
     from probes import hardware
 
@@ -122,7 +69,7 @@ def expected_count(ctx: Context) -> int | None:
 
 
 def _argv(ctx: Context, expect: int | None) -> list[str]:
-    own = ctx.config.of(Torch)
+    own = ctx.config.of(fw.Torch)
     argv = [own.torch_python, WORKER, "--device", own.torch_device, "--size", str(SIZE)]
     if expect is not None:
         argv += ["--expect-count", str(expect)]
@@ -139,9 +86,9 @@ def result_arrived(stdout: bytes) -> bool:
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     from probes.framework import torch_worker
 
-    own = ctx.config.of(Torch)
+    own = ctx.config.of(fw.Torch)
     device = own.torch_device
-    data, done = deep.deep_worker(ctx, NAME, _argv(ctx, expect), {},
+    data, done = deep.deep_worker(ctx, SPEC.name, _argv(ctx, expect), {},
                                   lambda out: parse_output(out, device, SIZE), last_phase, result_arrived,
                                   own.torch_min_free_mib)
     if done is None:
@@ -157,7 +104,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
 
 
 def _key(ctx: Context, expect: int | None) -> dict[str, Any]:
-    own = ctx.config.of(Torch)
+    own = ctx.config.of(fw.Torch)
     return {"python": own.torch_python, "device": own.torch_device, "size": SIZE,
             "expect": expect, "identity": life_identity()}
 
@@ -211,7 +158,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         return deep.latched(latch)
     if not ctx.config.profile_rules.spawns_worker:
         return {"kind": "no-latch", "state_off": state.disabled_reason}
-    if ctx.config.of(Torch).torch_device == "cuda":
+    if ctx.config.of(fw.Torch).torch_device == "cuda":
         from probes.framework import checkpoint
 
         why = checkpoint.hold(ctx)  # an earlier run saw a checkpointed process that still exists
@@ -220,14 +167,15 @@ def gather(ctx: Context) -> dict[str, Any]:
 
     expect = expected_count(ctx)
     key = _key(ctx, expect)
-    ttl = ctx.config.of(Torch).torch_ttl
+    ttl = ctx.config.of(fw.Torch).torch_ttl
     return deep.locked_run(ctx, CACHE, key, lambda entry: _cached_pass(entry, key, ttl),
                            lambda: run_worker(ctx, expect), judge, early=True,
                            share=lambda entry: _reuse(entry, key, "shared"), relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(NAME, DEADLINE, "no result within the deadline from the torch worker", unit=UNIT)
+    return verdict(SPEC.name, fw.TORCH_DEADLINE, "no result within the deadline from the torch worker",
+                   unit=UNIT)
 
 
 # ---------------------------------------------------------------------------
@@ -281,22 +229,23 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     if kind == "latched":
         when = (f"since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(data['since']))} "
                 f"({data['age']:.0f}s ago, " if data["since"] else "(since an unknown time, ")
-        return verdict(NAME, LATCHED, f"latched unhealthy {when}by {data['source']}): {data['why']}",
+        return verdict(SPEC.name, fw.TORCH_LATCHED,
+                       f"latched unhealthy {when}by {data['source']}): {data['why']}",
                        unit=UNIT, facts={"latched": True, "since": data["since"], "source": data["source"]})
     if kind == "checkpointed":
-        return verdict(NAME, fw.HELD_BACK, f"not started: {untrusted.clean(data['why'], 200)}", remedy=False,
-                       unit=UNIT)
+        return verdict(SPEC.name, fw.HELD_BACK, f"not started: {untrusted.clean(data['why'], 200)}",
+                       remedy=False, unit=UNIT)
     if kind == "no-latch":
         off = data.get("state_off")
         note = f" ({deep.state_off(off)}; a fatal error cannot latch)" if off else ""
-        return passed(NAME, f"no CUDA-fatal latch{note}", unit=UNIT, facts={"latched": False})
+        return passed(SPEC.name, f"no CUDA-fatal latch{note}", unit=UNIT, facts={"latched": False})
     if kind == "lock-timeout":
-        return deep.lock_timeout(NAME, data, DEADLINE, unit=UNIT)
+        return deep.lock_timeout(SPEC.name, data, fw.TORCH_DEADLINE, unit=UNIT)
     from probes.framework import free_memory  # not before: liveness answers above without it
 
     if kind == free_memory.REASON:
-        return deep.not_checked(NAME, data, MIN_FREE, unit=UNIT)
-    result = deep.unkept(deep.with_room(_judge_worker(data, ctx), data, MIN_FREE), data)
+        return deep.not_checked(SPEC.name, data, fw.MIN_FREE, unit=UNIT)
+    result = deep.unkept(deep.with_room(_judge_worker(data, ctx), data, fw.MIN_FREE), data)
     suffix = _suffix(data)
     if suffix:
         result = result._replace(message=result.message + suffix,
@@ -312,37 +261,40 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
                              "cache": data.get("cache")}
     kw: dict[str, Any] = {"unit": UNIT, "facts": facts}
     report = data.get("report")
-    if (limit := deep.limited(NAME, data, **kw)) is not None:
+    if (limit := deep.limited(SPEC.name, data, **kw)) is not None:
         return limit
     if data.get("spawn_error") == "not found" or (report is None and data.get("returncode") == 127):
-        return verdict(NAME, fw.INTERPRETER_NOT_FOUND, f"torch interpreter {python} not found", **kw)
+        return verdict(SPEC.name, fw.INTERPRETER_NOT_FOUND, f"torch interpreter {python} not found", **kw)
     if data.get("spawn_error") or (report is None and data.get("returncode") == 126):
         why = data.get("spawn_error") or "not executable"
-        return verdict(NAME, NOT_EXECUTABLE, f"torch interpreter {python} cannot be run ({why})", **kw)
+        return verdict(SPEC.name, fw.TORCH_NOT_EXECUTABLE,
+                       f"torch interpreter {python} cannot be run ({why})", **kw)
     if data.get("lingered") and not data.get("stuck"):
-        return verdict(NAME, LINGERED, f"torch worker printed its result but did not exit within "
-                       f"{proc.LINGER:.1f} s: its result is not used; something keeps running after the "
-                       "worker (a wrapper script as HEALTHCHECK_TORCH_PYTHON, or a hang in torch or the "
+        return verdict(SPEC.name, fw.TORCH_LINGERED, "torch worker printed its result but did not exit "
+                       f"within {proc.LINGER:.1f} s: its result is not used; something keeps running after "
+                       "the worker (a wrapper script as HEALTHCHECK_TORCH_PYTHON, or a hang in torch or the "
                        "driver at exit)", **kw)
     if report is not None and not data.get("lingered"):
         return _judge_report(report, data, ctx, python, kw)
     where = data.get("phase") or "start-up"
     if data.get("held_by") is not None:
-        return verdict(NAME, STUCK, f"an earlier torch worker (pid {data['held_by']}) is still stuck in the "
-                       "GPU driver (uninterruptible sleep); not starting another", **kw)
+        return verdict(SPEC.name, fw.TORCH_STUCK, f"an earlier torch worker (pid {data['held_by']}) is still "
+                       "stuck in the GPU driver (uninterruptible sleep); not starting another", **kw)
     if data.get("stuck"):
-        return verdict(NAME, STUCK, f"torch worker stuck in {where} and survived SIGKILL (uninterruptible "
-                       "sleep), the GPU driver is wedged", **kw)
+        return verdict(SPEC.name, fw.TORCH_STUCK, f"torch worker stuck in {where} and survived SIGKILL "
+                       "(uninterruptible sleep), the GPU driver is wedged", **kw)
     if data.get("timed_out"):
-        return verdict(NAME, DEADLINE, f"torch worker gave no result within {data.get('budget', 0):.1f}s "
-                       f"(killed while in {where})", **kw)
+        return verdict(SPEC.name, fw.TORCH_DEADLINE, "torch worker gave no result within "
+                       f"{data.get('budget', 0):.1f}s (killed while in {where})", **kw)
     if (memory := memory_limit(None, data)) is not None:
-        return verdict(NAME, MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False, **kw)
+        return verdict(SPEC.name, fw.TORCH_MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False,
+                       **kw)
     rc = data.get("returncode")
     if isinstance(rc, int) and rc < 0:
-        return verdict(NAME, fw.KILLED, f"torch worker killed by {proc.signal_name(-rc)} in {where}", **kw)
-    return verdict(NAME, fw.BAD_OUTPUT, f"torch worker gave an unreadable result ({data.get('problem')}, "
-                   f"exit status {rc}): '{data.get('excerpt') or ''}'", **kw)
+        return verdict(SPEC.name, fw.KILLED, f"torch worker killed by {proc.signal_name(-rc)} in {where}",
+                       **kw)
+    return verdict(SPEC.name, fw.BAD_OUTPUT, "torch worker gave an unreadable result "
+                   f"({data.get('problem')}, exit status {rc}): '{data.get('excerpt') or ''}'", **kw)
 
 
 def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, python: str,
@@ -354,26 +306,28 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
     err = report["error"]
     cuda = report["device"] == "cuda"
     if (memory := memory_limit(report, data)) is not None:
-        return verdict(NAME, MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False, **kw)
+        return verdict(SPEC.name, fw.TORCH_MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False,
+                       **kw)
     if err is not None and err["phase"] == "import":
         if err["module"] == "torch":
-            return verdict(NAME, TORCH_MISSING, f"torch is not installed for {python}", **kw)
+            return verdict(SPEC.name, fw.TORCH_MISSING, f"torch is not installed for {python}", **kw)
         what = (f"module {err['module']!r} is missing" if err["module"]
                 else f"{err['type']}; details in the log")
-        return verdict(NAME, IMPORT_FAILED, f"import torch failed in {python} ({what})", **kw)
+        return verdict(SPEC.name, fw.TORCH_IMPORT_FAILED, f"import torch failed in {python} ({what})", **kw)
     if cuda and report["available"] is False and report["cuda_built"] is False:
-        return verdict(NAME, CPU_ONLY, f"CUDA not available: torch {report['torch'] or '?'} in {python} "
-                       "is a CPU-only build", **kw)
+        return verdict(SPEC.name, fw.TORCH_CPU_ONLY, f"CUDA not available: torch {report['torch'] or '?'} "
+                       f"in {python} is a CPU-only build", **kw)
     if cuda and report["available"] is False and _driver_older(report, ctx):
         return _too_old(report, _driver_cuda(ctx), kw)
     if err is not None and err["phase"] == "init":
         return _device_error(err, report, ctx, kw, None) or verdict(
-            NAME, fw.CUDA_UNAVAILABLE, "CUDA not available (torch.cuda.is_available() is False)", **kw)
+            SPEC.name, fw.CUDA_UNAVAILABLE, "CUDA not available (torch.cuda.is_available() is False)", **kw)
     if err is not None:
-        return verdict(NAME, TORCH_ERROR, f"the torch worker failed in {err['phase']} ({err['type']})", **kw)
+        return verdict(SPEC.name, fw.TORCH_ERROR,
+                       f"the torch worker failed in {err['phase']} ({err['type']})", **kw)
     count = report["count"] or 0
     if cuda and count == 0:
-        return verdict(NAME, fw.CUDA_UNAVAILABLE, "CUDA not available: torch sees no GPU", **kw)
+        return verdict(SPEC.name, fw.CUDA_UNAVAILABLE, "CUDA not available: torch sees no GPU", **kw)
     notes = []
     expect = data.get("expect")
     held = free_memory.read(data.get("room"))
@@ -381,7 +335,8 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
         expect -= len(held["full"])  # those were kept from the worker (CUDA_VISIBLE_DEVICES)
     if cuda and expect is not None and count != expect:
         if report["visible_devices"] is None or count > expect:
-            return verdict(NAME, COUNT_MISMATCH, f"torch sees {count} GPU(s) but NVML sees {expect}",
+            return verdict(SPEC.name, fw.TORCH_COUNT_MISMATCH,
+                           f"torch sees {count} GPU(s) but NVML sees {expect}",
                            observed=count, **kw)
         notes.append(f"{count} of {expect} GPUs visible through CUDA_VISIBLE_DEVICES")
 
@@ -406,10 +361,10 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
         index = entry["index"] if entry is not None else 0
         holder = _holder(ctx, report, index, entry["uuid"] if entry else None)
         if error.cause is fw.MPS_BUSY or (error.cause is fw.DEVICE_BUSY and "MPS client" in holder):
-            return verdict(NAME, fw.MPS_BUSY, f"{where} busy{holder}", **kw)
+            return verdict(SPEC.name, fw.MPS_BUSY, f"{where} busy{holder}", **kw)
         if error.cause is fw.DEVICE_BUSY:
-            return verdict(NAME, fw.DEVICE_BUSY, f"{where} busy{holder}", **kw)
-        return verdict(NAME, fw.OOM, f"{where} out of memory for the probe's own context{holder} "
+            return verdict(SPEC.name, fw.DEVICE_BUSY, f"{where} busy{holder}", **kw)
+        return verdict(SPEC.name, fw.OOM, f"{where} out of memory for the probe's own context{holder} "
                        f"({error.label})", **kw)
     if error.cause is fw.DRIVER_TOO_OLD:
         version = re.search(_FOUND_VERSION, str(err.get("message", "")))
@@ -418,11 +373,11 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
         return _too_old(report, driver, kw)
     if error.category == cuda_errors.STICKY:
         kw["facts"]["fatal"] = True
-        return error.verdict(NAME, f"fatal CUDA error on {where} ({error.label}): sticky, the CUDA context "
-                             f"is unusable; {deep.UNTIL_RESTART}", **kw)
+        return error.verdict(SPEC.name, f"fatal CUDA error on {where} ({error.label}): sticky, "
+                             f"the CUDA context is unusable; {deep.UNTIL_RESTART}", **kw)
     if error.category == cuda_errors.ENVIRONMENT:
-        return error.verdict(NAME, f"CUDA cannot start on {where} ({error.label})", **kw)
-    return error.verdict(NAME, f"CUDA error on {where} ({error.label})", **kw)
+        return error.verdict(SPEC.name, f"CUDA cannot start on {where} ({error.label})", **kw)
+    return error.verdict(SPEC.name, f"CUDA error on {where} ({error.label})", **kw)
 
 
 def _driver_cuda(ctx: Context) -> str | None:
@@ -451,8 +406,8 @@ def _driver_older(report: dict[str, Any], ctx: Context) -> bool:
 
 def _too_old(report: dict[str, Any], driver: str | None, kw: dict[str, Any]) -> Result:
     have = f", driver supports CUDA {driver}" if driver else ""
-    return verdict(NAME, fw.DRIVER_TOO_OLD, f"CUDA driver too old for torch {report['torch']} (built for "
-                   f"CUDA {report['cuda']}{have})", **kw)
+    return verdict(SPEC.name, fw.DRIVER_TOO_OLD, f"CUDA driver too old for torch {report['torch']} "
+                   f"(built for CUDA {report['cuda']}{have})", **kw)
 
 
 def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], notes: list[str]) -> Result:
@@ -467,7 +422,7 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
         per.append(row)
         if entry["error"] is not None:
             res = _device_error(entry["error"], report, ctx, kw, entry) or verdict(
-                NAME, TORCH_ERROR, f"torch op failed on {tag} ({entry['error']['type']})", **kw)
+                SPEC.name, fw.TORCH_ERROR, f"torch op failed on {tag} ({entry['error']['type']})", **kw)
             row["status"] = res.reason
             problems.append(res)
             continue
@@ -478,8 +433,9 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
         if not math.isfinite(rel) or rel > TOLERANCE:
             shown = f"{rel:.1e}" if math.isfinite(rel) else "not a number"
             row["status"] = "wrong-result"
-            problems.append(verdict(NAME, WRONG_RESULT, f"wrong result on {tag}: matmul differs from the CPU "
-                                    f"reference by {shown} (tolerance {TOLERANCE:.0e})", **kw))
+            problems.append(verdict(SPEC.name, fw.TORCH_WRONG_RESULT, f"wrong result on {tag}: matmul "
+                                    f"differs from the CPU reference by {shown} (tolerance {TOLERANCE:.0e})",
+                                    **kw))
             continue
         row["status"] = "ok"
         good.append({**entry, "rel": rel})
@@ -490,7 +446,7 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
         others = f"; {checked} other device(s) OK" if checked else ""
         return worst._replace(message=worst.message + others, observed=checked)
     if not good:
-        return verdict(NAME, fw.BAD_OUTPUT, "the torch worker checked no device", **kw)
+        return verdict(SPEC.name, fw.BAD_OUTPUT, "the torch worker checked no device", **kw)
     worst_rel = max(g["rel"] for g in good)
     slow = max(good, key=lambda g: g["op_ms"])
     base = f"{report['size']}x{report['size']} matmul matches the CPU reference (max rel err {worst_rel:.0e})"
@@ -506,4 +462,4 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
         message = f"CPU OK: {base} in {slow['op_ms']:.1f} ms; torch {report['torch']}"
     if notes:
         message += f" ({'; '.join(notes)})"
-    return passed(NAME, message, observed=checked, **kw)
+    return passed(SPEC.name, message, observed=checked, **kw)

@@ -70,8 +70,32 @@ def test_the_framework_keeps_what_the_whole_catalog_asks() -> None:
 
 
 def test_the_torch_settings_are_declared_once() -> None:
-    assert issubclass(deep.Torch, Declared) and torch_cuda.SPEC.settings == deep.Torch.SETTINGS
-    assert not hasattr(torch_cuda, "Settings")  # one name: deep.Torch
-    got = config.load({"HEALTHCHECK_TORCH_DEVICE": "cpu", "HEALTHCHECK_TORCH_TTL": "7"}).of(deep.Torch)
+    assert issubclass(fw.Torch, Declared) and torch_cuda.SPEC.settings == fw.Torch.SETTINGS
+    assert not hasattr(torch_cuda, "Settings") and deep.Torch is fw.Torch  # one name: Torch
+    got = config.load({"HEALTHCHECK_TORCH_DEVICE": "cpu", "HEALTHCHECK_TORCH_TTL": "7"}).of(fw.Torch)
     assert (got.torch_device, got.torch_python, got.torch_ttl, got.torch_min_free_mib) == ("cpu", "python3", 7.0,
                                                                                           1024)
+
+
+MODULES = ("probes.framework.checkpoint", "probes.framework.torch_cuda", "probes.framework.model",
+           "probes.framework.nccl")
+
+
+def test_the_layer_declares_its_probes_and_each_module_keeps_its_own() -> None:
+    assert [s.module for s in fw.SPECS] == list(MODULES)
+    for spec in fw.SPECS:
+        assert spec.load().SPEC is spec, spec.name
+
+
+def test_reading_the_declarations_imports_no_probe_module() -> None:
+    """A run reads every probe's declaration; the modules (gather, judge) are imported only to run."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = ("import sys; from probes import framework; framework.SPECS; "
+            f"print([m for m in {MODULES!r} + ('probes.framework.deep', 'probes.framework.cuda_errors') "
+            "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-I", "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -147,7 +147,7 @@ def test_twenty_concurrent_cli_runs_start_one_worker(make_interp: Callable[..., 
     env = clean_env(HEALTHCHECK_TORCH_PYTHON=str(py), HEALTHCHECK_TORCH_DEVICE="cpu",
                     HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_TIMEOUT="120",
                     HEALTHCHECK_PROFILE="readiness")
-    procs = [subprocess.Popen([PYTHON, "-m", "probes", "--only", torch_cuda.NAME], cwd=ROOT, env=env,
+    procs = [subprocess.Popen([PYTHON, "-m", "probes", "--only", torch_cuda.SPEC.name], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(20)]
     outs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0] * 20, outs

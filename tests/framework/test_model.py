@@ -16,7 +16,7 @@ import torch
 from probes import config as config_mod
 from probes.config import Config
 from probes.context import Context
-from probes.framework import model, model_worker
+from probes.framework import ModelSettings, model, model_worker
 from probes.result import Result, Status
 from probes.state import State
 
@@ -386,7 +386,7 @@ def test_a_bad_model_input_is_a_configuration_error_with_one_line() -> None:
         assert text.startswith("HEALTHCHECK_MODEL_INPUT=") and "is not SHAPE:DTYPE" in text and "\n" not in text, text
         assert "accepted: e.g. 1x3x224x224:float16" in text and len(text) < 400
     ok = config_mod.load({"HEALTHCHECK_MODEL_INPUT": " 2X4:float16:seeded ", "HEALTHCHECK_CHECKS_DIR": "/nonexistent"})
-    assert ok.of(model.Settings).model_input == "2X4:float16:seeded"
+    assert ok.of(ModelSettings).model_input == "2X4:float16:seeded"
 
 
 def test_the_cli_refuses_a_bad_model_input_with_exit_3(tmp_path: Path) -> None:

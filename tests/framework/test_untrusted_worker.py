@@ -103,7 +103,7 @@ def test_numbers_no_float_can_hold_are_an_unreadable_result(old: str, new: str, 
     out_file = tmp_path / "line"
     out_file.write_text(result_line(old, new))
     py = make_interp("huge", body=f'cat "{out_file}"')
-    out = run_cli("--only", torch_cuda.NAME, env=cli_env(py, tmp_path), timeout=60)
+    out = run_cli("--only", torch_cuda.SPEC.name, env=cli_env(py, tmp_path), timeout=60)
     both = out.stdout + out.stderr
     assert out.returncode == 1, both
     assert "Traceback" not in both and "internal error" not in both
@@ -124,7 +124,7 @@ def test_a_malformed_result_line_is_bad_output_when_json_was_never_imported(
     out_file.write_text(result_line(old, new))
     py = make_interp("malformed", body=f'cat "{out_file}"')
     env = cli_env(py, tmp_path, HEALTHCHECK_FASTPATH="false")
-    for flags in (("--only", torch_cuda.NAME), ("--only", torch_cuda.NAME, "--json")):
+    for flags in (("--only", torch_cuda.SPEC.name), ("--only", torch_cuda.SPEC.name, "--json")):
         out = run_cli(*flags, env=env, timeout=60)
         both = out.stdout + out.stderr
         assert out.returncode == 1, both
@@ -153,16 +153,16 @@ def test_control_characters_from_the_worker_are_shown_escaped(make_interp: Calla
     version = r"2.3.0+fake\x00\x1b[31mred\x07\nnext"
     name = r"Fake\x00GPU\x1b]0;owned\x07\n0"
     env = cli_env(py, tmp_path, HEALTHCHECK_PROFILE="startup")
-    out = run_cli("--only", torch_cuda.NAME, env=env, timeout=60)
+    out = run_cli("--only", torch_cuda.SPEC.name, env=env, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert raw_controls(out.stdout) == [], out.stdout
     assert version in out.stdout and name in out.stdout, out.stdout
-    out = run_cli("--only", torch_cuda.NAME, "--json", env=env, timeout=60)
+    out = run_cli("--only", torch_cuda.SPEC.name, "--json", env=env, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert raw_controls(out.stdout) == []
     doc = json.loads(out.stdout)
     assert all(raw_controls(s) == [] and "\n" not in s for s in walk_strings(doc))
-    check = doc["checks"][f"{torch_cuda.NAME}:{torch_cuda.MEASUREMENT}"][0]
+    check = doc["checks"][f"{torch_cuda.SPEC.name}:{torch_cuda.SPEC.measurement}"][0]
     said = check.get("output") or check["message"]  # health+json leaves output out of passing checks
     assert version in said and name in said, said
 
