@@ -1,6 +1,6 @@
 """The probe-module contract: what the runner, config and docs read of a probe module.
 
-A probe module (one line in ``probes.registry.MODULES``) defines:
+A probe module (named by its Spec, which its layer's package declares: ``probes.registry``) defines:
 
 - ``SPEC``: its declaration (``probes.spec.Spec``), read by every run; it may be its layer
   package's (``probes.hardware.NVML_SPEC``), bound here, so a run need not import the module;

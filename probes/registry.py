@@ -14,21 +14,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-# One line per probe module, in layer order.
-MODULES = (
-    "probes.hardware.nvidia_smi",
-    "probes.hardware.nvml",
-    "probes.hardware.runtime",
-    "probes.framework.checkpoint",
-    "probes.framework.torch_cuda",
-    "probes.framework.model",
-    "probes.framework.nccl",
-    "probes.services.jupyter",
-    "probes.services.jupyter_kernel",
-    "probes.services.ssh",
-    "probes.services.ssh_keys",
-    "probes.services.ssh_login",
-)
+# In layer order: a layer's package declares its probes (``SPECS``), so reading them imports no
+# probe module (each is imported only to run: ``Spec.load``); a module of its own (a plug-in)
+# declares one (``SPEC``).
+MODULES = ("probes.hardware", "probes.framework", "probes.services")
+
+
+def specs_of(name: str) -> tuple[Any, ...]:
+    """The probes a line of ``MODULES`` declares."""
+    found = load(name)
+    return tuple(getattr(found, "SPECS", None) or (found.SPEC,))
 
 
 _cache: dict[str, Any] = {}
@@ -36,7 +31,7 @@ _cache: dict[str, Any] = {}
 
 def _build() -> dict[str, Any]:
     if not _cache:
-        specs = tuple(load(m).SPEC for m in MODULES)
+        specs = tuple(s for m in MODULES for s in specs_of(m))
         toggles = tuple(dict.fromkeys(s.toggle for s in specs))
         settings: dict[str, Setting] = {}
         for s in specs:

@@ -20,13 +20,13 @@ CHECKED: tuple[ProbeModule, ...] = (nvidia_smi, nvml, runtime, checkpoint, torch
 
 
 def test_mypy_checks_every_module_of_the_catalog() -> None:
-    assert {id(m) for m in CHECKED} == {id(spec.load(name)) for name in registry.MODULES}
+    assert {id(m) for m in CHECKED} == {id(s.load()) for s in registry.PROBES}
 
 
 def test_every_probe_module_keeps_the_contract() -> None:
     assert contract.required() == ("SPEC", "gather", "judge")
-    for name in registry.MODULES:
-        assert contract.missing(spec.load(name)) == [], name
+    for s in registry.PROBES:
+        assert contract.missing(s.load()) == [], s.module
 
 
 def _probe(**members: object) -> types.ModuleType:
