@@ -157,7 +157,7 @@ for module, device in ((nvidia_smi, "cpu"), (torch_cuda, "cpu"), (nccl, "cuda"))
     ctx = Context(cfg._replace(torch_device=device, nccl_min_shm_mib=0), time.monotonic() + 20, {},
                   State.open(sys.argv[1]))
     r = module.judge(module.gather(ctx), ctx)
-    out[module.NAME] = [r.status.value, r.reason, r.message]
+    out[module.SPEC.name] = [r.status.value, r.reason, r.message]
 print(json.dumps(out))
 """
 
