@@ -22,9 +22,8 @@ import time
 
 from probes import childio, orphans
 
-# The margins of a child's end (probes/deadlines.py); probes give run() ``ctx.deadline - proc.MARGIN``.
+# The margins of a child's end (probes/deadlines.py); probes give run() ``ctx.deadline - deadlines.MARGIN``.
 from probes.deadlines import DRAIN_AFTER_EXIT, KILL_WAIT, LINGER, SWEEP_TIME, TERM_GRACE
-from probes.deadlines import MARGIN as MARGIN
 from probes.pidstat import DEAD, stat
 from probes.pidstat import Proc as _Proc
 from probes.pidstat import below as _below

@@ -29,8 +29,8 @@ import os
 import sys
 import time
 
+from probes import deadlines, untrusted
 from probes import framework as fw
-from probes import untrusted
 from probes.context import Context, logger
 from probes.framework import protocol
 from probes.result import Result, passed, verdict
@@ -167,7 +167,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     if not pids:
         _mark(ctx, [])
         return {"kind": "none"}
-    deadline = ctx.deadline - proc.MARGIN
+    deadline = ctx.deadline - deadlines.MARGIN
     done = proc.run([sys.executable, CHILD, *map(str, pids)], deadline=deadline, env=dict(os.environ),
                     state=ctx.state, key=SPEC.name, until=_answered)
     report = parse_output(done.stdout)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import time
 
+from probes import deadlines, untrusted
 from probes import framework as fw
-from probes import untrusted
 from probes.context import Context, logger
 from probes.framework import Torch, protocol
 from probes.result import Result, Status, verdict
@@ -123,7 +123,6 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
     cache before waiting for the lock, ``share`` hands every profile what it accepts of a run
     that finished while this one waited (startup included), ``relatch`` reads the latch again
     once the lock is held (the run waited for may have latched)."""
-    from probes import proc
 
     state = ctx.state
     if not state.enabled:  # nothing can latch: the judge says so if the run finds a fatal error
@@ -137,7 +136,7 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
         if hit is not None:
             return hit
     waited_from = time.monotonic()
-    lock = state.lock(LOCK, ctx.deadline - proc.MARGIN)
+    lock = state.lock(LOCK, ctx.deadline - deadlines.MARGIN)
     if lock.unusable:  # nobody holds it (a disk too full for the lock file): run as without a state dir
         logger().warning("%s runs without the one-check-at-a-time lock: %s", cache, lock.unusable)
         return record(ctx, cache, key, run(), judge)
@@ -221,10 +220,10 @@ def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
         space, env = start(ctx, need_mib, env)
         if space is not None and space.none_left:
             return no_room(space), None
-    deadline = ctx.deadline - proc.MARGIN
+    deadline = ctx.deadline - deadlines.MARGIN
     budget = max(0.0, deadline - time.monotonic())
     done = proc.Completed(tuple(argv), None, stuck=True, held_by=held[0]) if held else proc.run(
-        argv, deadline=deadline, env=env, state=ctx.state, key=name, until=arrived, linger=proc.LINGER)
+        argv, deadline=deadline, env=env, state=ctx.state, key=name, until=arrived, linger=deadlines.LINGER)
     report, problem = parse(done.stdout)
     if (report is None or report.get("error") or done.timed_out or done.lingered
             or any(isinstance(d, dict) and d.get("error") for d in report.get("devices", ()))):

@@ -18,8 +18,8 @@ import math
 import os
 import time
 
+from probes import deadlines, untrusted
 from probes import framework as fw
-from probes import untrusted
 from probes.context import Context
 from probes.framework import deep, protocol
 from probes.framework.deep import fresh_pass
@@ -271,9 +271,10 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
                        f"torch interpreter {python} cannot be run ({why})", **kw)
     if data.get("lingered") and not data.get("stuck"):
         return verdict(SPEC.name, fw.TORCH_LINGERED, "torch worker printed its result but did not exit "
-                       f"within {proc.LINGER:.1f} s: its result is not used; something keeps running after "
-                       "the worker (a wrapper script as HEALTHCHECK_TORCH_PYTHON, or a hang in torch or the "
-                       "driver at exit)", **kw)
+                       f"within {deadlines.LINGER:.1f} s: its result is not used; "
+                       "something keeps running after the worker "
+                       "(a wrapper script as HEALTHCHECK_TORCH_PYTHON, "
+                       "or a hang in torch or the driver at exit)", **kw)
     if report is not None and not data.get("lingered"):
         return _judge_report(report, data, ctx, python, kw)
     where = data.get("phase") or "start-up"

@@ -39,7 +39,7 @@ import math
 import os
 import time
 
-from probes import hardware, services, untrusted
+from probes import deadlines, hardware, services, untrusted
 from probes.framework import deep
 from probes.result import Result, passed, verdict
 from probes.services import jupyter
@@ -185,10 +185,9 @@ def _gentle(ctx: Context) -> dict[str, Any] | None:
 
 def check(ctx: Context, srv: Server) -> dict[str, Any]:
     """The costly run: kernelspecs, a kernel, its cell, its removal (see the module's docstring)."""
-    from probes import proc
     from probes.services import _kernel, _net, kernel_run
 
-    end = ctx.deadline - proc.MARGIN
+    end = ctx.deadline - deadlines.MARGIN
     share = end - min(CLEANUP, max(0.0, end - time.monotonic()) / 4)
     device = ctx.config.of(deep.Torch).torch_device
     data: dict[str, Any] = {"kind": "kernel", "lingered": False, "device": device,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import stat
 
-from probes import services
+from probes import deadlines, services
 from probes.context import Context
 from probes.result import Result, passed, verdict
 from probes.untrusted import Refused, clean, read_regular, squeeze
@@ -136,7 +136,7 @@ def gather(ctx: Context) -> dict[str, Any]:
             return {"outcome": "could-not"}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": scratch, "LC_ALL": "C"}
         done = proc.run(client_argv(s, ctx.config.host, hosts_file, ctx.remaining()),
-                        deadline=ctx.deadline - proc.MARGIN, env=env, cwd=scratch, max_output=4096)
+                        deadline=ctx.deadline - deadlines.MARGIN, env=env, cwd=scratch, max_output=4096)
     finally:
         for name in os.listdir(scratch):
             os.unlink(os.path.join(scratch, name))

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import pytest
 
-from probes import proc
+from probes import deadlines
 from probes.framework import torch_cuda, torch_worker
 from probes.result import Result, Status
 from tests.conftest import clean_env, run_cli
@@ -39,8 +39,8 @@ def test_a_worker_that_does_not_exit_fails_and_is_not_cached(make_interp: Callab
     py, _ = lingering(make_interp, tmp_path)
     result, elapsed, _ = probe(py, tmp_path, timeout=8.0)
     assert (result.status, result.reason) == (Status.FAIL, "lingered"), result.message
-    assert f"printed its result but did not exit within {proc.LINGER:.1f} s" in result.message
-    assert elapsed < proc.LINGER + SLACK, f"took {elapsed:.2f}s"
+    assert f"printed its result but did not exit within {deadlines.LINGER:.1f} s" in result.message
+    assert elapsed < deadlines.LINGER + SLACK, f"took {elapsed:.2f}s"
     assert marker() == [], "the lingering wrapper outlived its run"
     assert not (tmp_path / "state" / torch_cuda.CACHE).exists()
     # Within the TTL, readiness starts a worker again: nothing was cached.
