@@ -327,6 +327,28 @@ def _freeze_and_kill(select: Select, budget: float,
     return killed, table
 
 
+def _childless() -> bool:
+    """Whether this process, the subreaper, has no child at all, running or a zombie: then
+    nothing any run of ours started is left anywhere (an orphan of ours is re-parented to us),
+    and a sweep would read the whole process table to find nothing. Each thread's children are
+    in /proc/self/task/<tid>/children; only an empty list is trusted (one read while a child
+    exits can skip another child, an empty one cannot hide one: an exiting process hands its
+    children to us before it leaves our list)."""
+    if not _reaper_ok or _reaper_pid != os.getpid():
+        return False
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            fd = os.open(f"/proc/self/task/{tid}/children", os.O_RDONLY)
+            try:
+                if os.read(fd, 64).strip():
+                    return False
+            finally:
+                os.close(fd)
+    except OSError:  # a thread that ended meanwhile, or a kernel without the file: sweep
+        return False
+    return True
+
+
 def _alive(table: Mapping[int, _Proc], pids: Iterable[int]) -> bool:
     return any(table[pid].state not in DEAD for pid in pids if pid in table)
 
@@ -394,8 +416,11 @@ def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | N
     import subprocess
 
     child = _children.get(popen.pid)
-    if child is None and popen.poll() is not None:
-        return popen.returncode  # ended already (its pid may be someone else's by now)
+    if popen.poll() is not None and (child is None or _childless()):
+        # Ended already (its pid may be someone else's by now), and nothing of it is left.
+        with _lock:
+            _children.pop(popen.pid, None)
+        return popen.returncode
     select = _of_run(popen.pid, child)
     t0 = time.monotonic()
     termed: dict[int, int] = {}
@@ -440,7 +465,7 @@ def end_descendants(grace: float = 0.0, *, within: float = 1.0) -> int:
     it signalled. A process that never started a child here and is not the subreaper has
     none of the suite's: it returns at once.
     """
-    if _reaper_pid != os.getpid() and not _children:
+    if (_reaper_pid != os.getpid() and not _children) or _childless():
         return 0
     ended: set[int] = set()
     if grace > 0:

@@ -258,6 +258,31 @@ def test_end_descendants_with_nothing_started_is_free():
     assert n == "0" and float(took) < 0.001
 
 
+SWEEP_FREE = """
+import sys, time
+from probes import proc
+reads = []
+table = proc._table
+proc._table = lambda *a, **k: reads.append(1) or table(*a, **k)
+r = proc.run([sys.argv[1]], deadline=time.monotonic() + 30)
+at_end = len(reads)
+n = proc.end_descendants()
+print(r.returncode, at_end, len(reads), n)
+"""
+
+
+def test_a_child_that_exited_leaving_nothing_costs_no_sweep(tmp_path):
+    """The common run: nvidia-smi answers and exits, and nothing of it is left. The subreaper
+    then has no child at all, so neither the child's end nor the final sweep reads the process
+    table (each read is a stat of every process: milliseconds a run on a busy host)."""
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\necho ok\n")
+    tool.chmod(0o755)
+    r = subprocess.run([sys.executable, "-c", SWEEP_FREE, str(tool)], cwd=ROOT, env=clean_env(),
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.stdout.split() == ["0", "0", "0", "0"], r.stdout + r.stderr
+
+
 def test_spawn_and_end_one_long_lived_child(marker, tmp_path):
     """serve's NVML watcher is such a child: spawned, read in a thread, ended on shutdown."""
     tool = stub(tmp_path / "tool", "double-fork", marker, hang(marker))
