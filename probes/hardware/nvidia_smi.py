@@ -4,11 +4,7 @@ Command-line equivalent::
 
     nvidia-smi --query-gpu=index,name,uuid --format=csv,noheader,nounits
 
-Gather, then judge (as LBNL NHC does): ``gather`` runs the command under the probe's
-deadline through ``probes.proc`` (own session, whole group killed at the deadline,
-bounded wait for a child stuck in the driver) and keeps its output and status;
-``judge`` only decides, turning nvidia-smi's documented exit codes and messages into a
-cause and a remedy.
+``judge`` turns nvidia-smi's documented exit codes and messages into a cause.
 """
 
 from __future__ import annotations

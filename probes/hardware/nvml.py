@@ -10,9 +10,8 @@ NVLink trouble warn. What each reading means, and what is not judged, is in docs
     nvidia-smi --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total,\
 retired_pages.pending,clocks_event_reasons.active,temperature.gpu,compute_mode --format=csv
 
-Gather, then judge: ``gather`` is the only part that calls NVML (through ``nvml_lib``;
-``nvml_read`` reads one GPU's fields); ``judge`` is pure. A hanging NVML call is abandoned by
-the runner at the deadline (``on_deadline``).
+``nvml_read`` reads one GPU's fields; a hanging NVML call is abandoned by the runner at the
+deadline (``on_deadline``).
 """
 
 from __future__ import annotations
