@@ -57,14 +57,18 @@ def _markers(pid: int) -> list[bytes]:
             os.close(fd)
     except OSError:
         return []
-    data = b"".join(chunks)
-    at = data.find(_KEY)
-    while at > 0 and data[at - 1] != 0:
-        at = data.find(_KEY, at + 1)
+    return markers(b"".join(chunks))
+
+
+def markers(environ: bytes) -> list[bytes]:
+    """The run markers in the bytes of a /proc/<pid>/environ ([] when none)."""
+    at = environ.find(_KEY)
+    while at > 0 and environ[at - 1] != 0:
+        at = environ.find(_KEY, at + 1)
     if at < 0:
         return []
-    end = data.find(b"\0", at)
-    return data[at + len(_KEY):end if end >= 0 else len(data)].split(b":")
+    end = environ.find(b"\0", at)
+    return environ[at + len(_KEY):end if end >= 0 else len(environ)].split(b":")
 
 
 def _pid_ns(pid: int | str) -> str | None:

@@ -150,15 +150,7 @@ def _carries(pid: int, run_id: bytes) -> bool | None:
         return False
     except OSError:
         return None
-    if not data:
-        return None
-    if run_id not in data:
-        return False
-    key = RUN_ID_VAR.encode() + b"="
-    for item in data.split(b"\0"):
-        if item.startswith(key):
-            return run_id in item[len(key):].split(b":")
-    return False
+    return run_id in orphans.markers(data) if data else None
 
 
 def _marked_env(env: Mapping[str, str] | None) -> tuple[dict[str, str], str]:
