@@ -32,6 +32,10 @@ def none_requested(visible: str | None) -> bool:
     return visible is not None and visible.strip().lower() in ("", "none", "void")
 
 
+def plural(n: int, what: str = "GPU") -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
 class Expected(Declared):
     """What nvidia-smi and nvml read (``ctx.config.of(Expected)``); runtime's settings extend it."""
 

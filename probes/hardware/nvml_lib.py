@@ -314,9 +314,9 @@ def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], st
             try:
                 data = nv.nvmlEventSetWait_v2(event_set, wait)
             except nv.NVMLError as exc:
-                if error_code(exc) == TIMEOUT:
-                    continue
                 code = error_code(exc)
+                if code == TIMEOUT:
+                    continue
                 raise NvmlUnavailable(_during("waiting for NVML events failed", code), code) from None
             kind = _kind(int(data.eventType))
             if kind is None:
