@@ -245,8 +245,7 @@ def _say(what: bytes) -> None:
 
 
 def entry() -> None:
-    """The process's entry point (the front door, ``python -m probes``, ``healthcheck-probes``):
-    ``main()``, then exit with its status; a check exits at once (``exit_now``).
+    """The process's entry point (the front door, ``python -m probes``, ``healthcheck-probes``).
 
     A check runs without the cyclic garbage collector: it lives for well under a second (its
     hard deadline ends it anyway), its passes during the imports reclaim next to nothing, and
@@ -270,12 +269,9 @@ def entry() -> None:
 
 
 def exit_now(code: int) -> None:
-    """Exit without interpreter finalization, output and the run log flushed first.
-
-    Tearing the modules down and the final garbage collection cost every check ~4 ms
-    (make bench) and release nothing that the end of the process does not; everything the
-    run started has been ended by then (``_end_descendants``).
-    """
+    """Exit without interpreter finalization, output and the run log flushed first: tearing the
+    modules down and the final garbage collection cost every check ~4 ms (make bench) and release
+    nothing that the end of the process does not (what the run started is ended by then)."""
     if "logging" in sys.modules:
         import logging
 
@@ -340,11 +336,8 @@ def _error_line(line: str) -> None:
 
 
 def _guard_std_fds() -> None:
-    """Open /dev/null on a closed stdin, stdout or stderr.
-
-    Otherwise the first file the suite opens (a lock, the run log) would get fd 1 and
-    the report would be written into it.
-    """
+    """Open /dev/null on a closed stdin, stdout or stderr: otherwise the first file the suite opens
+    (a lock, the run log) would get fd 1 and the report would be written into it."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)

@@ -202,40 +202,37 @@ def parse_base_url(name: str, raw: str) -> str:
 
 GLOBAL_SETTINGS = (
     Setting("HEALTHCHECK_PROFILE", "profile", CHOICE, DEFAULT_PROFILE,
-                     "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=PROFILES),
+            "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=PROFILES),
     Setting("HEALTHCHECK_TIMEOUT", "timeout", NUMBER, None,
-                     "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
-                     f"the front door kills the run {FRONT_DOOR_GRACE} s later", low=0, high=MAX_TIMEOUT,
-                     shown_default="per profile: " + " / ".join(f"{p.timeout:g}"
-                                                                for p in PROFILE_RULES.values())),
+            "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
+            f"the front door kills the run {FRONT_DOOR_GRACE} s later", low=0, high=MAX_TIMEOUT,
+            shown_default="per profile: " + " / ".join(f"{p.timeout:g}" for p in PROFILE_RULES.values())),
     Setting("HEALTHCHECK_HOST", "host", HOST, "127.0.0.1",
-                     "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
-                     "ASCII host name"),
+            "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
+            "ASCII host name"),
     Setting("HEALTHCHECK_STATE_DIR", "state_dir", ABSOLUTE_PATH, None,
-                     "cache, locks, latch (an absolute path); made 0700, a symlink, a foreign "
-                     "directory or one below a directory another user can change is refused (caching off); "
-                     "see \"Runs anywhere\" in docs/kubernetes.md",
-                     shown_default="the first usable of `/run/healthcheck`, `$XDG_RUNTIME_DIR/healthcheck`, "
-                                   "`$TMPDIR/healthcheck-<uid>`, `/tmp/healthcheck-<uid>`, "
-                                   "`/dev/shm/healthcheck-<uid>`; none: caching off"),
+            "cache, locks, latch (an absolute path); made 0700, a symlink, a foreign "
+            "directory or one below a directory another user can change is refused (caching off); "
+            "see \"Runs anywhere\" in docs/kubernetes.md",
+            shown_default="the first usable of `/run/healthcheck`, `$XDG_RUNTIME_DIR/healthcheck`, "
+                          "`$TMPDIR/healthcheck-<uid>`, `/tmp/healthcheck-<uid>`, "
+                          "`/dev/shm/healthcheck-<uid>`; none: caching off"),
     Setting("HEALTHCHECK_LOG_FILE", "log_file", ABSOLUTE_PATH, None,
-                     "one line per run plus error details (an absolute path); rotated at 1 MiB (one "
-                     "backup); a regular file only (see below)", shown_default="unset"),
+            "one line per run plus error details (an absolute path); rotated at 1 MiB (one "
+            "backup); a regular file only (see below)", shown_default="unset"),
     Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", ABSOLUTE_PATH, "/etc/healthcheck.d",
-                     "drop-in checks (an absolute path): every executable file there is a check (see "
-                     "\"Drop-in checks\")"),
+            "drop-in checks (an absolute path): every executable file there is a check (see "
+            "\"Drop-in checks\")"),
 )
 
 # Read outside the suite's configuration (the front door, the fast path): listed in docs/probes.md.
 OTHER_SETTINGS = (
     Setting("HEALTHCHECK_PYTHON", "", TEXT, None,
-                     "the suite's own interpreter (front door only; "
-                     "one that cannot run the suite is exit 3)",
-                     shown_default="the `.venv` beside the `healthcheck` script"),
+            "the suite's own interpreter (front door only; one that cannot run the suite is exit 3)",
+            shown_default="the `.venv` beside the `healthcheck` script"),
     Setting("HEALTHCHECK_FASTPATH", "", BOOL, True,
-                     "use a running `healthcheck serve`'s fresh results instead of probing again"),
-    Setting("HEALTHCHECK_DEBUG", "", TEXT, None, "trace the front door (`set -x`)",
-                     shown_default="unset"),
+            "use a running `healthcheck serve`'s fresh results instead of probing again"),
+    Setting("HEALTHCHECK_DEBUG", "", TEXT, None, "trace the front door (`set -x`)", shown_default="unset"),
 )
 
 

@@ -1,23 +1,11 @@
 """The probe-module contract: what the runner, config and docs read of a probe module.
 
-A probe module (named by its Spec, which its layer's package declares: ``probes.registry``) defines:
-
-- ``SPEC``: its declaration (``probes.spec.Spec``), read by every run; it may be its layer
-  package's (``probes.hardware.NVML_SPEC``), bound here, so a run need not import the module;
-- ``gather(ctx)``: the only part that touches hardware, subprocesses or sockets; it returns
-  by ``ctx.deadline``;
-- ``judge(data, ctx)``: pure, ``gather``'s data in, a ``Result`` out;
-
-and may define (a Protocol cannot say "optional"; ``OPTIONAL`` lists them):
-
-- ``on_deadline(ctx) -> Result``: the result when ``gather`` overran its deadline;
-- ``requirements(config) -> Iterable[str]``: the probes it requires in this configuration,
-  when that depends on a setting;
-- ``Settings``: its declared settings (a ``probes.spec.Declared`` class), read as
-  ``ctx.config.of(Settings)``.
-
-``probes.dropin_check``, which runs every drop-in, defines ``gather`` and ``judge`` only:
-each drop-in's ``Spec`` comes from its file (``probes.dropins``).
+``SPEC``, ``gather(ctx)`` and ``judge(data, ctx)``: docs/development.md, "Adding a probe"
+(``SPEC`` may be bound to its layer package's declaration, so a run need not import the module;
+``probes.dropin_check`` has none: each drop-in's ``Spec`` comes from its file). Optional
+(a Protocol cannot say so; ``OPTIONAL`` lists them): ``on_deadline(ctx) -> Result``, the result
+when ``gather`` overran its deadline; ``requirements(config) -> Iterable[str]``, the probes it
+requires when that depends on a setting; ``Settings``, its declared settings.
 
 Imported only by the type checker and the tests, so ``typing`` stays off the liveness path: mypy
 holds every built-in probe module to ``ProbeModule``; tests/core/test_contract.py checks it at run time.

@@ -1,42 +1,10 @@
 """Drop-in checks: every executable file in HEALTHCHECK_CHECKS_DIR is a check.
 
-Image owners add readiness checks (a model is loaded, NCCL works, a licence server
-answers) without touching the suite. The contract is the Nagios plugin convention that
-operators already know:
-
-- exit 0 pass, 1 warn, 2 fail, 3 unknown (a warning with reason ``unknown``: it does
-  not fail the run); any other exit, a signal or the deadline is a failure;
-- the first line of stdout is the message (cleaned and cut like every message);
-  optional performance data after ``|`` (``load_time=1.5s;5;10``) gives the observed
-  value and unit (the first item);
-- an optional header line in the first lines of the file,
-  ``# healthcheck: profiles=startup,readiness timeout=30``, sets the profiles and the
-  deadline; the default is startup and readiness (never liveness unless declared) and
-  10 seconds;
-- the name is the file name; ``--only``, ``--skip`` and ``ENABLE_<NAME>_CHECK`` work as
-  for the built-in probes (``NAME`` upper-cased, ``-`` and ``.`` as ``_``).
-
-Each check runs through ``probes.proc.run``: its own session, the deadline, the whole
-tree ended, no wait on a pipe that a grandchild holds. It gets the suite's environment
-plus ``HEALTHCHECK_PROFILE`` (the profile being run), stdin from /dev/null, and ``/``
-as its working directory.
-
-The directory is untrusted input, as sudoers and cron treat theirs: a file that is group-
-or world-writable, or owned by another user than root or the suite's own user, is not
-run but reported as a failure naming the file and the fix; symbolic links in it are not
-followed (reported the same way). The path to the directory is judged component by
-component (``untrusted.open_trusted_dir``): when a directory on the way, or a symbolic
-link, belongs to another user, or a directory is writable by others (a sticky one such as
-/tmp may be, but not the checks directory itself), nothing in it is listed or run and
-the run reports one failure, ``drop-ins``, naming the component. Files that are not
-executable, editor backups and dotfiles are ignored. A missing or empty directory costs
-a few ``stat`` calls and one ``scandir``.
-
-A check's name must give it a toggle of its own: a file named like a built-in probe
-(``ssh``) or whose toggle is a built-in one (``gpu`` gives ENABLE_GPU_CHECK, the toggle of
-nvidia-smi and nvml) or another drop-in's (``a-b`` and ``a.b``) is not run but reported
-as ``drop-in-NAME`` (reason ``bad-check``), so that switching the built-in probes off can
-never silently switch it off too.
+The directory is untrusted input, as sudoers and cron treat theirs: it is judged component by
+component (``untrusted.open_trusted_dir``) and a file that may not be trusted is reported, not run.
+A check's name must give it a toggle of its own, so that switching the built-in probes off never
+silently switches it off too. The contract (the Nagios plugin convention) and every rule:
+docs/probes.md, "Drop-in checks".
 """
 
 from __future__ import annotations

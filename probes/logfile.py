@@ -1,11 +1,7 @@
-"""HEALTHCHECK_LOG_FILE: a size-bounded run log that can never hurt the run.
+"""HEALTHCHECK_LOG_FILE: a size-bounded run log that can never hurt the run (docs/probes.md).
 
-The log is opened without following a symbolic link and without blocking (a FIFO with
-no reader would otherwise hang ``open()``), and only a regular file is used: a FIFO, a
-directory, a device such as ``/dev/full`` or a socket is refused with one short reason.
-Every later failure (a full disk, a rotation that cannot rename) is swallowed by the
-handler: it is remembered as ``failure`` and reported at most once through
-``on_error``, never as a traceback, and never changes a verdict.
+It is opened without blocking: a FIFO with no reader would otherwise hang ``open()``. A later
+failure is remembered as ``failure`` and reported at most once through ``on_error``.
 """
 
 from __future__ import annotations

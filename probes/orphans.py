@@ -1,30 +1,21 @@
 """What a killed suite left running: ended by the next suite process, by the run marker.
 
-A SIGKILL (the OOM killer, the front door's KILL after its TERM, a runtime ending a timed-out
-exec) gives the suite no chance to end what it started (probes/proc.py): its children are
-re-parented and keep running, a torch worker on the GPU among them. Two things cover that:
+What a SIGKILLed suite leaves and who ends it: docs/probes.md, "Containment". Why this design:
 
-- The worker scripts (torch, model, nccl, checkpoint: worker_base.py) arm the kernel's
-  parent-death signal (``PR_SET_PDEATHSIG``, SIGKILL) as they start, and exit if the suite that
-  started them is already gone (the race between the start and the arming). A worker then dies
-  with the suite, at once. It is armed in the worker, not by the spawner: Python's subprocess
-  has no such option, and ``preexec_fn`` is unsafe with the runner's threads and gives up the
-  fast vfork path on every spawn, liveness included.
-- The parent-death signal is not inherited across fork and reaches only the direct child, so
-  what else a killed run left (drop-ins, nvidia-smi, a grandchild that called setsid, a worker
-  behind an interpreter wrapper that does not exec) is ended here: every process carries its
-  runs' markers (``HEALTHCHECK_RUN_ID``: ``<suite pid>-<suite start>-<n>-<random>`` per run), and
-  a process that carries the marker of a suite process that is gone is a leftover. The first
-  child a suite process starts (proc.spawn) sweeps once; a deep worker sweeps again, under the
-  one-costly-check lock, before it surveys the GPUs' memory, and starts no worker while a
-  leftover survives SIGKILL (state D): never two workers on the GPU at once.
+- The workers arm the parent-death signal themselves (worker_base.py), not by the spawner:
+  Python's subprocess has no such option, and ``preexec_fn`` is unsafe with the runner's threads
+  and gives up the fast vfork path on every spawn, liveness included.
+- That signal is not inherited across fork and reaches only the direct child, so everything else
+  is found here by its run marker (``HEALTHCHECK_RUN_ID``: ``<suite pid>-<suite start>-<n>-<random>``
+  per run): a process that carries the marker of a suite process that is gone is a leftover.
+- Not the lock held by the worker (its fd inherited): every later run would wait for a hung
+  orphan and report only "lock held", never end it. Not a cgroup: rarely delegated inside a
+  container.
 
-Why not the others: the lock held by the worker (its fd inherited) would make every later run
-wait for a hung orphan and report only "lock held", never end it; a cgroup is rarely delegated
-inside a container. The sweep reads each process's /proc/<pid>/stat and the environment of the
-session leaders (~1 ms for 100 processes), in a suite process that starts a child, never on a
-liveness run that starts none. A leftover that also emptied its environment (``env -i`` after a
-double fork) is found only below, or in the session of, one that did not.
+The sweep reads each process's /proc/<pid>/stat and the environment of the session leaders
+(~1 ms for 100 processes), in a suite process that starts a child, never on a liveness run that
+starts none. A leftover that also emptied its environment (``env -i`` after a double fork) is
+found only below, or in the session of, one that did not.
 """
 
 from __future__ import annotations
@@ -66,14 +57,18 @@ def _markers(pid: int) -> list[bytes]:
             os.close(fd)
     except OSError:
         return []
-    data = b"".join(chunks)
-    at = data.find(_KEY)
-    while at > 0 and data[at - 1] != 0:
-        at = data.find(_KEY, at + 1)
+    return markers(b"".join(chunks))
+
+
+def markers(environ: bytes) -> list[bytes]:
+    """The run markers in the bytes of a /proc/<pid>/environ ([] when none)."""
+    at = environ.find(_KEY)
+    while at > 0 and environ[at - 1] != 0:
+        at = environ.find(_KEY, at + 1)
     if at < 0:
         return []
-    end = data.find(b"\0", at)
-    return data[at + len(_KEY):end if end >= 0 else len(data)].split(b":")
+    end = environ.find(b"\0", at)
+    return environ[at + len(_KEY):end if end >= 0 else len(environ)].split(b":")
 
 
 def _pid_ns(pid: int | str) -> str | None:

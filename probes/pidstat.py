@@ -1,8 +1,7 @@
 """A process's line of /proc/<pid>/stat: state, parent, group, session and start time.
 
-The one reader of that file in the suite: the sweeps in ``probes.proc`` and ``probes.orphans``
-and the kernel clean-up in ``probes.services._kernel`` read it for every process (``table``, then
-``below`` for a tree), and ``probes.state`` reads it for a process's start time.
+The one reader of that file in the suite; a sweep reads it for every process (``table``, then
+``below`` for a tree).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Run a child process that may hang, without ever hanging the caller, and leave nothing behind.
 
-What it promises is in docs/probes.md ("Containment"); how: the child runs in its own session
-with the run's marker (``HEALTHCHECK_RUN_ID``, after those of the runs that enclose ours) in its
-environment, and its output is read with a deadline (a grandchild holding the pipe cannot hold
-us); at the deadline it gets SIGTERM, then SIGKILL. This process is the child subreaper. When a
-run ends (exit or deadline), the child's group and session, everything below it and everything
-re-parented to us with the run's marker is frozen (SIGSTOP), pass after pass until a pass finds
-nothing new, then killed; what was ours is reaped with ``waitpid(pid, WNOHANG)`` on that pid,
-never a child a Popen object here owns. A process in state D (a wedged driver) cannot die: we
-wait briefly, report it ``stuck``, remember it (``run``'s ``key``) and move on. One that left the
-tree and dropped the marker is ended only by the final sweep (``end_descendants``); what ends
-the children of a SIGKILLed suite is probes/orphans.py.
+What it promises: docs/probes.md, "Containment". How: a run's processes are frozen (SIGSTOP) pass
+after pass until a pass finds nothing new, then killed; what was ours is reaped with
+``waitpid(pid, WNOHANG)`` on that pid, never a child a Popen object here owns. One in state D (a
+wedged driver) is reported ``stuck`` and remembered (``run``'s ``key``). One that left the tree
+and dropped the marker is ended only by the final sweep (``end_descendants``); what ends the
+children of a SIGKILLed suite is probes/orphans.py.
 """
 from __future__ import annotations
 
@@ -122,13 +117,9 @@ _blank: dict[int, int] = {}  # pid -> start of a process seen stopped with an em
 
 
 def subreaper() -> bool:
-    """Make this process the child subreaper, once: an orphaned descendant is then
-    re-parented to us instead of PID 1, so a sweep can still find and reap it.
-
-    Called lazily by spawn() and at `healthcheck serve` start-up. False where the kernel
-    refuses (not Linux, or before 3.4): sweeps then look for the run marker in every
-    process started since the run began.
-    """
+    """Make this process the child subreaper, once, so a sweep can still find and reap an
+    orphaned descendant. False where the kernel refuses (not Linux, or before 3.4): sweeps
+    then look for the run marker in every process started since the run began."""
     global _reaper_pid, _reaper_ok
     me = os.getpid()
     if _reaper_pid != me:
@@ -159,15 +150,7 @@ def _carries(pid: int, run_id: bytes) -> bool | None:
         return False
     except OSError:
         return None
-    if not data:
-        return None
-    if run_id not in data:
-        return False
-    key = RUN_ID_VAR.encode() + b"="
-    for item in data.split(b"\0"):
-        if item.startswith(key):
-            return run_id in item[len(key):].split(b":")
-    return False
+    return run_id in orphans.markers(data) if data else None
 
 
 def _marked_env(env: Mapping[str, str] | None) -> tuple[dict[str, str], str]:
@@ -518,22 +501,19 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
         linger: float = LINGER) -> Completed:
     """Run ``argv`` until it exits or ``deadline`` (a time.monotonic() value) passes.
 
-    Returns within about ``TERM_GRACE + KILL_WAIT`` seconds of the deadline, whatever
-    the child does (a fork storm included), and leaves nothing it
-    started behind: not its group, its session, a descendant still below it, nor one
-    that left them and was re-parented to us (see the module docstring), except a
-    process the kernel will not let die. With ``state`` and ``key``, a child that
-    survives SIGKILL is remembered, and while it exists no new one is started under the
-    same key: the result is ``stuck`` with ``held_by`` set, at once.
+    Returns within about ``TERM_GRACE + KILL_WAIT`` seconds of the deadline, whatever the child
+    does (a fork storm included), and leaves nothing it started behind but a process the kernel
+    will not let die. With ``state`` and ``key``, a child that survives SIGKILL is remembered,
+    and while it exists no new one is started under the same key: the result is ``stuck`` with
+    ``held_by`` set, at once.
 
     ``timed_out``: the child had not exited when the deadline passed; what it wrote so far is
     partial and is no verdict (every judge reads ``timed_out`` first). A child that had exited
     by then is read to the end of what it wrote, however late this process got to look.
 
-    Output: the first ``max_output`` bytes of stdout are kept and ``truncated`` says that
-    more was discarded; ``truncated`` is about stdout only. The first ``MAX_STDERR`` bytes
-    of stderr are kept and the rest is dropped silently (``stderr_truncated``), so a child
-    that floods stderr still gives a valid, untruncated stdout.
+    Output: the first ``max_output`` bytes of stdout (``truncated``: more was discarded) and the
+    first ``MAX_STDERR`` of stderr (``stderr_truncated``), so a child that floods stderr still
+    gives a valid, untruncated stdout.
 
     ``until``: called with the stdout read so far whenever more arrives; once it returns
     true (the answer is complete, e.g. a whole result line arrived) the child gets at most

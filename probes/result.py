@@ -66,8 +66,6 @@ class Result(Record):
     ``facts`` carries machine-readable data for later probes (e.g. the NVML device
     count for torch-cuda) and for ``-v``; it must be JSON-serialisable.
     ``elapsed`` and ``time`` are filled in by the runner (``result._replace(...)``).
-    A record, not a dataclass: every probe run imports this, and dataclasses
-    costs several milliseconds of start-up.
     """
 
     __slots__ = ("name", "status", "message", "observed", "unit", "reason", "facts", "elapsed", "time",
@@ -124,16 +122,8 @@ def passed(name: str, message: str, **kw: Any) -> Result:
     return Result(name, Status.PASS, message, **kw)
 
 
-def warned(name: str, message: str, **kw: Any) -> Result:
-    return Result(name, Status.WARN, message, **kw)
-
-
 def failed(name: str, message: str, **kw: Any) -> Result:
     return Result(name, Status.FAIL, message, **kw)
-
-
-def skipped(name: str, message: str, **kw: Any) -> Result:
-    return Result(name, Status.SKIP, message, **kw)
 
 
 def verdict(name: str, cause: Cause, detail: str, *, remedy: bool = True, **kw: Any) -> Result:

@@ -211,7 +211,6 @@ class Spec(Record):
     on_with: str
     follows: str  # another probe's toggle: when this one's is not given, it takes that one's value
 
-
     def __init__(self, name: str, *, layer: str, module: str, toggle: str, timeout: float,
                  profiles: tuple[str, ...], requires: tuple[str, ...] = (), measurement: str = "status",
                  settings: tuple[Setting, ...] = (), causes: tuple[Cause, ...] = (), about: str = "",

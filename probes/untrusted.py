@@ -2,21 +2,8 @@
 
 Everything that another program or another user controls passes through here before it
 reaches a result, a report or a decision: GPU names and versions, server replies, file
-names, settings, and files in directories another user can write.
-
-- ``clean`` makes one printable line of any text: control characters, newlines, escape
-  sequences and other invisible characters are shown as escapes (``\\n``, ``\\x1b``,
-  ``\\u202e``) instead of being passed on or silently dropped, and the result is cut.
-  It is idempotent: cleaning clean text changes nothing. ``squeeze`` first folds runs of
-  whitespace into one space: for a program's multi-line output, and for all that serve answers.
-- ``load_json`` parses JSON with bounded depth and only finite numbers of bounded size:
-  damaged or hostile data is a ``ValueError``, never a ``RecursionError`` or an
-  ``OverflowError`` later on.
-- ``read_regular`` reads a file only if it is a regular file (opened without following a
-  link at the last component and without blocking on a FIFO or device), not larger than
-  allowed, and owned by an accepted user when owners are given.
-- ``open_trusted_dir`` opens a directory only through components that nobody but the
-  accepted owners can change: no link or directory of another user on the way.
+names, settings, and files in directories another user can write. ``clean`` is idempotent:
+cleaning clean text changes nothing.
 """
 
 from __future__ import annotations
@@ -211,13 +198,10 @@ def distrust(st: os.stat_result, what: str, owners: Collection[int], *,
 def open_trusted_dir(path: str, owners: Collection[int]) -> int:
     """A descriptor of the directory ``path`` (O_RDONLY), reached without trusting anyone else.
 
-    Every component is judged on the way, as sudo and cron judge the path to their files: each
-    directory is owned by one of ``owners`` and not writable by group or others (a sticky one
-    may be, like /tmp), and a symbolic link is followed only when one of ``owners`` owns it
-    (another user's link in /tmp is refused). The last directory may not be writable by group
-    or others even when sticky. Each step opens the next component relative to the last one
-    with O_NOFOLLOW, so what was judged is what is used. ``Refused`` names the component that
-    may not be trusted; an OSError (FileNotFoundError, NotADirectoryError) when the path does
+    Every component is judged on the way, as sudo and cron judge the path to their files (the
+    rules: docs/probes.md, "Drop-in checks"). Each step opens the next component relative to the
+    last one with O_NOFOLLOW, so what was judged is what is used. ``Refused`` names the component
+    that may not be trusted; an OSError (FileNotFoundError, NotADirectoryError) when the path does
     not lead to a directory.
     """
     step = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

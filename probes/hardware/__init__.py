@@ -1,8 +1,6 @@
-"""The hardware layer: nvidia-smi, NVML and the container's runtime. Each probe's declaration
-lives here (its ``Spec``, the causes only it reports, its settings; ``SPECS``), so that a run
-reads it without importing the probe's module, which holds ``gather`` and ``judge`` and is
-imported only to run the probe. So do the setting and the causes the probes share, the shape
-of a problem a judge found, and the nvml probe's facts as the probes above read them.
+"""The hardware layer's catalog (docs/architecture.md, "The rooms"): each probe's declaration, so
+that a run reads it without importing the probe's module; the setting and causes they share, the
+shape of a problem a judge found, and the nvml probe's facts as the probes above read them.
 
 nvidia-smi's exit codes (``SMI_EXIT_CODES``, read 2026-11-24) are nvidia-smi(1)'s, section RETURN
 VALUE (https://docs.nvidia.com/deploy/nvidia-smi/index.html: 0, 2-4, 6, 8-10, 12-15, 255; no other),
@@ -32,6 +30,10 @@ NA = "N/A"  # a field the GPU or driver does not have, or could not be read: nev
 def none_requested(visible: str | None) -> bool:
     """``NVIDIA_VISIBLE_DEVICES`` set to ask for no GPU: empty, ``none`` or ``void``."""
     return visible is not None and visible.strip().lower() in ("", "none", "void")
+
+
+def plural(n: int, what: str = "GPU") -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 class Expected(Declared):

@@ -4,11 +4,7 @@ Command-line equivalent::
 
     nvidia-smi --query-gpu=index,name,uuid --format=csv,noheader,nounits
 
-Gather, then judge (as LBNL NHC does): ``gather`` runs the command under the probe's
-deadline through ``probes.proc`` (own session, whole group killed at the deadline,
-bounded wait for a child stuck in the driver) and keeps its output and status;
-``judge`` only decides, turning nvidia-smi's documented exit codes and messages into a
-cause and a remedy.
+``judge`` turns nvidia-smi's documented exit codes and messages into a cause.
 """
 
 from __future__ import annotations
@@ -116,10 +112,6 @@ def _facts(gpus: list[Gpu]) -> dict[str, object]:
     return {"count": len(gpus), "gpus": [g._asdict() for g in gpus]}
 
 
-def _plural(n: int) -> str:
-    return f"{n} GPU" if n == 1 else f"{n} GPUs"
-
-
 def judge(data: proc.Completed, ctx: Context) -> Result:
     import re
 
@@ -152,7 +144,7 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     counted: dict[str, Any] = {"observed": len(gpus), "unit": UNIT, "facts": _facts(gpus)}
     lost = re.findall(_LOST, out + "\n" + err)
     if lost:
-        others = f"{_plural(len(gpus))} still reported" if gpus else "no other GPU reported"
+        others = f"{hw.plural(len(gpus))} still reported" if gpus else "no other GPU reported"
         return verdict(hw.SMI_NAME, hw.GPU_LOST, f"GPU {lost[0]} is lost "
                        f"(Unable to determine the device handle; {others})", **counted)
     # Not run through a shell: a signal is Completed.signal, and an exit of 129-254 is a plain exit.
@@ -177,5 +169,5 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     summary = ", ".join(f"{n} x{sum(g.name == n for g in gpus)}" for n in names)
     if len(gpus) < expected:
         return verdict(hw.SMI_NAME, hw.GPU_COUNT_LOW,
-                       f"{_plural(len(gpus))} visible (expected at least {expected})", **counted)
-    return passed(hw.SMI_NAME, f"{_plural(len(gpus))} visible ({summary or 'none expected'})", **counted)
+                       f"{hw.plural(len(gpus))} visible (expected at least {expected})", **counted)
+    return passed(hw.SMI_NAME, f"{hw.plural(len(gpus))} visible ({summary or 'none expected'})", **counted)

@@ -10,9 +10,8 @@ NVLink trouble warn. What each reading means, and what is not judged, is in docs
     nvidia-smi --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total,\
 retired_pages.pending,clocks_event_reasons.active,temperature.gpu,compute_mode --format=csv
 
-Gather, then judge: ``gather`` is the only part that calls NVML (through ``nvml_lib``;
-``nvml_read`` reads one GPU's fields); ``judge`` is pure. A hanging NVML call is abandoned by
-the runner at the deadline (``on_deadline``).
+``nvml_read`` reads one GPU's fields; a hanging NVML call is abandoned by the runner at the
+deadline (``on_deadline``).
 """
 
 from __future__ import annotations
@@ -194,10 +193,6 @@ def on_deadline(ctx: Context) -> Result:
 # judge: pure
 # ---------------------------------------------------------------------------
 
-def _plural(n: int, what: str = "GPU") -> str:
-    return f"{n} {what}" if n == 1 else f"{n} {what}s"
-
-
 def cuda_devices(gpus: tuple[Gpu, ...]) -> list[str]:
     """UUIDs of the devices CUDA enumerates, in order: a GPU in MIG mode contributes its MIG
     devices instead of itself."""
@@ -267,7 +262,7 @@ def _lost(g: Gpu, reporting: int) -> hw.Problem:
     from probes.hardware import nvml_lib
 
     verb = "reports" if reporting == 1 else "report"
-    others = (f"while {_plural(reporting, 'other GPU')} still {verb}" if reporting
+    others = (f"while {hw.plural(reporting, 'other GPU')} still {verb}" if reporting
               else "and no other GPU reports")
     if g.error == nvml_lib.GPU_IS_LOST:
         return hw.Problem(hw.GPU_LOST, f"GPU {g.index} is lost (NVML: GPU is lost, fallen off the bus) "
@@ -368,7 +363,7 @@ def _env_problems(data: Gathered, expected: int) -> list[hw.Problem]:
     if nvd is not None and not hw.none_requested(nvd) and nvd.strip().lower() != "all":
         listed = len([e for e in nvd.split(",") if e.strip()])
         if data.count < listed:
-            out.append(hw.Problem(hw.NVIDIA_VISIBLE, f"NVIDIA_VISIBLE_DEVICES lists {_plural(listed)} "
+            out.append(hw.Problem(hw.NVIDIA_VISIBLE, f"NVIDIA_VISIBLE_DEVICES lists {hw.plural(listed)} "
                                   f"but NVML sees {data.count}: "
                                   "a requested GPU is missing on the host or was not mounted"))
     cvd = data.env.get("CUDA_VISIBLE_DEVICES")
@@ -380,15 +375,16 @@ def _env_problems(data: Gathered, expected: int) -> list[hw.Problem]:
     if not selected and devices:
         why = "it is empty" if stop == "" else f"{stop!r} names no device or repeats one"
         out.append(hw.Problem(hw.CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} selects no GPU "
-                              f"({why}; NVML sees {_plural(len(devices), 'CUDA device')}): CUDA sees no GPU"))
+                              f"({why}; NVML sees {hw.plural(len(devices), 'CUDA device')}): "
+                              "CUDA sees no GPU"))
     elif selected and len(selected) < expected:
         out.append(hw.Problem(hw.CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} "
-                              f"leaves {_plural(len(selected))} visible to CUDA "
+                              f"leaves {hw.plural(len(selected))} visible to CUDA "
                               f"(expected at least {expected})"))
     elif stop is not None and selected:
         out.append(hw.Problem(hw.CUDA_VISIBLE_STOPS, f"CUDA_VISIBLE_DEVICES={shown!r}: "
                               f"CUDA stops at {stop!r} (no such device among {len(devices)}) "
-                              f"and uses only {_plural(len(selected), 'device')}"))
+                              f"and uses only {hw.plural(len(selected), 'device')}"))
     return out
 
 
@@ -442,7 +438,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
     problems: list[hw.Problem] = []
     if data.count < expected:
         hint = f" (NVIDIA_VISIBLE_DEVICES={nvd!r}: no GPU was requested)" if hw.none_requested(nvd) else ""
-        problems.append(hw.Problem(hw.GPU_COUNT_LOW, f"NVML sees {_plural(data.count)} (expected at least "
+        problems.append(hw.Problem(hw.GPU_COUNT_LOW, f"NVML sees {hw.plural(data.count)} (expected at least "
                                    f"{expected}){hint}"))
     for g in data.gpus:
         problems.extend(_gpu_problems(g, reporting - (1 if g.error is None else 0)))
@@ -453,7 +449,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
         return found
     names = sorted({g.name for g in data.gpus})
     summary = ", ".join(f"{n} x{sum(g.name == n for g in data.gpus)}" for n in names)
-    migs = [f"GPU {g.index}: {_plural(len(g.mig_devices), 'MIG device')}" for g in data.gpus
+    migs = [f"GPU {g.index}: {hw.plural(len(g.mig_devices), 'MIG device')}" for g in data.gpus
             if g.mig_enabled is True]
     detail = "; ".join(x for x in (f"driver {data.driver}" if data.driver else "", summary, *migs) if x)
-    return passed(hw.NVML_NAME, f"{_plural(data.count)} healthy ({detail or 'none expected'})", **kw)
+    return passed(hw.NVML_NAME, f"{hw.plural(data.count)} healthy ({detail or 'none expected'})", **kw)

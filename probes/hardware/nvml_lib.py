@@ -1,31 +1,10 @@
 """The one module that imports ``pynvml`` (NVIDIA's nvidia-ml-py bindings).
 
-Importing this module never fails: a missing or wrong ``pynvml`` is stored and raised as
+Importing this module never fails: a missing ``pynvml``, or the deprecated ``pynvml``
+distribution shadowing NVIDIA's under the same import name, is stored and raised as
 :class:`NvmlUnavailable` when a caller asks for NVML (:func:`bindings`, :func:`init`).
-The deprecated ``pynvml`` distribution can shadow nvidia-ml-py under the same import
-name; we accept the module only if it is NVIDIA's (it has ``_nvmlGetFunctionPointer``
-and ``nvmlInitWithFlags``).
-
-Error knowledge lives here too: :func:`describe` maps an NVML return code to its cause in
-the catalog (probes.hardware) and a detail, for the probe and for the event watcher alike.
-
-Events (for ``healthcheck serve``)::
-
-    stop = threading.Event()
-    for ev in watch_events(stop, wait_ms=500):
-        print(ev.gpu_index, ev.uuid, ev.kind, ev.data)   # kind: "xid" | "ecc-single" | "ecc-double"
-
-``watch_events`` initialises NVML at call time (raising :class:`NvmlUnavailable` with a
-clear, secret-free message if it cannot, before any iteration), creates one NVML event
-set, registers every GPU for the Xid-critical-error and single/double-bit ECC events it supports
-(``nvmlDeviceGetSupportedEventTypes`` / ``nvmlDeviceRegisterEvents``; GPUs that are
-lost or support none are skipped), then loops on ``nvmlEventSetWait_v2`` with a
-``wait_ms`` timeout so that ``stop`` is honoured within about ``wait_ms``. On exit
-(stop set, generator closed, or an error) it frees the event set and shuts NVML down;
-an NVML failure while waiting raises NvmlUnavailable from the iteration.
-Xid events are only seen while a watcher is registered: a one-shot probe cannot see
-past ones. There is no nvidia-smi equivalent; ``dmesg | grep -i xid`` on the host shows
-the same errors after the fact.
+:func:`describe` maps an NVML return code to its cause in the catalog, for the probe and
+serve's event watcher (:func:`watch_events`, docs/serve.md) alike.
 """
 
 from __future__ import annotations
@@ -55,7 +34,6 @@ INVALID_ARGUMENT = 2
 INSUFFICIENT_SIZE = 7
 NO_PERMISSION = 4
 NOT_SUPPORTED = 3
-NOT_FOUND = 6
 DRIVER_NOT_LOADED = 9
 TIMEOUT = 10
 LIBRARY_NOT_FOUND = 12
@@ -121,10 +99,8 @@ def _import_pynvml() -> ModuleType:
 
     nvidia-ml-py imports ``find_library`` from ``ctypes.util`` (for Windows; on Linux it loads
     ``libnvidia-ml.so.1`` by name), and ``ctypes.util`` imports subprocess, tempfile, shutil,
-    random and more: ~8 ms of every readiness run (make bench). While pynvml is imported, a
-    stand-in ``ctypes.util`` is in ``sys.modules``: its ``find_library`` imports the real
-    module when it is called. It is taken out afterwards, so any later import of
-    ``ctypes.util`` gets the real module.
+    random and more: ~8 ms of every readiness run (make bench). So while pynvml is imported, a
+    stand-in whose ``find_library`` imports the real module is in ``sys.modules``.
     """
     if "ctypes.util" in sys.modules:
         import pynvml
@@ -254,7 +230,8 @@ def _kind(event_type: int) -> EventKind | None:
 
 
 def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.0) -> Iterator[Event]:
-    """Yield Xid and ECC events from every GPU until ``stop`` is set (see the module docstring).
+    """Yield Xid and ECC events from every GPU that supports them until ``stop`` is set, which is
+    honoured within about ``wait_ms``; NVML is shut down when the iteration ends.
 
     With ``sample_s`` > 0 the clock event reasons of every GPU are also read about every
     ``sample_s`` seconds, and each reading with HW slowdown or power brake active yields a
@@ -304,8 +281,8 @@ def _register_all(nv: ModuleType, event_set: Any,
 
 
 def clock_event_reasons(nv: ModuleType, handle: Any) -> tuple[Any, int | None]:
-    """The GPU's clock event reasons, as call() answers: drivers before the rename (and the
-    bindings of their time) have only the throttle-reasons name of the same query."""
+    """The GPU's clock event reasons, as call() answers: drivers (and bindings) before the
+    rename have only the throttle-reasons name of the same query."""
     for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
         fn = getattr(nv, name, None)
         if fn is not None:
@@ -337,9 +314,9 @@ def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], st
             try:
                 data = nv.nvmlEventSetWait_v2(event_set, wait)
             except nv.NVMLError as exc:
-                if error_code(exc) == TIMEOUT:
-                    continue
                 code = error_code(exc)
+                if code == TIMEOUT:
+                    continue
                 raise NvmlUnavailable(_during("waiting for NVML events failed", code), code) from None
             kind = _kind(int(data.eventType))
             if kind is None:

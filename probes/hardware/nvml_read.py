@@ -11,7 +11,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
-
     Value = Any  # an int/bool/str reading, or NA
 
 COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
@@ -180,9 +179,7 @@ def _fabric(nv: Any, handle: Any, q: _Reader) -> Value:
         value, err = nvml_lib.call(fn, handle, ctypes.byref(info))
         if err != nvml_lib.FUNCTION_NOT_FOUND:
             break
-    if q.judge("fabric state", value, err) == NA:
-        return NA
-    if int(info.state) == FABRIC_NOT_SUPPORTED:
+    if q.judge("fabric state", value, err) == NA or int(info.state) == FABRIC_NOT_SUPPORTED:
         return NA
     return (int(info.state), int(info.status))
 

@@ -93,9 +93,7 @@ def gather(ctx: Context) -> Gathered:
 
 def requirements(config: Any) -> tuple[str, ...]:
     """Persistence mode comes from the nvml probe's facts: in startup, run after it."""
-    if config.profile_rules.once:
-        return SPEC.requires
-    return ()
+    return SPEC.requires if config.profile_rules.once else ()
 
 
 def _given_gpus(data: Gathered) -> bool:

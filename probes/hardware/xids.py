@@ -6,11 +6,7 @@ mnemonic, description, "Resolution Bucket (Immediate Action)"; the "Guidance Cla
 what each bucket means), read 2026-11-24. Codes 1-172. The mnemonics, the descriptions (shortened)
 and the buckets are the catalog's; where it gives no bucket (162-172) the action is "".
 
-The policy is per bucket (:data:`BUCKETS`): a GPU reset or a reboot of the machine latches the
-container unhealthy; RESTART_APP warns (the application's error, maybe another tenant's); IGNORE
-is counted only; the rest warn with the catalog's action and never latch, because an Xid event
-carries only its number and those buckets need more than the number to act on (docs/serve.md, "Xid
-policy", says why per bucket). An Xid outside the catalog warns and never latches.
+The policy is per bucket (:data:`BUCKETS`); docs/serve.md, "Xid policy", says what and why.
 HEALTHCHECK_XID_CRITICAL, _APPLICATION and _IGNORE override it (probes.serve.settings).
 """
 
