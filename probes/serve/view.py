@@ -70,9 +70,6 @@ CAUSES = (PENDING, STALE, *RUN_FAILED.values(), XID_APPLICATION, XID_OTHER, SLOW
           LATCHED_XID)
 
 
-iso = iso_time  # one time format for the CLI's --json and serve
-
-
 def from_iso(text: Any) -> float | None:
     if not isinstance(text, str):
         return None
@@ -541,7 +538,7 @@ def _respond(ask: Ask, answer: Answer, *, gating: bool, version: str, only: str 
         "profile": profile,
         "output": squeeze(verdict_line),
         "reason": reason,
-        "time": iso(ask.now),
+        "time": iso_time(ask.now),
         "notes": ((report or {}).get("notes") or []) + notes,
         "checks": dict(answer.checks),
     }
