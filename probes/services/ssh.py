@@ -148,12 +148,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                        f"protocol {proto!r}, not 2.0", facts=facts)
     if outcome == "refused":
         listening = data.get("listening")
-        if listening is None:
-            extra = ""
-        elif listening:
-            extra = f" (listening here: {', '.join(listening)})"
-        else:
-            extra = " (no TCP port is listening here)"
+        extra = (f" (listening here: {', '.join(listening)})" if listening
+                 else " (no TCP port is listening here)" if listening == [] else "")
         return verdict(NAME, services.SSH_REFUSED, f"connection refused: nothing listening on {where}{extra}",
                        facts={"listening": listening or []})
     if outcome == "resolve":
