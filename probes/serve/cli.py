@@ -1,11 +1,6 @@
-"""`healthcheck serve [--host H] [--port P] [--interval SECONDS|PROFILE=SECONDS,...]`.
+"""`healthcheck serve`: the command line, logging, start-up and a clean stop (docs/serve.md).
 
-Serves /livez, /readyz, /startupz (application/health+json, 200 or 503) and /metrics
-(Prometheus) from results that a background monitor refreshes, and watches NVML for
-Xid/ECC events. SIGTERM or SIGINT stops it cleanly: the monitor's runs and the
-watcher are killed with their process groups, the socket is closed, exit status 0.
-Exit status 3 on a bad flag or setting (one line on stderr), an address this machine does
-not have included; 1 if it cannot serve (the port is taken).
+A stop ends every descendant (serve is the child subreaper) before the exit status 0.
 """
 
 from __future__ import annotations
@@ -100,14 +95,6 @@ def _stderr_line(line: str) -> None:
         pass
 
 
-def _kill_children(grace: float) -> None:
-    """SIGTERM, then SIGKILL, every descendant: the monitor's runs, their workers, the watcher,
-    and anything they left that was re-parented to us (we are the subreaper): proc's sweep."""
-    from probes import proc
-
-    proc.end_descendants(grace)
-
-
 def _listen(server_class: Any, settings: Settings, monitor: Any) -> Any:
     """The bound server, or None when the port cannot be had (said on stderr: exit 1). An
     address that cannot be bound is the host setting's fault: ConfigError (exit 3)."""
@@ -185,9 +172,10 @@ def serve(argv: Sequence[str]) -> int:
     watcher.terminate()
     server.shutdown()
     server.server_close()
-    _kill_children(STOP_GRACE)
+    # SIGTERM, then SIGKILL, every descendant: the runs, their workers, the watcher, their orphans.
+    proc.end_descendants(STOP_GRACE)
     monitor.join(max(0.5, 3.0 - (time.monotonic() - t0)))
-    _kill_children(0.2)  # a run that started while we were stopping
+    proc.end_descendants(0.2)  # a run that started while we were stopping
     monitor.remove_snapshot()
     log.info("stopped in %.2f s", time.monotonic() - t0)
     return EXIT_OK

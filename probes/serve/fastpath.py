@@ -1,18 +1,9 @@
 """The CLI's fast path: reuse a running `healthcheck serve`'s fresh results instead of probing.
 
-`healthcheck serve` writes ``serve.json`` into the state dir after every run: its pid
-and start time, and per profile the results, when they were obtained, how long they
-stay fresh and a fingerprint of the configuration that produced them. An exec probe
-(``healthcheck --profile readiness``) then answers from there, without starting
-nvidia-smi or touching the GPU, when
-
-- that server is alive (the pid exists and started when the file says: no reused pid),
-- the results are fresh (younger than the server's own staleness limit),
-- they were produced by the same configuration (same probes selected, same settings),
-- nothing is latched (a latched run must report the latch itself).
-
-Otherwise ``lookup`` returns None and the CLI probes as usual. It never raises.
-Command-line equivalent: ``cat /run/healthcheck/serve.json``.
+`healthcheck serve` writes ``serve.json`` into the state dir after every run (its pid and start
+time, per profile the results, their age limit and the configuration's fingerprint); ``lookup``
+answers from it only while that very server is alive (no reused pid), the results are fresh, the
+configuration is the same and nothing is latched (docs/serve.md), else None. It never raises.
 """
 
 from __future__ import annotations

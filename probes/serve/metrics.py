@@ -1,13 +1,8 @@
 """/metrics: Prometheus text format (or OpenMetrics when asked) from the monitor's in-memory snapshot.
 
-A custom collector on its own registry (not prometheus_client's global one, which
-would add process metrics and would be shared with anything else in the process):
-every scrape reads one Snapshot and the counters, never a probe or NVML.
-Per-GPU series carry ``gpu`` (the index) and ``UUID``, the labels dcgm-exporter uses,
-so a query can join them with its series.
-``collect`` reads the monitor once and builds each family with its own function
-(:data:`FAMILIES`, in the exposition's order).
-Command-line equivalent: ``curl -s localhost:8779/metrics``.
+A collector on its own registry (prometheus_client's global one would add process metrics and be
+shared with anything else in the process): a scrape reads one Snapshot and the counters, never a
+probe or NVML. Per-GPU series carry ``gpu`` and ``UUID``, dcgm-exporter's labels, to join with its.
 """
 
 from __future__ import annotations

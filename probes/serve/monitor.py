@@ -1,15 +1,10 @@
 """The monitor: runs each profile on its schedule in a child process and keeps the latest result.
 
-Each run is ``python -m probes --json --profile P`` through probes.proc.run with a
-deadline, so a wedged GPU, a hanging NVML call or a slow torch op only delays that
-profile's next result (which then goes stale) and never blocks the HTTP handlers:
-they read a Snapshot copied out under a lock. The child is told not to take the
-CLI's fast path (HEALTHCHECK_FASTPATH=false): it must probe, not read our own results.
-
-Nothing outlives a run: serve is the child subreaper, so what a run leaves behind (its
-own orphans, or those of a child killed at our deadline before it could sweep them)
-is re-parented to serve with the run's marker in its environment, and proc.run's sweep
-at the end of that run ends it.
+A run is ``python -m probes --json --profile P`` under a deadline (probes.proc.run), so a wedged
+GPU only makes that profile's result stale and never blocks the HTTP handlers, which read a
+Snapshot copied out under a lock. The child must probe, not take the CLI's fast path (CHILD_ENV).
+Nothing outlives a run: serve is the child subreaper, so what a run leaves behind is re-parented
+to serve with the run's marker in its environment, and proc.run's sweep at its end ends it.
 """
 
 from __future__ import annotations

@@ -10,12 +10,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from probes import config as cfg
 from probes.deadlines import SERVE_RUN_GRACE
 from probes.hardware import xids
 from probes.numbers import is_integer_text
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_HOST = "127.0.0.1"
 # 9400 is dcgm-exporter's, 8888 Jupyter's, 8787 Dask's and RStudio's, 6006 TensorBoard's.
@@ -151,18 +155,18 @@ def load(environ: Mapping[str, str] | None = None, *, host: str | None = None, p
     # The probe configuration of every profile the monitor runs: validated now.
     probe_cfgs = {p: cfg.load(env, profile=p) for p in cfg.PROFILES}
 
+    def read(name: str, parse: Callable[[str, str], Any], default: Any) -> Any:
+        raw = _env(env, name)
+        return default if raw is None else parse(name, raw)
+
     host_from = "--host" if host is not None else "HEALTHCHECK_SERVE_HOST"
     raw = host if host is not None else _env(env, "HEALTHCHECK_SERVE_HOST")
     h = parse_host(host_from, raw) if raw is not None else DEFAULT_HOST
     if port is not None:
         prt = parse_serve_port("--port", port)
     else:
-        raw = _env(env, "HEALTHCHECK_SERVE_PORT")
-        prt = parse_serve_port("HEALTHCHECK_SERVE_PORT", raw) if raw is not None else DEFAULT_PORT
-    intervals = dict(DEFAULT_INTERVALS)
-    raw = _env(env, "HEALTHCHECK_SERVE_INTERVAL")
-    if raw is not None:
-        intervals.update(parse_intervals("HEALTHCHECK_SERVE_INTERVAL", raw))
+        prt = read("HEALTHCHECK_SERVE_PORT", parse_serve_port, DEFAULT_PORT)
+    intervals = {**DEFAULT_INTERVALS, **read("HEALTHCHECK_SERVE_INTERVAL", parse_intervals, {})}
     if interval is not None:
         intervals.update(parse_intervals("--interval", interval))
 
@@ -176,45 +180,28 @@ def load(environ: Mapping[str, str] | None = None, *, host: str | None = None, p
         # a slow but working run never turns readiness off by itself.
         slack = dict(deadlines)
 
-    def flag(name: str, default: bool) -> bool:
-        raw = _env(env, name)
-        return default if raw is None else cfg.parse_bool(name, raw)
-
-    crit_raw = _env(env, "HEALTHCHECK_XID_CRITICAL")
-    app_raw = _env(env, "HEALTHCHECK_XID_APPLICATION")
-    critical = (parse_xids("HEALTHCHECK_XID_CRITICAL", crit_raw) if crit_raw
-                else frozenset(DEFAULT_XID_CRITICAL))
-    application = (parse_xids("HEALTHCHECK_XID_APPLICATION", app_raw) if app_raw
-                   else frozenset(DEFAULT_XID_APPLICATION))
-    ign_raw = _env(env, "HEALTHCHECK_XID_IGNORE")
-    ignore = parse_xids("HEALTHCHECK_XID_IGNORE", ign_raw) if ign_raw else frozenset()
-    both = critical & application
-    if both:
-        raise cfg.ConfigError(
-            f"Xid {min(both)} is in both HEALTHCHECK_XID_CRITICAL and HEALTHCHECK_XID_APPLICATION "
-            "(accepted: each Xid in one list at most)")
-    if crit_raw and critical & ignore:
-        raise cfg.ConfigError(
-            f"Xid {min(critical & ignore)} is in both HEALTHCHECK_XID_CRITICAL and HEALTHCHECK_XID_IGNORE "
-            "(accepted: each Xid in one list at most)")
-    if app_raw and application & ignore:
-        raise cfg.ConfigError(
-            f"Xid {min(application & ignore)} is in both HEALTHCHECK_XID_APPLICATION and "
-            "HEALTHCHECK_XID_IGNORE (accepted: each Xid in one list at most)")
+    crit, app, ign = "HEALTHCHECK_XID_CRITICAL", "HEALTHCHECK_XID_APPLICATION", "HEALTHCHECK_XID_IGNORE"
+    lists = {crit: read(crit, parse_xids, frozenset(DEFAULT_XID_CRITICAL)),
+             app: read(app, parse_xids, frozenset(DEFAULT_XID_APPLICATION)),
+             ign: read(ign, parse_xids, frozenset())}
+    # A default list may hold an ignored Xid; a list given explicitly may not.
+    for one, other in ((crit, app), (crit, ign), (app, ign)):
+        both = lists[one] & lists[other]
+        if both and (other != ign or _env(env, one) is not None):
+            raise cfg.ConfigError(f"Xid {min(both)} is in both {one} and {other} "
+                                  "(accepted: each Xid in one list at most)")
     # An ignored Xid leaves the default lists (HEALTHCHECK_XID_IGNORE=79 stops 79 from latching).
-    critical, application = critical - ignore, application - ignore
-    raw = _env(env, "HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE")
-    sample = (parse_sample("HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE", raw) if raw is not None
-              else DEFAULT_SLOWDOWN_SAMPLE)
-    py_raw = _env(env, "HEALTHCHECK_SERVE_PYTHON")
-    python = cfg.parse_text("HEALTHCHECK_SERVE_PYTHON", py_raw) if py_raw is not None else sys.executable
+    ignore = lists[ign]
+    critical, application = lists[crit] - ignore, lists[app] - ignore
+    sample = read("HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE", parse_sample, DEFAULT_SLOWDOWN_SAMPLE)
+    python = read("HEALTHCHECK_SERVE_PYTHON", cfg.parse_text, sys.executable)
     gpu_on = probe_cfgs["readiness"].toggles.get("ENABLE_GPU_CHECK", True)
     return Settings(
         host=h, host_from=host_from, port=prt, intervals=intervals, slack=slack, deadlines=deadlines,
-        readiness_gating=flag("HEALTHCHECK_SERVE_READINESS_GATING", True),
-        deep=flag("HEALTHCHECK_SERVE_DEEP", True),
+        readiness_gating=read("HEALTHCHECK_SERVE_READINESS_GATING", cfg.parse_bool, True),
+        deep=read("HEALTHCHECK_SERVE_DEEP", cfg.parse_bool, True),
         # Default: watch whenever the GPU checks are on; an explicit value decides alone.
-        xid_watch=flag("HEALTHCHECK_SERVE_XID_WATCH", bool(gpu_on)),
+        xid_watch=read("HEALTHCHECK_SERVE_XID_WATCH", cfg.parse_bool, bool(gpu_on)),
         xid_critical=critical, xid_application=application, xid_ignore=ignore, slowdown_sample=sample,
         python=python,
         state_dir=probe_cfgs["readiness"].state_dir, log_file=probe_cfgs["readiness"].log_file,

@@ -70,9 +70,6 @@ CAUSES = (PENDING, STALE, *RUN_FAILED.values(), XID_APPLICATION, XID_OTHER, SLOW
           LATCHED_XID)
 
 
-iso = iso_time  # one time format for the CLI's --json and serve
-
-
 def from_iso(text: Any) -> float | None:
     if not isinstance(text, str):
         return None
@@ -239,11 +236,8 @@ class XidEvent:
         return f"corrected (single-bit) ECC error on {where}"
 
 
-# Hardware slowdown and power brake are judged by rate, not by one reading: a GPU warns (readiness and
-# startup) when
-# the last SLOWDOWN_WINDOW seconds hold SLOWDOWN_PER_MINUTE readings per minute or more
-# (0.5/min over 10 min: 5 readings; at the default one reading a minute, 5 minutes of
-# slowdown out of 10). One reading never warns.
+# Hardware slowdown and power brake are judged by rate, never by one reading: a GPU warns when the
+# last SLOWDOWN_WINDOW seconds hold SLOWDOWN_PER_MINUTE readings a minute or more (docs/serve.md).
 SLOWDOWN_WINDOW = 600.0
 SLOWDOWN_PER_MINUTE = 0.5
 
@@ -541,7 +535,7 @@ def _respond(ask: Ask, answer: Answer, *, gating: bool, version: str, only: str 
         "profile": profile,
         "output": squeeze(verdict_line),
         "reason": reason,
-        "time": iso(ask.now),
+        "time": iso_time(ask.now),
         "notes": ((report or {}).get("notes") or []) + notes,
         "checks": dict(answer.checks),
     }
@@ -557,10 +551,9 @@ def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating
             exclude: Sequence[str] = ()) -> tuple[int, dict[str, Any]]:
     """The HTTP status and the health+json body of the endpoint for ``profile``.
 
-    ``only`` narrows it to one check (``/readyz/<name>``; UnknownCheck when there is none,
-    unless the run has no report yet: then that check's state is unknown, and it fails
-    with the run's reason); ``exclude`` leaves checks out (``?exclude=<name>``), as the
-    Kubernetes API server does. Neither can turn a missing or stale result into a pass.
+    ``only`` narrows it to one check (``/readyz/<name>``; UnknownCheck when there is none, unless the
+    run has no report yet: then it fails with the run's reason); ``exclude`` leaves checks out
+    (``?exclude=<name>``). Neither can turn a missing or stale result into a pass.
     """
     ask = Ask(profile, snap, now, now_mono)
     answer = _from_report(ask)

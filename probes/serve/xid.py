@@ -1,11 +1,9 @@
 """Runs the NVML event watcher child (probes.serve.xid_watch) and feeds its events to the monitor.
 
-The child is long-lived and streams its output, so it is started with proc.spawn (its
-own session and run marker, like every child) and read line by line in a thread; on
-shutdown proc.end gives it and everything it started SIGTERM, then SIGKILL. If NVML is
-unavailable the child says so once and exits: we log it once, show it in /metrics and
-keep serving. If it fails while watching we start it again after a pause (events in
-between are lost; the log says so).
+The child is long-lived and streams its output: started with proc.spawn (its own session and run
+marker), read line by line in a thread, ended with everything it started by proc.end. NVML
+unavailable: the child says so once and exits, and serve keeps serving. A child that fails while
+watching is started again after a pause (events in between are lost; the log says so).
 """
 
 from __future__ import annotations
@@ -124,7 +122,7 @@ class Watcher:
                 p.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 pass
-            self._kill(p)  # also what it left behind if it exited by itself
+            proc.end(p, grace=STOP_GRACE)  # also what it left behind if it exited by itself
             if self.stop.is_set():
                 return
             if outcome == "unavailable":
@@ -185,16 +183,11 @@ class Watcher:
             self._slowing.discard(gpu)
             log.info("GPU %d: hardware slowdown below %g/min again", gpu, SLOWDOWN_PER_MINUTE)
 
-    @staticmethod
-    def _kill(p: subprocess.Popen[bytes]) -> None:
-        """proc's way to end a process tree: SIGTERM, a second, SIGKILL, reaped."""
-        proc.end(p, grace=STOP_GRACE)
-
     def terminate(self) -> None:
         with self._lock:
             self.stop.set()
             p = self._proc
         if p is not None:
-            self._kill(p)  # it, and anything of its run still there
+            proc.end(p, grace=STOP_GRACE)  # it, and anything of its run still there
         if self._thread is not None:
             self._thread.join(1.0)

@@ -21,8 +21,6 @@ SSHD_STUCK = cause("deadline", "sshd gave no complete answer before the deadline
 
 # ---------------------------------------------------------------- jupyter (probes/services/jupyter.py)
 class JupyterSettings(spec.Declared):
-    """The settings jupyter reads (``config.of(JupyterSettings)``)."""
-
     jupyter_port: int = setting("HEALTHCHECK_JUPYTER_PORT", PORT, 8888, "Jupyter Server port")
     jupyter_base_url: str = setting("HEALTHCHECK_JUPYTER_BASE_URL", URL_PATH, "/",
                                     "Jupyter base URL, when no trusted runtime file says otherwise")
@@ -75,8 +73,6 @@ JUPYTER_SPEC = Spec(
 
 # ---------------------------------------------------------------- jupyter-kernel (jupyter_kernel.py)
 class KernelSettings(spec.Declared):
-    """The settings jupyter-kernel reads (``config.of(KernelSettings)``)."""
-
     jupyter_kernel_name: str | None = setting("HEALTHCHECK_JUPYTER_KERNEL_NAME", TEXT, None,
                                               "the kernelspec jupyter-kernel starts",
                                               shown_default="the server's default kernelspec")
@@ -161,8 +157,6 @@ KERNEL_SPEC = Spec(
 
 # ---------------------------------------------------------------- ssh (probes/services/ssh.py)
 class SshSettings(spec.Declared):
-    """The settings ssh reads (``ctx.config.of(SshSettings)``)."""
-
     ssh_port: int = setting("HEALTHCHECK_SSH_PORT", PORT, 22, "sshd port")
 
 
@@ -192,8 +186,6 @@ SSH_SPEC = Spec(
 
 # ---------------------------------------------------------------- ssh-keys (probes/services/ssh_keys.py)
 class SshKeysSettings(spec.Declared):
-    """The settings ssh-keys reads (``ctx.config.of(SshKeysSettings)``)."""
-
     ssh_user: str | None = setting("HEALTHCHECK_SSH_USER", TEXT, None,
                                    "the user whose key files and account are checked as sshd would",
                                    shown_default="`$DEV_USER`, else the check is skipped")

@@ -1,15 +1,10 @@
-"""A strict HTTP/1.x client on one socket, under one overall deadline, for service probes.
+"""A strict HTTP/1.x client on one socket, under one overall deadline, for the service probes.
 
-``http.client`` would import ``ssl`` and ``email`` (tens of milliseconds) on every liveness
-run; this writes one small GET and parses the reply strictly: a status line
-``HTTP/1.0|1.1 NNN reason``, CRLF line ends, token header names, no folded lines, one
-Content-Length, chunked as the only transfer coding, and everything read from one reply
-(head, body, chunk framing, trailer) bounded, so a reply that never ends is cut at once
-instead of buffered until the deadline. ``ssl`` is imported only for a TLS server or to
-explain a failure. The connection is direct: proxy variables do not apply. On loopback a
-self-signed certificate is accepted; elsewhere the certificate is verified. Any probe of an
-HTTP service uses ``exchange``; Jupyter's is the first, and jupyter-kernel sends its token,
-POST and DELETE through it.
+``http.client`` would import ``ssl`` and ``email`` (tens of milliseconds) on every liveness run;
+this writes one small request and parses the reply strictly (``parse_response``), every part of
+it bounded, so a reply that never ends is cut at once instead of buffered until the deadline.
+``ssl`` is imported only for a TLS server or to explain a failure. The connection is direct
+(proxy variables do not apply); a self-signed certificate is accepted on loopback only.
 """
 
 from __future__ import annotations
@@ -24,8 +19,6 @@ if TYPE_CHECKING:
 
 MAX_HEAD = 16 * 1024
 MAX_BODY = 64 * 1024
-# Everything read from one reply (head, body, chunk framing, trailer): a reply that never
-# ends is cut here, not buffered until the deadline.
 MAX_REPLY = MAX_HEAD + 2 * MAX_BODY
 MAX_CHUNKS = 1024  # the reply is parsed again as it grows: bound the work of each parse
 TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -75,10 +68,9 @@ def _dechunk(body: bytes) -> bytes | None:
 def parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
     """A complete HTTP/1.x response from ``buf``, or None while more bytes are needed.
 
-    Strict: a status line ``HTTP/1.0|1.1 NNN reason``, CRLF line ends, token header
-    names, no folded lines, one Content-Length, chunked as the only transfer coding,
-    bounded sizes (head, body, trailer, and MAX_REPLY bytes in all). Raises HttpError
-    for anything else (TooLarge for what exceeds a bound).
+    Strict: a status line ``HTTP/1.0|1.1 NNN reason``, CRLF line ends, token header names, no
+    folded lines, one Content-Length, chunked as the only transfer coding, bounded sizes (head,
+    body, trailer, MAX_REPLY bytes in all). Raises HttpError (TooLarge for what exceeds a bound).
     """
     response = _parse_response(buf, eof)
     if response is None and len(buf) > MAX_REPLY:

@@ -1,16 +1,10 @@
-"""jupyter-kernel's client: Jupyter Server's kernel REST API, one cell over the kernel's channels,
-and the kernel's processes.
+"""jupyter-kernel's client: the kernel REST API, one cell over the kernel's channels, and the
+kernel's processes (docs/probes.md, "The notebook path").
 
-REST goes through ``_http.exchange`` (the strict client the jupyter probe uses) with the
-token in an ``Authorization: token`` header. The cell goes over the websocket
-``{base_url}api/kernels/<id>/channels`` with websocket-client (Jupyter messaging protocol v5
-as JSON text frames: ``execute_request`` on shell, then the iopub messages and the shell
-``execute_reply`` whose ``parent_header.msg_id`` is ours). The kernel's processes are found by
-the connection file the server gives it (``kernel-<id>.json`` on their command line); when the
-server cannot shut the kernel down, its session, group and tree are ended here: SIGTERM,
-then frozen (SIGSTOP) and killed, as probes/proc.py ends the suite's own workers.
-
-Imported only when the probe runs (never by liveness, whose probes do not include it):
+REST goes through ``_http.exchange`` with the token in an ``Authorization: token`` header. The
+cell goes over the websocket ``{base_url}api/kernels/<id>/channels`` (Jupyter messaging protocol
+v5, JSON text frames): ``execute_request`` on shell, then the iopub messages and the shell
+``execute_reply`` whose ``parent_header.msg_id`` is ours. Imported only when the probe runs:
 websocket-client costs its import here (docs/development.md, "Start-up policy").
 """
 
@@ -24,15 +18,14 @@ import time
 from probes import untrusted
 from probes.pidstat import DEAD, below, signal_each, stat, table
 from probes.record import Record
-from probes.services import _net
+from probes.services import _net, jupyter
 from probes.services._http import exchange
-from probes.services.jupyter import is_loopback
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-PATH_CHARS = frozenset("-._~/!$&'()*+,;=:@0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+PATH_CHARS = jupyter.PATH_CHARS - {"%"}
 MAX_OUTPUT = 64 * 1024  # characters of the cell's stdout kept
 MAX_FRAME = 1024 * 1024  # a message larger than this is not ours to read
 POLL = 0.1  # seconds between looks at the kernel's processes
@@ -62,8 +55,7 @@ class Server(Record):
 
     def path(self, tail: str) -> str:
         """``{base_url}{tail}``, anything outside the URL path characters percent-encoded."""
-        return "".join(ch if ch in PATH_CHARS else "".join(f"%{b:02X}" for b in ch.encode("utf-8"))
-                       for ch in self.base_url + tail)
+        return jupyter.quote_path(self.base_url + tail, PATH_CHARS)
 
     def headers(self) -> str:
         return f"Authorization: token {self.token}\r\n" if self.token else ""
@@ -201,7 +193,7 @@ class Channel:
                                 "suppress_origin": True, "http_no_proxy": ["*"]}
         if self.server.token:
             opts["header"] = [f"Authorization: token {self.server.token}"]
-        if self.server.secure and is_loopback(self.server.host):
+        if self.server.secure and jupyter.is_loopback(self.server.host):
             import ssl  # Jupyter's certificate is usually self-signed; on loopback nobody sits between
 
             opts["sslopt"] = {"cert_reqs": ssl.CERT_NONE, "check_hostname": False}

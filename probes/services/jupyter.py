@@ -1,32 +1,10 @@
-"""jupyter: Jupyter Server answers its unauthenticated ``GET {base_url}api``.
+"""jupyter: Jupyter Server answers its unauthenticated ``GET {base_url}api`` with its version.
 
-Proves that the Jupyter Server (JupyterLab, Notebook 7) is serving HTTP requests: it must
-answer ``200`` with a JSON object holding ``version``. This endpoint needs no token and
-does not reset the server's idle timers. A port that accepts connections is not enough:
-the kernel completes the TCP handshake for a hung server.
-
-Command-line equivalent::
-
-    curl --noproxy '*' -ksS --max-time 3 http://127.0.0.1:8888/api
-
-Where the server is: a running server writes ``jpserver-<pid>.json`` (url, port,
-base_url, secure, and its token) into its runtime directory (HEALTHCHECK_JUPYTER_RUNTIME_DIR,
-else $JUPYTER_RUNTIME_DIR, else $JUPYTER_DATA_DIR/runtime, else
-~/.local/share/jupyter/runtime). That directory usually belongs to the notebook user, so
-its files are untrusted input: one is used only if it passes every check listed at
-``find_runtime_file`` (the server's own live file does); without one the probe uses
-HEALTHCHECK_HOST, HEALTHCHECK_JUPYTER_PORT and HEALTHCHECK_JUPYTER_BASE_URL over plain
-HTTP. A refused file is named, with the reason, in the facts and in a failure message.
-This probe never uses the token in that file; jupyter-kernel sends it, in a header only,
-to the server the file describes, and never shows it.
-
-The request is a small HTTP/1.1 GET written on a socket, with a strict response parser:
-``http.client`` would import ``ssl`` and ``email`` (tens of milliseconds) on every
-liveness run. ``ssl`` is imported only for a TLS server (``secure`` in the runtime file)
-or to explain a failure. The connection is direct: proxy variables do not apply. On
-loopback a self-signed certificate is accepted; elsewhere the certificate is verified.
-All socket calls share one deadline, so a server that trickles bytes cannot hold us, and
-one reply is read up to MAX_REPLY bytes in all (head, body, chunk framing, trailer).
+That endpoint needs no token and does not reset the server's idle timers; an open port is not
+enough (the kernel completes the TCP handshake for a hung server). Where the server is, and which
+runtime files are trusted: docs/probes.md, "What is trusted in the runtime directory". The request
+goes through the strict client of ``_http``. Command line: ``curl --noproxy '*' -ksS --max-time 3
+http://127.0.0.1:8888/api``.
 """
 
 from __future__ import annotations
@@ -57,23 +35,9 @@ PATH_CHARS = frozenset("-._~/!$&'()*+,;=:@%0123456789abcdefghijklmnopqrstuvwxyzA
 
 # ---------------------------------------------------------------- where the server is
 #
-# The runtime directory usually belongs to the notebook user, while the probe may run as
-# root: every jpserver-*.json file in it is untrusted input. A file is used only when all
-# of these hold (else it is "refused" with a short reason, named in the facts):
-#   - it is a regular file of at most MAX_RUNTIME_FILE bytes with one link, opened
-#     relative to the directory without following links or blocking (untrusted.read_regular);
-#   - it is JSON of bounded nesting (untrusted.load_json) with an int port and pid and a
-#     short base_url;
-#   - its hostname, if any, is loopback, a wildcard or HEALTHCHECK_HOST: the probe never
-#     connects anywhere the configuration does not name;
-#   - if another user owns it (not root, not the suite's own uid), it names the configured
-#     HEALTHCHECK_JUPYTER_PORT and a process of that same user: such a file may say which
-#     base URL and scheme the configured server uses, never send the probe to another port;
-#   - its pid is alive and holds the LISTEN socket of its port (the socket's inode, from
-#     sock_diag or else /proc/net/tcp{,6}, is among /proc/<pid>/fd). When that cannot be read
-#     (a probe that may not look into another user's process, such as root without
-#     CAP_SYS_PTRACE, Docker's default) the file is refused too.
-# No psutil here: this runs on every liveness probe.
+# The runtime directory usually belongs to the notebook user while the probe may run as root:
+# every jpserver-*.json in it is untrusted, used only when _read_runtime_file finds nothing to
+# refuse (the rules and why: docs/probes.md). No psutil here: this runs on every liveness probe.
 
 MAX_RUNTIME_FILE = 64 * 1024
 MAX_BASE_URL = 256  # characters; Jupyter's are a few dozen
@@ -382,15 +346,13 @@ def _normal_base_url(raw: str) -> str:
     return path if path.endswith("/") else path + "/"
 
 
+def quote_path(path: str, safe: frozenset[str] = PATH_CHARS) -> str:
+    """``path`` with anything outside ``safe`` percent-encoded."""
+    return "".join(ch if ch in safe else "".join(f"%{b:02X}" for b in ch.encode("utf-8")) for ch in path)
+
+
 def _request_path(base_url: str) -> str:
-    """``{base_url}api`` with anything outside the URL path characters percent-encoded."""
-    out = []
-    for ch in base_url + "api":
-        if ch in PATH_CHARS:
-            out.append(ch)
-        else:
-            out.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
-    return "".join(out)
+    return quote_path(base_url + "api")
 
 
 # ---------------------------------------------------------------- probe

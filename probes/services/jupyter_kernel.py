@@ -1,36 +1,9 @@
 """jupyter-kernel: through the running Jupyter Server, a kernel starts, imports torch and runs a
 verified op on the torch-cuda probe's device, and is shut down.
 
-The path a notebook user takes: the server found as the jupyter probe finds it (port, base
-URL, TLS, a trusted runtime file and the token in it, sent in a header and never shown),
-``GET {base_url}api/kernelspecs``, the kernelspec HEALTHCHECK_JUPYTER_KERNEL_NAME or the
-server's default, ``POST {base_url}api/kernels``, one cell over the kernel's channels
-(probes/services/_kernel.py) that imports torch and runs a seeded float32 matmul on
-HEALTHCHECK_TORCH_DEVICE checked against a float64 CPU reference, then
-``DELETE {base_url}api/kernels/<id>``. Observed value: seconds from the start request to the
-verified reply.
-
-Command-line equivalent::
-
-    curl -H "Authorization: token $T" -X POST -d '{"name": "python3"}' http://127.0.0.1:8888/api/kernels
-    # then run `import torch; torch.ones(2, device="cuda") @ ...` in that kernel, and DELETE it
-
-Hard cases, decided here:
-- Nothing is left behind: the kernel is deleted through the API on every path (pass, failure,
-  deadline, and a SIGTERM to the suite: ``end_all``). When the server cannot shut it down
-  within its share of the time, its processes (found by their connection file) are ended as
-  the suite ends its own workers. Only the kernel this probe started is ever touched.
-- The kernel gets the probe's deadline less a reserve for that shut-down (CLEANUP): a kernel
-  that never answers ends with ``kernel-timeout`` in time to be removed.
-- A kernel that dies while it starts (an interpreter that is gone, a package under ``~/.local``
-  that breaks ipykernel): the kernelspec's command is run once more as a contained child of the
-  suite, as the server's user with the server's environment, to read the line that names the
-  cause; nothing else of the kernel's output is shown.
-- Do no harm: when NVML says the workload holds a GPU's memory (torch-cuda's rule,
-  HEALTHCHECK_TORCH_MIN_FREE_MIB), the cell only imports torch and asks whether it sees the
-  GPU (no CUDA context) and the probe warns that the op was not run.
-- Cost: one costly check at a time (torch-cuda's lock); readiness reuses a pass (or that
-  warning) younger than HEALTHCHECK_JUPYTER_KERNEL_TTL; startup always runs it; liveness never.
+The path a notebook user takes, and its hard cases (nothing left behind, a kernel that dies while
+it starts, do no harm, cost): docs/probes.md, "The notebook path". The client is
+probes/services/_kernel.py; one kernel's run and removal, probes/services/kernel_run.py.
 """
 
 from __future__ import annotations
@@ -65,7 +38,6 @@ def requirements(config: Config) -> tuple[str, ...]:
 
 CACHE = "jupyter-kernel.json"
 CLEANUP = 3.0  # seconds kept from the kernel's share for its removal (DELETE, then ending it)
-REPLAY = 5.0  # seconds the kernelspec's command gets when run again to read why it died
 PREFIX = "HEALTHCHECK-KERNEL-RESULT "
 TOLERANCE = 1e-4  # float32 against float64 at 256x256 differs by ~1e-6 of the largest value
 # The cell: a function, so that it leaves one name (deleted) in a kernel that is deleted anyway.
@@ -111,10 +83,8 @@ def server(ctx: Context) -> tuple[Server, str | None]:
     from probes.services._kernel import Server
 
     found, _ = jupyter.find_runtime_file(ctx.config, secret=True)
-    if found is not None and found["token"]:
-        return Server(found["host"], found["port"], found["base_url"], found["secure"], found["token"],
-                      found["pid"]), found["file"]
-    token = token_file(ctx.config.of(services.KernelSettings).jupyter_token_file)
+    token = found["token"] if found is not None else ""
+    token = token or token_file(ctx.config.of(services.KernelSettings).jupyter_token_file)
     if found is not None:
         return Server(found["host"], found["port"], found["base_url"], found["secure"], token,
                       found["pid"]), found["file"]
@@ -167,9 +137,8 @@ def gather(ctx: Context) -> dict[str, Any]:
         return {**check(ctx, srv), "source": source, "cache": {"how": "off"}}
     key = _key(ctx, srv)
     ttl = ctx.config.of(services.KernelSettings).jupyter_kernel_ttl
-    data = deep.locked_run(ctx, CACHE, key, lambda entry: _reuse(entry, key, ttl),
+    return deep.locked_run(ctx, CACHE, key, lambda entry: _reuse(entry, key, ttl),
                            lambda: {**check(ctx, srv), "source": source}, judge, early=True)
-    return data
 
 
 def _gentle(ctx: Context) -> dict[str, Any] | None:
@@ -184,7 +153,7 @@ def _gentle(ctx: Context) -> dict[str, Any] | None:
 
 
 def check(ctx: Context, srv: Server) -> dict[str, Any]:
-    """The costly run: kernelspecs, a kernel, its cell, its removal (see the module's docstring)."""
+    """The costly run: kernelspecs, a kernel, its cell, its removal."""
     from probes.services import _kernel, _net, kernel_run
 
     end = ctx.deadline - deadlines.MARGIN

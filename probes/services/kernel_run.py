@@ -1,6 +1,5 @@
 """jupyter-kernel's run of one kernel: start it, run the cell while its processes are watched,
-read why it died, and remove it on every path (the module's docstring at
-probes/services/jupyter_kernel.py says why each step is so).
+read why it died, and remove it on every path (docs/probes.md, "The notebook path", says why).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ MAX_ARGV = 64
 DELETE_WAIT = 2.0  # seconds the server gets to shut the kernel down before its processes are ended
 SETTLE = 1.0  # seconds a kernel the server has shut down gets for its process to be gone
 STOP_WAIT = 0.4  # the same, on SIGTERM: the front door kills the suite a second after it
+REPLAY = 5.0  # seconds the kernelspec's command gets when run again to read why it died
 # Kernels started by this process and not yet removed: kernel id -> server (end_all's list).
 _live: dict[str, Server] = {}
 _stopping: list[bool] = []
@@ -79,14 +79,11 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
             out["observed"] = round(time.monotonic() - started, 3)
         elif out["outcome"] == "died":
             uid = _uid_of(srv.pid) if srv.pid is not None else (owners[0] if owners else None)
-            out["said"] = replay(spec, srv, uid, min(share, time.monotonic() + REPLAY_WAIT))
+            out["said"] = replay(spec, srv, uid, min(share, time.monotonic() + REPLAY))
     finally:
         out["cleanup"] = remove(srv, kid, seen, end)
         out["lingered"] = bool(out["cleanup"]["left"])
     return out
-
-
-REPLAY_WAIT = 5.0
 
 
 def watch(srv: Server, kid: str, code: str, share: float, seen: set[int],

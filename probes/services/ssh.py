@@ -1,35 +1,14 @@
-"""ssh: sshd answers with an SSH protocol identification line.
+"""ssh: sshd answers with an SSH protocol identification line (docs/probes.md, "ssh").
 
-Proves that an SSH server accepts a connection on HEALTHCHECK_HOST:HEALTHCHECK_SSH_PORT
-and sends ``SSH-2.0-<software> [comments]`` (or ``SSH-1.99-``, a server that also
-speaks protocol 2) before the deadline. An open port is not enough: the kernel completes
-the TCP handshake for a hung sshd, so the probe waits for the banner itself.
+An open port is not enough: the kernel completes the TCP handshake for a hung sshd, so the probe
+waits for the banner itself. RFC 4253 4.2: the server speaks first and may send other lines before
+its identification line, each at most 255 bytes with CR LF. Our own line goes out only after the
+banner (both sides identify), or after a silence (SPEAK_SHARE) so that a request/response service
+on the port answers something plainly not SSH. Command line:
+``timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/22; head -c 255 <&3'``.
 
-Command-line equivalent::
-
-    timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/22; head -c 255 <&3'
-
-RFC 4253 section 4.2: the server may send other lines before its identification line;
-each line is at most 255 bytes including CR LF. We read line by line, skip such lines,
-and give up at the probe's deadline (an overall deadline, so a server that sends one
-byte a second cannot hold the probe).
-
-The server speaks first: sshd sends its identification as soon as it accepts, so we
-read and judge it before sending anything. Only a server that has said nothing after
-a fair share of the budget (a third, at most ``SPEAK_AFTER`` seconds) gets our own
-identification line (``SSH-2.0-healthcheck``): a request/response service on the port
-(an HTTP server, say) then answers with something that is plainly not an SSH banner
-instead of waiting silently, and a slow sshd ignores it until its own banner is out.
-A server that sends our own line back (an echo service, or a port forward that loops
-back to itself) is not sshd: it fails with reason ``echo`` instead of passing on our
-own words. After a real banner we send our line (both sides identify, as the RFC
-asks) and close without key exchange.
-
-OpenSSH 9.8 and later penalise addresses whose connections close before authenticating
-(``PerSourcePenalties``, penalty class ``noauth``); frequent probes could get the
-probe's own address refused for a while. The image exempts loopback with
-``PerSourcePenaltyExemptList 127.0.0.1/8,::1``; keep the probe on loopback, or exempt
-the address it comes from.
+OpenSSH 9.8+ penalises addresses whose connections close before authenticating
+(``PerSourcePenalties``): keep the probe on loopback, which the image exempts (docs/image.md).
 """
 
 from __future__ import annotations
@@ -53,9 +32,8 @@ NAME = SPEC.name
 MAX_LINE = 255  # RFC 4253 4.2, including CR LF
 MAX_PRELUDE = 8192  # bytes of other lines we tolerate before the identification line
 CLIENT_ID = b"SSH-2.0-healthcheck\r\n"
-# sshd sends its banner at once; a server silent this long may be waiting for the client
-# to speak first (a request/response service): we then send ours. A third of the budget,
-# at most SPEAK_AFTER seconds, leaves the rest for its answer.
+# sshd sends its banner at once; a server silent for a third of the budget (at most SPEAK_AFTER
+# seconds) may be waiting for the client to speak first: we then send ours.
 SPEAK_SHARE = 1 / 3
 SPEAK_AFTER = 1.0
 
@@ -170,12 +148,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                        f"protocol {proto!r}, not 2.0", facts=facts)
     if outcome == "refused":
         listening = data.get("listening")
-        if listening is None:
-            extra = ""
-        elif listening:
-            extra = f" (listening here: {', '.join(listening)})"
-        else:
-            extra = " (no TCP port is listening here)"
+        extra = (f" (listening here: {', '.join(listening)})" if listening
+                 else " (no TCP port is listening here)" if listening == [] else "")
         return verdict(NAME, services.SSH_REFUSED, f"connection refused: nothing listening on {where}{extra}",
                        facts={"listening": listening or []})
     if outcome == "resolve":

@@ -1,31 +1,12 @@
 """ssh-keys: the SSH user's key files pass sshd's StrictModes, and the account may log in.
 
-A running sshd proves nothing about a login: when the user's home directory, ``~/.ssh`` or
-``authorized_keys`` became group-writable (a volume mount, a ``chmod -R``), sshd refuses every
-key and the client sees only "Permission denied (publickey)". This probe checks, without
-the network, what sshd would check for ``HEALTHCHECK_SSH_USER`` (default ``$DEV_USER``):
-
-- StrictModes (OpenSSH ``auth.c`` ``auth_secure_path``): the authorized keys file is a regular
-  file, and it and each directory above it, up to and including the home directory (up to
-  ``/`` for a file outside the home), is owned by root or the user and has no group or other
-  write bit;
-- the file holds at least one public key line that parses (``ssh-no-keys``, a warning: nobody
-  can log in with a key yet);
-- the account (``auth.c`` ``allowed_user``): its login shell exists and is executable (and is not
-  ``nologin``/``false``), it has not expired (shadow's expiry day), and, when sshd runs without
-  PAM, its password field is not locked (a ``!`` prefix; with ``UsePAM yes`` sshd leaves that to
-  PAM, which refuses only an expired account).
-
-Command-line equivalent::
-
-    stat -c '%U %a %n' /home/dev /home/dev/.ssh /home/dev/.ssh/authorized_keys
-    ssh-keygen -l -f /home/dev/.ssh/authorized_keys; getent shadow dev
-
-Every file is read as untrusted input (``probes.untrusted.read_regular``: no link followed at
-the last component, never blocking on a FIFO, bounded size); a symbolic link in place of the
-key file is followed only when root or the user owns it. sshd's ``AuthorizedKeysFile``,
-``StrictModes`` and ``UsePAM`` are read from its configuration files (first value wins, ``Include``
-followed, ``Match`` blocks ignored).
+A running sshd proves nothing about a login: when the user's home, ``~/.ssh`` or
+``authorized_keys`` became group-writable (a volume mount, a ``chmod -R``), sshd refuses every key
+and the client sees only "Permission denied (publickey)". This probe checks, without the network,
+what sshd would check (OpenSSH ``auth.c``: ``auth_secure_path``, ``allowed_user``); the rules:
+docs/probes.md ("ssh-keys"). sshd's ``AuthorizedKeysFile``, ``StrictModes`` and ``UsePAM`` are read
+from its configuration files (first value wins, ``Include`` followed, ``Match`` blocks ignored).
+Command line: ``stat -c '%U %a %n' ~dev ~dev/.ssh ~dev/.ssh/authorized_keys; getent shadow dev``.
 """
 
 from __future__ import annotations

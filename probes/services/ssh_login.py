@@ -1,24 +1,11 @@
 """ssh-login: a real SSH key login over loopback succeeds and its forced command exits 0 (opt-in).
 
-A banner proves that sshd answers; only a login proves that a user can get in. When
-HEALTHCHECK_SSH_PROBE_KEY names a private key, this probe logs in as
-HEALTHCHECK_SSH_PROBE_USER with the system OpenSSH client and expects the command to exit 0.
-The image authorizes the probe key for a principal of its own, only with ``restrict``,
-``from="127.0.0.1,::1"`` and ``command="/bin/true"`` (docs/image.md, "The SSH probe principal").
-
-Command-line equivalent (the known hosts file holds the container's own public host keys)::
-
-    ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o IdentityAgent=none \\
-        -o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes -i KEY -p 22 -l USER 127.0.0.1 true
-
-Nothing of the caller's SSH set-up plays a part: no user configuration (``-F /dev/null``), no
-agent, only the probe key, no password or keyboard prompt, and the server's host key is
-checked against a known hosts file written for this run, in a private directory, from the
-public host keys in ``/etc/ssh`` (or the files HEALTHCHECK_SSH_HOST_KEYS names), then
-removed: nothing is written to any known_hosts file. The client runs under the suite's
-process control (``probes.proc.run``): at the deadline it is killed with everything it started.
-Its output is read for the outcome only: the private key is never read by the suite, and the
-client's messages reach the result only as a reason.
+A banner proves that sshd answers; only a login proves that a user can get in. How the system
+OpenSSH client is run so that nothing of the caller's SSH set-up plays a part, and the known hosts
+file written for the run: docs/probes.md ("ssh-login"); the probe principal: docs/image.md. The
+private key is never read by the suite; the client's messages reach the result only as a reason.
+Command line: ``ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o IdentityAgent=none
+-o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes -i KEY -p 22 -l USER 127.0.0.1 true``.
 """
 
 from __future__ import annotations
