@@ -150,7 +150,7 @@ def _gpu_list(full: list[dict[str, Any]]) -> str:
     return ", ".join(shown) + more
 
 
-def not_checked(facts: dict[str, Any], what: str = "HEALTHCHECK_TORCH_MIN_FREE_MIB") -> str:
+def not_checked(facts: dict[str, Any], what: str) -> str:
     """"not checked: the workload holds the memory on GPU 1 (300 MiB free of 81559 MiB) ..."."""
     return (f"not checked: the workload holds the memory on {_gpu_list(facts['full'])}; the probe needs "
             f"{facts['need_mib']} MiB ({what}), so nothing was started there")

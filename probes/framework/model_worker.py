@@ -355,7 +355,6 @@ def load(torch, fmt, fh, size, path, device):
 
 
 def load_error(exc):
-    """The Failure for an exception raised while loading."""
     message = text(exc)
     low = message.lower()
     if type(exc).__name__ == "UnpicklingError" and "weights only" in low:

@@ -60,9 +60,9 @@ class Shm(Record):
         self.why = why
 
 
-def shm_size(path: str = SHM) -> Shm:
+def shm_size() -> Shm:
     try:
-        st = os.statvfs(path)
+        st = os.statvfs(SHM)
     except OSError as exc:
         return Shm(None, os.strerror(exc.errno or 0))
     return Shm(st.f_frsize * st.f_blocks)

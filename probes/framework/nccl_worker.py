@@ -51,9 +51,9 @@ def phase(name):
     scaffold().phase(PHASE, name)
 
 
-def contribution(torch, rank, length=LENGTH):
+def contribution(torch, rank):
     """What rank ``rank`` adds: (rank + 1) * (1 + i % 7), so a mixed-up or missing rank shows."""
-    pattern = torch.arange(length, dtype=torch.int64) % 7 + 1
+    pattern = torch.arange(LENGTH, dtype=torch.int64) % 7 + 1
     return (pattern * (rank + 1)).to(torch.float32)
 
 

@@ -75,7 +75,6 @@ def _argv(ctx: Context, expect: int | None) -> list[str]:
 
 
 def result_arrived(stdout: bytes) -> bool:
-    """Whether the output so far holds a whole result line (proc.run's ``until``)."""
     from probes.framework import torch_worker
 
     return protocol.arrived(stdout, torch_worker.PREFIX)
