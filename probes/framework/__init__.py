@@ -169,8 +169,7 @@ TORCH_STUCK = cause("stuck", "worker survived SIGKILL (uninterruptible sleep): t
                     actor="operator")
 TORCH_LINGERED = cause("lingered", "worker printed its result but did not exit within 1.0 s "
                        "(a wrapper script as `HEALTHCHECK_TORCH_PYTHON` that keeps running, "
-                       "or a hang at exit); "
-                       "nothing from it is cached or shared",
+                       "or a hang at exit); nothing from it is cached or shared",
                        "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself "
                        "and check dmesg for Xid errors", action="fix-config", actor="tenant")
 TORCH_ERROR = cause("torch-error", "other torch error", LOGGED, action="fix-config", actor="tenant")

@@ -50,21 +50,19 @@ KINDS = ("no-nccl", "cuda-unavailable", "import", "collective", "worker")
 
 
 class Shm(Record):
-    __slots__ = ("size", "why")
+    __slots__ = ("size",)
 
     size: int | None  # bytes, None when it cannot be read
-    why: str | None
 
-    def __init__(self, size: int | None, why: str | None = None) -> None:
+    def __init__(self, size: int | None) -> None:
         self.size = size
-        self.why = why
 
 
 def shm_size() -> Shm:
     try:
         st = os.statvfs(SHM)
-    except OSError as exc:
-        return Shm(None, os.strerror(exc.errno or 0))
+    except OSError:
+        return Shm(None)
     return Shm(st.f_frsize * st.f_blocks)
 
 
