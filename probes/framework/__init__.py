@@ -1,12 +1,10 @@
-"""The framework layer: checkpoint, torch-cuda, model and nccl. Each probe's declaration lives here
-(its ``Spec``, the causes only it reports, its settings; ``SPECS``), so that a run reads it without
-importing the probe's module, which holds ``gather`` and ``judge`` and is imported only to run the
-probe. So do the causes several of them report, and those the CUDA error table (cuda_errors.py)
-gives, declared here once."""
+"""The framework layer: checkpoint, torch-cuda, model and nccl. Their declarations (``Spec``, causes,
+settings; ``SPECS``) live here, so that a run reads them without importing a probe's module, which
+is imported only to run it; so do the causes several share and those of the CUDA error table."""
 
 from __future__ import annotations
 
-from probes.hardware import DRIVER_MISMATCH
+from probes.hardware import DRIVER_MISMATCH  # 803: the hardware probes' driver/library version mismatch
 from probes.spec import ALL_PROFILES, CHOICE, INTEGER, NUMBER, TEXT, Cause, Declared, Spec, cause, setting
 
 OWN_REMEDY = "the error's own remedy, in the message (see \"CUDA errors\")"
@@ -65,8 +63,6 @@ FABRIC_MANAGER = cause("fabric-manager", "CUDA error 802 at start (system not ye
                        "Fabric Manager is not running on an NVSwitch system",
                        "start `nvidia-fabricmanager` on the host (the driver's version) and wait for the "
                        "fabric state Completed", action="fix-config", actor="operator")
-# The same mismatch the hardware probes report (NVML's driver/library version mismatch): the driver's
-# user-space library no longer matches the loaded kernel module.
 FORWARD_COMPAT = cause("forward-compat", "CUDA error 804 at start: the forward-compatibility package "
                        "(`cuda-compat`) on a GPU that does not support it", "remove `cuda-compat` from the "
                        "image's library path, or upgrade the host driver", action="fix-config",
@@ -173,8 +169,7 @@ TORCH_STUCK = cause("stuck", "worker survived SIGKILL (uninterruptible sleep): t
                     actor="operator")
 TORCH_LINGERED = cause("lingered", "worker printed its result but did not exit within 1.0 s "
                        "(a wrapper script as `HEALTHCHECK_TORCH_PYTHON` that keeps running, "
-                       "or a hang at exit); "
-                       "nothing from it is cached or shared",
+                       "or a hang at exit); nothing from it is cached or shared",
                        "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself "
                        "and check dmesg for Xid errors", action="fix-config", actor="tenant")
 TORCH_ERROR = cause("torch-error", "other torch error", LOGGED, action="fix-config", actor="tenant")

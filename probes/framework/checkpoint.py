@@ -1,22 +1,6 @@
-"""checkpoint: no process here that holds a CUDA context is locked or checkpointed by CUDA checkpoint.
-
-Opt-in (``ENABLE_CHECKPOINT_CHECK=true``). CUDA checkpoint (driver 555+) can LOCK a process
-(its further CUDA calls block) and CHECKPOINT it (its device memory is released): while
-that lasts the container is alive but cannot serve, so readiness fails with reason
-``checkpointed`` ("process 123 is CUDA-checkpointed: traffic paused until it is restored"),
-liveness is not affected (the probe is not part of it) and no latch is set. A process whose
-checkpoint or restore FAILED fails with the remedy. A driver without the API is not judged.
-
-Which processes: NVML's compute processes (the ``nvml`` probe's facts) mapped into this PID
-namespace through ``/proc/<pid>/status`` ``NSpid``, and, since NVML inside a container often
-reports host PIDs that do not exist here, every process here with a GPU device
-(``/dev/nvidia<N>``) open. Their states are read through the driver API
-(``cuCheckpointProcessGetState`` in ``libcuda.so.1``) by a child (``checkpoint_child.py``)
-under the deadline: the query can hang while a peer is locked.
-
-While a process is locked or checkpointed the costly GPU probes (torch-cuda, nccl, model)
-start no GPU work: they read this probe's result (``ctx.results``) or, in a run where it
-did not run, the marker it leaves in the state dir (``hold()``).
+"""checkpoint: no process here that holds a CUDA context is locked or checkpointed by CUDA
+checkpoint (driver 555+; docs/probes.md, "Deep opt-in checks"). A child (``checkpoint_child.py``)
+asks the driver under the deadline: the query can hang while a peer process is locked.
 
 Command-line equivalent::
 
@@ -94,7 +78,8 @@ def _holds_gpu(pid: int) -> bool:
 
 def local_pids(wanted: Iterable[int]) -> list[int]:
     """Processes of this PID namespace that hold a CUDA context: those whose NSpid contains a
-    pid NVML reported, and those with a GPU device node open. Never this process."""
+    pid NVML reported, and, since NVML in a container often reports host PIDs, those with a GPU
+    device node open. Never this process."""
     wanted = set(wanted)
     me = os.getpid()
     found = []
@@ -237,11 +222,10 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     seen = {s["pid"]: STATES.get(s["state"], f"state {s['state']}") for s in report["states"] if s["rc"] == 0}
     facts = {"pids": pids, "states": {str(k): v for k, v in seen.items()}}
     bad = [(p, st) for p, st in seen.items() if st != "running"]
-    failed_ = [p for p, st in bad if st not in ("locked", "checkpointed")]
-    if failed_:
-        pid = failed_[0]
-        failed = fw.CHECKPOINT_FAILED
-        this = failed._replace(remedy=failed.remedy.replace("--pid N", f"--pid {pid}"))
+    failed = [p for p, st in bad if st not in ("locked", "checkpointed")]
+    if failed:
+        pid, cause = failed[0], fw.CHECKPOINT_FAILED
+        this = cause._replace(remedy=cause.remedy.replace("--pid N", f"--pid {pid}"))
         return verdict(SPEC.name, this, f"process {pid}'s CUDA checkpoint or restore failed ({seen[pid]})",
                        observed=len(seen), unit="processes", facts=facts)
     if bad:

@@ -1,16 +1,10 @@
-"""The checkpoint probe's child: asks the CUDA driver for the checkpoint state of some processes.
+"""The checkpoint probe's child: after ``cuInit(0)`` (no context is created) it asks the driver's
+``cuCheckpointProcessGetState`` (555+) for each pid on its command line, and prints one line,
+``PREFIX`` + ``driver``, ``api``, ``init`` (cuInit's CUresult) and ``states`` (``[{"pid", "rc",
+"state"}]``; state 0 running, 1 locked, 2 checkpointed, 3 failed; null when rc is not 0).
 
-Standalone on purpose (stdlib only; it must not import the ``probes`` package): the query
-can hang while a peer process is locked, so the parent runs this file under a deadline,
-in its own session, and ends it whatever it does.
-
-It loads the driver the way CUDA itself does, ``ctypes.CDLL("libcuda.so.1")``, calls
-``cuInit(0)`` (no context is created) and, for each pid on the command line,
-``cuCheckpointProcessGetState(pid, &state)`` (driver 555+). A driver without that symbol
-is reported as such. It prints exactly ONE line:
-``HEALTHCHECK-CHECKPOINT-RESULT {json}`` with ``driver`` (cuDriverGetVersion), ``api``,
-``init`` (cuInit's CUresult) and ``states``: ``[{"pid": P, "rc": CUresult, "state": S}]``
-(S: 0 running, 1 locked, 2 checkpointed, 3 failed; null when rc is not 0).
+Standalone (stdlib only, never the ``probes`` package): the query can hang while a peer process
+is locked, so the parent runs this file under a deadline, in its own session, and ends it.
 
 Command-line equivalent (one process)::
 

@@ -1,40 +1,12 @@
-"""The CUDA runtime's errors, as data: which leave the GPU unusable, which only mean "could not
-check", which are the environment at start, and which are plain failures.
+"""The CUDA runtime's errors, as data: which leave the GPU unusable (sticky), which only mean
+"could not check", which are the environment at start, and which are plain failures. The source,
+the classes and our own decisions (999 is not sticky; out of memory, a busy GPU and a full MPS
+server are the workload's) are in docs/probes.md ("CUDA errors").
 
-Source: NVIDIA, CUDA Runtime API reference, "Data types used by CUDA Runtime"
-(``group__CUDART__TYPES``), ``enum cudaError``, the current edition (its newest entries are
-``cudaErrorTensorMemoryLeak``, 721, and ``cudaErrorStreamDetached``, 917), read 2026-11-24.
-The numbers, names and categories come from there: an error whose description says it "leaves
-the process in an inconsistent state and any further CUDA work will return the same error. To
-continue using CUDA, the process must be terminated and relaunched" (or, for 710,
-"the device cannot be used again") is *sticky*. 214 (uncorrectable ECC) and 220 (uncorrectable
-NVLink) are sticky too: the hardware itself reported the fault and the GPU needs a reset. The
-short texts are what ``cudaGetErrorString`` returns (CUDA 12 and 13 runtimes), the text torch
-puts after ``CUDA error:``; the driver API's names (``CUDA_ERROR_ILLEGAL_ADDRESS``) are kept
-where they differ from the runtime's.
-
-Decisions that are ours, not the document's:
-
-- 999 ``cudaErrorUnknown`` is not sticky (the document does not say so): it is most often seen
-  at initialisation, where a container lost its device access (a host ``systemctl
-  daemon-reload``), and a GPU that fell off the bus is the nvml probe's finding. It fails,
-  never latches (reason ``cuda-unknown``).
-- Out of memory (2, cuBLAS's and cuDNN's ``*_ALLOC_FAILED``), devices busy or unavailable (46),
-  an exclusive-thread device in use (216) and an MPS server that is full or recovering
-  (807-809) are the workload using its GPU: "could not check", a warning.
-- CUDA releases before 10.1 numbered the errors differently (an illegal address was 77, a
-  device-side assert 59, no kernel image 48, uncorrectable ECC 39, a launch timeout 6, an
-  unknown error 30, no device 38), and old torch printed those numbers ("cuda runtime error
-  (59) : device-side assert triggered"). So a number is trusted only when the message has no
-  text we know, and :func:`identify` reads the text first.
-
-:func:`identify` takes ``torch.AcceleratorError.error_code`` when torch gives one (2.8 and
-later: the value of ``cudaGetLastError``), otherwise the message: PyTorch's own added lines
-("CUDA kernel errors might be asynchronously reported...", "For debugging consider passing
-CUDA_LAUNCH_BLOCKING=1", "Compile with `TORCH_USE_CUDA_DSA`...", "Search for
-`cudaErrorXxx`...") are cut off first, wherever they are (a message squashed onto one line
-included), then a line that names CUDA is searched for a known text, then for a cuBLAS or cuDNN
-status, then for a number or a name.
+CUDA before 10.1 numbered the errors differently (an illegal address was 77, a device-side assert
+59, no kernel image 48) and old torch printed those numbers, so :func:`identify` trusts a number
+only after the texts: ``error_code`` when torch gives one, else the message without PyTorch's
+added lines, searched for a known text, then a cuBLAS/cuDNN status, then a number or a name.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The deep-check layer shared by torch-cuda, model and nccl: the one-costly-check lock, the
-cache of a passing run, the latch of a sticky CUDA error, the worker's start on the GPUs with
-room for it (probes/framework/free_memory.py), and the verdicts the deep checks share. Their
-``HEALTHCHECK_TORCH_*`` settings (``Torch``) are declared in the layer's package.
-
-Imported when a framework probe runs: what a run needs (process control, the NVML survey, the
-CUDA error table) is imported inside the functions that use it.
+"""What torch-cuda, model and nccl share: the one-costly-check lock, the cache of a passing run, the
+latch of a sticky CUDA error, the worker's start on the GPUs with room (free_memory.py), and the
+verdicts they share. Imported when a framework probe runs; what a run needs (process control, the
+NVML survey, the CUDA error table) is imported in the functions that use it.
 """
 
 from __future__ import annotations
@@ -123,7 +120,6 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
     cache before waiting for the lock, ``share`` hands every profile what it accepts of a run
     that finished while this one waited (startup included), ``relatch`` reads the latch again
     once the lock is held (the run waited for may have latched)."""
-
     state = ctx.state
     if not state.enabled:  # nothing can latch: the judge says so if the run finds a fatal error
         data = run()
@@ -254,8 +250,7 @@ def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
 def deep_cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
                 validate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
     """A deep check's cached passing run (see fresh_pass), its report validated again."""
-    fresh = fresh_pass(entry, key, ttl)
-    if fresh is None:
+    if (fresh := fresh_pass(entry, key, ttl)) is None:
         return None
     data, finished, age = fresh
     try:
@@ -276,10 +271,8 @@ def unkept(result: Result, data: dict[str, Any]) -> Result:
     """``result`` saying so when its fatal error could not be latched (the state dir is off, or
     too full for even an empty file): later runs will not remember it, so nothing may promise
     "unhealthy until the container restarts"."""
-    if not result.facts.get("fatal"):
-        return result
     why = data.get("latch_lost")
-    if not why:
+    if not result.facts.get("fatal") or not why:
         return result
     said = f"the latch could not be kept ({untrusted.clean(why, 160)}), later runs will not remember it"
     message = (result.message.replace(UNTIL_RESTART, said) if UNTIL_RESTART in result.message
@@ -309,8 +302,7 @@ def limited(name: str, data: dict[str, Any], **kw: Any) -> Result | None:
 
 def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Result | None:
     """judge() of a deep check whose worker's interpreter cannot be run; None if it could."""
-    limit = limited(name, data, **kw)
-    if limit is not None:
+    if (limit := limited(name, data, **kw)) is not None:
         return limit
     if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
         python = untrusted.clean(ctx.config.of(Torch).torch_python, 80)

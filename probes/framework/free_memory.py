@@ -1,23 +1,8 @@
-"""Do no harm: before a CUDA worker starts on a GPU, NVML says whether the GPU has room for it.
-
-A CUDA context and the probe's tensors take GPU memory; on a GPU the workload has filled, that
-can push the workload itself out of memory, the one thing a health check must never do. So
-before torch-cuda, model or nccl start their worker, :func:`survey` reads each GPU's free memory
-from NVML (through nvml_lib, the one module that imports pynvml) and splits the GPUs the worker
-would see into those with room (at least what the probe needs:
-``HEALTHCHECK_TORCH_MIN_FREE_MIB``, plus the model's size for model, plus NCCL's buffers for
-nccl) and those without. The worker is then given ``CUDA_VISIBLE_DEVICES`` listing, by UUID, only
-the GPUs with room among those the caller's own ``CUDA_VISIBLE_DEVICES`` selects: whatever torch
-does on "device 0" at start (its first context, the model probe's current device) happens on a
-GPU with room. With no GPU left nothing is started, and the probe warns "not checked: the
-workload holds the memory" (reason ``workload-memory``), which never latches.
-
-When NVML cannot say (no library, an error, a GPU that does not report its memory or reports
-0 MiB of it, MIG mode, where the memory of a MIG device is not the GPU's) the GPUs are used as
-before and the facts say why; the setting 0 turns the check off. A GPU with 0 MiB is not "held by
-the workload": no GPU has no memory (one without memory of its own, such as an integrated GPU,
-answers NOT_SUPPORTED), so NVML misreports it, and the nvml probe fails it; what the worker does
-there is the evidence.
+"""Do no harm: before a CUDA worker starts, NVML says which GPUs have room for it (docs/probes.md,
+"Do no harm"). :func:`survey` splits the GPUs the worker would see into those with room and those
+the workload has filled; the worker is then given ``CUDA_VISIBLE_DEVICES`` listing, by UUID, only
+the GPUs with room, so that whatever torch does on "device 0" at start happens on one of them.
+When NVML cannot say, the GPUs are used as before and the facts say why.
 
 Command-line equivalent::
 
@@ -165,7 +150,7 @@ def _gpu_list(full: list[dict[str, Any]]) -> str:
     return ", ".join(shown) + more
 
 
-def not_checked(facts: dict[str, Any], what: str = "HEALTHCHECK_TORCH_MIN_FREE_MIB") -> str:
+def not_checked(facts: dict[str, Any], what: str) -> str:
     """"not checked: the workload holds the memory on GPU 1 (300 MiB free of 81559 MiB) ..."."""
     return (f"not checked: the workload holds the memory on {_gpu_list(facts['full'])}; the probe needs "
             f"{facts['need_mib']} MiB ({what}), so nothing was started there")

@@ -1,27 +1,12 @@
-"""model: the image's model file loads onto the probe's device (and answers as expected).
-
-Opt-in: it runs only when ``HEALTHCHECK_MODEL_PATH`` names a file (or ``ENABLE_MODEL_CHECK``
-is true). A worker (``model_worker.py``) runs in the interpreter that owns torch
-(``HEALTHCHECK_TORCH_PYTHON``), in its own session and under the probe's deadline, and
-loads the file onto ``HEALTHCHECK_TORCH_DEVICE`` without executing pickled code: a
-TorchScript archive (``torch.jit.load``), a safetensors file, or a state dict through
-``torch.load(weights_only=True)``. Before loading it compares the model's size with the
-memory it may take (free GPU memory; available RAM and the cgroup limit on the CPU;
-``HEALTHCHECK_MODEL_MAX_BYTES``) and refuses one that would not fit. For a TorchScript model
-with ``HEALTHCHECK_MODEL_INPUT`` it runs one forward pass and, with
-``HEALTHCHECK_MODEL_EXPECT``, compares the output with the saved one: the largest absolute
-difference divided by the expected output's largest magnitude must be at most
-``HEALTHCHECK_MODEL_TOLERANCE``.
+"""model: the image's model file loads onto the probe's device without running pickled code, and
+answers as expected (opt-in; docs/probes.md, "Deep opt-in checks"). A worker (``model_worker.py``)
+loads it in ``HEALTHCHECK_TORCH_PYTHON``; like torch-cuda it is one costly check, under the same
+lock, and readiness reuses a pass younger than ``HEALTHCHECK_MODEL_TTL`` (the file's identity, size
+and mtime are part of the key).
 
 Command-line equivalent::
 
     python3 probes/framework/model_worker.py --path /models/m.pt --device cuda --input 1x3x224x224:float16
-
-Like torch-cuda it is one costly check: it takes the same lock in the state dir, so a model
-load never overlaps the torch-cuda op or the NCCL check, and readiness reuses a passing
-result younger than ``HEALTHCHECK_MODEL_TTL`` (the file, its size and mtime are part of the
-key). It is never part of liveness. The worker's result line is untrusted input, validated
-field by field with every string cleaned.
 """
 
 from __future__ import annotations
@@ -46,10 +31,7 @@ UNIT = "ms"
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_worker.py")
 CACHE = "model.json"
 _PHASES = r"start|open|import|init|load|expect|forward"
-
-
 SPEC = fw.MODEL_SPEC
-
 
 _REPORT = {"v": (INT, False), "device": (STR, False), "torch": (STR, True), "format": (STR, True),
            "loader": (STR, True), "file_bytes": (INT, True), "bytes": (INT, True), "budget": (INT, True),
@@ -64,7 +46,6 @@ KINDS = {"missing": fw.MODEL_MISSING, "unreadable": fw.MODEL_UNREADABLE, "unsupp
          "expect-unreadable": fw.MODEL_EXPECT, "bad-input": fw.MODEL_BAD_INPUT, "load": fw.MODEL_LOAD,
          "no-forward": fw.MODEL_BAD_INPUT, "forward": fw.MODEL_FORWARD, "import": fw.MODEL_TORCH_MISSING,
          "cuda-unavailable": fw.MODEL_TORCH_MISSING}
-
 
 
 def validate(report: Any, device: str) -> dict[str, Any]:
@@ -82,8 +63,7 @@ def validate(report: Any, device: str) -> dict[str, Any]:
             raise protocol.Bad("result.error.kind is unknown")
     elif report["load_ms"] is None or report["params"] is None:
         raise protocol.Bad("a passing result without load time or parameters")
-    cleaned: dict[str, Any] = protocol.cleaned(report, 200)
-    return cleaned
+    return protocol.cleaned(report, 200)
 
 
 def parse_output(stdout: bytes, device: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -175,13 +155,12 @@ def gather(ctx: Context) -> dict[str, Any]:
     hold = checkpoint.hold(ctx)
     if hold is not None:
         return {"kind": "checkpointed", "why": hold}
-    state = ctx.state
     own, device = ctx.config.of(fw.ModelSettings), ctx.config.of(fw.Torch).torch_device
     if not own.model_path:
         return {"kind": "no-path"}
     key = _key(ctx)
     if ctx.config.profile_rules.reuses_cache:
-        hit = _cached(state.read_json(CACHE), key, own.model_ttl, device)
+        hit = _cached(ctx.state.read_json(CACHE), key, own.model_ttl, device)
         if hit is not None:
             return hit
     return locked_run(ctx, CACHE, key,

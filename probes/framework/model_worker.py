@@ -1,44 +1,20 @@
-"""The model worker: loads the image's model file onto the probe's device, in the image's interpreter.
+"""The model worker, run by file path in the image's interpreter under a deadline, in its own
+session (the model probe; docs/probes.md, "Deep opt-in checks"). Standalone: stdlib + torch only,
+never the ``probes`` package, Python 3.6+ (images carry their own).
 
-Standalone on purpose (stdlib + torch only; it must not import the ``probes`` package):
-the parent runs it by file path with the interpreter that owns torch, under a deadline,
-in its own session.
+It never executes pickled code, and reads the format from the file's content (``detect``), never
+its name: a TorchScript archive (``torch.jit.load``, whose unpickler only builds TorchScript and
+tensor types), a safetensors file (the ``safetensors`` package, else the header is parsed here and
+each tensor made with ``torch.frombuffer``), or a ``torch.save`` state dict (``weights_only=True``;
+a torch without that option is refused, never loaded). The file is loaded through the descriptor
+that was checked (``by_descriptor``): the file judged is the file loaded.
 
-It never executes pickled code. The format is decided from the file's first bytes and
-its zip directory, never from its name:
-
-- a TorchScript archive (a zip with a ``code/`` folder): ``torch.jit.load``, whose
-  unpickler only builds TorchScript and tensor types;
-- a safetensors file (8-byte little-endian header length, a JSON header, raw data): the
-  ``safetensors`` package when that interpreter has it, else the header is parsed here and
-  each tensor is made with ``torch.frombuffer``;
-- a state dict saved with ``torch.save`` (zip or legacy pickle): ``torch.load`` with
-  ``weights_only=True``; a torch too old to have that option is refused, never loaded.
-
-Before loading it sizes the tensors (the safetensors header, the zip's ``data/`` entries,
-else the file size) and compares that with the memory it may use: free GPU memory on
-``cuda`` (``torch.cuda.mem_get_info``), ``MemAvailable`` and the cgroup's room on ``cpu``,
-and ``--max-bytes`` when given; a model that would not fit is not loaded. After loading it
-counts parameters and bytes and, on CUDA, the peak memory allocated. For a TorchScript
-model with ``--input SHAPE:DTYPE[:zeros|seeded]`` it runs one forward pass and, with
-``--expect FILE`` (a tensor saved with ``torch.save``), reports the largest absolute
-difference and the expected output's largest magnitude; the parent judges them.
-
-It prints exactly ONE line on stdout, ``HEALTHCHECK-MODEL-RESULT {json}``, and progress
-markers (``HEALTHCHECK-MODEL-PHASE <phase>``) on stderr. An error's ``message`` is one of
-``PHRASES`` when the worker names the problem itself; anything else there (an exception's
-text: torch's, the C library's) is a detail the suite writes to its log, never to its output.
-
-The model file and the expected-output file are opened with O_NONBLOCK after a ``stat``
-says they are regular files, and used through that descriptor (``/proc/self/fd/N``): a
-FIFO, a socket or a device is refused at once, never waited on, and the file judged is
-the file loaded.
+An error's ``message`` is one of ``PHRASES`` when the worker names the problem itself; anything
+else there (torch's or the C library's text) is a detail the suite logs, never shows.
 
 Command-line equivalent::
 
     python3 model_worker.py --path /models/resnet.pt --device cuda --input 1x3x224x224:float16
-
-Keep this file compatible with old interpreters (3.6+): images carry their own.
 """
 
 import os
@@ -268,11 +244,8 @@ def detect(fh, size):
         fh.seek(8)
         if 2 <= length <= MAX_HEADER and fh.read(1) == b"{":
             header, _ = safetensors_header(fh, size)
-            total = 0
-            for name, info in header.items():
-                if name != "__metadata__":
-                    total += info["data_offsets"][1] - info["data_offsets"][0]
-            return "safetensors", total
+            return "safetensors", sum(info["data_offsets"][1] - info["data_offsets"][0]
+                                      for name, info in header.items() if name != "__metadata__")
     if magic[:1] == b"\x80":  # a pickle (torch.save's legacy format): only weights_only may read it
         return "state-dict", size
     raise Failure("unsupported", "not a TorchScript archive, a safetensors file or a torch.save state dict")
@@ -298,9 +271,7 @@ def cgroup_room():
             used = int(fh.read().strip())
     except (OSError, ValueError):
         return None
-    if not limit.isdigit():
-        return None
-    return max(int(limit) - used, 0)
+    return max(int(limit) - used, 0) if limit.isdigit() else None
 
 
 def budget_of(torch, args):
@@ -384,7 +355,6 @@ def load(torch, fmt, fh, size, path, device):
 
 
 def load_error(exc):
-    """The Failure for an exception raised while loading."""
     message = text(exc)
     low = message.lower()
     if type(exc).__name__ == "UnpicklingError" and "weights only" in low:

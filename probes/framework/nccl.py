@@ -1,27 +1,13 @@
-"""nccl: NCCL works in this container: one all-reduce across every visible GPU, checked exactly.
-
-Opt-in (``ENABLE_NCCL_CHECK=true``). It first reads the size of ``/dev/shm`` (Docker's
-default 64 MiB makes NCCL fail with "unhandled system error"); too small fails at once,
-without starting anything. Then a worker (``nccl_worker.py``) runs in the interpreter that
-owns torch (``HEALTHCHECK_TORCH_PYTHON``) with ``NCCL_DEBUG=WARN``, in its own session and
-under the probe's deadline: PyTorch's own NCCL watchdog waits 30 minutes, so only a killable
-child is safe. The worker places one tensor per visible GPU, runs a single-process
-``torch.cuda.nccl.all_reduce`` and checks every sum exactly; it reports the NCCL version,
-the GPU count and the time. NCCL's warnings (stderr) become the diagnosis: ``/dev/shm`` too
-small only when NCCL could not extend a segment there (``posix_fallocate``, "No space left on
-device"); a segment NCCL could not open or attach ("No such file or directory") is NCCL's own
-failure (``nccl-shm``); P2P not supported or hanging (confirm with ``NCCL_P2P_DISABLE=1``, then
-fix the host's IOMMU/ACS settings); NCCL missing from this torch build. A CUDA error behind the
-collective (the exception, or NCCL's "Cuda failure 'text'") is judged by the CUDA error table
-(probes/framework/cuda_errors.py): a sticky one latches, out of memory or a busy GPU warns.
-Like torch-cuda it starts nothing on a GPU without room (probes/framework/free_memory.py).
+"""nccl: NCCL works in this container: one all-reduce across every visible GPU, checked exactly
+(opt-in; docs/probes.md, "Deep opt-in checks"). A too small ``/dev/shm`` fails before anything
+starts; then a worker (``nccl_worker.py``) runs with ``NCCL_DEBUG=WARN`` under the probe's deadline:
+PyTorch's own NCCL watchdog waits 30 minutes, so only a killable child is safe. NCCL's warnings name
+the cause. Like torch-cuda and model it is one costly check under the same lock, and it starts
+nothing on a GPU without room.
 
 Command-line equivalent::
 
     NCCL_DEBUG=WARN python3 probes/framework/nccl_worker.py
-
-It takes the same lock as torch-cuda and model (one costly check at a time), and readiness
-reuses a passing result younger than ``HEALTHCHECK_NCCL_TTL``.
 """
 
 from __future__ import annotations
@@ -55,10 +41,7 @@ MAX_WARNINGS = 5
 SHM_SIZE_WORDS = ("no space left on device", "posix_fallocate", "failed to extend")
 SHM_WORDS = ("/dev/shm", "shared memory", "nccl-shm")  # noqa: S108
 P2P_WORDS = ("peer access", "p2p", "cudaipc", "ipc handle", "peer-to-peer")
-
-
 SPEC = fw.NCCL_SPEC
-
 
 _REPORT = {"v": (INT, False), "backend": (STR, False), "torch": (STR, True), "nccl": (STR, True),
            "count": (INT, True), "ms": (NUM, True), "bad": (INT, True), "max_err": (NUM, True)}
@@ -67,21 +50,19 @@ KINDS = ("no-nccl", "cuda-unavailable", "import", "collective", "worker")
 
 
 class Shm(Record):
-    __slots__ = ("size", "why")
+    __slots__ = ("size",)
 
     size: int | None  # bytes, None when it cannot be read
-    why: str | None
 
-    def __init__(self, size: int | None, why: str | None = None) -> None:
+    def __init__(self, size: int | None) -> None:
         self.size = size
-        self.why = why
 
 
-def shm_size(path: str = SHM) -> Shm:
+def shm_size() -> Shm:
     try:
-        st = os.statvfs(path)
-    except OSError as exc:
-        return Shm(None, os.strerror(exc.errno or 0))
+        st = os.statvfs(SHM)
+    except OSError:
+        return Shm(None)
     return Shm(st.f_frsize * st.f_blocks)
 
 
@@ -97,8 +78,7 @@ def validate(report: Any) -> dict[str, Any]:
             raise protocol.Bad("result.error.kind is unknown")
     elif None in (report["count"], report["bad"], report["max_err"], report["ms"]):
         raise protocol.Bad("a result without its measurements")
-    out: dict[str, Any] = protocol.cleaned(report, 40, {"kind": 300, "type": 300, "message": 300})
-    return out
+    return protocol.cleaned(report, 40, {"kind": 300, "type": 300, "message": 300})
 
 
 def parse_output(stdout: bytes) -> tuple[dict[str, Any] | None, str | None]:
@@ -167,10 +147,9 @@ def gather(ctx: Context) -> dict[str, Any]:
     own = ctx.config.of(fw.NcclSettings)
     if ctx.config.of(fw.Torch).torch_device != "cuda":
         return {"kind": "device-cpu"}
-    state = ctx.state
     key = _key(ctx)
     if ctx.config.profile_rules.reuses_cache:
-        hit = _cached(state.read_json(CACHE), key, own.nccl_ttl)
+        hit = _cached(ctx.state.read_json(CACHE), key, own.nccl_ttl)
         if hit is not None:
             return hit
     shm = shm_size()
@@ -194,10 +173,7 @@ def _mib(n: int | None) -> str:
 
 
 def _has(lines: list[str], words: tuple[str, ...]) -> str | None:
-    for line in lines:
-        if any(w in line.lower() for w in words):
-            return line
-    return None
+    return next((line for line in lines if any(w in line.lower() for w in words)), None)
 
 
 ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus NCCL's buffers"

@@ -1,23 +1,15 @@
-"""The NCCL worker: one single-process all-reduce across every visible GPU, in the image's interpreter.
+"""The NCCL worker, run by file path in the image's interpreter with ``NCCL_DEBUG=WARN``, under a
+deadline, in its own session (the nccl probe; docs/probes.md, "Deep opt-in checks"). Standalone:
+stdlib + torch only, never the ``probes`` package, Python 3.6+ (images carry their own).
 
-Standalone on purpose (stdlib + torch only; it must not import the ``probes`` package):
-the parent runs it by file path with the interpreter that owns torch, with
-``NCCL_DEBUG=WARN``, under a deadline, in its own session.
-
-It imports torch, asks whether this build has NCCL (``torch.distributed.is_nccl_available()``
-and ``torch._C._nccl_version``), places one tensor per visible GPU (GPU ``i`` plays rank
-``i``: ``contribution(i)``), runs ``torch.cuda.nccl.all_reduce`` on them, synchronises,
-and checks every result exactly with ``verify`` (the sum of the contributions is exact in
-float32). ``--backend gloo --world N --rank R --init URL`` runs the same contribution and
-``verify`` through a real ``torch.distributed`` gloo group on the CPU (how the checking
-code is tested without a GPU). It prints exactly ONE line on stdout,
-``HEALTHCHECK-NCCL-RESULT {json}``; NCCL's own warnings go to stderr, which the parent reads.
+GPU ``i`` plays rank ``i`` of one single-process ``torch.cuda.nccl.all_reduce``, checked exactly
+(``verify``: the sum of the contributions is exact in float32). ``--backend gloo --world N --rank R
+--init URL`` runs the same contribution and ``verify`` through a real gloo group on the CPU: how the
+checking code is tested without a GPU. NCCL's warnings go to stderr, which the parent reads.
 
 Command-line equivalent::
 
     NCCL_DEBUG=WARN python3 nccl_worker.py
-
-Keep this file compatible with old interpreters (3.6+): images carry their own.
 """
 
 import os
@@ -59,9 +51,9 @@ def phase(name):
     scaffold().phase(PHASE, name)
 
 
-def contribution(torch, rank, length=LENGTH):
+def contribution(torch, rank):
     """What rank ``rank`` adds: (rank + 1) * (1 + i % 7), so a mixed-up or missing rank shows."""
-    pattern = torch.arange(length, dtype=torch.int64) % 7 + 1
+    pattern = torch.arange(LENGTH, dtype=torch.int64) % 7 + 1
     return (pattern * (rank + 1)).to(torch.float32)
 
 
@@ -125,7 +117,6 @@ def nccl_version(torch):
 
 def run_nccl(torch, report):
     phase("nccl")
-    built = False
     try:
         import torch.distributed as dist
 

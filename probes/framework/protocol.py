@@ -1,13 +1,7 @@
-"""The workers' protocol, as the suite reads it: one result line, progress markers, a schema.
-
-Each worker (``torch_worker.py``, ``model_worker.py``, ``nccl_worker.py``, ``checkpoint_child.py``)
-runs in another interpreter and prints exactly one line ``PREFIX + JSON`` on stdout, and
-progress markers ``PHASE + name`` on stderr; its PREFIX, PHASE and SCHEMA are declared in the
-worker's own file, beside the code that writes them (the writing side they share is
-``worker_base.py``, loaded by path). This is the reading side, shared by the
-probes that start them: find the one result line, parse it as untrusted JSON, check it field
-by field against a schema of kinds, and tell the last progress marker. A report enters the
-suite only through here, so no later use sees a wrong type, a non-finite number or an
+"""The workers' protocol, as the suite reads it (the writing side is ``worker_base.py``): a worker
+prints one line ``PREFIX + JSON`` on stdout and progress markers ``PHASE + name`` on stderr, each
+declared in the worker's own file. A report enters the suite only through here, checked field by
+field against a schema of kinds, so that no later use sees a wrong type, a non-finite number or an
 unbounded string. Imported when a worker's output is read, never to declare a probe.
 """
 

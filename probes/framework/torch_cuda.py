@@ -1,11 +1,9 @@
 """torch-cuda: the image's own Python can import torch and run a real, verified op on each GPU.
 
-A worker (``torch_worker.py``) runs in ``HEALTHCHECK_TORCH_PYTHON`` under the probe's deadline and
-prints one line, ``HEALTHCHECK-TORCH-RESULT {json}``: this module trusts nothing else it prints,
-validates that line strictly (torch_report.py) and judges it, a CUDA error by its table
-(cuda_errors.py). The lock, the cache and the latch of a sticky error are deep.py's
-(``locked_run``). What it checks and each cause: docs/probes.md ("How the probes decide", "CUDA
-errors", the torch-cuda cause table).
+A worker (``torch_worker.py``) runs in ``HEALTHCHECK_TORCH_PYTHON``; only its result line is
+trusted, once torch_report.py has checked it, and a CUDA error is judged by its table
+(cuda_errors.py); the lock, cache and latch are deep.py's. Behaviour: docs/probes.md ("How the
+probes decide", "CUDA errors").
 
 Command-line equivalent::
 
@@ -77,7 +75,6 @@ def _argv(ctx: Context, expect: int | None) -> list[str]:
 
 
 def result_arrived(stdout: bytes) -> bool:
-    """Whether the output so far holds a whole result line (proc.run's ``until``)."""
     from probes.framework import torch_worker
 
     return protocol.arrived(stdout, torch_worker.PREFIX)

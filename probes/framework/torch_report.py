@@ -31,11 +31,8 @@ _TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False), "expect
 
 def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     """A cleaned copy of the report if it matches the schema exactly; raises protocol.Bad otherwise.
-
-    This is where the worker's report enters the suite: every number converts to a
-    finite float and every string is cleaned (``untrusted.clean``), so no later use
-    (messages, the latch, the cache, JSON, Docker's log) sees a control character.
-    """
+    Every number converts to a finite float and every string is cleaned, so that no later use
+    (messages, the latch, the cache, JSON, Docker's log) sees a control character."""
     from probes.framework import torch_worker
 
     protocol.fields(report, _TOP, "result", nested=("error", "devices"))
@@ -61,8 +58,7 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     stopped = report["error"] is not None or any(d["error"] is not None for d in devices)
     if not stopped and report["count"] is not None and len(devices) != report["count"]:
         raise protocol.Bad("the result does not cover every device")
-    cleaned: dict[str, Any] = protocol.cleaned(report, TEXT, TEXT_LIMITS)
-    return cleaned
+    return protocol.cleaned(report, TEXT, TEXT_LIMITS)
 
 
 def parse_output(stdout: bytes, device: str, size: int) -> tuple[dict[str, Any] | None, str | None]:

@@ -1,31 +1,15 @@
-"""The torch-cuda worker: runs in the image's own interpreter, never in the suite's.
+"""The torch-cuda worker, run by file path in the image's interpreter (``HEALTHCHECK_TORCH_PYTHON``)
+under a deadline, in its own session; what it runs: docs/probes.md ("How the probes decide").
+Standalone: stdlib + torch only, never the ``probes`` package, Python 3.6+ (images carry their own).
 
-Standalone on purpose (stdlib + torch only; it must not import the ``probes``
-package): the parent runs it by file path with the interpreter that owns torch,
-under a deadline, in its own session.
-
-It imports torch, checks that CUDA is available, then on each visible device runs
-a seeded float32 matmul (TF32 off) and compares it with a float64 reference
-computed on the CPU (a mismatch is silent data corruption), synchronises (which
-surfaces pending asynchronous errors) and asks the runtime for free/total memory.
-With ``--device cpu`` the same op runs on the CPU, for CPU-only images.
-
-An error is reported with its class name, ``torch.AcceleratorError``'s ``error_code`` where
-torch gives one (2.8 and later), and its message with the line breaks kept, so that the parent
-can find the ``CUDA error: ...`` line among PyTorch's added lines.
-
-It prints exactly ONE line on stdout: ``HEALTHCHECK-TORCH-RESULT {json}``, strict JSON
-(a non-finite error or scale, e.g. a GPU that computed NaN, is the string ``"nan"``,
-``"inf"`` or ``"-inf"``), and exits at once. Anything
-torch itself prints goes to stderr. Progress markers (``HEALTHCHECK-TORCH-PHASE
-<phase>``) go to stderr so the parent can say where a hung worker was stuck. The
-worker does not judge: it reports what it saw and the parent decides.
+It reports, never judges: one ``PREFIX`` line of strict JSON (a GPU that computed NaN reports the
+string ``"nan"``), progress markers on stderr so that the parent can say where a hung worker was
+stuck, and an error's message with its line breaks kept, so that the parent finds the ``CUDA
+error:`` line among PyTorch's added lines.
 
 Command-line equivalent::
 
     python3 torch_worker.py --device cuda --size 1024 --expect-count 2
-
-Keep this file compatible with old interpreters (3.6+): images carry their own.
 """
 
 import os

@@ -1,19 +1,9 @@
-"""The scaffold the worker scripts share (torch_worker.py, model_worker.py, nccl_worker.py,
-checkpoint_child.py).
-
-A worker runs in the image's own interpreter, not the suite's, so this file is as standalone
-as they are: stdlib only, never the ``probes`` package, compatible with old interpreters
-(3.6+). A worker loads it by its path, from the worker's own folder, after taking that folder
-and the current directory off ``sys.path`` (``scrub_and_load`` in each worker): it is never
-imported by name, so no file on ``sys.path`` can stand in for it, and nothing it imports
-afterwards (json, traceback) can be shadowed from there either.
-
-What it holds is the part every worker repeated: the result channel (a dup of fd 1, with fd 1
-pointed at stderr so that stray prints, ours or torch's C++ code's, never reach it), the phase
-markers on stderr, the common part of an error dict, ``measure`` for strict JSON, the one
-result line, and ``os._exit``, which skips an interpreter teardown that can hang after a
-fatal CUDA error or a failed collective. And before all that, the parent-death signal: a worker
-dies with the suite that started it, even a suite killed by SIGKILL (``with_the_suite``).
+"""The scaffold the workers share (torch_worker.py, model_worker.py, nccl_worker.py,
+checkpoint_child.py): the result channel, the phase markers, an error's common fields, strict JSON
+numbers and the parent-death signal. Standalone like them: stdlib only, never the ``probes``
+package, Python 3.6+. A worker loads it by its path after taking its own folder and the current
+directory off ``sys.path`` (``scrub_and_load``), so that no file there can stand in for it or for
+what it imports afterwards (json, traceback).
 """
 
 import os
@@ -102,7 +92,7 @@ def run(prefix, marker, report, work, failed=None, trace=False):
     if not with_the_suite():
         os._exit(1)  # the suite that started us is gone: nobody reads the answer
     result_fd = os.dup(1)
-    os.dup2(2, 1)
+    os.dup2(2, 1)  # stray prints, ours or torch's C++ code's, go to stderr, never to the result channel
     if marker is not None:
         phase(marker, "start")
     try:
@@ -119,4 +109,4 @@ def run(prefix, marker, report, work, failed=None, trace=False):
 
     os.write(result_fd, (prefix + json.dumps(report, sort_keys=True) + "\n").encode("utf-8"))
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(0)  # no interpreter teardown: it can hang after a fatal CUDA error or a failed collective
