@@ -495,51 +495,13 @@ def _reap_orphans(table: Mapping[int, _Proc] | None = None, since: int | None = 
                 _killed.pop(pid, None)
 
 
-def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
-        cwd: str | None = None, max_output: int = MAX_OUTPUT, state: State | None = None,
-        key: str | None = None, until: Callable[[bytes], bool] | None = None,
-        linger: float = LINGER) -> Completed:
-    """Run ``argv`` until it exits or ``deadline`` (a time.monotonic() value) passes.
-
-    Returns within about ``TERM_GRACE + KILL_WAIT`` seconds of the deadline, whatever the child
-    does (a fork storm included), and leaves nothing it started behind but a process the kernel
-    will not let die. With ``state`` and ``key``, a child that survives SIGKILL is remembered,
-    and while it exists no new one is started under the same key: the result is ``stuck`` with
-    ``held_by`` set, at once.
-
-    ``timed_out``: the child had not exited when the deadline passed; what it wrote so far is
-    partial and is no verdict (every judge reads ``timed_out`` first). A child that had exited
-    by then is read to the end of what it wrote, however late this process got to look.
-
-    Output: the first ``max_output`` bytes of stdout (``truncated``: more was discarded) and the
-    first ``MAX_STDERR`` of stderr (``stderr_truncated``), so a child that floods stderr still
-    gives a valid, untruncated stdout.
-
-    ``until``: called with the stdout read so far whenever more arrives; once it returns
-    true (the answer is complete, e.g. a whole result line arrived) the child gets at most
-    ``linger`` more seconds (never past ``deadline``) to exit by itself. If it has not, it
-    is ended as at the deadline, and the result has ``timed_out`` and ``lingered`` set:
-    the answer came, but the process did not go. ``until`` must be cheap and must not raise.
-    """
-    # Imported here: what needs only this module's constants, sweeps or signal_name() (the
-    # CLI's final sweep, serve) does not pay for subprocess + selectors (~6 ms of start-up).
+def _read(proc: subprocess.Popen[bytes], out: childio.Output, deadline: float,
+          until: Callable[[bytes], bool] | None, linger: float) -> tuple[bool, bool, float]:
+    """Read the child's output until it exits (and its pipes end, or DRAIN_AFTER_EXIT after its
+    exit: a grandchild may hold them) or the deadline passes, the deadline brought forward once
+    ``until`` is met. Returns (timed_out, answered, the deadline it kept)."""
     import selectors
-    import subprocess
 
-    start = time.monotonic()
-    argv = tuple(argv)
-    guard = state if state is not None and key else None
-    if guard is not None:
-        held = guard.stuck_child(key)  # type: ignore[arg-type]
-        if held is not None:
-            return Completed(argv, None, stuck=True, held_by=held, elapsed=time.monotonic() - start)
-    try:
-        proc = spawn(argv, env=env, cwd=cwd)
-    except OSError as exc:
-        return Completed(argv, None, spawn_error=childio.spawn_error(exc, argv[0], env, cwd),
-                         elapsed=time.monotonic() - start)
-
-    out = childio.Output(proc.stdout.fileno(), proc.stderr.fileno(), max_output)  # type: ignore[union-attr]
     timed_out = False
     answered = False  # until() was met
     stop_at = deadline  # the deadline, or earlier once until() is met
@@ -571,6 +533,54 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
                     stop_at = min(deadline, time.monotonic() + max(linger, 0.0))
     finally:
         sel.close()
+    return timed_out, answered, stop_at
+
+
+def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, max_output: int = MAX_OUTPUT, state: State | None = None,
+        key: str | None = None, until: Callable[[bytes], bool] | None = None,
+        linger: float = LINGER) -> Completed:
+    """Run ``argv`` until it exits or ``deadline`` (a time.monotonic() value) passes.
+
+    Returns within about ``TERM_GRACE + KILL_WAIT`` seconds of the deadline, whatever the child
+    does (a fork storm included), and leaves nothing it started behind but a process the kernel
+    will not let die. With ``state`` and ``key``, a child that survives SIGKILL is remembered,
+    and while it exists no new one is started under the same key: the result is ``stuck`` with
+    ``held_by`` set, at once.
+
+    ``timed_out``: the child had not exited when the deadline passed; what it wrote so far is
+    partial and is no verdict (every judge reads ``timed_out`` first). A child that had exited
+    by then is read to the end of what it wrote, however late this process got to look.
+
+    Output: the first ``max_output`` bytes of stdout (``truncated``: more was discarded) and the
+    first ``MAX_STDERR`` of stderr (``stderr_truncated``), so a child that floods stderr still
+    gives a valid, untruncated stdout.
+
+    ``until``: called with the stdout read so far whenever more arrives; once it returns
+    true (the answer is complete, e.g. a whole result line arrived) the child gets at most
+    ``linger`` more seconds (never past ``deadline``) to exit by itself. If it has not, it
+    is ended as at the deadline, and the result has ``timed_out`` and ``lingered`` set:
+    the answer came, but the process did not go. ``until`` must be cheap and must not raise.
+    """
+    # Imported here: what needs only this module's constants, sweeps or signal_name() (the
+    # CLI's final sweep, serve) does not pay for subprocess + selectors (~6 ms of start-up).
+    import subprocess
+
+    start = time.monotonic()
+    argv = tuple(argv)
+    guard = state if state is not None and key else None
+    if guard is not None:
+        held = guard.stuck_child(key)  # type: ignore[arg-type]
+        if held is not None:
+            return Completed(argv, None, stuck=True, held_by=held, elapsed=time.monotonic() - start)
+    try:
+        proc = spawn(argv, env=env, cwd=cwd)
+    except OSError as exc:
+        return Completed(argv, None, spawn_error=childio.spawn_error(exc, argv[0], env, cwd),
+                         elapsed=time.monotonic() - start)
+
+    out = childio.Output(proc.stdout.fileno(), proc.stderr.fileno(), max_output)  # type: ignore[union-attr]
+    timed_out, answered, stop_at = _read(proc, out, deadline, until, linger)
 
     try:
         if not timed_out:

@@ -3,6 +3,7 @@
 Imports inside functions and under ``TYPE_CHECKING`` count too: a cycle hidden in a function
 still ties the two modules together for a reader. The catalog (probes/registry.py) imports
 the probe modules by name (``__import__``), which is not an import statement and is not read.
+And no module or function outgrows what a reader holds at once.
 """
 
 from __future__ import annotations
@@ -91,3 +92,24 @@ def test_a_probe_module_imports_the_declarations_not_the_catalog() -> None:
     importers = sorted(name for name, targets in edges.items() if "probes.registry" in targets)
     probe_modules = [name for name in importers if name.split(".")[1:2] in (["hardware"], ["framework"], ["services"])]
     assert probe_modules == []
+
+
+MAX_MODULE_LINES = 650
+MAX_FUNCTION_LINES = 90
+
+
+def test_no_module_or_function_outgrows_what_a_reader_holds_at_once():
+    """A module of at most 650 lines, a function of at most 90 (docstring included): past that a
+    reader scrolls back to follow one thing, and it is time to split."""
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        name = path.relative_to(ROOT)
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}:{node.lineno} {node.name}(): {lines} lines")
+    assert too_long == []
