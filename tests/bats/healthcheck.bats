@@ -220,6 +220,19 @@ dropin() {
   ! pgrep -f "$BIN/py" >/dev/null
 }
 
+@test "a suite whose process name holds \") \" is still watched, and stopped at the hard deadline" {
+  # /proc/<pid>/stat: "pid (py) T 1 (z) S ppid ...": only the last ") " ends the name. Read at
+  # the first, the suite would look stopped and another's child, as if it had ended, and the
+  # front door would wait for it past every deadline.
+  suite 'py) T 1 (z' 'while :; do sleep 0.1; done'
+  SECONDS=0
+  HEALTHCHECK_PYTHON="$BIN/py) T 1 (z" HEALTHCHECK_TIMEOUT=1 run -1 timeout 20 "$ROOT/healthcheck"
+  [ "$SECONDS" -le 6 ]
+  [ "$output" = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE" ]
+  sleep 0.2
+  ! pgrep -f "$BIN/py" >/dev/null
+}
+
 @test "a suite that ignores SIGTERM is killed a second later" {
   stub py "trap '' TERM; while :; do sleep 0.1; done"
   SECONDS=0
