@@ -260,7 +260,10 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
     report = data.get("report")
     if (limit := deep.limited(SPEC.name, data, **kw)) is not None:
         return limit
-    if data.get("spawn_error") == "not found" or (report is None and data.get("returncode") == 127):
+    # 127 is also the dynamic loader's status when a library cannot be mapped (RLIMIT_AS): its
+    # words on stderr tell that from a missing interpreter.
+    if data.get("spawn_error") == "not found" or (report is None and data.get("returncode") == 127
+                                                  and not data.get("memory")):
         return verdict(SPEC.name, fw.INTERPRETER_NOT_FOUND, f"torch interpreter {python} not found", **kw)
     if data.get("spawn_error") or (report is None and data.get("returncode") == 126):
         why = data.get("spawn_error") or "not executable"

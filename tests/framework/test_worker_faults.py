@@ -41,6 +41,16 @@ def test_wrapper_whose_interpreter_is_missing(make_interp: Callable[..., Interp]
     assert result.reason == "interpreter-not-found"
 
 
+def test_a_loader_out_of_address_space_is_the_memory_limit_not_a_missing_interpreter(
+        make_interp: Callable[..., Interp], tmp_path: Path, marker: Callable[[], list[int]]) -> None:
+    """Under a small RLIMIT_AS the dynamic loader of the image's python can fail to map a library:
+    it says so and exits 127, the status of a missing interpreter too."""
+    py = make_interp("mapfail", body="echo 'python3: error while loading shared libraries: libpython3.so: "
+                                     "failed to map segment from shared object' >&2; exit 127")
+    result = run_checked(py, tmp_path, marker)
+    assert result.status is Status.FAIL and result.reason == "memory-limit", result
+
+
 def test_interpreter_without_torch(make_interp: Callable[..., Interp], tmp_path: Path,
                                    marker: Callable[[], list[int]]) -> None:
     py = make_interp("bare", python_args="-I -S")  # no site-packages: no torch
