@@ -487,8 +487,10 @@ exit 2'
   local signal pid status
   for signal in TERM INT HUP; do
     rm -f "$TMP/started"
-    # As a supervisor starts it: SIGINT not ignored (a background job here would have it ignored).
-    HEALTHCHECK_PYTHON="$BIN/py" env --default-signal=INT "$ROOT/healthcheck" >"$TMP/out" 2>"$TMP/err" 3>&- &
+    # As a supervisor starts it: no signal ignored. A background job here has SIGINT ignored, and
+    # whatever started the tests may ignore SIGHUP (nohup, a detached job): a signal ignored on
+    # entry cannot be trapped by bash, and the front door would then run to its hard deadline.
+    HEALTHCHECK_PYTHON="$BIN/py" env --default-signal=TERM,INT,HUP "$ROOT/healthcheck" >"$TMP/out" 2>"$TMP/err" 3>&- &
     pid=$!
     SECONDS=0
     until [ -e "$TMP/started" ] || [ "$SECONDS" -gt 10 ]; do sleep 0.05; done
