@@ -85,6 +85,37 @@ def below(procs: Mapping[int, Proc], roots: Iterable[int]) -> set[int]:
     return found
 
 
+def signal_same(pid: int, start: int, sig: int) -> bool:
+    """Send ``sig`` to ``pid`` only while it is the process that started at ``start`` (clock
+    ticks since boot): a pid names another process once its own is gone. Through a pidfd where
+    the kernel has them, which keeps naming the process it was opened on, so the check and the
+    signal cannot be split by a reuse; else the start time is read just before kill(). True
+    when the signal was sent."""
+    fd = None
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # no pidfd (kernel before 5.3): check, then kill
+        pass
+    try:
+        st = stat(pid)
+        if st is None or st.start != start or st.state in DEAD:
+            return False
+        if fd is None:
+            os.kill(pid, sig)
+        else:
+            import signal
+
+            signal.pidfd_send_signal(fd, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def signal_each(pids: Iterable[int], sig: int) -> None:
     """``sig`` to each of ``pids`` that is still there and ours to signal."""
     for pid in pids:

@@ -369,11 +369,17 @@ def _prune() -> None:
 
 
 def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-          stdout: int | IO[Any] | None = -1, stderr: int | IO[Any] | None = -1) -> subprocess.Popen[bytes]:
+          stdout: int | IO[Any] | None = -1, stderr: int | IO[Any] | None = -1,
+          user: tuple[int, int] | None = None) -> subprocess.Popen[bytes]:
     """Start ``argv`` as proc.run does (own session, stdin from /dev/null, a new run marker
     in its environment) and register it; end it with end(). stdout/stderr: as Popen's
-    (default: a pipe each). Raises OSError when it cannot be started."""
+    (default: a pipe each). ``user``: (uid, gid) the child runs as, with no supplementary
+    group, when it is not ours (only root may). Raises OSError when it cannot be started."""
     import subprocess
+
+    drop: dict[str, Any] = {}
+    if user is not None and user != (os.geteuid(), os.getegid()):
+        drop = {"user": user[0], "group": user[1], "extra_groups": []}
 
     subreaper()
     orphans.sweep_once()  # what a killed suite left (probes/orphans.py)
@@ -381,7 +387,7 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
     with _lock:  # no sweep may take this child's exit status before it is registered
         _prune()
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=full,
-                                 cwd=cwd, start_new_session=True, close_fds=True)
+                                 cwd=cwd, start_new_session=True, close_fds=True, **drop)
         st = stat(popen.pid)
         _children[popen.pid] = _Child(popen, run_id, st.start if st is not None else None)
     return popen
@@ -539,7 +545,7 @@ def _read(proc: subprocess.Popen[bytes], out: childio.Output, deadline: float,
 def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
         cwd: str | None = None, max_output: int = MAX_OUTPUT, state: State | None = None,
         key: str | None = None, until: Callable[[bytes], bool] | None = None,
-        linger: float = LINGER) -> Completed:
+        linger: float = LINGER, user: tuple[int, int] | None = None) -> Completed:
     """Run ``argv`` until it exits or ``deadline`` (a time.monotonic() value) passes.
 
     Returns within about ``TERM_GRACE + KILL_WAIT`` seconds of the deadline, whatever the child
@@ -561,6 +567,8 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
     ``linger`` more seconds (never past ``deadline``) to exit by itself. If it has not, it
     is ended as at the deadline, and the result has ``timed_out`` and ``lingered`` set:
     the answer came, but the process did not go. ``until`` must be cheap and must not raise.
+
+    ``user``: (uid, gid) to run the child as (see spawn).
     """
     # Imported here: what needs only this module's constants, sweeps or signal_name() (the
     # CLI's final sweep, serve) does not pay for subprocess + selectors (~6 ms of start-up).
@@ -574,7 +582,7 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
         if held is not None:
             return Completed(argv, None, stuck=True, held_by=held, elapsed=time.monotonic() - start)
     try:
-        proc = spawn(argv, env=env, cwd=cwd)
+        proc = spawn(argv, env=env, cwd=cwd, user=user)
     except OSError as exc:
         return Completed(argv, None, spawn_error=childio.spawn_error(exc, argv[0], env, cwd),
                          elapsed=time.monotonic() - start)

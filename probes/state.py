@@ -28,6 +28,8 @@ LATCH = "latch.json"
 MARK = "latch@"  # the empty file that stands for the latch when nothing else can be written
 MAX_FILE = 1 << 20  # no state file is anywhere near this size
 KEPT_WITHOUT_DETAILS = "its details could not be stored (the state dir was full)"
+SCRATCH = "scratch"  # runs' private directories (State.scratch)
+MAX_SCRATCH = 256  # entries of the scratch directory looked at for a killed run's leftovers
 
 
 def candidates() -> list[str]:
@@ -315,6 +317,48 @@ class State:
         os.close(fd)
         return Lock(None)
 
+    def scratch(self, what: str) -> str | None:
+        """A new private directory for files of this run that must not outlive it (a kernel's
+        connection file, the ssh client's known hosts): ``scratch/<what>-<pid>-<start>-<random>``
+        in the state dir, never in a shared directory such as /tmp. None when the state dir is
+        off or cannot hold it. The caller removes it (``drop_scratch``); what a killed run left
+        is removed by the next call, its pid and start time naming a process that is gone."""
+        if not self.enabled:
+            return None
+        base = self._file(SCRATCH)
+        try:
+            os.mkdir(base, 0o700)
+            _private(base)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        try:
+            st = os.lstat(base)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                return None
+            self._sweep_scratch(base)
+            me = pidstat.stat(os.getpid())
+            path = os.path.join(base, f"{what}-{os.getpid()}-{me.start if me else 0}-{os.urandom(4).hex()}")
+            os.mkdir(path, 0o700)
+            _private(path)
+        except OSError:
+            return None
+        return path
+
+    @staticmethod
+    def _sweep_scratch(base: str) -> None:
+        with os.scandir(base) as entries:
+            for i, entry in enumerate(entries):
+                if i >= MAX_SCRATCH:
+                    break
+                parts = entry.name.rsplit("-", 3)
+                if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():
+                    continue
+                st = pidstat.stat(int(parts[1]))
+                if st is None or str(st.start) != parts[2] or st.state in pidstat.DEAD:
+                    drop_scratch(entry.path)
+
     # The sticky latch: a fatal CUDA error (or a critical Xid seen by `serve`)
     # keeps the container unhealthy until it restarts.
     def latch(self) -> dict[str, Any] | None:
@@ -391,6 +435,14 @@ class State:
             self.problem = f"{why}; not even an empty file: {os.strerror(exc.errno or 0)}"
             return False
         return True
+
+
+def drop_scratch(path: str | None) -> None:
+    """Remove a directory ``State.scratch`` made, never following a link inside it."""
+    if path:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _safe(part: str) -> str:

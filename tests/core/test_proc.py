@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -182,3 +183,26 @@ def timed_until(argv: list[str], budget: float, needle: bytes, linger: float) ->
     start = time.monotonic()
     res = proc.run(argv, deadline=start + budget, until=lambda out: needle in out, linger=linger)
     return res, time.monotonic() - start
+
+
+def test_a_pid_whose_process_started_at_another_time_is_never_signalled():
+    from probes import pidstat
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        start = pidstat.stat(child.pid).start
+        assert not pidstat.signal_same(child.pid, start + 1, signal.SIGTERM)  # as if the pid were reused
+        assert child.poll() is None
+        assert pidstat.signal_same(child.pid, start, signal.SIGTERM)
+        assert child.wait(5) == -signal.SIGTERM
+        assert not pidstat.signal_same(child.pid, start, signal.SIGTERM)
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may run a child as another user")
+def test_a_child_run_as_another_user_keeps_no_group_of_ours(marker):
+    res = proc.run(sh("id -u; id -g; id -G", marker), deadline=time.monotonic() + 5, user=(4242, 4343))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [b"4242", b"4343", b"4343"]

@@ -263,3 +263,24 @@ def test_damaged_state_files_are_misses_not_internal_errors(tmp_path):
     (st / "x.json").unlink()
     (st / "x.json").write_text('{"a": {"b": [1, 2.5]}}')
     assert s.read_json("x.json") == {"a": {"b": [1, 2.5]}}
+
+
+def test_scratch_is_private_in_the_state_dir_and_a_killed_runs_goes_with_the_next(tmp_path):
+    import subprocess
+
+    s = State.open(str(tmp_path / "st"))
+    mine = s.scratch("ssh-login")
+    assert mine is not None and os.path.dirname(mine) == str(tmp_path / "st" / "scratch")
+    assert stat.S_IMODE(os.stat(mine).st_mode) == 0o700
+    Path(mine, "known_hosts").write_text("x")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = tmp_path / "st" / "scratch" / f"kernel-{gone.pid}-1-abcd"  # a run that was killed
+    left.mkdir()
+    (left / "kernel.json").write_text("{}")
+    other = s.scratch("kernel")
+    assert other is not None and not left.exists() and os.path.isdir(mine), "a live run's scratch stays"
+    state_mod.drop_scratch(mine)
+    state_mod.drop_scratch(other)
+    assert os.listdir(tmp_path / "st" / "scratch") == []
+    assert State.off("tests").scratch("kernel") is None
