@@ -35,7 +35,7 @@ TERM_GRACE = 0.5  # a kernel gets this long to exit on SIGTERM before it is froz
 class Server(Record):
     """Where the server is and how to speak to it; ``token`` is never shown."""
 
-    __slots__ = ("host", "port", "base_url", "secure", "token", "pid")
+    __slots__ = ("host", "port", "base_url", "secure", "token", "pid", "uid")
 
     host: str
     port: int
@@ -43,15 +43,17 @@ class Server(Record):
     secure: bool
     token: str
     pid: int | None  # from a trusted runtime file
+    uid: int | None  # whose listening socket answers on the port, when known
 
     def __init__(self, host: str, port: int, base_url: str, secure: bool, token: str,
-                 pid: int | None) -> None:
+                 pid: int | None, uid: int | None = None) -> None:
         self.host = host
         self.port = port
         self.base_url = base_url
         self.secure = secure
         self.token = token
         self.pid = pid
+        self.uid = uid
 
     def path(self, tail: str) -> str:
         """``{base_url}{tail}``, anything outside the URL path characters percent-encoded."""
