@@ -95,7 +95,8 @@ def test_the_wheel_carries_the_one_front_door_and_the_version_from_one_place(whe
         meta = email.message_from_bytes(zf.read(f"gpu_healthcheck-{probes.__version__}.dist-info/METADATA"))
         entry_points = zf.read(f"gpu_healthcheck-{probes.__version__}.dist-info/entry_points.txt").decode()
     assert meta["Version"] == probes.__version__
-    assert meta["License"] == "Apache-2.0"
+    # PEP 639's SPDX expression: setuptools deprecates the table form (it stops building in 2027).
+    assert meta["License-Expression"] == "Apache-2.0" and meta["License"] is None
     requires = meta.get_all("Requires-Dist") or []
     assert [r for r in requires if r.startswith("prometheus")] == ['prometheus-client>=0.17; extra == "serve"'], \
         "only `healthcheck serve` needs prometheus-client: it is the `serve` extra"
