@@ -194,6 +194,18 @@ def token(value: Any) -> str:
     return value if ok else ""
 
 
+def token_file(path: str | None) -> tuple[str, int | None]:
+    """The token in HEALTHCHECK_JUPYTER_TOKEN_FILE (one line; a regular file of at most 4 KiB,
+    never through a link, never blocking) or "", and the file's owner from the same fstat (None
+    when there is no file we can read): the server should be that user's."""
+    if not path:
+        return "", None
+    try:
+        raw, st = untrusted.read_regular(path, 4096)
+    except untrusted.Refused:
+        return "", None
+    return token(raw.decode("ascii", "replace").strip()), st.st_uid
+
 
 def _candidate_names(dir_fd: int) -> list[str]:
     names: list[str] = []
@@ -258,6 +270,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     deadline = ctx.deadline
     t0 = time.monotonic()
     found, refused = find_runtime_file(cfg)
+    impostor = ""
     if found is not None:
         target = {"source": found["file"], "host": found["host"], "port": found["port"],
                   "base_url": found["base_url"], "secure": found["secure"]}
@@ -265,8 +278,16 @@ def gather(ctx: Context) -> dict[str, Any]:
         own = cfg.of(services.JupyterSettings)
         target = {"source": None, "host": cfg.host, "port": own.jupyter_port,
                   "base_url": own.jupyter_base_url, "secure": bool(own.jupyter_tls)}
+        # Whose server it should be: the token file's owner. Another uid's listener is a stand-in
+        # (Jupyter down, its port taken), and is sent nothing.
+        _, owner = token_file(own.jupyter_token_file)
+        held = listeners().get(own.jupyter_port, set()) if owner is not None else set()
+        if held and owner is not None:
+            impostor = held_by(own.jupyter_port, held, owner, "the token file")
     path = _request_path(target["base_url"])
     data: dict[str, Any] = {**target, "path": path, "budget": max(0.0, deadline - t0), "refused": refused}
+    if impostor:
+        return {**data, "outcome": "impostor", "impostor": impostor}
     data.update(exchange(target["host"], target["port"], path, target["secure"], deadline))
     outcome = data["outcome"]
     if not target["secure"] and (outcome == "tls-reply" or (outcome == "closed" and not data["received"])):
@@ -303,6 +324,7 @@ OUTCOMES: dict[str, tuple[Cause | None, str]] = {
     "http-other": (services.NOT_JUPYTER, NOT_200 + ": another web server holds the port"),
     "no-version": (services.NOT_JUPYTER, "not Jupyter: {where} answered {get} with HTTP 200 ({ctype}) "
                                          "but no JSON version: another web server holds the port"),
+    "impostor": (services.JUPYTER_IMPOSTOR, "{impostor} (nothing was sent)"),
     "refused": (services.JUPYTER_REFUSED, "nothing listening on {where} (connection refused{listening})"),
     "connect-timeout": (services.CONNECT_TIMEOUT, "connection to {where} not accepted within {budget:.1f}s"),
     "resolve": (services.UNREACHABLE, "cannot resolve host {host!r}{src}"),
@@ -324,7 +346,8 @@ OUTCOMES: dict[str, tuple[Cause | None, str]] = {
     "closed": (services.NOT_JUPYTER, CLOSED + "without answering {get}"),
 }
 # gather's outcomes that name their row as they are.
-AS_GATHERED = ("refused", "connect-timeout", "resolve", "unreachable", "tls-verify", "too-large", "bad-http")
+AS_GATHERED = ("impostor", "refused", "connect-timeout", "resolve", "unreachable", "tls-verify", "too-large",
+               "bad-http")
 
 
 def _response(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -383,6 +406,7 @@ def _fields(data: dict[str, Any]) -> dict[str, Any]:
         "listening": (f"; listening here: {', '.join(listening)}" if listening
                       else "; no TCP port is listening here" if listening == [] else ""),
         "why": data.get("why"),
+        "impostor": data.get("impostor"),
         "excerpt": data.get("excerpt"),
         "max_kib": MAX_REPLY // 1024,
     }
