@@ -79,9 +79,9 @@ RUN chmod 0755 /usr/local/bin/gpu-dev-entrypoint \
 # (HTTP probes and metrics on HEALTHCHECK_SERVE_PORT, 8779) beside sshd and Jupyter.
 # HEALTHCHECK_SSH_PROBE_KEY makes the entrypoint create the health check's own SSH principal
 # and key at each start, and turns on the ssh-login probe (a real login over loopback).
-# The entrypoint writes Jupyter's token to /run/jupyter/token; jupyter-kernel reads it there
-# (root without CAP_SYS_PTRACE cannot trust the notebook user's runtime file for it). The
-# variable names a file's path, not a secret: DL3064 reads "TOKEN" in its name.
+# The entrypoint writes Jupyter's token to /run/jupyter/token, the notebook user's file: its
+# owner is whose server the Jupyter port must be, and jupyter-kernel sends the token only there.
+# The variable names a file's path, not a secret: DL3064 reads "TOKEN" in its name.
 # hadolint ignore=DL3064
 ENV JUPYTER_RUNTIME_DIR=/run/jupyter \
     HEALTHCHECK_JUPYTER_TOKEN_FILE=/run/jupyter/token \

@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -122,28 +123,58 @@ class Sshd:
             stop(self.proc)
 
 
+def _others_may_reach(path: str) -> bool:
+    """Whether a user who is neither owner nor group may reach ``path`` (every directory above it o+x)."""
+    parts = Path(os.path.realpath(path)).parents
+    return all(os.stat(p).st_mode & 0o001 for p in parts)
+
+
+def python_for_others() -> tuple[str, dict[str, str]]:
+    """An interpreter another uid may run with this one's packages, and the environment it needs:
+    this one where others may reach its standard library, else the system's python3.X of the same
+    version on this one's site-packages (a pyenv interpreter under root's 0700 home)."""
+    if _others_may_reach(sysconfig.get_paths()["stdlib"]) and _others_may_reach(sys.executable):
+        return sys.executable, {}
+    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    packages = sysconfig.get_paths()["purelib"]
+    if not os.path.exists(system) or not _others_may_reach(packages):
+        raise RuntimeError(f"no interpreter another uid may run: {sys.executable} is not reachable, "
+                           f"nor is there {system}")
+    return system, {"PYTHONPATH": packages}
+
+
 class Jupyter:
-    """A real Jupyter Server on a free port of 127.0.0.1 with its own runtime dir, started at once."""
+    """A real Jupyter Server on a free port of 127.0.0.1 with its own runtime dir, started at once;
+    with ``uid``, run as that uid (group the same number, no passwd entry needed), which then owns
+    ``root`` and the dirs in it (``root`` must be reachable by that uid: not under pytest's 0700 tmp)."""
 
     def __init__(self, root: Path, *, token: str, base_url: str = "/", certfile: str | None = None,
-                 keyfile: str | None = None) -> None:
+                 keyfile: str | None = None, uid: int | None = None) -> None:
         self.root = root
         self.port = free_port()
         self.base_url = base_url
         self.runtime = root / "runtime"
+        self.uid = uid
+        python, more = sys.executable, {}
+        if uid is not None:
+            for path in (root, self.runtime, root / "config", root / "data"):
+                path.mkdir(mode=0o700, exist_ok=True)
+                os.chown(path, uid, uid)
+            python, more = python_for_others()
         self.env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.runtime),
                     "JUPYTER_CONFIG_DIR": str(root / "config"), "JUPYTER_DATA_DIR": str(root / "data"),
-                    "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_NO_CONFIG": "1", "HOME": str(root)}
-        argv = [sys.executable, "-m", "jupyter_server", f"--ServerApp.port={self.port}",
+                    "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_NO_CONFIG": "1", "HOME": str(root), **more}
+        argv = [python, "-m", "jupyter_server", f"--ServerApp.port={self.port}",
                 "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
                 "--ServerApp.open_browser=False", f"--ServerApp.base_url={base_url}",
                 f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0"]
-        if os.geteuid() == 0:
+        if os.geteuid() == 0 and uid is None:
             argv.append("--allow-root")
         if certfile:
             argv += [f"--ServerApp.certfile={certfile}", f"--ServerApp.keyfile={keyfile}"]
         self.log = open(root / "jupyter.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(argv, env=self.env, cwd=root, stdout=self.log, stderr=self.log)
+        as_uid: dict[str, Any] = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+        self.proc = subprocess.Popen(argv, env=self.env, cwd=root, stdout=self.log, stderr=self.log, **as_uid)
         wait_port("127.0.0.1", self.port, 60, self.proc)
         end = time.monotonic() + 30
         while not list(self.runtime.glob("jpserver-*.json")):

@@ -30,6 +30,11 @@ class JupyterSettings(spec.Declared):
         "HEALTHCHECK_JUPYTER_RUNTIME_DIR", TEXT, None,
         "where `jpserver-*.json` files are looked for (see \"What is trusted in the runtime directory\")",
         shown_default="`$JUPYTER_RUNTIME_DIR`, else `~/.local/share/jupyter/runtime`")
+    jupyter_token_file: str | None = setting(
+        "HEALTHCHECK_JUPYTER_TOKEN_FILE", ABSOLUTE_PATH, None,
+        "a file holding the server's token, for when no trusted runtime file gives it; its owner is "
+        "whose server the port must be (see \"What is trusted in the runtime directory\"), "
+        "and `jupyter-kernel` sends the token only to that user's listener", shown_default="none")
 
 
 # Jupyter Server is the tenant's own service: restarting it, or setting the probe right, is theirs.
@@ -49,6 +54,15 @@ NOT_JUPYTER = cause(
     "check `HEALTHCHECK_JUPYTER_PORT`, `HEALTHCHECK_JUPYTER_BASE_URL` (Jupyter's `ServerApp.base_url`) "
     "and the server's log; probe Jupyter itself via `127.0.0.1` (or set `ServerApp.allow_remote_access`)",
     action="fix-config", actor="tenant")
+# Another uid's listener where the notebook user's server should be: a program of the tenant's
+# container or pod (a host-network neighbour too) took the port, most often while Jupyter was down.
+JUPYTER_IMPOSTOR = cause(
+    "impostor", "the port is held by another uid than the owner of the token file "
+    "(`HEALTHCHECK_JUPYTER_TOKEN_FILE`), Jupyter's user: a stand-in would answer for Jupyter, "
+    "so nothing is sent to it",
+    "stop what holds the port (`ss -ltne` shows its uid) and restart Jupyter, or set "
+    "`HEALTHCHECK_JUPYTER_PORT` to Jupyter's; the token file must be Jupyter's user's",
+    action="fix-config", actor="tenant")
 JUPYTER_HTTP_ERROR = cause("http-error", "HTTP 5xx", "Jupyter is failing: see its log", action="restart-app",
                            actor="tenant")
 JUPYTER_TLS_MISMATCH = cause(
@@ -66,8 +80,8 @@ JUPYTER_SPEC = Spec(
     "jupyter", layer="services", module=f"{__name__}.jupyter", toggle="ENABLE_JUPYTER_CHECK", timeout=3.0,
     profiles=ALL_PROFILES, measurement="responseTime",
     about="Jupyter Server answers `GET {base_url}api` with its version", settings=JupyterSettings.SETTINGS,
-    causes=(JUPYTER_REFUSED, JUPYTER_HUNG, JUPYTER_DEADLINE, NOT_JUPYTER, JUPYTER_HTTP_ERROR,
-            JUPYTER_TLS_MISMATCH, JUPYTER_TLS_ERROR, CONNECT_TIMEOUT, UNREACHABLE),
+    causes=(JUPYTER_REFUSED, JUPYTER_IMPOSTOR, JUPYTER_HUNG, JUPYTER_DEADLINE, NOT_JUPYTER,
+            JUPYTER_HTTP_ERROR, JUPYTER_TLS_MISMATCH, JUPYTER_TLS_ERROR, CONNECT_TIMEOUT, UNREACHABLE),
 )
 
 
@@ -79,16 +93,13 @@ class KernelSettings(spec.Declared):
     jupyter_kernel_ttl: float = setting("HEALTHCHECK_JUPYTER_KERNEL_TTL", NUMBER, 600.0,
                                         "seconds a passing jupyter-kernel result is reused by readiness",
                                         low=0, high=86400, low_inclusive=True)
-    jupyter_token_file: str | None = setting(
-        "HEALTHCHECK_JUPYTER_TOKEN_FILE", ABSOLUTE_PATH, None,
-        "a file holding the server's token, for when no trusted runtime file gives it "
-        "(a probe run as root without `CAP_SYS_PTRACE`, as in the image)", shown_default="none")
 
 
 # The kernel, its kernelspec and its environment are the tenant's (their image, their ~/.local).
 KERNEL_API_ERROR = cause(
     "api-error", "the kernel API did not answer `GET {base_url}api/kernelspecs` "
-    "(401/403: no trusted runtime file gave the token; or the server is unreachable)",
+    "(401/403: no trusted runtime file gave the token, or the token file's was withheld from a "
+    "listener of another uid; or the server is unreachable)",
     "point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime directory, "
     "or `HEALTHCHECK_JUPYTER_TOKEN_FILE` at its token; on HTTP 5xx see Jupyter Server's log",
     action="fix-config", actor="tenant")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import _socket  # not socket: see probes/services/_net.py
 import os
-import sys
 import time
 
 from probes import services, untrusted
@@ -43,7 +42,6 @@ MAX_RUNTIME_FILE = 64 * 1024
 MAX_BASE_URL = 256  # characters; Jupyter's are a few dozen
 MAX_DIR_ENTRIES = 4096  # entries of the runtime directory looked at: a flooded directory cannot stall us
 MAX_CANDIDATES = 16  # jpserver-*.json files examined
-MAX_FDS = 65536  # open files of a server searched for its listening socket
 MAX_NAME = 64  # characters of a file name shown in messages and facts
 SHOWN_REFUSED = 5  # refused files named in the facts
 LOOPBACK_NAMES = ("localhost",)
@@ -89,119 +87,38 @@ def _connect_host(hostname: str, config: Config) -> str | None:
     return None
 
 
-# sock_diag (linux/inet_diag.h): a dump of TCP sockets in LISTEN state on one port walks only
-# the kernel's listening table; /proc/net/tcp walks the whole established-connection hash
-# (milliseconds on a large host), so it is only the fallback.
-_NETLINK_SOCK_DIAG = 4
-_SOCK_DIAG_BY_FAMILY = 20
-_NLM_F_REQUEST_DUMP = 0x1 | 0x300
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
-_TCP_LISTEN = 10
-
-
-def _u(data: bytes, start: int, size: int) -> int:
-    return int.from_bytes(data[start:start + size], sys.byteorder)
-
-
-def _nl_messages(data: bytes) -> list[tuple[int, bytes]] | None:
-    """(type, payload) of each netlink message in ``data``; None if malformed."""
-    out, pos = [], 0
-    while pos + 16 <= len(data):
-        length, kind = _u(data, pos, 4), _u(data, pos + 4, 2)
-        if length < 16 or pos + length > len(data):
-            return None
-        out.append((kind, data[pos + 16:pos + length]))
-        pos += (length + 3) & ~3
-    return out
-
-
-def _diag_dump(nl: _net.Socket, family: int, port: int, seq: int) -> set[str] | None:
-    order = sys.byteorder
-    # inet_diag_req_v2: family, protocol, ext, pad, states; then inet_diag_sockid: sport and
-    # dport (big-endian), src[4], dst[4], if, cookie[2]. A listening dump compares sport if set.
-    req = (bytes((family, _socket.IPPROTO_TCP, 0, 0)) + (1 << _TCP_LISTEN).to_bytes(4, order)
-           + port.to_bytes(2, "big") + bytes(46))
-    head = ((16 + len(req)).to_bytes(4, order) + _SOCK_DIAG_BY_FAMILY.to_bytes(2, order)
-            + _NLM_F_REQUEST_DUMP.to_bytes(2, order) + seq.to_bytes(4, order) + bytes(4))
-    nl.sendto(head + req, (0, 0))
-    found: set[str] = set()
-    while True:
-        messages = _nl_messages(nl.recv(65536))
-        if not messages:
-            return None
-        for kind, msg in messages:
-            if kind == _NLMSG_DONE:
-                return found
-            if kind == _NLMSG_ERROR:
-                return None
-            # inet_diag_msg: family, state, timer, retrans, sockid (48 bytes), expires, rqueue,
-            # wqueue, uid, inode.
-            if len(msg) >= 72 and msg[1] == _TCP_LISTEN and int.from_bytes(msg[4:6], "big") == port:
-                found.add(f"socket:[{_u(msg, 68, 4)}]")
-
-
-def _diag_listeners(port: int) -> set[str] | None:
-    """``socket:[inode]`` of the TCP sockets listening on ``port`` (IPv4 and IPv6), from
-    sock_diag; None when that interface cannot answer (then /proc/net/tcp is read)."""
-    try:
-        nl = _net.Socket(_socket.AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG)
-    except (OSError, AttributeError):
-        return None
-    found: set[str] = set()
-    try:
-        nl.settimeout(0.5)  # the kernel answers at once; never wait long for it
-        for seq, family in enumerate((_socket.AF_INET, _socket.AF_INET6), 1):
-            try:
-                part = _diag_dump(nl, family, port, seq)
-            except OSError:
-                return None
-            if part is None:
-                return None
-            found |= part
-    finally:
-        nl.close()
-    return found
-
-
-def _proc_listeners() -> dict[int, set[str]]:
-    """LISTEN sockets by port (``socket:[inode]``) from /proc/net/tcp and tcp6."""
-    by_port: dict[int, set[str]] = {}
+# /proc/net/tcp and tcp6 list every socket of this network namespace with the uid that owns it,
+# and anyone may read them: unlike /proc/<pid>/fd, they need no CAP_SYS_PTRACE, which root lacks
+# in Docker's default set and in the image's. The kernel lists its listening sockets first, so
+# reading stops at the first other line: a busy host's thousands of connections are not read.
+def listeners() -> dict[int, set[int]]:
+    """The uids owning TCP sockets in LISTEN state, by port (IPv4 and IPv6)."""
+    by_port: dict[int, set[int]] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table, "rb") as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
+                next(f, None)  # the header
+                for line in f:
+                    # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+                    fields = line.split()
+                    if len(fields) < 8 or fields[3] != b"0A":  # 0A: LISTEN
+                        break
+                    by_port.setdefault(int(fields[1].rpartition(b":")[2], 16), set()).add(int(fields[7]))
+        except (OSError, ValueError):
             continue
-        for line in lines:
-            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-            fields = line.split()
-            if len(fields) < 10 or fields[3] != b"0A":  # 0A: LISTEN
-                continue
-            try:
-                lport = int(fields[1].rpartition(b":")[2], 16)
-                inode = int(fields[9])
-            except ValueError:
-                continue
-            by_port.setdefault(lport, set()).add(f"socket:[{inode}]")
     return by_port
 
 
-class _Listeners:
-    """LISTEN sockets by port, asked of the kernel once per port and run."""
-
-    def __init__(self) -> None:
-        self._ports: dict[int, set[str]] = {}
-        self._proc: dict[int, set[str]] | None = None
-
-    def on(self, port: int) -> set[str]:
-        if port not in self._ports:
-            found = _diag_listeners(port)
-            if found is None:
-                if self._proc is None:
-                    self._proc = _proc_listeners()
-                found = self._proc.get(port, set())
-            self._ports[port] = found
-        return self._ports[port]
+def held_by(port: int, held: set[int], owner: int, whose: str) -> str:
+    """Why ``port`` is not ``owner``'s server: "port 8888 is held by uid 4242, not uid 1000 who owns
+    the token file"; "" when ``owner`` alone listens there."""
+    if held == {owner}:
+        return ""
+    if not held:
+        return f"nothing here listens on port {port}, so whose server answers cannot be told"
+    uids = ("uids " if len(held) > 1 else "uid ") + ", ".join(str(u) for u in sorted(held))
+    alone = " alone," if owner in held else ""
+    return f"port {port} is held by {uids}, not uid {owner}{alone} who owns {whose}"
 
 
 def _proc_uid(pid: int) -> int | None:
@@ -216,34 +133,7 @@ def _proc_uid(pid: int) -> int | None:
     return None
 
 
-def _check_listener(pid: int, port: int, listeners: _Listeners) -> None:
-    """Refused unless process ``pid`` holds a LISTEN socket on ``port``."""
-    inodes = listeners.on(port)
-    if not inodes:
-        raise untrusted.Refused(f"stale: nothing listens on port {port}")
-    fd_dir = f"/proc/{pid}/fd"
-    try:
-        fds = os.listdir(fd_dir)
-    except FileNotFoundError:
-        raise untrusted.Refused(f"stale: its process {pid} is gone") from None
-    except OSError:
-        raise untrusted.Refused(f"cannot check that process {pid} holds port {port} "
-                                f"(no access to {fd_dir})") from None
-    if len(fds) > MAX_FDS:
-        raise untrusted.Refused(f"process {pid} has too many open files to check")
-    for fd in sorted(fds, key=lambda n: int(n) if n.isdigit() else 0):  # a server opens its socket early
-        try:
-            if os.readlink(f"{fd_dir}/{fd}") in inodes:
-                return
-        except FileNotFoundError:
-            continue  # closed meanwhile
-        except OSError:
-            raise untrusted.Refused(f"cannot check that process {pid} holds port {port} "
-                                    f"(no access to {fd_dir})") from None
-    raise untrusted.Refused(f"stale or forged: process {pid} does not listen on port {port}")
-
-
-def _read_runtime_file(name: str, dir_fd: int, config: Config, listeners: _Listeners,
+def _read_runtime_file(name: str, dir_fd: int, config: Config, ports: dict[int, set[int]],
                        secret: bool = False) -> dict[str, Any]:
     """The fields we use from one jpserver-*.json file (its token only when ``secret``, for
     jupyter-kernel); ``Refused`` says why not."""
@@ -271,23 +161,27 @@ def _read_runtime_file(name: str, dir_fd: int, config: Config, listeners: _Liste
         raise untrusted.Refused("its hostname is neither loopback nor HEALTHCHECK_HOST")
     owner = st.st_uid
     trusted_owner = owner in (0, os.geteuid())
-    if not trusted_owner:
-        own_port = config.of(services.JupyterSettings).jupyter_port
-        if port != own_port:
-            raise untrusted.Refused(f"owned by uid {owner} and names port {port}: a file of another "
-                                    f"user may only describe HEALTHCHECK_JUPYTER_PORT {own_port}")
-        pid_uid = _proc_uid(pid)
-        if pid_uid is None:
-            raise untrusted.Refused(f"stale: its process {pid} is gone")
-        if pid_uid != owner:
-            raise untrusted.Refused(f"owned by uid {owner} but names a process of uid {pid_uid}")
-    _check_listener(pid, port, listeners)
+    own_port = config.of(services.JupyterSettings).jupyter_port
+    if not trusted_owner and port != own_port:
+        raise untrusted.Refused(f"owned by uid {owner} and names port {port}: a file of another "
+                                f"user may only describe HEALTHCHECK_JUPYTER_PORT {own_port}")
+    pid_uid = _proc_uid(pid)
+    if pid_uid is None:
+        raise untrusted.Refused(f"stale: its process {pid} is gone")
+    if pid_uid != owner:
+        raise untrusted.Refused(f"owned by uid {owner} but names a process of uid {pid_uid}")
+    held = ports.get(port, set())
+    if not held:
+        raise untrusted.Refused(f"stale: nothing listens on port {port}")
+    if held != {owner}:
+        raise untrusted.Refused(held_by(port, held, owner, "the file"))
     return {
         "file": untrusted.clean(name, MAX_NAME),
         "port": port,
         "base_url": _normal_base_url(base_url),
         "secure": doc.get("secure") is True,
         "host": host,
+        "owner": owner,
         "trusted_owner": trusted_owner,
         "mtime": st.st_mtime,
         **({"pid": pid, "token": token(doc.get("token"))} if secret else {}),
@@ -298,6 +192,19 @@ def token(value: Any) -> str:
     """A runtime file's token if it can only be a token (it goes into a header line), else ""."""
     ok = isinstance(value, str) and 0 < len(value) <= MAX_TOKEN and all(ch in TOKEN_CHARS for ch in value)
     return value if ok else ""
+
+
+def token_file(path: str | None) -> tuple[str, int | None]:
+    """The token in HEALTHCHECK_JUPYTER_TOKEN_FILE (one line; a regular file of at most 4 KiB,
+    never through a link, never blocking) or "", and the file's owner from the same fstat (None
+    when there is no file we can read): the server should be that user's."""
+    if not path:
+        return "", None
+    try:
+        raw, st = untrusted.read_regular(path, 4096)
+    except untrusted.Refused:
+        return "", None
+    return token(raw.decode("ascii", "replace").strip()), st.st_uid
 
 
 def _candidate_names(dir_fd: int) -> list[str]:
@@ -323,11 +230,12 @@ def find_runtime_file(config: Config, environ: Any = None, secret: bool = False
         return None, []
     found: list[dict[str, Any]] = []
     refused: list[tuple[str, str]] = []
-    listeners = _Listeners()
     try:
-        for name in _candidate_names(dir_fd):
+        names = _candidate_names(dir_fd)
+        ports = listeners() if names else {}
+        for name in names:
             try:
-                found.append(_read_runtime_file(name, dir_fd, config, listeners, secret))
+                found.append(_read_runtime_file(name, dir_fd, config, ports, secret))
             except untrusted.Refused as exc:
                 refused.append((untrusted.clean(name, MAX_NAME), str(exc)))
     except OSError:
@@ -362,6 +270,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     deadline = ctx.deadline
     t0 = time.monotonic()
     found, refused = find_runtime_file(cfg)
+    impostor = ""
     if found is not None:
         target = {"source": found["file"], "host": found["host"], "port": found["port"],
                   "base_url": found["base_url"], "secure": found["secure"]}
@@ -369,8 +278,16 @@ def gather(ctx: Context) -> dict[str, Any]:
         own = cfg.of(services.JupyterSettings)
         target = {"source": None, "host": cfg.host, "port": own.jupyter_port,
                   "base_url": own.jupyter_base_url, "secure": bool(own.jupyter_tls)}
+        # Whose server it should be: the token file's owner. Another uid's listener is a stand-in
+        # (Jupyter down, its port taken), and is sent nothing.
+        _, owner = token_file(own.jupyter_token_file)
+        held = listeners().get(own.jupyter_port, set()) if owner is not None else set()
+        if held and owner is not None:
+            impostor = held_by(own.jupyter_port, held, owner, "the token file")
     path = _request_path(target["base_url"])
     data: dict[str, Any] = {**target, "path": path, "budget": max(0.0, deadline - t0), "refused": refused}
+    if impostor:
+        return {**data, "outcome": "impostor", "impostor": impostor}
     data.update(exchange(target["host"], target["port"], path, target["secure"], deadline))
     outcome = data["outcome"]
     if not target["secure"] and (outcome == "tls-reply" or (outcome == "closed" and not data["received"])):
@@ -407,6 +324,7 @@ OUTCOMES: dict[str, tuple[Cause | None, str]] = {
     "http-other": (services.NOT_JUPYTER, NOT_200 + ": another web server holds the port"),
     "no-version": (services.NOT_JUPYTER, "not Jupyter: {where} answered {get} with HTTP 200 ({ctype}) "
                                          "but no JSON version: another web server holds the port"),
+    "impostor": (services.JUPYTER_IMPOSTOR, "{impostor} (nothing was sent)"),
     "refused": (services.JUPYTER_REFUSED, "nothing listening on {where} (connection refused{listening})"),
     "connect-timeout": (services.CONNECT_TIMEOUT, "connection to {where} not accepted within {budget:.1f}s"),
     "resolve": (services.UNREACHABLE, "cannot resolve host {host!r}{src}"),
@@ -428,7 +346,8 @@ OUTCOMES: dict[str, tuple[Cause | None, str]] = {
     "closed": (services.NOT_JUPYTER, CLOSED + "without answering {get}"),
 }
 # gather's outcomes that name their row as they are.
-AS_GATHERED = ("refused", "connect-timeout", "resolve", "unreachable", "tls-verify", "too-large", "bad-http")
+AS_GATHERED = ("impostor", "refused", "connect-timeout", "resolve", "unreachable", "tls-verify", "too-large",
+               "bad-http")
 
 
 def _response(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -487,6 +406,7 @@ def _fields(data: dict[str, Any]) -> dict[str, Any]:
         "listening": (f"; listening here: {', '.join(listening)}" if listening
                       else "; no TCP port is listening here" if listening == [] else ""),
         "why": data.get("why"),
+        "impostor": data.get("impostor"),
         "excerpt": data.get("excerpt"),
         "max_kib": MAX_REPLY // 1024,
     }

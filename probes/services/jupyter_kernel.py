@@ -78,31 +78,27 @@ del _healthcheck
 
 # ---------------------------------------------------------------- gather
 
-def server(ctx: Context) -> tuple[Server, str | None]:
-    """The server, found as the jupyter probe finds it, and the runtime file that said so."""
+def server(ctx: Context) -> tuple[Server, str | None, str]:
+    """The server, found as the jupyter probe finds it; the runtime file that said so; and why the
+    token file's token was withheld ("" when it was not, or there is none). ``Server.uid`` owns the
+    socket listening on the port (None: none, or several uids); the token goes only with a
+    listener of its owner (the trusted runtime file's, or the token file's)."""
     from probes.services._kernel import Server
 
-    found, _ = jupyter.find_runtime_file(ctx.config, secret=True)
-    token = found["token"] if found is not None else ""
-    token = token or token_file(ctx.config.of(services.KernelSettings).jupyter_token_file)
-    if found is not None:
-        return Server(found["host"], found["port"], found["base_url"], found["secure"], token,
-                      found["pid"]), found["file"]
     own = ctx.config.of(services.JupyterSettings)
-    return Server(ctx.config.host, own.jupyter_port, own.jupyter_base_url, bool(own.jupyter_tls), token,
-                  None), None
-
-
-def token_file(path: str | None) -> str:
-    """The token in HEALTHCHECK_JUPYTER_TOKEN_FILE (one line; a regular file of at most 4 KiB,
-    never through a link, never blocking), or "" when there is none we can use."""
-    if not path:
-        return ""
-    try:
-        raw, _ = untrusted.read_regular(path, 4096)
-    except untrusted.Refused:
-        return ""
-    return jupyter.token(raw.decode("ascii", "replace").strip())
+    found, _ = jupyter.find_runtime_file(ctx.config, secret=True)
+    if found is not None:  # trusted: its owner alone listens on its port
+        where = (found["host"], found["port"], found["base_url"], found["secure"])
+        pid, held, source = found["pid"], {found["owner"]}, found["file"]
+        if found["token"]:
+            return Server(*where, found["token"], pid, found["owner"]), source, ""
+    else:
+        where = (ctx.config.host, own.jupyter_port, own.jupyter_base_url, bool(own.jupyter_tls))
+        pid, held, source = None, jupyter.listeners().get(own.jupyter_port, set()), None
+    uid = next(iter(held)) if len(held) == 1 else None
+    token, owner = jupyter.token_file(own.jupyter_token_file)
+    withheld = jupyter.held_by(where[1], held, owner, "the token file") if token and owner is not None else ""
+    return Server(*where, "" if withheld else token, pid, uid), source, withheld
 
 
 def _key(ctx: Context, srv: Server) -> dict[str, Any]:
@@ -132,13 +128,14 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dic
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    srv, source = server(ctx)
+    srv, source, withheld = server(ctx)
     if not ctx.state.enabled:
-        return {**check(ctx, srv), "source": source, "cache": {"how": "off"}}
+        return {**check(ctx, srv), "source": source, "withheld": withheld, "cache": {"how": "off"}}
     key = _key(ctx, srv)
     ttl = ctx.config.of(services.KernelSettings).jupyter_kernel_ttl
     return deep.locked_run(ctx, CACHE, key, lambda entry: _reuse(entry, key, ttl),
-                           lambda: {**check(ctx, srv), "source": source}, judge, early=True)
+                           lambda: {**check(ctx, srv), "source": source, "withheld": withheld}, judge,
+                           early=True)
 
 
 def _gentle(ctx: Context) -> dict[str, Any] | None:
@@ -233,6 +230,8 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
                else f"HTTP {status}: the server failed; "
                     "a read-only home or /tmp keeps it from listing kernels" if failing
                else f"HTTP {status}" if status else f"{untrusted.clean(data.get('net'), 30)}")
+        if data.get("withheld"):
+            why += f"; the token file's token was not sent: {untrusted.clean(data['withheld'], 160)}"
         return verdict(NAME, services.KERNEL_API_ERROR, f"the kernel API at {where} did not list "
                        f"kernelspecs ({why})", **kw)
     if outcome == "no-client":

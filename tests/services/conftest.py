@@ -247,18 +247,18 @@ def write_runtime(directory: Path, name: str, owner: int | None = None, **fields
     return path
 
 
-# A Jupyter look-alike that drops to OTHER_UID once it listens: it answers {base_url}api
-# with a version and anything else with 404. Imports happen before the drop (the
-# interpreter's files may not be readable by that uid).
+# A Jupyter look-alike that drops to a uid and then listens (so the listening socket is that
+# uid's in /proc/net/tcp): it answers {base_url}api with a version and anything else with 404,
+# and prints the head of every request it gets, one JSON string a line.
 _AS_OTHER_USER = r"""
-import os, socket, sys
+import json, os, socket, sys
 uid, base = int(sys.argv[1]), sys.argv[2]
-srv = socket.socket()
-srv.bind(("127.0.0.1", 0))
-srv.listen(16)
 os.setgroups([])
 os.setgid(uid)
 os.setuid(uid)
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(16)
 print(srv.getsockname()[1], flush=True)
 ok = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n{"version": "7.7.7"}'
 nf = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
@@ -272,6 +272,7 @@ while True:
             if not chunk:
                 break
             data += chunk
+        print(json.dumps(data.decode("latin-1")), flush=True)
         path = data.split(b" ", 2)[1].decode() if data.count(b" ") >= 2 else ""
         conn.sendall(ok if path == base + "api" else nf)
     except OSError:
@@ -282,19 +283,23 @@ while True:
 
 
 class OtherUserServer:
-    """A process of OTHER_UID listening on a loopback port (see _AS_OTHER_USER)."""
+    """A process of ``uid`` listening on a loopback port (see _AS_OTHER_USER)."""
 
-    def __init__(self, base_url: str = "/") -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", _AS_OTHER_USER, str(OTHER_UID), base_url],
+    def __init__(self, base_url: str = "/", uid: int = OTHER_UID) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _AS_OTHER_USER, str(uid), base_url],
                                      stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())
         self.pid = self.proc.pid
 
-    def stop(self) -> None:
+    def stop(self) -> list[str]:
+        """Stop it; the heads of the requests it got."""
         stop(self.proc)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        if self.proc.stdout is None or self.proc.stdout.closed:
+            return []
+        heads = [json.loads(line) for line in self.proc.stdout.read().splitlines()]
+        self.proc.stdout.close()
+        return heads
 
 
 @pytest.fixture
@@ -302,8 +307,8 @@ def other_user_server() -> Iterator[Callable[..., OtherUserServer]]:
     needs_root()
     servers: list[OtherUserServer] = []
 
-    def make(base_url: str = "/") -> OtherUserServer:
-        servers.append(OtherUserServer(base_url))
+    def make(base_url: str = "/", uid: int = OTHER_UID) -> OtherUserServer:
+        servers.append(OtherUserServer(base_url, uid))
         return servers[-1]
 
     yield make

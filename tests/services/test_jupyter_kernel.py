@@ -345,14 +345,15 @@ def test_a_gpu_the_workload_fills_gets_no_op_and_a_warning(kserver: Jupyter, tmp
 
 def test_root_without_ptrace_uses_the_token_file_and_still_names_a_dead_kernels_cause(kserver: Jupyter,
                                                                                      tmp_path: Path) -> None:
-    # As Docker runs the HEALTHCHECK: root without CAP_SYS_PTRACE may not look into the server's
-    # file descriptors, so it cannot trust its runtime file (the token comes from the token file)
-    # nor read the server's environment (the dead kernel's command runs again with the suite's).
-    from tests.services.conftest import needs_root
+    # As Docker runs the HEALTHCHECK: root without CAP_SYS_PTRACE may not read the server's
+    # environment (the dead kernel's command runs again with the suite's). Where no runtime file
+    # is found, the token comes from the token file.
+    from tests.services.conftest import needs_root, no_runtime
 
     needs_root()
     (tmp_path / "token").write_text(TOKEN + "\n")
-    env = _env(kserver, tmp_path, HEALTHCHECK_JUPYTER_TOKEN_FILE=str(tmp_path / "token"), PYTHONPATH=str(ROOT))
+    env = _env(kserver, tmp_path, HEALTHCHECK_JUPYTER_TOKEN_FILE=str(tmp_path / "token"), PYTHONPATH=str(ROOT),
+               HEALTHCHECK_JUPYTER_RUNTIME_DIR=no_runtime(tmp_path))
     argv = ["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace", sys.executable, "-m", "probes",
             "--profile", "startup", "--only", "jupyter-kernel", "--json", "-v"]
     checks = {}
