@@ -271,8 +271,8 @@ LOGIN_NO_HOST_KEYS = cause("no-host-keys", "no public host key could be read to 
 LOGIN_NO_CLIENT = cause("no-client", "the `ssh` client is not installed", "install openssh-client",
                         action="fix-config", actor="tenant")
 LOGIN_COULD_NOT = cause("could-not", "the run's known hosts file could not be written "
-                                     "(no writable private directory, or a full disk)",
-                        "give the suite a writable `HEALTHCHECK_STATE_DIR` or `TMPDIR`", "warn",
+                                     "(no state dir, or a full one: it is never written to /tmp)",
+                        "give the suite a writable `HEALTHCHECK_STATE_DIR`", "warn",
                         action="fix-config", actor="tenant")
 
 LOGIN_SPEC = Spec(

@@ -16,6 +16,7 @@ import stat
 from probes import deadlines, services
 from probes.context import Context
 from probes.result import Result, passed, verdict
+from probes.state import drop_scratch
 from probes.untrusted import Refused, clean, read_regular, squeeze
 
 TYPE_CHECKING = False
@@ -86,20 +87,7 @@ def client_argv(s: services.SshLoginSettings, host: str, hosts_file: str, deadli
     return [*argv, "-p", str(s.ssh_port), "-l", s.ssh_probe_user, "--", host, "true"]
 
 
-def _scratch(ctx: Context) -> str | None:
-    import tempfile
-
-    for where in (ctx.state.path, None):
-        try:
-            return tempfile.mkdtemp(prefix="ssh-login-", dir=where)
-        except OSError:
-            continue
-    return None
-
-
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes import proc
-
     s = ctx.config.of(services.SshLoginSettings)
     key = s.ssh_probe_key
     if key is None:
@@ -110,9 +98,18 @@ def gather(ctx: Context) -> dict[str, Any]:
     lines = known_hosts(s.ssh_host_keys)
     if not lines:
         return {"outcome": "no-host-keys", "where": s.ssh_host_keys or HOST_KEYS}
-    scratch = _scratch(ctx)
+    if not ctx.state.enabled:  # the known hosts file goes nowhere else (never /tmp)
+        return {"outcome": "could-not", "why": ctx.state.disabled_reason}
+    return login(ctx, s, lines)
+
+
+def login(ctx: Context, s: services.SshLoginSettings, lines: list[str]) -> dict[str, Any]:
+    """One real login, its known hosts file in a private directory of this run (State.scratch)."""
+    from probes import proc
+
+    scratch = ctx.state.scratch(NAME)
     if scratch is None:
-        return {"outcome": "could-not"}
+        return {"outcome": "could-not", "why": "no private directory could be made in the state dir"}
     hosts_file = os.path.join(scratch, "known_hosts")
     try:
         try:
@@ -120,14 +117,12 @@ def gather(ctx: Context) -> dict[str, Any]:
             with os.fdopen(fd, "w") as f:
                 f.write("\n".join(lines) + "\n")
         except OSError:  # a full disk: not checked, which is not unhealthy
-            return {"outcome": "could-not"}
+            return {"outcome": "could-not", "why": "the state dir is full"}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": scratch, "LC_ALL": "C"}
         done = proc.run(client_argv(s, ctx.config.host, hosts_file, ctx.remaining()),
                         deadline=ctx.deadline - deadlines.MARGIN, env=env, cwd=scratch, max_output=4096)
     finally:
-        for name in os.listdir(scratch):
-            os.unlink(os.path.join(scratch, name))
-        os.rmdir(scratch)
+        drop_scratch(scratch)
     return {"outcome": "ran", "returncode": done.returncode, "timed_out": done.timed_out,
             "spawn_error": done.spawn_error, "stderr": done.stderr, "elapsed": done.elapsed,
             "user": s.ssh_probe_user, "where": f"{ctx.config.host}:{s.ssh_port}"}
@@ -166,8 +161,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return verdict(NAME, services.LOGIN_NO_HOST_KEYS, "no public host key read from "
                        f"{clean(data['where'], 120)}: nothing to check the server against")
     if outcome == "could-not":
-        return verdict(NAME, services.LOGIN_COULD_NOT, "login not checked: the known hosts file could not "
-                       "be written (state dir and TMPDIR not writable, or full)")
+        return verdict(NAME, services.LOGIN_COULD_NOT, "login not checked: no private place for the known "
+                       f"hosts file ({clean(data.get('why'), 200)})")
     if data["spawn_error"]:
         return verdict(NAME, services.LOGIN_NO_CLIENT,
                        f"cannot run the ssh client ({clean(data['spawn_error'], 60)})")
