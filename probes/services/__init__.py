@@ -246,6 +246,9 @@ class SshLoginSettings(SshSettings):
         "HEALTHCHECK_SSH_HOST_KEYS", TEXT, None,
         "comma-separated public host key files the server's key must be one of",
         shown_default="`/etc/ssh/ssh_host_*_key.pub`", parse=parse_host_keys)
+    ssh_login_ttl: float = setting("HEALTHCHECK_SSH_LOGIN_TTL", NUMBER, 600.0,
+                                   "seconds a passing ssh-login result is reused by readiness",
+                                   low=0, high=86400, low_inclusive=True)
 
 
 LOGIN_AUTH_FAILED = cause(

@@ -4,6 +4,7 @@ A banner proves that sshd answers; only a login proves that a user can get in. H
 OpenSSH client is run so that nothing of the caller's SSH set-up plays a part, and the known hosts
 file written for the run: docs/probes.md ("ssh-login"); the probe principal: docs/image.md. The
 private key is never read by the suite; the client's messages reach the result only as a reason.
+Readiness reuses a pass younger than HEALTHCHECK_SSH_LOGIN_TTL; startup always logs in.
 Command line: ``ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o IdentityAgent=none
 -o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes -i KEY -p 22 -l USER 127.0.0.1 true``.
 """
@@ -12,11 +13,12 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 from probes import deadlines, services
 from probes.context import Context
-from probes.result import Result, passed, verdict
-from probes.state import drop_scratch
+from probes.result import Result, Status, passed, verdict
+from probes.state import drop_scratch, life_identity
 from probes.untrusted import Refused, clean, read_regular, squeeze
 
 TYPE_CHECKING = False
@@ -31,6 +33,7 @@ HOST_KEYS = f"{HOST_KEY_DIRS[0]}/ssh_host_*_key.pub"
 MAX_HOST_KEY = 16 << 10  # bytes of one public host key file
 SPEC = services.LOGIN_SPEC
 NAME = SPEC.name
+CACHE = "ssh-login.json"  # the last passing login, reused by readiness while younger than its TTL
 
 
 def key_problem(path: str) -> str | None:
@@ -100,7 +103,25 @@ def gather(ctx: Context) -> dict[str, Any]:
         return {"outcome": "no-host-keys", "where": s.ssh_host_keys or HOST_KEYS}
     if not ctx.state.enabled:  # the known hosts file goes nowhere else (never /tmp)
         return {"outcome": "could-not", "why": ctx.state.disabled_reason}
-    return login(ctx, s, lines)
+    from probes.framework import deep
+
+    # What decides the answer, and this container's life: a restarted container logs in again.
+    cache_key = {"host": ctx.config.host, "port": s.ssh_port, "user": s.ssh_probe_user, "key": key,
+                 "host_keys": lines, "identity": life_identity()}
+    base = {"outcome": "ran", "user": s.ssh_probe_user, "where": f"{ctx.config.host}:{s.ssh_port}"}
+    fresh = deep.fresh_pass(ctx.state.read_json(CACHE), cache_key, s.ssh_login_ttl) \
+        if ctx.config.profile_rules.reuses_cache else None
+    elapsed = fresh[0].get("elapsed") if fresh else None
+    if fresh and isinstance(elapsed, float) and elapsed >= 0:  # anything else is damage: a miss
+        return {**base, "returncode": 0, "timed_out": False, "spawn_error": None, "stderr": b"",
+                "elapsed": elapsed, "cache": {"how": "ttl", "age": round(fresh[2], 1)}}
+    data = {**base, **login(ctx, s, lines)}
+    if data["outcome"] == "ran" and judge(data, ctx).status is Status.PASS:
+        ctx.state.write_json(CACHE, {"key": cache_key, "finished": time.time(), "status": Status.PASS.value,
+                                     "data": {"elapsed": data["elapsed"]}})
+    else:  # a failing login is never answered by an older pass
+        ctx.state.remove(CACHE)
+    return data
 
 
 def login(ctx: Context, s: services.SshLoginSettings, lines: list[str]) -> dict[str, Any]:
@@ -123,9 +144,8 @@ def login(ctx: Context, s: services.SshLoginSettings, lines: list[str]) -> dict[
                         deadline=ctx.deadline - deadlines.MARGIN, env=env, cwd=scratch, max_output=4096)
     finally:
         drop_scratch(scratch)
-    return {"outcome": "ran", "returncode": done.returncode, "timed_out": done.timed_out,
-            "spawn_error": done.spawn_error, "stderr": done.stderr, "elapsed": done.elapsed,
-            "user": s.ssh_probe_user, "where": f"{ctx.config.host}:{s.ssh_port}"}
+    return {"returncode": done.returncode, "timed_out": done.timed_out, "spawn_error": done.spawn_error,
+            "stderr": done.stderr, "elapsed": done.elapsed}
 
 
 HOSTKEY_WORDS = (b"Host key verification failed", b"IDENTIFICATION HAS CHANGED", b"No matching host key",
@@ -172,7 +192,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                        f"({data['elapsed']:.1f}s)")
     elapsed = round(float(data["elapsed"]), 3)
     if data["returncode"] == 0:
-        return passed(NAME, f"logged in as {user} at {where} with the probe key in {elapsed:.2f}s",
+        cached = f" (cached, {data['cache']['age']:.0f}s old)" if data.get("cache") else ""
+        return passed(NAME, f"logged in as {user} at {where} with the probe key in {elapsed:.2f}s{cached}",
                       observed=elapsed, unit="s")
     reason = classify(data["returncode"], data["stderr"])
     said = _last_words(data["stderr"])

@@ -162,6 +162,7 @@ def test_cli_runs_it_when_the_key_is_set_and_never_shows_the_key(login: Any, tmp
     check = json.loads(out.stdout)["checks"]["ssh-login:login"][0]
     assert check["status"] == "pass" and check["observedUnit"] == "s"
     srv.authorized.write_text("")
+    env["HEALTHCHECK_PROFILE"] = "startup"  # readiness would answer from the pass before
     out = run_cli("--only", "ssh,ssh-login", "--json", "-v", env=env, timeout=60)
     assert out.returncode == 1, out.stdout
     assert json.loads(out.stdout)["checks"]["ssh-login:login"][0]["reason"] == "ssh-auth-failed"
@@ -204,6 +205,55 @@ def test_a_full_disk_is_not_checked_rather_than_unhealthy(login: Any, tmp_path: 
     assert done.returncode == 0, done.stdout + done.stderr
     check = json.loads(done.stdout)["checks"]["ssh-login:login"][0]
     assert (check["status"], check["reason"]) == ("warn", "could-not"), check
+
+
+def logins(srv: Login) -> int:
+    """How many times sshd ran the forced command (see counting)."""
+    done = srv.root / "logins"
+    return len(done.read_text().split()) if done.exists() else 0
+
+
+def counting(login: Any) -> Login:
+    """A login whose forced command records each run in <root>/logins."""
+    srv = login(command="/bin/true")
+    srv.authorized.write_text(srv.authorized.read_text().replace(
+        'command="/bin/true"', f'command="echo . >> {srv.root}/logins"'))
+    return srv
+
+
+def test_readiness_reuses_a_passing_login_and_startup_logs_in_again(login: Any) -> None:
+    """Readiness answers from a pass younger than the TTL, saying its age; startup logs in; an
+    expired or damaged entry, one for other host keys and a failed login are never reused."""
+    srv = counting(login)
+    first = srv.probe()
+    assert first.status is Status.PASS and "cached" not in first.message and logins(srv) == 1, first.message
+    again = srv.probe()
+    assert again.status is Status.PASS and logins(srv) == 1, "readiness logged in again within the TTL"
+    assert again.message.endswith("s old)") and "(cached, " in again.message, again.message
+    assert again.observed == first.observed
+    assert srv.probe(profile="startup").status is Status.PASS and logins(srv) == 2
+    assert srv.probe().status is Status.PASS and logins(srv) == 2
+    cache = srv.root / "state" / ssh_login.CACHE
+    entry = json.loads(cache.read_text())
+    entry["finished"] -= 601  # older than the default TTL (600 s)
+    cache.write_text(json.dumps(entry))
+    assert srv.probe().status is Status.PASS and logins(srv) == 3
+    assert srv.probe(ssh_login_ttl=0.0).status is Status.PASS and logins(srv) == 4
+    more = f"{srv.sshd.host_key}.pub,{keypair(srv.root, 'another-host-key')}.pub"
+    assert srv.probe(ssh_host_keys=more).status is Status.PASS and logins(srv) == 5
+    entry = json.loads(cache.read_text())
+    for damaged in ({**entry, "data": {"elapsed": "0.1"}}, {**entry, "data": []}, "{not json"):
+        cache.write_text(damaged if isinstance(damaged, str) else json.dumps(damaged))
+        before = logins(srv)
+        assert srv.probe().status is Status.PASS and logins(srv) == before + 1, damaged
+    # A failing login is never answered from the pass before it, nor reused itself.
+    authorized = srv.authorized.read_text()
+    srv.authorized.write_text("")
+    assert srv.probe(profile="startup").reason == "ssh-auth-failed"
+    assert srv.probe().reason == "ssh-auth-failed"
+    srv.authorized.write_text(authorized)
+    before = logins(srv)
+    assert srv.probe().status is Status.PASS and logins(srv) == before + 1
 
 
 def test_without_a_state_dir_the_login_is_not_checked_and_nothing_goes_to_tmp(login: Any) -> None:
