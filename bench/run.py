@@ -343,7 +343,7 @@ class Bench:
             ("readiness (cold state dir)", "profile", [hc, "--profile", "readiness"], fresh_state),
             ("startup (torch fresh)", "profile", [hc, "--profile", "startup"], fixed(self.env())),
         ]
-        if self.ssh_login:  # the SSH user's key files and a real login: what they add to readiness
+        if self.ssh_login:  # the SSH user's key files and a login (cached after warm-up): what they add
             all_cases.append(("readiness + ssh-keys, ssh-login", "profile", [hc, "--profile", "readiness"],
                               fixed(self.env(**self.ssh_login))))
         if self.args.vs:  # the same cases through a baseline checkout, in the same rounds
@@ -494,7 +494,7 @@ def summarise(cases: dict[str, Any], hangs: dict[str, Any]) -> tuple[list[str], 
 
     ssh_rows = [(n, p, t) for n, c in cases.items() for p, t in c.get("ssh_probe_s", {}).items()]
     if ssh_rows:
-        lines += ["", "ssh-keys (static) and ssh-login (real login) probes' own elapsed time:"]
+        lines += ["", "ssh-keys (static) and ssh-login (its cached pass) probes' own elapsed time:"]
         for n, p, t in ssh_rows:
             lines.append(f"  {n:<32} {p:<10} median {statistics.median(t) * 1000:8.1f} ms   "
                          f"p95 {pct(t, 95) * 1000:8.1f} ms")

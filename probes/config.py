@@ -216,7 +216,9 @@ GLOBAL_SETTINGS = (
             "see \"Runs anywhere\" in docs/kubernetes.md",
             shown_default="the first usable of `/run/healthcheck`, `$XDG_RUNTIME_DIR/healthcheck`, "
                           "`$TMPDIR/healthcheck-<uid>`, `/tmp/healthcheck-<uid>`, "
-                          "`/dev/shm/healthcheck-<uid>`; none: caching off"),
+                          "`/dev/shm/healthcheck-<uid>` (each of the last three, when another user "
+                          "took the name first: the suite's own `<name>.<time><random>` beside it); "
+                          "none: caching off"),
     Setting("HEALTHCHECK_LOG_FILE", "log_file", ABSOLUTE_PATH, None,
             "one line per run plus error details (an absolute path); rotated at 1 MiB (one "
             "backup); a regular file only (see below)", shown_default="unset"),

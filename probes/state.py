@@ -2,10 +2,12 @@
 
 Where it is: the first usable of ``candidates()`` (``HEALTHCHECK_STATE_DIR`` in docs/probes.md),
 a real directory owned by us, reached only through directories nobody but root or us can change
-(``untrusted.open_trusted_dir``), made 0700 with files 0600 whatever the umask. When none can be
-used the suite runs with caching off, and says so. The latch is ``latch.json``; when the file
-system is too full for it, an empty file whose name carries the container life's identity
-(``latch@<identity>@<pid 1>@<source>@<code>``) stands for it.
+(``untrusted.open_trusted_dir``), made 0700 with files 0600 whatever the umask. A name in a shared
+directory (``/tmp/healthcheck-<uid>``) that another user took first gives way to one of ours beside
+it that nobody can take first (``beside``). When none can be used the suite runs with caching off,
+and says so. The latch is ``latch.json``; when the file system is too full for it, an empty file
+whose name carries the container life's identity (``latch@<identity>@<pid 1>@<source>@<code>``)
+stands for it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ MAX_FILE = 1 << 20  # no state file is anywhere near this size
 KEPT_WITHOUT_DETAILS = "its details could not be stored (the state dir was full)"
 SCRATCH = "scratch"  # runs' private directories (State.scratch)
 MAX_SCRATCH = 256  # entries of the scratch directory looked at for a killed run's leftovers
+MAX_BESIDE = 4096  # entries of a shared directory looked through for our state dir (beside)
 
 
 def candidates() -> list[str]:
@@ -44,6 +47,55 @@ def candidates() -> list[str]:
         found.append(os.path.join(tmpdir, f"healthcheck-{uid}"))
     found += [f"/tmp/healthcheck-{uid}", f"/dev/shm/healthcheck-{uid}"]  # noqa: S108
     return list(dict.fromkeys(os.path.normpath(p) for p in found))
+
+
+def beside(plain: str) -> str | None:
+    """Our state dir next to ``plain``, a name another user took first: ``<plain>.<time><random>``,
+    a name nobody can take before us, found again by later runs by its prefix and owner (ours, 0700,
+    a real directory, never a link). The oldest name (its time comes first) wins, so runs that made
+    one at once agree.
+    None when there is none and none can be made, or the directory has too many entries to look
+    through (then nothing is made: a new directory on every run would pile up)."""
+    ours = _ours_beside(plain)
+    if ours is None:
+        return None
+    if not ours:
+        made = f"{plain}.{time.time_ns():016x}{os.urandom(8).hex()}"
+        try:
+            os.mkdir(made, 0o700)
+            _private(made)
+        except OSError:
+            return None
+        ours = _ours_beside(plain) or [made]
+        if ours[0] != made:
+            try:
+                os.rmdir(made)  # another run's came first; ours is still empty
+            except OSError:
+                pass
+    return ours[0]
+
+
+def _ours_beside(plain: str) -> list[str] | None:
+    """Our private directories named ``<plain>.*``, oldest first; None when they cannot be listed
+    or the directory holds more than MAX_BESIDE entries."""
+    parent, prefix = os.path.split(plain)
+    found = []
+    try:
+        with os.scandir(parent) as entries:
+            for i, entry in enumerate(entries):
+                if i >= MAX_BESIDE:
+                    return None
+                if not entry.name.startswith(prefix + "."):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if (st.st_uid, st.st_mode & 0o177777) == (os.geteuid(), stat.S_IFDIR | 0o700):  # not a link
+                    found.append(entry.path)
+    except OSError:
+        return None
+    return sorted(found)
 
 
 def _real_dir(path: str) -> bool:
@@ -210,6 +262,13 @@ class State:
         reasons = []
         for where in tried:
             why = _usable(where)
+            # /tmp, /dev/shm, $TMPDIR: another user can take the plain name before us
+            shared = os.path.basename(where) == f"healthcheck-{os.getuid()}"
+            if why is not None and not path and shared and os.path.lexists(where):
+                mine = beside(where)
+                if mine is not None and _usable(mine) is None:
+                    return cls(mine)
+                why += "; none of ours beside it"
             if why is None:
                 return cls(where)
             reasons.append(why)

@@ -257,6 +257,9 @@ class SshLoginSettings(SshSettings):
         "HEALTHCHECK_SSH_HOST_KEYS", TEXT, None,
         "comma-separated public host key files the server's key must be one of",
         shown_default="`/etc/ssh/ssh_host_*_key.pub`", parse=parse_host_keys)
+    ssh_login_ttl: float = setting("HEALTHCHECK_SSH_LOGIN_TTL", NUMBER, 600.0,
+                                   "seconds a passing ssh-login result is reused by readiness",
+                                   low=0, high=86400, low_inclusive=True)
 
 
 LOGIN_AUTH_FAILED = cause(
@@ -282,8 +285,8 @@ LOGIN_NO_HOST_KEYS = cause("no-host-keys", "no public host key could be read to 
 LOGIN_NO_CLIENT = cause("no-client", "the `ssh` client is not installed", "install openssh-client",
                         action="fix-config", actor="tenant")
 LOGIN_COULD_NOT = cause("could-not", "the run's known hosts file could not be written "
-                                     "(no writable private directory, or a full disk)",
-                        "give the suite a writable `HEALTHCHECK_STATE_DIR` or `TMPDIR`", "warn",
+                                     "(no state dir, or a full one: it is never written to /tmp)",
+                        "give the suite a writable `HEALTHCHECK_STATE_DIR`", "warn",
                         action="fix-config", actor="tenant")
 
 LOGIN_SPEC = Spec(

@@ -4,6 +4,7 @@ A banner proves that sshd answers; only a login proves that a user can get in. H
 OpenSSH client is run so that nothing of the caller's SSH set-up plays a part, and the known hosts
 file written for the run: docs/probes.md ("ssh-login"); the probe principal: docs/image.md. The
 private key is never read by the suite; the client's messages reach the result only as a reason.
+Readiness reuses a pass younger than HEALTHCHECK_SSH_LOGIN_TTL; startup always logs in.
 Command line: ``ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o IdentityAgent=none
 -o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes -i KEY -p 22 -l USER 127.0.0.1 true``.
 """
@@ -12,10 +13,12 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 from probes import deadlines, services
 from probes.context import Context
-from probes.result import Result, passed, verdict
+from probes.result import Result, Status, passed, verdict
+from probes.state import drop_scratch, life_identity
 from probes.untrusted import Refused, clean, read_regular, squeeze
 
 TYPE_CHECKING = False
@@ -30,6 +33,7 @@ HOST_KEYS = f"{HOST_KEY_DIRS[0]}/ssh_host_*_key.pub"
 MAX_HOST_KEY = 16 << 10  # bytes of one public host key file
 SPEC = services.LOGIN_SPEC
 NAME = SPEC.name
+CACHE = "ssh-login.json"  # the last passing login, reused by readiness while younger than its TTL
 
 
 def key_problem(path: str) -> str | None:
@@ -86,20 +90,7 @@ def client_argv(s: services.SshLoginSettings, host: str, hosts_file: str, deadli
     return [*argv, "-p", str(s.ssh_port), "-l", s.ssh_probe_user, "--", host, "true"]
 
 
-def _scratch(ctx: Context) -> str | None:
-    import tempfile
-
-    for where in (ctx.state.path, None):
-        try:
-            return tempfile.mkdtemp(prefix="ssh-login-", dir=where)
-        except OSError:
-            continue
-    return None
-
-
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes import proc
-
     s = ctx.config.of(services.SshLoginSettings)
     key = s.ssh_probe_key
     if key is None:
@@ -110,9 +101,36 @@ def gather(ctx: Context) -> dict[str, Any]:
     lines = known_hosts(s.ssh_host_keys)
     if not lines:
         return {"outcome": "no-host-keys", "where": s.ssh_host_keys or HOST_KEYS}
-    scratch = _scratch(ctx)
+    if not ctx.state.enabled:  # the known hosts file goes nowhere else (never /tmp)
+        return {"outcome": "could-not", "why": ctx.state.disabled_reason}
+    from probes.framework import deep
+
+    # What decides the answer, and this container's life: a restarted container logs in again.
+    cache_key = {"host": ctx.config.host, "port": s.ssh_port, "user": s.ssh_probe_user, "key": key,
+                 "host_keys": lines, "identity": life_identity()}
+    base = {"outcome": "ran", "user": s.ssh_probe_user, "where": f"{ctx.config.host}:{s.ssh_port}"}
+    fresh = deep.fresh_pass(ctx.state.read_json(CACHE), cache_key, s.ssh_login_ttl) \
+        if ctx.config.profile_rules.reuses_cache else None
+    elapsed = fresh[0].get("elapsed") if fresh else None
+    if fresh and isinstance(elapsed, float) and elapsed >= 0:  # anything else is damage: a miss
+        return {**base, "returncode": 0, "timed_out": False, "spawn_error": None, "stderr": b"",
+                "elapsed": elapsed, "cache": {"how": "ttl", "age": round(fresh[2], 1)}}
+    data = {**base, **login(ctx, s, lines)}
+    if data["outcome"] == "ran" and judge(data, ctx).status is Status.PASS:
+        ctx.state.write_json(CACHE, {"key": cache_key, "finished": time.time(), "status": Status.PASS.value,
+                                     "data": {"elapsed": data["elapsed"]}})
+    else:  # a failing login is never answered by an older pass
+        ctx.state.remove(CACHE)
+    return data
+
+
+def login(ctx: Context, s: services.SshLoginSettings, lines: list[str]) -> dict[str, Any]:
+    """One real login, its known hosts file in a private directory of this run (State.scratch)."""
+    from probes import proc
+
+    scratch = ctx.state.scratch(NAME)
     if scratch is None:
-        return {"outcome": "could-not"}
+        return {"outcome": "could-not", "why": "no private directory could be made in the state dir"}
     hosts_file = os.path.join(scratch, "known_hosts")
     try:
         try:
@@ -120,17 +138,14 @@ def gather(ctx: Context) -> dict[str, Any]:
             with os.fdopen(fd, "w") as f:
                 f.write("\n".join(lines) + "\n")
         except OSError:  # a full disk: not checked, which is not unhealthy
-            return {"outcome": "could-not"}
+            return {"outcome": "could-not", "why": "the state dir is full"}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": scratch, "LC_ALL": "C"}
         done = proc.run(client_argv(s, ctx.config.host, hosts_file, ctx.remaining()),
                         deadline=ctx.deadline - deadlines.MARGIN, env=env, cwd=scratch, max_output=4096)
     finally:
-        for name in os.listdir(scratch):
-            os.unlink(os.path.join(scratch, name))
-        os.rmdir(scratch)
-    return {"outcome": "ran", "returncode": done.returncode, "timed_out": done.timed_out,
-            "spawn_error": done.spawn_error, "stderr": done.stderr, "elapsed": done.elapsed,
-            "user": s.ssh_probe_user, "where": f"{ctx.config.host}:{s.ssh_port}"}
+        drop_scratch(scratch)
+    return {"returncode": done.returncode, "timed_out": done.timed_out, "spawn_error": done.spawn_error,
+            "stderr": done.stderr, "elapsed": done.elapsed}
 
 
 HOSTKEY_WORDS = (b"Host key verification failed", b"IDENTIFICATION HAS CHANGED", b"No matching host key",
@@ -166,8 +181,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return verdict(NAME, services.LOGIN_NO_HOST_KEYS, "no public host key read from "
                        f"{clean(data['where'], 120)}: nothing to check the server against")
     if outcome == "could-not":
-        return verdict(NAME, services.LOGIN_COULD_NOT, "login not checked: the known hosts file could not "
-                       "be written (state dir and TMPDIR not writable, or full)")
+        return verdict(NAME, services.LOGIN_COULD_NOT, "login not checked: no private place for the known "
+                       f"hosts file ({clean(data.get('why'), 200)})")
     if data["spawn_error"]:
         return verdict(NAME, services.LOGIN_NO_CLIENT,
                        f"cannot run the ssh client ({clean(data['spawn_error'], 60)})")
@@ -177,7 +192,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                        f"({data['elapsed']:.1f}s)")
     elapsed = round(float(data["elapsed"]), 3)
     if data["returncode"] == 0:
-        return passed(NAME, f"logged in as {user} at {where} with the probe key in {elapsed:.2f}s",
+        cached = f" (cached, {data['cache']['age']:.0f}s old)" if data.get("cache") else ""
+        return passed(NAME, f"logged in as {user} at {where} with the probe key in {elapsed:.2f}s{cached}",
                       observed=elapsed, unit="s")
     reason = classify(data["returncode"], data["stderr"])
     said = _last_words(data["stderr"])

@@ -284,3 +284,32 @@ def test_scratch_is_private_in_the_state_dir_and_a_killed_runs_goes_with_the_nex
     state_mod.drop_scratch(other)
     assert os.listdir(tmp_path / "st" / "scratch") == []
     assert State.off("tests").scratch("kernel") is None
+
+
+def test_a_name_another_user_took_first_gives_way_to_ours_beside_it(tmp_path, monkeypatch):
+    """In a sticky directory like /tmp: ours is made beside the taken name, and found again by
+    the next run by its prefix and owner; a link, another user's directory or an open one with
+    that prefix is never ours; a directory too full to look through gets nothing new."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    plain = shared / f"healthcheck-{os.getuid()}"
+    plain.mkdir(mode=0o700)
+    os.chown(plain, 4242, 4242)
+    theirs = shared / f"{plain.name}.0"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 4242, 4242)
+    (shared / f"{plain.name}.1").mkdir(mode=0o755)
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    os.symlink(tmp_path / "elsewhere", shared / f"{plain.name}.2")
+    mine = state_mod.beside(str(plain))
+    assert mine is not None and mine.startswith(f"{plain}.") and mine[-2:] not in (".0", ".1", ".2"), mine
+    st = os.lstat(mine)
+    assert stat.S_ISDIR(st.st_mode) and (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.geteuid(), 0o700)
+    assert state_mod.beside(str(plain)) == mine and len(list(shared.iterdir())) == 5
+    flooded = tmp_path / "flooded"
+    flooded.mkdir()
+    for i in range(9):
+        (flooded / f"f{i}").touch()
+    monkeypatch.setattr(state_mod, "MAX_BESIDE", 8)
+    assert state_mod.beside(str(flooded / plain.name)) is None and len(list(flooded.iterdir())) == 9

@@ -1,6 +1,7 @@
 """End to end: the image's SSH checks. The built-in HEALTHCHECK logs in for real with the probe
-principal; a world-writable home of the dev user (sshd's StrictModes) and a removed probe key make it
-unhealthy with their own reasons first, and fixing them makes it healthy again."""
+principal, and readiness reuses that pass for HEALTHCHECK_SSH_LOGIN_TTL; a world-writable home of the
+dev user (sshd's StrictModes) and a removed probe key make it unhealthy with their own reasons first
+(the key once the cached pass is older than the TTL), and fixing them makes it healthy again."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ pytestmark = pytest.mark.e2e
 
 FAST = Health(interval="2s", start_period="60s", start_interval="1s", retries=2)
 WORST = 2 * (2 + 35) + 35  # seconds: two failing runs at the image's --timeout, plus one interval
+TTL = 10  # seconds a passing login is reused here (HEALTHCHECK_SSH_LOGIN_TTL): a revoked key shows in time
 
 
 def failing(cid: str) -> list[str]:
@@ -23,7 +25,7 @@ def failing(cid: str) -> list[str]:
 
 
 def test_real_probe_login_then_strict_modes_then_auth_failed(start_container) -> None:  # type: ignore[no-untyped-def]
-    cid = start_container(health=FAST)
+    cid = start_container(health=FAST, env={"HEALTHCHECK_SSH_LOGIN_TTL": str(TTL)})
     wait_for_health(cid, "healthy", timeout=90)
     out = last_output(cid)
     assert out.startswith("healthy:") and "PASS ssh-login" in out and "PASS ssh-keys" in out, out
@@ -35,8 +37,10 @@ def test_real_probe_login_then_strict_modes_then_auth_failed(start_container) ->
     private = exec_in(cid, "cat", "/run/healthcheck-ssh/id_ed25519").stdout.splitlines()[2]
     authorized = exec_in(cid, "cat", "/run/healthcheck-ssh-home/.ssh/authorized_keys").stdout
     assert authorized.startswith('restrict,from="127.0.0.1,::1",command="/bin/true" ssh-ed25519 '), authorized
-    timed = exec_in(cid, "healthcheck", "--only", "ssh,ssh-login", "--json")
+    timed = exec_in(cid, "healthcheck", "--only", "ssh,ssh-login", "--json", "--profile", "startup")
     assert timed.returncode == 0, timed.stdout
+    cached = exec_in(cid, "healthcheck", "--only", "ssh,ssh-login")  # readiness, just after a login
+    assert "PASS ssh-login" in cached.stdout and "(cached, " in cached.stdout, cached.stdout
 
     home = exec_in(cid, "bash", "-c", "getent passwd dev | cut -d: -f6").stdout.strip()
     t0 = time.monotonic()
@@ -51,7 +55,7 @@ def test_real_probe_login_then_strict_modes_then_auth_failed(start_container) ->
     wait_for_health(cid, "healthy", timeout=WORST)
 
     exec_in(cid, "truncate", "-s", "0", "/run/healthcheck-ssh-home/.ssh/authorized_keys")
-    wait_for_health(cid, "unhealthy", timeout=WORST)
+    wait_for_health(cid, "unhealthy", timeout=WORST + TTL)
     out = last_output(cid)
     assert out.startswith("unhealthy: ssh-login:") and "refused the probe key" in out, out
     assert failing(cid) == ["ssh-auth-failed"]

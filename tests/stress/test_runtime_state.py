@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -223,6 +224,46 @@ def test_a_latch_that_cannot_be_kept_is_said_in_the_output_and_the_log(box: Path
         assert "NOT latched" in log and "restart the container" in log, log
         # Nothing was kept, and nothing claims otherwise: the next liveness run sees no latch.
         assert run(env, "liveness").returncode == 0
+
+
+# ------------------------------------------------------------------------- names taken first
+
+SQUATTER = 4242
+
+
+@pytest.mark.parametrize("uid", [0, UID])
+def test_state_names_another_user_took_first_still_keep_the_latch(box: Path, uid: int) -> None:
+    """Another uid made /tmp/healthcheck-<uid> and /dev/shm/healthcheck-<uid> before the first run,
+    and /run is read-only: the suite still gets a private state dir (beside the taken name) and a
+    CUDA-fatal latch holds on the next liveness runs. /tmp and /dev/shm are fresh tmpfs mounts of
+    one private namespace for the whole sequence; the box is bound back at its path in the new /tmp."""
+    _needs_root()
+    env = fatal_env(box, box / "unused")
+    for var in ("HEALTHCHECK_STATE_DIR", "HEALTHCHECK_LOG_FILE", "TMPDIR", "XDG_RUNTIME_DIR"):
+        env.pop(var, None)
+    new_tmp = box / "new-tmp"
+    new_tmp.mkdir()
+    inside = f"{new_tmp}/{os.path.relpath(box, '/tmp')}"  # where the box shows in the new /tmp
+    back = "" if ".." in inside else f"mkdir -p {inside}\nmount --bind {box} {inside}\n"
+    names = f"/tmp/healthcheck-{uid} /dev/shm/healthcheck-{uid}"
+    setup = (f"mount -t tmpfs -o mode=1777 hc-tmp {new_tmp}\n{back}mount --move {new_tmp} /tmp\n"
+             "mount -t tmpfs -o mode=1777 hc-shm /dev/shm\nmount -t tmpfs -o ro,mode=0755 hc-run /run\n"
+             f"setpriv --reuid {SQUATTER} --regid {SQUATTER} --clear-groups mkdir -m 0700 {names}")
+    door = " ".join(healthcheck())
+    runs = (f"for p in readiness liveness liveness; do {door} --profile $p; echo \"== exit $?\"; done\n"
+            "ls -lnd /tmp/healthcheck-* /dev/shm/healthcheck-*")
+    res = as_uid(setup, ["sh", "-c", runs], env, uid=uid)
+    out = res.stdout
+    assert res.returncode == 0, (out, res.stderr)
+    (first, code), *later = re.findall(r"(.*?)== exit (\d+)\n", out, re.S)
+    assert code == "1" and "FAIL torch-cuda" in first and "unhealthy until the container restarts" in first, out
+    assert len(later) == 2 and all(c == "1" and "latched unhealthy" in run for run, c in later), out
+    listed = {line.split()[-1]: (line.split()[0], int(line.split()[2])) for line in out.splitlines()
+              if line.startswith("d")}
+    assert listed.pop(f"/tmp/healthcheck-{uid}") == ("drwx------", SQUATTER), out
+    assert listed.pop(f"/dev/shm/healthcheck-{uid}") == ("drwx------", SQUATTER), out
+    [(name, found)] = listed.items()
+    assert name.startswith(f"/tmp/healthcheck-{uid}.") and found == ("drwx------", uid), out
 
 
 # ------------------------------------------------------------------------- hidepid=2
