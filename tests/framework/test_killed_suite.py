@@ -109,9 +109,11 @@ def test_the_front_doors_kill_after_its_term_leaves_no_worker(make_interp: Calla
 
 def test_the_next_run_ends_an_orphan_worker_before_it_starts_one(make_interp: Callable[..., Interp],
                                                                  tagged, tmp_path: Path) -> None:
-    """An interpreter wrapper that does not exec keeps the worker from the parent-death signal's
-    reach (the worker's parent, the wrapper, lives on): the next run ends both before its own worker."""
-    slow, ready = _slow(make_interp, tmp_path, "wrapped", body=f'"{REAL_PYTHON}" "$@"')
+    """Two interpreter wrappers that do not exec keep the worker from the parent-death signal's
+    reach: the outer one, the suite's child, dies with the suite, but the inner one, the worker's
+    parent, lives on; the next run ends both before its own worker."""
+    slow, ready = _slow(make_interp, tmp_path, "wrapped",
+                        body=f'sh -c \'"$0" "$@"; exit $?\' "{REAL_PYTHON}" "$@"; exit $?')
     suite = _suite(_env(tmp_path, slow), "--only", "torch-cuda")
     assert _until(ready.exists, 20), "the torch worker did not start"
     _kill(suite)
@@ -156,6 +158,20 @@ def test_the_next_run_ends_what_a_killed_suites_drop_in_left(tagged, tmp_path: P
     assert r.returncode == 0 and "sleeper" in r.stdout, r.stdout + r.stderr
     left = _until(lambda: not tagged(), WITHIN) or tagged()
     assert left is True, f"what the killed suite's drop-in left still runs: {left}"
+
+
+def test_a_drop_in_dies_with_its_suite_killed_by_sigkill(tagged, tmp_path: Path) -> None:
+    """A drop-in that sleeps forever is gone within about a second after its suite is SIGKILLed,
+    with no later run: every child the suite starts has the parent-death signal."""
+    env = _env(tmp_path, REAL_PYTHON, ENABLE_GPU_CHECK="false", ENABLE_TORCH_CHECK="false",
+               ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false")
+    started = tmp_path / "started"
+    write_exe(tmp_path / "checks" / "forever", f'#!/bin/sh\ntouch "{started}"\nexec sleep 300\n')
+    suite = _suite(env, "--only", "forever")
+    assert _until(lambda: started.exists() and _others(tagged, suite.pid), 20), "the drop-in did not start"
+    _kill(suite)
+    left = _until(lambda: not tagged(), 1.0) or tagged()
+    assert left is True, f"the drop-in outlived the killed suite: {left}"
 
 
 # In a PID namespace of its own (pid 1 there), so that the next fork can be given a chosen pid.
