@@ -235,7 +235,7 @@ def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], sinc
         procs = table()
         found, unsure = select(procs)
         zombies = [pid for pid, p in procs.items() if p.ppid == me and p.state in DEAD
-                   and (p.start >= since or signalled.get(pid) == p.start)]
+                   and pid not in _children and (p.start >= since or signalled.get(pid) == p.start)]
         with _lock:  # no child is started meanwhile, so a zombie not registered is none of spawn()'s
             for pid in zombies:
                 st = stat(pid)
@@ -362,29 +362,21 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
         cwd: str | None = None, max_output: int = MAX_OUTPUT, state: State | None = None,
         key: str | None = None, until: Callable[[bytes], bool] | None = None,
         linger: float = LINGER, user: tuple[int, int] | None = None) -> Completed:
-    """Run ``argv`` until it exits or ``deadline`` (a time.monotonic() value) passes.
+    """Run ``argv`` until it exits or ``deadline`` (a time.monotonic() value) passes; return within
+    about ``TERM_GRACE + KILL_WAIT`` seconds of it whatever the child does (a fork storm included),
+    leaving nothing it started but a process the kernel will not let die. With ``state`` and
+    ``key``, such a process is remembered, and while it exists no child is started under ``key``:
+    the result is ``stuck`` with ``held_by`` set, at once.
 
-    Returns within about ``TERM_GRACE + KILL_WAIT`` seconds of the deadline, whatever the child
-    does (a fork storm included), and leaves nothing it started behind but a process the kernel
-    will not let die. With ``state`` and ``key``, a child that survives SIGKILL is remembered,
-    and while it exists no new one is started under the same key: the result is ``stuck`` with
-    ``held_by`` set, at once.
+    ``timed_out``: the child had not exited at the deadline; what it wrote is partial and no
+    verdict. A child that had exited is read to the end, however late this process looked. Kept:
+    the first ``max_output`` bytes of stdout (``truncated``: more came) and ``MAX_STDERR`` of
+    stderr (``stderr_truncated``), so a flood on stderr leaves stdout whole.
 
-    ``timed_out``: the child had not exited when the deadline passed; what it wrote so far is
-    partial and is no verdict (every judge reads ``timed_out`` first). A child that had exited
-    by then is read to the end of what it wrote, however late this process got to look.
-
-    Output: the first ``max_output`` bytes of stdout (``truncated``: more was discarded) and the
-    first ``MAX_STDERR`` of stderr (``stderr_truncated``), so a child that floods stderr still
-    gives a valid, untruncated stdout.
-
-    ``until``: called with the stdout read so far whenever more arrives; once it returns
-    true (the answer is complete, e.g. a whole result line arrived) the child gets at most
-    ``linger`` more seconds (never past ``deadline``) to exit by itself. If it has not, it
-    is ended as at the deadline, and the result has ``timed_out`` and ``lingered`` set:
-    the answer came, but the process did not go. ``until`` must be cheap and must not raise.
-
-    ``user``: (uid, gid) to run the child as (see spawn).
+    ``until(stdout so far)``, cheap and never raising: once true (the answer is complete), the
+    child gets at most ``linger`` more seconds, never past ``deadline``, to exit; if it does not,
+    it is ended as at the deadline and ``timed_out`` and ``lingered`` are set. ``user``: (uid, gid)
+    to run the child as (see spawn).
     """
     # Imported here: what needs only this module's constants, sweeps or signal_name() (the
     # CLI's final sweep, serve) does not pay for subprocess + selectors (~6 ms of start-up).
