@@ -14,7 +14,6 @@ import math
 TERM_GRACE = 0.15  # SIGTERM to SIGKILL: a well-behaved child exits on TERM well within it
 KILL_WAIT = 0.15  # after SIGKILL, for what was killed to vanish (one stuck in the driver never does)
 MARGIN = TERM_GRACE + KILL_WAIT + 0.05
-SWEEP_TIME = 0.1  # the freeze-then-kill passes over a fork storm (usually ~5 ms); part of KILL_WAIT
 DRAIN_AFTER_EXIT = 0.05  # output still in the pipe after the child exits
 LINGER = 1.0  # a child whose answer is complete (``until``) gets this long to exit
 # The run (probes/runner.py).

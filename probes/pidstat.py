@@ -1,8 +1,5 @@
-"""A process's line of /proc/<pid>/stat: state, parent, group, session and start time.
-
-The one reader of that file in the suite; a sweep reads it for every process (``table``, then
-``below`` for a tree).
-"""
+"""A process's line of /proc/<pid>/stat (state, parent, group, session, start time), the process
+table and tree built from it, and a signal to a process named by pid and start time."""
 
 from __future__ import annotations
 
@@ -18,8 +15,6 @@ DEAD = (b"Z", b"X")
 
 
 class Proc(Record):
-    """What a sweep needs from /proc/<pid>/stat."""
-
     __slots__ = ("state", "ppid", "pgid", "sid", "start")
 
     state: bytes  # R, S, D, T, Z, ...
@@ -38,9 +33,8 @@ class Proc(Record):
 
 def stat(pid: int) -> Proc | None:
     """The process ``pid``'s line of /proc/<pid>/stat, or None when it is gone."""
-    # os.open/os.read: half the cost of open(); a sweep reads this for every process.
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)  # os.open: half the cost of open(), read per process
         try:
             data = os.read(fd, 1024)  # the command name is at most 16 bytes: the fields fit
         finally:
@@ -86,11 +80,10 @@ def below(procs: Mapping[int, Proc], roots: Iterable[int]) -> set[int]:
 
 
 def signal_same(pid: int, start: int, sig: int) -> bool:
-    """Send ``sig`` to ``pid`` only while it is the process that started at ``start`` (clock
-    ticks since boot): a pid names another process once its own is gone. Through a pidfd where
-    the kernel has them, which keeps naming the process it was opened on, so the check and the
-    signal cannot be split by a reuse; else the start time is read just before kill(). True
-    when the signal was sent."""
+    """Send ``sig`` to ``pid`` only while it is the process that started at ``start``: a pid names
+    another process once its own is gone. Through a pidfd where the kernel has them (it keeps
+    naming the process it was opened on, so no reuse can come between the check and the signal),
+    else the start time is read just before kill(). True when the signal was sent."""
     fd = None
     try:
         fd = os.pidfd_open(pid)

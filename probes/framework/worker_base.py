@@ -48,11 +48,12 @@ def phase(marker, name):
 
 
 def with_the_suite():
-    """Arm the parent-death signal (SIGKILL): a worker dies with the suite that started it, even
-    one killed by SIGKILL (probes/orphans.py). False when that suite is already gone (it died
-    before this was armed). The suite is named by the last of the run markers the suite puts in
-    the environment (``HEALTHCHECK_RUN_ID``: ``<pid>-<start>-<n>-<random>``); without one, or
-    where the kernel has no such option, there is nothing to check."""
+    """Arm the parent-death signal (SIGKILL) against our parent: the suite arms it in each child,
+    this arms it in a worker behind an interpreter wrapper too (docs/probes.md, "Containment").
+    False when that suite is already gone (it died before this was armed). The suite is named by
+    the last of the run markers the suite puts in the environment (``HEALTHCHECK_RUN_ID``:
+    ``<pid>-<start>-<n>-<random>``); without one, or where the kernel has no such option, there
+    is nothing to check."""
     parts = os.environ.get("HEALTHCHECK_RUN_ID", "").split(":")[-1].split("-")
     if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
         return True

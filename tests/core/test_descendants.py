@@ -9,8 +9,8 @@ return by its deadline + 0.5 s; so must the whole CLI with a stub nvidia-smi.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from probes import pidstat, proc
+from probes import proc
 from tests.conftest import ROOT, clean_env, run_cli
 from tests.descendants import KINDS, hang, stub
 from tests.servers import leftovers, wait_gone
@@ -84,59 +84,15 @@ def test_a_whole_storm_is_found(marker, tmp_path):
     assert _gone(marker) == []
 
 
-# A daemon's middle process: an orphan of ours in a session of its own, with the run's
-# marker, that forks the daemon and dies when told (SIGUSR1); it writes its pid when ready.
-MIDDLE = ("import os, signal, sys\nif os.fork(): os._exit(0)\nos.setsid()\n"
-          "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])\n"
-          "open(sys.argv[2], 'w').write(str(os.getpid()))\nsignal.sigwait([signal.SIGUSR1])\n"
-          "if os.fork() == 0: os.execvp('sleep', [sys.argv[1], '300'])\nos._exit(0)")
-
-
-def test_a_process_that_forks_and_dies_while_proc_is_read_is_followed(marker, tmp_path, monkeypatch):
-    """/proc is listed, then read one process at a time: a process that forks and dies in
-    between shows dead, and its child is in no list. The sweep must look again rather than
-    end on a pass that found nothing new (daemons outlived their runs that way)."""
-    ready = tmp_path / "middle"
-    tool = tmp_path / "tool"
-    tool.write_text(f"#!/bin/bash\n{sys.executable} -I -S -c \"{MIDDLE}\" '{marker}-daemon' {ready} &\n"
-                    f"while [ ! -s {ready} ]; do sleep 0.01; done\n")
-    tool.chmod(0o755)
-    child = proc.spawn([str(tool)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert child.wait(10) == 0
-    middle = int(ready.read_text())
-    real_table, reads = proc._table, []
-
-    def listed_then_forked() -> dict[int, pidstat.Proc]:
-        table = real_table()
-        if not reads:  # the middle process forks and dies after the listing, before its entry is read
-            os.kill(middle, signal.SIGUSR1)
-            end = time.monotonic() + 5
-            while (st := pidstat.stat(middle)) is None or st.state not in proc.DEAD:
-                assert time.monotonic() < end, "the middle process did not fork and exit"
-                time.sleep(0.005)
-            table[middle] = st
-        reads.append(len(table))
-        return table
-
-    monkeypatch.setattr(proc, "_table", listed_then_forked)
-    proc.end(child, grace=0)
-    monkeypatch.undo()
-    left = _gone(marker)
-    assert len(reads) > 1, "the sweep ended on the pass that saw the middle process die"
-    assert left == []
-
-
 # An orphan of ours that never stops forking (a marked sleeper every 5 ms); it writes its pid.
 FORKER = ("import os, sys, time\nif os.fork(): os._exit(0)\nos.setsid()\n"
           "open(sys.argv[2], 'w').write(str(os.getpid()))\nwhile True:\n"
           "    if os.fork() == 0:\n        time.sleep(300)\n        os._exit(0)\n    time.sleep(0.005)")
 
 
-def test_a_sweep_that_the_machine_keeps_waiting_still_ends_the_storm(marker, tmp_path, monkeypatch):
-    """On a busy machine the sweeper is preempted between its passes: wall time passes while
-    it does nothing. A pass after the wait that finds new processes earns another pass (its
-    wall budget counts from there), or what a storm forked meanwhile is never found (a fork
-    storm's children outlived a run under load)."""
+def test_an_orphan_that_never_stops_forking_is_ended_with_all_it_forked(marker, tmp_path):
+    """A storm outside the child's group that goes on while it is ended: each pass kills what it
+    finds, a killed process forks no more, and the next pass finds what was forked before."""
     ready = tmp_path / "forker"
     tool = tmp_path / "tool"
     tool.write_text(f"#!/bin/bash\n{sys.executable} -I -S -c \"{FORKER}\" '{marker}-storm' {ready} &\n"
@@ -145,25 +101,14 @@ def test_a_sweep_that_the_machine_keeps_waiting_still_ends_the_storm(marker, tmp
     child = proc.spawn([str(tool)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert child.wait(10) == 0
     forker = psutil.Process(int(ready.read_text()))
-    real_table, reads = proc._table, []
-
-    def preempted_after_the_listing() -> dict[int, pidstat.Proc]:
-        table = real_table()
-        if not reads:  # the forker forks a child that this listing lacks while the sweeper waits
-            end = time.monotonic() + 5
-            while all(c.pid in table for c in forker.children()):
-                assert time.monotonic() < end, "the forker did not fork"
-                time.sleep(0.005)
-            time.sleep(proc.SWEEP_TIME)  # the rest of the preemption: longer than the sweep's budget
-        reads.append(len(table))
-        return table
-
-    monkeypatch.setattr(proc, "_table", preempted_after_the_listing)
+    end = time.monotonic() + 5
+    while len(forker.children()) < 3:
+        assert time.monotonic() < end, "the forker did not fork"
+        time.sleep(0.01)
+    start = time.monotonic()
     proc.end(child, grace=0)
-    monkeypatch.undo()
-    left = _gone(marker)
-    assert len(reads) > 1, "the sweep ended on the pass it waited through"
-    assert left == []
+    assert time.monotonic() - start <= SLACK
+    assert _gone(marker) == []
 
 
 def test_sweeps_never_take_the_exit_status_of_someone_elses_child(marker, tmp_path):
@@ -249,6 +194,59 @@ def test_end_descendants_is_the_final_sweep(marker, tmp_path):
     assert _gone(marker) == []
 
 
+# A process of another user with an empty environment (a training job, say) that says so each time
+# it is continued (SIGSTOP cannot be caught, the SIGCONT that must follow it can).
+STRANGER = "trap 'echo continued' CONT; echo ready $$; while :; do sleep 0.1; done"
+
+REFUSED = """
+import ctypes, json, os, subprocess, sys, threading, time
+from probes import proc
+real_cdll = ctypes.CDLL
+
+def refusing(*args, **kwargs):  # libc, whose prctl says no to the child subreaper (as before Linux 3.4)
+    libc = real_cdll(*args, **kwargs)
+    prctl = libc.prctl
+    libc.prctl = lambda option, *rest: -1 if option == 36 else prctl(option, *rest)
+    return libc
+
+ctypes.CDLL = refusing
+assert not proc.subreaper()
+stranger = sys.argv[1]
+r, w = os.pipe()
+
+def start() -> None:  # once the run's child is there: a process started since the run began
+    time.sleep(0.3)
+    subprocess.run(["setsid", "-f", "env", "-i", "/bin/sh", "-c", stranger], stdout=w,
+                   stderr=subprocess.DEVNULL, user=4242, group=4242, extra_groups=[], check=True)
+
+t = threading.Thread(target=start)
+t.start()
+done = proc.run(["sleep", "30"], deadline=time.monotonic() + 2.0)
+t.join()
+time.sleep(0.3)
+os.close(w)
+os.set_blocking(r, False)
+said = os.read(r, 4096).decode().split()
+pid = int(said[1])
+state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+os.killpg(pid, 9)
+print(json.dumps({"timed_out": done.timed_out, "said": said, "state": state}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may start a process as another user")
+def test_without_the_subreaper_no_process_of_another_user_is_stopped_or_continued():
+    """Where the kernel refuses the child subreaper, only the run's descendants are looked at: a
+    process of another uid with an empty environment, started during the run and there while its
+    child is ended, is never stopped and never continued."""
+    r = subprocess.run([sys.executable, "-c", REFUSED, STRANGER], cwd=ROOT, env=clean_env(),
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["timed_out"] and got["said"][0] == "ready", got
+    assert "continued" not in got["said"] and got["state"] in ("S", "R"), got
+
+
 def test_end_descendants_with_nothing_started_is_free():
     code = ("import time; from probes import proc; t = time.perf_counter(); n = proc.end_descendants(); "
             "print(n, time.perf_counter() - t)")
@@ -259,11 +257,13 @@ def test_end_descendants_with_nothing_started_is_free():
 
 
 SWEEP_FREE = """
-import sys, time
+import os, sys, time
+reads = []  # each read of the process table lists /proc
+listdir = os.listdir
+os.listdir = lambda path=".": (reads.append(1) if path == "/proc" else None) or listdir(path)
 from probes import proc
-reads = []
-table = proc._table
-proc._table = lambda *a, **k: reads.append(1) or table(*a, **k)
+proc.run([sys.argv[1]], deadline=time.monotonic() + 30)  # the first child: the one look for a killed suite's
+reads.clear()                                           # leftovers (probes/orphans.py), once per process
 r = proc.run([sys.argv[1]], deadline=time.monotonic() + 30)
 at_end = len(reads)
 n = proc.end_descendants()

@@ -88,11 +88,17 @@ def test_killed_by_signal_is_reported(marker):
     assert res.signal == signal.SIGSEGV and not res.timed_out
 
 
+def unkillable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if every process were in uninterruptible sleep: the kernel boundary, the signal system
+    calls, drops our signals (kill, killpg and a pidfd's)."""
+    for name in ("kill", "killpg"):
+        monkeypatch.setattr(os, name, lambda *a: None)
+    monkeypatch.setattr(signal, "pidfd_send_signal", lambda *a: None, raising=False)
+
+
 def test_unkillable_child_is_reported_stuck_not_awaited(monkeypatch, marker):
-    """A process in uninterruptible sleep ignores SIGKILL; the kernel boundary is faked by
-    dropping our signals, and the helper must still return within its bound."""
-    monkeypatch.setattr(proc.os, "killpg", lambda *a: None)
-    monkeypatch.setattr(proc.os, "kill", lambda *a: None)
+    """A process in uninterruptible sleep ignores SIGKILL; the helper must still return within its bound."""
+    unkillable(monkeypatch)
     res, took = timed([sys.executable, "-c", "import time; time.sleep(60)", marker], 0.3)
     monkeypatch.undo()
     try:
@@ -117,8 +123,7 @@ def test_a_stuck_child_is_remembered_and_not_started_again(monkeypatch, marker, 
 
     state = State.open(str(tmp_path / "state"))
     argv = [sys.executable, "-c", "import time; time.sleep(60)", marker]
-    monkeypatch.setattr(proc.os, "killpg", lambda *a: None)
-    monkeypatch.setattr(proc.os, "kill", lambda *a: None)
+    unkillable(monkeypatch)
     first = proc.run(argv, deadline=time.monotonic() + 0.3, state=state, key="tool")
     monkeypatch.undo()
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -108,9 +109,11 @@ def test_the_front_doors_kill_after_its_term_leaves_no_worker(make_interp: Calla
 
 def test_the_next_run_ends_an_orphan_worker_before_it_starts_one(make_interp: Callable[..., Interp],
                                                                  tagged, tmp_path: Path) -> None:
-    """An interpreter wrapper that does not exec keeps the worker from the parent-death signal's
-    reach (the worker's parent, the wrapper, lives on): the next run ends both before its own worker."""
-    slow, ready = _slow(make_interp, tmp_path, "wrapped", body=f'"{REAL_PYTHON}" "$@"')
+    """Two interpreter wrappers that do not exec keep the worker from the parent-death signal's
+    reach: the outer one, the suite's child, dies with the suite, but the inner one, the worker's
+    parent, lives on; the next run ends both before its own worker."""
+    slow, ready = _slow(make_interp, tmp_path, "wrapped",
+                        body=f'sh -c \'"$0" "$@"; exit $?\' "{REAL_PYTHON}" "$@"; exit $?')
     suite = _suite(_env(tmp_path, slow), "--only", "torch-cuda")
     assert _until(ready.exists, 20), "the torch worker did not start"
     _kill(suite)
@@ -155,6 +158,57 @@ def test_the_next_run_ends_what_a_killed_suites_drop_in_left(tagged, tmp_path: P
     assert r.returncode == 0 and "sleeper" in r.stdout, r.stdout + r.stderr
     left = _until(lambda: not tagged(), WITHIN) or tagged()
     assert left is True, f"what the killed suite's drop-in left still runs: {left}"
+
+
+def test_a_drop_in_dies_with_its_suite_killed_by_sigkill(tagged, tmp_path: Path) -> None:
+    """A drop-in that sleeps forever is gone within about a second after its suite is SIGKILLed,
+    with no later run: every child the suite starts has the parent-death signal."""
+    env = _env(tmp_path, REAL_PYTHON, ENABLE_GPU_CHECK="false", ENABLE_TORCH_CHECK="false",
+               ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false")
+    started = tmp_path / "started"
+    write_exe(tmp_path / "checks" / "forever", f'#!/bin/sh\ntouch "{started}"\nexec sleep 300\n')
+    suite = _suite(env, "--only", "forever")
+    assert _until(lambda: started.exists() and _others(tagged, suite.pid), 20), "the drop-in did not start"
+    _kill(suite)
+    left = _until(lambda: not tagged(), 1.0) or tagged()
+    assert left is True, f"the drop-in outlived the killed suite: {left}"
+
+
+# In a PID namespace of its own (pid 1 there), so that the next fork can be given a chosen pid.
+REUSE = """
+import json, os, subprocess, time
+from probes import orphans
+from probes.pidstat import stat
+# What a killed suite left: the marker of a suite process that is gone (no pid 999 here).
+left = subprocess.Popen(["sleep", "300"], env={"PATH": os.environ["PATH"], "HEALTHCHECK_RUN_ID": "999-1-1-dead"},
+                        start_new_session=True)
+time.sleep(0.1)
+found = orphans.find()
+left.kill()  # it dies before the ending step
+left.wait()
+time.sleep(0.05)  # the next process starts at a later clock tick
+with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+    fh.write(str(left.pid - 1))
+job = subprocess.Popen(["sleep", "300"])  # an unrelated training job, on the leftover's pid
+stuck = orphans.end(found)
+time.sleep(0.1)
+print(json.dumps({"found": {str(k): v for k, v in found.items()}, "left": left.pid, "job": job.pid,
+                  "stuck": stuck, "running": job.poll() is None, "state": stat(job.pid).state.decode()}))
+job.kill()
+"""
+
+
+def test_a_leftovers_pid_reused_before_it_is_ended_is_left_alone() -> None:
+    """Between finding a killed suite's leftover and ending it, the leftover dies and its pid goes
+    to another process: the ending step, given the old pid and start, never touches that one."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare (util-linux) for a PID namespace of its own")
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", PYTHON, "-c", REUSE], cwd=ROOT,
+                       env=clean_env(), capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert list(got["found"]) == [str(got["left"])] and got["job"] == got["left"], got
+    assert got["running"] and got["state"] == "S" and got["stuck"] == [], got
 
 
 def test_a_live_suites_worker_is_not_taken_for_a_leftover(make_interp: Callable[..., Interp], tagged,
