@@ -64,8 +64,9 @@ e2e: ## end-to-end tests on a real Docker engine (installs and starts one as roo
 	bash tests/e2e/run.sh
 
 # VS=dir: also run liveness and cached readiness through a baseline checkout (its own .venv),
-# paired round by round (bench/run.py --vs).
-bench: ## the benchmark: wall time, CPU time and peak RSS per profile against two floors
+# paired round by round (bench/run.py --vs). With a Docker engine and the test image it also
+# times the probes through `docker exec` (E2E_IMAGE, default gpu-dev:e2e).
+bench: fakes ## the benchmark: wall time, CPU time and peak RSS per profile against the floors
 	$(PY) bench/run.py $(if $(VS),--vs '$(VS)')
 
 # No dependency on .venv: a GPU machine has no network for `make setup`. FAKE=1 uses .venv.

@@ -1,22 +1,16 @@
 """`make bench`: what one health check costs, measured as Docker and the kubelet run it.
 
-Each case is a whole process started through the front door (`./healthcheck --profile P`)
-and reaped with os.wait4, which on Linux returns the resource use of the child and of
-every descendant it reaped (bash -> timeout -> python -> nvidia-smi / the torch worker):
+Each case is a whole process started through the front door (`./healthcheck --profile P`) by
+bench/spawn.c, which reaps it with wait4: wall time, CPU time (user + system of the whole tree)
+and peak RSS (ru_maxrss of the largest process in it). Each round runs every case once, so load
+from other work falls on all alike, beside the floors `python -c pass` and `python -c "import
+torch"`. The GPU is faked at the driver boundary (bench/nvidia-smi.c on PATH, tests/fakes' NVML
+library), torch runs on the CPU, a real sshd and a real Jupyter Server listen on loopback.
+--vs DIR runs liveness and cached readiness through DIR's front door too, in the same rounds.
+With a Docker engine and the test image, the rounds also `docker exec` into one container of
+it: `true` (the floor), liveness and cached readiness, as an exec probe runs them.
 
-  wall   spawn to reap, milliseconds
-  cpu    user + system time of the whole tree, milliseconds
-  rss    ru_maxrss: the largest resident set of any one process in the tree, MiB
-
-The cases run interleaved (round i of every case, then round i+1), so load from other
-work on the machine falls on every case alike, next to two floors: `python -c pass` and
-`python -c "import torch"` with the same interpreter. GPU checks are faked at the
-driver boundary (a stub nvidia-smi on PATH, the fake libnvidia-ml.so.1 from tests/fakes
-via LD_LIBRARY_PATH) or switched off when the fake library is missing; torch runs on the
-CPU; a real sshd and a real Jupyter Server listen on loopback ports.
-
-Usage: bench/run.py [--runs N] [--hang-runs N] [--cases a,b] [--no-services] [--json-only]
-Results: bench/results/<timestamp>.json and bench/results/latest.json.
+Results: bench/results/<time>.json and bench/results/latest.json.
 """
 
 from __future__ import annotations
@@ -25,7 +19,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import math
 import os
 import platform
 import shutil
@@ -34,605 +27,293 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-import docker_exec  # bench/ beside this script
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # for tests.servers and tests.fakes
-FRONT_DOOR = ROOT / "healthcheck"
-VENV_PY = ROOT / ".venv" / "bin" / "python"
+sys.path.insert(0, str(ROOT))  # for tests.servers
 RESULTS = ROOT / "bench" / "results"
 FAKE_NVML = ROOT / "tests" / "fakes" / "build" / "libnvidia-ml.so.1"
-MIB = 1024.0  # ru_maxrss is in KiB on Linux
-CHILD_LIMIT = 180.0  # a bench child that takes longer than this is killed and reported
+IMAGE = os.environ.get("E2E_IMAGE", "gpu-dev:e2e")  # what make e2e builds
+CHILD_LIMIT = 180.0  # a case that takes longer is killed (the front door's own deadline comes first)
+READY_WAIT = 180.0  # for the container's first passing readiness run (Jupyter's start, torch cached)
 
-# --vs DIR: these cases run again through DIR's front door (a checkout with its own .venv) in
-# the same rounds, and each must stay within BASELINE_SLACK of it, the ratio taken pair by pair.
-PAIRED = ("liveness", "readiness (torch cached)")
-AT_BASELINE = " @ baseline"
-BASELINE_SLACK = 0.05
-
-# Targets (the verdicts printed under the table).
-LIVENESS_FLOOR_FACTOR = 3.0
+FLOOR, DOCKER_FLOOR = "floor: python -c pass", "docker exec: true (floor)"
+# Targets: a case's median wall time at most FACTOR x its floor's, with no failed run.
+FACTORS = {"liveness": 3.0, "readiness (torch cached)": 5.0,
+           "docker exec: liveness": 1.6, "docker exec: readiness (torch cached)": 1.7}
 LIVENESS_RSS_MIB = 30.0
-READINESS_FLOOR_FACTOR = 5.0
-# An empty drop-in directory costs one scandir (microseconds): "no measurable time" is a
-# median paired difference, liveness with it against liveness without, below this.
-NO_TIME_MS = 1.0
-HANG_SLACK = 0.5
+# --vs: each must stay within BASELINE_SLACK of the baseline, by the median of per-round ratios.
+PAIRED, BASELINE_SLACK = ("liveness", "readiness (torch cached)"), 0.05
 
 
-# ---------------------------------------------------------------- measuring one process
-
-class Sample:
-    __slots__ = ("code", "cpu", "out", "rss", "wall")
-
-    def __init__(self, wall: float, cpu: float, rss: float, code: int, out: str):
-        self.wall, self.cpu, self.rss, self.code, self.out = wall, cpu, rss, code, out
-
-
-LAUNCHER: str | None = None  # the compiled bench/spawn.c, when a C compiler is here
+@dataclass
+class Case:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    floor: str = FLOOR
+    kind: str = "profile"  # floor, profile, baseline, docker exec
+    samples: list[tuple[float, float, float, int, str]] = field(default_factory=list)
 
 
-def build_launcher(work: Path) -> str | None:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        return None
-    exe = work / "spawn"
-    r = subprocess.run([cc, "-O2", "-o", str(exe), str(ROOT / "bench" / "spawn.c")],
-                       capture_output=True, check=False)
-    return str(exe) if r.returncode == 0 else None
-
-
-def measure(argv: list[str], env: dict[str, str], cwd: Path = ROOT) -> Sample:
-    """Run argv to completion; wall seconds, CPU seconds of its tree, max RSS MiB, exit code."""
-    argv = [shutil.which(argv[0], path=env.get("PATH")) or argv[0], *argv[1:]]
+def measure(launcher: str, case: Case) -> tuple[float, float, float, int, str]:
+    """(wall ms, CPU ms of the tree, peak RSS MiB, exit code, output) of one run of the case."""
+    start = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.NamedTemporaryFile("r") as res:
-        t0 = time.perf_counter()
-        launch = [LAUNCHER, res.name, *argv] if LAUNCHER else argv
-        proc = subprocess.Popen(launch, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        # A watchdog so that a broken case cannot stall the benchmark.
-        timer = threading.Timer(CHILD_LIMIT, _killpg, (proc.pid,))
-        timer.start()
+        proc = subprocess.Popen([launcher, res.name, *case.argv], env=case.env, cwd=ROOT,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
-            _, status, ru = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)  # already reaped: keep Popen from waiting
+            proc.wait(CHILD_LIMIT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         out.seek(0)
         text = out.read(16384).decode("utf-8", "replace")
-        if LAUNCHER:
-            fields = res.read().split()
-            if len(fields) != 4:
-                raise RuntimeError(f"launcher failed for {argv[0]}: {text[:200]}")
-            return Sample(int(fields[0]) / 1e9, int(fields[1]) / 1e6, int(fields[2]) / MIB,
-                          int(fields[3]), text)
-    # Without the launcher ru_maxrss includes this process's own high-water mark (see spawn.c).
-    return Sample(wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / MIB, proc.returncode, text)
+        fields = res.read().split()
+    if len(fields) != 4:  # killed at CHILD_LIMIT: a failed run, not a measurement
+        return (time.perf_counter() - start) * 1000, 0.0, 0.0, proc.returncode, f"no measurement\n{text}"
+    wall_ns, cpu_us, rss_kib, code = map(int, fields)
+    return wall_ns / 1e6, cpu_us / 1e3, rss_kib / 1024, code, text
 
 
-def _killpg(pid: int) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    s = sorted(values)
-    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
-
-
-def probe_elapsed(out: str, name: str) -> float | None:
-    """A probe's own elapsed seconds from the text report line `STATUS name 0.123s message`."""
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and parts[1] == name and parts[2].endswith("s"):
+def probe_ms(out: str) -> dict[str, float]:
+    """Each probe's own elapsed time from the report's `STATUS name 0.123s message` lines."""
+    found = {}
+    for parts in (line.split() for line in out.splitlines()[1:]):
+        if len(parts) >= 3 and parts[2].endswith("s"):
             with contextlib.suppress(ValueError):
-                return float(parts[2][:-1])
-    return None
-
-
-# ---------------------------------------------------------------- the boundary: servers and stubs
-
-@contextlib.contextmanager
-def sshd(work: Path) -> Iterator[tuple[int, dict[str, str]] | None]:
-    """A real OpenSSH server on a loopback port (None when sshd is not installed), and the
-    settings of a real probe login to it: a key authorized for root from loopback only, forced to
-    /bin/true, as the image's probe principal is."""
-    from tests.servers import Sshd  # the tests' own starter: one place knows how to run sshd
-
-    if Sshd.missing() or not shutil.which("ssh"):
-        yield None
-        return
-    root = work / "sshd"
-    root.mkdir()
-    key = root / "probe"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    authorized = root / "authorized_keys"
-    pub = (root / "probe.pub").read_text()
-    authorized.write_text(f'restrict,from="127.0.0.1,::1",command="/bin/true" {pub}')
-    server = Sshd(root, ipv6=False, options=(f"AuthorizedKeysFile {authorized}",)).start()
-    login = {"HEALTHCHECK_SSH_PROBE_KEY": str(key), "HEALTHCHECK_SSH_PROBE_USER": "root",
-             "HEALTHCHECK_SSH_HOST_KEYS": f"{server.host_key}.pub", "HEALTHCHECK_SSH_USER": "root"}
-    try:
-        yield server.port, login
-    finally:
-        server.stop()
-
-
-@contextlib.contextmanager
-def jupyter(work: Path) -> Iterator[tuple[int, Path] | None]:
-    """A real Jupyter Server on a loopback port, with its own runtime dir (None if missing)."""
-    from tests.servers import Jupyter
-
-    try:
-        import jupyter_server  # noqa: F401
-    except ImportError:
-        yield None
-        return
-    (work / "jupyter").mkdir()
-    server = Jupyter(work / "jupyter", token="bench-not-a-secret")
-    try:
-        yield server.port, server.runtime
-    finally:
-        server.stop()
-
-
-SMI_STUB = r"""#!/usr/bin/env bash
-# A healthy nvidia-smi with one GPU (bench fallback when tests/fakes has no stub writer).
-case " $* " in
-  *" -L "*) echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0000abc0-fake-4000-8000-000000000000)"; exit 0 ;;
-esac
-q=
-for a in "$@"; do case "$a" in --query-gpu=*) q=${a#--query-gpu=} ;; esac; done
-[ -n "$q" ] || { echo "NVIDIA-SMI 550.54.15  Driver Version: 550.54.15  CUDA Version: 12.4"; exit 0; }
-IFS=, read -ra keys <<<"$q"
-row=
-for k in "${keys[@]}"; do
-  case "$k" in
-    count) v=1 ;; index) v=0 ;; name) v="NVIDIA H100 80GB HBM3" ;;
-    uuid) v=GPU-0000abc0-fake-4000-8000-000000000000 ;; driver_version) v=550.54.15 ;;
-    pci.bus_id) v=00000000:41:00.0 ;; compute_mode) v=Default ;; *) v="[N/A]" ;;
-  esac
-  row=${row:+$row, }$v
-done
-echo "$row"
-"""
-
-HANG_SMI = """#!/usr/bin/env bash
-# nvidia-smi wedged in the driver: never answers.
-exec -a {marker}-smi sleep 600
-"""
-
-HANG_SMI_NASTY = """#!/usr/bin/env bash
-# nvidia-smi that ignores SIGTERM and leaves a grandchild holding its stdout.
-trap '' TERM
-(trap '' TERM; exec -a {marker}-grandchild sleep 600) &
-exec -a {marker}-smi-noterm sleep 600
-"""
-
-HANG_TORCH = """#!/usr/bin/env bash
-# The image's python, stuck (a CUDA call that never returns).
-trap '' TERM
-exec -a {marker}-torch sleep 600
-"""
-
-
-def write_exe(path: Path, text: str) -> Path:
-    path.write_text(text)
-    path.chmod(0o755)
-    return path
-
-
-def write_healthy_smi(bin_dir: Path) -> str:
-    """A compiled stub nvidia-smi (bench/nvidia-smi.c) when a C compiler is here, else a script."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc:
-        source = ROOT / "bench" / "nvidia-smi.c"
-        r = subprocess.run([cc, "-O2", "-o", str(bin_dir / "nvidia-smi"), str(source)],
-                           capture_output=True, check=False)
-        if r.returncode == 0:
-            return "bench/nvidia-smi.c, compiled (1 GPU)"
-    write_exe(bin_dir / "nvidia-smi", SMI_STUB)
-    return "bench script stub (1 GPU): no C compiler"
-
-
-def leftovers(marker: str) -> list[int]:
-    """Processes anywhere whose command line carries our marker (zombies excluded)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmd:
-            found.append(int(entry))
+                found[parts[1]] = float(parts[2][:-1]) * 1000
     return found
 
 
-# ---------------------------------------------------------------- the benchmark
-
-class Bench:
-    def __init__(self, args: argparse.Namespace):
-        self.args = args
-        self.py = str(VENV_PY if VENV_PY.exists() else Path(sys.executable))
-        self.work = Path(tempfile.mkdtemp(prefix="hcbench-"))
-        # Only the hang stubs carry this in their command line (the servers' paths do not).
-        self.marker = f"hcbench{os.getpid()}x{os.urandom(3).hex()}"
-        self.base_env: dict[str, str] = {}
-        self.gpu_mode = ""
-        self.services: dict[str, str] = {}
-        self.ssh_login: dict[str, str] = {}  # a real probe login's settings (see sshd())
-
-    def env(self, **extra: str) -> dict[str, str]:
-        e = dict(self.base_env)
-        e.update(extra)
-        return e
-
-    def prepare(self, ssh: tuple[int, dict[str, str]] | None, jup: tuple[int, Path] | None) -> None:
-        ssh_port, self.ssh_login = (ssh[0], ssh[1]) if ssh else (None, {})
-        bin_dir = self.work / "bin"
-        bin_dir.mkdir()
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("ENABLE_", "HEALTHCHECK_", "FAKE_NVML", "CUDA_", "NVIDIA_"))}
-        env["PATH"] = f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"
-        env.update(HEALTHCHECK_PYTHON=self.py, HEALTHCHECK_TORCH_PYTHON=self.py,
-                   HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_TTL="3600",
-                   HEALTHCHECK_STATE_DIR=str(self.work / "state"), HEALTHCHECK_FASTPATH="false",
-                   HEALTHCHECK_CHECKS_DIR=str(self.work / "no-checks"),  # missing: no drop-ins
-                   NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-        if not FAKE_NVML.exists() and shutil.which("make") and (ROOT / "tests/fakes/Makefile").exists():
-            subprocess.run(["make", "-s", "-C", str(ROOT / "tests/fakes")], check=False,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if FAKE_NVML.exists() and not self.args.gpu_off:
-            stub = write_healthy_smi(bin_dir)
-            scenario = write_exe(self.work / "nvml.scenario", "gpus 1\n")
-            env.update(LD_LIBRARY_PATH=f"{FAKE_NVML.parent}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":"),
-                       FAKE_NVML_SCENARIO=str(scenario), ENABLE_GPU_CHECK="true",
-                       HEALTHCHECK_GPU_COUNT="1")
-            self.gpu_mode = f"faked: stub nvidia-smi on PATH ({stub}) + fake NVML via LD_LIBRARY_PATH"
-        else:
-            env["ENABLE_GPU_CHECK"] = "false"
-            why = "--gpu-off" if self.args.gpu_off else f"{FAKE_NVML.relative_to(ROOT)} missing"
-            self.gpu_mode = f"off: ENABLE_GPU_CHECK=false ({why})"
-        if ssh_port:
-            env["HEALTHCHECK_SSH_PORT"] = str(ssh_port)
-            self.services["ssh"] = f"real sshd on 127.0.0.1:{ssh_port}"
-        else:
-            env["ENABLE_SSH_CHECK"] = "false"
-            self.services["ssh"] = "off (no sshd: apt-get install -y openssh-server)"
-        if jup:
-            env["HEALTHCHECK_JUPYTER_PORT"] = str(jup[0])
-            env["HEALTHCHECK_JUPYTER_RUNTIME_DIR"] = str(jup[1])
-            self.services["jupyter"] = f"real Jupyter Server on 127.0.0.1:{jup[0]}"
-        else:
-            env["ENABLE_JUPYTER_CHECK"] = "false"
-            self.services["jupyter"] = "off (no jupyter-server in .venv)"
-        self.base_env = env
-
-    # Each case: (name, kind, argv, env factory run before every sample)
-    def cases(self) -> list[tuple[str, str, list[str], Callable[[int], dict[str, str]]]]:
-        hc = str(FRONT_DOOR)
-        cold_root = self.work / "cold"
-        cold_root.mkdir()
-        empty_checks = self.work / "checks-empty"
-        empty_checks.mkdir()
-
-        def fixed(e: dict[str, str]) -> Callable[[int], dict[str, str]]:
-            return lambda i: e
-
-        def fresh_state(i: int) -> dict[str, str]:
-            return self.env(HEALTHCHECK_STATE_DIR=str(cold_root / f"s{i}"))
-
-        all_cases = [
-            ("floor: python -c pass", "floor", [self.py, "-c", "pass"], fixed(self.env())),
-            ("floor: python -c 'import torch'", "floor", [self.py, "-c", "import torch"], fixed(self.env())),
-            ("liveness", "profile", [hc, "--profile", "liveness"], fixed(self.env())),
-            ("liveness (empty drop-in dir)", "profile", [hc, "--profile", "liveness"],
-             fixed(self.env(HEALTHCHECK_CHECKS_DIR=str(empty_checks)))),
-            ("readiness (torch cached)", "profile", [hc, "--profile", "readiness"], fixed(self.env())),
-            ("readiness (cold state dir)", "profile", [hc, "--profile", "readiness"], fresh_state),
-            ("startup (torch fresh)", "profile", [hc, "--profile", "startup"], fixed(self.env())),
-        ]
-        if self.ssh_login:  # the SSH user's key files and a login (cached after warm-up): what they add
-            all_cases.append(("readiness + ssh-keys, ssh-login", "profile", [hc, "--profile", "readiness"],
-                              fixed(self.env(**self.ssh_login))))
-        if self.args.vs:  # the same cases through a baseline checkout, in the same rounds
-            base = Path(self.args.vs).resolve()
-            twin = self.env(HEALTHCHECK_PYTHON=str(base / ".venv" / "bin" / "python"),
-                            HEALTHCHECK_STATE_DIR=str(self.work / "state-baseline"))
-            all_cases += [(f"{name}{AT_BASELINE}", kind, [str(base / "healthcheck"), *argv[1:]], fixed(twin))
-                          for name, kind, argv, _ in all_cases if name in PAIRED]
-        if self.args.cases:
-            wanted = [c.strip() for c in self.args.cases.split(",")]
-            all_cases = [c for c in all_cases if c[1] == "floor" or any(w in c[0] for w in wanted)]
-        return all_cases
-
-    def run_cases(self) -> dict[str, Any]:
-        cases = self.cases()
-        # Warm the page cache and the torch result cache; none of this is measured.
-        for _, _, argv, envf in cases:
-            measure(argv, envf(-1))
-        samples: dict[str, list[Sample]] = {name: [] for name, *_ in cases}
-        for i in range(self.args.runs):
-            for name, _, argv, envf in cases:
-                samples[name].append(measure(argv, envf(i)))
-            if not self.args.json_only and sys.stderr.isatty():
-                print(f"\r  round {i + 1}/{self.args.runs}", end="", file=sys.stderr, flush=True)
-        if not self.args.json_only and sys.stderr.isatty():
-            print("\r" + " " * 30 + "\r", end="", file=sys.stderr)
-        out: dict[str, Any] = {}
-        for name, kind, argv, _ in cases:
-            s = samples[name]
-            torch_s = [t for t in (probe_elapsed(x.out, "torch-cuda") for x in s) if t is not None]
-            ssh_s = {p: [t for t in (probe_elapsed(x.out, p) for x in s) if t is not None]
-                     for p in ("ssh-keys", "ssh-login")}
-            bad = [x for x in s if x.code != 0]
-            out[name] = {
-                "kind": kind,
-                "argv": [a.replace(str(ROOT) + "/", "") for a in argv],
-                "runs": len(s),
-                "wall_ms": [round(x.wall * 1000, 2) for x in s],
-                "cpu_ms": [round(x.cpu * 1000, 2) for x in s],
-                "rss_mib": [round(x.rss, 2) for x in s],
-                "exit_codes": sorted({x.code for x in s}),
-                "failures": len(bad),
-                "first_failure": bad[0].out.splitlines()[0] if bad and bad[0].out else None,
-                "torch_probe_s": torch_s,
-                # a kernel started through Jupyter Server (startup), or its cached pass (readiness)
-                "kernel_probe_s": [t for t in (probe_elapsed(x.out, "jupyter-kernel") for x in s)
-                                   if t is not None],
-                "ssh_probe_s": {p: t for p, t in ssh_s.items() if t},
-                "sample_output": s[-1].out[:1000] if s else "",
-            }
-        return out
-
-    def run_hangs(self) -> dict[str, Any]:
-        """Time from a hang to our answer against HEALTHCHECK_TIMEOUT."""
-        timeout = self.args.hang_timeout
-        results: dict[str, Any] = {}
-        variants = [
-            ("nvidia-smi hangs", HANG_SMI, None, "readiness"),
-            ("nvidia-smi ignores TERM + grandchild holds pipe", HANG_SMI_NASTY, None, "readiness"),
-            ("torch worker hangs, ignores TERM", None, HANG_TORCH, "startup"),
-        ]
-        for name, smi, torch, profile in variants:
-            d = self.work / f"hang-{len(results)}"
-            bin_dir = d / "bin"
-            bin_dir.mkdir(parents=True)
-            extra = {"HEALTHCHECK_TIMEOUT": f"{timeout:g}", "HEALTHCHECK_STATE_DIR": str(d / "state"),
-                     "PATH": f"{bin_dir}:{self.base_env['PATH']}"}
-            if smi:
-                write_exe(bin_dir / "nvidia-smi", smi.format(marker=self.marker))
-                extra.update(ENABLE_GPU_CHECK="true", ENABLE_TORCH_CHECK="false")
-            if torch:
-                extra["HEALTHCHECK_TORCH_PYTHON"] = str(
-                    write_exe(bin_dir / "python-hangs", torch.format(marker=self.marker)))
-            argv = [str(FRONT_DOOR), "--profile", profile]
-            walls, codes, left, first = [], set(), 0, ""
-            for _ in range(self.args.hang_runs):
-                s = measure(argv, self.env(**extra))
-                walls.append(s.wall)
-                codes.add(s.code)
-                first = first or (s.out.splitlines() or [""])[0]
-                time.sleep(0.3)  # the kernel delivers SIGKILL asynchronously
-                stray = leftovers(self.marker)
-                left += len(stray)
-                for pid in stray:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGKILL)
-            results[name] = {"profile": profile, "timeout_s": timeout, "runs": len(walls),
-                             "wall_s": [round(w, 3) for w in walls], "exit_codes": sorted(codes),
-                             "leftover_processes": left, "output": first[:200]}
-        return results
+def compile_c(cc: str, work: Path) -> str:
+    """bench/spawn.c, and bench/nvidia-smi.c as the healthy nvidia-smi on PATH (a C program, as the
+    real one is: a script would add an interpreter's start)."""
+    for name in ("spawn", "nvidia-smi"):
+        source = ROOT / "bench" / f"{name}.c"
+        subprocess.run([cc, "-O2", "-o", str(work / "bin" / name), str(source)], check=True)
+    return str(work / "bin" / "spawn")
 
 
-def fmt_ms(v: float) -> str:
-    return f"{v:8.0f}" if v >= 100 else f"{v:8.1f}"
+def host_env(work: Path, py: str, stack: contextlib.ExitStack, services: dict[str, str]) -> dict[str, str]:
+    """The environment of every host case: stub GPU, CPU torch, a real sshd and Jupyter Server."""
+    from tests.servers import Jupyter, Sshd  # the tests' own starters: one place runs each server
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ENABLE_", "HEALTHCHECK_", "FAKE_NVML", "CUDA_", "NVIDIA_"))}
+    env.update(PATH=f"{work / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+               LD_LIBRARY_PATH=f"{FAKE_NVML.parent}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":"),
+               ENABLE_GPU_CHECK="true", HEALTHCHECK_GPU_COUNT="1", HEALTHCHECK_PYTHON=py,
+               HEALTHCHECK_TORCH_PYTHON=py, HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_TTL="3600",
+               HEALTHCHECK_STATE_DIR=str(work / "state"), HEALTHCHECK_FASTPATH="false",
+               HEALTHCHECK_CHECKS_DIR=str(work / "no-checks"),  # missing: no drop-ins
+               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    if Sshd.missing():
+        env["ENABLE_SSH_CHECK"], services["ssh"] = "false", "off (no sshd)"
+    else:
+        (work / "sshd").mkdir()
+        sshd = Sshd(work / "sshd", ipv6=False).start()
+        stack.callback(sshd.stop)
+        env["HEALTHCHECK_SSH_PORT"], services["ssh"] = str(sshd.port), f"real sshd on 127.0.0.1:{sshd.port}"
+    try:
+        import jupyter_server  # noqa: F401
+    except ImportError:
+        env["ENABLE_JUPYTER_CHECK"], services["jupyter"] = "false", "off (no jupyter-server in .venv)"
+    else:
+        (work / "jupyter").mkdir()
+        jup = Jupyter(work / "jupyter", token="bench-not-a-secret")
+        stack.callback(jup.stop)
+        env.update(HEALTHCHECK_JUPYTER_PORT=str(jup.port), HEALTHCHECK_JUPYTER_RUNTIME_DIR=str(jup.runtime))
+        services["jupyter"] = f"real Jupyter Server on 127.0.0.1:{jup.port}"
+    return env
 
 
-def git_info() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True,
-                                  timeout=10, check=False).stdout.strip()
-        except OSError:
-            return ""
-    return {"commit": git("rev-parse", "HEAD") or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+def start_container(stack: contextlib.ExitStack) -> tuple[str | None, str]:
+    """One container of the test image in its default configuration but the GPU layer (there is no
+    GPU), after its first passing readiness run (a torch, kernel and login result cached); or why not."""
+    def docker(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["docker", *argv], capture_output=True, text=True, timeout=timeout, check=False)
+
+    if not shutil.which("docker"):
+        return None, "no docker CLI"
+    name = f"healthcheck-bench-{os.getpid()}"
+    try:
+        if docker("info", timeout=15).returncode:
+            return None, "no Docker engine answers (tests/e2e/engine.sh starts one)"
+        if docker("image", "inspect", IMAGE, timeout=15).returncode:
+            return None, f"no image {IMAGE} (make e2e builds it; E2E_IMAGE names another)"
+        stack.callback(docker, "rm", "-f", name)
+        run = docker("run", "-d", "--name", name, "--no-healthcheck", "-e", "ENABLE_GPU_CHECK=false",
+                     "-e", "HEALTHCHECK_TORCH_DEVICE=cpu", IMAGE)
+        if run.returncode:
+            return None, f"docker run failed: {' '.join(run.stderr.split())[:200]}"
+        end = time.monotonic() + READY_WAIT
+        while docker("exec", name, "healthcheck", "--profile", "readiness").returncode:
+            if time.monotonic() > end:
+                return None, f"readiness did not pass within {READY_WAIT:g} s in {IMAGE}"
+            time.sleep(2)
+    except subprocess.TimeoutExpired:
+        return None, "the Docker engine did not answer in time"
+    return name, IMAGE
 
 
-def summarise(cases: dict[str, Any], hangs: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
-    lines = []
-    head = (f"{'case':<34}{'wall med':>9}{'p95':>8}{'cpu med':>9}{'p95':>8}{'rss med':>9}{'max':>7}"
-            f"{'x floor':>8}  exit")
-    lines += [head, "-" * len(head)]
-    floor = cases.get("floor: python -c pass")
-    floor_med = statistics.median(floor["wall_ms"]) if floor else float("nan")
-    for name, c in cases.items():
-        w, cpu, rss = c["wall_ms"], c["cpu_ms"], c["rss_mib"]
-        med = statistics.median(w)
-        ratio = med / floor_med if floor_med == floor_med and floor_med > 0 else float("nan")
-        codes = ",".join(str(x) for x in c["exit_codes"])
-        lines.append(f"{name:<34}{fmt_ms(med)} {fmt_ms(pct(w, 95))[1:]}{fmt_ms(statistics.median(cpu))} "
-                     f"{fmt_ms(pct(cpu, 95))[1:]}{statistics.median(rss):8.1f} {max(rss):6.1f}"
-                     f"{ratio:7.1f}x  {codes}")
-        c["summary"] = {"wall_ms_median": med, "wall_ms_p95": pct(w, 95),
-                        "cpu_ms_median": statistics.median(cpu), "cpu_ms_p95": pct(cpu, 95),
-                        "rss_mib_median": statistics.median(rss), "rss_mib_max": max(rss),
-                        "x_floor": ratio}
-    lines.append("(wall/cpu in ms; cpu = user+sys of the whole process tree; rss = ru_maxrss, MiB, "
-                 "of the largest process in the tree)")
-    for name, c in cases.items():
-        if c["failures"]:
-            lines.append(f"  ! {name}: {c['failures']}/{c['runs']} runs exited non-zero: "
-                         f"{c['first_failure']}")
+def make_cases(args: argparse.Namespace, env: dict[str, str], py: str, work: Path,
+               container: str | None) -> list[Case]:
+    hc = str(ROOT / "healthcheck")
+    cases = [Case(FLOOR, [py, "-c", "pass"], env, kind="floor"),
+             Case("floor: python -c 'import torch'", [py, "-c", "import torch"], env, kind="floor"),
+             Case("liveness", [hc, "--profile", "liveness"], env),
+             Case("readiness (torch cached)", [hc, "--profile", "readiness"], env)]
+    if args.vs:
+        base = Path(args.vs).resolve()
+        twin = {**env, "HEALTHCHECK_PYTHON": str(base / ".venv" / "bin" / "python"),
+                "HEALTHCHECK_STATE_DIR": str(work / "state-baseline")}
+        cases += [Case(f"{c.name} @ baseline", [str(base / "healthcheck"), *c.argv[1:]], twin,
+                       kind="baseline") for c in cases if c.name in PAIRED]
+    if container:
+        argv = ["docker", "exec", container]
+        cases += [Case(DOCKER_FLOOR, [*argv, "true"], dict(os.environ), DOCKER_FLOOR, "floor")]
+        cases += [Case(f"docker exec: {c.name}", [*argv, "healthcheck", *c.argv[1:]], dict(os.environ),
+                       DOCKER_FLOOR, "docker exec") for c in cases if c.name in PAIRED]
+    # Last in a round, so that what a kernel start and a torch worker leave behind (page cache,
+    # exiting processes) falls between no floor and its cases and between no pair.
+    cases.append(Case("startup (torch fresh)", [hc, "--profile", "startup"], env))
+    if args.cases:
+        wanted = [w.strip() for w in args.cases.split(",")]
+        cases = [c for c in cases if c.kind == "floor" or any(w in c.name for w in wanted)]
+    return cases
 
-    # The torch op, cold against cached.
-    torch_rows = [(n, c["torch_probe_s"]) for n, c in cases.items() if c["torch_probe_s"]]
-    if torch_rows:
-        lines += ["", "torch-cuda probe's own elapsed time (from the report line):"]
-        for n, t in torch_rows:
-            lines.append(f"  {n:<32} median {statistics.median(t) * 1000:8.1f} ms   "
-                         f"p95 {pct(t, 95) * 1000:8.1f} ms")
 
-    kernel_rows = [(n, c.get("kernel_probe_s")) for n, c in cases.items() if c.get("kernel_probe_s")]
-    if kernel_rows:
-        lines += ["", "jupyter-kernel probe's own elapsed time (a kernel started, or its cached pass):"]
-        for n, t in kernel_rows:
-            lines.append(f"  {n:<32} median {statistics.median(t) * 1000:8.1f} ms   "
-                         f"p95 {pct(t, 95) * 1000:8.1f} ms")
+def record(c: Case) -> dict[str, Any]:
+    wall, cpu, rss = [s[0] for s in c.samples], [s[1] for s in c.samples], [s[2] for s in c.samples]
+    bad = [s for s in c.samples if s[3] != 0]
+    probes: dict[str, list[float]] = {}
+    for s in c.samples:
+        for name, ms in probe_ms(s[4]).items():
+            probes.setdefault(name, []).append(ms)
+    return {"kind": c.kind, "argv": [a.replace(f"{ROOT}/", "") for a in c.argv], "runs": len(c.samples),
+            "wall_ms": [round(x, 2) for x in wall], "cpu_ms": [round(x, 2) for x in cpu],
+            "rss_mib": [round(x, 2) for x in rss], "exit_codes": sorted({s[3] for s in c.samples}),
+            "failures": len(bad), "first_failure": (bad[0][4].splitlines() or [""])[0] if bad else None,
+            "probe_ms": probes, "sample_output": c.samples[-1][4][:1000],
+            "summary": {"wall_ms_median": statistics.median(wall), "cpu_ms_median": statistics.median(cpu),
+                        "rss_mib_max": max(rss)}}
 
-    ssh_rows = [(n, p, t) for n, c in cases.items() for p, t in c.get("ssh_probe_s", {}).items()]
-    if ssh_rows:
-        lines += ["", "ssh-keys (static) and ssh-login (its cached pass) probes' own elapsed time:"]
-        for n, p, t in ssh_rows:
-            lines.append(f"  {n:<32} {p:<10} median {statistics.median(t) * 1000:8.1f} ms   "
-                         f"p95 {pct(t, 95) * 1000:8.1f} ms")
 
-    if hangs:
-        lines += ["", f"hangs: wall time from start to answer vs HEALTHCHECK_TIMEOUT "
-                      f"(target: within +{HANG_SLACK:g}s)"]
-        for n, h in hangs.items():
-            lines.append(f"  {n:<48} timeout {h['timeout_s']:g}s  "
-                         f"median {statistics.median(h['wall_s']):.2f}s  max {max(h['wall_s']):.2f}s  "
-                         f"exit {','.join(map(str, h['exit_codes']))}"
-                         f"  leftovers {h['leftover_processes']}")
+def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The table, each probe's own time, and the targets with their verdicts."""
+    def med(name: str) -> float:
+        return float(results[name]["summary"]["wall_ms_median"])
 
-    targets: list[dict[str, Any]] = []
+    head = f"{'case':<40}{'wall med':>9}{'max':>8}{'cpu med':>9}{'rss max':>9}{'x floor':>9}  exit"
+    lines = [head, "-" * len(head)]
+    for c in cases:
+        r, s = results[c.name], results[c.name]["summary"]
+        own = c.kind != "docker exec" and c.name != DOCKER_FLOOR  # else cpu and rss are the docker client's
+        lines.append(f"{c.name:<40}{s['wall_ms_median']:9.1f}{max(r['wall_ms']):8.1f}"
+                     + (f"{s['cpu_ms_median']:9.1f}{s['rss_mib_max']:9.1f}" if own else f"{'-':>9}{'-':>9}")
+                     + f"{s['wall_ms_median'] / med(c.floor):8.2f}x  {','.join(map(str, r['exit_codes']))}")
+    lines.append("(ms; cpu: user+sys of the process tree; rss: MiB, the largest process in the tree)")
+    lines += [f"  ! {c.name}: {results[c.name]['failures']}/{len(c.samples)} runs failed: "
+              f"{results[c.name]['first_failure']}" for c in cases if results[c.name]["failures"]]
+    lines += ["", "each probe's own elapsed time, median ms (from the report lines):"]
+    lines += [f"  {c.name}: " + ", ".join(f"{p} {statistics.median(t):.0f}" for p, t in
+                                          results[c.name]["probe_ms"].items())
+              for c in cases if results[c.name]["probe_ms"]]
 
-    def target(what: str, ok: bool | None, detail: str) -> None:
-        targets.append({"target": what, "met": ok, "detail": detail})
+    targets = []
+    for c in cases:
+        r, ok = results[c.name], not results[c.name]["failures"]
+        if c.name in FACTORS:
+            m, f = med(c.name), med(c.floor)
+            targets.append((f"{c.name} median <= {FACTORS[c.name]:g}x its floor",
+                            ok and m <= FACTORS[c.name] * f,
+                            f"{m:.1f} ms, {m / f:.2f}x {f:.1f} ms ({c.floor})"))
+        if c.name == "liveness":
+            rss = r["summary"]["rss_mib_max"]
+            targets.append((f"liveness peak RSS < {LIVENESS_RSS_MIB:g} MiB", rss < LIVENESS_RSS_MIB,
+                            f"max {rss:.1f} MiB"))
+        old = results.get(f"{c.name} @ baseline")
+        if old:
+            wall, cpu = (statistics.median([a / b for a, b in zip(r[k], old[k]) if b > 0])
+                         for k in ("wall_ms", "cpu_ms"))
+            targets.append((f"{c.name} within {BASELINE_SLACK:.0%} of the baseline (median per-round ratio)",
+                            ok and max(wall, cpu) <= 1 + BASELINE_SLACK,
+                            f"wall {wall:.3f}, cpu {cpu:.3f} ({len(r['wall_ms'])} pairs)"))
+    lines += ["", "targets:"] + [f"  {'MET    ' if met else 'NOT MET'}  {what}: {detail}"
+                                 for what, met, detail in targets]
+    return lines, [{"target": what, "met": met, "detail": detail} for what, met, detail in targets]
 
-    live = cases.get("liveness")
-    if live and floor:
-        m = live["summary"]["wall_ms_median"]
-        target(f"liveness median <= {LIVENESS_FLOOR_FACTOR:g}x floor", m <= LIVENESS_FLOOR_FACTOR * floor_med
-               and not live["failures"], f"{m:.1f} ms vs {LIVENESS_FLOOR_FACTOR * floor_med:.1f} ms "
-               f"({m / floor_med:.1f}x {floor_med:.1f} ms)")
-        r = live["summary"]["rss_mib_max"]
-        target(f"liveness peak RSS < {LIVENESS_RSS_MIB:g} MiB", r < LIVENESS_RSS_MIB, f"max {r:.1f} MiB")
-    empty = cases.get("liveness (empty drop-in dir)")
-    if live and empty:
-        pairs = [e - b for e, b in zip(empty["wall_ms"], live["wall_ms"])]
-        d = statistics.median(pairs)
-        target("an empty drop-in directory adds no measurable time",
-               d <= NO_TIME_MS and not empty["failures"],
-               f"median paired difference {d:+.1f} ms (under {NO_TIME_MS:g} ms; {len(pairs)} pairs)")
-    ready = cases.get("readiness (torch cached)")
-    if ready and floor:
-        m = ready["summary"]["wall_ms_median"]
-        target(f"readiness (cached) median <= {READINESS_FLOOR_FACTOR:g}x floor",
-               m <= READINESS_FLOOR_FACTOR * floor_med and not ready["failures"],
-               f"{m:.1f} ms vs {READINESS_FLOOR_FACTOR * floor_med:.1f} ms ({m / floor_med:.1f}x)")
-    for n, h in hangs.items():
-        worst = max(h["wall_s"]) - h["timeout_s"]
-        ok = worst <= HANG_SLACK and h["exit_codes"] == [1] and not h["leftover_processes"]
-        target(f"hang answered within {HANG_SLACK:g}s of deadline: {n}", ok,
-               f"worst {worst:+.2f}s vs deadline, exit {h['exit_codes']}, "
-               f"leftovers {h['leftover_processes']}")
-    for name in PAIRED:
-        new, old = cases.get(name), cases.get(name + AT_BASELINE)
-        if new and old:
-            ratios = {k: statistics.median([a / b for a, b in zip(new[k], old[k]) if b > 0])
-                      for k in ("wall_ms", "cpu_ms")}
-            target(f"{name} within {BASELINE_SLACK:.0%} of the baseline (paired, round by round)",
-                   max(ratios.values()) <= 1 + BASELINE_SLACK and not new["failures"],
-                   f"median ratio wall {ratios['wall_ms']:.3f}, cpu {ratios['cpu_ms']:.3f} "
-                   f"({len(new['wall_ms'])} pairs)")
-    lines += ["", "targets:"]
-    for t in targets:
-        lines.append(f"  {'MET    ' if t['met'] else 'NOT MET'}  {t['target']}: {t['detail']}")
-    return lines, targets
+
+def git(*argv: str) -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, text=True, check=False)
+    return done.stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, default=20, help="samples per case (default 20)")
-    p.add_argument("--hang-runs", type=int, default=5, help="samples per hang variant (default 5)")
-    p.add_argument("--hang-timeout", type=float, default=2.0, help="HEALTHCHECK_TIMEOUT for the hangs")
-    p.add_argument("--cases", help="substrings of the case names to run (floors always run)")
-    p.add_argument("--no-services", action="store_true", help="do not start sshd and Jupyter Server")
-    p.add_argument("--no-docker", action="store_true", help="skip the docker exec case")
-    p.add_argument("--no-hangs", action="store_true", help="skip the hang measurements")
-    p.add_argument("--gpu-off", action="store_true", help="ENABLE_GPU_CHECK=false even with the fake NVML")
-    p.add_argument("--json-only", action="store_true", help="print only the JSON result")
-    p.add_argument("--vs", metavar="DIR", help="a baseline checkout (with its .venv): liveness and cached "
+    p.add_argument("--runs", type=int, default=20, help="rounds: samples per case (default 20)")
+    p.add_argument("--cases", help="only the cases whose names contain one of these (comma-separated); "
+                   "the floors always run")
+    p.add_argument("--vs", metavar="DIR", help="a baseline checkout with its own .venv: liveness and cached "
                    "readiness run through its front door too, paired round by round")
-    args = p.parse_args(argv)
-    if args.runs < 1 or args.hang_runs < 1:
-        p.error("--runs and --hang-runs must be at least 1")
-
-    global LAUNCHER
-    bench = Bench(args)
-    LAUNCHER = build_launcher(bench.work)
-    started = datetime.datetime.now(datetime.timezone.utc)
+    p.add_argument("--no-docker", action="store_true", help="skip the docker exec cases")
     try:
-        with contextlib.ExitStack() as stack:
-            ssh = None if args.no_services else stack.enter_context(sshd(bench.work))
-            jup = None if args.no_services else stack.enter_context(jupyter(bench.work))
-            bench.prepare(ssh, jup)
-            load_before = os.getloadavg()
-            cases = bench.run_cases()
-            hangs = {} if args.no_hangs else bench.run_hangs()
-            docker = {"skipped": "--no-docker"} if args.no_docker else docker_exec.run(args.runs)
-            load_after = os.getloadavg()
-    finally:
-        shutil.rmtree(bench.work, ignore_errors=True)
+        args = p.parse_args(argv)
+        if args.runs < 1:
+            p.error("--runs must be at least 1")
+        if not FAKE_NVML.exists():
+            p.error(f"no {FAKE_NVML.relative_to(ROOT)}: run make setup (or make fakes)")
+        if args.vs and not (Path(args.vs) / ".venv" / "bin" / "python").exists():
+            p.error(f"--vs {args.vs}: not a checkout with its own .venv (run make install there)")
+        if not (cc := shutil.which("cc") or shutil.which("gcc")):
+            p.error("no C compiler (cc or gcc) on PATH: apt-get install -y gcc")
+    except SystemExit as exc:
+        return 0 if exc.code == 0 else 3  # argparse's 2 is a usage error
+    py = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
+    started = datetime.datetime.now(datetime.timezone.utc)
+    services: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="hcbench-") as tmp, contextlib.ExitStack() as stack:
+        work = Path(tmp)
+        (work / "bin").mkdir()
+        launcher = compile_c(cc, work)
+        env = host_env(work, py, stack, services)
+        container, docker = (None, "--no-docker") if args.no_docker else start_container(stack)
+        cases = make_cases(args, env, py, work, container)
+        load = [os.getloadavg()[0]]
+        for c in cases:  # warm the page cache and the result caches: not measured
+            measure(launcher, c)
+        for _ in range(args.runs):
+            for c in cases:
+                c.samples.append(measure(launcher, c))
+        load.append(os.getloadavg()[0])
 
-    lines, targets = summarise(cases, hangs)
-    docker_lines, docker_targets = docker_exec.summary(docker)
-    lines += ["", *docker_lines]
-    for what, ok, detail in docker_targets:
-        lines.append(f"  {'MET    ' if ok else 'NOT MET'}  {what}: {detail}")
-        targets.append({"target": what, "met": ok, "detail": detail})
-    info = git_info()
-    header = [
-        f"healthcheck bench  {started:%Y-%m-%d %H:%M:%S}Z  commit {(info['commit'] or '?')[:12]}"
-        f"{' (dirty)' if info['dirty'] else ''}  python {platform.python_version()}  "
-        f"{os.cpu_count()} cores  load {load_before[0]:.2f}->{load_after[0]:.2f}",
-        f"gpu: {bench.gpu_mode}",
-        "torch: HEALTHCHECK_TORCH_DEVICE=cpu, HEALTHCHECK_TORCH_PYTHON="
-        + bench.py.replace(str(ROOT) + "/", ""),
-        "services: " + "; ".join(bench.services.values()),
-        f"runs: {args.runs} per case through ./healthcheck, interleaved; measured by "
-        + ("bench/spawn.c (fork, execv, wait4)" if LAUNCHER else
-           "wait4 from the bench itself (no C compiler: rss is an upper bound)"), "",
-    ]
-    doc = {
-        "time": started.isoformat(timespec="seconds"),
-        **info,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cores": os.cpu_count(),
-        "loadavg": {"before": load_before, "after": load_after},
-        "gpu": bench.gpu_mode,
-        "launcher": "bench/spawn.c" if LAUNCHER else "python wait4",
-        "services": bench.services,
-        "runs": args.runs,
-        "cases": cases,
-        "hangs": hangs,
-        "docker_exec": docker,
-        "targets": targets,
-    }
+    results = {c.name: record(c) for c in cases}
+    lines, targets = report(cases, results)
+    commit = git("rev-parse", "HEAD") or None
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    header = [f"healthcheck bench  {started:%Y-%m-%d %H:%M:%S}Z  commit {(commit or '?')[:12]}"
+              f"{' (dirty)' if dirty else ''}  python {platform.python_version()}  {os.cpu_count()} cores  "
+              f"load {load[0]:.2f}->{load[1]:.2f}",
+              "gpu: faked: bench/nvidia-smi.c on PATH, tests/fakes' NVML (1 GPU); torch on the CPU",
+              f"services: {'; '.join(services.values())}",
+              f"docker exec: {docker}, ENABLE_GPU_CHECK=false HEALTHCHECK_TORCH_DEVICE=cpu" if container
+              else f"docker exec: skipped: {docker}",
+              f"runs: {args.runs} rounds, each case once a round; measured by bench/spawn.c (wait4)", ""]
+    doc = {"time": started.isoformat(timespec="seconds"), "commit": commit, "dirty": dirty,
+           "python": platform.python_version(), "platform": platform.platform(), "cores": os.cpu_count(),
+           "loadavg": {"before": load[0], "after": load[1]}, "services": services, "runs": args.runs,
+           "cases": results, "docker_exec": {"image": docker} if container else {"skipped": docker},
+           "targets": targets}
     RESULTS.mkdir(parents=True, exist_ok=True)
     text = json.dumps(doc, indent=1)
     (RESULTS / f"{started:%Y%m%dT%H%M%SZ}.json").write_text(text)
     (RESULTS / "latest.json").write_text(text)
-    if args.json_only:
-        print(text)
-    else:
-        print("\n".join(header + lines))
-        print(f"\nresults: {RESULTS.relative_to(ROOT)}/{started:%Y%m%dT%H%M%SZ}.json (and latest.json)")
+    print("\n".join([*header, *lines, "", f"results: bench/results/{started:%Y%m%dT%H%M%SZ}.json, latest"]))
     return 0
 
 

@@ -114,10 +114,14 @@ def test_cli_passes_without_a_network() -> None:
 
 # --- broken copies -------------------------------------------------------------------------------
 
-def test_missing_timeout(checker: ModuleType, edit_deployment: Any) -> None:
-    base = edit_deployment(lambda c: c["readinessProbe"].pop("timeoutSeconds"))
-    problems = checker.check(base)
-    assert any("readinessProbe: has no timeoutSeconds" in p and "at least 30" in p for p in problems), problems
+def test_missing_timings(checker: ModuleType, edit_deployment: Any) -> None:
+    def change(c: dict[str, Any]) -> None:
+        c["readinessProbe"].pop("timeoutSeconds")
+        c["livenessProbe"].pop("periodSeconds")
+    problems = checker.check(edit_deployment(change))
+    floor = probe_timeout_floor(PROFILE_RULES["readiness"].timeout)
+    assert any("readinessProbe: has no timeoutSeconds" in p and f"at least {floor}" in p for p in problems), problems
+    assert any("livenessProbe: has no periodSeconds" in p for p in problems), problems
 
 
 def test_misspelt_field_is_a_schema_error(checker: ModuleType, edit_deployment: Any) -> None:
@@ -140,21 +144,21 @@ def test_unknown_field_on_the_container(checker: ModuleType, edit_deployment: An
                for p in problems), problems
 
 
-def test_the_timeout_floor_is_the_front_doors_kill_and_a_second(checker: ModuleType, monkeypatch) -> None:
-    """The policy's floor derives from the deadline ladder the front door uses: it cannot drift."""
-    assert checker.min_timeout("readiness") == 30
-    monkeypatch.setattr(deadlines, "FRONT_DOOR_KILL_AFTER", deadlines.FRONT_DOOR_KILL_AFTER + 2)
-    assert checker.min_timeout("readiness") == 32
+def test_the_timeout_floor_is_read_from_the_deadline_ladder(checker: ModuleType, monkeypatch) -> None:
+    """The policy asks probes.deadlines, which the front door's margins live in: it cannot drift."""
+    floor = deadlines.probe_timeout_floor
+    monkeypatch.setattr(deadlines, "probe_timeout_floor", lambda timeout: floor(timeout) + 2)
+    assert checker.min_timeout("readiness") == floor(PROFILE_RULES["readiness"].timeout) + 2
 
 
-@pytest.mark.parametrize(("field", "profile", "floor"), [
-    ("startupProbe", "startup", 65), ("readinessProbe", "readiness", 30), ("livenessProbe", "liveness", 15)])
-def test_timeout_not_above_the_deadline(checker: ModuleType, edit_deployment: Any, field: str,
-                                        profile: str, floor: int) -> None:
+@pytest.mark.parametrize(("field", "profile"), [
+    ("startupProbe", "startup"), ("readinessProbe", "readiness"), ("livenessProbe", "liveness")])
+def test_timeout_not_above_the_deadline(checker: ModuleType, edit_deployment: Any, field: str, profile: str) -> None:
     deadline = int(PROFILE_RULES[profile].timeout)
+    floor, term = probe_timeout_floor(deadline), deadlines.hard_stop(deadline)
     problems = checker.check(edit_deployment(lambda c: c[field].update(timeoutSeconds=deadline)))
     assert any(f"{field}: timeoutSeconds {deadline} is not above the {profile} deadline {deadline} s" in p
-               and f"at least {floor}" in p for p in problems), problems
+               and f"TERM at {term} s" in p and f"at least {floor}" in p for p in problems), problems
     # One second below the floor fails, the floor itself passes.
     assert checker.check(edit_deployment(lambda c: c[field].update(timeoutSeconds=floor - 1)))
     assert not [p for p in checker.check(edit_deployment(lambda c: c[field].update(timeoutSeconds=floor)))
@@ -256,8 +260,8 @@ def test_http_probe_without_serve(checker: ModuleType, k8s_copy: Path) -> None:
     ops = [op for op in ops if (op.get("value") or {}).get("name") != "HEALTHCHECK_SERVE"]
     (overlay / "probes-http.yaml").write_text(yaml.safe_dump(ops))
     problems = checker.check(overlay)
-    assert any("livenessProbe: httpGet port 8779 but nothing in the pod runs 'healthcheck serve --port 8779'"
-               in p for p in problems), problems
+    assert any("livenessProbe: httpGet port 'health' is not where this container runs healthcheck serve "
+               "(set HEALTHCHECK_SERVE=true" in p for p in problems), problems
 
 
 def test_http_readiness_counts_the_serve_interval(checker: ModuleType, k8s_copy: Path) -> None:
@@ -378,5 +382,5 @@ def test_serve_in_a_post_start_hook_is_not_supervised(checker: ModuleType, k8s_c
         "exec": {"command": ["sh", "-c", "nohup healthcheck serve --host 0.0.0.0 --port 8779 &"]}}}})
     (overlay / "probes-http.yaml").write_text(yaml.safe_dump(ops))
     problems = checker.check(overlay)
-    assert any("nothing in the pod runs 'healthcheck serve --port 8779' (set HEALTHCHECK_SERVE=true" in p
+    assert any("is not where this container runs healthcheck serve (set HEALTHCHECK_SERVE=true" in p
                for p in problems), problems
