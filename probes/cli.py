@@ -329,10 +329,7 @@ def _end_on_sigterm() -> None:
 
 def _error_line(line: str) -> None:
     """One bounded line on stderr (a usage error: exit 3)."""
-    try:
-        os.write(2, (clean(line, MAX_ERROR_LINE) + "\n").encode("utf-8", "backslashreplace"))
-    except OSError:
-        pass
+    _put(2, (clean(line, MAX_ERROR_LINE) + "\n").encode("utf-8", "backslashreplace"))
 
 
 def _guard_std_fds() -> None:
@@ -349,18 +346,30 @@ def _guard_std_fds() -> None:
 
 
 def _write(out: str) -> None:
-    """The report on fd 1, unbuffered: a closed, full or broken stdout loses the text but
-    never changes the exit status, and leaves nothing for Python to complain about at exit."""
-    data = (out + "\n").encode("utf-8", "backslashreplace")
+    """The report on fd 1, unbuffered: nothing is left for Python to flush, and complain about, at exit."""
     try:
         sys.stdout.flush()
     except Exception:  # noqa: S110 - best effort
         pass
+    _put(1, (out + "\n").encode("utf-8", "backslashreplace"))
+
+
+def _put(fd: int, data: bytes) -> None:
+    """Write ``data`` to ``fd``, waiting at most WRITE_WAIT for room: a closed, broken or full one
+    (a pipe that nobody reads) costs the text, never the exit status."""
+    import select
+    import time
+
+    from probes.deadlines import WRITE_WAIT
+
+    end = time.monotonic() + WRITE_WAIT
     while data:
         try:
-            n = os.write(1, data)
+            if not select.select([], [fd], [], max(0.0, end - time.monotonic()))[1]:
+                return
+            # Up to PIPE_BUF bytes fit in a pipe that select calls writable: no write blocks.
+            data = data[os.write(fd, data[:select.PIPE_BUF]):]
         except InterruptedError:
             continue
         except OSError:
             return
-        data = data[n:]

@@ -1,4 +1,4 @@
-"""The bash front door (./healthcheck) writing to a stdout that nobody reads: a real pipe, full."""
+"""The bash front door (./healthcheck) and the suite writing to a stdout that nobody reads: a real pipe, full."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from probes import registry
+from probes import deadlines, registry
 from tests.conftest import ROOT, clean_env
 
 ALL_OFF = {t: "false" for t in registry.TOGGLES}
@@ -41,30 +41,32 @@ def writers_gone(r: int, within: float) -> bool:
     return False
 
 
-def test_a_full_stdout_that_nobody_reads_still_gets_an_exit_status_by_the_hard_deadline(tmp_path: Path):
-    """The suite's report blocks on the full pipe, so it never says its verdict: the front door
-    ends it at the hard deadline (1 s + 3 s), and its own line, which cannot be written either,
-    is given up after a second. Nothing it started still holds the pipe."""
-    r, w = full_pipe()
-    env = clean_env(HEALTHCHECK_PYTHON=sys.executable, HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
-                    HEALTHCHECK_TIMEOUT="1", **ALL_OFF)
+def run_into(w: int, argv: list[str], env: dict[str, str]) -> tuple[int, bytes, float]:
+    """Run argv with stdout the pipe end ``w``; its exit status, stderr and how long it took."""
     start = time.monotonic()
-    proc = subprocess.Popen([str(ROOT / "healthcheck"), "-v"], stdout=w, stderr=subprocess.PIPE, env=env,
-                            cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(argv, stdout=w, stderr=subprocess.PIPE, env=env, cwd=ROOT, start_new_session=True)
     os.close(w)
     try:
         _, err = proc.communicate(timeout=30)
-        took = time.monotonic() - start
+        return proc.returncode, err, time.monotonic() - start
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    try:
-        assert proc.returncode == 1, err
-        assert err == b""
-        # The hard stop at 4 s; the suite's end after its SIGTERM (its KILL a second later at
-        # most); the front door's own line given up after a second.
-        assert took < 4 + 2 + 1 + 1, took
-        assert writers_gone(r, within=2)
-    finally:
-        os.close(r)
+
+
+def test_a_full_stdout_that_nobody_reads_costs_the_report_never_the_verdict(tmp_path: Path):
+    """The report waits a second at most for room (deadlines.WRITE_WAIT): a healthy run is still
+    exit 0, an unhealthy one exit 1, both long before the hard deadline (1 s + 3 s), and nothing
+    the run started still holds the pipe."""
+    env = clean_env(HEALTHCHECK_PYTHON=sys.executable, HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
+                    HEALTHCHECK_TIMEOUT="1", **ALL_OFF)
+    for extra, verdict in (({}, 0), ({"ENABLE_SSH_CHECK": "true", "HEALTHCHECK_SSH_PORT": "2"}, 1)):
+        r, w = full_pipe()
+        try:
+            status, err, took = run_into(w, [str(ROOT / "healthcheck"), "-v"], {**env, **extra})
+            assert (status, err) == (verdict, b""), err
+            assert took < 1 + deadlines.WRITE_WAIT + 1.5, took
+            assert writers_gone(r, within=2)
+        finally:
+            os.close(r)
