@@ -1,4 +1,5 @@
-"""The bash front door (./healthcheck) and the suite writing to a stdout that nobody reads: a real pipe, full."""
+"""The bash front door (./healthcheck) and the suite behind it: what the suite tells it, and a stdout
+that nobody reads (a real pipe, full)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-from probes import deadlines, registry
-from tests.conftest import ROOT, clean_env
+import pytest
+
+from probes import cli, deadlines, registry
+from probes.config import DEFAULT_PROFILE
+from probes.spec import PROFILE_RULES
+from tests.conftest import ROOT, clean_env, suite_stub
 
 ALL_OFF = {t: "false" for t in registry.TOGGLES}
 
@@ -70,3 +75,51 @@ def test_a_full_stdout_that_nobody_reads_costs_the_report_never_the_verdict(tmp_
             assert writers_gone(r, within=2)
         finally:
             os.close(r)
+
+
+ENTRY = ("import sys\nfrom probes.cli import entry\nentry(door=3)")  # as ./healthcheck starts the suite
+
+
+@pytest.mark.parametrize(("args", "env", "said"), [
+    *((["--profile", name], {}, deadlines.hard_stop(rules.timeout)) for name, rules in PROFILE_RULES.items()),
+    ([], {}, deadlines.hard_stop(PROFILE_RULES[DEFAULT_PROFILE].timeout)),
+    ([], {"HEALTHCHECK_TIMEOUT": " 2.5 ", "HEALTHCHECK_PROFILE": "liveness"}, 6),
+    (["--profile", "nope"], {}, None), ([], {"HEALTHCHECK_TIMEOUT": "1e2"}, None),
+])
+def test_the_run_says_its_hard_deadline_to_the_front_door_before_any_child_starts(tmp_path: Path, args, env, said):
+    """The hard deadline of its own settings (a bad one: nothing said, exit 200 + 3), on the descriptor
+    it was given, which is closed before a drop-in (a child) runs: the line, then the end of the pipe,
+    while the drop-in still sleeps."""
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    (checks / "slow").write_text("#!/bin/sh\nsleep 1\n")
+    (checks / "slow").chmod(0o755)
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-I", "-c", ENTRY, *args], close_fds=False, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.dup2(w, 3),
+                            env=clean_env(HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
+                                          HEALTHCHECK_CHECKS_DIR=str(checks), **ALL_OFF, **env))
+    os.close(w)
+    with os.fdopen(r, "rb") as door:
+        text = door.read()  # to the end: every copy of the write end closed
+        running = proc.poll() is None
+    status = proc.wait(30)
+    if said is None:
+        assert (text, status) == (b"", cli.DOOR_EXIT + 3)
+    else:
+        assert (text, status) == (b"%d\n" % said, cli.DOOR_EXIT)
+        assert running, "the descriptor stayed open until the run ended: the drop-in held it"
+
+
+def test_an_interpreter_that_says_no_deadline_is_ended_at_the_start_up_bound(tmp_path: Path):
+    """The front door's own numbers are the ladder's: TERM at FRONT_DOOR_START_UP, KILL
+    FRONT_DOOR_KILL_AFTER later (here it ignores TERM), then its line at once."""
+    py = suite_stub(tmp_path / "py", "trap '' TERM\nexec sleep 60")
+    start = time.monotonic()
+    res = subprocess.run([str(ROOT / "healthcheck")], env=clean_env(HEALTHCHECK_PYTHON=str(py)), cwd=ROOT,
+                         capture_output=True, text=True, timeout=30, check=False)
+    took = time.monotonic() - start
+    assert (res.returncode, res.stdout) == (1, f"unhealthy: healthcheck: no hard deadline from the suite within "
+                                               f"{deadlines.FRONT_DOOR_START_UP}s: its interpreter is stuck\n")
+    bound = deadlines.FRONT_DOOR_START_UP + deadlines.FRONT_DOOR_KILL_AFTER
+    assert bound <= took < bound + 1.5, took
