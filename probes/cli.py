@@ -127,6 +127,7 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     from probes.state import State
 
     cfg = load(**parse_flags(argv))
+    _say_deadline(cfg.timeout)
     handler, log_problem = _setup_log(cfg)
     state = State.open(cfg.state_dir)
     outcome = _fast_path(cfg, state) or runner.run(cfg, state)
@@ -202,56 +203,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-# Started by the front door, the suite takes back the caller's stdout and stderr and speaks
-# to the front door on a pipe of its own (see ./healthcheck): "started" first, its verdict
-# (the exit status) last. A line of that pipe starts with RS, which no interpreter prints.
-# The front door takes the exit status itself (wait): these lines are needed for a healthy
-# answer but never enough, as any process of the same user can write into the pipe (/proc).
-FRONT_DOOR = "_HEALTHCHECK_FRONT_DOOR"
-_SAY = b"\x1e"
-_channel: int | None = None
+# Under the front door (./healthcheck) the run says its hard deadline on the descriptor the door
+# gives it, and exits with DOOR_EXIT + its exit status (DOOR_EXIT + 15: it got SIGTERM, and the
+# door says so): a status no other program gives, so that no interpreter but the suite's, and
+# nothing its children write, can pass a run.
+DOOR_EXIT = 200
+_door: int | None = None
 
 
-def _take_over_from_the_front_door() -> None:
-    """With the front door's ``_HEALTHCHECK_FRONT_DOOR="OUT ERR"``: keep fd 1 (its pipe) as the
-    channel, make OUT and ERR our stdout and stderr, and say that the suite started."""
-    global _channel
-    spec = os.environ.pop(FRONT_DOOR, "")
-    fds = spec.split()
-    if len(fds) != 2 or not all(fd.isascii() and fd.isdigit() and len(fd) < 6 for fd in fds):
+def _say_deadline(timeout: float) -> None:
+    """Tell the front door this run's hard deadline, and close its descriptor before any child starts."""
+    if _door is None:
         return
-    out, err = int(fds[0]), int(fds[1])
+    from probes.deadlines import hard_stop
+
     try:
-        os.fstat(out)
-        os.fstat(err)
-        channel = os.dup(1)  # not inherited by the suite's children
-        os.dup2(out, 1)
-        os.dup2(err, 2)
+        with open(_door, "wb", buffering=0) as door:
+            door.write(b"%d\n" % hard_stop(timeout))
     except OSError:
-        return
-    for fd in (out, err):
-        if fd > 2:
-            os.close(fd)
-    _channel = channel
-    _say(b"started")
+        pass
 
 
-def _say(what: bytes) -> None:
-    if _channel is not None:
-        try:
-            os.write(_channel, _SAY + what + b"\n")
-        except OSError:
-            pass
-
-
-def entry() -> None:
-    """The process's entry point (the front door, ``python -m probes``, ``healthcheck-probes``).
+def entry(door: int | None = None) -> None:
+    """The process's entry point (the front door, ``python -m probes``, ``healthcheck-probes``);
+    ``door``: the front door's descriptor for the hard deadline (see DOOR_EXIT).
 
     A check runs without the cyclic garbage collector: it lives for well under a second (its
     hard deadline ends it anyway), its passes during the imports reclaim next to nothing, and
     they cost a readiness run ~4 ms (make bench). ``serve`` runs for days: it keeps it.
     """
-    _take_over_from_the_front_door()
+    global _door
     # A non-interactive shell starts an asynchronous command (the front door's suite, or
     # `healthcheck-probes &` in a script, a CI job) with SIGINT ignored, and the interpreter
     # keeps an ignored SIGINT as it finds it: a SIGINT (from a terminal, or a probe that
@@ -262,6 +243,7 @@ def entry() -> None:
     argv = sys.argv[1:]
     if argv[:1] == ["serve"]:
         sys.exit(main(argv))
+    _door = door
     import gc
 
     gc.disable()
@@ -284,8 +266,7 @@ def exit_now(code: int) -> None:
             stream.flush()
         except Exception:  # noqa: S110 - best effort
             pass
-    _say(b"verdict %d" % code)
-    os._exit(code)
+    os._exit(code if _door is None else DOOR_EXIT + code)
 
 
 def _end_descendants() -> None:
@@ -313,13 +294,11 @@ def _end_on_sigterm() -> None:
     import _signal
 
     def on_term(signum: int, frame: object) -> None:
-        if _channel is not None:
-            _say(b"sigterm")  # the front door says what it was: its own hard stop, or not
-        else:  # run without the front door: a verdict all the same
+        if _door is None:  # else the front door says what it was: its own hard stop, or not
             _write("unhealthy: healthcheck: got SIGTERM before a verdict (a probe or drop-in that signals "
                    "its parent, or another process)")
         _end_descendants()
-        os._exit(EXIT_UNHEALTHY)
+        os._exit(EXIT_UNHEALTHY if _door is None else DOOR_EXIT + 15)
 
     try:
         _signal.signal(_signal.SIGTERM, on_term)
@@ -329,10 +308,7 @@ def _end_on_sigterm() -> None:
 
 def _error_line(line: str) -> None:
     """One bounded line on stderr (a usage error: exit 3)."""
-    try:
-        os.write(2, (clean(line, MAX_ERROR_LINE) + "\n").encode("utf-8", "backslashreplace"))
-    except OSError:
-        pass
+    _put(2, (clean(line, MAX_ERROR_LINE) + "\n").encode("utf-8", "backslashreplace"))
 
 
 def _guard_std_fds() -> None:
@@ -349,18 +325,30 @@ def _guard_std_fds() -> None:
 
 
 def _write(out: str) -> None:
-    """The report on fd 1, unbuffered: a closed, full or broken stdout loses the text but
-    never changes the exit status, and leaves nothing for Python to complain about at exit."""
-    data = (out + "\n").encode("utf-8", "backslashreplace")
+    """The report on fd 1, unbuffered: nothing is left for Python to flush, and complain about, at exit."""
     try:
         sys.stdout.flush()
     except Exception:  # noqa: S110 - best effort
         pass
+    _put(1, (out + "\n").encode("utf-8", "backslashreplace"))
+
+
+def _put(fd: int, data: bytes) -> None:
+    """Write ``data`` to ``fd``, waiting at most WRITE_WAIT for room: a closed, broken or full one
+    (a pipe that nobody reads) costs the text, never the exit status."""
+    import select
+    import time
+
+    from probes.deadlines import WRITE_WAIT
+
+    end = time.monotonic() + WRITE_WAIT
     while data:
         try:
-            n = os.write(1, data)
+            if not select.select([], [fd], [], max(0.0, end - time.monotonic()))[1]:
+                return
+            # Up to PIPE_BUF bytes fit in a pipe that select calls writable: no write blocks.
+            data = data[os.write(fd, data[:select.PIPE_BUF]):]
         except InterruptedError:
             continue
         except OSError:
             return
-        data = data[n:]

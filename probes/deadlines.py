@@ -1,8 +1,8 @@
 """The deadline ladder, from a probe's child out to what runs the suite, each margin with its reason.
 
-A profile's own deadline is its ``Profile.timeout`` (probes/spec.py). The front door keeps a copy of
-its two numbers (tests/core/test_cli.py holds them equal); k8s/check_probes.py and docs/kubernetes.md's
-ladder table derive from here. Every run reads it, liveness included.
+A profile's own deadline is its ``Profile.timeout`` (probes/spec.py). The front door learns a run's
+hard stop from the run itself (probes/cli.py); k8s/check_probes.py and docs/kubernetes.md's ladder
+table derive from here. Every run reads it, liveness included.
 """
 
 from __future__ import annotations
@@ -19,16 +19,20 @@ LINGER = 1.0  # a child whose answer is complete (``until``) gets this long to e
 # The run (probes/runner.py).
 GRACE = 0.4  # past a probe's deadline (x2 for a dependency, x3 for the run): its child's TERM+KILL, 0.3 s
 RUN_MARGIN = 0.5  # kept of the run's budget (at most half of it) for the report
-# The front door (./healthcheck: `hard=$((budget + 3))`, `kill_after=1`).
+WRITE_WAIT = 1.0  # for room to write the report: a full pipe that nobody reads costs it, not the verdict
+# The front door (./healthcheck: its `sleep 3` and `sleep 1`; the hard stop, the run tells it).
 FRONT_DOOR_GRACE = 3  # TERM this long past the budget (rounded up): the runner's 3 x GRACE, the report
-FRONT_DOOR_KILL_AFTER = 1  # then KILL; as long again, and it answers without the suite (stuck in D)
+FRONT_DOOR_KILL_AFTER = 1  # then KILL, and it answers at once without the suite (one stuck in D)
+# Until the suite has said its hard stop: the interpreter's start, imports and settings take well
+# under a second; no longer than the least hard stop (a 1 s budget + GRACE), so the ladder holds.
+FRONT_DOOR_START_UP = 3
 # healthcheck serve's monitor runs `python -m probes` itself, and ends it this long after its budget:
 # the suite's own deadline, not the monitor's, normally ends a slow run.
 SERVE_RUN_GRACE = 5.0
 
 
 def hard_stop(timeout: float) -> int:
-    """Seconds into a run at which the front door TERMs it."""
+    """Seconds into a run at which the front door TERMs it (the run tells the door)."""
     return math.ceil(timeout) + FRONT_DOOR_GRACE
 
 

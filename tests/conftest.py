@@ -33,17 +33,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
-# A stand-in for the suite's interpreter behind the front door (./healthcheck): it speaks the
-# front door's protocol as probes/cli.py does (takes the caller's stdout and stderr back, says
-# "started" on the pipe it kept), runs BODY (bash), and says its verdict with `verdict N`.
+# A stand-in for the suite's interpreter behind the front door (./healthcheck): it runs BODY (bash)
+# and answers as probes/cli.py does there, with `verdict N` (exit 200 + N; 0 after BODY), and with
+# `deadline S` says its hard deadline on descriptor 3.
 SUITE_STUB = """#!/bin/bash
-chan=""
-if [ -n "${_HEALTHCHECK_FRONT_DOOR:-}" ]; then
-  read -r out err <<<"$_HEALTHCHECK_FRONT_DOOR"
-  exec {chan}>&1 1>&"$out" 2>&"$err"
-  printf "\\036started\\n" >&"$chan"
-fi
-verdict() { [ -z "$chan" ] || printf "\\036verdict %s\\n" "$1" >&"$chan"; exit "$1"; }
+verdict() { exit $((200 + $1)); }
+deadline() { printf '%s\\n' "$1" >&3; exec 3>&-; }
 BODY
 verdict 0
 """

@@ -1,9 +1,10 @@
 #!/usr/bin/env bats
 # The bash front door: help, interpreter lookup, the suite's verdict, hard deadline and
 # exit-status mapping. The suite's interpreter is replaced by stub executables
-# (HEALTHCHECK_PYTHON) that behave as the real one might: speak the front door's protocol
-# (suite), or not (stub: an interpreter that is not the suite's); exit with a status, hang,
-# ignore SIGTERM. Where the suite itself must act (a probe that signals it), it is the real one.
+# (HEALTHCHECK_PYTHON) that behave as the real one might: answer as the suite does under the
+# front door (suite: exit 200 + its status, its hard deadline said on descriptor 3), or not (stub:
+# an interpreter that is not the suite's); hang, ignore SIGTERM. Where the suite itself must act
+# (a probe that signals it, a deadline from a profile), it is the real one.
 
 bats_require_minimum_version 1.5.0
 
@@ -17,7 +18,11 @@ setup() {
   while read -r var; do unset "$var"; done < <(compgen -e | grep -E '^(ENABLE_|HEALTHCHECK_)')
   export PATH
   # The suite's entry, as the front door passes it to the interpreter after -c.
-  ENTRY='import os, sys; home = os.environ.pop("_HEALTHCHECK_HOME", ""); sys.path[:0] = [home] if home else []; from probes.cli import entry; entry()'
+  ENTRY='import os, sys
+sys.path[:0] = [home for home in [os.environ.pop("_HEALTHCHECK_HOME", "")] if home]
+try: from probes.cli import entry
+except ImportError: sys.exit(250)
+entry(door=3)'
 }
 
 teardown() {
@@ -31,19 +36,12 @@ stub() {
   chmod +x "$BIN/$1"
 }
 
-# suite NAME BODY: a stand-in for the suite's interpreter that speaks the front door's
-# protocol as probes/cli.py does: it takes the caller's stdout and stderr back from
-# _HEALTHCHECK_FRONT_DOOR, says "started" on the pipe it kept, runs BODY, and says its
-# verdict (the exit status) with `verdict N` (0 after BODY).
+# suite NAME BODY: a stand-in for the suite's interpreter that answers as probes/cli.py does
+# under the front door: BODY, then `verdict N` exits 200 + N (0 after BODY); `deadline S` says
+# its hard deadline S on descriptor 3.
 suite() {
-  # shellcheck disable=SC2016 # written into the stub as it is
-  stub "$1" 'chan=""
-if [ -n "${_HEALTHCHECK_FRONT_DOOR:-}" ]; then
-  read -r out err <<<"$_HEALTHCHECK_FRONT_DOOR"
-  exec {chan}>&1 1>&"$out" 2>&"$err"
-  printf "\036started\n" >&"$chan"
-fi
-verdict() { [ -z "$chan" ] || printf "\036verdict %s\n" "$1" >&"$chan"; exit "$1"; }
+  stub "$1" 'verdict() { exit $((200 + $1)); }
+deadline() { printf "%s\n" "$1" >&3; exec 3>&-; }
 '"$2"'
 verdict 0'
 }
@@ -70,18 +68,17 @@ dropin() {
   [[ "$output" != *"set -euo"* ]]
 }
 
-@test "arguments reach the suite's interpreter in isolated mode" {
+@test "arguments reach the suite's interpreter in isolated mode, the source tree beside it first" {
   suite py 'echo "args: $* home=${_HEALTHCHECK_HOME:-}"'
-  HEALTHCHECK_PYTHON="$BIN/py" _HEALTHCHECK_HOME=/elsewhere run -0 "$ROOT/healthcheck" --profile readiness --json
-  [ "$output" = "args: -I -c $ENTRY --profile readiness --json home=" ]
-}
-
-@test "liveness from the source tree: the suite found beside the front door" {
-  suite py 'echo "args: $* home=${_HEALTHCHECK_HOME:-}"'
-  HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" --profile liveness --json
-  [ "$output" = "args: -I -c $ENTRY --profile liveness --json home=$ROOT" ]
-  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_PROFILE=liveness run -0 "$ROOT/healthcheck" --profile startup
-  [ "$output" = "args: -I -c $ENTRY --profile startup home=" ]
+  # The source tree beside the front door (the image's byte-compiled copy) comes first, whatever the profile.
+  for profile in liveness readiness startup; do
+    HEALTHCHECK_PYTHON="$BIN/py" _HEALTHCHECK_HOME=/elsewhere run -0 "$ROOT/healthcheck" --profile "$profile" --json
+    [ "$output" = "args: -I -c $ENTRY --profile $profile --json home=$ROOT" ]
+  done
+  # Without one (installed by pip), no other directory comes first: not even the caller's.
+  cp "$ROOT/healthcheck" "$TMP/healthcheck"
+  HEALTHCHECK_PYTHON="$BIN/py" _HEALTHCHECK_HOME=/elsewhere run -0 "$TMP/healthcheck" --profile liveness
+  [ "$output" = "args: -I -c $ENTRY --profile liveness home=" ]
   # The real interpreter: liveness passes, and a refused port still lists what listens
   # (psutil, from site-packages).
   [ -x "$ROOT/.venv/bin/python" ] || skip "no .venv in $ROOT (run make install)"
@@ -105,45 +102,42 @@ dropin() {
   [[ "$output" == "unhealthy: healthcheck: the suite ended with status 2" ]]
 }
 
-@test "a crash by signal becomes 1 with a reason" {
-  suite py 'kill -SEGV $$'
-  HEALTHCHECK_PYTHON="$BIN/py" run -1 "$ROOT/healthcheck"
-  [ "$output" = "unhealthy: healthcheck: the suite ended with status 139 (killed by signal 11) before its verdict" ]
-}
-
-@test "healthy needs the suite's verdict: an exit status alone is not one" {
-  # The suite started, then ended 0 (or said 0 and ended 1) without its own verdict.
-  suite py 'exit 0'
-  HEALTHCHECK_PYTHON="$BIN/py" run -1 "$ROOT/healthcheck"
-  [ "$output" = "unhealthy: healthcheck: the suite ended with status 0 before its verdict" ]
-  suite py 'printf "\036verdict 0\n" >&"$chan"; exit 1'
-  HEALTHCHECK_PYTHON="$BIN/py" run -1 "$ROOT/healthcheck"
-  [ "$output" = "unhealthy: healthcheck: the suite ended with status 1 (its verdict: 0)" ]
+@test "a crash by signal becomes 1 with a reason, however soon it comes" {
+  # At once: bash may have reaped it before the front door waits; and a moment later.
+  for body in 'kill -SEGV $$' 'sleep 0.2; kill -SEGV $$'; do
+    suite py "$body"
+    SECONDS=0
+    HEALTHCHECK_PYTHON="$BIN/py" run -1 --separate-stderr "$ROOT/healthcheck"
+    [ "$output" = "unhealthy: healthcheck: the suite ended with status 139 (killed by signal 11) before its verdict" ]
+    [ "$stderr" = "" ] # not bash's own note on the job
+    [ "$SECONDS" -le 1 ]
+  done
 }
 
 @test "an interpreter that is not the suite's is one exit-3 line naming HEALTHCHECK_PYTHON" {
   mkdir "$TMP/a-directory"
-  stub talks 'echo "usage: talks [-x]" >&2; echo "Traceback (most recent call last):"; echo "ImportError: no probes"; exit 1'
+  stub talks 'echo "usage: talks [-x]" >&2; echo "ImportError: no probes"; exit 1'
   stub silent 'exit 0'
-  stub blank 'echo; echo "   "; exit 0'
-  stub endless 'while :; do echo "-I -c ..."; done'
+  stub crafty 'echo "healthy: all fine"; exit 0'
   printf '#!%s\n' "$TMP/no-such-interpreter" >"$BIN/shebang"
   chmod +x "$BIN/shebang"
-  for python in /bin/true /bin/false "$TMP/a-directory" "$TMP/missing" /bin/sh "$BIN/talks" "$BIN/silent" \
-    "$BIN/blank" "$BIN/endless" "$BIN/shebang"; do
+  # Nothing it says and no ordinary exit status (0 included) passes a run.
+  for python in /bin/true /bin/false "$TMP/a-directory" "$TMP/missing" "$BIN/silent"; do
     SECONDS=0
     HEALTHCHECK_PYTHON="$python" run -3 --separate-stderr "$ROOT/healthcheck" --profile liveness
     [ "$output" = "" ]
     [ "${#stderr_lines[@]}" -eq 1 ]
     [[ "$stderr" == "healthcheck: HEALTHCHECK_PYTHON=$python "* ]]
     [[ "$stderr" == *"(accepted: the path of "* ]]
-    [[ "$stderr" != *Traceback* ]]
     [ "$SECONDS" -le 2 ]
   done
   HEALTHCHECK_PYTHON=/bin/true run -3 "$ROOT/healthcheck"
-  [ "$output" = "healthcheck: HEALTHCHECK_PYTHON=/bin/true cannot run the suite (exit status 0 and no verdict) (accepted: the path of a python with the suite installed)" ]
-  HEALTHCHECK_PYTHON="$BIN/talks" run -3 "$ROOT/healthcheck"
-  [[ "$output" == *"cannot run the suite (exit status 1: ImportError: no probes)"* ]]
+  [ "$output" = "healthcheck: HEALTHCHECK_PYTHON=/bin/true cannot run the suite (exit status 0) (accepted: the path of a python with the suite installed)" ]
+  # What one says (or bash, about one it cannot start) is its own; the front door's line comes last.
+  for python in /bin/sh "$BIN/talks" "$BIN/crafty" "$BIN/shebang"; do
+    HEALTHCHECK_PYTHON="$python" run -3 --separate-stderr "$ROOT/healthcheck"
+    [[ "${stderr_lines[-1]}" == "healthcheck: HEALTHCHECK_PYTHON=$python cannot run the suite (exit status "* ]]
+  done
 }
 
 @test "a python without the suite is one exit-3 line, not a traceback" {
@@ -151,14 +145,15 @@ dropin() {
   python=$(command -v python3) || skip "no python3 on PATH"
   ! "$python" -I -c 'import probes' 2>/dev/null || python=/usr/bin/python3
   [ -x "$python" ] && ! "$python" -I -c 'import probes' 2>/dev/null || skip "every python3 here has the suite"
-  HEALTHCHECK_PYTHON="$python" run -3 --separate-stderr "$ROOT/healthcheck"
+  cp "$ROOT/healthcheck" "$TMP/healthcheck" # no source tree beside it
+  HEALTHCHECK_PYTHON="$python" run -3 --separate-stderr "$TMP/healthcheck"
   [ "$output" = "" ]
-  [ "$stderr" = "healthcheck: HEALTHCHECK_PYTHON=$python cannot run the suite (exit status 1: ModuleNotFoundError: No module named 'probes') (accepted: the path of a python with the suite installed)" ]
+  [ "$stderr" = "healthcheck: HEALTHCHECK_PYTHON=$python cannot run the suite (it cannot import probes.cli) (accepted: the path of a python with the suite installed)" ]
 }
 
 @test "the front door starts with an empty or a hostile PATH" {
   suite py 'echo "ran with PATH=$PATH"'
-  for tool in bash env timeout readlink sed; do
+  for tool in bash env timeout readlink sed sleep; do
     stub "$tool" "touch '$TMP/hijacked-by-$tool'; exit 0"
   done
   ln -s "$ROOT/healthcheck" "$TMP/linked"
@@ -198,70 +193,66 @@ dropin() {
   [[ "${lines[0]}" == "unhealthy: healthcheck: the suite got SIGTERM before its verdict"* ]]
 }
 
-@test "a drop-in that stops the suite (SIGSTOP) does not delay the answer past the deadline" {
+@test "a drop-in that stops the suite (SIGSTOP) is answered at the hard deadline" {
   real_suite
   dropin stopper 'kill -STOP $PPID; echo "stopped it"'
-  local start=$EPOCHREALTIME
-  HEALTHCHECK_TIMEOUT=2 run "$ROOT/healthcheck"
-  local took=$(( ${EPOCHREALTIME/[!0-9]/} - ${start/[!0-9]/} ))
-  # The suite's own verdict (continued at its deadline, it ends the drop-in or reads its result),
-  # never the front door's hard stop.
-  [[ "${lines[0]}" == "healthy: "* || "${lines[0]}" == "unhealthy: stopper: "* ]]
-  [ "$status" -le 1 ]
-  [ "$took" -lt 3500000 ] # the deadline (2 s) and a little; the hard stop would be 5 s
-}
-
-@test "a hung suite is stopped at the hard deadline with exit 1 and one line" {
-  stub py 'exec sleep 60'
   SECONDS=0
-  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -1 "$ROOT/healthcheck"
-  [ "$SECONDS" -le 6 ]
+  HEALTHCHECK_TIMEOUT=1 run -1 "$ROOT/healthcheck"
+  # Continued and TERMed at 4 s (1 s + 3 s), the suite ends what it started and leaves the line to
+  # the front door.
   [ "$output" = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE" ]
-  ! pgrep -f "$BIN/py" >/dev/null
-}
-
-@test "a suite whose process name holds \") \" is still watched, and stopped at the hard deadline" {
-  # /proc/<pid>/stat: "pid (py) T 1 (z) S ppid ...": only the last ") " ends the name. Read at
-  # the first, the suite would look stopped and another's child, as if it had ended, and the
-  # front door would wait for it past every deadline.
-  suite 'py) T 1 (z' 'while :; do sleep 0.1; done'
-  SECONDS=0
-  HEALTHCHECK_PYTHON="$BIN/py) T 1 (z" HEALTHCHECK_TIMEOUT=1 run -1 timeout 20 "$ROOT/healthcheck"
   [ "$SECONDS" -le 6 ]
-  [ "$output" = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE" ]
-  sleep 0.2
-  ! pgrep -f "$BIN/py" >/dev/null
 }
 
-@test "a suite that ignores SIGTERM is killed a second later" {
-  stub py "trap '' TERM; while :; do sleep 0.1; done"
+@test "the hard deadline is the one the suite says for its settings" {
+  real_suite
+  # A hanging nvidia-smi: the suite's own deadline (4.5 s) answers; the front door's hard stop,
+  # 4.5 s rounded up + 3 s as the suite said, is 8 s: 3 s of start-up bound and a sleep of 5 s.
+  stub nvidia-smi 'exec sleep 300'
   SECONDS=0
-  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -1 "$ROOT/healthcheck"
+  ENABLE_GPU_CHECK=true HEALTHCHECK_TIMEOUT=4.5 HEALTHCHECK_DEBUG=1 run -1 --separate-stderr \
+    "$ROOT/healthcheck" --only nvidia-smi
+  [[ "${lines[0]}" == "unhealthy: nvidia-smi: "*"deadline"* ]]
+  [[ "$stderr" == *$'\n'"+ command -p sleep 5"$'\n'* ]]
   [ "$SECONDS" -le 7 ]
-  [[ "$output" == *"no verdict within 4s (hard deadline)"* ]]
-  sleep 0.2
+}
+
+@test "a hung suite is stopped at the hard deadline it said, with exit 1 and one line" {
+  suite py 'deadline 4; exec sleep 60'
+  SECONDS=0
+  HEALTHCHECK_PYTHON="$BIN/py" run -1 "$ROOT/healthcheck"
+  [ "$output" = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE" ]
+  [ "$SECONDS" -ge 4 ] && [ "$SECONDS" -le 6 ]
   ! pgrep -f "$BIN/py" >/dev/null
 }
 
-# hard_stop ARGS...: the hard deadline the front door computes (its HEALTHCHECK_DEBUG trace), in REPLY
-hard_stop() {
-  suite py 'exit 0'
-  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_DEBUG=1 run --separate-stderr "$ROOT/healthcheck" "$@"
-  local traced=$'\n''\+ hard=([0-9]+)'$'\n'
-  [[ "$stderr" =~ $traced ]]
-  REPLY=${BASH_REMATCH[1]}
+@test "an interpreter that says no deadline is stopped at the start-up bound (3 s)" {
+  # Silent, or what it says is no deadline after 3 s (a word, a deadline shorter than the bound,
+  # a part of a line).
+  for body in 'exec sleep 60' 'deadline soon; exec sleep 60' 'deadline 2; exec sleep 60' \
+    'printf 9 >&3; exec sleep 60'; do
+    suite py "$body"
+    SECONDS=0
+    HEALTHCHECK_PYTHON="$BIN/py" run -1 "$ROOT/healthcheck"
+    [[ "$output" == "unhealthy: healthcheck: no "* ]]
+    [ "${#lines[@]}" -eq 1 ]
+    [ "$SECONDS" -ge 3 ] && [ "$SECONDS" -le 6 ]
+    ! pgrep -f "$BIN/py" >/dev/null
+  done
+  suite py 'exec sleep 60'
+  HEALTHCHECK_PYTHON="$BIN/py" run -1 "$ROOT/healthcheck"
+  [ "$output" = "unhealthy: healthcheck: no hard deadline from the suite within 3s: its interpreter is stuck" ]
 }
 
-@test "the hard deadline follows the profile" {
-  hard_stop --profile liveness && [ "$REPLY" = 13 ]
-  hard_stop --profile=startup && [ "$REPLY" = 63 ]
-  HEALTHCHECK_PROFILE=liveness hard_stop && [ "$REPLY" = 13 ]
-  HEALTHCHECK_TIMEOUT=2.5 hard_stop && [ "$REPLY" = 6 ]
-  # Surrounding whitespace is ignored, as the suite ignores it.
-  HEALTHCHECK_TIMEOUT=" 30 " HEALTHCHECK_PROFILE=" liveness" hard_stop && [ "$REPLY" = 33 ]
-  # A value the suite refuses (exit 3) never breaks the arithmetic and gets the longest budget.
-  HEALTHCHECK_TIMEOUT=-1 hard_stop && [ "$REPLY" = 63 ]
-  HEALTHCHECK_TIMEOUT=99999999999999999999999999 hard_stop && [ "$REPLY" = 28 ]
+@test "a suite that ignores SIGTERM is killed a second later, with what it started" {
+  suite py "trap '' TERM; deadline 4; (exec -a '$TMP/child' sleep 60) & while :; do sleep 0.1; done"
+  SECONDS=0
+  HEALTHCHECK_PYTHON="$BIN/py" run -1 "$ROOT/healthcheck"
+  [ "$SECONDS" -ge 5 ] && [ "$SECONDS" -le 7 ]
+  [ "$output" = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE" ]
+  sleep 0.2
+  ! pgrep -f "$BIN/py" >/dev/null
+  ! pgrep -f "$TMP/child" >/dev/null # in the suite's process group
 }
 
 @test "a 100,000-character setting is one bounded exit-3 line, read at once" {
@@ -334,7 +325,7 @@ installed() {
 }
 
 @test "installed by pip, it runs the interpreter the installer wrote beside it" {
-  suite py 'echo "py: $*"'
+  suite py 'echo "py: $*"; [ "${4:-}" != serve ] || exit 0'
   installed "$TMP/env/bin"
   printf '#!%s\n# -*- coding: utf-8 -*-\n' "$BIN/py" >"$TMP/env/bin/healthcheck-probes"
   run -0 "$TMP/env/bin/healthcheck" --profile liveness
@@ -380,67 +371,39 @@ clock_step() {
   cc -O2 -shared -fPIC -o "$TMP/clock_step.so" "$ROOT/tests/fakes/clock_step.c"
 }
 
-# stepping_suite ACTION: $BIN/py, a suite (in Python, for FIONREAD) that says it started,
-# waits until the front door has read that line (so that it holds its start time), steps the
-# wall clock (creates $TMP/step, see clock_step), runs ACTION and says its verdict 0.
+# stepping_suite ACTION: $BIN/py, a suite that says its hard deadline (5 s), steps the wall
+# clock (creates $TMP/step, see clock_step), runs ACTION and answers healthy.
 stepping_suite() {
-  local python
-  python=$(command -v python3) || skip "no python3"
-  cat >"$BIN/py" <<EOF
-#!$python
-import fcntl, os, signal, struct, termios, time
-out, err = map(int, os.environ["_HEALTHCHECK_FRONT_DOOR"].split())
-chan = os.dup(1)
-os.dup2(out, 1)
-os.dup2(err, 2)
-os.write(chan, b"\\x1estarted\\n")
-while struct.unpack("i", fcntl.ioctl(chan, termios.FIONREAD, b"0000"))[0]:
-    time.sleep(0.01)
-open("$TMP/step", "w").close()
-$1
-print("healthy: after the step", flush=True)
-os.write(chan, b"\\x1everdict 0\\n")
-EOF
-  chmod +x "$BIN/py"
+  suite py "deadline 5; touch '$TMP/step'; $1; echo 'healthy: after the step'"
 }
 
 @test "a wall-clock step forward mid-run does not cut the run at a hard deadline" {
   clock_step
-  # An hour forward (NTP, a VM resume) once the suite has started: its healthy verdict stands.
-  stepping_suite 'time.sleep(0.3)'
+  # An hour forward (NTP, a VM resume) once the suite has started, past the start-up bound (3 s)
+  # and into the rest of its deadline: its healthy verdict stands.
+  stepping_suite 'sleep 3.5'
   LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=3600 \
-    HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck" --profile liveness
+    HEALTHCHECK_PYTHON="$BIN/py" run -0 "$ROOT/healthcheck"
   [ "$output" = "healthy: after the step" ]
 }
 
-@test "a wall-clock step back mid-run still continues a stopped suite at its deadline" {
+@test "a wall-clock step back mid-run still ends a stopped suite at its hard deadline" {
   clock_step
-  # An hour back, and something stops the suite: it is continued at its deadline (1 s) and answers.
-  stepping_suite 'os.kill(os.getpid(), signal.SIGSTOP)'
+  # An hour back, and the suite stops itself: continued and TERMed at 5 s, as it said.
+  stepping_suite 'kill -STOP $$'
   SECONDS=0
   LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=-3600 \
-    HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -0 timeout 10 "$ROOT/healthcheck"
-  [ "$output" = "healthy: after the step" ]
-  [ "$SECONDS" -le 3 ]
-  # Stopped for good (it ignores SIGTERM and stops itself again when continued): killed at the
-  # hard stop (4 s).
-  rm -f "$TMP/step"
-  stepping_suite 'signal.signal(signal.SIGTERM, signal.SIG_IGN)
-while True:
-    os.kill(os.getpid(), signal.SIGSTOP)'
-  SECONDS=0
-  LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=-3600 \
-    HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -1 timeout 20 "$ROOT/healthcheck"
-  [ "$output" = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE" ]
-  [ "$SECONDS" -le 7 ]
+    HEALTHCHECK_PYTHON="$BIN/py" run -1 timeout 20 "$ROOT/healthcheck"
+  [ "$output" = "unhealthy: healthcheck: no verdict within 5s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE" ]
+  [ "$SECONDS" -ge 5 ] && [ "$SECONDS" -le 7 ]
   ! pgrep -f "$BIN/py" >/dev/null
 }
 
-@test "a drop-in that writes the protocol into the suite's and the front door's pipes cannot pass the run" {
+@test "a drop-in that writes into the suite's and the front door's pipes cannot pass the run" {
   real_suite
-  # It fails (exit 2), then writes a passing verdict and exit status into every pipe that the
-  # suite and the front door's processes hold (but their stdout and stderr), as any process of
-  # the same user can through /proc.
+  # It fails (exit 2), then writes deadlines and exit statuses into every pipe that the suite and
+  # the front door's processes hold (but their stdout and stderr), as any process of the same user
+  # can through /proc.
   # shellcheck disable=SC2016 # the drop-in's own text
   dropin forger 'echo "forged: this check fails"
 forge() {
@@ -448,7 +411,7 @@ forge() {
     case ${fd##*/} in 0 | 1 | 2) continue ;; esac
     [ -p "$fd" ] || continue
     if [ "$fd" -ef "/proc/$1/fd/1" ] || [ "$fd" -ef "/proc/$1/fd/2" ]; then continue; fi
-    printf "\036started\n\036verdict 0\n\036exit 0\n" 2>/dev/null >"$fd" || true
+    printf "0\n200\n60\n" 2>/dev/null >"$fd" || true
   done
 }
 parent() { read -r stat <"/proc/$1/stat"; set -- ${stat##*") "}; pid=$2; }
@@ -473,8 +436,8 @@ exit 2'
   HEALTHCHECK_PYTHON="$BIN/py" run -0 --separate-stderr bash -c "$gone" - "$ROOT/healthcheck"
   [ "$output" = "status 1" ]
   [ "$stderr" = "" ]
-  stub talks 'echo "usage: talks"; exit 1'
-  HEALTHCHECK_PYTHON="$BIN/talks" run -0 --separate-stderr bash -c "$gone" - "$ROOT/healthcheck"
+  stub silent 'exit 0'
+  HEALTHCHECK_PYTHON="$BIN/silent" run -0 --separate-stderr bash -c "$gone" - "$ROOT/healthcheck"
   [ "$output" = "status 3" ]
   [ "$stderr" = "" ]
   run -0 --separate-stderr bash -c "$gone" - "$ROOT/healthcheck" --help
@@ -504,106 +467,56 @@ exit 2'
   done
 }
 
-@test "a very low open-file limit is one line and exit 1, at once" {
+@test "a very low open-file limit is one line, at once" {
   suite py 'echo "healthy: ran"'
   # shellcheck disable=SC2016 # run by bash -c
   local n limited='ulimit -n "$1" && exec "$2"'
-  for n in 5 6 7 8 9 10 11 12 13 14 15; do
+  # bash's own error (it names its descriptors from 10 up), or the suite's answer: one line.
+  for n in 5 6 8 10 11 12 13 16; do
     SECONDS=0
-    HEALTHCHECK_PYTHON="$BIN/py" run -1 --separate-stderr bare bash -c "$limited" - "$n" "$ROOT/healthcheck"
-    [ "$stderr" = "" ]
-    [ "$output" = "unhealthy: healthcheck: the open-file limit (ulimit -n) is $n; the front door and the suite need at least 16" ]
+    HEALTHCHECK_PYTHON="$BIN/py" run --separate-stderr bare bash -c "$limited" - "$n" "$ROOT/healthcheck"
+    [ "${#lines[@]}" -eq 1 ]
+    [[ "$status" = 1 && "$output" == "unhealthy: healthcheck: bash failed (status "* ]] ||
+      [[ "$status" = 0 && "$output" == "healthy: ran" ]]
     [ "$SECONDS" -le 2 ]
   done
-  HEALTHCHECK_PYTHON="$BIN/py" run -0 --separate-stderr bare bash -c "$limited" - 16 "$ROOT/healthcheck"
-  [ "$stderr" = "" ]
-  [ "$output" = "healthy: ran" ]
+  [ "$output" = "healthy: ran" ] # 16
 }
 
-@test "a process limit that leaves no room for the suite is one line and exit 1, at once" {
+@test "a fork that fails for good (the process limit) is still one line and exit 1" {
   [ "$(id -u)" = 0 ] || skip "needs root to run as another user (root itself ignores RLIMIT_NPROC)"
   command -v setpriv >/dev/null && command -v prlimit >/dev/null || skip "no setpriv or prlimit"
   suite py 'echo "healthy: ran"'
   cp "$ROOT/healthcheck" "$TMP/healthcheck"
   chmod -R a+rX "$TMP"
-  # A user of its own: the kernel counts each user's processes across the whole machine.
+  # A user of its own: the kernel counts each user's processes across the whole machine. The
+  # front door's first fork fails, and bash gives up after its retries.
   local uid=$((40000 + $$ % 20000))
-  SECONDS=0
   HEALTHCHECK_PYTHON="$BIN/py" run -1 --separate-stderr \
     setpriv --reuid "$uid" --regid "$uid" --clear-groups prlimit --nproc=1 "$TMP/healthcheck"
-  [ "$stderr" = "" ]
-  [ "$output" = "unhealthy: healthcheck: cannot start the suite: the process limit (ulimit -u) is 1 and user $uid runs 1" ]
-  [ "$SECONDS" -le 2 ]
-  # One more is enough: the front door starts the suite with a single fork.
-  HEALTHCHECK_PYTHON="$BIN/py" run -0 setpriv --reuid "$uid" --regid "$uid" --clear-groups prlimit --nproc=2 "$TMP/healthcheck"
+  [ "$output" = "unhealthy: healthcheck: bash failed (status 254; its message is on stderr) before the verdict" ]
+  [[ "$stderr" == *"fork: Resource temporarily unavailable" ]]
+  # Three are enough: the front door, its sleep and the suite.
+  HEALTHCHECK_PYTHON="$BIN/py" run -0 setpriv --reuid "$uid" --regid "$uid" --clear-groups prlimit --nproc=3 "$TMP/healthcheck"
   [ "$output" = "healthy: ran" ]
 }
 
-@test "a fork that fails for good (the process limit reached out of sight) is still one line and exit 1" {
-  [ "$(id -u)" = 0 ] || skip "needs root to run as another user in a PID namespace of its own"
-  command -v setpriv >/dev/null && command -v prlimit >/dev/null && command -v unshare >/dev/null ||
-    skip "no setpriv, prlimit or unshare"
-  suite py 'echo "healthy: ran"'
-  stub hidden "sleep 30 & touch '$TMP/theirs/hidden'; wait"
-  cp "$ROOT/healthcheck" "$TMP/healthcheck"
-  chmod -R a+rX "$TMP"
-  mkdir -m 777 "$TMP/theirs"
-  local uid=$((40000 + $$ % 20000))
-  # Two processes of the user that the front door cannot see (another PID namespace, as in
-  # another container): it starts the suite, and bash's fork fails after its 15 s of retries.
-  setpriv --reuid "$uid" --regid "$uid" --clear-groups "$BIN/hidden" 3>&- &
-  SECONDS=0
-  until [ -e "$TMP/theirs/hidden" ] || [ "$SECONDS" -gt 10 ]; do sleep 0.05; done
-  HEALTHCHECK_PYTHON="$BIN/py" run -1 --separate-stderr unshare --pid --fork --mount-proc \
-    setpriv --reuid "$uid" --regid "$uid" --clear-groups prlimit --nproc=3 "$TMP/healthcheck"
-  [ "$output" = "unhealthy: healthcheck: bash failed (status 254; its message is on stderr) before the verdict" ]
-  [[ "$stderr" == *"fork: Resource temporarily unavailable" ]]
-}
-
-@test "with a /proc of another PID namespace the suite is still continued and stopped on time" {
-  [ "$(id -u)" = 0 ] || skip "needs root for a PID namespace"
-  command -v unshare >/dev/null || skip "no unshare"
-  # PID 1 of a new namespace, with the caller's /proc: the numbers there are not its own.
-  suite py "kill -STOP \$\$; echo 'healthy: continued'"
-  SECONDS=0
-  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -0 unshare --pid --fork "$ROOT/healthcheck"
-  [ "$output" = "healthy: continued" ]
-  stub py 'exec sleep 60'
-  HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 run -1 unshare --pid --fork "$ROOT/healthcheck"
-  [ "$output" = "unhealthy: healthcheck: no verdict within 4s (hard deadline): a probe is stuck; see HEALTHCHECK_LOG_FILE" ]
-  [ "$SECONDS" -le 9 ]
-}
-
-@test "without /proc/uptime the wall clock's progress times the run, never going back" {
-  [ "$(id -u)" = 0 ] || skip "needs root for a mount namespace"
-  command -v unshare >/dev/null || skip "no unshare"
-  clock_step
-  # /proc/uptime reads empty (a bind mount of /dev/null over it), and the wall clock goes an
-  # hour back while something stops the suite: it is still continued at its deadline (1 s).
-  stepping_suite 'os.kill(os.getpid(), signal.SIGSTOP)'
-  SECONDS=0
-  # shellcheck disable=SC2016 # run by sh -c
-  LD_PRELOAD="$TMP/clock_step.so" CLOCK_STEP_FILE="$TMP/step" CLOCK_STEP_SECONDS=-3600 \
-    HEALTHCHECK_PYTHON="$BIN/py" HEALTHCHECK_TIMEOUT=1 \
-    run -0 timeout 10 unshare -m sh -c 'mount --bind /dev/null /proc/uptime && exec "$0"' "$ROOT/healthcheck"
-  [ "$output" = "healthy: after the step" ]
-  [ "$SECONDS" -le 3 ]
-}
-
 @test "a suite that has ended before the front door first looks still gives its exit status" {
-  # bash may reap the suite before the front door first looks at it (a busy machine; the trace
-  # of HEALTHCHECK_DEBUG slows the front door): a process substitution's exit status was then
-  # lost (bash 5.2 answered -1); a background job's is kept. Four at once, 60 runs each.
-  suite py 'echo "healthy: ran"'
-  local j
-  for j in 1 2 3 4; do
-    (
-      for _ in $(seq 60); do
-        out=$(HEALTHCHECK_DEBUG=1 HEALTHCHECK_PYTHON="$BIN/py" "$ROOT/healthcheck" 2>/dev/null) || true
-        [ "$out" = "healthy: ran" ] || echo "$out" >>"$TMP/wrong"
-      done
-    ) &
+  # bash may reap the suite before the front door first waits for it (a busy machine; the trace
+  # of HEALTHCHECK_DEBUG slows the front door), and for a crash it may drop the job (`wait -n`
+  # then knows it no more). Four at once, 40 runs each of either.
+  local j body
+  for body in 'echo "healthy: ran"' 'kill -SEGV $$'; do
+    suite py "$body"
+    for j in 1 2 3 4; do
+      (
+        for _ in $(seq 40); do
+          out=$(HEALTHCHECK_DEBUG=1 HEALTHCHECK_PYTHON="$BIN/py" "$ROOT/healthcheck" 2>/dev/null) || true
+          [[ "$out" == "healthy: ran" || "$out" == *"(killed by signal 11) before its verdict" ]] || echo "$out" >>"$TMP/wrong"
+        done
+      ) &
+    done
+    wait
   done
-  wait
   [ ! -e "$TMP/wrong" ] || { head -3 "$TMP/wrong"; false; }
 }

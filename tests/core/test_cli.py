@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -14,9 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from probes import config, deadlines, registry
-from probes.spec import PROFILE_RULES
-from tests.conftest import ROOT, clean_env, run_cli, suite_stub
+from probes import config, registry
+from tests.conftest import ROOT, clean_env, run_cli
 
 ALL_OFF = {t: "false" for t in registry.TOGGLES}
 
@@ -138,99 +136,6 @@ def test_the_log_file_is_0600_whatever_the_umask_and_rotation_keeps_it(tmp_path,
 def test_unwritable_log_file_is_a_note_not_a_crash(tmp_path):
     res = run_cli(env=clean_env(HEALTHCHECK_LOG_FILE=str(tmp_path / "no" / "dir" / "x.log"), **ALL_OFF))
     assert res.returncode == 0 and "Traceback" not in res.stderr
-
-
-# The front door and the suite read the budget and the profile with one grammar: the hard
-# stop (the front door's `hard`, read from its HEALTHCHECK_DEBUG trace, with a stand-in
-# interpreter that speaks its protocol) is the deadline ladder's (probes/deadlines.py): the
-# suite's whole deadline, rounded up, plus the front door's grace.
-TRACED_HARD = re.compile(r"^\+ hard=(\d+)$", re.MULTILINE)
-
-
-def front_door_hard(stub: Path, args: list[str], env: dict[str, str]) -> int:
-    res = subprocess.run([str(ROOT / "healthcheck"), *args],
-                         env={**clean_env(HEALTHCHECK_PYTHON=str(stub), HEALTHCHECK_DEBUG="1"), **env},
-                         capture_output=True, text=True, timeout=30, check=False)
-    assert res.returncode == 0 and res.stdout == "", res.stdout + res.stderr[-2000:]
-    (hard,) = TRACED_HARD.findall(res.stderr)
-    return int(hard)
-
-
-def suite_timeout(args: list[str], env: dict[str, str]) -> float | None:
-    """The suite's whole-run budget for these flags and settings, or None if it refuses them."""
-    from probes import cli
-
-    try:
-        return config.load(env, **cli.parse_flags(args)).timeout
-    except config.ConfigError:
-        return None
-
-
-@pytest.fixture(scope="module")
-def hard_stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return suite_stub(tmp_path_factory.mktemp("front") / "py")
-
-
-@pytest.mark.parametrize("args,env,hard", [
-    ([], {}, 28), (["--profile", "liveness"], {}, 13), (["--profile=startup"], {}, 63),
-    ([], {"HEALTHCHECK_PROFILE": "liveness"}, 13), ([], {"HEALTHCHECK_TIMEOUT": "2.5"}, 6),
-    # What the suite accepts, the front door reads the same way.
-    ([], {"HEALTHCHECK_TIMEOUT": " 30 "}, 33), ([], {"HEALTHCHECK_TIMEOUT": "\t40\n"}, 43),
-    ([], {"HEALTHCHECK_PROFILE": " startup "}, 63), (["--profile", "\tstartup"], {}, 63),
-    (["--profile", "liveness", "--profile", "startup"], {}, 63), ([], {"HEALTHCHECK_TIMEOUT": "0005."}, 8),
-    # What the suite refuses (exit 3) never crashes the front door and gets the longest budget.
-    ([], {"HEALTHCHECK_TIMEOUT": "1e2"}, 63), ([], {"HEALTHCHECK_TIMEOUT": "9" * 40}, 28),
-    ([], {"HEALTHCHECK_TIMEOUT": "\u0663"}, 63), ([], {"HEALTHCHECK_TIMEOUT": "\x1c100"}, 63),
-    ([], {"HEALTHCHECK_TIMEOUT": "1_0"}, 63), ([], {"HEALTHCHECK_PROFILE": "live ness"}, 63),
-])
-def test_front_door_hard_stop_matches_the_suite(hard_stub, args, env, hard):
-    assert front_door_hard(hard_stub, args, env) == hard
-    timeout = suite_timeout(args, env)
-    if timeout is not None:
-        assert hard == deadlines.hard_stop(timeout)
-
-
-def test_front_door_reads_the_profiles_and_the_ladder(hard_stub):
-    """The front door keeps its own copy of the budgets (it needs them before Python starts): each
-    profile's, the default profile's, the longest for a profile the suite refuses, and its grace
-    and kill delay are those of probes/spec.py's PROFILE_RULES and probes/deadlines.py."""
-    for profile, rules in PROFILE_RULES.items():
-        assert front_door_hard(hard_stub, ["--profile", profile], {}) == deadlines.hard_stop(rules.timeout)
-    assert front_door_hard(hard_stub, [], {}) == deadlines.hard_stop(PROFILE_RULES[config.DEFAULT_PROFILE].timeout)
-    longest = max(rules.timeout for rules in PROFILE_RULES.values())
-    assert front_door_hard(hard_stub, ["--profile", "nope"], {}) == deadlines.hard_stop(longest)
-    text = (ROOT / "healthcheck").read_text()
-    grace = re.findall(r"^hard=\$\(\(budget \+ (\d+)\)\)$", text, re.MULTILINE)
-    kill = re.findall(r"^kill_after=(\d+)$", text, re.MULTILINE)
-    assert grace == [str(deadlines.FRONT_DOOR_GRACE)] and kill == [str(deadlines.FRONT_DOOR_KILL_AFTER)]
-    assert f"the run is killed {deadlines.FRONT_DOOR_GRACE} seconds" in text  # its --help says so too
-
-
-PADDING = st.text(alphabet=" \t\n\r\f\v\x1c\xa0\u2003", max_size=2)
-TIMEOUTS = st.one_of(
-    st.text(alphabet="0123456789.e+-_ \t\n\x1c\u00b2\u0663\xa0", max_size=12),
-    st.builds(lambda a, n, b: a + n + b, PADDING, st.from_regex(r"[0-9]{1,6}(\.[0-9]{0,3})?", fullmatch=True),
-              PADDING))
-PROFILE_TEXT = st.builds(lambda a, p, b: a + p + b, PADDING, st.sampled_from([*config.PROFILES, "nope", ""]),
-                         PADDING)
-
-
-@settings(max_examples=150, deadline=None)
-@given(timeout=st.one_of(st.none(), TIMEOUTS), env_profile=st.one_of(st.none(), PROFILE_TEXT),
-       flags=st.lists(st.one_of(st.just("--profile"), PROFILE_TEXT, st.sampled_from(["--only", "--json", "-v"]),
-                                PROFILE_TEXT.map(lambda p: "--profile=" + p)), max_size=4))
-def test_any_budget_or_profile_leaves_the_suite_its_deadline(hard_stub, timeout, env_profile, flags):
-    env = {}
-    if timeout is not None:
-        env["HEALTHCHECK_TIMEOUT"] = timeout
-    if env_profile is not None:
-        env["HEALTHCHECK_PROFILE"] = env_profile
-    if "\x00" in "".join(flags) or any(f in ("-h", "--help", "--version") for f in flags):
-        return
-    hard = front_door_hard(hard_stub, flags, env)
-    seconds = suite_timeout(flags, env)
-    if seconds is not None:
-        assert hard == deadlines.hard_stop(seconds), (flags, env, hard, seconds)
 
 
 def test_a_flood_of_unknown_flags_is_one_bounded_line():

@@ -1,4 +1,5 @@
-"""The bash front door (./healthcheck) writing to a stdout that nobody reads: a real pipe, full."""
+"""The bash front door (./healthcheck) and the suite behind it: what the suite tells it, and a stdout
+that nobody reads (a real pipe, full)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-from probes import registry
-from tests.conftest import ROOT, clean_env
+import pytest
+
+from probes import cli, deadlines, registry
+from probes.config import DEFAULT_PROFILE
+from probes.spec import PROFILE_RULES
+from tests.conftest import ROOT, clean_env, suite_stub
 
 ALL_OFF = {t: "false" for t in registry.TOGGLES}
 
@@ -41,30 +46,80 @@ def writers_gone(r: int, within: float) -> bool:
     return False
 
 
-def test_a_full_stdout_that_nobody_reads_still_gets_an_exit_status_by_the_hard_deadline(tmp_path: Path):
-    """The suite's report blocks on the full pipe, so it never says its verdict: the front door
-    ends it at the hard deadline (1 s + 3 s), and its own line, which cannot be written either,
-    is given up after a second. Nothing it started still holds the pipe."""
-    r, w = full_pipe()
-    env = clean_env(HEALTHCHECK_PYTHON=sys.executable, HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
-                    HEALTHCHECK_TIMEOUT="1", **ALL_OFF)
+def run_into(w: int, argv: list[str], env: dict[str, str]) -> tuple[int, bytes, float]:
+    """Run argv with stdout the pipe end ``w``; its exit status, stderr and how long it took."""
     start = time.monotonic()
-    proc = subprocess.Popen([str(ROOT / "healthcheck"), "-v"], stdout=w, stderr=subprocess.PIPE, env=env,
-                            cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(argv, stdout=w, stderr=subprocess.PIPE, env=env, cwd=ROOT, start_new_session=True)
     os.close(w)
     try:
         _, err = proc.communicate(timeout=30)
-        took = time.monotonic() - start
+        return proc.returncode, err, time.monotonic() - start
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    try:
-        assert proc.returncode == 1, err
-        assert err == b""
-        # The hard stop at 4 s; the suite's end after its SIGTERM (its KILL a second later at
-        # most); the front door's own line given up after a second.
-        assert took < 4 + 2 + 1 + 1, took
-        assert writers_gone(r, within=2)
-    finally:
-        os.close(r)
+
+
+def test_a_full_stdout_that_nobody_reads_costs_the_report_never_the_verdict(tmp_path: Path):
+    """The report waits a second at most for room (deadlines.WRITE_WAIT): a healthy run is still
+    exit 0, an unhealthy one exit 1, both long before the hard deadline (1 s + 3 s), and nothing
+    the run started still holds the pipe."""
+    env = clean_env(HEALTHCHECK_PYTHON=sys.executable, HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
+                    HEALTHCHECK_TIMEOUT="1", **ALL_OFF)
+    for extra, verdict in (({}, 0), ({"ENABLE_SSH_CHECK": "true", "HEALTHCHECK_SSH_PORT": "2"}, 1)):
+        r, w = full_pipe()
+        try:
+            status, err, took = run_into(w, [str(ROOT / "healthcheck"), "-v"], {**env, **extra})
+            assert (status, err) == (verdict, b""), err
+            assert took < 1 + deadlines.WRITE_WAIT + 1.5, took
+            assert writers_gone(r, within=2)
+        finally:
+            os.close(r)
+
+
+ENTRY = ("import sys\nfrom probes.cli import entry\nentry(door=3)")  # as ./healthcheck starts the suite
+
+
+@pytest.mark.parametrize(("args", "env", "said"), [
+    *((["--profile", name], {}, deadlines.hard_stop(rules.timeout)) for name, rules in PROFILE_RULES.items()),
+    ([], {}, deadlines.hard_stop(PROFILE_RULES[DEFAULT_PROFILE].timeout)),
+    ([], {"HEALTHCHECK_TIMEOUT": " 2.5 ", "HEALTHCHECK_PROFILE": "liveness"}, 6),
+    (["--profile", "nope"], {}, None), ([], {"HEALTHCHECK_TIMEOUT": "1e2"}, None),
+])
+def test_the_run_says_its_hard_deadline_to_the_front_door_before_any_child_starts(tmp_path: Path, args, env, said):
+    """The hard deadline of its own settings (a bad one: nothing said, exit 200 + 3), on the descriptor
+    it was given, which is closed before a drop-in (a child) runs: the line, then the end of the pipe,
+    while the drop-in still sleeps."""
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    (checks / "slow").write_text("#!/bin/sh\nsleep 1\n")
+    (checks / "slow").chmod(0o755)
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-I", "-c", ENTRY, *args], close_fds=False, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.dup2(w, 3),
+                            env=clean_env(HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
+                                          HEALTHCHECK_CHECKS_DIR=str(checks), **ALL_OFF, **env))
+    os.close(w)
+    with os.fdopen(r, "rb") as door:
+        text = door.read()  # to the end: every copy of the write end closed
+        running = proc.poll() is None
+    status = proc.wait(30)
+    if said is None:
+        assert (text, status) == (b"", cli.DOOR_EXIT + 3)
+    else:
+        assert (text, status) == (b"%d\n" % said, cli.DOOR_EXIT)
+        assert running, "the descriptor stayed open until the run ended: the drop-in held it"
+
+
+def test_an_interpreter_that_says_no_deadline_is_ended_at_the_start_up_bound(tmp_path: Path):
+    """The front door's own numbers are the ladder's: TERM at FRONT_DOOR_START_UP, KILL
+    FRONT_DOOR_KILL_AFTER later (here it ignores TERM), then its line at once."""
+    py = suite_stub(tmp_path / "py", "trap '' TERM\nexec sleep 60")
+    start = time.monotonic()
+    res = subprocess.run([str(ROOT / "healthcheck")], env=clean_env(HEALTHCHECK_PYTHON=str(py)), cwd=ROOT,
+                         capture_output=True, text=True, timeout=30, check=False)
+    took = time.monotonic() - start
+    assert (res.returncode, res.stdout) == (1, f"unhealthy: healthcheck: no hard deadline from the suite within "
+                                               f"{deadlines.FRONT_DOOR_START_UP}s: its interpreter is stuck\n")
+    bound = deadlines.FRONT_DOOR_START_UP + deadlines.FRONT_DOOR_KILL_AFTER
+    assert bound <= took < bound + 1.5, took
