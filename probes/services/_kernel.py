@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -87,15 +88,38 @@ def server_reason(got: dict[str, Any]) -> str:
     return f"HTTP {got.get('status')}"
 
 
-def first_cause(text: str, limit: int = 160) -> str:
-    """The line of a process's output that names the cause: a Python exception line
-    ("ModuleNotFoundError: No module named 'x'") if there is one, else the last line."""
-    import re
+# An exception line: "ModuleNotFoundError: No module named 'x'" (a warning only when nothing else).
+_RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit)\b:?")
+_WARNED = re.compile(r"[A-Za-z_][\w.]*Warning\b:?")
+_FRAME = re.compile(r'File "([^"]+)", line \d+')
+# Words Python adds that name nothing: dropped before a long line is cut, so its names stay.
+_FILLER = re.compile(r" \(most likely due to a circular import\)"
+                     r"|(?<=') (?:if|since) it has the same name as [^)]*")
 
+
+def first_cause(text: str, limit: int = 200) -> str:
+    """The line of a process's output that names the cause: its last exception line
+    ("ModuleNotFoundError: No module named 'x'"), else its last line. A line that names no file
+    gets the file of the traceback's last frame (a local ``random.py`` that shadows the standard
+    library's); a long one loses Python's filler words first, then its middle, never the names
+    at its ends (the module, the library's path)."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    named = [ln for ln in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Warning)\b:?", ln)]
-    pick = named[-1] if named else (lines[-1] if lines else "")
-    return untrusted.clean(pick, limit)
+    picked = [i for i, ln in enumerate(lines) if _RAISED.match(ln)] or \
+        [i for i, ln in enumerate(lines) if _WARNED.match(ln)]
+    at = picked[-1] if picked else len(lines) - 1
+    if at < 0:
+        return ""
+    line = lines[at]
+    frames = [m.group(1) for m in map(_FRAME.match, lines[:at]) if m and not m.group(1).startswith("<")]
+    if frames and "/" not in line:
+        line += f" (in {frames[-1]})"
+    line = untrusted.clean(line, 4 * limit)
+    if len(line) > limit:
+        line = _FILLER.sub("", line)
+    if len(line) > limit:
+        half = (limit - 5) // 2
+        line = f"{line[:half]} ... {line[-half:]}"
+    return line
 
 
 # ---------------------------------------------------------------- the kernel's processes

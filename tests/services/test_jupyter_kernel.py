@@ -412,3 +412,72 @@ def test_judge(data: dict[str, Any], status: Status, reason: str | None, words: 
     r = jupyter_kernel.judge(data, None)
     assert (r.status, r.reason) == (status, reason), r.message
     assert words in r.message and "\n" not in r.message and "\x1b" not in r.message, r.message
+
+
+# ---------------------------------------------------------------- the line that names the cause
+
+# Kernels that died at start, as their users posted them (the last lines of each traceback).
+DEATHS = [
+    # jupyter/help#439: a package too old for IPython (the traceback's last frame is IPython's).
+    ('  File "/Library/Frameworks/Python.framework/Versions/3.6/lib/python3.6/site-packages/IPython/terminal/'
+     'interactiveshell.py", line 20, in <module>\n    from prompt_toolkit.formatted_text import PygmentsTokens\n'
+     "ModuleNotFoundError: No module named 'prompt_toolkit.formatted_text'\n",
+     "ModuleNotFoundError: No module named 'prompt_toolkit.formatted_text' (in /Library/Frameworks/"),
+    # jupyter/notebook#4222: the interpreter itself says it, without an exception line.
+    ("/usr/bin/python: No module named ipykernel_launcher\n", "/usr/bin/python: No module named ipykernel_launcher"),
+    # spyder-ide/spyder-kernels#116: a local signal.py shadows the standard library's; a failing
+    # excepthook's traceback follows.
+    ('  File "/usr/lib/python3.6/pdb.py", line 79, in <module>\n    import signal\n'
+     '  File "/home/akul/Documents/backtrader/signal.py", line 24, in <module>\n    import backtrader as bt\n'
+     "ModuleNotFoundError: No module named 'backtrader'\nError in sys.excepthook:\nTraceback (most recent call last):\n"
+     '  File "/usr/lib/python3/dist-packages/apport_python_hook.py", line 63, in apport_excepthook\n'
+     "    from apport.fileutils import likely_packaged, get_recent_crashes\n",
+     "ModuleNotFoundError: No module named 'backtrader' (in /home/akul/Documents/backtrader/signal.py)"),
+    # microsoft/vscode-jupyter#4937: a user's file shadows subprocess; the kernel dies in platform.
+    ('  File "/usr/lib/python3.8/platform.py", line 613, in _syscmd_uname\n'
+     "    output = subprocess.check_output(('uname', option),\n"
+     "AttributeError: partially initialized module 'subprocess' has no attribute 'check_output' "
+     "(most likely due to a circular import)\n",
+     "AttributeError: partially initialized module 'subprocess' has no attribute 'check_output' "
+     "(most likely due to a circular import) (in /usr/lib/python3.8/platform.py)"),
+    # microsoft/vscode-jupyter#11805: psutil from the system beside a user's ipykernel.
+    ('  File "/usr/lib/python3/dist-packages/psutil/_pslinux.py", line 26, in <module>\n'
+     "    from . import _psutil_linux as cext\nImportError: cannot import name '_psutil_linux' from partially "
+     "initialized module 'psutil' (most likely due to a circular import) "
+     "(/usr/lib/python3/dist-packages/psutil/__init__.py)\n",
+     "ImportError: cannot import name '_psutil_linux' from partially initialized module 'psutil' "
+     "(most likely due to a circular import) (/usr/lib/python3/dist-packages/psutil/__init__.py)"),
+    # ContinuumIO/anaconda-issues#9090: an old libstdc++ under pyzmq's library.
+    ('  File "/usr/local/conda3/lib/python3.6/site-packages/zmq/backend/cython/__init__.py", line 6, in <module>\n'
+     "    from . import (constants, error, message, context,\nImportError: /usr/lib64/libstdc++.so.6: version "
+     "`GLIBCXX_3.4.21' not found (required by /usr/local/conda3/lib/python3.6/site-packages/zmq/backend/cython/"
+     "../../../../../libzmq.so.5.1.2)\n",
+     "ImportError: /usr/lib64/libstdc++.so.6: version `GLIBCXX_3.4.21' not found (required by /usr/local/"),
+    # python/cpython#136094: Python 3.13's hint, which names the file to rename.
+    ('  File "/home/as/mainmod.py", line 1, in <module>\n    from secondmod import secondaryitem\n'
+     "ImportError: cannot import name 'secondaryitem' from 'secondmod' (consider renaming '/home/as/secondmod.py' "
+     "if it has the same name as a library you intended to import)\n",
+     "ImportError: cannot import name 'secondaryitem' from 'secondmod' (consider renaming '/home/as/secondmod.py' "),
+]
+
+
+@pytest.mark.parametrize(("output", "shown"), DEATHS)
+def test_the_line_kept_of_a_dead_kernels_output_names_its_module_or_file(output: str, shown: str) -> None:
+    from probes.services import _kernel
+
+    line = _kernel.first_cause("Traceback (most recent call last):\n" + output)
+    assert shown in line and len(line) <= 200, line
+
+
+def test_a_long_line_keeps_the_names_at_its_ends() -> None:
+    from probes.services import _kernel
+
+    deep = "/opt/conda/envs/" + "x" * 150 + "/lib/libzmq.so.5"
+    line = _kernel.first_cause(f"ImportError: /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.30' "
+                               f"not found (required by {deep})\n")
+    assert len(line) <= 200 and line.startswith("ImportError: /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBC")
+    assert line.endswith("/lib/libzmq.so.5)"), line
+    line = _kernel.first_cause("AttributeError: module 'random' has no attribute 'randint' (consider renaming "
+                               f"'/home/dev/{'r' * 80}/random.py' since it has the same name as the standard library "
+                               "module named 'random' and prevents importing that standard library module)\n")
+    assert line.endswith(f"(consider renaming '/home/dev/{'r' * 80}/random.py')"), line
