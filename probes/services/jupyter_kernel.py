@@ -132,7 +132,11 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dic
 
 
 def gather(ctx: Context) -> dict[str, Any]:
+    from probes.services import kernel_run
+
     srv, source = server(ctx)
+    end = ctx.deadline - deadlines.MARGIN
+    kernel_run.reap(ctx.state, srv, time.monotonic() + min(CLEANUP, max(0.0, end - time.monotonic()) / 4))
     if not ctx.state.enabled:
         return {**check(ctx, srv), "source": source, "cache": {"how": "off"}}
     key = _key(ctx, srv)
@@ -185,8 +189,8 @@ def check(ctx: Context, srv: Server) -> dict[str, Any]:
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(NAME, services.KERNEL_TIMEOUT, "no result within the deadline "
-                   "(the kernel started by the probe is removed when the suite exits)", unit=UNIT)
+    return verdict(NAME, services.KERNEL_TIMEOUT, "no result within the deadline (the kernel the "
+                   "probe started is removed when the suite exits, or by the next run)", unit=UNIT)
 
 
 def end_all() -> None:
@@ -249,8 +253,10 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
             why += f" ({untrusted.clean(data['interpreter'], 160)})"
         return verdict(NAME, services.KERNEL_START_FAILED, f"the server could not start {what}: {why}", **kw)
     if outcome == "died":
-        said = data.get("said")
-        shown = f": {untrusted.clean(said, 200)}" if said else " (the server's log has its output)"
+        said, unread = data.get("said"), untrusted.clean(data.get("unread") or "", 80)
+        shown = f": {untrusted.clean(said, 200)}" if said else \
+            f"; the cause was not read ({unread}; the server's log has it)" if unread else \
+            " (the server's log has its output)"
         return verdict(NAME, services.KERNEL_DIED, f"{what} died during start-up{shown}", **kw)
     if outcome == "channels-failed":
         why = untrusted.clean(data.get("why"), 80)
@@ -261,8 +267,10 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
         stage = {"start": "to start", "connect": "to answer", "execute": "to run the cell"}.get(
             str(data.get("stage")), "to answer")
         budget = float(data.get("budget") or 0)
+        fate = "it was removed" if (data.get("cleanup") or {}).get("deleted") else \
+            "the next run removes it"
         return verdict(NAME, services.KERNEL_TIMEOUT, f"{what} gave no verified reply within {budget:.1f}s: "
-                       f"it took too long {stage}; it was removed", **kw)
+                       f"it took too long {stage}; {fate}", **kw)
     return _judge_reply(data, what, kw, ctx)
 
 
