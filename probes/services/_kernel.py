@@ -1,7 +1,8 @@
 """jupyter-kernel's client: the kernel REST API, one cell over the kernel's channels, and the
 kernel's processes (docs/probes.md, "The notebook path").
 
-REST goes through ``_http.exchange`` with the token in an ``Authorization: token`` header. The
+REST goes through ``_http.exchange`` with the token in an ``Authorization: token`` header and
+``no_track_activity=1`` (the check is not the user's activity: docs/probes.md says why). The
 cell goes over the websocket ``{base_url}api/kernels/<id>/channels`` (Jupyter messaging protocol
 v5, JSON text frames): ``execute_request`` on shell, then the iopub messages and the shell
 ``execute_reply`` whose ``parent_header.msg_id`` is ours. Imported only when the probe runs:
@@ -32,6 +33,7 @@ MAX_OUTPUT = 64 * 1024  # characters of the cell's stdout kept
 MAX_FRAME = 1024 * 1024  # a message larger than this is not ours to read
 POLL = 0.02  # seconds between looks at the kernel's processes: one that fails an import lives ~40 ms
 TERM_GRACE = 0.5  # a kernel gets this long to exit on SIGTERM before it is killed
+UNTRACKED = "no_track_activity=1"  # Jupyter Server leaves its last_activity alone for such a request
 
 
 class Server(Record):
@@ -68,8 +70,8 @@ class Server(Record):
 def rest(server: Server, method: str, tail: str, deadline: float, body: Any = None) -> dict[str, Any]:
     """One REST call: gather's outcome (``_http.exchange``'s), with ``doc``, the JSON answer, when any."""
     raw = b"" if body is None else json.dumps(body).encode()
-    got = exchange(server.host, server.port, server.path(tail), server.secure, deadline, method=method,
-                   headers=server.headers(), body=raw)
+    got = exchange(server.host, server.port, f"{server.path(tail)}?{UNTRACKED}", server.secure, deadline,
+                   method=method, headers=server.headers(), body=raw)
     if got["outcome"] == "response":
         try:
             got["doc"] = untrusted.load_json(got["body"]) if got["body"] else None

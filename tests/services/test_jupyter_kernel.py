@@ -97,6 +97,12 @@ def kernel_ids(server: Jupyter | OwnJupyter) -> set[str]:
     return {k["id"] for k in api(server, "GET", "api/kernels")}
 
 
+def used(server: Jupyter) -> None:
+    """A request of the user's, later than what the probe counts as its own kernel's last words."""
+    time.sleep(jupyter_kernel.SLACK + 0.2)
+    kernel_ids(server)
+
+
 @contextlib.contextmanager
 def server_uid(uid: int | None) -> Iterator[None]:
     """jupyter_kernel.server() as it is, with ``uid`` as the verified owner of the server's
@@ -279,16 +285,19 @@ def test_the_token_never_appears_in_output_logs_or_serve_answers(kserver: Jupyte
     assert TOKEN not in serve.log_text()
 
 
-def test_readiness_reuses_a_pass_within_its_ttl_and_startup_runs_fresh(kserver: Jupyter, tmp_path: Path) -> None:
+def test_on_a_server_in_use_readiness_reuses_a_pass_within_its_ttl_and_startup_runs_fresh(
+        kserver: Jupyter, tmp_path: Path) -> None:
     env = _env(kserver, tmp_path, HEALTHCHECK_JUPYTER_KERNEL_NAME="ok")
     first = run_cli("--only", "jupyter-kernel", env=env)
     assert first.returncode == 0 and "cached" not in first.stdout, first.stdout
+    used(kserver)
     again = run_cli("--only", "jupyter-kernel", env=env)
     assert again.returncode == 0 and "cached" in again.stdout, again.stdout
     fresh = run_cli("--profile", "startup", "--only", "jupyter-kernel", env=env)
     assert fresh.returncode == 0 and "cached" not in fresh.stdout, fresh.stdout
+    used(kserver)
     off = run_cli("--only", "jupyter-kernel", env={**env, "HEALTHCHECK_JUPYTER_KERNEL_TTL": "0"})
-    assert off.returncode == 0 and "cached" not in off.stdout, off.stdout
+    assert off.returncode == 0 and "cached" not in off.stdout and "idle" not in off.stdout, off.stdout
 
 
 def test_liveness_never_runs_it(kserver: Jupyter, tmp_path: Path) -> None:
@@ -680,6 +689,25 @@ def test_a_suite_killed_mid_check_leaves_no_kernel_after_the_next_run(kserver: J
     assert res.returncode == 0, res.stdout
     assert kernel_ids(kserver) <= before and not wait_gone(HANG), "the killed suite's kernel was left"
     assert not [n for n in os.listdir(tmp_path / "state") if n.startswith("kernel-")], "a record was left"
+
+
+def test_an_idle_servers_activity_is_left_alone_and_a_used_one_is_checked(kserver: Jupyter, tmp_path: Path) -> None:
+    # TTL 0: no pass is reused for its age; an idle server keeps its last result all the same.
+    env = _env(kserver, tmp_path, HEALTHCHECK_JUPYTER_KERNEL_NAME="ok", HEALTHCHECK_JUPYTER_KERNEL_TTL="0")
+    first = run_cli("--only", "jupyter-kernel", env=env)
+    assert first.returncode == 0 and "idle" not in first.stdout, first.stdout
+    time.sleep(jupyter_kernel.SLACK + 0.5)  # the kernel's last messages, shut down
+    idle = api(kserver, "GET", "api/status?no_track_activity=1")
+    for _ in range(3):
+        again = run_cli("--only", "jupyter-kernel", env=env)
+        assert again.returncode == 0 and "the server has been idle since" in again.stdout, again.stdout
+    assert api(kserver, "GET", "api/status?no_track_activity=1")["last_activity"] == idle["last_activity"]
+    kid = api(kserver, "POST", "api/kernels", {"name": "ok"})["id"]  # the user opens a notebook
+    try:
+        used = run_cli("--only", "jupyter-kernel", env=env)
+        assert used.returncode == 0 and "idle" not in used.stdout and "cached" not in used.stdout, used.stdout
+    finally:
+        api(kserver, "DELETE", f"api/kernels/{kid}")
 
 
 def test_a_kernel_that_dies_at_start_is_seen_within_seconds_even_on_a_busy_machine(kserver: Jupyter,
