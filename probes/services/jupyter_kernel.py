@@ -307,8 +307,9 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
         stage = {"start": "to start", "connect": "to answer", "execute": "to run the cell"}.get(
             str(data.get("stage")), "to answer")
         budget = float(data.get("budget") or 0)
-        fate = "it was removed" if (data.get("cleanup") or {}).get("deleted") else \
-            "the next run removes it"
+        cleanup = data.get("cleanup") or {}
+        fate = "it was removed" if cleanup.get("deleted") else "the next run removes it" \
+            if cleanup.get("recorded") else "it may not be removed (no state dir records it)"
         return verdict(NAME, services.KERNEL_TIMEOUT, f"{what} gave no verified reply within {budget:.1f}s: "
                        f"it took too long {stage}; {fate}", **kw)
     return _judge_reply(data, what, kw, ctx)

@@ -213,6 +213,7 @@ def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[
             out["deleted"] = _gone(again, rec)
         if out["deleted"]:
             _forget(state, kid)
+        out["recorded"] = state.enabled and not out["deleted"]  # for the next run to remove
     except Exception:
         logger().exception("removing kernel %s failed", kid)
     finally:
@@ -246,8 +247,10 @@ def _forget(state: State, kid: str) -> None:
 
 
 def reap(state: State, srv: Server, deadline: float) -> None:
-    """Remove the kernels that runs killed before their removal left on ``srv`` (their records'
-    runs are gone); another server's records wait for a run against it (its token is not ours)."""
+    """Remove the kernels that earlier runs left on ``srv``: those of runs that are gone (killed
+    before their removal), and this process's own that no run of it is using (``serve`` lives on:
+    a start answered after its run gave up). Another server's records wait for a run against it
+    (its token is not ours)."""
     if not state.enabled or state.path is None:
         return
     try:
@@ -260,10 +263,11 @@ def reap(state: State, srv: Server, deadline: float) -> None:
             state.remove(name)  # damaged: it can name no kernel of ours
             continue
         owner = pidstat.stat(rec["pid"]) if isinstance(rec.get("pid"), int) else None
+        alive = owner is not None and owner.start == rec.get("start") and owner.state not in pidstat.DEAD
         if rec.get("server") != [srv.host, srv.port, srv.base_url] or time.monotonic() >= deadline or (
-                owner is not None and owner.start == rec.get("start") and owner.state not in pidstat.DEAD):
+                alive and (rec["pid"] != os.getpid() or kid in _live)):
             continue
-        logger().info("removing kernel %s of a run that was killed", kid)
+        logger().info("removing kernel %s that an earlier run left", kid)
         remove(state, srv, kid, rec, {}, deadline)
 
 

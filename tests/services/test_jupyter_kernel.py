@@ -654,18 +654,25 @@ def test_a_suite_that_is_not_root_runs_nothing_of_another_uid(other: OwnJupyter,
     assert kernel_ids(other) == set()
 
 
+@pytest.mark.parametrize("apart", [True, False], ids=["suite-per-run", "one-process-as-serve"])
 def test_a_post_answered_after_the_probe_gave_up_leaves_no_kernel_after_the_next_run(other: OwnJupyter,
-                                                                                      tmp_path: Path) -> None:
+                                                                                      tmp_path: Path,
+                                                                                      apart: bool) -> None:
+    def run(timeout: int) -> str:
+        if apart:
+            env = _env(other, tmp_path, HEALTHCHECK_JUPYTER_KERNEL_NAME="ok", HEALTHCHECK_TIMEOUT=str(timeout))
+            return run_cli("--profile", "startup", "--only", "jupyter-kernel", env=env).stdout
+        return probe(other, timeout=timeout, uid=OTHER, state=State.open(str(tmp_path / "state"))).message
+
     (other.root / "lib" / "slow").write_text("")
-    env = _env(other, tmp_path, HEALTHCHECK_JUPYTER_KERNEL_NAME="ok", HEALTHCHECK_TIMEOUT="8")
-    first = run_cli("--profile", "startup", "--only", "jupyter-kernel", env=env)
-    assert "took too long to start; the next run removes it" in first.stdout, first.stdout
+    first = run(8)
+    assert "took too long to start; the next run removes it" in first, first
     end = time.monotonic() + 20
     while not kernel_ids(other) and time.monotonic() < end:
         time.sleep(0.2)
     late = kernel_ids(other)
     assert late, "the slow start never finished"
-    run_cli("--profile", "startup", "--only", "jupyter-kernel", env={**env, "HEALTHCHECK_TIMEOUT": "30"})
+    run(30)
     assert not kernel_ids(other) & late, "the late kernel is still there"
 
 
