@@ -91,7 +91,9 @@ class KernelSettings(spec.Declared):
                                               "the kernelspec jupyter-kernel starts",
                                               shown_default="the server's default kernelspec")
     jupyter_kernel_ttl: float = setting("HEALTHCHECK_JUPYTER_KERNEL_TTL", NUMBER, 600.0,
-                                        "seconds a passing jupyter-kernel result is reused by readiness",
+                                        "seconds a passing jupyter-kernel result is reused by readiness "
+                                        "while the server is in use (an idle server's last result stands "
+                                        "until it is used)",
                                         low=0, high=86400, low_inclusive=True)
 
 
@@ -115,12 +117,14 @@ KERNEL_START_FAILED = cause(
     "fix the kernelspec's `argv` (`jupyter kernelspec list`) or reinstall the kernel; see the server's log",
     action="fix-config", actor="tenant")
 KERNEL_DIED = cause(
-    "kernel-died", "the kernel process exited during start-up; "
-    "the message gives the line of its output that names the cause (the module that failed to import)",
+    "kernel-died", "the kernel process exited during start-up (or the server said it died); "
+    "the message gives the line of its output that names the cause (the module or file that failed "
+    "to import), read by running the kernelspec again as the server's uid, or says why it was not read",
     "remove or fix what breaks it (often a package under `~/.local`: `pip list --user`)",
     action="fix-config", actor="tenant")
 KERNEL_TIMEOUT = cause(
-    "kernel-timeout", "no verified reply within the kernel's share of the deadline; the kernel is removed",
+    "kernel-timeout", "no verified reply within the kernel's share of the deadline; the kernel is removed "
+    "(by the next run when the server had not yet answered its start)",
     "the kernel hangs or the machine is overloaded; raise `HEALTHCHECK_TIMEOUT` if the image is slow",
     action="retry", actor="tenant")
 KERNEL_NO_TORCH = cause(

@@ -1,7 +1,8 @@
 """jupyter-kernel's client: the kernel REST API, one cell over the kernel's channels, and the
 kernel's processes (docs/probes.md, "The notebook path").
 
-REST goes through ``_http.exchange`` with the token in an ``Authorization: token`` header. The
+REST goes through ``_http.exchange`` with the token in an ``Authorization: token`` header and
+``no_track_activity=1`` (the check is not the user's activity: docs/probes.md says why). The
 cell goes over the websocket ``{base_url}api/kernels/<id>/channels`` (Jupyter messaging protocol
 v5, JSON text frames): ``execute_request`` on shell, then the iopub messages and the shell
 ``execute_reply`` whose ``parent_header.msg_id`` is ours. Imported only when the probe runs:
@@ -12,24 +13,27 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
 from probes import untrusted
-from probes.pidstat import DEAD, below, signal_each, stat, table
+from probes.pidstat import DEAD, below, signal_same, stat, table
 from probes.record import Record
 from probes.services import _net, jupyter
 from probes.services._http import exchange
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 PATH_CHARS = jupyter.PATH_CHARS - {"%"}
 MAX_OUTPUT = 64 * 1024  # characters of the cell's stdout kept
 MAX_FRAME = 1024 * 1024  # a message larger than this is not ours to read
-POLL = 0.1  # seconds between looks at the kernel's processes
-TERM_GRACE = 0.5  # a kernel gets this long to exit on SIGTERM before it is frozen and killed
+POLL = 0.02  # seconds between looks at the kernel's processes: one that fails an import lives ~40 ms
+TERM_GRACE = 0.5  # a kernel gets this long to exit on SIGTERM before it is killed
+UNTRACKED = "no_track_activity=1"  # Jupyter Server leaves its last_activity alone for such a request
 
 
 class Server(Record):
@@ -66,8 +70,8 @@ class Server(Record):
 def rest(server: Server, method: str, tail: str, deadline: float, body: Any = None) -> dict[str, Any]:
     """One REST call: gather's outcome (``_http.exchange``'s), with ``doc``, the JSON answer, when any."""
     raw = b"" if body is None else json.dumps(body).encode()
-    got = exchange(server.host, server.port, server.path(tail), server.secure, deadline, method=method,
-                   headers=server.headers(), body=raw)
+    got = exchange(server.host, server.port, f"{server.path(tail)}?{UNTRACKED}", server.secure, deadline,
+                   method=method, headers=server.headers(), body=raw)
     if got["outcome"] == "response":
         try:
             got["doc"] = untrusted.load_json(got["body"]) if got["body"] else None
@@ -87,77 +91,113 @@ def server_reason(got: dict[str, Any]) -> str:
     return f"HTTP {got.get('status')}"
 
 
-def first_cause(text: str, limit: int = 160) -> str:
-    """The line of a process's output that names the cause: a Python exception line
-    ("ModuleNotFoundError: No module named 'x'") if there is one, else the last line."""
-    import re
+# An exception line: "ModuleNotFoundError: No module named 'x'" (a warning only when nothing else).
+_RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit)\b:?")
+_WARNED = re.compile(r"[A-Za-z_][\w.]*Warning\b:?")
+_FRAME = re.compile(r'File "([^"]+)", line \d+')
+# Words Python adds that name nothing: dropped before a long line is cut, so its names stay.
+_FILLER = re.compile(r" \(most likely due to a circular import\)"
+                     r"|(?<=') (?:if|since) it has the same name as [^)]*")
 
+
+def first_cause(text: str, limit: int = 200) -> str:
+    """The line of a process's output that names the cause: its last exception line
+    ("ModuleNotFoundError: No module named 'x'"), else its last line. A line that names no file
+    gets the file of the traceback's last frame (a local ``random.py`` that shadows the standard
+    library's); a long one loses Python's filler words first, then its middle, never the names
+    at its ends (the module, the library's path)."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    named = [ln for ln in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Warning)\b:?", ln)]
-    pick = named[-1] if named else (lines[-1] if lines else "")
-    return untrusted.clean(pick, limit)
+    picked = [i for i, ln in enumerate(lines) if _RAISED.match(ln)] or \
+        [i for i, ln in enumerate(lines) if _WARNED.match(ln)]
+    at = picked[-1] if picked else len(lines) - 1
+    if at < 0:
+        return ""
+    line = lines[at]
+    frames = [m.group(1) for m in map(_FRAME.match, lines[:at]) if m and not m.group(1).startswith("<")]
+    if frames and "/" not in line:
+        line += f" (in {frames[-1]})"
+    line = untrusted.clean(line, 4 * limit)
+    if len(line) > limit:
+        line = _FILLER.sub("", line)
+    if len(line) > limit:
+        half = (limit - 5) // 2
+        line = f"{line[:half]} ... {line[-half:]}"
+    return line
 
 
 # ---------------------------------------------------------------- the kernel's processes
 
-def kernel_pids(kernel_id: str) -> set[int]:
-    """Live processes whose command line names the kernel's connection file (the kernel itself,
-    and a wrapper around it)."""
-    mark = f"kernel-{kernel_id}.json".encode()
-    found: set[int] = set()
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+class Procs:
+    """The kernel's live processes, ``{pid: start}``: those whose command line names its connection
+    file ``kernel-<id>.json`` (the kernel, a wrapper around it). A process older than a second
+    that is another's is not read again (a younger one may not have exec'd yet): a look costs
+    little more than a listing of /proc, often enough to see a kernel that dies at start."""
+
+    def __init__(self, kernel_id: str) -> None:
+        self.mark = f"kernel-{kernel_id}.json".encode()
+        self.others: set[int] = set()
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def scan(self) -> dict[int, int]:
+        found: dict[int, int] = {}
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                if mark in fh.read(65536):
-                    found.add(int(entry))
+            entries = os.listdir("/proc")
         except OSError:
-            continue
-    return {pid for pid in found if alive(pid)}
+            return found
+        settled = (time.clock_gettime(time.CLOCK_BOOTTIME) - 1.0) * self.tick  # start times count from boot
+        for entry in entries:
+            if not entry.isdigit() or int(entry) in self.others:
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    line = fh.read(65536)
+            except OSError:
+                continue
+            st = stat(int(entry))
+            if st is None or st.state in DEAD:
+                continue
+            if self.mark in line:
+                found[int(entry)] = st.start
+            elif st.start < settled:
+                self.others.add(int(entry))
+        return found
 
 
-def alive(pid: int) -> bool:
-    st = stat(pid)
-    return st is not None and st.state not in DEAD
+def live(pairs: Mapping[int, int]) -> dict[int, int]:
+    """Those of ``pairs`` (pid -> start) that are still the process seen, and alive."""
+    out = {}
+    for pid, start in pairs.items():
+        st = stat(pid)
+        if st is not None and st.start == start and st.state not in DEAD:
+            out[pid] = start
+    return out
 
 
-def _tree(roots: set[int]) -> set[int]:
-    """``roots``, every process in their sessions or groups, and everything below those."""
-    procs = table(alive=True)
-    seeds = {pid for pid, st in procs.items() if pid in roots or st.sid in roots or st.pgid in roots}
-    return below(procs, seeds) - {os.getpid()}
+def end(pairs: Mapping[int, int], deadline: float) -> dict[int, int]:
+    """End the kernel's processes (pid -> start) and everything below them in the parent tree,
+    each only while its pid still names the process seen: SIGTERM, TERM_GRACE seconds (within
+    ``deadline``), then SIGKILL. Returns what is still alive (none, unless we may not signal it
+    or it is stuck in the kernel)."""
+    known: dict[int, int] = {}
 
+    def tree() -> dict[int, int]:
+        procs = table(alive=True)
+        roots = {pid for pid, start in pairs.items() if pid in procs and procs[pid].start == start}
+        known.update({pid: procs[pid].start for pid in below(procs, roots) - {os.getpid()}})
+        return live(known)
 
-def end_tree(roots: set[int], deadline: float) -> set[int]:
-    """End the kernel's processes: SIGTERM, TERM_GRACE seconds (within ``deadline``), then freeze
-    and kill the tree until a pass finds nothing new. Returns what is still alive (none, unless
-    we may not signal it or it is stuck in the kernel)."""
-    if not roots:
-        return set()
-    signal_each(_tree(roots), signal.SIGTERM)
+    for pid, start in tree().items():
+        signal_same(pid, start, signal.SIGTERM)
     until = min(deadline, time.monotonic() + TERM_GRACE)
-    while time.monotonic() < until and _tree(roots):
+    while time.monotonic() < until and tree():
         time.sleep(0.02)
-    for _ in range(20):
-        left = _tree(roots)
-        if not left:
-            return set()
-        signal_each(left, signal.SIGSTOP)
-        if _tree(roots) == left:
-            break
-    left = _tree(roots)
-    signal_each(left, signal.SIGKILL)
+    left = tree()
+    for pid, start in left.items():
+        signal_same(pid, start, signal.SIGKILL)
     until = max(min(deadline, time.monotonic() + 0.5), time.monotonic() + 0.05)
-    while time.monotonic() < until:
-        left = {pid for pid in left if alive(pid)}
-        if not left:
-            break
+    while left and time.monotonic() < until:
         time.sleep(0.01)
+        left = live(left)
     return left
 
 

@@ -38,6 +38,7 @@ def requirements(config: Config) -> tuple[str, ...]:
 
 CACHE = "jupyter-kernel.json"
 CLEANUP = 3.0  # seconds kept from the kernel's share for its removal (DELETE, then ending it)
+SLACK = 1.0  # seconds of the server's activity after our status read that are our kernel's last messages
 PREFIX = "HEALTHCHECK-KERNEL-RESULT "
 TOLERANCE = 1e-4  # float32 against float64 at 256x256 differs by ~1e-6 of the largest value
 # The cell: a function, so that it leaves one name (deleted) in a kernel that is deleted anyway.
@@ -107,34 +108,73 @@ def _key(ctx: Context, srv: Server) -> dict[str, Any]:
             "identity": life_identity()}
 
 
-def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
-    """A cached pass (or do-no-harm warning) for the same key younger than ``ttl``, judged again
-    (a damaged entry is a miss), or None."""
-    if not isinstance(entry, dict) or entry.get("key") != key or entry.get("status") not in ("pass", "warn"):
+def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
+           status: tuple[int, float] | None) -> dict[str, Any] | None:
+    """A cached result for the same key, judged again (a damaged entry is a miss): whatever it
+    was while the server has stayed idle since (``status``: its kernels and last activity, which
+    must be no later than the one read right after that run), else a pass (or do-no-harm
+    warning) younger than ``ttl``; None when the kernel path must be checked."""
+    if not isinstance(entry, dict) or entry.get("key") != key:
         return None
-    data, finished = entry.get("data"), entry.get("finished")
-    if not isinstance(data, dict) or not isinstance(finished, (int, float)) or isinstance(finished, bool):
+    data, finished = entry.get("data"), _number(entry.get("finished"))
+    if not isinstance(data, dict) or finished is None:
         return None
-    age = time.time() - float(finished)
-    if not 0 <= age < ttl:
+    age = time.time() - finished
+    after = _number(data.get("after"))
+    idle = status is not None and after is not None and status[0] == 0 and status[1] <= after + SLACK
+    if not idle and (entry.get("status") not in ("pass", "warn") or not 0 <= age < ttl):
         return None
     try:
         result = _judge(data, None)
     except Exception:
         return None
-    if result.status.value != entry["status"]:
+    if result.status.value != entry.get("status"):
         return None
-    return {**data, "cache": {"how": "ttl", "age": round(age, 1)}}
+    return {**data, "cache": {"how": "idle" if idle else "ttl", "age": round(max(age, 0.0), 1)}}
+
+
+def activity(srv: Server, deadline: float) -> tuple[int, float] | None:
+    """The server's ``GET api/status``: how many kernels it runs and when it was last active
+    (seconds since the epoch), or None."""
+    from datetime import datetime
+
+    from probes.services import _kernel
+
+    got = _kernel.rest(srv, "GET", "api/status", deadline)
+    doc = got.get("doc")
+    if got["outcome"] != "response" or got.get("status") != 200 or not isinstance(doc, dict):
+        return None
+    kernels, when = _number(doc.get("kernels")), doc.get("last_activity")
+    if kernels is None or not isinstance(when, str) or len(when) > 40:
+        return None
+    try:  # "2026-11-28T04:35:48.404000Z"; before Python 3.11 fromisoformat takes no "Z"
+        stamp = datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (int(kernels), stamp.timestamp()) if stamp.tzinfo is not None else None
 
 
 def gather(ctx: Context) -> dict[str, Any]:
+    from probes.services import kernel_run
+
     srv, source, withheld = server(ctx)
+    end = ctx.deadline - deadlines.MARGIN
+    kernel_run.reap(ctx.state, srv, time.monotonic() + min(CLEANUP, max(0.0, end - time.monotonic()) / 4))
     if not ctx.state.enabled:
         return {**check(ctx, srv), "source": source, "withheld": withheld, "cache": {"how": "off"}}
     key = _key(ctx, srv)
     ttl = ctx.config.of(services.KernelSettings).jupyter_kernel_ttl
-    return deep.locked_run(ctx, CACHE, key, lambda entry: _reuse(entry, key, ttl),
-                           lambda: {**check(ctx, srv), "source": source, "withheld": withheld}, judge,
+    # Readiness leaves an idle server idle: its kernel path is checked again once it is used.
+    reuses = ctx.config.profile_rules.reuses_cache
+    status = activity(srv, min(end, time.monotonic() + 2.0)) if reuses else None
+
+    def run() -> dict[str, Any]:
+        data = {**check(ctx, srv), "source": source, "withheld": withheld}
+        after = activity(srv, min(end, time.monotonic() + 1.0))  # ours is gone: later activity is another's
+        data["after"] = after[1] if after is not None else None
+        return data
+
+    return deep.locked_run(ctx, CACHE, key, lambda entry: _reuse(entry, key, ttl, status), run, judge,
                            early=True)
 
 
@@ -182,8 +222,8 @@ def check(ctx: Context, srv: Server) -> dict[str, Any]:
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(NAME, services.KERNEL_TIMEOUT, "no result within the deadline "
-                   "(the kernel started by the probe is removed when the suite exits)", unit=UNIT)
+    return verdict(NAME, services.KERNEL_TIMEOUT, "no result within the deadline (the kernel the "
+                   "probe started is removed when the suite exits, or by the next run)", unit=UNIT)
 
 
 def end_all() -> None:
@@ -203,6 +243,9 @@ def judge(data: dict[str, Any], ctx: Context | None) -> Result:
     cache = data.get("cache") or {}
     if cache.get("how") == "ttl":
         result = result._replace(message=f"{result.message} (cached, {cache.get('age', 0):.0f}s old)")
+    elif cache.get("how") == "idle":
+        result = result._replace(message=f"{result.message} (the result of {cache.get('age', 0):.0f}s ago: "
+                                 "the server has been idle since)")
     if data.get("lingered") and result.reason != "kernel-left":
         left = data.get("cleanup", {}).get("left")
         return verdict(NAME, services.KERNEL_LEFT, f"{result.message}; and the kernel could not be removed "
@@ -248,8 +291,10 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
             why += f" ({untrusted.clean(data['interpreter'], 160)})"
         return verdict(NAME, services.KERNEL_START_FAILED, f"the server could not start {what}: {why}", **kw)
     if outcome == "died":
-        said = data.get("said")
-        shown = f": {untrusted.clean(said, 200)}" if said else " (the server's log has its output)"
+        said, unread = data.get("said"), untrusted.clean(data.get("unread") or "", 80)
+        shown = f": {untrusted.clean(said, 200)}" if said else \
+            f"; the cause was not read ({unread}; the server's log has it)" if unread else \
+            " (the server's log has its output)"
         return verdict(NAME, services.KERNEL_DIED, f"{what} died during start-up{shown}", **kw)
     if outcome == "channels-failed":
         why = untrusted.clean(data.get("why"), 80)
@@ -260,8 +305,11 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
         stage = {"start": "to start", "connect": "to answer", "execute": "to run the cell"}.get(
             str(data.get("stage")), "to answer")
         budget = float(data.get("budget") or 0)
+        cleanup = data.get("cleanup") or {}
+        fate = "it was removed" if cleanup.get("deleted") else "the next run removes it" \
+            if cleanup.get("recorded") else "it may not be removed (no state dir records it)"
         return verdict(NAME, services.KERNEL_TIMEOUT, f"{what} gave no verified reply within {budget:.1f}s: "
-                       f"it took too long {stage}; it was removed", **kw)
+                       f"it took too long {stage}; {fate}", **kw)
     return _judge_reply(data, what, kw, ctx)
 
 
