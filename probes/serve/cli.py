@@ -139,14 +139,12 @@ def serve(argv: Sequence[str]) -> int:
 
     state = State.open(settings.state_dir)
     if not state.enabled:
-        log.warning("state dir not usable (%s): no serve.json for the CLI fast path, latch in memory only",
-                    state.disabled_reason)
+        log.warning("state dir not usable (%s): the latch is kept in memory only", state.disabled_reason)
     monitor = Monitor(settings, state)
     server = _listen(HealthServer, settings, monitor)
     if server is None:
         return EXIT_FAIL
     host, port = server.server_address[:2]
-    monitor.address = (str(host), int(port))
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -176,7 +174,6 @@ def serve(argv: Sequence[str]) -> int:
     proc.end_descendants(STOP_GRACE)
     monitor.join(max(0.5, 3.0 - (time.monotonic() - t0)))
     proc.end_descendants(0.2)  # a run that started while we were stopping
-    monitor.remove_snapshot()
     log.info("stopped in %.2f s", time.monotonic() - t0)
     return EXIT_OK
 

@@ -2,7 +2,7 @@
 
 A run is ``python -m probes --json --profile P`` under a deadline (probes.proc.run), so a wedged
 GPU only makes that profile's result stale and never blocks the HTTP handlers, which read a
-Snapshot copied out under a lock. The child must probe, not take the CLI's fast path (CHILD_ENV).
+Snapshot copied out under a lock.
 Nothing outlives a run: serve is the child subreaper, so what a run leaves behind is re-parented
 to serve with the run's marker in its environment, and proc.run's sweep at its end ends it.
 """
@@ -18,11 +18,10 @@ import time
 from probes import config as cfg
 from probes import proc
 from probes.result import Status
-from probes.serve import fastpath
 from probes.serve.settings import Settings
 from probes.serve.view import Run, Snapshot, XidEvent, parse_report, results_of
 from probes.spec import PROFILE_RULES
-from probes.state import State, process_start_time
+from probes.state import State
 from probes.untrusted import squeeze
 
 TYPE_CHECKING = False
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("healthcheck.serve")
 MAX_EVENTS = 200
 DEEP_PROBE = "torch-cuda"
-CHILD_ENV = {"HEALTHCHECK_FASTPATH": "false"}
 
 
 class Monitor:
@@ -40,12 +38,8 @@ class Monitor:
         self.settings = settings
         self.state = state
         self.env = dict(os.environ if environ is None else environ)
-        self.env.update(CHILD_ENV)
         self.stop = threading.Event()
         self._lock = threading.Lock()
-        # Held from taking a snapshot to replacing serve.json, so that an older snapshot from
-        # one profile's thread never replaces a newer one written by another's.
-        self._snapshot_lock = threading.Lock()
         self._runs: dict[str, Run] = {}
         self._startup_passed: Run | None = None
         self._latch_file: dict[str, Any] | None = None
@@ -58,8 +52,6 @@ class Monitor:
         self.last_success: dict[tuple[str, str], float] = {}
         self.event_counts: dict[tuple[str, str, str, str], int] = {}
         self._threads: list[threading.Thread] = []
-        self.address: tuple[str, int] | None = None
-        self.started = time.time()
 
     # -- scheduling ---------------------------------------------------------------
     def start(self) -> None:
@@ -140,7 +132,6 @@ class Monitor:
         log.info("monitor: %s %s in %.2f s%s", run.profile, run.status, run.duration,
                  f" ({run.reason})" if run.reason else "")
         self.refresh_latch()
-        self.write_snapshot()
 
     def refresh_latch(self) -> None:
         latch = self.state.latch()
@@ -196,39 +187,3 @@ class Monitor:
                                 dict[tuple[str, str, str, str], int]]:
         with self._lock:
             return dict(self.runs_total), dict(self.last_success), dict(self.event_counts)
-
-    def write_snapshot(self) -> None:
-        """serve.json in the state dir: what the CLI's fast path reads (see fastpath.py)."""
-        if not self.state.enabled:
-            return
-        with self._snapshot_lock:
-            self._write_snapshot()
-
-    def _write_snapshot(self) -> None:
-        snap = self.snapshot()
-        profiles: dict[str, Any] = {}
-        for p, run in snap.runs.items():
-            if run.report is None:
-                continue
-            skip = (DEEP_PROBE,) if (not self.settings.deep and PROFILE_RULES[p].spawns_worker) else ()
-            try:
-                probe_cfg = cfg.load(self.env, profile=p, skip=",".join(skip) if skip else None)
-            except cfg.ConfigError:
-                continue
-            profiles[p] = {
-                "finished": run.finished,
-                "stale_after": snap.stale_after[p],
-                "fingerprint": fastpath.fingerprint(probe_cfg),
-                "status": run.status,
-                "results": [r.to_dict() for r in results_of(run.report, run.finished)],
-            }
-        data = {"pid": os.getpid(), "start": process_start_time(os.getpid()),
-                "address": list(self.address) if self.address else None,
-                "written": time.time(), "latched": snap.latch is not None, "profiles": profiles}
-        if not self.state.write_json(fastpath.SNAPSHOT, data):
-            log.debug("cannot write %s", fastpath.SNAPSHOT)
-
-    def remove_snapshot(self) -> None:
-        data = self.state.read_json(fastpath.SNAPSHOT)
-        if data is not None and data.get("pid") == os.getpid():
-            self.state.remove(fastpath.SNAPSHOT)

@@ -165,7 +165,7 @@ def parse_report(stdout: bytes) -> dict[str, Any] | None:
 
 
 def results_of(report: Mapping[str, Any], default_time: float) -> list[Result]:
-    """The report's checks as Results (for the CLI fast path and the metrics)."""
+    """The report's checks as Results (for the metrics)."""
     results = []
     for key, entries in report.get("checks", {}).items():
         name = key.split(":", 1)[0]
