@@ -232,7 +232,7 @@ def serve_ports(pod: dict[str, Any]) -> dict[int, str]:
     command runs `healthcheck serve --port N`. A postStart hook does not count: nothing
     would supervise what it leaves running.
     """
-    from probes.serve import settings
+    from probes import serve
 
     found: dict[int, str] = {}
     containers = list(pod.get("containers") or []) + list(pod.get("initContainers") or [])
@@ -240,7 +240,7 @@ def serve_ports(pod: dict[str, Any]) -> dict[int, str]:
         env = {e.get("name"): str(e.get("value", "")) for e in c.get("env") or []}
         if env.get("HEALTHCHECK_SERVE", "").strip().lower() in TRUE and not c.get("command"):
             port = env.get("HEALTHCHECK_SERVE_PORT", "").strip()
-            found[int(port) if port.isdigit() else settings.DEFAULT_PORT] = f"container {c.get('name', '?')}"
+            found[int(port) if port.isdigit() else serve.DEFAULT_PORT] = f"container {c.get('name', '?')}"
         commands = [list(c.get("command") or []) + list(c.get("args") or [])]
         for argv in commands:
             text = " ".join(str(a) for a in argv)
@@ -378,14 +378,14 @@ def _readiness_reaction(where: str, ready: dict[str, Any], container: dict[str, 
 
 def serve_interval(container: dict[str, Any], profile: str) -> float:
     """serve's interval for a profile: HEALTHCHECK_SERVE_INTERVAL in the container, else its default."""
-    from probes.serve import settings
+    from probes import serve
 
-    intervals = dict(settings.DEFAULT_INTERVALS)
+    intervals = dict(serve.DEFAULT_INTERVALS)
     for env in container.get("env") or []:
         if env.get("name") == "HEALTHCHECK_SERVE_INTERVAL" and env.get("value"):
             try:
-                intervals.update(settings.parse_intervals("HEALTHCHECK_SERVE_INTERVAL", str(env["value"])))
-            except ValueError:  # ConfigError; the policy line below names the variable
+                intervals.update(serve.parse_intervals(str(env["value"]).strip()))
+            except ValueError:  # the policy line below names the variable
                 return math.inf
     return float(intervals[profile])
 

@@ -18,7 +18,7 @@ import time
 from probes import config as cfg
 from probes import proc
 from probes.result import Status
-from probes.serve.settings import Settings
+from probes.serve import PROFILES, ServeSettings
 from probes.serve.view import Run, Snapshot, XidEvent, parse_report, results_of
 from probes.spec import PROFILE_RULES
 from probes.state import State
@@ -34,9 +34,13 @@ DEEP_PROBE = "torch-cuda"
 
 
 class Monitor:
-    def __init__(self, settings: Settings, state: State, environ: dict[str, str] | None = None):
-        self.settings = settings
-        self.state = state
+    def __init__(self, settings: ServeSettings, deadlines: dict[str, float], state: State,
+                 environ: dict[str, str] | None = None):
+        self.settings, self.deadlines, self.state = settings, deadlines, state
+        # By default a result goes stale only when a run overran its deadline: a slow but working
+        # run never turns readiness off by itself.
+        slack = {p: deadlines[p] if settings.slack is None else settings.slack for p in PROFILES}
+        self.stale_after = {p: settings.intervals[p] + slack[p] for p in PROFILES}
         self.env = dict(os.environ if environ is None else environ)
         self.stop = threading.Event()
         self._lock = threading.Lock()
@@ -84,15 +88,16 @@ class Monitor:
 
     def argv(self, profile: str) -> list[str]:
         # A server started isolated (-I, as the front door does) keeps its runs isolated too.
-        isolated = ["-I"] if sys.flags.isolated and self.settings.python == sys.executable else []
-        argv = [self.settings.python, *isolated, "-m", "probes", "--json", "--profile", profile]
+        python = self.settings.python or sys.executable
+        isolated = ["-I"] if sys.flags.isolated and python == sys.executable else []
+        argv = [python, *isolated, "-m", "probes", "--json", "--profile", profile]
         if not self.settings.deep and PROFILE_RULES[profile].spawns_worker:
             argv += ["--skip", DEEP_PROBE]
         return argv
 
     def run_once(self, profile: str) -> Run:
         started, t0 = time.time(), time.monotonic()
-        budget = self.settings.deadlines[profile]
+        budget = self.deadlines[profile]
         done = proc.run(self.argv(profile), deadline=t0 + budget, env=self.env)
         finished, mono = time.time(), time.monotonic()
 
@@ -102,7 +107,7 @@ class Monitor:
             return Run(profile, started, finished, mono, None, reason, message)
 
         if done.spawn_error:
-            return broken("spawn-error", f"cannot start {self.settings.python} ({done.spawn_error})")
+            return broken("spawn-error", f"cannot start {self.argv(profile)[0]} ({done.spawn_error})")
         if done.timed_out or done.stuck:
             return broken("deadline", f"no report within {budget:g} s; the run was stopped")
         if done.returncode == 3:
@@ -180,7 +185,7 @@ class Monitor:
                 runs=dict(self._runs), startup_passed=self._startup_passed, latch=latch,
                 events=tuple(self._events[-50:]), watcher=self._watcher,
                 intervals=dict(self.settings.intervals),
-                stale_after={p: self.settings.stale_after(p) for p in cfg.PROFILES},
+                stale_after=self.stale_after,
                 slowdown=dict(self._slowdown))
 
     def counters(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float],

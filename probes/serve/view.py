@@ -18,6 +18,16 @@ from collections.abc import Mapping, Sequence
 from probes.record import Record
 from probes.report import check_entry, iso_time, public_facts
 from probes.result import Result, Status
+from probes.serve import (
+    LATCHED_CUDA,
+    LATCHED_XID,
+    PENDING,
+    RUN_FAILED,
+    SLOWDOWN,
+    STALE,
+    XID_APPLICATION,
+    XID_OTHER,
+)
 from probes.spec import PROFILE_RULES, Cause
 from probes.untrusted import load_json, squeeze
 
@@ -31,44 +41,6 @@ STATUSES = ("pass", "warn", "fail")
 RANK = {"pass": 0, "warn": 1, "fail": 2}
 # An Xid that warns (application or other) keeps the endpoints at "warn" this long after it was seen.
 XID_WARN_SECONDS = 600.0
-
-# The causes of the checks serve adds to a run's report (the "serve" table of docs/probes.md).
-# A run that gave no report: monitor.Monitor.run_once names one of RUN_FAILED.
-PENDING = Cause("pending", "fail", "the profile's first run since serve started has not finished",
-                "wait for it (the startup probe covers this window)", "retry", "tenant")
-STALE = Cause("stale", "fail", "no run of the profile has finished for longer than its interval + slack: "
-              "a run is stuck (a wedged driver) or serve is",
-              "see the log for the run; restart the container, and if runs stay stuck the node's operator "
-              "checks the driver", "restart-container", "tenant")
-RUN_FAILED = {c.reason: c for c in (
-    Cause("deadline", "fail", "the run gave no report by serve's deadline and was stopped",
-          "a component is hung: see the log for the run, then the probe's own remedy", "retry", "tenant"),
-    Cause("config-error", "fail", "the run exited 3: a setting serve passes on is not valid",
-          "fix the `HEALTHCHECK_*` setting the log names", "fix-config", "tenant"),
-    Cause("crashed", "fail", "the run was killed by a signal", "see the log; check the container's memory "
-          "limit (an OOM kill is SIGKILL)", "restart-container", "tenant"),
-    Cause("bad-exit", "fail", "the run exited with a status other than 0, 1 or 3 and no report",
-          "see the log for its output", "restart-container", "tenant"),
-    Cause("bad-output", "fail", "the run printed no valid health+json report", "see the log for its output",
-          "restart-container", "tenant"),
-    Cause("spawn-error", "fail", "serve cannot start the run's Python (`HEALTHCHECK_SERVE_PYTHON`)",
-          "fix `HEALTHCHECK_SERVE_PYTHON` or the image", "fix-config", "tenant"),
-)}
-XID_APPLICATION = Cause("xid-<n>", "warn", "an application Xid (the catalog's RESTART_APP: the program's "
-                        "own fault) in the last 10 minutes", "restart the application", "restart-app",
-                        "tenant")
-XID_OTHER = Cause("xid-<n>", "warn", "an Xid whose catalog action is neither a reset nor a reboot, in the "
-                  "last 10 minutes", "see the Xid catalog's action in the message", "none", "operator")
-SLOWDOWN = Cause("hw-slowdown-sustained", "warn", "HW slowdown or power brake in 0.5 or more readings a "
-                 "minute over 10 minutes", "check the power supply and cooling", "service-hardware",
-                 "operator")
-LATCHED_CUDA = Cause("<code>", "fail", "a probe met a fatal CUDA error and latched the container unhealthy",
-                     "restart the container (reset the GPU if it persists)", "restart-container", "tenant")
-LATCHED_XID = LATCHED_CUDA._replace(reason="xid-<n>", cause="a critical Xid (the catalog's reset or reboot) "
-                                    "latched the container unhealthy", action="reset-gpu", actor="operator")
-CAUSES = (PENDING, STALE, *RUN_FAILED.values(), XID_APPLICATION, XID_OTHER, SLOWDOWN, LATCHED_CUDA,
-          LATCHED_XID)
-
 
 def from_iso(text: Any) -> float | None:
     if not isinstance(text, str):

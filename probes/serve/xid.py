@@ -19,8 +19,8 @@ from collections import deque
 
 from probes import proc
 from probes.hardware import xids
+from probes.serve import ServeSettings
 from probes.serve.monitor import Monitor
-from probes.serve.settings import Settings
 from probes.serve.view import (
     SLOWDOWN_PER_MINUTE,
     SLOWDOWN_WINDOW,
@@ -40,7 +40,7 @@ WAIT_MS = 500
 KINDS = ("xid", "ecc-single", "ecc-double")
 
 
-def severity(kind: str, data: int, settings: Settings) -> str:
+def severity(kind: str, data: int, settings: ServeSettings) -> str:
     """critical (latches), application or other (warn), corrected, ignored or no-action (counted only).
 
     Xids: HEALTHCHECK_XID_IGNORE first, then the critical and application lists (by default
@@ -59,7 +59,7 @@ def severity(kind: str, data: int, settings: Settings) -> str:
     return "corrected"
 
 
-def parse_event(obj: dict[str, Any], settings: Settings) -> XidEvent | None:
+def parse_event(obj: dict[str, Any], settings: ServeSettings) -> XidEvent | None:
     kind, data, gpu = obj.get("kind"), obj.get("data"), obj.get("gpu")
     if kind not in KINDS or not isinstance(data, int) or isinstance(data, bool):
         return None
@@ -71,7 +71,7 @@ def parse_event(obj: dict[str, Any], settings: Settings) -> XidEvent | None:
 
 
 class Watcher:
-    def __init__(self, settings: Settings, monitor: Monitor, *, stderr: IO[Any] | None = None,
+    def __init__(self, settings: ServeSettings, monitor: Monitor, *, stderr: IO[Any] | None = None,
                  environ: dict[str, str] | None = None):
         self.settings = settings
         self.monitor = monitor
