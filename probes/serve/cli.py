@@ -133,14 +133,13 @@ def serve(argv: Sequence[str]) -> int:
         raise ConfigError("serve needs prometheus-client (accepted: pip install 'gpu-healthcheck[serve]')"
                           ) from None
     from probes.serve.monitor import Monitor
-    from probes.serve.xid import Watcher
     from probes.state import State
 
     state = State.open(configs["readiness"].state_dir)
     if not state.enabled:
         log.warning("state dir not usable (%s): the latch is kept in memory only", state.disabled_reason)
-    monitor = Monitor(settings, {p: c.timeout + SERVE_RUN_GRACE for p, c in configs.items()}, state)
-    watcher = Watcher(settings, monitor, stderr=child_stderr)
+    monitor = Monitor(settings, {p: c.timeout + SERVE_RUN_GRACE for p, c in configs.items()}, state,
+                      stderr=child_stderr)
     try:
         server = HealthServer((settings.host, settings.port), monitor, gating=settings.gating)
     except OSError as exc:
@@ -157,7 +156,6 @@ def serve(argv: Sequence[str]) -> int:
         signal.signal(signum, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
     monitor.start()
-    watcher.start()
     log.info("serving on http://%s:%d (intervals %s; readiness gating %s; deep probe %s; xid watch %s)",
              *server.server_address[:2], ",".join(f"{k}={v:g}" for k, v in settings.intervals.items()),
              *("on" if on else "off" for on in (settings.gating, settings.deep, settings.xid_watch)))
@@ -165,8 +163,7 @@ def serve(argv: Sequence[str]) -> int:
         pass
     log.info("stopping")
     t0 = time.monotonic()
-    monitor.stop.set()
-    watcher.terminate()
+    monitor.terminate()
     server.shutdown()
     server.server_close()
     # SIGTERM, then SIGKILL, every descendant: the runs, their workers, the watcher, their orphans.

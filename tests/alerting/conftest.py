@@ -14,7 +14,7 @@ from probes import registry
 from probes.hardware import xids
 from probes.serve import metrics
 from probes.serve.cli import load
-from probes.serve.xid import KINDS, severity
+from probes.serve.monitor import KINDS, severity
 from tests.conftest import ROOT
 from tests.serve.conftest import fake_nvml, start_server  # noqa: F401  (fixtures used here)
 

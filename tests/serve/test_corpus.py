@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from probes.serve.cli import load as serve_settings
-from probes.serve.xid import severity
+from probes.serve.monitor import severity
 from tests.conftest import clean_env
 from tests.corpus import Sample, load
 from tests.serve.conftest import marked_pids, watch_env

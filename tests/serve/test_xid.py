@@ -11,7 +11,7 @@ import pytest
 from probes import docs
 from probes.hardware import xids
 from probes.serve.cli import load
-from probes.serve.xid import severity
+from probes.serve.monitor import severity
 from tests.conftest import ROOT, clean_env
 from tests.serve.conftest import PYTHON, marked_pids, watch_env
 
