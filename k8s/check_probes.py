@@ -141,13 +141,13 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
 def serves(container: dict[str, Any], port: Any) -> bool:
     """Whether the container's entrypoint runs `healthcheck serve` (HEALTHCHECK_SERVE=true, its command
     left alone) on ``port``, a number or a port's name. A postStart hook or a sidecar does not count."""
-    from probes.serve import settings
+    from probes import serve
 
     env, on = env_of(container), env_of(container).get("HEALTHCHECK_SERVE_PORT", "").strip()
     names = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
     number = int(port) if str(port).isdigit() else names.get(port)
     enabled = env.get("HEALTHCHECK_SERVE", "").strip().lower() in TRUE and not container.get("command")
-    return enabled and number == (int(on) if on.isdigit() else settings.DEFAULT_PORT)
+    return enabled and number == (int(on) if on.isdigit() else serve.DEFAULT_PORT)
 
 
 def num(probe: dict[str, Any], key: str, default: int) -> int:
@@ -209,11 +209,11 @@ def reaction(ready: dict[str, Any], env: dict[str, str]) -> tuple[float, str]:
         return (period + (threshold - 1) * max(period, deadline) + deadline,
                 f"periodSeconds + (failureThreshold - 1) x max(periodSeconds, {deadline:g} s deadline) "
                 "+ deadline")
-    from probes.serve import settings  # serve starts a run within an interval, then polls see its result
+    from probes import serve  # serve starts a run within an interval, then polls see its result
 
+    given = env.get("HEALTHCHECK_SERVE_INTERVAL", "").strip()
     try:
-        interval = {**settings.DEFAULT_INTERVALS, **settings.parse_intervals(
-            "HEALTHCHECK_SERVE_INTERVAL", env.get("HEALTHCHECK_SERVE_INTERVAL", ""))}["readiness"]
+        interval = {**serve.DEFAULT_INTERVALS, **(serve.parse_intervals(given) if given else {})}["readiness"]
     except ValueError:  # serve refuses it too
         interval = math.inf
     return (interval + deadline + threshold * period,

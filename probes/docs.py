@@ -63,6 +63,14 @@ def environment() -> str:
     return _table(("variable", "default", "meaning"), rows)
 
 
+def serve_environment() -> str:
+    """`healthcheck serve`'s own settings (probes/serve/__init__.py)."""
+    from probes import serve
+
+    return _table(("variable", "default", "meaning"),
+                  [(f"`{s.env}`", _default(s), s.meaning) for s in serve.ServeSettings.SETTINGS])
+
+
 CAUSE_COLUMNS = ("cause", "reason", "status", "remedy", "who acts", "action")
 
 
@@ -72,14 +80,14 @@ def _cause_table(causes: Iterable[Cause]) -> str:
 
 
 def causes() -> str:
-    from probes.serve import view
+    from probes import serve
 
     parts = ["#### Reasons every probe can report", "", _cause_table(runner.COMMON_CAUSES)]
     for layer in LAYERS:
         for spec in (s for s in registry.PROBES if s.layer == layer):
             parts += ["", f"#### `{spec.name}` ({layer})", "", _cause_table(spec.causes)]
     parts += ["", "#### Drop-in checks", "", _cause_table(dropins.CAUSES),
-              "", "#### The checks `healthcheck serve` adds (docs/serve.md)", "", _cause_table(view.CAUSES)]
+              "", "#### The checks `healthcheck serve` adds (docs/serve.md)", "", _cause_table(serve.CAUSES)]
     return "\n".join(parts)
 
 
@@ -144,7 +152,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Each generated section lives in one manual page; a page names its sections by their markers.
 PAGES = {"docs/probes.md": {"probes": probes, "environment": environment, "causes": causes,
                             "cuda-errors": cuda_error_table},
-         "docs/serve.md": {"xid-actions": xid_actions, "xids": xid_policy},
+         "docs/serve.md": {"serve-environment": serve_environment, "xid-actions": xid_actions,
+                           "xids": xid_policy},
          "docs/kubernetes.md": {"deadlines": deadline_ladder}}
 
 

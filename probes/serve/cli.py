@@ -1,4 +1,4 @@
-"""`healthcheck serve`: the command line, logging, start-up and a clean stop (docs/serve.md).
+"""`healthcheck serve`: its settings, logging, start-up and a clean stop (docs/serve.md).
 
 A stop ends every descendant (serve is the child subreaper) before the exit status 0.
 """
@@ -8,27 +8,60 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
-import logging.handlers
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from probes import config as cfg
 from probes.config import ConfigError
+from probes.deadlines import SERVE_RUN_GRACE
+from probes.serve import DEFAULT_INTERVALS, HOST_FORMS, MIN_SAMPLE, PROFILES, ServeSettings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, Any, NoReturn
 
-    from probes.serve.settings import Settings
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 3
 log = logging.getLogger("healthcheck.serve")
 STOP_GRACE = 1.0  # seconds a monitor run gets after SIGTERM before SIGKILL
-# bind() errors that blame the address (not on this machine, or its family not supported).
-HOST_ERRNOS = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+FLAGS = {"host": "--host", "port": "--port", "intervals": "--interval"}  # a setting's field: its flag
+ROWS = {row.field: row for row in ServeSettings.SETTINGS}
+XID_LISTS = ("xid_critical", "xid_application", "xid_ignore")
+
+
+def load(environ: Mapping[str, str] | None = None, **flags: str | None
+         ) -> tuple[ServeSettings, dict[str, cfg.Config]]:
+    """serve's settings (flags, by field, over the environment over the defaults; intervals merge
+    profile by profile) and the probes' configuration of each profile the monitor runs, all
+    validated now: a typo fails at start, not in every scheduled run."""
+    env = os.environ if environ is None else environ
+    configs = {p: cfg.load(env, profile=p) for p in PROFILES}
+    values: dict[str, Any] = {}
+    for row in ServeSettings.SETTINGS:
+        raw, flag = env.get(row.env), flags.get(row.field)
+        values[row.field] = cfg.parse_setting(row, raw) if raw else row.default
+        if flag is not None:
+            given = cfg.parse_setting(row._replace(env=FLAGS[row.field]), flag)
+            values[row.field] = {**values[row.field], **given} if row.field == "intervals" else given
+    values["intervals"] = {**DEFAULT_INTERVALS, **values["intervals"]}
+    if 0 < values["slowdown_sample"] < MIN_SAMPLE:
+        name = ROWS["slowdown_sample"].env
+        raise ConfigError(f"{name}={cfg.shown(env[name])} is too short (accepted: 0 for off, or seconds from "
+                          f"{MIN_SAMPLE:g} to 3600)")
+    for i, one in enumerate(XID_LISTS):
+        for other in XID_LISTS[i + 1:]:
+            both = values[one] & values[other]
+            # A default list may hold an ignored Xid; a list given explicitly may not.
+            if both and (other != "xid_ignore" or env.get(ROWS[one].env)):
+                raise ConfigError(f"Xid {min(both)} is in both {ROWS[one].env} and {ROWS[other].env} "
+                                  "(accepted: each Xid in one list at most)")
+    for name in XID_LISTS[:2]:
+        values[name] -= values["xid_ignore"]  # HEALTHCHECK_XID_IGNORE=79 stops 79 from latching
+    if values["xid_watch"] is None:  # whenever the GPU checks are on
+        values["xid_watch"] = configs["readiness"].toggles.get("ENABLE_GPU_CHECK", True)
+    return ServeSettings.read(values), configs
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,52 +70,39 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    from probes.serve import settings as st
-
-    p = _Parser(
-        prog="healthcheck serve",
-        description="HTTP health endpoints (/livez /readyz /startupz, application/health+json, 200 or 503) "
-                    "and Prometheus /metrics, answered from results that a background monitor refreshes.",
-        epilog="Environment: HEALTHCHECK_SERVE_HOST, HEALTHCHECK_SERVE_PORT, HEALTHCHECK_SERVE_INTERVAL, "
-               "HEALTHCHECK_SERVE_SLACK, HEALTHCHECK_SERVE_READINESS_GATING, HEALTHCHECK_SERVE_DEEP, "
-               "HEALTHCHECK_SERVE_XID_WATCH, HEALTHCHECK_XID_CRITICAL, HEALTHCHECK_XID_APPLICATION, "
-               "HEALTHCHECK_XID_IGNORE, HEALTHCHECK_SERVE_SLOWDOWN_SAMPLE, "
-               "HEALTHCHECK_SERVE_PYTHON and the probes' own settings (see docs/serve.md).")
-    p.add_argument("--host", help=f"address to bind: {st.HOST_FORMS} (default {st.DEFAULT_HOST}: "
-                                  "loopback only)")
-    p.add_argument("--port", help=f"TCP port (default {st.DEFAULT_PORT}; 0: a free one, logged)")
-    p.add_argument("--interval", metavar="SECONDS|PROFILE=SECONDS,...",
-                   help=f"pause between runs of each profile, at least {st.MIN_INTERVAL:g} s "
-                        "(default startup=5,readiness=15,liveness=10)")
+    names = ", ".join(r.env for r in ROWS.values())
+    p = _Parser(prog="healthcheck serve", description="HTTP health endpoints (/livez /readyz /startupz, "
+                "application/health+json, 200 or 503) and Prometheus /metrics, answered from results that a "
+                "background monitor refreshes.",
+                epilog=f"Environment: {names} and the probes' own settings (see docs/serve.md).")
+    for field, flag in FLAGS.items():
+        row = ROWS[field]
+        shown = (row.shown_default or str(row.default)).replace("`", "")
+        p.add_argument(flag, dest=field, help=f"{row.meaning.replace('`', '')} (default {shown}; {row.env})")
     return p
 
 
 def setup_logging(log_file: str | None) -> IO[Any] | None:
-    """Log to HEALTHCHECK_LOG_FILE when set and usable, else stderr; returns the stream the
-    watcher child should use for its stderr (None: inherit ours).
-
-    A log file that cannot be used (a FIFO, a directory, a full device, a link) never stops
-    serve or blocks it: one warning line on stderr, and the log goes to stderr instead.
-    """
+    """Log to HEALTHCHECK_LOG_FILE when set and usable, else stderr; returns the stream for the
+    watcher child's stderr (None: ours). A log file that cannot be used (a FIFO, a directory, a
+    link, a full device) never stops or blocks serve: one line on stderr says so."""
     from probes import logfile
 
     logger = logging.getLogger("healthcheck")
-    logger.setLevel(logging.DEBUG if os.environ.get("HEALTHCHECK_SERVE_DEBUG") else logging.INFO)
+    logger.setLevel(logging.INFO)
     fmt = "%(asctime)s %(process)d %(levelname)s %(name)s %(message)s"
     if log_file:
-        def warn(why: str) -> None:
-            _stderr_line(f"healthcheck serve: writing the log file failed ({why}); later log lines are lost")
-
-        handler, why = logfile.attach(logger, log_file, fmt, on_error=warn)
+        handler, why = logfile.attach(logger, log_file, fmt, on_error=lambda why: _stderr_line(
+            f"healthcheck serve: writing the log file failed ({why}); later log lines are lost"))
         if handler is not None:
             try:
                 return logfile.open_append(log_file)
             except OSError:
                 return None
         _stderr_line(f"healthcheck serve: {why}: logging to stderr instead")
-    stderr_handler = logging.StreamHandler(sys.stderr)
-    stderr_handler.setFormatter(logging.Formatter(fmt))
-    logger.addHandler(stderr_handler)
+    to_stderr = logging.StreamHandler(sys.stderr)
+    to_stderr.setFormatter(logging.Formatter(fmt))
+    logger.addHandler(to_stderr)
     return None
 
 
@@ -95,107 +115,79 @@ def _stderr_line(line: str) -> None:
         pass
 
 
-def _listen(server_class: Any, settings: Settings, monitor: Any) -> Any:
-    """The bound server, or None when the port cannot be had (said on stderr: exit 1). An
-    address that cannot be bound is the host setting's fault: ConfigError (exit 3)."""
-    from probes.serve import settings as st
-
-    try:
-        return server_class((settings.host, settings.port), monitor, gating=settings.readiness_gating)
-    except OSError as exc:
-        if exc.errno in HOST_ERRNOS:
-            raise ConfigError(f"{settings.host_from}={settings.host} cannot be bound here "
-                              f"({os.strerror(exc.errno)}) (accepted: {st.HOST_FORMS})") from None
-        why = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else "cannot bind"
-        _stderr_line(f"healthcheck serve: cannot listen on {settings.host}:{settings.port} ({why}): "
-                     "choose another --port or HEALTHCHECK_SERVE_PORT")
-        return None
-
-
 def serve(argv: Sequence[str]) -> int:
-    from probes.serve import settings as st
-
     args = parser().parse_args(list(argv))
-    settings = st.load(host=args.host, port=args.port, interval=args.interval)
-    child_stderr = setup_logging(settings.log_file)
+    settings, configs = load(**{field: getattr(args, field) for field in FLAGS})
+    child_stderr = setup_logging(configs["readiness"].log_file)
     from probes import proc
 
-    # Whatever a monitor run or the watcher leaves behind is re-parented to us, not to
-    # PID 1, so that the runs' sweeps and the final one here can end it.
+    # What a monitor run or the watcher leaves behind is re-parented to us, not to PID 1, so that
+    # the runs' sweeps and the final one here can end it.
     if not proc.subreaper():
-        log.warning("cannot become the child subreaper: a process that a probe leaves behind "
-                    "may outlive its run")
-
+        log.warning("cannot become the child subreaper: what a probe leaves behind may outlive its run")
     try:
         from probes.serve.httpd import HealthServer
     except ModuleNotFoundError as exc:  # the serve extra is not installed
         if exc.name != "prometheus_client":
             raise
-        raise ConfigError("serve needs prometheus-client "
-                          "(accepted: pip install 'gpu-healthcheck[serve]')") from None
+        raise ConfigError("serve needs prometheus-client (accepted: pip install 'gpu-healthcheck[serve]')"
+                          ) from None
     from probes.serve.monitor import Monitor
-    from probes.serve.xid import Watcher
     from probes.state import State
 
-    state = State.open(settings.state_dir)
+    state = State.open(configs["readiness"].state_dir)
     if not state.enabled:
-        log.warning("state dir not usable (%s): no serve.json for the CLI fast path, latch in memory only",
-                    state.disabled_reason)
-    monitor = Monitor(settings, state)
-    server = _listen(HealthServer, settings, monitor)
-    if server is None:
-        return EXIT_FAIL
-    host, port = server.server_address[:2]
-    monitor.address = (str(host), int(port))
+        log.warning("state dir not usable (%s): the latch is kept in memory only", state.disabled_reason)
+    monitor = Monitor(settings, {p: c.timeout + SERVE_RUN_GRACE for p, c in configs.items()}, state,
+                      stderr=child_stderr)
+    try:
+        server = HealthServer((settings.host, settings.port), monitor, gating=settings.gating)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else "cannot bind"
+        if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):  # not an address of this machine
+            name = "--host" if args.host is not None else ROWS["host"].env
+            raise ConfigError(f"{name}={settings.host} cannot be bound here ({why}) (accepted: {HOST_FORMS})"
+                              ) from None
+        _stderr_line(f"healthcheck serve: cannot listen on {settings.host}:{settings.port} ({why}): "
+                     "choose another --port or HEALTHCHECK_SERVE_PORT")
+        return 1
     stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    watcher = Watcher(settings, monitor, stderr=child_stderr)
-    http_thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                                   name="http", daemon=True)
-    http_thread.start()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
     monitor.start()
-    watcher.start()
     log.info("serving on http://%s:%d (intervals %s; readiness gating %s; deep probe %s; xid watch %s)",
-             host, port, ",".join(f"{k}={v:g}" for k, v in settings.intervals.items()),
-             "on" if settings.readiness_gating else "off", "on" if settings.deep else "off",
-             "on" if settings.xid_watch else "off")
+             *server.server_address[:2], ",".join(f"{k}={v:g}" for k, v in settings.intervals.items()),
+             *("on" if on else "off" for on in (settings.gating, settings.deep, settings.xid_watch)))
     while not stop.wait(0.5):
         pass
     log.info("stopping")
     t0 = time.monotonic()
-    monitor.stop.set()
-    watcher.terminate()
+    monitor.terminate()
     server.shutdown()
     server.server_close()
     # SIGTERM, then SIGKILL, every descendant: the runs, their workers, the watcher, their orphans.
     proc.end_descendants(STOP_GRACE)
     monitor.join(max(0.5, 3.0 - (time.monotonic() - t0)))
     proc.end_descendants(0.2)  # a run that started while we were stopping
-    monitor.remove_snapshot()
     log.info("stopped in %.2f s", time.monotonic() - t0)
-    return EXIT_OK
+    return 0
 
 
 def main(argv: Sequence[str]) -> int:
     try:
         return serve(argv)
     except ConfigError as exc:
-        msg = str(exc)
-        _stderr_line(msg if msg.startswith("healthcheck") else f"healthcheck serve: {msg}")
-        return EXIT_USAGE
+        _stderr_line(str(exc) if str(exc).startswith("healthcheck") else f"healthcheck serve: {exc}")
+        return 3
     except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) and exc.code in (0, 1, 3) else EXIT_USAGE
+        return exc.code if isinstance(exc.code, int) and exc.code in (0, 1, 3) else 3
     except KeyboardInterrupt:
-        return EXIT_OK
+        return 0
     except Exception as exc:
         logging.getLogger("healthcheck").exception("serve: internal error")
         _stderr_line(f"healthcheck serve: internal error ({type(exc).__name__}); details in the log")
-        return EXIT_FAIL
+        return 1
 
 
 if __name__ == "__main__":

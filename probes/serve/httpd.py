@@ -1,9 +1,9 @@
 """The HTTP endpoints: /livez, /readyz, /startupz (health+json, 200 or 503) and /metrics, with the
 Kubernetes API server's ``?verbose``, ``/readyz/<check>`` and ``?exclude=`` (docs/serve.md).
 
-Handlers only read the monitor's in-memory snapshot, so a response never waits on a
-probe, a GPU or NVML. Any error inside a handler answers 500 with a fixed body; the
-detail goes to the log, never to the client.
+Handlers only read the monitor's in-memory snapshot, so a response never waits on a probe, a GPU or
+NVML. Every error answer is a health+json document with fixed words: nothing of the request is
+echoed, and an error inside a handler answers 500 (the detail goes to the log, never to the client).
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
 from probes import __version__
-from probes.serve import metrics
+from probes.serve.metrics import HealthCollector
 from probes.serve.monitor import Monitor
 from probes.serve.view import UnknownCheck, verbose_text, verdict
 from probes.untrusted import squeeze
@@ -28,24 +31,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("healthcheck.serve")
 HEALTH_JSON = "application/health+json"
-TEXT = "text/plain; charset=utf-8"
 ENDPOINTS = {"/livez": "liveness", "/readyz": "readiness", "/startupz": "startup"}
 MAX_EXCLUDES = 32
 REQUEST_TIMEOUT = 5.0  # a client that sends nothing cannot hold a thread longer
 
 
 def error_body(reason: str, output: str) -> bytes:
-    """A health+json document for an error answer (404, 500): the same media type and shape."""
     return json.dumps({"status": "fail", "version": __version__, "description": "healthcheck serve",
                        "output": output, "reason": reason, "notes": [], "checks": {}},
                       separators=(",", ":")).encode()
 
 
-# Fixed: a handler error must not depend on anything that could fail again.
 ERROR_BODY = error_body("internal-error", "internal error; see the server log")
 NOT_FOUND_BODY = error_body("not-found", "unknown path; try " + ", ".join(
     [*ENDPOINTS, *(p + "/<check>" for p in ENDPOINTS), "/metrics"]))
-# Requests refused before a handler runs: fixed words, nothing of the request echoed.
+# Requests refused before a handler runs.
 REFUSED = {
     400: error_body("bad-request", "malformed request line; send GET <path> HTTP/1.1"),
     414: error_body("uri-too-long", "request line too long"),
@@ -60,7 +60,6 @@ HTTP_ANY = re.compile(rb"HTTP/[0-9]+\.[0-9]+")
 class Handler(BaseHTTPRequestHandler):
     server: HealthServer
     server_version = "healthcheck/" + __version__
-    sys_version = ""
     timeout = REQUEST_TIMEOUT
     protocol_version = "HTTP/1.1"
 
@@ -68,31 +67,24 @@ class Handler(BaseHTTPRequestHandler):
         return self.server_version  # no Python version in the Server header
 
     def parse_request(self) -> bool:
-        # Only HTTP/1.x is served. The standard parser answers a line without a version
-        # (HTTP/0.9) with a bare body, no status line, and passes HTTP/0.x on to a handler.
+        # Only HTTP/1.x is served. The standard parser answers a line without a version (HTTP/0.9)
+        # with a bare body, no status line, and passes HTTP/0.x on to a handler.
         words = bytes(getattr(self, "raw_requestline", b"")).split()
         if words and (len(words) != 3 or not HTTP_1.fullmatch(words[2])):
-            self.command, self.requestline = "", ""
-            self.send_error(505 if len(words) == 2 or (len(words) == 3 and HTTP_ANY.fullmatch(words[2]))
-                            else 400)
+            self.command = self.requestline = ""
+            versioned = len(words) == 2 or (len(words) == 3 and HTTP_ANY.fullmatch(words[2]))
+            self.send_error(505 if versioned else 400)
             return False
         return super().parse_request()
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """Every refused request: health+json, a status line always (HTTP/0.9 included), the
-        standard reason phrase (the library's messages quote the request), then close."""
-        body = REFUSED.get(code, REFUSED[400])
+        """Every refused request: a status line always (HTTP/0.9 included), the standard reason
+        phrase (the library's messages quote the request), then close."""
         if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
             self.request_version = "HTTP/1.0"  # send_response writes no status line for 0.9
         self.close_connection = True
-        self.send_response(code)
-        self.send_header("Connection", "close")
-        self.send_header("Content-Type", HEALTH_JSON)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        if getattr(self, "command", "") != "HEAD":
-            self.wfile.write(body)
+        self._send(code, HEALTH_JSON, REFUSED.get(code, REFUSED[400]), getattr(self, "command", "") == "HEAD",
+                   close=True)
 
     def do_GET(self) -> None:
         self._answer(head=False)
@@ -104,43 +96,41 @@ class Handler(BaseHTTPRequestHandler):
         try:
             path, _, query = self.path.partition("?")
             base, _, only = path.partition("/")[2].partition("/")
-            base = "/" + base
-            if base in ENDPOINTS and (only or path == base):
-                self._health(base, unquote(only) if only else None, query, head)
+            if "/" + base in ENDPOINTS and (only or path == "/" + base):
+                code, ctype, payload = self._health("/" + base, unquote(only) if only else None, query)
             elif path == "/metrics":
-                payload, ctype = metrics.render(self.server.registry, self.headers.get("Accept"))
-                self._send(200, ctype, payload, head)
+                encoder, ctype = choose_encoder(self.headers.get("Accept") or "")
+                code, payload = 200, encoder(self.server.registry)
             else:
-                self._send(404, HEALTH_JSON, NOT_FOUND_BODY, head)
+                code, ctype, payload = 404, HEALTH_JSON, NOT_FOUND_BODY
+            self._send(code, ctype, payload, head)
         except (BrokenPipeError, ConnectionResetError, socket.timeout):
             pass  # the client went away
         except Exception:
-            log.exception("handler error for %s", self.path[:100])
+            log.exception("handler error for %s", squeeze(self.path, 100))
             try:
                 self._send(500, HEALTH_JSON, ERROR_BODY, head)
             except OSError:
                 pass
 
-    def _health(self, endpoint: str, only: str | None, query: str, head: bool) -> None:
+    def _health(self, endpoint: str, only: str | None, query: str) -> tuple[int, str, bytes]:
         args = parse_qs(query, keep_blank_values=True)
         exclude = [squeeze(n, 80) for n in args.get("exclude", [])[:MAX_EXCLUDES]]
         try:
-            code, body = verdict(ENDPOINTS[endpoint], self.server.monitor.snapshot(), now=time.time(),
-                                 now_mono=time.monotonic(), gating=self.server.gating, version=__version__,
+            code, body = verdict(ENDPOINTS[endpoint], self.server.monitor.snap, now=time.time(),
+                                 now_mono=time.monotonic(), gating=self.server.gating,
                                  only=None if only is None else squeeze(only, 80), exclude=exclude)
         except UnknownCheck as e:
-            known = ", ".join(e.known) or "none yet"
-            self._send(404, HEALTH_JSON, error_body("not-found", squeeze(
-                f"no check {e.name!r} in {endpoint}; checks: {known}")), head)
-            return
-        accept = self.headers.get("Accept", "")
-        if "verbose" in args and "json" not in accept:
-            self._send(code, TEXT, verbose_text(endpoint.lstrip("/"), body).encode(), head)
-        else:
-            self._send(code, HEALTH_JSON, json.dumps(body, separators=(",", ":"), default=str).encode(), head)
+            said = f"no check {e.args[0]!r} in {endpoint}; checks: {', '.join(e.args[1])}"
+            return 404, HEALTH_JSON, error_body("not-found", squeeze(said))
+        if "verbose" in args and "json" not in self.headers.get("Accept", ""):
+            return code, "text/plain; charset=utf-8", verbose_text(endpoint.lstrip("/"), body).encode()
+        return code, HEALTH_JSON, json.dumps(body, separators=(",", ":"), default=str).encode()
 
-    def _send(self, code: int, ctype: str, payload: bytes, head: bool) -> None:
+    def _send(self, code: int, ctype: str, payload: bytes, head: bool, close: bool = False) -> None:
         self.send_response(code)
+        if close:
+            self.send_header("Connection", "close")
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(payload)))
         self.send_header("Cache-Control", "no-store")
@@ -149,7 +139,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http: %s %s", self.address_string(), squeeze(format % args, 300))
+        pass  # no line per request: a probe every few seconds would fill the log
 
 
 class HealthServer(ThreadingHTTPServer):
@@ -160,9 +150,9 @@ class HealthServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], monitor: Monitor, *, gating: bool):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
-        self.monitor = monitor
-        self.gating = gating
-        self.registry = metrics.registry_for(monitor)
+        self.monitor, self.gating = monitor, gating
+        self.registry = CollectorRegistry(auto_describe=False)  # its own: no process or python collectors
+        self.registry.register(HealthCollector(monitor))
         super().__init__(address, Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:

@@ -1,89 +1,109 @@
-"""The monitor: runs each profile on its schedule in a child process and keeps the latest result.
+"""The monitor: runs each profile on its schedule in a child process and watches NVML events in
+another, keeping the latest of both in memory for the endpoints (docs/serve.md).
 
-A run is ``python -m probes --json --profile P`` under a deadline (probes.proc.run), so a wedged
-GPU only makes that profile's result stale and never blocks the HTTP handlers, which read a
-Snapshot copied out under a lock. The child must probe, not take the CLI's fast path (CHILD_ENV).
-Nothing outlives a run: serve is the child subreaper, so what a run leaves behind is re-parented
-to serve with the run's marker in its environment, and proc.run's sweep at its end ends it.
+A run is ``python -m probes --json --profile P`` under a deadline (probes.proc.run): a wedged GPU
+only makes that profile's result stale, never a handler wait. Serve is the child subreaper, so what a
+run leaves behind is re-parented to it, with the run's marker, and proc.run's sweep ends it. The
+watcher (probes/serve/xid_watch.py) is long-lived: proc.spawn starts it, a thread reads its lines,
+proc.end ends it with what it started; one that fails is started again after a pause.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import sys
 import threading
 import time
 
-from probes import config as cfg
 from probes import proc
-from probes.result import Status
-from probes.serve import fastpath
-from probes.serve.settings import Settings
-from probes.serve.view import Run, Snapshot, XidEvent, parse_report, results_of
+from probes.hardware import xids
+from probes.serve import PROFILES, ServeSettings, view
+from probes.serve.view import Run, XidEvent
 from probes.spec import PROFILE_RULES
-from probes.state import State, process_start_time
 from probes.untrusted import squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    import subprocess
+    from collections.abc import Mapping
+    from typing import IO, Any
+
+    from probes.state import State
 
 log = logging.getLogger("healthcheck.serve")
-MAX_EVENTS = 200
+MAX_EVENTS = 50  # the latest NVML events the endpoints are told of
 DEEP_PROBE = "torch-cuda"
-CHILD_ENV = {"HEALTHCHECK_FASTPATH": "false"}
+RESTART_PAUSE = 30.0  # before a watcher that failed is started again
+STOP_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for the watcher
+KINDS = ("xid", "ecc-single", "ecc-double")
+COUNTED_ONLY = {"corrected": "", "ignored": " (ignored: HEALTHCHECK_XID_IGNORE)",
+                "no-action": " (NVIDIA's Xid catalog: no action)"}
+
+
+def severity(kind: str, data: int, settings: ServeSettings) -> str:
+    """critical (latches), application or other (warn), corrected, ignored or no-action (counted only):
+    an Xid by HEALTHCHECK_XID_IGNORE, then the critical and application lists, then the catalog (what
+    an operator's list left out warns as other); an uncorrectable ECC error needs a reset."""
+    if kind == "xid":
+        if data in settings.xid_ignore:
+            return "ignored"
+        if data in settings.xid_critical:
+            return xids.CRITICAL
+        if data in settings.xid_application:
+            return xids.APPLICATION
+        return xids.NO_ACTION if xids.bucket(data).severity == xids.NO_ACTION else xids.OTHER
+    return xids.CRITICAL if kind == "ecc-double" else "corrected"
 
 
 class Monitor:
-    def __init__(self, settings: Settings, state: State, environ: dict[str, str] | None = None):
-        self.settings = settings
-        self.state = state
-        self.env = dict(os.environ if environ is None else environ)
-        self.env.update(CHILD_ENV)
-        self.stop = threading.Event()
-        self._lock = threading.Lock()
-        # Held from taking a snapshot to replacing serve.json, so that an older snapshot from
-        # one profile's thread never replaces a newer one written by another's.
-        self._snapshot_lock = threading.Lock()
-        self._runs: dict[str, Run] = {}
-        self._startup_passed: Run | None = None
-        self._latch_file: dict[str, Any] | None = None
-        self._xid_latch: dict[str, Any] | None = None
-        self._events: list[XidEvent] = []
-        self._watcher = "off"
-        self._slowdown: dict[int, tuple[float, ...]] = {}
-        # Counters and per-probe bookkeeping for /metrics.
-        self.runs_total: dict[tuple[str, str], int] = {}
-        self.last_success: dict[tuple[str, str], float] = {}
-        self.event_counts: dict[tuple[str, str, str, str], int] = {}
-        self._threads: list[threading.Thread] = []
-        self.address: tuple[str, int] | None = None
-        self.started = time.time()
+    def __init__(self, settings: ServeSettings, deadlines: Mapping[str, float], state: State, *,
+                 stderr: IO[Any] | None = None):
+        self.settings, self.deadlines, self.state, self.stderr = settings, deadlines, state, stderr
+        # By default a result goes stale only when a run overran its deadline: a slow but working
+        # run never turns readiness off by itself.
+        slack = {p: deadlines[p] if settings.slack is None else settings.slack for p in PROFILES}
+        # What the endpoints read: replaced whole under the lock, never changed in place.
+        watcher = "starting" if settings.xid_watch else "off"
+        self.snap = view.Snapshot({}, None, None, (), watcher, settings.intervals,
+                                  {p: settings.intervals[p] + slack[p] for p in PROFILES}, {}, {}, {}, {})
+        self.env, self.stop, self.lock = dict(os.environ), threading.Event(), threading.Lock()
+        self.xid_latch: dict[str, Any] | None = None  # kept here too: the state dir may not keep it
+        self.slowing: set[int] = set()  # GPUs whose slowdown warns (the log says when that changes)
+        self.threads: list[threading.Thread] = []
+        self.child: subprocess.Popen[bytes] | None = None
 
-    # -- scheduling ---------------------------------------------------------------
     def start(self) -> None:
-        self.refresh_latch()
-        for profile in cfg.PROFILES:
-            t = threading.Thread(target=self._loop, args=(profile,), name=f"monitor-{profile}", daemon=True)
+        self.snap = dataclasses.replace(self.snap, latch=self.state.latch())
+        self.threads = [threading.Thread(target=self._schedule, args=(p,), daemon=True) for p in PROFILES]
+        if self.settings.xid_watch:
+            self.threads.append(threading.Thread(target=self._watch, daemon=True))
+        for t in self.threads:
             t.start()
-            self._threads.append(t)
+
+    def terminate(self) -> None:
+        """No further run; the watcher ends now (the caller's sweep ends the runs in flight)."""
+        with self.lock:
+            self.stop.set()
+        if self.child is not None:
+            proc.end(self.child, grace=STOP_GRACE)
 
     def join(self, timeout: float) -> None:
         end = time.monotonic() + timeout
-        for t in self._threads:
+        for t in self.threads:
             t.join(max(0.0, end - time.monotonic()))
 
-    def _loop(self, profile: str) -> None:
+    def _schedule(self, profile: str) -> None:
         while not self.stop.is_set():
-            if PROFILE_RULES[profile].once and self._startup_passed is not None:
+            if PROFILE_RULES[profile].once and self.snap.startup_passed is not None:
                 return  # like Kubernetes: once startup passed it is not checked again
             try:
                 run = self.run_once(profile)
             except Exception:  # a bug here must not end the schedule silently
                 log.exception("monitor: %s run failed internally", profile)
-                now = time.time()
-                run = Run(profile, now, now, time.monotonic(), None, "internal-error",
+                run = Run(profile, time.time(), time.time(), time.monotonic(), None, "internal-error",
                           "the monitor failed internally; see the log")
             if self.stop.is_set():
                 return
@@ -92,143 +112,150 @@ class Monitor:
 
     def argv(self, profile: str) -> list[str]:
         # A server started isolated (-I, as the front door does) keeps its runs isolated too.
-        isolated = ["-I"] if sys.flags.isolated and self.settings.python == sys.executable else []
-        argv = [self.settings.python, *isolated, "-m", "probes", "--json", "--profile", profile]
-        if not self.settings.deep and PROFILE_RULES[profile].spawns_worker:
-            argv += ["--skip", DEEP_PROBE]
-        return argv
+        python = self.settings.python or sys.executable
+        argv = [python, *(["-I"] if sys.flags.isolated and python == sys.executable else []),
+                "-m", "probes", "--json", "--profile", profile]
+        deep = self.settings.deep or not PROFILE_RULES[profile].spawns_worker
+        return argv if deep else [*argv, "--skip", DEEP_PROBE]
 
     def run_once(self, profile: str) -> Run:
         started, t0 = time.time(), time.monotonic()
-        budget = self.settings.deadlines[profile]
-        done = proc.run(self.argv(profile), deadline=t0 + budget, env=self.env)
+        argv, budget = self.argv(profile), self.deadlines[profile]
+        done = proc.run(argv, deadline=t0 + budget, env=self.env)
         finished, mono = time.time(), time.monotonic()
 
-        def broken(reason: str, message: str) -> Run:
+        def broken(reason: str, message: str) -> Run:  # a reason of probes.serve.RUN_FAILED
             log.warning("monitor: %s run: %s (exit %s, stdout %r, stderr %r)", profile, message,
                         done.returncode, squeeze(done.stdout, 400), squeeze(done.stderr, 400))
             return Run(profile, started, finished, mono, None, reason, message)
 
         if done.spawn_error:
-            return broken("spawn-error", f"cannot start {self.settings.python} ({done.spawn_error})")
+            return broken("spawn-error", f"cannot start {argv[0]} ({done.spawn_error})")
         if done.timed_out or done.stuck:
             return broken("deadline", f"no report within {budget:g} s; the run was stopped")
         if done.returncode == 3:
             return broken("config-error", "the check exited 3 (configuration error); see the log")
+        if done.returncode not in (0, 1) and done.signal:
+            return broken("crashed", f"the check was killed by signal {done.signal}")
         if done.returncode not in (0, 1):
-            if done.signal:
-                return broken("crashed", f"the check was killed by signal {done.signal}")
             return broken("bad-exit", f"the check exited {done.returncode} without a report")
-        report = parse_report(done.stdout)
+        report = view.parse_report(done.stdout)
         if report is None:
             return broken("bad-output", "the check printed no valid health+json report")
         return Run(profile, started, finished, mono, report)
 
-    # -- recording ----------------------------------------------------------------
     def record(self, run: Run) -> None:
-        outcome = run.status if run.report is not None else (run.reason or "error")
-        with self._lock:
-            self._runs[run.profile] = run
-            if PROFILE_RULES[run.profile].once and run.report is not None and run.status != "fail":
-                self._startup_passed = run
-            key = (run.profile, outcome)
-            self.runs_total[key] = self.runs_total.get(key, 0) + 1
-            if run.report is not None:
-                for r in results_of(run.report, run.finished):
-                    if r.status in (Status.PASS, Status.WARN):
-                        self.last_success[(run.profile, r.name)] = run.finished
+        key = (run.profile, run.status if run.report is not None else run.reason or "error")
+        checks = (run.report or {}).get("checks", {})
+        passed = {(run.profile, view.check_name(k)): run.finished for k, es in checks.items()
+                  if es and es[0]["status"] != "fail"}
+        once = PROFILE_RULES[run.profile].once and run.report is not None and run.status != "fail"
+        latch = self.state.latch()
+        with self.lock:
+            s = self.snap
+            self.snap = dataclasses.replace(
+                s, runs={**s.runs, run.profile: run}, startup_passed=run if once else s.startup_passed,
+                latch=self.xid_latch or latch, runs_total={**s.runs_total, key: s.runs_total.get(key, 0) + 1},
+                last_success={**s.last_success, **passed})
         log.info("monitor: %s %s in %.2f s%s", run.profile, run.status, run.duration,
                  f" ({run.reason})" if run.reason else "")
-        self.refresh_latch()
-        self.write_snapshot()
-
-    def refresh_latch(self) -> None:
-        latch = self.state.latch()
-        with self._lock:
-            self._latch_file = latch
-
-    def set_slowdown(self, gpu: int, times: tuple[float, ...]) -> None:
-        """The watcher's slowdown readings of one GPU (times), judged over a window by the view."""
-        with self._lock:
-            self._slowdown[gpu] = times
-
-    def set_watcher(self, status: str) -> None:
-        with self._lock:
-            self._watcher = status
 
     def add_event(self, event: XidEvent) -> None:
         """An NVML event from the watcher; a critical one latches unhealthy."""
-        with self._lock:
-            self._events.append(event)
-            del self._events[:-MAX_EVENTS]
-            key = (str(event.gpu), event.kind, str(event.data) if event.kind == "xid" else "", event.severity)
-            self.event_counts[key] = self.event_counts.get(key, 0) + 1
-            latch_now = event.severity == "critical" and self._xid_latch is None
-            said = event.describe() + (f": {event.advice()}" if event.kind == "xid" else "")
-            code = f"xid-{event.data}" if event.kind == "xid" else event.kind
+        said = event.describe() + (f": {event.advice()}" if event.kind == "xid" else "")
+        code = f"xid-{event.data}" if event.kind == "xid" else event.kind
+        key = (str(event.gpu), event.kind, str(event.data) if event.kind == "xid" else "", event.severity)
+        with self.lock:
+            latch_now = event.severity == xids.CRITICAL and self.xid_latch is None
             if latch_now:
-                self._xid_latch = {"source": "xid", "code": code, "reason": said, "time": event.time}
-        if event.severity == "critical":
+                self.xid_latch = {"source": "xid", "code": code, "reason": said, "time": event.time}
+            s = self.snap
+            counts = {**s.event_counts, key: s.event_counts.get(key, 0) + 1}
+            self.snap = dataclasses.replace(s, events=(*s.events[1 - MAX_EVENTS:], event),
+                                            event_counts=counts, latch=self.xid_latch or s.latch)
+        if event.severity in COUNTED_ONLY:
+            log.info("NVML event: %s%s", said, COUNTED_ONLY[event.severity])
+        elif event.severity != xids.CRITICAL:
+            log.warning("NVML event: %s", said)
+        else:
             log.error("NVML event: %s; latched unhealthy until the container restarts", said)
             if latch_now and not self.state.set_latch("xid", said, code):
-                log.error("latch kept by this serve process only, the state dir could not keep it (%s): "
-                          "exec probes will not see it, and a restart of serve forgets it",
-                          self.state.problem)
-        elif event.severity in ("corrected", "ignored", "no-action"):
-            log.info("NVML event: %s%s", said, {"ignored": " (ignored: HEALTHCHECK_XID_IGNORE)",
-                                                  "no-action": " (NVIDIA's Xid catalog: no action)"}.get(
-                                                      event.severity, ""))
-        else:
-            log.warning("NVML event: %s", said)
+                log.error("latch kept by this serve process only, the state dir could not keep it (%s): exec "
+                          "probes will not see it, and a restart of serve forgets it", self.state.problem)
 
-    # -- reading ------------------------------------------------------------------
-    def snapshot(self) -> Snapshot:
-        with self._lock:
-            latch = self._xid_latch or self._latch_file
-            return Snapshot(
-                runs=dict(self._runs), startup_passed=self._startup_passed, latch=latch,
-                events=tuple(self._events[-50:]), watcher=self._watcher,
-                intervals=dict(self.settings.intervals),
-                stale_after={p: self.settings.stale_after(p) for p in cfg.PROFILES},
-                slowdown=dict(self._slowdown))
+    def _slowdown_reading(self, gpu: int, when: float) -> None:
+        """One reading of HW slowdown or power brake; the view judges them by rate over a window."""
+        now = time.time()
+        with self.lock:
+            s = self.snap
+            times = tuple(t for t in (*s.slowdown.get(gpu, ()), when) if now - t < view.SLOWDOWN_WINDOW)
+            times = times[-4096:]
+            self.snap = dataclasses.replace(s, slowdown={**s.slowdown, gpu: times})
+        verdict = view.slowdown_window(times, now)
+        if verdict.warn != (gpu in self.slowing):  # said when it starts and when it ends
+            self.slowing ^= {gpu}
+            if verdict.warn:
+                log.warning("%s: check the power supply and cooling", verdict.describe(gpu))
+            else:
+                log.info("GPU %d: hardware slowdown below %g/min again", gpu, view.SLOWDOWN_PER_MINUTE)
 
-    def counters(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float],
-                                dict[tuple[str, str, str, str], int]]:
-        with self._lock:
-            return dict(self.runs_total), dict(self.last_success), dict(self.event_counts)
+    def _set_watcher(self, state: str) -> None:
+        with self.lock:
+            self.snap = dataclasses.replace(self.snap, watcher=state)
 
-    def write_snapshot(self) -> None:
-        """serve.json in the state dir: what the CLI's fast path reads (see fastpath.py)."""
-        if not self.state.enabled:
-            return
-        with self._snapshot_lock:
-            self._write_snapshot()
+    def _watch(self) -> None:
+        argv = [sys.executable, *(["-I"] if sys.flags.isolated else []), "-m", "probes.serve.xid_watch",
+                "--wait-ms", "500", "--sample-s", f"{self.settings.slowdown_sample:g}"]
+        while True:
+            with self.lock:
+                if self.stop.is_set():
+                    return
+                try:
+                    self.child = proc.spawn(argv, env=self.env, stderr=self.stderr)
+                except OSError as exc:
+                    self.child, outcome = None, f"cannot start {argv[0]}: {os.strerror(exc.errno or 0)}"
+            if self.child is not None:  # proc.end: it, and what it left behind if it ended by itself
+                outcome = self._read(self.child)
+                outcome += f", exit {proc.end(self.child, grace=STOP_GRACE)}"
+            if self.stop.is_set():
+                return
+            if outcome.startswith("unavailable"):
+                self._set_watcher("unavailable")
+                return  # said once; the server keeps serving without events
+            self._set_watcher("failed")
+            log.warning("NVML event watcher ended (%s); restarting in %g s; events until then are not seen",
+                        outcome, RESTART_PAUSE)
+            if self.stop.wait(RESTART_PAUSE):
+                return
+            self._set_watcher("starting")  # "running" once the child has registered for events
 
-    def _write_snapshot(self) -> None:
-        snap = self.snapshot()
-        profiles: dict[str, Any] = {}
-        for p, run in snap.runs.items():
-            if run.report is None:
-                continue
-            skip = (DEEP_PROBE,) if (not self.settings.deep and PROFILE_RULES[p].spawns_worker) else ()
+    def _read(self, child: subprocess.Popen[bytes]) -> str:
+        """The watcher's lines (probes/serve/xid_watch.py) until it closes its output; why it ended."""
+        assert child.stdout is not None
+        outcome = "ended"
+        for raw in child.stdout:
             try:
-                probe_cfg = cfg.load(self.env, profile=p, skip=",".join(skip) if skip else None)
-            except cfg.ConfigError:
+                obj = json.loads(raw)
+            except ValueError:
+                obj = None
+            if not isinstance(obj, dict):
+                log.warning("NVML event watcher printed a line that is not a JSON object; ignored")
                 continue
-            profiles[p] = {
-                "finished": run.finished,
-                "stale_after": snap.stale_after[p],
-                "fingerprint": fastpath.fingerprint(probe_cfg),
-                "status": run.status,
-                "results": [r.to_dict() for r in results_of(run.report, run.finished)],
-            }
-        data = {"pid": os.getpid(), "start": process_start_time(os.getpid()),
-                "address": list(self.address) if self.address else None,
-                "written": time.time(), "latched": snap.latch is not None, "profiles": profiles}
-        if not self.state.write_json(fastpath.SNAPSHOT, data):
-            log.debug("cannot write %s", fastpath.SNAPSHOT)
-
-    def remove_snapshot(self) -> None:
-        data = self.state.read_json(fastpath.SNAPSHOT)
-        if data is not None and data.get("pid") == os.getpid():
-            self.state.remove(fastpath.SNAPSHOT)
+            kind, what, data, gpu, t = (obj.get(k) for k in ("type", "kind", "data", "gpu", "time"))
+            gpu = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0 else None
+            when = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else time.time()
+            if kind == "started":
+                self._set_watcher("running")
+            elif kind == "event" and what == "slowdown" and gpu is not None:
+                self._slowdown_reading(gpu, when)
+            elif kind == "event" and what in KINDS and isinstance(data, int) and not isinstance(data, bool):
+                self.add_event(XidEvent(when, gpu, squeeze(obj.get("uuid") or "", 80), what, data,
+                                        severity(what, data, self.settings)))
+            elif kind == "unavailable":
+                outcome = "unavailable"
+                log.warning("NVML events unavailable (%s): %s; Xid/ECC events are not watched, serving goes "
+                            "on", squeeze(obj.get("reason"), 40), squeeze(obj.get("message", ""), 300))
+            elif kind == "error":
+                outcome = f"error {squeeze(obj.get('reason'), 40)}"
+        child.stdout.close()
+        return outcome

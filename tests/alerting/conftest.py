@@ -13,8 +13,8 @@ from probes import config as cfg
 from probes import registry
 from probes.hardware import xids
 from probes.serve import metrics
-from probes.serve import settings as serve_settings
-from probes.serve.xid import KINDS, severity
+from probes.serve.cli import load
+from probes.serve.monitor import KINDS, severity
 from tests.conftest import ROOT
 from tests.serve.conftest import fake_nvml, start_server  # noqa: F401  (fixtures used here)
 
@@ -41,8 +41,8 @@ def rules(path: Path = RULES) -> list[dict[str, Any]]:
 
 def label_domains() -> dict[str, set[str]]:
     """Every value serve can give the labels the rules match on, from the code that gives them."""
-    defaults = serve_settings.load({})
-    ignoring = serve_settings.load({"HEALTHCHECK_XID_IGNORE": "79"})
+    defaults = load({})[0]
+    ignoring = load({"HEALTHCHECK_XID_IGNORE": "79"})[0]
     xid_values = [*xids.CATALOG, 4242]  # every catalog entry, and one the catalog lacks
     severities = {severity(kind, x, s) for kind in KINDS for x in xid_values for s in (defaults, ignoring)}
     actions = {metrics.action(kind, str(x) if kind == "xid" else "") for kind in KINDS for x in xid_values}

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from probes import dropins, registry, runner, spec
+from probes import dropins, registry, runner, serve, spec
 from probes.result import Status, verdict
-from probes.serve import view
 from probes.spec import Cause
 from tests.conftest import ROOT
 
@@ -33,7 +32,7 @@ def tables() -> Iterator[tuple[str, Cause]]:
     for s in registry.PROBES:
         yield from ((s.name, c) for c in s.causes)
     yield from (("drop-in", c) for c in dropins.CAUSES)
-    yield from (("serve", c) for c in view.CAUSES)
+    yield from (("serve", c) for c in serve.CAUSES)
 
 
 def judge_modules() -> list[Path]:
@@ -161,4 +160,4 @@ def test_no_text_is_split_mid_phrase():
 def test_every_reason_serve_gives_a_run_without_report_is_in_its_table():
     source = (PACKAGE / "serve" / "monitor.py").read_text()
     given = {c.args[0].value for c in _calls(ast.parse(source), "broken") if isinstance(c.args[0], ast.Constant)}
-    assert given and given <= set(view.RUN_FAILED), given - set(view.RUN_FAILED)
+    assert given and given <= set(serve.RUN_FAILED), given - set(serve.RUN_FAILED)

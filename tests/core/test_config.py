@@ -113,10 +113,11 @@ def test_whitespace_around_values_is_ascii_whitespace_only():
 
 @pytest.mark.parametrize("raw", ["\u00b2", "48,\u00b9\u00b3", "1e2", "-79"])
 def test_serve_xid_lists_refuse_what_int_cannot_read(raw):
-    from probes.serve.settings import parse_xids
+    from probes.serve.cli import load as serve_settings
 
     with pytest.raises(ConfigError) as err:
-        parse_xids("HEALTHCHECK_XID_CRITICAL", raw)
+        serve_settings({"HEALTHCHECK_XID_CRITICAL": raw})
+    assert str(err.value).startswith("HEALTHCHECK_XID_CRITICAL=")
     assert "accepted: comma-separated integers 1-9999" in str(err.value)
 
 

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from probes.serve import settings as serve_settings
-from probes.serve.xid import severity
+from probes.serve.cli import load as serve_settings
+from probes.serve.monitor import severity
 from tests.conftest import clean_env
 from tests.corpus import Sample, load
 from tests.serve.conftest import marked_pids, watch_env
@@ -45,7 +45,7 @@ def test_the_xid_corpus_is_real_and_covers_every_verdict():
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=[s.name for s in SAMPLES])
 def test_a_real_xid_line_gets_what_the_catalog_says(sample: Sample):
-    assert severity("xid", xid_of(sample), serve_settings.load(clean_env())) in SEVERITIES[sample.expect]
+    assert severity("xid", xid_of(sample), serve_settings(clean_env())[0]) in SEVERITIES[sample.expect]
 
 
 def test_real_xid_lines_as_nvml_events_latch_warn_or_count_in_a_real_serve(start_server, fake_nvml, tmp_path):

@@ -43,10 +43,29 @@ def test_endpoints_answer_health_json_and_metrics(start_server):
     code, headers, body = srv.get("/nope")
     assert code == 404 and json.loads(body)["reason"] == "not-found"
     assert "Python" not in headers.get("server", "")
-    assert json.loads((srv.state / "serve.json").read_text())["pid"] == srv.proc.pid
     assert srv.terminate() == 0
     assert not marked_pids(srv.marker)
+
+
+def test_an_exec_check_beside_serve_runs_its_own_probes(start_server, tmp_path: Path):
+    """The exec check reads none of serve's files: beside a running serve with the same settings it
+    runs its probes itself (a drop-in that says who ran it)."""
+    import subprocess
+
+    checks = tmp_path / "checks"
+    checks.mkdir(mode=0o755)
+    write_exe(checks / "who", "#!/bin/sh\n# healthcheck: profiles=startup,readiness,liveness\n"
+              'echo "ran for ${WHO:-serve}"\n')
+    srv = start_server(dict(ALL_OFF, HEALTHCHECK_CHECKS_DIR=str(checks)), "--interval", "0.5")
+    srv.wait_for("/readyz", lambda c, b: "who:status" in b["checks"], 20, "serve's readiness run")
+    env = {k: v for k, v in srv.env.items() if k != "HC_SERVE_TEST"}
+    done = subprocess.run([PYTHON, "-m", "probes", "--json"], cwd=ROOT, env={**env, "WHO": "the check"},
+                          capture_output=True, text=True, timeout=60, check=False)
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["checks"]["who:status"][0]["message"] == "ran for the check", report
+    assert not any("healthcheck serve" in n for n in report["notes"]), report["notes"]
     assert not (srv.state / "serve.json").exists()
+    assert srv.terminate() == 0
 
 
 def test_wedged_torch_worker_blocks_nothing_and_readiness_goes_stale(start_server, tmp_path: Path):
@@ -197,7 +216,7 @@ def test_sigint_also_stops_cleanly(start_server):
     srv.proc.send_signal(signal.SIGINT)
     assert srv.proc.wait(10) == 0
     assert not marked_pids(srv.marker)
-    assert os.path.exists(srv.state) and not (srv.state / "serve.json").exists()
+    assert os.path.exists(srv.state)
 
 
 # ------------------------------------------------------------------ nothing outlives a monitor run

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from probes.serve.xid import SLOWDOWN_PER_MINUTE, SLOWDOWN_WINDOW, slowdown_window
+from probes.serve.view import SLOWDOWN_PER_MINUTE, SLOWDOWN_WINDOW, slowdown_window
 from tests.serve.conftest import marked_pids, watch_env
 
 T0 = 1_800_000_000.0

@@ -10,8 +10,8 @@ import pytest
 
 from probes import docs
 from probes.hardware import xids
-from probes.serve import settings as serve_settings
-from probes.serve.xid import severity
+from probes.serve.cli import load
+from probes.serve.monitor import severity
 from tests.conftest import ROOT, clean_env
 from tests.serve.conftest import PYTHON, marked_pids, watch_env
 
@@ -114,7 +114,7 @@ def test_bad_xid_ignore_exits_3(env, needle):
 
 
 def test_the_catalog_decides_what_latches():
-    s = serve_settings.load(clean_env())
+    s = load(clean_env())[0]
     # a GPU reset or a restart of the machine in the catalog latches (its workflows for 48 and 74 too);
     # the application's Xids (maybe another tenant's) warn; IGNORE is counted; the rest warn
     latching = (79, 48, 74, 119, 140, 46, 62, 109, 110, 136, 143, 151, 155, 156, 158)
@@ -124,10 +124,10 @@ def test_the_catalog_decides_what_latches():
     assert [severity("xid", x, s) for x in (45, 54, 144, 149, 154, 159, 167, 1, 9999)] == ["other"] * 9
     assert xids.action(79) == xids.RESTART_BM and xids.action(109) == xids.RESET_GPU
     assert xids.action(43) == xids.IGNORE and xids.action(9999) is None
-    s = serve_settings.load(clean_env(HEALTHCHECK_XID_IGNORE="79,13"))
+    s = load(clean_env(HEALTHCHECK_XID_IGNORE="79,13"))[0]
     assert severity("xid", 79, s) == "ignored" and severity("xid", 13, s) == "ignored"
     # an operator's list replaces the catalog's: what it leaves out warns, never latches
-    s = serve_settings.load(clean_env(HEALTHCHECK_XID_CRITICAL="43", HEALTHCHECK_XID_APPLICATION="79"))
+    s = load(clean_env(HEALTHCHECK_XID_CRITICAL="43", HEALTHCHECK_XID_APPLICATION="79"))[0]
     assert [severity("xid", x, s) for x in (43, 79, 48, 13)] == ["critical", "application", "other", "other"]
 
 
