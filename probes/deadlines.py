@@ -20,6 +20,9 @@ LINGER = 1.0  # a child whose answer is complete (``until``) gets this long to e
 # The run (probes/runner.py).
 GRACE = 0.4  # past a probe's deadline (x2 for a dependency, x3 for the run): its child's TERM+KILL, 0.3 s
 RUN_MARGIN = 0.5  # kept of the run's budget (at most half of it) for the report
+# The notice (probes/notice.py), after the verdict: another check holds its lock for a few milliseconds;
+# with the runner's 3 x GRACE it stays within FRONT_DOOR_GRACE. Not had by then: nothing is told.
+NOTICE_WAIT = 0.5
 # The front door (./healthcheck: `hard=$((budget + 3))`, `kill_after=1`).
 FRONT_DOOR_GRACE = 3  # TERM this long past the budget (rounded up): the runner's 3 x GRACE, the report
 FRONT_DOOR_KILL_AFTER = 1  # then KILL; as long again, and it answers without the suite (stuck in D)
