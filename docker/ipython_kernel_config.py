@@ -89,9 +89,8 @@ def arm(shell):
                 return
             shell.events.unregister("pre_run_cell", first_cell)
             said = notice()
-            if said:
+            if said:  # sent with the cell's output: a flush here would wait on the kernel's IO thread
                 sys.stderr.write("".join(f"{line}\n" for line in said))
-                sys.stderr.flush()
         except Exception:  # noqa: S110 - never into the user's code
             pass
 
