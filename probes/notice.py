@@ -217,28 +217,28 @@ def log_line(line: str, path: str | None = None) -> bool:
 
 
 def _notice_dir(where: str) -> int | None:
-    """A descriptor of the notice's directory, 0755, made when missing; reached only through
-    directories nobody but root or us can change (untrusted.open_trusted_dir). None when it cannot."""
+    """A descriptor of the notice's directory, reached only through directories nobody but root or
+    us can change (untrusted.open_trusted_dir); made 0755 when missing (an existing one keeps its
+    mode). None when it cannot."""
     owners = (0, os.geteuid())
     try:
-        fd = open_trusted_dir(where, owners)
+        return open_trusted_dir(where, owners)
     except FileNotFoundError:
-        parent, name = os.path.split(where)
+        pass
+    except (OSError, Refused):
+        return None
+    parent, name = os.path.split(where)
+    try:
+        up = open_trusted_dir(parent, owners)
         try:
-            up = open_trusted_dir(parent, owners)
-            try:
-                os.mkdir(name, 0o755, dir_fd=up)
-            finally:
-                os.close(up)
-            fd = open_trusted_dir(where, owners)
-        except (OSError, Refused):
-            return None
+            os.mkdir(name, 0o755, dir_fd=up)
+        finally:
+            os.close(up)
+        fd = open_trusted_dir(where, owners)
     except (OSError, Refused):
         return None
     try:
-        st = os.fstat(fd)
-        if st.st_uid == os.geteuid() and st.st_mode & 0o777 != 0o755:
-            os.fchmod(fd, 0o755)  # whatever the umask took away: the readers are other users
+        os.fchmod(fd, 0o755)  # whatever the umask took away: the readers are other users
     except OSError:
         pass
     return fd

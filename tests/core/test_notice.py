@@ -164,6 +164,19 @@ def test_notices_off_tell_nothing_and_take_the_notice_away(told):
     assert log.count("\n") == 1 and published is None  # no "healthy again" either
 
 
+def test_the_notice_dir_is_made_0755_an_existing_one_keeps_its_mode(told, tmp_path):
+    old = os.umask(0o077)
+    try:
+        told("readiness", verdict("nvml", GPU_LOST, "GPU 1 is lost"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o755  # made: readable by the readers
+    (tmp_path / "run").chmod(0o700)  # the operator's own choice: never changed
+    told("readiness", passed("nvml", "ok"))
+    assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700
+    assert (tmp_path / "run" / "notice").read_text().split()[2] == "healthy"
+
+
 # ---------------------------------------------------------------- whole runs
 
 HARDWARE_ONLY = {"ENABLE_JUPYTER_CHECK": "false", "ENABLE_SSH_CHECK": "false", "ENABLE_TORCH_CHECK": "false"}
