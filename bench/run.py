@@ -289,6 +289,9 @@ class Bench:
                    HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_TTL="3600",
                    HEALTHCHECK_STATE_DIR=str(self.work / "state"), HEALTHCHECK_FASTPATH="false",
                    HEALTHCHECK_CHECKS_DIR=str(self.work / "no-checks"),  # missing: no drop-ins
+                   # What a run tells the person (paid as in the image) stays in the work dir.
+                   HEALTHCHECK_NOTICE_FILE=str(self.work / "notice" / "notice"),
+                   _HEALTHCHECK_NOTICE_LOG=str(self.work / "pid1-stderr"),
                    NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
         if not FAKE_NVML.exists() and shutil.which("make") and (ROOT / "tests/fakes/Makefile").exists():
             subprocess.run(["make", "-s", "-C", str(ROOT / "tests/fakes")], check=False,
