@@ -153,6 +153,10 @@ def test_off_non_interactive_or_a_strict_shell_change_nothing(where):
     assert login(where, interactive=False)[:2] == ([], "alive none \n")  # scp, ssh host cmd
     lines, out, _ = login(where, script="set -euo pipefail; IFS=:; ")
     assert len(lines) == 2 and out == "alive none \n"
+    # /etc/profile is read by sh too: the script returns before anything bash-only.
+    dash = subprocess.run(["sh", "-c", f". {LOGIN}; echo alive"], capture_output=True, text=True, timeout=10,
+                          env={"PATH": "/usr/bin:/bin", "HEALTHCHECK_NOTICE_FILE": str(where)}, check=False)
+    assert (dash.stdout, dash.stderr) == ("alive\n", "")
 
 
 @pytest.mark.parametrize("hostile", ["another user's", "oversized", "a link", "a fifo", "in a dir others write",
