@@ -66,10 +66,16 @@ RUN python3 -m venv /opt/healthcheck/.venv \
 COPY docker/sshd/gpu-dev.conf /etc/ssh/sshd_config.d/10-gpu-dev.conf
 COPY docker/sshd/penalty-exempt.conf /etc/ssh/gpu-dev/penalty-exempt.conf
 COPY docker/entrypoint.sh /usr/local/bin/gpu-dev-entrypoint
+# The person's notices (docs/image.md, "Notices"): an interactive SSH login and the first cell of
+# every kernel show the health check's published verdict when it is not healthy, from one small
+# file (HEALTHCHECK_NOTICE_FILE); HEALTHCHECK_NOTICES=false turns them and the log line off.
+COPY docker/gpu-health-notice.sh /etc/profile.d/gpu-health-notice.sh
+COPY docker/ipython_kernel_config.py /etc/ipython/ipython_kernel_config.py
 # Jupyter's runtime dir is writable by GID 0, so that an arbitrary UID (OpenShift's, with
 # GID 0) can start Jupyter; started as root, the entrypoint hands it to the dev user, 0700.
 RUN chmod 0755 /usr/local/bin/gpu-dev-entrypoint \
  && chmod 0644 /etc/ssh/sshd_config.d/10-gpu-dev.conf /etc/ssh/gpu-dev/penalty-exempt.conf \
+      /etc/profile.d/gpu-health-notice.sh /etc/ipython/ipython_kernel_config.py \
  && install -d -m 0770 -g 0 /run/jupyter
 
 # Global, so the health check (which runs with the image's environment, not the

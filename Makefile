@@ -77,7 +77,7 @@ docs: install ## regenerate the manual's probe, environment, cause and Xid table
 	$(PY) -m probes.docs
 
 lint: ## ruff, mypy, shellcheck, hadolint
-	$(BIN)/ruff check probes tests bench k8s
+	$(BIN)/ruff check probes tests bench k8s docker
 	$(BIN)/mypy
 	$(BIN)/shellcheck healthcheck tests/*.sh tests/e2e/*.sh tests/gpu/*.sh tests/corpus/*.sh docker/*.sh .ci/run
 	$(BIN)/hadolint --config .hadolint.yaml Dockerfile

@@ -109,8 +109,11 @@ def host_env(work: Path, py: str, stack: contextlib.ExitStack, services: dict[st
                LD_LIBRARY_PATH=f"{FAKE_NVML.parent}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":"),
                ENABLE_GPU_CHECK="true", HEALTHCHECK_GPU_COUNT="1", HEALTHCHECK_PYTHON=py,
                HEALTHCHECK_TORCH_PYTHON=py, HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_TTL="3600",
-               HEALTHCHECK_STATE_DIR=str(work / "state"), HEALTHCHECK_FASTPATH="false",
+               HEALTHCHECK_STATE_DIR=str(work / "state"),
                HEALTHCHECK_CHECKS_DIR=str(work / "no-checks"),  # missing: no drop-ins
+               # What a run tells the person (paid as in the image) stays in the work dir.
+               HEALTHCHECK_NOTICE_FILE=str(work / "notice" / "notice"),
+               _HEALTHCHECK_NOTICE_LOG=str(work / "pid1-stderr"),
                NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
     if Sshd.missing():
         env["ENABLE_SSH_CHECK"], services["ssh"] = "false", "off (no sshd)"

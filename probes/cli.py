@@ -123,7 +123,7 @@ def _setup_log(cfg: Config) -> tuple[object, str | None]:
 
 def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     """Run a check; returns (exit status, output, abandoned)."""
-    from probes import report, runner
+    from probes import notice, report, runner
     from probes.state import State
 
     cfg = load(**parse_flags(argv))
@@ -143,6 +143,7 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     disabled = _disabled_text(cfg)
     out = report.json_text(outcome, disabled=disabled) if cfg.json else report.text(
         outcome, verbose=cfg.verbose, disabled=disabled)
+    notice.tell(cfg, state, outcome)
     return code, out, outcome.abandoned
 
 

@@ -29,6 +29,7 @@ from probes.spec import (
     Profile,
     Setting,
     Spec,
+    setting,
 )
 from probes.untrusted import clean
 
@@ -200,6 +201,18 @@ def parse_base_url(name: str, raw: str) -> str:
     return v if v.endswith("/") else v + "/"
 
 
+class Notices(Declared):
+    """What a check of a profile that ``tells`` says to the person at the keyboard (probes/notice.py)."""
+
+    notices: bool = setting("HEALTHCHECK_NOTICES", BOOL, True,
+                            "tell the person at the keyboard: a line in the container's log when the verdict "
+                            "changes, the notice shown at an SSH login and in a notebook's first cell "
+                            "(docs/image.md, \"Notices\"); `false` turns all three off")
+    notice_file: str = setting("HEALTHCHECK_NOTICE_FILE", ABSOLUTE_PATH, "/run/healthcheck-notice/notice",
+                               "the published notice (an absolute path), world-readable in a directory of "
+                               "the suite's user (0755); the login and notebook readers read this one file")
+
+
 GLOBAL_SETTINGS = (
     Setting("HEALTHCHECK_PROFILE", "profile", CHOICE, DEFAULT_PROFILE,
             "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=PROFILES),
@@ -225,6 +238,7 @@ GLOBAL_SETTINGS = (
     Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", ABSOLUTE_PATH, "/etc/healthcheck.d",
             "drop-in checks (an absolute path): every executable file there is a check (see "
             "\"Drop-in checks\")"),
+    *Notices.SETTINGS,
 )
 
 # Read outside the suite's configuration (the front door): listed in docs/probes.md.
@@ -332,8 +346,8 @@ def _defaults() -> dict[str, Any]:
     values: dict[str, Any] = {"profile": DEFAULT_PROFILE, "timeout": PROFILE_RULES[DEFAULT_PROFILE].timeout,
                               "json": False, "verbose": False, "only": (), "skip": (),
                               "toggles": types.MappingProxyType({}), "dropins": ()}
-    for setting in (*GLOBAL_SETTINGS, *registry.SETTINGS):
-        values.setdefault(setting.field, setting.default)
+    for row in (*GLOBAL_SETTINGS, *registry.SETTINGS):
+        values.setdefault(row.field, row.default)
     return values
 
 
@@ -386,10 +400,10 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
     values: dict[str, Any] = {"profile": prof, "json": json, "verbose": verbose}
     values["timeout"] = _env(env, "HEALTHCHECK_TIMEOUT", lambda n, r: parse_setting(by_env[n], r),
                              PROFILE_RULES[prof].timeout)
-    for setting in (*GLOBAL_SETTINGS, *registry.SETTINGS):
-        if setting.field not in values:
-            values[setting.field] = _env(env, setting.env, lambda n, r, s=setting: parse_setting(s, r),  # type: ignore[misc]
-                                         setting.default)
+    for row in (*GLOBAL_SETTINGS, *registry.SETTINGS):
+        if row.field not in values:
+            values[row.field] = _env(env, row.env, lambda n, r, s=row: parse_setting(s, r),  # type: ignore[misc]
+                                     row.default)
     from probes import dropins
 
     builtin: dict[str, list[str]] = {}

@@ -20,6 +20,9 @@ LINGER = 1.0  # a child whose answer is complete (``until``) gets this long to e
 GRACE = 0.4  # past a probe's deadline (x2 for a dependency, x3 for the run): its child's TERM+KILL, 0.3 s
 RUN_MARGIN = 0.5  # kept of the run's budget (at most half of it) for the report
 WRITE_WAIT = 1.0  # for room to write the report: a full pipe that nobody reads costs it, not the verdict
+# The notice (probes/notice.py), after the verdict: another check holds its lock for a few milliseconds;
+# with the runner's 3 x GRACE it stays within FRONT_DOOR_GRACE. Not had by then: nothing is told.
+NOTICE_WAIT = 0.5
 # The front door (./healthcheck: its `sleep 3` and `sleep 1`; the hard stop, the run tells it).
 FRONT_DOOR_GRACE = 3  # TERM this long past the budget (rounded up): the runner's 3 x GRACE, the report
 FRONT_DOOR_KILL_AFTER = 1  # then KILL, and it answers at once without the suite (one stuck in D)

@@ -20,7 +20,8 @@ class Profile(Record):
     """What a profile (``--profile``) means: its whole-run deadline and what its run may do. Probes
     ask ``ctx.config.profile_rules`` instead of comparing names; serve and the docs read it too."""
 
-    __slots__ = ("name", "timeout", "reuses_cache", "spawns_worker", "hardware", "once", "gates")
+    __slots__ = ("name", "timeout", "reuses_cache", "spawns_worker", "hardware", "once", "gates", "tells",
+                 "period", "retries")
 
     name: str
     timeout: float  # the run's deadline when HEALTHCHECK_TIMEOUT is unset (the margins: probes/deadlines.py)
@@ -29,9 +30,15 @@ class Profile(Record):
     hardware: bool  # the GPU's state is judged (nvidia-smi, NVML, serve's slowdown): no restart repairs it
     once: bool  # runs till its first pass, once per container start (serve keeps it): one-time advice here
     gates: bool  # serve: a failure takes the pod out of the Service (HEALTHCHECK_SERVE_READINESS_GATING)
+    tells: bool  # judges whether the container can do its job: its verdict is told to the person (notice.py)
+    # How often it runs and how many misses its runner allows: a told verdict older than
+    # period x retries is stale ("not checked since ...").
+    period: float
+    retries: int
 
     def __init__(self, name: str, timeout: float, reuses_cache: bool = False, spawns_worker: bool = False,
-                 hardware: bool = False, once: bool = False, gates: bool = False) -> None:
+                 hardware: bool = False, once: bool = False, gates: bool = False, tells: bool = False,
+                 period: float = 10.0, retries: int = 3) -> None:
         self.name = name
         self.timeout = timeout
         self.reuses_cache = reuses_cache
@@ -39,12 +46,22 @@ class Profile(Record):
         self.hardware = hardware
         self.once = once
         self.gates = gates
+        self.tells = tells
+        self.period = period
+        self.retries = retries
 
 
+# Periods and retries: readiness's are the image's HEALTHCHECK (--interval=30s --retries=3);
+# startup's period is the kubelet's (k8s/base, 10 s), and its 9 retries make it stale after 90 s
+# as readiness: a startup run may take its whole 60 s deadline before the next starts, and after
+# its pass the first readiness verdict (a 10 s period, a 25 s deadline) comes well within that.
+# Liveness's are the kubelet's (10 s, 6 misses); it tells nothing.
 PROFILE_RULES = {p.name: p for p in (
-    Profile("startup", 60.0, spawns_worker=True, hardware=True, once=True),
-    Profile("readiness", 25.0, reuses_cache=True, spawns_worker=True, hardware=True, gates=True),
-    Profile("liveness", 10.0),  # cheap and dependency-free: the services and the latch
+    Profile("startup", 60.0, spawns_worker=True, hardware=True, once=True, tells=True, period=10.0,
+            retries=9),
+    Profile("readiness", 25.0, reuses_cache=True, spawns_worker=True, hardware=True, gates=True, tells=True,
+            period=30.0, retries=3),
+    Profile("liveness", 10.0, period=10.0, retries=6),  # cheap, dependency-free: the services, the latch
 )}
 ALL_PROFILES = tuple(PROFILE_RULES)
 LAYERS = ("hardware", "framework", "services", "drop-in")

@@ -6,18 +6,30 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+# A check the tests start tells the person (probes/notice.py): its log line and its notice go to this
+# session's scratch, never into this machine's PID 1's stderr or /run. Inherited by every child; a
+# test that is about the notices sets its own.
+NOTICES = Path(tempfile.mkdtemp(prefix="hc-test-notices-"))
+os.environ.setdefault("_HEALTHCHECK_NOTICE_LOG", str(NOTICES / "pid1-stderr"))
+os.environ.setdefault("HEALTHCHECK_NOTICE_FILE", str(NOTICES / "notice"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(NOTICES, ignore_errors=True)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment for a whole-process run: no ENABLE_*/HEALTHCHECK_* leaking in from the caller."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ENABLE_", "HEALTHCHECK_", "FAKE_NVML", "CUDA_VISIBLE", "NVIDIA_VISIBLE"))}
+    env["HEALTHCHECK_NOTICE_FILE"] = os.environ["HEALTHCHECK_NOTICE_FILE"]  # see NOTICES
     env.update(extra)
     return env
 

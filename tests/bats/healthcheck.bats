@@ -17,6 +17,8 @@ setup() {
   PATH="$BIN:/usr/local/bin:/usr/bin:/bin"
   while read -r var; do unset "$var"; done < <(compgen -e | grep -E '^(ENABLE_|HEALTHCHECK_)')
   export PATH
+  # What a real suite's run tells the person stays here, never in this machine's PID 1's stderr or /run.
+  export HEALTHCHECK_NOTICE_FILE="$TMP/notice" _HEALTHCHECK_NOTICE_LOG="$TMP/pid1-stderr"
   # The suite's entry, as the front door passes it to the interpreter after -c.
   ENTRY='import os, sys
 sys.path[:0] = [home for home in [os.environ.pop("_HEALTHCHECK_HOME", "")] if home]

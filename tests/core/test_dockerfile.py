@@ -51,3 +51,16 @@ def test_exec_form_and_timeout_above_the_front_doors_hard_stop():
     assert opts["timeout"] >= deadlines.probe_timeout_floor(readiness)
     assert opts["start-period"] >= readiness
     assert set(opts) == {"interval", "timeout", "start-period", "start-interval", "retries"}
+
+
+def test_the_notices_follow_the_healthcheck_and_their_readers_are_installed():
+    from probes import notice
+
+    opts = {k: int(v) for k, v in re.findall(r"--([a-z-]+)=(\d+)s?\b", healthcheck_line())}
+    readiness = PROFILE_RULES["readiness"]
+    # A verdict goes stale after readiness's period x retries; the start period is not told.
+    assert (opts["interval"], opts["retries"]) == (readiness.period, readiness.retries)
+    assert opts["start-period"] == notice.START_PERIOD
+    text = (ROOT / "Dockerfile").read_text()
+    assert "COPY docker/gpu-health-notice.sh /etc/profile.d/gpu-health-notice.sh" in text
+    assert "COPY docker/ipython_kernel_config.py /etc/ipython/ipython_kernel_config.py" in text

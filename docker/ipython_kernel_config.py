@@ -1,0 +1,107 @@
+"""The health check's notice in the first cell a person runs in a kernel (docs/image.md, "Notices").
+
+Installed as /etc/ipython/ipython_kernel_config.py, which IPython reads for every kernel besides the
+user's own configuration. Read as a configuration, it adds one line to the kernel's start
+(``exec_lines``) that runs this file again with the shell; run so, it registers a ``pre_run_cell``
+hook. On the person's first cell the hook reads the one small file the health check publishes
+(``HEALTHCHECK_NOTICE_FILE``, default /run/healthcheck-notice/notice), writes a short warning on
+stderr when the verdict is unhealthy or stale (nothing when healthy) and unregisters itself.
+
+It never raises into the user's code, reads nothing else, and leaves no name in the user's
+namespace. Cells that keep no history (the kernel's start lines, the health check's) and the health
+check's own cell (jupyter-kernel's, known by its source) are not the person's: the hook stays armed.
+``HEALTHCHECK_NOTICES=false`` shows nothing. A user configuration that sets ``exec_lines`` itself
+replaces this line (``.append`` keeps it).
+"""
+
+import os
+import stat
+import sys
+import time
+
+PATH = "/run/healthcheck-notice/notice"
+MAX_SIZE = 4096
+MAX_TEXT = 300
+OFF = ("false", "0", "no", "off")
+STATES = ("healthy", "starting", "unhealthy")
+CHECK_CELL = ("def _healthcheck(", "HEALTHCHECK-KERNEL-RESULT ")  # probes/services/jupyter_kernel.py
+
+
+def ago(seconds):
+    if seconds < 120:
+        return f"{seconds} s ago"
+    if seconds < 7200:
+        return f"{seconds // 60} min ago"
+    return f"{seconds // 3600} h ago"
+
+
+def shown(text):
+    return "".join(ch for ch in text if ch.isprintable())[:MAX_TEXT]
+
+
+def lines(text, now):
+    """The person's lines for a published notice read at ``now`` (epoch seconds): none when healthy
+    and fresh, or when the text is not a notice. The same lines as docker/gpu-health-notice.sh."""
+    head, _, rest = text.partition("\n")
+    parts = head.split(" ", 3)
+    if len(parts) < 3 or parts[2] not in STATES or not all(
+            p.isascii() and p.isdigit() and len(p) <= 12 for p in parts[:2]):
+        return []
+    age = max(0, int(now) - int(parts[0]))
+    said = [shown(x) for x in rest.split("\n")[:2]] if parts[2] == "unhealthy" else []
+    said = said if said and said[0] else []
+    out = []
+    if age > int(parts[1]):
+        last = said[0] if said else parts[2]
+        out.append(f"gpu-health: not checked since {shown(parts[3] if len(parts) > 3 else '')} ({ago(age)}); "
+                   f"last verdict: {last}")
+    elif said:
+        out.append(f"gpu-health: {said[0]} (checked {ago(age)})")
+    return out + [f"gpu-health: {s}" for s in said[1:] if s]
+
+
+def notice(environ=None, now=None):
+    """The lines to show now, read from the published notice; none when off, absent, or a file that
+    is not a regular file of root's or ours of at most MAX_SIZE bytes."""
+    env = os.environ if environ is None else environ
+    if env.get("HEALTHCHECK_NOTICES", "").strip().lower() in OFF:
+        return []
+    fd = os.open(env.get("HEALTHCHECK_NOTICE_FILE") or PATH,
+                 os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_size > MAX_SIZE:
+            return []
+        data = os.read(fd, MAX_SIZE + 1)
+    finally:
+        os.close(fd)
+    return lines(data[:MAX_SIZE].decode("utf-8", "replace"), time.time() if now is None else now)
+
+
+def arm(shell):
+    """Register the hook that tells the person's first cell, then unregisters itself."""
+
+    def first_cell(info=None):
+        try:
+            source = getattr(info, "raw_cell", None) or ""
+            if not getattr(info, "store_history", True) or (
+                    source.startswith(CHECK_CELL[0]) and CHECK_CELL[1] in source):
+                return
+            shell.events.unregister("pre_run_cell", first_cell)
+            said = notice()
+            if said:  # sent with the cell's output: a flush here would wait on the kernel's IO thread
+                sys.stderr.write("".join(f"{line}\n" for line in said))
+        except Exception:  # noqa: S110 - never into the user's code
+            pass
+
+    shell.events.register("pre_run_cell", first_cell)
+
+
+if "get_ipython" in globals():  # run by the kernel's start line below: the shell is up
+    try:
+        arm(globals()["get_ipython"]())
+    except Exception:  # noqa: S110 - a kernel without the notice, never a broken kernel
+        pass
+elif "get_config" in globals():  # read by IPython as a kernel's configuration
+    globals()["get_config"]().InteractiveShellApp.exec_lines.append(
+        f"exec(__import__('pathlib').Path({__file__!r}).read_bytes(), {{'get_ipython': get_ipython}})")

@@ -1,0 +1,291 @@
+"""Tell the person at the keyboard: the verdict of the profiles that judge whether the container can
+do its job (``Profile.tells``: startup and readiness), in the cause catalog's words for whoever acts.
+
+After such a check, under a lock in the state dir around compare-and-write (concurrent checks tell
+a change once):
+
+- one line in the container's own log (PID 1's stderr: ``docker logs``, ``kubectl logs``) when the
+  verdict changes, never one per run;
+- the published notice (``HEALTHCHECK_NOTICE_FILE``): a small world-readable file holding the
+  verdict's time, how long until it is stale and the person's lines, which the SSH login script
+  (docker/gpu-health-notice.sh) and the notebook hook (docker/ipython_kernel_config.py) read.
+
+Nobody's path runs a probe: the readers read that one file. A liveness verdict says nothing about
+the GPU and changes nothing here; a run of ``--only``/``--skip`` is not the container's verdict.
+docs/image.md, "Notices".
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from probes import pidstat
+from probes.config import Notices
+from probes.deadlines import NOTICE_WAIT
+from probes.record import Record
+from probes.result import Status
+from probes.state import life_identity
+from probes.untrusted import Refused, clean, open_trusted_dir
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+    from probes.config import Config
+    from probes.result import Result
+    from probes.runner import Outcome
+    from probes.spec import Cause, Profile, Spec
+    from probes.state import State
+
+START_PERIOD = 60.0  # the image's HEALTHCHECK --start-period: Docker does not count a failure in it
+RECORD = "notice.json"  # in the private state dir: what was told, in which container life
+LOCK = "notice.lock"
+PID1_STDERR = "/proc/1/fd/2"  # where the container's log is, whoever runs the check
+LOG_ENV = "_HEALTHCHECK_NOTICE_LOG"  # internal, for tests only: the log line goes there instead
+MAX_PART = 300  # characters of what failed, and of who acts
+MAX_LINE = 700  # characters of a log line
+HEALTHY, STARTING, UNHEALTHY = "healthy", "starting", "unhealthy"
+OPERATOR = "not fixable from inside this container; your platform's operator is alerted if alerting is set up"
+
+
+class Verdict(Record):
+    """A check's verdict as the person is told it."""
+
+    __slots__ = ("time", "key", "what", "words", "action")
+
+    time: float  # when its results were taken (wall clock)
+    key: str  # "probe/reason" of the first failure; "" when healthy
+    what: str  # "nvml: GPU 0 is lost": the probe and what it observed, without the remedy
+    words: str  # who acts, and what the person can do
+    action: str  # the cause's action (reboot-node, ...), for the operator reading the log
+
+    def __init__(self, time: float, key: str = "", what: str = "", words: str = "", action: str = "") -> None:
+        self.time = time
+        self.key = key
+        self.what = what
+        self.words = words
+        self.action = action
+
+
+def cause_of(result: Result, probes: Iterable[Spec]) -> Cause | None:
+    """The catalog's cause of ``result``: its probe's causes (a layer's shared ones among them), the
+    runner's common ones, a drop-in's."""
+    from probes import dropins, runner
+
+    spec = next((s for s in probes if s.name == result.name), None)
+    tables = [spec.causes if spec is not None else (), runner.COMMON_CAUSES]
+    if spec is None or spec.dropin is not None:
+        tables.append(dropins.CAUSES)
+    return next((c for table in tables for c in table if c.reason == result.reason), None)
+
+
+def verdict_of(outcome: Outcome, probes: Iterable[Spec]) -> Verdict:
+    """The verdict of a run: healthy unless it failed (exit 1); then its first failure."""
+    when = max((r.time for r in outcome.results), default=0.0) or time.time()
+    problem = outcome.first_problem if outcome.status is Status.FAIL else None
+    if problem is None:
+        return Verdict(when)
+    cause = cause_of(problem, probes)
+    remedy = cause.remedy.replace("`", "") if cause is not None else ""
+    detail = problem.message
+    if remedy and detail.endswith(f": {remedy}"):
+        detail = detail[:-len(remedy) - 2]
+    actor = cause.actor if cause is not None else problem.actor
+    if actor != "tenant":
+        words = OPERATOR
+    else:
+        words = f"you can fix this: {remedy}" if remedy else "you can fix this (the message says how)"
+    action = (cause.action if cause is not None else problem.action) or ""
+    return Verdict(when, f"{problem.name}/{problem.reason}", clean(f"{problem.name}: {detail}", MAX_PART),
+                   clean(words, MAX_PART), action)
+
+
+def clock(when: float) -> str:
+    return time.strftime("%H:%M UTC", time.gmtime(when))
+
+
+def stale_after(rules: Profile) -> int:
+    """Seconds after which a verdict of this profile is stale: its period times the misses allowed."""
+    return int(rules.period * rules.retries)
+
+
+def decide(kept: Any, v: Verdict, *, life: str, started: float | None,
+           stale: int) -> tuple[dict[str, Any], str | None, str]:
+    """From the record the last check kept and this verdict: the record to keep, the log line
+    (None: nothing changed) and the notice to publish. Pure.
+
+    A failure before the first healthy verdict of this container life, within START_PERIOD of the
+    container's start, is not told (Docker does not count it either): a container that boots
+    slowly shows nothing anywhere."""
+    record: dict[str, Any] = kept if isinstance(kept, dict) and kept.get("life") == life else {"life": life}
+    told = record["told"] if isinstance(record.get("told"), dict) else None
+    line = None
+    if not v.key:
+        shown = HEALTHY
+        line = f"healthy again at {clock(v.time)}" if told is not None else None
+        record = {"life": life, "healthy_seen": True, "told": None}
+    elif (told is None and not record.get("healthy_seen") and started is not None
+          and v.time - started < START_PERIOD):
+        shown = STARTING
+    else:
+        shown = UNHEALTHY
+        if told is None or told.get("key") != v.key:
+            told = {"key": v.key, "since": v.time}
+            record = {**record, "told": told}
+            act = f" ({v.action})" if v.action not in ("", "none") else ""
+            line = f"{_unhealthy(v, v.time)}; {v.words}{act}"
+    text = f"{int(v.time)} {stale} {shown} {clock(v.time)}\n"
+    if shown == UNHEALTHY and told is not None:
+        since = told.get("since")
+        text += f"{_unhealthy(v, since if isinstance(since, (int, float)) else v.time)}\n{v.words}\n"
+    return record, None if line is None else clean(f"gpu-health: {line}", MAX_LINE), text
+
+
+def _unhealthy(v: Verdict, since: float) -> str:
+    return f"unhealthy since {clock(since)}: {v.what}"
+
+
+def tell(config: Config, state: State, outcome: Outcome) -> None:
+    """After a check: tell the person what changed, and publish the notice. Never raises, and waits
+    at most NOTICE_WAIT for another check that is telling."""
+    rules = config.profile_rules
+    if not rules.tells or config.only or config.skip or not outcome.results:
+        return
+    try:
+        own = config.of(Notices)
+        if not own.notices:
+            unpublish(own.notice_file)
+        elif state.enabled:
+            _tell(own.notice_file, state, verdict_of(outcome, config.probes()), stale_after(rules))
+    except Exception:  # what the person is told never costs the verdict; a bug goes to the log
+        try:
+            from probes.context import logger
+
+            logger().exception("telling the verdict failed")
+        except Exception:  # noqa: S110 - best effort
+            pass
+
+
+def _tell(path: str, state: State, v: Verdict, stale: int) -> None:
+    with state.lock(LOCK, time.monotonic() + NOTICE_WAIT) as held:
+        if not held:
+            return
+        kept = state.read_json(RECORD)
+        record, line, text = decide(kept, v, life=life_identity(), started=container_started(), stale=stale)
+        if record != kept and not state.write_json(RECORD, record):
+            line = None  # not kept: the next run would tell it again, so it is not told now
+        if line is not None:
+            log_line(line)
+        publish(path, text)
+
+
+def container_started() -> float | None:
+    """When this container started (wall clock): PID 1's start, else when /proc was mounted."""
+    st = pidstat.stat(1)
+    if st is not None:
+        try:
+            with open("/proc/uptime", "rb") as fh:
+                up = float(fh.read().split()[0])
+            return time.time() - up + st.start / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
+    try:
+        return os.stat("/proc").st_mtime
+    except OSError:
+        return None
+
+
+def log_line(line: str, path: str | None = None) -> bool:
+    """``line`` into the container's log, PID 1's stderr (``path``, or the internal LOG_ENV, for
+    tests), opened write-only and non-blocking: a full pipe costs the line, never the run, and
+    without the permission (another user's PID 1) it is skipped. One write of under PIPE_BUF bytes:
+    never interleaved with another writer's."""
+    data = (clean(line, MAX_LINE) + "\n").encode("utf-8", "backslashreplace")
+    try:
+        fd = os.open(path or os.environ.get(LOG_ENV) or PID1_STDERR,
+                     os.O_WRONLY | os.O_NONBLOCK | os.O_APPEND | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return os.write(fd, data) == len(data)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _notice_dir(where: str) -> int | None:
+    """A descriptor of the notice's directory, reached only through directories nobody but root or
+    us can change (untrusted.open_trusted_dir); made 0755 when missing (an existing one keeps its
+    mode). None when it cannot."""
+    owners = (0, os.geteuid())
+    try:
+        return open_trusted_dir(where, owners)
+    except FileNotFoundError:
+        pass
+    except (OSError, Refused):
+        return None
+    parent, name = os.path.split(where)
+    try:
+        up = open_trusted_dir(parent, owners)
+        try:
+            os.mkdir(name, 0o755, dir_fd=up)
+        finally:
+            os.close(up)
+        fd = open_trusted_dir(where, owners)
+    except (OSError, Refused):
+        return None
+    try:
+        os.fchmod(fd, 0o755)  # whatever the umask took away: the readers are other users
+    except OSError:
+        pass
+    return fd
+
+
+def publish(path: str, text: str) -> bool:
+    """Replace the notice at ``path`` atomically with ``text``, 0644; False when it cannot."""
+    where, name = os.path.split(path)
+    fd = _notice_dir(where)
+    if fd is None:
+        return False
+    tmp = f".{name}.{os.getpid()}.tmp"
+    try:
+        _unlink(tmp, fd)  # a killed run's, of a reused pid
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        out = os.open(tmp, flags, 0o644, dir_fd=fd)
+        try:
+            os.fchmod(out, 0o644)
+            os.write(out, text.encode("utf-8", "backslashreplace"))
+        finally:
+            os.close(out)
+        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        return True
+    except OSError:
+        _unlink(tmp, fd)
+        return False
+    finally:
+        os.close(fd)
+
+
+def unpublish(path: str) -> None:
+    """Notices off: no notice left from before for the readers to show."""
+    if not os.path.lexists(path):
+        return
+    where, name = os.path.split(path)
+    try:
+        fd = open_trusted_dir(where, (0, os.geteuid()))
+    except (OSError, Refused):
+        return
+    try:
+        _unlink(name, fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink(name: str, fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=fd)
+    except OSError:
+        pass
