@@ -13,6 +13,7 @@ import math
 # itself answer by ``ctx.deadline`` gives the child that less MARGIN.
 TERM_GRACE = 0.15  # SIGTERM to SIGKILL: a well-behaved child exits on TERM well within it
 KILL_WAIT = 0.15  # after SIGKILL, for what was killed to vanish (one stuck in the driver never does)
+DYING_WAIT = 1.0  # more, for a killed child still runnable: a starved machine has not run its exit yet
 MARGIN = TERM_GRACE + KILL_WAIT + 0.05
 DRAIN_AFTER_EXIT = 0.05  # output still in the pipe after the child exits
 LINGER = 1.0  # a child whose answer is complete (``until``) gets this long to exit

@@ -13,7 +13,7 @@ import time
 from probes import childio, orphans
 
 # The margins of a child's end (probes/deadlines.py); probes give run() ``ctx.deadline - deadlines.MARGIN``.
-from probes.deadlines import DRAIN_AFTER_EXIT, KILL_WAIT, LINGER, TERM_GRACE
+from probes.deadlines import DRAIN_AFTER_EXIT, DYING_WAIT, KILL_WAIT, LINGER, TERM_GRACE
 from probes.pidstat import DEAD, below, signal_same, stat, table
 from probes.record import Record
 
@@ -291,6 +291,14 @@ def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | N
             pass
     if child is not None:
         _sweep(_of_run(child), signal.SIGKILL, [popen], child.start, time.monotonic() + KILL_WAIT)
+        st = stat(popen.pid) if popen.poll() is None else None
+        if st is not None and st.state == b"R":
+            # Killed and runnable, not yet gone: a starved machine has not run its exit yet. Only
+            # one that stays asleep (in a wedged driver) is stuck; this one is gone in a moment.
+            try:
+                popen.wait(timeout=DYING_WAIT)
+            except subprocess.TimeoutExpired:
+                pass
     with _lock:
         if popen.poll() is not None:
             _children.pop(popen.pid, None)
