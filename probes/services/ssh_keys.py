@@ -15,10 +15,8 @@ import os
 import stat
 import time
 
-from probes import services
-from probes.context import Context
-from probes.record import Record
-from probes.result import Result, passed, verdict
+from probes.result import passed, verdict
+from probes.spec import TEXT, Declared, Spec, cause, setting
 from probes.untrusted import Refused, clean, read_regular
 
 TYPE_CHECKING = False
@@ -26,33 +24,63 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-SPEC = services.KEYS_SPEC
+    from probes.context import Context
+    from probes.result import Result
+
+
+class SshKeysSettings(Declared):
+    ssh_user: str | None = setting("HEALTHCHECK_SSH_USER", TEXT, None,
+                                   "the user whose key files and account are checked as sshd would",
+                                   shown_default="`$DEV_USER`, else the check is skipped")
+
+
+KEYS_ACCOUNT = cause(
+    "ssh-account", "the account cannot log in: no such user, login shell missing or `nologin`, "
+    "account expired, or password locked (`!`) while sshd runs without PAM",
+    "create the account or fix it (`usermod -s /bin/bash USER`, `usermod -e '' USER`, `usermod -U USER`)",
+    action="fix-config", actor="tenant")
+# The message gives the command that mends the path it names (remedy=False).
+KEYS_STRICT_MODES = cause("ssh-strict-modes", "sshd's StrictModes refuses the key file: "
+                                              "it, `~/.ssh` or the home directory is group/other-writable "
+                                              "or owned by another user, or the file is not a regular file "
+                                              "(the message names the path, owner and mode)",
+                          "the command the message gives, e.g. `chmod g-w /home/dev`", action="fix-config",
+                          actor="tenant")
+KEYS_NONE = cause(
+    "ssh-no-keys", "no authorized keys file, or it is empty or holds no public key that parses: "
+    "nobody can log in with a key yet",
+    "give keys (`SSH_AUTHORIZED_KEYS` in the image) or fix the file's lines", "warn",
+    action="fix-config", actor="tenant")
+# A home directory on a network or host mount that hangs: the node's storage, not the container.
+KEYS_HUNG = cause("deadline", "the key files were not read before the deadline (a hung file system)",
+                  "check the home directory's mount", action="retry", actor="operator")
+KEYS_NO_USER = cause("no-user", "neither `HEALTHCHECK_SSH_USER` nor `DEV_USER` is set",
+                     "set `HEALTHCHECK_SSH_USER` (or `DEV_USER`) to the user who logs in over SSH", "skip",
+                     action="fix-config", actor="tenant")
+
+SPEC = Spec(
+    "ssh-keys", layer="services", module=__name__, toggle="ENABLE_SSH_CHECK", timeout=2.0,
+    profiles=("startup", "readiness"), measurement="strict-modes",
+    about="the SSH user's home, `~/.ssh` and `authorized_keys` pass sshd's StrictModes, hold a key, and the "
+          "account may log in", settings=SshKeysSettings.SETTINGS,
+    causes=(KEYS_ACCOUNT, KEYS_STRICT_MODES, KEYS_NONE, KEYS_HUNG, KEYS_NO_USER),
+)
 NAME = SPEC.name
 
 
-class System(Record):
-    """Where the account database and sshd's configuration are read (tests point elsewhere)."""
-
-    __slots__ = ("passwd", "shadow", "sshd_config", "nss")
-
-    passwd: str
-    shadow: str
-    sshd_config: str
-    nss: bool  # a user missing from ``passwd`` is looked up through NSS (pwd.getpwnam)
+class System:
+    """Where the account database and sshd's configuration are read (tests point elsewhere); with
+    ``nss``, a user missing from ``passwd`` is looked up through NSS (``pwd.getpwnam``)."""
 
     def __init__(self, passwd: str = "/etc/passwd", shadow: str = "/etc/shadow",  # noqa: S107 (paths)
                  sshd_config: str = "/etc/ssh/sshd_config", nss: bool = True) -> None:
-        self.passwd = passwd
-        self.shadow = shadow
-        self.sshd_config = sshd_config
-        self.nss = nss
+        self.passwd, self.shadow, self.sshd_config, self.nss = passwd, shadow, sshd_config, nss
 
 
-SYSTEM = System()
 MAX_DB = 4 << 20  # bytes of /etc/passwd, /etc/shadow, one sshd configuration file
 MAX_KEYS_FILE = 1 << 20  # bytes of authorized_keys read
 MAX_INCLUDES = 64  # configuration files followed through Include
-DEFAULT_KEYS_FILES = (".ssh/authorized_keys", ".ssh/authorized_keys2")  # sshd's own default
+DEFAULT_KEYS_FILES = ".ssh/authorized_keys .ssh/authorized_keys2"  # sshd's own default
 # Public key types sshd accepts in authorized_keys (sshkey.c keytypes), certificates included.
 KEY_TYPES = frozenset({
     "ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
@@ -64,57 +92,48 @@ KEY_TYPES = frozenset({
 })
 
 
-# ---------------------------------------------------------------------------------- sshd config
-
-def sshd_options(path: str) -> dict[str, str]:
+def sshd_options(path: str, found: dict[str, str] | None = None, files: list[str] | None = None
+                 ) -> dict[str, str]:
     """First value of each keyword (lower case) outside Match blocks, Includes read where they
     stand. Files that cannot be read are passed over (a non-root run sees sshd's defaults)."""
-    found: dict[str, str] = {}
-    _read_options(path, found, [0])
-    return found
-
-
-def _read_options(path: str, found: dict[str, str], files: list[int]) -> None:
     import glob
 
-    files[0] += 1
+    found, files = ({} if found is None else found), ([] if files is None else files)
+    files.append(path)
     try:
         raw, _ = read_regular(path, MAX_DB, owners=(0,))
     except Refused:
-        return
+        return found
     for line in raw.decode("utf-8", "replace").splitlines():
         words = line.split("#", 1)[0].replace("=", " ", 1).split()
-        if not words:
-            continue
-        key = words[0].lower()
+        key = words[0].lower() if words else ""
         if key == "match":
-            return  # the rest of this file applies to some connections only
-        if key != "include":
-            if len(words) > 1:
-                found.setdefault(key, " ".join(words[1:]))
-            continue
-        for pattern in words[1:]:
-            pattern = pattern if pattern.startswith("/") else os.path.join("/etc/ssh", pattern)
-            for name in sorted(glob.glob(pattern)):
-                if files[0] < MAX_INCLUDES:
-                    _read_options(name, found, files)
+            break  # the rest of this file applies to some connections only
+        if key == "include":
+            for pattern in words[1:]:
+                pattern = pattern if pattern.startswith("/") else os.path.join("/etc/ssh", pattern)
+                for name in sorted(glob.glob(pattern)):
+                    if len(files) < MAX_INCLUDES:
+                        sshd_options(name, found, files)
+        elif len(words) > 1:
+            found.setdefault(key, " ".join(words[1:]))
+    return found
 
 
 def keys_files(options: Mapping[str, str], user: str, home: str) -> list[str]:
     """The AuthorizedKeysFile paths for ``user`` (``%h``, ``%u``, ``%%`` expanded; relative to home)."""
-    words = options.get("authorizedkeysfile", " ".join(DEFAULT_KEYS_FILES)).split()
+    words = options.get("authorizedkeysfile", DEFAULT_KEYS_FILES).split()
     if [w.lower() for w in words] == ["none"]:
         return []
-    out = []
-    for word in words:
-        path = word.replace("%%", "\0").replace("%h", home).replace("%u", user).replace("\0", "%")
-        out.append(path if path.startswith("/") else os.path.join(home, path))
-    return out
+    paths = (w.replace("%%", "\0").replace("%h", home).replace("%u", user).replace("\0", "%") for w in words)
+    return [os.path.join(home, p) for p in paths]  # an absolute path stays as it is
 
 
-# ---------------------------------------------------------------------------------- accounts
-
-def _entry(raw: bytes, user: str, fields: int) -> list[str] | None:
+def _entry(path: str, user: str, fields: int) -> list[str] | None:
+    try:
+        raw, _ = read_regular(path, MAX_DB, owners=(0,))
+    except Refused:
+        return None
     for line in raw.decode("utf-8", "replace").splitlines():
         parts = line.split(":")
         if parts[0] == user and len(parts) >= fields:
@@ -124,11 +143,7 @@ def _entry(raw: bytes, user: str, fields: int) -> list[str] | None:
 
 def account(user: str, system: System) -> dict[str, Any] | None:
     """uid, home, shell and, where readable, the password field and expiry day of ``user``."""
-    try:
-        raw, _ = read_regular(system.passwd, MAX_DB, owners=(0,))
-        row = _entry(raw, user, 7)
-    except Refused:
-        row = None
+    row = _entry(system.passwd, user, 7)
     if row is None and system.nss:
         import pwd
 
@@ -141,14 +156,9 @@ def account(user: str, system: System) -> dict[str, Any] | None:
         return None
     info: dict[str, Any] = {"uid": int(row[2]), "home": row[5], "shell": row[6] or "/bin/sh",
                             "password": row[1] if row[1] != "x" else None, "expire": None}
-    try:
-        raw, _ = read_regular(system.shadow, MAX_DB, owners=(0,))
-        shadow = _entry(raw, user, 8)
-    except Refused:
-        shadow = None  # not root: the lock state is not known, only the shell is judged
+    shadow = _entry(system.shadow, user, 8)  # None when not root: only the shell is judged then
     if shadow is not None:
-        info["password"] = shadow[1]
-        info["expire"] = int(shadow[7]) if shadow[7].isdigit() else None
+        info.update(password=shadow[1], expire=int(shadow[7]) if shadow[7].isdigit() else None)
     return info
 
 
@@ -164,39 +174,27 @@ def shell_problem(shell: str) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------------------------- StrictModes
-
-def _fix(path: str, st: os.stat_result, uid: int, user: str) -> str:
-    if st.st_uid not in (0, uid):
-        return f"chown {user} {path}"
-    who = ("g" if st.st_mode & 0o020 else "") + ("o" if st.st_mode & 0o002 else "")
-    return f"chmod {who}-w {path}"
-
-
 def _unsafe(path: str, st: os.stat_result, uid: int, user: str) -> dict[str, Any] | None:
+    """What StrictModes refuses of ``path`` (owned by another user, group/other-writable) and its fix."""
     if st.st_uid in (0, uid) and not st.st_mode & 0o022:
         return None
+    who = ("g" if st.st_mode & 0o020 else "") + ("o" if st.st_mode & 0o002 else "")
     return {"path": path, "owner": st.st_uid, "mode": f"{stat.S_IMODE(st.st_mode):04o}",
-            "fix": _fix(path, st, uid, user)}
+            "fix": f"chown {user} {path}" if st.st_uid not in (0, uid) else f"chmod {who}-w {path}"}
 
 
 def secure_path(path: str, st: os.stat_result, uid: int, user: str, home: str) -> dict[str, Any] | None:
     """sshd's auth_secure_path: the first of the file and its directories (up to the home, or
     ``/``) that is owned by another user or writable by group or others, or None."""
+    real_home, here = os.path.realpath(home), path
     problem = _unsafe(path, st, uid, user)
-    if problem is not None:
-        return problem
-    real_home = os.path.realpath(home)
-    here = path
-    while True:
+    while problem is None and here not in (real_home, "/"):
         here = os.path.dirname(here)
         try:
-            dst = os.stat(here)
+            problem = _unsafe(here, os.stat(here), uid, user)
         except OSError:
             return {"path": here, "owner": None, "mode": None, "fix": f"check {here}"}
-        problem = _unsafe(here, dst, uid, user)
-        if problem is not None or here in (real_home, "/"):
-            return problem
+    return problem
 
 
 def keys_file(path: str, uid: int, user: str, home: str) -> dict[str, Any]:
@@ -207,35 +205,22 @@ def keys_file(path: str, uid: int, user: str, home: str) -> dict[str, Any]:
     except OSError:
         return {"path": path, "state": "missing"}
     if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in (0, uid):
-        return {"path": path, "state": "unsafe",
+        return {"path": path, "state": "unsafe", "why": f"a symbolic link owned by uid {lst.st_uid}",
                 "problem": {"path": path, "owner": lst.st_uid, "mode": "link",
-                            "fix": f"replace the symbolic link {path} with {user}'s own file"},
-                "why": f"a symbolic link owned by uid {lst.st_uid}"}
+                            "fix": f"replace the symbolic link {path} with {user}'s own file"}}
     real = os.path.realpath(path)  # sshd judges the resolved path, as here
     try:
         raw, st = read_regular(real, MAX_KEYS_FILE)
     except Refused as exc:
-        why = str(exc)
-        if why == "not a regular file":
-            return {"path": path, "state": "unsafe", "why": why,
-                    "problem": {"path": real, "owner": None, "mode": None,
-                                "fix": f"make {real} a regular file owned by {user}"}}
-        return {"path": path, "state": "unreadable", "why": why}
+        if str(exc) != "not a regular file":
+            return {"path": path, "state": "unreadable", "why": str(exc)}
+        return {"path": path, "state": "unsafe", "why": str(exc),
+                "problem": {"path": real, "owner": None, "mode": None,
+                            "fix": f"make {real} a regular file owned by {user}"}}
     problem = secure_path(real, st, uid, user, home)
     if problem is not None:
         return {"path": path, "state": "unsafe", "problem": problem}
     return {"path": path, "state": "ok", "keys": count_keys(raw), "size": len(raw)}
-
-
-def _skip_options(line: str) -> str:
-    """The rest of an authorized_keys line after its options (commas, quoted strings)."""
-    quoted = False
-    for i, ch in enumerate(line):
-        if ch == '"':
-            quoted = not quoted
-        elif ch in " \t" and not quoted:
-            return line[i:].lstrip()
-    return ""
 
 
 def key_parses(kind: str, blob: str) -> bool:
@@ -257,36 +242,39 @@ def count_keys(raw: bytes) -> int:
         if not line or line.startswith("#"):
             continue
         words = line.split()
-        if words[0] not in KEY_TYPES:
-            words = _skip_options(line).split()
+        if words[0] not in KEY_TYPES:  # options first (commas, quoted strings), then the key
+            quoted = False
+            for i, ch in enumerate(line):
+                if ch == '"':
+                    quoted = not quoted
+                elif ch in " \t" and not quoted:
+                    words = line[i:].split()
+                    break
+            else:
+                words = []
         if len(words) >= 2 and words[0] in KEY_TYPES and key_parses(words[0], words[1]):
             count += 1
     return count
 
 
-# ---------------------------------------------------------------------------------- gather, judge
-
 def gather(ctx: Context, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = os.environ if environ is None else environ
-    user = ctx.config.of(services.SshKeysSettings).ssh_user or env.get("DEV_USER") or None
-    return collect(user, SYSTEM)
+    return collect(ctx.config.of(SshKeysSettings).ssh_user or env.get("DEV_USER") or None, System())
 
 
 def collect(user: str | None, system: System) -> dict[str, Any]:
     if not user:
         return {"outcome": "no-user"}
-    data: dict[str, Any] = {"outcome": "checked", "user": user}
     info = account(user, system)
     if info is None:
-        data["outcome"] = "no-such-user"
-        return data
+        return {"outcome": "no-such-user", "user": user}
     options = sshd_options(system.sshd_config)
-    data.update(info, use_pam=options.get("usepam", "no").lower() == "yes",
-                strict=options.get("strictmodes", "yes").lower() != "no", today=int(time.time() // 86400),
-                shell_problem=shell_problem(info["shell"]))
-    data["files"] = [keys_file(p, info["uid"], user, info["home"]) for p in keys_files(options, user,
-                                                                                          info["home"])]
-    return data
+    return {"outcome": "checked", "user": user, **info, "today": int(time.time() // 86400),
+            "use_pam": options.get("usepam", "no").lower() == "yes",
+            "strict": options.get("strictmodes", "yes").lower() != "no",
+            "shell_problem": shell_problem(info["shell"]),
+            "files": [keys_file(p, info["uid"], user, info["home"])
+                      for p in keys_files(options, user, info["home"])]}
 
 
 def _account_problem(data: Mapping[str, Any]) -> str | None:
@@ -295,36 +283,32 @@ def _account_problem(data: Mapping[str, Any]) -> str | None:
     expire = data.get("expire")
     if expire is not None and expire <= data["today"]:
         return "the account expired (shadow's expiry day has passed)"
-    password = data.get("password") or ""
-    if password.startswith("!") and not data["use_pam"]:
+    if (data.get("password") or "").startswith("!") and not data["use_pam"]:
         return "the account is locked (password field starts with '!') and sshd runs without PAM"
     return None
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     if data["outcome"] == "no-user":
-        return verdict(NAME, services.KEYS_NO_USER, "no SSH user to check")
+        return verdict(NAME, KEYS_NO_USER, "no SSH user to check")
     user = clean(data["user"], 64)
     if data["outcome"] == "no-such-user":
-        return verdict(NAME, services.KEYS_ACCOUNT, f"SSH user {user} does not exist")
+        return verdict(NAME, KEYS_ACCOUNT, f"SSH user {user} does not exist")
     problem = _account_problem(data)
     if problem is not None:
-        return verdict(NAME, services.KEYS_ACCOUNT, f"{user} cannot log in over SSH: {problem}")
+        return verdict(NAME, KEYS_ACCOUNT, f"{user} cannot log in over SSH: {problem}")
     files = data["files"]
-    if data["strict"]:
-        for f in files:
-            if f["state"] == "unsafe":
-                p = f["problem"]
-                what = f["why"] if f.get("why") else f"owner uid {p['owner']}, mode {p['mode']}"
-                return verdict(NAME, services.KEYS_STRICT_MODES,
-                               f"sshd (StrictModes) refuses every key of {user}: "
-                               f"{clean(p['path'], 120)} ({what}): run `{clean(p['fix'], 160)}`",
-                               remedy=False,
-                               facts={"path": clean(p["path"], 200), "owner": p["owner"], "mode": p["mode"]})
+    unsafe = next((f for f in files if f["state"] == "unsafe"), None) if data["strict"] else None
+    if unsafe is not None:
+        p = unsafe["problem"]
+        what = unsafe.get("why") or f"owner uid {p['owner']}, mode {p['mode']}"
+        return verdict(NAME, KEYS_STRICT_MODES, f"sshd (StrictModes) refuses every key of {user}: "
+                       f"{clean(p['path'], 120)} ({what}): run `{clean(p['fix'], 160)}`", remedy=False,
+                       facts={"path": clean(p["path"], 200), "owner": p["owner"], "mode": p["mode"]})
     keys = sum(f.get("keys", 0) for f in files)
     if keys == 0:
-        return verdict(NAME, services.KEYS_NONE, f"nobody can log in as {user} with a key yet: "
-                       f"{_no_keys(files)}", observed=0, unit="keys")
+        return verdict(NAME, KEYS_NONE, f"nobody can log in as {user} with a key yet: {_no_keys(files)}",
+                       observed=0, unit="keys")
     return passed(NAME, f"{user}: {keys} authorized key(s), sshd's StrictModes accept the key files",
                   observed=keys, unit="keys")
 
@@ -343,5 +327,5 @@ def _no_keys(files: list[dict[str, Any]]) -> str:
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(NAME, services.KEYS_HUNG,
-                   "the SSH key files were not read before the deadline (a hung file system?)")
+    return verdict(NAME, KEYS_HUNG, "the SSH key files were not read before the deadline "
+                   "(a hung file system?)")
