@@ -93,26 +93,12 @@ NAME = SPEC.name
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*")  # noqa: S104  (addresses to listen on, not to connect to)
 PATH_CHARS = frozenset("-._~/!$&'()*+,;=:@%0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+TOKEN_CHARS = frozenset("-._~+/=0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 MAX_RUNTIME_FILE, MAX_BASE_URL, MAX_TOKEN = 64 * 1024, 256, 512  # bytes, characters, characters
 MAX_DIR_ENTRIES = 4096  # entries of the runtime directory looked at: a flooded directory cannot stall us
 MAX_CANDIDATES = 16  # jpserver-*.json files examined
 MAX_NAME = 64  # characters of a file name shown in messages and facts
 SHOWN_REFUSED = 5  # refused files named in the facts
-TOKEN_CHARS = frozenset("-._~+/=0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-
-
-# ---------------------------------------------------------------- where the server is
-#
-# The runtime directory usually belongs to the notebook user while the probe may run as root:
-# every jpserver-*.json in it is untrusted, used only when _read_runtime_file finds nothing to
-# refuse (the rules and why: docs/probes.md).
-
-def runtime_dir(config: Config) -> str:
-    env = os.environ
-    data = env.get("JUPYTER_DATA_DIR") or os.path.join(
-        env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share"), "jupyter")
-    return config.of(JupyterSettings).jupyter_runtime_dir or env.get("JUPYTER_RUNTIME_DIR") or \
-        os.path.join(data, "runtime")
 
 
 def held_by(port: int, held: set[int], owner: int, whose: str) -> str:
@@ -127,18 +113,9 @@ def held_by(port: int, held: set[int], owner: int, whose: str) -> str:
     return f"port {port} is held by {uids}, not uid {owner}{alone} who owns {whose}"
 
 
-def _proc_uid(pid: int) -> int | None:
-    """The real uid of a live process (from /proc/<pid>/status, which anyone may read), or None."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f.read(8192).splitlines():
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
+# The runtime directory usually belongs to the notebook user while the probe may run as root:
+# every jpserver-*.json in it is untrusted, used only when nothing here refuses it (the rules and
+# why: docs/probes.md).
 def _read_runtime_file(name: str, dir_fd: int, config: Config, ports: dict[int, set[int]],
                        secret: bool) -> dict[str, Any]:
     """The fields used of one jpserver-*.json file (its token only when ``secret``, for
@@ -154,7 +131,6 @@ def _read_runtime_file(name: str, dir_fd: int, config: Config, ports: dict[int, 
         # Fixed words only: a parser's message could quote the file (and its token).
         why = "nested too deeply" if str(exc) == "nested too deeply" else "not valid JSON"
         raise untrusted.Refused(why) from None
-    del raw
     if not isinstance(doc, dict):
         raise untrusted.Refused("not a JSON object")
     port, pid, base_url = doc.get("port"), doc.get("pid"), doc.get("base_url", "/")
@@ -162,34 +138,30 @@ def _read_runtime_file(name: str, dir_fd: int, config: Config, ports: dict[int, 
         raise untrusted.Refused("no valid port and pid")
     if not isinstance(base_url, str) or len(base_url) > MAX_BASE_URL:
         raise untrusted.Refused("no valid base_url")
-    hostname = doc.get("hostname")
-    hostname = hostname if isinstance(hostname, str) else ""
-    host = hostname.strip("[]")
-    if hostname in WILDCARD_HOSTS:
-        host = config.host
-    elif not net.is_loopback(host) and host.lower() != config.host.strip("[]").lower():
+    said = doc.get("hostname")
+    host = said.strip("[]") if isinstance(said, str) and said not in WILDCARD_HOSTS else config.host
+    if host != config.host and not net.is_loopback(host) and host.lower() != config.host.strip("[]").lower():
         raise untrusted.Refused("its hostname is neither loopback nor HEALTHCHECK_HOST")
-    owner = st.st_uid
-    trusted_owner = owner in (0, os.geteuid())
-    own_port = config.of(JupyterSettings).jupyter_port
-    if not trusted_owner and port != own_port:
+    owner, own_port = st.st_uid, config.of(JupyterSettings).jupyter_port
+    if owner not in (0, os.geteuid()) and port != own_port:
         raise untrusted.Refused(f"owned by uid {owner} and names port {port}: a file of another "
                                 f"user may only describe HEALTHCHECK_JUPYTER_PORT {own_port}")
-    pid_uid = _proc_uid(pid)
-    if pid_uid is None:
-        raise untrusted.Refused(f"stale: its process {pid} is gone")
-    if pid_uid != owner:
-        raise untrusted.Refused(f"owned by uid {owner} but names a process of uid {pid_uid}")
+    try:  # the process's real uid, from /proc/<pid>/status, which anyone may read
+        with open(f"/proc/{pid}/status", "rb") as f:
+            uid = next(int(ln.split()[1]) for ln in f.read(8192).splitlines() if ln.startswith(b"Uid:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        raise untrusted.Refused(f"stale: its process {pid} is gone") from None
+    if uid != owner:
+        raise untrusted.Refused(f"owned by uid {owner} but names a process of uid {uid}")
     held = ports.get(port, set())
-    if not held:
-        raise untrusted.Refused(f"stale: nothing listens on port {port}")
     if held != {owner}:
-        raise untrusted.Refused(held_by(port, held, owner, "the file"))
+        raise untrusted.Refused(held_by(port, held, owner, "the file") if held else
+                                f"stale: nothing listens on port {port}")
     base_url = base_url if base_url.startswith("/") else "/" + base_url
     return {"file": untrusted.clean(name, MAX_NAME), "port": port, "host": host, "owner": owner,
             "base_url": base_url if base_url.endswith("/") else base_url + "/",
-            "secure": doc.get("secure") is True, "trusted_owner": trusted_owner, "mtime": st.st_mtime,
-            **({"pid": pid, "token": token(doc.get("token"))} if secret else {})}
+            "secure": doc.get("secure") is True, "trusted_owner": owner in (0, os.geteuid()),
+            "mtime": st.st_mtime, **({"pid": pid, "token": token(doc.get("token"))} if secret else {})}
 
 
 def token(value: Any) -> str:
@@ -218,8 +190,13 @@ def find_runtime_file(config: Config, secret: bool = False
     ``secret`` it carries the server's pid and token (jupyter-kernel's; never shown)."""
     from probes.services import net
 
+    env = os.environ
+    data = env.get("JUPYTER_DATA_DIR") or os.path.join(
+        env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share"), "jupyter")
+    where = config.of(JupyterSettings).jupyter_runtime_dir or env.get("JUPYTER_RUNTIME_DIR") or \
+        os.path.join(data, "runtime")
     try:
-        dir_fd = os.open(runtime_dir(config), os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
+        dir_fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None, []
     found: list[dict[str, Any]] = []
@@ -251,8 +228,6 @@ def quote_path(path: str, safe: frozenset[str] = PATH_CHARS) -> str:
     """``path`` with anything outside ``safe`` percent-encoded."""
     return "".join(ch if ch in safe else "".join(f"%{b:02X}" for b in ch.encode("utf-8")) for ch in path)
 
-
-# ---------------------------------------------------------------- probe
 
 def gather(ctx: Context) -> dict[str, Any]:
     from probes.services import net
@@ -291,11 +266,8 @@ def gather(ctx: Context) -> dict[str, Any]:
     return data
 
 
-# ---------------------------------------------------------------- judge: an outcome table
-#
-# gather's outcome, refined by what came with it, names one row: the cause and what was seen, a
-# str.format template over the fields of judge (plus the version and time of a pass).
-
+# The judge: gather's outcome, refined by what came with it, names one row: the cause and what was
+# seen, a str.format template over the fields of judge (plus the version and time of a pass).
 NOT_200 = "not Jupyter: {where} answered {get} with HTTP {status}{src}"
 SPOKE_PLAIN = "TLS mismatch: {where} speaks HTTPS but the probe spoke plain HTTP"
 SPEAKS_PLAIN = "TLS mismatch: {where} speaks plain HTTP"
@@ -338,10 +310,8 @@ def outcome(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if found == "tls-mismatch":
         row = "tls-expected" if data["server_tls"] else "plain"
         return (f"{row}-by-file" if data["source"] else row), {}
-    if found in ("tls-failed", "tls-timeout"):
-        return "tls-failed", {}
     if found != "response":
-        return found, {}
+        return ("tls-failed" if found == "tls-timeout" else found), {}
     status = int(data["status"])
     if status != 200:
         return ("http-5xx" if 500 <= status < 600 else f"http-{status}" if status in (404, 403)
@@ -372,8 +342,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         listening=(f"; listening here: {', '.join(listening)}" if listening
                    else "; no TCP port is listening here" if listening == [] else ""),
         why=data.get("why"), impostor=data.get("impostor"), excerpt=data.get("excerpt"),
-        max_kib=net.MAX_REPLY // 1024,
-        **extra)
+        max_kib=net.MAX_REPLY // 1024, **extra)
     facts = {"port": data["port"], "base_url": untrusted.clean(data["base_url"]), "secure": data["secure"],
              "runtime_file": source, "runtime_files_refused": dict(refused[:SHOWN_REFUSED])}
     if found is None:

@@ -76,19 +76,16 @@ KERNEL_NO_GPU = cause(
     "(a CPU-only torch in the kernel's environment, or `CUDA_VISIBLE_DEVICES` emptied)",
     "install a CUDA build of torch in the kernel's environment, or use the image's kernel; "
     "`HEALTHCHECK_TORCH_DEVICE=cpu` on CPU-only images", action="fix-config", actor="tenant")
-KERNEL_OP_FAILED = cause(
-    "kernel-op-failed", "the op raised in the kernel (a CUDA error, out of memory)",
-    "see the error it names; check the torch-cuda probe", action="retry", actor="tenant")
+KERNEL_OP_FAILED = cause("kernel-op-failed", "the op raised in the kernel (a CUDA error, out of memory)",
+                         "see the error it names; check the torch-cuda probe", action="retry", actor="tenant")
 # A wrong matmul is the GPU's: only the node's operator can drain the node and test it.
-KERNEL_WRONG_RESULT = cause(
-    "kernel-wrong-result", "the cell's answer is not the verified result "
-    "(a wrong matmul, no result line, an error)",
-    "silent data corruption; drain the node and run `dcgmi diag`", action="service-hardware",
-    actor="operator")
-KERNEL_WORKLOAD_MEMORY = cause(
-    "workload-memory", "NVML says the workload holds a GPU's memory: "
-    "torch imported and the GPU seen, no op run",
-    "not a fault: nothing to do", "warn", action="none", actor="tenant")
+KERNEL_WRONG_RESULT = cause("kernel-wrong-result", "the cell's answer is not the verified result "
+                            "(a wrong matmul, no result line, an error)",
+                            "silent data corruption; drain the node and run `dcgmi diag`",
+                            action="service-hardware", actor="operator")
+KERNEL_WORKLOAD_MEMORY = cause("workload-memory", "NVML says the workload holds a GPU's memory: "
+                               "torch imported and the GPU seen, no op run", "not a fault: nothing to do",
+                               "warn", action="none", actor="tenant")
 KERNEL_CLIENT_MISSING = cause(
     "client-missing", "websocket-client is not installed beside the suite: no kernel was started",
     "install the suite with its `jupyter` extra (`pip install gpu-healthcheck[jupyter]`)", "warn",
@@ -112,20 +109,22 @@ NAME = SPEC.name
 UNIT = "s"
 CACHE = "jupyter-kernel.json"
 CLEANUP = 3.0  # seconds kept from the kernel's share for its removal (DELETE, then ending it)
+MAX_NAMES = 32  # kernelspecs kept from a listing
 SLACK = 1.0  # seconds of the server's activity after our status read that are our kernel's last messages
 PREFIX = "HEALTHCHECK-KERNEL-RESULT "
 INF = float("inf")
 TOLERANCE = 1e-4  # float32 against float64 at 256x256 differs by ~1e-6 of the largest value
 # The cell: a function, so that it leaves one name (deleted) in a kernel that is deleted anyway.
 CELL = '''def _healthcheck(device, gentle):
-    import time
     out = {"torch": None, "cuda": None, "available": None, "count": None, "op": None, "error": None}
+    def failed(phase, exc):
+        out["error"] = {"phase": phase, "type": type(exc).__name__, "module": getattr(exc, "name", None),
+                        "text": (str(exc).splitlines() or [""])[0][:200]}
+        return out
     try:
         import torch
     except BaseException as exc:
-        out["error"] = {"phase": "import", "type": type(exc).__name__, "module": getattr(exc, "name", None),
-                        "text": (str(exc).splitlines() or [""])[0][:200]}
-        return out
+        return failed("import", exc)
     out["torch"], out["cuda"] = str(torch.__version__), torch.version.cuda
     if device == "cuda":
         out["available"], out["count"] = bool(torch.cuda.is_available()), int(torch.cuda.device_count())
@@ -136,16 +135,14 @@ CELL = '''def _healthcheck(device, gentle):
         dev, g = torch.device(device), torch.Generator().manual_seed(1234)
         a = torch.randn(256, 256, generator=g, dtype=torch.float32)
         b = torch.randn(256, 256, generator=g, dtype=torch.float32)
-        t0 = time.perf_counter()
         got = torch.matmul(a.to(dev), b.to(dev))
         if device == "cuda":
             torch.cuda.synchronize()
         ref = torch.matmul(a.double(), b.double())
         out["op"] = {"max_err": float((got.double().cpu() - ref).abs().max().item()),
-                     "scale": float(ref.abs().max().item()), "ms": (time.perf_counter() - t0) * 1000}
+                     "scale": float(ref.abs().max().item())}
     except BaseException as exc:
-        out["error"] = {"phase": "op", "type": type(exc).__name__, "module": None,
-                        "text": (str(exc).splitlines() or [""])[0][:200]}
+        return failed("op", exc)
     return out
 print(%r + __import__("json").dumps(_healthcheck(%r, %r)))
 del _healthcheck
@@ -164,10 +161,9 @@ def requirements(config: Config) -> tuple[str, ...]:
 
 
 def server(ctx: Context) -> tuple[Server, str | None, str]:
-    """The server, found as the jupyter probe finds it; the runtime file that said so; and why the
-    token file's token was withheld ("" when it was not, or there is none). ``Server.uid`` owns the
-    socket listening on the port (None: none, or several uids); the token goes only with a
-    listener of its owner (the trusted runtime file's, or the token file's)."""
+    """The server as the jupyter probe finds it, with the token only for a listener of the token's
+    owner and ``uid`` the listening socket's owner when one alone listens; the runtime file that
+    said so; why the token file's token was withheld ("" when it was not)."""
     from probes.services import jupyter, net
     from probes.services.kernel_run import Server
 
@@ -189,10 +185,8 @@ def server(ctx: Context) -> tuple[Server, str | None, str]:
 
 def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
            status: tuple[int, float] | None) -> dict[str, Any] | None:
-    """A cached result for the same key, judged again (a damaged entry is a miss): whatever it
-    was while the server has stayed idle since (``status``: its kernels and last activity, which
-    must be no later than the one read right after that run), else a pass (or do-no-harm
-    warning) younger than ``ttl``; None when the kernel path must be checked."""
+    """A cached result for the same key, judged again: whatever it was while the server has stayed
+    idle since (``status``: its kernels and last activity), else a pass or warning younger than ``ttl``."""
     if not isinstance(entry, dict) or entry.get("key") != key:
         return None
     data, finished = entry.get("data"), _number(entry.get("finished"))
@@ -251,13 +245,15 @@ def check(ctx: Context, srv: Server) -> dict[str, Any]:
                             "where": host_header(srv.host, srv.port),
                             "budget": round(max(0.0, share - time.monotonic()), 2)}
     got = kernel_run.rest(srv, "GET", "api/kernelspecs", share)
-    listing = kernel_run.kernelspecs(got)
-    if listing is None:
+    doc = got.get("doc") if got.get("status") == 200 else None
+    if not isinstance(doc, dict) or not isinstance(doc.get("kernelspecs"), dict):
         return {**data, "outcome": "api", "http": got.get("status"), "net": got["outcome"],
                 "finished": time.time()}
-    names, default, specs = listing
+    specs = {name: kernel_run.command(entry) for name, entry in list(doc["kernelspecs"].items())[:MAX_NAMES]}
+    default = str(doc["default"]) if isinstance(doc.get("default"), str) else ""
     data["kernel"] = name = ctx.config.of(KernelSettings).jupyter_kernel_name or default
     if name not in specs:
+        names = sorted(untrusted.clean(n, 40) for n in specs)
         return {**data, "outcome": "kernelspec-missing", "names": names, "finished": time.time()}
     try:
         import websocket  # noqa: F401  (the channels' client: the jupyter extra)

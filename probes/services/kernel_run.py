@@ -1,13 +1,8 @@
 """jupyter-kernel's client and one kernel's run: the REST API, the cell over the kernel's channels
-while its processes and its server's word are watched, why it died, and its removal on every path
-(docs/probes.md, "The notebook path", says why).
-
-REST carries the token in an ``Authorization: token`` header and ``no_track_activity=1``. The cell
-goes over the websocket ``{base_url}api/kernels/<id>/channels`` (Jupyter messaging protocol v5):
-``execute_request`` on shell, then the iopub messages and the shell ``execute_reply`` whose
-``parent_header.msg_id`` is ours. A kernel is recorded in the state dir before it is asked for
-(``kernel-<id>.json``: its server, the time, and the run by pid and start time); the record goes
-once the server confirms the kernel gone, and each run first removes what killed runs left (``reap``).
+(Jupyter messaging protocol v5) while its processes and its server's word are watched, why it died,
+and its removal on every path (docs/probes.md, "The notebook path", says why). A kernel is recorded
+in the state dir before it is asked for (``kernel-<id>.json``: its server, the time, the run by pid
+and start time) until the server confirms it gone; each run first removes what killed runs left.
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ if TYPE_CHECKING:
 PATH_CHARS = jupyter.PATH_CHARS - {"%"}
 UNTRACKED = "no_track_activity=1"  # Jupyter Server leaves its last_activity alone for such a request
 KERNEL_ID = re.compile(r"[0-9A-Za-z-]{1,64}")
-MAX_NAMES, MAX_ARGV, MAX_RECORDS = 32, 64, 64  # kernelspecs kept, argv words kept, records looked at
+MAX_ARGV, MAX_RECORDS = 64, 64  # argv words kept of a kernelspec, records of kernels looked at by a run
 MAX_OUTPUT = 64 * 1024  # characters of the cell's stdout kept
 MAX_FRAME = 1024 * 1024  # a message larger than this is not ours to read
 RECORD = "kernel-"  # the record of a kernel asked for: kernel-<id>.json in the state dir
@@ -106,29 +101,19 @@ def activity(srv: Server, deadline: float) -> tuple[int, float] | None:
     return (kernels, stamp.timestamp()) if stamp.tzinfo is not None else None
 
 
-def kernelspecs(got: dict[str, Any]) -> tuple[list[str], str, dict[str, dict[str, Any]]] | None:
-    """(names, default, name -> {argv, env}) of a ``GET api/kernelspecs`` answer, or None."""
-    doc = got.get("doc") if got.get("status") == 200 else None
-    if not isinstance(doc, dict) or not isinstance(doc.get("kernelspecs"), dict):
-        return None
-    by_name: dict[str, dict[str, Any]] = {}
-    for name, entry in list(doc["kernelspecs"].items())[:MAX_NAMES]:
-        spec = entry.get("spec") if isinstance(entry, dict) else None
-        argv, env = (spec.get("argv"), spec.get("env")) if isinstance(spec, dict) else (None, None)
-        by_name[name] = {
-            "argv": [a for a in argv[:MAX_ARGV] if isinstance(a, str)] if isinstance(argv, list) else [],
+def command(entry: Any) -> dict[str, Any]:
+    """The ``argv`` and ``env`` of a kernelspec in the server's listing, each kept only as text."""
+    spec = entry.get("spec") if isinstance(entry, dict) else None
+    argv, env = (spec.get("argv"), spec.get("env")) if isinstance(spec, dict) else (None, None)
+    return {"argv": [a for a in argv[:MAX_ARGV] if isinstance(a, str)] if isinstance(argv, list) else [],
             "env": {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)}
             if isinstance(env, dict) else {}}
-    default = doc["default"] if isinstance(doc.get("default"), str) else ""
-    return sorted(untrusted.clean(n, 40) for n in by_name), default, by_name
 
 
 def first_cause(text: str, limit: int = 200) -> str:
-    """The line of a process's output that names the cause: its last exception line
-    ("ModuleNotFoundError: No module named 'x'"), else its last line. A line that names no file
-    gets the file of the traceback's last frame (a local ``random.py`` that shadows the standard
-    library's); a long one loses Python's filler words first, then its middle, never the names
-    at its ends (the module, the library's path)."""
+    """The line of a process's output that names the cause (docs/probes.md, "kernel-died"): its last
+    exception line, else its last line; with the file of the traceback's last frame when it names
+    none; a long one loses Python's filler words, then its middle, never the names at its ends."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     picked = [i for i, ln in enumerate(lines) if RAISED.match(ln)] or \
         [i for i, ln in enumerate(lines) if WARNED.match(ln)] or [len(lines) - 1]
@@ -145,8 +130,6 @@ def first_cause(text: str, limit: int = 200) -> str:
         line = f"{line[:half]} ... {line[-half:]}"
     return line
 
-
-# ---------------------------------------------------------------- the kernel's processes
 
 class Procs:
     """The kernel's live processes, ``{pid: start}``: those whose command line names its connection
@@ -183,8 +166,7 @@ class Procs:
 
 
 def live(pairs: Mapping[int, int], until: float = 0.0) -> dict[int, int]:
-    """Those of ``pairs`` (pid -> start) still the process seen and alive, at ``until`` or as soon
-    as none is."""
+    """Those of ``pairs`` (pid -> start) still the process seen and alive, by ``until``."""
     while True:
         pairs = {pid: start for pid, start in pairs.items() if (st := pidstat.stat(pid)) is not None
                  and st.start == start and st.state not in pidstat.DEAD}
@@ -221,98 +203,72 @@ def _beside(call: Callable[[], Any], procs: Procs, seen: dict[int, int], until: 
     return thread, False
 
 
-# ---------------------------------------------------------------- one cell over the channels
+def _cell(ws: Any, srv: Server, kid: str, code: str, deadline: float, box: dict[str, Any]) -> None:
+    """The cell over the kernel's channels: connect (the server answers once the kernel has replied
+    to kernel_info), send it, read until its execute_reply and idle status arrive, keeping what
+    answers our request and the server's word that the kernel died. ``box`` says what happened
+    (``stage``, then ``stdout`` and ``error``, or ``died`` or ``failed``); never raises."""
+    msg_id = os.urandom(16).hex()
+    opts: dict[str, Any] = {"timeout": max(deadline - time.monotonic(), 0.001), "suppress_origin": True,
+                            "http_no_proxy": ["*"]}
+    if srv.token:
+        opts["header"] = [f"Authorization: token {srv.token}"]
+    if srv.secure and net.is_loopback(srv.host):
+        import ssl  # Jupyter's certificate is usually self-signed; on loopback nobody sits between
 
-class Channel:
-    """The cell over the kernel's channels (one websocket), run in a thread while the caller watches
-    the kernel; ``box`` says what happened (``stage``, then ``stdout`` and ``error``, or ``died`` or
-    ``failed``); ``close()`` ends a blocked call from another thread."""
-
-    def __init__(self, srv: Server, kernel_id: str) -> None:
-        import websocket  # websocket-client, the jupyter extra: only when a kernel is checked
-
-        self.ws = websocket.WebSocket(enable_multithread=True, skip_utf8_validation=True)
-        self.srv, self.path = srv, srv.path(f"api/kernels/{kernel_id}/channels")
-        self.box: dict[str, Any] = {"stage": "connect", "stdout": "", "error": None, "replied": False,
-                                    "idle": False, "died": None, "failed": None}
-
-    def run(self, code: str, deadline: float) -> None:
-        """Connect (the server answers once the kernel has replied to kernel_info), send the cell,
-        read until its execute_reply and its idle status arrive; never raises."""
-        srv, box, msg_id = self.srv, self.box, os.urandom(16).hex()
-        opts: dict[str, Any] = {"timeout": max(deadline - time.monotonic(), 0.001), "suppress_origin": True,
-                                "http_no_proxy": ["*"]}
-        if srv.token:
-            opts["header"] = [f"Authorization: token {srv.token}"]
-        if srv.secure and net.is_loopback(srv.host):
-            import ssl  # Jupyter's certificate is usually self-signed; on loopback nobody sits between
-
-            opts["sslopt"] = {"cert_reqs": ssl.CERT_NONE, "check_hostname": False}
-        try:
-            self.ws.connect(f"{'wss' if srv.secure else 'ws'}://{host_header(srv.host, srv.port)}{self.path}",
-                            **opts)
-            box["stage"] = "execute"
-            self.ws.send(json.dumps({
-                "header": {"msg_id": msg_id, "username": "healthcheck", "session": os.urandom(8).hex(),
-                           "date": "", "msg_type": "execute_request", "version": "5.3"},
-                "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-                "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
-                            "allow_stdin": False, "stop_on_error": True}}))
-            while not (box["replied"] and box["idle"]) and not box["died"]:
-                if deadline <= time.monotonic():
-                    raise TimeoutError
-                self.ws.settimeout(deadline - time.monotonic())
-                self._take(self.ws.recv(), msg_id)
-            if not box["died"]:
-                box["stage"] = "done"
-        except Exception as exc:  # websocket-client's errors, socket timeouts, a handshake refused
-            # In fixed words: an exception's text could quote a header or a URL.
-            status, kind = getattr(exc, "status_code", None), type(exc).__name__
-            if isinstance(status, int):
-                box["failed"] = f"the server refused the channels with HTTP {status}"
-            elif isinstance(exc, TimeoutError) or kind in ("WebSocketTimeoutException", "timeout"):
-                box["failed"] = "timeout"
-            elif kind == "WebSocketConnectionClosedException":
-                box["failed"] = "the server closed the channels"
-            else:
-                box["failed"] = f"the channels failed ({kind})"
-
-    def _take(self, frame: Any, msg_id: str) -> None:
-        """One frame: keep what belongs to our request (and the server's word that the kernel died)."""
-        if not isinstance(frame, str) or len(frame) > MAX_FRAME:
-            return  # a binary frame carries buffers: none of ours
-        try:
-            msg = untrusted.load_json(frame.encode())
-        except ValueError:
-            return
-        if not isinstance(msg, dict):
-            return
-        header, content, parent = (msg[k] if isinstance(msg.get(k), dict) else {}
-                                   for k in ("header", "content", "parent_header"))
-        kind, state, box = header.get("msg_type"), content.get("execution_state"), self.box
-        if kind == "status" and state in ("dead", "restarting", "autorestarting"):
-            box["died"] = f"the server reported the kernel {state}"
-        elif parent.get("msg_id") != msg_id:
-            return
-        elif kind == "stream" and content.get("name") == "stdout" and isinstance(content.get("text"), str):
-            box["stdout"] = (box["stdout"] + content["text"])[:MAX_OUTPUT]
-        elif kind == "error":
-            box["error"] = {"ename": untrusted.clean(content.get("ename", "?"), 60),
-                            "evalue": untrusted.clean(content.get("evalue", ""), 160)}
-        elif kind == "status" and state == "idle":
-            box["idle"] = True
-        elif kind == "execute_reply":
-            box["replied"] = True
-
-    def close(self) -> None:
-        for end in (self.ws.abort, lambda: self.ws.close(timeout=0.2)):
+        opts["sslopt"] = {"cert_reqs": ssl.CERT_NONE, "check_hostname": False}
+    try:
+        path = srv.path(f"api/kernels/{kid}/channels")
+        ws.connect(f"{'wss' if srv.secure else 'ws'}://{host_header(srv.host, srv.port)}{path}", **opts)
+        box["stage"] = "execute"
+        ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "username": "healthcheck", "session": os.urandom(8).hex(),
+                       "date": "", "msg_type": "execute_request", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True}}))
+        while not (box["replied"] and box["idle"]) and not box["died"]:
+            if deadline <= time.monotonic():
+                raise TimeoutError
+            ws.settimeout(deadline - time.monotonic())
+            frame = ws.recv()
+            if not isinstance(frame, str) or len(frame) > MAX_FRAME:
+                continue  # a binary frame carries buffers: none of ours
             try:
-                end()
-            except Exception:  # noqa: S110 - ending a connection that may never have opened
-                pass
+                msg = untrusted.load_json(frame.encode())
+            except ValueError:
+                continue
+            msg = msg if isinstance(msg, dict) else {}
+            header, content, parent = (msg[k] if isinstance(msg.get(k), dict) else {}
+                                       for k in ("header", "content", "parent_header"))
+            kind, state, text = header.get("msg_type"), content.get("execution_state"), content.get("text")
+            if kind == "status" and state in ("dead", "restarting", "autorestarting"):
+                box["died"] = f"the server reported the kernel {state}"
+            elif parent.get("msg_id") != msg_id:
+                continue
+            elif kind == "stream" and content.get("name") == "stdout" and isinstance(text, str):
+                box["stdout"] = (box["stdout"] + text)[:MAX_OUTPUT]
+            elif kind == "error":
+                box["error"] = {"ename": untrusted.clean(content.get("ename", "?"), 60),
+                                "evalue": untrusted.clean(content.get("evalue", ""), 160)}
+            elif kind == "status" and state == "idle":
+                box["idle"] = True
+            elif kind == "execute_reply":
+                box["replied"] = True
+        if not box["died"]:
+            box["stage"] = "done"
+    except Exception as exc:  # websocket-client's errors, socket timeouts, a handshake refused
+        # In fixed words: an exception's text could quote a header or a URL.
+        status, kind = getattr(exc, "status_code", None), type(exc).__name__
+        if isinstance(status, int):
+            box["failed"] = f"the server refused the channels with HTTP {status}"
+        elif isinstance(exc, TimeoutError) or kind in ("WebSocketTimeoutException", "timeout"):
+            box["failed"] = "timeout"
+        elif kind == "WebSocketConnectionClosedException":
+            box["failed"] = "the server closed the channels"
+        else:
+            box["failed"] = f"the channels failed ({kind})"
 
-
-# ---------------------------------------------------------------- one kernel's run and removal
 
 def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, share: float,
         end: float) -> dict[str, Any]:
@@ -350,12 +306,20 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
                "interpreter": interpreter_problem(spec, srv)}
     try:
         if not out:
-            chan = Channel(srv, kid)
-            thread, died = _beside(lambda: chan.run(code, share), procs, seen, share, srv, kid)
-            if thread.is_alive():
-                chan.close()
+            import websocket  # websocket-client, the jupyter extra: only when a kernel is checked
+
+            ws = websocket.WebSocket(enable_multithread=True, skip_utf8_validation=True)
+            cell = {"stage": "connect", "stdout": "", "error": None, "replied": False, "idle": False,
+                    "died": None, "failed": None}
+            thread, died = _beside(lambda: _cell(ws, srv, kid, code, share, cell), procs, seen, share, srv,
+                                   kid)
+            if thread.is_alive():  # end its blocked call from here
+                for stop in (ws.abort, lambda: ws.close(timeout=0.2)):
+                    try:
+                        stop()
+                    except Exception:  # noqa: S110 - a connection that may never have opened
+                        pass
                 thread.join(0.5)
-            cell = chan.box
             out = {"stage": cell["stage"]}
             if cell["stage"] == "done":
                 out.update(outcome="reply", stdout=cell["stdout"], error=cell["error"],
@@ -375,13 +339,10 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
 
 def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[int, int], end: float,
            wait: float = DELETE_WAIT) -> dict[str, Any]:
-    """DELETE the kernel; if the server has not shut it down in ``wait`` seconds (or cannot), end its
-    processes here and make sure the server forgets it; its record goes once the server confirms it
-    is gone: 2xx, or 404 for a kernel whose start was answered (a server still starting one under
-    our id lists it only once started). Never raises.
-
-    Its processes, and everything below them in the parent tree, get SIGTERM, TERM_GRACE seconds,
-    then SIGKILL, each only while its pid still names the process seen."""
+    """DELETE the kernel; if the server has not shut it down in ``wait`` seconds, its processes and
+    all below them get SIGTERM then SIGKILL, each only while its pid names the process seen, and the
+    server is asked again. Its record goes once the server confirms it gone: 2xx, or 404 for a
+    kernel whose start it answered (it lists one it is still starting only once started)."""
     def gone(got: dict[str, Any]) -> bool:
         status = got.get("status")
         return status in (200, 204) or (status == 404 and (rec.get("answered") is True
@@ -442,10 +403,8 @@ def _forget(state: State, kid: str) -> None:
 
 
 def reap(state: State, srv: Server, deadline: float) -> None:
-    """Remove the kernels that earlier runs left on ``srv``: those of runs that are gone (killed
-    before their removal), and this process's own that no run of it is using (``serve`` lives on:
-    a start answered after its run gave up). Another server's records wait for a run against it
-    (its token is not ours)."""
+    """Remove the kernels earlier runs left on ``srv``: those of runs that are gone, and this process's
+    own that no run of it is using (``serve`` lives on). Another server's wait: its token is not ours."""
     if not state.enabled or state.path is None:
         return
     try:
@@ -473,14 +432,11 @@ def end_all() -> None:
         remove(state, srv, kid, rec, seen, time.monotonic() + STOP_WAIT, STOP_WAIT)
 
 
-# ---------------------------------------------------------------- why it died
-
 def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> dict[str, Any]:
-    """Run the kernelspec's command once more as a contained child, as the server's user with its
-    environment, for the line of its output that names why it exits: ``said`` (None: it did not
-    exit), or ``unread``, why it was not run. Root never runs what that user wrote: the command
-    runs only as the server's verified uid (``srv.uid``), dropped to where the suite is root, or
-    as root for a server that root runs."""
+    """The line that names why the kernel exits (``said``; None: it did not), from its command run
+    again as a contained child with the server's environment, only ever as the server's verified
+    uid (root never runs what that user wrote); else ``unread``, why it was not run."""
+    import pwd
     import socket
 
     from probes import proc
@@ -496,8 +452,17 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
     work = ctx.state.scratch("kernel")
     if work is None:
         return {"unread": "no state dir holds its connection file"}
-    entry = _passwd(srv.uid)
+    try:
+        entry = pwd.getpwuid(srv.uid)
+    except KeyError:
+        entry = None
     user = None if srv.uid == me else (srv.uid, entry.pw_gid if entry else srv.uid)
+    env = _server_env(srv)
+    if env is None:  # ours, with the home (where its ~/.local lies) and name of the server's user
+        env = dict(os.environ)
+        if entry is not None and srv.uid != me:
+            env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
+    env.update(spec["env"])
     socks: dict[str, socket.socket] = {}
     try:
         for kind in ("shell", "iopub", "stdin", "control", "hb"):  # free ports for the connection file
@@ -514,7 +479,6 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
                 os.chown(work, *user)
             json.dump({"transport": "tcp", "ip": "127.0.0.1", "signature_scheme": "hmac-sha256",
                        "key": os.urandom(16).hex(), **ports}, fh)
-        env = {**_server_env(srv, srv.uid), **spec["env"]}
         argv = [a.replace("{connection_file}", "/dev/fd/3") for a in spec["argv"]]
         done = proc.run(["/bin/sh", "-c", LAUNCH, env.get("HOME") or "/", *argv], deadline=deadline, env=env,
                         cwd=work, user=user)
@@ -531,8 +495,7 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
 
 
 def interpreter_problem(spec: dict[str, Any], srv: Server) -> str | None:
-    """What is wrong with the program the kernelspec's argv names, if anything (the server's
-    own answer to a start that failed is often just "Unhandled error")."""
+    """What is wrong with the program a kernelspec names (a server often answers "Unhandled error")."""
     import shutil
 
     program = spec["argv"][0] if spec["argv"] else ""
@@ -540,35 +503,19 @@ def interpreter_problem(spec: dict[str, Any], srv: Server) -> str | None:
         return "its argv is empty"
     shown = untrusted.clean(program, 80)
     if "/" not in program:
-        found = shutil.which(program, path=_server_env(srv, None).get("PATH") or os.defpath)
+        found = shutil.which(program, path=(_server_env(srv) or os.environ).get("PATH") or os.defpath)
         return None if found else f"its argv names {shown}, which is not on the server's PATH"
     if not os.path.exists(program):
         return f"its argv names {shown}, which does not exist"
     return None if os.access(program, os.X_OK) else f"its argv names {shown}, which is not executable"
 
 
-def _passwd(uid: int) -> Any:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid)
-    except KeyError:
-        return None
-
-
-def _server_env(srv: Server, uid: int | None) -> dict[str, str]:
-    """The server's environment (its kernels inherit it) when we may read it, else ours with the
-    home and name of ``uid`` (where its ~/.local lies)."""
+def _server_env(srv: Server) -> dict[str, str] | None:
+    """The server's environment (its kernels inherit it), when we may read it."""
     try:
         with open(f"/proc/{srv.pid}/environ", "rb") as fh:
             pairs = [item.partition(b"=") for item in fh.read(256 * 1024).split(b"\0")]
-        env = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, sep, v in pairs if sep and k}
-        if env:
-            return env
-    except OSError:
-        pass  # no pid (no trusted runtime file), or not ours to read
-    env = dict(os.environ)
-    entry = _passwd(uid) if uid is not None and uid != os.geteuid() else None
-    if entry is not None:
-        env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
-    return env
+    except OSError:  # no pid (no trusted runtime file), or not ours to read
+        return None
+    env = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, sep, v in pairs if sep and k}
+    return env or None

@@ -8,8 +8,11 @@ liveness run). Connections are direct (no proxy); a self-signed certificate pass
 
 from __future__ import annotations
 
+# _socket, not socket: socket.py adds enums and selectors that a liveness run would pay for, a
+# measurable share of it (docs/benchmark.md); the probes need only the C module's socket, lookups
+# and constants. ssl, imported for a TLS server only, takes its socket as it is.
+import _socket
 import os
-import socket
 import sys
 import time
 
@@ -19,6 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+timeout = _socket.timeout  # TimeoutError from Python 3.10
 MAX_HEAD = 16 * 1024
 MAX_BODY = 64 * 1024
 MAX_REPLY = MAX_HEAD + 2 * MAX_BODY
@@ -35,41 +39,41 @@ class NetError(Exception):
 
 
 class HttpError(Exception):
-    """The reply is not well-formed HTTP/1.x (the message is a short, fixed description)."""
+    """The reply is not well-formed HTTP/1.x (in short, fixed words)."""
 
 
 class TooLarge(HttpError):
     """The reply, or a part of it, exceeds its bound."""
 
 
-def arm(sock: socket.socket, deadline: float) -> None:
+def arm(sock: _socket.socket, deadline: float) -> None:
     """Give the next blocking call on ``sock`` only the time left; raise timeout when none is."""
     left = deadline - time.monotonic()
     if left <= 0:
-        raise socket.timeout("deadline")
+        raise timeout("deadline")
     sock.settimeout(max(left, 0.001))  # settimeout(0) would mean non-blocking, not "no time left"
 
 
-def connect(host: str, port: int, deadline: float) -> socket.socket:
+def connect(host: str, port: int, deadline: float) -> _socket.socket:
     """Connect to each address of ``host`` in turn until one accepts, all by ``deadline`` (NetError)."""
     if deadline <= time.monotonic():
         raise NetError("timeout")
     try:
         # An ASCII name goes as bytes: a str would import the IDNA codec to encode it.
         name: str | bytes = host.encode("ascii") if host.isascii() else host
-        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError):
+        infos = _socket.getaddrinfo(name, port, type=_socket.SOCK_STREAM)
+    except (_socket.gaierror, UnicodeError):
         raise NetError("resolve") from None
     kind, detail = "unreachable", ""
     for family, type_, proto, _, addr in infos:
-        sock = socket.socket(family, type_, proto)
+        sock = _socket.socket(family, type_, proto)
         try:
             arm(sock, deadline)
             sock.connect(addr)
             return sock
         except ConnectionRefusedError:
             kind = "refused"
-        except socket.timeout:
+        except timeout:
             sock.close()
             raise NetError("timeout") from None
         except OSError as exc:
@@ -85,25 +89,22 @@ def is_loopback(host: str) -> bool:
     if name == "localhost":
         return True
     try:
-        return socket.inet_pton(socket.AF_INET, name)[0] == 127
+        return _socket.inet_pton(_socket.AF_INET, name)[0] == 127
     except (OSError, ValueError):
         pass
     try:
-        packed = socket.inet_pton(socket.AF_INET6, name)
+        packed = _socket.inet_pton(_socket.AF_INET6, name)
     except (OSError, ValueError):
         return False
     return packed == bytes(15) + b"\x01" or packed[:13] == bytes(10) + b"\xff\xff\x7f"
 
 
 def listening() -> list[tuple[int, bytes, int, int]]:
-    """(address family, address as the kernel prints it, port, uid) of every TCP socket listening
-    in this network namespace.
-
-    /proc/net/tcp and tcp6 list them with their owners' uids, and anyone may read them: unlike
-    /proc/<pid>/fd they need no CAP_SYS_PTRACE, which root lacks in Docker's default set. The
-    kernel lists the listening sockets first: reading stops at the first other."""
+    """(family, address as the kernel prints it, port, uid) of each listening TCP socket here: from
+    /proc/net/tcp and tcp6, which anyone may read (unlike /proc/<pid>/fd they need no CAP_SYS_PTRACE,
+    which root lacks in Docker's default set). They come first: reading stops at the first other."""
     found: list[tuple[int, bytes, int, int]] = []
-    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+    for table, family in (("/proc/net/tcp", _socket.AF_INET), ("/proc/net/tcp6", _socket.AF_INET6)):
         try:
             with open(table, "rb") as f:
                 next(f, None)  # the header
@@ -132,7 +133,7 @@ def nearby(expected: int, limit: int = 5) -> list[str]:
     seen = set()
     for family, addr, port, _ in listening():
         # The address as 32-bit words, each printed as a number in host order.
-        ip = socket.inet_ntop(family, b"".join(int(addr[i:i + 8], 16).to_bytes(4, sys.byteorder)
+        ip = _socket.inet_ntop(family, b"".join(int(addr[i:i + 8], 16).to_bytes(4, sys.byteorder)
                                                for i in range(0, len(addr), 8)))
         seen.add(("*" if ip in ("0.0.0.0", "::") else ip, port))  # noqa: S104
     ordered = sorted(seen, key=lambda a: (abs(a[1] - expected), a[1], a[0]))
@@ -174,19 +175,12 @@ def _dechunk(body: bytes) -> bytes | None:
 
 
 def parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
-    """A complete HTTP/1.x response in ``buf``, or None while more bytes are needed.
-
-    Strict: a status line ``HTTP/1.0|1.1 NNN reason``, CRLF line ends, token header names, no
-    folded lines, one Content-Length, chunked as the only transfer coding, bounded sizes (head,
-    body, trailer, MAX_REPLY bytes in all). Raises HttpError (TooLarge for what exceeds a bound).
-    """
-    response = _parse(buf, eof)
-    if response is None and len(buf) > MAX_REPLY:
+    """A complete HTTP/1.x response in ``buf``, or None while more bytes are needed. Strict: a status
+    line ``HTTP/1.0|1.1 NNN reason``, CRLF line ends, token header names, no folded lines, one
+    Content-Length, chunked as the only transfer coding, each part bounded and MAX_REPLY bytes in
+    all (exchange reads no more). Raises HttpError (TooLarge for what exceeds a bound)."""
+    if len(buf) > MAX_REPLY:
         raise TooLarge("reply too large")
-    return response
-
-
-def _parse(buf: bytes, eof: bool) -> dict[str, Any] | None:
     end = buf.find(b"\r\n\r\n")
     if end < 0:
         if not buf.startswith(b"HTTP/"[: len(buf)]):
@@ -243,7 +237,7 @@ def _parse(buf: bytes, eof: bool) -> dict[str, Any] | None:
     return {**result, "body": body} if eof else None
 
 
-def _tls(sock: socket.socket, host: str, deadline: float) -> socket.socket:
+def _tls(sock: _socket.socket, host: str, deadline: float) -> _socket.socket:
     import ssl
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -256,7 +250,8 @@ def _tls(sock: socket.socket, host: str, deadline: float) -> socket.socket:
         context.verify_mode = ssl.CERT_NONE
     else:
         context.load_default_certs()
-    tls = context.wrap_socket(sock, server_hostname=host.strip("[]"), do_handshake_on_connect=False)
+    tls = context.wrap_socket(sock, server_hostname=host.strip("[]"),  # type: ignore[arg-type]
+                              do_handshake_on_connect=False)
     arm(tls, deadline)
     tls.do_handshake()
     return tls
@@ -292,7 +287,7 @@ def exchange(host: str, port: int, path: str, secure: bool, deadline: float, *, 
             # completes: the handshake gets half the time, the rest is left to find that out.
             try:
                 sock = _tls(sock, host, t0 + (deadline - t0) / 2)
-            except socket.timeout:
+            except timeout:
                 return {"outcome": "tls-timeout"}
             except OSError as exc:
                 return {"outcome": "tls-verify" if type(exc).__name__ == "SSLCertVerificationError"
@@ -305,7 +300,7 @@ def exchange(host: str, port: int, path: str, secure: bool, deadline: float, *, 
         try:
             arm(sock, deadline)
             sock.sendall(request.encode("ascii") + body)
-        except socket.timeout:
+        except timeout:
             return {"outcome": "timeout", "received": 0}
         except OSError:
             pass  # the server closed early; what it sent (if anything) decides
@@ -314,7 +309,7 @@ def exchange(host: str, port: int, path: str, secure: bool, deadline: float, *, 
             try:
                 arm(sock, deadline)
                 chunk = sock.recv(min(65536, MAX_REPLY + 1 - len(buf)))
-            except socket.timeout:
+            except timeout:
                 return {"outcome": "timeout", "received": len(buf)}
             except OSError:  # reset, or a TLS error mid-stream
                 chunk = b""

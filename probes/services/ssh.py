@@ -1,14 +1,8 @@
-"""ssh: sshd answers with an SSH protocol identification line (docs/probes.md, "ssh").
-
-An open port is not enough: the kernel completes the TCP handshake for a hung sshd, so the probe
-waits for the banner itself. RFC 4253 4.2: the server speaks first and may send other lines before
-its identification line, each at most 255 bytes with CR LF. Our own line goes out only after the
-banner (both sides identify), or after a silence (SPEAK_SHARE) so that a request/response service
-on the port answers something plainly not SSH. Command line:
-``timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/22; head -c 255 <&3'``.
-
-OpenSSH 9.8+ penalises addresses whose connections close before authenticating
-(``PerSourcePenalties``): keep the probe on loopback, which the image exempts (docs/image.md).
+"""ssh: sshd answers with an SSH protocol identification line (RFC 4253 4.2; how it is read and
+when our own line goes out: docs/probes.md). An open port is not enough: the kernel completes the
+TCP handshake for a hung sshd. OpenSSH 9.8+ penalises addresses whose connections close before
+authenticating (``PerSourcePenalties``): keep the probe on loopback, which the image exempts
+(docs/image.md). Command line: ``timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/22; head -c 255 <&3'``.
 """
 
 from __future__ import annotations
@@ -83,8 +77,6 @@ def _scan(buf: bytes) -> dict[str, Any] | None:
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    import socket
-
     from probes.services import net
 
     host, port, deadline = ctx.config.host, ctx.config.of(SshSettings).ssh_port, ctx.deadline
@@ -117,7 +109,7 @@ def gather(ctx: Context) -> dict[str, Any]:
             try:
                 net.arm(sock, wait_until)
                 chunk = sock.recv(1024)
-            except socket.timeout:
+            except net.timeout:
                 if wait_until < deadline:
                     continue  # silent so far: our turn to speak
                 found = {"outcome": "timeout"}

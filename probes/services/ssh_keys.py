@@ -1,12 +1,9 @@
 """ssh-keys: the SSH user's key files pass sshd's StrictModes, and the account may log in.
 
-A running sshd proves nothing about a login: when the user's home, ``~/.ssh`` or
-``authorized_keys`` became group-writable (a volume mount, a ``chmod -R``), sshd refuses every key
-and the client sees only "Permission denied (publickey)". This probe checks, without the network,
-what sshd would check (OpenSSH ``auth.c``: ``auth_secure_path``, ``allowed_user``); the rules:
-docs/probes.md ("ssh-keys"). sshd's ``AuthorizedKeysFile``, ``StrictModes`` and ``UsePAM`` are read
-from its configuration files (first value wins, ``Include`` followed, ``Match`` blocks ignored).
-Command line: ``stat -c '%U %a %n' ~dev ~dev/.ssh ~dev/.ssh/authorized_keys; getent shadow dev``.
+When the home, ``~/.ssh`` or ``authorized_keys`` became group-writable (a volume mount, a ``chmod
+-R``), sshd refuses every key and the client sees only "Permission denied (publickey)". This checks,
+without the network, what sshd would (OpenSSH ``auth.c``: ``auth_secure_path``, ``allowed_user``;
+the rules: docs/probes.md). Command line: ``stat -c '%U %a %n' ~dev/.ssh/authorized_keys``.
 """
 
 from __future__ import annotations
@@ -69,8 +66,8 @@ NAME = SPEC.name
 
 
 class System:
-    """Where the account database and sshd's configuration are read (tests point elsewhere); with
-    ``nss``, a user missing from ``passwd`` is looked up through NSS (``pwd.getpwnam``)."""
+    """Where the accounts and sshd's configuration are read; ``nss``: look a user missing from ``passwd``
+    up through NSS."""
 
     def __init__(self, passwd: str = "/etc/passwd", shadow: str = "/etc/shadow",  # noqa: S107 (paths)
                  sshd_config: str = "/etc/ssh/sshd_config", nss: bool = True) -> None:
@@ -80,7 +77,6 @@ class System:
 MAX_DB = 4 << 20  # bytes of /etc/passwd, /etc/shadow, one sshd configuration file
 MAX_KEYS_FILE = 1 << 20  # bytes of authorized_keys read
 MAX_INCLUDES = 64  # configuration files followed through Include
-DEFAULT_KEYS_FILES = ".ssh/authorized_keys .ssh/authorized_keys2"  # sshd's own default
 # Public key types sshd accepts in authorized_keys (sshkey.c keytypes), certificates included.
 KEY_TYPES = frozenset({
     "ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
@@ -92,13 +88,11 @@ KEY_TYPES = frozenset({
 })
 
 
-def sshd_options(path: str, found: dict[str, str] | None = None, files: list[str] | None = None
-                 ) -> dict[str, str]:
-    """First value of each keyword (lower case) outside Match blocks, Includes read where they
-    stand. Files that cannot be read are passed over (a non-root run sees sshd's defaults)."""
+def sshd_options(path: str, found: dict[str, str], files: list[str]) -> dict[str, str]:
+    """sshd's first value of each keyword (lower case) outside Match blocks, Includes read where they
+    stand; a file that cannot be read is passed over (a non-root run sees sshd's defaults)."""
     import glob
 
-    found, files = ({} if found is None else found), ([] if files is None else files)
     files.append(path)
     try:
         raw, _ = read_regular(path, MAX_DB, owners=(0,))
@@ -111,8 +105,7 @@ def sshd_options(path: str, found: dict[str, str] | None = None, files: list[str
             break  # the rest of this file applies to some connections only
         if key == "include":
             for pattern in words[1:]:
-                pattern = pattern if pattern.startswith("/") else os.path.join("/etc/ssh", pattern)
-                for name in sorted(glob.glob(pattern)):
+                for name in sorted(glob.glob(os.path.join("/etc/ssh", pattern))):  # an absolute one stays
                     if len(files) < MAX_INCLUDES:
                         sshd_options(name, found, files)
         elif len(words) > 1:
@@ -120,25 +113,13 @@ def sshd_options(path: str, found: dict[str, str] | None = None, files: list[str
     return found
 
 
-def keys_files(options: Mapping[str, str], user: str, home: str) -> list[str]:
-    """The AuthorizedKeysFile paths for ``user`` (``%h``, ``%u``, ``%%`` expanded; relative to home)."""
-    words = options.get("authorizedkeysfile", DEFAULT_KEYS_FILES).split()
-    if [w.lower() for w in words] == ["none"]:
-        return []
-    paths = (w.replace("%%", "\0").replace("%h", home).replace("%u", user).replace("\0", "%") for w in words)
-    return [os.path.join(home, p) for p in paths]  # an absolute path stays as it is
-
-
 def _entry(path: str, user: str, fields: int) -> list[str] | None:
     try:
         raw, _ = read_regular(path, MAX_DB, owners=(0,))
     except Refused:
         return None
-    for line in raw.decode("utf-8", "replace").splitlines():
-        parts = line.split(":")
-        if parts[0] == user and len(parts) >= fields:
-            return parts
-    return None
+    rows = (line.split(":") for line in raw.decode("utf-8", "replace").splitlines())
+    return next((parts for parts in rows if parts[0] == user and len(parts) >= fields), None)
 
 
 def account(user: str, system: System) -> dict[str, Any] | None:
@@ -162,20 +143,7 @@ def account(user: str, system: System) -> dict[str, Any] | None:
     return info
 
 
-def shell_problem(shell: str) -> str | None:
-    try:
-        st = os.stat(shell)
-    except OSError:
-        return f"login shell {clean(shell, 80)} does not exist"
-    if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
-        return f"login shell {clean(shell, 80)} is not an executable file"
-    if os.path.basename(shell) in ("nologin", "false"):
-        return f"login shell is {clean(shell, 80)}: no session can start"
-    return None
-
-
 def _unsafe(path: str, st: os.stat_result, uid: int, user: str) -> dict[str, Any] | None:
-    """What StrictModes refuses of ``path`` (owned by another user, group/other-writable) and its fix."""
     if st.st_uid in (0, uid) and not st.st_mode & 0o022:
         return None
     who = ("g" if st.st_mode & 0o020 else "") + ("o" if st.st_mode & 0o002 else "")
@@ -183,23 +151,10 @@ def _unsafe(path: str, st: os.stat_result, uid: int, user: str) -> dict[str, Any
             "fix": f"chown {user} {path}" if st.st_uid not in (0, uid) else f"chmod {who}-w {path}"}
 
 
-def secure_path(path: str, st: os.stat_result, uid: int, user: str, home: str) -> dict[str, Any] | None:
-    """sshd's auth_secure_path: the first of the file and its directories (up to the home, or
-    ``/``) that is owned by another user or writable by group or others, or None."""
-    real_home, here = os.path.realpath(home), path
-    problem = _unsafe(path, st, uid, user)
-    while problem is None and here not in (real_home, "/"):
-        here = os.path.dirname(here)
-        try:
-            problem = _unsafe(here, os.stat(here), uid, user)
-        except OSError:
-            return {"path": here, "owner": None, "mode": None, "fix": f"check {here}"}
-    return problem
-
-
 def keys_file(path: str, uid: int, user: str, home: str) -> dict[str, Any]:
-    """What sshd would make of one authorized keys file: missing, refused by StrictModes, or
-    read (its content, for the key count)."""
+    """What sshd would make of one authorized keys file: missing, refused by StrictModes (its
+    ``auth_secure_path``: the file and each directory up to the home, or ``/``, owned by root or
+    the user and not group/other-writable), or read (its keys counted)."""
     try:
         lst = os.lstat(path)
     except OSError:
@@ -217,43 +172,35 @@ def keys_file(path: str, uid: int, user: str, home: str) -> dict[str, Any]:
         return {"path": path, "state": "unsafe", "why": str(exc),
                 "problem": {"path": real, "owner": None, "mode": None,
                             "fix": f"make {real} a regular file owned by {user}"}}
-    problem = secure_path(real, st, uid, user, home)
+    real_home, here, problem = os.path.realpath(home), real, _unsafe(real, st, uid, user)
+    while problem is None and here not in (real_home, "/"):
+        here = os.path.dirname(here)
+        try:
+            problem = _unsafe(here, os.stat(here), uid, user)
+        except OSError:
+            problem = {"path": here, "owner": None, "mode": None, "fix": f"check {here}"}
     if problem is not None:
         return {"path": path, "state": "unsafe", "problem": problem}
     return {"path": path, "state": "ok", "keys": count_keys(raw), "size": len(raw)}
 
 
-def key_parses(kind: str, blob: str) -> bool:
+def count_keys(raw: bytes) -> int:
+    """Lines of an authorized_keys file that hold a public key sshd could parse: after the line's
+    options (if any), one of its key types and the base64 blob whose first field names that type."""
     import binascii
 
-    try:
-        raw = binascii.a2b_base64(blob.encode("ascii"))
-    except (ValueError, UnicodeError):
-        return False
-    size = int.from_bytes(raw[:4], "big")
-    return len(raw) > 4 + size and raw[4: 4 + size] == kind.encode()
-
-
-def count_keys(raw: bytes) -> int:
-    """Lines of an authorized_keys file that hold a public key sshd could parse."""
     count = 0
     for line in raw.decode("utf-8", "replace").splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        words = line.split()
-        if words[0] not in KEY_TYPES:  # options first (commas, quoted strings), then the key
-            quoted = False
-            for i, ch in enumerate(line):
-                if ch == '"':
-                    quoted = not quoted
-                elif ch in " \t" and not quoted:
-                    words = line[i:].split()
-                    break
-            else:
-                words = []
-        if len(words) >= 2 and words[0] in KEY_TYPES and key_parses(words[0], words[1]):
-            count += 1
+        words = line.split() if not line.lstrip().startswith("#") else []
+        for kind, blob in zip(words, words[1:]):
+            try:
+                key = binascii.a2b_base64(blob.encode("ascii"))
+            except (ValueError, UnicodeError):
+                continue
+            size = int.from_bytes(key[:4], "big")
+            if kind in KEY_TYPES and len(key) > 4 + size and key[4:4 + size] == kind.encode():
+                count += 1
+                break
     return count
 
 
@@ -268,24 +215,25 @@ def collect(user: str | None, system: System) -> dict[str, Any]:
     info = account(user, system)
     if info is None:
         return {"outcome": "no-such-user", "user": user}
-    options = sshd_options(system.sshd_config)
+    options = sshd_options(system.sshd_config, {}, [])
+    # AuthorizedKeysFile (sshd's default unless set), %h, %u and %% expanded, relative to the home.
+    words = options.get("authorizedkeysfile", ".ssh/authorized_keys .ssh/authorized_keys2").split()
+    words = [] if [w.lower() for w in words] == ["none"] else words
+    paths = [os.path.join(info["home"], w.replace("%%", "\0").replace("%h", info["home"]).replace("%u", user)
+                          .replace("\0", "%")) for w in words]
+    shell, problem = info["shell"], None
+    try:
+        st = os.stat(shell)
+        if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
+            problem = f"login shell {clean(shell, 80)} is not an executable file"
+        elif os.path.basename(shell) in ("nologin", "false"):
+            problem = f"login shell is {clean(shell, 80)}: no session can start"
+    except OSError:
+        problem = f"login shell {clean(shell, 80)} does not exist"
     return {"outcome": "checked", "user": user, **info, "today": int(time.time() // 86400),
             "use_pam": options.get("usepam", "no").lower() == "yes",
-            "strict": options.get("strictmodes", "yes").lower() != "no",
-            "shell_problem": shell_problem(info["shell"]),
-            "files": [keys_file(p, info["uid"], user, info["home"])
-                      for p in keys_files(options, user, info["home"])]}
-
-
-def _account_problem(data: Mapping[str, Any]) -> str | None:
-    if data["shell_problem"]:
-        return str(data["shell_problem"])
-    expire = data.get("expire")
-    if expire is not None and expire <= data["today"]:
-        return "the account expired (shadow's expiry day has passed)"
-    if (data.get("password") or "").startswith("!") and not data["use_pam"]:
-        return "the account is locked (password field starts with '!') and sshd runs without PAM"
-    return None
+            "strict": options.get("strictmodes", "yes").lower() != "no", "shell_problem": problem,
+            "files": [keys_file(p, info["uid"], user, info["home"]) for p in paths]}
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
@@ -294,8 +242,12 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     user = clean(data["user"], 64)
     if data["outcome"] == "no-such-user":
         return verdict(NAME, KEYS_ACCOUNT, f"SSH user {user} does not exist")
-    problem = _account_problem(data)
-    if problem is not None:
+    expire, problem = data.get("expire"), data["shell_problem"]
+    if not problem and expire is not None and expire <= data["today"]:
+        problem = "the account expired (shadow's expiry day has passed)"
+    elif not problem and (data.get("password") or "").startswith("!") and not data["use_pam"]:
+        problem = "the account is locked (password field starts with '!') and sshd runs without PAM"
+    if problem:
         return verdict(NAME, KEYS_ACCOUNT, f"{user} cannot log in over SSH: {problem}")
     files = data["files"]
     unsafe = next((f for f in files if f["state"] == "unsafe"), None) if data["strict"] else None
@@ -306,24 +258,22 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                        f"{clean(p['path'], 120)} ({what}): run `{clean(p['fix'], 160)}`", remedy=False,
                        facts={"path": clean(p["path"], 200), "owner": p["owner"], "mode": p["mode"]})
     keys = sum(f.get("keys", 0) for f in files)
-    if keys == 0:
-        return verdict(NAME, KEYS_NONE, f"nobody can log in as {user} with a key yet: {_no_keys(files)}",
-                       observed=0, unit="keys")
-    return passed(NAME, f"{user}: {keys} authorized key(s), sshd's StrictModes accept the key files",
-                  observed=keys, unit="keys")
-
-
-def _no_keys(files: list[dict[str, Any]]) -> str:
+    if keys:
+        return passed(NAME, f"{user}: {keys} authorized key(s), sshd's StrictModes accept the key files",
+                      observed=keys, unit="keys")
+    read = next((f for f in files if f["state"] == "ok"), None)
+    unread = next((f for f in files if f["state"] == "unreadable"), None)
     if not files:
-        return "AuthorizedKeysFile is none"
-    for f in files:
-        if f["state"] == "ok":
-            what = "is empty" if f["size"] == 0 else "holds no public key that parses"
-            return f"{clean(f['path'], 120)} {what}"
-    for f in files:
-        if f["state"] == "unreadable":
-            return f"{clean(f['path'], 120)} not read ({clean(f['why'], 60)})"
-    return f"no authorized keys file ({clean(files[0]['path'], 120)})"
+        why = "AuthorizedKeysFile is none"
+    elif read is not None:
+        empty = read["size"] == 0
+        why = f"{clean(read['path'], 120)} " + ("is empty" if empty else "holds no public key that parses")
+    elif unread is not None:
+        why = f"{clean(unread['path'], 120)} not read ({clean(unread['why'], 60)})"
+    else:
+        why = f"no authorized keys file ({clean(files[0]['path'], 120)})"
+    return verdict(NAME, KEYS_NONE, f"nobody can log in as {user} with a key yet: {why}", observed=0,
+                   unit="keys")
 
 
 def on_deadline(ctx: Context) -> Result:

@@ -1,11 +1,9 @@
 """ssh-login: a real SSH key login over loopback succeeds and its forced command exits 0 (opt-in).
 
-A banner proves that sshd answers; only a login proves that a user can get in. How the system
-OpenSSH client is run so that nothing of the caller's SSH set-up plays a part, the known hosts
-file written for the run and the cache readiness reuses: docs/probes.md ("ssh-login"); the probe
-principal: docs/image.md. The private key is never read by the suite. Command line:
-``ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o IdentityAgent=none
--o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes -i KEY -p 22 -l USER 127.0.0.1 true``.
+A banner proves that sshd answers; only a login proves that a user can get in. The client, the
+known hosts file of the run and the cache readiness reuses: docs/probes.md; the probe principal:
+docs/image.md. The private key is never read by the suite. Command line: ``ssh -F /dev/null -o
+BatchMode=yes -o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes -i KEY -l USER 127.0.0.1 true``.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ if TYPE_CHECKING:
 
     from probes.context import Context
     from probes.result import Result
-    from probes.spec import Cause
 
 
 def parse_host_keys(text: str) -> str:
@@ -101,6 +98,13 @@ MAX_HOST_KEY = 16 << 10  # bytes of one public host key file
 CACHE = "ssh-login.json"  # the last passing login, reused by readiness while younger than its TTL
 HOSTKEY_WORDS = (b"Host key verification failed", b"IDENTIFICATION HAS CHANGED", b"No matching host key",
                  b"no matching host key")
+# The client with nothing of the caller's SSH set-up: only the probe key, no agent, publickey only.
+OPTIONS = {"BatchMode": "yes", "IdentitiesOnly": "yes", "IdentityAgent": "none",
+           "PreferredAuthentications": "publickey", "PasswordAuthentication": "no",
+           "KbdInteractiveAuthentication": "no", "GlobalKnownHostsFile": "/dev/null",
+           "StrictHostKeyChecking": "yes", "HostKeyAlias": HOST_ALIAS, "UpdateHostKeys": "no",
+           "CheckHostIP": "no", "ControlMaster": "no", "ControlPath": "none", "ForwardAgent": "no",
+           "ForwardX11": "no", "ClearAllForwardings": "yes", "RequestTTY": "no", "LogLevel": "VERBOSE"}
 
 
 def key_problem(path: str) -> str | None:
@@ -113,9 +117,7 @@ def key_problem(path: str) -> str | None:
         return "is not a regular file"
     if st.st_uid != os.geteuid():
         return f"is owned by uid {st.st_uid}, not {os.geteuid()}"
-    if st.st_mode & 0o077:
-        return f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
+    return f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o})" if st.st_mode & 0o077 else None
 
 
 def known_hosts(host_keys: str | None) -> list[str]:
@@ -125,34 +127,18 @@ def known_hosts(host_keys: str | None) -> list[str]:
     else:
         import glob
 
-        for where in HOST_KEY_DIRS:
-            paths = sorted(glob.glob(os.path.join(where, "ssh_host_*_key.pub")))
-            if paths:
-                break
+        found = (sorted(glob.glob(f"{where}/ssh_host_*_key.pub")) for where in HOST_KEY_DIRS)
+        paths = next((p for p in found if p), [])
     lines = []
     for path in paths:
         try:
             raw, _ = read_regular(path, MAX_HOST_KEY, owners=(0, os.geteuid()))
-            words = raw.decode("ascii", "replace").split()
         except Refused:
             continue
+        words = raw.decode("ascii", "replace").split()
         if len(words) >= 2:
             lines.append(f"{HOST_ALIAS} {words[0]} {words[1]}")
     return lines
-
-
-def client_argv(s: SshLoginSettings, host: str, hosts_file: str, deadline_left: float) -> list[str]:
-    opts = {"BatchMode": "yes", "IdentitiesOnly": "yes", "IdentityAgent": "none",
-            "IdentityFile": str(s.ssh_probe_key),
-            "PreferredAuthentications": "publickey", "PasswordAuthentication": "no",
-            "KbdInteractiveAuthentication": "no", "UserKnownHostsFile": hosts_file,
-            "GlobalKnownHostsFile": "/dev/null", "StrictHostKeyChecking": "yes", "HostKeyAlias": HOST_ALIAS,
-            "UpdateHostKeys": "no", "CheckHostIP": "no", "ControlMaster": "no", "ControlPath": "none",
-            "ForwardAgent": "no", "ForwardX11": "no", "ClearAllForwardings": "yes", "RequestTTY": "no",
-            "ConnectTimeout": str(max(1, int(deadline_left))), "LogLevel": "VERBOSE"}
-    options = [arg for key, value in opts.items() for arg in ("-o", f"{key}={value}")]
-    return ["ssh", "-F", "/dev/null", "-n", *options, "-p", str(s.ssh_port), "-l", s.ssh_probe_user, "--",
-            host, "true"]
 
 
 def gather(ctx: Context) -> dict[str, Any]:
@@ -207,21 +193,16 @@ def login(ctx: Context, s: SshLoginSettings, lines: list[str]) -> dict[str, Any]
                 f.write("\n".join(lines) + "\n")
         except OSError:  # a full disk: not checked, which is not unhealthy
             return {"outcome": "could-not", "why": "the state dir is full"}
+        opts = {**OPTIONS, "IdentityFile": str(s.ssh_probe_key), "UserKnownHostsFile": hosts_file,
+                "ConnectTimeout": str(max(1, int(ctx.remaining())))}
+        argv = ["ssh", "-F", "/dev/null", "-n", *(a for k, v in opts.items() for a in ("-o", f"{k}={v}")),
+                "-p", str(s.ssh_port), "-l", s.ssh_probe_user, "--", ctx.config.host, "true"]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": scratch, "LC_ALL": "C"}
-        done = proc.run(client_argv(s, ctx.config.host, hosts_file, ctx.remaining()),
-                        deadline=ctx.deadline - deadlines.MARGIN, env=env, cwd=scratch, max_output=4096)
+        done = proc.run(argv, deadline=ctx.deadline - deadlines.MARGIN, env=env, cwd=scratch, max_output=4096)
     finally:
         drop_scratch(scratch)
     return {"returncode": done.returncode, "timed_out": done.timed_out, "spawn_error": done.spawn_error,
             "stderr": done.stderr, "elapsed": done.elapsed}
-
-
-def classify(stderr: bytes) -> Cause:
-    """The cause of a login that did not exit 0, from the client's messages."""
-    authenticated = b"Authenticated to " in stderr
-    if any(w in stderr for w in HOSTKEY_WORDS) and not authenticated:
-        return LOGIN_HOSTKEY
-    return LOGIN_AUTH_FAILED if b"Permission denied" in stderr and not authenticated else LOGIN_FAILED
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
@@ -239,7 +220,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                        f"({clean(data.get('why'), 200)})")
     if data["spawn_error"]:
         return verdict(NAME, LOGIN_NO_CLIENT, f"cannot run the ssh client ({clean(data['spawn_error'], 60)})")
-    where, user = data["where"], clean(data["user"], 32)
+    where, user, stderr = data["where"], clean(data["user"], 32), data["stderr"]
     if data["timed_out"]:
         return verdict(NAME, SSHD_STUCK, f"no SSH login as {user} at {where} before the deadline "
                        f"({data['elapsed']:.1f}s)")
@@ -249,17 +230,18 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return passed(NAME, f"logged in as {user} at {where} with the probe key in {elapsed:.2f}s{cached}",
                       observed=elapsed, unit="s")
     # The client's last error line, cleaned: a hint, never a secret (the key is never read).
-    lines = [ln for ln in data["stderr"].splitlines()
+    lines = [ln for ln in stderr.splitlines()
              if ln.strip() and not ln.startswith((b"debug", b"Authenticated"))]
     said = squeeze(lines[-1], 120) if lines else "no message"
-    found = classify(data["stderr"])
-    if found is LOGIN_HOSTKEY:
-        detail = f"the server at {where} offered a host key that is not the container's own ({said})"
-    elif found is LOGIN_AUTH_FAILED:
-        detail = f"sshd at {where} refused the probe key for {user} ({said})"
-    else:
-        detail = f"login as {user} at {where} did not run its command (exit {data['returncode']}: {said})"
-    return verdict(NAME, found, detail, observed=elapsed, unit="s")
+    authenticated = b"Authenticated to " in stderr
+    if any(w in stderr for w in HOSTKEY_WORDS) and not authenticated:
+        return verdict(NAME, LOGIN_HOSTKEY, f"the server at {where} offered a host key that is not the "
+                       f"container's own ({said})", observed=elapsed, unit="s")
+    if b"Permission denied" in stderr and not authenticated:
+        return verdict(NAME, LOGIN_AUTH_FAILED, f"sshd at {where} refused the probe key for {user} ({said})",
+                       observed=elapsed, unit="s")
+    return verdict(NAME, LOGIN_FAILED, f"login as {user} at {where} did not run its command "
+                   f"(exit {data['returncode']}: {said})", observed=elapsed, unit="s")
 
 
 def on_deadline(ctx: Context) -> Result:
