@@ -17,7 +17,12 @@ if TYPE_CHECKING:
 # In layer order: a layer's package declares its probes (``SPECS``), so reading them imports no
 # probe module (each is imported only to run: ``Spec.load``); a module of its own (a plug-in)
 # declares one (``SPEC``).
-MODULES = ("probes.hardware", "probes.framework", "probes.services")
+MODULES = ("probes.hardware", "probes.framework",
+           "probes.services.jupyter",
+           "probes.services.jupyter_kernel",
+           "probes.services.ssh",
+           "probes.services.ssh_keys",
+           "probes.services.ssh_login")
 
 
 def specs_of(name: str) -> tuple[Any, ...]:

@@ -2,21 +2,19 @@
 verified op on the torch-cuda probe's device, and is shut down.
 
 The path a notebook user takes, and its hard cases (nothing left behind, a kernel that dies while
-it starts, do no harm, cost): docs/probes.md, "The notebook path". The client is
-probes/services/_kernel.py; one kernel's run and removal, probes/services/kernel_run.py.
+it starts, do no harm, an idle server left idle, cost): docs/probes.md, "The notebook path". The
+client and one kernel's run and removal: probes/services/kernel_run.py.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
-from probes import deadlines, hardware, services, untrusted
-from probes.framework import deep
-from probes.result import Result, passed, verdict
-from probes.services import jupyter
-from probes.state import life_identity
+from probes import untrusted
+from probes.result import passed, verdict
+from probes.services.jupyter import JupyterSettings
+from probes.spec import NUMBER, TEXT, Declared, Spec, cause, setting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,33 +22,109 @@ if TYPE_CHECKING:
 
     from probes.config import Config
     from probes.context import Context
-    from probes.services._kernel import Server
+    from probes.result import Result
+    from probes.services.kernel_run import Server
 
-SPEC = services.KERNEL_SPEC
+
+class KernelSettings(Declared):
+    jupyter_kernel_name: str | None = setting("HEALTHCHECK_JUPYTER_KERNEL_NAME", TEXT, None,
+                                              "the kernelspec jupyter-kernel starts",
+                                              shown_default="the server's default kernelspec")
+    jupyter_kernel_ttl: float = setting("HEALTHCHECK_JUPYTER_KERNEL_TTL", NUMBER, 600.0,
+                                        "seconds a passing jupyter-kernel result is reused by readiness "
+                                        "while the server is in use (an idle server's last result stands "
+                                        "until it is used)",
+                                        low=0, high=86400, low_inclusive=True)
+
+
+# The kernel, its kernelspec and its environment are the tenant's (their image, their ~/.local).
+KERNEL_API_ERROR = cause(
+    "api-error", "the kernel API did not answer `GET {base_url}api/kernelspecs` "
+    "(401/403: no trusted runtime file gave the token, or the token file's was withheld from a "
+    "listener of another uid; or the server is unreachable)",
+    "point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime directory, "
+    "or `HEALTHCHECK_JUPYTER_TOKEN_FILE` at its token; on HTTP 5xx see Jupyter Server's log",
+    action="fix-config", actor="tenant")
+KERNELSPEC_MISSING = cause(
+    "kernelspec-missing", "the named (or default) kernelspec is not among the server's; "
+    "the message lists those that are",
+    "set `HEALTHCHECK_JUPYTER_KERNEL_NAME` to one of them, "
+    "or install the kernel (`python -m ipykernel install`)",
+    action="fix-config", actor="tenant")
+KERNEL_START_FAILED = cause(
+    "kernel-start-failed", "the server refused to start the kernel "
+    "(its reason, cleaned and bounded: for example an interpreter that is gone)",
+    "fix the kernelspec's `argv` (`jupyter kernelspec list`) or reinstall the kernel; see the server's log",
+    action="fix-config", actor="tenant")
+KERNEL_DIED = cause(
+    "kernel-died", "the kernel process exited during start-up (or the server said it died); "
+    "the message gives the line of its output that names the cause (the module or file that failed "
+    "to import), read by running the kernelspec again as the server's uid, or says why it was not read",
+    "remove or fix what breaks it (often a package under `~/.local`: `pip list --user`)",
+    action="fix-config", actor="tenant")
+KERNEL_TIMEOUT = cause(
+    "kernel-timeout", "no verified reply within the kernel's share of the deadline; the kernel is removed "
+    "(by the next run when the server had not yet answered its start)",
+    "the kernel hangs or the machine is overloaded; raise `HEALTHCHECK_TIMEOUT` if the image is slow",
+    action="retry", actor="tenant")
+KERNEL_NO_TORCH = cause(
+    "kernel-no-torch", "the kernel's interpreter cannot import torch",
+    "install torch in the kernel's environment or point the kernelspec at the image's Python",
+    action="fix-config", actor="tenant")
+KERNEL_NO_GPU = cause(
+    "kernel-no-gpu", "the kernel's torch sees no CUDA device "
+    "(a CPU-only torch in the kernel's environment, or `CUDA_VISIBLE_DEVICES` emptied)",
+    "install a CUDA build of torch in the kernel's environment, or use the image's kernel; "
+    "`HEALTHCHECK_TORCH_DEVICE=cpu` on CPU-only images", action="fix-config", actor="tenant")
+KERNEL_OP_FAILED = cause("kernel-op-failed", "the op raised in the kernel (a CUDA error, out of memory)",
+                         "see the error it names; check the torch-cuda probe", action="retry", actor="tenant")
+# A wrong matmul is the GPU's: only the node's operator can drain the node and test it.
+KERNEL_WRONG_RESULT = cause("kernel-wrong-result", "the cell's answer is not the verified result "
+                            "(a wrong matmul, no result line, an error)",
+                            "silent data corruption; drain the node and run `dcgmi diag`",
+                            action="service-hardware", actor="operator")
+KERNEL_WORKLOAD_MEMORY = cause("workload-memory", "NVML says the workload holds a GPU's memory: "
+                               "torch imported and the GPU seen, no op run", "not a fault: nothing to do",
+                               "warn", action="none", actor="tenant")
+KERNEL_CLIENT_MISSING = cause(
+    "client-missing", "websocket-client is not installed beside the suite: no kernel was started",
+    "install the suite with its `jupyter` extra (`pip install gpu-healthcheck[jupyter]`)", "warn",
+    action="fix-config", actor="tenant")
+KERNEL_LEFT = cause(
+    "kernel-left", "the kernel could not be removed (its processes could not be ended)",
+    "end them by hand (`jupyter` server log, `ps`); the suite may not signal the server's user",
+    action="restart-app", actor="tenant")
+
+SPEC = Spec(
+    "jupyter-kernel", layer="services", module=__name__,
+    toggle="ENABLE_JUPYTER_KERNEL_CHECK", follows="ENABLE_JUPYTER_CHECK", timeout=40.0,
+    profiles=("startup", "readiness"), requires=("jupyter",), measurement="startTime",
+    about="through Jupyter Server, a kernel of the default kernelspec starts, imports torch and runs a "
+          "verified op on `HEALTHCHECK_TORCH_DEVICE`, and is shut down", settings=KernelSettings.SETTINGS,
+    causes=(KERNEL_API_ERROR, KERNELSPEC_MISSING, KERNEL_START_FAILED, KERNEL_DIED, KERNEL_TIMEOUT,
+            KERNEL_NO_TORCH, KERNEL_NO_GPU, KERNEL_OP_FAILED, KERNEL_WRONG_RESULT, KERNEL_WORKLOAD_MEMORY,
+            KERNEL_CLIENT_MISSING, KERNEL_LEFT),
+)
 NAME = SPEC.name
 UNIT = "s"
-
-
-def requirements(config: Config) -> tuple[str, ...]:
-    """The server must answer; on the GPU, the image's own torch must work there first."""
-    return (*SPEC.requires, "torch-cuda") if config.of(deep.Torch).torch_device == "cuda" else SPEC.requires
-
-
 CACHE = "jupyter-kernel.json"
 CLEANUP = 3.0  # seconds kept from the kernel's share for its removal (DELETE, then ending it)
+MAX_NAMES = 32  # kernelspecs kept from a listing
 SLACK = 1.0  # seconds of the server's activity after our status read that are our kernel's last messages
 PREFIX = "HEALTHCHECK-KERNEL-RESULT "
+INF = float("inf")
 TOLERANCE = 1e-4  # float32 against float64 at 256x256 differs by ~1e-6 of the largest value
 # The cell: a function, so that it leaves one name (deleted) in a kernel that is deleted anyway.
 CELL = '''def _healthcheck(device, gentle):
-    import time
     out = {"torch": None, "cuda": None, "available": None, "count": None, "op": None, "error": None}
+    def failed(phase, exc):
+        out["error"] = {"phase": phase, "type": type(exc).__name__, "module": getattr(exc, "name", None),
+                        "text": (str(exc).splitlines() or [""])[0][:200]}
+        return out
     try:
         import torch
     except BaseException as exc:
-        out["error"] = {"phase": "import", "type": type(exc).__name__, "module": getattr(exc, "name", None),
-                        "text": (str(exc).splitlines() or [""])[0][:200]}
-        return out
+        return failed("import", exc)
     out["torch"], out["cuda"] = str(torch.__version__), torch.version.cuda
     if device == "cuda":
         out["available"], out["count"] = bool(torch.cuda.is_available()), int(torch.cuda.device_count())
@@ -61,32 +135,39 @@ CELL = '''def _healthcheck(device, gentle):
         dev, g = torch.device(device), torch.Generator().manual_seed(1234)
         a = torch.randn(256, 256, generator=g, dtype=torch.float32)
         b = torch.randn(256, 256, generator=g, dtype=torch.float32)
-        t0 = time.perf_counter()
         got = torch.matmul(a.to(dev), b.to(dev))
         if device == "cuda":
             torch.cuda.synchronize()
         ref = torch.matmul(a.double(), b.double())
         out["op"] = {"max_err": float((got.double().cpu() - ref).abs().max().item()),
-                     "scale": float(ref.abs().max().item()), "ms": (time.perf_counter() - t0) * 1000}
+                     "scale": float(ref.abs().max().item())}
     except BaseException as exc:
-        out["error"] = {"phase": "op", "type": type(exc).__name__, "module": None,
-                        "text": (str(exc).splitlines() or [""])[0][:200]}
+        return failed("op", exc)
     return out
 print(%r + __import__("json").dumps(_healthcheck(%r, %r)))
 del _healthcheck
 '''
 
 
-# ---------------------------------------------------------------- gather
+def _torch(config: Config) -> Any:
+    from probes.framework import deep
+
+    return config.of(deep.Torch)
+
+
+def requirements(config: Config) -> tuple[str, ...]:
+    """The server must answer; on the GPU, the image's own torch must work there first."""
+    return (*SPEC.requires, "torch-cuda") if _torch(config).torch_device == "cuda" else SPEC.requires
+
 
 def server(ctx: Context) -> tuple[Server, str | None, str]:
-    """The server, found as the jupyter probe finds it; the runtime file that said so; and why the
-    token file's token was withheld ("" when it was not, or there is none). ``Server.uid`` owns the
-    socket listening on the port (None: none, or several uids); the token goes only with a
-    listener of its owner (the trusted runtime file's, or the token file's)."""
-    from probes.services._kernel import Server
+    """The server as the jupyter probe finds it, with the token only for a listener of the token's
+    owner and ``uid`` the listening socket's owner when one alone listens; the runtime file that
+    said so; why the token file's token was withheld ("" when it was not)."""
+    from probes.services import jupyter, net
+    from probes.services.kernel_run import Server
 
-    own = ctx.config.of(services.JupyterSettings)
+    own = ctx.config.of(JupyterSettings)
     found, _ = jupyter.find_runtime_file(ctx.config, secret=True)
     if found is not None:  # trusted: its owner alone listens on its port
         where = (found["host"], found["port"], found["base_url"], found["secure"])
@@ -95,286 +176,217 @@ def server(ctx: Context) -> tuple[Server, str | None, str]:
             return Server(*where, found["token"], pid, found["owner"]), source, ""
     else:
         where = (ctx.config.host, own.jupyter_port, own.jupyter_base_url, bool(own.jupyter_tls))
-        pid, held, source = None, jupyter.listeners().get(own.jupyter_port, set()), None
-    uid = next(iter(held)) if len(held) == 1 else None
+        pid, held, source = None, net.listeners().get(own.jupyter_port, set()), None
     token, owner = jupyter.token_file(own.jupyter_token_file)
     withheld = jupyter.held_by(where[1], held, owner, "the token file") if token and owner is not None else ""
+    uid = next(iter(held)) if len(held) == 1 else None
     return Server(*where, "" if withheld else token, pid, uid), source, withheld
-
-
-def _key(ctx: Context, srv: Server) -> dict[str, Any]:
-    return {"kernel": ctx.config.of(services.KernelSettings).jupyter_kernel_name,
-            "device": ctx.config.of(deep.Torch).torch_device, "server": [srv.host, srv.port, srv.base_url],
-            "identity": life_identity()}
 
 
 def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
            status: tuple[int, float] | None) -> dict[str, Any] | None:
-    """A cached result for the same key, judged again (a damaged entry is a miss): whatever it
-    was while the server has stayed idle since (``status``: its kernels and last activity, which
-    must be no later than the one read right after that run), else a pass (or do-no-harm
-    warning) younger than ``ttl``; None when the kernel path must be checked."""
+    """A cached result for the same key, judged again: whatever it was while the server has stayed
+    idle since (``status``: its kernels and last activity), else a pass or warning younger than ``ttl``."""
     if not isinstance(entry, dict) or entry.get("key") != key:
         return None
     data, finished = entry.get("data"), _number(entry.get("finished"))
     if not isinstance(data, dict) or finished is None:
         return None
-    age = time.time() - finished
-    after = _number(data.get("after"))
+    age, after = time.time() - finished, _number(data.get("after"))
     idle = status is not None and after is not None and status[0] == 0 and status[1] <= after + SLACK
     if not idle and (entry.get("status") not in ("pass", "warn") or not 0 <= age < ttl):
         return None
     try:
-        result = _judge(data, None)
+        if _judge(data, None).status.value != entry.get("status"):
+            return None
     except Exception:
-        return None
-    if result.status.value != entry.get("status"):
         return None
     return {**data, "cache": {"how": "idle" if idle else "ttl", "age": round(max(age, 0.0), 1)}}
 
 
-def activity(srv: Server, deadline: float) -> tuple[int, float] | None:
-    """The server's ``GET api/status``: how many kernels it runs and when it was last active
-    (seconds since the epoch), or None."""
-    from datetime import datetime
-
-    from probes.services import _kernel
-
-    got = _kernel.rest(srv, "GET", "api/status", deadline)
-    doc = got.get("doc")
-    if got["outcome"] != "response" or got.get("status") != 200 or not isinstance(doc, dict):
-        return None
-    kernels, when = _number(doc.get("kernels")), doc.get("last_activity")
-    if kernels is None or not isinstance(when, str) or len(when) > 40:
-        return None
-    try:  # "2026-11-28T04:35:48.404000Z"; before Python 3.11 fromisoformat takes no "Z"
-        stamp = datetime.fromisoformat(when.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (int(kernels), stamp.timestamp()) if stamp.tzinfo is not None else None
-
-
 def gather(ctx: Context) -> dict[str, Any]:
+    from probes import deadlines
+    from probes.framework import deep
     from probes.services import kernel_run
+    from probes.state import life_identity
 
     srv, source, withheld = server(ctx)
     end = ctx.deadline - deadlines.MARGIN
     kernel_run.reap(ctx.state, srv, time.monotonic() + min(CLEANUP, max(0.0, end - time.monotonic()) / 4))
     if not ctx.state.enabled:
         return {**check(ctx, srv), "source": source, "withheld": withheld, "cache": {"how": "off"}}
-    key = _key(ctx, srv)
-    ttl = ctx.config.of(services.KernelSettings).jupyter_kernel_ttl
+    own = ctx.config.of(KernelSettings)
+    key = {"kernel": own.jupyter_kernel_name, "device": _torch(ctx.config).torch_device,
+           "server": [srv.host, srv.port, srv.base_url], "identity": life_identity()}
     # Readiness leaves an idle server idle: its kernel path is checked again once it is used.
     reuses = ctx.config.profile_rules.reuses_cache
-    status = activity(srv, min(end, time.monotonic() + 2.0)) if reuses else None
+    status = kernel_run.activity(srv, min(end, time.monotonic() + 2.0)) if reuses else None
 
     def run() -> dict[str, Any]:
         data = {**check(ctx, srv), "source": source, "withheld": withheld}
-        after = activity(srv, min(end, time.monotonic() + 1.0))  # ours is gone: later activity is another's
-        data["after"] = after[1] if after is not None else None
-        return data
+        after = kernel_run.activity(srv, min(end, time.monotonic() + 1.0))  # later activity is another's
+        return {**data, "after": after[1] if after is not None else None}
 
-    return deep.locked_run(ctx, CACHE, key, lambda entry: _reuse(entry, key, ttl, status), run, judge,
-                           early=True)
-
-
-def _gentle(ctx: Context) -> dict[str, Any] | None:
-    """The room survey's facts when the workload holds a GPU's memory (then no op runs), else None."""
-    from probes.framework import free_memory
-
-    own = ctx.config.of(deep.Torch)
-    if own.torch_device != "cuda":
-        return None
-    space = free_memory.survey(own.torch_min_free_mib, os.environ)
-    return space.facts() if space.full else None
+    return deep.locked_run(ctx, CACHE, key, lambda entry: _reuse(entry, key, own.jupyter_kernel_ttl, status),
+                           run, judge, early=True)
 
 
 def check(ctx: Context, srv: Server) -> dict[str, Any]:
     """The costly run: kernelspecs, a kernel, its cell, its removal."""
-    from probes.services import _kernel, _net, kernel_run
+    from probes import deadlines
+    from probes.framework import free_memory
+    from probes.services import kernel_run
+    from probes.services.common import host_header
 
     end = ctx.deadline - deadlines.MARGIN
     share = end - min(CLEANUP, max(0.0, end - time.monotonic()) / 4)
-    device = ctx.config.of(deep.Torch).torch_device
-    data: dict[str, Any] = {"kind": "kernel", "lingered": False, "device": device,
-                            "where": _net.host_header(srv.host, srv.port),
+    torch = _torch(ctx.config)
+    data: dict[str, Any] = {"kind": "kernel", "lingered": False, "device": torch.torch_device,
+                            "where": host_header(srv.host, srv.port),
                             "budget": round(max(0.0, share - time.monotonic()), 2)}
-    specs = _kernel.rest(srv, "GET", "api/kernelspecs", share)
-    listing = kernel_run.kernelspecs(specs)
-    if listing is None:
-        return {**data, "outcome": "api", "http": specs.get("status"), "net": specs["outcome"],
+    got = kernel_run.rest(srv, "GET", "api/kernelspecs", share)
+    doc = got.get("doc") if got.get("status") == 200 else None
+    if not isinstance(doc, dict) or not isinstance(doc.get("kernelspecs"), dict):
+        return {**data, "outcome": "api", "http": got.get("status"), "net": got["outcome"],
                 "finished": time.time()}
-    names, default, specs_by_name = listing
-    name = ctx.config.of(services.KernelSettings).jupyter_kernel_name or default
-    data["kernel"] = name
-    if name not in specs_by_name:
+    specs = {name: kernel_run.command(entry) for name, entry in list(doc["kernelspecs"].items())[:MAX_NAMES]}
+    default = str(doc["default"]) if isinstance(doc.get("default"), str) else ""
+    data["kernel"] = name = ctx.config.of(KernelSettings).jupyter_kernel_name or default
+    if name not in specs:
+        names = sorted(untrusted.clean(n, 40) for n in specs)
         return {**data, "outcome": "kernelspec-missing", "names": names, "finished": time.time()}
     try:
         import websocket  # noqa: F401  (the channels' client: the jupyter extra)
     except ImportError:
         return {**data, "outcome": "no-client", "finished": time.time()}
-    gentle = _gentle(ctx)
-    data["room"] = gentle
-    code = CELL % (PREFIX, device, gentle is not None)
-    data.update(kernel_run.run(ctx, srv, name, specs_by_name[name], code, share, end))
-    data["finished"] = time.time()
-    return data
+    # Do no harm: where the workload holds a GPU's memory, the cell only looks (no op, no context).
+    space = free_memory.survey(torch.torch_min_free_mib, os.environ) if torch.torch_device == "cuda" else None
+    data["room"] = space.facts() if space is not None and space.full else None
+    code = CELL % (PREFIX, torch.torch_device, data["room"] is not None)
+    return {**data, **kernel_run.run(ctx, srv, name, specs[name], code, share, end), "finished": time.time()}
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(NAME, services.KERNEL_TIMEOUT, "no result within the deadline (the kernel the "
-                   "probe started is removed when the suite exits, or by the next run)", unit=UNIT)
+    return verdict(NAME, KERNEL_TIMEOUT, "no result within the deadline (the kernel the probe started is "
+                   "removed when the suite exits, or by the next run)", unit=UNIT)
 
-
-def end_all() -> None:
-    """Remove every kernel a run of this process started and has not removed yet (SIGTERM, exit)."""
-    from probes.services import kernel_run
-
-    kernel_run.end_all()
-
-
-# ---------------------------------------------------------------- judge
 
 def judge(data: dict[str, Any], ctx: Context | None) -> Result:
-    kind = data.get("kind")
-    if kind == "lock-timeout":
+    if data.get("kind") == "lock-timeout":
+        from probes.framework import deep
+
         return deep.lock_timeout(NAME, data, unit=UNIT)
     result = _judge(data, ctx)
-    cache = data.get("cache") or {}
-    if cache.get("how") == "ttl":
-        result = result._replace(message=f"{result.message} (cached, {cache.get('age', 0):.0f}s old)")
-    elif cache.get("how") == "idle":
-        result = result._replace(message=f"{result.message} (the result of {cache.get('age', 0):.0f}s ago: "
-                                 "the server has been idle since)")
-    if data.get("lingered") and result.reason != "kernel-left":
+    how, age = (data.get("cache") or {}).get("how"), (data.get("cache") or {}).get("age", 0)
+    if how == "ttl":
+        result = result._replace(message=f"{result.message} (cached, {age:.0f}s old)")
+    elif how == "idle":
+        result = result._replace(message=f"{result.message} (the result of {age:.0f}s ago: the server has "
+                                 "been idle since)")
+    if data.get("lingered") and result.reason != KERNEL_LEFT.reason:
         left = data.get("cleanup", {}).get("left")
-        return verdict(NAME, services.KERNEL_LEFT, f"{result.message}; and the kernel could not be removed "
-                       f"({left} process(es) left)", unit=UNIT, facts=result.facts)
+        return verdict(NAME, KERNEL_LEFT, f"{result.message}; and the kernel could not be removed ({left} "
+                       "process(es) left)", unit=UNIT, facts=result.facts)
     return result
-
-
-def _fields(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    name = untrusted.clean(data.get("kernel") or "?", 40)
-    facts = {"kernel": name, "device": data.get("device"), "runtime_file": data.get("source"),
-             "cache": data.get("cache"), "cleanup": data.get("cleanup")}
-    return f"kernel {name!r}", facts
 
 
 def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
     """The verdict on a run's data (a cached one's too): gather's outcome names the row."""
-    what, facts = _fields(data)
+    clean = untrusted.clean
+    name, outcome, status = clean(data.get("kernel") or "?", 40), data.get("outcome"), data.get("http")
+    what, where = f"kernel {name!r}", clean(data.get("where") or "?", 80)
+    facts = {"kernel": name, "device": data.get("device"), "runtime_file": data.get("source"),
+             "cache": data.get("cache"), "cleanup": data.get("cleanup")}
     kw: dict[str, Any] = {"unit": UNIT, "facts": facts}
-    outcome = data.get("outcome")
-    where = untrusted.clean(data.get("where") or "?", 80)
     if outcome == "api":
-        status = data.get("http")
-        failing = isinstance(status, int) and status >= 500
         why = (f"HTTP {status}: no trusted runtime file gave the server's token" if status in (401, 403)
-               else f"HTTP {status}: the server failed; "
-                    "a read-only home or /tmp keeps it from listing kernels" if failing
-               else f"HTTP {status}" if status else f"{untrusted.clean(data.get('net'), 30)}")
+               else f"HTTP {status}: the server failed; a read-only home or /tmp keeps it from listing "
+                    "kernels" if isinstance(status, int) and status >= 500
+               else f"HTTP {status}" if status else clean(data.get("net"), 30))
         if data.get("withheld"):
-            why += f"; the token file's token was not sent: {untrusted.clean(data['withheld'], 160)}"
-        return verdict(NAME, services.KERNEL_API_ERROR, f"the kernel API at {where} did not list "
-                       f"kernelspecs ({why})", **kw)
+            why += f"; the token file's token was not sent: {clean(data['withheld'], 160)}"
+        return verdict(NAME, KERNEL_API_ERROR, f"the kernel API at {where} did not list kernelspecs ({why})",
+                       **kw)
     if outcome == "no-client":
-        return verdict(NAME, services.KERNEL_CLIENT_MISSING, "not checked: websocket-client, which speaks to "
-                       "a kernel's channels, is not installed beside the suite", **kw)
+        return verdict(NAME, KERNEL_CLIENT_MISSING, "not checked: websocket-client, which speaks to a "
+                       "kernel's channels, is not installed beside the suite", **kw)
     if outcome == "kernelspec-missing":
-        names = [untrusted.clean(n, 40) for n in data.get("names") or []]
+        names = [clean(n, 40) for n in data.get("names") or []]
         have = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "") or "none"
-        return verdict(NAME, services.KERNELSPEC_MISSING, f"no kernelspec {what[7:]} on the server "
-                       f"(it has: {have})", **kw)
+        return verdict(NAME, KERNELSPEC_MISSING, f"no kernelspec {name!r} on the server (it has: {have})",
+                       **kw)
     if outcome == "start-failed":
-        why = untrusted.clean(data.get("why"), 200)
-        if data.get("interpreter"):
-            why += f" ({untrusted.clean(data['interpreter'], 160)})"
-        return verdict(NAME, services.KERNEL_START_FAILED, f"the server could not start {what}: {why}", **kw)
+        why = clean(data.get("why"), 200) + (f" ({clean(data['interpreter'], 160)})"
+                                             if data.get("interpreter") else "")
+        return verdict(NAME, KERNEL_START_FAILED, f"the server could not start {what}: {why}", **kw)
     if outcome == "died":
-        said, unread = data.get("said"), untrusted.clean(data.get("unread") or "", 80)
-        shown = f": {untrusted.clean(said, 200)}" if said else \
-            f"; the cause was not read ({unread}; the server's log has it)" if unread else \
-            " (the server's log has its output)"
-        return verdict(NAME, services.KERNEL_DIED, f"{what} died during start-up{shown}", **kw)
+        said, unread = data.get("said"), clean(data.get("unread") or "", 80)
+        shown = (f": {clean(said, 200)}" if said
+                 else f"; the cause was not read ({unread}; the server's log has it)" if unread
+                 else " (the server's log has its output)")
+        return verdict(NAME, KERNEL_DIED, f"{what} died during start-up{shown}", **kw)
     if outcome == "channels-failed":
-        why = untrusted.clean(data.get("why"), 80)
-        denied = why.endswith(("HTTP 401", "HTTP 403"))
-        found = services.KERNEL_API_ERROR if denied else services.KERNEL_START_FAILED
+        why = clean(data.get("why"), 80)
+        found = KERNEL_API_ERROR if why.endswith(("HTTP 401", "HTTP 403")) else KERNEL_START_FAILED
         return verdict(NAME, found, f"{what} started but {why}", **kw)
     if outcome == "timeout":
-        stage = {"start": "to start", "connect": "to answer", "execute": "to run the cell"}.get(
-            str(data.get("stage")), "to answer")
-        budget = float(data.get("budget") or 0)
+        stage = {"start": "to start", "execute": "to run the cell"}.get(str(data.get("stage")), "to answer")
         cleanup = data.get("cleanup") or {}
-        fate = "it was removed" if cleanup.get("deleted") else "the next run removes it" \
-            if cleanup.get("recorded") else "it may not be removed (no state dir records it)"
-        return verdict(NAME, services.KERNEL_TIMEOUT, f"{what} gave no verified reply within {budget:.1f}s: "
-                       f"it took too long {stage}; {fate}", **kw)
+        fate = ("it was removed" if cleanup.get("deleted") else "the next run removes it"
+                if cleanup.get("recorded") else "it may not be removed (no state dir records it)")
+        return verdict(NAME, KERNEL_TIMEOUT, f"{what} gave no verified reply within "
+                       f"{float(data.get('budget') or 0):.1f}s: it took too long {stage}; {fate}", **kw)
     return _judge_reply(data, what, kw, ctx)
 
 
-def _report(stdout: str) -> dict[str, Any] | None:
-    """The cell's result line, read strictly (untrusted), or None."""
-    lines = [ln for ln in stdout.splitlines() if ln.startswith(PREFIX)]
-    if len(lines) != 1:
-        return None
-    try:
-        doc = untrusted.load_json(lines[0][len(PREFIX):].encode())
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def _number(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
+    """A finite number, or None (NaN fails every comparison)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and -INF < float(value) < INF
     return float(value) if ok else None
 
 
 def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Context | None) -> Result:
-    report = _report(str(data.get("stdout") or ""))
-    if report is None:
-        err = data.get("error") or {}
-        shown = f" ({untrusted.clean(err.get('ename'), 60)}: {untrusted.clean(err.get('evalue'), 120)})" \
-            if err else ""
+    clean = untrusted.clean
+    lines = [ln for ln in str(data.get("stdout") or "").splitlines() if ln.startswith(PREFIX)]
+    try:  # the cell's one result line, read strictly (untrusted)
+        report = untrusted.load_json(lines[0][len(PREFIX):].encode()) if len(lines) == 1 else None
+    except ValueError:
+        report = None
+    if not isinstance(report, dict):
+        err = data.get("error")
+        shown = f" ({clean(err.get('ename'), 60)}: {clean(err.get('evalue'), 120)})" if err else ""
         # Not a wrong matmul: the remedy for silent data corruption would mislead.
-        return verdict(NAME, services.KERNEL_WRONG_RESULT, f"{what} ran the cell but gave no "
-                       f"result line{shown}", remedy=False, **kw)
-    version = untrusted.clean(report.get("torch") or "?", 40)
-    kw["facts"]["torch"] = version
-    err = report.get("error") if isinstance(report.get("error"), dict) else None
+        return verdict(NAME, KERNEL_WRONG_RESULT, f"{what} ran the cell but gave no result line{shown}",
+                       remedy=False, **kw)
+    version = kw["facts"]["torch"] = clean(report.get("torch") or "?", 40)
+    err = report["error"] if isinstance(report.get("error"), dict) else None
     if err is not None and err.get("phase") == "import":
-        module = untrusted.clean(err.get("module") or "", 60)
-        detail = (f"no module {module!r}" if module else
-                  f"{untrusted.clean(err.get('type'), 40)}: {untrusted.clean(err.get('text'), 120)}")
-        return verdict(NAME, services.KERNEL_NO_TORCH, f"{what} cannot import torch ({detail})", **kw)
+        module = clean(err.get("module") or "", 60)
+        raised = f"{clean(err.get('type'), 40)}: {clean(err.get('text'), 120)}"
+        return verdict(NAME, KERNEL_NO_TORCH, f"{what} cannot import torch "
+                       f"({f'no module {module!r}' if module else raised})", **kw)
     sees = report.get("available") is True and (_number(report.get("count")) or 0) > 0
     if data.get("device") == "cuda" and not sees:
+        from probes import hardware
+
+        seen = hardware.seen(ctx.results) if ctx is not None else None
+        count = f" while NVML sees {seen.count} GPU(s)" if seen is not None and seen.ok and seen.count else ""
         build = " (a CPU-only build)" if report.get("cuda") is None else ""
-        return verdict(NAME, services.KERNEL_NO_GPU, f"{what}'s torch {version}{build} sees no CUDA "
-                       f"device{_gpu_layer(ctx)}", **kw)
+        return verdict(NAME, KERNEL_NO_GPU, f"{what}'s torch {version}{build} sees no CUDA device{count}",
+                       **kw)
     if err is not None:
-        raised = f"{untrusted.clean(err.get('type'), 40)}: {untrusted.clean(err.get('text'), 120)}"
-        return verdict(NAME, services.KERNEL_OP_FAILED, f"the op failed in {what} ({raised})", **kw)
+        raised = f"{clean(err.get('type'), 40)}: {clean(err.get('text'), 120)}"
+        return verdict(NAME, KERNEL_OP_FAILED, f"the op failed in {what} ({raised})", **kw)
     observed = _number(data.get("observed"))
     if data.get("room") is not None:
-        count = report.get("count")
-        return verdict(NAME, services.KERNEL_WORKLOAD_MEMORY, f"{what} started in {observed or 0:.1f}s, "
-                       f"imports torch {version} and sees {count} GPU(s); the op was not run: "
+        return verdict(NAME, KERNEL_WORKLOAD_MEMORY, f"{what} started in {observed or 0:.1f}s, imports torch "
+                       f"{version} and sees {report.get('count')} GPU(s); the op was not run: "
                        "the workload holds a GPU's memory", observed=observed, **kw)
-    op = report.get("op")
-    op = op if isinstance(op, dict) else {}
+    op = report["op"] if isinstance(report.get("op"), dict) else {}
     err_max, scale = _number(op.get("max_err")), _number(op.get("scale"))
     if err_max is None or scale is None or scale <= 0 or err_max / scale > TOLERANCE:
         shown = f"{err_max / scale:.1e}" if err_max is not None and scale else "not a number"
-        return verdict(NAME, services.KERNEL_WRONG_RESULT, f"wrong result in {what}: the matmul differs from "
-                       f"the CPU reference by {shown} (tolerance {TOLERANCE:.0e})", **kw)
-    device = untrusted.clean(data.get("device"), 8)
-    return passed(NAME, f"{what} started and ran a verified matmul on {device} in {observed or 0:.1f}s "
-                  f"(torch {version})", observed=observed, **kw)
-
-
-def _gpu_layer(ctx: Context | None) -> str:
-    """", while NVML sees 2 GPU(s)" when the GPU layer saw some in this run."""
-    seen = hardware.seen(ctx.results) if ctx is not None else None
-    count = seen.count if seen is not None and seen.ok else None
-    return f" while NVML sees {count} GPU(s)" if count else ""
+        return verdict(NAME, KERNEL_WRONG_RESULT, f"wrong result in {what}: the matmul differs from the CPU "
+                       f"reference by {shown} (tolerance {TOLERANCE:.0e})", **kw)
+    return passed(NAME, f"{what} started and ran a verified matmul on {clean(data.get('device'), 8)} in "
+                  f"{observed or 0:.1f}s (torch {version})", observed=observed, **kw)

@@ -1,73 +1,273 @@
-"""jupyter-kernel's run of one kernel: start it, run the cell while its processes and its server's
-word are watched, read why it died, and remove it on every path (docs/probes.md, "The notebook
-path", says why).
-
-A kernel is recorded in the state dir before it is asked for (``kernel-<id>.json``: its server,
-the time, and the run that asked, by pid and start time); the record goes once the server confirms
-the kernel is gone. Each run first removes the kernels of recorded runs that were killed (``reap``).
+"""jupyter-kernel's client and one kernel's run: the REST API, the cell over the kernel's channels
+(Jupyter messaging protocol v5) while its processes and its server's word are watched, why it died,
+and its removal on every path (docs/probes.md, "The notebook path", says why). A kernel is recorded
+in the state dir before it is asked for (``kernel-<id>.json``: its server, the time, the run by pid
+and start time) until the server confirms it gone; each run first removes what killed runs left.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import time
 
 from probes import pidstat, untrusted
 from probes.context import logger
-from probes.services import _kernel
+from probes.services import jupyter, net
+from probes.services.common import host_header
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from typing import Any
 
     from probes.context import Context
-    from probes.services._kernel import Server
     from probes.state import State
 
+PATH_CHARS = jupyter.PATH_CHARS - {"%"}
+UNTRACKED = "no_track_activity=1"  # Jupyter Server leaves its last_activity alone for such a request
 KERNEL_ID = re.compile(r"[0-9A-Za-z-]{1,64}")
-MAX_NAMES = 32  # kernelspecs kept from a listing
-MAX_ARGV = 64
-MAX_RECORDS = 64  # records of kernels looked at by one run
+MAX_ARGV, MAX_RECORDS = 64, 64  # argv words kept of a kernelspec, records of kernels looked at by a run
+MAX_OUTPUT = 64 * 1024  # characters of the cell's stdout kept
+MAX_FRAME = 1024 * 1024  # a message larger than this is not ours to read
 RECORD = "kernel-"  # the record of a kernel asked for: kernel-<id>.json in the state dir
+POLL = 0.02  # seconds between looks at the kernel's processes: one that fails an import dies at once
+ASK_EVERY = 1.0  # seconds between asking the server about a starting kernel
+TERM_GRACE = 0.5  # seconds a kernel gets to exit on SIGTERM before it is killed
 DELETE_WAIT = 2.0  # seconds the server gets to shut the kernel down before its processes are ended
 SETTLE = 1.0  # seconds a kernel the server has shut down gets for its process to be gone
 STOP_WAIT = 0.4  # the same, on SIGTERM: the front door kills the suite a second after it
-ASK_EVERY = 1.0  # seconds between asking the server about a starting kernel
 STALE = 300.0  # seconds after which a kernel never answered and not listed by the server is forgotten
 REPLAY = 5.0  # seconds the kernelspec's command gets when run again to read why it died
 # The command run again: the connection file is opened as the kernel's user in the scratch dir (its
 # working directory until then: root's state dir above is closed to that user) and handed on as
 # descriptor 3; the kernel then runs in $0, the user's home, where the server starts its kernels.
 LAUNCH = 'exec 3<kernel.json || exit 126; cd -- "$0" 2>/dev/null || cd /; exec "$@"'
+# An exception line: "ModuleNotFoundError: No module named 'x'" (a warning only when nothing else).
+RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit)\b:?")
+WARNED = re.compile(r"[A-Za-z_][\w.]*Warning\b:?")
+FRAME = re.compile(r'File "([^"]+)", line \d+')
+# Words Python adds that name nothing: dropped before a long line is cut, so its names stay.
+FILLER = re.compile(r" \(most likely due to a circular import\)"
+                    r"|(?<=') (?:if|since) it has the same name as [^)]*")
 # Kernels asked for by this process and not yet removed: kernel id -> (server, state dir, record,
 # processes seen: pid -> start), end_all's list.
 _live: dict[str, tuple[Server, State, dict[str, Any], dict[int, int]]] = {}
 _stopping: list[bool] = []
 
 
-def kernelspecs(got: dict[str, Any]) -> tuple[list[str], str, dict[str, dict[str, Any]]] | None:
-    """(names, default, name -> {argv, env}) of a ``GET api/kernelspecs`` answer, or None."""
-    doc = got.get("doc")
-    if got["outcome"] != "response" or got.get("status") != 200 or not isinstance(doc, dict):
+class Server:
+    """Where the server is and how to speak to it; ``token`` is never shown. ``pid``: from a trusted
+    runtime file; ``uid``: whose listening socket answers on the port, when known."""
+
+    def __init__(self, host: str, port: int, base_url: str, secure: bool, token: str, pid: int | None,
+                 uid: int | None = None) -> None:
+        self.host, self.port, self.base_url, self.secure = host, port, base_url, secure
+        self.token, self.pid, self.uid = token, pid, uid
+
+    def path(self, tail: str) -> str:
+        return jupyter.quote_path(self.base_url + tail, PATH_CHARS)
+
+
+def rest(srv: Server, method: str, tail: str, deadline: float, body: Any = None) -> dict[str, Any]:
+    """One REST call: ``net.exchange``'s outcome, with ``doc``, the JSON answer, when there is one."""
+    got = net.exchange(srv.host, srv.port, f"{srv.path(tail)}?{UNTRACKED}", srv.secure, deadline,
+                       method=method, headers=f"Authorization: token {srv.token}\r\n" if srv.token else "",
+                       body=b"" if body is None else json.dumps(body).encode())
+    if got["outcome"] == "response":
+        try:
+            got["doc"] = untrusted.load_json(got["body"]) if got["body"] else None
+        except ValueError:
+            got["doc"] = None
+        del got["body"]
+    return got
+
+
+def activity(srv: Server, deadline: float) -> tuple[int, float] | None:
+    """``GET api/status``: how many kernels the server runs and when it was last active (epoch)."""
+    from datetime import datetime
+
+    got = rest(srv, "GET", "api/status", deadline)
+    doc = got.get("doc") if got.get("status") == 200 else None
+    kernels, when = (doc.get("kernels"), doc.get("last_activity")) if isinstance(doc, dict) else (None, None)
+    if type(kernels) is not int or not isinstance(when, str) or len(when) > 40:
         return None
-    specs = doc.get("kernelspecs")
-    if not isinstance(specs, dict):
+    try:  # "2026-11-28T04:35:48.404000Z"; before Python 3.11 fromisoformat takes no "Z"
+        stamp = datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except ValueError:
         return None
-    by_name: dict[str, dict[str, Any]] = {}
-    for name, entry in list(specs.items())[:MAX_NAMES]:
-        spec = entry.get("spec") if isinstance(entry, dict) else None
-        spec = spec if isinstance(spec, dict) else {}
-        argv = spec.get("argv")
-        env = spec.get("env")
-        by_name[name] = {
-            "argv": [a for a in argv[:MAX_ARGV] if isinstance(a, str)] if isinstance(argv, list) else [],
+    return (kernels, stamp.timestamp()) if stamp.tzinfo is not None else None
+
+
+def command(entry: Any) -> dict[str, Any]:
+    """The ``argv`` and ``env`` of a kernelspec in the server's listing, each kept only as text."""
+    spec = entry.get("spec") if isinstance(entry, dict) else None
+    argv, env = (spec.get("argv"), spec.get("env")) if isinstance(spec, dict) else (None, None)
+    return {"argv": [a for a in argv[:MAX_ARGV] if isinstance(a, str)] if isinstance(argv, list) else [],
             "env": {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)}
             if isinstance(env, dict) else {}}
-    default = doc.get("default")
-    default = default if isinstance(default, str) else ""
-    return sorted(untrusted.clean(n, 40) for n in by_name), default, by_name
+
+
+def first_cause(text: str, limit: int = 200) -> str:
+    """The line of a process's output that names the cause (docs/probes.md, "kernel-died"): its last
+    exception line, else its last line; with the file of the traceback's last frame when it names
+    none; a long one loses Python's filler words, then its middle, never the names at its ends."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    picked = [i for i, ln in enumerate(lines) if RAISED.match(ln)] or \
+        [i for i, ln in enumerate(lines) if WARNED.match(ln)] or [len(lines) - 1]
+    at = picked[-1]
+    if at < 0:  # no line at all
+        return ""
+    frames = [m.group(1) for m in map(FRAME.match, lines[:at]) if m and not m.group(1).startswith("<")]
+    line = lines[at] + (f" (in {frames[-1]})" if frames and "/" not in lines[at] else "")
+    line = untrusted.clean(line, 4 * limit)
+    if len(line) > limit:
+        line = FILLER.sub("", line)
+    if len(line) > limit:
+        half = (limit - 5) // 2
+        line = f"{line[:half]} ... {line[-half:]}"
+    return line
+
+
+class Procs:
+    """The kernel's live processes, ``{pid: start}``: those whose command line names its connection
+    file ``kernel-<id>.json`` (the kernel, a wrapper around it). A process older than a second
+    that is another's is not read again (a younger one may not have exec'd yet): a look costs
+    little more than a listing of /proc, often enough to see a kernel that dies at start."""
+
+    def __init__(self, kernel_id: str) -> None:
+        self.mark = f"kernel-{kernel_id}.json".encode()
+        self.others: set[int] = set()
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def scan(self) -> dict[int, int]:
+        found: dict[int, int] = {}
+        try:
+            entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+        except OSError:
+            return found
+        settled = (time.clock_gettime(time.CLOCK_BOOTTIME) - 1.0) * self.tick  # start times count from boot
+        for pid in (e for e in entries if e not in self.others):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    line = fh.read(65536)
+            except OSError:
+                continue
+            st = pidstat.stat(pid)
+            if st is None or st.state in pidstat.DEAD:
+                continue
+            if self.mark in line:
+                found[pid] = st.start
+            elif st.start < settled:
+                self.others.add(pid)
+        return found
+
+
+def live(pairs: Mapping[int, int], until: float = 0.0) -> dict[int, int]:
+    """Those of ``pairs`` (pid -> start) still the process seen and alive, by ``until``."""
+    while True:
+        pairs = {pid: start for pid, start in pairs.items() if (st := pidstat.stat(pid)) is not None
+                 and st.start == start and st.state not in pidstat.DEAD}
+        if not pairs or time.monotonic() >= until:
+            return dict(pairs)
+        time.sleep(0.01)
+
+
+def _beside(call: Callable[[], Any], procs: Procs, seen: dict[int, int], until: float,
+            srv: Server | None = None, kid: str = "") -> tuple[Any, bool]:
+    """Run ``call()`` in a thread while the kernel's processes are looked for (``seen``: every one
+    seen, pid -> start), until it returns or ``until``; with ``srv``, also whether the kernel died
+    meanwhile: every process seen has ended, or the server's model says ``dead`` or ``restarting``
+    or no longer lists it (its restarter gave up). Returns (the thread, died)."""
+    import threading
+
+    thread = threading.Thread(target=call, daemon=True, name="jupyter-kernel")
+    thread.start()
+    ask = time.monotonic() + ASK_EVERY
+    while thread.is_alive() and time.monotonic() < until:
+        now = procs.scan()
+        if srv is not None and seen and not any(now.get(pid) == start for pid, start in seen.items()) \
+                and thread.is_alive():
+            return thread, True
+        seen.update(now)
+        if srv is not None and time.monotonic() >= ask:
+            got = rest(srv, "GET", f"api/kernels/{kid}", min(until, time.monotonic() + ASK_EVERY))
+            doc = got.get("doc")
+            if got.get("status") == 404 or (isinstance(doc, dict) and doc.get("execution_state") in
+                                            ("dead", "restarting")):
+                return thread, True
+            ask = time.monotonic() + ASK_EVERY
+        thread.join(POLL)
+    return thread, False
+
+
+def _cell(ws: Any, srv: Server, kid: str, code: str, deadline: float, box: dict[str, Any]) -> None:
+    """The cell over the kernel's channels: connect (the server answers once the kernel has replied
+    to kernel_info), send it, read until its execute_reply and idle status arrive, keeping what
+    answers our request and the server's word that the kernel died. ``box`` says what happened
+    (``stage``, then ``stdout`` and ``error``, or ``died`` or ``failed``); never raises."""
+    msg_id = os.urandom(16).hex()
+    opts: dict[str, Any] = {"timeout": max(deadline - time.monotonic(), 0.001), "suppress_origin": True,
+                            "http_no_proxy": ["*"]}
+    if srv.token:
+        opts["header"] = [f"Authorization: token {srv.token}"]
+    if srv.secure and net.is_loopback(srv.host):
+        import ssl  # Jupyter's certificate is usually self-signed; on loopback nobody sits between
+
+        opts["sslopt"] = {"cert_reqs": ssl.CERT_NONE, "check_hostname": False}
+    try:
+        path = srv.path(f"api/kernels/{kid}/channels")
+        ws.connect(f"{'wss' if srv.secure else 'ws'}://{host_header(srv.host, srv.port)}{path}", **opts)
+        box["stage"] = "execute"
+        ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "username": "healthcheck", "session": os.urandom(8).hex(),
+                       "date": "", "msg_type": "execute_request", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True}}))
+        while not (box["replied"] and box["idle"]) and not box["died"]:
+            if deadline <= time.monotonic():
+                raise TimeoutError
+            ws.settimeout(deadline - time.monotonic())
+            frame = ws.recv()
+            if not isinstance(frame, str) or len(frame) > MAX_FRAME:
+                continue  # a binary frame carries buffers: none of ours
+            try:
+                msg = untrusted.load_json(frame.encode())
+            except ValueError:
+                continue
+            msg = msg if isinstance(msg, dict) else {}
+            header, content, parent = (msg[k] if isinstance(msg.get(k), dict) else {}
+                                       for k in ("header", "content", "parent_header"))
+            kind, state, text = header.get("msg_type"), content.get("execution_state"), content.get("text")
+            if kind == "status" and state in ("dead", "restarting", "autorestarting"):
+                box["died"] = f"the server reported the kernel {state}"
+            elif parent.get("msg_id") != msg_id:
+                continue
+            elif kind == "stream" and content.get("name") == "stdout" and isinstance(text, str):
+                box["stdout"] = (box["stdout"] + text)[:MAX_OUTPUT]
+            elif kind == "error":
+                box["error"] = {"ename": untrusted.clean(content.get("ename", "?"), 60),
+                                "evalue": untrusted.clean(content.get("evalue", ""), 160)}
+            elif kind == "status" and state == "idle":
+                box["idle"] = True
+            elif kind == "execute_reply":
+                box["replied"] = True
+        if not box["died"]:
+            box["stage"] = "done"
+    except Exception as exc:  # websocket-client's errors, socket timeouts, a handshake refused
+        # In fixed words: an exception's text could quote a header or a URL.
+        status, kind = getattr(exc, "status_code", None), type(exc).__name__
+        if isinstance(status, int):
+            box["failed"] = f"the server refused the channels with HTTP {status}"
+        elif isinstance(exc, TimeoutError) or kind in ("WebSocketTimeoutException", "timeout"):
+            box["failed"] = "timeout"
+        elif kind == "WebSocketConnectionClosedException":
+            box["failed"] = "the server closed the channels"
+        else:
+            box["failed"] = f"the channels failed ({kind})"
 
 
 def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, share: float,
@@ -79,34 +279,57 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
         return {"outcome": "timeout", "stage": "start"}
     kid = str(uuid.uuid4())
     seen: dict[int, int] = {}
+    box: list[dict[str, Any]] = []
     rec = _note(ctx.state, srv, kid, seen)
-    started, procs = time.monotonic(), _kernel.Procs(kid)
+    started, procs = time.monotonic(), Procs(kid)
     # Looked for from the start: a kernel that fails an import can be gone before the answer.
-    got = _looking(procs, seen, lambda: _kernel.rest(srv, "POST", "api/kernels", share,
-                                                     {"name": name, "kernel_id": kid}))
-    doc = got.get("doc")
-    given = doc.get("id") if isinstance(doc, dict) else None
-    if got["outcome"] == "response" and got.get("status") in (200, 201) and isinstance(given, str) \
-            and KERNEL_ID.fullmatch(given):
+    _beside(lambda: box.append(rest(srv, "POST", "api/kernels", share, {"name": name, "kernel_id": kid})),
+            procs, seen, float("inf"))
+    got, doc = box[0], box[0].get("doc")
+    doc = doc if isinstance(doc, dict) else {}
+    out: dict[str, Any] = {}
+    given = doc.get("id") if got.get("status") in (200, 201) else None
+    if isinstance(given, str) and KERNEL_ID.fullmatch(given):
         if given != kid:  # a server that does not take the id asked for answers its own
             _forget(ctx.state, kid)
-            kid, procs = given, _kernel.Procs(given)
+            kid, procs = given, Procs(given)
         rec = _note(ctx.state, srv, kid, seen, answered=True)
-        out: dict[str, Any] = {}
     elif got["outcome"] == "response":  # refused: nothing was started
         _forget(ctx.state, kid)
-        return {"outcome": "start-failed", "why": _kernel.server_reason(got),
-                "interpreter": interpreter_problem(spec, srv)}
-    else:  # no answer: the server may still start it under our id
-        out = {"outcome": "timeout", "stage": "start"} if got["outcome"] == "timeout" else \
-            {"outcome": "start-failed", "why": got["outcome"], "interpreter": interpreter_problem(spec, srv)}
+        said = [doc[k] for k in ("message", "reason") if isinstance(doc.get(k), str) and doc[k].strip()]
+        why = first_cause(said[0], 200) if said else f"HTTP {got['status']}"
+        return {"outcome": "start-failed", "why": why, "interpreter": interpreter_problem(spec, srv)}
+    elif got["outcome"] == "timeout":  # no answer: the server may still start it under our id
+        out = {"outcome": "timeout", "stage": "start"}
+    else:
+        out = {"outcome": "start-failed", "why": got["outcome"],
+               "interpreter": interpreter_problem(spec, srv)}
     try:
         if not out:
-            out.update(watch(srv, kid, code, share, procs, seen))
-            if out["outcome"] == "reply":
-                out["observed"] = round(time.monotonic() - started, 3)
-            elif out["outcome"] == "died":
-                out.update(replay(ctx, spec, srv, min(share, time.monotonic() + REPLAY)))
+            import websocket  # websocket-client, the jupyter extra: only when a kernel is checked
+
+            ws = websocket.WebSocket(enable_multithread=True, skip_utf8_validation=True)
+            cell = {"stage": "connect", "stdout": "", "error": None, "replied": False, "idle": False,
+                    "died": None, "failed": None}
+            thread, died = _beside(lambda: _cell(ws, srv, kid, code, share, cell), procs, seen, share, srv,
+                                   kid)
+            if thread.is_alive():  # end its blocked call from here
+                for stop in (ws.abort, lambda: ws.close(timeout=0.2)):
+                    try:
+                        stop()
+                    except Exception:  # noqa: S110 - a connection that may never have opened
+                        pass
+                thread.join(0.5)
+            out = {"stage": cell["stage"]}
+            if cell["stage"] == "done":
+                out.update(outcome="reply", stdout=cell["stdout"], error=cell["error"],
+                           observed=round(time.monotonic() - started, 3))
+            elif died or cell["died"] or (cell["failed"] and seen and not live(seen)):
+                out.update(outcome="died", **replay(ctx, spec, srv, min(share, time.monotonic() + REPLAY)))
+            elif cell["failed"] and cell["failed"] != "timeout" and time.monotonic() < share:
+                out.update(outcome="channels-failed", why=cell["failed"])
+            else:
+                out["outcome"] = "timeout"
     finally:
         out["kernel_id"] = kid
         out["cleanup"] = remove(ctx.state, srv, kid, rec, seen, end)
@@ -114,103 +337,45 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
     return out
 
 
-def _looking(procs: _kernel.Procs, seen: dict[int, int],
-             call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``call()`` (which never raises), run in a thread while the kernel's processes are looked for."""
-    import threading
-
-    box: list[dict[str, Any]] = []
-    thread = threading.Thread(target=lambda: box.append(call()), daemon=True, name="jupyter-kernel-start")
-    thread.start()
-    while thread.is_alive():
-        seen.update(procs.scan())
-        thread.join(_kernel.POLL)
-    return box[0]
-
-
-def watch(srv: Server, kid: str, code: str, share: float, procs: _kernel.Procs,
-          seen: dict[int, int]) -> dict[str, Any]:
-    """Run ``code`` over the kernel's channels in a thread while the kernel is watched (``seen``:
-    every process of it seen, pid -> start). It has died when every process seen has ended
-    before the reply, or when the server says so: ``dead`` or ``restarting`` in its model or
-    on iopub, or the kernel gone from its list (its restarter gave up)."""
-    import threading
-
-    chan = _kernel.Channel(srv, kid)
-    done = threading.Event()
-
-    def body() -> None:
-        try:
-            chan.run(code, share)
-        finally:
-            done.set()
-
-    threading.Thread(target=body, daemon=True, name="jupyter-kernel").start()
-    died = None
-    ask = time.monotonic() + ASK_EVERY
-    while not done.wait(_kernel.POLL) and time.monotonic() < share:
-        now = procs.scan()
-        if seen and not any(now.get(pid) == start for pid, start in seen.items()) and not done.is_set():
-            died = "its process exited"
-            break
-        seen.update(now)
-        if time.monotonic() >= ask:
-            died = _server_says(srv, kid, share)
-            if died:
-                break
-            ask = time.monotonic() + ASK_EVERY
-    box = chan.box
-    if not done.is_set():
-        chan.close()
-        done.wait(0.5)
-    base = {"stage": box["stage"], "pids": len(seen)}
-    if box["stage"] == "done":
-        return {**base, "outcome": "reply", "stdout": box["stdout"], "error": box["error"],
-                "reply": box["reply"]}
-    died = died or box["died"]
-    if died is None and box["failed"] and seen and not _kernel.live(seen):
-        died = "its process exited"
-    if died:
-        return {**base, "outcome": "died", "how": died}
-    if box["failed"] and box["failed"] != "timeout" and time.monotonic() < share:
-        return {**base, "outcome": "channels-failed", "why": box["failed"]}
-    return {**base, "outcome": "timeout"}
-
-
-def _server_says(srv: Server, kid: str, deadline: float) -> str | None:
-    """How the server's model of the kernel says it died, if it does."""
-    got = _kernel.rest(srv, "GET", f"api/kernels/{kid}", min(deadline, time.monotonic() + ASK_EVERY))
-    if got["outcome"] != "response":
-        return None
-    if got.get("status") == 404:
-        return "the server removed it"
-    doc = got.get("doc")
-    state = doc.get("execution_state") if isinstance(doc, dict) else None
-    return f"the server reported it {state}" if state in ("dead", "restarting") else None
-
-
 def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[int, int], end: float,
            wait: float = DELETE_WAIT) -> dict[str, Any]:
-    """DELETE the kernel; if the server has not shut it down in ``wait`` seconds (or cannot),
-    end its processes here and make sure the server forgets it; its record goes once the server
-    confirms it is gone. Never raises."""
+    """DELETE the kernel; if the server has not shut it down in ``wait`` seconds, its processes and
+    all below them get SIGTERM then SIGKILL, each only while its pid names the process seen, and the
+    server is asked again. Its record goes once the server confirms it gone: 2xx, or 404 for a
+    kernel whose start it answered (it lists one it is still starting only once started)."""
+    def gone(got: dict[str, Any]) -> bool:
+        status = got.get("status")
+        return status in (200, 204) or (status == 404 and (rec.get("answered") is True
+                                                           or time.time() - rec["time"] > STALE))
+
+    def tree() -> dict[int, int]:
+        procs = pidstat.table(alive=True)
+        roots = {pid for pid, start in left.items() if pid in procs and procs[pid].start == start}
+        known.update({pid: procs[pid].start for pid in pidstat.below(procs, roots) - {os.getpid()}})
+        return live(known)
+
     out: dict[str, Any] = {"deleted": False, "ended": 0, "left": 0}
+    known: dict[int, int] = {}
     try:
-        got = _kernel.rest(srv, "DELETE", f"api/kernels/{kid}", min(end, time.monotonic() + wait))
-        out["deleted"] = _gone(got, rec)
-        left = _kernel.Procs(kid).scan() | _kernel.live(seen)
+        out["deleted"] = gone(rest(srv, "DELETE", f"api/kernels/{kid}", min(end, time.monotonic() + wait)))
+        # Shut down: its process may still be exiting.
         settle = min(end, time.monotonic() + (SETTLE if out["deleted"] else 0.0))
-        while left and time.monotonic() < settle:  # shut down: its process may still be exiting
-            time.sleep(0.02)
-            left = _kernel.live(left)
+        left = live(Procs(kid).scan() | live(seen), settle)
         if left:
-            out["ended"] = len(left)
-            out["left"] = len(_kernel.end(left, max(end, time.monotonic() + 0.2)))
+            out["ended"], stop = len(left), max(end, time.monotonic() + 0.2)
+            for pid, start in tree().items():
+                pidstat.signal_same(pid, start, signal.SIGTERM)
+            until = min(stop, time.monotonic() + TERM_GRACE)
+            while time.monotonic() < until and tree():
+                time.sleep(0.02)
+            for pid, start in (killed := tree()).items():
+                pidstat.signal_same(pid, start, signal.SIGKILL)
+            out["left"] = len(live(killed, max(min(stop, time.monotonic() + 0.5), time.monotonic() + 0.05)))
         if not out["deleted"]:
             # The server may still be shutting it down (our DELETE timed out): once the
             # processes are gone it finishes; ask again so that it surely forgets the kernel.
-            again = _kernel.rest(srv, "DELETE", f"api/kernels/{kid}", max(end, time.monotonic() + 0.3))
-            out["deleted"] = _gone(again, rec)
+            again = rest(srv, "DELETE", f"api/kernels/{kid}", max(end, time.monotonic() + 0.3))
+            out["deleted"] = gone(again)
         if out["deleted"]:
             _forget(state, kid)
         out["recorded"] = state.enabled and not out["deleted"]  # for the next run to remove
@@ -221,17 +386,8 @@ def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[
     return out
 
 
-def _gone(got: dict[str, Any], rec: dict[str, Any]) -> bool:
-    """Whether a DELETE's answer says the kernel is gone: 2xx, or 404 for a kernel whose start
-    was answered (a server still starting one under our id lists it only once started)."""
-    status = got.get("status") if got["outcome"] == "response" else None
-    if status == 404:
-        return rec.get("answered") is True or time.time() - rec["time"] > STALE
-    return status in (200, 204)
-
-
-def _note(state: State, srv: Server, kid: str, seen: dict[int, int],
-          answered: bool = False) -> dict[str, Any]:
+def _note(state: State, srv: Server, kid: str, seen: dict[int, int], answered: bool = False
+          ) -> dict[str, Any]:
     """Record the kernel ``kid`` (before it is asked for, and once its start is answered)."""
     me = pidstat.stat(os.getpid())
     rec = {"server": [srv.host, srv.port, srv.base_url], "time": time.time(), "pid": os.getpid(),
@@ -247,10 +403,8 @@ def _forget(state: State, kid: str) -> None:
 
 
 def reap(state: State, srv: Server, deadline: float) -> None:
-    """Remove the kernels that earlier runs left on ``srv``: those of runs that are gone (killed
-    before their removal), and this process's own that no run of it is using (``serve`` lives on:
-    a start answered after its run gave up). Another server's records wait for a run against it
-    (its token is not ours)."""
+    """Remove the kernels earlier runs left on ``srv``: those of runs that are gone, and this process's
+    own that no run of it is using (``serve`` lives on). Another server's wait: its token is not ours."""
     if not state.enabled or state.path is None:
         return
     try:
@@ -279,12 +433,11 @@ def end_all() -> None:
 
 
 def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> dict[str, Any]:
-    """Run the kernelspec's command once more as a contained child, as the server's user with its
-    environment, for the line of its output that names why it exits: ``said`` (None: it did not
-    exit), or ``unread``, why it was not run. Root never runs what that user wrote: the command
-    runs only as the server's verified uid (``srv.uid``), dropped to where the suite is root, or
-    as root for a server that root runs."""
-    import json
+    """The line that names why the kernel exits (``said``; None: it did not), from its command run
+    again as a contained child with the server's environment, only ever as the server's verified
+    uid (root never runs what that user wrote); else ``unread``, why it was not run."""
+    import pwd
+    import socket
 
     from probes import proc
     from probes.state import drop_scratch
@@ -299,10 +452,25 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
     work = ctx.state.scratch("kernel")
     if work is None:
         return {"unread": "no state dir holds its connection file"}
-    user = None if srv.uid == me else (srv.uid, _gid_of(srv.uid))
     try:
-        ports = dict(zip(("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"),
-                         _free_ports(5)))
+        entry = pwd.getpwuid(srv.uid)
+    except KeyError:
+        entry = None
+    user = None if srv.uid == me else (srv.uid, entry.pw_gid if entry else srv.uid)
+    env = _server_env(srv)
+    if env is None:  # ours, with the home (where its ~/.local lies) and name of the server's user
+        env = dict(os.environ)
+        if entry is not None and srv.uid != me:
+            env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
+    env.update(spec["env"])
+    socks: dict[str, socket.socket] = {}
+    try:
+        for kind in ("shell", "iopub", "stdin", "control", "hb"):  # free ports for the connection file
+            socks[f"{kind}_port"] = sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+        ports = {name: int(sock.getsockname()[1]) for name, sock in socks.items()}
+        for sock in socks.values():  # closed before the kernel starts
+            sock.close()
         fd = os.open(os.path.join(work, "kernel.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                      0o600)
         with os.fdopen(fd, "w") as fh:
@@ -311,87 +479,43 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
                 os.chown(work, *user)
             json.dump({"transport": "tcp", "ip": "127.0.0.1", "signature_scheme": "hmac-sha256",
                        "key": os.urandom(16).hex(), **ports}, fh)
-        env = {**_server_env(srv, srv.uid), **spec["env"]}
         argv = [a.replace("{connection_file}", "/dev/fd/3") for a in spec["argv"]]
         done = proc.run(["/bin/sh", "-c", LAUNCH, env.get("HOME") or "/", *argv], deadline=deadline, env=env,
                         cwd=work, user=user)
     except OSError:
         return {"unread": "its connection file could not be written"}
     finally:
+        for sock in socks.values():
+            sock.close()
         drop_scratch(work)
     if done.timed_out or done.spawn_error:
         return {"said": None}
     logger().info("kernel replay exit %s: %s", done.returncode, untrusted.squeeze(done.stderr[-2000:], 600))
-    text = (done.stderr + b"\n" + done.stdout).decode("utf-8", "replace")
-    return {"said": _kernel.first_cause(text) or None}
+    return {"said": first_cause((done.stderr + b"\n" + done.stdout).decode("utf-8", "replace")) or None}
 
 
 def interpreter_problem(spec: dict[str, Any], srv: Server) -> str | None:
-    """What is wrong with the program the kernelspec's argv names, if anything (the server's
-    own answer to a start that failed is often just "Unhandled error")."""
+    """What is wrong with the program a kernelspec names (a server often answers "Unhandled error")."""
     import shutil
 
-    argv = spec["argv"]
-    if not argv or not argv[0]:
+    program = spec["argv"][0] if spec["argv"] else ""
+    if not program:
         return "its argv is empty"
-    program = argv[0]
     shown = untrusted.clean(program, 80)
-    if "/" in program:
-        if not os.path.exists(program):
-            return f"its argv names {shown}, which does not exist"
-        return None if os.access(program, os.X_OK) else f"its argv names {shown}, which is not executable"
-    found = shutil.which(program, path=_server_env(srv, None).get("PATH") or os.defpath)
-    return None if found else f"its argv names {shown}, which is not on the server's PATH"
+    if "/" not in program:
+        found = shutil.which(program, path=(_server_env(srv) or os.environ).get("PATH") or os.defpath)
+        return None if found else f"its argv names {shown}, which is not on the server's PATH"
+    if not os.path.exists(program):
+        return f"its argv names {shown}, which does not exist"
+    return None if os.access(program, os.X_OK) else f"its argv names {shown}, which is not executable"
 
 
-def _free_ports(n: int) -> list[int]:
-    import _socket
-
-    socks, ports = [], []
+def _server_env(srv: Server) -> dict[str, str] | None:
+    """The server's environment (its kernels inherit it), when we may read it."""
     try:
-        for _ in range(n):
-            s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(int(s.getsockname()[1]))
-    finally:
-        for s in socks:
-            s.close()
-    return ports
-
-
-def _server_env(srv: Server, uid: int | None) -> dict[str, str]:
-    """The server's environment (its kernels inherit it) when we may read it, else ours with the
-    home and name of ``uid`` (where its ~/.local lies)."""
-    if srv.pid is not None:
-        try:
-            with open(f"/proc/{srv.pid}/environ", "rb") as fh:
-                raw = fh.read(256 * 1024)
-            env = {}
-            for item in raw.split(b"\0"):
-                key, sep, value = item.partition(b"=")
-                if sep and key:
-                    env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-            if env:
-                return env
-        except OSError:
-            pass
-    env = dict(os.environ)
-    if uid is not None and uid != os.geteuid():
-        import pwd
-
-        try:
-            entry = pwd.getpwuid(uid)
-        except KeyError:
-            return env
-        env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
-    return env
-
-
-def _gid_of(uid: int) -> int:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_gid
-    except KeyError:
-        return uid
+        with open(f"/proc/{srv.pid}/environ", "rb") as fh:
+            pairs = [item.partition(b"=") for item in fh.read(256 * 1024).split(b"\0")]
+    except OSError:  # no pid (no trusted runtime file), or not ours to read
+        return None
+    env = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, sep, v in pairs if sep and k}
+    return env or None

@@ -1,12 +1,9 @@
 """ssh-keys: the SSH user's key files pass sshd's StrictModes, and the account may log in.
 
-A running sshd proves nothing about a login: when the user's home, ``~/.ssh`` or
-``authorized_keys`` became group-writable (a volume mount, a ``chmod -R``), sshd refuses every key
-and the client sees only "Permission denied (publickey)". This probe checks, without the network,
-what sshd would check (OpenSSH ``auth.c``: ``auth_secure_path``, ``allowed_user``); the rules:
-docs/probes.md ("ssh-keys"). sshd's ``AuthorizedKeysFile``, ``StrictModes`` and ``UsePAM`` are read
-from its configuration files (first value wins, ``Include`` followed, ``Match`` blocks ignored).
-Command line: ``stat -c '%U %a %n' ~dev ~dev/.ssh ~dev/.ssh/authorized_keys; getent shadow dev``.
+When the home, ``~/.ssh`` or ``authorized_keys`` became group-writable (a volume mount, a ``chmod
+-R``), sshd refuses every key and the client sees only "Permission denied (publickey)". This checks,
+without the network, what sshd would (OpenSSH ``auth.c``: ``auth_secure_path``, ``allowed_user``;
+the rules: docs/probes.md). Command line: ``stat -c '%U %a %n' ~dev/.ssh/authorized_keys``.
 """
 
 from __future__ import annotations
@@ -15,10 +12,8 @@ import os
 import stat
 import time
 
-from probes import services
-from probes.context import Context
-from probes.record import Record
-from probes.result import Result, passed, verdict
+from probes.result import passed, verdict
+from probes.spec import TEXT, Declared, Spec, cause, setting
 from probes.untrusted import Refused, clean, read_regular
 
 TYPE_CHECKING = False
@@ -26,33 +21,62 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-SPEC = services.KEYS_SPEC
+    from probes.context import Context
+    from probes.result import Result
+
+
+class SshKeysSettings(Declared):
+    ssh_user: str | None = setting("HEALTHCHECK_SSH_USER", TEXT, None,
+                                   "the user whose key files and account are checked as sshd would",
+                                   shown_default="`$DEV_USER`, else the check is skipped")
+
+
+KEYS_ACCOUNT = cause(
+    "ssh-account", "the account cannot log in: no such user, login shell missing or `nologin`, "
+    "account expired, or password locked (`!`) while sshd runs without PAM",
+    "create the account or fix it (`usermod -s /bin/bash USER`, `usermod -e '' USER`, `usermod -U USER`)",
+    action="fix-config", actor="tenant")
+# The message gives the command that mends the path it names (remedy=False).
+KEYS_STRICT_MODES = cause("ssh-strict-modes", "sshd's StrictModes refuses the key file: "
+                                              "it, `~/.ssh` or the home directory is group/other-writable "
+                                              "or owned by another user, or the file is not a regular file "
+                                              "(the message names the path, owner and mode)",
+                          "the command the message gives, e.g. `chmod g-w /home/dev`", action="fix-config",
+                          actor="tenant")
+KEYS_NONE = cause(
+    "ssh-no-keys", "no authorized keys file, or it is empty or holds no public key that parses: "
+    "nobody can log in with a key yet",
+    "give keys (`SSH_AUTHORIZED_KEYS` in the image) or fix the file's lines", "warn",
+    action="fix-config", actor="tenant")
+# A home directory on a network or host mount that hangs: the node's storage, not the container.
+KEYS_HUNG = cause("deadline", "the key files were not read before the deadline (a hung file system)",
+                  "check the home directory's mount", action="retry", actor="operator")
+KEYS_NO_USER = cause("no-user", "neither `HEALTHCHECK_SSH_USER` nor `DEV_USER` is set",
+                     "set `HEALTHCHECK_SSH_USER` (or `DEV_USER`) to the user who logs in over SSH", "skip",
+                     action="fix-config", actor="tenant")
+
+SPEC = Spec(
+    "ssh-keys", layer="services", module=__name__, toggle="ENABLE_SSH_CHECK", timeout=2.0,
+    profiles=("startup", "readiness"), measurement="strict-modes",
+    about="the SSH user's home, `~/.ssh` and `authorized_keys` pass sshd's StrictModes, hold a key, and the "
+          "account may log in", settings=SshKeysSettings.SETTINGS,
+    causes=(KEYS_ACCOUNT, KEYS_STRICT_MODES, KEYS_NONE, KEYS_HUNG, KEYS_NO_USER),
+)
 NAME = SPEC.name
 
 
-class System(Record):
-    """Where the account database and sshd's configuration are read (tests point elsewhere)."""
-
-    __slots__ = ("passwd", "shadow", "sshd_config", "nss")
-
-    passwd: str
-    shadow: str
-    sshd_config: str
-    nss: bool  # a user missing from ``passwd`` is looked up through NSS (pwd.getpwnam)
+class System:
+    """Where the accounts and sshd's configuration are read; ``nss``: look a user missing from ``passwd``
+    up through NSS."""
 
     def __init__(self, passwd: str = "/etc/passwd", shadow: str = "/etc/shadow",  # noqa: S107 (paths)
                  sshd_config: str = "/etc/ssh/sshd_config", nss: bool = True) -> None:
-        self.passwd = passwd
-        self.shadow = shadow
-        self.sshd_config = sshd_config
-        self.nss = nss
+        self.passwd, self.shadow, self.sshd_config, self.nss = passwd, shadow, sshd_config, nss
 
 
-SYSTEM = System()
 MAX_DB = 4 << 20  # bytes of /etc/passwd, /etc/shadow, one sshd configuration file
 MAX_KEYS_FILE = 1 << 20  # bytes of authorized_keys read
 MAX_INCLUDES = 64  # configuration files followed through Include
-DEFAULT_KEYS_FILES = (".ssh/authorized_keys", ".ssh/authorized_keys2")  # sshd's own default
 # Public key types sshd accepts in authorized_keys (sshkey.c keytypes), certificates included.
 KEY_TYPES = frozenset({
     "ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
@@ -64,71 +88,43 @@ KEY_TYPES = frozenset({
 })
 
 
-# ---------------------------------------------------------------------------------- sshd config
-
-def sshd_options(path: str) -> dict[str, str]:
-    """First value of each keyword (lower case) outside Match blocks, Includes read where they
-    stand. Files that cannot be read are passed over (a non-root run sees sshd's defaults)."""
-    found: dict[str, str] = {}
-    _read_options(path, found, [0])
-    return found
-
-
-def _read_options(path: str, found: dict[str, str], files: list[int]) -> None:
+def sshd_options(path: str, found: dict[str, str], files: list[str]) -> dict[str, str]:
+    """sshd's first value of each keyword (lower case) outside Match blocks, Includes read where they
+    stand; a file that cannot be read is passed over (a non-root run sees sshd's defaults)."""
     import glob
 
-    files[0] += 1
+    files.append(path)
     try:
         raw, _ = read_regular(path, MAX_DB, owners=(0,))
     except Refused:
-        return
+        return found
     for line in raw.decode("utf-8", "replace").splitlines():
         words = line.split("#", 1)[0].replace("=", " ", 1).split()
-        if not words:
-            continue
-        key = words[0].lower()
+        key = words[0].lower() if words else ""
         if key == "match":
-            return  # the rest of this file applies to some connections only
-        if key != "include":
-            if len(words) > 1:
-                found.setdefault(key, " ".join(words[1:]))
-            continue
-        for pattern in words[1:]:
-            pattern = pattern if pattern.startswith("/") else os.path.join("/etc/ssh", pattern)
-            for name in sorted(glob.glob(pattern)):
-                if files[0] < MAX_INCLUDES:
-                    _read_options(name, found, files)
+            break  # the rest of this file applies to some connections only
+        if key == "include":
+            for pattern in words[1:]:
+                for name in sorted(glob.glob(os.path.join("/etc/ssh", pattern))):  # an absolute one stays
+                    if len(files) < MAX_INCLUDES:
+                        sshd_options(name, found, files)
+        elif len(words) > 1:
+            found.setdefault(key, " ".join(words[1:]))
+    return found
 
 
-def keys_files(options: Mapping[str, str], user: str, home: str) -> list[str]:
-    """The AuthorizedKeysFile paths for ``user`` (``%h``, ``%u``, ``%%`` expanded; relative to home)."""
-    words = options.get("authorizedkeysfile", " ".join(DEFAULT_KEYS_FILES)).split()
-    if [w.lower() for w in words] == ["none"]:
-        return []
-    out = []
-    for word in words:
-        path = word.replace("%%", "\0").replace("%h", home).replace("%u", user).replace("\0", "%")
-        out.append(path if path.startswith("/") else os.path.join(home, path))
-    return out
-
-
-# ---------------------------------------------------------------------------------- accounts
-
-def _entry(raw: bytes, user: str, fields: int) -> list[str] | None:
-    for line in raw.decode("utf-8", "replace").splitlines():
-        parts = line.split(":")
-        if parts[0] == user and len(parts) >= fields:
-            return parts
-    return None
+def _entry(path: str, user: str, fields: int) -> list[str] | None:
+    try:
+        raw, _ = read_regular(path, MAX_DB, owners=(0,))
+    except Refused:
+        return None
+    rows = (line.split(":") for line in raw.decode("utf-8", "replace").splitlines())
+    return next((parts for parts in rows if parts[0] == user and len(parts) >= fields), None)
 
 
 def account(user: str, system: System) -> dict[str, Any] | None:
     """uid, home, shell and, where readable, the password field and expiry day of ``user``."""
-    try:
-        raw, _ = read_regular(system.passwd, MAX_DB, owners=(0,))
-        row = _entry(raw, user, 7)
-    except Refused:
-        row = None
+    row = _entry(system.passwd, user, 7)
     if row is None and system.nss:
         import pwd
 
@@ -141,207 +137,145 @@ def account(user: str, system: System) -> dict[str, Any] | None:
         return None
     info: dict[str, Any] = {"uid": int(row[2]), "home": row[5], "shell": row[6] or "/bin/sh",
                             "password": row[1] if row[1] != "x" else None, "expire": None}
-    try:
-        raw, _ = read_regular(system.shadow, MAX_DB, owners=(0,))
-        shadow = _entry(raw, user, 8)
-    except Refused:
-        shadow = None  # not root: the lock state is not known, only the shell is judged
+    shadow = _entry(system.shadow, user, 8)  # None when not root: only the shell is judged then
     if shadow is not None:
-        info["password"] = shadow[1]
-        info["expire"] = int(shadow[7]) if shadow[7].isdigit() else None
+        info.update(password=shadow[1], expire=int(shadow[7]) if shadow[7].isdigit() else None)
     return info
-
-
-def shell_problem(shell: str) -> str | None:
-    try:
-        st = os.stat(shell)
-    except OSError:
-        return f"login shell {clean(shell, 80)} does not exist"
-    if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
-        return f"login shell {clean(shell, 80)} is not an executable file"
-    if os.path.basename(shell) in ("nologin", "false"):
-        return f"login shell is {clean(shell, 80)}: no session can start"
-    return None
-
-
-# ---------------------------------------------------------------------------------- StrictModes
-
-def _fix(path: str, st: os.stat_result, uid: int, user: str) -> str:
-    if st.st_uid not in (0, uid):
-        return f"chown {user} {path}"
-    who = ("g" if st.st_mode & 0o020 else "") + ("o" if st.st_mode & 0o002 else "")
-    return f"chmod {who}-w {path}"
 
 
 def _unsafe(path: str, st: os.stat_result, uid: int, user: str) -> dict[str, Any] | None:
     if st.st_uid in (0, uid) and not st.st_mode & 0o022:
         return None
+    who = ("g" if st.st_mode & 0o020 else "") + ("o" if st.st_mode & 0o002 else "")
     return {"path": path, "owner": st.st_uid, "mode": f"{stat.S_IMODE(st.st_mode):04o}",
-            "fix": _fix(path, st, uid, user)}
-
-
-def secure_path(path: str, st: os.stat_result, uid: int, user: str, home: str) -> dict[str, Any] | None:
-    """sshd's auth_secure_path: the first of the file and its directories (up to the home, or
-    ``/``) that is owned by another user or writable by group or others, or None."""
-    problem = _unsafe(path, st, uid, user)
-    if problem is not None:
-        return problem
-    real_home = os.path.realpath(home)
-    here = path
-    while True:
-        here = os.path.dirname(here)
-        try:
-            dst = os.stat(here)
-        except OSError:
-            return {"path": here, "owner": None, "mode": None, "fix": f"check {here}"}
-        problem = _unsafe(here, dst, uid, user)
-        if problem is not None or here in (real_home, "/"):
-            return problem
+            "fix": f"chown {user} {path}" if st.st_uid not in (0, uid) else f"chmod {who}-w {path}"}
 
 
 def keys_file(path: str, uid: int, user: str, home: str) -> dict[str, Any]:
-    """What sshd would make of one authorized keys file: missing, refused by StrictModes, or
-    read (its content, for the key count)."""
+    """What sshd would make of one authorized keys file: missing, refused by StrictModes (its
+    ``auth_secure_path``: the file and each directory up to the home, or ``/``, owned by root or
+    the user and not group/other-writable), or read (its keys counted)."""
     try:
         lst = os.lstat(path)
     except OSError:
         return {"path": path, "state": "missing"}
     if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in (0, uid):
-        return {"path": path, "state": "unsafe",
+        return {"path": path, "state": "unsafe", "why": f"a symbolic link owned by uid {lst.st_uid}",
                 "problem": {"path": path, "owner": lst.st_uid, "mode": "link",
-                            "fix": f"replace the symbolic link {path} with {user}'s own file"},
-                "why": f"a symbolic link owned by uid {lst.st_uid}"}
+                            "fix": f"replace the symbolic link {path} with {user}'s own file"}}
     real = os.path.realpath(path)  # sshd judges the resolved path, as here
     try:
         raw, st = read_regular(real, MAX_KEYS_FILE)
     except Refused as exc:
-        why = str(exc)
-        if why == "not a regular file":
-            return {"path": path, "state": "unsafe", "why": why,
-                    "problem": {"path": real, "owner": None, "mode": None,
-                                "fix": f"make {real} a regular file owned by {user}"}}
-        return {"path": path, "state": "unreadable", "why": why}
-    problem = secure_path(real, st, uid, user, home)
+        if str(exc) != "not a regular file":
+            return {"path": path, "state": "unreadable", "why": str(exc)}
+        return {"path": path, "state": "unsafe", "why": str(exc),
+                "problem": {"path": real, "owner": None, "mode": None,
+                            "fix": f"make {real} a regular file owned by {user}"}}
+    real_home, here, problem = os.path.realpath(home), real, _unsafe(real, st, uid, user)
+    while problem is None and here not in (real_home, "/"):
+        here = os.path.dirname(here)
+        try:
+            problem = _unsafe(here, os.stat(here), uid, user)
+        except OSError:
+            problem = {"path": here, "owner": None, "mode": None, "fix": f"check {here}"}
     if problem is not None:
         return {"path": path, "state": "unsafe", "problem": problem}
     return {"path": path, "state": "ok", "keys": count_keys(raw), "size": len(raw)}
 
 
-def _skip_options(line: str) -> str:
-    """The rest of an authorized_keys line after its options (commas, quoted strings)."""
-    quoted = False
-    for i, ch in enumerate(line):
-        if ch == '"':
-            quoted = not quoted
-        elif ch in " \t" and not quoted:
-            return line[i:].lstrip()
-    return ""
-
-
-def key_parses(kind: str, blob: str) -> bool:
+def count_keys(raw: bytes) -> int:
+    """Lines of an authorized_keys file that hold a public key sshd could parse: after the line's
+    options (if any), one of its key types and the base64 blob whose first field names that type."""
     import binascii
 
-    try:
-        raw = binascii.a2b_base64(blob.encode("ascii"))
-    except (ValueError, UnicodeError):
-        return False
-    size = int.from_bytes(raw[:4], "big")
-    return len(raw) > 4 + size and raw[4: 4 + size] == kind.encode()
-
-
-def count_keys(raw: bytes) -> int:
-    """Lines of an authorized_keys file that hold a public key sshd could parse."""
     count = 0
     for line in raw.decode("utf-8", "replace").splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        words = line.split()
-        if words[0] not in KEY_TYPES:
-            words = _skip_options(line).split()
-        if len(words) >= 2 and words[0] in KEY_TYPES and key_parses(words[0], words[1]):
-            count += 1
+        words = line.split() if not line.lstrip().startswith("#") else []
+        for kind, blob in zip(words, words[1:]):
+            try:
+                key = binascii.a2b_base64(blob.encode("ascii"))
+            except (ValueError, UnicodeError):
+                continue
+            size = int.from_bytes(key[:4], "big")
+            if kind in KEY_TYPES and len(key) > 4 + size and key[4:4 + size] == kind.encode():
+                count += 1
+                break
     return count
 
 
-# ---------------------------------------------------------------------------------- gather, judge
-
 def gather(ctx: Context, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = os.environ if environ is None else environ
-    user = ctx.config.of(services.SshKeysSettings).ssh_user or env.get("DEV_USER") or None
-    return collect(user, SYSTEM)
+    return collect(ctx.config.of(SshKeysSettings).ssh_user or env.get("DEV_USER") or None, System())
 
 
 def collect(user: str | None, system: System) -> dict[str, Any]:
     if not user:
         return {"outcome": "no-user"}
-    data: dict[str, Any] = {"outcome": "checked", "user": user}
     info = account(user, system)
     if info is None:
-        data["outcome"] = "no-such-user"
-        return data
-    options = sshd_options(system.sshd_config)
-    data.update(info, use_pam=options.get("usepam", "no").lower() == "yes",
-                strict=options.get("strictmodes", "yes").lower() != "no", today=int(time.time() // 86400),
-                shell_problem=shell_problem(info["shell"]))
-    data["files"] = [keys_file(p, info["uid"], user, info["home"]) for p in keys_files(options, user,
-                                                                                          info["home"])]
-    return data
-
-
-def _account_problem(data: Mapping[str, Any]) -> str | None:
-    if data["shell_problem"]:
-        return str(data["shell_problem"])
-    expire = data.get("expire")
-    if expire is not None and expire <= data["today"]:
-        return "the account expired (shadow's expiry day has passed)"
-    password = data.get("password") or ""
-    if password.startswith("!") and not data["use_pam"]:
-        return "the account is locked (password field starts with '!') and sshd runs without PAM"
-    return None
+        return {"outcome": "no-such-user", "user": user}
+    options = sshd_options(system.sshd_config, {}, [])
+    # AuthorizedKeysFile (sshd's default unless set), %h, %u and %% expanded, relative to the home.
+    words = options.get("authorizedkeysfile", ".ssh/authorized_keys .ssh/authorized_keys2").split()
+    words = [] if [w.lower() for w in words] == ["none"] else words
+    paths = [os.path.join(info["home"], w.replace("%%", "\0").replace("%h", info["home"]).replace("%u", user)
+                          .replace("\0", "%")) for w in words]
+    shell, problem = info["shell"], None
+    try:
+        st = os.stat(shell)
+        if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
+            problem = f"login shell {clean(shell, 80)} is not an executable file"
+        elif os.path.basename(shell) in ("nologin", "false"):
+            problem = f"login shell is {clean(shell, 80)}: no session can start"
+    except OSError:
+        problem = f"login shell {clean(shell, 80)} does not exist"
+    return {"outcome": "checked", "user": user, **info, "today": int(time.time() // 86400),
+            "use_pam": options.get("usepam", "no").lower() == "yes",
+            "strict": options.get("strictmodes", "yes").lower() != "no", "shell_problem": problem,
+            "files": [keys_file(p, info["uid"], user, info["home"]) for p in paths]}
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     if data["outcome"] == "no-user":
-        return verdict(NAME, services.KEYS_NO_USER, "no SSH user to check")
+        return verdict(NAME, KEYS_NO_USER, "no SSH user to check")
     user = clean(data["user"], 64)
     if data["outcome"] == "no-such-user":
-        return verdict(NAME, services.KEYS_ACCOUNT, f"SSH user {user} does not exist")
-    problem = _account_problem(data)
-    if problem is not None:
-        return verdict(NAME, services.KEYS_ACCOUNT, f"{user} cannot log in over SSH: {problem}")
+        return verdict(NAME, KEYS_ACCOUNT, f"SSH user {user} does not exist")
+    expire, problem = data.get("expire"), data["shell_problem"]
+    if not problem and expire is not None and expire <= data["today"]:
+        problem = "the account expired (shadow's expiry day has passed)"
+    elif not problem and (data.get("password") or "").startswith("!") and not data["use_pam"]:
+        problem = "the account is locked (password field starts with '!') and sshd runs without PAM"
+    if problem:
+        return verdict(NAME, KEYS_ACCOUNT, f"{user} cannot log in over SSH: {problem}")
     files = data["files"]
-    if data["strict"]:
-        for f in files:
-            if f["state"] == "unsafe":
-                p = f["problem"]
-                what = f["why"] if f.get("why") else f"owner uid {p['owner']}, mode {p['mode']}"
-                return verdict(NAME, services.KEYS_STRICT_MODES,
-                               f"sshd (StrictModes) refuses every key of {user}: "
-                               f"{clean(p['path'], 120)} ({what}): run `{clean(p['fix'], 160)}`",
-                               remedy=False,
-                               facts={"path": clean(p["path"], 200), "owner": p["owner"], "mode": p["mode"]})
+    unsafe = next((f for f in files if f["state"] == "unsafe"), None) if data["strict"] else None
+    if unsafe is not None:
+        p = unsafe["problem"]
+        what = unsafe.get("why") or f"owner uid {p['owner']}, mode {p['mode']}"
+        return verdict(NAME, KEYS_STRICT_MODES, f"sshd (StrictModes) refuses every key of {user}: "
+                       f"{clean(p['path'], 120)} ({what}): run `{clean(p['fix'], 160)}`", remedy=False,
+                       facts={"path": clean(p["path"], 200), "owner": p["owner"], "mode": p["mode"]})
     keys = sum(f.get("keys", 0) for f in files)
-    if keys == 0:
-        return verdict(NAME, services.KEYS_NONE, f"nobody can log in as {user} with a key yet: "
-                       f"{_no_keys(files)}", observed=0, unit="keys")
-    return passed(NAME, f"{user}: {keys} authorized key(s), sshd's StrictModes accept the key files",
-                  observed=keys, unit="keys")
-
-
-def _no_keys(files: list[dict[str, Any]]) -> str:
+    if keys:
+        return passed(NAME, f"{user}: {keys} authorized key(s), sshd's StrictModes accept the key files",
+                      observed=keys, unit="keys")
+    read = next((f for f in files if f["state"] == "ok"), None)
+    unread = next((f for f in files if f["state"] == "unreadable"), None)
     if not files:
-        return "AuthorizedKeysFile is none"
-    for f in files:
-        if f["state"] == "ok":
-            what = "is empty" if f["size"] == 0 else "holds no public key that parses"
-            return f"{clean(f['path'], 120)} {what}"
-    for f in files:
-        if f["state"] == "unreadable":
-            return f"{clean(f['path'], 120)} not read ({clean(f['why'], 60)})"
-    return f"no authorized keys file ({clean(files[0]['path'], 120)})"
+        why = "AuthorizedKeysFile is none"
+    elif read is not None:
+        empty = read["size"] == 0
+        why = f"{clean(read['path'], 120)} " + ("is empty" if empty else "holds no public key that parses")
+    elif unread is not None:
+        why = f"{clean(unread['path'], 120)} not read ({clean(unread['why'], 60)})"
+    else:
+        why = f"no authorized keys file ({clean(files[0]['path'], 120)})"
+    return verdict(NAME, KEYS_NONE, f"nobody can log in as {user} with a key yet: {why}", observed=0,
+                   unit="keys")
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(NAME, services.KEYS_HUNG,
-                   "the SSH key files were not read before the deadline (a hung file system?)")
+    return verdict(NAME, KEYS_HUNG, "the SSH key files were not read before the deadline "
+                   "(a hung file system?)")

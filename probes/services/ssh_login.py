@@ -1,12 +1,9 @@
 """ssh-login: a real SSH key login over loopback succeeds and its forced command exits 0 (opt-in).
 
-A banner proves that sshd answers; only a login proves that a user can get in. How the system
-OpenSSH client is run so that nothing of the caller's SSH set-up plays a part, and the known hosts
-file written for the run: docs/probes.md ("ssh-login"); the probe principal: docs/image.md. The
-private key is never read by the suite; the client's messages reach the result only as a reason.
-Readiness reuses a pass younger than HEALTHCHECK_SSH_LOGIN_TTL; startup always logs in.
-Command line: ``ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o IdentityAgent=none
--o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes -i KEY -p 22 -l USER 127.0.0.1 true``.
+A banner proves that sshd answers; only a login proves that a user can get in. The client, the
+known hosts file of the run and the cache readiness reuses: docs/probes.md; the probe principal:
+docs/image.md. The private key is never read by the suite. Command line: ``ssh -F /dev/null -o
+BatchMode=yes -o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes -i KEY -l USER 127.0.0.1 true``.
 """
 
 from __future__ import annotations
@@ -15,25 +12,99 @@ import os
 import stat
 import time
 
-from probes import deadlines, services
-from probes.context import Context
-from probes.result import Result, Status, passed, verdict
-from probes.state import drop_scratch, life_identity
+from probes.result import Status, passed, verdict
+from probes.services.common import SSHD_STUCK
+from probes.services.ssh import SshSettings
+from probes.spec import ABSOLUTE_PATH, NUMBER, TEXT, Spec, cause, setting
 from probes.untrusted import Refused, clean, read_regular, squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from probes.context import Context
+    from probes.result import Result
+
+
+def parse_host_keys(text: str) -> str:
+    """Comma-separated absolute paths of public host key files (``HEALTHCHECK_SSH_HOST_KEYS``)."""
+    paths = [p.strip() for p in text.split(",")]
+    if not all(p.startswith("/") for p in paths):
+        raise ValueError("is not a list of absolute paths (accepted: /etc/ssh/ssh_host_ed25519_key.pub,...)")
+    return ",".join(paths)
+
+
+class SshLoginSettings(SshSettings):
+    """ssh's port, and ssh-login's own settings."""
+
+    ssh_probe_key: str | None = setting(
+        "HEALTHCHECK_SSH_PROBE_KEY", ABSOLUTE_PATH, None,
+        "the probe principal's private key (root-only); setting it turns the `ssh-login` probe on",
+        shown_default="unset (the image sets `/run/healthcheck-ssh/id_ed25519`)")
+    ssh_probe_user: str = setting("HEALTHCHECK_SSH_PROBE_USER", TEXT, "healthcheck",
+                                  "the user the probe logs in as")
+    ssh_host_keys: str | None = setting(
+        "HEALTHCHECK_SSH_HOST_KEYS", TEXT, None,
+        "comma-separated public host key files the server's key must be one of",
+        shown_default="`/etc/ssh/ssh_host_*_key.pub`", parse=parse_host_keys)
+    ssh_login_ttl: float = setting("HEALTHCHECK_SSH_LOGIN_TTL", NUMBER, 600.0,
+                                   "seconds a passing ssh-login result is reused by readiness",
+                                   low=0, high=86400, low_inclusive=True)
+
+
+LOGIN_AUTH_FAILED = cause(
+    "ssh-auth-failed", "sshd refused the probe key (publickey): the key is not authorized, "
+    "or StrictModes, the account or AuthorizedKeysFile turned it away",
+    "see sshd's log; the `ssh-keys` probe names a StrictModes problem; "
+    "restore the probe's authorized key (restart the container)", action="restart-container", actor="tenant")
+LOGIN_FAILED = cause("ssh-login-failed", "authenticated, but the session did not run or its command failed "
+                                         "(account, shell, PAM, MaxSessions)",
+                     "see sshd's log and the probe user's account and shell", action="fix-config",
+                     actor="tenant")
+LOGIN_HOSTKEY = cause(
+    "ssh-hostkey", "the server's host key is none of the container's own public host keys",
+    "another server answers on the SSH port, or the host keys changed under sshd: restart sshd",
+    action="restart-app", actor="tenant")
+LOGIN_PROBE_KEY = cause("ssh-probe-key", "the probe key is missing, a link, not owned by the suite's user, "
+                                         "or readable by others (the client refuses it)",
+                        "fix `HEALTHCHECK_SSH_PROBE_KEY` (the suite's own file, `chmod 600`)",
+                        action="fix-config", actor="tenant")
+LOGIN_NO_HOST_KEYS = cause("no-host-keys", "no public host key could be read to check the server against",
+                           "set `HEALTHCHECK_SSH_HOST_KEYS`, or generate host keys (`ssh-keygen -A`)",
+                           action="fix-config", actor="tenant")
+LOGIN_NO_CLIENT = cause("no-client", "the `ssh` client is not installed", "install openssh-client",
+                        action="fix-config", actor="tenant")
+LOGIN_COULD_NOT = cause("could-not", "the run's known hosts file could not be written "
+                                     "(no state dir, or a full one: it is never written to /tmp)",
+                        "give the suite a writable `HEALTHCHECK_STATE_DIR`", "warn",
+                        action="fix-config", actor="tenant")
+
+SPEC = Spec(
+    "ssh-login", layer="services", module=__name__, toggle="ENABLE_SSH_LOGIN_CHECK",
+    timeout=5.0, profiles=("startup", "readiness"), requires=("ssh",), measurement="login", default_on=False,
+    on_with="ssh_probe_key", follows="ENABLE_SSH_CHECK",
+    about="a real SSH key login of a restricted loopback-only probe principal "
+          "runs its forced command (opt-in)", settings=SshLoginSettings.SETTINGS,
+    causes=(LOGIN_AUTH_FAILED, LOGIN_FAILED, LOGIN_HOSTKEY, LOGIN_PROBE_KEY, LOGIN_NO_HOST_KEYS,
+            LOGIN_NO_CLIENT, SSHD_STUCK, LOGIN_COULD_NOT),
+)
+NAME = SPEC.name
+
 HOST_ALIAS = "healthcheck-probe"  # the name the known hosts file and the client agree on
 # ssh_host_*_key.pub in the first of these that has any, unless HEALTHCHECK_SSH_HOST_KEYS says
 # otherwise: /etc/ssh, or on a read-only root where the image's entrypoint makes them (docs/image.md).
 HOST_KEY_DIRS = ("/etc/ssh", "/run/ssh-host-keys/etc/ssh")
-HOST_KEYS = f"{HOST_KEY_DIRS[0]}/ssh_host_*_key.pub"
 MAX_HOST_KEY = 16 << 10  # bytes of one public host key file
-SPEC = services.LOGIN_SPEC
-NAME = SPEC.name
 CACHE = "ssh-login.json"  # the last passing login, reused by readiness while younger than its TTL
+HOSTKEY_WORDS = (b"Host key verification failed", b"IDENTIFICATION HAS CHANGED", b"No matching host key",
+                 b"no matching host key")
+# The client with nothing of the caller's SSH set-up: only the probe key, no agent, publickey only.
+OPTIONS = {"BatchMode": "yes", "IdentitiesOnly": "yes", "IdentityAgent": "none",
+           "PreferredAuthentications": "publickey", "PasswordAuthentication": "no",
+           "KbdInteractiveAuthentication": "no", "GlobalKnownHostsFile": "/dev/null",
+           "StrictHostKeyChecking": "yes", "HostKeyAlias": HOST_ALIAS, "UpdateHostKeys": "no",
+           "CheckHostIP": "no", "ControlMaster": "no", "ControlPath": "none", "ForwardAgent": "no",
+           "ForwardX11": "no", "ClearAllForwardings": "yes", "RequestTTY": "no", "LogLevel": "VERBOSE"}
 
 
 def key_problem(path: str) -> str | None:
@@ -42,13 +113,11 @@ def key_problem(path: str) -> str | None:
         st = os.lstat(path)
     except OSError as exc:
         return f"cannot be read ({os.strerror(exc.errno or 0)})"
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
     if st.st_uid != os.geteuid():
         return f"is owned by uid {st.st_uid}, not {os.geteuid()}"
-    if st.st_mode & 0o077:
-        return f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
+    return f"is readable by others (mode {stat.S_IMODE(st.st_mode):04o})" if st.st_mode & 0o077 else None
 
 
 def known_hosts(host_keys: str | None) -> list[str]:
@@ -58,11 +127,8 @@ def known_hosts(host_keys: str | None) -> list[str]:
     else:
         import glob
 
-        paths = []
-        for where in HOST_KEY_DIRS:
-            paths = sorted(glob.glob(os.path.join(where, "ssh_host_*_key.pub")))
-            if paths:
-                break
+        found = (sorted(glob.glob(f"{where}/ssh_host_*_key.pub")) for where in HOST_KEY_DIRS)
+        paths = next((p for p in found if p), [])
     lines = []
     for path in paths:
         try:
@@ -75,23 +141,11 @@ def known_hosts(host_keys: str | None) -> list[str]:
     return lines
 
 
-def client_argv(s: services.SshLoginSettings, host: str, hosts_file: str, deadline_left: float) -> list[str]:
-    opts = {"BatchMode": "yes", "IdentitiesOnly": "yes", "IdentityAgent": "none",
-            "IdentityFile": str(s.ssh_probe_key),
-            "PreferredAuthentications": "publickey", "PasswordAuthentication": "no",
-            "KbdInteractiveAuthentication": "no", "UserKnownHostsFile": hosts_file,
-            "GlobalKnownHostsFile": "/dev/null", "StrictHostKeyChecking": "yes", "HostKeyAlias": HOST_ALIAS,
-            "UpdateHostKeys": "no", "CheckHostIP": "no", "ControlMaster": "no", "ControlPath": "none",
-            "ForwardAgent": "no", "ForwardX11": "no", "ClearAllForwardings": "yes", "RequestTTY": "no",
-            "ConnectTimeout": str(max(1, int(deadline_left))), "LogLevel": "VERBOSE"}
-    argv = ["ssh", "-F", "/dev/null", "-n"]
-    for key, value in opts.items():
-        argv += ["-o", f"{key}={value}"]
-    return [*argv, "-p", str(s.ssh_port), "-l", s.ssh_probe_user, "--", host, "true"]
-
-
 def gather(ctx: Context) -> dict[str, Any]:
-    s = ctx.config.of(services.SshLoginSettings)
+    from probes.framework import deep
+    from probes.state import life_identity
+
+    s = ctx.config.of(SshLoginSettings)
     key = s.ssh_probe_key
     if key is None:
         return {"outcome": "no-key"}
@@ -100,11 +154,10 @@ def gather(ctx: Context) -> dict[str, Any]:
         return {"outcome": "probe-key", "key": key, "problem": problem}
     lines = known_hosts(s.ssh_host_keys)
     if not lines:
-        return {"outcome": "no-host-keys", "where": s.ssh_host_keys or HOST_KEYS}
+        where = s.ssh_host_keys or f"{HOST_KEY_DIRS[0]}/ssh_host_*_key.pub"
+        return {"outcome": "no-host-keys", "where": where}
     if not ctx.state.enabled:  # the known hosts file goes nowhere else (never /tmp)
         return {"outcome": "could-not", "why": ctx.state.disabled_reason}
-    from probes.framework import deep
-
     # What decides the answer, and this container's life: a restarted container logs in again.
     cache_key = {"host": ctx.config.host, "port": s.ssh_port, "user": s.ssh_probe_user, "key": key,
                  "host_keys": lines, "identity": life_identity()}
@@ -124,9 +177,10 @@ def gather(ctx: Context) -> dict[str, Any]:
     return data
 
 
-def login(ctx: Context, s: services.SshLoginSettings, lines: list[str]) -> dict[str, Any]:
+def login(ctx: Context, s: SshLoginSettings, lines: list[str]) -> dict[str, Any]:
     """One real login, its known hosts file in a private directory of this run (State.scratch)."""
-    from probes import proc
+    from probes import deadlines, proc
+    from probes.state import drop_scratch
 
     scratch = ctx.state.scratch(NAME)
     if scratch is None:
@@ -139,73 +193,56 @@ def login(ctx: Context, s: services.SshLoginSettings, lines: list[str]) -> dict[
                 f.write("\n".join(lines) + "\n")
         except OSError:  # a full disk: not checked, which is not unhealthy
             return {"outcome": "could-not", "why": "the state dir is full"}
+        opts = {**OPTIONS, "IdentityFile": str(s.ssh_probe_key), "UserKnownHostsFile": hosts_file,
+                "ConnectTimeout": str(max(1, int(ctx.remaining())))}
+        argv = ["ssh", "-F", "/dev/null", "-n", *(a for k, v in opts.items() for a in ("-o", f"{k}={v}")),
+                "-p", str(s.ssh_port), "-l", s.ssh_probe_user, "--", ctx.config.host, "true"]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": scratch, "LC_ALL": "C"}
-        done = proc.run(client_argv(s, ctx.config.host, hosts_file, ctx.remaining()),
-                        deadline=ctx.deadline - deadlines.MARGIN, env=env, cwd=scratch, max_output=4096)
+        done = proc.run(argv, deadline=ctx.deadline - deadlines.MARGIN, env=env, cwd=scratch, max_output=4096)
     finally:
         drop_scratch(scratch)
     return {"returncode": done.returncode, "timed_out": done.timed_out, "spawn_error": done.spawn_error,
             "stderr": done.stderr, "elapsed": done.elapsed}
 
 
-HOSTKEY_WORDS = (b"Host key verification failed", b"IDENTIFICATION HAS CHANGED", b"No matching host key",
-                 b"no matching host key")
-
-
-def classify(returncode: int | None, stderr: bytes) -> str:
-    """The reason for a login that did not exit 0, from the client's exit status and messages."""
-    authenticated = b"Authenticated to " in stderr
-    if any(w in stderr for w in HOSTKEY_WORDS) and not authenticated:
-        return "ssh-hostkey"
-    if b"Permission denied" in stderr and not authenticated:
-        return "ssh-auth-failed"
-    return "ssh-login-failed"
-
-
-def _last_words(stderr: bytes) -> str:
-    """The client's last error line, cleaned: a hint, never a secret (the key is never read)."""
-    lines = [ln for ln in stderr.splitlines()
-             if ln.strip() and not ln.startswith((b"debug", b"Authenticated"))]
-    return squeeze(lines[-1], 120) if lines else "no message"
-
-
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     outcome = data["outcome"]
     if outcome == "no-key":
-        return verdict(NAME, services.LOGIN_PROBE_KEY,
+        return verdict(NAME, LOGIN_PROBE_KEY,
                        "HEALTHCHECK_SSH_PROBE_KEY is not set: the login probe has no key")
     if outcome == "probe-key":
-        return verdict(NAME, services.LOGIN_PROBE_KEY,
-                       f"the probe key {clean(data['key'], 120)} {data['problem']}")
+        return verdict(NAME, LOGIN_PROBE_KEY, f"the probe key {clean(data['key'], 120)} {data['problem']}")
     if outcome == "no-host-keys":
-        return verdict(NAME, services.LOGIN_NO_HOST_KEYS, "no public host key read from "
+        return verdict(NAME, LOGIN_NO_HOST_KEYS, "no public host key read from "
                        f"{clean(data['where'], 120)}: nothing to check the server against")
     if outcome == "could-not":
-        return verdict(NAME, services.LOGIN_COULD_NOT, "login not checked: no private place for the known "
-                       f"hosts file ({clean(data.get('why'), 200)})")
+        return verdict(NAME, LOGIN_COULD_NOT, "login not checked: no private place for the known hosts file "
+                       f"({clean(data.get('why'), 200)})")
     if data["spawn_error"]:
-        return verdict(NAME, services.LOGIN_NO_CLIENT,
-                       f"cannot run the ssh client ({clean(data['spawn_error'], 60)})")
-    where, user = data["where"], clean(data["user"], 32)
+        return verdict(NAME, LOGIN_NO_CLIENT, f"cannot run the ssh client ({clean(data['spawn_error'], 60)})")
+    where, user, stderr = data["where"], clean(data["user"], 32), data["stderr"]
     if data["timed_out"]:
-        return verdict(NAME, services.SSHD_STUCK, f"no SSH login as {user} at {where} before the deadline "
+        return verdict(NAME, SSHD_STUCK, f"no SSH login as {user} at {where} before the deadline "
                        f"({data['elapsed']:.1f}s)")
     elapsed = round(float(data["elapsed"]), 3)
     if data["returncode"] == 0:
         cached = f" (cached, {data['cache']['age']:.0f}s old)" if data.get("cache") else ""
         return passed(NAME, f"logged in as {user} at {where} with the probe key in {elapsed:.2f}s{cached}",
                       observed=elapsed, unit="s")
-    reason = classify(data["returncode"], data["stderr"])
-    said = _last_words(data["stderr"])
-    if reason == "ssh-hostkey":
-        return verdict(NAME, services.LOGIN_HOSTKEY, f"the server at {where} offered a host key "
-                       f"that is not the container's own ({said})", observed=elapsed, unit="s")
-    if reason == "ssh-auth-failed":
-        return verdict(NAME, services.LOGIN_AUTH_FAILED, f"sshd at {where} refused the probe key for {user} "
-                       f"({said})", observed=elapsed, unit="s")
-    return verdict(NAME, services.LOGIN_FAILED, f"login as {user} at {where} did not run its command "
+    # The client's last error line, cleaned: a hint, never a secret (the key is never read).
+    lines = [ln for ln in stderr.splitlines()
+             if ln.strip() and not ln.startswith((b"debug", b"Authenticated"))]
+    said = squeeze(lines[-1], 120) if lines else "no message"
+    authenticated = b"Authenticated to " in stderr
+    if any(w in stderr for w in HOSTKEY_WORDS) and not authenticated:
+        return verdict(NAME, LOGIN_HOSTKEY, f"the server at {where} offered a host key that is not the "
+                       f"container's own ({said})", observed=elapsed, unit="s")
+    if b"Permission denied" in stderr and not authenticated:
+        return verdict(NAME, LOGIN_AUTH_FAILED, f"sshd at {where} refused the probe key for {user} ({said})",
+                       observed=elapsed, unit="s")
+    return verdict(NAME, LOGIN_FAILED, f"login as {user} at {where} did not run its command "
                    f"(exit {data['returncode']}: {said})", observed=elapsed, unit="s")
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(NAME, services.SSHD_STUCK, "no SSH login before the deadline")
+    return verdict(NAME, SSHD_STUCK, "no SSH login before the deadline")

@@ -6,17 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from probes import config, registry, services
+from probes import config, registry
 from probes import hardware as hw
 from probes.config import ConfigError, load
 from probes.framework.deep import Torch
+from probes.services.jupyter import JupyterSettings
+from probes.services.ssh import SshSettings
 from probes.spec import PROFILE_RULES, Setting
 
 
 def test_defaults():
     cfg = load({})
     assert cfg.profile == "readiness" and cfg.timeout == PROFILE_RULES["readiness"].timeout
-    assert cfg.of(services.JupyterSettings).jupyter_port == 8888 and cfg.of(services.SshSettings).ssh_port == 22
+    assert cfg.of(JupyterSettings).jupyter_port == 8888 and cfg.of(SshSettings).ssh_port == 22
     assert cfg.host == "127.0.0.1"
     assert cfg.of(Torch).torch_device == "cuda" and cfg.of(hw.Expected).gpu_count == 1
     on = [s.name for s in registry.PROBES if s.default_on and "readiness" in s.profiles]
@@ -122,7 +124,7 @@ def test_serve_xid_lists_refuse_what_int_cannot_read(raw):
 
 
 def test_base_url_gets_trailing_slash():
-    assert load({"HEALTHCHECK_JUPYTER_BASE_URL": "/lab"}).of(services.JupyterSettings).jupyter_base_url == "/lab/"
+    assert load({"HEALTHCHECK_JUPYTER_BASE_URL": "/lab"}).of(JupyterSettings).jupyter_base_url == "/lab/"
 
 
 # ---------------------------------------------------------------- every setting, validated to what its user can take

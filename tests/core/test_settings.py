@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from probes import config, registry, services
+from probes import config, registry
 from probes.framework import deep
+from probes.services.ssh import SshSettings
 from probes.spec import BOOL, INTEGER, NUMBER, PORT, Declared, Setting, Spec, load
 
 # What config.parse_setting returns for each kind; a TEXT setting's own grammar gives text too.
@@ -57,7 +58,7 @@ def test_a_probe_that_declares_its_settings_once_lists_its_settings_class(spec):
 
 
 def test_the_record_carries_the_defaults_and_the_parsed_environment():
-    ssh, torch = services.SshSettings, deep.Torch
+    ssh, torch = SshSettings, deep.Torch
     assert config.load({}).of(ssh).ssh_port == 22
     cfg = config.load({"HEALTHCHECK_SSH_PORT": " 2222 ", "HEALTHCHECK_TORCH_TTL": "7",
                        "HEALTHCHECK_TORCH_DEVICE": "cpu"})

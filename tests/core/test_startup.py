@@ -24,12 +24,11 @@ HEAVY = ("typing", "ctypes", "subprocess", "json", "re", "argparse", "logging", 
          "probes.proc", "probes.hardware.nvml_lib", "probes.hardware.nvml_read", "probes.framework.torch_worker",
          "probes.framework.model_worker", "probes.framework.nccl_worker", "probes.framework.checkpoint_child",
          "probes.framework.free_memory", "probes.framework.cuda_errors",
-         # jupyter-kernel's client (websocket-client) and its run: never on liveness's path
-         "websocket", "probes.services._kernel", "probes.services.kernel_run",
+         # the services' sockets, jupyter-kernel's client and its run: never with the services off
+         "websocket", "probes.services.net", "probes.services.kernel_run",
          # the modules of probes liveness never runs: their declarations are their layer package's
          "probes.hardware.nvidia_smi", "probes.hardware.nvml", "probes.hardware.runtime",
-         "probes.framework.checkpoint", "probes.framework.model", "probes.framework.nccl",
-         "probes.services.jupyter_kernel", "probes.services.ssh_keys", "probes.services.ssh_login")
+         "probes.framework.checkpoint", "probes.framework.model", "probes.framework.nccl")
 SCRIPT = ("import sys\nfrom probes.cli import main\ncode = main(['--profile', 'liveness'])\n"
           "print(','.join(sorted(m for m in sys.modules if m in {heavy!r})))\n")
 

@@ -1,28 +1,30 @@
-"""The services layer's declarations live in its package: read without importing a probe's module."""
+"""Each services probe is one module that declares it (``SPEC``, causes, settings) beside its
+gather and judge; reading the declarations imports none of what the probes need to run."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from probes import services
-from probes.spec import load
+from probes import registry
 from tests.conftest import ROOT
 
-SCRIPT = ("import sys\nfrom probes import services\n"
-          "print(' '.join(s.name for s in services.SPECS))\n"
-          "print(' '.join(sorted(m for m in sys.modules if m.startswith('probes'))))\n")
+SCRIPT = ("import sys\nfrom probes import registry\n"
+          "print(' '.join(s.name for s in registry.PROBES if s.layer == 'services'))\n"
+          "print(' '.join(sorted(m for m in sys.modules if m.startswith('probes.services'))))\n")
 
 
-def test_the_layer_declares_its_probes_without_importing_them():
+def test_the_declarations_are_read_from_the_probes_own_modules_and_what_they_share():
     res = subprocess.run([sys.executable, "-I", "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True,
                          timeout=60, check=True)
     names, modules = res.stdout.splitlines()
     assert names == "jupyter jupyter-kernel ssh ssh-keys ssh-login"
-    assert set(modules.split()) <= {"probes", "probes.record", "probes.services", "probes.spec"}, modules
+    assert modules.split() == ["probes.services", "probes.services.common", "probes.services.jupyter",
+                               "probes.services.jupyter_kernel", "probes.services.ssh",
+                               "probes.services.ssh_keys", "probes.services.ssh_login"]
 
 
-def test_each_probe_module_binds_its_declaration_from_the_package():
-    for spec in services.SPECS:
-        module = load(spec.module)
-        assert module.SPEC is spec and spec.name == module.NAME, spec.module
+def test_each_probe_module_declares_itself():
+    for spec in (s for s in registry.PROBES if s.layer == "services"):
+        module = spec.load()
+        assert module.SPEC is spec and (module.NAME, module.__name__) == (spec.name, spec.module)

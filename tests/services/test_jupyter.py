@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from probes.result import Result, Status
-from probes.services import jupyter
+from probes.services import net
 from probes.services.jupyter import MAX_RUNTIME_FILE
 from tests.conftest import ROOT, clean_env, run_cli
 from tests.services.conftest import (
@@ -299,10 +299,10 @@ def test_listening_sockets_and_their_owners(other_user_server: Any) -> None:
         with contextlib.suppress(OSError):  # the same port on IPv6 loopback, where there is one
             sockets.append(Listener("::1", sockets[0].port))
         other = other_user_server()
-        found = jupyter.listeners()
+        found = net.listeners()
         assert found[sockets[0].port] == {os.geteuid()}
         assert found[other.port] == {OTHER_UID}
-        assert free_port() not in jupyter.listeners()
+        assert free_port() not in net.listeners()
     finally:
         for s in sockets:
             s.close()
@@ -311,13 +311,13 @@ def test_listening_sockets_and_their_owners(other_user_server: Any) -> None:
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost", "LOCALHOST",
                                   "::ffff:127.0.0.1"])
 def test_is_loopback(host: str) -> None:
-    assert jupyter.is_loopback(host)
+    assert net.is_loopback(host)
 
 
 @pytest.mark.parametrize("host", ["192.0.2.1", "10.0.0.1", "::2", "128.0.0.1", "localhost.example.com",
                                   "127.0.0.1.nip.io", "", "0.0.0.0", "127.0.0.1\x00", "::ffff:10.0.0.1"])
 def test_is_not_loopback(host: str) -> None:
-    assert not jupyter.is_loopback(host)
+    assert not net.is_loopback(host)
 
 
 def test_runtime_file_whose_owner_does_not_hold_the_port(other_user_server: Any, tmp_path: Path) -> None:

@@ -111,7 +111,8 @@ def server_uid(uid: int | None) -> Iterator[None]:
 
     def server(ctx: Context) -> tuple[Any, str | None, str]:
         srv, source, withheld = found(ctx)
-        return srv._replace(uid=uid), source, withheld
+        srv.uid = uid
+        return srv, source, withheld
 
     with mock.patch.object(jupyter_kernel, "server", server):
         yield
@@ -508,21 +509,21 @@ DEATHS = [
 
 @pytest.mark.parametrize(("output", "shown"), DEATHS)
 def test_the_line_kept_of_a_dead_kernels_output_names_its_module_or_file(output: str, shown: str) -> None:
-    from probes.services import _kernel
+    from probes.services import kernel_run
 
-    line = _kernel.first_cause("Traceback (most recent call last):\n" + output)
+    line = kernel_run.first_cause("Traceback (most recent call last):\n" + output)
     assert shown in line and len(line) <= 200, line
 
 
 def test_a_long_line_keeps_the_names_at_its_ends() -> None:
-    from probes.services import _kernel
+    from probes.services import kernel_run
 
     deep = "/opt/conda/envs/" + "x" * 150 + "/lib/libzmq.so.5"
-    line = _kernel.first_cause(f"ImportError: /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.30' "
+    line = kernel_run.first_cause(f"ImportError: /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.30' "
                                f"not found (required by {deep})\n")
     assert len(line) <= 200 and line.startswith("ImportError: /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBC")
     assert line.endswith("/lib/libzmq.so.5)"), line
-    line = _kernel.first_cause("AttributeError: module 'random' has no attribute 'randint' (consider renaming "
+    line = kernel_run.first_cause("AttributeError: module 'random' has no attribute 'randint' (consider renaming "
                                f"'/home/dev/{'r' * 80}/random.py' since it has the same name as the standard library "
                                "module named 'random' and prevents importing that standard library module)\n")
     assert line.endswith(f"(consider renaming '/home/dev/{'r' * 80}/random.py')"), line
@@ -644,7 +645,7 @@ def test_a_suite_that_is_not_root_runs_nothing_of_another_uid(other: OwnJupyter,
     os.chown(state, 4343, 4343)
     script = ("import json, sys, time\n"
               "from probes.config import Config\nfrom probes.context import Context\nfrom probes.state import State\n"
-              "from probes.services import jupyter_kernel\nfrom probes.services._kernel import Server\n"
+              "from probes.services import jupyter_kernel\nfrom probes.services.kernel_run import Server\n"
               "cfg = Config(torch_device='cpu', jupyter_kernel_name='record')\n"
               f"ctx = Context(cfg, time.monotonic() + 30, {{}}, State.open({str(state)!r}))\n"
               f"srv = Server('127.0.0.1', {other.port}, '/', False, {TOKEN!r}, None, {OTHER})\n"
@@ -756,7 +757,7 @@ import os, subprocess, sys, time
 sys.path.insert(0, {str(ROOT)!r})
 from probes import pidstat
 from probes.services import kernel_run
-from probes.services._kernel import Server
+from probes.services.kernel_run import Server
 from probes.state import State
 kernel = subprocess.Popen(["sleep", "60"])
 pair = {{kernel.pid: pidstat.stat(kernel.pid).start}}

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from probes.result import Status
-from probes.services import _http, jupyter
+from probes.services import jupyter, net
 from tests.services.conftest import (
     Listener,
     fake_jupyter,
@@ -70,7 +70,7 @@ def test_chunked_trailer_that_never_ends_is_bounded(scripted: Any, tmp_path: Pat
     data = jupyter.gather(ctx)
     r = jupyter.judge(data, ctx)
     assert time.monotonic() - t0 < 1.5, "it read until the deadline"
-    assert data["received"] <= jupyter.MAX_REPLY + 1
+    assert data["received"] <= net.MAX_REPLY + 1
     assert (r.status, r.reason) == (Status.FAIL, "not-jupyter")
     assert "not Jupyter" in r.message and "reply too large" in r.message
 
@@ -99,12 +99,12 @@ def test_ipv6_loopback_and_request_shape(scripted: Any, tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the HTTP parser
 
 def test_parser_accepts_well_formed_replies() -> None:
-    ok = _http.parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", eof=False)
+    ok = net.parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", eof=False)
     assert ok == {"status": 200, "content_type": "", "body": b"{}"}
-    assert _http.parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n{}", eof=False) is None
-    assert _http.parse_response(b"HTTP/1.0 200 OK\r\n\r\nabc", eof=True)["body"] == b"abc"
-    assert _http.parse_response(b"HTTP/1.0 200 OK\r\n\r\nabc", eof=False) is None
-    assert _http.parse_response(b"HTT", eof=False) is None
+    assert net.parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n{}", eof=False) is None
+    assert net.parse_response(b"HTTP/1.0 200 OK\r\n\r\nabc", eof=True)["body"] == b"abc"
+    assert net.parse_response(b"HTTP/1.0 200 OK\r\n\r\nabc", eof=False) is None
+    assert net.parse_response(b"HTT", eof=False) is None
 
 
 @pytest.mark.parametrize("raw", [
@@ -121,38 +121,38 @@ def test_parser_accepts_well_formed_replies() -> None:
     b"HTTP/1.1 200 OK\r\nX: " + b"a" * 20000,
 ])
 def test_parser_rejects_malformed_replies(raw: bytes) -> None:
-    with pytest.raises(_http.HttpError):
-        _http.parse_response(raw, eof=True)
+    with pytest.raises(net.HttpError):
+        net.parse_response(raw, eof=True)
 
 
 def test_parser_bounds_the_whole_reply() -> None:
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    with pytest.raises(_http.TooLarge):
-        _http.parse_response(head + b"0\r\n" + b"X-Pad: a\r\n" * 3000, eof=False)  # trailer
-    with pytest.raises(_http.TooLarge, match="too many chunks"):  # tiny chunks, a small body
-        _http.parse_response(head + b"1\r\nx\r\n" * 2000, eof=False)
+    with pytest.raises(net.TooLarge):
+        net.parse_response(head + b"0\r\n" + b"X-Pad: a\r\n" * 3000, eof=False)  # trailer
+    with pytest.raises(net.TooLarge, match="too many chunks"):  # tiny chunks, a small body
+        net.parse_response(head + b"1\r\nx\r\n" * 2000, eof=False)
     # Every part within its own bound (body, chunk count, size lines, trailer), the whole too large.
     chunk = b"3f;" + b"e" * 61 + b"\r\n" + b"x" * 63 + b"\r\n"
     flood = head + chunk * 1020 + b"0\r\nX-Pad: " + b"a" * 16000 + b"\r\n"
-    with pytest.raises(_http.TooLarge, match="reply too large"):
-        _http.parse_response(flood, eof=False)
+    with pytest.raises(net.TooLarge, match="reply too large"):
+        net.parse_response(flood, eof=False)
     ok = head + b"1\r\nx\r\n" * 100 + b"0\r\nX-Pad: a\r\n\r\n"
-    assert _http.parse_response(ok, eof=False)["body"] == b"x" * 100
+    assert net.parse_response(ok, eof=False)["body"] == b"x" * 100
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300), st.booleans())
 def test_parser_only_ever_raises_http_error(raw: bytes, eof: bool) -> None:
     try:
-        _http.parse_response(b"HTTP/1.1 200 OK\r\n" + raw, eof)
-        _http.parse_response(raw, eof)
-    except _http.HttpError:
+        net.parse_response(b"HTTP/1.1 200 OK\r\n" + raw, eof)
+        net.parse_response(raw, eof)
+    except net.HttpError:
         pass
 
 
 def test_request_path_is_encoded() -> None:
-    assert jupyter._request_path("/user/a b/") == "/user/a%20b/api"
-    assert jupyter._request_path("/ü/") == "/%C3%BC/api"
+    assert jupyter.quote_path("/user/a b/api") == "/user/a%20b/api"
+    assert jupyter.quote_path("/ü/api") == "/%C3%BC/api"
 
 
 def test_the_outcome_table_speaks_only_the_declared_causes() -> None:

@@ -1,0 +1,328 @@
+"""Connect, read and speak HTTP/1.x under one overall deadline, for the service probes.
+
+Every blocking call gets only the time left, so a server that trickles a byte a second cannot
+stretch a read past the deadline. ``exchange`` parses the reply strictly, every part bounded, so a
+reply that never ends is cut at once (``http.client`` would import ``ssl`` and ``email`` on every
+liveness run). Connections are direct (no proxy); a self-signed certificate passes on loopback only.
+"""
+
+from __future__ import annotations
+
+# _socket, not socket: socket.py adds enums and selectors that a liveness run would pay for, a
+# measurable share of it (docs/benchmark.md); the probes need only the C module's socket, lookups
+# and constants. ssl, imported for a TLS server only, takes its socket as it is.
+import _socket
+import os
+import sys
+import time
+
+from probes.services.common import excerpt, host_header
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+timeout = _socket.timeout  # TimeoutError from Python 3.10
+MAX_HEAD = 16 * 1024
+MAX_BODY = 64 * 1024
+MAX_REPLY = MAX_HEAD + 2 * MAX_BODY
+MAX_CHUNKS = 1024  # the reply is parsed again as it grows: bound the work of each parse
+TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+class NetError(Exception):
+    """A connection that failed; ``kind`` is refused, timeout, unreachable or resolve."""
+
+    def __init__(self, kind: str, detail: str = "") -> None:
+        super().__init__(kind)
+        self.kind, self.detail = kind, detail
+
+
+class HttpError(Exception):
+    """The reply is not well-formed HTTP/1.x (in short, fixed words)."""
+
+
+class TooLarge(HttpError):
+    """The reply, or a part of it, exceeds its bound."""
+
+
+def arm(sock: _socket.socket, deadline: float) -> None:
+    """Give the next blocking call on ``sock`` only the time left; raise timeout when none is."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise timeout("deadline")
+    sock.settimeout(max(left, 0.001))  # settimeout(0) would mean non-blocking, not "no time left"
+
+
+def connect(host: str, port: int, deadline: float) -> _socket.socket:
+    """Connect to each address of ``host`` in turn until one accepts, all by ``deadline`` (NetError)."""
+    if deadline <= time.monotonic():
+        raise NetError("timeout")
+    try:
+        # An ASCII name goes as bytes: a str would import the IDNA codec to encode it.
+        name: str | bytes = host.encode("ascii") if host.isascii() else host
+        infos = _socket.getaddrinfo(name, port, type=_socket.SOCK_STREAM)
+    except (_socket.gaierror, UnicodeError):
+        raise NetError("resolve") from None
+    kind, detail = "unreachable", ""
+    for family, type_, proto, _, addr in infos:
+        sock = _socket.socket(family, type_, proto)
+        try:
+            arm(sock, deadline)
+            sock.connect(addr)
+            return sock
+        except ConnectionRefusedError:
+            kind = "refused"
+        except timeout:
+            sock.close()
+            raise NetError("timeout") from None
+        except OSError as exc:
+            if kind != "refused":
+                kind, detail = "unreachable", os.strerror(exc.errno) if exc.errno else ""
+        sock.close()
+    raise NetError(kind, detail)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is "localhost" or a loopback address literal (127/8, ::1, ::ffff:127/104)."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return _socket.inet_pton(_socket.AF_INET, name)[0] == 127
+    except (OSError, ValueError):
+        pass
+    try:
+        packed = _socket.inet_pton(_socket.AF_INET6, name)
+    except (OSError, ValueError):
+        return False
+    return packed == bytes(15) + b"\x01" or packed[:13] == bytes(10) + b"\xff\xff\x7f"
+
+
+def listening() -> list[tuple[int, bytes, int, int]]:
+    """(family, address as the kernel prints it, port, uid) of each listening TCP socket here: from
+    /proc/net/tcp and tcp6, which anyone may read (unlike /proc/<pid>/fd they need no CAP_SYS_PTRACE,
+    which root lacks in Docker's default set). They come first: reading stops at the first other."""
+    found: list[tuple[int, bytes, int, int]] = []
+    for table, family in (("/proc/net/tcp", _socket.AF_INET), ("/proc/net/tcp6", _socket.AF_INET6)):
+        try:
+            with open(table, "rb") as f:
+                next(f, None)  # the header
+                for line in f:
+                    # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+                    fields = line.split()
+                    if len(fields) < 8 or fields[3] != b"0A":  # 0A: LISTEN
+                        break
+                    addr, _, port = fields[1].partition(b":")
+                    found.append((family, addr, int(port, 16), int(fields[7])))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def listeners() -> dict[int, set[int]]:
+    """The uids owning a listening TCP socket, by port (IPv4 and IPv6)."""
+    by_port: dict[int, set[int]] = {}
+    for _, _, port, uid in listening():
+        by_port.setdefault(port, set()).add(uid)
+    return by_port
+
+
+def nearby(expected: int, limit: int = 5) -> list[str]:
+    """The listening ports nearest to ``expected`` ("127.0.0.1:2222", "*:8888"), to explain a refusal."""
+    seen = set()
+    for family, addr, port, _ in listening():
+        # The address as 32-bit words, each printed as a number in host order.
+        ip = _socket.inet_ntop(family, b"".join(int(addr[i:i + 8], 16).to_bytes(4, sys.byteorder)
+                                               for i in range(0, len(addr), 8)))
+        seen.add(("*" if ip in ("0.0.0.0", "::") else ip, port))  # noqa: S104
+    ordered = sorted(seen, key=lambda a: (abs(a[1] - expected), a[1], a[0]))
+    shown = (f"*:{port}" if ip == "*" else host_header(ip, port) for ip, port in ordered)
+    return list(dict.fromkeys(shown))[:limit]
+
+
+def _dechunk(body: bytes) -> bytes | None:
+    """A chunked body decoded; None while incomplete. Raises HttpError on malformed framing."""
+    out, pos = bytearray(), 0
+    for _ in range(MAX_CHUNKS + 1):
+        eol = body.find(b"\r\n", pos, pos + 66)
+        if eol < 0:
+            if len(body) - pos > 64:
+                raise HttpError("bad chunk size line")
+            return None
+        size_text = body[pos:eol].split(b";", 1)[0].strip()
+        if not size_text or any(c not in b"0123456789abcdefABCDEF" for c in size_text) or len(size_text) > 8:
+            raise HttpError("bad chunk size")
+        size = int(size_text, 16)
+        if size == 0:
+            # Optional trailer fields, then an empty line; bounded like a header.
+            rest = eol + 2
+            if body.startswith(b"\r\n", rest) or body.find(b"\r\n\r\n", rest) >= 0:
+                return bytes(out)
+            if len(body) - rest > MAX_HEAD:
+                raise TooLarge("trailer too large")
+            return None
+        start, end = eol + 2, eol + 2 + size
+        if len(out) + size > MAX_BODY:
+            raise TooLarge("body too large")
+        if len(body) < end + 2:
+            return None
+        if body[end:end + 2] != b"\r\n":
+            raise HttpError("bad chunk framing")
+        out += body[start:end]
+        pos = end + 2
+    raise TooLarge("too many chunks")
+
+
+def parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
+    """A complete HTTP/1.x response in ``buf``, or None while more bytes are needed. Strict: a status
+    line ``HTTP/1.0|1.1 NNN reason``, CRLF line ends, token header names, no folded lines, one
+    Content-Length, chunked as the only transfer coding, each part bounded and MAX_REPLY bytes in
+    all (exchange reads no more). Raises HttpError (TooLarge for what exceeds a bound)."""
+    if len(buf) > MAX_REPLY:
+        raise TooLarge("reply too large")
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        if not buf.startswith(b"HTTP/"[: len(buf)]):
+            raise HttpError("not HTTP")
+        if len(buf) > MAX_HEAD:
+            raise TooLarge("header too large")
+        if eof:
+            raise HttpError("incomplete header")
+        return None
+    if end > MAX_HEAD:
+        raise TooLarge("header too large")
+    lines = buf[:end].decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or parts[0] not in ("HTTP/1.0", "HTTP/1.1") or len(parts[1]) != 3 \
+            or any(c not in "0123456789" for c in parts[1]):
+        raise HttpError("bad status line")
+    status = int(parts[1])
+    headers: dict[str, list[str]] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or any(c not in TOKEN_CHARS for c in name):
+            raise HttpError("bad header line")
+        headers.setdefault(name.lower(), []).append(value.strip(" \t"))
+    if status < 200:
+        raise HttpError("interim response")
+    body = buf[end + 4:]
+    result: dict[str, Any] = {"status": status, "content_type": (headers.get("content-type") or [""])[0]}
+    if status in (204, 304):
+        return {**result, "body": b""}
+    if "transfer-encoding" in headers:
+        if [v.lower() for v in headers["transfer-encoding"]] != ["chunked"]:
+            raise HttpError("unsupported transfer coding")
+        decoded = _dechunk(body)
+        if decoded is None:
+            if eof:
+                raise HttpError("incomplete body")
+            return None
+        return {**result, "body": decoded}
+    if "content-length" in headers:
+        values = set(headers["content-length"])
+        text = values.pop()
+        if values or not text or len(text) > 12 or any(c not in "0123456789" for c in text):
+            raise HttpError("bad Content-Length")
+        length = int(text)
+        if length > MAX_BODY:
+            raise TooLarge("body too large")
+        if len(body) >= length:
+            return {**result, "body": body[:length]}
+        if eof:
+            raise HttpError("incomplete body")
+        return None
+    if len(body) > MAX_BODY:
+        raise TooLarge("body too large")
+    return {**result, "body": body} if eof else None
+
+
+def _tls(sock: _socket.socket, host: str, deadline: float) -> _socket.socket:
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        loopback = is_loopback(str(sock.getpeername()[0]))
+    except OSError:
+        loopback = False
+    if loopback:  # Jupyter's certificate is usually self-signed; on loopback nobody sits in between
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        context.load_default_certs()
+    tls = context.wrap_socket(sock, server_hostname=host.strip("[]"),  # type: ignore[arg-type]
+                              do_handshake_on_connect=False)
+    arm(tls, deadline)
+    tls.do_handshake()
+    return tls
+
+
+def speaks_tls(host: str, port: int, deadline: float) -> bool:
+    """Whether the server completes a TLS handshake (asked only to explain a failure)."""
+    try:
+        sock = connect(host, port, deadline)
+    except NetError:
+        return False
+    try:
+        _tls(sock, host, deadline).close()
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def exchange(host: str, port: int, path: str, secure: bool, deadline: float, *, method: str = "GET",
+             headers: str = "", body: bytes = b"") -> dict[str, Any]:
+    """One ``method path`` by ``deadline``: what happened (``outcome``); never raises for the network.
+    ``headers``: more lines, each ending in CRLF (a token's, which nothing here shows); ``body``: JSON."""
+    t0 = time.monotonic()
+    try:
+        sock = connect(host, port, deadline)
+    except NetError as exc:
+        return {"outcome": "connect-timeout" if exc.kind == "timeout" else exc.kind, "detail": exc.detail}
+    try:
+        if secure:
+            # A plain-HTTP server waits silently for a request line that a TLS ClientHello never
+            # completes: the handshake gets half the time, the rest is left to find that out.
+            try:
+                sock = _tls(sock, host, t0 + (deadline - t0) / 2)
+            except timeout:
+                return {"outcome": "tls-timeout"}
+            except OSError as exc:
+                return {"outcome": "tls-verify" if type(exc).__name__ == "SSLCertVerificationError"
+                        else "tls-failed"}
+        sent = (f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                if body or method in ("POST", "PUT") else "")
+        request = (f"{method} {path} HTTP/1.1\r\nHost: {host_header(host, port)}\r\n"
+                   f"User-Agent: healthcheck\r\nAccept: application/json\r\n{headers}{sent}"
+                   "Connection: close\r\n\r\n")
+        try:
+            arm(sock, deadline)
+            sock.sendall(request.encode("ascii") + body)
+        except timeout:
+            return {"outcome": "timeout", "received": 0}
+        except OSError:
+            pass  # the server closed early; what it sent (if anything) decides
+        buf = b""
+        while True:
+            try:
+                arm(sock, deadline)
+                chunk = sock.recv(min(65536, MAX_REPLY + 1 - len(buf)))
+            except timeout:
+                return {"outcome": "timeout", "received": len(buf)}
+            except OSError:  # reset, or a TLS error mid-stream
+                chunk = b""
+            buf += chunk
+            if not secure and len(buf) >= 2 and buf[0] in (0x15, 0x16) and buf[1] == 3:
+                return {"outcome": "tls-reply"}  # a TLS record where the status line should be
+            try:
+                response = parse_response(buf, eof=not chunk)  # at the end: a response, or an error
+            except TooLarge as exc:
+                return {"outcome": "too-large", "why": str(exc), "received": len(buf)}
+            except HttpError:
+                return {"outcome": "bad-http", "excerpt": excerpt(buf)} if buf else {"outcome": "closed"}
+            if response is not None:
+                return {"outcome": "response", "elapsed": time.monotonic() - t0, **response}
+    finally:
+        sock.close()
