@@ -17,6 +17,7 @@ import sys
 # ctypes and the scaffold are loaded where used: the suite imports this module for PREFIX and SCHEMA
 # on every run (liveness included), and ctypes alone costs about 2 ms.
 PREFIX = "HEALTHCHECK-CHECKPOINT-RESULT "
+QUERY = "HEALTHCHECK-CHECKPOINT-QUERY "  # on stderr before each query: which pid hung
 SCHEMA = 1
 
 
@@ -65,7 +66,7 @@ def query(pids, report):
                     # Flush what is known so far: if the next query hangs, the parent
                     # still sees which pids answered (one line per step on stderr).
                     state = ctypes.c_int(-1)
-                    sys.stderr.write("HEALTHCHECK-CHECKPOINT-QUERY " + str(pid) + "\n")
+                    sys.stderr.write(QUERY + str(pid) + "\n")
                     sys.stderr.flush()
                     rc = int(ask(ctypes.c_int(pid), ctypes.byref(state)))
                     report["states"].append({"pid": pid, "rc": rc, "state": state.value if rc == 0 else None})

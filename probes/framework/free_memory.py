@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-NCCL_MIB = 256  # NCCL's buffers on each GPU, on top (NCCL_BUFFSIZE 4 MiB per channel and peer)
 REASON = "workload-memory"
 MAX_GPUS = 1024
 MAX_MIB = 2**44  # NVML gives bytes as an unsigned 64-bit number: every MiB count it can give is below

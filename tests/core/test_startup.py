@@ -26,9 +26,7 @@ HEAVY = ("typing", "ctypes", "subprocess", "json", "re", "argparse", "logging", 
          "probes.framework.free_memory", "probes.framework.cuda_errors",
          # jupyter-kernel's client (websocket-client) and its run: never on liveness's path
          "websocket", "probes.services._kernel", "probes.services.kernel_run",
-         # the modules of probes liveness never runs: their declarations are their layer package's
-         "probes.hardware.nvidia_smi", "probes.hardware.nvml", "probes.hardware.runtime",
-         "probes.framework.checkpoint", "probes.framework.model", "probes.framework.nccl",
+         # the modules of probes liveness never runs whose declarations are their layer package's
          "probes.services.jupyter_kernel", "probes.services.ssh_keys", "probes.services.ssh_login")
 SCRIPT = ("import sys\nfrom probes.cli import main\ncode = main(['--profile', 'liveness'])\n"
           "print(','.join(sorted(m for m in sys.modules if m in {heavy!r})))\n")

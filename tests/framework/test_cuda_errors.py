@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from probes.framework import cuda_errors, torch_cuda, torch_worker
+from probes.framework import cuda_errors, deep, torch_cuda, torch_worker
 from probes.registry import PROBES
 from probes.result import Result, Status
 
@@ -31,7 +31,8 @@ def judged(message: str, *, code: int | None = None, phase: str = "device", kind
     else:
         report.update(available=False, count=None, devices=[], error=err)
     raw = (torch_worker.PREFIX + json.dumps(report) + "\n").encode()
-    parsed, problem = torch_cuda.parse_output(raw, "cuda", torch_cuda.SIZE)
+    parsed, problem = deep.parse(raw, torch_worker.PREFIX,
+                                 lambda report: torch_cuda.validate(report, "cuda", torch_cuda.SIZE))
     assert problem is None, problem
     data = {"kind": "worker", "python": "python3", "device": "cuda", "expect": None, "report": parsed}
     return torch_cuda.judge(data, CTX)  # type: ignore[arg-type]
