@@ -392,13 +392,3 @@ def failure(name: str, code: Any, message: str, where: str, **kw: Any) -> Result
                               f"{where}: {error.label}", facts=facts, **kw)
     return error.verdict(name, f"CUDA error on {where} ({error.label})", cause=deep.CUDA_ERROR, facts=facts,
                          **kw)
-
-
-def could_not_check() -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """(codes, lower-case wordings) of the errors that mean "could not check": what the workers'
-    BENIGN lists must hold (a test keeps them equal)."""
-    rows = [e for e in (*TABLE, *LIBRARY) if e.category == NOT_CHECKED]
-    codes = tuple(sorted(e.code for e in rows if e.code is not None))
-    words = {t.lower() for e in rows for t in (e.text, *e.aliases) if t and not t.startswith("CUDA_ERROR_")}
-    words |= {e.name.lower() for e in rows if e.code is None}
-    return codes, tuple(sorted(words))

@@ -1,8 +1,7 @@
-"""The workers' protocol, as the suite reads it (the writing side is ``worker_base.py``): a worker
-prints one line ``PREFIX + JSON`` on stdout and progress markers ``PHASE + name`` on stderr, each
-declared in the worker's own file. A report enters the suite only through here, checked field by
-field against a schema of kinds, so that no later use sees a wrong type, a non-finite number or an
-unbounded string. Imported when a worker's output is read, never to declare a probe.
+"""The workers' protocol as the suite reads it (the writing side is ``worker_base.py``): one line
+``PREFIX + JSON`` on stdout and progress markers ``PHASE + name`` on stderr. A report enters the
+suite only through here, checked field by field against a schema of kinds, so that no later use
+sees a wrong type, a non-finite number or an unbounded string.
 """
 
 from __future__ import annotations
@@ -16,12 +15,13 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-
-# Field kinds of a schema: {"name": (kind, nullable)}.
-STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"
+STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": (kind, nullable)}
 MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
 MAX_STR = 1000  # characters of any string field, before cleaning
 NONFINITE = ("nan", "inf", "-inf")  # how a worker spells a non-finite MEASURE
+# Host memory's words (MemoryError as a whole word: torch's OutOfMemoryError is the GPU's): the C
+# library's ENOMEM, the dynamic loader's failed mmap(), C++'s failed allocation (then abort()).
+MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
 
 
 class Bad(ValueError):
@@ -74,9 +74,8 @@ def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: t
 
 
 def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key: str = "") -> Any:
-    """A copy of a validated report with every string made one printable line of at most ``limit``
-    characters (``limits``: per field name); numbers, booleans and None stay what they are (an
-    error's ``code`` stays the integer the CUDA error table is keyed by)."""
+    """A copy of a validated report with every string one printable line of at most ``limit``
+    characters (``limits``: per field name); numbers, booleans and None stay what they are."""
     if isinstance(value, dict):
         return {k: cleaned(v, limit, limits, k) for k, v in value.items()}
     if isinstance(value, list):
@@ -87,13 +86,11 @@ def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key
 
 
 def result(stdout: bytes, prefix: str) -> Any:
-    """The JSON of the one result line in ``stdout``; Bad when there is none, more than one,
-    or it is not readable JSON (malformed, too deep, NaN, a number too large for a float)."""
+    """The JSON of the one result line in ``stdout``; Bad when there is none, more than one, or it is
+    not readable JSON (malformed, too deep, NaN, a number too large for a float)."""
     hits = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.startswith(prefix)]
-    if not hits:
-        raise Bad("no result line")
-    if len(hits) > 1:
-        raise Bad("more than one result line")
+    if len(hits) != 1:
+        raise Bad("more than one result line" if hits else "no result line")
     try:
         return untrusted.load_json(hits[0][len(prefix):])
     except ValueError as exc:
@@ -101,24 +98,14 @@ def result(stdout: bytes, prefix: str) -> Any:
 
 
 def arrived(stdout: bytes, prefix: str) -> bool:
-    """Whether the output so far holds a whole result line, its line break included (what
-    ``proc.run`` asks through ``until``: the answer is complete)."""
+    """Whether the output so far holds a whole result line, its line break included."""
     marker = prefix.encode()
-    if marker not in stdout:
-        return False
-    lines = stdout.splitlines(keepends=True)
-    return any(line.startswith(marker) and line.endswith((b"\n", b"\r")) for line in lines)
-
-
-# What an interpreter says when loading ran out of memory or address space (RLIMIT_AS): Python's
-# MemoryError, the C library's ENOMEM text, the dynamic loader's mmap() failure, C++'s allocation
-# failure (std::bad_alloc, then abort()).
-# Host memory's words; MemoryError as a whole word: torch's OutOfMemoryError is the GPU's.
-MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
+    return marker in stdout and any(line.startswith(marker) and line.endswith((b"\n", b"\r"))
+                                    for line in stdout.splitlines(keepends=True))
 
 
 def out_of_memory(text: bytes | str) -> bool:
-    """Whether ``text`` (a worker's stderr or error message) says it ran out of memory."""
+    """Whether ``text`` (a worker's stderr or error message) says host memory ran out."""
     import re
 
     low = (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).lower()
@@ -126,14 +113,11 @@ def out_of_memory(text: bytes | str) -> bool:
 
 
 def last_phase(stderr: bytes, phase: str, names: str) -> str | None:
-    """The last progress marker in ``stderr`` whose whole name matches the pattern ``names``:
-    where the worker was when it stopped."""
+    """The last progress marker in ``stderr`` whose whole name matches the pattern ``names``."""
     import re
 
     found = None
     for line in stderr.decode("utf-8", "replace").splitlines():
-        if line.startswith(phase):
-            name = line[len(phase):].strip()
-            if re.fullmatch(names, name):
-                found = name
+        if line.startswith(phase) and re.fullmatch(names, line[len(phase):].strip()):
+            found = line[len(phase):].strip()
     return found

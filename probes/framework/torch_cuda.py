@@ -149,16 +149,6 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
 
 # ---- gather: the only part that runs processes or touches the state dir ----
 
-def expected_count(ctx: Context) -> int | None:
-    """NVML's device count when the hardware layer ran and passed, for device cuda."""
-    if ctx.config.of(Torch).torch_device != "cuda":
-        return None
-    from probes.hardware import common as hw
-
-    seen = hw.seen(ctx.results)
-    return seen.count if seen is not None and seen.ok else None
-
-
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     from probes.framework import torch_worker
 
@@ -229,13 +219,18 @@ def gather(ctx: Context) -> dict[str, Any]:
         why = checkpoint.hold(ctx)  # an earlier run saw a checkpointed process that still exists
         if why is not None:
             return {"kind": "checkpointed", "why": why}
-    expect = expected_count(ctx)
+    from probes.hardware import common as hw
+
+    seen = hw.seen(ctx.results) if own.torch_device == "cuda" else None
+    expect = seen.count if seen is not None and seen.ok else None  # NVML's count when the hardware passed
     key = {"python": own.torch_python, "device": own.torch_device, "size": SIZE, "expect": expect,
            "identity": life_identity()}
-    return deep.locked_run(
-        ctx, CACHE, key, lambda entry: _reuse(entry, key, "ttl") if deep.fresh_pass(entry, key, own.torch_ttl)
-        else None, lambda: run_worker(ctx, expect), judge, early=True,
-        share=lambda entry: _reuse(entry, key, "shared"), relatch=True)
+
+    def cached_pass(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _reuse(entry, key, "ttl") if deep.fresh_pass(entry, key, own.torch_ttl) else None
+
+    return deep.locked_run(ctx, CACHE, key, cached_pass, lambda: run_worker(ctx, expect), judge, early=True,
+                           share=lambda entry: _reuse(entry, key, "shared"), relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:
