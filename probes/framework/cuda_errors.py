@@ -45,7 +45,7 @@ class CudaError(NamedTuple):
     name: str  # cudaErrorIllegalAddress, or CUBLAS_STATUS_ALLOC_FAILED
     text: str  # what cudaGetErrorString returns ("" where no text is known)
     category: str  # STICKY, NOT_CHECKED, ENVIRONMENT or OTHER
-    cause: Cause  # the catalog's cause (probes/framework/__init__.py): reason, status, who acts and how
+    cause: Cause  # the catalog's cause (probes/framework/deep.py): reason, status, who acts and how
     remedy: str  # this error's own remedy, said in the message instead of the cause's
     aliases: tuple[str, ...] = ()  # other wordings and the driver API's name
 
@@ -329,6 +329,10 @@ class Found(NamedTuple):
     error: CudaError
     how: str  # "code", "text", "status", "number" or "name"
 
+    def facts(self) -> dict[str, Any]:
+        return {"code": self.error.code, "name": self.error.name, "category": self.error.category,
+                "how": self.how}
+
 
 def lines(message: str) -> list[str]:
     """The message's lines without PyTorch's added text. A cleaned message shows its line breaks
@@ -382,8 +386,7 @@ def failure(name: str, code: Any, message: str, where: str, **kw: Any) -> Result
     if found is None:
         return None
     error = found.error
-    facts = {**kw.pop("facts", {}), "cuda_error": {"code": error.code, "name": error.name,
-                                                    "category": error.category, "how": found.how}}
+    facts = {**kw.pop("facts", {}), "cuda_error": found.facts()}
     if error.category == STICKY:
         return error.verdict(name, f"fatal CUDA error on {where} ({error.label}): sticky, "
                              f"{deep.UNTIL_RESTART}", facts={**facts, "fatal": True}, **kw)

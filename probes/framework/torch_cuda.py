@@ -384,8 +384,7 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
         return None
     error = found.error
     where = "the GPU(s)" if entry is None else f"cuda:{entry['index']}"
-    kw["facts"]["cuda_error"] = {"code": error.code, "name": error.name, "category": error.category,
-                                 "how": found.how}
+    kw["facts"]["cuda_error"] = found.facts()
     if error.category == cuda_errors.NOT_CHECKED:
         holder = _holder(ctx, report, entry["index"] if entry else 0, entry["uuid"] if entry else None)
         if error.cause is deep.MPS_BUSY or (error.cause is deep.DEVICE_BUSY and "MPS client" in holder):

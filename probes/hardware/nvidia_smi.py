@@ -149,31 +149,18 @@ SPEC = Spec(
 )
 
 
-class Gpu(Record):
-    __slots__ = ("index", "name", "uuid")
-
-    index: int  # type: ignore[assignment]  # a field, shadowing tuple.index() on purpose
-    name: str
-    uuid: str
-
-    def __init__(self, index: int, name: str, uuid: str) -> None:
-        self.index = index
-        self.name = name
-        self.uuid = uuid
-
-
 def gather(ctx: Context) -> proc.Completed:
     from probes import proc
 
     return proc.run(ARGV, deadline=ctx.deadline, state=ctx.state, key=NAME, max_output=MAX_OUTPUT)
 
 
-def parse_rows(text: str) -> tuple[list[Gpu], str | None]:
-    """GPUs from the CSV rows, and the first line that is not a row (None if all are). Lines about a
-    lost GPU are skipped here: ``judge`` reports them on their own."""
+def parse_rows(text: str) -> tuple[list[dict[str, Any]], str | None]:
+    """GPUs (index, name, uuid: the facts) from the CSV rows, and the first line that is not a row
+    (None if all are). Lines about a lost GPU are skipped here: ``judge`` reports them on their own."""
     import re
 
-    gpus: list[Gpu] = []
+    gpus: list[dict[str, Any]] = []
     for line in text.splitlines():
         line = line.strip()
         if not line or re.search(_LOST, line):
@@ -184,17 +171,9 @@ def parse_rows(text: str) -> tuple[list[Gpu], str | None]:
                 or not re.match(_UUID, parts[-1])):
             return gpus, line
         # A GPU name never holds a comma today, but keep whatever lies between index and uuid.
-        gpus.append(Gpu(int(parts[0]), clean(", ".join(parts[1:-1]), MAX_NAME), parts[-1]))
+        gpus.append({"index": int(parts[0]), "name": clean(", ".join(parts[1:-1]), MAX_NAME),
+                     "uuid": parts[-1]})
     return gpus, None
-
-
-def known(returncode: int | None, output: str) -> tuple[Code, str | None] | None:
-    """The entry for what nvidia-smi printed (with the text found) or, failing that, for its exit code."""
-    for text, code in TEXTS:
-        if text in output:
-            return code, text
-    by_exit = EXIT_CODES.get(returncode) if returncode is not None else None
-    return (by_exit, None) if by_exit is not None else None
 
 
 def judge(data: proc.Completed, ctx: Context) -> Result:
@@ -226,7 +205,7 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     err = data.stderr.decode("utf-8", "replace")
     gpus, bad_line = parse_rows(out)
     counted: dict[str, Any] = {"observed": len(gpus), "unit": UNIT,
-                               "facts": {"count": len(gpus), "gpus": [g._asdict() for g in gpus]}}
+                               "facts": {"count": len(gpus), "gpus": gpus}}
     lost = re.findall(_LOST, out + "\n" + err)
     if lost:
         others = f"{hw.plural(len(gpus))} still reported" if gpus else "no other GPU reported"
@@ -235,12 +214,13 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     # Not run through a shell: a signal is Completed.signal, and an exit of 129-254 is a plain exit.
     if data.signal is not None:
         return verdict(NAME, KILLED, f"nvidia-smi was killed by {proc.signal_name(data.signal)}")
-    entry = known(data.returncode, out + "\n" + err) if data.returncode or bad_line else None
-    if entry is not None and entry[0].cause is not EXIT_CODE:
-        code, text = entry
-        said = (f"nvidia-smi: {text} (exit {data.returncode}): {code.means}" if text is not None
-                else f"{code.means} (nvidia-smi exit {data.returncode})")
-        return verdict(NAME, code.cause, said, **counted)
+    if data.returncode or bad_line:  # what it printed decides, else the exit code
+        said = next((text for text, _ in TEXTS if text in out + "\n" + err), None)
+        code = dict(TEXTS)[said] if said is not None else EXIT_CODES.get(data.returncode or 0)
+        if code is not None and code.cause is not EXIT_CODE:
+            detail = (f"nvidia-smi: {said} (exit {data.returncode}): {code.means}" if said is not None
+                      else f"{code.means} (nvidia-smi exit {data.returncode})")
+            return verdict(NAME, code.cause, detail, **counted)
     if data.returncode != 0:
         said = squeeze(data.stderr or data.stdout, 100)
         return verdict(NAME, EXIT_CODE, f"nvidia-smi failed (exit {data.returncode}: {said or 'no output'})")
@@ -253,6 +233,6 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     if len(gpus) < expected:
         return verdict(NAME, hw.GPU_COUNT_LOW,
                        f"{hw.plural(len(gpus))} visible (expected at least {expected})", **counted)
-    names = sorted({g.name for g in gpus})
-    summary = ", ".join(f"{n} x{sum(g.name == n for g in gpus)}" for n in names)
+    names = sorted({g["name"] for g in gpus})
+    summary = ", ".join(f"{n} x{sum(g['name'] == n for g in gpus)}" for n in names)
     return passed(NAME, f"{hw.plural(len(gpus))} visible ({summary or 'none expected'})", **counted)

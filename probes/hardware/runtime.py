@@ -138,44 +138,24 @@ def requirements(config: Any) -> tuple[str, ...]:
     return SPEC.requires if config.profile_rules.once else ()
 
 
-def _given_gpus(data: Gathered) -> bool:
-    asked = data.visible is not None and not hw.none_requested(data.visible)
-    return asked or bool(data.nodes | data.other_nodes)
-
-
-def _node_problems(data: Gathered, own: Settings) -> list[hw.Problem]:
-    import re
-
-    expected = own.gpu_count
-    if expected == 0 or not _given_gpus(data):
-        return []
-    missing = [n for n in ("nvidiactl", "nvidia-uvm") if n not in data.nodes]
-    gpus = sorted(int(m[1]) for n in data.nodes if (m := re.match(_GPU_NODE, n)))
-    if len(gpus) < expected:
-        missing.append(f"nvidiaN for {expected - len(gpus)} more GPU(s) ({len(gpus)} of {expected})")
-    if not missing:
-        return []
-    root = clean(own.dev_root, 60)
-    shown = ", ".join(f"{root}/{m}" if not m.startswith("nvidiaN") else m for m in missing)
-    odd = (f" ({', '.join(sorted(data.other_nodes)[:3])} exist but are not device nodes)" if data.other_nodes
-           else "")
-    return [hw.Problem(DEVICE_NODES, f"CUDA's device nodes are missing: {shown}{odd}")]
-
-
-def _persistence(ctx: Context) -> list[hw.Problem]:
-    seen = hw.seen(ctx.results) if ctx.config.profile_rules.once else None
-    off = [g.index for g in seen.gpus if g.persistence is False] if seen is not None else []
-    if not off:
-        return []
-    return [hw.Problem(PERSISTENCE_OFF, f"persistence mode is off on GPU {', '.join(map(str, off))}: "
-                       "each NVML or CUDA start re-initialises the GPU (slow probes, first-call latency)")]
-
-
 def judge(data: Gathered, ctx: Context) -> Result:
     import re
 
     own = ctx.config.of(Settings)
-    problems = _node_problems(data, own)
+    problems = []
+    asked = data.visible is not None and not hw.none_requested(data.visible)
+    given = asked or bool(data.nodes | data.other_nodes)
+    gpus = len([n for n in data.nodes if re.match(_GPU_NODE, n)])
+    if own.gpu_count and given:  # the device nodes are judged only when the container was given GPUs
+        root = clean(own.dev_root, 60)
+        missing = [f"{root}/{n}" for n in ("nvidiactl", "nvidia-uvm") if n not in data.nodes]
+        if gpus < own.gpu_count:
+            missing.append(f"nvidiaN for {own.gpu_count - gpus} more GPU(s) ({gpus} of {own.gpu_count})")
+        odd = (f" ({', '.join(sorted(data.other_nodes)[:3])} exist but are not device nodes)"
+               if data.other_nodes else "")
+        if missing:
+            problems.append(hw.Problem(DEVICE_NODES,
+                                       f"CUDA's device nodes are missing: {', '.join(missing)}{odd}"))
     shm_mib = None if data.shm_bytes is None else data.shm_bytes // MIB
     limit = own.shm_min_mib
     path = clean(own.shm_path, 60)
@@ -187,13 +167,17 @@ def judge(data: Gathered, ctx: Context) -> Result:
     for var in sorted(data.env):
         problems.append(hw.Problem(DEBUG_ENV_SET, f"{var}={clean(data.env[var], 40)!r} is set: "
                                    f"it {DEBUG_ENV[var]}"))
-    problems.extend(_persistence(ctx))
+    seen = hw.seen(ctx.results) if ctx.config.profile_rules.once else None
+    off = [str(g.index) for g in seen.gpus if g.persistence is False] if seen is not None else []
+    if off:
+        problems.append(hw.Problem(PERSISTENCE_OFF, f"persistence mode is off on GPU {', '.join(off)}: "
+                                   "each NVML or CUDA start re-initialises the GPU "
+                                   "(slow probes, first-call latency)"))
     facts: dict[str, Any] = {"shm_mib": shm_mib, "nodes": sorted(data.nodes), "debug_env": sorted(data.env)}
     kw: dict[str, Any] = {"observed": shm_mib, "unit": UNIT, "facts": facts}
     found = hw.worst(NAME, problems, **kw)
     if found is not None:
         return found
-    gpus = len([n for n in data.nodes if re.match(_GPU_NODE, n)])
-    nodes = (f"device nodes present ({gpus} GPU(s))" if _given_gpus(data) and own.gpu_count
+    nodes = (f"device nodes present ({gpus} GPU(s))" if given and own.gpu_count
              else "no GPU given (device nodes not judged)")
     return passed(NAME, f"{path} {shm_mib} MiB; {nodes}; no CUDA-debugging variables", **kw)
