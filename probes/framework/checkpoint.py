@@ -14,7 +14,7 @@ import time
 
 from probes import deadlines, untrusted
 from probes.context import Context, logger
-from probes.framework import protocol
+from probes.framework import deep
 from probes.result import Result, passed, verdict
 from probes.spec import Spec, cause
 from probes.state import process_start_time
@@ -97,9 +97,9 @@ def _holds_gpu(pid: int) -> bool:
     return False
 
 
-_REPORT = {"v": (protocol.INT, False), "loaded": (protocol.BOOL, False), "driver": (protocol.INT, True),
-           "api": (protocol.BOOL, False), "init": (protocol.INT, True)}
-_STATE = {"pid": (protocol.INT, False), "rc": (protocol.INT, False), "state": (protocol.INT, True)}
+_REPORT = {"v": (deep.INT, False), "loaded": (deep.BOOL, False), "driver": (deep.INT, True),
+           "api": (deep.BOOL, False), "init": (deep.INT, True)}
+_STATE = {"pid": (deep.INT, False), "rc": (deep.INT, False), "state": (deep.INT, True)}
 
 
 def parse_output(stdout: bytes) -> dict[str, Any] | None:
@@ -107,13 +107,13 @@ def parse_output(stdout: bytes) -> dict[str, Any] | None:
     from probes.framework import checkpoint_child
 
     try:
-        report = protocol.result(stdout, checkpoint_child.PREFIX)
-        protocol.fields(report, _REPORT, "result", nested=("states",))
+        report = deep.result(stdout, checkpoint_child.PREFIX)
+        deep.fields(report, _REPORT, "result", nested=("states",))
         if report["v"] != checkpoint_child.SCHEMA or not isinstance(report["states"], list):
             return None
         for i, state in enumerate(report["states"]):
-            protocol.fields(state, _STATE, f"result.states[{i}]")
-    except protocol.Bad:
+            deep.fields(state, _STATE, f"result.states[{i}]")
+    except deep.Bad:
         return None
     return report
 
@@ -136,7 +136,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         return {"kind": "none"}
     done = proc.run([sys.executable, CHILD, *map(str, pids)], deadline=ctx.deadline - deadlines.MARGIN,
                     env=dict(os.environ), state=ctx.state, key=NAME,
-                    until=lambda out: protocol.arrived(out, checkpoint_child.PREFIX))
+                    until=lambda out: deep.arrived(out, checkpoint_child.PREFIX))
     report = parse_output(done.stdout)
     if report is None:
         logger().info("checkpoint child rc=%s timed_out=%s stderr: %s", done.returncode, done.timed_out,

@@ -1,23 +1,24 @@
-"""What torch-cuda, model and nccl share (jupyter-kernel and ssh-login use parts of it): the
-``HEALTHCHECK_TORCH_*`` settings, the causes several of them report, the one-costly-check lock, the
-cache of a passing run, the latch of a sticky CUDA error, a worker started only on the GPUs with
-room (free_memory.py), and the verdicts on a worker run every one of them gives alike."""
+"""What torch-cuda, model, nccl and checkpoint share (jupyter-kernel and ssh-login use parts of it):
+the ``HEALTHCHECK_TORCH_*`` settings, the causes several of them report, the workers' protocol as the
+suite reads it, the one-costly-check lock, the cache of a passing run, the latch of a sticky CUDA
+error, a worker started only on the GPUs with room (free_memory.py), and the verdicts on a worker run
+every one of them gives alike."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
 from probes import deadlines, untrusted
 from probes.context import Context, logger
-from probes.framework import protocol
 from probes.hardware.common import DRIVER_MISMATCH
 from probes.result import Result, Status, verdict
 from probes.spec import CHOICE, INTEGER, NUMBER, TEXT, Declared, cause, setting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from types import ModuleType
     from typing import Any
 
@@ -118,6 +119,119 @@ CUDA_CAUSES = (CUDA_UNAVAILABLE, DRIVER_TOO_OLD, DEVICE_BUSY, MPS_BUSY, OOM, CUD
                FABRIC_MANAGER, DRIVER_MISMATCH, FORWARD_COMPAT, CUDA_UNKNOWN, CUDA_INIT)
 
 
+# ---- the workers' protocol as the suite reads it (the writing side is worker_base.py): one line
+# PREFIX + JSON on stdout, progress markers PHASE + name on stderr. A report enters the suite only
+# through here, checked field by field against a schema of kinds: no later use sees a wrong type, a
+# non-finite number or an unbounded string. ----
+
+STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": (kind, nullable)}
+MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
+MAX_STR = 1000  # characters of any string field, before cleaning
+NONFINITE = ("nan", "inf", "-inf")  # how a worker spells a non-finite MEASURE
+# Host memory's words (MemoryError as a whole word: torch's OutOfMemoryError is the GPU's): the C
+# library's ENOMEM, the dynamic loader's failed mmap(), C++'s failed allocation (then abort()).
+MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
+
+
+class Bad(ValueError):
+    """The worker's output breaks the protocol; the message says how (safe to show)."""
+
+
+def finite(value: Any) -> bool:
+    """A JSON number that float() turns into a finite value (a 400-digit integer does not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def check(value: Any, kind: str, nullable: bool, where: str) -> None:
+    """Raise Bad unless ``value`` is of ``kind`` (or None, when ``nullable``)."""
+    if value is None:
+        if nullable:
+            return
+        raise Bad(f"{where} is missing")
+    if kind == STR:
+        ok = isinstance(value, str) and len(value) <= MAX_STR
+    elif kind == BOOL:
+        ok = isinstance(value, bool)
+    elif kind == INT:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and not -MAX_INT <= value < MAX_INT:
+            raise Bad(f"{where} is out of range")
+    else:  # NUM, or MEASURE: a number, or how the worker spells a non-finite one
+        if kind == MEASURE and value in NONFINITE:
+            return
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and not finite(value):
+            raise Bad(f"{where} is not a finite number")
+    if not ok:
+        raise Bad(f"{where} has the wrong type")
+
+
+def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: tuple[str, ...] = ()) -> None:
+    """Raise Bad unless ``obj`` is an object with exactly the fields of ``spec``, each of its kind,
+    and of ``nested`` (objects or lists the caller checks itself)."""
+    if not isinstance(obj, dict):
+        raise Bad(f"{where} is not an object")
+    if set(obj) != {*spec, *nested}:
+        raise Bad(f"{where} has unexpected or missing fields")
+    for key, (kind, nullable) in spec.items():
+        check(obj[key], kind, nullable, f"{where}.{key}")
+
+
+def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key: str = "") -> Any:
+    """A copy of a validated report with every string one printable line of at most ``limit``
+    characters (``limits``: per field name); numbers, booleans and None stay what they are."""
+    if isinstance(value, dict):
+        return {k: cleaned(v, limit, limits, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [cleaned(v, limit, limits, key) for v in value]
+    if isinstance(value, str):
+        return untrusted.clean(value, (limits or {}).get(key, limit))
+    return value
+
+
+def result(stdout: bytes, prefix: str) -> Any:
+    """The JSON of the one result line in ``stdout``; Bad when there is none, more than one, or it is
+    not readable JSON (malformed, too deep, NaN, a number too large for a float)."""
+    hits = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.startswith(prefix)]
+    if len(hits) != 1:
+        raise Bad("more than one result line" if hits else "no result line")
+    try:
+        return untrusted.load_json(hits[0][len(prefix):])
+    except ValueError as exc:
+        raise Bad(f"the result line is not readable JSON: {untrusted.clean(exc, 80)}") from None
+
+
+def arrived(stdout: bytes, prefix: str) -> bool:
+    """Whether the output so far holds a whole result line, its line break included."""
+    marker = prefix.encode()
+    return marker in stdout and any(line.startswith(marker) and line.endswith((b"\n", b"\r"))
+                                    for line in stdout.splitlines(keepends=True))
+
+
+def out_of_memory(text: bytes | str) -> bool:
+    """Whether ``text`` (a worker's stderr or error message) says host memory ran out."""
+    import re
+
+    low = (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).lower()
+    return any(word in low for word in MEMORY_WORDS) or re.search(r"\bmemoryerror\b", low) is not None
+
+
+def last_phase(stderr: bytes, phase: str, names: str) -> str | None:
+    """The last progress marker in ``stderr`` whose whole name matches the pattern ``names``."""
+    import re
+
+    found = None
+    for line in stderr.decode("utf-8", "replace").splitlines():
+        if line.startswith(phase) and re.fullmatch(names, line[len(phase):].strip()):
+            found = line[len(phase):].strip()
+    return found
+
+
 # ---- the costly run: lock, cache, latch ----
 
 def state_off(why: str | None) -> str:
@@ -178,7 +292,7 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
 def latched(latch: dict[str, Any]) -> dict[str, Any]:
     """What judge() reads of the latch (a sticky CUDA error, or an Xid): a run that starts nothing."""
     raw: Any = latch.get("time")
-    since = float(raw) if protocol.finite(raw) else 0.0
+    since = float(raw) if finite(raw) else 0.0
     if not 0 < since <= time.time() + 86400:
         since = 0.0  # damaged: shown as an unknown time, never a crash
     return {"kind": "latched", "source": untrusted.clean(latch.get("source", "?"), 40),
@@ -230,7 +344,7 @@ def cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
     data, finished, age = fresh
     try:
         report = validate(data.get("report"))
-    except protocol.Bad:
+    except Bad:
         return None
     if report["error"] is not None:
         return None
@@ -244,8 +358,8 @@ def cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
 def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]]) -> tuple[Any, str | None]:
     """(the worker's report, None) for one valid result line, else (None, what is wrong)."""
     try:
-        return validate(protocol.result(stdout, prefix)), None
-    except protocol.Bad as exc:
+        return validate(result(stdout, prefix)), None
+    except Bad as exc:
         return None, str(exc)
 
 
@@ -278,7 +392,7 @@ def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], wo
     budget = max(0.0, deadline - time.monotonic())
     done = proc.Completed(tuple(argv), None, stuck=True, held_by=held[0]) if held else proc.run(
         argv, deadline=deadline, env=env, state=ctx.state, key=name,
-        until=lambda out: protocol.arrived(out, worker.PREFIX), linger=deadlines.LINGER)
+        until=lambda out: arrived(out, worker.PREFIX), linger=deadlines.LINGER)
     report, problem = parse(done.stdout, worker.PREFIX, validate)
     if (report is None or report.get("error") or done.timed_out or done.lingered
             or any(isinstance(d, dict) and d.get("error") for d in report.get("devices", ()))):
@@ -288,8 +402,8 @@ def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], wo
     return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
             "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
             "held_by": done.held_by, "budget": round(budget, 2),
-            "phase": protocol.last_phase(done.stderr, worker.PHASE, phases),
-            "memory": protocol.out_of_memory(done.stderr), "report": report, "problem": problem,
+            "phase": last_phase(done.stderr, worker.PHASE, phases),
+            "memory": out_of_memory(done.stderr), "report": report, "problem": problem,
             "finished": time.time(), "cache": None, "room": None if space is None else space.facts()}, done
 
 

@@ -13,9 +13,8 @@ import os
 
 from probes import untrusted
 from probes.context import Context, logger
-from probes.framework import deep, protocol
-from probes.framework.deep import Torch
-from probes.framework.protocol import INT, MEASURE, NUM, STR
+from probes.framework import deep
+from probes.framework.deep import INT, MEASURE, NUM, STR, Torch
 from probes.result import Result, passed, verdict
 from probes.spec import INTEGER, NUMBER, TEXT, Cause, Declared, Spec, cause, setting
 from probes.state import life_identity
@@ -131,21 +130,21 @@ KINDS = {"missing": MISSING, "unreadable": UNREADABLE, "unsupported": UNSUPPORTE
 
 
 def validate(report: Any, device: str) -> dict[str, Any]:
-    """A cleaned copy of the worker's report if it matches the schema exactly; raises protocol.Bad."""
+    """A cleaned copy of the worker's report if it matches the schema exactly; raises deep.Bad."""
     from probes.framework import model_worker
 
-    protocol.fields(report, _REPORT, "result", nested=("error",))
+    deep.fields(report, _REPORT, "result", nested=("error",))
     if report["v"] != model_worker.SCHEMA or report["device"] != device:
-        raise protocol.Bad("the result is for another request")
+        raise deep.Bad("the result is for another request")
     if report["format"] is not None and report["format"] not in model_worker.FORMATS:
-        raise protocol.Bad("result.format is unknown")
+        raise deep.Bad("result.format is unknown")
     if report["error"] is not None:
-        protocol.fields(report["error"], _ERROR, "result.error")
+        deep.fields(report["error"], _ERROR, "result.error")
         if report["error"]["kind"] not in KINDS:
-            raise protocol.Bad("result.error.kind is unknown")
+            raise deep.Bad("result.error.kind is unknown")
     elif report["load_ms"] is None or report["params"] is None:
-        raise protocol.Bad("a passing result without load time or parameters")
-    return protocol.cleaned(report, 200)
+        raise deep.Bad("a passing result without load time or parameters")
+    return deep.cleaned(report, 200)
 
 
 def _file_id(path: str | None) -> list[int] | None:
@@ -255,7 +254,7 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
     if report["max_err"] is not None:
         max_err, scale = float(report["max_err"]), float(report["scale"])
         rel = max_err / scale if scale > 0 else (0.0 if max_err == 0 else float("inf"))
-        finite = protocol.finite(rel)
+        finite = deep.finite(rel)
         kw["facts"]["max_rel_err"] = rel if finite else None
         tol = ctx.config.of(Settings).model_tolerance
         if not rel <= tol:  # NaN fails too

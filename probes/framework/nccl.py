@@ -14,9 +14,8 @@ import os
 
 from probes import untrusted
 from probes.context import Context
-from probes.framework import deep, protocol
-from probes.framework.deep import Torch
-from probes.framework.protocol import INT, NUM, STR
+from probes.framework import deep
+from probes.framework.deep import INT, NUM, STR, Torch
 from probes.result import Result, passed, verdict
 from probes.spec import INTEGER, NUMBER, Declared, Spec, cause, setting
 from probes.state import life_identity
@@ -115,16 +114,16 @@ def shm_size() -> int | None:
 def validate(report: Any) -> dict[str, Any]:
     from probes.framework import nccl_worker
 
-    protocol.fields(report, _REPORT, "result", nested=("error",))
+    deep.fields(report, _REPORT, "result", nested=("error",))
     if report["v"] != nccl_worker.SCHEMA or report["backend"] != "nccl":
-        raise protocol.Bad("the result is for another request")
+        raise deep.Bad("the result is for another request")
     if report["error"] is not None:
-        protocol.fields(report["error"], _ERROR, "result.error")
+        deep.fields(report["error"], _ERROR, "result.error")
         if report["error"]["kind"] not in KINDS:
-            raise protocol.Bad("result.error.kind is unknown")
+            raise deep.Bad("result.error.kind is unknown")
     elif None in (report["count"], report["bad"], report["max_err"], report["ms"]):
-        raise protocol.Bad("a result without its measurements")
-    return protocol.cleaned(report, 40, {"kind": 300, "type": 300, "message": 300})
+        raise deep.Bad("a result without its measurements")
+    return deep.cleaned(report, 40, {"kind": 300, "type": 300, "message": 300})
 
 
 def warnings(stderr: bytes) -> list[str]:

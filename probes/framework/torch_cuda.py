@@ -16,9 +16,8 @@ import time
 
 from probes import deadlines, untrusted
 from probes.context import Context
-from probes.framework import deep, protocol
-from probes.framework.deep import Torch
-from probes.framework.protocol import BOOL, INT, MEASURE, NUM, STR
+from probes.framework import deep
+from probes.framework.deep import BOOL, INT, MEASURE, NUM, STR, Torch
 from probes.result import SEVERITY, Result, passed, verdict
 from probes.spec import ALL_PROFILES, Spec, cause
 from probes.state import life_identity
@@ -116,35 +115,35 @@ _TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False), "expect
 
 
 def validate(report: Any, device: str, size: int) -> dict[str, Any]:
-    """A cleaned copy of the report if it matches the schema exactly; raises protocol.Bad otherwise.
+    """A cleaned copy of the report if it matches the schema exactly; raises deep.Bad otherwise.
     Every number converts to a finite float and every string is cleaned, so that no later use
     (messages, the latch, the cache, JSON, Docker's log) sees a control character."""
     from probes.framework import torch_worker
 
-    protocol.fields(report, _TOP, "result", nested=("error", "devices"))
+    deep.fields(report, _TOP, "result", nested=("error", "devices"))
     if report["v"] != torch_worker.SCHEMA:
-        raise protocol.Bad(f"schema version {report['v']} is not {torch_worker.SCHEMA}")
+        raise deep.Bad(f"schema version {report['v']} is not {torch_worker.SCHEMA}")
     if report["device"] != device or report["size"] != size:
-        raise protocol.Bad("the result is for another request")
+        raise deep.Bad("the result is for another request")
     if report["count"] is not None and not 0 <= report["count"] <= MAX_DEVICES:
-        raise protocol.Bad("result.count is out of range")
+        raise deep.Bad("result.count is out of range")
     if report["error"] is not None:
-        protocol.fields(report["error"], _ERROR, "result.error")
+        deep.fields(report["error"], _ERROR, "result.error")
     devices = report["devices"]
     if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
-        raise protocol.Bad("result.devices is not a list")
+        raise deep.Bad("result.devices is not a list")
     for i, dev in enumerate(devices):
-        protocol.fields(dev, _DEVICE, f"result.devices[{i}]", nested=("error",))
+        deep.fields(dev, _DEVICE, f"result.devices[{i}]", nested=("error",))
         if dev["error"] is None:
             for key in ("op_ms", "max_err", "scale"):
-                protocol.check(dev[key], _DEVICE[key][0], False, f"result.devices[{i}].{key}")
+                deep.check(dev[key], _DEVICE[key][0], False, f"result.devices[{i}].{key}")
         else:
-            protocol.fields(dev["error"], _ERROR, f"result.devices[{i}].error")
+            deep.fields(dev["error"], _ERROR, f"result.devices[{i}].error")
     # A report without an error covers every device it counted.
     stopped = report["error"] is not None or any(d["error"] is not None for d in devices)
     if not stopped and report["count"] is not None and len(devices) != report["count"]:
-        raise protocol.Bad("the result does not cover every device")
-    return protocol.cleaned(report, TEXT, TEXT_LIMITS)
+        raise deep.Bad("the result does not cover every device")
+    return deep.cleaned(report, TEXT, TEXT_LIMITS)
 
 
 # ---- gather: the only part that runs processes or touches the state dir ----
@@ -192,11 +191,11 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
         return None
     try:
         for name, (kind, nullable) in _DATA.items():
-            protocol.check(data.get(name), kind, nullable, name)
+            deep.check(data.get(name), kind, nullable, name)
         if data["phase"] is not None and not re.fullmatch(PHASES, data["phase"]):
             return None
         report = None if data.get("report") is None else validate(data["report"], key["device"], key["size"])
-    except protocol.Bad:
+    except deep.Bad:
         return None
     age = time.time() - float(data["finished"])
     return {"kind": "worker", "python": key["python"], "device": key["device"], "expect": key["expect"],
@@ -296,7 +295,7 @@ def memory_limit(report: dict[str, Any] | None, data: dict[str, Any]) -> str | N
 
     if report is not None:
         errors = [report["error"], *(d["error"] for d in report["devices"])]
-        said = any(e is not None and (e["type"] == "MemoryError" or protocol.out_of_memory(e["message"]))
+        said = any(e is not None and (e["type"] == "MemoryError" or deep.out_of_memory(e["message"]))
                    for e in errors)
     else:
         rc = data.get("returncode")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from probes.framework import deep, protocol, torch_cuda, torch_worker
+from probes.framework import deep, torch_cuda, torch_worker
 from probes.result import Result, Status
 
 GOOD: dict[str, Any] = {
@@ -171,7 +171,7 @@ def test_a_damaged_latch_time_is_unknown_not_a_crash(when: Any) -> None:
 
 def test_phase_markers_are_validated() -> None:
     def last(stderr: bytes) -> str | None:
-        return protocol.last_phase(stderr, torch_worker.PHASE, torch_cuda.PHASES)
+        return deep.last_phase(stderr, torch_worker.PHASE, torch_cuda.PHASES)
 
     assert last(b"HEALTHCHECK-TORCH-PHASE import\nHEALTHCHECK-TORCH-PHASE device 3\n") == "device 3"
     assert last(b"HEALTHCHECK-TORCH-PHASE import\nHEALTHCHECK-TORCH-PHASE \x1b[2J evil\n") == "import"
