@@ -1,32 +1,41 @@
-"""The catalog: which probes exist, one line per module, in layer order (docs/architecture.md).
+"""The catalog: which probes exist, one module per line (docs/architecture.md).
 
+Each module declares its probe (``SPEC``); a package of the older form declares several (``SPECS``).
 The modules are imported on first use of ``PROBES`` (or ``NAMES``, ``BY_NAME``, ``TOGGLES``,
-``SETTINGS``), by name, not when this module is imported: ``probes.config`` imports this
-catalog, and a probe module may import ``probes.config``. A probe module imports
-``probes.spec``, never this catalog.
+``SETTINGS``), by name, not when this module is imported: ``probes.config`` imports this catalog,
+and a probe module may import ``probes.config``. A probe module never imports this catalog.
 """
 
 from __future__ import annotations
 
-from probes.spec import Setting, load
+from probes.spec import LAYERS, Setting, load
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-# In layer order: a layer's package declares its probes (``SPECS``), so reading them imports no
-# probe module (each is imported only to run: ``Spec.load``); a module of its own (a plug-in)
-# declares one (``SPEC``).
-MODULES = ("probes.hardware", "probes.framework",
-           "probes.services.jupyter",
-           "probes.services.jupyter_kernel",
-           "probes.services.ssh",
-           "probes.services.ssh_keys",
-           "probes.services.ssh_login")
+# What every image runs, in layer order.
+MODULES = (
+    "probes.hardware.nvidia_smi",
+    "probes.hardware.nvml",
+    "probes.hardware.runtime",
+    "probes.framework.torch_cuda",
+    "probes.services.jupyter",
+    "probes.services.jupyter_kernel",
+    "probes.services.ssh",
+    "probes.services.ssh_keys",
+    "probes.services.ssh_login",
+)
+# Plug-ins: a probe module outside the core, off unless its toggle (or setting) turns it on.
+PLUGINS = (
+    "probes.framework.checkpoint",
+    "probes.framework.model",
+    "probes.framework.nccl",
+)
 
 
 def specs_of(name: str) -> tuple[Any, ...]:
-    """The probes a line of ``MODULES`` declares."""
+    """The probes a line of ``MODULES`` or ``PLUGINS`` declares."""
     found = load(name)
     return tuple(getattr(found, "SPECS", None) or (found.SPEC,))
 
@@ -36,15 +45,17 @@ _cache: dict[str, Any] = {}
 
 def _build() -> dict[str, Any]:
     if not _cache:
-        specs = tuple(s for m in MODULES for s in specs_of(m))
-        toggles = tuple(dict.fromkeys(s.toggle for s in specs))
+        listed = [s for m in (*MODULES, *PLUGINS) for s in specs_of(m)]
+        order = {layer: i for i, layer in enumerate(LAYERS)}
+        specs = tuple(sorted(listed, key=lambda s: order.get(s.layer, len(order))))  # stable: in listed order
         settings: dict[str, Setting] = {}
         for s in specs:
             for setting in s.settings:
                 if settings.setdefault(setting.env, setting) != setting:
                     raise RuntimeError(f"{setting.env} is declared twice, differently")
         _cache.update(PROBES=specs, BY_NAME={s.name: s for s in specs}, NAMES=tuple(s.name for s in specs),
-                      TOGGLES=toggles, SETTINGS=tuple(settings.values()))
+                      TOGGLES=tuple(dict.fromkeys(s.toggle for s in specs)),
+                      SETTINGS=tuple(settings.values()))
     return _cache
 
 

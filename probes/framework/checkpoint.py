@@ -1,8 +1,7 @@
-"""checkpoint: no process here that holds a CUDA context is locked or checkpointed by CUDA
-checkpoint (driver 555+; docs/probes.md, "Deep opt-in checks"). A child (``checkpoint_child.py``)
-asks the driver under the deadline: the query can hang while a peer process is locked.
-
-Command-line equivalent::
+"""checkpoint (a plug-in, opt-in): no process here that holds a CUDA context is locked or checkpointed
+by CUDA checkpoint (driver 555+; docs/probes.md, "Deep opt-in checks"). A child
+(``checkpoint_child.py``) asks the driver under the deadline: the query can hang while a peer process
+is locked. Command-line equivalent::
 
     cuda-checkpoint --get-state --pid 123
 """
@@ -14,50 +13,72 @@ import sys
 import time
 
 from probes import deadlines, untrusted
-from probes import framework as fw
 from probes.context import Context, logger
-from probes.framework import protocol
+from probes.framework import deep
 from probes.result import Result, passed, verdict
+from probes.spec import Spec, cause
 from probes.state import process_start_time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
     from typing import Any
 
-
+NAME = "checkpoint"
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_child.py")
 MARKER = "checkpointed.json"
 MARKER_TTL = 300.0  # seconds a marker holds GPU work back when this probe does not run again
 MAX_PIDS = 64
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
 _GPU_NODE = r"/dev/nvidia\d+"
-
 PAUSED = "traffic paused until it is restored"
-SPEC = fw.CHECKPOINT_SPEC
+
+CHECKPOINTED = cause("checkpointed", "a process here holding a CUDA context is LOCKED or CHECKPOINTED "
+                     "(readiness only; liveness passes, nothing latches; "
+                     "torch-cuda, nccl and model start no GPU work)",
+                     "none while it is paused on purpose: traffic resumes when it is restored "
+                     "(`cuda-checkpoint --toggle --pid N`)", action="none", actor="tenant")
+FAILED = cause("checkpoint-failed", "the driver reports a process's checkpoint or restore FAILED",
+               "restore it again (`cuda-checkpoint --toggle --pid N`) or restart that process; "
+               "if that fails, restart the container", action="restart-app", actor="tenant")
+HANG = cause("query-hang", "the driver's state query gave no answer by the deadline "
+             "(it blocks while a peer process is locked)",
+             "check `cuda-checkpoint --get-state` on each process; wait for the restore", action="retry",
+             actor="tenant")
+NO_API = cause("no-checkpoint-api", "driver without `cuCheckpointProcessGetState` (before 555) "
+               "or no `libcuda.so.1`: not judged "
+               "(a pass, so the GPU probes that wait for this one still run)", "none", "pass", action="none",
+               actor="tenant")
+QUERY_FAILED = cause("query-failed",
+                     "the child could not ask the driver (`cuInit` failed, or unreadable output)",
+                     "check `nvidia-smi`; details in the log", action="fix-config", actor="operator")
+
+SPEC = Spec(
+    NAME, layer="framework", module=__name__, toggle="ENABLE_CHECKPOINT_CHECK", timeout=5.0,
+    profiles=("startup", "readiness"), requires=("nvml",), measurement="processes", default_on=False,
+    about="no CUDA process here is locked or checkpointed by CUDA checkpoint (opt-in; driver 555+)",
+    causes=(CHECKPOINTED, FAILED, HANG, NO_API, QUERY_FAILED),
+)
 
 
-# ---------------------------------------------------------------------------
-# Which processes hold a CUDA context here
-# ---------------------------------------------------------------------------
+def local_pids(ctx: Context) -> list[int]:
+    """Processes of this PID namespace, never this one, that hold a CUDA context: those whose NSpid
+    holds a pid of the compute processes the nvml probe saw, and, since NVML in a container often
+    reports host PIDs, those with a GPU device node open."""
+    from probes.hardware import common as hw
 
-def nvml_pids(ctx: Context) -> set[int]:
-    """PIDs of the compute processes the nvml probe saw (any namespace: NVML's view)."""
-    from probes import hardware
-
-    seen = hardware.seen(ctx.results)
-    return {pid for g in seen.gpus for pid, _, _ in g.processes} if seen is not None else set()
-
-
-def _nspid(pid: int) -> list[int]:
-    try:
-        raw, _ = untrusted.read_regular(f"/proc/{pid}/status", 16384)
-    except (untrusted.Refused, ValueError):
-        return []
-    for line in raw.decode("ascii", "replace").splitlines():
-        if line.startswith("NSpid:"):
-            return [int(v) for v in line.split()[1:] if v.isdigit()]
-    return []
+    seen = hw.seen(ctx.results)
+    wanted = {pid for g in seen.gpus for pid, _, _ in g.processes} if seen is not None else set()
+    found = []
+    for pid in (int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != os.getpid()):
+        try:
+            raw = untrusted.read_regular(f"/proc/{pid}/status", 16384)[0] if wanted else b""
+        except (untrusted.Refused, ValueError):
+            raw = b""
+        nspid = [v for line in raw.decode("ascii", "replace").splitlines() if line.startswith("NSpid:")
+                 for v in line.split()[1:]]
+        if wanted.intersection(int(v) for v in nspid if v.isdigit()) or _holds_gpu(pid):
+            found.append(pid)
+    return sorted(found)[:MAX_PIDS]
 
 
 def _holds_gpu(pid: int) -> bool:
@@ -76,59 +97,25 @@ def _holds_gpu(pid: int) -> bool:
     return False
 
 
-def local_pids(wanted: Iterable[int]) -> list[int]:
-    """Processes of this PID namespace that hold a CUDA context: those whose NSpid contains a
-    pid NVML reported, and, since NVML in a container often reports host PIDs, those with a GPU
-    device node open. Never this process."""
-    wanted = set(wanted)
-    me = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        pid = int(name)
-        if (wanted and wanted.intersection(_nspid(pid))) or _holds_gpu(pid):  # no status read for nothing
-            found.append(pid)
-    return sorted(found)[:MAX_PIDS]
-
-
-# ---------------------------------------------------------------------------
-# gather
-# ---------------------------------------------------------------------------
-
-_REPORT = {"v": (protocol.INT, False), "loaded": (protocol.BOOL, False), "driver": (protocol.INT, True),
-           "api": (protocol.BOOL, False), "init": (protocol.INT, True)}
-_STATE = {"pid": (protocol.INT, False), "rc": (protocol.INT, False), "state": (protocol.INT, True)}
-
-
-def _valid(report: Any) -> dict[str, Any]:
-    """The child's report if it matches the schema exactly; raises protocol.Bad otherwise."""
-    from probes.framework import checkpoint_child
-
-    protocol.fields(report, _REPORT, "result", nested=("states",))
-    if report["v"] != checkpoint_child.SCHEMA or not isinstance(report["states"], list):
-        raise protocol.Bad("the result is for another request")
-    for i, state in enumerate(report["states"]):
-        protocol.fields(state, _STATE, f"result.states[{i}]")
-    return report
+_REPORT = {"v": (deep.INT, False), "loaded": (deep.BOOL, False), "driver": (deep.INT, True),
+           "api": (deep.BOOL, False), "init": (deep.INT, True)}
+_STATE = {"pid": (deep.INT, False), "rc": (deep.INT, False), "state": (deep.INT, True)}
 
 
 def parse_output(stdout: bytes) -> dict[str, Any] | None:
+    """The child's report if it matches the schema exactly, else None."""
     from probes.framework import checkpoint_child
 
     try:
-        return _valid(protocol.result(stdout, checkpoint_child.PREFIX))
-    except protocol.Bad:
+        report = deep.result(stdout, checkpoint_child.PREFIX)
+        deep.fields(report, _REPORT, "result", nested=("states",))
+        if report["v"] != checkpoint_child.SCHEMA or not isinstance(report["states"], list):
+            return None
+        for i, state in enumerate(report["states"]):
+            deep.fields(state, _STATE, f"result.states[{i}]")
+    except deep.Bad:
         return None
-
-
-def _asked(stderr: bytes) -> int | None:
-    """The pid whose query was in progress when the child was ended."""
-    last = None
-    for line in stderr.decode("ascii", "replace").splitlines():
-        if line.startswith("HEALTHCHECK-CHECKPOINT-QUERY ") and line.split()[-1].isdigit():
-            last = int(line.split()[-1])
-    return last
+    return report
 
 
 def _mark(ctx: Context, held: list[int]) -> None:
@@ -139,29 +126,27 @@ def _mark(ctx: Context, held: list[int]) -> None:
         ctx.state.remove(MARKER)
 
 
-def _answered(out: bytes) -> bool:
-    from probes.framework import checkpoint_child
-
-    return protocol.arrived(out, checkpoint_child.PREFIX)
-
-
 def gather(ctx: Context) -> dict[str, Any]:
     from probes import proc
+    from probes.framework import checkpoint_child
 
-    pids = local_pids(nvml_pids(ctx))
+    pids = local_pids(ctx)
     if not pids:
         _mark(ctx, [])
         return {"kind": "none"}
-    deadline = ctx.deadline - deadlines.MARGIN
-    done = proc.run([sys.executable, CHILD, *map(str, pids)], deadline=deadline, env=dict(os.environ),
-                    state=ctx.state, key=SPEC.name, until=_answered)
+    done = proc.run([sys.executable, CHILD, *map(str, pids)], deadline=ctx.deadline - deadlines.MARGIN,
+                    env=dict(os.environ), state=ctx.state, key=NAME,
+                    until=lambda out: deep.arrived(out, checkpoint_child.PREFIX))
     report = parse_output(done.stdout)
     if report is None:
         logger().info("checkpoint child rc=%s timed_out=%s stderr: %s", done.returncode, done.timed_out,
                       untrusted.squeeze(done.stderr[-1000:], 300))
+    # The pid whose query was in progress when the child was ended (it marks each on stderr first).
+    asked = [line.split()[-1] for line in done.stderr.decode("ascii", "replace").splitlines()
+             if line.startswith(checkpoint_child.QUERY)]
     data: dict[str, Any] = {"kind": "child", "pids": pids, "report": report,
-                            "timed_out": done.timed_out or done.stuck, "asked": _asked(done.stderr),
-                            "returncode": done.returncode}
+                            "timed_out": done.timed_out or done.stuck, "returncode": done.returncode,
+                            "asked": int(asked[-1]) if asked and asked[-1].isdigit() else None}
     if report is not None and report["api"] and report["init"] == 0:
         _mark(ctx, [s["pid"] for s in report["states"] if s["rc"] == 0 and s["state"] in (1, 2)])
     elif data["timed_out"] and data["asked"] is not None:
@@ -174,9 +159,9 @@ def hold(ctx: Context) -> str | None:
 
     From this run's checkpoint result when it ran, else from the marker an earlier run left
     (honoured for MARKER_TTL seconds, and only while that very process still exists)."""
-    res = ctx.results.get(SPEC.name)
+    res = ctx.results.get(NAME)
     if res is not None:
-        return res.message if res.reason in (fw.CHECKPOINTED.reason, fw.CHECKPOINT_HANG.reason) else None
+        return res.message if res.reason in (CHECKPOINTED.reason, HANG.reason) else None
     marker = ctx.state.read_json(MARKER)
     if not marker:
         return None
@@ -191,50 +176,46 @@ def hold(ctx: Context) -> str | None:
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(SPEC.name, fw.CHECKPOINT_HANG, "no answer within the deadline: the driver's checkpoint "
+    return verdict(NAME, HANG, "no answer within the deadline: the driver's checkpoint "
                    "state query hangs (it blocks while a process is locked)")
 
 
-# ---------------------------------------------------------------------------
-# judge: pure
-# ---------------------------------------------------------------------------
-
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     if data["kind"] == "none":
-        return passed(SPEC.name, "no process here holds a CUDA context", observed=0, unit="processes")
+        return passed(NAME, "no process here holds a CUDA context", observed=0, unit="processes")
     pids, report = data["pids"], data["report"]
     if report is None:
         if data["timed_out"]:
             who = f" for process {data['asked']}" if data.get("asked") is not None else ""
-            return verdict(SPEC.name, fw.CHECKPOINT_HANG, f"the driver's checkpoint state query{who} gave no "
+            return verdict(NAME, HANG, f"the driver's checkpoint state query{who} gave no "
                            f"answer by the deadline: a process is probably locked for a checkpoint; {PAUSED}",
                            facts={"pids": pids})
-        return verdict(SPEC.name, fw.CHECKPOINT_QUERY_FAILED, "the checkpoint query child gave no readable "
+        return verdict(NAME, QUERY_FAILED, "the checkpoint query child gave no readable "
                        f"answer (exit status {data.get('returncode')})")
     if not report["loaded"] or not report["api"]:
         why = ("no libcuda.so.1" if not report["loaded"] else
                f"driver {_driver(report['driver'])} has no cuCheckpointProcessGetState (555+)")
         # A pass, not a skip: the probes that wait for this one must still run.
-        return verdict(SPEC.name, fw.CHECKPOINT_NO_API, f"not judged: {why}", remedy=False)
+        return verdict(NAME, NO_API, f"not judged: {why}", remedy=False)
     if report["init"] != 0:
-        return verdict(SPEC.name, fw.CHECKPOINT_QUERY_FAILED,
+        return verdict(NAME, QUERY_FAILED,
                        f"cuInit failed (CUresult {report['init']}) in the checkpoint query")
     seen = {s["pid"]: STATES.get(s["state"], f"state {s['state']}") for s in report["states"] if s["rc"] == 0}
     facts = {"pids": pids, "states": {str(k): v for k, v in seen.items()}}
     bad = [(p, st) for p, st in seen.items() if st != "running"]
     failed = [p for p, st in bad if st not in ("locked", "checkpointed")]
     if failed:
-        pid, cause = failed[0], fw.CHECKPOINT_FAILED
+        pid, cause = failed[0], FAILED
         this = cause._replace(remedy=cause.remedy.replace("--pid N", f"--pid {pid}"))
-        return verdict(SPEC.name, this, f"process {pid}'s CUDA checkpoint or restore failed ({seen[pid]})",
+        return verdict(NAME, this, f"process {pid}'s CUDA checkpoint or restore failed ({seen[pid]})",
                        observed=len(seen), unit="processes", facts=facts)
     if bad:
         pid, st = bad[0]
         what = "CUDA-checkpointed" if st == "checkpointed" else "CUDA-locked for a checkpoint"
         more = f" (and {len(bad) - 1} other process(es))" if len(bad) > 1 else ""
-        return verdict(SPEC.name, fw.CHECKPOINTED, f"process {pid} is {what}{more}: {PAUSED}", remedy=False,
+        return verdict(NAME, CHECKPOINTED, f"process {pid} is {what}{more}: {PAUSED}", remedy=False,
                        observed=len(seen), unit="processes", facts=facts)
-    return passed(SPEC.name, f"{len(seen)} CUDA process(es) running, none locked or checkpointed (driver "
+    return passed(NAME, f"{len(seen)} CUDA process(es) running, none locked or checkpointed (driver "
                   f"{_driver(report['driver'])})", observed=len(seen), unit="processes", facts=facts)
 
 

@@ -2,10 +2,8 @@
 ``cuCheckpointProcessGetState`` (555+) for each pid on its command line, and prints one line,
 ``PREFIX`` + ``driver``, ``api``, ``init`` (cuInit's CUresult) and ``states`` (``[{"pid", "rc",
 "state"}]``; state 0 running, 1 locked, 2 checkpointed, 3 failed; null when rc is not 0).
-
-Standalone (stdlib only, never the ``probes`` package): the query can hang while a peer process
-is locked, so the parent runs this file under a deadline, in its own session, and ends it.
-
+Standalone (stdlib only, never the ``probes`` package): the query can hang while a peer process is
+locked, so the parent runs this file under a deadline, in its own session, and ends it.
 Command-line equivalent (one process)::
 
     cuda-checkpoint --get-state --pid 123
@@ -14,13 +12,13 @@ Command-line equivalent (one process)::
 import os
 import sys
 
-# ctypes and the scaffold are loaded where used: the suite imports this module for PREFIX and SCHEMA
-# on every run (liveness included), and ctypes alone costs about 2 ms.
 PREFIX = "HEALTHCHECK-CHECKPOINT-RESULT "
+QUERY = "HEALTHCHECK-CHECKPOINT-QUERY "  # on stderr before each query: which pid hung
 SCHEMA = 1
 
 
-_BASE = []  # type: list  # the shared scaffold, once loaded
+HERE = os.path.dirname(os.path.abspath(__file__))
+_BASE = []  # type: list
 
 
 def scaffold():
@@ -28,20 +26,11 @@ def scaffold():
     if not _BASE:
         import importlib.util
 
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_base.py")
-        spec = importlib.util.spec_from_file_location("healthcheck_worker_base", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _BASE.append(module)
+        spec = importlib.util.spec_from_file_location("healthcheck_worker_base",
+                                                      os.path.join(HERE, "worker_base.py"))
+        _BASE.append(importlib.util.module_from_spec(spec))
+        spec.loader.exec_module(_BASE[0])
     return _BASE[0]
-
-
-def scrub_and_load():
-    """Take this file's folder (sys.path[0]) and the current directory ('') off sys.path, so
-    that nothing there can shadow torch or the standard library, then load the scaffold."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
-    return scaffold()
 
 
 def query(pids, report):
@@ -65,16 +54,18 @@ def query(pids, report):
                     # Flush what is known so far: if the next query hangs, the parent
                     # still sees which pids answered (one line per step on stderr).
                     state = ctypes.c_int(-1)
-                    sys.stderr.write("HEALTHCHECK-CHECKPOINT-QUERY " + str(pid) + "\n")
+                    sys.stderr.write(QUERY + str(pid) + "\n")
                     sys.stderr.flush()
                     rc = int(ask(ctypes.c_int(pid), ctypes.byref(state)))
                     report["states"].append({"pid": pid, "rc": rc, "state": state.value if rc == 0 else None})
 
 
 def main(argv=None):
+    # Nothing in this folder or the current directory may stand in for the standard library.
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != HERE]
     pids = [int(p) for p in (sys.argv[1:] if argv is None else argv)]
     report = {"v": SCHEMA, "loaded": False, "driver": None, "api": False, "init": None, "states": []}
-    scrub_and_load().run(PREFIX, None, report, lambda report: query(pids, report))
+    scaffold().run(PREFIX, None, report, lambda report: query(pids, report))
 
 
 if __name__ == "__main__":

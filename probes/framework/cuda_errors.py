@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-from probes import framework as fw
 from probes import result
+from probes.framework import deep
+from probes.hardware.common import DRIVER_MISMATCH
 from probes.spec import Cause
 
 TYPE_CHECKING = False
@@ -44,7 +45,7 @@ class CudaError(NamedTuple):
     name: str  # cudaErrorIllegalAddress, or CUBLAS_STATUS_ALLOC_FAILED
     text: str  # what cudaGetErrorString returns ("" where no text is known)
     category: str  # STICKY, NOT_CHECKED, ENVIRONMENT or OTHER
-    cause: Cause  # the catalog's cause (probes/framework/__init__.py): reason, status, who acts and how
+    cause: Cause  # the catalog's cause (probes/framework/deep.py): reason, status, who acts and how
     remedy: str  # this error's own remedy, said in the message instead of the cause's
     aliases: tuple[str, ...] = ()  # other wordings and the driver API's name
 
@@ -66,7 +67,7 @@ class CudaError(NamedTuple):
 
 # What each class of the table is (its cause, so who acts and how), and its remedy unless a row says;
 # a could-not-check row always names its own (oom, device-busy, mps-busy).
-_CAUSES = {STICKY: fw.CUDA_FATAL, ENVIRONMENT: fw.CUDA_INIT, OTHER: fw.CUDA_ERROR}
+_CAUSES = {STICKY: deep.CUDA_FATAL, ENVIRONMENT: deep.CUDA_INIT, OTHER: deep.CUDA_ERROR}
 _REMEDIES = {STICKY: _STICKY, ENVIRONMENT: _INIT, OTHER: PROGRAM}
 
 
@@ -79,7 +80,7 @@ def _e(code: int, name: str, text: str, category: str = OTHER, cause: Cause | No
 # enum cudaError (cudaSuccess, 0, is no error and not listed).
 TABLE: tuple[CudaError, ...] = (
     _e(1, "InvalidValue", "invalid argument", aliases=("CUDA_ERROR_INVALID_VALUE",)),
-    _e(2, "MemoryAllocation", "out of memory", NOT_CHECKED, fw.OOM,
+    _e(2, "MemoryAllocation", "out of memory", NOT_CHECKED, deep.OOM,
        "none: the workload uses the GPU's memory; not checked, not a fault",
        ("CUDA_ERROR_OUT_OF_MEMORY", "CUDA out of memory")),
     _e(3, "InitializationError", "initialization error", ENVIRONMENT,
@@ -114,15 +115,15 @@ TABLE: tuple[CudaError, ...] = (
               "remove it from the path; the NVIDIA Container Toolkit mounts the real libcuda.so.1",
        aliases=("CUDA_ERROR_STUB_LIBRARY",)),
     _e(35, "InsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version", ENVIRONMENT,
-       fw.DRIVER_TOO_OLD, aliases=("The NVIDIA driver on your system is too old",)),
+       deep.DRIVER_TOO_OLD, aliases=("The NVIDIA driver on your system is too old",)),
     _e(36, "CallRequiresNewerDriver", "API call is not supported in the installed CUDA driver", ENVIRONMENT,
-       fw.DRIVER_TOO_OLD, "install a newer host NVIDIA driver"),
+       deep.DRIVER_TOO_OLD, "install a newer host NVIDIA driver"),
     _e(37, "InvalidSurface", "invalid surface reference"),
     _e(43, "DuplicateVariableName", "duplicate global variable looked up by string name"),
     _e(44, "DuplicateTextureName", "duplicate texture looked up by string name"),
     _e(45, "DuplicateSurfaceName", "duplicate surface looked up by string name"),
     _e(46, "DevicesUnavailable", "CUDA-capable device(s) is/are busy or unavailable", NOT_CHECKED,
-       fw.DEVICE_BUSY, "none: the workload holds the GPU (exclusive or prohibited compute mode, or a full "
+       deep.DEVICE_BUSY, "none: the workload holds the GPU (exclusive or prohibited compute mode, or a full "
        "GPU); not a fault",
        ("all CUDA-capable devices are busy or unavailable", "CUDA_ERROR_DEVICE_UNAVAILABLE")),
     _e(49, "IncompatibleDriverContext", "incompatible driver context"),
@@ -138,7 +139,7 @@ TABLE: tuple[CudaError, ...] = (
     _e(69, "LaunchPendingCountExceeded", "launch failed because launch would exceed "
                                          "cudaLimitDevRuntimePendingLaunchCount"),
     _e(98, "InvalidDeviceFunction", "invalid device function", remedy=_IMAGE),
-    _e(100, "NoDevice", "no CUDA-capable device is detected", ENVIRONMENT, fw.CUDA_UNAVAILABLE,
+    _e(100, "NoDevice", "no CUDA-capable device is detected", ENVIRONMENT, deep.CUDA_UNAVAILABLE,
        "no GPU is visible: start the container with --gpus all (NVIDIA Container Toolkit) and check the host "
        "driver with nvidia-smi", ("CUDA_ERROR_NO_DEVICE", "No CUDA GPUs are available",
                                   "Found no NVIDIA driver on your system")),
@@ -169,7 +170,7 @@ TABLE: tuple[CudaError, ...] = (
        aliases=("CUDA_ERROR_ECC_UNCORRECTABLE",)),
     _e(215, "UnsupportedLimit", "limit is not supported on this architecture"),
     _e(216, "DeviceAlreadyInUse", "exclusive-thread device already in use by a different thread", NOT_CHECKED,
-       fw.DEVICE_BUSY, "none: another thread holds the GPU in exclusive-thread compute mode; not a fault",
+       deep.DEVICE_BUSY, "none: another thread holds the GPU in exclusive-thread compute mode; not a fault",
        ("CUDA_ERROR_CONTEXT_ALREADY_IN_USE",)),
     _e(217, "PeerAccessUnsupported", "peer access is not supported between these two devices",
        remedy="the GPUs cannot reach each other's memory (P2P): confirm with NCCL_P2P_DISABLE=1, then check "
@@ -232,18 +233,18 @@ TABLE: tuple[CudaError, ...] = (
     _e(721, "TensorMemoryLeak", "", STICKY, aliases=("CUDA_ERROR_TENSOR_MEMORY_LEAK",)),
     _e(800, "NotPermitted", "operation not permitted"),
     _e(801, "NotSupported", "operation not supported"),
-    _e(802, "SystemNotReady", "system not yet initialized", ENVIRONMENT, fw.FABRIC_MANAGER,
+    _e(802, "SystemNotReady", "system not yet initialized", ENVIRONMENT, deep.FABRIC_MANAGER,
        "the system is not ready for CUDA: on NVSwitch systems (HGX/DGX A100, H100, H200, B200) start "
        "NVIDIA Fabric Manager on the host (systemctl start nvidia-fabricmanager, the same version as the "
        "driver) and wait until the GPUs' fabric state is Completed (nvidia-smi -q)",
        ("CUDA_ERROR_SYSTEM_NOT_READY",)),
     _e(803, "SystemDriverMismatch", "system has unsupported display driver / cuda driver combination",
-       ENVIRONMENT, fw.DRIVER_MISMATCH,
+       ENVIRONMENT, DRIVER_MISMATCH,
        "the CUDA driver library (libcuda) does not match the loaded kernel module: a driver upgraded "
        "without a reboot, or a libcuda copied into the image; reboot the node (or reload the nvidia module) "
        "and never ship libcuda in the image", ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",)),
     _e(804, "CompatNotSupportedOnDevice", "forward compatibility was attempted on non supported HW",
-       ENVIRONMENT, fw.FORWARD_COMPAT,
+       ENVIRONMENT, deep.FORWARD_COMPAT,
        "the image's CUDA forward-compatibility libraries (cuda-compat) were loaded on a GPU that does not "
        "support them (GeForce/RTX and other non-data-center GPUs): remove cuda-compat from the library path "
        "or upgrade the host driver to one that supports this CUDA",
@@ -254,13 +255,13 @@ TABLE: tuple[CudaError, ...] = (
     _e(806, "MpsRpcFailure", "the remote procedural call between the MPS server and the MPS client failed",
        ENVIRONMENT, remedy="the MPS server failed: check its log and restart it"),
     _e(807, "MpsServerNotReady", "MPS server is not ready to accept new MPS client requests", NOT_CHECKED,
-       fw.MPS_BUSY, _MPS),
+       deep.MPS_BUSY, _MPS),
     _e(808, "MpsMaxClientsReached",
-       "the hardware resources required to create MPS client have been exhausted", NOT_CHECKED, fw.MPS_BUSY,
+       "the hardware resources required to create MPS client have been exhausted", NOT_CHECKED, deep.MPS_BUSY,
        _MPS),
     _e(809, "MpsMaxConnectionsReached",
        "the hardware resources required to support device connections have been exhausted", NOT_CHECKED,
-       fw.MPS_BUSY, _MPS),
+       deep.MPS_BUSY, _MPS),
     _e(810, "MpsClientTerminated", "the MPS client has been terminated by the server", STICKY,
        remedy="the MPS server ended this client (after a fault in any client, or a server restart): the "
               "process must be relaunched; check the MPS server's log"),
@@ -287,7 +288,7 @@ TABLE: tuple[CudaError, ...] = (
     _e(914, "InvalidResourceType", ""),
     _e(915, "InvalidResourceConfiguration", ""),
     _e(917, "StreamDetached", ""),
-    _e(999, "Unknown", "unknown error", ENVIRONMENT, fw.CUDA_UNKNOWN,
+    _e(999, "Unknown", "unknown error", ENVIRONMENT, deep.CUDA_UNKNOWN,
        "an unknown error from the driver: check nvidia-smi and dmesg for Xid errors; inside a container it "
        "often means the device access was lost after a host systemctl daemon-reload: recreate the container",
        ("CUDA_ERROR_UNKNOWN", "CUDA unknown error")),
@@ -299,8 +300,8 @@ _LIBRARY = ("a cuBLAS or cuDNN call failed without harming the GPU (a bad input,
 # cuBLAS's and cuDNN's status codes, as torch prints them ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when
 # calling `cublasCreate(handle)`", "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"); any other status is OTHER.
 LIBRARY: tuple[CudaError, ...] = (
-    CudaError(None, "CUBLAS_STATUS_ALLOC_FAILED", "", NOT_CHECKED, fw.OOM, _ALLOC),
-    CudaError(None, "CUDNN_STATUS_ALLOC_FAILED", "", NOT_CHECKED, fw.OOM, _ALLOC),
+    CudaError(None, "CUBLAS_STATUS_ALLOC_FAILED", "", NOT_CHECKED, deep.OOM, _ALLOC),
+    CudaError(None, "CUDNN_STATUS_ALLOC_FAILED", "", NOT_CHECKED, deep.OOM, _ALLOC),
 )
 
 BY_CODE = {e.code: e for e in TABLE}
@@ -328,6 +329,10 @@ class Found(NamedTuple):
     error: CudaError
     how: str  # "code", "text", "status", "number" or "name"
 
+    def facts(self) -> dict[str, Any]:
+        return {"code": self.error.code, "name": self.error.name, "category": self.error.category,
+                "how": self.how}
+
 
 def lines(message: str) -> list[str]:
     """The message's lines without PyTorch's added text. A cleaned message shows its line breaks
@@ -342,11 +347,12 @@ def lines(message: str) -> list[str]:
 
 
 def _library(name: str) -> CudaError:
-    return _BY_NAME.get(name.lower()) or CudaError(None, name, "", OTHER, fw.CUDA_ERROR, _LIBRARY)
+    return _BY_NAME.get(name.lower()) or CudaError(None, name, "", OTHER, deep.CUDA_ERROR, _LIBRARY)
 
 
-def identify(code: object, message: str) -> Found | None:
-    """The CUDA error a failure reports, or None when it is not a CUDA error we can name."""
+def identify(code: object, message: str, kind: object = None) -> Found | None:
+    """The CUDA error a failure reports, or None when it is not a CUDA error we can name. torch's
+    OutOfMemoryError (``kind``, the exception's class name) is CUDA's out of memory whatever it says."""
     if isinstance(code, int) and not isinstance(code, bool) and code in BY_CODE:
         return Found(BY_CODE[code], "code")
     body = lines(message)
@@ -369,14 +375,23 @@ def identify(code: object, message: str) -> Found | None:
         for name in _NAMES.findall(line):
             if name.lower() in _BY_NAME:
                 return Found(_BY_NAME[name.lower()], "name")
-    return None
+    return Found(BY_CODE[2], "type") if kind == "OutOfMemoryError" else None
 
 
-def could_not_check() -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """(codes, lower-case wordings) of the errors that mean "could not check": what the workers'
-    BENIGN lists must hold (a test keeps them equal)."""
-    rows = [e for e in (*TABLE, *LIBRARY) if e.category == NOT_CHECKED]
-    codes = tuple(sorted(e.code for e in rows if e.code is not None))
-    words = {t.lower() for e in rows for t in (e.text, *e.aliases) if t and not t.startswith("CUDA_ERROR_")}
-    words |= {e.name.lower() for e in rows if e.code is None}
-    return codes, tuple(sorted(words))
+def failure(name: str, code: Any, message: str, where: str, **kw: Any) -> Result | None:
+    """model's and nccl's verdict on a CUDA error, or None when it is none we can name: sticky latches
+    (``fatal`` in the facts), could-not-check warns, anything else fails as ``cuda-error``. torch-cuda
+    says more (the holder of a busy GPU, the driver's version, an error at start by its own reason)."""
+    found = identify(code, message)
+    if found is None:
+        return None
+    error = found.error
+    facts = {**kw.pop("facts", {}), "cuda_error": found.facts()}
+    if error.category == STICKY:
+        return error.verdict(name, f"fatal CUDA error on {where} ({error.label}): sticky, "
+                             f"{deep.UNTIL_RESTART}", facts={**facts, "fatal": True}, **kw)
+    if error.category == NOT_CHECKED:
+        return result.verdict(name, deep.OOM if error.cause is deep.OOM else deep.DEVICE_BUSY,
+                              f"{where}: {error.label}", facts=facts, **kw)
+    return error.verdict(name, f"CUDA error on {where} ({error.label})", cause=deep.CUDA_ERROR, facts=facts,
+                         **kw)

@@ -1,107 +1,242 @@
-"""What torch-cuda, model and nccl share: the one-costly-check lock, the cache of a passing run, the
-latch of a sticky CUDA error, the worker's start on the GPUs with room (free_memory.py), and the
-verdicts they share. Imported when a framework probe runs; what a run needs (process control, the
-NVML survey, the CUDA error table) is imported in the functions that use it.
-"""
+"""What torch-cuda, model, nccl and checkpoint share (jupyter-kernel and ssh-login use parts of it):
+the ``HEALTHCHECK_TORCH_*`` settings, the causes several of them report, the workers' protocol as the
+suite reads it, the one-costly-check lock, the cache of a passing run, the latch of a sticky CUDA
+error, a worker started only on the GPUs with room (free_memory.py), and the verdicts on a worker run
+every one of them gives alike."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
 from probes import deadlines, untrusted
-from probes import framework as fw
 from probes.context import Context, logger
-from probes.framework import Torch, protocol
+from probes.hardware.common import DRIVER_MISMATCH
 from probes.result import Result, Status, verdict
+from probes.spec import CHOICE, INTEGER, NUMBER, TEXT, Declared, cause, setting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
+    from types import ModuleType
     from typing import Any
 
     from probes import proc
-    from probes.framework import free_memory
     from probes.spec import Cause
 
-LOCK = "torch-cuda.lock"  # one costly check at a time: torch-cuda, model and nccl take it
+LOCK = "torch-cuda.lock"  # one costly check at a time: torch-cuda, model, nccl and jupyter-kernel take it
+MIN_FREE = "HEALTHCHECK_TORCH_MIN_FREE_MIB"
+UNTIL_RESTART = "unhealthy until the container restarts"
 
+
+class Torch(Declared):
+    """The ``HEALTHCHECK_TORCH_*`` settings: torch-cuda declares them, the deep checks and
+    jupyter-kernel read them."""
+
+    torch_device: str = setting("HEALTHCHECK_TORCH_DEVICE", CHOICE, "cuda",
+                                "`cuda` (every visible GPU) or `cpu` (CPU-only images)",
+                                choices=("cuda", "cpu"))
+    torch_python: str = setting("HEALTHCHECK_TORCH_PYTHON", TEXT, "python3",
+                                "the interpreter that owns torch (the image's)",
+                                shown_default="`python3` on `PATH`")
+    torch_ttl: float = setting("HEALTHCHECK_TORCH_TTL", NUMBER, 300.0,
+                               "seconds a passing torch-cuda result is reused by readiness", low=0,
+                               high=86400, low_inclusive=True)
+    torch_min_free_mib: int = setting(
+        MIN_FREE, INTEGER, 1024, "free memory (MiB, from NVML) a GPU needs before torch-cuda, model or nccl "
+        "start CUDA work on it; below it the GPU is not checked (a warning); `0` turns the check off", low=0,
+        high=2**20, low_inclusive=True)
+
+
+OWN_REMEDY = "the error's own remedy, in the message (see \"CUDA errors\")"
+LOGGED = "details in the log"
+SET_PYTHON = ("set `HEALTHCHECK_TORCH_PYTHON` to the image's Python that has torch "
+              "(e.g. `/opt/conda/bin/python`)")
+INTERPRETER_NOT_FOUND = cause("interpreter-not-found", "the `HEALTHCHECK_TORCH_PYTHON` interpreter is not "
+                              "found or cannot be run", SET_PYTHON, action="fix-config", actor="tenant")
+BAD_OUTPUT = cause("bad-output", "worker output unreadable (no or several result lines, not strict JSON, "
+                   "a number no float can hold such as 1e999, a field of the wrong type)",
+                   "the interpreter is not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`",
+                   action="fix-config", actor="tenant")
+KILLED = cause("killed", "worker killed by a signal",
+               "check the container's memory limit (SIGKILL: out of memory?), "
+               "dmesg and the torch install (SIGSEGV, SIGBUS, SIGABRT: a crash in torch or the driver)",
+               action="fix-config", actor="tenant")
+WORKLOAD_MEMORY = cause("workload-memory", "NVML says a GPU has less free memory than the probe needs "
+                        "(`HEALTHCHECK_TORCH_MIN_FREE_MIB`, plus the model's size for model, "
+                        "plus 256 MiB of NCCL's buffers for nccl): not checked, nothing started there; "
+                        "the other GPUs are checked", "none: the workload holds the memory; not a fault",
+                        "warn", action="none", actor="tenant")
+HELD_BACK = cause("checkpointed", "a CUDA process here is locked or checkpointed "
+                  "(the checkpoint probe, or its marker from an earlier run): no GPU work is started",
+                  "none: it runs again once the process is restored", "skip", action="none", actor="tenant")
+
+# The causes of CUDA errors (cuda_errors.py maps each class of its table, and some rows, to one).
+CUDA_FATAL = cause("cuda-fatal", "sticky CUDA error, one NVIDIA's runtime documentation says leaves the "
+                   "process unusable (illegal address, launch failure or timeout, device-side assert, "
+                   "misaligned address, ...), or an uncorrectable ECC or NVLink error; "
+                   "latches (see \"CUDA errors\")", "restart the container; check dmesg for Xid errors "
+                   "(each error's own remedy is in the message)", action="restart-container",
+                   actor="operator")
+CUDA_ERROR = cause("cuda-error", "another CUDA error (no kernel image for this GPU, invalid device ordinal, "
+                   "invalid configuration, a cuBLAS/cuDNN status, ...): fails, never latches",
+                   OWN_REMEDY, action="fix-config", actor="tenant")
+OOM = cause("oom", "out of memory for the probe's own context, tensors or buffers "
+            "(CUDA's, or cuBLAS's or cuDNN's `*_ALLOC_FAILED`)",
+            "the workload is using the memory; not checked, not a fault", "warn", action="none",
+            actor="tenant")
+DEVICE_BUSY = cause("device-busy", "GPU held by the workload in EXCLUSIVE_PROCESS mode "
+                    "(\"busy or unavailable\"); the message names the holding PID",
+                    "the workload holds the GPU, so the probe cannot open a context there; not a fault",
+                    "warn", action="none", actor="tenant")
+MPS_BUSY = cause("mps-busy", "GPU shared through MPS: the probe cannot open its own context; the message "
+                 "names the MPS clients", "the GPU is shared through MPS and the probe cannot open its own "
+                 "context there; not checked, not a fault", "warn", action="none", actor="tenant")
+CUDA_UNAVAILABLE = cause("cuda-unavailable", "`torch.cuda.is_available()` false / no GPU visible",
+                         "start the container with `--gpus all` (NVIDIA Container Toolkit) and check the "
+                         "host driver with `nvidia-smi`", action="fix-config", actor="tenant")
+DRIVER_TOO_OLD = cause("driver-too-old", "the driver's CUDA version (NVML `nvmlSystemGetCudaDriverVersion`, "
+                       "or torch's own message) older than `torch.version.cuda`; the message gives both",
+                       "install a newer NVIDIA driver on the host, or the CUDA forward-compatibility package "
+                       "(`cuda-compat`) on data-center GPUs, or use an image built for an older CUDA",
+                       action="fix-config", actor="operator")
+FABRIC_MANAGER = cause("fabric-manager", "CUDA error 802 at start (system not yet initialized): NVIDIA "
+                       "Fabric Manager is not running on an NVSwitch system",
+                       "start `nvidia-fabricmanager` on the host (the driver's version) and wait for the "
+                       "fabric state Completed", action="fix-config", actor="operator")
+FORWARD_COMPAT = cause("forward-compat", "CUDA error 804 at start: the forward-compatibility package "
+                       "(`cuda-compat`) on a GPU that does not support it", "remove `cuda-compat` from the "
+                       "image's library path, or upgrade the host driver", action="fix-config",
+                       actor="tenant")
+CUDA_UNKNOWN = cause("cuda-unknown", "CUDA's unknown error (999)", "check `nvidia-smi` and dmesg for Xid "
+                     "errors; in a container after a host `systemctl daemon-reload`, recreate the container",
+                     action="restart-container", actor="operator")
+CUDA_INIT = cause("cuda-init", "CUDA cannot start for another reason (initialization error, a stub libcuda, "
+                  "no vGPU license, MPS daemon unreachable, ...)", OWN_REMEDY, action="fix-config",
+                  actor="operator")
+CUDA_CAUSES = (CUDA_UNAVAILABLE, DRIVER_TOO_OLD, DEVICE_BUSY, MPS_BUSY, OOM, CUDA_FATAL, CUDA_ERROR,
+               FABRIC_MANAGER, DRIVER_MISMATCH, FORWARD_COMPAT, CUDA_UNKNOWN, CUDA_INIT)
+
+
+# ---- the workers' protocol as the suite reads it (the writing side is worker_base.py): one line
+# PREFIX + JSON on stdout, progress markers PHASE + name on stderr. A report enters the suite only
+# through here, checked field by field against a schema of kinds: no later use sees a wrong type, a
+# non-finite number or an unbounded string. ----
+
+STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": (kind, nullable)}
+MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
+MAX_STR = 1000  # characters of any string field, before cleaning
+NONFINITE = ("nan", "inf", "-inf")  # how a worker spells a non-finite MEASURE
+# Host memory's words (MemoryError as a whole word: torch's OutOfMemoryError is the GPU's): the C
+# library's ENOMEM, the dynamic loader's failed mmap(), C++'s failed allocation (then abort()).
+MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
+
+
+class Bad(ValueError):
+    """The worker's output breaks the protocol; the message says how (safe to show)."""
+
+
+def finite(value: Any) -> bool:
+    """A JSON number that float() turns into a finite value (a 400-digit integer does not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def check(value: Any, kind: str, nullable: bool, where: str) -> None:
+    """Raise Bad unless ``value`` is of ``kind`` (or None, when ``nullable``)."""
+    if value is None:
+        if nullable:
+            return
+        raise Bad(f"{where} is missing")
+    if kind == STR:
+        ok = isinstance(value, str) and len(value) <= MAX_STR
+    elif kind == BOOL:
+        ok = isinstance(value, bool)
+    elif kind == INT:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and not -MAX_INT <= value < MAX_INT:
+            raise Bad(f"{where} is out of range")
+    else:  # NUM, or MEASURE: a number, or how the worker spells a non-finite one
+        if kind == MEASURE and value in NONFINITE:
+            return
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and not finite(value):
+            raise Bad(f"{where} is not a finite number")
+    if not ok:
+        raise Bad(f"{where} has the wrong type")
+
+
+def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: tuple[str, ...] = ()) -> None:
+    """Raise Bad unless ``obj`` is an object with exactly the fields of ``spec``, each of its kind,
+    and of ``nested`` (objects or lists the caller checks itself)."""
+    if not isinstance(obj, dict):
+        raise Bad(f"{where} is not an object")
+    if set(obj) != {*spec, *nested}:
+        raise Bad(f"{where} has unexpected or missing fields")
+    for key, (kind, nullable) in spec.items():
+        check(obj[key], kind, nullable, f"{where}.{key}")
+
+
+def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key: str = "") -> Any:
+    """A copy of a validated report with every string one printable line of at most ``limit``
+    characters (``limits``: per field name); numbers, booleans and None stay what they are."""
+    if isinstance(value, dict):
+        return {k: cleaned(v, limit, limits, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [cleaned(v, limit, limits, key) for v in value]
+    if isinstance(value, str):
+        return untrusted.clean(value, (limits or {}).get(key, limit))
+    return value
+
+
+def result(stdout: bytes, prefix: str) -> Any:
+    """The JSON of the one result line in ``stdout``; Bad when there is none, more than one, or it is
+    not readable JSON (malformed, too deep, NaN, a number too large for a float)."""
+    hits = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.startswith(prefix)]
+    if len(hits) != 1:
+        raise Bad("more than one result line" if hits else "no result line")
+    try:
+        return untrusted.load_json(hits[0][len(prefix):])
+    except ValueError as exc:
+        raise Bad(f"the result line is not readable JSON: {untrusted.clean(exc, 80)}") from None
+
+
+def arrived(stdout: bytes, prefix: str) -> bool:
+    """Whether the output so far holds a whole result line, its line break included."""
+    marker = prefix.encode()
+    return marker in stdout and any(line.startswith(marker) and line.endswith((b"\n", b"\r"))
+                                    for line in stdout.splitlines(keepends=True))
+
+
+def out_of_memory(text: bytes | str) -> bool:
+    """Whether ``text`` (a worker's stderr or error message) says host memory ran out."""
+    import re
+
+    low = (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).lower()
+    return any(word in low for word in MEMORY_WORDS) or re.search(r"\bmemoryerror\b", low) is not None
+
+
+def last_phase(stderr: bytes, phase: str, names: str) -> str | None:
+    """The last progress marker in ``stderr`` whose whole name matches the pattern ``names``."""
+    import re
+
+    found = None
+    for line in stderr.decode("utf-8", "replace").splitlines():
+        if line.startswith(phase) and re.fullmatch(names, line[len(phase):].strip()):
+            found = line[len(phase):].strip()
+    return found
+
+
+# ---- the costly run: lock, cache, latch ----
 
 def state_off(why: str | None) -> str:
     """What a run without a state dir says of it (a fatal error cannot latch there)."""
     return f"state dir off: {why}"
-
-
-def start(ctx: Context, need_mib: int,
-          extra: dict[str, str]) -> tuple[free_memory.Room | None, dict[str, str]]:
-    """(the room survey, or None on the CPU; the worker's environment): CUDA_MODULE_LOADING=LAZY
-    (a smaller context), and CUDA_VISIBLE_DEVICES narrowed to the GPUs with room when some have
-    none."""
-    from probes.framework import free_memory
-
-    env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **extra}
-    if ctx.config.of(Torch).torch_device != "cuda":
-        return None, env
-    space = free_memory.survey(need_mib, os.environ)
-    if space.visible is not None:
-        env["CUDA_VISIBLE_DEVICES"] = space.visible
-    return space, env
-
-
-def no_room(space: free_memory.Room) -> dict[str, Any]:
-    """A run that started nothing: no GPU had room."""
-    from probes.framework import free_memory
-
-    return {"kind": free_memory.REASON, "room": space.facts(), "lingered": False, "finished": time.time()}
-
-
-def not_checked(name: str, data: dict[str, Any], what: str, **kw: Any) -> Result:
-    """judge() of a run that started nothing because the workload holds every GPU's memory."""
-    from probes.framework import free_memory
-
-    facts = {**kw.pop("facts", {}), "room": data["room"]}
-    return verdict(name, fw.WORKLOAD_MEMORY, free_memory.not_checked(data["room"], what), remedy=False,
-                   facts=facts, **kw)
-
-
-def with_room(result: Result, data: dict[str, Any], what: str) -> Result:
-    """``result`` noting the GPUs left out for want of room: a pass becomes a warning."""
-    from probes.framework import free_memory
-
-    facts = free_memory.read(data.get("room"))
-    if facts is None:
-        return result
-    merged = {**result.facts, "room": facts}
-    if not facts["full"]:
-        return result._replace(facts=merged)
-    note = "; " + free_memory.not_checked(facts, what)
-    if result.status is Status.PASS:
-        return verdict(result.name, fw.WORKLOAD_MEMORY, result.message + note, remedy=False,
-                       observed=result.observed, unit=result.unit, facts=merged)
-    return result._replace(message=result.message + note, facts=merged)
-
-
-def cuda_failure(name: str, code: Any, message: str, where: str, **kw: Any) -> Result | None:
-    """model's and nccl's verdict on a CUDA error (cuda_errors.py), or None when it is none we can
-    name: sticky latches (``fatal`` in the facts), could-not-check warns, anything else fails as
-    ``cuda-error``. torch-cuda judges the same table with more to say (the holder of a busy GPU,
-    the driver's version, an error at start by its own reason)."""
-    from probes.framework import cuda_errors
-
-    found = cuda_errors.identify(code, message)
-    if found is None:
-        return None
-    error = found.error
-    facts = {**kw.pop("facts", {}), "cuda_error": {"code": error.code, "name": error.name,
-                                                    "category": error.category, "how": found.how}}
-    if error.category == cuda_errors.STICKY:
-        return error.verdict(name, f"fatal CUDA error on {where} ({error.label}): sticky, {UNTIL_RESTART}",
-                             facts={**facts, "fatal": True}, **kw)
-    if error.category == cuda_errors.NOT_CHECKED:
-        busy = fw.OOM if error.cause is fw.OOM else fw.DEVICE_BUSY
-        return verdict(name, busy, f"{where}: {error.label}", facts=facts, **kw)
-    return error.verdict(name, f"CUDA error on {where} ({error.label})", cause=fw.CUDA_ERROR, facts=facts,
-                         **kw)
 
 
 def locked_run(ctx: Context, cache: str, key: dict[str, Any],
@@ -110,16 +245,13 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
                judge: Callable[[dict[str, Any], Context], Result], *, early: bool = False,
                share: Callable[[dict[str, Any] | None], dict[str, Any] | None] | None = None,
                relatch: bool = False) -> dict[str, Any]:
-    """A deep check's costly run: one costly check at a time under this probe's lock; readiness
-    reuses what ``reuse`` accepts from ``cache`` (read again once the lock is held, a run we
-    waited for may have written it); a run's result is cached, except one whose worker lingered
-    (its cache entry is removed) or that started no worker (no GPU had room). A sticky CUDA
-    error latches the container. Without a state dir it simply runs.
+    """A deep check's costly run: one costly check at a time under the lock; readiness reuses what
+    ``reuse`` accepts from ``cache`` (read again once the lock is held: a run we waited for may have
+    written it); the run is then recorded (:func:`record`). Without a state dir it simply runs.
 
-    torch-cuda, which every profile runs, asks for more: ``early`` answers readiness from the
-    cache before waiting for the lock, ``share`` hands every profile what it accepts of a run
-    that finished while this one waited (startup included), ``relatch`` reads the latch again
-    once the lock is held (the run waited for may have latched)."""
+    ``early`` answers readiness from the cache before waiting for the lock, ``share`` hands every
+    profile what it accepts of a run that finished while this one waited (startup included),
+    ``relatch`` reads the latch again once the lock is held (the run waited for may have latched)."""
     state = ctx.state
     if not state.enabled:  # nothing can latch: the judge says so if the run finds a fatal error
         data = run()
@@ -143,7 +275,11 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
         if latch is not None:
             return latched(latch)
         entry = state.read_json(cache)
-        shared = share(entry) if share is not None and _finished_since(entry, started) else None
+        try:
+            finished_since = entry is not None and float(entry.get("finished", 0.0)) >= started
+        except (TypeError, ValueError):
+            finished_since = False  # a damaged entry
+        shared = share(entry) if share is not None and finished_since else None
         if shared is not None:
             return shared
         if ctx.config.profile_rules.reuses_cache:
@@ -153,20 +289,10 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
         return record(ctx, cache, key, run(), judge)
 
 
-def _finished_since(entry: dict[str, Any] | None, started: float) -> bool:
-    """Whether a cache entry is of a run that finished after ``started`` (a damaged one is not)."""
-    if entry is None:
-        return False
-    try:
-        return float(entry.get("finished", 0.0)) >= started
-    except (TypeError, ValueError):
-        return False
-
-
 def latched(latch: dict[str, Any]) -> dict[str, Any]:
     """What judge() reads of the latch (a sticky CUDA error, or an Xid): a run that starts nothing."""
     raw: Any = latch.get("time")
-    since = float(raw) if protocol.finite(raw) else 0.0
+    since = float(raw) if finite(raw) else 0.0
     if not 0 < since <= time.time() + 86400:
         since = 0.0  # damaged: shown as an unknown time, never a crash
     return {"kind": "latched", "source": untrusted.clean(latch.get("source", "?"), 40),
@@ -177,9 +303,9 @@ def latched(latch: dict[str, Any]) -> dict[str, Any]:
 def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
            judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
     """After a costly run, under the lock: a sticky CUDA error latches the container and the run is
-    cached for later runs to reuse or share; a run whose worker lingered is not trusted (nothing is
-    cached or shared, and an older pass must not be served after it), and one that started nothing
-    (no GPU had room) has nothing to cache."""
+    cached for later runs to reuse or share. A run whose worker lingered is not trusted (its cache
+    entry goes: an older pass must not be served after it); one that started nothing (no GPU had
+    room) has nothing to cache."""
     from probes.framework import free_memory
 
     if data["kind"] == free_memory.REASON:
@@ -197,43 +323,6 @@ def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
     return data
 
 
-def deep_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str],
-                parse: Callable[[bytes], tuple[dict[str, Any] | None, str | None]],
-                phase: Callable[[bytes], str | None], arrived: Callable[[bytes], bool],
-                need_mib: int) -> tuple[dict[str, Any], proc.Completed | None]:
-    """A deep check's worker run under the probe's deadline, on the GPUs with
-    ``need_mib`` MiB free (see :func:`start`): what its judge() reads of the run (``locked_run``'s
-    ``run``), and the process, for what else it reads there (None when none was started)."""
-    from probes import orphans, proc
-
-    # What a killed suite left (a worker behind a wrapper, its grandchildren) goes before the GPUs'
-    # memory is surveyed; one that survives SIGKILL may hold the GPU: no second worker beside it.
-    space = None
-    held = orphans.end()
-    if held:
-        logger().info("%s: processes of a killed run survive SIGKILL: %s", name, held)
-    else:
-        space, env = start(ctx, need_mib, env)
-        if space is not None and space.none_left:
-            return no_room(space), None
-    deadline = ctx.deadline - deadlines.MARGIN
-    budget = max(0.0, deadline - time.monotonic())
-    done = proc.Completed(tuple(argv), None, stuck=True, held_by=held[0]) if held else proc.run(
-        argv, deadline=deadline, env=env, state=ctx.state, key=name, until=arrived, linger=deadlines.LINGER)
-    report, problem = parse(done.stdout)
-    if (report is None or report.get("error") or done.timed_out or done.lingered
-            or any(isinstance(d, dict) and d.get("error") for d in report.get("devices", ()))):
-        # The details stay in the log; messages carry only fixed phrases.
-        logger().info("%s worker rc=%s timed_out=%s lingered=%s stderr tail: %s", name, done.returncode,
-                      done.timed_out, done.lingered, untrusted.squeeze(done.stderr[-2000:], 600))
-    return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
-            "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
-            "held_by": done.held_by, "budget": round(budget, 2), "phase": phase(done.stderr),
-            "memory": protocol.out_of_memory(done.stderr),
-            "report": report, "problem": problem, "finished": time.time(), "cache": None,
-            "room": None if space is None else space.facts()}, done
-
-
 def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
                ttl: float) -> tuple[dict[str, Any], float, float] | None:
     """(data, finished, age) of a cache entry for the same ``key`` that passed and is younger than
@@ -247,15 +336,15 @@ def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
     return (data, float(finished), age) if 0 <= age < ttl else None
 
 
-def deep_cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
-                validate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
+def cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
+           validate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
     """A deep check's cached passing run (see fresh_pass), its report validated again."""
     if (fresh := fresh_pass(entry, key, ttl)) is None:
         return None
     data, finished, age = fresh
     try:
         report = validate(data.get("report"))
-    except protocol.Bad:
+    except Bad:
         return None
     if report["error"] is not None:
         return None
@@ -264,25 +353,106 @@ def deep_cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
             "finished": finished, "cache": {"how": "ttl", "age": round(age, 1)}}
 
 
-UNTIL_RESTART = "unhealthy until the container restarts"
+# ---- the worker ----
+
+def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]]) -> tuple[Any, str | None]:
+    """(the worker's report, None) for one valid result line, else (None, what is wrong)."""
+    try:
+        return validate(result(stdout, prefix)), None
+    except Bad as exc:
+        return None, str(exc)
 
 
-def unkept(result: Result, data: dict[str, Any]) -> Result:
-    """``result`` saying so when its fatal error could not be latched (the state dir is off, or
-    too full for even an empty file): later runs will not remember it, so nothing may promise
-    "unhealthy until the container restarts"."""
+def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], worker: ModuleType,
+               validate: Callable[[Any], dict[str, Any]], phases: str,
+               need_mib: int) -> tuple[dict[str, Any], proc.Completed | None]:
+    """A worker's run under the probe's deadline, with CUDA_MODULE_LOADING=LAZY (a smaller context),
+    on the GPUs with ``need_mib`` MiB free (CUDA_VISIBLE_DEVICES narrowed to them when some have none):
+    what judge() reads of it (``locked_run``'s ``run``), and the process (None when none started).
+    ``worker`` is the worker's module: its ``PREFIX`` marks the result line, its ``PHASE`` the progress
+    markers, whose names ``phases`` matches."""
+    from probes import orphans, proc
+    from probes.framework import free_memory
+
+    # What a killed suite left (a worker behind a wrapper, its grandchildren) goes before the GPUs'
+    # memory is surveyed; one that survives SIGKILL may hold the GPU: no second worker beside it.
+    space = None
+    env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **env}
+    held = orphans.end()
+    if held:
+        logger().info("%s: processes of a killed run survive SIGKILL: %s", name, held)
+    elif ctx.config.of(Torch).torch_device == "cuda":
+        space = free_memory.survey(need_mib, os.environ)
+        if space.none_left:
+            return {"kind": free_memory.REASON, "room": space.facts(), "lingered": False,
+                    "finished": time.time()}, None
+        if space.visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = space.visible
+    deadline = ctx.deadline - deadlines.MARGIN
+    budget = max(0.0, deadline - time.monotonic())
+    done = proc.Completed(tuple(argv), None, stuck=True, held_by=held[0]) if held else proc.run(
+        argv, deadline=deadline, env=env, state=ctx.state, key=name,
+        until=lambda out: arrived(out, worker.PREFIX), linger=deadlines.LINGER)
+    report, problem = parse(done.stdout, worker.PREFIX, validate)
+    if (report is None or report.get("error") or done.timed_out or done.lingered
+            or any(isinstance(d, dict) and d.get("error") for d in report.get("devices", ()))):
+        # The details stay in the log; messages carry only fixed phrases.
+        logger().info("%s worker rc=%s timed_out=%s lingered=%s stderr tail: %s", name, done.returncode,
+                      done.timed_out, done.lingered, untrusted.squeeze(done.stderr[-2000:], 600))
+    return {"kind": "worker", "spawn_error": done.spawn_error, "returncode": done.returncode,
+            "timed_out": done.timed_out, "lingered": done.lingered, "stuck": done.stuck,
+            "held_by": done.held_by, "budget": round(budget, 2),
+            "phase": last_phase(done.stderr, worker.PHASE, phases),
+            "memory": out_of_memory(done.stderr), "report": report, "problem": problem,
+            "finished": time.time(), "cache": None, "room": None if space is None else space.facts()}, done
+
+
+# ---- judging ----
+
+def judged(name: str, data: dict[str, Any], ctx: Context,
+           judge_run: Callable[[dict[str, Any], Context], Result], *, room: str, deadline: Cause,
+           unit: str) -> Result:
+    """A deep check's judge(): what every one says alike (held back by a checkpoint, no lock in time,
+    no GPU with room for ``room``'s worth), else ``judge_run``'s result noting the GPUs left out for want
+    of room, a latch that could not be kept and where a reused result came from."""
+    from probes.framework import free_memory
+
+    kind = data.get("kind")
+    if kind == "checkpointed":
+        return verdict(name, HELD_BACK, f"not started: {untrusted.clean(data['why'], 200)}", remedy=False,
+                       unit=unit)
+    if kind == "lock-timeout":
+        return lock_timeout(name, data, deadline, unit=unit)
+    if kind == free_memory.REASON:
+        return verdict(name, WORKLOAD_MEMORY, free_memory.not_checked(data["room"], room), remedy=False,
+                       unit=unit, facts={"room": data["room"]})
+    result = judge_run(data, ctx)
+    facts = free_memory.read(data.get("room"))
+    if facts is not None:
+        result = result._replace(facts={**result.facts, "room": facts})
+        if facts["full"]:
+            message = f"{result.message}; {free_memory.not_checked(facts, room)}"
+            result = (verdict(name, WORKLOAD_MEMORY, message, remedy=False, observed=result.observed,
+                              unit=result.unit, facts=result.facts) if result.status is Status.PASS
+                      else result._replace(message=message))
     why = data.get("latch_lost")
-    if not result.facts.get("fatal") or not why:
-        return result
-    said = f"the latch could not be kept ({untrusted.clean(why, 160)}), later runs will not remember it"
-    message = (result.message.replace(UNTIL_RESTART, said) if UNTIL_RESTART in result.message
-               else f"{result.message}; {said}")
-    return result._replace(message=message, facts={**result.facts, "latch_kept": False})
+    if result.facts.get("fatal") and why:
+        # Later runs will not remember it: nothing may promise "unhealthy until the container restarts".
+        said = f"the latch could not be kept ({untrusted.clean(why, 160)}), later runs will not remember it"
+        message = (result.message.replace(UNTIL_RESTART, said) if UNTIL_RESTART in result.message
+                   else f"{result.message}; {said}")
+        result = result._replace(message=message, facts={**result.facts, "latch_kept": False})
+    cache = data.get("cache") or {}
+    if cache.get("how") in ("ttl", "shared"):
+        how = (f"cached, {cache.get('age', 0):.0f}s old" if cache["how"] == "ttl"
+               else f"shared with a concurrent run, {cache.get('age', 0):.1f}s old")
+        result = result._replace(message=f"{result.message} ({how})", facts={**result.facts, "cache": cache})
+    return result
 
 
 def lock_timeout(name: str, data: dict[str, Any], cause: Cause | None = None, **kw: Any) -> Result:
-    """judge() of a deep check whose locked_run did not get the lock in time: its own ``cause``
-    for a deadline (by default the one every probe can report)."""
+    """judge() of a run that did not get the lock in time: its own ``cause`` for a deadline (by default
+    the one every probe can report)."""
     from probes import runner
 
     return verdict(name, cause or runner.DEADLINE, f"no result within {data['waited']:.1f}s: another "
@@ -290,8 +460,8 @@ def lock_timeout(name: str, data: dict[str, Any], cause: Cause | None = None, **
 
 
 def limited(name: str, data: dict[str, Any], **kw: Any) -> Result | None:
-    """judge() of a deep check whose worker a resource limit kept from starting (the interpreter is
-    not at fault: not checked); None otherwise."""
+    """The verdict on a worker a resource limit kept from starting (the interpreter is not at fault:
+    not checked); None otherwise."""
     from probes import childio, runner
 
     if childio.limited(data.get("spawn_error")):
@@ -301,12 +471,34 @@ def limited(name: str, data: dict[str, Any], **kw: Any) -> Result | None:
 
 
 def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Result | None:
-    """judge() of a deep check whose worker's interpreter cannot be run; None if it could."""
+    """The verdict on a worker whose interpreter cannot be run (or that a limit kept from starting);
+    None if it could."""
     if (limit := limited(name, data, **kw)) is not None:
         return limit
     if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
         python = untrusted.clean(ctx.config.of(Torch).torch_python, 80)
-        return verdict(name, fw.INTERPRETER_NOT_FOUND, f"torch interpreter {python} cannot be run", **kw)
+        return verdict(name, INTERPRETER_NOT_FOUND, f"torch interpreter {python} cannot be run", **kw)
     return None
 
 
+def no_report(name: str, data: dict[str, Any], what: str, *, stuck: Cause, timed_out: Cause,
+              excerpt: str = "", **kw: Any) -> Result:
+    """The verdict on a worker that gave no report it may trust: stuck in the driver, cut by the
+    deadline, killed by a signal, or unreadable."""
+    from probes import proc
+
+    where = data.get("phase") or "start-up"
+    if data.get("held_by") is not None:
+        return verdict(name, stuck, f"an earlier {what} (pid {data['held_by']}) is still stuck in the GPU "
+                       "driver (uninterruptible sleep); not starting another", **kw)
+    if data.get("stuck"):
+        return verdict(name, stuck, f"{what} stuck in {where} and survived SIGKILL (uninterruptible sleep), "
+                       "the GPU driver is wedged", **kw)
+    if data.get("timed_out"):
+        return verdict(name, timed_out, f"{what} gave no result within {data.get('budget', 0):.1f}s "
+                       f"(killed while in {where})", **kw)
+    rc = data.get("returncode")
+    if isinstance(rc, int) and rc < 0:
+        return verdict(name, KILLED, f"{what} killed by {proc.signal_name(-rc)} in {where}", **kw)
+    return verdict(name, BAD_OUTPUT, f"{what} gave an unreadable result "
+                   f"({data.get('problem')}, exit status {rc}){excerpt}", **kw)

@@ -1,10 +1,7 @@
 """Do no harm: before a CUDA worker starts, NVML says which GPUs have room for it (docs/probes.md,
-"Do no harm"). :func:`survey` splits the GPUs the worker would see into those with room and those
-the workload has filled; the worker is then given ``CUDA_VISIBLE_DEVICES`` listing, by UUID, only
-the GPUs with room, so that whatever torch does on "device 0" at start happens on one of them.
-When NVML cannot say, the GPUs are used as before and the facts say why.
-
-Command-line equivalent::
+"Do no harm"). The worker is then given ``CUDA_VISIBLE_DEVICES`` listing, by UUID, only the GPUs with
+room, so that whatever torch does on "device 0" at start happens on one of them. When NVML cannot
+say, the GPUs are used as before and the facts say why. Command-line equivalent::
 
     nvidia-smi --query-gpu=index,uuid,memory.free,memory.total --format=csv,noheader,nounits
 """
@@ -19,7 +16,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-NCCL_MIB = 256  # NCCL's buffers on each GPU, on top (NCCL_BUFFSIZE 4 MiB per channel and peer)
 REASON = "workload-memory"
 MAX_GPUS = 1024
 MAX_MIB = 2**44  # NVML gives bytes as an unsigned 64-bit number: every MiB count it can give is below
@@ -71,7 +67,8 @@ class Room(Record):
 
 
 def survey(need_mib: int, env: Mapping[str, str]) -> Room:
-    """Which of the GPUs the worker would see have ``need_mib`` MiB free (NVML)."""
+    """Which of the GPUs the worker would see (``CUDA_VISIBLE_DEVICES`` in ``env``) have ``need_mib``
+    MiB free; a lost GPU is left out (the nvml probe reports it, and no context starts there)."""
     from probes.hardware import nvml, nvml_lib
 
     if need_mib <= 0:
@@ -80,16 +77,26 @@ def survey(need_mib: int, env: Mapping[str, str]) -> Room:
         nv = nvml_lib.init()
     except nvml_lib.NvmlUnavailable as exc:
         return Room(need_mib, unknown=f"NVML unavailable ({exc.reason})")
+    gpus: list[Gpu] = []
     try:
-        gpus, why = _gpus(nv)
+        count, err = nvml_lib.call(nv.nvmlDeviceGetCount)
+        if err is not None:
+            return Room(need_mib, unknown=f"NVML error {err}")
+        for index in range(min(count, MAX_GPUS)):
+            handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, index)
+            mig, _ = nvml_lib.call(nv.nvmlDeviceGetMigMode, handle) if err is None else (None, None)
+            if mig is not None and mig[0]:
+                return Room(need_mib, unknown="MIG mode (a MIG device's own memory is not read)")
+            uuid, err = nvml_lib.call(nv.nvmlDeviceGetUUID, handle) if err is None else (None, err)
+            if err is None:
+                mem, err = nvml_lib.call(nv.nvmlDeviceGetMemoryInfo, handle)
+                free, total = (None, None) if err is not None else (int(mem.free) >> 20, int(mem.total) >> 20)
+                gpus.append(Gpu(index, nvml_lib.text(uuid), free, total))
     finally:
         nvml_lib.shutdown()
-    if why is not None:
-        return Room(need_mib, unknown=why)
     wanted = env.get("CUDA_VISIBLE_DEVICES")
     if wanted is not None:
-        uuids = [g.uuid for g in gpus]
-        selected, _ = nvml.cuda_visible(wanted, uuids)
+        selected, _ = nvml.cuda_visible(wanted, [g.uuid for g in gpus])
         gpus = [g for u in selected for g in gpus if g.uuid == u]
     full = tuple(g for g in gpus if g.free_mib is not None and g.total_mib != 0 and g.free_mib < need_mib)
     silent = [str(g.index) for g in gpus if g.free_mib is None]
@@ -99,58 +106,29 @@ def survey(need_mib: int, env: Mapping[str, str]) -> Room:
     return Room(need_mib, tuple(g for g in gpus if g not in full), full, "; ".join(whys) or None)
 
 
-def _gpus(nv: Any) -> tuple[list[Gpu], str | None]:
-    """Every GPU NVML sees, in NVML's order, or why the survey cannot be made."""
-    from probes.hardware import nvml_lib
-
-    count, err = nvml_lib.call(nv.nvmlDeviceGetCount)
-    if err is not None:
-        return [], f"NVML error {err}"
-    gpus = []
-    for index in range(min(count, MAX_GPUS)):
-        handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, index)
-        if err is not None:
-            continue  # a lost GPU: the nvml probe reports it; no context is started there
-        mig, _ = nvml_lib.call(nv.nvmlDeviceGetMigMode, handle)
-        if mig is not None and mig[0]:
-            return [], "MIG mode (a MIG device's own memory is not read)"
-        uuid, err = nvml_lib.call(nv.nvmlDeviceGetUUID, handle)
-        if err is not None:
-            continue
-        mem, err = nvml_lib.call(nv.nvmlDeviceGetMemoryInfo, handle)
-        free, total = (None, None) if err is not None else (int(mem.free) >> 20, int(mem.total) >> 20)
-        gpus.append(Gpu(index, nvml_lib.text(uuid), free, total))
-    return gpus, None
-
-
 def read(value: Any) -> dict[str, Any] | None:
     """A room's facts from a worker run's data (a cache entry included) if they are well formed."""
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_MIB
+
     if not isinstance(value, dict) or set(value) != {"need_mib", "unknown", "full"}:
         return None
     full = value["full"]
-    if not _count(value["need_mib"]) or not isinstance(full, list) or len(full) > MAX_GPUS:
+    if not count(value["need_mib"]) or not isinstance(full, list) or len(full) > MAX_GPUS:
         return None
     for g in full:
-        if not (isinstance(g, dict) and set(g) == {"index", "free_mib", "total_mib"}
-                and all(_count(g[k]) for k in ("index", "free_mib")) and (g["total_mib"] is None
-                                                                        or _count(g["total_mib"]))):
+        if not (isinstance(g, dict) and set(g) == {"index", "free_mib", "total_mib"} and count(g["index"])
+                and count(g["free_mib"]) and (g["total_mib"] is None or count(g["total_mib"]))):
             return None
     unknown = value["unknown"]
     return {**value, "unknown": None if unknown is None else untrusted.clean(unknown, 120)}
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_MIB
-
-
-def _gpu_list(full: list[dict[str, Any]]) -> str:
+def not_checked(facts: dict[str, Any], what: str) -> str:
+    """"not checked: the workload holds the memory on GPU 1 (300 MiB free of 81559 MiB) ..."."""
+    full = facts["full"]
     shown = [f"GPU {g['index']} ({g['free_mib']} MiB free"
              + (f" of {g['total_mib']} MiB)" if g["total_mib"] is not None else ")") for g in full[:4]]
     more = f" and {len(full) - 4} more" if len(full) > 4 else ""
-    return ", ".join(shown) + more
-
-
-def not_checked(facts: dict[str, Any], what: str) -> str:
-    """"not checked: the workload holds the memory on GPU 1 (300 MiB free of 81559 MiB) ..."."""
-    return (f"not checked: the workload holds the memory on {_gpu_list(facts['full'])}; the probe needs "
+    return (f"not checked: the workload holds the memory on {', '.join(shown)}{more}; the probe needs "
             f"{facts['need_mib']} MiB ({what}), so nothing was started there")

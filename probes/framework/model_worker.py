@@ -1,18 +1,14 @@
 """The model worker, run by file path in the image's interpreter under a deadline, in its own
-session (the model probe; docs/probes.md, "Deep opt-in checks"). Standalone: stdlib + torch only,
-never the ``probes`` package, Python 3.6+ (images carry their own).
+session (the model probe). Standalone: stdlib + torch only, never the ``probes`` package, Python 3.6+.
 
-It never executes pickled code, and reads the format from the file's content (``detect``), never
-its name: a TorchScript archive (``torch.jit.load``, whose unpickler only builds TorchScript and
-tensor types), a safetensors file (the ``safetensors`` package, else the header is parsed here and
-each tensor made with ``torch.frombuffer``), or a ``torch.save`` state dict (``weights_only=True``;
-a torch without that option is refused, never loaded). The file is loaded through the descriptor
-that was checked (``by_descriptor``): the file judged is the file loaded.
-
-An error's ``message`` is one of ``PHRASES`` when the worker names the problem itself; anything
-else there (torch's or the C library's text) is a detail the suite logs, never shows.
-
-Command-line equivalent::
+It never executes pickled code, and reads the format from the file's content (``detect``), never its
+name: a TorchScript archive (``torch.jit.load``, whose unpickler only builds TorchScript and tensor
+types), a safetensors file (the ``safetensors`` package, else the header is parsed here and each
+tensor made with ``torch.frombuffer``), or a ``torch.save`` state dict (``weights_only=True``; a
+torch without that option is refused, never loaded). The file is loaded through the descriptor that
+was checked (``by_descriptor``): the file judged is the file loaded. An error's ``message`` is one
+of ``PHRASES`` when the worker names the problem itself; anything else (torch's or the C library's
+text) is a detail the suite logs, never shows. Command-line equivalent::
 
     python3 model_worker.py --path /models/resnet.pt --device cuda --input 1x3x224x224:float16
 """
@@ -71,7 +67,8 @@ class Failure(Exception):
         self.code = code
 
 
-_BASE = []  # type: list  # the shared scaffold, once loaded
+HERE = os.path.dirname(os.path.abspath(__file__))
+_BASE = []  # type: list
 
 
 def scaffold():
@@ -79,28 +76,15 @@ def scaffold():
     if not _BASE:
         import importlib.util
 
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_base.py")
-        spec = importlib.util.spec_from_file_location("healthcheck_worker_base", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _BASE.append(module)
+        spec = importlib.util.spec_from_file_location("healthcheck_worker_base",
+                                                      os.path.join(HERE, "worker_base.py"))
+        _BASE.append(importlib.util.module_from_spec(spec))
+        spec.loader.exec_module(_BASE[0])
     return _BASE[0]
-
-
-def scrub_and_load():
-    """Take this file's folder (sys.path[0]) and the current directory ('') off sys.path, so
-    that nothing there can shadow torch or the standard library, then load the scaffold."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
-    return scaffold()
 
 
 def error_code(exc):
     return scaffold().error_code(exc)
-
-
-def measure(value):
-    return scaffold().measure(value)
 
 
 def phase(name):
@@ -251,44 +235,28 @@ def detect(fh, size):
     raise Failure("unsupported", "not a TorchScript archive, a safetensors file or a torch.save state dict")
 
 
-def meminfo_available():
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def cgroup_room():
-    """Bytes the cgroup (v2) still lets this container allocate, or None without a limit."""
-    try:
-        with open("/sys/fs/cgroup/memory.max") as fh:
-            limit = fh.read().strip()
-        with open("/sys/fs/cgroup/memory.current") as fh:
-            used = int(fh.read().strip())
-    except (OSError, ValueError):
-        return None
-    return max(int(limit) - used, 0) if limit.isdigit() else None
-
-
 def budget_of(torch, args):
-    """(bytes the model may take, where that number comes from)."""
+    """(bytes the model may take, where that number comes from): the free GPU memory, or on the CPU
+    the available RAM and what the cgroup (v2) still lets this container allocate; and the setting."""
     options = []
-    if args.device == "cuda":
-        free, _ = torch.cuda.mem_get_info(torch.cuda.current_device())
-        options.append((int(free), "free GPU memory"))
-    else:
-        avail = meminfo_available()
-        if avail is not None:
-            options.append((avail, "available RAM"))
-        room = cgroup_room()
-        if room is not None:
-            options.append((room, "the container's memory limit"))
     if args.max_bytes is not None:
         options.append((args.max_bytes, "HEALTHCHECK_MODEL_MAX_BYTES"))
+    if args.device == "cuda":
+        free, _ = torch.cuda.mem_get_info(torch.cuda.current_device())
+        return min([*options, (int(free), "free GPU memory")])
+    try:
+        with open("/proc/meminfo") as fh:
+            options += [(int(line.split()[1]) * 1024, "available RAM") for line in fh
+                         if line.startswith("MemAvailable:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as fh, open("/sys/fs/cgroup/memory.current") as used:
+            limit, current = fh.read().strip(), int(used.read().strip())
+        if limit.isdigit():
+            options.append((max(int(limit) - current, 0), "the container's memory limit"))
+    except (OSError, ValueError):
+        pass
     return min(options) if options else (None, None)
 
 
@@ -406,8 +374,8 @@ def forward(torch, model, args, device, report, expect_fh):
             sys.stderr.write("output shape " + shapes + "\n")  # the log's
             raise Failure("shape-mismatch", "another shape than the expected output")
         got, want = out.detach().cpu().double(), expect.double()
-        report["max_err"] = measure((got - want).abs().max().item()) if want.numel() else 0.0
-        report["scale"] = measure(want.abs().max().item()) if want.numel() else 0.0
+        report["max_err"] = scaffold().measure((got - want).abs().max().item()) if want.numel() else 0.0
+        report["scale"] = scaffold().measure(want.abs().max().item()) if want.numel() else 0.0
 
 
 def work(args, report):
@@ -488,9 +456,10 @@ def failed(exc):
 
 
 def main(argv=None):
+    # Nothing in this folder or the current directory may stand in for torch or the standard library.
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != HERE]
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    scrub_and_load().run(PREFIX, PHASE, new_report(args), lambda report: work(args, report), failed,
-                         trace=True)
+    scaffold().run(PREFIX, PHASE, new_report(args), lambda report: work(args, report), failed, trace=True)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,10 @@
 """The NCCL worker, run by file path in the image's interpreter with ``NCCL_DEBUG=WARN``, under a
-deadline, in its own session (the nccl probe; docs/probes.md, "Deep opt-in checks"). Standalone:
-stdlib + torch only, never the ``probes`` package, Python 3.6+ (images carry their own).
-
-GPU ``i`` plays rank ``i`` of one single-process ``torch.cuda.nccl.all_reduce``, checked exactly
-(``verify``: the sum of the contributions is exact in float32). ``--backend gloo --world N --rank R
---init URL`` runs the same contribution and ``verify`` through a real gloo group on the CPU: how the
-checking code is tested without a GPU. NCCL's warnings go to stderr, which the parent reads.
-
-Command-line equivalent::
+deadline, in its own session (the nccl probe). Standalone: stdlib + torch only, never the ``probes``
+package, Python 3.6+. GPU ``i`` plays rank ``i`` of one single-process
+``torch.cuda.nccl.all_reduce``, checked exactly (the sum of the contributions is exact in float32);
+``--backend gloo --world N --rank R --init URL`` runs the same contribution and check through a real
+gloo group on the CPU, to test them without a GPU. NCCL's warnings go to stderr, which the parent
+reads. Command-line equivalent::
 
     NCCL_DEBUG=WARN python3 nccl_worker.py
 """
@@ -21,9 +18,8 @@ PHASE = "HEALTHCHECK-NCCL-PHASE "
 SCHEMA = 2
 LENGTH = 1 << 16  # elements per tensor (256 KiB of float32): several NCCL chunks, trivial for a GPU
 MAX_TEXT = 400
-
-
-_BASE = []  # type: list  # the shared scaffold, once loaded
+HERE = os.path.dirname(os.path.abspath(__file__))
+_BASE = []  # type: list
 
 
 def scaffold():
@@ -31,20 +27,11 @@ def scaffold():
     if not _BASE:
         import importlib.util
 
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_base.py")
-        spec = importlib.util.spec_from_file_location("healthcheck_worker_base", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _BASE.append(module)
+        spec = importlib.util.spec_from_file_location("healthcheck_worker_base",
+                                                      os.path.join(HERE, "worker_base.py"))
+        _BASE.append(importlib.util.module_from_spec(spec))
+        spec.loader.exec_module(_BASE[0])
     return _BASE[0]
-
-
-def scrub_and_load():
-    """Take this file's folder (sys.path[0]) and the current directory ('') off sys.path, so
-    that nothing there can shadow torch or the standard library, then load the scaffold."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
-    return scaffold()
 
 
 def phase(name):
@@ -101,29 +88,18 @@ def new_report(args):
             "ms": None, "bad": None, "max_err": None, "error": None}
 
 
-def nccl_version(torch):
-    raw = getattr(torch._C, "_nccl_version", None)
-    if raw is None:
-        return None
-    try:
-        v = torch.cuda.nccl.version()
-    except Exception:
-        return None
-    if isinstance(v, tuple):
-        return ".".join(str(x) for x in v)
-    v = int(v)  # old torch: 21805 -> 2.18.5
-    return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else str(v)
-
-
 def run_nccl(torch, report):
     phase("nccl")
     try:
         import torch.distributed as dist
 
         built = bool(dist.is_available() and dist.is_nccl_available())
+        v = torch.cuda.nccl.version() if getattr(torch._C, "_nccl_version", None) is not None else None
     except Exception:
-        built = False
-    report["nccl"] = nccl_version(torch)
+        built, v = False, None
+    if isinstance(v, int):
+        v = (v // 10000, v // 100 % 100, v % 100) if v >= 10000 else (v,)  # old torch: 21805 is 2.18.5
+    report["nccl"] = None if v is None else ".".join(str(x) for x in v)
     if not built or report["nccl"] is None:
         report["error"] = {"kind": "no-nccl", "type": "NotBuilt", "message": "this torch build has no NCCL",
                            "code": None}
@@ -185,9 +161,11 @@ def work(args, report):
 
 
 def main(argv=None):
+    # Nothing in this folder or the current directory may stand in for torch or the standard library.
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != HERE]
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    scrub_and_load().run(PREFIX, PHASE, new_report(args), lambda report: work(args, report),
-                         lambda exc: error("worker", exc))
+    scaffold().run(PREFIX, PHASE, new_report(args), lambda report: work(args, report),
+                   lambda exc: error("worker", exc))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,8 @@
 """torch-cuda: the image's own Python can import torch and run a real, verified op on each GPU.
 
-A worker (``torch_worker.py``) runs in ``HEALTHCHECK_TORCH_PYTHON``; only its result line is
-trusted, once torch_report.py has checked it, and a CUDA error is judged by its table
-(cuda_errors.py); the lock, cache and latch are deep.py's. Behaviour: docs/probes.md ("How the
-probes decide", "CUDA errors").
-
+A worker (``torch_worker.py``) runs in ``HEALTHCHECK_TORCH_PYTHON``; only its result line is trusted,
+once ``validate`` has checked it, and a CUDA error is judged by its table (cuda_errors.py); the lock,
+cache and latch are deep.py's. Behaviour: docs/probes.md ("How the probes decide", "CUDA errors").
 Command-line equivalent::
 
     CUDA_MODULE_LOADING=LAZY python3 probes/framework/torch_worker.py --device cuda
@@ -17,13 +15,11 @@ import os
 import time
 
 from probes import deadlines, untrusted
-from probes import framework as fw
 from probes.context import Context
-from probes.framework import deep, protocol
-from probes.framework.deep import fresh_pass
-from probes.framework.protocol import BOOL, INT, NUM, STR
-from probes.framework.torch_report import PHASES, identify, last_phase, memory_limit, parse_output, validate
+from probes.framework import deep
+from probes.framework.deep import BOOL, INT, MEASURE, NUM, STR, Torch
 from probes.result import SEVERITY, Result, passed, verdict
+from probes.spec import ALL_PROFILES, Spec, cause
 from probes.state import life_identity
 
 TYPE_CHECKING = False
@@ -32,62 +28,136 @@ if TYPE_CHECKING:
 
     from probes.config import Config
 
+NAME = "torch-cuda"
 UNIT = "devices"
-
-SPEC = fw.TORCH_SPEC
-
-
-def requirements(config: Config) -> tuple[str, ...]:
-    """The hardware layer is a prerequisite only for the GPU: a CPU-only image has none. On the
-    GPU, a CUDA-checkpointed process (the checkpoint probe, when it runs) holds the op back."""
-    return (*SPEC.requires, "checkpoint") if config.of(fw.Torch).torch_device == "cuda" else ()
-
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
 CACHE = "torch-cuda.json"
 SIZE = 1024  # 2 GFLOP: enough blocks to occupy a GPU, ~50 ms for the float64 CPU reference
-# float32 vs float64 at this size differs by ~4e-7 of the largest value; TF32 would
-# give ~1e-3 and a flipped exponent or high mantissa bit far more.
+# float32 vs float64 at this size differs by ~4e-7 of the largest value; TF32 would give ~1e-3 and a
+# flipped exponent or high mantissa bit far more.
 TOLERANCE = 1e-4
 _FOUND_VERSION = r"found version (\d+)"  # in CUDA's "driver too old" message
 _CUDA_VERSION = r"(\d{1,3})\.(\d{1,3})"
 
+NOT_EXECUTABLE = cause("interpreter-not-executable", "interpreter not executable",
+                       "set `HEALTHCHECK_TORCH_PYTHON` to an executable Python that has torch",
+                       action="fix-config", actor="tenant")
+TORCH_MISSING = cause("torch-missing", "torch not installed in that interpreter", deep.SET_PYTHON,
+                      action="fix-config", actor="tenant")
+IMPORT_FAILED = cause("torch-import-failed",
+                      "`import torch` fails (missing module or library; details in the log)",
+                      "reinstall torch in the image or fix its libraries", action="fix-config",
+                      actor="tenant")
+MEMORY_LIMIT = cause(
+    "memory-limit", "the worker ran out of host memory: the address-space limit "
+    "(RLIMIT_AS, `ulimit -v`) or the container's memory is too small for torch "
+    "(MemoryError, \"failed to map segment from shared object\", \"Cannot allocate memory\", std::bad_alloc)",
+    "raise the limit the message names: the container's memory, or its address space (`ulimit -v`)",
+    action="fix-config", actor="tenant")
+CPU_ONLY = cause("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`",
+                 "install a CUDA build of torch in the image, "
+                 "or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a CPU-only image", action="fix-config",
+                 actor="tenant")
+COUNT_MISMATCH = cause("count-mismatch", "torch sees a different GPU count than NVML",
+                       "a GPU is not usable by CUDA; check `nvidia-smi`, dmesg for Xid errors and "
+                       "`NVIDIA_VISIBLE_DEVICES`", action="reset-gpu", actor="operator")
+WRONG_RESULT = cause("wrong-result", "GPU result differs from the CPU reference", "silent data corruption; "
+                     "drain the node and run the GPU diagnostics (`dcgmi diag`)", action="service-hardware",
+                     actor="operator")
+LATCHED = cause("latched", "latch in force from an earlier fatal error (or a critical Xid seen by "
+                "`healthcheck serve`): no worker started, the hardware probes are skipped too",
+                "restart the container (a new PID 1 clears it)", action="restart-container", actor="operator")
+DEADLINE = cause("deadline", "worker gave no result by the deadline (killed while in `import`: "
+                 "a slow disk or a wedged driver), or another costly check held the lock until then",
+                 "the GPU driver may be wedged: check `nvidia-smi` and dmesg for Xid errors; "
+                 "raise `HEALTHCHECK_TIMEOUT` if the image is slow to import torch", action="retry",
+                 actor="operator")
+STUCK = cause("stuck", "worker survived SIGKILL (uninterruptible sleep): the driver is wedged; "
+              "while it exists, later runs start no other worker and say so at once",
+              "check dmesg for Xid errors, the node may need a reboot", action="reboot-node",
+              actor="operator")
+LINGERED = cause("lingered", "worker printed its result but did not exit within 1.0 s "
+                 "(a wrapper script as `HEALTHCHECK_TORCH_PYTHON` that keeps running, "
+                 "or a hang at exit); nothing from it is cached or shared",
+                 "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself "
+                 "and check dmesg for Xid errors", action="fix-config", actor="tenant")
+TORCH_ERROR = cause("torch-error", "other torch error", deep.LOGGED, action="fix-config", actor="tenant")
 
-# ---------------------------------------------------------------------------
-# gather: the only part that runs processes or touches the state dir
-# ---------------------------------------------------------------------------
-
-def expected_count(ctx: Context) -> int | None:
-    """NVML's device count when the hardware layer ran and passed, for device cuda."""
-    if ctx.config.of(fw.Torch).torch_device != "cuda":
-        return None
-    from probes import hardware
-
-    seen = hardware.seen(ctx.results)
-    return seen.count if seen is not None and seen.ok else None
+SPEC = Spec(
+    NAME, layer="framework", module=__name__, toggle="ENABLE_TORCH_CHECK", timeout=45.0,
+    profiles=ALL_PROFILES, requires=("nvidia-smi", "nvml"), measurement="devices", settings=Torch.SETTINGS,
+    about="the image's own Python imports torch and runs a verified matmul on every GPU",
+    causes=(deep.INTERPRETER_NOT_FOUND, NOT_EXECUTABLE, TORCH_MISSING, IMPORT_FAILED, MEMORY_LIMIT, CPU_ONLY,
+            COUNT_MISMATCH, *deep.CUDA_CAUSES, WRONG_RESULT, LATCHED, DEADLINE, STUCK, deep.KILLED, LINGERED,
+            deep.BAD_OUTPUT, deep.WORKLOAD_MEMORY, deep.HELD_BACK, TORCH_ERROR),
+)
 
 
-def _argv(ctx: Context, expect: int | None) -> list[str]:
-    own = ctx.config.of(fw.Torch)
-    argv = [own.torch_python, WORKER, "--device", own.torch_device, "--size", str(SIZE)]
-    if expect is not None:
-        argv += ["--expect-count", str(expect)]
-    return argv
+def requirements(config: Config) -> tuple[str, ...]:
+    """The hardware layer is a prerequisite only for the GPU: a CPU-only image has none. On the GPU,
+    a CUDA-checkpointed process (the checkpoint probe, when it runs) holds the op back."""
+    return (*SPEC.requires, "checkpoint") if config.of(Torch).torch_device == "cuda" else ()
 
 
-def result_arrived(stdout: bytes) -> bool:
+# ---- the worker's report ----
+
+MAX_DEVICES = 1024
+TEXT = 120  # characters kept of each cleaned string of the report, but for these:
+TEXT_LIMITS = {"message": 1200, "visible_devices": 1000}  # a message keeps its line breaks, as \n
+PHASES = r"start|import|init|reference|device (cpu|\d{1,4})"
+_ERROR = {"phase": (STR, False), "type": (STR, False), "message": (STR, False),
+          "device": (INT, True), "module": (STR, True), "code": (INT, True)}
+_DEVICE = {"index": (INT, False), "name": (STR, False), "uuid": (STR, True), "op_ms": (NUM, True),
+           "max_err": (MEASURE, True), "scale": (MEASURE, True), "free": (INT, True), "total": (INT, True)}
+_TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False), "expect_count": (INT, True),
+        "torch": (STR, True), "cuda": (STR, True), "cuda_built": (BOOL, True),
+        "available": (BOOL, True), "count": (INT, True), "visible_devices": (STR, True)}
+
+
+def validate(report: Any, device: str, size: int) -> dict[str, Any]:
+    """A cleaned copy of the report if it matches the schema exactly; raises deep.Bad otherwise.
+    Every number converts to a finite float and every string is cleaned, so that no later use
+    (messages, the latch, the cache, JSON, Docker's log) sees a control character."""
     from probes.framework import torch_worker
 
-    return protocol.arrived(stdout, torch_worker.PREFIX)
+    deep.fields(report, _TOP, "result", nested=("error", "devices"))
+    if report["v"] != torch_worker.SCHEMA:
+        raise deep.Bad(f"schema version {report['v']} is not {torch_worker.SCHEMA}")
+    if report["device"] != device or report["size"] != size:
+        raise deep.Bad("the result is for another request")
+    if report["count"] is not None and not 0 <= report["count"] <= MAX_DEVICES:
+        raise deep.Bad("result.count is out of range")
+    if report["error"] is not None:
+        deep.fields(report["error"], _ERROR, "result.error")
+    devices = report["devices"]
+    if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
+        raise deep.Bad("result.devices is not a list")
+    for i, dev in enumerate(devices):
+        deep.fields(dev, _DEVICE, f"result.devices[{i}]", nested=("error",))
+        if dev["error"] is None:
+            for key in ("op_ms", "max_err", "scale"):
+                deep.check(dev[key], _DEVICE[key][0], False, f"result.devices[{i}].{key}")
+        else:
+            deep.fields(dev["error"], _ERROR, f"result.devices[{i}].error")
+    # A report without an error covers every device it counted.
+    stopped = report["error"] is not None or any(d["error"] is not None for d in devices)
+    if not stopped and report["count"] is not None and len(devices) != report["count"]:
+        raise deep.Bad("the result does not cover every device")
+    return deep.cleaned(report, TEXT, TEXT_LIMITS)
 
+
+# ---- gather: the only part that runs processes or touches the state dir ----
 
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     from probes.framework import torch_worker
 
-    own = ctx.config.of(fw.Torch)
-    device = own.torch_device
-    data, done = deep.deep_worker(ctx, SPEC.name, _argv(ctx, expect), {},
-                                  lambda out: parse_output(out, device, SIZE), last_phase, result_arrived,
-                                  own.torch_min_free_mib)
+    own = ctx.config.of(Torch)
+    argv = [own.torch_python, WORKER, "--device", own.torch_device, "--size", str(SIZE)]
+    if expect is not None:
+        argv += ["--expect-count", str(expect)]
+    data, done = deep.run_worker(ctx, NAME, argv, {}, torch_worker,
+                                 lambda report: validate(report, own.torch_device, SIZE), PHASES,
+                                 own.torch_min_free_mib)
     if done is None:
         return data
     shown = done.stdout
@@ -96,14 +166,8 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
         lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(phase)]
         shown = lines[-1] if lines else b""
     excerpt = untrusted.squeeze(shown, 80) if data["report"] is None else None
-    return {**data, "python": own.torch_python, "device": device, "expect": expect,
+    return {**data, "python": own.torch_python, "device": own.torch_device, "expect": expect,
             "elapsed": round(done.elapsed, 3), "excerpt": excerpt}
-
-
-def _key(ctx: Context, expect: int | None) -> dict[str, Any]:
-    own = ctx.config.of(fw.Torch)
-    return {"python": own.torch_python, "device": own.torch_device, "size": SIZE,
-            "expect": expect, "identity": life_identity()}
 
 
 # What judge() reads of a cached worker run, checked before reuse.
@@ -127,208 +191,148 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[
         return None
     try:
         for name, (kind, nullable) in _DATA.items():
-            protocol.check(data.get(name), kind, nullable, name)
+            deep.check(data.get(name), kind, nullable, name)
         if data["phase"] is not None and not re.fullmatch(PHASES, data["phase"]):
             return None
         report = None if data.get("report") is None else validate(data["report"], key["device"], key["size"])
-    except protocol.Bad:
+    except deep.Bad:
         return None
     age = time.time() - float(data["finished"])
-    out: dict[str, Any] = {"kind": "worker", "python": key["python"], "device": key["device"],
-                           "expect": key["expect"], "lingered": False, "report": report,
-                           **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None
-                              else data[name] for name, (kind, _) in _DATA.items()}}
-    out["cache"] = {"how": how, "age": round(max(age, 0.0), 1)}
-    out["room"] = free_memory.read(data.get("room"))
-    return out
-
-
-def _cached_pass(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
-    """A passing result younger than the TTL (see fresh_pass), checked by _reuse."""
-    return _reuse(entry, key, "ttl") if fresh_pass(entry, key, ttl) is not None else None
+    return {"kind": "worker", "python": key["python"], "device": key["device"], "expect": key["expect"],
+            "lingered": False, "report": report,
+            **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None else data[name]
+               for name, (kind, _) in _DATA.items()},
+            "cache": {"how": how, "age": round(max(age, 0.0), 1)}, "room": free_memory.read(data.get("room"))}
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    state = ctx.state
-    latch = state.latch()
+    latch = ctx.state.latch()
     if latch is not None:
         return deep.latched(latch)
     if not ctx.config.profile_rules.spawns_worker:
-        return {"kind": "no-latch", "state_off": state.disabled_reason}
-    if ctx.config.of(fw.Torch).torch_device == "cuda":
+        return {"kind": "no-latch", "state_off": ctx.state.disabled_reason}
+    own = ctx.config.of(Torch)
+    if own.torch_device == "cuda":
         from probes.framework import checkpoint
 
         why = checkpoint.hold(ctx)  # an earlier run saw a checkpointed process that still exists
         if why is not None:
             return {"kind": "checkpointed", "why": why}
+    from probes.hardware import common as hw
 
-    expect = expected_count(ctx)
-    key = _key(ctx, expect)
-    ttl = ctx.config.of(fw.Torch).torch_ttl
-    return deep.locked_run(ctx, CACHE, key, lambda entry: _cached_pass(entry, key, ttl),
-                           lambda: run_worker(ctx, expect), judge, early=True,
+    seen = hw.seen(ctx.results) if own.torch_device == "cuda" else None
+    expect = seen.count if seen is not None and seen.ok else None  # NVML's count when the hardware passed
+    key = {"python": own.torch_python, "device": own.torch_device, "size": SIZE, "expect": expect,
+           "identity": life_identity()}
+
+    def cached_pass(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _reuse(entry, key, "ttl") if deep.fresh_pass(entry, key, own.torch_ttl) else None
+
+    return deep.locked_run(ctx, CACHE, key, cached_pass, lambda: run_worker(ctx, expect), judge, early=True,
                            share=lambda entry: _reuse(entry, key, "shared"), relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:
-    return verdict(SPEC.name, fw.TORCH_DEADLINE, "no result within the deadline from the torch worker",
-                   unit=UNIT)
+    return verdict(NAME, DEADLINE, "no result within the deadline from the torch worker", unit=UNIT)
 
 
-# ---------------------------------------------------------------------------
-# judge: pure
-# ---------------------------------------------------------------------------
-
-def _norm_uuid(uuid: Any) -> str:
-    text = str(uuid or "").lower()
-    return text[4:] if text.startswith("gpu-") else text
-
-
-def _holder(ctx: Context, report: dict[str, Any], index: int, uuid: str | None) -> str:
-    """Who holds a busy device, from the nvml probe's facts, as a short phrase."""
-    from probes import hardware
-
-    seen = hardware.seen(ctx.results)
-    gpus = seen.gpus if seen is not None else ()
-    gpu = None
-    if uuid:
-        gpu = next((g for g in gpus if _norm_uuid(g.uuid) == _norm_uuid(uuid)), None)
-    if gpu is None and report.get("visible_devices") is None:
-        gpu = next((g for g in gpus if g.index == index), None)
-    if gpu is None:
-        return ""
-    parts = []
-    if gpu.compute_mode not in ("DEFAULT", "N/A"):
-        parts.append(f"{untrusted.clean(gpu.compute_mode, 40)} compute mode")
-    if gpu.processes:
-        # Process names come from NVML (any user's command line): cleaned, short.
-        who = ", ".join(f"{'MPS client ' if mps else ''}pid {pid} ({untrusted.clean(name, 40)})"
-                        for pid, name, mps in gpu.processes[:3])
-        parts.append(f"held by {who}")
-    return f" ({'; '.join(parts)})" if parts else ""
-
-
-def _suffix(data: dict[str, Any]) -> str:
-    cache = data.get("cache") or {}
-    if cache.get("how") == "ttl":
-        return f" (cached, {cache.get('age', 0):.0f}s old)"
-    if cache.get("how") == "shared":
-        return f" (shared with a concurrent run, {cache.get('age', 0):.1f}s old)"
-    return ""
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f}"
-
+# ---- judge: pure ----
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     kind = data.get("kind")
     if kind == "latched":
         when = (f"since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(data['since']))} "
                 f"({data['age']:.0f}s ago, " if data["since"] else "(since an unknown time, ")
-        return verdict(SPEC.name, fw.TORCH_LATCHED,
-                       f"latched unhealthy {when}by {data['source']}): {data['why']}",
+        return verdict(NAME, LATCHED, f"latched unhealthy {when}by {data['source']}): {data['why']}",
                        unit=UNIT, facts={"latched": True, "since": data["since"], "source": data["source"]})
-    if kind == "checkpointed":
-        return verdict(SPEC.name, fw.HELD_BACK, f"not started: {untrusted.clean(data['why'], 200)}",
-                       remedy=False, unit=UNIT)
     if kind == "no-latch":
         off = data.get("state_off")
         note = f" ({deep.state_off(off)}; a fatal error cannot latch)" if off else ""
-        return passed(SPEC.name, f"no CUDA-fatal latch{note}", unit=UNIT, facts={"latched": False})
-    if kind == "lock-timeout":
-        return deep.lock_timeout(SPEC.name, data, fw.TORCH_DEADLINE, unit=UNIT)
-    from probes.framework import free_memory  # not before: liveness answers above without it
-
-    if kind == free_memory.REASON:
-        return deep.not_checked(SPEC.name, data, fw.MIN_FREE, unit=UNIT)
-    result = deep.unkept(deep.with_room(_judge_worker(data, ctx), data, fw.MIN_FREE), data)
-    suffix = _suffix(data)
-    if suffix:
-        result = result._replace(message=result.message + suffix,
-                                 facts={**result.facts, "cache": data.get("cache")})
-    return result
+        return passed(NAME, f"no CUDA-fatal latch{note}", unit=UNIT, facts={"latched": False})
+    return deep.judged(NAME, data, ctx, _judge_worker, room=deep.MIN_FREE, deadline=DEADLINE, unit=UNIT)
 
 
 def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
-    from probes import proc
-
     python = untrusted.clean(data.get("python", "?"), 80)
-    facts: dict[str, Any] = {"python": data.get("python"), "device": data.get("device"),
-                             "cache": data.get("cache")}
-    kw: dict[str, Any] = {"unit": UNIT, "facts": facts}
+    kw: dict[str, Any] = {"unit": UNIT, "facts": {"python": data.get("python"), "device": data.get("device"),
+                                                  "cache": data.get("cache")}}
     report = data.get("report")
-    if (limit := deep.limited(SPEC.name, data, **kw)) is not None:
+    if (limit := deep.limited(NAME, data, **kw)) is not None:
         return limit
-    # 127 is also the dynamic loader's status when a library cannot be mapped (RLIMIT_AS): its
-    # words on stderr tell that from a missing interpreter.
+    # 127 is also the dynamic loader's status when a library cannot be mapped (RLIMIT_AS): its words on
+    # stderr tell that from a missing interpreter.
     if data.get("spawn_error") == "not found" or (report is None and data.get("returncode") == 127
                                                   and not data.get("memory")):
-        return verdict(SPEC.name, fw.INTERPRETER_NOT_FOUND, f"torch interpreter {python} not found", **kw)
+        return verdict(NAME, deep.INTERPRETER_NOT_FOUND, f"torch interpreter {python} not found", **kw)
     if data.get("spawn_error") or (report is None and data.get("returncode") == 126):
         why = data.get("spawn_error") or "not executable"
-        return verdict(SPEC.name, fw.TORCH_NOT_EXECUTABLE,
-                       f"torch interpreter {python} cannot be run ({why})", **kw)
+        return verdict(NAME, NOT_EXECUTABLE, f"torch interpreter {python} cannot be run ({why})", **kw)
     if data.get("lingered") and not data.get("stuck"):
-        return verdict(SPEC.name, fw.TORCH_LINGERED, "torch worker printed its result but did not exit "
-                       f"within {deadlines.LINGER:.1f} s: its result is not used; "
-                       "something keeps running after the worker "
-                       "(a wrapper script as HEALTHCHECK_TORCH_PYTHON, "
-                       "or a hang in torch or the driver at exit)", **kw)
+        return verdict(NAME, LINGERED, "torch worker printed its result but did not exit within "
+                       f"{deadlines.LINGER:.1f} s: its result is not used; "
+                       "something keeps running after the worker (a wrapper script as "
+                       "HEALTHCHECK_TORCH_PYTHON, or a hang in torch or the driver at exit)", **kw)
     if report is not None and not data.get("lingered"):
         return _judge_report(report, data, ctx, python, kw)
-    where = data.get("phase") or "start-up"
-    if data.get("held_by") is not None:
-        return verdict(SPEC.name, fw.TORCH_STUCK, f"an earlier torch worker (pid {data['held_by']}) is still "
-                       "stuck in the GPU driver (uninterruptible sleep); not starting another", **kw)
-    if data.get("stuck"):
-        return verdict(SPEC.name, fw.TORCH_STUCK, f"torch worker stuck in {where} and survived SIGKILL "
-                       "(uninterruptible sleep), the GPU driver is wedged", **kw)
-    if data.get("timed_out"):
-        return verdict(SPEC.name, fw.TORCH_DEADLINE, "torch worker gave no result within "
-                       f"{data.get('budget', 0):.1f}s (killed while in {where})", **kw)
-    if (memory := memory_limit(None, data)) is not None:
-        return verdict(SPEC.name, fw.TORCH_MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False,
-                       **kw)
-    rc = data.get("returncode")
-    if isinstance(rc, int) and rc < 0:
-        return verdict(SPEC.name, fw.KILLED, f"torch worker killed by {proc.signal_name(-rc)} in {where}",
-                       **kw)
-    return verdict(SPEC.name, fw.BAD_OUTPUT, "torch worker gave an unreadable result "
-                   f"({data.get('problem')}, exit status {rc}): '{data.get('excerpt') or ''}'", **kw)
+    gone = data.get("held_by") is not None or data.get("stuck") or data.get("timed_out")
+    if not gone and (memory := memory_limit(None, data)) is not None:
+        return verdict(NAME, MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False, **kw)
+    return deep.no_report(NAME, data, "torch worker", stuck=STUCK, timed_out=DEADLINE,
+                       excerpt=f": '{data.get('excerpt') or ''}'", **kw)
+
+
+def memory_limit(report: dict[str, Any] | None, data: dict[str, Any]) -> str | None:
+    """Why the worker failed when host memory is why (naming the limit and the remedy), else None.
+
+    A too-small address-space limit (RLIMIT_AS, ``ulimit -v``), which the worker inherits, shows as a
+    MemoryError, as the dynamic loader's "failed to map segment from shared object" (an ImportError
+    naming torch's ``_C``: no module is missing), as torch's CPU allocator's "Cannot allocate memory",
+    or as std::bad_alloc and abort() (no report, a SIGABRT: torch did not crash). A GPU's own out of
+    memory is none of these (CUDA says "out of memory")."""
+    import errno
+
+    from probes import childio
+
+    if report is not None:
+        errors = [report["error"], *(d["error"] for d in report["devices"])]
+        said = any(e is not None and (e["type"] == "MemoryError" or deep.out_of_memory(e["message"]))
+                   for e in errors)
+    else:
+        rc = data.get("returncode")
+        said = data.get("memory") is True and isinstance(rc, int) and rc != 0
+    return childio.limit_words(errno.ENOMEM) if said else None
 
 
 def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, python: str,
                   kw: dict[str, Any]) -> Result:
     from probes.framework import free_memory
 
-    facts = kw["facts"]
-    facts.update({"torch": report["torch"], "cuda": report["cuda"], "count": report["count"]})
+    kw["facts"].update({"torch": report["torch"], "cuda": report["cuda"], "count": report["count"]})
     err = report["error"]
     cuda = report["device"] == "cuda"
     if (memory := memory_limit(report, data)) is not None:
-        return verdict(SPEC.name, fw.TORCH_MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False,
-                       **kw)
+        return verdict(NAME, MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False, **kw)
     if err is not None and err["phase"] == "import":
         if err["module"] == "torch":
-            return verdict(SPEC.name, fw.TORCH_MISSING, f"torch is not installed for {python}", **kw)
+            return verdict(NAME, TORCH_MISSING, f"torch is not installed for {python}", **kw)
         what = (f"module {err['module']!r} is missing" if err["module"]
                 else f"{err['type']}; details in the log")
-        return verdict(SPEC.name, fw.TORCH_IMPORT_FAILED, f"import torch failed in {python} ({what})", **kw)
+        return verdict(NAME, IMPORT_FAILED, f"import torch failed in {python} ({what})", **kw)
     if cuda and report["available"] is False and report["cuda_built"] is False:
-        return verdict(SPEC.name, fw.TORCH_CPU_ONLY, f"CUDA not available: torch {report['torch'] or '?'} "
-                       f"in {python} is a CPU-only build", **kw)
-    if cuda and report["available"] is False and _driver_older(report, ctx):
-        return _too_old(report, _driver_cuda(ctx), kw)
+        built = f"torch {report['torch'] or '?'} in {python}"
+        return verdict(NAME, CPU_ONLY, f"CUDA not available: {built} is a CPU-only build", **kw)
+    if cuda and report["available"] is False:
+        have, need = _version(_driver_cuda(ctx)), _version(report.get("cuda"))
+        if have is not None and need is not None and have < need:
+            return _too_old(report, _driver_cuda(ctx), kw)
     if err is not None and err["phase"] == "init":
         return _device_error(err, report, ctx, kw, None) or verdict(
-            SPEC.name, fw.CUDA_UNAVAILABLE, "CUDA not available (torch.cuda.is_available() is False)", **kw)
+            NAME, deep.CUDA_UNAVAILABLE, "CUDA not available (torch.cuda.is_available() is False)", **kw)
     if err is not None:
-        return verdict(SPEC.name, fw.TORCH_ERROR,
-                       f"the torch worker failed in {err['phase']} ({err['type']})", **kw)
+        return verdict(NAME, TORCH_ERROR, f"the torch worker failed in {err['phase']} ({err['type']})", **kw)
     count = report["count"] or 0
     if cuda and count == 0:
-        return verdict(SPEC.name, fw.CUDA_UNAVAILABLE, "CUDA not available: torch sees no GPU", **kw)
+        return verdict(NAME, deep.CUDA_UNAVAILABLE, "CUDA not available: torch sees no GPU", **kw)
     notes = []
     expect = data.get("expect")
     held = free_memory.read(data.get("room"))
@@ -336,12 +340,35 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
         expect -= len(held["full"])  # those were kept from the worker (CUDA_VISIBLE_DEVICES)
     if cuda and expect is not None and count != expect:
         if report["visible_devices"] is None or count > expect:
-            return verdict(SPEC.name, fw.TORCH_COUNT_MISMATCH,
-                           f"torch sees {count} GPU(s) but NVML sees {expect}",
+            return verdict(NAME, COUNT_MISMATCH, f"torch sees {count} GPU(s) but NVML sees {expect}",
                            observed=count, **kw)
         notes.append(f"{count} of {expect} GPUs visible through CUDA_VISIBLE_DEVICES")
-
     return _judge_devices(report, ctx, kw, notes)
+
+
+def _holder(ctx: Context, report: dict[str, Any], index: int, uuid: str | None) -> str:
+    """Who holds a busy device, from the nvml probe's facts, as a short phrase."""
+    from probes.hardware import common as hw
+
+    def norm(uuid: Any) -> str:
+        text = str(uuid or "").lower()
+        return text[4:] if text.startswith("gpu-") else text
+
+    seen = hw.seen(ctx.results)
+    gpus = seen.gpus if seen is not None else ()
+    gpu = next((g for g in gpus if norm(g.uuid) == norm(uuid)), None) if uuid else None
+    if gpu is None and report.get("visible_devices") is None:
+        gpu = next((g for g in gpus if g.index == index), None)
+    if gpu is None:
+        return ""
+    parts = []
+    if gpu.compute_mode not in ("DEFAULT", "N/A"):
+        parts.append(f"{untrusted.clean(gpu.compute_mode, 40)} compute mode")
+    if gpu.processes:  # process names come from NVML (any user's command line): cleaned, short
+        who = ", ".join(f"{'MPS client ' if mps else ''}pid {pid} ({untrusted.clean(name, 40)})"
+                        for pid, name, mps in gpu.processes[:3])
+        parts.append(f"held by {who}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw: dict[str, Any],
@@ -351,43 +378,40 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
 
     from probes.framework import cuda_errors
 
-    found = identify(err)
+    found = cuda_errors.identify(err.get("code"), str(err.get("message", "")), err.get("type"))
     if found is None:
         return None
     error = found.error
     where = "the GPU(s)" if entry is None else f"cuda:{entry['index']}"
-    kw["facts"]["cuda_error"] = {"code": error.code, "name": error.name, "category": error.category,
-                                 "how": found.how}
+    kw["facts"]["cuda_error"] = found.facts()
     if error.category == cuda_errors.NOT_CHECKED:
-        index = entry["index"] if entry is not None else 0
-        holder = _holder(ctx, report, index, entry["uuid"] if entry else None)
-        if error.cause is fw.MPS_BUSY or (error.cause is fw.DEVICE_BUSY and "MPS client" in holder):
-            return verdict(SPEC.name, fw.MPS_BUSY, f"{where} busy{holder}", **kw)
-        if error.cause is fw.DEVICE_BUSY:
-            return verdict(SPEC.name, fw.DEVICE_BUSY, f"{where} busy{holder}", **kw)
-        return verdict(SPEC.name, fw.OOM, f"{where} out of memory for the probe's own context{holder} "
+        holder = _holder(ctx, report, entry["index"] if entry else 0, entry["uuid"] if entry else None)
+        if error.cause is deep.MPS_BUSY or (error.cause is deep.DEVICE_BUSY and "MPS client" in holder):
+            return verdict(NAME, deep.MPS_BUSY, f"{where} busy{holder}", **kw)
+        if error.cause is deep.DEVICE_BUSY:
+            return verdict(NAME, deep.DEVICE_BUSY, f"{where} busy{holder}", **kw)
+        return verdict(NAME, deep.OOM, f"{where} out of memory for the probe's own context{holder} "
                        f"({error.label})", **kw)
-    if error.cause is fw.DRIVER_TOO_OLD:
+    if error.cause is deep.DRIVER_TOO_OLD:
         version = re.search(_FOUND_VERSION, str(err.get("message", "")))
-        driver = (f"{int(version[1]) // 1000}.{int(version[1]) % 1000 // 10}" if version
-                  else _driver_cuda(ctx))
+        driver = f"{int(version[1]) // 1000}.{int(version[1]) % 1000 // 10}" if version else _driver_cuda(ctx)
         return _too_old(report, driver, kw)
     if error.category == cuda_errors.STICKY:
         kw["facts"]["fatal"] = True
-        return error.verdict(SPEC.name, f"fatal CUDA error on {where} ({error.label}): sticky, "
+        return error.verdict(NAME, f"fatal CUDA error on {where} ({error.label}): sticky, "
                              f"the CUDA context is unusable; {deep.UNTIL_RESTART}", **kw)
     if error.category == cuda_errors.ENVIRONMENT:
-        return error.verdict(SPEC.name, f"CUDA cannot start on {where} ({error.label})", **kw)
-    return error.verdict(SPEC.name, f"CUDA error on {where} ({error.label})", **kw)
+        return error.verdict(NAME, f"CUDA cannot start on {where} ({error.label})", **kw)
+    return error.verdict(NAME, f"CUDA error on {where} ({error.label})", **kw)
 
 
 def _driver_cuda(ctx: Context) -> str | None:
     """The highest CUDA version the driver supports ("12.4"), as the nvml probe read it."""
     import re
 
-    from probes import hardware
+    from probes.hardware import common as hw
 
-    seen = hardware.seen(ctx.results)
+    seen = hw.seen(ctx.results)
     value = seen.cuda_driver if seen is not None else None
     return value if value is not None and re.fullmatch(_CUDA_VERSION, value) else None
 
@@ -399,16 +423,14 @@ def _version(text: Any) -> tuple[int, int] | None:
     return (int(found[1]), int(found[2])) if found else None
 
 
-def _driver_older(report: dict[str, Any], ctx: Context) -> bool:
-    """True when NVML says the driver supports an older CUDA than torch was built with."""
-    have, need = _version(_driver_cuda(ctx)), _version(report.get("cuda"))
-    return have is not None and need is not None and have < need
-
-
 def _too_old(report: dict[str, Any], driver: str | None, kw: dict[str, Any]) -> Result:
     have = f", driver supports CUDA {driver}" if driver else ""
-    return verdict(SPEC.name, fw.DRIVER_TOO_OLD, f"CUDA driver too old for torch {report['torch']} "
+    return verdict(NAME, deep.DRIVER_TOO_OLD, f"CUDA driver too old for torch {report['torch']} "
                    f"(built for CUDA {report['cuda']}{have})", **kw)
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f}"
 
 
 def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], notes: list[str]) -> Result:
@@ -423,20 +445,18 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
         per.append(row)
         if entry["error"] is not None:
             res = _device_error(entry["error"], report, ctx, kw, entry) or verdict(
-                SPEC.name, fw.TORCH_ERROR, f"torch op failed on {tag} ({entry['error']['type']})", **kw)
+                NAME, TORCH_ERROR, f"torch op failed on {tag} ({entry['error']['type']})", **kw)
             row["status"] = res.reason
             problems.append(res)
             continue
-        scale = float(entry["scale"])
-        max_err = float(entry["max_err"])
+        scale, max_err = float(entry["scale"]), float(entry["max_err"])
         rel = max_err / scale if math.isfinite(scale) and scale > 0 else math.inf
         row["max_rel_err"] = rel if math.isfinite(rel) else None
         if not math.isfinite(rel) or rel > TOLERANCE:
             shown = f"{rel:.1e}" if math.isfinite(rel) else "not a number"
             row["status"] = "wrong-result"
-            problems.append(verdict(SPEC.name, fw.TORCH_WRONG_RESULT, f"wrong result on {tag}: matmul "
-                                    f"differs from the CPU reference by {shown} (tolerance {TOLERANCE:.0e})",
-                                    **kw))
+            problems.append(verdict(NAME, WRONG_RESULT, f"wrong result on {tag}: matmul differs from the CPU "
+                                    f"reference by {shown} (tolerance {TOLERANCE:.0e})", **kw))
             continue
         row["status"] = "ok"
         good.append({**entry, "rel": rel})
@@ -447,7 +467,7 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
         others = f"; {checked} other device(s) OK" if checked else ""
         return worst._replace(message=worst.message + others, observed=checked)
     if not good:
-        return verdict(SPEC.name, fw.BAD_OUTPUT, "the torch worker checked no device", **kw)
+        return verdict(NAME, deep.BAD_OUTPUT, "the torch worker checked no device", **kw)
     worst_rel = max(g["rel"] for g in good)
     slow = max(good, key=lambda g: g["op_ms"])
     base = f"{report['size']}x{report['size']} matmul matches the CPU reference (max rel err {worst_rel:.0e})"
@@ -457,10 +477,9 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
         shown = ", ".join(models[:2]) + (f" and {len(models) - 2} other model(s)" if len(models) > 2 else "")
         message = (f"{checked} GPU(s) OK ({shown}): {base}; slowest {slow['op_ms']:.1f} ms on "
                    f"cuda:{slow['index']}, least free {_gib(tight['free'])}/{_gib(tight['total'])} GiB on "
-                   f"cuda:{tight['index']}; "
-                   f"torch {report['torch']}, CUDA {report['cuda']}")
+                   f"cuda:{tight['index']}; torch {report['torch']}, CUDA {report['cuda']}")
     else:
         message = f"CPU OK: {base} in {slow['op_ms']:.1f} ms; torch {report['torch']}"
     if notes:
         message += f" ({'; '.join(notes)})"
-    return passed(SPEC.name, message, observed=checked, **kw)
+    return passed(NAME, message, observed=checked, **kw)

@@ -2,12 +2,9 @@
 under a deadline, in its own session; what it runs: docs/probes.md ("How the probes decide").
 Standalone: stdlib + torch only, never the ``probes`` package, Python 3.6+ (images carry their own).
 
-It reports, never judges: one ``PREFIX`` line of strict JSON (a GPU that computed NaN reports the
-string ``"nan"``), progress markers on stderr so that the parent can say where a hung worker was
-stuck, and an error's message with its line breaks kept, so that the parent finds the ``CUDA
-error:`` line among PyTorch's added lines.
-
-Command-line equivalent::
+It reports, never judges: one ``PREFIX`` line of strict JSON, progress markers on stderr, and an
+error's message with its line breaks kept, so that the parent finds the ``CUDA error:`` line among
+PyTorch's added lines. Command-line equivalent::
 
     python3 torch_worker.py --device cuda --size 1024 --expect-count 2
 """
@@ -16,16 +13,14 @@ import os
 import sys
 import time
 
-# argparse and the scaffold are loaded where used: the suite imports this module for
-# its protocol constants (PREFIX, PHASE, SCHEMA) on every run, liveness included.
-
 PREFIX = "HEALTHCHECK-TORCH-RESULT "
 PHASE = "HEALTHCHECK-TORCH-PHASE "
 SCHEMA = 2
 SEED = 20240601
 MAX_TEXT = 1000  # characters of an error message: the CUDA error line and PyTorch's lines after it
-# After these the process can go on with the next device; after any other error the context may
-# be corrupted and further CUDA calls may hang, so we stop. They are the "could not check" rows of
+HERE = os.path.dirname(os.path.abspath(__file__))
+# After these the worker goes on with the next device; after any other error the context may be
+# corrupted and further CUDA calls may hang, so it stops. They are the "could not check" rows of
 # probes/framework/cuda_errors.py (cudaError_t codes, and lower-case wordings); a test keeps them equal.
 BENIGN_CODES = (2, 46, 216, 807, 808, 809)
 BENIGN = ("all cuda-capable devices are busy or unavailable", "cublas_status_alloc_failed",
@@ -35,9 +30,7 @@ BENIGN = ("all cuda-capable devices are busy or unavailable", "cublas_status_all
           "mps server is not ready to accept new mps client requests", "out of memory",
           "the hardware resources required to create mps client have been exhausted",
           "the hardware resources required to support device connections have been exhausted")
-
-
-_BASE = []  # type: list  # the shared scaffold, once loaded
+_BASE = []  # type: list
 
 
 def scaffold():
@@ -45,20 +38,11 @@ def scaffold():
     if not _BASE:
         import importlib.util
 
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_base.py")
-        spec = importlib.util.spec_from_file_location("healthcheck_worker_base", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _BASE.append(module)
+        spec = importlib.util.spec_from_file_location("healthcheck_worker_base",
+                                                      os.path.join(HERE, "worker_base.py"))
+        _BASE.append(importlib.util.module_from_spec(spec))
+        spec.loader.exec_module(_BASE[0])
     return _BASE[0]
-
-
-def scrub_and_load():
-    """Take this file's folder (sys.path[0]) and the current directory ('') off sys.path, so
-    that nothing there can shadow torch or the standard library, then load the scaffold."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
-    return scaffold()
 
 
 def phase(name):
@@ -94,14 +78,6 @@ def new_report(args):
             "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "error": None, "devices": []}
 
 
-def uuid_of(torch, index):
-    try:
-        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    except Exception:
-        return None
-    return None if uuid is None else str(uuid)
-
-
 def check_cuda(torch, report):
     """Availability and device count; returns the count, or None when CUDA cannot be used."""
     phase("init")
@@ -109,23 +85,21 @@ def check_cuda(torch, report):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        available = bool(torch.cuda.is_available())
-    report["available"] = available
-    if not available:
-        # is_available() only warns; init() raises the driver's own reason (too old,
-        # no driver, device busy) which the parent turns into a diagnosis.
-        try:
-            torch.cuda.init()
-        except Exception as exc:
-            report["error"] = error("init", exc)
-        if report["error"] is None:
-            text = "\n".join(str(w.message) for w in caught) or "torch.cuda.is_available() returned False"
-            report["error"] = {"phase": "init", "type": "Warning", "message": text[:MAX_TEXT],
-                               "device": None, "module": None, "code": None}
-        return None
-    count = int(torch.cuda.device_count())
-    report["count"] = count
-    return count
+        report["available"] = bool(torch.cuda.is_available())
+    if report["available"]:
+        report["count"] = int(torch.cuda.device_count())
+        return report["count"]
+    # is_available() only warns; init() raises the driver's own reason (too old, no driver, device
+    # busy), which the parent turns into a diagnosis.
+    try:
+        torch.cuda.init()
+    except Exception as exc:
+        report["error"] = error("init", exc)
+    if report["error"] is None:
+        text = "\n".join(str(w.message) for w in caught) or "torch.cuda.is_available() returned False"
+        report["error"] = {"phase": "init", "type": "Warning", "message": text[:MAX_TEXT], "device": None,
+                           "module": None, "code": None}
+    return None
 
 
 def run_op(torch, a, b, ref, scale, device, entry):
@@ -140,9 +114,8 @@ def run_op(torch, a, b, ref, scale, device, entry):
     if is_cuda:
         torch.cuda.synchronize(device)  # surfaces asynchronous errors of everything above
     entry["op_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
-    measure = scaffold().measure
-    entry["max_err"] = measure((out.cpu().double() - ref).abs().max().item())
-    entry["scale"] = measure(scale)
+    entry["max_err"] = scaffold().measure((out.cpu().double() - ref).abs().max().item())
+    entry["scale"] = scaffold().measure(scale)
     if is_cuda:
         free, total = torch.cuda.mem_get_info(device)
         entry["free"], entry["total"] = int(free), int(total)
@@ -162,7 +135,6 @@ def work(args, report):
         report["cuda_built"] = bool(torch.backends.cuda.is_built())
     except Exception:
         report["cuda_built"] = report["cuda"] is not None
-
     if args.device == "cuda":
         try:
             count = check_cuda(torch, report)
@@ -201,7 +173,11 @@ def work(args, report):
             else:
                 device = torch.device("cuda", index)
                 entry["name"] = str(torch.cuda.get_device_name(index))
-                entry["uuid"] = uuid_of(torch, index)
+                try:
+                    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+                    entry["uuid"] = None if uuid is None else str(uuid)
+                except Exception:  # noqa: S110 - an older torch: no uuid, nothing else wrong
+                    pass
             run_op(torch, a, b, ref, scale, device, entry)
         except Exception as exc:
             entry["error"] = error("device", exc, entry["index"])
@@ -210,9 +186,11 @@ def work(args, report):
 
 
 def main(argv=None):
+    # Nothing in this folder or the current directory may stand in for torch or the standard library.
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != HERE]
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    scrub_and_load().run(PREFIX, PHASE, new_report(args), lambda report: work(args, report),
-                         lambda exc: error("worker", exc), trace=True)
+    scaffold().run(PREFIX, PHASE, new_report(args), lambda report: work(args, report),
+                   lambda exc: error("worker", exc), trace=True)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,8 @@
 """The scaffold the workers share (torch_worker.py, model_worker.py, nccl_worker.py,
 checkpoint_child.py): the result channel, the phase markers, an error's common fields, strict JSON
 numbers and the parent-death signal. Standalone like them: stdlib only, never the ``probes``
-package, Python 3.6+. A worker loads it by its path after taking its own folder and the current
-directory off ``sys.path`` (``scrub_and_load``), so that no file there can stand in for it or for
-what it imports afterwards (json, traceback).
+package, Python 3.6+. A worker loads it by its path once its own folder and the current directory
+are off ``sys.path``, so that no file there can stand in for it or for what it imports.
 """
 
 import os
@@ -12,14 +11,16 @@ import sys
 
 def measure(value):
     """A float as strict JSON allows it: non-finite values as "nan", "inf" or "-inf"."""
-    import math
-
     value = float(value)
-    if math.isnan(value):
+    if value != value:
         return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
+    return ("inf" if value > 0 else "-inf") if value in (float("inf"), float("-inf")) else value
+
+
+def text(exc, limit, one_line=True):
+    """An exception's text, at most ``limit`` characters, on one line unless told otherwise."""
+    message = str(exc).strip()
+    return (message.replace("\n", " ") if one_line else message)[:limit]
 
 
 def error_code(exc):
@@ -28,16 +29,8 @@ def error_code(exc):
     return code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
-def text(exc, limit, one_line=True):
-    """An exception's text, at most ``limit`` characters, on one line unless told otherwise."""
-    message = str(exc).strip()
-    if one_line:
-        message = message.replace("\n", " ")
-    return message[:limit]
-
-
 def described(exc, limit, one_line=True):
-    """The part of an error dict every worker reports: class name, bounded text, CUDA error number."""
+    """The part of an error every worker reports: class name, bounded text, CUDA error number."""
     return {"type": type(exc).__name__, "message": text(exc, limit, one_line), "code": error_code(exc)}
 
 
@@ -87,8 +80,8 @@ def run(prefix, marker, report, work, failed=None, trace=False):
     """Run ``work(report)`` and print ``report`` as the one result line, then exit at once.
 
     Only that line reaches the real stdout. ``marker``: the phase marker's prefix (None: no
-    markers). ``failed(exc)``: the error dict of an exception that escapes ``work`` (None: it
-    propagates, and there is no result line); ``trace``: print its traceback on stderr first.
+    markers). ``failed(exc)``: the error of an exception that escapes ``work`` (None: it propagates,
+    and there is no result line); ``trace``: its traceback on stderr first.
     """
     if not with_the_suite():
         os._exit(1)  # the suite that started us is gone: nobody reads the answer

@@ -4,16 +4,22 @@ Command-line equivalent::
 
     nvidia-smi --query-gpu=index,name,uuid --format=csv,noheader,nounits
 
-``judge`` turns nvidia-smi's documented exit codes and messages into a cause.
+The exit codes (``EXIT_CODES``, read 2026-11-24) are nvidia-smi(1)'s, section RETURN VALUE
+(https://docs.nvidia.com/deploy/nvidia-smi/index.html: 0, 2-4, 6, 8-10, 12-15, 255; no other), with
+NVIDIA's words as ``documented``, and 16-18: nvidia-smi exits with the NVML code of the failure
+(``nvmlReturn_t``, https://docs.nvidia.com/deploy/nvml-api/), and 18 ("Failed to initialize NVML:
+Driver/library version mismatch") is seen in github.com/mozilla/translations issue 1167. The causes
+and remedies are ours, for a container started through the NVIDIA Container Toolkit.
 """
 
 from __future__ import annotations
 
-from probes import hardware as hw
 from probes.context import Context
+from probes.hardware import common as hw
 from probes.numbers import is_integer_text
 from probes.record import Record
 from probes.result import Result, passed, verdict
+from probes.spec import Spec, cause
 from probes.untrusted import clean, squeeze
 
 TYPE_CHECKING = False
@@ -21,63 +27,140 @@ if TYPE_CHECKING:
     from typing import Any
 
     from probes import proc
+    from probes.spec import Cause
 
-
+NAME = "nvidia-smi"
 UNIT = "gpus"
-SPEC = hw.SMI_SPEC
 ARGV = ("nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader,nounits")
-
-# Room for the largest GPU count HEALTHCHECK_GPU_COUNT accepts (1024) at ~170 bytes a row.
-MAX_OUTPUT = 512 * 1024
+MAX_OUTPUT = 512 * 1024  # the largest GPU count HEALTHCHECK_GPU_COUNT accepts (1024) at ~170 bytes a row
 MAX_NAME = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
-
 _LOST = r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]*[0-9A-Fa-f])"
 _UUID = r"^(GPU|MIG)-[0-9A-Za-z-]+$"
 
+NOT_FOUND = cause("not-found", "nvidia-smi not on PATH",
+                  f"{hw.TOOLKIT} (NVIDIA Container Toolkit installed on the host)", action="fix-config",
+                  actor="tenant")
+CANNOT_START = cause("cannot-start", "nvidia-smi cannot be executed "
+                     "(not executable, or its `#!` interpreter or loader is missing)",
+                     "check the file mounted by the NVIDIA Container Toolkit and recreate the container",
+                     action="restart-container", actor="tenant")
+KILLED = cause("killed", "killed by a signal (an exit status above 128 is an exit status: "
+               "no shell runs nvidia-smi)", "the driver or the tool crashed; check `dmesg` for Xid errors",
+               action="reset-gpu", actor="operator")
+UNPARSEABLE = cause("unparseable", "output is not the expected CSV (quoted, short excerpt)",
+                    "check the `nvidia-smi` on PATH is NVIDIA's and matches the driver", action="fix-config",
+                    actor="tenant")
+STUCK = cause("stuck", "still there after SIGKILL (uninterruptible sleep); "
+              "while it exists, later runs do not start another and say so at once", hw.WEDGED,
+              action="reset-gpu", actor="operator")
+
+
+class Code(Record):
+    __slots__ = ("documented", "means", "cause")
+
+    documented: str  # NVIDIA's words for the code
+    means: str  # what it means for a container: the message's detail
+    cause: Cause
+
+    def __init__(self, documented: str, means: str, cause: Cause) -> None:
+        self.documented = documented
+        self.means = means
+        self.cause = cause
+
+
+def _own(number: int, reason: str, documented: str, means: str, remedy: str, *, action: str, actor: str,
+         more: str = "") -> tuple[int, Code]:
+    """An exit code whose cause only nvidia-smi reports: the cause's row quotes NVIDIA's words."""
+    row = cause(reason, f'exit {number}, "{documented}": {means}{more}', remedy, action=action, actor=actor)
+    return number, Code(documented, means, row)
+
+
+EXIT_CODES: dict[int, Code] = dict((
+    _own(2, "bad-argument", "A supplied argument or flag is invalid",
+         "this nvidia-smi does not know the probe's query (too old, or not NVIDIA's)",
+         "use the nvidia-smi that the NVIDIA Container Toolkit mounts from the host's driver; remove any "
+         "nvidia-smi the image ships", action="fix-config", actor="tenant"),
+    _own(3, "not-supported", "The requested operation is not available on target device",
+         "the driver cannot answer the GPU query here",
+         "check the driver on the host (`nvidia-smi -q`); update it to a data-center release",
+         action="fix-config", actor="operator"),
+    (4, Code("The current user does not have permission to access this device or perform this operation",
+             "the container's user cannot open the GPU's device files (rootless runtime, SELinux, device "
+             "nodes mounted by hand)", hw.NO_PERMISSION)),
+    _own(6, "no-devices", "A query to find an object was unsuccessful", "no GPU is visible in the container",
+         f"{hw.TOOLKIT} and check `NVIDIA_VISIBLE_DEVICES` / the `nvidia.com/gpu` resource request",
+         action="fix-config", actor="tenant"),
+    _own(8, "insufficient-power", "A device's external power cables are not properly attached",
+         "a GPU lacks its external power", "drain the node and have the GPU's power cables checked",
+         action="service-hardware", actor="operator"),
+    (9, Code("NVIDIA driver is not loaded", "the host's kernel module is not loaded", hw.DRIVER_NOT_LOADED)),
+    _own(10, "irq-issue", "NVIDIA Kernel detected an interrupt issue with a GPU",
+         "the driver gets no interrupts from a GPU",
+         "check the host's `dmesg` for the driver's interrupt messages; reboot the node; "
+         "check the BIOS's PCIe/MSI settings if it returns", action="reboot-node", actor="operator"),
+    (12, Code("NVML Shared Library couldn't be found or loaded",
+              "libnvidia-ml.so.1 (it ships with the driver) is not in the container", hw.NVML_NOT_FOUND)),
+    (13, Code("Local version of NVML doesn't implement this function",
+              "the libnvidia-ml the container loads is older than this nvidia-smi (an image with its own "
+              "driver libraries)", hw.NVML_TOO_OLD)),
+    (14, Code("infoROM is corrupted", "a GPU's InfoROM is corrupted", hw.INFOROM)),
+    (15, Code("The GPU has fallen off the bus or has otherwise become inaccessible", "a GPU fell off the bus",
+              hw.GPU_LOST)),
+    (16, Code("The GPU requires a reset before it can be used again (NVML)", "a GPU needs a reset",
+              hw.RESET_REQUIRED)),
+    _own(17, "blocked-by-os",
+         "The GPU control device has been blocked by the operating system/cgroups (NVML)",
+         "the container's device cgroup does not allow the GPU "
+         "(lost after a host systemctl daemon-reload, or a runtime set to no-cgroups)",
+         "recreate the container; "
+         "let the toolkit manage the device rules (CDI) so a daemon-reload cannot drop them",
+         action="restart-container", actor="operator"),
+    (18, Code("RM detects a driver/library version mismatch (NVML)",
+              "the host's driver was upgraded without reloading the kernel module", hw.DRIVER_MISMATCH)),
+    _own(255, "exit-code", "Other error or internal driver error occurred", "nvidia-smi failed",
+         "check the host's `dmesg` for Xid errors and run `nvidia-smi -q` there", action="reset-gpu",
+         actor="operator", more=", or any exit status this table lacks (the message quotes its output)"),
+))
+EXIT_CODE = EXIT_CODES[255].cause  # a failure this table does not name
+
 # What nvidia-smi prints, found anywhere in its output, decides over its exit code (which varies
 # between driver versions for the same failure). Checked in this order.
-TEXTS: tuple[tuple[str, hw.SmiCode], ...] = (
-    ("Driver/library version mismatch", hw.SMI_EXIT_CODES[18]),
-    ("GPU access blocked by the operating system", hw.SMI_EXIT_CODES[17]),
-    ("Failed to initialize NVML: Insufficient Permissions", hw.SMI_EXIT_CODES[4]),
-    ("couldn't communicate with the NVIDIA driver", hw.SMI_EXIT_CODES[9]),
-    ("Failed to initialize NVML: Driver Not Loaded", hw.SMI_EXIT_CODES[9]),
-    ("couldn't find libnvidia-ml.so", hw.SMI_EXIT_CODES[12]),
-    ("No devices were found", hw.SMI_EXIT_CODES[6]),
-    ("infoROM is corrupted", hw.SMI_EXIT_CODES[14]),
-    ("Failed to initialize NVML: Unknown Error", hw.SmiCode(
+TEXTS: tuple[tuple[str, Code], ...] = (
+    ("Driver/library version mismatch", EXIT_CODES[18]),
+    ("GPU access blocked by the operating system", EXIT_CODES[17]),
+    ("Failed to initialize NVML: Insufficient Permissions", EXIT_CODES[4]),
+    ("couldn't communicate with the NVIDIA driver", EXIT_CODES[9]),
+    ("Failed to initialize NVML: Driver Not Loaded", EXIT_CODES[9]),
+    ("couldn't find libnvidia-ml.so", EXIT_CODES[12]),
+    ("No devices were found", EXIT_CODES[6]),
+    ("infoROM is corrupted", EXIT_CODES[14]),
+    ("Failed to initialize NVML: Unknown Error", Code(
         "Failed to initialize NVML: Unknown Error", "the container probably lost its device cgroup access "
         "after a host systemctl daemon-reload", hw.UNKNOWN_ERROR)),
 )
 
-
-class Gpu(Record):
-    __slots__ = ("index", "name", "uuid")
-
-    index: int  # type: ignore[assignment]  # a field, shadowing tuple.index() on purpose
-    name: str
-    uuid: str
-
-    def __init__(self, index: int, name: str, uuid: str) -> None:
-        self.index = index
-        self.name = name
-        self.uuid = uuid
+SPEC = Spec(
+    NAME, layer="hardware", module=__name__, toggle="ENABLE_GPU_CHECK", timeout=10.0,
+    profiles=("startup", "readiness"), measurement="gpus", settings=hw.Expected.SETTINGS,
+    about="the driver answers and at least `HEALTHCHECK_GPU_COUNT` GPUs are visible",
+    causes=(NOT_FOUND, CANNOT_START, *dict.fromkeys([*(c.cause for c in EXIT_CODES.values()),
+                                                     hw.UNKNOWN_ERROR]),
+            KILLED, UNPARSEABLE, hw.GPU_COUNT_LOW, hw.DEADLINE, STUCK),
+)
 
 
 def gather(ctx: Context) -> proc.Completed:
     from probes import proc
 
-    return proc.run(ARGV, deadline=ctx.deadline, state=ctx.state, key=hw.SMI_NAME, max_output=MAX_OUTPUT)
+    return proc.run(ARGV, deadline=ctx.deadline, state=ctx.state, key=NAME, max_output=MAX_OUTPUT)
 
 
-def parse_rows(text: str) -> tuple[list[Gpu], str | None]:
-    """GPUs from the CSV rows; the first line that is not a row (None if all are rows).
-
-    Lines about a lost GPU are skipped here: ``judge`` reports them on their own.
-    """
+def parse_rows(text: str) -> tuple[list[dict[str, Any]], str | None]:
+    """GPUs (index, name, uuid: the facts) from the CSV rows, and the first line that is not a row
+    (None if all are). Lines about a lost GPU are skipped here: ``judge`` reports them on their own."""
     import re
 
-    gpus: list[Gpu] = []
+    gpus: list[dict[str, Any]] = []
     for line in text.splitlines():
         line = line.strip()
         if not line or re.search(_LOST, line):
@@ -88,28 +171,9 @@ def parse_rows(text: str) -> tuple[list[Gpu], str | None]:
                 or not re.match(_UUID, parts[-1])):
             return gpus, line
         # A GPU name never holds a comma today, but keep whatever lies between index and uuid.
-        gpus.append(Gpu(int(parts[0]), clean(", ".join(parts[1:-1]), MAX_NAME), parts[-1]))
+        gpus.append({"index": int(parts[0]), "name": clean(", ".join(parts[1:-1]), MAX_NAME),
+                     "uuid": parts[-1]})
     return gpus, None
-
-
-def known(returncode: int | None, output: str) -> tuple[hw.SmiCode, str | None] | None:
-    """The entry for what nvidia-smi printed (with the text found) or, failing that, for its exit code."""
-    for text, code in TEXTS:
-        if text in output:
-            return code, text
-    by_exit = hw.SMI_EXIT_CODES.get(returncode) if returncode is not None else None
-    return (by_exit, None) if by_exit is not None else None
-
-
-def detail(code: hw.SmiCode, returncode: int | None, text: str | None = None) -> str:
-    """What nvidia-smi said (or what its exit code means) and the exit code: the message's detail."""
-    if text is not None:
-        return f"nvidia-smi: {text} (exit {returncode}): {code.means}"
-    return f"{code.means} (nvidia-smi exit {returncode})"
-
-
-def _facts(gpus: list[Gpu]) -> dict[str, object]:
-    return {"count": len(gpus), "gpus": [g._asdict() for g in gpus]}
 
 
 def judge(data: proc.Completed, ctx: Context) -> Result:
@@ -119,55 +183,56 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
 
     expected = ctx.config.of(hw.Expected).gpu_count
     if data.spawn_error == "not found":
-        return verdict(hw.SMI_NAME, hw.SMI_NOT_FOUND, "nvidia-smi not found on PATH")
+        return verdict(NAME, NOT_FOUND, "nvidia-smi not found on PATH")
     if data.spawn_error == "interpreter missing":
-        return verdict(hw.SMI_NAME, hw.SMI_CANNOT_START,
-                       "nvidia-smi cannot start: its interpreter is missing "
+        return verdict(NAME, CANNOT_START, "nvidia-smi cannot start: its interpreter is missing "
                        "(a script's #! line or a binary's loader names a file the container lacks)")
     if childio.limited(data.spawn_error):  # its words name the limit to raise
-        return verdict(hw.SMI_NAME, runner.LIMIT, f"not checked: nvidia-smi {data.spawn_error}", remedy=False)
+        return verdict(NAME, runner.LIMIT, f"not checked: nvidia-smi {data.spawn_error}", remedy=False)
     if data.spawn_error:
-        return verdict(hw.SMI_NAME, hw.SMI_CANNOT_START, f"nvidia-smi cannot start ({data.spawn_error})")
+        return verdict(NAME, CANNOT_START, f"nvidia-smi cannot start ({data.spawn_error})")
     if data.held_by is not None:
-        return verdict(hw.SMI_NAME, hw.STUCK, f"an earlier nvidia-smi (pid {data.held_by}) is still stuck "
-                       "in the driver (uninterruptible sleep); not starting another")
+        return verdict(NAME, STUCK, f"an earlier nvidia-smi (pid {data.held_by}) is still stuck in the "
+                       "driver (uninterruptible sleep); not starting another")
     if data.stuck:
-        return verdict(hw.SMI_NAME, hw.STUCK, "nvidia-smi survived SIGKILL "
-                       "(stuck in the driver, uninterruptible sleep)")
+        return verdict(NAME, STUCK,
+                       "nvidia-smi survived SIGKILL (stuck in the driver, uninterruptible sleep)")
     if data.timed_out:
-        return verdict(hw.SMI_NAME, hw.DEADLINE, f"nvidia-smi gave no answer within {data.elapsed:.1f}s "
+        return verdict(NAME, hw.DEADLINE, f"nvidia-smi gave no answer within {data.elapsed:.1f}s "
                        "(deadline passed)")
 
     out = data.stdout.decode("utf-8", "replace")
     err = data.stderr.decode("utf-8", "replace")
     gpus, bad_line = parse_rows(out)
-    counted: dict[str, Any] = {"observed": len(gpus), "unit": UNIT, "facts": _facts(gpus)}
+    counted: dict[str, Any] = {"observed": len(gpus), "unit": UNIT,
+                               "facts": {"count": len(gpus), "gpus": gpus}}
     lost = re.findall(_LOST, out + "\n" + err)
     if lost:
         others = f"{hw.plural(len(gpus))} still reported" if gpus else "no other GPU reported"
-        return verdict(hw.SMI_NAME, hw.GPU_LOST, f"GPU {lost[0]} is lost "
-                       f"(Unable to determine the device handle; {others})", **counted)
+        return verdict(NAME, hw.GPU_LOST,
+                       f"GPU {lost[0]} is lost (Unable to determine the device handle; {others})", **counted)
     # Not run through a shell: a signal is Completed.signal, and an exit of 129-254 is a plain exit.
     if data.signal is not None:
-        return verdict(hw.SMI_NAME, hw.SMI_KILLED,
-                       f"nvidia-smi was killed by {proc.signal_name(data.signal)}")
-    entry = known(data.returncode, out + "\n" + err) if data.returncode or bad_line else None
-    if entry is not None and entry[0].cause is not hw.SMI_EXIT_CODE:
-        code, text = entry
-        return verdict(hw.SMI_NAME, code.cause, detail(code, data.returncode, text), **counted)
+        return verdict(NAME, KILLED, f"nvidia-smi was killed by {proc.signal_name(data.signal)}")
+    if data.returncode or bad_line:  # what it printed decides, else the exit code
+        said = next((text for text, _ in TEXTS if text in out + "\n" + err), None)
+        code = dict(TEXTS)[said] if said is not None else EXIT_CODES.get(data.returncode or 0)
+        if code is not None and code.cause is not EXIT_CODE:
+            detail = (f"nvidia-smi: {said} (exit {data.returncode}): {code.means}" if said is not None
+                      else f"{code.means} (nvidia-smi exit {data.returncode})")
+            return verdict(NAME, code.cause, detail, **counted)
     if data.returncode != 0:
         said = squeeze(data.stderr or data.stdout, 100)
-        return verdict(hw.SMI_NAME, hw.SMI_EXIT_CODE, f"nvidia-smi failed (exit {data.returncode}: "
-                       f"{said or 'no output'})")
+        return verdict(NAME, EXIT_CODE, f"nvidia-smi failed (exit {data.returncode}: {said or 'no output'})")
     if data.truncated:
-        return verdict(hw.SMI_NAME, hw.SMI_UNPARSEABLE, "nvidia-smi output is too long to be a GPU list "
+        return verdict(NAME, UNPARSEABLE, "nvidia-smi output is too long to be a GPU list "
                        f"(over {MAX_OUTPUT} bytes, starts: {squeeze(data.stdout[:200], 60)!r})")
     if bad_line is not None:
-        return verdict(hw.SMI_NAME, hw.SMI_UNPARSEABLE, "cannot parse nvidia-smi output "
-                       f"({squeeze(bad_line.encode(), 80)!r})")
-    names = sorted({g.name for g in gpus})
-    summary = ", ".join(f"{n} x{sum(g.name == n for g in gpus)}" for n in names)
+        return verdict(NAME, UNPARSEABLE,
+                       f"cannot parse nvidia-smi output ({squeeze(bad_line.encode(), 80)!r})")
     if len(gpus) < expected:
-        return verdict(hw.SMI_NAME, hw.GPU_COUNT_LOW,
+        return verdict(NAME, hw.GPU_COUNT_LOW,
                        f"{hw.plural(len(gpus))} visible (expected at least {expected})", **counted)
-    return passed(hw.SMI_NAME, f"{hw.plural(len(gpus))} visible ({summary or 'none expected'})", **counted)
+    names = sorted({g["name"] for g in gpus})
+    summary = ", ".join(f"{n} x{sum(g['name'] == n for g in gpus)}" for n in names)
+    return passed(NAME, f"{hw.plural(len(gpus))} visible ({summary or 'none expected'})", **counted)

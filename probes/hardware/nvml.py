@@ -1,47 +1,42 @@
 """nvml probe: per-GPU state through NVIDIA's NVML (the nvidia-ml-py bindings).
 
-Proves that NVML initialises, that at least HEALTHCHECK_GPU_COUNT GPUs are present, and that
-none is lost or has a fault that needs a reset, a reboot or service (ECC, pending retirement or
-remap, recovery action, fabric registration); slowdowns, a degraded PCIe link under load and
-NVLink trouble warn. What each reading means, and what is not judged, is in docs/probes.md
-(cause table, "Could not check is not unhealthy"). It publishes what the probes above read
-(``probes.hardware.seen``). Command-line equivalent::
+NVML initialises, at least HEALTHCHECK_GPU_COUNT GPUs are present, and none is lost or has a fault
+that needs a reset, a reboot or service (ECC, pending retirement or remap, recovery action, fabric
+registration); slowdowns, a degraded PCIe link under load and NVLink trouble warn. What each reading
+means, and what is not judged: docs/probes.md. The probes above read its facts through ``seen``.
+Command-line equivalent::
 
     nvidia-smi --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total,\
 retired_pages.pending,clocks_event_reasons.active,temperature.gpu,compute_mode --format=csv
-
-``nvml_read`` reads one GPU's fields; a hanging NVML call is abandoned by the runner at the
-deadline (``on_deadline``).
 """
 
 from __future__ import annotations
 
 import os
 
-from probes import hardware as hw
 from probes.context import Context
+from probes.hardware import common as hw
 from probes.record import Record
 from probes.result import Result, passed, verdict
+from probes.spec import Spec, cause
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    Value = Any  # an int/bool/str reading, or NA
+
+NAME = "nvml"
 UNIT = "gpus"
 NA = hw.NA
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
-SPEC = hw.NVML_SPEC
 
 # Clock event (throttle) reason bits, nvml.h.
-HW_SLOWDOWN = 0x8
-SW_THERMAL = 0x20
-HW_THERMAL = 0x40
-HW_POWER_BRAKE = 0x80
-# nvmlGpuFabricState_t
-FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 1, 2, 3  # 0: not supported (nvml_read)
-FABRIC_STATES = {FABRIC_NOT_STARTED: "not started", FABRIC_IN_PROGRESS: "in progress",
-                 FABRIC_COMPLETED: "completed"}
+HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x8, 0x20, 0x40, 0x80
+# nvmlGpuFabricState_t (0: not supported, nvml_read)
+FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
+FABRIC_COMPLETED = 3
 # NVML_GPU_RECOVERY_ACTION_*: the action -> (what it is, what to do: the message's remedy).
 RECOVERY_ACTIONS = {
     1: ("GPU reset", "reset the GPU (nvidia-smi -r) when idle"),
@@ -49,11 +44,88 @@ RECOVERY_ACTIONS = {
     3: ("drain P2P", "stop peer-to-peer traffic to this GPU (drain the workload), then reset the GPU"),
     4: ("drain and reset", "drain the workload, then reset the GPU (nvidia-smi -r)"),
 }
-# PCIe below its maximum is power saving on an idle GPU; judged only at this utilization or more.
-BUSY_UTILIZATION = 80
+BUSY_UTILIZATION = 80  # PCIe below its maximum is power saving on an idle GPU: judged from this busy on
 
-if TYPE_CHECKING:
-    Value = Any  # an int/bool/str reading, or NA
+COOLING = "check cooling and airflow"
+NO_GPU_REQUESTED = cause("no-gpu-requested",
+                         "`NVIDIA_VISIBLE_DEVICES` is `void`/`none`/empty: no GPU requested",
+                         "start it with `--gpus all` or `NVIDIA_VISIBLE_DEVICES=all`", action="fix-config",
+                         actor="tenant")
+GPU_UNKNOWN = cause("gpu-unknown-error", "one GPU answers Unknown Error while others report",
+                    f"the GPU is likely lost (check `dmesg` for Xid 79); {hw.RESET}", action="reset-gpu",
+                    actor="operator")
+ECC = cause("ecc-uncorrectable", "volatile uncorrectable ECC errors",
+            f"drain the workload and {hw.RESET}; service the GPU if they recur", action="reset-gpu",
+            actor="operator")
+REMAP_FAILURE = cause("row-remap-failure", "row remapping failed",
+                      "the GPU needs a reset (`nvidia-smi -r`) and likely service (RMA)",
+                      action="service-hardware", actor="operator")
+REMAP_PENDING = cause("row-remap-pending", "row remap pending", f"{hw.RESET} when idle to apply it",
+                      action="reset-gpu", actor="operator")
+RETIREMENT_PENDING = cause("page-retirement-pending", "page retirement pending",
+                           f"{hw.RESET} when idle to retire the pages", action="reset-gpu", actor="operator")
+NO_MEMORY = cause("no-memory", "NVML reports 0 MiB of memory on a GPU: the GPU is broken or the driver "
+                  "misreports it (a GPU without memory of its own answers NOT_SUPPORTED, never 0); "
+                  "no workload can run there",
+                  f"check `nvidia-smi -q -d MEMORY` and `dmesg` for Xid, {hw.RESET}", action="reset-gpu",
+                  actor="operator")
+THERMAL = cause("thermal-slowdown", "SW/HW thermal slowdown clock event", COOLING, "warn",
+                action="service-hardware", actor="operator")
+HW_SLOW = cause("hw-slowdown", "HW slowdown / power brake clock event", "check the power supply and cooling",
+                "warn", action="service-hardware", actor="operator")
+HOT = cause("temperature", "temperature at or above the slowdown threshold", COOLING, "warn",
+            action="service-hardware", actor="operator")
+FIELD_ERROR = cause("field-error", "NVML fails on a field the GPU supports (any code but NOT_SUPPORTED, "
+                    "NO_PERMISSION or a lost GPU): fail closed; the message gives that code's remedy",
+                    hw.CHECK_DRIVER, action="reset-gpu", actor="operator")
+RECOVERY = cause("recovery-action", "the driver's GPU recovery action (NVML field values) is set: GPU reset, "
+                 "node reboot, drain P2P or drain and reset; the message names it",
+                 "the action itself: reset the GPU (`nvidia-smi -r`) when idle, reboot the node, "
+                 "or drain the workload first", action="reset-gpu", actor="operator")
+FABRIC = cause("fabric-manager", "NVSwitch fabric registration not completed with success (fabric manager "
+               "not running or failed: CUDA reports error 802 'system not yet initialized')",
+               "start `nvidia-fabricmanager` on the host", action="fix-config", actor="operator")
+MIG_DENIED = cause("mig-no-permission", "NVML answers NO_PERMISSION for the parent GPU of a MIG slice",
+                   "not checked, not a fault", "warn", action="none", actor="tenant")
+FIELD_DENIED = cause("field-no-permission", "NVML answers NO_PERMISSION for a field",
+                     "not checked, not a fault", "warn", action="none", actor="tenant")
+PCIE = cause("pcie-degraded", "PCIe link generation or width below the maximum while the GPU is at least 80% "
+             "busy (an idle GPU lowers its link by design)",
+             "reseat the GPU or check the riser and slot; `nvidia-smi -q -d PCIE` on the host", "warn",
+             action="service-hardware", actor="operator")
+NVLINK_DOWN = cause("nvlink-down",
+                    "an NVLink link is down on a GPU with NVLink (PCIe-only GPUs are not judged)",
+                    "check `nvidia-smi nvlink -s`, reset the GPU or have the board serviced", "warn",
+                    action="reset-gpu", actor="operator")
+NVLINK_ERRORS = cause("nvlink-errors", "NVLink error counters rose between two readings in one run",
+                      "check `nvidia-smi nvlink -e`; a failing link or bridge needs service", "warn",
+                      action="service-hardware", actor="operator")
+MIG_EMPTY = cause("mig-no-instances", "GPU in MIG mode with no MIG device",
+                  "create GPU and compute instances (`nvidia-smi mig -cgi ... -C`) or disable MIG", "warn",
+                  action="fix-config", actor="operator")
+CUDA_VISIBLE = cause("cuda-visible-devices", "`CUDA_VISIBLE_DEVICES` selects no GPU or fewer than expected",
+                     "fix or unset `CUDA_VISIBLE_DEVICES`, or lower `HEALTHCHECK_GPU_COUNT`",
+                     action="fix-config", actor="tenant")
+CUDA_VISIBLE_STOPS = cause("cuda-visible-devices-partial",
+                           "`CUDA_VISIBLE_DEVICES` names a device that does not exist: CUDA stops there",
+                           "fix the list", "warn", action="fix-config", actor="tenant")
+NVIDIA_VISIBLE = cause("nvidia-visible-devices", "`NVIDIA_VISIBLE_DEVICES` lists more GPUs than NVML sees: "
+                       "a requested GPU is missing on the host or was not mounted",
+                       "check `nvidia-smi` on the host", "warn", action="reset-gpu", actor="operator")
+
+SPEC = Spec(
+    NAME, layer="hardware", module=__name__, toggle="ENABLE_GPU_CHECK", timeout=5.0,
+    profiles=("startup", "readiness"), measurement="gpus", settings=hw.Expected.SETTINGS,
+    about="per-GPU state through NVML: lost GPU, uncorrectable ECC, pending retirement/remap or recovery "
+          "action, fabric; slowdown, PCIe under load, NVLink (warn)",
+    causes=(hw.BINDINGS_MISSING, hw.BINDINGS_SHADOWED, hw.DRIVER_NOT_LOADED, hw.NVML_NOT_FOUND, hw.INFOROM,
+            hw.GPU_LOST, hw.UNKNOWN_ERROR, hw.NO_PERMISSION, hw.DRIVER_MISMATCH, hw.RESET_REQUIRED,
+            hw.NVML_TOO_OLD, hw.NVML_TIMEOUT, hw.NVML_ERROR, NO_GPU_REQUESTED, GPU_UNKNOWN, hw.GPU_COUNT_LOW,
+            ECC, REMAP_FAILURE, REMAP_PENDING, RETIREMENT_PENDING, NO_MEMORY, THERMAL, HW_SLOW, HOT,
+            FIELD_ERROR, RECOVERY, FABRIC, MIG_DENIED, FIELD_DENIED, PCIE, NVLINK_DOWN, NVLINK_ERRORS,
+            MIG_EMPTY, CUDA_VISIBLE, CUDA_VISIBLE_STOPS, NVIDIA_VISIBLE, hw.DEADLINE),
+)
+
 
 class Gpu(Record):
     """What NVML said about one GPU. ``error`` is set when the GPU cannot be queried at all."""
@@ -154,7 +226,7 @@ class Gathered(Record):
 
 
 def gather(ctx: Context) -> Gathered:
-    from probes.hardware import nvml_lib
+    from probes.hardware import nvml_lib, nvml_read
 
     env = {k: os.environ.get(k) for k in ENV_VARS}
     try:
@@ -168,65 +240,38 @@ def gather(ctx: Context) -> Gathered:
             return Gathered(env, nvml_lib.describe(err))
         cuda_fn = getattr(nv, "nvmlSystemGetCudaDriverVersion", None)
         cuda_driver, _ = nvml_lib.call(cuda_fn) if cuda_fn is not None else (NA, None)
-        gpus = tuple(_gpu(nv, i) for i in range(count))
-        return Gathered(env, None, nvml_lib.text(driver) if driver is not None else "", count, gpus,
+        gpus = []
+        for i in range(count):
+            handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, i)
+            fields, lost = nvml_read.fields(nv, handle) if err is None else ({}, err)
+            gpus.append(Gpu(i, error=lost, **fields))
+        return Gathered(env, None, nvml_lib.text(driver) if driver is not None else "", count, tuple(gpus),
                         cuda_driver if isinstance(cuda_driver, int) else NA)
     finally:
         nvml_lib.shutdown()
 
 
-def _gpu(nv: Any, index: int) -> Gpu:
-    from probes.hardware import nvml_lib, nvml_read
-
-    handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, index)
-    if err is not None:
-        return Gpu(index, error=err)
-    fields, lost = nvml_read.fields(nv, handle)
-    return Gpu(index, error=lost, **fields)
-
-
 def on_deadline(ctx: Context) -> Result:
-    return verdict(hw.NVML_NAME, hw.DEADLINE, "NVML gave no answer before the deadline")
+    return verdict(NAME, hw.DEADLINE, "NVML gave no answer before the deadline")
 
-
-# ---------------------------------------------------------------------------
-# judge: pure
-# ---------------------------------------------------------------------------
 
 def cuda_devices(gpus: tuple[Gpu, ...]) -> list[str]:
-    """UUIDs of the devices CUDA enumerates, in order: a GPU in MIG mode contributes its MIG
-    devices instead of itself."""
+    """UUIDs of the devices CUDA enumerates, in order: a GPU in MIG mode gives its MIG devices instead."""
     out: list[str] = []
     for g in gpus:
-        if g.error is not None:
-            continue
-        if g.mig_enabled is True:
-            out.extend(uuid for uuid, _ in g.mig_devices)
-        else:
-            out.append(g.uuid)
+        if g.error is None:
+            out += [uuid for uuid, _ in g.mig_devices] if g.mig_enabled is True else [g.uuid]
     return out
-
-
-def _strtoul(s: str) -> int:
-    """Like CUDA's parsing of an ordinal: the leading digits, or -1 when there are none."""
-    digits = ""
-    for i, ch in enumerate(s):
-        if ch.isdigit() or (i == 0 and ch in "+-"):
-            digits += ch
-        else:
-            break
-    try:
-        return int(digits)
-    except ValueError:
-        return -1
 
 
 def cuda_visible(var: str, devices: list[str]) -> tuple[list[str], str | None]:
     """The devices CUDA_VISIBLE_DEVICES selects, and the entry where CUDA stopped reading (or None).
 
-    CUDA reads the list up to the first entry that is invalid or names no device and ignores
-    the rest; a repeated entry makes the whole list select nothing.
-    """
+    CUDA reads the list up to the first entry that is invalid or names no device and ignores the
+    rest; an ordinal is read as strtoul reads it (its leading digits); a repeated entry makes the
+    whole list select nothing."""
+    import re
+
     selected: list[str] = []
     entries = [e.strip() for e in var.split(",")]
     if entries == [""]:
@@ -235,27 +280,17 @@ def cuda_visible(var: str, devices: list[str]) -> tuple[list[str], str | None]:
     for entry in entries:
         if by_uuid:
             matches = [d for d in devices if entry and d.startswith(entry)]
-            if len(matches) != 1:
-                return selected, entry
-            device = matches[0]
+            device = matches[0] if len(matches) == 1 else None
         else:
-            ordinal = _strtoul(entry)
-            if ordinal < 0 or ordinal >= len(devices):
-                return selected, entry
-            device = devices[ordinal]
+            digits = re.match(r"[+-]?[0-9]+", entry)
+            ordinal = int(digits[0]) if digits else -1
+            device = devices[ordinal] if 0 <= ordinal < len(devices) else None
+        if device is None:
+            return selected, entry
         if device in selected:
             return [], entry
         selected.append(device)
     return selected, None
-
-
-def _memory_problems(g: Gpu) -> list[hw.Problem]:
-    """A GPU with 0 MiB of memory: no GPU has none (one without memory of its own, an integrated GPU,
-    answers NOT_SUPPORTED), so it is broken or misreported, and nothing can run there either way."""
-    if g.memory_total_mib != 0:
-        return []
-    return [hw.Problem(hw.NO_MEMORY, f"GPU {g.index} reports 0 MiB of memory (NVML): "
-                       "the GPU is broken or the driver misreports it, and no workload can run there")]
 
 
 def _lost(g: Gpu, reporting: int) -> hw.Problem:
@@ -265,10 +300,10 @@ def _lost(g: Gpu, reporting: int) -> hw.Problem:
     others = (f"while {hw.plural(reporting, 'other GPU')} still {verb}" if reporting
               else "and no other GPU reports")
     if g.error == nvml_lib.GPU_IS_LOST:
-        return hw.Problem(hw.GPU_LOST, f"GPU {g.index} is lost (NVML: GPU is lost, fallen off the bus) "
-                          f"{others}")
+        return hw.Problem(hw.GPU_LOST,
+                          f"GPU {g.index} is lost (NVML: GPU is lost, fallen off the bus) {others}")
     if g.error == nvml_lib.UNKNOWN:
-        return hw.Problem(hw.GPU_UNKNOWN, f"GPU {g.index} answers Unknown Error {others}")
+        return hw.Problem(GPU_UNKNOWN, f"GPU {g.index} answers Unknown Error {others}")
     problem = nvml_lib.describe(g.error)
     return problem._replace(detail=f"GPU {g.index} cannot be queried {others}: {problem.detail}")
 
@@ -282,45 +317,46 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
     out = []
     ecc = g.ecc_uncorrected_volatile
     if isinstance(ecc, int) and ecc > 0:
-        out.append(hw.Problem(hw.ECC, f"GPU {i} has {ecc} volatile uncorrectable ECC error(s)"))
+        out.append(hw.Problem(ECC, f"GPU {i} has {ecc} volatile uncorrectable ECC error(s)"))
     if g.remap_failure is True:
-        out.append(hw.Problem(hw.REMAP_FAILURE, f"GPU {i} row remapping failed"))
+        out.append(hw.Problem(REMAP_FAILURE, f"GPU {i} row remapping failed"))
     if g.remap_pending is True:
-        out.append(hw.Problem(hw.REMAP_PENDING, f"GPU {i} has a row remap pending"))
+        out.append(hw.Problem(REMAP_PENDING, f"GPU {i} has a row remap pending"))
     if g.retired_pending is True:
-        out.append(hw.Problem(hw.RETIREMENT_PENDING, f"GPU {i} has page retirements pending"))
-    out.extend(_memory_problems(g))
+        out.append(hw.Problem(RETIREMENT_PENDING, f"GPU {i} has page retirements pending"))
+    if g.memory_total_mib == 0:  # a GPU without memory of its own answers NOT_SUPPORTED, never 0
+        out.append(hw.Problem(NO_MEMORY, f"GPU {i} reports 0 MiB of memory (NVML): "
+                              "the GPU is broken or the driver misreports it, and no workload can run there"))
     reasons = g.clocks_event_reasons
     if isinstance(reasons, int) and reasons & (SW_THERMAL | HW_THERMAL):
-        out.append(hw.Problem(hw.THERMAL, f"GPU {i} clocks are slowed for heat (thermal slowdown)"))
+        out.append(hw.Problem(THERMAL, f"GPU {i} clocks are slowed for heat (thermal slowdown)"))
     elif isinstance(reasons, int) and reasons & (HW_SLOWDOWN | HW_POWER_BRAKE):
-        out.append(hw.Problem(hw.HW_SLOW, f"GPU {i} clocks are slowed by hardware "
-                              "(HW slowdown or power brake)"))
+        out.append(hw.Problem(HW_SLOW, f"GPU {i} clocks are slowed by hardware (HW slowdown or power brake)"))
     t, limit = g.temperature, g.slowdown_temperature
     if isinstance(t, int) and isinstance(limit, int) and limit > 0 and t >= limit:
-        out.append(hw.Problem(hw.HOT, f"GPU {i} is at {t} C, at or above its slowdown threshold {limit} C"))
+        out.append(hw.Problem(HOT, f"GPU {i} is at {t} C, at or above its slowdown threshold {limit} C"))
     for field, code in g.field_errors:
         # The failing code's own remedy (a timeout, a reset required...) says more than the generic one.
         why = nvml_lib.describe(code)
-        out.append(hw.Problem(hw.FIELD_ERROR, f"GPU {i}: NVML failed reading its {field} "
+        out.append(hw.Problem(FIELD_ERROR, f"GPU {i}: NVML failed reading its {field} "
                               f"({why.cause.reason}, code {code}) although the GPU supports it: "
-                              f"{why.result(hw.NVML_NAME).message}", remedy=False))
+                              f"{why.result(NAME).message}", remedy=False))
     action = g.recovery_action
     if isinstance(action, int) and action != 0:
         what, remedy = RECOVERY_ACTIONS.get(action, (f"action {action}", "see the driver's documentation "
                                                      "for this recovery action; check dmesg for Xid"))
-        out.append(hw.Problem(hw.RECOVERY, f"GPU {i} has a pending recovery action ({what}): {remedy}",
+        out.append(hw.Problem(RECOVERY, f"GPU {i} has a pending recovery action ({what}): {remedy}",
                               remedy=False))
     out.extend(_link_problems(g))
     if g.denied:
         fields = ", ".join(g.denied[:4]) + (f" and {len(g.denied) - 4} more" if len(g.denied) > 4 else "")
         if g.mig_enabled is True or "MIG mode" in g.denied:
-            out.append(hw.Problem(hw.MIG_DENIED, f"GPU {i}: NVML denies {fields} on the parent GPU "
+            out.append(hw.Problem(MIG_DENIED, f"GPU {i}: NVML denies {fields} on the parent GPU "
                                   "(NO_PERMISSION), as it does inside a MIG slice"))
         else:
-            out.append(hw.Problem(hw.FIELD_DENIED, f"GPU {i}: NVML denies {fields} (NO_PERMISSION)"))
+            out.append(hw.Problem(FIELD_DENIED, f"GPU {i}: NVML denies {fields} (NO_PERMISSION)"))
     if g.mig_enabled is True and not g.mig_devices:
-        out.append(hw.Problem(hw.MIG_EMPTY, f"GPU {i} is in MIG mode with no MIG device: CUDA cannot use it"))
+        out.append(hw.Problem(MIG_EMPTY, f"GPU {i} is in MIG mode with no MIG device: CUDA cannot use it"))
     return out
 
 
@@ -336,22 +372,22 @@ def _link_problems(g: Gpu) -> list[hw.Problem]:
             shown = FABRIC_STATES.get(state, f"state {state}")
             if status != nvml_lib.SUCCESS:
                 shown += f", {nvml_lib.describe(status).cause.reason}"
-            out.append(hw.Problem(hw.FABRIC, f"GPU {i} NVSwitch fabric registration {shown}: "
+            out.append(hw.Problem(FABRIC, f"GPU {i} NVSwitch fabric registration {shown}: "
                                   "fabric manager not running or failed: "
                                   "CUDA will report error 802 'system not yet initialized'"))
     cur_gen, cur_width, max_gen, max_width = g.pcie
     busy = isinstance(g.utilization, int) and g.utilization >= BUSY_UTILIZATION
     if busy and all(isinstance(v, int) and v > 0 for v in g.pcie) and (cur_gen < max_gen or
                                                                         cur_width < max_width):
-        out.append(hw.Problem(hw.PCIE, f"GPU {i} PCIe link runs at gen {cur_gen} x{cur_width} "
+        out.append(hw.Problem(PCIE, f"GPU {i} PCIe link runs at gen {cur_gen} x{cur_width} "
                               f"(max gen {max_gen} x{max_width}) while {g.utilization}% busy"))
     down = [link for link, up in enumerate(g.nvlinks) if not up]
     if down:
-        out.append(hw.Problem(hw.NVLINK_DOWN, f"GPU {i} NVLink link(s) {', '.join(map(str, down[:6]))} "
+        out.append(hw.Problem(NVLINK_DOWN, f"GPU {i} NVLink link(s) {', '.join(map(str, down[:6]))} "
                               f"down of {len(g.nvlinks)}: peer-to-peer traffic falls back to PCIe or fails"))
     if g.nvlink_errors_rising:
         links = ", ".join(map(str, g.nvlink_errors_rising[:6]))
-        out.append(hw.Problem(hw.NVLINK_ERRORS, f"GPU {i} NVLink error counters rising on link(s) {links}"))
+        out.append(hw.Problem(NVLINK_ERRORS, f"GPU {i} NVLink error counters rising on link(s) {links}"))
     return out
 
 
@@ -363,7 +399,7 @@ def _env_problems(data: Gathered, expected: int) -> list[hw.Problem]:
     if nvd is not None and not hw.none_requested(nvd) and nvd.strip().lower() != "all":
         listed = len([e for e in nvd.split(",") if e.strip()])
         if data.count < listed:
-            out.append(hw.Problem(hw.NVIDIA_VISIBLE, f"NVIDIA_VISIBLE_DEVICES lists {hw.plural(listed)} "
+            out.append(hw.Problem(NVIDIA_VISIBLE, f"NVIDIA_VISIBLE_DEVICES lists {hw.plural(listed)} "
                                   f"but NVML sees {data.count}: "
                                   "a requested GPU is missing on the host or was not mounted"))
     cvd = data.env.get("CUDA_VISIBLE_DEVICES")
@@ -374,15 +410,14 @@ def _env_problems(data: Gathered, expected: int) -> list[hw.Problem]:
     shown = nvml_lib.text(cvd)[:60]
     if not selected and devices:
         why = "it is empty" if stop == "" else f"{stop!r} names no device or repeats one"
-        out.append(hw.Problem(hw.CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} selects no GPU "
+        out.append(hw.Problem(CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} selects no GPU "
                               f"({why}; NVML sees {hw.plural(len(devices), 'CUDA device')}): "
                               "CUDA sees no GPU"))
     elif selected and len(selected) < expected:
-        out.append(hw.Problem(hw.CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} "
-                              f"leaves {hw.plural(len(selected))} visible to CUDA "
-                              f"(expected at least {expected})"))
+        out.append(hw.Problem(CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} leaves "
+                              f"{hw.plural(len(selected))} visible to CUDA (expected at least {expected})"))
     elif stop is not None and selected:
-        out.append(hw.Problem(hw.CUDA_VISIBLE_STOPS, f"CUDA_VISIBLE_DEVICES={shown!r}: "
+        out.append(hw.Problem(CUDA_VISIBLE_STOPS, f"CUDA_VISIBLE_DEVICES={shown!r}: "
                               f"CUDA stops at {stop!r} (no such device among {len(devices)}) "
                               f"and uses only {hw.plural(len(selected), 'device')}"))
     return out
@@ -400,23 +435,20 @@ def _facts(data: Gathered) -> dict[str, Any]:
         }
         if g.persistence != NA:
             entry["persistence"] = bool(g.persistence)
-        if g.unsupported or g.denied:
-            # What was not judged, and why: visible in --json without a warning for each.
+        if g.unsupported or g.denied:  # what was not judged, and why: in --json without a warning for each
             entry["not_judged"] = {**{f: "not supported" for f in g.unsupported},
                                    **{f: "no permission" for f in g.denied}}
         if g.error is not None:
             entry["error"] = (nvml_lib.describe(g.error).cause.reason if g.error != nvml_lib.UNKNOWN
-                              else hw.GPU_UNKNOWN.reason)
+                              else GPU_UNKNOWN.reason)
         if g.mig_enabled is True:
             entry["mig_devices"] = [{"uuid": u, "name": n} for u, n in g.mig_devices]
         gpus.append(entry)
-    devices = cuda_devices(data.gpus)
-    # "count" is what CUDA enumerates (MIG devices instead of a MIG-mode GPU), before
-    # CUDA_VISIBLE_DEVICES: without MIG it is the GPU count nvidia-smi shows.
     mig = any(g.mig_enabled is True for g in data.gpus)
-    return {"count": len(devices) if mig else data.count, "physical_count": data.count,
+    # "count" is what CUDA enumerates (MIG devices instead of a MIG-mode GPU) before CUDA_VISIBLE_DEVICES;
+    # "cuda_driver" the highest CUDA version the driver supports (12040 -> "12.4"), for torch-cuda's judge.
+    return {"count": len(cuda_devices(data.gpus)) if mig else data.count, "physical_count": data.count,
             "driver": data.driver, "gpus": gpus,
-            # The highest CUDA version the driver supports (12040 -> "12.4"), for torch-cuda's judge.
             "cuda_driver": (f"{data.cuda_driver // 1000}.{data.cuda_driver % 1000 // 10}"
                             if isinstance(data.cuda_driver, int) and data.cuda_driver > 0 else None)}
 
@@ -427,12 +459,11 @@ def judge(data: Gathered, ctx: Context) -> Result:
     if data.unavailable is not None:
         if hw.none_requested(nvd):
             if expected == 0:
-                return passed(hw.NVML_NAME,
-                              f"no GPU requested (NVIDIA_VISIBLE_DEVICES={nvd!r}) and none expected",
+                return passed(NAME, f"no GPU requested (NVIDIA_VISIBLE_DEVICES={nvd!r}) and none expected",
                               observed=0, unit=UNIT, facts={"count": 0, "gpus": []})
-            return verdict(hw.NVML_NAME, hw.NO_GPU_REQUESTED, f"no GPU was requested for this container "
+            return verdict(NAME, NO_GPU_REQUESTED, f"no GPU was requested for this container "
                            f"(NVIDIA_VISIBLE_DEVICES={nvd!r}) so NVML cannot start")
-        return data.unavailable.result(hw.NVML_NAME)
+        return data.unavailable.result(NAME)
 
     reporting = sum(1 for g in data.gpus if g.error is None)
     problems: list[hw.Problem] = []
@@ -444,7 +475,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
         problems.extend(_gpu_problems(g, reporting - (1 if g.error is None else 0)))
     problems.extend(_env_problems(data, expected))
     kw: dict[str, Any] = {"observed": data.count, "unit": UNIT, "facts": _facts(data)}
-    found = hw.worst(hw.NVML_NAME, problems, **kw)
+    found = hw.worst(NAME, problems, **kw)
     if found is not None:
         return found
     names = sorted({g.name for g in data.gpus})
@@ -452,4 +483,4 @@ def judge(data: Gathered, ctx: Context) -> Result:
     migs = [f"GPU {g.index}: {hw.plural(len(g.mig_devices), 'MIG device')}" for g in data.gpus
             if g.mig_enabled is True]
     detail = "; ".join(x for x in (f"driver {data.driver}" if data.driver else "", summary, *migs) if x)
-    return passed(hw.NVML_NAME, f"{hw.plural(data.count)} healthy ({detail or 'none expected'})", **kw)
+    return passed(NAME, f"{hw.plural(data.count)} healthy ({detail or 'none expected'})", **kw)

@@ -1,11 +1,12 @@
 """The nvml probe's field readers: what NVML says about one GPU, field by field, with why a field
-could not be read. Imported only when the probe runs (through ``nvml.gather``); ``nvml`` judges."""
+could not be read. Imported only when the probe runs; ``nvml`` judges."""
 
 from __future__ import annotations
 
 import os
 
-from probes.hardware import NA
+from probes.hardware import nvml_lib
+from probes.hardware.common import NA
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,16 +38,12 @@ class _Reader:
         self.unsupported: list[str] = []
 
     def __call__(self, field: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
-        from probes.hardware import nvml_lib
-
         if fn is None:
             return NA
         return self.judge(field, *nvml_lib.call(fn, *args))
 
     def judge(self, field: str, value: Any, err: int | None) -> Any:
         """The value of a query already made (``nvml_lib.call``'s answer), its error judged as above."""
-        from probes.hardware import nvml_lib
-
         if err is None:
             return value
         if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
@@ -66,8 +63,6 @@ class _Reader:
 def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
     """One GPU's fields, by ``nvml.Gpu``'s names, and None; or, when the GPU is lost midway, its name
     and uuid (what was read of them) and the NVML code that said so."""
-    from probes.hardware import nvml_lib
-
     fields: dict[str, Any] = {}
     q = _Reader()
     try:
@@ -128,8 +123,6 @@ NVLINK_COUNTERS = 4  # DL replay, DL recovery, CRC flit, CRC data
 
 
 def _processes(nv: Any, procs: Any) -> tuple[tuple[int, str], ...]:
-    from probes.hardware import nvml_lib
-
     if procs == NA:
         return ()
     named = []
@@ -142,8 +135,6 @@ def _processes(nv: Any, procs: Any) -> tuple[tuple[int, str], ...]:
 
 def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Value:
     """The driver's pending recovery action (field values API), NA where the driver has no such field."""
-    from probes.hardware import nvml_lib
-
     field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
     if field_id is None:
         return NA
@@ -163,8 +154,6 @@ def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Value:
 def _fabric(nv: Any, handle: Any, q: _Reader) -> Value:
     """(state, status) of the GPU's NVSwitch fabric registration, NA on GPUs without fabric support."""
     import ctypes
-
-    from probes.hardware import nvml_lib
 
     # The versioned call first (newer drivers), then the original one (535-era drivers).
     value: Any = None
@@ -186,8 +175,6 @@ def _fabric(nv: Any, handle: Any, q: _Reader) -> Value:
 
 def _nvlinks(nv: Any, handle: Any, q: _Reader) -> tuple[int, ...]:
     """1 (active) or 0 (down) per NVLink link; () on a PCIe-only GPU."""
-    from probes.hardware import nvml_lib
-
     fn = getattr(nv, "nvmlDeviceGetNvLinkState", None)
     states = []
     for link in range(MAX_NVLINKS):
@@ -202,8 +189,6 @@ def _nvlinks(nv: Any, handle: Any, q: _Reader) -> tuple[int, ...]:
 
 def _nvlink_errors(nv: Any, handle: Any, links: list[int]) -> dict[int, int]:
     """link -> the sum of its error counters, for the given (active) links; {} without NVLink."""
-    from probes.hardware import nvml_lib
-
     fn = getattr(nv, "nvmlDeviceGetNvLinkErrorCounter", None)
     out: dict[int, int] = {}
     if fn is None:
@@ -222,8 +207,6 @@ def _nvlink_errors(nv: Any, handle: Any, links: list[int]) -> dict[int, int]:
 
 
 def _mig_devices(nv: Any, handle: Any) -> tuple[tuple[str, str], ...]:
-    from probes.hardware import nvml_lib
-
     devices = []
     slots, err = nvml_lib.call(nv.nvmlDeviceGetMaxMigDeviceCount, handle)
     for slot in range(slots if err is None else 0):

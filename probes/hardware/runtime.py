@@ -1,11 +1,9 @@
 """runtime probe: the container's runtime limits that break CUDA work without any GPU fault.
 
-Cheap and without a GPU call: ``/dev/shm`` at least ``HEALTHCHECK_SHM_MIN_MIB``, the device
-nodes CUDA needs when the container was given GPUs, no CUDA-debugging variable in the
-environment the workload inherits, and, in startup only, persistence mode on (from the nvml
-probe's facts: no second NVML session). docs/probes.md, "The runtime probe", says why each.
-
-Command-line equivalent::
+Cheap and without a GPU call: ``/dev/shm`` at least ``HEALTHCHECK_SHM_MIN_MIB``, the device nodes CUDA
+needs when the container was given GPUs, no CUDA-debugging variable in the environment the workload
+inherits, and, in startup only, persistence mode on (from the nvml probe's facts: no second NVML
+session). docs/probes.md, "The runtime probe", says why each. Command-line equivalent::
 
     df -h /dev/shm; ls -l /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia[0-9]*; env | grep ^CUDA_
 """
@@ -15,10 +13,11 @@ from __future__ import annotations
 import os
 import stat
 
-from probes import hardware as hw
 from probes.context import Context
+from probes.hardware import common as hw
 from probes.record import Record
 from probes.result import Result, passed
+from probes.spec import INTEGER, TEXT, Spec, cause, setting
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
@@ -26,9 +25,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+NAME = "runtime"
 UNIT = "MiB"
 MIB = 1 << 20
-SPEC = hw.RUNTIME_SPEC
 
 # Variables that change CUDA's (or torch's allocator's) behaviour and do not belong in production.
 DEBUG_ENV: Mapping[str, str] = {
@@ -43,6 +42,49 @@ DEBUG_ENV: Mapping[str, str] = {
 }
 _OFF = ("", "0", "false", "no", "off")
 _GPU_NODE = r"nvidia(\d+)\Z"
+
+
+class Settings(hw.Expected):
+    shm_path: str = setting("HEALTHCHECK_SHM_PATH", TEXT, "/dev/shm",  # noqa: S108  (measured, not written)
+                            "the shared-memory mount whose size is judged")
+    shm_min_mib: int = setting("HEALTHCHECK_SHM_MIN_MIB", INTEGER, 1024,
+                               "`/dev/shm` below this many MiB warns (NCCL, DataLoader workers)", low=0,
+                               high=1 << 24, low_inclusive=True)
+    dev_root: str = setting("HEALTHCHECK_DEV_ROOT", TEXT, "/dev",
+                            "where the NVIDIA device nodes are looked for")
+
+
+SHM_SMALL = cause("shm-small", "`/dev/shm` smaller than `HEALTHCHECK_SHM_MIN_MIB` "
+                  "(Docker's default is 64 MiB): NCCL fails with \"unhandled system error\", "
+                  "DataLoader workers die",
+                  "`docker run --shm-size=8g` or `--ipc=host`, "
+                  "in Kubernetes an `emptyDir` with `medium: Memory` at `/dev/shm`", "warn",
+                  action="fix-config", actor="tenant")
+SHM_MISSING = cause("shm-missing", "`/dev/shm` cannot be measured",
+                    "mount a tmpfs at `/dev/shm` (`--shm-size`, `--ipc=host`, or a memory-backed `emptyDir`)",
+                    "warn", action="fix-config", actor="tenant")
+DEVICE_NODES = cause("device-nodes", "`/dev/nvidiactl`, `/dev/nvidia-uvm` or a `/dev/nvidiaN` "
+                     "per expected GPU is missing although the container was given GPUs",
+                     f"{hw.TOOLKIT} (NVIDIA Container Toolkit); for `nvidia-uvm` "
+                     "run `nvidia-modprobe -u -c=0` on the host, then recreate the container",
+                     action="restart-container", actor="operator")
+DEBUG_ENV_SET = cause("cuda-debug-env", "a variable that changes CUDA's behaviour for debugging is set "
+                      "(`CUDA_LAUNCH_BLOCKING`, `CUDA_INJECTION64_PATH`, "
+                      "`CUDA_ENABLE_COREDUMP_ON_EXCEPTION`, ...)",
+                      "remove it from the image or deployment for production", "warn", action="fix-config",
+                      actor="tenant")
+PERSISTENCE_OFF = cause("persistence-off", "persistence mode off (startup only, from the nvml probe): "
+                        "each NVML/CUDA start re-initialises the GPU",
+                        "`nvidia-smi -pm 1` or run `nvidia-persistenced` on the host", "warn",
+                        action="fix-config", actor="operator")
+
+SPEC = Spec(
+    NAME, layer="hardware", module=__name__, toggle="ENABLE_RUNTIME_CHECK", timeout=2.0,
+    profiles=("startup", "readiness"), requires=("nvml",), measurement="shm",
+    about="container runtime limits: `/dev/shm` size, CUDA's device nodes, CUDA-debugging variables, "
+          "persistence mode (startup)", settings=Settings.SETTINGS,
+    causes=(SHM_SMALL, SHM_MISSING, DEVICE_NODES, DEBUG_ENV_SET, PERSISTENCE_OFF),
+)
 
 
 class Gathered(Record):
@@ -66,7 +108,7 @@ class Gathered(Record):
 
 
 def gather(ctx: Context) -> Gathered:
-    cfg = ctx.config.of(hw.RuntimeSettings)
+    cfg = ctx.config.of(Settings)
     try:
         st = os.statvfs(cfg.shm_path)
         shm, shm_error = st.f_frsize * st.f_blocks, None
@@ -96,62 +138,46 @@ def requirements(config: Any) -> tuple[str, ...]:
     return SPEC.requires if config.profile_rules.once else ()
 
 
-def _given_gpus(data: Gathered) -> bool:
-    asked = data.visible is not None and not hw.none_requested(data.visible)
-    return asked or bool(data.nodes | data.other_nodes)
-
-
-def _node_problems(data: Gathered, own: hw.RuntimeSettings) -> list[hw.Problem]:
-    import re
-
-    expected = own.gpu_count
-    if expected == 0 or not _given_gpus(data):
-        return []
-    missing = [n for n in ("nvidiactl", "nvidia-uvm") if n not in data.nodes]
-    gpus = sorted(int(m[1]) for n in data.nodes if (m := re.match(_GPU_NODE, n)))
-    if len(gpus) < expected:
-        missing.append(f"nvidiaN for {expected - len(gpus)} more GPU(s) ({len(gpus)} of {expected})")
-    if not missing:
-        return []
-    root = clean(own.dev_root, 60)
-    shown = ", ".join(f"{root}/{m}" if not m.startswith("nvidiaN") else m for m in missing)
-    odd = (f" ({', '.join(sorted(data.other_nodes)[:3])} exist but are not device nodes)" if data.other_nodes
-           else "")
-    return [hw.Problem(hw.DEVICE_NODES, f"CUDA's device nodes are missing: {shown}{odd}")]
-
-
-def _persistence(ctx: Context) -> list[hw.Problem]:
-    seen = hw.seen(ctx.results) if ctx.config.profile_rules.once else None
-    off = [g.index for g in seen.gpus if g.persistence is False] if seen is not None else []
-    if not off:
-        return []
-    return [hw.Problem(hw.PERSISTENCE_OFF, f"persistence mode is off on GPU {', '.join(map(str, off))}: "
-                       "each NVML or CUDA start re-initialises the GPU (slow probes, first-call latency)")]
-
-
 def judge(data: Gathered, ctx: Context) -> Result:
     import re
 
-    own = ctx.config.of(hw.RuntimeSettings)
-    problems = _node_problems(data, own)
+    own = ctx.config.of(Settings)
+    problems = []
+    asked = data.visible is not None and not hw.none_requested(data.visible)
+    given = asked or bool(data.nodes | data.other_nodes)
+    gpus = len([n for n in data.nodes if re.match(_GPU_NODE, n)])
+    if own.gpu_count and given:  # the device nodes are judged only when the container was given GPUs
+        root = clean(own.dev_root, 60)
+        missing = [f"{root}/{n}" for n in ("nvidiactl", "nvidia-uvm") if n not in data.nodes]
+        if gpus < own.gpu_count:
+            missing.append(f"nvidiaN for {own.gpu_count - gpus} more GPU(s) ({gpus} of {own.gpu_count})")
+        odd = (f" ({', '.join(sorted(data.other_nodes)[:3])} exist but are not device nodes)"
+               if data.other_nodes else "")
+        if missing:
+            problems.append(hw.Problem(DEVICE_NODES,
+                                       f"CUDA's device nodes are missing: {', '.join(missing)}{odd}"))
     shm_mib = None if data.shm_bytes is None else data.shm_bytes // MIB
     limit = own.shm_min_mib
     path = clean(own.shm_path, 60)
     if shm_mib is None:
-        problems.append(hw.Problem(hw.SHM_MISSING, f"{path} cannot be measured ({data.shm_error})"))
+        problems.append(hw.Problem(SHM_MISSING, f"{path} cannot be measured ({data.shm_error})"))
     elif shm_mib < limit:
-        problems.append(hw.Problem(hw.SHM_SMALL, f"{path} is {shm_mib} MiB (below {limit} MiB): "
+        problems.append(hw.Problem(SHM_SMALL, f"{path} is {shm_mib} MiB (below {limit} MiB): "
                                    "NCCL and DataLoader workers fail"))
     for var in sorted(data.env):
-        problems.append(hw.Problem(hw.DEBUG_ENV_SET, f"{var}={clean(data.env[var], 40)!r} is set: "
+        problems.append(hw.Problem(DEBUG_ENV_SET, f"{var}={clean(data.env[var], 40)!r} is set: "
                                    f"it {DEBUG_ENV[var]}"))
-    problems.extend(_persistence(ctx))
+    seen = hw.seen(ctx.results) if ctx.config.profile_rules.once else None
+    off = [str(g.index) for g in seen.gpus if g.persistence is False] if seen is not None else []
+    if off:
+        problems.append(hw.Problem(PERSISTENCE_OFF, f"persistence mode is off on GPU {', '.join(off)}: "
+                                   "each NVML or CUDA start re-initialises the GPU "
+                                   "(slow probes, first-call latency)"))
     facts: dict[str, Any] = {"shm_mib": shm_mib, "nodes": sorted(data.nodes), "debug_env": sorted(data.env)}
     kw: dict[str, Any] = {"observed": shm_mib, "unit": UNIT, "facts": facts}
-    found = hw.worst(hw.RUNTIME_NAME, problems, **kw)
+    found = hw.worst(NAME, problems, **kw)
     if found is not None:
         return found
-    gpus = len([n for n in data.nodes if re.match(_GPU_NODE, n)])
-    nodes = (f"device nodes present ({gpus} GPU(s))" if _given_gpus(data) and own.gpu_count
+    nodes = (f"device nodes present ({gpus} GPU(s))" if given and own.gpu_count
              else "no GPU given (device nodes not judged)")
-    return passed(hw.RUNTIME_NAME, f"{path} {shm_mib} MiB; {nodes}; no CUDA-debugging variables", **kw)
+    return passed(NAME, f"{path} {shm_mib} MiB; {nodes}; no CUDA-debugging variables", **kw)

@@ -4,15 +4,13 @@ Source: NVIDIA, "Analyzing Xid Errors with the Xid Catalog",
 https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (the "Xids" sheet: code,
 mnemonic, description, "Resolution Bucket (Immediate Action)"; the "Guidance Classes" sheet for
 what each bucket means), read 2026-11-24. Codes 1-172. The mnemonics, the descriptions (shortened)
-and the buckets are the catalog's; where it gives no bucket (162-172) the action is "".
-
-The policy is per bucket (:data:`BUCKETS`); docs/serve.md, "Xid policy", says what and why.
-HEALTHCHECK_XID_CRITICAL, _APPLICATION and _IGNORE override it (probes.serve.settings).
+and the buckets are the catalog's; where it gives no bucket (162-172) the action is "". The policy
+is per bucket (``BUCKETS``; docs/serve.md, "Xid policy"); serve's HEALTHCHECK_XID_* settings override it.
 """
 
 from __future__ import annotations
 
-from probes.record import Record
+from typing import NamedTuple
 
 SOURCE = ('NVIDIA, "Analyzing Xid Errors with the Xid Catalog", '
           "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, read 2026-11-24")
@@ -30,17 +28,10 @@ NO_BUCKET = ""
 CRITICAL, APPLICATION, OTHER, NO_ACTION = "critical", "application", "other", "no-action"
 
 
-class Bucket(Record):
-    __slots__ = ("severity", "todo", "why")
-
+class Bucket(NamedTuple):
     severity: str  # CRITICAL, APPLICATION, OTHER or NO_ACTION
     todo: str  # the remedy, in a few words
     why: str  # why serve latches or not (the docs' policy table)
-
-    def __init__(self, severity: str, todo: str, why: str) -> None:
-        self.severity = severity
-        self.todo = todo
-        self.why = why
 
 
 BUCKETS: dict[str, Bucket] = {
@@ -96,17 +87,10 @@ UNKNOWN = Bucket(OTHER, "see NVIDIA's current Xid documentation",
                  "not in the catalog read here: shown, never latched")
 
 
-class Xid(Record):
-    __slots__ = ("mnemonic", "meaning", "action")
-
+class Xid(NamedTuple):
     mnemonic: str
     meaning: str  # the catalog's description
     action: str  # its "Resolution Bucket (Immediate Action)"
-
-    def __init__(self, mnemonic: str, meaning: str, action: str) -> None:
-        self.mnemonic = mnemonic
-        self.meaning = meaning
-        self.action = action
 
 
 UNUSED = "unused on Ampere and newer"

@@ -367,7 +367,7 @@ def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Conte
                        f"({f'no module {module!r}' if module else raised})", **kw)
     sees = report.get("available") is True and (_number(report.get("count")) or 0) > 0
     if data.get("device") == "cuda" and not sees:
-        from probes import hardware
+        from probes.hardware import common as hardware
 
         seen = hardware.seen(ctx.results) if ctx is not None else None
         count = f" while NVML sees {seen.count} GPU(s)" if seen is not None and seen.ok and seen.count else ""

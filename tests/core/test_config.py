@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from probes import config, registry
-from probes import hardware as hw
 from probes.config import ConfigError, load
 from probes.framework.deep import Torch
+from probes.hardware import common as hw
 from probes.services.jupyter import JupyterSettings
 from probes.services.ssh import SshSettings
 from probes.spec import PROFILE_RULES, Setting

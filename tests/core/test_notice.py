@@ -15,7 +15,7 @@ import pytest
 
 from probes import dropins, notice, registry, runner
 from probes.config import Config
-from probes.hardware import GPU_COUNT_LOW, GPU_LOST
+from probes.hardware.common import GPU_COUNT_LOW, GPU_LOST
 from probes.result import Result, Status, passed, verdict
 from probes.runner import Outcome
 from probes.spec import PROFILE_RULES

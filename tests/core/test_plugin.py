@@ -1,10 +1,10 @@
-"""Adding a probe is one module and one registry line: a throwaway probe shows it.
+"""Adding a probe is one module and one registry line: a throwaway plug-in shows it.
 
-The probe lives in a temporary package on PYTHONPATH, and the one registry line is added
-by a ``sitecustomize`` there (so every interpreter of the test, serve's monitor runs
-included, sees it); nothing else in the suite is edited. It then appears in --help, obeys
-its own ENABLE_* toggle and setting validation, runs under --only, appears in --json, in
-serve's endpoints and in /metrics.
+The probe lives in a temporary package on PYTHONPATH, and the one registry line (in ``PLUGINS``) is
+added by a ``sitecustomize`` there (so every interpreter of the test, serve's monitor runs included,
+sees it); nothing else in the suite is edited. It then appears in --help, obeys its own ENABLE_*
+toggle and setting validation, runs under --only, appears in --json, in serve's endpoints and in
+/metrics. The opt-in deep checks load the same way.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from probes import registry
+from probes import config, registry
 from tests.conftest import ROOT, clean_env
 from tests.servers import free_port, stop
 
@@ -69,7 +69,7 @@ def plugin(tmp_path: Path) -> Path:
     (pkg / "__init__.py").write_text("")
     (pkg / "echo_probe.py").write_text(PROBE)
     (tmp_path / "sitecustomize.py").write_text(
-        "import probes.registry as r\nr.MODULES = (*r.MODULES, 'throwaway.echo_probe')  # the one registry line\n")
+        "import probes.registry as r\nr.PLUGINS = (*r.PLUGINS, 'throwaway.echo_probe')  # the one registry line\n")
     return tmp_path
 
 
@@ -107,6 +107,18 @@ def env_for(plugin: Path, **extra: str) -> dict[str, str]:
 def cli(plugin: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "probes", *args], env=env_for(plugin, **env), cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_opt_in_deep_checks_are_plug_ins_off_unless_turned_on():
+    """The core's list is what every image runs; model, checkpoint and nccl are named as plug-ins are."""
+    core = {s.name for m in registry.MODULES for s in registry.specs_of(m)}
+    plugins = {s.name: s for m in registry.PLUGINS for s in registry.specs_of(m)}
+    assert set(plugins) == {"checkpoint", "model", "nccl"} and not core & set(plugins)
+    assert all(not s.default_on and s.module in registry.PLUGINS for s in plugins.values())
+    selected = {s.name for s in config.load({}).selected()}
+    assert core - selected == {"ssh-login"} and not selected & set(plugins)  # ssh-login: on with its key
+    on = {"ENABLE_CHECKPOINT_CHECK": "true", "ENABLE_NCCL_CHECK": "yes", "HEALTHCHECK_MODEL_PATH": "/m.pt"}
+    assert {s.name for s in config.load(on).selected()} >= set(plugins)
 
 
 def test_help_lists_it_with_its_toggle_and_setting(plugin):

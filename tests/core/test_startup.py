@@ -25,10 +25,7 @@ HEAVY = ("typing", "ctypes", "subprocess", "json", "re", "argparse", "logging", 
          "probes.framework.model_worker", "probes.framework.nccl_worker", "probes.framework.checkpoint_child",
          "probes.framework.free_memory", "probes.framework.cuda_errors",
          # the services' sockets, jupyter-kernel's client and its run: never with the services off
-         "websocket", "probes.services.net", "probes.services.kernel_run",
-         # the modules of probes liveness never runs: their declarations are their layer package's
-         "probes.hardware.nvidia_smi", "probes.hardware.nvml", "probes.hardware.runtime",
-         "probes.framework.checkpoint", "probes.framework.model", "probes.framework.nccl")
+         "websocket", "probes.services.net", "probes.services.kernel_run")
 SCRIPT = ("import sys\nfrom probes.cli import main\ncode = main(['--profile', 'liveness'])\n"
           "print(','.join(sorted(m for m in sys.modules if m in {heavy!r})))\n")
 

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from probes.framework import cuda_errors, torch_cuda, torch_worker
+from probes.framework import cuda_errors, deep, torch_cuda, torch_worker
 from probes.registry import PROBES
 from probes.result import Result, Status
 
@@ -31,7 +31,8 @@ def judged(message: str, *, code: int | None = None, phase: str = "device", kind
     else:
         report.update(available=False, count=None, devices=[], error=err)
     raw = (torch_worker.PREFIX + json.dumps(report) + "\n").encode()
-    parsed, problem = torch_cuda.parse_output(raw, "cuda", torch_cuda.SIZE)
+    parsed, problem = deep.parse(raw, torch_worker.PREFIX,
+                                 lambda report: torch_cuda.validate(report, "cuda", torch_cuda.SIZE))
     assert problem is None, problem
     data = {"kind": "worker", "python": "python3", "device": "cuda", "expect": None, "report": parsed}
     return torch_cuda.judge(data, CTX)  # type: ignore[arg-type]
@@ -146,7 +147,11 @@ def test_every_reason_in_the_table_is_in_the_cause_tables() -> None:
 
 
 def test_the_workers_benign_list_is_the_tables_could_not_check() -> None:
-    assert cuda_errors.could_not_check() == (torch_worker.BENIGN_CODES, torch_worker.BENIGN)
+    rows = [e for e in (*cuda_errors.TABLE, *cuda_errors.LIBRARY) if e.category == cuda_errors.NOT_CHECKED]
+    codes = tuple(sorted(e.code for e in rows if e.code is not None))
+    words = {t.lower() for e in rows for t in (e.text, *e.aliases) if t and not t.startswith("CUDA_ERROR_")}
+    words |= {e.name.lower() for e in rows if e.code is None}
+    assert (codes, tuple(sorted(words))) == (torch_worker.BENIGN_CODES, torch_worker.BENIGN)
 
 
 def test_the_worker_keeps_the_code_and_the_lines() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.framework import torch_cuda
+from probes.framework import deep, torch_cuda, torch_worker
 from probes.result import Result, Status
 from tests.framework.conftest import probe
 
@@ -35,7 +35,8 @@ def nvidia_smi_count() -> int:
 def worker_report(*extra: str, env: dict[str, str] | None = None) -> dict:
     done = subprocess.run([PY, torch_cuda.WORKER, "--device", "cuda", "--size", str(torch_cuda.SIZE), *extra],
                           capture_output=True, timeout=300, check=True, env=env)
-    report, problem = torch_cuda.parse_output(done.stdout, "cuda", torch_cuda.SIZE)
+    report, problem = deep.parse(done.stdout, torch_worker.PREFIX,
+                                 lambda report: torch_cuda.validate(report, "cuda", torch_cuda.SIZE))
     assert report is not None, problem
     if report["cuda_built"] is False:
         pytest.skip(f"{PY} has a CPU-only torch: set HEALTHCHECK_TORCH_PYTHON to one with CUDA")

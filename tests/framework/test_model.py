@@ -16,7 +16,7 @@ import torch
 from probes import config as config_mod
 from probes.config import Config
 from probes.context import Context
-from probes.framework import ModelSettings, model, model_worker
+from probes.framework import deep, model, model_worker
 from probes.result import Result, Status
 from probes.state import State
 
@@ -253,15 +253,17 @@ def test_worker_result_is_validated(tmp_path: Path) -> None:
             "file_bytes": 1, "bytes": 1, "budget": 2, "budget_source": "x", "load_ms": 1.0, "params": 1,
             "param_bytes": 4, "peak_gpu": None, "forward_ms": None, "max_err": None, "scale": None,
             "error": None}
-    line = (model_worker.PREFIX + json.dumps(good) + "\n").encode()
-    assert model.parse_output(line, "cpu")[0] is not None
-    assert model.parse_output(line, "cuda")[0] is None
+    def parse(report: dict[str, Any], device: str = "cpu") -> tuple[Any, str | None]:
+        line = (model_worker.PREFIX + json.dumps(report) + "\n").encode()
+        return deep.parse(line, model_worker.PREFIX, lambda r: model.validate(r, device))
+
+    assert parse(good)[0] is not None
+    assert parse(good, "cuda")[0] is None
     for bad in ({**good, "params": "1"}, {**good, "extra": 1}, {**good, "format": "onnx"},
                 {**good, "error": {"kind": "rm -rf", "type": "x", "message": "y"}}):
-        report, problem = model.parse_output((model_worker.PREFIX + json.dumps(bad) + "\n").encode(), "cpu")
+        report, problem = parse(bad)
         assert report is None and problem
-    dirty = {**good, "torch": "2\x1b[31m"}
-    report, _ = model.parse_output((model_worker.PREFIX + json.dumps(dirty) + "\n").encode(), "cpu")
+    report, _ = parse({**good, "torch": "2\x1b[31m"})
     assert report is not None and "\x1b" not in report["torch"]
 
 
@@ -386,7 +388,7 @@ def test_a_bad_model_input_is_a_configuration_error_with_one_line() -> None:
         assert text.startswith("HEALTHCHECK_MODEL_INPUT=") and "is not SHAPE:DTYPE" in text and "\n" not in text, text
         assert "accepted: e.g. 1x3x224x224:float16" in text and len(text) < 400
     ok = config_mod.load({"HEALTHCHECK_MODEL_INPUT": " 2X4:float16:seeded ", "HEALTHCHECK_CHECKS_DIR": "/nonexistent"})
-    assert ok.of(ModelSettings).model_input == "2X4:float16:seeded"
+    assert ok.of(model.Settings).model_input == "2X4:float16:seeded"
 
 
 def test_the_cli_refuses_a_bad_model_input_with_exit_3(tmp_path: Path) -> None:

@@ -125,7 +125,7 @@ def test_small_dev_shm_fails_before_any_worker(tmp_path: Path, make_interp: Any)
     interp = make_interp("py")
     result, data, _ = run_probe(tmp_path, interp, nccl_min_shm_mib=2**30)
     assert result.status is Status.FAIL and result.reason == "shm-too-small"
-    assert interp.starts == 0 and data["shm"] == nccl.shm_size().size
+    assert interp.starts == 0 and data["shm"] == nccl.shm_size()
 
 
 def test_a_pass_is_reused_by_readiness_for_the_ttl(tmp_path: Path, make_interp: Any) -> None:
@@ -177,12 +177,16 @@ def test_cpu_device_is_not_judged(tmp_path: Path, make_interp: Any) -> None:
     assert result.status is Status.SKIP and interp.starts == 0
 
 
+def parse(line: bytes) -> tuple[Any, str | None]:
+    return deep.parse(line, nccl_worker.PREFIX, nccl.validate)
+
+
 def test_the_result_line_is_validated() -> None:
     ok = (nccl_worker.PREFIX + json.dumps(PASSING) + "\n").encode()
-    assert nccl.parse_output(ok)[0] is not None
+    assert parse(ok)[0] is not None
     for bad in ({**PASSING, "bad": "0"}, {**PASSING, "x": 1}, {**PASSING, "backend": "gloo"},
                 {**PASSING, "error": {"kind": "boom", "type": "t", "message": "m"}}):
-        assert nccl.parse_output((nccl_worker.PREFIX + json.dumps(bad) + "\n").encode())[0] is None
+        assert parse((nccl_worker.PREFIX + json.dumps(bad) + "\n").encode())[0] is None
     assert nccl.warnings(b"x NCCL WARN a\x1b[2Jb\n") == ["a\\x1b[2Jb"]
 
 

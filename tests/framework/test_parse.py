@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from probes.framework import deep, torch_cuda, torch_report, torch_worker
+from probes.framework import deep, torch_cuda, torch_worker
 from probes.result import Result, Status
 
 GOOD: dict[str, Any] = {
@@ -25,7 +25,7 @@ def line(report: Any) -> bytes:
 
 
 def parse(raw: bytes) -> tuple[Any, Any]:
-    return torch_cuda.parse_output(raw, "cuda", torch_cuda.SIZE)
+    return deep.parse(raw, torch_worker.PREFIX, lambda report: torch_cuda.validate(report, "cuda", torch_cuda.SIZE))
 
 
 def changed(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
@@ -131,16 +131,7 @@ def test_strings_are_cleaned_where_the_report_enters() -> None:
     assert problem is None
     cleaned = report["devices"][0]["error"]
     assert cleaned["type"] == "Runtime\\x1bError"
-    assert len(cleaned["message"]) <= torch_report.TEXT_LIMITS["message"] and "\x00" not in cleaned["message"]
-
-
-def test_a_whole_result_line_ends_the_wait() -> None:
-    prefix = torch_worker.PREFIX.encode()
-    assert not torch_cuda.result_arrived(b"")
-    assert not torch_cuda.result_arrived(b"noise\n" + prefix + b'{"v": 1')
-    assert not torch_cuda.result_arrived(b"say " + prefix + b"{}\n")
-    assert torch_cuda.result_arrived(prefix + b"{}\n")
-    assert torch_cuda.result_arrived(b"noise\n" + prefix + b'{"v": 1}\nmore')
+    assert len(cleaned["message"]) <= torch_cuda.TEXT_LIMITS["message"] and "\x00" not in cleaned["message"]
 
 
 def test_a_worker_that_lingered_fails_whatever_it_printed() -> None:
@@ -179,10 +170,11 @@ def test_a_damaged_latch_time_is_unknown_not_a_crash(when: Any) -> None:
 
 
 def test_phase_markers_are_validated() -> None:
-    assert torch_cuda.last_phase(b"HEALTHCHECK-TORCH-PHASE import\nHEALTHCHECK-TORCH-PHASE device 3\n") == \
-        "device 3"
-    assert torch_cuda.last_phase(b"HEALTHCHECK-TORCH-PHASE import\nHEALTHCHECK-TORCH-PHASE \x1b[2J evil\n") == \
-        "import"
+    def last(stderr: bytes) -> str | None:
+        return deep.last_phase(stderr, torch_worker.PHASE, torch_cuda.PHASES)
+
+    assert last(b"HEALTHCHECK-TORCH-PHASE import\nHEALTHCHECK-TORCH-PHASE device 3\n") == "device 3"
+    assert last(b"HEALTHCHECK-TORCH-PHASE import\nHEALTHCHECK-TORCH-PHASE \x1b[2J evil\n") == "import"
 
 
 def test_worker_and_parent_agree_on_the_protocol() -> None:

@@ -1,10 +1,10 @@
-"""probes.framework.protocol: the one reading side of every worker's output."""
+"""The workers' protocol as the suite reads it (probes/framework/deep.py), for every worker's output."""
 
 from __future__ import annotations
 
 import pytest
 
-from probes.framework import checkpoint_child, model_worker, nccl_worker, protocol, torch_worker
+from probes.framework import checkpoint_child, deep, model_worker, nccl_worker, torch_worker
 
 PREFIXES = [w.PREFIX for w in (torch_worker, model_worker, nccl_worker, checkpoint_child)]
 
@@ -12,57 +12,57 @@ PREFIXES = [w.PREFIX for w in (torch_worker, model_worker, nccl_worker, checkpoi
 @pytest.mark.parametrize("prefix", PREFIXES)
 def test_one_result_line_is_read_and_anything_else_is_refused(prefix):
     line = f"{prefix}{{\"v\": 1}}\n".encode()
-    assert protocol.result(b"noise\n" + line + b"more noise\n", prefix) == {"v": 1}
+    assert deep.result(b"noise\n" + line + b"more noise\n", prefix) == {"v": 1}
     for out, why in ((b"noise only\n", "no result line"), (line + line, "more than one result line"),
                      (f"{prefix}{{not json\n".encode(), "not readable JSON"),
                      (f"{prefix}[NaN]\n".encode(), "not readable JSON")):
-        with pytest.raises(protocol.Bad, match=why):
-            protocol.result(out, prefix)
+        with pytest.raises(deep.Bad, match=why):
+            deep.result(out, prefix)
 
 
 @pytest.mark.parametrize("prefix", PREFIXES)
 def test_a_result_has_arrived_only_with_its_line_break(prefix):
-    assert not protocol.arrived(b"", prefix)
-    assert not protocol.arrived(f"{prefix}{{\"v\": 1".encode(), prefix)  # still being written
-    assert not protocol.arrived(f"say {prefix}{{}}\n".encode(), prefix)  # not at a line start
-    assert protocol.arrived(f"start\n{prefix}{{\"v\": 1}}\n".encode(), prefix)
-    assert protocol.arrived(f"{prefix}{{}}\r\n".encode(), prefix)
+    assert not deep.arrived(b"", prefix)
+    assert not deep.arrived(f"{prefix}{{\"v\": 1".encode(), prefix)  # still being written
+    assert not deep.arrived(f"say {prefix}{{}}\n".encode(), prefix)  # not at a line start
+    assert deep.arrived(f"start\n{prefix}{{\"v\": 1}}\n".encode(), prefix)
+    assert deep.arrived(f"{prefix}{{}}\r\n".encode(), prefix)
 
 
 def test_the_last_valid_phase_is_where_the_worker_stopped():
     phase = torch_worker.PHASE
     err = f"{phase}start\n{phase}import\nwarning\n{phase}\x1b[2J evil\n".encode()
-    assert protocol.last_phase(err, phase, r"start|import|init") == "import"
-    assert protocol.last_phase(b"nothing\n", phase, r"start") is None
+    assert deep.last_phase(err, phase, r"start|import|init") == "import"
+    assert deep.last_phase(b"nothing\n", phase, r"start") is None
 
 
 @pytest.mark.parametrize("value, kind, ok", [
-    ("x", protocol.STR, True), ("x" * (protocol.MAX_STR + 1), protocol.STR, False), (1, protocol.STR, False),
-    (True, protocol.BOOL, True), (1, protocol.BOOL, False),
-    (3, protocol.INT, True), (True, protocol.INT, False), (2**63, protocol.INT, False), (1.0, protocol.INT, False),
-    (1.5, protocol.NUM, True), (10**400, protocol.NUM, False), ("nan", protocol.NUM, False),
-    ("nan", protocol.MEASURE, True), ("-inf", protocol.MEASURE, True), ("big", protocol.MEASURE, False),
+    ("x", deep.STR, True), ("x" * (deep.MAX_STR + 1), deep.STR, False), (1, deep.STR, False),
+    (True, deep.BOOL, True), (1, deep.BOOL, False),
+    (3, deep.INT, True), (True, deep.INT, False), (2**63, deep.INT, False), (1.0, deep.INT, False),
+    (1.5, deep.NUM, True), (10**400, deep.NUM, False), ("nan", deep.NUM, False),
+    ("nan", deep.MEASURE, True), ("-inf", deep.MEASURE, True), ("big", deep.MEASURE, False),
 ])
 def test_field_kinds(value, kind, ok):
     if ok:
-        protocol.check(value, kind, False, "f")
+        deep.check(value, kind, False, "f")
     else:
-        with pytest.raises(protocol.Bad):
-            protocol.check(value, kind, False, "f")
+        with pytest.raises(deep.Bad):
+            deep.check(value, kind, False, "f")
 
 
 def test_fields_are_exactly_the_schema():
-    spec = {"a": (protocol.INT, False), "b": (protocol.STR, True)}
-    protocol.fields({"a": 1, "b": None}, spec, "r")
+    spec = {"a": (deep.INT, False), "b": (deep.STR, True)}
+    deep.fields({"a": 1, "b": None}, spec, "r")
     for obj, why in (([], "not an object"), ({"a": 1}, "unexpected or missing"),
                      ({"a": 1, "b": None, "c": 0}, "unexpected or missing"), ({"a": None, "b": "x"}, "r.a is missing")):
-        with pytest.raises(protocol.Bad, match=why):
-            protocol.fields(obj, spec, "r")
+        with pytest.raises(deep.Bad, match=why):
+            deep.fields(obj, spec, "r")
 
 
 def test_nested_fields_must_be_there_and_are_left_to_the_caller():
-    spec = {"a": (protocol.INT, False)}
-    protocol.fields({"a": 1, "error": {"anything": [1]}}, spec, "r", nested=("error",))
+    spec = {"a": (deep.INT, False)}
+    deep.fields({"a": 1, "error": {"anything": [1]}}, spec, "r", nested=("error",))
     for obj in ({"a": 1}, {"a": 1, "error": None, "c": 0}):
-        with pytest.raises(protocol.Bad, match="unexpected or missing"):
-            protocol.fields(obj, spec, "r", nested=("error",))
+        with pytest.raises(deep.Bad, match="unexpected or missing"):
+            deep.fields(obj, spec, "r", nested=("error",))

@@ -27,7 +27,7 @@ HERE = ROOT / "tests" / "gpu"
 FRONT_DOOR = str(ROOT / "healthcheck")
 FAULT_PYTHON = str(HERE / "fault-python.sh")
 MIN_FREE_MIB = 1024  # HEALTHCHECK_TORCH_MIN_FREE_MIB's default (probes/framework/deep.py)
-NCCL_MIB = 256  # what the suite adds for NCCL's buffers (probes/framework/free_memory.py)
+NCCL_MIB = 256  # what the suite adds for NCCL's buffers (probes/framework/nccl.py, BUFFERS_MIB)
 NEEDS_GPU = "skipped: needs a real GPU"
 # The probe's own query (probes/hardware/nvidia_smi.py): read-only.
 SMI_QUERY = ("nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader,nounits")

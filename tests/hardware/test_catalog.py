@@ -3,23 +3,14 @@ warning and failure built from one, and the nvml facts read once, typed, by the 
 
 from __future__ import annotations
 
-import pytest
-
-from probes import hardware as hw
-from probes import proc
+from probes import proc, registry
+from probes.hardware import common as hw
 from probes.hardware import nvidia_smi, nvml, runtime
 from probes.result import Result, Status
-from probes.spec import ACTIONS, ACTORS
 from tests.fakes.nvidia_smi_stub import MESSAGES
 from tests.hardware.conftest import make_ctx
 
-SPECS = (nvidia_smi.SPEC, nvml.SPEC, runtime.SPEC)
-
-
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_every_cause_says_who_acts_and_how(spec):
-    for c in spec.causes:
-        assert c.action in ACTIONS and c.actor in ACTORS, c.reason
+SPECS = tuple(s for s in registry.PROBES if s.layer == "hardware")
 
 
 def test_a_cause_both_probes_report_is_one_declaration():
@@ -32,23 +23,10 @@ def test_a_cause_both_probes_report_is_one_declaration():
     assert hw.DRIVER_MISMATCH.actor == "operator" and hw.GPU_LOST.action == "reset-gpu"
 
 
-def test_the_layer_declares_its_probes_and_reading_them_imports_no_probe_module():
-    import subprocess
-    import sys
-
-    script = ("import sys; import probes.hardware as hw; "
-              "print([(s.name, s.module) for s in hw.SPECS]); "
-              "print(sorted(m for m in sys.modules if m.startswith('probes.hardware.')))")
-    out = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, check=True).stdout
-    assert out.splitlines() == [str([(s.name, s.module) for s in SPECS]), "[]"]
-    assert hw.SPECS == SPECS and all(a is b for a, b in zip(hw.SPECS, SPECS, strict=True))
-    assert [s.module for s in hw.SPECS] == [m.__name__ for m in (nvidia_smi, nvml, runtime)]
-
-
 def test_the_settings_are_declared_once():
     assert runtime.SPEC.settings[0] is nvml.SPEC.settings[0] is nvidia_smi.SPEC.settings[0]
-    assert [s.field for s in hw.RuntimeSettings.SETTINGS] == ["gpu_count", "shm_path", "shm_min_mib", "dev_root"]
-    assert make_ctx(gpu_count=3).config.of(hw.RuntimeSettings).gpu_count == 3
+    assert [s.field for s in runtime.Settings.SETTINGS] == ["gpu_count", "shm_path", "shm_min_mib", "dev_root"]
+    assert make_ctx(gpu_count=3).config.of(runtime.Settings).gpu_count == 3
 
 
 def _smi(code: int | None = 0, out: str = "", **kw) -> Result:
@@ -57,7 +35,7 @@ def _smi(code: int | None = 0, out: str = "", **kw) -> Result:
 
 def _results() -> list[Result]:
     """A warning or failure of each kind the hardware judges give."""
-    smi = [_smi(code, MESSAGES.get(code, "")) for code in hw.SMI_EXIT_CODES]
+    smi = [_smi(code, MESSAGES.get(code, "")) for code in nvidia_smi.EXIT_CODES]
     smi += [_smi(None, spawn_error="not found"), _smi(-9), _smi(254), _smi(0, "garbage\n"), _smi(0, ""),
             _smi(None, timed_out=True, elapsed=1.0), _smi(None, stuck=True, held_by=7)]
     gathered = nvml.Gathered({"CUDA_VISIBLE_DEVICES": "0,7", "NVIDIA_VISIBLE_DEVICES": None}, count=2, gpus=(
@@ -83,7 +61,7 @@ def test_every_warning_and_failure_is_its_cause_with_the_detail_seen_and_the_rem
 
 
 def test_the_first_failure_comes_first_and_the_rest_are_counted():
-    problems = [hw.Problem(hw.HOT, "hot"), hw.Problem(hw.GPU_LOST, "lost"), hw.Problem(hw.ECC, "ecc")]
+    problems = [hw.Problem(nvml.HOT, "hot"), hw.Problem(hw.GPU_LOST, "lost"), hw.Problem(nvml.ECC, "ecc")]
     facts: dict = {}
     r = hw.worst("nvml", problems, facts)
     assert r is not None and r.reason == "gpu-lost" and r.message.startswith("lost: reset the GPU")

@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from probes import hardware as hw
 from probes import proc
 from probes.hardware import nvidia_smi
 from probes.result import Status
@@ -83,11 +82,11 @@ def test_every_documented_exit_code_has_its_cause_and_remedy(ctx, code, reason, 
 
 
 def test_the_exit_code_table_holds_what_nvidia_documents():
-    assert set(DOCUMENTED) | {16, 17, 18} == set(hw.SMI_EXIT_CODES)
-    assert hw.SMI_EXIT_CODES[9].documented == "NVIDIA driver is not loaded"
-    assert hw.SMI_EXIT_CODES[255].documented == "Other error or internal driver error occurred"
-    assert "nvidia-smi/index.html" in hw.__doc__ and "nvml-api" in hw.__doc__
-    for code, entry in hw.SMI_EXIT_CODES.items():
+    assert set(DOCUMENTED) | {16, 17, 18} == set(nvidia_smi.EXIT_CODES)
+    assert nvidia_smi.EXIT_CODES[9].documented == "NVIDIA driver is not loaded"
+    assert nvidia_smi.EXIT_CODES[255].documented == "Other error or internal driver error occurred"
+    assert "nvidia-smi/index.html" in nvidia_smi.__doc__ and "nvml-api" in nvidia_smi.__doc__
+    for code, entry in nvidia_smi.EXIT_CODES.items():
         assert entry.cause in nvidia_smi.SPEC.causes and f"exit {code}" in entry.cause.cause
 
 

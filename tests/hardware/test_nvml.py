@@ -229,20 +229,3 @@ def test_slowdown_sampling_reads_a_driver_before_the_clock_event_rename(fake_nvm
         stop.set()
     timer.cancel()
     assert [(e.gpu_index, e.kind, e.data) for e in got] == [(1, "slowdown", 0x88)]
-
-
-def test_the_bindings_come_without_ctypes_util_and_leave_the_real_one():
-    """nvidia-ml-py imports ctypes.util (subprocess, tempfile, shutil...) and does not use it on
-    Linux: the suite imports the bindings without it, and later imports get the real module."""
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
-    script = ("import sys\nfrom probes.hardware import nvml_lib\nnv = nvml_lib.bindings()\n"
-              "print(sorted(m for m in ('ctypes.util', 'subprocess', 'tempfile', 'shutil') if m in sys.modules))\n"
-              "import ctypes.util\nprint(ctypes.util.find_library('c') == nv.find_library('c') is not None,"
-              " hasattr(ctypes.util, 'test'))\n")
-    res = subprocess.run([sys.executable, "-I", "-c", script], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60, check=True)
-    assert res.stdout.splitlines() == ["[]", "True True"], res.stdout + res.stderr

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from probes import notice, registry
-from probes.hardware import GPU_COUNT_LOW, GPU_LOST
+from probes.hardware.common import GPU_COUNT_LOW, GPU_LOST
 from probes.result import verdict
 from probes.runner import Outcome
 from probes.services import jupyter_kernel
