@@ -17,7 +17,7 @@ from tests.conftest import ROOT, clean_env
 HEAVY = ("typing", "ctypes", "subprocess", "json", "re", "argparse", "logging", "datetime", "psutil", "pynvml",
          "ssl", "http.client", "email", "encodings.idna", "struct",
          # each a millisecond or so, which liveness (3x a bare interpreter in make bench) cannot spare
-         "contextlib", "importlib", "signal", "socket",
+         "contextlib", "importlib", "socket",
          "selectors", "encodings.utf_8_sig",
          # what a probe needs only while it runs, never to be declared
          "probes.proc", "probes.hardware.nvml_lib", "probes.hardware.nvml_read", "probes.framework.torch_worker",
