@@ -11,7 +11,7 @@ import signal
 import sys
 
 from probes import __version__, registry
-from probes.config import DEFAULT_PROFILE, PROFILES, Config, ConfigError, load, parse_bool, shown
+from probes.config import DEFAULT_PROFILE, PROFILES, Config, ConfigError, load, shown
 from probes.context import logger
 from probes.untrusted import clean
 
@@ -19,9 +19,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
-
-    from probes.runner import Outcome
-    from probes.state import State
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 3
 MAX_ERROR_LINE = 400  # characters of a usage error line, however long or strange the input
@@ -123,7 +120,7 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     _say_deadline(cfg.timeout)
     handler, log_problem = _setup_log(cfg)
     state = State.open(cfg.state_dir)
-    outcome = _fast_path(cfg, state) or runner.run(cfg, state)
+    outcome = runner.run(cfg, state)
     code = EXIT_UNHEALTHY if outcome.status.value == "fail" else EXIT_OK
     if handler is not None:  # the run log is attached: one line per run
         logger().info("%s exit=%d %s", cfg.profile, code, " ".join(
@@ -137,26 +134,6 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     out = report.json_text(outcome, disabled=disabled) if cfg.json else report.text(
         outcome, verbose=cfg.verbose, disabled=disabled)
     return code, out, outcome.abandoned
-
-
-def _fast_path(cfg: Config, state: State) -> Outcome | None:
-    """A running `healthcheck serve` may already hold fresh results for this profile."""
-    if not state.enabled or cfg.only or cfg.skip or state.path is None:
-        return None
-    if not parse_bool("HEALTHCHECK_FASTPATH", os.environ.get("HEALTHCHECK_FASTPATH") or "true"):
-        return None
-    if not os.path.exists(os.path.join(state.path, "serve.json")):
-        return None
-    try:
-        from probes.serve import fastpath  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return None
-    results = fastpath.lookup(cfg, state)
-    if not results:
-        return None
-    from probes.runner import Outcome
-
-    return Outcome(cfg.profile, tuple(results), ("results from the running healthcheck serve",))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

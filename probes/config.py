@@ -210,13 +210,11 @@ GLOBAL_SETTINGS = (
             "\"Drop-in checks\")"),
 )
 
-# Read outside the suite's configuration (the front door, the fast path): listed in docs/probes.md.
+# Read outside the suite's configuration (the front door): listed in docs/probes.md.
 OTHER_SETTINGS = (
     Setting("HEALTHCHECK_PYTHON", "", TEXT, None,
             "the suite's own interpreter (front door only; one that cannot run the suite is exit 3)",
             shown_default="the `.venv` beside the `healthcheck` script"),
-    Setting("HEALTHCHECK_FASTPATH", "", BOOL, True,
-            "use a running `healthcheck serve`'s fresh results instead of probing again"),
     Setting("HEALTHCHECK_DEBUG", "", TEXT, None, "trace the front door (`set -x`)", shown_default="unset"),
 )
 
