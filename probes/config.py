@@ -250,8 +250,8 @@ class Config:
         values: dict[str, Any] = {"profile": DEFAULT_PROFILE, "json": False, "verbose": False, "only": (),
                                   "skip": (), "toggles": types.MappingProxyType({}), "dropins": (),
                                   "timeout": PROFILE_RULES[DEFAULT_PROFILE].timeout}
-        for setting in (*GLOBAL_SETTINGS, *registry.SETTINGS):
-            values.setdefault(setting.field, setting.default)
+        for row in (*GLOBAL_SETTINGS, *registry.SETTINGS):
+            values.setdefault(row.field, row.default)
         unknown = set(fields) - set(values)
         if unknown:
             raise TypeError(f"Config has no field {sorted(unknown)[0]!r}")
@@ -305,24 +305,24 @@ def default_on(spec: Spec, values: Mapping[str, Any]) -> bool:
     return spec.default_on or bool(spec.on_with and values.get(spec.on_with) is not None)
 
 
-def parse_setting(setting: Setting, raw: str) -> Any:
+def parse_setting(row: Setting, raw: str) -> Any:
     """A declared setting's value from its raw text (ConfigError on a bad one)."""
-    name, kind = setting.env, setting.kind
+    name, kind = row.env, row.kind
     if kind in (NUMBER, INTEGER):
-        value = parse_number(name, raw, low=setting.low, high=setting.high,
-                             low_inclusive=setting.low_inclusive, integer=kind == INTEGER)
+        value = parse_number(name, raw, low=row.low, high=row.high,
+                             low_inclusive=row.low_inclusive, integer=kind == INTEGER)
         return int(value) if kind == INTEGER else value
     if kind == CHOICE:
-        return parse_choice(name, raw, setting.choices)
+        return parse_choice(name, raw, row.choices)
     parse = {BOOL: parse_bool, PORT: parse_port, URL_PATH: parse_base_url, HOST: parse_host,
              ABSOLUTE_PATH: parse_absolute_path}.get(kind)
     if parse is not None:
         return parse(name, raw)
     text = parse_text(name, raw)
-    if setting.parse is None:
+    if row.parse is None:
         return text
     try:
-        return setting.parse(text)
+        return row.parse(text)
     except ValueError as exc:
         raise _refuse(name, raw, str(exc)) from None
 
@@ -333,9 +333,9 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
     """Build the configuration from flags (keyword arguments) and the environment."""
     env = os.environ if environ is None else environ
 
-    def read(setting: Setting, default: Any) -> Any:
-        raw = env.get(setting.env)
-        return default if not raw else parse_setting(setting, raw)
+    def read(row: Setting, default: Any) -> Any:
+        raw = env.get(row.env)
+        return default if not raw else parse_setting(row, raw)
 
     by_env = {s.env: s for s in GLOBAL_SETTINGS}
     if profile is not None:
@@ -344,9 +344,9 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
         prof = read(by_env["HEALTHCHECK_PROFILE"], DEFAULT_PROFILE)
     values: dict[str, Any] = {"profile": prof, "json": json, "verbose": verbose,
                               "timeout": read(by_env["HEALTHCHECK_TIMEOUT"], PROFILE_RULES[prof].timeout)}
-    for setting in (*GLOBAL_SETTINGS, *registry.SETTINGS):
-        if setting.field not in values:
-            values[setting.field] = read(setting, setting.default)
+    for row in (*GLOBAL_SETTINGS, *registry.SETTINGS):
+        if row.field not in values:
+            values[row.field] = read(row, row.default)
     from probes import dropins
 
     builtin: dict[str, list[str]] = {}
