@@ -65,16 +65,19 @@ class Record:
             raise TypeError(f"{type(self).__name__} has no field {unknown.pop()!r}")
         new = object.__new__(type(self))
         for name in self._fields:
-            object.__setattr__(new, name, changes[name] if name in changes else getattr(self, name))
+            object.__setattr__(new, name, changes.get(name, getattr(self, name)))
         return new
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple([getattr(self, name) for name in self._fields])
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in self._fields)
+        return self._values() == other._values()  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash(tuple([getattr(self, name) for name in self._fields]))
+        return hash(self._values())
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)

@@ -1,8 +1,9 @@
 """Run the selected probes: layer order, dependencies, one deadline per probe and per run.
 
-Each probe runs in a daemon thread watched by a supervisor thread. A probe whose gather() has
-not returned by its deadline (a hanging NVML call, say) is abandoned and reported as the deadline,
-so the run always ends by its own. Probes that do not depend on each other run concurrently.
+Each probe runs in a daemon thread of its own, started once the probes it requires have answered;
+the main thread collects the results. A probe whose gather() has not returned by its deadline (a
+hanging NVML call, say) is abandoned and reported as the deadline, so the run always ends by its
+own. Probes that do not depend on each other run concurrently.
 """
 
 from __future__ import annotations
@@ -53,17 +54,6 @@ LIMIT = cause("limit", "not checked: a resource limit of the container "
               actor="tenant")
 COMMON_CAUSES = (DEADLINE, DEPENDENCY_FAILED, LATCHED, INTERNAL_ERROR, LIMIT)
 SIGNAL_POLL = 0.1  # the longest the main thread waits at once, so a signal's handler runs this soon
-
-
-def _start(function: Callable[..., None], *args: object) -> threading.Thread | None:
-    """``function(*args)`` in a new daemon thread; None when none can start (the process limit,
-    RLIMIT_NPROC or the cgroup's pids.max, which counts threads; or no memory for its stack)."""
-    thread = threading.Thread(target=function, args=args, daemon=True)
-    try:
-        thread.start()
-    except RuntimeError:  # "can't start new thread"
-        return None
-    return thread
 
 
 class Outcome(Record):
@@ -117,36 +107,15 @@ def _raised(spec: Spec, exc: Exception) -> Result:
                    f"({type(exc).__name__}); details in the log")
 
 
-def _execute(spec: Spec, ctx: Context, budget: float) -> tuple[Result, bool]:
-    """Run one probe under its deadline; returns (result, abandoned)."""
-    box: list[Result] = []
-
-    def work() -> None:
-        try:
-            module = spec.load()
-            box.append(module.judge(module.gather(ctx), ctx))
-        except Exception as exc:
-            box.append(_raised(spec, exc))
-
-    thread = _start(work)
-    if thread is None:
-        # Not run in this thread instead: nothing would bound it by its deadline.
-        import errno
-
-        words = childio.limit_words(errno.EAGAIN)
-        return verdict(spec.name, LIMIT, f"not checked: could not start a thread: {words}",
-                       remedy=False), False
-    thread.join(max(0.0, ctx.deadline - time.monotonic()) + GRACE)
-    if box:
-        return box[0], False
+def _deadline(spec: Spec, ctx: Context, budget: float) -> Result:
+    """The result of a probe that gave none by its deadline: its module's own word, if it has one."""
     try:
         hook: Callable[[Context], Result] | None = getattr(spec.load(), "on_deadline", None)
         if hook is not None:
-            return hook(ctx), thread.is_alive()
+            return hook(ctx)
     except Exception:  # the hook must not turn a deadline into a crash
         _log_exception("on_deadline of %s failed", spec.name)
-    result = verdict(spec.name, DEADLINE, f"no answer within {budget:.1f}s (deadline passed)")
-    return result, thread.is_alive()
+    return verdict(spec.name, DEADLINE, f"no answer within {budget:.1f}s (deadline passed)")
 
 
 def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) -> Outcome:
@@ -154,48 +123,53 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
     start, wall = time.monotonic(), time.time()
     end = run_deadline(config.timeout, start)
     specs = config.selected() if specs is None else list(specs)
-    results: dict[str, Result] = {}
-    done = {s.name: threading.Event() for s in specs}
-    abandoned = threading.Event()
-    lock = threading.Lock()
+    by_name = {s.name: s for s in specs}
     # A CUDA-fatal latch (or a critical Xid) holds until the container restarts: the
     # hardware layer is not touched, and torch-cuda answers from the latch at once.
     latch = state.latch() if any(s.layer == "hardware" for s in specs) else None
-    torch_selected = any(s.name == "torch-cuda" for s in specs)
-    by_name = {s.name: s for s in specs}
+    torch_selected = "torch-cuda" in by_name
+    needs = {s.name: [] if latch is not None else [n for n in s.requirements(config) if n in by_name]
+             for s in specs}
+    results: dict[str, Result] = {}
+    running: dict[str, tuple[threading.Thread, Context, float, list[tuple[Result, float]]]] = {}
+    answered = threading.Event()
+    abandoned = False
 
-    def judged(spec: Spec) -> Result:
-        needs = [] if latch is not None else [n for n in spec.requirements(config) if n in by_name]
-        for name in needs:
-            done[name].wait(max(0.0, end - time.monotonic()) + 2 * GRACE)
-        with lock:
-            bad = [results.get(n) for n in needs if results.get(n) is None or not results[n].ok]
-            snapshot = dict(results)
+    def work(spec: Spec, ctx: Context, box: list[tuple[Result, float]]) -> None:
+        try:
+            module = spec.load()
+            result = module.judge(module.gather(ctx), ctx)
+        except Exception as exc:
+            result = _raised(spec, exc)
+        box.append((result, time.monotonic()))
+        answered.set()
+
+    def begin(spec: Spec) -> Result | None:
+        """Start ``spec``'s probe, or the result it has without running (latched, skipped, no thread)."""
         if latch is not None and spec.layer == "hardware":
             why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
                    "the GPU is not touched until the container restarts")
             result = verdict(spec.name, LATCHED, why, remedy=False)  # it says when the latch clears
             # torch-cuda reports the latch; the hardware probes stand aside
             return result._replace(status=Status.SKIP) if torch_selected else result
+        bad = [results[n] for n in needs[spec.name] if not results[n].ok]
         if bad:
-            first = bad[0]
-            why = f"{first.name}: {first.message}" if first is not None else f"{needs[0]} gave no result"
-            return verdict(spec.name, DEPENDENCY_FAILED,
-                           f"skipped: the {by_name[needs[0]].layer} layer failed ({why})", remedy=False)
+            layer = by_name[bad[0].name].layer
+            return verdict(spec.name, DEPENDENCY_FAILED, f"skipped: the {layer} layer failed "
+                           f"({bad[0].name}: {bad[0].message})", remedy=False)
         t0 = time.monotonic()
-        deadline = min(t0 + spec.timeout, end)
-        result, stuck = _execute(spec, Context(config, deadline, snapshot, state, wall, spec), deadline - t0)
-        if stuck:
-            abandoned.set()
-        return result._replace(elapsed=round(time.monotonic() - t0, 4))
-
-    def supervise(spec: Spec) -> None:
+        ctx = Context(config, min(t0 + spec.timeout, end), dict(results), state, wall, spec)
+        box: list[tuple[Result, float]] = []
+        thread = threading.Thread(target=work, args=(spec, ctx, box), daemon=True)
         try:
-            result = judged(spec)
-            with lock:
-                results[spec.name] = result._replace(time=time.time())
-        finally:
-            done[spec.name].set()
+            thread.start()
+        except RuntimeError:  # the process limit (RLIMIT_NPROC, or pids.max: threads count), no memory
+            import errno  # not run here instead: nothing would bound it by its deadline
+
+            words = childio.limit_words(errno.EAGAIN)
+            return verdict(spec.name, LIMIT, f"not checked: could not start a thread: {words}", remedy=False)
+        running[spec.name] = (thread, ctx, t0, box)
+        return None
 
     for s in specs:
         # Imported one after another before any thread starts: at once, the probes' threads would
@@ -204,25 +178,38 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
             s.load()
         except Exception:  # noqa: S110 - reported by the probe's own run
             pass
-    for s in specs:
-        # Without a thread (the process limit) the supervisor runs here: it only waits, bounded by
-        # the run's deadline, and its probe is bounded by a thread of its own or "not checked" at once.
-        if _start(supervise, s) is None:
-            supervise(s)
-    until = end + 3 * GRACE
-    for s in specs:
+    waiting = list(specs)
+    while waiting or running:
+        answered.clear()
+        now = time.monotonic()
+        for name, (thread, ctx, t0, box) in list(running.items()):
+            if box:
+                result, done = box[0]
+                results[name] = result._replace(elapsed=round(done - t0, 4), time=time.time())
+            elif now >= ctx.deadline + GRACE:
+                abandoned |= thread.is_alive()
+                result = _deadline(by_name[name], ctx, ctx.deadline - t0)
+                results[name] = result._replace(elapsed=round(now - t0, 4), time=time.time())
+            else:
+                continue
+            del running[name]
+        ready = [s for s in waiting if all(n in results for n in needs[s.name])]
+        for s in ready:
+            waiting.remove(s)
+            given = begin(s)
+            if given is not None:
+                results[s.name] = given._replace(time=time.time())
+        if ready and not running:
+            continue  # a probe that requires one just skipped may start now
+        if not running or now >= end + 3 * GRACE:  # a circle of requirements; a starved machine
+            break
         # In slices: a signal that lands on another thread (a probe's child TERMs the suite) does
         # not wake the main thread's wait, and only the main thread runs the handler.
-        while not done[s.name].wait(max(0.0, min(SIGNAL_POLL, until - time.monotonic()))) \
-                and time.monotonic() < until:
-            pass
-    ordered = []
-    for s in specs:
-        r = results.get(s.name)
-        if r is None:  # its supervisor is itself stuck: cannot happen unless the machine is starved
-            abandoned.set()
-            r = verdict(s.name, DEADLINE, "no answer before the run's deadline", time=time.time())
-        ordered.append(r)
+        soonest = min(ctx.deadline + GRACE for _, ctx, _, _ in running.values())
+        answered.wait(max(0.0, min(SIGNAL_POLL, soonest - now)))
+    abandoned |= bool(running)
+    ordered = tuple(results.get(s.name) or verdict(s.name, DEADLINE, "no answer before the run's deadline",
+                                                   time=time.time()) for s in specs)
     notes = (f"caching off: {state.disabled_reason}",) if not state.enabled and torch_selected else ()
-    return Outcome(config.profile, tuple(ordered), notes, abandoned.is_set(),
-                   round(time.monotonic() - start, 4), tuple(specs))
+    return Outcome(config.profile, ordered, notes, abandoned, round(time.monotonic() - start, 4),
+                   tuple(specs))
