@@ -39,18 +39,20 @@ def candidates() -> list[str]:
     if runtime.startswith("/") and os.path.isdir(runtime):
         found.append(os.path.join(runtime, "healthcheck"))
     tmpdir = os.environ.get("TMPDIR", "")
-    if tmpdir.startswith("/") and _real_dir(tmpdir):
-        found.append(os.path.join(tmpdir, f"healthcheck-{uid}"))
+    try:
+        if tmpdir.startswith("/") and stat.S_ISDIR(os.lstat(tmpdir).st_mode):
+            found.append(os.path.join(tmpdir, f"healthcheck-{uid}"))
+    except OSError:
+        pass
     found += [f"/tmp/healthcheck-{uid}", f"/dev/shm/healthcheck-{uid}"]  # noqa: S108
     return list(dict.fromkeys(os.path.normpath(p) for p in found))
 
 
 def beside(plain: str) -> str | None:
     """Our state dir next to ``plain``, a name in a shared directory that another user took first:
-    ``<plain>.<time><random>``, which nobody can take before us, found again by its prefix and owner
-    (ours, 0700, a real directory). The oldest wins, so runs that made one at once agree. None when
-    there is none and none can be made, or too many entries to look through (then nothing is made:
-    a new directory on every run would pile up)."""
+    ``<plain>.<time><random>``, which nobody can take before us, found again by its prefix and owner.
+    The oldest wins, so runs that made one at once agree. None when there is none and none can be
+    made, or too many entries to look through (a new directory on every run would pile up)."""
     ours = _ours_beside(plain)
     if ours is None:
         return None
@@ -91,13 +93,6 @@ def _ours_beside(plain: str) -> list[str] | None:
     return sorted(found)
 
 
-def _real_dir(path: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 def _usable(path: str) -> str | None:
     """Create ``path`` (0700) if needed; return why it cannot be used, or None."""
     try:
@@ -130,8 +125,7 @@ def _usable(path: str) -> str | None:
 
 
 def _private(path: str) -> None:
-    """Make the directory we just created 0700, whatever the umask took away (0477 leaves 0300,
-    which not even we could list), through a descriptor of the directory itself, never a link."""
+    """Make the directory we just created 0700 whatever the umask took away, never through a link."""
     fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.chmod(f"/proc/self/fd/{fd}", 0o700)  # fchmod() refuses an O_PATH descriptor
@@ -150,9 +144,8 @@ def process_start_time(pid: int) -> str | None:
 
 class Life(Record):
     """This container's life, as every uid sees it (even with ``/proc`` mounted ``hidepid=2``):
-    ``ident`` is the boot id, the inode of our PID namespace and the time ``/proc`` was mounted (the
-    kernel soon reuses a namespace's inode; the mount time tells two lives apart all the same).
-    ``pid1`` is PID 1's start time where it can be seen, a further check when both runs see it."""
+    ``ident`` is the boot id, our PID namespace's inode and the time ``/proc`` was mounted (which
+    tells two lives apart when the kernel reuses the inode); ``pid1``: PID 1's start, if seen."""
 
     boot: str
     ident: str
@@ -184,7 +177,6 @@ def life() -> Life:
 
 
 def life_identity() -> str:
-    """What a cached result and a latch record of this container's life (see Life)."""
     return life().ident
 
 
@@ -275,8 +267,7 @@ class State:
         return data if isinstance(data, dict) else None
 
     def write_json(self, name: str, data: dict[str, Any]) -> bool:
-        """Atomically replace ``name``; False (never an exception, the reason in ``problem``)
-        when it cannot."""
+        """Atomically replace ``name``; False, the reason in ``problem``, when it cannot."""
         if not self.enabled:
             self.problem = f"state dir off: {self.disabled_reason}"
             return False
@@ -349,11 +340,10 @@ class State:
         return Lock(None)
 
     def scratch(self, what: str) -> str | None:
-        """A new private directory for files of this run that must not outlive it (a kernel's
-        connection file, the ssh client's known hosts): ``scratch/<what>-<pid>-<start>-<random>``
-        in the state dir, never in a shared directory such as /tmp. None when the state dir is
-        off or cannot hold it. The caller removes it (``drop_scratch``); what a killed run left
-        is removed by the next call, its pid and start time naming a process that is gone."""
+        """A new private directory for files of this run (a kernel's connection file, the ssh
+        client's known hosts), ``scratch/<what>-<pid>-<start>-<random>`` in the state dir, never in
+        /tmp; None when there is none. The caller removes it (``drop_scratch``); what a killed run
+        left is removed by the next call, its pid and start naming a process that is gone."""
         if not self.enabled:
             return None
         base = self._file(SCRATCH)
