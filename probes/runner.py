@@ -118,6 +118,35 @@ def _deadline(spec: Spec, ctx: Context, budget: float) -> Result:
     return verdict(spec.name, DEADLINE, f"no answer within {budget:.1f}s (deadline passed)")
 
 
+def _work(spec: Spec, ctx: Context, box: list[tuple[Result, float]], answered: threading.Event) -> None:
+    """A probe's thread: its result and when it came, in ``box``."""
+    try:
+        module = spec.load()
+        result = module.judge(module.gather(ctx), ctx)
+    except Exception as exc:
+        result = _raised(spec, exc)
+    box.append((result, time.monotonic()))
+    answered.set()
+
+
+def _not_run(spec: Spec, latch: dict[str, object] | None, torch_selected: bool, needed: list[Result],
+             by_name: dict[str, Spec]) -> Result | None:
+    """The result a probe has without running: a hardware probe's under a latch, or that of one
+    whose requirement failed; None when it runs."""
+    if latch is not None and spec.layer == "hardware":
+        why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
+               "the GPU is not touched until the container restarts")
+        result = verdict(spec.name, LATCHED, why, remedy=False)  # it says when the latch clears
+        # torch-cuda reports the latch; the hardware probes stand aside
+        return result._replace(status=Status.SKIP) if torch_selected else result
+    bad = [r for r in needed if not r.ok]
+    if bad:
+        layer = by_name[bad[0].name].layer
+        return verdict(spec.name, DEPENDENCY_FAILED, f"skipped: the {layer} layer failed "
+                       f"({bad[0].name}: {bad[0].message})", remedy=False)
+    return None
+
+
 def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) -> Outcome:
     """Run ``specs`` (default: what the configuration selects) and collect their results."""
     start, wall = time.monotonic(), time.time()
@@ -135,32 +164,15 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
     answered = threading.Event()
     abandoned = False
 
-    def work(spec: Spec, ctx: Context, box: list[tuple[Result, float]]) -> None:
-        try:
-            module = spec.load()
-            result = module.judge(module.gather(ctx), ctx)
-        except Exception as exc:
-            result = _raised(spec, exc)
-        box.append((result, time.monotonic()))
-        answered.set()
-
     def begin(spec: Spec) -> Result | None:
-        """Start ``spec``'s probe, or the result it has without running (latched, skipped, no thread)."""
-        if latch is not None and spec.layer == "hardware":
-            why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
-                   "the GPU is not touched until the container restarts")
-            result = verdict(spec.name, LATCHED, why, remedy=False)  # it says when the latch clears
-            # torch-cuda reports the latch; the hardware probes stand aside
-            return result._replace(status=Status.SKIP) if torch_selected else result
-        bad = [results[n] for n in needs[spec.name] if not results[n].ok]
-        if bad:
-            layer = by_name[bad[0].name].layer
-            return verdict(spec.name, DEPENDENCY_FAILED, f"skipped: the {layer} layer failed "
-                           f"({bad[0].name}: {bad[0].message})", remedy=False)
+        """Start ``spec``'s probe, or the result it has without running."""
+        given = _not_run(spec, latch, torch_selected, [results[n] for n in needs[spec.name]], by_name)
+        if given is not None:
+            return given
         t0 = time.monotonic()
         ctx = Context(config, min(t0 + spec.timeout, end), dict(results), state, wall, spec)
         box: list[tuple[Result, float]] = []
-        thread = threading.Thread(target=work, args=(spec, ctx, box), daemon=True)
+        thread = threading.Thread(target=_work, args=(spec, ctx, box, answered), daemon=True)
         try:
             thread.start()
         except RuntimeError:  # the process limit (RLIMIT_NPROC, or pids.max: threads count), no memory
