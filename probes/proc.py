@@ -191,12 +191,10 @@ def _of_run(child: _Child) -> Select:
 def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], since: int, until: float,
            settle: float = KILL_WAIT) -> dict[int, int]:
     """Send ``sig`` to the groups of ``popens`` and, once, to each process ``select`` finds, pass
-    after pass, reaping each zombie child of ours that was signalled or started at or after
-    ``since`` (never one spawn() started: its Popen reaps it). A process killed forks no more, so
-    each pass finds only what was forked before it; one seen dead (it may have forked while the
-    table was read) earns another pass. Until a pass finds nothing, ``settle`` seconds after the
-    last pass that signalled one (what is left is stuck), or ``until``. Returns pid -> start of
-    those it signalled."""
+    after pass (a process killed forks no more), reaping each zombie child of ours that was
+    signalled or started at or after ``since`` (never one spawn() started: its Popen reaps it);
+    until a pass finds nothing, ``settle`` seconds after the last that signalled one (what is left
+    is stuck), or ``until``. Returns pid -> start of those it signalled."""
     me = os.getpid()
     signalled: dict[int, int] = {}
     last_new = time.monotonic()
@@ -227,10 +225,8 @@ def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], sinc
 
 
 def _childless() -> bool:
-    """Whether this process, the subreaper, has no child at all, running or a zombie: then
-    nothing any run of ours started is left (an orphan of ours is re-parented to us). Only an
-    empty list of each thread's children is trusted: an exiting process hands its children to
-    us before it leaves our list."""
+    """Whether this process, the subreaper, has no child at all (an orphan of ours is re-parented to
+    us; an exiting process hands its children to us before it leaves our list)."""
     if _reaper != (os.getpid(), True):
         return False
     try:
@@ -271,12 +267,10 @@ def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | N
     return popen.returncode
 
 
-def end_descendants(grace: float = 0.0, *, within: float = 1.0) -> int:
-    """End every descendant of this process as end() does: SIGTERM and ``grace`` seconds first when
-    ``grace`` > 0, then the sweep (at most ``within`` seconds), reaping every zombie child that
-    spawn() did not start. The final sweep of a process that exits (the CLI) or stops (serve).
-    Returns how many processes it signalled; 0 at once when this process started no child here,
-    or is the subreaper with no child."""
+def end_descendants(grace: float = 0.0) -> int:
+    """The final sweep of a process that exits (the CLI) or stops (serve): every descendant ended as
+    end() does, SIGTERM and ``grace`` seconds first when ``grace`` > 0. Returns how many processes
+    it signalled; 0 at once when this process started no child, or is the subreaper with none."""
     if (_reaper[0] != os.getpid() and not _children) or _childless():
         return 0
     me = os.getpid()
@@ -286,7 +280,7 @@ def end_descendants(grace: float = 0.0, *, within: float = 1.0) -> int:
 
     popens = [child.popen for child in list(_children.values())]
     termed = _sweep(mine, signal.SIGTERM, popens, 0, time.monotonic() + grace, grace) if grace > 0 else {}
-    return len(termed.keys() | _sweep(mine, signal.SIGKILL, popens, 0, time.monotonic() + within).keys())
+    return len(termed.keys() | _sweep(mine, signal.SIGKILL, popens, 0, time.monotonic() + 1.0).keys())
 
 
 def _read(proc: subprocess.Popen[bytes], out: childio.Output, deadline: float,

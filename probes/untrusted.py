@@ -62,8 +62,8 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def load_json(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
-    """Parse untrusted JSON; ``ValueError`` for anything malformed, nested deeper than ``max_depth``
+def load_json(raw: bytes | str) -> Any:
+    """Parse untrusted JSON; ``ValueError`` for anything malformed, nested deeper than MAX_DEPTH
     or out of range: NaN and Infinity are refused, integers have at most ``MAX_INT_DIGITS`` digits
     and floats are finite, so later arithmetic can never overflow. Bytes must be UTF-8 (a byte
     order mark is allowed), as RFC 8259 asks of JSON between systems."""
@@ -84,7 +84,7 @@ def load_json(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     stack: list[tuple[Any, int]] = [(doc, 1)] if isinstance(doc, (dict, list)) else []
     while stack:
         item, depth = stack.pop()
-        if depth > max_depth:
+        if depth > MAX_DEPTH:
             raise ValueError("nested too deeply")
         children = item.values() if isinstance(item, dict) else item
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
