@@ -271,12 +271,6 @@ class Config:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Config is immutable: use _replace()")
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Config) and dict(self._values) == dict(other._values)
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted((k, repr(v)) for k, v in self._values.items())))
-
     def __repr__(self) -> str:
         return f"Config({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
 
