@@ -16,8 +16,6 @@ MAX_STDERR = 64 * 1024  # stderr kept; the rest is dropped without making the re
 # How a spawn error that a resource limit caused begins: the program is not at fault, and the
 # judges say "could not" (a warning) instead of blaming it (see limited()).
 LIMITED = "could not start: "
-
-
 # The soft limits that sysconf() reads without opening a file (glibc reads them with getrlimit):
 # at the open-file limit, the resource module may no longer load.
 SYSCONF = {"RLIMIT_NOFILE": "SC_OPEN_MAX", "RLIMIT_NPROC": "SC_CHILD_MAX"}
@@ -41,10 +39,7 @@ def _soft(which: str) -> str:
 
 def limit_words(err: int | None) -> str | None:
     """What a resource limit that answered ``err`` is, naming the limit and its remedy; None when
-    ``err`` is no resource limit's. fork/clone (and a thread's start) answer EAGAIN at the process
-    limit (RLIMIT_NPROC, per user, threads included; or the cgroup's pids.max), ENOMEM without the
-    memory for it (RLIMIT_AS, or the cgroup's memory); pipe() and open() answer EMFILE at this
-    process's open-file limit, ENFILE at the system's."""
+    ``err`` is no resource limit's (fork and a thread's start: EAGAIN, ENOMEM; open: EMFILE, ENFILE)."""
     if err == errno.EMFILE:
         return (f"too many open files ({_soft('RLIMIT_NOFILE')}): raise the container's open-file limit "
                 "(docker run --ulimit nofile=1024:1024, or the runtime's default)")

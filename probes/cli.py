@@ -7,89 +7,75 @@ reserves it) and never a traceback.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from probes import __version__, registry
-from probes.config import DEFAULT_PROFILE, PROFILES, Config, ConfigError, load, parse_bool, shown
+from probes.config import DEFAULT_PROFILE, PROFILES, Config, ConfigError, load, shown
 from probes.context import logger
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import argparse
     from collections.abc import Sequence
     from typing import Any
-
-    from probes.runner import Outcome
-    from probes.state import State
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 3
 MAX_ERROR_LINE = 400  # characters of a usage error line, however long or strange the input
 
-
-def parser() -> argparse.ArgumentParser:
-    import argparse
-
-    from probes.config import GLOBAL_SETTINGS
-
-    probes = "; ".join(f"{s.name} ({s.layer}, {s.toggle}): {s.about}" for s in registry.PROBES)
-    settings = ", ".join(s.env for s in (*GLOBAL_SETTINGS, *registry.SETTINGS))
-    p = argparse.ArgumentParser(
-        prog="healthcheck",
-        description="Prove that this GPU container can do its job: hardware (nvidia-smi, NVML), "
-                    "framework (a verified PyTorch op on every GPU) and services (Jupyter, sshd).",
-        epilog=f"Probes: {probes}. Drop-in checks: every executable in HEALTHCHECK_CHECKS_DIR "
-               "(default /etc/healthcheck.d), toggled by ENABLE_<NAME>_CHECK. "
-               "Subcommand: `healthcheck serve` runs the HTTP endpoints (/livez /readyz /startupz "
-               "/metrics). Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error. "
-               f"Settings: {settings} (see docs/probes.md).")
-    for names, metavar, about in FLAGS:
-        if metavar:
-            p.add_argument(*names, metavar=metavar, help=about)
-        else:
-            p.add_argument(*names, action="store_true", help=about)
-    p.add_argument("--version", action="version", version=f"healthcheck {__version__}")
-    return p
-
-
-# The flags (names, a value's metavar or None, help), as config.load's keywords (the long name).
-# parse_flags() reads them by hand on every run (argparse's imports cost ~10 ms); parser() only
-# writes the help text.
+# The flags, parsed and shown in --help from this one table: (names, the value's name or "" for a
+# switch, help). Each is config.load's keyword named by its last name.
 FLAGS = (
     (("--profile",), "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p for p in PROFILES)),
-    (("--json",), None, "print application/health+json"),
+    (("--json",), "", "print application/health+json"),
     (("--only",), "NAMES", "run only these probes or drop-in checks (comma-separated)"),
     (("--skip",), "NAMES", "do not run these probes or drop-in checks"),
-    (("-v", "--verbose"), None, "show observed values"),
+    (("-v", "--verbose"), "", "show observed values"),
+    (("-h", "--help"), "", "show this help and exit"),
+    (("--version",), "", "show the version and exit"),
 )
-_FLAG = {name: (names[-1][2:], bool(metavar)) for names, metavar, _ in FLAGS for name in names}
+_FLAG = {name: (names[-1][2:], bool(value)) for names, value, _ in FLAGS for name in names}
 
 
 class _Exit(Exception):
     """--help or --version: print something and exit 0."""
 
 
+def help_text() -> str:
+    import textwrap
+
+    from probes.config import GLOBAL_SETTINGS
+
+    flags = [(", ".join(names) + (f" {value}" if value else ""), about) for names, value, about in FLAGS]
+    width = max(len(flag) for flag, _ in flags)
+    settings = ", ".join(s.env for s in (*GLOBAL_SETTINGS, *registry.SETTINGS))
+    paragraphs = [
+        "", "Prove that this GPU container can do its job: hardware (nvidia-smi, NVML), framework "
+        "(a verified PyTorch op on every GPU) and services (Jupyter, sshd).", "", "options:",
+        *(f"  {flag:<{width}}  {about}" for flag, about in flags), "", "probes (layer, toggle):",
+        *(f"  {s.name} ({s.layer}, {s.toggle}): {s.about}" for s in registry.PROBES), "",
+        "Drop-in checks: every executable in HEALTHCHECK_CHECKS_DIR (default /etc/healthcheck.d), toggled "
+        "by ENABLE_<NAME>_CHECK.", f"Settings: {settings} (see docs/probes.md).",
+        "Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error."]
+    usage = " ".join(f"[{names[0]}{' ' + value if value else ''}]" for names, value, _ in FLAGS)
+    lines = (textwrap.fill(p, 100, subsequent_indent="    " if p[:1] == " " else "", break_on_hyphens=False)
+             for p in paragraphs)
+    return "\n".join([f"usage: healthcheck {usage}", "       healthcheck serve [--host HOST] [--port PORT]",
+                      *lines])
+
+
 def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
     """The flags as keyword arguments for config.load(); ConfigError on anything else."""
     opts: dict[str, Any] = {dest: None if value else False for dest, value in _FLAG.values()}
     unknown = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if arg in ("-h", "--help"):
-            raise _Exit(parser().format_help().rstrip("\n"))
-        if arg == "--version":
-            raise _Exit(f"healthcheck {__version__}")
+    args = iter(argv)
+    for arg in args:
         name, eq, value = arg.partition("=")
         dest, takes_value = _FLAG.get(name, ("", False))
         if takes_value:
-            if not eq:
-                if i >= len(argv):
-                    raise ConfigError(f"argument {name}: expected one value (see healthcheck --help)")
-                value = argv[i]
-                i += 1
-            opts[dest] = value
+            opts[dest] = value if eq else next(args, None)
+            if opts[dest] is None:
+                raise ConfigError(f"argument {name}: expected one value (see healthcheck --help)")
         elif dest and not eq:
             opts[dest] = True
         else:
@@ -97,6 +83,10 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
     if unknown:
         more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
         raise ConfigError(f"unrecognized arguments: {' '.join(unknown[:3])}{more} (see healthcheck --help)")
+    if opts.pop("help"):
+        raise _Exit(help_text())
+    if opts.pop("version"):
+        raise _Exit(f"healthcheck {__version__}")
     return opts
 
 
@@ -130,7 +120,7 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     _say_deadline(cfg.timeout)
     handler, log_problem = _setup_log(cfg)
     state = State.open(cfg.state_dir)
-    outcome = _fast_path(cfg, state) or runner.run(cfg, state)
+    outcome = runner.run(cfg, state)
     code = EXIT_UNHEALTHY if outcome.status.value == "fail" else EXIT_OK
     if handler is not None:  # the run log is attached: one line per run
         logger().info("%s exit=%d %s", cfg.profile, code, " ".join(
@@ -145,26 +135,6 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
         outcome, verbose=cfg.verbose, disabled=disabled)
     notice.tell(cfg, state, outcome)
     return code, out, outcome.abandoned
-
-
-def _fast_path(cfg: Config, state: State) -> Outcome | None:
-    """A running `healthcheck serve` may already hold fresh results for this profile."""
-    if not state.enabled or cfg.only or cfg.skip:
-        return None
-    if not parse_bool("HEALTHCHECK_FASTPATH", os.environ.get("HEALTHCHECK_FASTPATH") or "true"):
-        return None
-    if state.path is None or not os.path.exists(os.path.join(state.path, "serve.json")):
-        return None
-    try:
-        from probes.serve import fastpath  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return None
-    results = fastpath.lookup(cfg, state)
-    if not results:
-        return None
-    from probes.runner import Outcome
-
-    return Outcome(cfg.profile, tuple(results), ("results from the running healthcheck serve",))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write(str(done))
         code = EXIT_OK
     except ConfigError as exc:
-        _error_line(f"healthcheck: {exc}")
+        _put(2, (clean(f"healthcheck: {exc}", MAX_ERROR_LINE) + "\n").encode("utf-8", "backslashreplace"))
         code = EXIT_USAGE
     except KeyboardInterrupt:  # SIGINT: from a terminal, or from a probe that signals its parent
         _write("unhealthy: healthcheck: interrupted (SIGINT) before a verdict")
@@ -229,18 +199,14 @@ def entry(door: int | None = None) -> None:
     """The process's entry point (the front door, ``python -m probes``, ``healthcheck-probes``);
     ``door``: the front door's descriptor for the hard deadline (see DOOR_EXIT).
 
-    A check runs without the cyclic garbage collector: it lives for well under a second (its
-    hard deadline ends it anyway), its passes during the imports reclaim next to nothing, and
-    they cost a readiness run ~4 ms (make bench). ``serve`` runs for days: it keeps it.
+    A check runs without the cyclic garbage collector: it lives for well under a second and its
+    hard deadline ends it anyway (docs/benchmark.md has what that saves). ``serve`` keeps it.
     """
     global _door
     # A non-interactive shell starts an asynchronous command (the front door's suite, or
-    # `healthcheck-probes &` in a script, a CI job) with SIGINT ignored, and the interpreter
-    # keeps an ignored SIGINT as it finds it: a SIGINT (from a terminal, or a probe that
-    # signals its parent) is an interruption, a verdict and exit 1, however the run started.
-    import _signal
-
-    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    # `healthcheck-probes &` in a script) with SIGINT ignored, and the interpreter keeps an ignored
+    # SIGINT as it finds it: a SIGINT is an interruption, a verdict and exit 1, however the run started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     argv = sys.argv[1:]
     if argv[:1] == ["serve"]:
         sys.exit(main(argv))
@@ -252,9 +218,8 @@ def entry(door: int | None = None) -> None:
 
 
 def exit_now(code: int) -> None:
-    """Exit without interpreter finalization, output and the run log flushed first: tearing the
-    modules down and the final garbage collection cost every check ~4 ms (make bench) and release
-    nothing that the end of the process does not (what the run started is ended by then)."""
+    """Exit without interpreter finalization, output and the run log flushed first: the end of the
+    process releases all that the teardown would (what the run started is ended by then)."""
     if "logging" in sys.modules:
         import logging
 
@@ -273,26 +238,18 @@ def exit_now(code: int) -> None:
 def _end_descendants() -> None:
     """The final sweep: nothing a probe started outlives the run (free when none was started);
     a Jupyter kernel that jupyter-kernel started is removed through its server first."""
-    kernels = sys.modules.get("probes.services.kernel_run")  # imported only when a kernel was started
-    if kernels is not None:
-        try:
-            kernels.end_all()
-        except Exception:  # noqa: S110 - best effort, as the sweep below
-            pass
-    proc = sys.modules.get("probes.proc")  # not imported: nothing was started through it
-    if proc is None:
-        return
-    try:
-        proc.end_descendants()
-    except Exception:  # noqa: S110 - the verdict is already out; the sweep is best effort here
-        pass
+    for name, end in (("probes.services.kernel_run", "end_all"), ("probes.proc", "end_descendants")):
+        module = sys.modules.get(name)  # not imported: nothing was started through it
+        if module is not None:
+            try:
+                getattr(module, end)()
+            except Exception:  # noqa: S110 - the verdict is already out; the sweep is best effort here
+                pass
 
 
 def _end_on_sigterm() -> None:
     """The front door's hard stop (or `docker stop`) sends SIGTERM: end what the run
     started, then exit unhealthy, instead of leaving probes' children to PID 1."""
-    # _signal, not signal: signal.py builds its enums on import, ~1 ms of every run.
-    import _signal
 
     def on_term(signum: int, frame: object) -> None:
         if _door is None:  # else the front door says what it was: its own hard stop, or not
@@ -302,14 +259,9 @@ def _end_on_sigterm() -> None:
         os._exit(EXIT_UNHEALTHY if _door is None else DOOR_EXIT + 15)
 
     try:
-        _signal.signal(_signal.SIGTERM, on_term)
+        signal.signal(signal.SIGTERM, on_term)
     except ValueError:  # not the main thread (main() called from a test's thread)
         pass
-
-
-def _error_line(line: str) -> None:
-    """One bounded line on stderr (a usage error: exit 3)."""
-    _put(2, (clean(line, MAX_ERROR_LINE) + "\n").encode("utf-8", "backslashreplace"))
 
 
 def _guard_std_fds() -> None:

@@ -36,9 +36,8 @@ from probes.untrusted import clean
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from typing import Any, Callable, TypeVar
+    from typing import Any, TypeVar
 
-    T = TypeVar("T")
     D = TypeVar("D", bound=Declared)
 
 PROFILES = ALL_PROFILES
@@ -52,12 +51,11 @@ class ConfigError(ValueError):
     """A usage or configuration error: one line, exit status 3."""
 
 
-# The grammar the suite and the front door (./healthcheck) both read, so that they agree on
-# the whole-run budget and the profile for every value: surrounding ASCII whitespace (and
-# only that), then ASCII digits with an optional fraction. No sign, exponent, underscore,
-# inf/nan or non-ASCII digits (int() and float() take '\u0663' or '1_0'; bash does not).
+# The grammar the suite reads: surrounding ASCII whitespace (and only that), then ASCII digits
+# with an optional fraction. No sign, exponent, underscore, inf/nan or non-ASCII digits (int() and
+# float() take '\u0663' or '1_0').
 SPACE = " \t\n\r\f\v"
-MAX_VALUE = 4096  # characters of any value, surrounding whitespace included (the front door's limit too)
+MAX_VALUE = 4096  # characters of any value, surrounding whitespace included
 MAX_DIGITS = 30  # whole digits of a number or integer setting; every bound has far fewer
 MAX_FRACTION = 30  # fraction digits float() reads; more cannot change a setting's value
 MAX_TEXT_BYTES = 4095  # PATH_MAX less its NUL: no path, command or URL path setting is longer
@@ -71,65 +69,57 @@ def shown(value: object) -> str:
     return f"'{clean(value, 40)}'"
 
 
-def _bounded(name: str, raw: str) -> None:
-    """Any value longer than MAX_VALUE characters is refused before it is read: no setting needs
-    one, and the front door's own reading of a value stays cheap (it refuses them too)."""
+def _refuse(name: str, raw: str, why: str) -> ConfigError:
+    return ConfigError(f"{name}={shown(raw)} {why}")
+
+
+def _bounded(name: str, raw: str) -> str:
+    """The value without its surrounding whitespace; one longer than MAX_VALUE is refused unread."""
     if len(raw) > MAX_VALUE:
-        raise ConfigError(f"{name}={shown(raw)} is too long: {len(raw)} characters "
-                          f"(accepted: at most {MAX_VALUE})")
+        raise _refuse(name, raw, f"is too long: {len(raw)} characters (accepted: at most {MAX_VALUE})")
+    return raw.strip(SPACE)
 
 
 def parse_bool(name: str, raw: str) -> bool:
-    _bounded(name, raw)
-    v = raw.strip(SPACE).lower()
-    if v in TRUE:
-        return True
-    if v in FALSE:
-        return False
-    raise ConfigError(f"{name}={shown(raw)} is not a boolean (accepted: true/false, 1/0, yes/no, on/off)")
+    v = _bounded(name, raw).lower()
+    if v in TRUE or v in FALSE:
+        return v in TRUE
+    raise _refuse(name, raw, "is not a boolean (accepted: true/false, 1/0, yes/no, on/off)")
 
 
 def parse_number(name: str, raw: str, *, low: float, high: float, low_inclusive: bool = False,
                  integer: bool = False) -> float:
-    _bounded(name, raw)
+    text = _bounded(name, raw)
     kind = "an integer" if integer else "a number"
     bound = f"{'at least' if low_inclusive else 'greater than'} {low:g} and at most {high:g}"
-    text = raw.strip(SPACE)
     if not (is_integer_text(text) if integer else is_number_text(text)):
-        form = "digits" if integer else NUMBER_FORM
-        raise ConfigError(f"{name}={shown(raw)} is not {kind} (accepted: {form}, {bound})")
-    # More digits than any bound has is out of range before int() or float() reads them: int()
-    # refuses a text longer than Python's int-string limit (4,300 digits) with a ValueError.
+        raise _refuse(name, raw, f"is not {kind} (accepted: {'digits' if integer else NUMBER_FORM}, {bound})")
+    # More digits than any bound has is out of range before int() reads them: it refuses a text
+    # longer than Python's int-string limit (4,300 digits) with a ValueError.
     whole, _, frac = text.partition(".")
     whole = whole.lstrip("0") or "0"
-    if len(whole) > MAX_DIGITS:
-        raise ConfigError(f"{name}={shown(raw)} is out of range (accepted: {kind} {bound})")
-    value = int(whole) if integer else float(f"{whole}.{frac[:MAX_FRACTION] or '0'}")
-    ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= high
-    if not ok:
-        raise ConfigError(f"{name}={shown(raw)} is out of range (accepted: {kind} {bound})")
+    value = math.inf if len(whole) > MAX_DIGITS else int(whole) if integer else float(
+        f"{whole}.{frac[:MAX_FRACTION] or '0'}")
+    if not (math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= high):
+        raise _refuse(name, raw, f"is out of range (accepted: {kind} {bound})")
     return value
 
 
 def parse_port(name: str, raw: str) -> int:
-    _bounded(name, raw)
-    text = raw.strip(SPACE)
-    value = int(text) if is_integer_text(text) and len(text) <= 5 else -1
-    if not 1 <= value <= 65535:
-        raise ConfigError(f"{name}={shown(raw)} is not a port number (accepted: an integer 1-65535)")
-    return value
+    text = _bounded(name, raw)
+    if not (is_integer_text(text) and len(text) <= 5 and 1 <= int(text) <= 65535):
+        raise _refuse(name, raw, "is not a port number (accepted: an integer 1-65535)")
+    return int(text)
 
 
 def parse_choice(name: str, raw: str, choices: Sequence[str]) -> str:
-    _bounded(name, raw)
-    v = raw.strip(SPACE)
+    v = _bounded(name, raw)
     if v not in choices:
-        raise ConfigError(f"{name}={shown(raw)} is not accepted (accepted: {', '.join(choices)})")
+        raise _refuse(name, raw, f"is not accepted (accepted: {', '.join(choices)})")
     return v
 
 
-def parse_names(flag: str, raw: str, known: Sequence[str] | None = None) -> tuple[str, ...]:
-    known = registry.NAMES if known is None else known
+def parse_names(flag: str, raw: str, known: Sequence[str]) -> tuple[str, ...]:
     accepted = clean(", ".join(known), 200)
     names = tuple(n.strip(SPACE) for n in raw.split(",") if n.strip(SPACE))
     if not names:
@@ -149,26 +139,20 @@ def os_bytes(value: str) -> bytes:
         return value.encode("utf-8", "surrogatepass")
 
 
-def as_written(value: str) -> str:
-    """The characters ``value``'s bytes spell: UTF-8 where they are UTF-8 (as paths are written
-    today, whatever the locale), else the locale's reading. Under a Latin-1 locale Python reads the
-    UTF-8 bytes of 'à' (C3 A0) as 'Ã' and a no-break space, and those of '€' (E2 82 AC) with a
-    control character: neither is in the path."""
-    try:
-        return os_bytes(value).decode("utf-8")
-    except UnicodeDecodeError:
-        return value
-
-
 def parse_text(name: str, raw: str) -> str:
-    """One word of printable characters, judged as its bytes spell it (see as_written); the value is
-    kept as Python read it, so the system is given the same bytes back."""
-    _bounded(name, raw)
-    v = raw.strip(SPACE)
-    if not v or any(not ch.isprintable() or ch.isspace() for ch in as_written(v)):
-        raise ConfigError(f"{name}={shown(raw)} is not accepted (accepted: a non-empty value without spaces)")
+    """One word of printable characters, judged as its bytes spell it: UTF-8 where they are UTF-8
+    (under a Latin-1 locale Python reads the bytes of '€' with a control character, which is not
+    in the path), else the locale's reading. The value is kept as Python read it, so the system is
+    given the same bytes back."""
+    v = _bounded(name, raw)
+    try:
+        written = os_bytes(v).decode("utf-8")
+    except UnicodeDecodeError:
+        written = v
+    if not v or any(not ch.isprintable() or ch.isspace() for ch in written):
+        raise _refuse(name, raw, "is not accepted (accepted: a non-empty value without spaces)")
     if len(os_bytes(v)) > MAX_TEXT_BYTES:
-        raise ConfigError(f"{name}={shown(raw)} is too long (accepted: at most {MAX_TEXT_BYTES} bytes)")
+        raise _refuse(name, raw, f"is too long (accepted: at most {MAX_TEXT_BYTES} bytes)")
     return v
 
 
@@ -177,8 +161,8 @@ def parse_host(name: str, raw: str) -> str:
     HTTP Host header carries only ASCII."""
     v = parse_text(name, raw)
     if len(v) > MAX_HOST or any(ch not in HOST_CHARS for ch in v):
-        raise ConfigError(f"{name}={shown(raw)} is not a host (accepted: an IP address or a host name in "
-                          f"ASCII: letters, digits, '.', '-', '_', ':', at most {MAX_HOST} characters)")
+        raise _refuse(name, raw, "is not a host (accepted: an IP address or a host name in ASCII: letters, "
+                                 f"digits, '.', '-', '_', ':', at most {MAX_HOST} characters)")
     return v
 
 
@@ -186,18 +170,17 @@ def parse_absolute_path(name: str, raw: str) -> str:
     """An absolute path: a relative one would depend on the caller's working directory."""
     v = parse_text(name, raw)
     if not v.startswith("/"):
-        raise ConfigError(f"{name}={shown(raw)} is not an absolute path (accepted: a path starting with /)")
+        raise _refuse(name, raw, "is not an absolute path (accepted: a path starting with /)")
     if any(len(part) > MAX_NAME_BYTES for part in os_bytes(v).split(b"/")):
-        raise ConfigError(f"{name}={shown(raw)} has a path component longer than {MAX_NAME_BYTES} bytes "
-                          "(accepted: an absolute path the system can open)")
+        raise _refuse(name, raw, f"has a path component longer than {MAX_NAME_BYTES} bytes "
+                                 "(accepted: an absolute path the system can open)")
     return v
 
 
 def parse_base_url(name: str, raw: str) -> str:
     v = parse_text(name, raw)
     if not v.startswith("/"):
-        raise ConfigError(
-            f"{name}={shown(raw)} is not a URL path (accepted: a path starting with /, e.g. /lab/)")
+        raise _refuse(name, raw, "is not a URL path (accepted: a path starting with /, e.g. /lab/)")
     return v if v.endswith("/") else v + "/"
 
 
@@ -258,13 +241,9 @@ GLOBAL_FIELDS = ("profile", "timeout", "json", "verbose", "only", "skip", "toggl
 
 class Config:
     """The validated settings of one run: the global ones (attributes), every probe's declared
-    settings (read as a probe's settings record: ``config.of(Settings).ssh_port``), the flags
-    and the drop-in checks found.
-
-    Immutable; ``cfg._replace(...)`` derives another and ``Config(**fields)`` builds one
-    with defaults for the rest (unknown names are a TypeError); both take any declared
-    setting's ``field`` as well as the global ones.
-    """
+    settings (``config.of(Settings).ssh_port``), the flags and the drop-in checks found. Immutable:
+    ``Config(**fields)`` builds one with defaults for the rest, ``cfg._replace(...)`` derives
+    another; both take any declared setting's ``field`` as well as the global ones."""
 
     __slots__ = ("_values", *GLOBAL_FIELDS)
     profile: str
@@ -282,7 +261,11 @@ class Config:
     _values: Mapping[str, Any]
 
     def __init__(self, **fields: Any) -> None:
-        values = _defaults()
+        values: dict[str, Any] = {"profile": DEFAULT_PROFILE, "json": False, "verbose": False, "only": (),
+                                  "skip": (), "toggles": types.MappingProxyType({}), "dropins": (),
+                                  "timeout": PROFILE_RULES[DEFAULT_PROFILE].timeout}
+        for row in (*GLOBAL_SETTINGS, *registry.SETTINGS):
+            values.setdefault(row.field, row.default)
         unknown = set(fields) - set(values)
         if unknown:
             raise TypeError(f"Config has no field {sorted(unknown)[0]!r}")
@@ -293,7 +276,6 @@ class Config:
 
     @property
     def profile_rules(self) -> Profile:
-        """What this run's profile may do (probes/spec.py)."""
         return PROFILE_RULES[self.profile]
 
     def of(self, kind: type[D]) -> D:
@@ -302,12 +284,6 @@ class Config:
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Config is immutable: use _replace()")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Config) and dict(self._values) == dict(other._values)
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted((k, repr(v)) for k, v in self._values.items())))
 
     def __repr__(self) -> str:
         return f"Config({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
@@ -318,22 +294,17 @@ class Config:
     def _asdict(self) -> dict[str, Any]:
         return dict(self._values)
 
-    def probes(self) -> tuple[Spec, ...]:
-        """Every probe this configuration knows: the built-in ones, then the drop-ins."""
-        return (*registry.PROBES, *self.dropins)
-
     def enabled(self, spec: Spec) -> bool:
         """Whether a probe runs in this configuration (flags override the toggles)."""
         if self.profile not in spec.profiles:
             return False
         if self.only:
             return spec.name in self.only
-        if spec.name in self.skip:
-            return False
-        return bool(self.toggles.get(spec.toggle, default_on(spec, self._values)))
+        return spec.name not in self.skip and self.toggles.get(spec.toggle, default_on(spec, self._values))
 
     def selected(self) -> list[Spec]:
-        return [s for s in self.probes() if self.enabled(s)]
+        """The probes this configuration runs: the built-in ones, then the drop-ins."""
+        return [s for s in (*registry.PROBES, *self.dropins) if self.enabled(s)]
 
 
 def default_on(spec: Spec, values: Mapping[str, Any]) -> bool:
@@ -342,49 +313,26 @@ def default_on(spec: Spec, values: Mapping[str, Any]) -> bool:
     return spec.default_on or bool(spec.on_with and values.get(spec.on_with) is not None)
 
 
-def _defaults() -> dict[str, Any]:
-    values: dict[str, Any] = {"profile": DEFAULT_PROFILE, "timeout": PROFILE_RULES[DEFAULT_PROFILE].timeout,
-                              "json": False, "verbose": False, "only": (), "skip": (),
-                              "toggles": types.MappingProxyType({}), "dropins": ()}
-    for row in (*GLOBAL_SETTINGS, *registry.SETTINGS):
-        values.setdefault(row.field, row.default)
-    return values
-
-
-def parse_setting(setting: Setting, raw: str) -> Any:
+def parse_setting(row: Setting, raw: str) -> Any:
     """A declared setting's value from its raw text (ConfigError on a bad one)."""
-    name, kind = setting.env, setting.kind
-    if kind == BOOL:
-        return parse_bool(name, raw)
-    if kind == PORT:
-        return parse_port(name, raw)
+    name, kind = row.env, row.kind
     if kind in (NUMBER, INTEGER):
-        value = parse_number(name, raw, low=setting.low, high=setting.high,
-                             low_inclusive=setting.low_inclusive,
-                             integer=kind == INTEGER)
+        value = parse_number(name, raw, low=row.low, high=row.high,
+                             low_inclusive=row.low_inclusive, integer=kind == INTEGER)
         return int(value) if kind == INTEGER else value
     if kind == CHOICE:
-        return parse_choice(name, raw, setting.choices)
-    if kind == URL_PATH:
-        return parse_base_url(name, raw)
-    if kind == HOST:
-        return parse_host(name, raw)
-    if kind == ABSOLUTE_PATH:
-        return parse_absolute_path(name, raw)
+        return parse_choice(name, raw, row.choices)
+    parse = {BOOL: parse_bool, PORT: parse_port, URL_PATH: parse_base_url, HOST: parse_host,
+             ABSOLUTE_PATH: parse_absolute_path}.get(kind)
+    if parse is not None:
+        return parse(name, raw)
     text = parse_text(name, raw)
-    if setting.parse is None:
+    if row.parse is None:
         return text
     try:
-        return setting.parse(text)
+        return row.parse(text)
     except ValueError as exc:
-        raise ConfigError(f"{name}={shown(raw)} {exc}") from None
-
-
-def _env(environ: Mapping[str, str], name: str, parse: Callable[[str, str], T], default: T) -> T:
-    raw = environ.get(name)
-    if raw is None or raw == "":
-        return default
-    return parse(name, raw)
+        raise _refuse(name, raw, str(exc)) from None
 
 
 def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None,
@@ -392,18 +340,21 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
          skip: str | None = None) -> Config:
     """Build the configuration from flags (keyword arguments) and the environment."""
     env = os.environ if environ is None else environ
+
+    def read(row: Setting, default: Any) -> Any:
+        raw = env.get(row.env)
+        return default if not raw else parse_setting(row, raw)
+
     by_env = {s.env: s for s in GLOBAL_SETTINGS}
     if profile is not None:
         prof = parse_choice("--profile", profile, PROFILES)
     else:
-        prof = _env(env, "HEALTHCHECK_PROFILE", lambda n, r: parse_choice(n, r, PROFILES), DEFAULT_PROFILE)
-    values: dict[str, Any] = {"profile": prof, "json": json, "verbose": verbose}
-    values["timeout"] = _env(env, "HEALTHCHECK_TIMEOUT", lambda n, r: parse_setting(by_env[n], r),
-                             PROFILE_RULES[prof].timeout)
+        prof = read(by_env["HEALTHCHECK_PROFILE"], DEFAULT_PROFILE)
+    values: dict[str, Any] = {"profile": prof, "json": json, "verbose": verbose,
+                              "timeout": read(by_env["HEALTHCHECK_TIMEOUT"], PROFILE_RULES[prof].timeout)}
     for row in (*GLOBAL_SETTINGS, *registry.SETTINGS):
         if row.field not in values:
-            values[row.field] = _env(env, row.env, lambda n, r, s=row: parse_setting(s, r),  # type: ignore[misc]
-                                     row.default)
+            values[row.field] = read(row, row.default)
     from probes import dropins
 
     builtin: dict[str, list[str]] = {}
@@ -419,7 +370,7 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
     toggles: dict[str, bool] = {}
     for t in sorted((*registry.TOGGLES, *(s.toggle for s in found)), key=lambda t: t in follows):
         default = defaults.get(t, True) and toggles.get(follows.get(t, ""), True)
-        toggles[t] = _env(env, t, parse_bool, default)
+        toggles[t] = parse_bool(t, env[t]) if env.get(t) else default
     known = (*registry.NAMES, *(s.name for s in found))
     values.update(
         toggles=types.MappingProxyType(toggles), dropins=found,

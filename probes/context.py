@@ -14,12 +14,10 @@ if TYPE_CHECKING:
 
     from probes.spec import Spec
 
-def logger() -> logging.Logger:
-    """The suite's logger, set up on first use: importing logging costs every run ~5 ms.
 
-    Details (exception texts) go only to HEALTHCHECK_LOG_FILE when one is set, never to
-    stderr: Docker and the kubelet would show them to anyone reading the health log.
-    """
+def logger() -> logging.Logger:
+    """The suite's logger, set up on first use. Details (exception texts) go only to
+    HEALTHCHECK_LOG_FILE, never to stderr, where Docker and the kubelet would show them."""
     import logging
 
     log = logging.getLogger("healthcheck")
@@ -30,23 +28,12 @@ def logger() -> logging.Logger:
 
 
 class Context(Record):
-    __slots__ = ("config", "deadline", "results", "state", "started", "spec")
-
     config: Config
     deadline: float  # time.monotonic() by which gather() must return
     results: Mapping[str, Result]  # probes that already finished in this run
     state: State
-    started: float  # wall clock (time.time()) at run start
-    spec: Spec | None  # the probe being run (a drop-in check reads its file from here)
-
-    def __init__(self, config: Config, deadline: float, results: Mapping[str, Result], state: State,
-                 started: float = 0.0, spec: Spec | None = None) -> None:
-        self.config = config
-        self.deadline = deadline
-        self.results = results
-        self.state = state
-        self.started = started
-        self.spec = spec
+    started: float = 0.0  # wall clock (time.time()) at run start
+    spec: Spec | None = None  # the probe being run (a drop-in check reads its file from here)
 
     def remaining(self) -> float:
         import time

@@ -1,9 +1,6 @@
-"""Running one drop-in check: the probe module that every drop-in's spec names.
-
-What a drop-in is, how the directory is read and trusted, and the causes are in
-``probes.dropins``; here the check is started through ``probes.proc.run`` and its exit
-status, first line and performance data become the result.
-"""
+"""Running one drop-in check (found and trusted by ``probes.dropins``, where its causes are): the
+probe module every drop-in's spec names. Its exit status, first line and performance data are
+the result."""
 
 from __future__ import annotations
 
@@ -27,32 +24,22 @@ UNITS = ("us", "ms", "s", "%", "B", "KB", "MB", "GB", "TB", "c")
 
 
 class Ran(Record):
-    __slots__ = ("check", "done", "budget")
-
     check: Check
     done: proc.Completed | None  # None: not run (check.problem says why)
     budget: float
-
-    def __init__(self, check: Check, done: proc.Completed | None, budget: float) -> None:
-        self.check = check
-        self.done = done
-        self.budget = budget
 
 
 def gather(ctx: Context) -> Ran:
     spec = ctx.spec
     assert spec is not None and spec.dropin is not None
     check: Check = spec.dropin
-    import time
-
-    from probes import proc  # here, not at import: every run imports this module's caller
-
-    budget = max(0.0, ctx.deadline - time.monotonic())
+    budget = ctx.remaining()
     if check.problem is not None:
         return Ran(check, None, budget)
+    from probes import proc
+
     env = {**os.environ, "HEALTHCHECK_PROFILE": ctx.config.profile}
-    done = proc.run([check.path], deadline=ctx.deadline, env=env, cwd="/")
-    return Ran(check, done, budget)
+    return Ran(check, proc.run([check.path], deadline=ctx.deadline, env=env, cwd="/"), budget)
 
 
 def _perfdata(text: str) -> tuple[Any, str | None]:
@@ -76,13 +63,10 @@ def _perfdata(text: str) -> tuple[Any, str | None]:
 def judge(data: Ran, ctx: Context) -> Result:
     check, done = data.check, data.done
     name = check.name
-    if done is None and check.cause == dropins.UNTRUSTED:
-        return verdict(name, dropins.UNTRUSTED, f"untrusted: {check.problem}")
-    if done is None and check.cause == dropins.LIMIT:
-        return verdict(name, dropins.LIMIT, f"not checked: {check.problem}", remedy=False)
     if done is None:
         assert check.cause is not None
-        return verdict(name, check.cause, f"not run: {check.problem}")
+        said = {dropins.UNTRUSTED: "untrusted", dropins.LIMIT: "not checked"}.get(check.cause, "not run")
+        return verdict(name, check.cause, f"{said}: {check.problem}", remedy=check.cause != dropins.LIMIT)
     from probes import childio
 
     if childio.limited(done.spawn_error):

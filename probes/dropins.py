@@ -81,26 +81,13 @@ def toggle_for(name: str) -> str:
 class Check(Record):
     """One drop-in as found in the directory (before any decision to run it)."""
 
-    __slots__ = ("name", "path", "profiles", "timeout", "problem", "cause", "renamed")
-
     name: str
     path: str
-    profiles: tuple[str, ...]
-    timeout: float
-    problem: str | None  # set: not run, reported with this detail...
-    cause: Cause | None  # ...and this cause
-    renamed: bool  # its name is taken (a built-in probe's, or its toggle): reported as drop-in-NAME
-
-    def __init__(self, name: str, path: str, profiles: tuple[str, ...] = DEFAULT_PROFILES,
-                 timeout: float = DEFAULT_TIMEOUT, problem: str | None = None, cause: Cause | None = None,
-                 renamed: bool = False) -> None:
-        self.name = name
-        self.path = path
-        self.profiles = profiles
-        self.timeout = timeout
-        self.problem = problem
-        self.cause = cause
-        self.renamed = renamed
+    profiles: tuple[str, ...] = DEFAULT_PROFILES
+    timeout: float = DEFAULT_TIMEOUT
+    problem: str | None = None  # set: not run, reported with this detail...
+    cause: Cause | None = None  # ...and this cause
+    renamed: bool = False  # its name is taken (a built-in probe's, or its toggle): reported as drop-in-NAME
 
 
 def _ignored(name: str) -> bool:
@@ -140,25 +127,6 @@ def _parse_header(head: bytes) -> tuple[tuple[str, ...], float, str | None]:
     return found_profiles, timeout, None
 
 
-def _owners() -> tuple[int, int]:
-    return (0, os.geteuid())
-
-
-def _trusted(st: os.stat_result, what: str) -> str | None:
-    """Why a file with this status may not be trusted, or None."""
-    why = untrusted.distrust(st, what, _owners())
-    return f"{why}, not root or the suite's user" if why and "owned by" in why else why
-
-
-def _read_head(dir_fd: int, name: str) -> tuple[os.stat_result, bytes]:
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    fd = os.open(name, flags, dir_fd=dir_fd)
-    try:
-        return os.fstat(fd), os.read(fd, HEADER_BYTES)
-    finally:
-        os.close(fd)
-
-
 def _name_problem(name: str, reserved: frozenset[str], taken: dict[str, str]) -> tuple[str | None, bool]:
     """(why ``name`` cannot name a check, or None; whether it is taken and must be reported under
     another name). ``taken`` maps each toggle in use to whose it is; ``name``'s is added."""
@@ -184,7 +152,7 @@ def discover(directory: str, reserved: frozenset[str] = frozenset(),
     A directory reached through anything another user controls is one failure (``DIR_CHECK``)
     and nothing in it is listed or run."""
     try:
-        dir_fd = untrusted.open_trusted_dir(directory, _owners())
+        dir_fd = untrusted.open_trusted_dir(directory, (0, os.geteuid()))
     except untrusted.Refused as exc:
         return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)}: {exc}: "
                       "nothing in it is run", cause=UNTRUSTED)]
@@ -212,46 +180,49 @@ def _unreadable(directory: str, exc: OSError) -> list[Check]:
 
 def _listed(dir_fd: int, directory: str, reserved: frozenset[str], taken: dict[str, str]) -> list[Check]:
     """The checks in the open directory ``dir_fd`` (see discover)."""
-    checks: list[Check] = []
-    names = sorted((e.name for e in os.scandir(dir_fd) if not _ignored(e.name)), key=str)
-    for name in names:
-        try:
-            lst = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except OSError:
-            continue
-        path = os.path.join(directory, name)
-        shown = clean(name, MAX_NAME)
-        if stat.S_ISLNK(lst.st_mode):
-            checks.append(Check(shown, path, problem=f"{shown} is a symbolic link (not followed)",
-                                cause=UNTRUSTED))
-            continue
-        if not stat.S_ISREG(lst.st_mode) or not lst.st_mode & 0o111:
-            continue  # directories, FIFOs, sockets, devices and plain files are not checks
-        problem, renamed = _name_problem(name, reserved, taken)
-        if problem is not None:
-            checks.append(Check(shown, path, problem=problem, cause=BAD_CHECK, renamed=renamed))
-            continue
-        problem = _trusted(lst, name)
-        if problem is not None:
-            checks.append(Check(name, path, problem=problem, cause=UNTRUSTED))
-            continue
-        try:
-            st, head = _read_head(dir_fd, name)
-        except OSError as exc:
-            from probes import childio
+    found = (_entry(dir_fd, directory, name, reserved, taken)
+             for name in sorted((e.name for e in os.scandir(dir_fd) if not _ignored(e.name)), key=str))
+    return [check for check in found if check is not None]
 
-            words = childio.limit_words(exc.errno)
-            checks.append(Check(name, path, problem=f"{name} could not be read: {words}", cause=LIMIT)
-                          if words is not None else
-                          Check(name, path, problem=f"cannot read {name} ({os.strerror(exc.errno or 0)})",
-                                cause=CANNOT_START))
-            continue
-        if (st.st_ino, st.st_dev) != (lst.st_ino, lst.st_dev):  # replaced while we looked
-            checks.append(Check(name, path, problem=f"{name} changed while it was read", cause=UNTRUSTED))
-            continue
-        found, timeout, problem = _parse_header(head)
-        checks.append(Check(name, path, found, timeout, problem, BAD_CHECK if problem else None))
-    return checks
+
+def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
+           taken: dict[str, str]) -> Check | None:
+    """The check the directory entry ``name`` is, None when it is none (not an executable file)."""
+    try:
+        lst = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    path, shown = os.path.join(directory, name), clean(name, MAX_NAME)
+    if stat.S_ISLNK(lst.st_mode):
+        return Check(shown, path, problem=f"{shown} is a symbolic link (not followed)", cause=UNTRUSTED)
+    if not stat.S_ISREG(lst.st_mode) or not lst.st_mode & 0o111:
+        return None  # directories, FIFOs, sockets, devices and plain files are not checks
+    problem, renamed = _name_problem(name, reserved, taken)
+    if problem is not None:
+        return Check(shown, path, problem=problem, cause=BAD_CHECK, renamed=renamed)
+    why = untrusted.distrust(lst, name, (0, os.geteuid()))
+    if why is not None:
+        why += ", not root or the suite's user" if "owned by" in why else ""
+        return Check(name, path, problem=why, cause=UNTRUSTED)
+    try:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        fd = os.open(name, flags, dir_fd=dir_fd)
+        try:
+            st, head = os.fstat(fd), os.read(fd, HEADER_BYTES)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        from probes import childio
+
+        words = childio.limit_words(exc.errno)
+        if words is not None:
+            return Check(name, path, problem=f"{name} could not be read: {words}", cause=LIMIT)
+        why = f"cannot read {name} ({os.strerror(exc.errno or 0)})"
+        return Check(name, path, problem=why, cause=CANNOT_START)
+    if (st.st_ino, st.st_dev) != (lst.st_ino, lst.st_dev):  # replaced while we looked
+        return Check(name, path, problem=f"{name} changed while it was read", cause=UNTRUSTED)
+    profiles, timeout, problem = _parse_header(head)
+    return Check(name, path, profiles, timeout, problem, BAD_CHECK if problem else None)
 
 
 def specs(directory: str, reserved: frozenset[str] = frozenset(),

@@ -1,7 +1,7 @@
 """HEALTHCHECK_LOG_FILE: a size-bounded run log that can never hurt the run (docs/probes.md).
 
-It is opened without blocking: a FIFO with no reader would otherwise hang ``open()``. A later
-failure is remembered as ``failure`` and reported at most once through ``on_error``.
+Opened without blocking (a FIFO with no reader would hang ``open()``) and never through a link; a
+later failure is remembered as ``failure`` and reported at most once through ``on_error``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ if TYPE_CHECKING:
     from typing import IO, Any, Callable
 
 MAX_BYTES = 1 << 20  # then one rotation to <file>.1
-FLAGS = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-         | getattr(os, "O_CLOEXEC", 0))
+FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 def _why(exc: OSError) -> str:
@@ -30,28 +29,19 @@ def _why(exc: OSError) -> str:
     return exc.strerror or "unusable"
 
 
-def _open_fd(path: str) -> int:
-    """A descriptor of ``path``; a file created here is 0600 whatever the umask (a umask of 0277
-    or more would leave it unwritable, or unreadable, by the suite's own user at the next run). An
-    existing file keeps the mode its owner gave it."""
+def open_append(path: str) -> IO[str]:
+    """``path`` opened for appending, if it is (or becomes) a regular file; OSError otherwise. A file
+    created here is 0600 whatever the umask (0277 would leave it unwritable by our own next run);
+    an existing one keeps the mode its owner gave it."""
     try:
         fd = os.open(path, FLAGS | os.O_EXCL, 0o600)
+        created = True
     except FileExistsError:
-        return os.open(path, FLAGS, 0o600)
+        fd, created = os.open(path, FLAGS, 0o600), False
     try:
-        os.fchmod(fd, 0o600)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
-
-
-def open_append(path: str) -> IO[str]:
-    """``path`` opened for appending, if it is (or becomes) a regular file; OSError otherwise."""
-    fd = _open_fd(path)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if created:
+            os.fchmod(fd, 0o600)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
@@ -73,12 +63,11 @@ class SafeFileHandler(logging.handlers.RotatingFileHandler):
 
     def handleError(self, record: logging.LogRecord) -> None:
         exc = sys.exc_info()[1]
-        why = _why(exc) if isinstance(exc, OSError) else type(exc).__name__
         first = self.failure is None
-        self.failure = why
+        self.failure = _why(exc) if isinstance(exc, OSError) else type(exc).__name__
         if first and self._on_error is not None:
             try:
-                self._on_error(why)
+                self._on_error(self.failure)
             except Exception:  # noqa: S110 - the warning is best effort by design
                 pass
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 
-from probes import pidstat
+from probes import pidstat, registry
 from probes.config import Notices
 from probes.deadlines import NOTICE_WAIT
 from probes.record import Record
@@ -158,7 +158,8 @@ def tell(config: Config, state: State, outcome: Outcome) -> None:
         if not own.notices:
             unpublish(own.notice_file)
         elif state.enabled:
-            _tell(own.notice_file, state, verdict_of(outcome, config.probes()), stale_after(rules))
+            known = (*registry.PROBES, *config.dropins)
+            _tell(own.notice_file, state, verdict_of(outcome, known), stale_after(rules))
     except Exception:  # what the person is told never costs the verdict; a bug goes to the log
         try:
             from probes.context import logger

@@ -15,20 +15,11 @@ DEAD = (b"Z", b"X")
 
 
 class Proc(Record):
-    __slots__ = ("state", "ppid", "pgid", "sid", "start")
-
     state: bytes  # R, S, D, T, Z, ...
     ppid: int
     pgid: int
     sid: int
     start: int  # clock ticks since boot: tells a reused pid apart
-
-    def __init__(self, state: bytes, ppid: int, pgid: int, sid: int, start: int) -> None:
-        self.state = state
-        self.ppid = ppid
-        self.pgid = pgid
-        self.sid = sid
-        self.start = start
 
 
 def stat(pid: int) -> Proc | None:
@@ -80,10 +71,9 @@ def below(procs: Mapping[int, Proc], roots: Iterable[int]) -> set[int]:
 
 
 def signal_same(pid: int, start: int, sig: int) -> bool:
-    """Send ``sig`` to ``pid`` only while it is the process that started at ``start``: a pid names
-    another process once its own is gone. Through a pidfd where the kernel has them (it keeps
-    naming the process it was opened on, so no reuse can come between the check and the signal),
-    else the start time is read just before kill(). True when the signal was sent."""
+    """Send ``sig`` to ``pid`` only while it is the process that started at ``start`` (a pid names
+    another process once its own is gone): through a pidfd where the kernel has them, so no reuse
+    can come between the check and the signal, else by kill() just after the check. True when sent."""
     fd = None
     try:
         fd = os.pidfd_open(pid)

@@ -4,10 +4,10 @@ What it promises and how: docs/probes.md, "Containment". What a SIGKILLed suite 
 """
 from __future__ import annotations
 
-import _thread
 import itertools
 import os
 import signal
+import threading
 import time
 
 from probes import childio, orphans
@@ -36,40 +36,19 @@ PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 
 
 class Completed(Record):
-    __slots__ = ("argv", "returncode", "stdout", "stderr", "timed_out", "stuck", "truncated", "spawn_error",
-                 "elapsed", "pid", "held_by", "stderr_truncated", "lingered")
-
     argv: tuple[str, ...]
     returncode: int | None  # None: still there after SIGKILL (stuck) or never started
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool  # not exited at the deadline: a verdict of deadline, never of its output
-    stuck: bool  # it survived SIGKILL (uninterruptible sleep)
-    truncated: bool  # stdout beyond max_output was discarded (stdout only)
-    spawn_error: str | None  # "not found", "permission denied", ...
-    elapsed: float
-    pid: int | None
-    held_by: int | None  # not started: this earlier child is still stuck (see run's key)
-    stderr_truncated: bool  # stderr beyond MAX_STDERR was discarded
-    lingered: bool  # ``until`` was met but the child did not exit by itself: it was ended
-
-    def __init__(self, argv: tuple[str, ...], returncode: int | None, stdout: bytes = b"",
-                 stderr: bytes = b"", timed_out: bool = False, stuck: bool = False, truncated: bool = False,
-                 spawn_error: str | None = None, elapsed: float = 0.0, pid: int | None = None,
-                 held_by: int | None = None, stderr_truncated: bool = False, lingered: bool = False) -> None:
-        self.argv = argv
-        self.returncode = returncode
-        self.stdout = stdout
-        self.stderr = stderr
-        self.timed_out = timed_out
-        self.stuck = stuck
-        self.truncated = truncated
-        self.spawn_error = spawn_error
-        self.elapsed = elapsed
-        self.pid = pid
-        self.held_by = held_by
-        self.stderr_truncated = stderr_truncated
-        self.lingered = lingered
+    stdout: bytes = b""
+    stderr: bytes = b""
+    timed_out: bool = False  # not exited at the deadline: a verdict of deadline, never of its output
+    stuck: bool = False  # it survived SIGKILL (uninterruptible sleep)
+    truncated: bool = False  # stdout beyond max_output was discarded (stdout only)
+    spawn_error: str | None = None  # "not found", "permission denied", ...
+    elapsed: float = 0.0
+    pid: int | None = None
+    held_by: int | None = None  # not started: this earlier child is still stuck (see run's key)
+    stderr_truncated: bool = False  # stderr beyond MAX_STDERR was discarded
+    lingered: bool = False  # ``until`` was met but the child did not exit by itself: it was ended
 
     @property
     def signal(self) -> int | None:
@@ -95,7 +74,7 @@ class _Child:
         self.ended = False  # end() gave up on it (stuck): forgotten once its Popen has reaped it
 
 
-_lock = _thread.allocate_lock()  # held while a child is started and registered, and while we reap
+_lock = threading.Lock()  # held while a child is started and registered, and while we reap
 _children: dict[int, _Child] = {}
 _reaper = (0, False)  # (the pid that asked to be the child subreaper, the kernel's answer)
 _prctl: Any = None  # libc's prctl, resolved before the first fork: the child may call no more than it
@@ -110,7 +89,7 @@ def subreaper() -> bool:
         if _reaper[0] != os.getpid():
             try:
                 if _prctl is None:
-                    import ctypes  # ~2 ms, and only once a child is started
+                    import ctypes  # only once a child is started
 
                     _prctl = ctypes.CDLL(None, use_errno=True).prctl
                 _reaper = (os.getpid(), _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
@@ -132,25 +111,14 @@ def _die_with_us() -> Callable[[], None] | None:
     return arm if prctl is not None else None
 
 
-def _marked_env(env: Mapping[str, str] | None) -> tuple[dict[str, str], str]:
-    """The child's environment with a new run marker after ours (the enclosing runs')."""
-    full = dict(os.environ if env is None else env)
-    me = stat(os.getpid())  # with our start time, a later suite tells whether we are gone (orphans.py)
-    run_id = f"{os.getpid()}-{me.start if me else 0}-{next(_ids)}-{os.urandom(4).hex()}"
-    outer = [x for x in os.environ.get(RUN_ID_VAR, "").split(":") if x][-(MAX_RUN_IDS - 1):]
-    full[RUN_ID_VAR] = ":".join([*outer, run_id])
-    return full, run_id
-
-
 def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
           stdout: int | IO[Any] | None = -1, stderr: int | IO[Any] | None = -1,
           user: tuple[int, int] | None = None) -> subprocess.Popen[bytes]:
-    """Start ``argv`` as proc.run does (own session, stdin from /dev/null, a new run marker in its
-    environment, the parent-death signal) and register it; end it with end(), from a thread that
-    lives as long as the child (the signal fires when the thread that started it ends).
-    stdout/stderr: as Popen's (default: a pipe each). ``user``: (uid, gid) the child runs as,
-    with no supplementary group, when it is not ours (only root may). Raises OSError when it
-    cannot be started."""
+    """Start ``argv`` as proc.run does (own session, stdin from /dev/null, a new run marker after
+    the enclosing runs' in its environment, the parent-death signal) and register it; end it with
+    end(), from a thread that lives as long as the child (the signal fires when the thread that
+    started it ends). ``user``: (uid, gid) the child runs as, with no supplementary group, when it
+    is not ours (only root may). Raises OSError when it cannot be started."""
     import subprocess
 
     drop: dict[str, Any] = {}
@@ -158,7 +126,11 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
         drop = {"user": user[0], "group": user[1], "extra_groups": []}
     subreaper()
     orphans.sweep_once()  # what a killed suite left (probes/orphans.py)
-    full, run_id = _marked_env(env)
+    full = dict(os.environ if env is None else env)
+    me = stat(os.getpid())  # with our start time, a later suite tells whether we are gone (orphans.py)
+    run_id = f"{os.getpid()}-{me.start if me else 0}-{next(_ids)}-{os.urandom(4).hex()}"
+    outer = [x for x in os.environ.get(RUN_ID_VAR, "").split(":") if x][-(MAX_RUN_IDS - 1):]
+    full[RUN_ID_VAR] = ":".join([*outer, run_id])
     with _lock:  # registered before a sweep can take it for an orphan or reap it
         for pid in [pid for pid, c in _children.items() if c.ended and c.popen.poll() is not None]:
             del _children[pid]
@@ -219,12 +191,10 @@ def _of_run(child: _Child) -> Select:
 def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], since: int, until: float,
            settle: float = KILL_WAIT) -> dict[int, int]:
     """Send ``sig`` to the groups of ``popens`` and, once, to each process ``select`` finds, pass
-    after pass, reaping each zombie child of ours that was signalled or started at or after
-    ``since`` (never one spawn() started: its Popen reaps it). A process killed forks no more, so
-    each pass finds only what was forked before it; one seen dead (it may have forked while the
-    table was read) earns another pass. Until a pass finds nothing, ``settle`` seconds after the
-    last pass that signalled one (what is left is stuck), or ``until``. Returns pid -> start of
-    those it signalled."""
+    after pass (a process killed forks no more), reaping each zombie child of ours that was
+    signalled or started at or after ``since`` (never one spawn() started: its Popen reaps it);
+    until a pass finds nothing, ``settle`` seconds after the last that signalled one (what is left
+    is stuck), or ``until``. Returns pid -> start of those it signalled."""
     me = os.getpid()
     signalled: dict[int, int] = {}
     last_new = time.monotonic()
@@ -255,10 +225,8 @@ def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], sinc
 
 
 def _childless() -> bool:
-    """Whether this process, the subreaper, has no child at all, running or a zombie: then
-    nothing any run of ours started is left (an orphan of ours is re-parented to us). Only an
-    empty list of each thread's children is trusted: an exiting process hands its children to
-    us before it leaves our list."""
+    """Whether this process, the subreaper, has no child at all (an orphan of ours is re-parented to
+    us; an exiting process hands its children to us before it leaves our list)."""
     if _reaper != (os.getpid(), True):
         return False
     try:
@@ -307,12 +275,10 @@ def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | N
     return popen.returncode
 
 
-def end_descendants(grace: float = 0.0, *, within: float = 1.0) -> int:
-    """End every descendant of this process as end() does: SIGTERM and ``grace`` seconds first when
-    ``grace`` > 0, then the sweep (at most ``within`` seconds), reaping every zombie child that
-    spawn() did not start. The final sweep of a process that exits (the CLI) or stops (serve).
-    Returns how many processes it signalled; 0 at once when this process started no child here,
-    or is the subreaper with no child."""
+def end_descendants(grace: float = 0.0) -> int:
+    """The final sweep of a process that exits (the CLI) or stops (serve): every descendant ended as
+    end() does, SIGTERM and ``grace`` seconds first when ``grace`` > 0. Returns how many processes
+    it signalled; 0 at once when this process started no child, or is the subreaper with none."""
     if (_reaper[0] != os.getpid() and not _children) or _childless():
         return 0
     me = os.getpid()
@@ -322,7 +288,7 @@ def end_descendants(grace: float = 0.0, *, within: float = 1.0) -> int:
 
     popens = [child.popen for child in list(_children.values())]
     termed = _sweep(mine, signal.SIGTERM, popens, 0, time.monotonic() + grace, grace) if grace > 0 else {}
-    return len(termed.keys() | _sweep(mine, signal.SIGKILL, popens, 0, time.monotonic() + within).keys())
+    return len(termed.keys() | _sweep(mine, signal.SIGKILL, popens, 0, time.monotonic() + 1.0).keys())
 
 
 def _read(proc: subprocess.Popen[bytes], out: childio.Output, deadline: float,
@@ -371,24 +337,16 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
         key: str | None = None, until: Callable[[bytes], bool] | None = None,
         linger: float = LINGER, user: tuple[int, int] | None = None) -> Completed:
     """Run ``argv`` until it exits or ``deadline`` (a time.monotonic() value) passes; return within
-    about ``TERM_GRACE + KILL_WAIT`` seconds of it whatever the child does (a fork storm included),
-    leaving nothing it started but a process the kernel will not let die. With ``state`` and
-    ``key``, such a process is remembered, and while it exists no child is started under ``key``:
-    the result is ``stuck`` with ``held_by`` set, at once.
+    about ``TERM_GRACE + KILL_WAIT`` seconds of it whatever the child does, leaving nothing it
+    started but a process the kernel will not let die. With ``state`` and ``key``, such a process
+    is remembered, and while it exists no child is started under ``key`` (``held_by``).
 
     ``timed_out``: the child had not exited at the deadline; what it wrote is partial and no
-    verdict. A child that had exited is read to the end, however late this process looked. Kept:
-    the first ``max_output`` bytes of stdout (``truncated``: more came) and ``MAX_STDERR`` of
-    stderr (``stderr_truncated``), so a flood on stderr leaves stdout whole.
-
-    ``until(stdout so far)``, cheap and never raising: once true (the answer is complete), the
-    child gets at most ``linger`` more seconds, never past ``deadline``, to exit; if it does not,
-    it is ended as at the deadline and ``timed_out`` and ``lingered`` are set. ``user``: (uid, gid)
-    to run the child as (see spawn).
+    verdict. Kept: the first ``max_output`` bytes of stdout and ``MAX_STDERR`` of stderr.
+    ``until(stdout so far)``, cheap and never raising: once true, the child gets at most ``linger``
+    more seconds, never past ``deadline``, to exit, else it is ended (``timed_out``, ``lingered``).
     """
-    # Imported here: what needs only this module's constants, sweeps or signal_name() (the
-    # CLI's final sweep, serve) does not pay for subprocess + selectors (~6 ms of start-up).
-    import subprocess
+    import subprocess  # here: the CLI's final sweep and serve need only the rest of this module
 
     start = time.monotonic()
     argv = tuple(argv)

@@ -1,35 +1,75 @@
 """``Record``: the base of the suite's small value classes (a result, a declaration, gathered data).
 
-Each record is a plain class: its fields are its ``__slots__``, annotated in the class body,
-and its own ``__init__`` takes them in that order. The base adds what the code asks of such
-a value: equality and a hash by fields, a readable repr, ``_replace`` (a copy with some
-fields changed) and ``_asdict``. Records are values: derive another with ``_replace``
-rather than assigning to a field. Cheap to import (the liveness path reads records).
+A record's fields are its annotations, in order, a default the value in the class body::
+
+    class Proc(Record):
+        state: bytes
+        ppid: int = 0
+
+The base gives it ``__init__`` (positional or keyword), equality and a hash by fields, a readable
+repr, ``_replace`` (a copy with some fields changed) and ``_asdict``; ``__post_init__``, when a
+record defines one, checks the values. Records are values: derive another with ``_replace``.
+A class that still spells its fields as ``__slots__`` with its own ``__init__`` keeps them.
 """
 
 from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Self
+    from typing import Any, ClassVar, Self, dataclass_transform
+else:
+    def dataclass_transform(**_):  # the type checker's marker (PEP 681); nothing at run time
+        return lambda cls: cls
 
 
+@dataclass_transform()
 class Record:
-    __slots__: tuple[str, ...] = ()
+    _fields: ClassVar[tuple[str, ...]] = ()
+    _defaults: ClassVar[dict[str, Any]] = {}
+    _check: ClassVar[bool] = False  # it has a __post_init__
 
-    def _values(self) -> tuple[Any, ...]:
-        return tuple([getattr(self, name) for name in self.__slots__])
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if "__init__" in vars(cls):  # the older form: its __slots__ are its fields
+            cls._fields = tuple(vars(cls).get("__slots__", ()))
+            return
+        own = [name for name, kind in vars(cls).get("__annotations__", {}).items()
+               if "ClassVar[" not in str(kind)]
+        cls._fields = (*cls._fields, *(name for name in own if name not in cls._fields))
+        cls._defaults = {**cls._defaults, **{name: vars(cls)[name] for name in own if name in vars(cls)}}
+        cls._check = hasattr(cls, "__post_init__")
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        fields = self._fields
+        if kw or len(args) != len(fields):
+            given = dict(zip(fields, args))
+            unknown = [name for name in kw if name not in fields or name in given]
+            values = {**self._defaults, **given, **kw}
+            if unknown or len(args) > len(fields) or len(values) < len(fields):
+                why = f"an unexpected or repeated argument {unknown[0]!r}" if unknown else (
+                    f"{len(args)} arguments for {len(fields)} fields" if len(args) > len(fields) else
+                    f"no argument {next(name for name in fields if name not in values)!r}")
+                raise TypeError(f"{type(self).__name__} got {why}")
+            self.__dict__.update(values)
+        else:
+            self.__dict__.update(zip(fields, args))
+        if self._check:
+            self.__post_init__()  # type: ignore[attr-defined]
 
     def _asdict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in self._fields}
 
     def _replace(self, **changes: Any) -> Self:
+        unknown = set(changes).difference(self._fields)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no field {unknown.pop()!r}")
         new = object.__new__(type(self))
-        for name in self.__slots__:
-            setattr(new, name, changes.pop(name) if name in changes else getattr(self, name))
-        if changes:
-            raise TypeError(f"{type(self).__name__} has no field {next(iter(changes))!r}")
+        for name in self._fields:
+            object.__setattr__(new, name, changes.get(name, getattr(self, name)))
         return new
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple([getattr(self, name) for name in self._fields])
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
@@ -40,5 +80,5 @@ class Record:
         return hash(self._values())
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
         return f"{type(self).__name__}({fields})"

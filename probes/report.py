@@ -9,37 +9,27 @@ from __future__ import annotations
 import time
 
 from probes import __version__, registry
-from probes.result import Result, Status
+from probes.result import Status
 from probes.runner import Outcome
-from probes.untrusted import squeeze
+from probes.untrusted import squeeze as _short  # the last line of defence: probes clean what enters
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 MAX_BYTES = 4096
-MAX_MESSAGE = 300
 CUT = "... (output cut)"
-
-
-# health+json's componentType takes the draft's values (component, datastore, system or a
-# URI), not our layer names: the GPU and its driver are a system the container depends on,
-# the rest are components of the container. The layer stays in the non-standard "layer".
-COMPONENT_TYPES = {"hardware": "system", "framework": "component", "services": "component",
-                   "drop-in": "component"}
+# health+json's componentType takes the draft's values (component, datastore, system or a URI):
+# the GPU and its driver are a system the container depends on; the layer is in "layer".
+COMPONENT_TYPES = {"hardware": "system"}
 
 
 def iso_time(ts: float) -> str:
     """RFC 3339 in UTC with a ``Z``, to the millisecond: the one time format of every report."""
-    import datetime  # only the JSON report needs it: ~3 ms the text report does not pay
+    import datetime  # only the JSON report needs it
 
     stamp = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(timespec="milliseconds")
     return stamp.replace("+00:00", "Z")
-
-
-def default_unit(value: Any) -> str:
-    """The observedUnit for a value its probe gave no unit: the draft wants one with every value."""
-    return "count" if isinstance(value, (int, float)) and not isinstance(value, bool) else "text"
 
 
 def public_facts(facts: Any) -> dict[str, Any]:
@@ -56,8 +46,7 @@ def public_facts(facts: Any) -> dict[str, Any]:
                         # idempotent: serve rebuilds what a child's report says with this too
                         "ok": g["ok"] if isinstance(g.get("ok"), bool) else not g.get("error")}
                        for g in gpus[:64]
-                       if isinstance(g, dict) and isinstance(g.get("index"), int)
-                       and not isinstance(g.get("index"), bool)]
+                       if isinstance(g, dict) and type(g.get("index")) is int]
     return out
 
 
@@ -65,71 +54,46 @@ def check_entry(*, status: str, time: float, output: str = "", layer: str | None
                 observed: Any = None, unit: str | None = None, reason: str | None = None,
                 elapsed: float = 0.0, name: str | None = None, facts: Any = None, action: str | None = None,
                 actor: str | None = None) -> dict[str, Any]:
-    """One health+json check object as the draft wants it (shared with serve's own checks).
-
-    ``output`` only for warn and fail (the draft: omitted for pass; a passing check's
-    one-line message goes in the non-standard ``message``); ``observedValue`` always with
-    ``observedUnit``, and neither when there is no value; ``time`` always.
-    """
-    entry: dict[str, Any] = {}
-    if name:
-        entry["componentId"] = name
+    """One health+json check object (shared with serve's own checks). The draft omits ``output``
+    for pass: a passing check's message goes in the non-standard ``message``; ``observedValue``
+    comes with an ``observedUnit``. Non-standard too: ``layer``, ``reason`` (null when none),
+    ``action`` and ``actor`` of a warning or failure, ``elapsed``, ``facts``."""
+    entry: dict[str, Any] = {"componentId": name} if name else {}
     entry["componentType"] = COMPONENT_TYPES.get(layer or "", "component")
-    if layer:
-        entry["layer"] = layer
-    entry["status"] = status
+    entry.update({"layer": layer} if layer else {}, status=status)
     if observed is not None:
-        entry["observedValue"] = observed
-        entry["observedUnit"] = unit or default_unit(observed)
+        numeric = isinstance(observed, (int, float)) and not isinstance(observed, bool)
+        entry.update(observedValue=observed, observedUnit=unit or ("count" if numeric else "text"))
     entry["time"] = iso_time(time)
-    if status == "pass":
-        if output:
-            entry["message"] = output
-    else:
-        entry["output"] = output
-    entry["reason"] = reason or None  # non-standard, always there: null when there is none
     if status != "pass":
-        # Non-standard: who can act on a warning or failure (tenant or operator) and how.
-        entry["action"] = action
-        entry["actor"] = actor
+        entry["output"] = output
+    elif output:
+        entry["message"] = output
+    entry["reason"] = reason or None
+    if status != "pass":
+        entry.update(action=action, actor=actor)
     entry["elapsed"] = elapsed
     shown = public_facts(facts)
-    if shown:
-        entry["facts"] = shown
-    return entry
-
-
-def _short(text: str, limit: int = MAX_MESSAGE) -> str:
-    # Probes clean outside text where it enters a result; this is the last line of defence,
-    # and idempotent: clean text passes unchanged.
-    return squeeze(text, limit)
+    return {**entry, "facts": shown} if shown else entry
 
 
 def verdict(outcome: Outcome, disabled: str = "") -> str:
     if not outcome.results:
         return f"healthy: {disabled or 'no checks selected'}"
-    problem = outcome.first_problem
-    status = outcome.status
-    if status is Status.FAIL and problem is not None:
-        return _short(f"unhealthy: {problem.name}: {problem.message}")
-    if status is Status.WARN and problem is not None:
-        return _short(f"healthy with warnings: {problem.name}: {problem.message}")
+    problem, status = outcome.first_problem, outcome.status
+    if problem is not None and status is not Status.PASS:
+        said = "unhealthy" if status is Status.FAIL else "healthy with warnings"
+        return _short(f"{said}: {problem.name}: {problem.message}")
     ran = [r.name for r in outcome.results if r.status is Status.PASS]
     return f"healthy: {outcome.profile}: {len(ran)} checks passed ({', '.join(ran)})"
-
-
-def _observed(r: Result) -> str:
-    if r.observed is None:
-        return ""
-    return f" [{_short(r.observed, 120)}{' ' + _short(r.unit, 20) if r.unit else ''}]"
 
 
 def text(outcome: Outcome, *, verbose: bool = False, disabled: str = "") -> str:
     lines = [verdict(outcome, disabled)]
     for r in outcome.results:
         line = f"{r.status.value.upper()} {r.name} {r.elapsed:.3f}s {_short(r.message)}"
-        if verbose:
-            line += _observed(r)
+        if verbose and r.observed is not None:
+            line += f" [{_short(r.observed, 120)}{' ' + _short(r.unit, 20) if r.unit else ''}]"
         lines.append(line)
     lines += [f"note: {_short(n)}" for n in outcome.notes]
     out = "\n".join(lines)
@@ -138,29 +102,22 @@ def text(outcome: Outcome, *, verbose: bool = False, disabled: str = "") -> str:
     kept: list[str] = []
     size = len(CUT) + 1
     for line in lines:
-        n = len(line.encode()) + 1
-        if size + n >= MAX_BYTES:
+        size += len(line.encode()) + 1
+        if size >= MAX_BYTES:
             break
         kept.append(line)
-        size += n
     return "\n".join([*kept, CUT])
 
 
 def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
-    """The draft's health+json document.
-
-    A skipped probe did not observe anything, so it is not a check result: reporting it
-    as "pass" would claim a health nobody verified, and "warn" would claim a problem in
-    it. It is left out of ``checks`` (the draft has no "not checked" status), said in
-    ``notes``, and kept for this suite's own readers (serve's metrics, the fast path) in
-    the non-standard top-level ``skipped``, keyed like ``checks``.
-    """
+    """The draft's health+json document. A skipped probe observed nothing: it is no check result
+    (the draft has no "not checked" status), so it is said in ``notes`` and kept for this suite's
+    own readers (serve's metrics) in the non-standard top-level ``skipped``, keyed like ``checks``."""
     checks: dict[str, list[dict[str, Any]]] = {}
     skips: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
     specs = {s.name: s for s in outcome.specs}
-    now = time.time()
-    stamp = max((r.time for r in outcome.results), default=0) or now
+    stamp = max((r.time for r in outcome.results), default=0) or time.time()
     for r in outcome.results:
         spec = specs.get(r.name) or registry.BY_NAME.get(r.name)
         key = f"{r.name}:{spec.measurement if spec else 'status'}"

@@ -1,18 +1,17 @@
 """Run the selected probes: layer order, dependencies, one deadline per probe and per run.
 
-Each probe runs in a daemon thread watched by a supervisor thread. A probe whose
-gather() has not returned by its deadline (a hanging NVML call, say) is abandoned
-and recorded as failed, so the run always ends by its own deadline. Probes that do
-not depend on each other run concurrently: a wedged GPU never delays the services.
+Each probe runs in a daemon thread of its own, started once the probes it requires have answered;
+the main thread collects the results. A probe whose gather() has not returned by its deadline (a
+hanging NVML call, say) is abandoned and reported as the deadline, so the run always ends by its
+own. Probes that do not depend on each other run concurrently.
 """
 
 from __future__ import annotations
 
-import _thread
+import threading
 import time
 
-# Loaded here, not where it is needed: under an open-file limit a module can no longer be read
-# then. Every run loads it anyway (probes.proc, for the final sweep).
+# Loaded here, not where it is needed: under an open-file limit a module can no longer be read then.
 from probes import childio
 from probes.config import Config
 from probes.context import Context, logger
@@ -42,8 +41,7 @@ DEPENDENCY_FAILED = cause("dependency-failed", "a lower layer failed, so this pr
 LATCHED = cause("latched", "a CUDA-fatal error or a critical Xid latched the container unhealthy",
                 "restart the container (a new PID 1 clears the latch)", action="restart-container",
                 actor="operator")
-# A bug in the suite: no restart of the container nor reset of the GPU mends it; whoever ships the
-# image (the operator's side) reports it and updates the suite.
+# A bug in the suite: whoever ships the image (the operator's side) reports it and updates the suite.
 INTERNAL_ERROR = cause("internal-error", "the probe itself raised "
                                          "(a bug of the suite, not a fault of the container or the GPU); "
                                          "the detail is only in `HEALTHCHECK_LOG_FILE`",
@@ -58,85 +56,18 @@ COMMON_CAUSES = (DEADLINE, DEPENDENCY_FAILED, LATCHED, INTERNAL_ERROR, LIMIT)
 SIGNAL_POLL = 0.1  # the longest the main thread waits at once, so a signal's handler runs this soon
 
 
-class _Done:
-    """Set once, waited on with a timeout: the part of ``threading.Event`` the runner uses.
-
-    The runner starts its threads with ``_thread``: ``threading`` (and the ``functools`` it
-    imports) costs every run, liveness included, ~1.4 ms of start-up (make bench).
-    """
-
-    __slots__ = ("_lock",)
-
-    def __init__(self) -> None:
-        self._lock = _thread.allocate_lock()
-        self._lock.acquire()
-
-    def set(self) -> None:
-        try:
-            self._lock.release()  # a plain lock: any thread may release it
-        except RuntimeError:
-            pass  # already set
-
-    def is_set(self) -> bool:
-        return not self._lock.locked()
-
-    def wait(self, timeout: float) -> bool:
-        if self._lock.acquire(timeout=max(timeout, 0.0)):
-            self._lock.release()
-            return True
-        return False
-
-
-def _start(function: Callable[..., None], *args: object) -> _Done | None:
-    """Run ``function(*args)`` in a new thread; the returned flag is set when it returns. None when
-    no thread can be started (pthread_create said EAGAIN: the process limit, RLIMIT_NPROC or the
-    cgroup's pids.max, which counts threads; or no memory for its stack)."""
-    done = _Done()
-
-    def body() -> None:
-        try:
-            function(*args)
-        finally:
-            done.set()
-
-    try:
-        _thread.start_new_thread(body, ())
-    except RuntimeError:  # "can't start new thread"
-        return None
-    return done
-
-
-def _no_thread(spec: Spec) -> Result:
-    import errno
-
-    # limit_words names the limit and how to raise it: the message needs no more.
-    words = childio.limit_words(errno.EAGAIN)
-    return verdict(spec.name, LIMIT, f"not checked: could not start a thread: {words}", remedy=False)
-
-
 class Outcome(Record):
-    __slots__ = ("profile", "results", "notes", "abandoned", "elapsed", "specs")
-
     profile: str
     results: tuple[Result, ...]
-    notes: tuple[str, ...]
-    abandoned: bool  # a probe thread is still stuck in a call: exit without joining it
-    elapsed: float
-    specs: tuple[Spec, ...]  # what ran (drop-ins included), for the reports
-
-    def __init__(self, profile: str, results: tuple[Result, ...], notes: tuple[str, ...] = (),
-                 abandoned: bool = False, elapsed: float = 0.0, specs: tuple[Spec, ...] = ()) -> None:
-        self.profile = profile
-        self.results = results
-        self.notes = notes
-        self.abandoned = abandoned
-        self.elapsed = elapsed
-        self.specs = specs
+    notes: tuple[str, ...] = ()
+    abandoned: bool = False  # a probe thread is still stuck in a call: exit without joining it
+    elapsed: float = 0.0
+    specs: tuple[Spec, ...] = ()  # what ran (drop-ins included), for the reports
 
     @property
     def status(self) -> Status:
         worst = max((SEVERITY[r.status] for r in self.results), default=0)
-        return {0: Status.PASS, 1: Status.WARN, 2: Status.FAIL}[worst]
+        return (Status.PASS, Status.WARN, Status.FAIL)[worst]
 
     @property
     def first_problem(self) -> Result | None:
@@ -153,33 +84,21 @@ def run_deadline(timeout: float, start: float) -> float:
 
 
 def _log_exception(message: str, *args: object) -> None:
-    """The exception being handled, to the log, if the log can be had: under an open-file limit
-    the logging module itself may not load, and that must not turn a result into a traceback."""
+    """The exception being handled, to the log if it can be had: under an open-file limit the
+    logging module itself may not load, and that must not turn a result into a traceback."""
     try:
         logger().exception(message, *args)
     except Exception:  # noqa: S110 - best effort by design
         pass
 
 
-def _deadline_result(spec: Spec, module: object, ctx: Context, budget: float) -> Result:
-    hook: Callable[[Context], Result] | None = getattr(module, "on_deadline", None)
-    if hook is not None:
-        try:
-            return hook(ctx)
-        except Exception:  # the hook must not turn a deadline into a crash
-            _log_exception("on_deadline of %s failed", spec.name)
-    return verdict(spec.name, DEADLINE, f"no answer within {budget:.1f}s (deadline passed)")
-
-
 def _raised(spec: Spec, exc: Exception) -> Result:
     """The result of a probe that raised: "not checked" when a resource limit is why (no descriptor
-    left to import a module or open a file: EMFILE), else an internal error. Exception text may
-    hold paths, tokens or driver noise: it goes to the log only, when the log can be had at all."""
+    left to import a module or open a file), else an internal error. Its text goes to the log only."""
     import errno  # built in: importing it needs no file
 
     _log_exception("probe %s raised", spec.name)
-    # Not EAGAIN: a non-blocking socket's BlockingIOError is a probe's bug, not the process limit
-    # (which a child's start, in probes.proc, and a thread's, here, answer themselves).
+    # Not EAGAIN: a non-blocking socket's BlockingIOError is a probe's bug, not the process limit.
     if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
         words = childio.limit_words(exc.errno)
         return verdict(spec.name, LIMIT, f"not checked: the {spec.name} probe could not go on: {words}",
@@ -188,119 +107,121 @@ def _raised(spec: Spec, exc: Exception) -> Result:
                    f"({type(exc).__name__}); details in the log")
 
 
-def _execute(spec: Spec, ctx: Context, budget: float) -> tuple[Result, bool]:
-    """Run one probe under its deadline; returns (result, abandoned)."""
-    box: list[Result] = []
+def _deadline(spec: Spec, ctx: Context, budget: float) -> Result:
+    """The result of a probe that gave none by its deadline: its module's own word, if it has one."""
+    try:
+        hook: Callable[[Context], Result] | None = getattr(spec.load(), "on_deadline", None)
+        if hook is not None:
+            return hook(ctx)
+    except Exception:  # the hook must not turn a deadline into a crash
+        _log_exception("on_deadline of %s failed", spec.name)
+    return verdict(spec.name, DEADLINE, f"no answer within {budget:.1f}s (deadline passed)")
 
-    def work() -> None:
-        try:
-            module = spec.load()
-            data = module.gather(ctx)
-            box.append(module.judge(data, ctx))
-        except Exception as exc:
-            box.append(_raised(spec, exc))
 
-    finished = _start(work)
-    if finished is None:
-        # Not run in this thread instead: nothing would then bound it by its deadline (an NVML call
-        # stuck in the driver would hold the whole run), and the run promises an answer by then.
-        return _no_thread(spec), False
-    finished.wait(max(0.0, ctx.deadline - time.monotonic()) + GRACE)
-    if box:
-        return box[0], False
+def _work(spec: Spec, ctx: Context, box: list[tuple[Result, float]], answered: threading.Event) -> None:
+    """A probe's thread: its result and when it came, in ``box``."""
     try:
         module = spec.load()
-    except Exception:
-        module = None
-    return _deadline_result(spec, module, ctx, budget), not finished.is_set()
+        result = module.judge(module.gather(ctx), ctx)
+    except Exception as exc:
+        result = _raised(spec, exc)
+    box.append((result, time.monotonic()))
+    answered.set()
 
 
-def run(config: Config, state: State, *, start: float | None = None,
-        specs: Sequence[Spec] | None = None) -> Outcome:
+def _not_run(spec: Spec, latch: dict[str, object] | None, torch_selected: bool, needed: list[Result],
+             by_name: dict[str, Spec]) -> Result | None:
+    """The result a probe has without running: a hardware probe's under a latch, or that of one
+    whose requirement failed; None when it runs."""
+    if latch is not None and spec.layer == "hardware":
+        why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
+               "the GPU is not touched until the container restarts")
+        result = verdict(spec.name, LATCHED, why, remedy=False)  # it says when the latch clears
+        # torch-cuda reports the latch; the hardware probes stand aside
+        return result._replace(status=Status.SKIP) if torch_selected else result
+    bad = [r for r in needed if not r.ok]
+    if bad:
+        layer = by_name[bad[0].name].layer
+        return verdict(spec.name, DEPENDENCY_FAILED, f"skipped: the {layer} layer failed "
+                       f"({bad[0].name}: {bad[0].message})", remedy=False)
+    return None
+
+
+def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) -> Outcome:
     """Run ``specs`` (default: what the configuration selects) and collect their results."""
-    start = time.monotonic() if start is None else start
-    wall = time.time()
+    start, wall = time.monotonic(), time.time()
     end = run_deadline(config.timeout, start)
     specs = config.selected() if specs is None else list(specs)
-    results: dict[str, Result] = {}
-    done = {s.name: _Done() for s in specs}
-    abandoned = _Done()
-    lock = _thread.allocate_lock()
+    by_name = {s.name: s for s in specs}
     # A CUDA-fatal latch (or a critical Xid) holds until the container restarts: the
     # hardware layer is not touched, and torch-cuda answers from the latch at once.
     latch = state.latch() if any(s.layer == "hardware" for s in specs) else None
-    torch_selected = any(s.name == "torch-cuda" for s in specs)
-    by_name = {s.name: s for s in specs}
+    torch_selected = "torch-cuda" in by_name
+    needs = {s.name: [] if latch is not None else [n for n in s.requirements(config) if n in by_name]
+             for s in specs}
+    results: dict[str, Result] = {}
+    running: dict[str, tuple[threading.Thread, Context, float, list[tuple[Result, float]]]] = {}
+    answered = threading.Event()
+    abandoned = False
 
-    def supervise(spec: Spec) -> None:
+    def begin(spec: Spec) -> Result | None:
+        """Start ``spec``'s probe, or the result it has without running."""
+        given = _not_run(spec, latch, torch_selected, [results[n] for n in needs[spec.name]], by_name)
+        if given is not None:
+            return given
+        t0 = time.monotonic()
+        ctx = Context(config, min(t0 + spec.timeout, end), dict(results), state, wall, spec)
+        box: list[tuple[Result, float]] = []
+        thread = threading.Thread(target=_work, args=(spec, ctx, box, answered), daemon=True)
         try:
-            # Under a latch nothing waits: the hardware layer is not run at all.
-            needs = [] if latch is not None else [
-                n for n in spec.requirements(config) if n in by_name]
-            for name in needs:
-                done[name].wait(max(0.0, end - time.monotonic()) + 2 * GRACE)
-            with lock:
-                broken = [results.get(n) for n in needs]
-            bad = [r for r in broken if r is None or not r.ok]
-            if latch is not None and spec.layer == "hardware":
-                why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
-                       "the GPU is not touched until the container restarts")
-                result = verdict(spec.name, LATCHED, why, remedy=False)  # it says when the latch clears
-                if torch_selected:  # torch-cuda reports the latch; the hardware probes stand aside
-                    result = result._replace(status=Status.SKIP)
-            elif bad:
-                first = bad[0]
-                why = (f"{first.name}: {first.message}" if first is not None
-                       else f"{needs[0]} gave no result")
-                layer = by_name[needs[0]].layer
-                result = verdict(spec.name, DEPENDENCY_FAILED, f"skipped: the {layer} layer failed ({why})",
-                                 remedy=False)
-            else:
-                t0 = time.monotonic()
-                deadline = min(t0 + spec.timeout, end)
-                with lock:
-                    snapshot = dict(results)
-                ctx = Context(config, deadline, snapshot, state, wall, spec)
-                result, stuck = _execute(spec, ctx, deadline - t0)
-                if stuck:
-                    abandoned.set()
-                result = result._replace(elapsed=round(time.monotonic() - t0, 4))
-            with lock:
-                results[spec.name] = result._replace(time=time.time())
-        finally:
-            done[spec.name].set()
+            thread.start()
+        except RuntimeError:  # the process limit (RLIMIT_NPROC, or pids.max: threads count), no memory
+            import errno  # not run here instead: nothing would bound it by its deadline
+
+            words = childio.limit_words(errno.EAGAIN)
+            return verdict(spec.name, LIMIT, f"not checked: could not start a thread: {words}", remedy=False)
+        running[spec.name] = (thread, ctx, t0, box)
+        return None
 
     for s in specs:
-        # The modules to run are imported here, one after another, before any thread starts:
-        # imported by the probes' threads at once they wait on each other's import locks and
-        # trade the GIL (a cached readiness run paid ~3 ms more, make bench). A module that
-        # cannot be imported (no descriptor left) raises again in its probe's thread: reported.
+        # Imported one after another before any thread starts: at once, the probes' threads would
+        # wait on each other's import locks. One that cannot be imported raises again in its thread.
         try:
             s.load()
         except Exception:  # noqa: S110 - reported by the probe's own run
             pass
-    for s in specs:
-        # supervise sets done[s.name] when it ends. Without a thread for it (the process limit), it
-        # runs here: it only waits, bounded by the run's deadline, for the probes it needs, and its
-        # probe runs under _execute, bounded by a thread of its own or "not checked" at once. The
-        # probes after it start later, still within the run's deadline.
-        if _start(supervise, s) is None:
-            supervise(s)
-    for s in specs:
-        until = time.monotonic() + max(0.0, end - time.monotonic()) + 3 * GRACE
-        # In slices: a signal that lands on another thread (a probe's child TERMs the suite)
-        # does not wake the main thread's wait, and only the main thread runs the handler.
-        while not done[s.name].wait(min(SIGNAL_POLL, until - time.monotonic())) and time.monotonic() < until:
-            pass
-    ordered = []
-    for s in specs:
-        r = results.get(s.name)
-        if r is None:  # its supervisor is itself stuck: cannot happen unless the machine is starved
-            abandoned.set()
-            r = verdict(s.name, DEADLINE, "no answer before the run's deadline", time=time.time())
-        ordered.append(r)
-    notes = []
-    if not state.enabled and torch_selected:
-        notes.append(f"caching off: {state.disabled_reason}")
-    return Outcome(config.profile, tuple(ordered), tuple(notes), abandoned.is_set(),
-                   round(time.monotonic() - start, 4), tuple(specs))
+    waiting = list(specs)
+    while waiting or running:
+        answered.clear()
+        now = time.monotonic()
+        for name, (thread, ctx, t0, box) in list(running.items()):
+            if box:
+                result, done = box[0]
+                results[name] = result._replace(elapsed=round(done - t0, 4), time=time.time())
+            elif now >= ctx.deadline + GRACE:
+                abandoned |= thread.is_alive()
+                result = _deadline(by_name[name], ctx, ctx.deadline - t0)
+                results[name] = result._replace(elapsed=round(now - t0, 4), time=time.time())
+            else:
+                continue
+            del running[name]
+        ready = [s for s in waiting if all(n in results for n in needs[s.name])]
+        for s in ready:
+            waiting.remove(s)
+            given = begin(s)
+            if given is not None:
+                results[s.name] = given._replace(time=time.time())
+        if ready and not running:
+            continue  # a probe that requires one just skipped may start now
+        if not running or now >= end + 3 * GRACE:  # a circle of requirements; a starved machine
+            break
+        # In slices: a signal that lands on another thread (a probe's child TERMs the suite) does
+        # not wake the main thread's wait, and only the main thread runs the handler.
+        soonest = min(ctx.deadline + GRACE for _, ctx, _, _ in running.values())
+        answered.wait(max(0.0, min(SIGNAL_POLL, soonest - now)))
+    abandoned |= bool(running)
+    ordered = tuple(results.get(s.name) or verdict(s.name, DEADLINE, "no answer before the run's deadline",
+                                                   time=time.time()) for s in specs)
+    notes = (f"caching off: {state.disabled_reason}",) if not state.enabled and torch_selected else ()
+    return Outcome(config.profile, ordered, notes, abandoned, round(time.monotonic() - start, 4),
+                   tuple(specs))

@@ -1,25 +1,21 @@
 """The state directory: cached results, locks and the sticky CUDA-fatal latch.
 
-Where it is: the first usable of ``candidates()`` (``HEALTHCHECK_STATE_DIR`` in docs/probes.md),
-a real directory owned by us, reached only through directories nobody but root or us can change
-(``untrusted.open_trusted_dir``), made 0700 with files 0600 whatever the umask. A name in a shared
-directory (``/tmp/healthcheck-<uid>``) that another user took first gives way to one of ours beside
-it that nobody can take first (``beside``). When none can be used the suite runs with caching off,
-and says so. The latch is ``latch.json``; when the file system is too full for it, an empty file
-whose name carries the container life's identity (``latch@<identity>@<pid 1>@<source>@<code>``)
-stands for it.
+Where it is and what is refused: ``HEALTHCHECK_STATE_DIR`` in docs/probes.md. It is a real
+directory owned by us, reached only through directories nobody but root or us can change, 0700
+with files 0600 whatever the umask; when none can be used, caching is off and the run says so.
 """
 
 from __future__ import annotations
 
-import _thread
 import errno
 import fcntl
 import os
 import stat
+import threading
 import time
 
 from probes import pidstat
+from probes.record import Record
 from probes.untrusted import Refused, load_json, open_trusted_dir, read_regular
 
 TYPE_CHECKING = False
@@ -36,26 +32,27 @@ MAX_BESIDE = 4096  # entries of a shared directory looked through for our state 
 
 
 def candidates() -> list[str]:
-    """The default locations, in the order they are tried (see the module's docstring)."""
+    """The default locations, in the order they are tried."""
     uid = os.getuid()
     found = ["/run/healthcheck"]
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     if runtime.startswith("/") and os.path.isdir(runtime):
         found.append(os.path.join(runtime, "healthcheck"))
     tmpdir = os.environ.get("TMPDIR", "")
-    if tmpdir.startswith("/") and _real_dir(tmpdir):
-        found.append(os.path.join(tmpdir, f"healthcheck-{uid}"))
+    try:
+        if tmpdir.startswith("/") and stat.S_ISDIR(os.lstat(tmpdir).st_mode):
+            found.append(os.path.join(tmpdir, f"healthcheck-{uid}"))
+    except OSError:
+        pass
     found += [f"/tmp/healthcheck-{uid}", f"/dev/shm/healthcheck-{uid}"]  # noqa: S108
     return list(dict.fromkeys(os.path.normpath(p) for p in found))
 
 
 def beside(plain: str) -> str | None:
-    """Our state dir next to ``plain``, a name another user took first: ``<plain>.<time><random>``,
-    a name nobody can take before us, found again by later runs by its prefix and owner (ours, 0700,
-    a real directory, never a link). The oldest name (its time comes first) wins, so runs that made
-    one at once agree.
-    None when there is none and none can be made, or the directory has too many entries to look
-    through (then nothing is made: a new directory on every run would pile up)."""
+    """Our state dir next to ``plain``, a name in a shared directory that another user took first:
+    ``<plain>.<time><random>``, which nobody can take before us, found again by its prefix and owner.
+    The oldest wins, so runs that made one at once agree. None when there is none and none can be
+    made, or too many entries to look through (a new directory on every run would pile up)."""
     ours = _ours_beside(plain)
     if ours is None:
         return None
@@ -85,24 +82,15 @@ def _ours_beside(plain: str) -> list[str] | None:
             for i, entry in enumerate(entries):
                 if i >= MAX_BESIDE:
                     return None
-                if not entry.name.startswith(prefix + "."):
-                    continue
                 try:
-                    st = entry.stat(follow_symlinks=False)
+                    st = entry.stat(follow_symlinks=False) if entry.name.startswith(prefix + ".") else None
                 except OSError:
                     continue
-                if (st.st_uid, st.st_mode & 0o177777) == (os.geteuid(), stat.S_IFDIR | 0o700):  # not a link
+                if st and (st.st_uid, st.st_mode & 0o177777) == (os.geteuid(), stat.S_IFDIR | 0o700):
                     found.append(entry.path)
     except OSError:
         return None
     return sorted(found)
-
-
-def _real_dir(path: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
 
 
 def _usable(path: str) -> str | None:
@@ -137,14 +125,12 @@ def _usable(path: str) -> str | None:
 
 
 def _private(path: str) -> None:
-    """Make the directory we just created 0700, whatever the umask took away (0477 leaves 0300,
-    which not even we could list): through a descriptor of the directory itself, never a link
-    put in its place."""
+    """Make the directory we just created 0700 whatever the umask took away, never through a link."""
     fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.chmod(f"/proc/self/fd/{fd}", 0o700)  # fchmod() refuses an O_PATH descriptor
     except OSError:
-        pass  # no /proc: judged as it is below
+        pass  # no /proc: judged as it is
     finally:
         os.close(fd)
 
@@ -156,21 +142,14 @@ def process_start_time(pid: int) -> str | None:
     return None if st is None or st.state == b"Z" else str(st.start)
 
 
-class Life:
-    """This container's life, as every uid sees it. ``ident`` is the boot id, the inode of our PID
-    namespace (``/proc/self/ns/pid``) and the time ``/proc`` was mounted (its root's mtime, set when
-    the runtime mounts a fresh /proc for the container's new PID namespace): all readable by any
-    process, even with ``/proc`` mounted ``hidepid=2``. The kernel reuses namespace inodes soon
-    after a container ends; the mount time tells two lives apart all the same. ``pid1`` is PID 1's
-    start time where it can be seen (None with hidepid, as another uid than PID 1's), a further
-    check when both runs can see it."""
+class Life(Record):
+    """This container's life, as every uid sees it (even with ``/proc`` mounted ``hidepid=2``):
+    ``ident`` is the boot id, our PID namespace's inode and the time ``/proc`` was mounted (which
+    tells two lives apart when the kernel reuses the inode); ``pid1``: PID 1's start, if seen."""
 
-    __slots__ = ("boot", "ident", "pid1")
-
-    def __init__(self, boot: str, ident: str, pid1: str | None) -> None:
-        self.boot = boot
-        self.ident = ident
-        self.pid1 = pid1
+    boot: str
+    ident: str
+    pid1: str | None
 
 
 _life: list[Life] = []  # computed once per process: none of it changes while the process lives
@@ -198,18 +177,14 @@ def life() -> Life:
 
 
 def life_identity() -> str:
-    """What a cached result and a latch record of this container's life (see Life)."""
     return life().ident
 
 
 def same_life(ident: Any, pid1: Any) -> bool:
     """Whether a latch (or a record) written with ``ident`` and ``pid1`` is of this container's life.
-
-    An identity of the earlier form, ``<boot id>:<PID 1's start time>``, is judged as it was
-    written: by PID 1's start time where PID 1 can be seen, held where it cannot (a latch is
-    never dropped for want of evidence); ``<boot id>:?`` (PID 1 was hidden when it was written)
-    proves nothing and no longer holds.
-    """
+    An identity of the earlier form, ``<boot id>:<PID 1's start time>``, is judged by PID 1's start
+    time where PID 1 can be seen, held where it cannot (a latch is never dropped for want of
+    evidence); ``<boot id>:?`` proves nothing."""
     now = life()
     if not isinstance(ident, str):
         return False
@@ -227,11 +202,7 @@ def _unlink(path: str) -> None:
 
 
 class Lock:
-    """A lock file's descriptor, held until the ``with`` block ends (closing it releases the
-    lock); ``None`` when not had. A class, not ``contextlib.contextmanager``: contextlib costs
-    every run, liveness included, ~1 ms of start-up (make bench)."""
-
-    __slots__ = ("_fd", "unusable")
+    """A lock file's descriptor, held until the ``with`` block ends; ``None`` when not had."""
 
     def __init__(self, fd: int | None, unusable: str | None = None) -> None:
         self._fd = fd
@@ -242,7 +213,7 @@ class Lock:
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
-            os.close(self._fd)
+            os.close(self._fd)  # releases the lock
             self._fd = None
 
 
@@ -258,13 +229,12 @@ class State:
     def open(cls, path: str | None) -> State:
         """The state dir at ``path``, else the first default location that can be used; off
         (with every location's reason) when none can."""
-        tried = [path] if path else candidates()
         reasons = []
-        for where in tried:
+        for where in [path] if path else candidates():
             why = _usable(where)
             # /tmp, /dev/shm, $TMPDIR: another user can take the plain name before us
-            shared = os.path.basename(where) == f"healthcheck-{os.getuid()}"
-            if why is not None and not path and shared and os.path.lexists(where):
+            if why is not None and not path and os.path.basename(where) == f"healthcheck-{os.getuid()}" \
+                    and os.path.lexists(where):
                 mine = beside(where)
                 if mine is not None and _usable(mine) is None:
                     return cls(mine)
@@ -272,9 +242,7 @@ class State:
             if why is None:
                 return cls(where)
             reasons.append(why)
-        if len(reasons) == 1:
-            return cls(None, reasons[0])
-        return cls(None, "no writable state dir (" + "; ".join(reasons) + ")")
+        return cls(None, reasons[0] if len(reasons) == 1 else f"no writable state dir ({'; '.join(reasons)})")
 
     @classmethod
     def off(cls, reason: str) -> State:
@@ -289,25 +257,22 @@ class State:
         return os.path.join(self.path, name)
 
     def read_json(self, name: str) -> dict[str, Any] | None:
-        """The stored object, or None when absent, unreadable or corrupt."""
+        """The stored object, or None when absent, unreadable or corrupt (bounded nesting, finite numbers)."""
         if not self.enabled:
             return None
         try:
-            raw, _ = read_regular(self._file(name), MAX_FILE)
-            data = load_json(raw)  # bounded nesting, finite numbers: damage is a miss
+            data = load_json(read_regular(self._file(name), MAX_FILE)[0])
         except (Refused, ValueError):
             return None
         return data if isinstance(data, dict) else None
 
     def write_json(self, name: str, data: dict[str, Any]) -> bool:
-        """Atomically replace ``name``; False (never an exception, the reason in ``problem``)
-        when it cannot."""
+        """Atomically replace ``name``; False, the reason in ``problem``, when it cannot."""
         if not self.enabled:
             self.problem = f"state dir off: {self.disabled_reason}"
             return False
-        # One temporary file per writing thread: serve's monitor threads write serve.json at
-        # once, and two writers sharing one would interleave into a torn file.
-        tmp = self._file(f".{name}.{os.getpid()}.{_thread.get_ident()}.tmp")
+        # One temporary file per writing thread: two writers sharing one would tear it.
+        tmp = self._file(f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             import json  # reading goes through probes.untrusted; only writers need this
@@ -328,13 +293,11 @@ class State:
 
     def _open_lock(self, name: str) -> int | None:
         path = self._file(name)
-        for attempt in (1, 2):
+        for _ in (1, 2):
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             except PermissionError as exc:
                 self.problem = f"cannot open {name}: {os.strerror(exc.errno or 0)}"
-                if attempt == 2:
-                    return None
                 # Left unreadable by an earlier run's umask: the directory is ours and private.
                 try:
                     os.chmod(path, 0o600)
@@ -377,11 +340,10 @@ class State:
         return Lock(None)
 
     def scratch(self, what: str) -> str | None:
-        """A new private directory for files of this run that must not outlive it (a kernel's
-        connection file, the ssh client's known hosts): ``scratch/<what>-<pid>-<start>-<random>``
-        in the state dir, never in a shared directory such as /tmp. None when the state dir is
-        off or cannot hold it. The caller removes it (``drop_scratch``); what a killed run left
-        is removed by the next call, its pid and start time naming a process that is gone."""
+        """A new private directory for files of this run (a kernel's connection file, the ssh
+        client's known hosts), ``scratch/<what>-<pid>-<start>-<random>`` in the state dir, never in
+        /tmp; None when there is none. The caller removes it (``drop_scratch``); what a killed run
+        left is removed by the next call, its pid and start naming a process that is gone."""
         if not self.enabled:
             return None
         base = self._file(SCRATCH)
@@ -396,7 +358,15 @@ class State:
             st = os.lstat(base)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
                 return None
-            self._sweep_scratch(base)
+            with os.scandir(base) as entries:
+                for i, entry in enumerate(entries):
+                    parts = entry.name.rsplit("-", 3)
+                    if i >= MAX_SCRATCH:
+                        break
+                    if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit():
+                        left = pidstat.stat(int(parts[1]))
+                        if left is None or str(left.start) != parts[2] or left.state in pidstat.DEAD:
+                            drop_scratch(entry.path)
             me = pidstat.stat(os.getpid())
             path = os.path.join(base, f"{what}-{os.getpid()}-{me.start if me else 0}-{os.urandom(4).hex()}")
             os.mkdir(path, 0o700)
@@ -405,34 +375,18 @@ class State:
             return None
         return path
 
-    @staticmethod
-    def _sweep_scratch(base: str) -> None:
-        with os.scandir(base) as entries:
-            for i, entry in enumerate(entries):
-                if i >= MAX_SCRATCH:
-                    break
-                parts = entry.name.rsplit("-", 3)
-                if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():
-                    continue
-                st = pidstat.stat(int(parts[1]))
-                if st is None or str(st.start) != parts[2] or st.state in pidstat.DEAD:
-                    drop_scratch(entry.path)
-
-    # The sticky latch: a fatal CUDA error (or a critical Xid seen by `serve`)
-    # keeps the container unhealthy until it restarts.
     def latch(self) -> dict[str, Any] | None:
-        """The latch in force for this container life, or None. A stale one is cleared."""
+        """The latch in force for this container life (a fatal CUDA error, or a critical Xid seen by
+        serve), or None. A stale one is cleared."""
         data = self.read_json(LATCH)
         if data is not None:
             if same_life(data.get("identity"), data.get("pid1")):
                 return data
             self.remove(LATCH)
-        return self._mark() if self.enabled else None
-
-    def _mark(self) -> dict[str, Any] | None:
-        """The latch an empty file stands for (see set_latch); stale ones are removed."""
+        if not self.enabled:
+            return None
         assert self.path is not None
-        try:
+        try:  # the empty file that stands for the latch (see set_latch); stale ones are removed
             names = [n for n in os.listdir(self.path) if n.startswith(MARK)]
         except OSError:
             return None
@@ -472,21 +426,21 @@ class State:
 
     def set_latch(self, source: str, reason: str, code: str | None = None) -> bool:
         """Latch unhealthy: ``source`` (the probe, or "xid"), the message, and its reason code.
-
-        A file system too full for ``latch.json`` usually still has an inode for an empty file:
-        its name keeps what the latch needs (this life's identity, the source and the code).
+        A file system too full for ``latch.json`` usually still has an inode for an empty file,
+        whose name keeps what the latch needs: ``latch@<identity>@<pid 1>@<source>@<code>``.
         False, with the reason in ``problem``, when not even that could be written."""
         now = life()
         data = {"source": source, "reason": reason, "time": time.time(), "identity": now.ident,
-                "pid1": now.pid1}
-        if code:
-            data["code"] = code
+                "pid1": now.pid1, **({"code": code} if code else {})}
         if self.write_json(LATCH, data):
             return True
         if not self.enabled:
             return False
         why = self.problem
-        name = MARK + "@".join(_safe(p) for p in (now.ident, now.pid1 or "?", source, code or ""))
+        # No separator, slash or anything outside [A-Za-z0-9._:-] in the file name's parts.
+        name = MARK + "@".join("".join(ch if ch.isascii() and (ch.isalnum() or ch in "._:-") else "_"
+                                       for ch in part)[:80] for part in (now.ident, now.pid1 or "?", source,
+                                                                         code or ""))
         try:
             flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
             os.close(os.open(self._file(name), flags, 0o600))
@@ -502,8 +456,3 @@ def drop_scratch(path: str | None) -> None:
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _safe(part: str) -> str:
-    """A part of the latch file's name: no separator, no slash, nothing outside [A-Za-z0-9._:-]."""
-    return "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._:-") else "_" for ch in part)[:80]

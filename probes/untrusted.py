@@ -1,10 +1,5 @@
-"""Text, JSON and files from outside the suite: cleaned, bounded and checked before use.
-
-Everything that another program or another user controls passes through here before it
-reaches a result, a report or a decision: GPU names and versions, server replies, file
-names, settings, and files in directories another user can write. ``clean`` is idempotent:
-cleaning clean text changes nothing.
-"""
+"""Text, JSON and files from outside the suite (what another program or user controls): cleaned,
+bounded and checked before they reach a result, a report or a decision. ``clean`` is idempotent."""
 
 from __future__ import annotations
 
@@ -21,36 +16,19 @@ MAX_TEXT = 300  # characters of one cleaned value unless the caller says otherwi
 MAX_DEPTH = 32  # nesting of arrays and objects in any JSON the suite reads
 MAX_INT_DIGITS = 30  # far beyond any count, size or pid; float() of it is always finite
 ELLIPSIS = "..."
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _visible(ch: str) -> str:
-    named = _NAMED.get(ch)
-    if named is not None:
-        return named
-    code = ord(ch)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
 
 
 def clean(value: Any, limit: int = MAX_TEXT) -> str:
-    """``value`` as one printable line of at most ``limit`` characters.
-
-    Bytes are decoded as UTF-8 (invalid bytes become U+FFFD). Characters that are not
-    printable (Unicode categories Other and Separator, except the ASCII space) are shown
-    as Python-style escapes, so nothing invisible reaches a terminal, a log or JSON, and
-    nothing is silently lost. Longer text is cut and ends with ``...``.
-    """
+    """``value`` as one printable line of at most ``limit`` characters: bytes decoded as UTF-8,
+    what is not printable shown as Python's escapes (nothing invisible reaches a terminal, a log
+    or JSON, and nothing is silently lost), longer text cut to end with ``...``."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         text = bytes(value[: limit * 4 + 4]).decode("utf-8", "replace")
     else:
         text = str(value)
     text = text[: limit * 4 + 4]  # bound the work: each character shows as at most 10
     if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else _visible(ch) for ch in text)
+        text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
     if len(text) <= limit:
         return text
     return text[: max(limit - len(ELLIPSIS), 0)] + ELLIPSIS
@@ -84,42 +62,15 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def depth_within(doc: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether arrays and objects in ``doc`` nest at most ``limit`` deep (iterative)."""
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return False
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return True
-
-
-def _loads(text: str) -> Any:
-    """``json.loads`` with the hooks above: the public API, whatever else the run imported.
-
-    Importing json costs a liveness run that reads Jupyter's runtime file about 3 ms (make bench).
-    It is paid: json's C scanner, called without the package, raises SystemError instead of
-    JSONDecodeError on malformed input, and a parser must raise the same whatever ran first.
-    """
+def load_json(raw: bytes | str) -> Any:
+    """Parse untrusted JSON; ``ValueError`` for anything malformed, nested deeper than MAX_DEPTH
+    or out of range: NaN and Infinity are refused, integers have at most ``MAX_INT_DIGITS`` digits
+    and floats are finite, so later arithmetic can never overflow. Bytes must be UTF-8 (a byte
+    order mark is allowed), as RFC 8259 asks of JSON between systems."""
+    # The json package, not its C scanner alone (which raises SystemError on malformed input):
+    # a parser must raise the same whatever else the run imported.
     import json
 
-    return json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_finite_float)
-
-
-def load_json(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
-    """Parse untrusted JSON; ``ValueError`` for anything malformed, too deep or out of range.
-
-    NaN and Infinity are refused, integers are bounded to ``MAX_INT_DIGITS`` digits and
-    floats must be finite, so later arithmetic (``float(x)``) can never overflow. Bytes
-    must be UTF-8 (a byte order mark is allowed), as RFC 8259 asks of JSON between systems.
-    """
     if isinstance(raw, (bytes, bytearray)):
         try:
             raw = bytes(raw).decode("utf-8")  # not "utf-8-sig": one codec module less to import
@@ -127,11 +78,16 @@ def load_json(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
             raise ValueError("not UTF-8") from None
         raw = raw[1:] if raw.startswith("\ufeff") else raw
     try:
-        doc = _loads(raw)
+        doc = json.loads(raw, parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_finite_float)
     except RecursionError:
         raise ValueError("nested too deeply") from None
-    if not depth_within(doc, max_depth):
-        raise ValueError("nested too deeply")
+    stack: list[tuple[Any, int]] = [(doc, 1)] if isinstance(doc, (dict, list)) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError("nested too deeply")
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return doc
 
 
@@ -144,11 +100,8 @@ class Refused(Exception):
 def read_regular(path: str, max_size: int, *, dir_fd: int | None = None,
                  owners: Collection[int] | None = None) -> tuple[bytes, os.stat_result]:
     """The content and status of ``path`` if it is a regular file we may trust; else ``Refused``.
-
-    The last component is opened with O_NOFOLLOW (a symlink is refused) and O_NONBLOCK
-    (a FIFO or device never blocks the caller); type, size and, with ``owners``, the
-    owning uid are checked on the open descriptor, so nothing can be swapped in between.
-    """
+    Opened with O_NOFOLLOW (a symlink is refused) and O_NONBLOCK (a FIFO never blocks); type, size
+    and, with ``owners``, the owner are checked on the open descriptor: nothing is swapped in between."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
@@ -196,14 +149,11 @@ def distrust(st: os.stat_result, what: str, owners: Collection[int], *,
 
 
 def open_trusted_dir(path: str, owners: Collection[int]) -> int:
-    """A descriptor of the directory ``path`` (O_RDONLY), reached without trusting anyone else.
-
-    Every component is judged on the way, as sudo and cron judge the path to their files (the
-    rules: docs/probes.md, "Drop-in checks"). Each step opens the next component relative to the
-    last one with O_NOFOLLOW, so what was judged is what is used. ``Refused`` names the component
-    that may not be trusted; an OSError (FileNotFoundError, NotADirectoryError) when the path does
-    not lead to a directory.
-    """
+    """A descriptor of the directory ``path`` (O_RDONLY), reached without trusting anyone else:
+    every component is judged on the way, as sudo and cron judge the path to their files
+    (docs/probes.md, "Drop-in checks"), and opened relative to the last with O_NOFOLLOW, so what was
+    judged is what is used. ``Refused`` names the component that may not be trusted; OSError when
+    the path leads to no directory."""
     step = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     todo = path.split("/")[::-1]  # a stack: the next component is last
     fds = [os.open("/", step)]  # the directories walked so far, for ".."

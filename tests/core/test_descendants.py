@@ -312,7 +312,7 @@ def test_cli_with_a_stub_nvidia_smi_leaves_nothing(kind, then, front_door, marke
     stub(bindir / "nvidia-smi", kind, marker, ANSWER if then == "answer" else hang(marker))
     timeout = 2.0
     env = clean_env(PATH=f"{bindir}:/usr/bin:/bin", HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
-                    HEALTHCHECK_TIMEOUT=str(timeout), HEALTHCHECK_GPU_COUNT="1", HEALTHCHECK_FASTPATH="false")
+                    HEALTHCHECK_TIMEOUT=str(timeout), HEALTHCHECK_GPU_COUNT="1")
     start = time.monotonic()
     r = run_cli("--only", "nvidia-smi", env=env, front_door=front_door, timeout=60)
     took = time.monotonic() - start
@@ -331,7 +331,7 @@ def test_the_cli_ends_even_what_no_run_marker_matches_when_it_exits(marker, tmp_
     write_exe(bindir / "nvidia-smi", f"env -i setsid bash -c 'exec -a \"$0\" sleep 300' '{marker}-envless' &\n"
                                      f"{ANSWER}")
     env = clean_env(PATH=f"{bindir}:/usr/bin:/bin", HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
-                    HEALTHCHECK_GPU_COUNT="1", HEALTHCHECK_FASTPATH="false")
+                    HEALTHCHECK_GPU_COUNT="1")
     r = run_cli("--only", "nvidia-smi", env=env, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert _gone(marker) == []
@@ -342,7 +342,7 @@ def test_sigterm_mid_run_ends_what_the_run_started_and_answers_unhealthy(marker,
     bindir = tmp_path / "bin"
     stub(bindir / "nvidia-smi", "setsid", marker, hang(marker))
     env = clean_env(PATH=f"{bindir}:/usr/bin:/bin", HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
-                    HEALTHCHECK_GPU_COUNT="1", HEALTHCHECK_FASTPATH="false", HEALTHCHECK_TIMEOUT="60")
+                    HEALTHCHECK_GPU_COUNT="1", HEALTHCHECK_TIMEOUT="60")
     p = subprocess.Popen([sys.executable, "-m", "probes", "--only", "nvidia-smi"], env=env, cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     end = time.monotonic() + 20

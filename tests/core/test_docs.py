@@ -1,5 +1,4 @@
-"""The manual's probe, environment and cause tables are generated from the registry (make docs), and
-docs/architecture.md names every module of the package."""
+"""The manual's probe, environment and cause tables are generated from the registry (make docs)."""
 
 from __future__ import annotations
 
@@ -37,13 +36,6 @@ def test_a_changed_declaration_changes_the_generated_tables(monkeypatch):
     monkeypatch.setitem(registry._cache, "PROBES", (changed, *registry.PROBES[1:]))
     after = docs.causes()
     assert "| a new cause | `brand-new` | warn | a new remedy |" in after and after != before
-
-
-def test_the_architecture_page_names_every_module_but_the_probes_the_registry_lists():
-    text = (ROOT / "docs/architecture.md").read_text(encoding="utf-8")
-    probes = {s.module.replace(".", "/") + ".py" for s in registry.PROBES}
-    modules = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "probes").rglob("*.py")) if p.stat().st_size]
-    assert [m for m in modules if f"`{m}`" not in text and m not in probes] == []
 
 
 def test_the_deadline_ladders_table_is_generated_from_it(monkeypatch):

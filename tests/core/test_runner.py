@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -10,7 +11,7 @@ from probes import runner
 from probes.config import Config
 from probes.result import Status
 from probes.state import State
-from tests.core.fakeprobes.behave import SEEN, spec
+from tests.core.fakeprobes.behave import SEEN, THREADS, spec
 
 
 @pytest.fixture
@@ -27,6 +28,15 @@ def test_all_pass_keeps_registry_order(state):
     assert [r.name for r in out.results] == ["a", "b", "c"]
     assert out.status is Status.PASS
     assert all(r.elapsed >= 0 and r.time > 0 for r in out.results)
+
+
+def test_a_run_takes_one_thread_per_probe(state):
+    """Each thread counts against the container's process limit: a probe takes one, nothing watches it."""
+    before = len(os.listdir("/proc/self/task"))
+    THREADS.clear()
+    out = run([spec(name, "slow") for name in ("a", "b", "c")], state)
+    assert out.status is Status.PASS and len(THREADS) == 3
+    assert max(THREADS) - before <= 3, THREADS
 
 
 def test_worst_status_wins_and_first_failure_is_reported(state):

@@ -39,7 +39,7 @@ def _env(tmp_path: Path, python: object, **extra: str) -> dict[str, str]:
     checks.mkdir(exist_ok=True)
     return clean_env(HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_PYTHON=str(python),
                      HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_CHECKS_DIR=str(checks),
-                     HEALTHCHECK_FASTPATH="false", HEALTHCHECK_TIMEOUT="30", **extra)
+                     HEALTHCHECK_TIMEOUT="30", **extra)
 
 
 def _suite(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:

@@ -123,7 +123,7 @@ def test_a_malformed_result_line_is_bad_output_when_json_was_never_imported(
     out_file = tmp_path / "line"
     out_file.write_text(result_line(old, new))
     py = make_interp("malformed", body=f'cat "{out_file}"')
-    env = cli_env(py, tmp_path, HEALTHCHECK_FASTPATH="false")
+    env = cli_env(py, tmp_path)
     for flags in (("--only", torch_cuda.SPEC.name), ("--only", torch_cuda.SPEC.name, "--json")):
         out = run_cli(*flags, env=env, timeout=60)
         both = out.stdout + out.stderr

@@ -90,7 +90,7 @@ def test_torch_op_on_every_gpu_through_the_probe(tmp_path: Path) -> None:
     state = tmp_path / "state"
     env = clean_env(HEALTHCHECK_TORCH_DEVICE="cuda", HEALTHCHECK_TORCH_PYTHON=TORCH_PY,
                     HEALTHCHECK_STATE_DIR=str(state), HEALTHCHECK_GPU_COUNT=str(count),
-                    ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false", HEALTHCHECK_FASTPATH="false")
+                    ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false")
     done = run_cli("--profile", "startup", "--json", env=env, timeout=240)
     report = json.loads(done.stdout)
     checks = {key.split(":")[0]: entries[0] for key, entries in report["checks"].items()}

@@ -114,7 +114,7 @@ class Core:
         env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
         env.update(ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false", HEALTHCHECK_PYTHON=self.suite_py,
                    HEALTHCHECK_TORCH_PYTHON=self.torch_py, HEALTHCHECK_TORCH_DEVICE="cpu" if self.fake else "cuda",
-                   HEALTHCHECK_FASTPATH="false", GPU_VERIFY_MARK=self.mark)
+                   GPU_VERIFY_MARK=self.mark)
         log_file = self.logs / "healthcheck.log"
         if " " not in str(log_file):  # the suite takes a path without spaces
             env["HEALTHCHECK_LOG_FILE"] = str(log_file)

@@ -478,7 +478,7 @@ def test_a_malformed_runtime_file_is_refused_in_a_fresh_run(jupyter: Jupyter, tm
     live = next(jupyter.runtime.glob("jpserver-*.json"))
     (rt / "jpserver-1.json").write_text(_malformed(live.read_text())[damage])
     env = clean_env(HEALTHCHECK_JUPYTER_RUNTIME_DIR=str(rt), HEALTHCHECK_JUPYTER_PORT=str(jupyter.port),
-                    HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_FASTPATH="false",
+                    HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
                     **{t: "false" for t in ("ENABLE_GPU_CHECK", "ENABLE_RUNTIME_CHECK", "ENABLE_TORCH_CHECK",
                                             "ENABLE_SSH_CHECK", "ENABLE_JUPYTER_KERNEL_CHECK")})
     for flags in (("--only", "jupyter"), ("--skip", "ssh", "--profile", "liveness"), ("--json",)):

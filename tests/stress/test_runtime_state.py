@@ -81,7 +81,7 @@ def torch_env(box: Path, **extra: str) -> dict[str, str]:
     count.chmod(0o666)
     torch_py = write_exe(box / "python-counting", f'echo $$ >> {count}\nexec {VENV_PY} "$@"')
     env = clean_env(HEALTHCHECK_PYTHON=VENV_PY, HEALTHCHECK_TORCH_PYTHON=str(torch_py),
-                    HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_TTL="3600", HEALTHCHECK_FASTPATH="false",
+                    HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_TTL="3600",
                     ENABLE_GPU_CHECK="false", ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false",
                     HOME=str(box / "home"), PATH="/usr/bin:/bin")
     env.pop("HEALTHCHECK_STATE_DIR", None)
@@ -169,7 +169,7 @@ def fatal_env(box: Path, state: Path) -> dict[str, str]:
     """torch-cuda through the fake torch package's sticky CUDA error; the log beside, not on the full disk."""
     interp = write_exe(box / "python-fatal", f"export PYTHONPATH={FAKE_TORCH} FAKE_TORCH_MODE=fatal\n"
                                               f'exec {VENV_PY} "$@"')
-    return clean_env(HEALTHCHECK_PYTHON=VENV_PY, HEALTHCHECK_TORCH_PYTHON=str(interp), HEALTHCHECK_FASTPATH="false",
+    return clean_env(HEALTHCHECK_PYTHON=VENV_PY, HEALTHCHECK_TORCH_PYTHON=str(interp),
                      ENABLE_GPU_CHECK="false", ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false",
                      HEALTHCHECK_STATE_DIR=str(state), HEALTHCHECK_LOG_FILE=str(box / "run.log"))
 

@@ -74,7 +74,7 @@ def full_env(tmp_path: Path, sshd_port: int, jupyter_server: tuple[int, Path]) -
                     HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_TTL="3600",
                     HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_SSH_PORT=str(sshd_port),
                     HEALTHCHECK_JUPYTER_PORT=str(jupyter_server[0]),
-                    HEALTHCHECK_JUPYTER_RUNTIME_DIR=str(jupyter_server[1]), HEALTHCHECK_FASTPATH="false",
+                    HEALTHCHECK_JUPYTER_RUNTIME_DIR=str(jupyter_server[1]),
                     HEALTHCHECK_GPU_COUNT="1", NO_PROXY="*",
                     # a kernel per run is not what this stresses (tests/services/test_jupyter_kernel.py)
                     ENABLE_JUPYTER_KERNEL_CHECK="false")
@@ -124,7 +124,7 @@ def torch_only_env() -> Iterator[tuple[dict[str, str], Path]]:
     shared.chmod(0o755)  # reachable by `nobody` too
     torch_py, count = counting_python(shared)
     env = clean_env(HEALTHCHECK_PYTHON=VENV_PY, HEALTHCHECK_TORCH_PYTHON=str(torch_py),
-                    HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_TTL="3600", HEALTHCHECK_FASTPATH="false",
+                    HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_TTL="3600",
                     ENABLE_GPU_CHECK="false", ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false")
     yield env, count
     shutil.rmtree(shared, ignore_errors=True)
