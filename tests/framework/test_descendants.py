@@ -45,8 +45,7 @@ def test_torch_worker_descendants_are_ended(kind: str, then: str, make_interp: C
     timeout = 3.0
     env = clean_env(ENABLE_GPU_CHECK="false", ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false",
                     HEALTHCHECK_TORCH_DEVICE="cpu", HEALTHCHECK_TORCH_PYTHON=str(py),
-                    HEALTHCHECK_TIMEOUT=str(timeout), HEALTHCHECK_STATE_DIR=str(tmp_path / "state"),
-                    HEALTHCHECK_FASTPATH="false")
+                    HEALTHCHECK_TIMEOUT=str(timeout), HEALTHCHECK_STATE_DIR=str(tmp_path / "state"))
     start = time.monotonic()
     r = run_cli("--profile", "startup", "--json", env=env, timeout=60)
     took = time.monotonic() - start

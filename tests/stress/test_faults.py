@@ -218,8 +218,7 @@ def test_whole_process_faults_answer_and_leave_nothing(tmp_path: Path, marker: s
         d = tmp_path / name
         env = clean_env(HEALTHCHECK_PYTHON=VENV_PY, HEALTHCHECK_TIMEOUT=str(timeout),
                         HEALTHCHECK_STATE_DIR=str(d / "state"), HEALTHCHECK_TORCH_DEVICE="cpu",
-                        ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false", HEALTHCHECK_GPU_COUNT="1",
-                        HEALTHCHECK_FASTPATH="false")
+                        ENABLE_JUPYTER_CHECK="false", ENABLE_SSH_CHECK="false", HEALTHCHECK_GPU_COUNT="1")
         if smi:
             write_exe(d / "bin" / "nvidia-smi", SMI[smi].format(m=marker))
             env["PATH"] = f"{d / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
