@@ -50,7 +50,6 @@ class Completed(Record):
 
     @property
     def signal(self) -> int | None:
-        """The signal that killed the child, if one did."""
         return -self.returncode if self.returncode is not None and self.returncode < 0 else None
 
 
@@ -71,8 +70,8 @@ _ids = itertools.count(1)
 
 
 def subreaper() -> bool:
-    """Make this process the child subreaper, once per process, so that an orphan of a run is
-    re-parented to it; False where the kernel refuses."""
+    """Become the child subreaper (an orphan of a run is re-parented to us), once per process;
+    False where the kernel refuses."""
     global _reaper, _prctl
     with _lock:
         if _reaper[0] != os.getpid():
@@ -103,10 +102,9 @@ def _die_with_us() -> Callable[[], None] | None:
 def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
           stdout: int | IO[Any] | None = -1, stderr: int | IO[Any] | None = -1,
           user: tuple[int, int] | None = None) -> subprocess.Popen[bytes]:
-    """Start ``argv`` as run() does (own session, stdin from /dev/null, a new run marker after the
-    enclosing runs' in its environment, the parent-death signal) and register it; end it with end()
-    from a thread that lives as long as the child. ``user``: (uid, gid) to run as, with no
-    supplementary group (only root may). Raises OSError when it cannot be started."""
+    """Start ``argv`` as run() does (own session, stdin from /dev/null, the run marker, the
+    parent-death signal); end it with end() from a thread that lives as long as the child.
+    ``user``: (uid, gid) to run as, with no supplementary group. OSError when it cannot start."""
     import subprocess
 
     drop: dict[str, Any] = {}
@@ -277,15 +275,31 @@ def end_descendants(grace: float = 0.0) -> int:
     return len(termed.keys() | _sweep(mine, signal.SIGKILL, popens, 0, time.monotonic() + 1.0).keys())
 
 
-def _read(proc: subprocess.Popen[bytes], out: childio.Output, deadline: float,
-          until: Callable[[bytes], bool] | None, linger: float) -> tuple[bool, bool, float]:
-    """Read the child's output until it exits (and its pipes end, or DRAIN_AFTER_EXIT after its
-    exit: a grandchild may hold them) or the deadline passes, the deadline brought forward once
-    ``until`` is met. Returns (timed_out, answered, the deadline it kept)."""
+def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, max_output: int = MAX_OUTPUT, state: State | None = None,
+        key: str | None = None, until: Callable[[bytes], bool] | None = None,
+        linger: float = LINGER, user: tuple[int, int] | None = None) -> Completed:
+    """Run ``argv`` until it exits or ``deadline`` (time.monotonic()) passes; return within about
+    ``TERM_GRACE + KILL_WAIT`` of it whatever the child does, leaving nothing it started but a
+    process the kernel will not let die. With ``state`` and ``key``, such a process is remembered,
+    and while it exists no child is started under ``key`` (``held_by``). ``until(stdout so far)``,
+    cheap and never raising: once true, the child gets at most ``linger`` more seconds to exit."""
     import selectors
+    import subprocess  # here: the CLI's final sweep and serve need only the rest of this module
 
+    start = time.monotonic()
+    argv = tuple(argv)
+    held = state.stuck_child(key) if state is not None and key else None
+    if held is not None:
+        return Completed(argv, None, stuck=True, held_by=held, elapsed=time.monotonic() - start)
+    try:
+        proc = spawn(argv, env=env, cwd=cwd, user=user)
+    except OSError as exc:
+        return Completed(argv, None, spawn_error=childio.spawn_error(exc, argv[0], env, cwd),
+                         elapsed=time.monotonic() - start)
+    out = childio.Output(proc.stdout.fileno(), proc.stderr.fileno(), max_output)  # type: ignore[union-attr]
     timed_out = answered = False
-    stop_at = deadline
+    stop_at = deadline  # brought forward once until() is met
     exited_at: float | None = None
     sel = selectors.DefaultSelector()
     for fd in (out.out_fd, out.err_fd):
@@ -313,33 +327,6 @@ def _read(proc: subprocess.Popen[bytes], out: childio.Output, deadline: float,
                     stop_at = min(deadline, time.monotonic() + max(linger, 0.0))
     finally:
         sel.close()
-    return timed_out, answered, stop_at
-
-
-def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
-        cwd: str | None = None, max_output: int = MAX_OUTPUT, state: State | None = None,
-        key: str | None = None, until: Callable[[bytes], bool] | None = None,
-        linger: float = LINGER, user: tuple[int, int] | None = None) -> Completed:
-    """Run ``argv`` until it exits or ``deadline`` (a time.monotonic() value) passes; return within
-    about ``TERM_GRACE + KILL_WAIT`` of it whatever the child does, leaving nothing it started but a
-    process the kernel will not let die. With ``state`` and ``key``, such a process is remembered,
-    and while it exists no child is started under ``key`` (``held_by``). ``until(stdout so far)``,
-    cheap and never raising: once true, the child gets at most ``linger`` more seconds, never past
-    ``deadline``, to exit, else it is ended (``timed_out``, ``lingered``)."""
-    import subprocess  # here: the CLI's final sweep and serve need only the rest of this module
-
-    start = time.monotonic()
-    argv = tuple(argv)
-    held = state.stuck_child(key) if state is not None and key else None
-    if held is not None:
-        return Completed(argv, None, stuck=True, held_by=held, elapsed=time.monotonic() - start)
-    try:
-        proc = spawn(argv, env=env, cwd=cwd, user=user)
-    except OSError as exc:
-        return Completed(argv, None, spawn_error=childio.spawn_error(exc, argv[0], env, cwd),
-                         elapsed=time.monotonic() - start)
-    out = childio.Output(proc.stdout.fileno(), proc.stderr.fileno(), max_output)  # type: ignore[union-attr]
-    timed_out, answered, stop_at = _read(proc, out, deadline, until, linger)
     try:
         if not timed_out:
             try:
