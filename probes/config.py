@@ -7,27 +7,10 @@ import math
 import os
 import types
 
-from probes import registry
+from probes import registry, spec
 from probes.deadlines import FRONT_DOOR_GRACE
 from probes.numbers import NUMBER_FORM, is_integer_text, is_number_text
-from probes.spec import (
-    ABSOLUTE_PATH,
-    ALL_PROFILES,
-    BOOL,
-    CHOICE,
-    HOST,
-    INTEGER,
-    NUMBER,
-    PORT,
-    PROFILE_RULES,
-    TEXT,
-    URL_PATH,
-    Declared,
-    Profile,
-    Setting,
-    Spec,
-    setting,
-)
+from probes.spec import PROFILE_RULES, Declared, Setting, setting
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
@@ -35,9 +18,11 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, TypeVar
 
+    from probes.spec import Profile, Spec
+
     D = TypeVar("D", bound=Declared)
 
-PROFILES = ALL_PROFILES
+PROFILES = spec.ALL_PROFILES
 DEFAULT_PROFILE = "readiness"
 MAX_TIMEOUT = 3600.0
 TRUE = ("true", "1", "yes", "on")
@@ -174,26 +159,27 @@ def parse_base_url(name: str, raw: str) -> str:
 class Notices(Declared):
     """What a check tells the person at the keyboard (probes/notice.py)."""
 
-    notices: bool = setting("HEALTHCHECK_NOTICES", BOOL, True,
+    notices: bool = setting("HEALTHCHECK_NOTICES", spec.BOOL, True,
                             "tell the person at the keyboard: a line in the container's log when the verdict "
                             "changes, the notice shown at an SSH login and in a notebook's first cell "
                             "(docs/image.md, \"Notices\"); `false` turns all three off")
-    notice_file: str = setting("HEALTHCHECK_NOTICE_FILE", ABSOLUTE_PATH, "/run/healthcheck-notice/notice",
-                               "the published notice (an absolute path), world-readable in a directory of "
-                               "the suite's user (0755); the login and notebook readers read this one file")
+    notice_file: str = setting("HEALTHCHECK_NOTICE_FILE", spec.ABSOLUTE_PATH,
+                               "/run/healthcheck-notice/notice", "the published notice (an absolute path), "
+                               "world-readable in a directory of the suite's user (0755); the login and "
+                               "notebook readers read this one file")
 
 
 GLOBAL_SETTINGS = (
-    Setting("HEALTHCHECK_PROFILE", "profile", CHOICE, DEFAULT_PROFILE,
+    Setting("HEALTHCHECK_PROFILE", "profile", spec.CHOICE, DEFAULT_PROFILE,
             "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=PROFILES),
-    Setting("HEALTHCHECK_TIMEOUT", "timeout", NUMBER, None,
+    Setting("HEALTHCHECK_TIMEOUT", "timeout", spec.NUMBER, None,
             "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
             f"the front door kills the run {FRONT_DOOR_GRACE} s later", low=0, high=MAX_TIMEOUT,
             shown_default="per profile: " + " / ".join(f"{p.timeout:g}" for p in PROFILE_RULES.values())),
-    Setting("HEALTHCHECK_HOST", "host", HOST, "127.0.0.1",
+    Setting("HEALTHCHECK_HOST", "host", spec.HOST, "127.0.0.1",
             "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
             "ASCII host name"),
-    Setting("HEALTHCHECK_STATE_DIR", "state_dir", ABSOLUTE_PATH, None,
+    Setting("HEALTHCHECK_STATE_DIR", "state_dir", spec.ABSOLUTE_PATH, None,
             "cache, locks, latch (an absolute path); made 0700, a symlink, a foreign "
             "directory or one below a directory another user can change is refused (caching off); "
             "see \"Runs anywhere\" in docs/kubernetes.md",
@@ -202,10 +188,10 @@ GLOBAL_SETTINGS = (
                           "`/dev/shm/healthcheck-<uid>` (each of the last three, when another user "
                           "took the name first: the suite's own `<name>.<time><random>` beside it); "
                           "none: caching off"),
-    Setting("HEALTHCHECK_LOG_FILE", "log_file", ABSOLUTE_PATH, None,
+    Setting("HEALTHCHECK_LOG_FILE", "log_file", spec.ABSOLUTE_PATH, None,
             "one line per run plus error details (an absolute path); rotated at 1 MiB (one "
             "backup); a regular file only (see below)", shown_default="unset"),
-    Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", ABSOLUTE_PATH, "/etc/healthcheck.d",
+    Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", spec.ABSOLUTE_PATH, "/etc/healthcheck.d",
             "drop-in checks (an absolute path): every executable file there is a check (see "
             "\"Drop-in checks\")"),
     *Notices.SETTINGS,
@@ -213,10 +199,11 @@ GLOBAL_SETTINGS = (
 
 # Read outside the suite's configuration (the front door): listed in docs/probes.md.
 OTHER_SETTINGS = (
-    Setting("HEALTHCHECK_PYTHON", "", TEXT, None,
+    Setting("HEALTHCHECK_PYTHON", "", spec.TEXT, None,
             "the suite's own interpreter (front door only; one that cannot run the suite is exit 3)",
             shown_default="the `.venv` beside the `healthcheck` script"),
-    Setting("HEALTHCHECK_DEBUG", "", TEXT, None, "trace the front door (`set -x`)", shown_default="unset"),
+    Setting("HEALTHCHECK_DEBUG", "", spec.TEXT, None, "trace the front door (`set -x`)",
+            shown_default="unset"),
 )
 
 
@@ -272,32 +259,32 @@ class Config:
     def _replace(self, **fields: Any) -> Config:
         return Config(**{**self._values, **fields})
 
-    def enabled(self, spec: Spec) -> bool:
-        if self.profile not in spec.profiles:
+    def enabled(self, probe: Spec) -> bool:
+        if self.profile not in probe.profiles:
             return False
         if self.only:
-            return spec.name in self.only
-        return spec.name not in self.skip and self.toggles.get(spec.toggle, default_on(spec, self._values))
+            return probe.name in self.only
+        return probe.name not in self.skip and self.toggles.get(probe.toggle, default_on(probe, self._values))
 
     def selected(self) -> list[Spec]:
         return [s for s in (*registry.PROBES, *self.dropins) if self.enabled(s)]
 
 
-def default_on(spec: Spec, values: Mapping[str, Any]) -> bool:
+def default_on(probe: Spec, values: Mapping[str, Any]) -> bool:
     """Whether a probe runs when its toggle is not given: an opt-in one when its ``on_with`` setting is."""
-    return spec.default_on or bool(spec.on_with and values.get(spec.on_with) is not None)
+    return probe.default_on or bool(probe.on_with and values.get(probe.on_with) is not None)
 
 
 def parse_setting(row: Setting, raw: str) -> Any:
     name, kind = row.env, row.kind
-    if kind in (NUMBER, INTEGER):
+    if kind in (spec.NUMBER, spec.INTEGER):
         value = parse_number(name, raw, low=row.low, high=row.high,
-                             low_inclusive=row.low_inclusive, integer=kind == INTEGER)
-        return int(value) if kind == INTEGER else value
-    if kind == CHOICE:
+                             low_inclusive=row.low_inclusive, integer=kind == spec.INTEGER)
+        return int(value) if kind == spec.INTEGER else value
+    if kind == spec.CHOICE:
         return parse_choice(name, raw, row.choices)
-    parse = {BOOL: parse_bool, PORT: parse_port, URL_PATH: parse_base_url, HOST: parse_host,
-             ABSOLUTE_PATH: parse_absolute_path}.get(kind)
+    parse = {spec.BOOL: parse_bool, spec.PORT: parse_port, spec.URL_PATH: parse_base_url,
+             spec.HOST: parse_host, spec.ABSOLUTE_PATH: parse_absolute_path}.get(kind)
     if parse is not None:
         return parse(name, raw)
     text = parse_text(name, raw)
