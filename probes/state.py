@@ -1,9 +1,6 @@
-"""The state directory: cached results, locks and the sticky CUDA-fatal latch.
-
-A real directory owned by us, reached only through directories nobody but root or us can change,
-0700 with files 0600 whatever the umask; when none can be used, caching is off and the run says so
-(``HEALTHCHECK_STATE_DIR`` in docs/probes.md).
-"""
+"""The state directory: cached results, locks and the sticky CUDA-fatal latch, in a private
+directory reached only through directories nobody but root or us can change, or off
+(``HEALTHCHECK_STATE_DIR`` in docs/probes.md)."""
 
 from __future__ import annotations
 
@@ -38,20 +35,17 @@ def candidates() -> list[str]:
     if runtime.startswith("/") and os.path.isdir(runtime):
         found.append(os.path.join(runtime, "healthcheck"))
     tmpdir = os.environ.get("TMPDIR", "")
-    try:
-        if tmpdir.startswith("/") and stat.S_ISDIR(os.lstat(tmpdir).st_mode):
-            found.append(os.path.join(tmpdir, f"healthcheck-{uid}"))
-    except OSError:
-        pass
+    if tmpdir.startswith("/") and os.path.isdir(tmpdir) and not os.path.islink(tmpdir):
+        found.append(os.path.join(tmpdir, f"healthcheck-{uid}"))
     found += [f"/tmp/healthcheck-{uid}", f"/dev/shm/healthcheck-{uid}"]  # noqa: S108
     return list(dict.fromkeys(os.path.normpath(p) for p in found))
 
 
 def beside(plain: str) -> str | None:
-    """Our state dir next to ``plain``, a name in a shared directory that another user took first:
-    ``<plain>.<time><random>``, found again by its prefix and owner, the oldest winning so that runs
-    making one at once agree. None when none can be made, or the directory holds too many entries
-    to look through (a new directory on every run would pile up)."""
+    """Our state dir beside ``plain``, a name in a shared directory that another user took first:
+    ``<plain>.<time><random>``, the oldest of ours winning so that runs making one at once agree.
+    None when none can be made or there are too many entries to look through (one per run would
+    pile up)."""
     ours = _ours_beside(plain)
     if ours == []:
         made = f"{plain}.{time.time_ns():016x}{os.urandom(8).hex()}"
@@ -140,9 +134,9 @@ def process_start_time(pid: int) -> str | None:
 
 
 class Life(Record):
-    """This container's life, as every uid sees it (even with ``/proc`` mounted ``hidepid=2``):
-    ``ident`` is the boot id, our PID namespace's inode and the time ``/proc`` was mounted (which
-    tells two lives apart when the kernel reuses the inode); ``pid1``: PID 1's start, if seen."""
+    """This container's life, as every uid sees it (even under ``hidepid=2``): ``ident`` is the boot
+    id, our PID namespace's inode and when ``/proc`` was mounted (two lives apart when the inode is
+    reused); ``pid1``: PID 1's start, if seen."""
 
     boot: str
     ident: str
@@ -174,10 +168,9 @@ def life_identity() -> str:
 
 
 def same_life(ident: Any, pid1: Any) -> bool:
-    """Whether a latch (or a record) written with ``ident`` and ``pid1`` is of this container's life.
-    An identity of the earlier form, ``<boot id>:<PID 1's start time>``, is judged by PID 1's start
-    time where PID 1 can be seen, held where it cannot (a latch is never dropped for want of
-    evidence); ``<boot id>:?`` proves nothing."""
+    """Whether what was written with ``ident`` and ``pid1`` is of this container's life. The earlier
+    form ``<boot id>:<PID 1's start>`` holds where PID 1 cannot be seen (a latch is never dropped for
+    want of evidence); ``<boot id>:?`` proves nothing."""
     now = life()
     if not isinstance(ident, str):
         return False
@@ -188,7 +181,6 @@ def same_life(ident: Any, pid1: Any) -> bool:
 
 
 class Lock(Record):
-    """``with state.lock(...) as held``: the lock file's descriptor, held until the block ends."""
 
     fd: int | None
     unusable: str | None = None  # why the lock file could not be had at all (nobody holds it)
@@ -211,8 +203,7 @@ class State(Record):
 
     @classmethod
     def open(cls, path: str | None) -> State:
-        """The state dir at ``path``, else the first default location that can be used; off
-        (with every location's reason) when none can."""
+        """The state dir at ``path``, else the first usable default; off, with the reasons, when none is."""
         reasons = []
         for where in [path] if path else candidates():
             why = _usable(where)
@@ -276,8 +267,8 @@ class State(Record):
             _remove(self._file(name))
 
     def lock(self, name: str, deadline: float) -> Lock:
-        """An exclusive lock, held until the ``with`` block ends; held is False if it was not had
-        by ``deadline`` (a time.monotonic() value) or when the state dir is off."""
+        """``with state.lock(name, deadline) as held``: held is False if the lock was not had by
+        ``deadline`` (time.monotonic()) or the state dir is off."""
         if not self.enabled:
             return Lock(None, f"state dir off: {self.disabled_reason}")
         path, flags = self._file(name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -312,23 +303,13 @@ class State(Record):
         return Lock(None)
 
     def scratch(self, what: str) -> str | None:
-        """A new private directory for files of this run (a kernel's connection file, the ssh
-        client's known hosts), ``scratch/<what>-<pid>-<start>-<random>`` in the state dir, never in
-        /tmp; None when there is none. The caller removes it (``drop_scratch``); what a killed run
-        left, its pid and start naming a process that is gone, is removed by the next call."""
-        if not self.enabled:
-            return None
-        base = self._file("scratch")
-        try:
-            _mkdir_private(base)
-        except FileExistsError:
-            pass
-        except OSError:
+        """A new private directory for files of this run, never in /tmp; None when there is none.
+        The caller removes it (``drop_scratch``); what a killed run left, its pid and start naming
+        a process that is gone, is removed by the next call."""
+        base = self._file("scratch") if self.enabled else ""
+        if not base or _usable(base) is not None:
             return None
         try:
-            st = os.lstat(base)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-                return None
             with os.scandir(base) as entries:
                 for entry, _ in zip(entries, range(MAX_SCRATCH)):
                     parts = entry.name.rsplit("-", 3)
@@ -344,8 +325,7 @@ class State(Record):
         return path
 
     def latch(self) -> dict[str, Any] | None:
-        """The latch in force for this container life (a fatal CUDA error, or a critical Xid seen by
-        serve), or None. A stale one is cleared."""
+        """The latch in force for this container life, or None; a stale one is cleared."""
         data = self.read_json(LATCH)
         if data is not None:
             if same_life(data.get("identity"), data.get("pid1")):
@@ -373,7 +353,7 @@ class State(Record):
     # A child that survived SIGKILL sits in uninterruptible sleep on a wedged driver. Starting
     # another on every probe would pile them up: remember it while it exists.
     def stuck_child(self, key: str) -> int | None:
-        """The pid of an earlier ``key`` child that is still stuck, or None (a stale entry is cleared)."""
+        """The pid of an earlier ``key`` child that is still stuck, or None."""
         data = self.read_json(f"stuck-{key}.json")
         if data is None:
             return None
@@ -390,10 +370,9 @@ class State(Record):
                                               "pid1": life().pid1})
 
     def set_latch(self, source: str, reason: str, code: str | None = None) -> bool:
-        """Latch unhealthy: ``source`` (the probe, or "xid"), the message, and its reason code.
-        A file system too full for ``latch.json`` usually still has an inode for an empty file,
-        whose name keeps what the latch needs: ``latch@<identity>@<pid 1>@<source>@<code>``.
-        False, with the reason in ``problem``, when not even that could be written."""
+        """Latch unhealthy. A file system too full for ``latch.json`` usually still has an inode for an
+        empty file, whose name keeps what the latch needs: ``latch@<identity>@<pid 1>@<source>@<code>``.
+        False, the reason in ``problem``, when not even that could be written."""
         now = life()
         data = {"source": source, "reason": reason, "time": time.time(), "identity": now.ident,
                 "pid1": now.pid1, **({"code": code} if code else {})}
