@@ -107,8 +107,7 @@ class Output(Record):
         return len(chunk)
 
     def drain(self, sel: selectors.BaseSelector) -> None:
-        """What a child that has exited left in the pipes, without waiting (bounded: a grandchild
-        holding a pipe may still be writing)."""
+        """What an exited child left in the pipes, bounded: a grandchild holding one may still write."""
         budget = self.limits[self.out_fd] + self.limits[self.err_fd] + 65536
         for key in list(sel.get_map().values()):
             got = 1

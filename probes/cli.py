@@ -95,7 +95,7 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
 
 
 def _setup_log(cfg: Config) -> tuple[object, str | None]:
-    """Attach the size-bounded run log: (handler, None), or (None, why it cannot be used)."""
+    """(handler, None), or (None, why the run log cannot be used)."""
     if not cfg.log_file:
         return None, None
     import logging
@@ -109,7 +109,7 @@ def _setup_log(cfg: Config) -> tuple[object, str | None]:
 
 
 def check(argv: Sequence[str]) -> tuple[int, str, bool]:
-    """Run a check; returns (exit status, output, abandoned)."""
+    """(exit status, output, abandoned)."""
     from probes import notice, report, runner
     from probes.state import State
 
@@ -189,10 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry(door: int | None = None) -> None:
-    """The process's entry point (the front door, ``python -m probes``, ``healthcheck-probes``);
-    ``door``: the front door's descriptor for the hard deadline (see DOOR_EXIT). A check runs
-    without the cyclic garbage collector: it lives for well under a second and its hard deadline
-    ends it anyway (docs/benchmark.md). ``serve`` keeps it."""
+    """``door``: the front door's descriptor for the hard deadline. A check runs without the cyclic
+    garbage collector: it lives well under a second, and its hard deadline ends it anyway."""
     global _door
     # A non-interactive shell starts an asynchronous command with SIGINT ignored, and the
     # interpreter keeps it so: a SIGINT is an interruption, exit 1, however the run started.
@@ -208,8 +206,7 @@ def entry(door: int | None = None) -> None:
 
 
 def exit_now(code: int) -> None:
-    """Exit without interpreter finalization, output and the run log flushed first (what the run
-    started is ended by then)."""
+    """Exit without interpreter finalization, output and the run log flushed first."""
     if "logging" in sys.modules:
         import logging
 
@@ -226,8 +223,7 @@ def exit_now(code: int) -> None:
 
 
 def _end_descendants() -> None:
-    """The final sweep: nothing a probe started outlives the run (free when none was started); a
-    Jupyter kernel that jupyter-kernel started is removed through its server first."""
+    """Nothing a probe started outlives the run; a Jupyter kernel is removed through its server first."""
     for name, end in (("probes.services.kernel_run", "end_all"), ("probes.proc", "end_descendants")):
         module = sys.modules.get(name)  # not imported: nothing was started through it
         if module is not None:
@@ -238,8 +234,7 @@ def _end_descendants() -> None:
 
 
 def _end_on_sigterm() -> None:
-    """The front door's hard stop (or `docker stop`) sends SIGTERM: end what the run started, then
-    exit unhealthy, instead of leaving probes' children to PID 1."""
+    """The front door's hard stop (or `docker stop`): end what the run started, then exit unhealthy."""
 
     def on_term(signum: int, frame: object) -> None:
         if _door is None:  # else the front door says what it was: its own hard stop, or not
@@ -255,7 +250,7 @@ def _end_on_sigterm() -> None:
 
 
 def _write(out: str) -> None:
-    """The report on fd 1, unbuffered: nothing is left for Python to flush, and complain about, at exit."""
+    """Unbuffered: nothing is left for Python to flush, and complain about, at exit."""
     try:
         sys.stdout.flush()
     except Exception:  # noqa: S110 - best effort
@@ -264,8 +259,7 @@ def _write(out: str) -> None:
 
 
 def _put(fd: int, data: bytes) -> None:
-    """Write ``data`` to ``fd``, waiting at most WRITE_WAIT for room: a closed, broken or full one
-    (a pipe that nobody reads) costs the text, never the exit status."""
+    """At most WRITE_WAIT for room: a closed, broken or full fd costs the text, not the exit status."""
     import select
     import time
 

@@ -130,8 +130,7 @@ def parse_text(name: str, raw: str) -> str:
 
 
 def parse_host(name: str, raw: str) -> str:
-    """A host name or an IP address, in ASCII: a name is resolved as bytes (no IDNA), and an HTTP
-    Host header carries only ASCII."""
+    """In ASCII: a name is resolved as bytes (no IDNA), and an HTTP Host header carries only ASCII."""
     v = parse_text(name, raw)
     if len(v) > MAX_HOST or any(ch not in HOST_CHARS for ch in v):
         raise _refuse(name, raw, "is not a host (accepted: an IP address or a host name in ASCII: letters, "
@@ -250,7 +249,6 @@ class Config:
         return PROFILE_RULES[self.profile]
 
     def of(self, kind: type[D]) -> D:
-        """A probe's settings (a ``probes.spec.Declared`` class), read from this configuration."""
         return kind.read(self._values)
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -108,8 +108,8 @@ def _parse_header(head: bytes) -> tuple[tuple[str, ...], float, str | None]:
 
 
 def _name_problem(name: str, reserved: frozenset[str], taken: dict[str, str]) -> tuple[str | None, bool]:
-    """(why ``name`` cannot name a check, or None; whether it is taken and must be reported under
-    another name). ``taken`` maps each toggle in use to whose it is; ``name``'s is added."""
+    """(why ``name`` cannot name a check, or None; whether it is reported as drop-in-NAME).
+    ``taken``: each toggle in use and whose it is; ``name``'s is added."""
     shown = clean(name, MAX_NAME)
     if len(name) > MAX_NAME or any(ch not in NAME_CHARS for ch in name):
         return (f"the file name {shown!r} cannot be a check name "
@@ -149,8 +149,7 @@ def discover(directory: str, reserved: frozenset[str] = frozenset(),
 
 
 def _unreadable(directory: str, exc: OSError) -> list[Check]:
-    """A directory that cannot be read: nothing to run, as a missing one; but when a resource limit
-    is why (too many open files), one warning that says so: the checks in it did not vanish."""
+    """Nothing to run; when a resource limit is why, one warning: the checks did not vanish."""
     from probes import childio
 
     words = childio.limit_words(exc.errno)

@@ -117,9 +117,8 @@ def decide(kept: Any, v: Verdict, *, life: str, started: float | None,
 
 
 def tell(config: Config, state: State, outcome: Outcome) -> None:
-    """After a check: tell the person what changed, and publish the notice. Never raises, and waits
-    at most NOTICE_WAIT for another check that is telling. A run of ``--only``/``--skip`` is not
-    the container's verdict."""
+    """Never raises; waits at most NOTICE_WAIT for another check that is telling. A run of
+    ``--only``/``--skip`` is not the container's verdict."""
     rules = config.profile_rules
     if not rules.tells or config.only or config.skip or not outcome.results:
         return
@@ -166,9 +165,8 @@ def container_started() -> float | None:
 
 
 def log_line(line: str, path: str | None = None) -> bool:
-    """``line`` into the container's log, PID 1's stderr, opened write-only and non-blocking: a full
-    pipe costs the line, never the run; another user's PID 1 is skipped. One write of under
-    PIPE_BUF bytes: never interleaved with another writer's."""
+    """Into PID 1's stderr, non-blocking (a full pipe costs the line, never the run), in one write
+    of under PIPE_BUF bytes: never interleaved with another writer's."""
     data = (clean(line, MAX_LINE) + "\n").encode("utf-8", "backslashreplace")
     try:
         fd = os.open(path or os.environ.get(LOG_ENV) or "/proc/1/fd/2",
@@ -184,8 +182,7 @@ def log_line(line: str, path: str | None = None) -> bool:
 
 
 def _notice_dir(where: str, make: bool = True) -> int | None:
-    """A descriptor of the notice's directory, reached only through directories nobody but root or
-    us can change; made 0755 when missing (the readers are other users). None when it cannot."""
+    """The notice's directory, trusted component by component; made 0755 (the readers are other users)."""
     owners = (0, os.geteuid())
     try:
         return open_trusted_dir(where, owners)

@@ -31,8 +31,7 @@ def markers(environ: bytes) -> list[bytes]:
 
 
 def marked(pid: int) -> list[bytes] | None:
-    """The run markers in a process's environment; None when it is empty (just after execve, or
-    env -i) or unreadable."""
+    """None when the environment is empty (just after execve, or env -i) or unreadable."""
     chunks = []
     try:
         fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)

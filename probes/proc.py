@@ -87,8 +87,8 @@ def subreaper() -> bool:
 
 
 def _die_with_us() -> Callable[[], None] | None:
-    """What a child runs between fork and exec: the parent-death signal (SIGKILL), which fires when
-    the thread that started it ends, SIGKILL of this process included; it exits if that came first."""
+    """Between fork and exec: the parent-death signal, which fires when the thread that started the
+    child ends (SIGKILL of this process included); it exits if that came first."""
     prctl, parent = _prctl, os.getpid()
 
     def arm() -> None:
@@ -210,8 +210,8 @@ def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], sinc
 
 
 def _childless() -> bool:
-    """Whether this process, the subreaper, has no child at all (an orphan of ours is re-parented to
-    us; an exiting process hands its children to us before it leaves our list)."""
+    """Whether this process, the subreaper, has no child at all (an exiting child hands its own to us
+    before it leaves our list)."""
     if _reaper != (os.getpid(), True):
         return False
     try:

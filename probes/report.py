@@ -27,8 +27,7 @@ def iso_time(ts: float) -> str:
 
 
 def public_facts(facts: Any) -> dict[str, Any]:
-    """The few facts serve's metrics label with (versions, each GPU's index, UUID and model, and
-    whether NVML answered for it), in the non-standard ``facts``: no process names or paths."""
+    """The few facts serve's metrics label with, in the non-standard ``facts``: no process names or paths."""
     if not isinstance(facts, dict):
         return {}
     out: dict[str, Any] = {k: _short(facts[k], 40) for k in ("torch", "cuda", "driver")

@@ -118,8 +118,7 @@ def _work(spec: Spec, ctx: Context, box: list[tuple[Result, float]], answered: t
 
 def _not_run(spec: Spec, latch: dict[str, object] | None, torch_selected: bool, needed: list[Result],
              by_name: dict[str, Spec]) -> Result | None:
-    """The result a probe has without running (a hardware probe under a latch, or one whose
-    requirement failed); None when it runs."""
+    """The result of a hardware probe under a latch, or of one whose requirement failed."""
     if latch is not None and spec.layer == "hardware":
         why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
                "the GPU is not touched until the container restarts")

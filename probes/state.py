@@ -267,8 +267,7 @@ class State(Record):
             _remove(self._file(name))
 
     def lock(self, name: str, deadline: float) -> Lock:
-        """``with state.lock(name, deadline) as held``: held is False if the lock was not had by
-        ``deadline`` (time.monotonic()) or the state dir is off."""
+        """``with state.lock(name, deadline) as held``; held is False when not had by ``deadline``."""
         if not self.enabled:
             return Lock(None, f"state dir off: {self.disabled_reason}")
         path, flags = self._file(name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -93,8 +93,8 @@ class Refused(Exception):
 
 def read_regular(path: str, max_size: int, *, dir_fd: int | None = None,
                  owners: Collection[int] | None = None) -> tuple[bytes, os.stat_result]:
-    """The content and status of ``path`` if it is a regular file we may trust; else ``Refused``.
-    No link is followed, a FIFO never blocks, and type, size and owner are checked on the open file."""
+    """``Refused`` unless a regular file we may trust: no link followed, a FIFO never blocks, type,
+    size and owner checked on the open file."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
