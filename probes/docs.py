@@ -20,15 +20,11 @@ def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 
 def _default(s: Setting) -> str:
-    if s.shown_default is not None:
-        return s.shown_default
-    if s.default is None:
-        return "unset"
+    if s.shown_default is not None or s.default is None:
+        return s.shown_default or "unset"
     if isinstance(s.default, bool):
         return f"`{str(s.default).lower()}`"
-    if isinstance(s.default, float) and s.default.is_integer():
-        return f"`{int(s.default)}`"
-    return f"`{s.default}`"
+    return f"`{int(s.default) if isinstance(s.default, float) and s.default.is_integer() else s.default}`"
 
 
 def probes() -> str:
@@ -92,7 +88,7 @@ def _action(action: str) -> str:
 
 
 def _spans(codes: Sequence[int]) -> str:
-    """``1-7, 9, 10-12`` for sorted codes."""
+    """``1-7, 9, 11-12`` for sorted codes."""
     spans: list[list[int]] = []
     for c in codes:
         if spans and c == spans[-1][-1] + 1:

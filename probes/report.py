@@ -124,18 +124,11 @@ def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
             unit=_short(r.unit, 20) if r.unit else None, time=r.time or stamp, output=_short(r.message),
             reason=r.reason, elapsed=r.elapsed, facts=r.facts, action=r.action, actor=r.actor)]
     doc: dict[str, Any] = {
-        "status": outcome.status.value,
-        "version": __version__,
-        "description": f"GPU container health ({outcome.profile} profile)",
-        "profile": outcome.profile,
-        "output": verdict(outcome, disabled),
-        "time": iso_time(stamp),
-        "notes": [_short(n) for n in outcome.notes] + notes,
-        "checks": checks,
-    }
-    if skips:
-        doc["skipped"] = skips
-    return doc
+        "status": outcome.status.value, "version": __version__,
+        "description": f"GPU container health ({outcome.profile} profile)", "profile": outcome.profile,
+        "output": verdict(outcome, disabled), "time": iso_time(stamp),
+        "notes": [_short(n) for n in outcome.notes] + notes, "checks": checks}
+    return {**doc, "skipped": skips} if skips else doc
 
 
 def json_text(outcome: Outcome, *, disabled: str = "") -> str:

@@ -22,9 +22,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Callable
 
-# What any probe can report, besides its own causes (the first cause table of docs/probes.md).
-# A probe that hangs past its deadline with no deadline cause of its own: a hardware probe whose
-# call is stuck in the driver, or a machine so starved that a probe's thread never ran.
+# What any probe can report besides its own causes. A probe past its deadline with no deadline cause
+# of its own: a call stuck in the driver, or a machine so starved that the probe's thread never ran.
 DEADLINE = cause("deadline", "the probe gave no answer by its deadline (its own, or the run's "
                  "`HEALTHCHECK_TIMEOUT`)", "the component it checks is hung or the machine overloaded; "
                  "if it lasts, the node's operator looks", action="retry", actor="operator")
@@ -138,8 +137,7 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
     end = run_deadline(config.timeout, start)
     specs = config.selected() if specs is None else list(specs)
     by_name = {s.name: s for s in specs}
-    # A CUDA-fatal latch (or a critical Xid) holds until the container restarts: the
-    # hardware layer is not touched, and torch-cuda answers from the latch at once.
+    # Under a latch the hardware layer is not touched, and torch-cuda answers from the latch at once.
     latch = state.latch() if any(s.layer == "hardware" for s in specs) else None
     torch_selected = "torch-cuda" in by_name
     needs = {s.name: [] if latch is not None else [n for n in s.requirements(config) if n in by_name]

@@ -42,7 +42,7 @@ def squeeze(value: Any, limit: int = MAX_TEXT) -> str:
     return clean(" ".join(str(value).lstrip()[: limit * 4 + 4].split()), limit)
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> Any:  # NaN, Infinity
     raise ValueError(f"{name} is not a number JSON allows")
 
 
@@ -142,9 +142,7 @@ def open_trusted_dir(path: str, owners: Collection[int]) -> int:
     not be trusted; OSError when the path leads to no directory."""
     step = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     todo = path.split("/")[::-1]  # a stack: the next component is last
-    fds = [os.open("/", step)]  # the directories walked so far, for ".."
-    where = [""]
-    links = 0
+    fds, where, links = [os.open("/", step)], [""], 0  # the directories walked so far (for ".."), their paths
     try:
         problem = distrust(os.fstat(fds[0]), "/", owners, sticky_ok=True)
         while todo and problem is None:
