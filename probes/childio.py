@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import os
 
+from probes.record import Record
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import selectors
@@ -13,19 +15,17 @@ if TYPE_CHECKING:
 MAX_STDERR = 64 * 1024  # stderr kept; the rest is dropped without making the result "truncated"
 
 
-# How a spawn error that a resource limit caused begins: the program is not at fault, and the
-# judges say "could not" (a warning) instead of blaming it (see limited()).
+# How a spawn error that a resource limit caused begins: the program is not at fault (limited()).
 LIMITED = "could not start: "
-# The soft limits that sysconf() reads without opening a file (glibc reads them with getrlimit):
-# at the open-file limit, the resource module may no longer load.
-SYSCONF = {"RLIMIT_NOFILE": "SC_OPEN_MAX", "RLIMIT_NPROC": "SC_CHILD_MAX"}
 
 
 def _soft(which: str) -> str:
     """``RLIMIT_X=N`` (or ``unlimited``, or ``?``): this process's soft limit."""
+    # sysconf() reads these without opening a file: at the open-file limit, resource may not load.
+    sysconf = {"RLIMIT_NOFILE": "SC_OPEN_MAX", "RLIMIT_NPROC": "SC_CHILD_MAX"}
     try:
-        if which in SYSCONF:
-            value = os.sysconf(SYSCONF[which])
+        if which in sysconf:
+            value = os.sysconf(sysconf[which])
             unlimited = value < 0
         else:
             import resource
@@ -38,8 +38,7 @@ def _soft(which: str) -> str:
 
 
 def limit_words(err: int | None) -> str | None:
-    """What a resource limit that answered ``err`` is, naming the limit and its remedy; None when
-    ``err`` is no resource limit's (fork and a thread's start: EAGAIN, ENOMEM; open: EMFILE, ENFILE)."""
+    """The resource limit that answered ``err``, named with its remedy; None when it is no limit's."""
     if err == errno.EMFILE:
         return (f"too many open files ({_soft('RLIMIT_NOFILE')}): raise the container's open-file limit "
                 "(docker run --ulimit nofile=1024:1024, or the runtime's default)")
@@ -55,12 +54,11 @@ def limit_words(err: int | None) -> str | None:
 
 
 def limited(spawn_error: str | None) -> bool:
-    """Whether ``spawn_error`` (spawn_error()'s words) is a resource limit, not the program."""
     return spawn_error is not None and spawn_error.startswith(LIMITED)
 
 
 def spawn_error(exc: OSError, program: str, env: Mapping[str, str] | None, cwd: str | None) -> str:
-    """Why ``program`` could not be started, in words (``LIMITED`` first when a resource limit said no)."""
+    """Why ``program`` could not be started, in words (``LIMITED`` first for a resource limit)."""
     words = limit_words(exc.errno)
     if words is not None:
         return LIMITED + words
@@ -79,17 +77,18 @@ def spawn_error(exc: OSError, program: str, env: Mapping[str, str] | None, cwd: 
     return errno.errorcode.get(exc.errno or 0, "cannot start").lower()
 
 
-class Output:
+class Output(Record):
     """A child's stdout (up to ``max_output`` bytes) and stderr (up to MAX_STDERR); ``cut``: more came."""
 
-    __slots__ = ("bufs", "cut", "err_fd", "kept", "limits", "out_fd")
+    out_fd: int
+    err_fd: int
+    max_output: int
+    kept: int = 0  # bytes the last read() kept
 
-    def __init__(self, out_fd: int, err_fd: int, max_output: int) -> None:
-        self.out_fd, self.err_fd = out_fd, err_fd
-        self.bufs = {out_fd: bytearray(), err_fd: bytearray()}
-        self.limits = {out_fd: max_output, err_fd: MAX_STDERR}
-        self.cut = {out_fd: False, err_fd: False}
-        self.kept = 0  # bytes the last read() kept
+    def __post_init__(self) -> None:
+        self.bufs = {self.out_fd: bytearray(), self.err_fd: bytearray()}
+        self.limits = {self.out_fd: self.max_output, self.err_fd: MAX_STDERR}
+        self.cut = {self.out_fd: False, self.err_fd: False}
 
     def read(self, fd: int) -> int:
         """One read: the bytes read, 0 when none are waiting, -1 at end of file."""
@@ -108,8 +107,7 @@ class Output:
         return len(chunk)
 
     def drain(self, sel: selectors.BaseSelector) -> None:
-        """What a child that has exited left in the pipes, without waiting (bounded: a grandchild
-        holding a pipe may still be writing)."""
+        """What an exited child left in the pipes, bounded: a grandchild holding one may still write."""
         budget = self.limits[self.out_fd] + self.limits[self.err_fd] + 65536
         for key in list(sel.get_map().values()):
             got = 1

@@ -1,7 +1,7 @@
 """The command line: `healthcheck [--profile P] [--json] [--only N] [--skip N] [-v]` and `healthcheck serve`.
 
-Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error; never 2 (Docker
-reserves it) and never a traceback.
+Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error; never 2 (Docker reserves it)
+and never a traceback.
 """
 
 from __future__ import annotations
@@ -21,10 +21,14 @@ if TYPE_CHECKING:
     from typing import Any
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 3
-MAX_ERROR_LINE = 400  # characters of a usage error line, however long or strange the input
+# Under the front door (./healthcheck) the run says its hard deadline on the descriptor the door
+# gives it, and exits with DOOR_EXIT + its exit status (+ 15: it got SIGTERM): a status no other
+# program gives, so that no interpreter but the suite's, and nothing its children write, can pass a run.
+DOOR_EXIT = 200
+_door: int | None = None
 
-# The flags, parsed and shown in --help from this one table: (names, the value's name or "" for a
-# switch, help). Each is config.load's keyword named by its last name.
+# (names, the value's name or "" for a switch, help): parsed and shown in --help from this one
+# table; each is config.load's keyword named by its last name.
 FLAGS = (
     (("--profile",), "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p for p in PROFILES)),
     (("--json",), "", "print application/health+json"),
@@ -90,15 +94,8 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
     return opts
 
 
-def _disabled_text(cfg: Config) -> str:
-    off = [t for t in cfg.toggles if not cfg.toggles[t]]
-    if off and len(off) == len(cfg.toggles) and not cfg.only:
-        return f"all checks disabled ({', '.join(off)} are off)"
-    return f"no checks selected for the {cfg.profile} profile"
-
-
 def _setup_log(cfg: Config) -> tuple[object, str | None]:
-    """Attach the size-bounded run log: (handler, None), or (None, why it cannot be used)."""
+    """(handler, None), or (None, why the run log cannot be used)."""
     if not cfg.log_file:
         return None, None
     import logging
@@ -112,17 +109,24 @@ def _setup_log(cfg: Config) -> tuple[object, str | None]:
 
 
 def check(argv: Sequence[str]) -> tuple[int, str, bool]:
-    """Run a check; returns (exit status, output, abandoned)."""
+    """(exit status, output, abandoned)."""
     from probes import notice, report, runner
     from probes.state import State
 
     cfg = load(**parse_flags(argv))
-    _say_deadline(cfg.timeout)
+    if _door is not None:  # tell the front door this run's hard deadline, before any child starts
+        from probes.deadlines import hard_stop
+
+        try:
+            with open(_door, "wb", buffering=0) as door:
+                door.write(b"%d\n" % hard_stop(cfg.timeout))
+        except OSError:
+            pass
     handler, log_problem = _setup_log(cfg)
     state = State.open(cfg.state_dir)
     outcome = runner.run(cfg, state)
     code = EXIT_UNHEALTHY if outcome.status.value == "fail" else EXIT_OK
-    if handler is not None:  # the run log is attached: one line per run
+    if handler is not None:  # the run log: one line per run
         logger().info("%s exit=%d %s", cfg.profile, code, " ".join(
             f"{r.name}={r.status.value}{'(' + r.reason + ')' if r.reason else ''}" for r in outcome.results))
         from probes import logfile
@@ -130,7 +134,11 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
         log_problem = logfile.problem(handler, cfg.log_file or "")
     if log_problem:  # never a traceback, never another verdict: one note in the report
         outcome = outcome._replace(notes=(*outcome.notes, log_problem))
-    disabled = _disabled_text(cfg)
+    off = [t for t in cfg.toggles if not cfg.toggles[t]]
+    if off and len(off) == len(cfg.toggles) and not cfg.only:
+        disabled = f"all checks disabled ({', '.join(off)} are off)"
+    else:
+        disabled = f"no checks selected for the {cfg.profile} profile"
     out = report.json_text(outcome, disabled=disabled) if cfg.json else report.text(
         outcome, verbose=cfg.verbose, disabled=disabled)
     notice.tell(cfg, state, outcome)
@@ -139,7 +147,14 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _guard_std_fds()
+    for fd in (0, 1, 2):  # a closed one would be the first file opened (a lock, the log): the report in it
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                os.open(os.devnull, os.O_RDWR)  # takes the lowest free fd: this one
+            except OSError:
+                pass
     abandoned = False
     try:
         if argv and argv[0] == "serve":
@@ -153,14 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write(str(done))
         code = EXIT_OK
     except ConfigError as exc:
-        _put(2, (clean(f"healthcheck: {exc}", MAX_ERROR_LINE) + "\n").encode("utf-8", "backslashreplace"))
+        _put(2, (clean(f"healthcheck: {exc}", 400) + "\n").encode("utf-8", "backslashreplace"))
         code = EXIT_USAGE
     except KeyboardInterrupt:  # SIGINT: from a terminal, or from a probe that signals its parent
         _write("unhealthy: healthcheck: interrupted (SIGINT) before a verdict")
         code = EXIT_UNHEALTHY
     except Exception as exc:
-        # Through the suite's logger: a bare logging.getLogger() with no handler would
-        # print the traceback, exception text included, to stderr.
+        # Through the suite's logger: a bare logging.getLogger() with no handler would print the
+        # traceback, exception text included, to stderr.
         try:
             logger().exception("internal error")
         except Exception:  # noqa: S110 - best effort
@@ -168,44 +183,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write(f"unhealthy: healthcheck: internal error ({type(exc).__name__}); details in the log")
         code = EXIT_UNHEALTHY
     _end_descendants()
-    if abandoned:
-        # A probe thread is stuck in a driver call: do not let interpreter shutdown wait on it.
+    if abandoned:  # a probe thread is stuck in a driver call: interpreter shutdown would wait on it
         exit_now(code)
     return code
 
 
-# Under the front door (./healthcheck) the run says its hard deadline on the descriptor the door
-# gives it, and exits with DOOR_EXIT + its exit status (DOOR_EXIT + 15: it got SIGTERM, and the
-# door says so): a status no other program gives, so that no interpreter but the suite's, and
-# nothing its children write, can pass a run.
-DOOR_EXIT = 200
-_door: int | None = None
-
-
-def _say_deadline(timeout: float) -> None:
-    """Tell the front door this run's hard deadline, and close its descriptor before any child starts."""
-    if _door is None:
-        return
-    from probes.deadlines import hard_stop
-
-    try:
-        with open(_door, "wb", buffering=0) as door:
-            door.write(b"%d\n" % hard_stop(timeout))
-    except OSError:
-        pass
-
-
 def entry(door: int | None = None) -> None:
-    """The process's entry point (the front door, ``python -m probes``, ``healthcheck-probes``);
-    ``door``: the front door's descriptor for the hard deadline (see DOOR_EXIT).
-
-    A check runs without the cyclic garbage collector: it lives for well under a second and its
-    hard deadline ends it anyway (docs/benchmark.md has what that saves). ``serve`` keeps it.
-    """
+    """``door``: the front door's descriptor for the hard deadline. A check runs without the cyclic
+    garbage collector: it lives well under a second, and its hard deadline ends it anyway."""
     global _door
-    # A non-interactive shell starts an asynchronous command (the front door's suite, or
-    # `healthcheck-probes &` in a script) with SIGINT ignored, and the interpreter keeps an ignored
-    # SIGINT as it finds it: a SIGINT is an interruption, a verdict and exit 1, however the run started.
+    # A non-interactive shell starts an asynchronous command with SIGINT ignored, and the
+    # interpreter keeps it so: a SIGINT is an interruption, exit 1, however the run started.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     argv = sys.argv[1:]
     if argv[:1] == ["serve"]:
@@ -218,8 +206,7 @@ def entry(door: int | None = None) -> None:
 
 
 def exit_now(code: int) -> None:
-    """Exit without interpreter finalization, output and the run log flushed first: the end of the
-    process releases all that the teardown would (what the run started is ended by then)."""
+    """Exit without interpreter finalization, output and the run log flushed first."""
     if "logging" in sys.modules:
         import logging
 
@@ -236,8 +223,7 @@ def exit_now(code: int) -> None:
 
 
 def _end_descendants() -> None:
-    """The final sweep: nothing a probe started outlives the run (free when none was started);
-    a Jupyter kernel that jupyter-kernel started is removed through its server first."""
+    """Nothing a probe started outlives the run; a Jupyter kernel is removed through its server first."""
     for name, end in (("probes.services.kernel_run", "end_all"), ("probes.proc", "end_descendants")):
         module = sys.modules.get(name)  # not imported: nothing was started through it
         if module is not None:
@@ -248,8 +234,7 @@ def _end_descendants() -> None:
 
 
 def _end_on_sigterm() -> None:
-    """The front door's hard stop (or `docker stop`) sends SIGTERM: end what the run
-    started, then exit unhealthy, instead of leaving probes' children to PID 1."""
+    """The front door's hard stop (or `docker stop`): end what the run started, then exit unhealthy."""
 
     def on_term(signum: int, frame: object) -> None:
         if _door is None:  # else the front door says what it was: its own hard stop, or not
@@ -264,21 +249,8 @@ def _end_on_sigterm() -> None:
         pass
 
 
-def _guard_std_fds() -> None:
-    """Open /dev/null on a closed stdin, stdout or stderr: otherwise the first file the suite opens
-    (a lock, the run log) would get fd 1 and the report would be written into it."""
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            try:
-                os.open(os.devnull, os.O_RDWR)  # takes the lowest free fd: this one
-            except OSError:
-                pass
-
-
 def _write(out: str) -> None:
-    """The report on fd 1, unbuffered: nothing is left for Python to flush, and complain about, at exit."""
+    """Unbuffered: nothing is left for Python to flush, and complain about, at exit."""
     try:
         sys.stdout.flush()
     except Exception:  # noqa: S110 - best effort
@@ -287,8 +259,7 @@ def _write(out: str) -> None:
 
 
 def _put(fd: int, data: bytes) -> None:
-    """Write ``data`` to ``fd``, waiting at most WRITE_WAIT for room: a closed, broken or full one
-    (a pipe that nobody reads) costs the text, never the exit status."""
+    """At most WRITE_WAIT for room: a closed, broken or full fd costs the text, not the exit status."""
     import select
     import time
 

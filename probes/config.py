@@ -1,8 +1,5 @@
-"""Configuration: flags override environment, environment overrides defaults.
-
-Every value is validated up front; a bad one raises ConfigError with one line that
-names the variable or flag, the bad value and what is accepted (exit status 3).
-"""
+"""Configuration: flags over environment over defaults, every value validated up front
+(docs/probes.md, "Configuration")."""
 
 from __future__ import annotations
 
@@ -10,27 +7,10 @@ import math
 import os
 import types
 
-from probes import registry
+from probes import registry, spec
 from probes.deadlines import FRONT_DOOR_GRACE
 from probes.numbers import NUMBER_FORM, is_integer_text, is_number_text
-from probes.spec import (
-    ABSOLUTE_PATH,
-    ALL_PROFILES,
-    BOOL,
-    CHOICE,
-    HOST,
-    INTEGER,
-    NUMBER,
-    PORT,
-    PROFILE_RULES,
-    TEXT,
-    URL_PATH,
-    Declared,
-    Profile,
-    Setting,
-    Spec,
-    setting,
-)
+from probes.spec import PROFILE_RULES, Declared, Setting, setting
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
@@ -38,9 +18,11 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, TypeVar
 
+    from probes.spec import Profile, Spec
+
     D = TypeVar("D", bound=Declared)
 
-PROFILES = ALL_PROFILES
+PROFILES = spec.ALL_PROFILES
 DEFAULT_PROFILE = "readiness"
 MAX_TIMEOUT = 3600.0
 TRUE = ("true", "1", "yes", "on")
@@ -48,16 +30,11 @@ FALSE = ("false", "0", "no", "off")
 
 
 class ConfigError(ValueError):
-    """A usage or configuration error: one line, exit status 3."""
+    """A usage or configuration error: one line naming what is wrong and what is accepted, exit 3."""
 
 
-# The grammar the suite reads: surrounding ASCII whitespace (and only that), then ASCII digits
-# with an optional fraction. No sign, exponent, underscore, inf/nan or non-ASCII digits (int() and
-# float() take '\u0663' or '1_0').
-SPACE = " \t\n\r\f\v"
+SPACE = " \t\n\r\f\v"  # the whitespace stripped around a value: ASCII only, as the front door's
 MAX_VALUE = 4096  # characters of any value, surrounding whitespace included
-MAX_DIGITS = 30  # whole digits of a number or integer setting; every bound has far fewer
-MAX_FRACTION = 30  # fraction digits float() reads; more cannot change a setting's value
 MAX_TEXT_BYTES = 4095  # PATH_MAX less its NUL: no path, command or URL path setting is longer
 MAX_NAME_BYTES = 255  # NAME_MAX: one component of a path
 MAX_HOST = 253  # a DNS name's limit
@@ -65,7 +42,7 @@ HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 
 
 def shown(value: object) -> str:
-    """A bad value as it may appear in an error line: quoted, invisible characters as escapes, short."""
+    """A bad value as an error line shows it: quoted, invisible characters as escapes, short."""
     return f"'{clean(value, 40)}'"
 
 
@@ -74,7 +51,6 @@ def _refuse(name: str, raw: str, why: str) -> ConfigError:
 
 
 def _bounded(name: str, raw: str) -> str:
-    """The value without its surrounding whitespace; one longer than MAX_VALUE is refused unread."""
     if len(raw) > MAX_VALUE:
         raise _refuse(name, raw, f"is too long: {len(raw)} characters (accepted: at most {MAX_VALUE})")
     return raw.strip(SPACE)
@@ -94,12 +70,11 @@ def parse_number(name: str, raw: str, *, low: float, high: float, low_inclusive:
     bound = f"{'at least' if low_inclusive else 'greater than'} {low:g} and at most {high:g}"
     if not (is_integer_text(text) if integer else is_number_text(text)):
         raise _refuse(name, raw, f"is not {kind} (accepted: {'digits' if integer else NUMBER_FORM}, {bound})")
-    # More digits than any bound has is out of range before int() reads them: it refuses a text
-    # longer than Python's int-string limit (4,300 digits) with a ValueError.
+    # More whole digits than any bound has is out of range before int() reads them (it refuses a
+    # text past Python's int-string limit); fraction digits past 30 cannot change a setting.
     whole, _, frac = text.partition(".")
     whole = whole.lstrip("0") or "0"
-    value = math.inf if len(whole) > MAX_DIGITS else int(whole) if integer else float(
-        f"{whole}.{frac[:MAX_FRACTION] or '0'}")
+    value = math.inf if len(whole) > 30 else int(whole) if integer else float(f"{whole}.{frac[:30] or '0'}")
     if not (math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= high):
         raise _refuse(name, raw, f"is out of range (accepted: {kind} {bound})")
     return value
@@ -131,8 +106,7 @@ def parse_names(flag: str, raw: str, known: Sequence[str]) -> tuple[str, ...]:
 
 
 def os_bytes(value: str) -> bytes:
-    """The bytes the system holds for ``value`` (Python decoded the environment and the command line
-    with the locale's encoding): what a path setting names, and what the system is given back."""
+    """The bytes the system holds for ``value`` (the environment was decoded in the locale's encoding)."""
     try:
         return os.fsencode(value)
     except UnicodeEncodeError:  # not from the environment: a caller's own text
@@ -140,10 +114,9 @@ def os_bytes(value: str) -> bytes:
 
 
 def parse_text(name: str, raw: str) -> str:
-    """One word of printable characters, judged as its bytes spell it: UTF-8 where they are UTF-8
-    (under a Latin-1 locale Python reads the bytes of '€' with a control character, which is not
-    in the path), else the locale's reading. The value is kept as Python read it, so the system is
-    given the same bytes back."""
+    """One word of printable characters, judged as its bytes spell it: UTF-8 where they are (under a
+    Latin-1 locale Python reads '€' with a control character), else the locale's reading; kept as
+    Python read it, so the system is given the same bytes back."""
     v = _bounded(name, raw)
     try:
         written = os_bytes(v).decode("utf-8")
@@ -157,8 +130,7 @@ def parse_text(name: str, raw: str) -> str:
 
 
 def parse_host(name: str, raw: str) -> str:
-    """A host name or an IP address, in ASCII: a name is resolved as bytes (no IDNA), and an
-    HTTP Host header carries only ASCII."""
+    """In ASCII: a name is resolved as bytes (no IDNA), and an HTTP Host header carries only ASCII."""
     v = parse_text(name, raw)
     if len(v) > MAX_HOST or any(ch not in HOST_CHARS for ch in v):
         raise _refuse(name, raw, "is not a host (accepted: an IP address or a host name in ASCII: letters, "
@@ -167,7 +139,6 @@ def parse_host(name: str, raw: str) -> str:
 
 
 def parse_absolute_path(name: str, raw: str) -> str:
-    """An absolute path: a relative one would depend on the caller's working directory."""
     v = parse_text(name, raw)
     if not v.startswith("/"):
         raise _refuse(name, raw, "is not an absolute path (accepted: a path starting with /)")
@@ -185,28 +156,29 @@ def parse_base_url(name: str, raw: str) -> str:
 
 
 class Notices(Declared):
-    """What a check of a profile that ``tells`` says to the person at the keyboard (probes/notice.py)."""
+    """What a check tells the person at the keyboard (probes/notice.py)."""
 
-    notices: bool = setting("HEALTHCHECK_NOTICES", BOOL, True,
+    notices: bool = setting("HEALTHCHECK_NOTICES", spec.BOOL, True,
                             "tell the person at the keyboard: a line in the container's log when the verdict "
                             "changes, the notice shown at an SSH login and in a notebook's first cell "
                             "(docs/image.md, \"Notices\"); `false` turns all three off")
-    notice_file: str = setting("HEALTHCHECK_NOTICE_FILE", ABSOLUTE_PATH, "/run/healthcheck-notice/notice",
-                               "the published notice (an absolute path), world-readable in a directory of "
-                               "the suite's user (0755); the login and notebook readers read this one file")
+    notice_file: str = setting("HEALTHCHECK_NOTICE_FILE", spec.ABSOLUTE_PATH,
+                               "/run/healthcheck-notice/notice", "the published notice (an absolute path), "
+                               "world-readable in a directory of the suite's user (0755); the login and "
+                               "notebook readers read this one file")
 
 
 GLOBAL_SETTINGS = (
-    Setting("HEALTHCHECK_PROFILE", "profile", CHOICE, DEFAULT_PROFILE,
+    Setting("HEALTHCHECK_PROFILE", "profile", spec.CHOICE, DEFAULT_PROFILE,
             "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=PROFILES),
-    Setting("HEALTHCHECK_TIMEOUT", "timeout", NUMBER, None,
+    Setting("HEALTHCHECK_TIMEOUT", "timeout", spec.NUMBER, None,
             "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
             f"the front door kills the run {FRONT_DOOR_GRACE} s later", low=0, high=MAX_TIMEOUT,
             shown_default="per profile: " + " / ".join(f"{p.timeout:g}" for p in PROFILE_RULES.values())),
-    Setting("HEALTHCHECK_HOST", "host", HOST, "127.0.0.1",
+    Setting("HEALTHCHECK_HOST", "host", spec.HOST, "127.0.0.1",
             "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
             "ASCII host name"),
-    Setting("HEALTHCHECK_STATE_DIR", "state_dir", ABSOLUTE_PATH, None,
+    Setting("HEALTHCHECK_STATE_DIR", "state_dir", spec.ABSOLUTE_PATH, None,
             "cache, locks, latch (an absolute path); made 0700, a symlink, a foreign "
             "directory or one below a directory another user can change is refused (caching off); "
             "see \"Runs anywhere\" in docs/kubernetes.md",
@@ -215,10 +187,10 @@ GLOBAL_SETTINGS = (
                           "`/dev/shm/healthcheck-<uid>` (each of the last three, when another user "
                           "took the name first: the suite's own `<name>.<time><random>` beside it); "
                           "none: caching off"),
-    Setting("HEALTHCHECK_LOG_FILE", "log_file", ABSOLUTE_PATH, None,
+    Setting("HEALTHCHECK_LOG_FILE", "log_file", spec.ABSOLUTE_PATH, None,
             "one line per run plus error details (an absolute path); rotated at 1 MiB (one "
             "backup); a regular file only (see below)", shown_default="unset"),
-    Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", ABSOLUTE_PATH, "/etc/healthcheck.d",
+    Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", spec.ABSOLUTE_PATH, "/etc/healthcheck.d",
             "drop-in checks (an absolute path): every executable file there is a check (see "
             "\"Drop-in checks\")"),
     *Notices.SETTINGS,
@@ -226,24 +198,22 @@ GLOBAL_SETTINGS = (
 
 # Read outside the suite's configuration (the front door): listed in docs/probes.md.
 OTHER_SETTINGS = (
-    Setting("HEALTHCHECK_PYTHON", "", TEXT, None,
+    Setting("HEALTHCHECK_PYTHON", "", spec.TEXT, None,
             "the suite's own interpreter (front door only; one that cannot run the suite is exit 3)",
             shown_default="the `.venv` beside the `healthcheck` script"),
-    Setting("HEALTHCHECK_DEBUG", "", TEXT, None, "trace the front door (`set -x`)", shown_default="unset"),
+    Setting("HEALTHCHECK_DEBUG", "", spec.TEXT, None, "trace the front door (`set -x`)",
+            shown_default="unset"),
 )
 
 
-# The fields every run has, attributes of Config; a probe's own settings are read through
-# Config.of (its settings record), so the type checker sees each one's type.
 GLOBAL_FIELDS = ("profile", "timeout", "json", "verbose", "only", "skip", "toggles", "host", "state_dir",
                  "log_file", "checks_dir", "dropins")
 
 
 class Config:
-    """The validated settings of one run: the global ones (attributes), every probe's declared
-    settings (``config.of(Settings).ssh_port``), the flags and the drop-in checks found. Immutable:
-    ``Config(**fields)`` builds one with defaults for the rest, ``cfg._replace(...)`` derives
-    another; both take any declared setting's ``field`` as well as the global ones."""
+    """The validated settings of one run: the global ones as attributes, a probe's declared ones as
+    ``config.of(Settings).ssh_port``. Immutable: ``Config(**fields)`` takes defaults for the rest,
+    ``_replace`` derives another; both take any declared setting's ``field``."""
 
     __slots__ = ("_values", *GLOBAL_FIELDS)
     profile: str
@@ -279,51 +249,40 @@ class Config:
         return PROFILE_RULES[self.profile]
 
     def of(self, kind: type[D]) -> D:
-        """A probe's settings (a ``probes.spec.Declared`` class), read from this configuration."""
         return kind.read(self._values)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Config is immutable: use _replace()")
 
-    def __repr__(self) -> str:
-        return f"Config({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
-
     def _replace(self, **fields: Any) -> Config:
         return Config(**{**self._values, **fields})
 
-    def _asdict(self) -> dict[str, Any]:
-        return dict(self._values)
-
-    def enabled(self, spec: Spec) -> bool:
-        """Whether a probe runs in this configuration (flags override the toggles)."""
-        if self.profile not in spec.profiles:
+    def enabled(self, probe: Spec) -> bool:
+        if self.profile not in probe.profiles:
             return False
         if self.only:
-            return spec.name in self.only
-        return spec.name not in self.skip and self.toggles.get(spec.toggle, default_on(spec, self._values))
+            return probe.name in self.only
+        return probe.name not in self.skip and self.toggles.get(probe.toggle, default_on(probe, self._values))
 
     def selected(self) -> list[Spec]:
-        """The probes this configuration runs: the built-in ones, then the drop-ins."""
         return [s for s in (*registry.PROBES, *self.dropins) if self.enabled(s)]
 
 
-def default_on(spec: Spec, values: Mapping[str, Any]) -> bool:
-    """Whether a probe runs when its toggle is not given: opt-in ones only when their
-    ``on_with`` setting is set (HEALTHCHECK_MODEL_PATH turns the model probe on)."""
-    return spec.default_on or bool(spec.on_with and values.get(spec.on_with) is not None)
+def default_on(probe: Spec, values: Mapping[str, Any]) -> bool:
+    """Whether a probe runs when its toggle is not given: an opt-in one when its ``on_with`` setting is."""
+    return probe.default_on or bool(probe.on_with and values.get(probe.on_with) is not None)
 
 
 def parse_setting(row: Setting, raw: str) -> Any:
-    """A declared setting's value from its raw text (ConfigError on a bad one)."""
     name, kind = row.env, row.kind
-    if kind in (NUMBER, INTEGER):
+    if kind in (spec.NUMBER, spec.INTEGER):
         value = parse_number(name, raw, low=row.low, high=row.high,
-                             low_inclusive=row.low_inclusive, integer=kind == INTEGER)
-        return int(value) if kind == INTEGER else value
-    if kind == CHOICE:
+                             low_inclusive=row.low_inclusive, integer=kind == spec.INTEGER)
+        return int(value) if kind == spec.INTEGER else value
+    if kind == spec.CHOICE:
         return parse_choice(name, raw, row.choices)
-    parse = {BOOL: parse_bool, PORT: parse_port, URL_PATH: parse_base_url, HOST: parse_host,
-             ABSOLUTE_PATH: parse_absolute_path}.get(kind)
+    parse = {spec.BOOL: parse_bool, spec.PORT: parse_port, spec.URL_PATH: parse_base_url,
+             spec.HOST: parse_host, spec.ABSOLUTE_PATH: parse_absolute_path}.get(kind)
     if parse is not None:
         return parse(name, raw)
     text = parse_text(name, raw)
@@ -338,7 +297,6 @@ def parse_setting(row: Setting, raw: str) -> Any:
 def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None,
          json: bool = False, verbose: bool = False, only: str | None = None,
          skip: str | None = None) -> Config:
-    """Build the configuration from flags (keyword arguments) and the environment."""
     env = os.environ if environ is None else environ
 
     def read(row: Setting, default: Any) -> Any:
@@ -357,11 +315,9 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
             values[row.field] = read(row, row.default)
     from probes import dropins
 
-    builtin: dict[str, list[str]] = {}
-    for spec in registry.PROBES:
-        builtin.setdefault(spec.toggle, []).append(spec.name)
-    found = dropins.specs(values["checks_dir"], frozenset(registry.NAMES),
-                          {t: f"the built-in {', '.join(names)}" for t, names in builtin.items()})
+    owners = {t: "the built-in " + ", ".join(s.name for s in registry.PROBES if s.toggle == t)
+              for t in registry.TOGGLES}
+    found = dropins.specs(values["checks_dir"], frozenset(registry.NAMES), owners)
     defaults = {t: any(default_on(s, values) for s in registry.PROBES if s.toggle == t)
                 for t in registry.TOGGLES}
     # A probe that ``follows`` another's toggle is on by default only where that one is on

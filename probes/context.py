@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 
 def logger() -> logging.Logger:
-    """The suite's logger, set up on first use. Details (exception texts) go only to
-    HEALTHCHECK_LOG_FILE, never to stderr, where Docker and the kubelet would show them."""
+    """The suite's logger: details (exception texts) go only to HEALTHCHECK_LOG_FILE, never to
+    stderr, where Docker and the kubelet would show them."""
     import logging
 
     log = logging.getLogger("healthcheck")

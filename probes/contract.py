@@ -1,10 +1,6 @@
-"""The probe-module contract: what the runner, config and docs read of a probe module.
-
-``SPEC``, ``gather(ctx)`` and ``judge(data, ctx)``: docs/development.md, "Adding a probe". Optional
-(a Protocol cannot say so): ``on_deadline(ctx) -> Result``, the result when ``gather`` overran its
-deadline; ``requirements(config) -> Iterable[str]``, the probes it requires when that depends on a
-setting; ``Settings``, its declared settings. ``probes.dropin_check`` has no ``SPEC``: each
-drop-in's comes from its file. Imported only by the type checker and the tests.
+"""The probe-module contract (docs/development.md, "Adding a probe"), for the type checker and the
+tests. Optional, which a Protocol cannot say: ``on_deadline(ctx) -> Result``, ``requirements(config)
+-> Iterable[str]`` and ``Settings``.
 """
 
 from __future__ import annotations

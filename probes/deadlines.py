@@ -41,6 +41,6 @@ def hard_stop(timeout: float) -> int:
 
 
 def probe_timeout_floor(timeout: float) -> int:
-    """The least Kubernetes timeoutSeconds above the front door's KILL: the kubelet does not end the
-    grandchildren of an exec probe it timed out, so the front door must."""
+    """The least timeoutSeconds above the front door's KILL: the kubelet leaves a timed-out probe's
+    grandchildren, so the front door must end them."""
     return hard_stop(timeout) + FRONT_DOOR_KILL_AFTER + 1

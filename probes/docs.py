@@ -1,10 +1,5 @@
-"""The manual's generated tables, from the probes' declarations, the Xid catalog and the CUDA errors
-(``python -m probes.docs [--check]``).
-
-``make docs`` rewrites the sections between ``<!-- BEGIN GENERATED: NAME -->`` and
-``<!-- END GENERATED: NAME -->`` in the docs/ pages of ``PAGES``; a test fails when a page differs from
-what the registry generates, so the tables cannot drift from the code.
-"""
+"""The manual's generated tables (``make docs``, ``python -m probes.docs --check``): the sections
+between ``<!-- BEGIN GENERATED: NAME -->`` and ``<!-- END GENERATED: NAME -->`` of the pages in ``PAGES``."""
 
 from __future__ import annotations
 
@@ -25,15 +20,11 @@ def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 
 def _default(s: Setting) -> str:
-    if s.shown_default is not None:
-        return s.shown_default
-    if s.default is None:
-        return "unset"
+    if s.shown_default is not None or s.default is None:
+        return s.shown_default or "unset"
     if isinstance(s.default, bool):
         return f"`{str(s.default).lower()}`"
-    if isinstance(s.default, float) and s.default.is_integer():
-        return f"`{int(s.default)}`"
-    return f"`{s.default}`"
+    return f"`{int(s.default) if isinstance(s.default, float) and s.default.is_integer() else s.default}`"
 
 
 def probes() -> str:
@@ -64,19 +55,16 @@ def environment() -> str:
 
 
 def serve_environment() -> str:
-    """`healthcheck serve`'s own settings (probes/serve/__init__.py)."""
     from probes import serve
 
     return _table(("variable", "default", "meaning"),
                   [(f"`{s.env}`", _default(s), s.meaning) for s in serve.ServeSettings.SETTINGS])
 
 
-CAUSE_COLUMNS = ("cause", "reason", "status", "remedy", "who acts", "action")
-
-
 def _cause_table(causes: Iterable[Cause]) -> str:
-    return _table(CAUSE_COLUMNS, [(c.cause, f"`{c.reason}`" if c.reason else "", c.status, c.remedy, c.actor,
-                                   f"`{c.action}`") for c in causes])
+    rows = [(c.cause, f"`{c.reason}`" if c.reason else "", c.status, c.remedy, c.actor, f"`{c.action}`")
+            for c in causes]
+    return _table(("cause", "reason", "status", "remedy", "who acts", "action"), rows)
 
 
 def causes() -> str:
@@ -100,7 +88,7 @@ def _action(action: str) -> str:
 
 
 def _spans(codes: Sequence[int]) -> str:
-    """``1-7, 9, 10-12`` for sorted codes."""
+    """``1-7, 9, 11-12`` for sorted codes."""
     spans: list[list[int]] = []
     for c in codes:
         if spans and c == spans[-1][-1] + 1:
@@ -111,7 +99,7 @@ def _spans(codes: Sequence[int]) -> str:
 
 
 def xid_actions() -> str:
-    """Per catalog action: its Xids, what serve does, what to do and why (probes/hardware/xids.py)."""
+    """Per catalog action: its Xids, what serve does, what to do and why."""
     rows = []
     for action, b in xids.BUCKETS.items():
         codes = sorted(x for x, e in xids.CATALOG.items() if e.action == action)
@@ -123,14 +111,13 @@ def xid_actions() -> str:
 
 
 def xid_policy() -> str:
-    """Every Xid of the catalog, its immediate action and what serve does with it."""
     rows = [(str(code), f"`{x.mnemonic}`", _action(x.action), _SERVE[xids.bucket(code).severity], x.meaning)
             for code, x in sorted(xids.CATALOG.items())]
     return _table(("Xid", "mnemonic", "immediate action", "`healthcheck serve`", "meaning"), rows)
 
 
 def cuda_error_table() -> str:
-    """The CUDA errors the table judges apart from a plain failure (probes/framework/cuda_errors.py)."""
+    """The CUDA errors judged apart from a plain failure."""
     rows = [(str(e.code) if e.code is not None else "", f"`{e.name}`", e.text, e.category, f"`{e.reason}`",
              e.remedy) for e in (*cuda_errors.TABLE, *cuda_errors.LIBRARY)
             if e.category != cuda_errors.OTHER or e.remedy != cuda_errors.PROGRAM]
@@ -138,7 +125,7 @@ def cuda_error_table() -> str:
 
 
 def deadline_ladder() -> str:
-    """When each rung of probes/deadlines.py ends a run of each profile, in seconds from its start."""
+    """When each rung of the ladder ends a run of each profile, in seconds from its start."""
     d = deadlines
     rows = [(f"`{p.name}`", f"{p.timeout:g} s", f"{runner.run_deadline(p.timeout, 0.0):g} s",
              f"{d.hard_stop(p.timeout)} s", f"{d.hard_stop(p.timeout) + d.FRONT_DOOR_KILL_AFTER} s",
@@ -149,7 +136,6 @@ def deadline_ladder() -> str:
 
 
 ROOT = Path(__file__).resolve().parent.parent
-# Each generated section lives in one manual page; a page names its sections by their markers.
 PAGES = {"docs/probes.md": {"probes": probes, "environment": environment, "causes": causes,
                             "cuda-errors": cuda_error_table},
          "docs/serve.md": {"serve-environment": serve_environment, "xid-actions": xid_actions,
@@ -158,7 +144,6 @@ PAGES = {"docs/probes.md": {"probes": probes, "environment": environment, "cause
 
 
 def render(text: str, page: str) -> str:
-    """``text`` (the manual page ``page``) with each of its generated sections rebuilt."""
     for name, build in PAGES[page].items():
         begin, end = f"<!-- BEGIN GENERATED: {name} (make docs) -->", f"<!-- END GENERATED: {name} -->"
         if begin not in text or end not in text:
@@ -172,16 +157,13 @@ def render(text: str, page: str) -> str:
 def main(argv: Sequence[str]) -> int:
     status = 0
     for page in PAGES:
-        path = ROOT / page
-        old = path.read_text(encoding="utf-8")
+        old = (ROOT / page).read_text(encoding="utf-8")
         new = render(old, page)
-        if new == old:
-            continue
-        if "--check" in argv:
+        if new != old and "--check" in argv:
             print(f"docs: {page} differs from the registry: run make docs", file=sys.stderr)
             status = 1
-        else:
-            path.write_text(new, encoding="utf-8")
+        elif new != old:
+            (ROOT / page).write_text(new, encoding="utf-8")
     return status
 
 

@@ -1,6 +1,5 @@
-"""Running one drop-in check (found and trusted by ``probes.dropins``, where its causes are): the
-probe module every drop-in's spec names. Its exit status, first line and performance data are
-the result."""
+"""The probe module every drop-in's spec names (found and trusted by probes/dropins.py, where its
+causes are): its exit status, first line and performance data are the result."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ if TYPE_CHECKING:
     from probes.context import Context
     from probes.dropins import Check
 
-MAX_MESSAGE = 200
-UNITS = ("us", "ms", "s", "%", "B", "KB", "MB", "GB", "TB", "c")
+UNITS = ("us", "ms", "s", "%", "B", "KB", "MB", "GB", "TB", "c")  # Nagios performance data's
 
 
 class Ran(Record):
@@ -30,9 +28,7 @@ class Ran(Record):
 
 
 def gather(ctx: Context) -> Ran:
-    spec = ctx.spec
-    assert spec is not None and spec.dropin is not None
-    check: Check = spec.dropin
+    check: Check = ctx.spec.dropin  # type: ignore[union-attr]
     budget = ctx.remaining()
     if check.problem is not None:
         return Ran(check, None, budget)
@@ -44,10 +40,7 @@ def gather(ctx: Context) -> Ran:
 
 def _perfdata(text: str) -> tuple[Any, str | None]:
     """(value, unit) of the first ``label=value[unit]`` item of Nagios performance data."""
-    first = text.strip().split(" ")[0] if text.strip() else ""
-    _, sep, rest = first.partition("=")
-    if not sep:
-        return None, None
+    rest = text.strip().split(" ")[0].partition("=")[2]
     value = rest.split(";", 1)[0]
     unit = next((u for u in sorted(UNITS, key=len, reverse=True) if value.endswith(u)), None)
     number = value[: len(value) - len(unit)] if unit else value
@@ -61,26 +54,22 @@ def _perfdata(text: str) -> tuple[Any, str | None]:
 
 
 def judge(data: Ran, ctx: Context) -> Result:
-    check, done = data.check, data.done
-    name = check.name
+    check, done, name = data.check, data.done, data.check.name
     if done is None:
         assert check.cause is not None
         said = {dropins.UNTRUSTED: "untrusted", dropins.LIMIT: "not checked"}.get(check.cause, "not run")
         return verdict(name, check.cause, f"{said}: {check.problem}", remedy=check.cause != dropins.LIMIT)
     from probes import childio
 
-    if childio.limited(done.spawn_error):
-        # The limit is the container's, not the check's: no "#! line" to blame, nothing checked.
+    if childio.limited(done.spawn_error):  # the container's limit: no "#! line" to blame, nothing checked
         return verdict(name, dropins.LIMIT, f"not checked: {clean(check.path, 120)} {done.spawn_error}",
                        remedy=False)
     if done.spawn_error:
         return verdict(name, dropins.CANNOT_START,
                        f"cannot start {clean(check.path, 120)} ({done.spawn_error})")
-    first = done.stdout.split(b"\n", 1)[0].decode("utf-8", "replace")
-    message, _, perf = first.partition("|")
-    message = clean(" ".join(message.split()), MAX_MESSAGE)
+    message, _, perf = done.stdout.split(b"\n", 1)[0].decode("utf-8", "replace").partition("|")
+    message = clean(" ".join(message.split()), 200)
     said = f"; it said: {message}" if message else ""
-    observed, unit = _perfdata(perf)
     if done.timed_out or done.stuck:
         return verdict(name, dropins.DEADLINE, f"no answer within {data.budget:.1f}s (deadline passed){said}")
     if done.signal is not None:
@@ -94,6 +83,7 @@ def judge(data: Ran, ctx: Context) -> Result:
     # The check's own first line is the message, and its own remedy: nothing is added to it.
     found = (dropins.PASSED, dropins.WARNING, dropins.FAILED, dropins.UNKNOWN)[code]
     text = message or f"exit {code} with no message"
+    observed, unit = _perfdata(perf)
     if found is dropins.PASSED:
         return passed(name, text, observed=observed, unit=unit)
     return verdict(name, found, f"unknown: {text}" if found is dropins.UNKNOWN else text, remedy=False,

@@ -1,11 +1,6 @@
-"""Drop-in checks: every executable file in HEALTHCHECK_CHECKS_DIR is a check.
-
-The directory is untrusted input, as sudoers and cron treat theirs: it is judged component by
-component (``untrusted.open_trusted_dir``) and a file that may not be trusted is reported, not run.
-A check's name must give it a toggle of its own, so that switching the built-in probes off never
-silently switches it off too. The contract (the Nagios plugin convention) and every rule:
-docs/probes.md, "Drop-in checks".
-"""
+"""Drop-in checks: every executable file in HEALTHCHECK_CHECKS_DIR is a check, run by
+probes/dropin_check.py. The directory is untrusted input, as sudoers and cron treat theirs; the
+contract and every rule: docs/probes.md, "Drop-in checks"."""
 
 from __future__ import annotations
 
@@ -22,10 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-MODULE = "probes.dropin_check"  # what runs a drop-in (its gather and judge)
 DIR_CHECK = "drop-ins"  # the one failure for a directory that may not be trusted
-LAYER = "drop-in"
-MEASUREMENT = "status"
 DEFAULT_PROFILES = ("startup", "readiness")
 DEFAULT_TIMEOUT = 10.0
 MAX_TIMEOUT = 3600.0
@@ -90,46 +82,34 @@ class Check(Record):
     renamed: bool = False  # its name is taken (a built-in probe's, or its toggle): reported as drop-in-NAME
 
 
-def _ignored(name: str) -> bool:
-    return name.startswith((".", "#")) or name.endswith(BACKUP_SUFFIXES)
-
-
 def _parse_header(head: bytes) -> tuple[tuple[str, ...], float, str | None]:
-    """(profiles, timeout, problem) from the ``# healthcheck:`` line, if any."""
-    found_profiles: tuple[str, ...] = DEFAULT_PROFILES
+    """(profiles, timeout, problem) from the ``# healthcheck:`` line among the first ten, if any."""
+    profiles: tuple[str, ...] = DEFAULT_PROFILES
     timeout = DEFAULT_TIMEOUT
-    for raw in head.split(b"\n")[:10]:
-        line = raw.strip()
-        if not line.startswith(b"#"):
-            continue
-        at = line.find(HEADER_TAG)
-        if at < 0:
-            continue
-        text = line[at + len(HEADER_TAG):].decode("utf-8", "replace")
-        for item in text.split():
-            key, sep, value = item.partition("=")
-            if key == "profiles" and sep:
-                names = tuple(p for p in value.split(",") if p)
-                bad = [p for p in names if p not in ALL_PROFILES]
-                if not names or bad:
-                    return found_profiles, timeout, (f"header: profiles={clean(value, 40)} "
-                                                     f"(accepted: {', '.join(ALL_PROFILES)})")
-                found_profiles = names
-            elif key == "timeout" and sep:
-                if not is_number_text(value) or not 0 < float(value) <= MAX_TIMEOUT:
-                    return found_profiles, timeout, (f"header: timeout={clean(value, 40)} "
-                                                     f"(accepted: seconds, greater than 0 and at most 3600)")
-                timeout = float(value)
-            else:
-                return found_profiles, timeout, (f"header: unknown setting {clean(item, 40)} "
-                                                 "(accepted: profiles=..., timeout=...)")
-        break
-    return found_profiles, timeout, None
+    lines = (raw.strip() for raw in head.split(b"\n")[:10])
+    header = next((line for line in lines if line.startswith(b"#") and HEADER_TAG in line), b"")
+    for item in header.partition(HEADER_TAG)[2].decode("utf-8", "replace").split():
+        key, sep, value = item.partition("=")
+        if key == "profiles" and sep:
+            names = tuple(p for p in value.split(",") if p)
+            if not names or any(p not in ALL_PROFILES for p in names):
+                return profiles, timeout, (f"header: profiles={clean(value, 40)} "
+                                           f"(accepted: {', '.join(ALL_PROFILES)})")
+            profiles = names
+        elif key == "timeout" and sep:
+            if not is_number_text(value) or not 0 < float(value) <= MAX_TIMEOUT:
+                return profiles, timeout, (f"header: timeout={clean(value, 40)} "
+                                           "(accepted: seconds, greater than 0 and at most 3600)")
+            timeout = float(value)
+        else:
+            return profiles, timeout, (f"header: unknown setting {clean(item, 40)} "
+                                       "(accepted: profiles=..., timeout=...)")
+    return profiles, timeout, None
 
 
 def _name_problem(name: str, reserved: frozenset[str], taken: dict[str, str]) -> tuple[str | None, bool]:
-    """(why ``name`` cannot name a check, or None; whether it is taken and must be reported under
-    another name). ``taken`` maps each toggle in use to whose it is; ``name``'s is added."""
+    """(why ``name`` cannot name a check, or None; whether it is reported as drop-in-NAME).
+    ``taken``: each toggle in use and whose it is; ``name``'s is added."""
     shown = clean(name, MAX_NAME)
     if len(name) > MAX_NAME or any(ch not in NAME_CHARS for ch in name):
         return (f"the file name {shown!r} cannot be a check name "
@@ -146,11 +126,9 @@ def _name_problem(name: str, reserved: frozenset[str], taken: dict[str, str]) ->
 
 def discover(directory: str, reserved: frozenset[str] = frozenset(),
              toggles: dict[str, str] | None = None) -> list[Check]:
-    """The drop-ins in ``directory``, sorted by name; [] when it is missing or empty.
-
-    ``reserved``: the built-in probes' names; ``toggles``: their toggles, each with whose it is.
-    A directory reached through anything another user controls is one failure (``DIR_CHECK``)
-    and nothing in it is listed or run."""
+    """The drop-ins in ``directory``, sorted by name. ``reserved``: the built-in probes' names;
+    ``toggles``: their toggles, each with whose it is. A directory reached through anything another
+    user controls is one failure (``DIR_CHECK``) and nothing in it is listed or run."""
     try:
         dir_fd = untrusted.open_trusted_dir(directory, (0, os.geteuid()))
     except untrusted.Refused as exc:
@@ -158,17 +136,20 @@ def discover(directory: str, reserved: frozenset[str] = frozenset(),
                       "nothing in it is run", cause=UNTRUSTED)]
     except OSError as exc:
         return _unreadable(directory, exc)
+    taken = dict(toggles or {})
     try:
-        return _listed(dir_fd, directory, reserved, dict(toggles or {}))
+        names = sorted(e.name for e in os.scandir(dir_fd)
+                       if not e.name.startswith((".", "#")) and not e.name.endswith(BACKUP_SUFFIXES))
+        found = [_entry(dir_fd, directory, name, reserved, taken) for name in names]
     except OSError as exc:
         return _unreadable(directory, exc)
     finally:
         os.close(dir_fd)
+    return [check for check in found if check is not None]
 
 
 def _unreadable(directory: str, exc: OSError) -> list[Check]:
-    """A directory that cannot be read: nothing to run, as a missing one; but when a resource limit
-    is why (too many open files), one warning that says so: the checks in it did not vanish."""
+    """Nothing to run; when a resource limit is why, one warning: the checks did not vanish."""
     from probes import childio
 
     words = childio.limit_words(exc.errno)
@@ -178,16 +159,9 @@ def _unreadable(directory: str, exc: OSError) -> list[Check]:
                   f"read: {words}; nothing in it is run", cause=LIMIT)]
 
 
-def _listed(dir_fd: int, directory: str, reserved: frozenset[str], taken: dict[str, str]) -> list[Check]:
-    """The checks in the open directory ``dir_fd`` (see discover)."""
-    found = (_entry(dir_fd, directory, name, reserved, taken)
-             for name in sorted((e.name for e in os.scandir(dir_fd) if not _ignored(e.name)), key=str))
-    return [check for check in found if check is not None]
-
-
 def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
            taken: dict[str, str]) -> Check | None:
-    """The check the directory entry ``name`` is, None when it is none (not an executable file)."""
+    """The check the directory entry ``name`` is, None when it is not an executable file."""
     try:
         lst = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
@@ -227,13 +201,13 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
 
 def specs(directory: str, reserved: frozenset[str] = frozenset(),
           toggles: dict[str, str] | None = None) -> tuple[Any, ...]:
-    """The drop-ins in ``directory`` as probe specs (what config, runner and reports use)."""
+    """The drop-ins in ``directory`` as probe specs, run by probes/dropin_check.py."""
     from probes.spec import Spec
 
     out = []
     for check in discover(directory, reserved, toggles):
         name = f"drop-in-{check.name}" if check.renamed else check.name
-        out.append(Spec(name, layer=LAYER, module=MODULE, toggle=toggle_for(name), timeout=check.timeout,
-                        profiles=check.profiles, measurement=MEASUREMENT,
+        out.append(Spec(name, layer="drop-in", module="probes.dropin_check", toggle=toggle_for(name),
+                        timeout=check.timeout, profiles=check.profiles,
                         about=f"drop-in check {clean(check.path, 120)}", dropin=check._replace(name=name)))
     return tuple(out)

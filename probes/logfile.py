@@ -1,8 +1,5 @@
-"""HEALTHCHECK_LOG_FILE: a size-bounded run log that can never hurt the run (docs/probes.md).
-
-Opened without blocking (a FIFO with no reader would hang ``open()``) and never through a link; a
-later failure is remembered as ``failure`` and reported at most once through ``on_error``.
-"""
+"""HEALTHCHECK_LOG_FILE: a size-bounded run log that can never hurt the run (docs/probes.md):
+opened without blocking and never through a link; a failure is remembered, never raised."""
 
 from __future__ import annotations
 
@@ -30,9 +27,8 @@ def _why(exc: OSError) -> str:
 
 
 def open_append(path: str) -> IO[str]:
-    """``path`` opened for appending, if it is (or becomes) a regular file; OSError otherwise. A file
-    created here is 0600 whatever the umask (0277 would leave it unwritable by our own next run);
-    an existing one keeps the mode its owner gave it."""
+    """``path`` opened for appending if it is (or becomes) a regular file, else OSError; one created
+    here is 0600 whatever the umask (0277 would leave it unwritable by our next run)."""
     try:
         fd = os.open(path, FLAGS | os.O_EXCL, 0o600)
         created = True
@@ -51,7 +47,7 @@ def open_append(path: str) -> IO[str]:
 
 
 class SafeFileHandler(logging.handlers.RotatingFileHandler):
-    """A RotatingFileHandler that opens safely and swallows its own errors."""
+    """Opens safely; its errors are kept in ``failure``, the first told to ``on_error``."""
 
     def __init__(self, path: str, on_error: Callable[[str], None] | None = None) -> None:
         self.failure: str | None = None
@@ -74,7 +70,7 @@ class SafeFileHandler(logging.handlers.RotatingFileHandler):
 
 def attach(logger: logging.Logger, path: str, fmt: str, *,
            on_error: Callable[[str], None] | None = None) -> tuple[SafeFileHandler | None, str | None]:
-    """Add a SafeFileHandler for ``path`` to ``logger``; (handler, None) or (None, why not)."""
+    """(handler, None), or (None, why ``path`` cannot be used)."""
     try:
         handler = SafeFileHandler(path, on_error)
     except OSError as exc:
@@ -85,6 +81,6 @@ def attach(logger: logging.Logger, path: str, fmt: str, *,
 
 
 def problem(handler: Any, path: str) -> str | None:
-    """Why writing to the log failed during this run, if it did."""
+    """Why writing the log failed during this run, if it did."""
     failure = getattr(handler, "failure", None)
     return f"log file {path} not written ({failure})" if failure else None

@@ -1,18 +1,6 @@
-"""Tell the person at the keyboard: the verdict of the profiles that judge whether the container can
-do its job (``Profile.tells``: startup and readiness), in the cause catalog's words for whoever acts.
-
-After such a check, under a lock in the state dir around compare-and-write (concurrent checks tell
-a change once):
-
-- one line in the container's own log (PID 1's stderr: ``docker logs``, ``kubectl logs``) when the
-  verdict changes, never one per run;
-- the published notice (``HEALTHCHECK_NOTICE_FILE``): a small world-readable file holding the
-  verdict's time, how long until it is stale and the person's lines, which the SSH login script
-  (docker/gpu-health-notice.sh) and the notebook hook (docker/ipython_kernel_config.py) read.
-
-Nobody's path runs a probe: the readers read that one file. A liveness verdict says nothing about
-the GPU and changes nothing here; a run of ``--only``/``--skip`` is not the container's verdict.
-docs/image.md, "Notices".
+"""Tell the person at the keyboard the verdict of the profiles that ``tell`` (startup, readiness), in
+the cause catalog's words: one line in the container's log (PID 1's stderr) when the verdict changes,
+and the published notice that the SSH login script and the notebook hook read. docs/image.md, "Notices".
 """
 
 from __future__ import annotations
@@ -41,8 +29,6 @@ if TYPE_CHECKING:
 
 START_PERIOD = 60.0  # the image's HEALTHCHECK --start-period: Docker does not count a failure in it
 RECORD = "notice.json"  # in the private state dir: what was told, in which container life
-LOCK = "notice.lock"
-PID1_STDERR = "/proc/1/fd/2"  # where the container's log is, whoever runs the check
 LOG_ENV = "_HEALTHCHECK_NOTICE_LOG"  # internal, for tests only: the log line goes there instead
 MAX_PART = 300  # characters of what failed, and of who acts
 MAX_LINE = 700  # characters of a log line
@@ -53,25 +39,15 @@ OPERATOR = "not fixable from inside this container; your platform's operator is 
 class Verdict(Record):
     """A check's verdict as the person is told it."""
 
-    __slots__ = ("time", "key", "what", "words", "action")
-
     time: float  # when its results were taken (wall clock)
-    key: str  # "probe/reason" of the first failure; "" when healthy
-    what: str  # "nvml: GPU 0 is lost": the probe and what it observed, without the remedy
-    words: str  # who acts, and what the person can do
-    action: str  # the cause's action (reboot-node, ...), for the operator reading the log
-
-    def __init__(self, time: float, key: str = "", what: str = "", words: str = "", action: str = "") -> None:
-        self.time = time
-        self.key = key
-        self.what = what
-        self.words = words
-        self.action = action
+    key: str = ""  # "probe/reason" of the first failure; "" when healthy
+    what: str = ""  # "nvml: GPU 0 is lost": the probe and what it observed, without the remedy
+    words: str = ""  # who acts, and what the person can do
+    action: str = ""  # the cause's action (reboot-node, ...), for the operator reading the log
 
 
 def cause_of(result: Result, probes: Iterable[Spec]) -> Cause | None:
-    """The catalog's cause of ``result``: its probe's causes (a layer's shared ones among them), the
-    runner's common ones, a drop-in's."""
+    """The catalog's cause of ``result``: its probe's, the runner's common ones, a drop-in's."""
     from probes import dropins, runner
 
     spec = next((s for s in probes if s.name == result.name), None)
@@ -82,18 +58,15 @@ def cause_of(result: Result, probes: Iterable[Spec]) -> Cause | None:
 
 
 def verdict_of(outcome: Outcome, probes: Iterable[Spec]) -> Verdict:
-    """The verdict of a run: healthy unless it failed (exit 1); then its first failure."""
+    """Healthy unless the run failed (exit 1); then its first failure."""
     when = max((r.time for r in outcome.results), default=0.0) or time.time()
     problem = outcome.first_problem if outcome.status is Status.FAIL else None
     if problem is None:
         return Verdict(when)
     cause = cause_of(problem, probes)
     remedy = cause.remedy.replace("`", "") if cause is not None else ""
-    detail = problem.message
-    if remedy and detail.endswith(f": {remedy}"):
-        detail = detail[:-len(remedy) - 2]
-    actor = cause.actor if cause is not None else problem.actor
-    if actor != "tenant":
+    detail = problem.message.removesuffix(f": {remedy}") if remedy else problem.message
+    if (cause.actor if cause is not None else problem.actor) != "tenant":
         words = OPERATOR
     else:
         words = f"you can fix this: {remedy}" if remedy else "you can fix this (the message says how)"
@@ -113,12 +86,12 @@ def stale_after(rules: Profile) -> int:
 
 def decide(kept: Any, v: Verdict, *, life: str, started: float | None,
            stale: int) -> tuple[dict[str, Any], str | None, str]:
-    """From the record the last check kept and this verdict: the record to keep, the log line
-    (None: nothing changed) and the notice to publish. Pure.
+    """From the record the last check kept and this verdict: the record to keep, the log line (None:
+    nothing changed) and the notice to publish. A failure before the first healthy verdict of this
+    container life, within START_PERIOD of its start, is not told (Docker does not count it either)."""
 
-    A failure before the first healthy verdict of this container life, within START_PERIOD of the
-    container's start, is not told (Docker does not count it either): a container that boots
-    slowly shows nothing anywhere."""
+    def unhealthy(since: float) -> str:
+        return f"unhealthy since {clock(since)}: {v.what}"
     record: dict[str, Any] = kept if isinstance(kept, dict) and kept.get("life") == life else {"life": life}
     told = record["told"] if isinstance(record.get("told"), dict) else None
     line = None
@@ -135,21 +108,17 @@ def decide(kept: Any, v: Verdict, *, life: str, started: float | None,
             told = {"key": v.key, "since": v.time}
             record = {**record, "told": told}
             act = f" ({v.action})" if v.action not in ("", "none") else ""
-            line = f"{_unhealthy(v, v.time)}; {v.words}{act}"
+            line = f"{unhealthy(v.time)}; {v.words}{act}"
     text = f"{int(v.time)} {stale} {shown} {clock(v.time)}\n"
     if shown == UNHEALTHY and told is not None:
         since = told.get("since")
-        text += f"{_unhealthy(v, since if isinstance(since, (int, float)) else v.time)}\n{v.words}\n"
+        text += f"{unhealthy(since if isinstance(since, (int, float)) else v.time)}\n{v.words}\n"
     return record, None if line is None else clean(f"gpu-health: {line}", MAX_LINE), text
 
 
-def _unhealthy(v: Verdict, since: float) -> str:
-    return f"unhealthy since {clock(since)}: {v.what}"
-
-
 def tell(config: Config, state: State, outcome: Outcome) -> None:
-    """After a check: tell the person what changed, and publish the notice. Never raises, and waits
-    at most NOTICE_WAIT for another check that is telling."""
+    """Never raises; waits at most NOTICE_WAIT for another check that is telling. A run of
+    ``--only``/``--skip`` is not the container's verdict."""
     rules = config.profile_rules
     if not rules.tells or config.only or config.skip or not outcome.results:
         return
@@ -158,8 +127,18 @@ def tell(config: Config, state: State, outcome: Outcome) -> None:
         if not own.notices:
             unpublish(own.notice_file)
         elif state.enabled:
-            known = (*registry.PROBES, *config.dropins)
-            _tell(own.notice_file, state, verdict_of(outcome, known), stale_after(rules))
+            v = verdict_of(outcome, (*registry.PROBES, *config.dropins))
+            with state.lock("notice.lock", time.monotonic() + NOTICE_WAIT) as held:
+                if not held:  # concurrent checks tell a change once
+                    return
+                kept = state.read_json(RECORD)
+                record, line, text = decide(kept, v, life=life_identity(), started=container_started(),
+                                            stale=stale_after(rules))
+                if record != kept and not state.write_json(RECORD, record):
+                    line = None  # not kept: the next run would tell it again, so it is not told now
+                if line is not None:
+                    log_line(line)
+                publish(own.notice_file, text)
     except Exception:  # what the person is told never costs the verdict; a bug goes to the log
         try:
             from probes.context import logger
@@ -167,19 +146,6 @@ def tell(config: Config, state: State, outcome: Outcome) -> None:
             logger().exception("telling the verdict failed")
         except Exception:  # noqa: S110 - best effort
             pass
-
-
-def _tell(path: str, state: State, v: Verdict, stale: int) -> None:
-    with state.lock(LOCK, time.monotonic() + NOTICE_WAIT) as held:
-        if not held:
-            return
-        kept = state.read_json(RECORD)
-        record, line, text = decide(kept, v, life=life_identity(), started=container_started(), stale=stale)
-        if record != kept and not state.write_json(RECORD, record):
-            line = None  # not kept: the next run would tell it again, so it is not told now
-        if line is not None:
-            log_line(line)
-        publish(path, text)
 
 
 def container_started() -> float | None:
@@ -199,13 +165,11 @@ def container_started() -> float | None:
 
 
 def log_line(line: str, path: str | None = None) -> bool:
-    """``line`` into the container's log, PID 1's stderr (``path``, or the internal LOG_ENV, for
-    tests), opened write-only and non-blocking: a full pipe costs the line, never the run, and
-    without the permission (another user's PID 1) it is skipped. One write of under PIPE_BUF bytes:
-    never interleaved with another writer's."""
+    """Into PID 1's stderr, non-blocking (a full pipe costs the line, never the run), in one write
+    of under PIPE_BUF bytes: never interleaved with another writer's."""
     data = (clean(line, MAX_LINE) + "\n").encode("utf-8", "backslashreplace")
     try:
-        fd = os.open(path or os.environ.get(LOG_ENV) or PID1_STDERR,
+        fd = os.open(path or os.environ.get(LOG_ENV) or "/proc/1/fd/2",
                      os.O_WRONLY | os.O_NONBLOCK | os.O_APPEND | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return False
@@ -217,15 +181,14 @@ def log_line(line: str, path: str | None = None) -> bool:
         os.close(fd)
 
 
-def _notice_dir(where: str) -> int | None:
-    """A descriptor of the notice's directory, reached only through directories nobody but root or
-    us can change (untrusted.open_trusted_dir); made 0755 when missing (an existing one keeps its
-    mode). None when it cannot."""
+def _notice_dir(where: str, make: bool = True) -> int | None:
+    """The notice's directory, trusted component by component; made 0755 (the readers are other users)."""
     owners = (0, os.geteuid())
     try:
         return open_trusted_dir(where, owners)
     except FileNotFoundError:
-        pass
+        if not make:
+            return None
     except (OSError, Refused):
         return None
     parent, name = os.path.split(where)
@@ -239,7 +202,7 @@ def _notice_dir(where: str) -> int | None:
     except (OSError, Refused):
         return None
     try:
-        os.fchmod(fd, 0o755)  # whatever the umask took away: the readers are other users
+        os.fchmod(fd, 0o755)  # whatever the umask took away
     except OSError:
         pass
     return fd
@@ -272,16 +235,10 @@ def publish(path: str, text: str) -> bool:
 
 def unpublish(path: str) -> None:
     """Notices off: no notice left from before for the readers to show."""
-    if not os.path.lexists(path):
-        return
     where, name = os.path.split(path)
-    try:
-        fd = open_trusted_dir(where, (0, os.geteuid()))
-    except (OSError, Refused):
-        return
-    try:
+    fd = _notice_dir(where, make=False) if os.path.lexists(path) else None
+    if fd is not None:
         _unlink(name, fd)
-    finally:
         os.close(fd)
 
 

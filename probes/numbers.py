@@ -1,8 +1,5 @@
-"""The suite's number grammar: plain ASCII digits, an optional fraction, nothing else.
-
-``str.isdigit`` accepts '\u00b2' (which ``int()`` refuses) and ``float()`` accepts ' 1e3 ',
-'nan' and '1_000': settings, drop-in headers and tool outputs are read with these instead.
-"""
+"""The suite's number grammar: plain ASCII digits, an optional fraction, nothing else (``float()``
+takes ' 1e3 ', 'nan' and '1_000'; ``str.isdigit`` takes '\u00b2', which ``int()`` refuses)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""What a SIGKILLed suite left running, found by its run marker and ended by the next suite process.
-
-The one case only this module handles: a suite killed by SIGKILL (the OOM killer, a runtime ending
-a timed-out exec) ends nothing itself. Its children die with it (the parent-death signal,
-probes/proc.py), but what they started lives on (a drop-in's daemon, a worker's helper, a worker
-behind wrappers that do not exec), carrying the run marker ``HEALTHCHECK_RUN_ID``
-(``<suite pid>-<suite start>-<n>-<random>``) of a suite process that is gone. The next suite process
-that starts a child, and each deep check before it surveys the GPUs' memory, finds those and kills
-each by pid and start time. Not the worker's lock (every later run would wait for a hung orphan,
-never end it), not a cgroup (rarely delegated inside a container).
+"""What a SIGKILLed suite left running (docs/probes.md, "Containment"), found by the run marker
+``HEALTHCHECK_RUN_ID`` (``<suite pid>-<suite start>-<n>-<random>``) of a suite process that is gone,
+and killed by pid and start time by the next one. Not by the worker's lock (every later run would
+wait for a hung orphan, never end it), nor a cgroup (rarely delegated inside a container).
 """
 
 from __future__ import annotations
@@ -30,18 +24,14 @@ _swept_by: int | None = None  # the pid that made its one sweep at its first chi
 
 def markers(environ: bytes) -> list[bytes]:
     """The run markers in the bytes of a /proc/<pid>/environ ([] when none)."""
-    at = environ.find(_KEY)
-    while at > 0 and environ[at - 1] != 0:
-        at = environ.find(_KEY, at + 1)
-    if at < 0:
-        return []
-    end = environ.find(b"\0", at)
-    return environ[at + len(_KEY):end if end >= 0 else len(environ)].split(b":")
+    for entry in environ.split(b"\0"):
+        if entry.startswith(_KEY):
+            return entry[len(_KEY):].split(b":")
+    return []
 
 
 def marked(pid: int) -> list[bytes] | None:
-    """The run markers in a process's environment; None when it is empty (just after execve, or
-    env -i) or cannot be read."""
+    """None when the environment is empty (just after execve, or env -i) or unreadable."""
     chunks = []
     try:
         fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
@@ -63,11 +53,9 @@ def _pid_ns(pid: int | str) -> str | None:
 
 
 def find() -> dict[int, int]:
-    """pid -> start of each process in this pid namespace (a marker's pid means nothing in another)
-    that carries the marker of a suite process that is gone, is below one, or is in a session one
-    leads. Only the environments of session leaders, and of processes whose leader is gone, are
-    read: each child of a suite leads a session, and its descendants are in it, in one they lead
-    (setsid), or in one whose leader died."""
+    """pid -> start of each process in this pid namespace that carries the marker of a suite process
+    that is gone, is below one, or is in a session one leads. Only session leaders' environments, and
+    those of processes whose leader is gone, are read: each child of a suite leads a session."""
     me = os.getpid()
     mine = set(os.environ.get(RUN_ID_VAR, "").encode().split(b":"))  # our enclosing runs: not ours to judge
     procs = table(alive=True)
@@ -89,9 +77,8 @@ def find() -> dict[int, int]:
 
 def end(found: Mapping[int, int] | None = None) -> list[int]:
     """SIGKILL each process of ``found`` (pid -> start; find()'s when None) that is still the one
-    that started then, and what find() finds after (forked meanwhile), until none is left, reaping
-    those re-parented to us. Returns the pids still there after KILL_WAIT (state D: the kernel does
-    not let them die)."""
+    that started then, and what find() finds after, until none is left, reaping those re-parented
+    to us. Returns the pids still there after KILL_WAIT (state D)."""
     me, limit = os.getpid(), time.monotonic() + KILL_WAIT
     left = dict(find() if found is None else found)
     killed: dict[int, int] = {}
@@ -114,7 +101,7 @@ def end(found: Mapping[int, int] | None = None) -> list[int]:
 
 
 def sweep_once() -> None:
-    """end(), once per process: at the first child it starts (proc.spawn)."""
+    """end(), once per process: at the first child it starts."""
     global _swept_by
     if _swept_by != os.getpid():
         _swept_by = os.getpid()

@@ -23,7 +23,7 @@ class Proc(Record):
 
 
 def stat(pid: int) -> Proc | None:
-    """The process ``pid``'s line of /proc/<pid>/stat, or None when it is gone."""
+    """None when it is gone."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)  # os.open: half the cost of open(), read per process
         try:
@@ -71,9 +71,9 @@ def below(procs: Mapping[int, Proc], roots: Iterable[int]) -> set[int]:
 
 
 def signal_same(pid: int, start: int, sig: int) -> bool:
-    """Send ``sig`` to ``pid`` only while it is the process that started at ``start`` (a pid names
-    another process once its own is gone): through a pidfd where the kernel has them, so no reuse
-    can come between the check and the signal, else by kill() just after the check. True when sent."""
+    """Send ``sig`` to ``pid`` only while it is the process that started at ``start``: through a pidfd
+    where the kernel has them, so no reuse can come between the check and the signal, else by kill()
+    just after the check. True when sent."""
     fd = None
     try:
         fd = os.pidfd_open(pid)
@@ -98,11 +98,3 @@ def signal_same(pid: int, start: int, sig: int) -> bool:
         if fd is not None:
             os.close(fd)
 
-
-def signal_each(pids: Iterable[int], sig: int) -> None:
-    """``sig`` to each of ``pids`` that is still there and ours to signal."""
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass

@@ -11,8 +11,6 @@ import threading
 import time
 
 from probes import childio, orphans
-
-# The margins of a child's end (probes/deadlines.py); probes give run() ``ctx.deadline - deadlines.MARGIN``.
 from probes.deadlines import DRAIN_AFTER_EXIT, DYING_WAIT, KILL_WAIT, LINGER, TERM_GRACE
 from probes.pidstat import DEAD, below, signal_same, stat, table
 from probes.record import Record
@@ -52,26 +50,16 @@ class Completed(Record):
 
     @property
     def signal(self) -> int | None:
-        """The signal that killed the child, if one did."""
-        if self.returncode is not None and self.returncode < 0:
-            return -self.returncode
-        return None
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
 
 
-class _Child:
+class _Child(Record):
     """A child started by spawn(): only its Popen object ever reaps it."""
 
-    __slots__ = ("ended", "popen", "run_id", "start")
-
-    def __init__(self, popen: subprocess.Popen[bytes], run_id: str, start: int) -> None:
-        self.popen = popen
-        self.run_id = run_id.encode()
-        self.start = start
-        self.ended = False  # end() gave up on it (stuck): forgotten once its Popen has reaped it
+    popen: subprocess.Popen[bytes]
+    run_id: bytes
+    start: int
+    ended: bool = False  # end() gave up on it (stuck): forgotten once its Popen has reaped it
 
 
 _lock = threading.Lock()  # held while a child is started and registered, and while we reap
@@ -82,8 +70,8 @@ _ids = itertools.count(1)
 
 
 def subreaper() -> bool:
-    """Make this process the child subreaper, once per process, so that an orphan of a run is
-    re-parented to it; False where the kernel refuses."""
+    """Become the child subreaper (an orphan of a run is re-parented to us), once per process;
+    False where the kernel refuses."""
     global _reaper, _prctl
     with _lock:
         if _reaper[0] != os.getpid():
@@ -99,8 +87,8 @@ def subreaper() -> bool:
 
 
 def _die_with_us() -> Callable[[], None] | None:
-    """What a child runs between fork and exec: the parent-death signal (SIGKILL), which fires when
-    the thread that started it ends, SIGKILL of this process included; it exits if that came first."""
+    """Between fork and exec: the parent-death signal, which fires when the thread that started the
+    child ends (SIGKILL of this process included); it exits if that came first."""
     prctl, parent = _prctl, os.getpid()
 
     def arm() -> None:
@@ -114,18 +102,16 @@ def _die_with_us() -> Callable[[], None] | None:
 def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
           stdout: int | IO[Any] | None = -1, stderr: int | IO[Any] | None = -1,
           user: tuple[int, int] | None = None) -> subprocess.Popen[bytes]:
-    """Start ``argv`` as proc.run does (own session, stdin from /dev/null, a new run marker after
-    the enclosing runs' in its environment, the parent-death signal) and register it; end it with
-    end(), from a thread that lives as long as the child (the signal fires when the thread that
-    started it ends). ``user``: (uid, gid) the child runs as, with no supplementary group, when it
-    is not ours (only root may). Raises OSError when it cannot be started."""
+    """Start ``argv`` as run() does (own session, stdin from /dev/null, the run marker, the
+    parent-death signal); end it with end() from a thread that lives as long as the child.
+    ``user``: (uid, gid) to run as, with no supplementary group. OSError when it cannot start."""
     import subprocess
 
     drop: dict[str, Any] = {}
     if user is not None and user != (os.geteuid(), os.getegid()):
         drop = {"user": user[0], "group": user[1], "extra_groups": []}
     subreaper()
-    orphans.sweep_once()  # what a killed suite left (probes/orphans.py)
+    orphans.sweep_once()
     full = dict(os.environ if env is None else env)
     me = stat(os.getpid())  # with our start time, a later suite tells whether we are gone (orphans.py)
     run_id = f"{os.getpid()}-{me.start if me else 0}-{next(_ids)}-{os.urandom(4).hex()}"
@@ -138,7 +124,7 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
                                  cwd=cwd, start_new_session=True, close_fds=True, preexec_fn=_die_with_us(),
                                  **drop)
         st = stat(popen.pid)
-        _children[popen.pid] = _Child(popen, run_id, st.start if st else 0)
+        _children[popen.pid] = _Child(popen, run_id.encode(), st.start if st else 0)
     return popen
 
 
@@ -171,8 +157,7 @@ def _of_run(child: _Child) -> Select:
 
     def select(procs: Mapping[int, Proc]) -> tuple[set[int], bool]:
         cur = procs.get(root)
-        # A reused pid is not ours; while any process is in the child's group or session, the
-        # kernel does not reuse its pid.
+        # While any process is in the child's group or session, the kernel does not reuse its pid.
         own = cur is None or cur.start == child.start
         seeds, unsure = set(), False
         for pid, p in procs.items():
@@ -225,8 +210,8 @@ def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], sinc
 
 
 def _childless() -> bool:
-    """Whether this process, the subreaper, has no child at all (an orphan of ours is re-parented to
-    us; an exiting process hands its children to us before it leaves our list)."""
+    """Whether this process, the subreaper, has no child at all (an exiting child hands its own to us
+    before it leaves our list)."""
     if _reaper != (os.getpid(), True):
         return False
     try:
@@ -240,10 +225,9 @@ def _childless() -> bool:
 
 
 def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | None:
-    """End a child that spawn() started and everything of its run; returns its exit status, or
-    None if it survived SIGKILL (uninterruptible sleep: stuck). A running child's group gets
-    SIGTERM and ``grace`` seconds to exit; then the sweep. Returns within about ``grace +
-    KILL_WAIT`` seconds; at once when the child exited and we, the subreaper, have no child."""
+    """End a child that spawn() started and everything of its run: SIGTERM to a running child's group
+    and ``grace`` seconds to exit, then the sweep. Its exit status, or None if it survived SIGKILL
+    (stuck); within about ``grace + KILL_WAIT``, at once when it exited and we have no child."""
     import subprocess
 
     child = _children.get(popen.pid)
@@ -261,8 +245,8 @@ def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | N
         _sweep(_of_run(child), signal.SIGKILL, [popen], child.start, time.monotonic() + KILL_WAIT)
         st = stat(popen.pid) if popen.poll() is None else None
         if st is not None and st.state == b"R":
-            # Killed and runnable, not yet gone: a starved machine has not run its exit yet. Only
-            # one that stays asleep (in a wedged driver) is stuck; this one is gone in a moment.
+            # Killed and runnable: a starved machine has not run its exit yet. Only one that
+            # stays asleep (in a wedged driver) is stuck.
             try:
                 popen.wait(timeout=DYING_WAIT)
             except subprocess.TimeoutExpired:
@@ -291,28 +275,42 @@ def end_descendants(grace: float = 0.0) -> int:
     return len(termed.keys() | _sweep(mine, signal.SIGKILL, popens, 0, time.monotonic() + 1.0).keys())
 
 
-def _read(proc: subprocess.Popen[bytes], out: childio.Output, deadline: float,
-          until: Callable[[bytes], bool] | None, linger: float) -> tuple[bool, bool, float]:
-    """Read the child's output until it exits (and its pipes end, or DRAIN_AFTER_EXIT after its
-    exit: a grandchild may hold them) or the deadline passes, the deadline brought forward once
-    ``until`` is met. Returns (timed_out, answered, the deadline it kept)."""
+def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, max_output: int = MAX_OUTPUT, state: State | None = None,
+        key: str | None = None, until: Callable[[bytes], bool] | None = None,
+        linger: float = LINGER, user: tuple[int, int] | None = None) -> Completed:
+    """Run ``argv`` until it exits or ``deadline`` (time.monotonic()) passes; return within about
+    ``TERM_GRACE + KILL_WAIT`` of it whatever the child does, leaving nothing it started but a
+    process the kernel will not let die. With ``state`` and ``key``, such a process is remembered,
+    and while it exists no child is started under ``key`` (``held_by``). ``until(stdout so far)``,
+    cheap and never raising: once true, the child gets at most ``linger`` more seconds to exit."""
     import selectors
+    import subprocess  # here: the CLI's final sweep and serve need only the rest of this module
 
-    timed_out = False
-    answered = False  # until() was met
-    stop_at = deadline  # the deadline, or earlier once until() is met
+    start = time.monotonic()
+    argv = tuple(argv)
+    held = state.stuck_child(key) if state is not None and key else None
+    if held is not None:
+        return Completed(argv, None, stuck=True, held_by=held, elapsed=time.monotonic() - start)
+    try:
+        proc = spawn(argv, env=env, cwd=cwd, user=user)
+    except OSError as exc:
+        return Completed(argv, None, spawn_error=childio.spawn_error(exc, argv[0], env, cwd),
+                         elapsed=time.monotonic() - start)
+    out = childio.Output(proc.stdout.fileno(), proc.stderr.fileno(), max_output)  # type: ignore[union-attr]
+    timed_out = answered = False
+    stop_at = deadline  # brought forward once until() is met
+    exited_at: float | None = None
     sel = selectors.DefaultSelector()
     for fd in (out.out_fd, out.err_fd):
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
-    exited_at: float | None = None
     try:
         while sel.get_map():
             now = time.monotonic()
             if now >= stop_at:
                 timed_out = proc.poll() is None
-                if not timed_out:
-                    # It finished before we looked: what it wrote is in the pipes, all of it.
+                if not timed_out:  # it finished before we looked: what it wrote is in the pipes
                     out.drain(sel)
                 break
             if proc.poll() is not None:
@@ -329,41 +327,6 @@ def _read(proc: subprocess.Popen[bytes], out: childio.Output, deadline: float,
                     stop_at = min(deadline, time.monotonic() + max(linger, 0.0))
     finally:
         sel.close()
-    return timed_out, answered, stop_at
-
-
-def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
-        cwd: str | None = None, max_output: int = MAX_OUTPUT, state: State | None = None,
-        key: str | None = None, until: Callable[[bytes], bool] | None = None,
-        linger: float = LINGER, user: tuple[int, int] | None = None) -> Completed:
-    """Run ``argv`` until it exits or ``deadline`` (a time.monotonic() value) passes; return within
-    about ``TERM_GRACE + KILL_WAIT`` seconds of it whatever the child does, leaving nothing it
-    started but a process the kernel will not let die. With ``state`` and ``key``, such a process
-    is remembered, and while it exists no child is started under ``key`` (``held_by``).
-
-    ``timed_out``: the child had not exited at the deadline; what it wrote is partial and no
-    verdict. Kept: the first ``max_output`` bytes of stdout and ``MAX_STDERR`` of stderr.
-    ``until(stdout so far)``, cheap and never raising: once true, the child gets at most ``linger``
-    more seconds, never past ``deadline``, to exit, else it is ended (``timed_out``, ``lingered``).
-    """
-    import subprocess  # here: the CLI's final sweep and serve need only the rest of this module
-
-    start = time.monotonic()
-    argv = tuple(argv)
-    guard = state if state is not None and key else None
-    if guard is not None:
-        held = guard.stuck_child(key)  # type: ignore[arg-type]
-        if held is not None:
-            return Completed(argv, None, stuck=True, held_by=held, elapsed=time.monotonic() - start)
-    try:
-        proc = spawn(argv, env=env, cwd=cwd, user=user)
-    except OSError as exc:
-        return Completed(argv, None, spawn_error=childio.spawn_error(exc, argv[0], env, cwd),
-                         elapsed=time.monotonic() - start)
-
-    out = childio.Output(proc.stdout.fileno(), proc.stderr.fileno(), max_output)  # type: ignore[union-attr]
-    timed_out, answered, stop_at = _read(proc, out, deadline, until, linger)
-
     try:
         if not timed_out:
             try:
@@ -377,8 +340,8 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
                 stream.close()  # type: ignore[union-attr]
             except OSError:
                 pass
-    if returncode is None and guard is not None:
-        guard.remember_stuck(key, proc.pid)  # type: ignore[arg-type]
+    if returncode is None and state is not None and key:
+        state.remember_stuck(key, proc.pid)
     return Completed(argv, returncode, out.stdout(), bytes(out.bufs[out.err_fd]), timed_out=timed_out,
                      stuck=returncode is None, truncated=out.cut[out.out_fd],
                      elapsed=time.monotonic() - start, pid=proc.pid, stderr_truncated=out.cut[out.err_fd],
@@ -386,7 +349,7 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
 
 
 def signal_name(num: int) -> str:
-    """SIGKILL for 9; "signal 99" for a number no signal has (for messages about a child)."""
+    """SIGKILL for 9; "signal 99" for a number no signal has."""
     try:
         return signal.Signals(num).name
     except ValueError:

@@ -1,14 +1,6 @@
-"""``Record``: the base of the suite's small value classes (a result, a declaration, gathered data).
-
-A record's fields are its annotations, in order, a default the value in the class body::
-
-    class Proc(Record):
-        state: bytes
-        ppid: int = 0
-
-The base gives it ``__init__`` (positional or keyword), equality and a hash by fields, a readable
-repr, ``_replace`` (a copy with some fields changed) and ``_asdict``; ``__post_init__``, when a
-record defines one, checks the values. Records are values: derive another with ``_replace``.
+"""``Record``: the base of the suite's small value classes. A record's fields are its annotations in
+order, a default the value in the class body; it gets ``__init__`` (positional or keyword), equality
+and a hash by fields, a repr, ``_replace`` and ``_asdict``, and ``__post_init__`` runs when it has one.
 A class that still spells its fields as ``__slots__`` with its own ``__init__`` keeps them.
 """
 

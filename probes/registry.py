@@ -1,9 +1,6 @@
-"""The catalog: which probes exist, one module per line (docs/architecture.md).
-
-Each module declares its probe (``SPEC``); a package of the older form declares several (``SPECS``).
-The modules are imported on first use of ``PROBES`` (or ``NAMES``, ``BY_NAME``, ``TOGGLES``,
-``SETTINGS``), by name, not when this module is imported: ``probes.config`` imports this catalog,
-and a probe module may import ``probes.config``. A probe module never imports this catalog.
+"""The catalog: which probes exist, one module per line, each declaring its ``SPEC`` (or several,
+``SPECS``). They are imported by name on first use of ``PROBES`` (or ``NAMES``, ``BY_NAME``,
+``TOGGLES``, ``SETTINGS``): a probe module may import ``probes.config``, which imports this catalog.
 """
 
 from __future__ import annotations
@@ -60,7 +57,6 @@ def _build() -> dict[str, Any]:
 
 
 def __getattr__(name: str) -> Any:
-    """``PROBES``, ``BY_NAME``, ``NAMES``, ``TOGGLES`` and ``SETTINGS``, built on first use."""
     if name in ("PROBES", "BY_NAME", "NAMES", "TOGGLES", "SETTINGS"):
         return _build()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,5 @@
-"""Render an Outcome as text (first line: the verdict) or as health+json.
-
-Docker keeps 4096 bytes of each probe's output and Kubernetes puts it in events,
-so the text report is cut to fit, cutting probe lines, never the verdict.
-"""
+"""An Outcome as text (the verdict first; cut to the 4096 bytes Docker keeps by dropping probe
+lines, never the verdict) or as health+json."""
 
 from __future__ import annotations
 
@@ -19,13 +16,10 @@ if TYPE_CHECKING:
 
 MAX_BYTES = 4096
 CUT = "... (output cut)"
-# health+json's componentType takes the draft's values (component, datastore, system or a URI):
-# the GPU and its driver are a system the container depends on; the layer is in "layer".
-COMPONENT_TYPES = {"hardware": "system"}
 
 
 def iso_time(ts: float) -> str:
-    """RFC 3339 in UTC with a ``Z``, to the millisecond: the one time format of every report."""
+    """RFC 3339 in UTC with a ``Z``, to the millisecond: every report's time format."""
     import datetime  # only the JSON report needs it
 
     stamp = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(timespec="milliseconds")
@@ -33,8 +27,7 @@ def iso_time(ts: float) -> str:
 
 
 def public_facts(facts: Any) -> dict[str, Any]:
-    """The few facts serve's metrics label with (versions, each GPU's index, UUID and model, and
-    whether NVML answered for it), in the non-standard ``facts``: no process names or paths."""
+    """The few facts serve's metrics label with, in the non-standard ``facts``: no process names or paths."""
     if not isinstance(facts, dict):
         return {}
     out: dict[str, Any] = {k: _short(facts[k], 40) for k in ("torch", "cuda", "driver")
@@ -54,12 +47,12 @@ def check_entry(*, status: str, time: float, output: str = "", layer: str | None
                 observed: Any = None, unit: str | None = None, reason: str | None = None,
                 elapsed: float = 0.0, name: str | None = None, facts: Any = None, action: str | None = None,
                 actor: str | None = None) -> dict[str, Any]:
-    """One health+json check object (shared with serve's own checks). The draft omits ``output``
-    for pass: a passing check's message goes in the non-standard ``message``; ``observedValue``
-    comes with an ``observedUnit``. Non-standard too: ``layer``, ``reason`` (null when none),
-    ``action`` and ``actor`` of a warning or failure, ``elapsed``, ``facts``."""
+    """One health+json check object (serve's own checks too). The draft omits ``output`` for pass:
+    a passing check's message is the non-standard ``message``, as are ``layer``, ``reason``,
+    ``action`` and ``actor``, ``elapsed`` and ``facts``."""
     entry: dict[str, Any] = {"componentId": name} if name else {}
-    entry["componentType"] = COMPONENT_TYPES.get(layer or "", "component")
+    # The draft's componentType: the GPU and its driver are a system the container depends on.
+    entry["componentType"] = "system" if layer == "hardware" else "component"
     entry.update({"layer": layer} if layer else {}, status=status)
     if observed is not None:
         numeric = isinstance(observed, (int, float)) and not isinstance(observed, bool)
@@ -110,9 +103,9 @@ def text(outcome: Outcome, *, verbose: bool = False, disabled: str = "") -> str:
 
 
 def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
-    """The draft's health+json document. A skipped probe observed nothing: it is no check result
-    (the draft has no "not checked" status), so it is said in ``notes`` and kept for this suite's
-    own readers (serve's metrics) in the non-standard top-level ``skipped``, keyed like ``checks``."""
+    """The draft's health+json document. A skipped probe observed nothing and the draft has no "not
+    checked" status: it is said in ``notes`` and kept for serve's metrics in the non-standard
+    ``skipped``, keyed like ``checks``."""
     checks: dict[str, list[dict[str, Any]]] = {}
     skips: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
@@ -131,18 +124,11 @@ def health_json(outcome: Outcome, *, disabled: str = "") -> dict[str, Any]:
             unit=_short(r.unit, 20) if r.unit else None, time=r.time or stamp, output=_short(r.message),
             reason=r.reason, elapsed=r.elapsed, facts=r.facts, action=r.action, actor=r.actor)]
     doc: dict[str, Any] = {
-        "status": outcome.status.value,
-        "version": __version__,
-        "description": f"GPU container health ({outcome.profile} profile)",
-        "profile": outcome.profile,
-        "output": verdict(outcome, disabled),
-        "time": iso_time(stamp),
-        "notes": [_short(n) for n in outcome.notes] + notes,
-        "checks": checks,
-    }
-    if skips:
-        doc["skipped"] = skips
-    return doc
+        "status": outcome.status.value, "version": __version__,
+        "description": f"GPU container health ({outcome.profile} profile)", "profile": outcome.profile,
+        "output": verdict(outcome, disabled), "time": iso_time(stamp),
+        "notes": [_short(n) for n in outcome.notes] + notes, "checks": checks}
+    return {**doc, "skipped": skips} if skips else doc
 
 
 def json_text(outcome: Outcome, *, disabled: str = "") -> str:

@@ -1,4 +1,4 @@
-"""The result of one probe: a small value. Only the CLI picks the exit code."""
+"""The result of one probe, and ``verdict``, where every message is built."""
 
 from __future__ import annotations
 
@@ -24,9 +24,7 @@ class Status(enum.Enum):
     SKIP = "skip"
 
 
-# Severity used to fold many results into one verdict: the worst wins.
-SEVERITY = {Status.PASS: 0, Status.SKIP: 0, Status.WARN: 1, Status.FAIL: 2}
-NO_FACTS: Mapping[str, Any] = types.MappingProxyType({})
+SEVERITY = {Status.PASS: 0, Status.SKIP: 0, Status.WARN: 1, Status.FAIL: 2}  # the worst result wins
 
 
 class Result(Record):
@@ -40,7 +38,7 @@ class Result(Record):
     observed: Any = None  # health+json's observedValue, with observedUnit ``unit``
     unit: str | None = None
     reason: str | None = None  # the cause's code ("gpu-lost"): what HTTP clients and metrics see
-    facts: Mapping[str, Any] = NO_FACTS
+    facts: Mapping[str, Any] = types.MappingProxyType({})
     elapsed: float = 0.0
     time: float = 0.0
     action: str | None = None  # from the cause: how to act on it (probes.spec.ACTIONS)...
@@ -62,15 +60,10 @@ def passed(name: str, message: str, **kw: Any) -> Result:
     return Result(name, Status.PASS, message, **kw)
 
 
-def failed(name: str, message: str, **kw: Any) -> Result:
-    return Result(name, Status.FAIL, message, **kw)
-
-
 def verdict(name: str, cause: Cause, detail: str, *, remedy: bool = True, **kw: Any) -> Result:
-    """The result a cause of the catalog gives: its status, reason, action and actor, and the
-    message built in this one place: the ``detail`` the probe observed, then ``: `` and the
-    cause's remedy without its Markdown backticks (``remedy=False``: the detail alone, for a
-    cause whose remedy the detail already names)."""
+    """The result a cause of the catalog gives: its status, reason, action and actor, and the message:
+    the ``detail`` the probe observed, then ``: `` and the cause's remedy without its Markdown
+    backticks (``remedy=False``: the detail alone, when it already names the remedy)."""
     message = f"{detail}: {cause.remedy.replace('`', '')}" if remedy and cause.remedy else detail
     return Result(name, Status(cause.status), message, reason=cause.reason, action=cause.action,
                   actor=cause.actor, **kw)

@@ -1,10 +1,6 @@
-"""Run the selected probes: layer order, dependencies, one deadline per probe and per run.
-
-Each probe runs in a daemon thread of its own, started once the probes it requires have answered;
-the main thread collects the results. A probe whose gather() has not returned by its deadline (a
-hanging NVML call, say) is abandoned and reported as the deadline, so the run always ends by its
-own. Probes that do not depend on each other run concurrently.
-"""
+"""Run the selected probes, each in a daemon thread of its own once the probes it requires have
+answered; one that overruns its deadline is abandoned and reported as the deadline, so the run ends
+by its own (docs/architecture.md, "A check")."""
 
 from __future__ import annotations
 
@@ -26,12 +22,10 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Callable
 
-# What any probe can report, besides its own causes (the first cause table of docs/probes.md).
-# A probe that hangs past its deadline with no deadline cause of its own: a hardware probe whose
-# call is stuck in the driver, or a machine so starved that a probe's thread never ran.
-DEADLINE = cause("deadline", "the probe gave no answer by its deadline "
-                             "(its own, or the run's `HEALTHCHECK_TIMEOUT`)",
-                 "the component it checks is hung or the machine overloaded; "
+# What any probe can report besides its own causes. A probe past its deadline with no deadline cause
+# of its own: a call stuck in the driver, or a machine so starved that the probe's thread never ran.
+DEADLINE = cause("deadline", "the probe gave no answer by its deadline (its own, or the run's "
+                 "`HEALTHCHECK_TIMEOUT`)", "the component it checks is hung or the machine overloaded; "
                  "if it lasts, the node's operator looks", action="retry", actor="operator")
 # The failed probe named in the message carries its own remedy and actor; this one has nothing to do.
 DEPENDENCY_FAILED = cause("dependency-failed", "a lower layer failed, so this probe did not run",
@@ -42,16 +36,13 @@ LATCHED = cause("latched", "a CUDA-fatal error or a critical Xid latched the con
                 "restart the container (a new PID 1 clears the latch)", action="restart-container",
                 actor="operator")
 # A bug in the suite: whoever ships the image (the operator's side) reports it and updates the suite.
-INTERNAL_ERROR = cause("internal-error", "the probe itself raised "
-                                         "(a bug of the suite, not a fault of the container or the GPU); "
-                                         "the detail is only in `HEALTHCHECK_LOG_FILE`",
+INTERNAL_ERROR = cause("internal-error", "the probe itself raised (a bug of the suite, not a fault of the "
+                       "container or the GPU); the detail is only in `HEALTHCHECK_LOG_FILE`",
                        "report it with the log line", action="none", actor="operator")
-LIMIT = cause("limit", "not checked: a resource limit of the container "
-                       "(processes or threads, open files, memory) "
-                       "kept the suite from starting the probe's thread or process; "
-                       "the probe's component is not at fault",
-              "raise the limit the message names, or find what uses it up", "warn", action="fix-config",
-              actor="tenant")
+LIMIT = cause("limit", "not checked: a resource limit of the container (processes or threads, open files, "
+              "memory) kept the suite from starting the probe's thread or process; the probe's component "
+              "is not at fault", "raise the limit the message names, or find what uses it up", "warn",
+              action="fix-config", actor="tenant")
 COMMON_CAUSES = (DEADLINE, DEPENDENCY_FAILED, LATCHED, INTERNAL_ERROR, LIMIT)
 SIGNAL_POLL = 0.1  # the longest the main thread waits at once, so a signal's handler runs this soon
 
@@ -71,21 +62,17 @@ class Outcome(Record):
 
     @property
     def first_problem(self) -> Result | None:
-        for wanted in (Status.FAIL, Status.WARN):
-            for r in self.results:
-                if r.status is wanted:
-                    return r
-        return None
+        problems = (r for wanted in (Status.FAIL, Status.WARN) for r in self.results if r.status is wanted)
+        return next(problems, None)
 
 
 def run_deadline(timeout: float, start: float) -> float:
-    """Leave a margin inside the run's budget for reporting."""
+    """When the probes are given up: a margin inside the run's budget is kept for the report."""
     return start + timeout - min(RUN_MARGIN, timeout / 2)
 
 
 def _log_exception(message: str, *args: object) -> None:
-    """The exception being handled, to the log if it can be had: under an open-file limit the
-    logging module itself may not load, and that must not turn a result into a traceback."""
+    """To the log if it can be had: under an open-file limit the logging module may not load."""
     try:
         logger().exception(message, *args)
     except Exception:  # noqa: S110 - best effort by design
@@ -93,8 +80,8 @@ def _log_exception(message: str, *args: object) -> None:
 
 
 def _raised(spec: Spec, exc: Exception) -> Result:
-    """The result of a probe that raised: "not checked" when a resource limit is why (no descriptor
-    left to import a module or open a file), else an internal error. Its text goes to the log only."""
+    """"Not checked" when a resource limit is why the probe raised, else an internal error; the
+    exception's text goes to the log only."""
     import errno  # built in: importing it needs no file
 
     _log_exception("probe %s raised", spec.name)
@@ -108,7 +95,7 @@ def _raised(spec: Spec, exc: Exception) -> Result:
 
 
 def _deadline(spec: Spec, ctx: Context, budget: float) -> Result:
-    """The result of a probe that gave none by its deadline: its module's own word, if it has one."""
+    """The result of a probe that gave none by its deadline: its module's ``on_deadline``, if any."""
     try:
         hook: Callable[[Context], Result] | None = getattr(spec.load(), "on_deadline", None)
         if hook is not None:
@@ -119,7 +106,6 @@ def _deadline(spec: Spec, ctx: Context, budget: float) -> Result:
 
 
 def _work(spec: Spec, ctx: Context, box: list[tuple[Result, float]], answered: threading.Event) -> None:
-    """A probe's thread: its result and when it came, in ``box``."""
     try:
         module = spec.load()
         result = module.judge(module.gather(ctx), ctx)
@@ -131,8 +117,7 @@ def _work(spec: Spec, ctx: Context, box: list[tuple[Result, float]], answered: t
 
 def _not_run(spec: Spec, latch: dict[str, object] | None, torch_selected: bool, needed: list[Result],
              by_name: dict[str, Spec]) -> Result | None:
-    """The result a probe has without running: a hardware probe's under a latch, or that of one
-    whose requirement failed; None when it runs."""
+    """The result of a hardware probe under a latch, or of one whose requirement failed."""
     if latch is not None and spec.layer == "hardware":
         why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
                "the GPU is not touched until the container restarts")
@@ -148,13 +133,11 @@ def _not_run(spec: Spec, latch: dict[str, object] | None, torch_selected: bool, 
 
 
 def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) -> Outcome:
-    """Run ``specs`` (default: what the configuration selects) and collect their results."""
     start, wall = time.monotonic(), time.time()
     end = run_deadline(config.timeout, start)
     specs = config.selected() if specs is None else list(specs)
     by_name = {s.name: s for s in specs}
-    # A CUDA-fatal latch (or a critical Xid) holds until the container restarts: the
-    # hardware layer is not touched, and torch-cuda answers from the latch at once.
+    # Under a latch the hardware layer is not touched, and torch-cuda answers from the latch at once.
     latch = state.latch() if any(s.layer == "hardware" for s in specs) else None
     torch_selected = "torch-cuda" in by_name
     needs = {s.name: [] if latch is not None else [n for n in s.requirements(config) if n in by_name]
@@ -165,7 +148,6 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
     abandoned = False
 
     def begin(spec: Spec) -> Result | None:
-        """Start ``spec``'s probe, or the result it has without running."""
         given = _not_run(spec, latch, torch_selected, [results[n] for n in needs[spec.name]], by_name)
         if given is not None:
             return given

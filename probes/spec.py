@@ -31,17 +31,14 @@ class Profile(Record):
     retries: int = 3
 
 
-# Periods and retries: readiness's are the image's HEALTHCHECK (--interval=30s --retries=3);
-# startup's period is the kubelet's (k8s/base, 10 s), and its 9 retries make it stale after 90 s
-# as readiness: a startup run may take its whole 60 s deadline before the next starts, and after
-# its pass the first readiness verdict (a 10 s period, a 25 s deadline) comes well within that.
-# Liveness's are the kubelet's (10 s, 6 misses); it tells nothing.
+# Periods and retries: readiness's are the image's HEALTHCHECK (--interval=30s --retries=3); startup's
+# period is the kubelet's (k8s/base), and its 9 retries make it stale after 90 s as readiness: a startup
+# run may take its whole 60 s deadline before the next starts. Liveness's are the kubelet's; it tells nothing.
 PROFILE_RULES = {p.name: p for p in (
-    Profile("startup", 60.0, spawns_worker=True, hardware=True, once=True, tells=True, period=10.0,
-            retries=9),
+    Profile("startup", 60.0, spawns_worker=True, hardware=True, once=True, tells=True, retries=9),
     Profile("readiness", 25.0, reuses_cache=True, spawns_worker=True, hardware=True, gates=True, tells=True,
-            period=30.0, retries=3),
-    Profile("liveness", 10.0, period=10.0, retries=6),  # cheap, dependency-free: the services, the latch
+            period=30.0),
+    Profile("liveness", 10.0, retries=6),  # cheap, dependency-free: the services, the latch
 )}
 ALL_PROFILES = tuple(PROFILE_RULES)
 LAYERS = ("hardware", "framework", "services", "drop-in")
@@ -73,6 +70,7 @@ class Setting(Record):
 # check carries them (health+json, the healthcheck_probe_reason labels, the alert routes).
 ACTIONS = ("none", "retry", "restart-app", "restart-container", "reset-gpu", "reboot-node",
            "service-hardware", "fix-config")
+STATUSES = ("pass", "warn", "fail", "skip")  # "pass": a reason that is not a fault (action none)
 # tenant: whoever runs the container (a notebook user, the pod's owner); operator: whoever runs the node.
 ACTORS = ("tenant", "operator")
 
@@ -82,20 +80,17 @@ class Cause(Record):
     written (Markdown), a probe's message ends with it, backticks dropped (``probes.result.verdict``)."""
 
     reason: str
-    status: str  # "fail", "warn", "skip", or "pass" (a reason that is not a fault: action none)
+    status: str  # one of STATUSES
     cause: str
     remedy: str
     action: str  # one of ACTIONS
     actor: str  # one of ACTORS
 
     def __post_init__(self) -> None:
-        if self.status not in ("pass", "warn", "fail", "skip"):
-            raise ValueError(f"cause {self.reason!r}: status {self.status!r} is not pass, warn, fail or skip")
-        if self.action not in ACTIONS:
-            raise ValueError(f"cause {self.reason!r}: action {self.action!r} is not one of "
-                             f"{', '.join(ACTIONS)}")
-        if self.actor not in ACTORS:
-            raise ValueError(f"cause {self.reason!r}: actor {self.actor!r} is not tenant or operator")
+        for field, allowed in (("status", STATUSES), ("action", ACTIONS), ("actor", ACTORS)):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"cause {self.reason!r}: {field} {getattr(self, field)!r} is not one of "
+                                 f"{', '.join(allowed)}")
 
 
 def cause(reason: str, what: str, remedy: str, status: str = "fail", *, action: str, actor: str) -> Cause:
@@ -104,15 +99,14 @@ def cause(reason: str, what: str, remedy: str, status: str = "fail", *, action: 
 
 
 def setting(env: str, kind: str, default: Any, meaning: str, **more: Any) -> Any:
-    """One field of a ``Declared`` settings record: ``gpu_count: int = setting(...)``, typed ``Any``
-    so that the field's annotation is its type for mypy."""
+    """One field of a ``Declared`` record: ``gpu_count: int = setting(...)``, typed ``Any`` so that
+    the annotation is the field's type for mypy."""
     return Setting(env, "", kind, default, meaning, **more)
 
 
 class Declared(Record):
-    """A probe's settings, declared once: each field is ``name: type = setting(...)``. ``SETTINGS``
-    holds their rows in order (a base's first), for the probe's ``Spec``; ``config.of(TheClass)``
-    is the record of this run's values."""
+    """A probe's settings, each field ``name: type = setting(...)``; ``SETTINGS`` holds their rows in
+    order (a base's first), ``config.of(TheClass)`` the record of this run's values."""
 
     SETTINGS: ClassVar[tuple[Setting, ...]] = ()
 
@@ -128,7 +122,6 @@ class Declared(Record):
 
     @classmethod
     def read(cls, values: Any) -> Self:
-        """The record of these settings' values (a mapping from ``field`` to value)."""
         return cls(**{row.field: values[row.field] for row in cls.SETTINGS})
 
 
@@ -161,7 +154,6 @@ class Spec(Record):
 
 
 def load(name: str) -> ModuleType:
-    """The module ``name``, imported if need be. ``__import__`` waits for a module that another
-    thread is still importing."""
+    """The module ``name``; ``__import__`` waits for one that another thread is still importing."""
     __import__(name)
     return sys.modules[name]

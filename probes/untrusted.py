@@ -19,9 +19,9 @@ ELLIPSIS = "..."
 
 
 def clean(value: Any, limit: int = MAX_TEXT) -> str:
-    """``value`` as one printable line of at most ``limit`` characters: bytes decoded as UTF-8,
-    what is not printable shown as Python's escapes (nothing invisible reaches a terminal, a log
-    or JSON, and nothing is silently lost), longer text cut to end with ``...``."""
+    """``value`` as one printable line of at most ``limit`` characters: bytes read as UTF-8, what
+    is not printable as Python's escapes (nothing invisible shown, nothing silently lost), longer
+    text cut to end with ``...``."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         text = bytes(value[: limit * 4 + 4]).decode("utf-8", "replace")
     else:
@@ -35,17 +35,14 @@ def clean(value: Any, limit: int = MAX_TEXT) -> str:
 
 
 def squeeze(value: Any, limit: int = MAX_TEXT) -> str:
-    """Like ``clean``, but runs of whitespace (newlines included) become one space first:
-    for multi-line output of a program whose gist, not its layout, goes into a message. Leading
-    whitespace goes before the cut, so output that starts with a long blank run still shows."""
+    """``clean`` after runs of whitespace, newlines included, become one space (leading whitespace
+    goes before the cut): for a program's output whose gist, not its layout, goes into a message."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         value = bytes(value).lstrip()[: limit * 4 + 4].decode("utf-8", "replace")
     return clean(" ".join(str(value).lstrip()[: limit * 4 + 4].split()), limit)
 
 
-# ---------------------------------------------------------------------------------- JSON
-
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> Any:  # NaN, Infinity
     raise ValueError(f"{name} is not a number JSON allows")
 
 
@@ -63,10 +60,9 @@ def _finite_float(text: str) -> float:
 
 
 def load_json(raw: bytes | str) -> Any:
-    """Parse untrusted JSON; ``ValueError`` for anything malformed, nested deeper than MAX_DEPTH
-    or out of range: NaN and Infinity are refused, integers have at most ``MAX_INT_DIGITS`` digits
-    and floats are finite, so later arithmetic can never overflow. Bytes must be UTF-8 (a byte
-    order mark is allowed), as RFC 8259 asks of JSON between systems."""
+    """Parse untrusted JSON; ``ValueError`` for anything malformed, nested deeper than MAX_DEPTH or
+    out of range (NaN, Infinity, more than MAX_INT_DIGITS digits, an infinite float): later
+    arithmetic can never overflow. Bytes must be UTF-8, as RFC 8259 asks (a byte order mark is allowed)."""
     # The json package, not its C scanner alone (which raises SystemError on malformed input):
     # a parser must raise the same whatever else the run imported.
     import json
@@ -91,17 +87,14 @@ def load_json(raw: bytes | str) -> Any:
     return doc
 
 
-# ---------------------------------------------------------------------------------- files
-
 class Refused(Exception):
     """A file that is not used; ``str(exc)`` says why in a few words (safe to show)."""
 
 
 def read_regular(path: str, max_size: int, *, dir_fd: int | None = None,
                  owners: Collection[int] | None = None) -> tuple[bytes, os.stat_result]:
-    """The content and status of ``path`` if it is a regular file we may trust; else ``Refused``.
-    Opened with O_NOFOLLOW (a symlink is refused) and O_NONBLOCK (a FIFO never blocks); type, size
-    and, with ``owners``, the owner are checked on the open descriptor: nothing is swapped in between."""
+    """``Refused`` unless a regular file we may trust: no link followed, a FIFO never blocks, type,
+    size and owner checked on the open file."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
@@ -116,17 +109,12 @@ def read_regular(path: str, max_size: int, *, dir_fd: int | None = None,
             raise Refused(f"owned by uid {st.st_uid}")
         if st.st_size > max_size:
             raise Refused(f"larger than {max_size} bytes")
-        chunks = []
-        size = 0
-        while size <= max_size:
-            chunk = os.read(fd, max_size + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > max_size:  # it grew while we read
-            raise Refused(f"larger than {max_size} bytes")
-        return b"".join(chunks), st
+        data = b""
+        while chunk := os.read(fd, max_size + 1 - len(data)):
+            data += chunk
+            if len(data) > max_size:  # it grew while we read
+                raise Refused(f"larger than {max_size} bytes")
+        return data, st
     except OSError as exc:
         raise Refused(f"cannot read ({os.strerror(exc.errno or 0)})") from None
     finally:
@@ -138,9 +126,8 @@ MAX_LINKS = 40  # symbolic links one path may pass through (the kernel's own lim
 
 def distrust(st: os.stat_result, what: str, owners: Collection[int], *,
              sticky_ok: bool = False) -> str | None:
-    """Why a file or directory with this status may not be trusted, or None: it must be owned by
-    one of ``owners`` and not writable by group or others (a sticky directory may be, with
-    ``sticky_ok``: nobody else can rename or replace what is ours in it)."""
+    """Why a file or directory with this status may not be trusted (another owner, writable by group
+    or others: a sticky directory may be with ``sticky_ok``), or None."""
     if st.st_uid not in owners:
         return f"{what} is owned by uid {st.st_uid}"
     if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
@@ -149,16 +136,13 @@ def distrust(st: os.stat_result, what: str, owners: Collection[int], *,
 
 
 def open_trusted_dir(path: str, owners: Collection[int]) -> int:
-    """A descriptor of the directory ``path`` (O_RDONLY), reached without trusting anyone else:
-    every component is judged on the way, as sudo and cron judge the path to their files
-    (docs/probes.md, "Drop-in checks"), and opened relative to the last with O_NOFOLLOW, so what was
-    judged is what is used. ``Refused`` names the component that may not be trusted; OSError when
-    the path leads to no directory."""
+    """A descriptor of the directory ``path``, reached without trusting anyone else: every component
+    is judged on the way, as sudo and cron judge theirs, and opened relative to the last without
+    following a link, so what was judged is what is used. ``Refused`` names the component that may
+    not be trusted; OSError when the path leads to no directory."""
     step = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     todo = path.split("/")[::-1]  # a stack: the next component is last
-    fds = [os.open("/", step)]  # the directories walked so far, for ".."
-    where = [""]
-    links = 0
+    fds, where, links = [os.open("/", step)], [""], 0  # the directories walked so far (for ".."), their paths
     try:
         problem = distrust(os.fstat(fds[0]), "/", owners, sticky_ok=True)
         while todo and problem is None:

@@ -55,7 +55,7 @@ def test_a_cause_declared_without_who_acts_or_how_is_refused():
         Cause("gpu-lost", "fail", "GPU fallen off the bus", "reset the GPU")  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="action 'pray' is not one of"):
         Cause("gpu-lost", "fail", "GPU fallen off the bus", "reset the GPU", "pray", "operator")
-    with pytest.raises(ValueError, match="actor 'nobody' is not tenant or operator"):
+    with pytest.raises(ValueError, match="actor 'nobody' is not one of tenant, operator"):
         Cause("gpu-lost", "fail", "GPU fallen off the bus", "reset the GPU", "reset-gpu", "nobody")
 
 

@@ -172,7 +172,7 @@ later_took = time.monotonic() - t
 running = all(p.status() != psutil.STATUS_STOPPED for p in before)
 ended = proc.end_descendants(grace=0.2)
 print([p.info["cmdline"] for p in before], later_took, file=sys.stderr)
-print(res.returncode, len(before), ended, int(later.ok and running), later_took)
+print(res.returncode, len(before), ended, int(later.returncode == 0 and running), later_took)
 """
 
 

@@ -36,7 +36,7 @@ def timed(argv: list[str], budget: float) -> tuple[proc.Completed, float]:
 def test_plain_success_keeps_output_and_status(marker):
     res, _ = timed(sh("echo out; echo err >&2; exit 7", marker), 5)
     assert res.returncode == 7 and res.stdout == b"out\n" and res.stderr == b"err\n"
-    assert not res.timed_out and not res.stuck and not res.ok
+    assert not res.timed_out and not res.stuck and res.returncode != 0
 
 
 def test_hanging_child_returns_at_deadline_and_is_gone(marker):
@@ -134,12 +134,12 @@ def test_a_stuck_child_is_remembered_and_not_started_again(monkeypatch, marker, 
         assert time.monotonic() - start < 0.2
         assert len(leftovers(marker)) == 1  # nothing new was started
         other = proc.run(["true"], deadline=time.monotonic() + 5, state=state, key="other")
-        assert other.ok  # another key is not held back
+        assert other.returncode == 0  # another key is not held back
     finally:
         os.kill(first.pid, signal.SIGKILL)  # type: ignore[arg-type]
     assert wait_gone(marker) == []
     third = proc.run(["true"], deadline=time.monotonic() + 5, state=state, key="tool")
-    assert third.ok and third.held_by is None  # the stuck one is gone: start again
+    assert third.returncode == 0 and third.held_by is None  # the stuck one is gone: start again
 
 
 def test_stderr_flood_with_a_valid_stdout_is_not_truncated_output(marker):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from probes.record import Record
-from probes.result import Result, Status, failed, passed
+from probes.result import Result, Status, passed
 from probes.runner import Outcome
 from probes.spec import Cause, Setting
 
@@ -48,7 +48,7 @@ def test_a_record_written_with_slots_and_its_own_init_keeps_them():
 
 
 def test_replace_derives_a_new_value_and_refuses_unknown_fields():
-    r = failed("nvml", "GPU 0 lost", reason="gpu-lost", facts={"count": 1})
+    r = Result("nvml", Status.FAIL, "GPU 0 lost", reason="gpu-lost", facts={"count": 1})
     later = r._replace(elapsed=0.25, time=12.0)
     assert (later.elapsed, later.time) == (0.25, 12.0)
     assert (r.elapsed, r.time) == (0.0, 0.0)  # the original is untouched
@@ -77,7 +77,7 @@ def test_equality_and_hash_are_by_type_and_fields():
 def test_repr_names_every_field():
     s = Setting("HEALTHCHECK_X", "x", "bool", True, "a switch")
     assert repr(s).startswith("Setting(env='HEALTHCHECK_X', field='x', kind='bool', default=True, ")
-    assert repr(Status.FAIL) in repr(failed("n", "m"))
+    assert repr(Status.FAIL) in repr(Result("n", Status.FAIL, "m"))
 
 
 def test_a_status_is_one_of_four_whose_value_is_what_json_reads():
