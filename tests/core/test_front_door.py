@@ -92,7 +92,8 @@ def test_the_run_says_its_hard_deadline_to_the_front_door_before_any_child_start
     while the drop-in still sleeps."""
     checks = tmp_path / "checks"
     checks.mkdir()
-    (checks / "slow").write_text("#!/bin/sh\nsleep 1\n")
+    # A child in every profile: liveness runs a drop-in only when its header says so.
+    (checks / "slow").write_text("#!/bin/sh\n# healthcheck: profiles=startup,readiness,liveness\nsleep 1\n")
     (checks / "slow").chmod(0o755)
     r, w = os.pipe()
     proc = subprocess.Popen([sys.executable, "-I", "-c", ENTRY, *args], close_fds=False, cwd=ROOT,
