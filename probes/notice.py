@@ -51,9 +51,10 @@ def cause_of(result: Result, probes: Iterable[Spec]) -> Cause | None:
     from probes import dropins, runner
 
     spec = next((s for s in probes if s.name == result.name), None)
-    tables = [spec.causes if spec is not None else (), runner.COMMON_CAUSES]
-    if spec is None or spec.dropin is not None:
-        tables.append(dropins.CAUSES)
+    if spec is None:
+        tables = (runner.COMMON_CAUSES, dropins.CAUSES)
+    else:  # its own causes first: a drop-in's `deadline` is its owner's, not the runner's
+        tables = (dropins.CAUSES if spec.dropin is not None else spec.causes, runner.COMMON_CAUSES)
     return next((c for table in tables for c in table if c.reason == result.reason), None)
 
 
@@ -66,11 +67,11 @@ def verdict_of(outcome: Outcome, probes: Iterable[Spec]) -> Verdict:
     cause = cause_of(problem, probes)
     remedy = cause.remedy.replace("`", "") if cause is not None else ""
     detail = problem.message.removesuffix(f": {remedy}") if remedy else problem.message
-    if (cause.actor if cause is not None else problem.actor) != "tenant":
+    if problem.actor != "tenant":  # the result's own, from its cause when it was judged
         words = OPERATOR
     else:
         words = f"you can fix this: {remedy}" if remedy else "you can fix this (the message says how)"
-    action = (cause.action if cause is not None else problem.action) or ""
+    action = problem.action or ""
     return Verdict(when, f"{problem.name}/{problem.reason}", clean(f"{problem.name}: {detail}", MAX_PART),
                    clean(words, MAX_PART), action)
 

@@ -96,6 +96,16 @@ def test_operator_and_tenant_words_come_from_the_catalog():
     assert mine.words == "you can fix this: see the check's message" and mine.what == "site-check: disk full"
 
 
+def test_a_drop_in_that_hangs_is_told_in_its_own_causes_words(tmp_path):
+    # The runner's `deadline` is the operator's (a stuck probe of the suite); a drop-in's is the
+    # image owner's own check hanging: the tenant fixes it.
+    (tmp_path / "site-check").write_text("#!/bin/sh\nsleep 60\n")
+    (tmp_path / "site-check").chmod(0o755)
+    found = dropins.specs(str(tmp_path))
+    hung = notice.verdict_of(outcome(verdict("site-check", dropins.DEADLINE, "no answer within 10.0s")), found)
+    assert hung.words == "you can fix this: " + dropins.DEADLINE.remedy.replace("`", ""), hung.words
+
+
 def test_a_warning_or_a_pass_is_healthy():
     warned = Result("nvml", Status.WARN, "GPU 0 is hot", reason="hot", actor="operator")
     assert notice.verdict_of(outcome(warned, passed("nvidia-smi", "2 GPUs")), registry.PROBES).key == ""
