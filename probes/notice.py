@@ -51,6 +51,7 @@ def cause_of(result: Result, probes: Iterable[Spec]) -> Cause | None:
     from probes import dropins, runner
 
     spec = next((s for s in probes if s.name == result.name), None)
+    tables: tuple[tuple[Cause, ...], ...]
     if spec is None:
         tables = (runner.COMMON_CAUSES, dropins.CAUSES)
     else:  # its own causes first: a drop-in's `deadline` is its owner's, not the runner's
