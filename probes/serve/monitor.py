@@ -1,11 +1,6 @@
-"""The monitor: runs each profile on its schedule in a child process and watches NVML events in
-another, keeping the latest of both in memory for the endpoints (docs/serve.md).
-
-A run is ``python -m probes --json --profile P`` under a deadline (probes.proc.run): a wedged GPU
-only makes that profile's result stale, never a handler wait. Serve is the child subreaper, so what a
-run leaves behind is re-parented to it, with the run's marker, and proc.run's sweep ends it. The
-watcher (probes/serve/xid_watch.py) is long-lived: proc.spawn starts it, a thread reads its lines,
-proc.end ends it with what it started; one that fails is started again after a pause.
+"""The monitor (docs/serve.md): each profile's run on its schedule, a child under a deadline, so a
+wedged GPU only makes that result stale; and the watcher child (``python -m probes.serve.monitor``),
+which prints NVML's events as they come. The latest of both is kept in memory for the endpoints.
 """
 
 from __future__ import annotations
@@ -28,16 +23,15 @@ from probes.untrusted import squeeze
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import IO, Any
 
     from probes.state import State
 
 log = logging.getLogger("healthcheck.serve")
 MAX_EVENTS = 50  # the latest NVML events the endpoints are told of
-DEEP_PROBE = "torch-cuda"
 RESTART_PAUSE = 30.0  # before a watcher that failed is started again
-STOP_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for the watcher
+STOP_GRACE = 1.0  # seconds between SIGTERM and SIGKILL: the watcher, and at a stop every descendant
 KINDS = ("xid", "ecc-single", "ecc-double")
 COUNTED_ONLY = {"corrected": "", "ignored": " (ignored: HEALTHCHECK_XID_IGNORE)",
                 "no-action": " (NVIDIA's Xid catalog: no action)"}
@@ -116,7 +110,7 @@ class Monitor:
         argv = [python, *(["-I"] if sys.flags.isolated and python == sys.executable else []),
                 "-m", "probes", "--json", "--profile", profile]
         deep = self.settings.deep or not PROFILE_RULES[profile].spawns_worker
-        return argv if deep else [*argv, "--skip", DEEP_PROBE]
+        return argv if deep else [*argv, "--skip", "torch-cuda"]
 
     def run_once(self, profile: str) -> Run:
         started, t0 = time.time(), time.monotonic()
@@ -204,8 +198,8 @@ class Monitor:
             self.snap = dataclasses.replace(self.snap, watcher=state)
 
     def _watch(self) -> None:
-        argv = [sys.executable, *(["-I"] if sys.flags.isolated else []), "-m", "probes.serve.xid_watch",
-                "--wait-ms", "500", "--sample-s", f"{self.settings.slowdown_sample:g}"]
+        argv = [sys.executable, *(["-I"] if sys.flags.isolated else []), "-m", "probes.serve.monitor",
+                "--sample-s", f"{self.settings.slowdown_sample:g}"]
         while True:
             with self.lock:
                 if self.stop.is_set():
@@ -230,7 +224,7 @@ class Monitor:
             self._set_watcher("starting")  # "running" once the child has registered for events
 
     def _read(self, child: subprocess.Popen[bytes]) -> str:
-        """The watcher's lines (probes/serve/xid_watch.py) until it closes its output; why it ended."""
+        """The watcher's lines (``watch`` below) until it closes its output; why it ended."""
         assert child.stdout is not None
         outcome = "ended"
         for raw in child.stdout:
@@ -259,3 +253,49 @@ class Monitor:
                 outcome = f"error {squeeze(obj.get('reason'), 40)}"
         child.stdout.close()
         return outcome
+
+
+def watch(argv: Sequence[str] | None = None) -> int:
+    """The watcher child: a JSON line on stdout for each NVML event, for as long as serve runs (a Xid
+    is seen only by a process registered when it happens), in its own process because an NVML call
+    can hang in a wedged driver. Lines: ``started`` (registered), ``event`` (gpu, uuid, kind: xid,
+    ecc-single, ecc-double, or slowdown: one reading with HW slowdown or power brake; data, time),
+    ``unavailable`` (reason, message: one safe line) or ``error`` (reason); details go to stderr."""
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(prog="watcher", description="Print NVML Xid/ECC events as JSON lines.")
+    ap.add_argument("--sample-s", type=float, default=0.0, help="read clock reasons this often (0: off)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(levelname)s %(name)s %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+
+    def emit(**line: Any) -> None:
+        sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+
+    from probes.hardware import nvml_lib
+
+    try:
+        events = nvml_lib.watch_events(stop, 500, max(0.0, args.sample_s))
+        emit(type="started")
+        for ev in events:
+            emit(type="event", gpu=ev.gpu_index, uuid=ev.uuid, kind=ev.kind, data=ev.data, time=time.time())
+    except nvml_lib.NvmlUnavailable as exc:
+        log.warning("NVML events unavailable: %s", exc.message)
+        emit(type="unavailable", reason=exc.reason, message=exc.message)
+    except BrokenPipeError:
+        pass  # serve went away
+    except Exception as exc:
+        log.exception("NVML event watch failed")
+        code = nvml_lib.error_code(exc) if nvml_lib.is_nvml_error(exc) else None
+        emit(type="error", reason="internal-error" if code is None else nvml_lib.describe(code).cause.reason)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(watch())
