@@ -1,9 +1,5 @@
-"""`healthcheck serve`: HTTP health endpoints and Prometheus metrics from a monitor's runs in child
-processes (docs/architecture.md, "Serve"; docs/serve.md).
-
-Its declarations live here, as a layer's do: its settings (``ServeSettings``, read with
-probes.config's parsers, flags over environment over defaults, by ``probes.serve.cli.load``) and
-the causes of the checks it adds to a run's report (``CAUSES``); ``make docs`` lists both.
+"""`healthcheck serve` (docs/serve.md): its declarations, as a layer's package holds them: its
+settings, read by ``probes.serve.cli.load``, and the causes of the checks it adds to a report.
 """
 
 from __future__ import annotations
@@ -31,8 +27,7 @@ APPLICATION_XIDS = frozenset(x for x in xids.CATALOG if xids.bucket(x).severity 
 
 
 def parse_address(text: str) -> str:
-    """An address literal, bound as written: never a name to resolve (its answer could change, or be
-    every interface), nor a scoped one; ``localhost`` is 127.0.0.1."""
+    """An address literal, never a name to resolve (its answer could change, or be every interface)."""
     import ipaddress
 
     if text.lower() == "localhost":

@@ -1,13 +1,10 @@
-"""The HTTP endpoints: /livez, /readyz, /startupz (health+json, 200 or 503) and /metrics, with the
-Kubernetes API server's ``?verbose``, ``/readyz/<check>`` and ``?exclude=`` (docs/serve.md).
-
-Handlers only read the monitor's in-memory snapshot, so a response never waits on a probe, a GPU or
-NVML. Every error answer is a health+json document with fixed words: nothing of the request is
-echoed, and an error inside a handler answers 500 (the detail goes to the log, never to the client).
+"""The HTTP endpoints (docs/serve.md): handlers only read the monitor's snapshot, so a response never
+waits on a probe, a GPU or NVML; every error answer is a health+json document with fixed words.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -32,8 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("healthcheck.serve")
 HEALTH_JSON = "application/health+json"
 ENDPOINTS = {"/livez": "liveness", "/readyz": "readiness", "/startupz": "startup"}
-MAX_EXCLUDES = 32
-REQUEST_TIMEOUT = 5.0  # a client that sends nothing cannot hold a thread longer
 
 
 def error_body(reason: str, output: str) -> bytes:
@@ -60,7 +55,7 @@ HTTP_ANY = re.compile(rb"HTTP/[0-9]+\.[0-9]+")
 class Handler(BaseHTTPRequestHandler):
     server: HealthServer
     server_version = "healthcheck/" + __version__
-    timeout = REQUEST_TIMEOUT
+    timeout = 5.0  # a client that sends nothing cannot hold a thread longer
     protocol_version = "HTTP/1.1"
 
     def version_string(self) -> str:
@@ -82,17 +77,11 @@ class Handler(BaseHTTPRequestHandler):
         phrase (the library's messages quote the request), then close."""
         if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
             self.request_version = "HTTP/1.0"  # send_response writes no status line for 0.9
-        self.close_connection = True
         self._send(code, HEALTH_JSON, REFUSED.get(code, REFUSED[400]), getattr(self, "command", "") == "HEAD",
                    close=True)
 
     def do_GET(self) -> None:
-        self._answer(head=False)
-
-    def do_HEAD(self) -> None:
-        self._answer(head=True)
-
-    def _answer(self, *, head: bool) -> None:
+        head = self.command == "HEAD"
         try:
             path, _, query = self.path.partition("?")
             base, _, only = path.partition("/")[2].partition("/")
@@ -108,14 +97,14 @@ class Handler(BaseHTTPRequestHandler):
             pass  # the client went away
         except Exception:
             log.exception("handler error for %s", squeeze(self.path, 100))
-            try:
+            with contextlib.suppress(OSError):
                 self._send(500, HEALTH_JSON, ERROR_BODY, head)
-            except OSError:
-                pass
+
+    do_HEAD = do_GET
 
     def _health(self, endpoint: str, only: str | None, query: str) -> tuple[int, str, bytes]:
         args = parse_qs(query, keep_blank_values=True)
-        exclude = [squeeze(n, 80) for n in args.get("exclude", [])[:MAX_EXCLUDES]]
+        exclude = [squeeze(n, 80) for n in args.get("exclude", [])[:32]]
         try:
             code, body = verdict(ENDPOINTS[endpoint], self.server.monitor.snap, now=time.time(),
                                  now_mono=time.monotonic(), gating=self.server.gating,

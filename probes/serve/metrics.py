@@ -1,7 +1,5 @@
-"""/metrics: Prometheus text format (or OpenMetrics when asked) from the monitor's in-memory snapshot.
-
-A collector on serve's own registry: a scrape reads one Snapshot of the monitor, never a probe or
-NVML. Per-GPU series carry ``gpu`` and ``UUID``, dcgm-exporter's labels, to join with its.
+"""/metrics (docs/serve.md): a collector on serve's own registry that reads one snapshot of the
+monitor, never a probe or NVML. Per-GPU series carry dcgm-exporter's labels, to join with its.
 """
 
 from __future__ import annotations

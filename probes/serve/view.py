@@ -1,9 +1,5 @@
-"""What the endpoints answer: pure functions over the monitor's snapshots (docs/serve.md).
-
-A run yields a health+json report, rebuilt from known fields (child output that is not a report is
-never passed through), or a reason code saying why not. An endpoint adds serve's own checks to the
-report's (the result's age, recent Xids, sustained slowdown, the latch): the worst check decides, and
-the latch, then the result's age, then the report's first failure says why.
+"""What the endpoints answer: pure functions over the monitor's snapshots (docs/serve.md). A child's
+report is rebuilt from known fields, never passed through; serve's own checks join its checks.
 """
 
 from __future__ import annotations
@@ -80,8 +76,6 @@ def parse_report(stdout: bytes) -> dict[str, Any] | None:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One finished run of a profile."""
-
     profile: str
     started: float  # wall clock
     finished: float  # wall clock
@@ -136,7 +130,6 @@ class SlowdownVerdict:
     warn: bool
 
     def describe(self, gpu: int) -> str:
-        """What serve's log and its endpoints say of a GPU's slowdown readings."""
         return (f"GPU {gpu}: hardware slowdown or power brake in {self.events} readings over the last "
                 f"{SLOWDOWN_WINDOW / 60:g} min ({self.per_minute:.1f}/min, warns at "
                 f"{SLOWDOWN_PER_MINUTE:g}/min)")
@@ -144,7 +137,6 @@ class SlowdownVerdict:
 
 def slowdown_window(times: Sequence[float], now: float, window: float = SLOWDOWN_WINDOW,
                     per_minute: float = SLOWDOWN_PER_MINUTE) -> SlowdownVerdict:
-    """The slowdown verdict at ``now`` from the times of slowdown readings."""
     recent = sum(1 for t in times if now - window < t <= now)
     rate = recent / (window / 60.0)
     return SlowdownVerdict(recent, rate, recent > 1 and rate >= per_minute)
@@ -152,7 +144,7 @@ def slowdown_window(times: Sequence[float], now: float, window: float = SLOWDOWN
 
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    """Everything an endpoint or a scrape needs: the monitor publishes a new one for every change."""
+    """What an endpoint or a scrape reads: the monitor publishes a new one for every change."""
 
     runs: Mapping[str, Run]
     startup_passed: Run | None
