@@ -33,7 +33,6 @@ RESULTS = ROOT / "bench" / "results"
 FAKE_NVML = ROOT / "tests" / "fakes" / "build" / "libnvidia-ml.so.1"
 IMAGE = os.environ.get("E2E_IMAGE", "gpu-dev:e2e")  # what make e2e builds
 LOGIN, CONFIG = ROOT / "docker" / "gpu-health-notice.sh", ROOT / "docker" / "ipython_kernel_config.py"
-TOKEN = "bench-not-a-secret"
 CHILD_LIMIT = 180.0  # a case that takes longer is killed (the front door's own deadline comes first)
 READY_WAIT = 180.0  # for the container's first passing readiness run (Jupyter's start, torch cached)
 
@@ -74,7 +73,7 @@ class Case:
     floor: str = FLOOR
     kind: str = "profile"  # floor, profile, baseline, docker exec, notice
     pair: Case | None = None  # measured against it, round by round
-    own: bool = True  # CPU and RSS are the case's (not a client's: docker, a Jupyter Server's kernel)
+    own: bool = True  # CPU and RSS are the case's (not the docker client's)
     own_cpu: bool = False  # its output's last word is its CPU ms
     samples: list[tuple[float, float, float, int, str]] = field(default_factory=list)
 
@@ -149,7 +148,7 @@ def host_env(work: Path, py: str, stack: contextlib.ExitStack, services: dict[st
         env["ENABLE_JUPYTER_CHECK"], services["jupyter"] = "false", "off (no jupyter-server in .venv)"
     else:
         (work / "jupyter").mkdir()
-        jup = Jupyter(work / "jupyter", token=TOKEN)
+        jup = Jupyter(work / "jupyter", token="bench-not-a-secret")
         stack.callback(jup.stop)
         env.update(HEALTHCHECK_JUPYTER_PORT=str(jup.port), HEALTHCHECK_JUPYTER_RUNTIME_DIR=str(jup.runtime))
         services["jupyter"] = f"real Jupyter Server on 127.0.0.1:{jup.port}"
@@ -205,26 +204,8 @@ def notice_cases(env: dict[str, str], py: str, work: Path, readiness: Case) -> l
                         {**person, "HEALTHCHECK_NOTICE_FILE": str(work / "run" / state)})
     person["HEALTHCHECK_NOTICE_FILE"] = str(work / "run" / "unhealthy")
     kernel = [py, "-c", KERNEL]
-    cases += reader("kernel", [*kernel, "with", str(CONFIG.parent)], [*kernel, "without"], person,
-                    own_cpu=True)
-    if "HEALTHCHECK_JUPYTER_PORT" not in env:
-        return cases
-    # For scale: a kernel's start and first cell through the real Jupyter Server (wall time only).
-    for name in ("notice", "plain"):
-        ipython = work / f"ipython-{name}" / "profile_default"
-        ipython.mkdir(parents=True)
-        if name == "notice":
-            shutil.copy2(CONFIG, ipython / CONFIG.name)
-        spec = work / "jupyter" / "data" / "kernels" / name
-        spec.mkdir(parents=True)
-        (spec / "kernel.json").write_text(json.dumps({
-            "argv": [py, "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": name,
-            "language": "python", "env": {"IPYTHONDIR": str(ipython.parent),
-                                          "HEALTHCHECK_NOTICE_FILE": person["HEALTHCHECK_NOTICE_FILE"]}}))
-    client = [py, str(ROOT / "tests" / "notice_kernel.py"),
-              f"http://127.0.0.1:{env['HEALTHCHECK_JUPYTER_PORT']}/", TOKEN]
-    return cases + reader("server: a kernel", [*client, "notice", '[["1", true]]'],
-                          [*client, "plain", '[["1", true]]'], dict(os.environ), own=False)
+    return [*cases, *reader("kernel", [*kernel, "with", str(CONFIG.parent)], [*kernel, "without"], person,
+                            own_cpu=True)]
 
 
 def make_cases(args: argparse.Namespace, env: dict[str, str], py: str, work: Path,
