@@ -111,8 +111,7 @@ def probe_ms(out: str) -> dict[str, float]:
 
 
 def compile_c(cc: str, work: Path) -> str:
-    """bench/spawn.c, and bench/nvidia-smi.c as the healthy nvidia-smi on PATH (a C program, as the
-    real one is: a script would add an interpreter's start)."""
+    """bench/spawn.c, and bench/nvidia-smi.c as the nvidia-smi on PATH."""
     for name in ("spawn", "nvidia-smi"):
         source = ROOT / "bench" / f"{name}.c"
         subprocess.run([cc, "-O2", "-o", str(work / "bin" / name), str(source)], check=True)
