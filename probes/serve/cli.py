@@ -1,6 +1,4 @@
-"""`healthcheck serve`: its settings, logging, start-up, and a stop that ends every descendant
-(docs/serve.md).
-"""
+"""`healthcheck serve`: settings, logging, start-up, and a stop that ends every descendant (docs/serve.md)."""
 
 from __future__ import annotations
 
@@ -182,7 +180,3 @@ def main(argv: Sequence[str]) -> int:
         logging.getLogger("healthcheck").exception("serve: internal error")
         _stderr_line(f"healthcheck serve: internal error ({type(exc).__name__}); details in the log")
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

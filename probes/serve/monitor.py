@@ -5,7 +5,6 @@ which prints NVML's events as they come. The latest of both is kept in memory fo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -23,7 +22,7 @@ from probes.untrusted import squeeze
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping
     from typing import IO, Any
 
     from probes.state import State
@@ -70,7 +69,7 @@ class Monitor:
         self.child: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.snap = dataclasses.replace(self.snap, latch=self.state.latch())
+        self.snap = self.snap._replace(latch=self.state.latch())
         self.threads = [threading.Thread(target=self._schedule, args=(p,), daemon=True) for p in PROFILES]
         if self.settings.xid_watch:
             self.threads.append(threading.Thread(target=self._watch, daemon=True))
@@ -104,17 +103,14 @@ class Monitor:
             self.record(run)
             self.stop.wait(self.settings.intervals[profile])
 
-    def argv(self, profile: str) -> list[str]:
+    def run_once(self, profile: str) -> Run:
         # A server started isolated (-I, as the front door does) keeps its runs isolated too.
-        python = self.settings.python or sys.executable
+        python, budget = self.settings.python or sys.executable, self.deadlines[profile]
         argv = [python, *(["-I"] if sys.flags.isolated and python == sys.executable else []),
                 "-m", "probes", "--json", "--profile", profile]
-        deep = self.settings.deep or not PROFILE_RULES[profile].spawns_worker
-        return argv if deep else [*argv, "--skip", "torch-cuda"]
-
-    def run_once(self, profile: str) -> Run:
+        if not self.settings.deep and PROFILE_RULES[profile].spawns_worker:
+            argv += ["--skip", "torch-cuda"]
         started, t0 = time.time(), time.monotonic()
-        argv, budget = self.argv(profile), self.deadlines[profile]
         done = proc.run(argv, deadline=t0 + budget, env=self.env)
         finished, mono = time.time(), time.monotonic()
 
@@ -147,15 +143,14 @@ class Monitor:
         latch = self.state.latch()
         with self.lock:
             s = self.snap
-            self.snap = dataclasses.replace(
-                s, runs={**s.runs, run.profile: run}, startup_passed=run if once else s.startup_passed,
-                latch=self.xid_latch or latch, runs_total={**s.runs_total, key: s.runs_total.get(key, 0) + 1},
-                last_success={**s.last_success, **passed})
+            self.snap = s._replace(runs={**s.runs, run.profile: run}, latch=self.xid_latch or latch,
+                                   startup_passed=run if once else s.startup_passed,
+                                   runs_total={**s.runs_total, key: s.runs_total.get(key, 0) + 1},
+                                   last_success={**s.last_success, **passed})
         log.info("monitor: %s %s in %.2f s%s", run.profile, run.status, run.duration,
                  f" ({run.reason})" if run.reason else "")
 
     def add_event(self, event: XidEvent) -> None:
-        """An NVML event from the watcher; a critical one latches unhealthy."""
         said = event.describe() + (f": {event.advice()}" if event.kind == "xid" else "")
         code = f"xid-{event.data}" if event.kind == "xid" else event.kind
         key = (str(event.gpu), event.kind, str(event.data) if event.kind == "xid" else "", event.severity)
@@ -165,8 +160,8 @@ class Monitor:
                 self.xid_latch = {"source": "xid", "code": code, "reason": said, "time": event.time}
             s = self.snap
             counts = {**s.event_counts, key: s.event_counts.get(key, 0) + 1}
-            self.snap = dataclasses.replace(s, events=(*s.events[1 - MAX_EVENTS:], event),
-                                            event_counts=counts, latch=self.xid_latch or s.latch)
+            self.snap = s._replace(events=(*s.events[1 - MAX_EVENTS:], event), event_counts=counts,
+                                   latch=self.xid_latch or s.latch)
         if event.severity in COUNTED_ONLY:
             log.info("NVML event: %s%s", said, COUNTED_ONLY[event.severity])
         elif event.severity != xids.CRITICAL:
@@ -178,13 +173,12 @@ class Monitor:
                           "probes will not see it, and a restart of serve forgets it", self.state.problem)
 
     def _slowdown_reading(self, gpu: int, when: float) -> None:
-        """One reading of HW slowdown or power brake; the view judges them by rate over a window."""
         now = time.time()
         with self.lock:
             s = self.snap
             times = tuple(t for t in (*s.slowdown.get(gpu, ()), when) if now - t < view.SLOWDOWN_WINDOW)
             times = times[-4096:]
-            self.snap = dataclasses.replace(s, slowdown={**s.slowdown, gpu: times})
+            self.snap = s._replace(slowdown={**s.slowdown, gpu: times})
         verdict = view.slowdown_window(times, now)
         if verdict.warn != (gpu in self.slowing):  # said when it starts and when it ends
             self.slowing ^= {gpu}
@@ -195,11 +189,11 @@ class Monitor:
 
     def _set_watcher(self, state: str) -> None:
         with self.lock:
-            self.snap = dataclasses.replace(self.snap, watcher=state)
+            self.snap = self.snap._replace(watcher=state)
 
     def _watch(self) -> None:
         argv = [sys.executable, *(["-I"] if sys.flags.isolated else []), "-m", "probes.serve.monitor",
-                "--sample-s", f"{self.settings.slowdown_sample:g}"]
+                f"{self.settings.slowdown_sample:g}"]
         while True:
             with self.lock:
                 if self.stop.is_set():
@@ -255,18 +249,15 @@ class Monitor:
         return outcome
 
 
-def watch(argv: Sequence[str] | None = None) -> int:
+def watch(sample_s: float) -> int:
     """The watcher child: a JSON line on stdout for each NVML event, for as long as serve runs (a Xid
     is seen only by a process registered when it happens), in its own process because an NVML call
     can hang in a wedged driver. Lines: ``started`` (registered), ``event`` (gpu, uuid, kind: xid,
     ecc-single, ecc-double, or slowdown: one reading with HW slowdown or power brake; data, time),
-    ``unavailable`` (reason, message: one safe line) or ``error`` (reason); details go to stderr."""
-    import argparse
+    ``unavailable`` (reason, message: one safe line) or ``error`` (reason); details go to stderr.
+    ``sample_s``: seconds between readings of the clock reasons (0: none)."""
     import signal
 
-    ap = argparse.ArgumentParser(prog="watcher", description="Print NVML Xid/ECC events as JSON lines.")
-    ap.add_argument("--sample-s", type=float, default=0.0, help="read clock reasons this often (0: off)")
-    args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(levelname)s %(name)s %(message)s")
     stop = threading.Event()
@@ -280,7 +271,7 @@ def watch(argv: Sequence[str] | None = None) -> int:
     from probes.hardware import nvml_lib
 
     try:
-        events = nvml_lib.watch_events(stop, 500, max(0.0, args.sample_s))
+        events = nvml_lib.watch_events(stop, 500, sample_s)
         emit(type="started")
         for ev in events:
             emit(type="event", gpu=ev.gpu_index, uuid=ev.uuid, kind=ev.kind, data=ev.data, time=time.time())
@@ -298,4 +289,4 @@ def watch(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(watch())
+    sys.exit(watch(float(sys.argv[1])))

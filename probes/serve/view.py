@@ -4,11 +4,11 @@ report is rebuilt from known fields, never passed through; serve's own checks jo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 
 from probes import __version__, serve
+from probes.record import Record
 from probes.report import check_entry, iso_time, public_facts
 from probes.spec import PROFILE_RULES, Cause
 from probes.untrusted import load_json, squeeze
@@ -51,8 +51,7 @@ def _rebuilt(entry: Any) -> dict[str, Any] | None:
 
 
 def parse_report(stdout: bytes) -> dict[str, Any] | None:
-    """The report a ``--json`` run printed (status, output, notes, checks, skipped), rebuilt from
-    known fields; None when it is not one."""
+    """The report a ``--json`` run printed, rebuilt from known fields; None when it is not one."""
     try:
         data = load_json(stdout)  # bounded nesting, finite numbers
     except ValueError:
@@ -74,8 +73,7 @@ def parse_report(stdout: bytes) -> dict[str, Any] | None:
             if isinstance(skipped, dict) else {}}
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
+class Run(Record):
     profile: str
     started: float  # wall clock
     finished: float  # wall clock
@@ -93,8 +91,7 @@ class Run:
         return self.report["status"] if self.report is not None else "fail"
 
 
-@dataclasses.dataclass(frozen=True)
-class XidEvent:
+class XidEvent(Record):
     time: float  # wall clock
     gpu: int | None
     uuid: str
@@ -123,8 +120,7 @@ class XidEvent:
             f" ({self.uuid})" if self.uuid else "")
 
 
-@dataclasses.dataclass(frozen=True)
-class SlowdownVerdict:
+class SlowdownVerdict(Record):
     events: int  # readings with HW slowdown or power brake in the window
     per_minute: float
     warn: bool
@@ -142,8 +138,7 @@ def slowdown_window(times: Sequence[float], now: float, window: float = SLOWDOWN
     return SlowdownVerdict(recent, rate, recent > 1 and rate >= per_minute)
 
 
-@dataclasses.dataclass(frozen=True)
-class Snapshot:
+class Snapshot(Record):
     """What an endpoint or a scrape reads: the monitor publishes a new one for every change."""
 
     runs: Mapping[str, Run]
@@ -241,12 +236,8 @@ def _fold(checks: Mapping[str, Sequence[Mapping[str, Any]]], floor: str = "pass"
 
 def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating: bool = True,
             only: str | None = None, exclude: Sequence[str] = ()) -> tuple[int, dict[str, Any]]:
-    """The HTTP status and the health+json body of the endpoint for ``profile``.
-
-    ``only`` keeps one check (``/readyz/<name>``; UnknownCheck when there is none, unless the run has
-    no report: then it fails with the run's reason); ``exclude`` leaves checks out (``?exclude=``).
-    What is left decides again, unless there is no fresh report: nothing turns that into a pass.
-    """
+    """The HTTP status and health+json body of ``profile``'s endpoint. What ``only`` or ``exclude``
+    leave decides again, unless there is no fresh report: nothing turns that into a pass."""
     sticky = PROFILE_RULES[profile].once and snap.startup_passed is not None
     run = snap.startup_passed if sticky else snap.runs.get(profile)
     report = run.report if run is not None else None
@@ -283,8 +274,7 @@ def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating
 
 
 def verbose_text(endpoint: str, body: Mapping[str, Any]) -> str:
-    """The Kubernetes API server's ``?verbose`` form: ``[+]name ok`` / ``[-]name failed: reason`` per
-    check, then ``<endpoint> check passed`` (or ``failed``)."""
+    """The Kubernetes API server's ``?verbose`` form, a line per check, then the verdict."""
     lines = []
     for key, entries in body.get("checks", {}).items():
         e = entries[0] if entries else {"status": "fail"}
