@@ -16,9 +16,7 @@ abort() {
   exit 1
 }
 
-if [ "$#" -gt 0 ]; then
-  exec "$@"
-fi
+[ "$#" -eq 0 ] || exec "$@"
 
 # The suite's boolean grammar (probes/config.py): anything else is a configuration error.
 case "$(printf '%s' "${HEALTHCHECK_SERVE:-false}" | tr '[:upper:]' '[:lower:]')" in
@@ -31,8 +29,7 @@ runtime_dir=${JUPYTER_RUNTIME_DIR:-/run/jupyter}
 port=${JUPYTER_PORT:-8888}
 ssh=1
 if [ "$(id -u)" -ne 0 ]; then
-  # An arbitrary UID (OpenShift; docker run --user), maybe without a passwd entry: Jupyter runs
-  # as it, in its HOME; sshd needs root and is not started.
+  # An arbitrary UID (OpenShift; docker run --user), maybe without a passwd entry: Jupyter runs as it.
   ssh=
   user=$(id -u)
   group=$(id -g)
@@ -126,8 +123,7 @@ else
   [ -d "$runtime_dir" ] || mkdir -m 0700 "$runtime_dir"
 fi \
   || abort "cannot create $runtime_dir: give the container a writable /run (docker run --tmpfs /run)"
-# A server killed without cleanup leaves its runtime file behind: the health check must
-# only ever see the live server's.
+# A server killed without cleanup leaves its runtime file: the health check must see the live one's.
 rm -f "$runtime_dir"/jpserver-*.json "$runtime_dir"/jpserver-*.html
 
 if [ -z "${JUPYTER_TOKEN:-}" ]; then

@@ -11,11 +11,7 @@ import stat
 import sys
 import time
 
-PATH = "/run/healthcheck-notice/notice"
 MAX_SIZE = 4096
-MAX_TEXT = 300
-OFF = ("false", "0", "no", "off")
-STATES = ("healthy", "starting", "unhealthy")
 CHECK_CELL = ("def _healthcheck(", "HEALTHCHECK-KERNEL-RESULT ")  # probes/services/jupyter_kernel.py
 
 
@@ -28,14 +24,14 @@ def ago(seconds):
 
 
 def shown(text):
-    return "".join(ch for ch in text if ch.isprintable())[:MAX_TEXT]
+    return "".join(ch for ch in text if ch.isprintable())[:300]
 
 
 def lines(text, now):
     """The person's lines at ``now`` (epoch seconds): docker/gpu-health-notice.sh's."""
     head, _, rest = text.partition("\n")
     parts = head.split(" ", 3)
-    if len(parts) < 3 or parts[2] not in STATES or not all(
+    if len(parts) < 3 or parts[2] not in ("healthy", "starting", "unhealthy") or not all(
             p.isascii() and p.isdigit() and len(p) <= 12 for p in parts[:2]):
         return []
     age = max(0, int(now) - int(parts[0]))
@@ -55,9 +51,9 @@ def notice(environ=None):
     """The lines to show now; none when off, or from a file that is not a regular file of root's or
     ours of at most MAX_SIZE bytes."""
     env = os.environ if environ is None else environ
-    if env.get("HEALTHCHECK_NOTICES", "").strip().lower() in OFF:
+    if env.get("HEALTHCHECK_NOTICES", "").strip().lower() in ("false", "0", "no", "off"):
         return []
-    fd = os.open(env.get("HEALTHCHECK_NOTICE_FILE") or PATH,
+    fd = os.open(env.get("HEALTHCHECK_NOTICE_FILE") or "/run/healthcheck-notice/notice",
                  os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
