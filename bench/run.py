@@ -45,11 +45,9 @@ LIVENESS_RSS_MIB = 30.0
 PAIRED, BASELINE_SLACK = ("liveness", "readiness (torch cached)"), 0.05
 NOTICE_MS = 5.0  # what a login's or a kernel's notice may add, median of per-round CPU differences
 NOTICES = {"unhealthy": "{now} 86400 unhealthy 10:42 UTC\nunhealthy since 10:40 UTC: nvml: GPU 0 is lost\n"
-           "not fixable from inside this container; your platform's operator is alerted if alerting is "
-           "set up\n", "healthy": "{now} 86400 healthy 10:42 UTC\n"}
+           "not fixable from inside this container\n", "healthy": "{now} 86400 healthy 10:42 UTC\n"}
 # A kernel's start as IPython runs it, the shell already made: the hook's configuration (with), then
-# the first cell, which shows the notice. Its last word is the CPU ms of that part alone: the
-# interpreter's start is alike in both and would drown it.
+# the first cell. It prints the CPU ms of that part alone: the interpreter's start would drown it.
 KERNEL = """
 import sys, time
 from IPython.core.interactiveshell import InteractiveShell
@@ -110,14 +108,6 @@ def probe_ms(out: str) -> dict[str, float]:
     return found
 
 
-def compile_c(cc: str, work: Path) -> str:
-    """bench/spawn.c, and bench/nvidia-smi.c as the nvidia-smi on PATH."""
-    for name in ("spawn", "nvidia-smi"):
-        source = ROOT / "bench" / f"{name}.c"
-        subprocess.run([cc, "-O2", "-o", str(work / "bin" / name), str(source)], check=True)
-    return str(work / "bin" / "spawn")
-
-
 def host_env(work: Path, py: str, stack: contextlib.ExitStack, services: dict[str, str]) -> dict[str, str]:
     """The environment of every host case: stub GPU, CPU torch, a real sshd and Jupyter Server."""
     from tests.servers import Jupyter, Sshd  # the tests' own starters: one place runs each server
@@ -155,8 +145,7 @@ def host_env(work: Path, py: str, stack: contextlib.ExitStack, services: dict[st
 
 
 def start_container(stack: contextlib.ExitStack) -> tuple[str | None, str]:
-    """One container of the test image in its default configuration but the GPU layer (there is no
-    GPU), after its first passing readiness run (a torch, kernel and login result cached); or why not."""
+    """A container of the test image, GPU layer off, after its first passing readiness; or why not."""
     def docker(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["docker", *argv], capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -190,8 +179,7 @@ def reader(name: str, argv: list[str], without: list[str], env: dict[str, str], 
 
 
 def notice_cases(env: dict[str, str], py: str, work: Path, readiness: Case) -> list[Case]:
-    """What the notices (docs/image.md, "Notices") cost: a readiness run that tells against one that
-    does not, a login and a kernel's start with the reader against without."""
+    """What the notices cost: readiness without telling, a login and a kernel's start with the reader."""
     (work / "run").mkdir()
     person = {"PATH": "/usr/bin:/bin", "HOME": str(work), "IPYTHONDIR": str(work / "ipython")}
     off = {**env, "HEALTHCHECK_NOTICES": "false"}
@@ -357,7 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hcbench-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
         (work / "bin").mkdir()
-        launcher = compile_c(cc, work)
+        for name in ("spawn", "nvidia-smi"):  # the launcher, and the nvidia-smi on PATH
+            subprocess.run([cc, "-O2", "-o", str(work / "bin" / name), str(ROOT / "bench" / f"{name}.c")],
+                           check=True)
+        launcher = str(work / "bin" / "spawn")
         env = host_env(work, py, stack, services)
         container, docker = (None, "--no-docker") if args.no_docker else start_container(stack)
         cases = make_cases(args, env, py, work, container)
