@@ -19,9 +19,7 @@ MIN_INTERVAL, MAX_INTERVAL = 0.25, 86400.0
 MIN_SAMPLE = 0.1  # seconds between clock-reason readings, or 0 (off): NVML is read this often at most
 HOST_FORMS = ("an IPv4 or IPv6 address of this machine, e.g. 127.0.0.1 or ::1 (0.0.0.0 or :: for every "
               "interface), or localhost for 127.0.0.1")
-# From NVIDIA's Xid catalog: the Xids whose immediate action resets the GPU or restarts the machine
-# latch; RESTART_APP (the application's errors, possibly another tenant's) warn. The rest of the
-# catalog is in neither list: IGNORE is counted only, every other action warns with its advice.
+# The catalog's Xids that latch (a GPU reset or a restart) and that warn (RESTART_APP): docs/serve.md.
 CRITICAL_XIDS = frozenset(x for x in xids.CATALOG if xids.bucket(x).severity == xids.CRITICAL)
 APPLICATION_XIDS = frozenset(x for x in xids.CATALOG if xids.bucket(x).severity == xids.APPLICATION)
 

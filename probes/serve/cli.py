@@ -160,7 +160,9 @@ def serve(argv: Sequence[str]) -> int:
     server.server_close()
     # SIGTERM, then SIGKILL, every descendant: the runs, their workers, the watcher, their orphans.
     proc.end_descendants(STOP_GRACE)
-    monitor.join(max(0.5, 3.0 - (time.monotonic() - t0)))
+    end = time.monotonic() + max(0.5, 3.0 - (time.monotonic() - t0))
+    for thread in monitor.threads:
+        thread.join(max(0.0, end - time.monotonic()))
     proc.end_descendants(0.2)  # a run that started while we were stopping
     log.info("stopped in %.2f s", time.monotonic() - t0)
     return 0

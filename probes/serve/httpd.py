@@ -92,16 +92,14 @@ SUFFIX = {"counter": "_total", "info": "_info"}
 
 
 def action(kind: str, xid: str) -> str:
-    """What an event needs, whatever serve's latch policy says: for an Xid the catalog's resolution
-    (``unknown`` when the table lacks it), a GPU reset for an uncorrectable ECC error, else nothing."""
+    """What an event needs, whatever serve's latch policy says (docs/serve.md's metrics table)."""
     if kind == "xid":
         return xids.label(int(xid)) if xid.isdigit() and len(xid) < 6 else "unknown"
     return xids.LABELS[xids.RESET_GPU] if kind == "ecc-double" else "none"
 
 
 def _facts(snap: Snapshot, probe: str) -> Mapping[str, Any]:
-    """The probe's facts from the latest run of a profile that judges the hardware: one that keeps
-    running (readiness) first, then the one run once per start (startup)."""
+    """The probe's facts from the latest run that judges the hardware: readiness, else startup."""
     for rules in sorted((p for p in PROFILE_RULES.values() if p.hardware), key=lambda p: p.once):
         run = snap.runs.get(rules.name)
         for key, entries in (run.report if run and run.report else {}).get("checks", {}).items():

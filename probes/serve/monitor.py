@@ -83,11 +83,6 @@ class Monitor:
         if self.child is not None:
             proc.end(self.child, grace=STOP_GRACE)
 
-    def join(self, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        for t in self.threads:
-            t.join(max(0.0, end - time.monotonic()))
-
     def _schedule(self, profile: str) -> None:
         while not self.stop.is_set():
             if PROFILE_RULES[profile].once and self.snap.startup_passed is not None:
@@ -250,12 +245,10 @@ class Monitor:
 
 
 def watch(sample_s: float) -> int:
-    """The watcher child: a JSON line on stdout for each NVML event, for as long as serve runs (a Xid
-    is seen only by a process registered when it happens), in its own process because an NVML call
-    can hang in a wedged driver. Lines: ``started`` (registered), ``event`` (gpu, uuid, kind: xid,
-    ecc-single, ecc-double, or slowdown: one reading with HW slowdown or power brake; data, time),
-    ``unavailable`` (reason, message: one safe line) or ``error`` (reason); details go to stderr.
-    ``sample_s``: seconds between readings of the clock reasons (0: none)."""
+    """The watcher child, its own process as an NVML call can hang: a JSON line for each NVML event
+    (a Xid is seen only by a process registered when it happens). Lines: ``started``, ``event`` (gpu,
+    uuid, kind: xid, ecc-single, ecc-double, or slowdown: a reading of HW slowdown or power brake
+    every ``sample_s``; data, time), ``unavailable`` (reason, message) or ``error`` (reason)."""
     import signal
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

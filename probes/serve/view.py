@@ -22,9 +22,7 @@ CHECK_KEYS = ("componentId", "componentType", "layer", "status", "observedValue"
 STATUSES = ("pass", "warn", "fail")
 FIRST_TO_TELL = {"latch:state": 2, "serve:result-age": 1}  # why a verdict fails: these before the report's
 XID_WARN = 600.0  # an application or other Xid warns this long after it was seen
-# Hardware slowdown and power brake are judged by rate, never by one reading: a GPU warns when the
-# last SLOWDOWN_WINDOW seconds hold SLOWDOWN_PER_MINUTE readings a minute or more.
-SLOWDOWN_WINDOW = 600.0
+SLOWDOWN_WINDOW = 600.0  # seconds of readings that judge a GPU's slowdown, by rate, never by one
 SLOWDOWN_PER_MINUTE = 0.5
 
 
@@ -131,11 +129,10 @@ class SlowdownVerdict(Record):
                 f"{SLOWDOWN_PER_MINUTE:g}/min)")
 
 
-def slowdown_window(times: Sequence[float], now: float, window: float = SLOWDOWN_WINDOW,
-                    per_minute: float = SLOWDOWN_PER_MINUTE) -> SlowdownVerdict:
-    recent = sum(1 for t in times if now - window < t <= now)
-    rate = recent / (window / 60.0)
-    return SlowdownVerdict(recent, rate, recent > 1 and rate >= per_minute)
+def slowdown_window(times: Sequence[float], now: float) -> SlowdownVerdict:
+    recent = sum(1 for t in times if now - SLOWDOWN_WINDOW < t <= now)
+    rate = recent / (SLOWDOWN_WINDOW / 60.0)
+    return SlowdownVerdict(recent, rate, rate >= SLOWDOWN_PER_MINUTE)
 
 
 class Snapshot(Record):
@@ -226,11 +223,10 @@ def _fold(checks: Mapping[str, Sequence[Mapping[str, Any]]], floor: str = "pass"
     """Status, reason and output of the checks: the worst wins, the first to tell says why."""
     entries = [checks[k][0] for k in sorted(checks, key=lambda k: -FIRST_TO_TELL.get(k, 0)) if checks[k]]
     status = max([floor, *(e["status"] for e in entries)], key=STATUSES.index)
-    for wanted in ("fail", "warn"):
-        for e in entries:
-            if e["status"] == wanted:
-                why = (e.get("reason") or "fail") if wanted == "fail" else None
-                return status, why, e.get("output") or ""
+    for e in sorted(entries, key=lambda e: -STATUSES.index(e["status"])):  # the first fail, else warn
+        if e["status"] != "pass":
+            why = (e.get("reason") or "fail") if e["status"] == "fail" else None
+            return status, why, e.get("output") or ""
     return status, None, ""
 
 
