@@ -105,8 +105,7 @@ def name_of(doc: dict[str, Any]) -> str:
 
 
 def schema_problems(docs: list[dict[str, Any]], where: str) -> list[str]:
-    """Strict validation against the shipped schemas (no network); the first version that refuses an
-    object names the problem. No schema ships for the operator's kinds: see monitoring_problems."""
+    """Strict validation against the shipped schemas, offline (none ships for the operator's kinds)."""
     from kubernetes_validate import utils as kv
 
     out = []
@@ -133,8 +132,7 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
 
 
 def serves(container: dict[str, Any], port: Any) -> bool:
-    """Whether the container's entrypoint runs `healthcheck serve` (HEALTHCHECK_SERVE=true, its command
-    left alone) on ``port``, a number or a port's name. A postStart hook or a sidecar does not count."""
+    """Whether the container's own entrypoint runs `healthcheck serve` on ``port`` (number or name)."""
     from probes import serve
 
     env, on = env_of(container), env_of(container).get("HEALTHCHECK_SERVE_PORT", "").strip()
