@@ -1,16 +1,11 @@
-"""`make bench`: what one health check costs, measured as Docker and the kubelet run it.
+"""`make bench`: what a health check costs as Docker and the kubelet run it, and what the notices
+cost the person at a login and a kernel's start (docs/benchmark.md).
 
-Each case is a whole process started through the front door (`./healthcheck --profile P`) by
-bench/spawn.c, which reaps it with wait4: wall time, CPU time (user + system of the whole tree)
-and peak RSS (ru_maxrss of the largest process in it). Each round runs every case once, so load
-from other work falls on all alike, beside the floors `python -c pass` and `python -c "import
-torch"`. The GPU is faked at the driver boundary (bench/nvidia-smi.c on PATH, tests/fakes' NVML
-library), torch runs on the CPU, a real sshd and a real Jupyter Server listen on loopback.
---vs DIR runs liveness and cached readiness through DIR's front door too, in the same rounds.
-With a Docker engine and the test image, the rounds also `docker exec` into one container of
-it: `true` (the floor), liveness and cached readiness, as an exec probe runs them.
-
-Results: bench/results/<time>.json and bench/results/latest.json.
+Each case is a whole process reaped by bench/spawn.c (wall time, CPU time of its tree, peak RSS).
+Each round runs every case once, so load from other work falls on all alike, and a case measured
+against another changes places with it every other round. The GPU is faked at the driver boundary,
+torch runs on the CPU, a real sshd and a real Jupyter Server listen on loopback; with a Docker
+engine and the test image, the rounds also `docker exec` into one container of it.
 """
 
 from __future__ import annotations
@@ -37,6 +32,7 @@ sys.path.insert(0, str(ROOT))  # for tests.servers
 RESULTS = ROOT / "bench" / "results"
 FAKE_NVML = ROOT / "tests" / "fakes" / "build" / "libnvidia-ml.so.1"
 IMAGE = os.environ.get("E2E_IMAGE", "gpu-dev:e2e")  # what make e2e builds
+LOGIN, CONFIG = ROOT / "docker" / "gpu-health-notice.sh", ROOT / "docker" / "ipython_kernel_config.py"
 CHILD_LIMIT = 180.0  # a case that takes longer is killed (the front door's own deadline comes first)
 READY_WAIT = 180.0  # for the container's first passing readiness run (Jupyter's start, torch cached)
 
@@ -47,15 +43,36 @@ FACTORS = {"liveness": 3.0, "readiness (torch cached)": 5.0,
 LIVENESS_RSS_MIB = 30.0
 # --vs: each must stay within BASELINE_SLACK of the baseline, by the median of per-round ratios.
 PAIRED, BASELINE_SLACK = ("liveness", "readiness (torch cached)"), 0.05
+NOTICE_MS = 5.0  # what a login's or a kernel's notice may add, median of per-round CPU differences
+NOTICES = {"unhealthy": "{now} 86400 unhealthy 10:42 UTC\nunhealthy since 10:40 UTC: nvml: GPU 0 is lost\n"
+           "not fixable from inside this container\n", "healthy": "{now} 86400 healthy 10:42 UTC\n"}
+# A kernel's start as IPython runs it, the shell already made: the hook's configuration (with), then
+# the first cell. It prints the CPU ms of that part alone: the interpreter's start would drown it.
+KERNEL = """
+import sys, time
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config.loader import PyFileConfigLoader
+shell = InteractiveShell.instance()
+t0 = time.process_time()
+if sys.argv[1] == "with":
+    config = PyFileConfigLoader("ipython_kernel_config.py", path=sys.argv[2]).load_config()
+    for line in config.InteractiveShellApp.exec_lines.get_value([]):
+        shell.run_cell(line, store_history=False)
+shell.run_cell("x = 1", store_history=True)
+print((time.process_time() - t0) * 1000)
+"""
 
 
-@dataclass
+@dataclass(eq=False)
 class Case:
     name: str
     argv: list[str]
     env: dict[str, str]
     floor: str = FLOOR
-    kind: str = "profile"  # floor, profile, baseline, docker exec
+    kind: str = "profile"  # floor, profile, baseline, docker exec, notice
+    pair: Case | None = None  # measured against it, round by round
+    own: bool = True  # CPU and RSS are the case's (not the docker client's)
+    own_cpu: bool = False  # its output's last word is its CPU ms
     samples: list[tuple[float, float, float, int, str]] = field(default_factory=list)
 
 
@@ -77,7 +94,8 @@ def measure(launcher: str, case: Case) -> tuple[float, float, float, int, str]:
     if len(fields) != 4:  # killed at CHILD_LIMIT: a failed run, not a measurement
         return (time.perf_counter() - start) * 1000, 0.0, 0.0, proc.returncode, f"no measurement\n{text}"
     wall_ns, cpu_us, rss_kib, code = map(int, fields)
-    return wall_ns / 1e6, cpu_us / 1e3, rss_kib / 1024, code, text
+    cpu = float(text.split()[-1]) if case.own_cpu and code == 0 else cpu_us / 1e3
+    return wall_ns / 1e6, cpu, rss_kib / 1024, code, text
 
 
 def probe_ms(out: str) -> dict[str, float]:
@@ -88,15 +106,6 @@ def probe_ms(out: str) -> dict[str, float]:
             with contextlib.suppress(ValueError):
                 found[parts[1]] = float(parts[2][:-1]) * 1000
     return found
-
-
-def compile_c(cc: str, work: Path) -> str:
-    """bench/spawn.c, and bench/nvidia-smi.c as the healthy nvidia-smi on PATH (a C program, as the
-    real one is: a script would add an interpreter's start)."""
-    for name in ("spawn", "nvidia-smi"):
-        source = ROOT / "bench" / f"{name}.c"
-        subprocess.run([cc, "-O2", "-o", str(work / "bin" / name), str(source)], check=True)
-    return str(work / "bin" / "spawn")
 
 
 def host_env(work: Path, py: str, stack: contextlib.ExitStack, services: dict[str, str]) -> dict[str, str]:
@@ -136,8 +145,7 @@ def host_env(work: Path, py: str, stack: contextlib.ExitStack, services: dict[st
 
 
 def start_container(stack: contextlib.ExitStack) -> tuple[str | None, str]:
-    """One container of the test image in its default configuration but the GPU layer (there is no
-    GPU), after its first passing readiness run (a torch, kernel and login result cached); or why not."""
+    """A container of the test image, GPU layer off, after its first passing readiness; or why not."""
     def docker(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["docker", *argv], capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -164,6 +172,29 @@ def start_container(stack: contextlib.ExitStack) -> tuple[str | None, str]:
     return name, IMAGE
 
 
+def reader(name: str, argv: list[str], without: list[str], env: dict[str, str], **kw: Any) -> list[Case]:
+    """A notice's reader and the same start without it, measured against each other."""
+    other = Case(f"{name}: without the reader", without, env, kind="notice", **kw)
+    return [Case(f"{name}: with the reader", argv, env, kind="notice", pair=other, **kw), other]
+
+
+def notice_cases(env: dict[str, str], py: str, work: Path, readiness: Case) -> list[Case]:
+    """What the notices cost: readiness without telling, a login and a kernel's start with the reader."""
+    (work / "run").mkdir()
+    person = {"PATH": "/usr/bin:/bin", "HOME": str(work), "IPYTHONDIR": str(work / "ipython")}
+    off = {**env, "HEALTHCHECK_NOTICES": "false"}
+    cases = [Case("readiness (torch cached), notices off", readiness.argv, off, pair=readiness)]
+    for state, text in NOTICES.items():
+        (work / "run" / state).write_text(text.format(now=int(time.time())))
+        bash = ["bash", "--noprofile", "--norc", "-i", "-c"]
+        cases += reader(f"login, {state}", [*bash, f". {LOGIN}"], [*bash, ":"],
+                        {**person, "HEALTHCHECK_NOTICE_FILE": str(work / "run" / state)})
+    person["HEALTHCHECK_NOTICE_FILE"] = str(work / "run" / "unhealthy")
+    kernel = [py, "-c", KERNEL]
+    return [*cases, *reader("kernel", [*kernel, "with", str(CONFIG.parent)], [*kernel, "without"], person,
+                            own_cpu=True)]
+
+
 def make_cases(args: argparse.Namespace, env: dict[str, str], py: str, work: Path,
                container: str | None) -> list[Case]:
     hc = str(ROOT / "healthcheck")
@@ -175,20 +206,45 @@ def make_cases(args: argparse.Namespace, env: dict[str, str], py: str, work: Pat
         base = Path(args.vs).resolve()
         twin = {**env, "HEALTHCHECK_PYTHON": str(base / ".venv" / "bin" / "python"),
                 "HEALTHCHECK_STATE_DIR": str(work / "state-baseline")}
-        cases += [Case(f"{c.name} @ baseline", [str(base / "healthcheck"), *c.argv[1:]], twin,
-                       kind="baseline") for c in cases if c.name in PAIRED]
+        for c in [c for c in cases if c.name in PAIRED]:
+            c.pair = Case(f"{c.name} @ baseline", [str(base / "healthcheck"), *c.argv[1:]], twin,
+                          kind="baseline")
+            cases.append(c.pair)
     if container:
         argv = ["docker", "exec", container]
-        cases += [Case(DOCKER_FLOOR, [*argv, "true"], dict(os.environ), DOCKER_FLOOR, "floor")]
+        cases += [Case(DOCKER_FLOOR, [*argv, "true"], dict(os.environ), DOCKER_FLOOR, "floor", own=False)]
         cases += [Case(f"docker exec: {c.name}", [*argv, "healthcheck", *c.argv[1:]], dict(os.environ),
-                       DOCKER_FLOOR, "docker exec") for c in cases if c.name in PAIRED]
+                       DOCKER_FLOOR, "docker exec", own=False) for c in cases if c.name in PAIRED]
+    cases += notice_cases(env, py, work, cases[3])
     # Last in a round, so that what a kernel start and a torch worker leave behind (page cache,
     # exiting processes) falls between no floor and its cases and between no pair.
     cases.append(Case("startup (torch fresh)", [hc, "--profile", "startup"], env))
     if args.cases:
         wanted = [w.strip() for w in args.cases.split(",")]
-        cases = [c for c in cases if c.kind == "floor" or any(w in c.name for w in wanted)]
+        keep = [c for c in cases if c.kind == "floor" or any(w in c.name for w in wanted)]
+        cases = [c for c in cases if c in keep or any(k.pair is c for k in keep)]
     return cases
+
+
+def swapped(cases: list[Case]) -> list[Case]:
+    """A round's order with each case and its pair changed places."""
+    out = list(cases)
+    for c in cases:
+        if c.pair in out:
+            i, j = out.index(c), out.index(c.pair)
+            out[i], out[j] = out[j], out[i]
+    return out
+
+
+def paired(c: Case) -> dict[str, dict[str, float]]:
+    """Against its pair, round by round: the median ratio, the median and p90 difference (ms)."""
+    out = {}
+    for i, k in enumerate(("wall", "cpu")[:2 if c.own else 1]):
+        a, b = ([s[i] for s in x.samples] for x in (c, c.pair))
+        diff = sorted(x - y for x, y in zip(a, b))
+        out[k] = {"ratio": statistics.median([x / y for x, y in zip(a, b) if y > 0]),
+                  "diff_ms": statistics.median(diff), "diff_p90_ms": diff[round(0.9 * (len(diff) - 1))]}
+    return out
 
 
 def record(c: Case) -> dict[str, Any]:
@@ -204,11 +260,12 @@ def record(c: Case) -> dict[str, Any]:
             "failures": len(bad), "first_failure": (bad[0][4].splitlines() or [""])[0] if bad else None,
             "probe_ms": probes, "sample_output": c.samples[-1][4][:1000],
             "summary": {"wall_ms_median": statistics.median(wall), "cpu_ms_median": statistics.median(cpu),
-                        "rss_mib_max": max(rss)}}
+                        "rss_mib_max": max(rss)},
+            **({"against": c.pair.name, "paired": paired(c)} if c.pair else {})}
 
 
 def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
-    """The table, each probe's own time, and the targets with their verdicts."""
+    """The table, each probe's own time, the pairs, and the targets with their verdicts."""
     def med(name: str) -> float:
         return float(results[name]["summary"]["wall_ms_median"])
 
@@ -216,9 +273,8 @@ def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[
     lines = [head, "-" * len(head)]
     for c in cases:
         r, s = results[c.name], results[c.name]["summary"]
-        own = c.kind != "docker exec" and c.name != DOCKER_FLOOR  # else cpu and rss are the docker client's
         lines.append(f"{c.name:<40}{s['wall_ms_median']:9.1f}{max(r['wall_ms']):8.1f}"
-                     + (f"{s['cpu_ms_median']:9.1f}{s['rss_mib_max']:9.1f}" if own else f"{'-':>9}{'-':>9}")
+                     + (f"{s['cpu_ms_median']:9.1f}{s['rss_mib_max']:9.1f}" if c.own else f"{'-':>9}{'-':>9}")
                      + f"{s['wall_ms_median'] / med(c.floor):8.2f}x  {','.join(map(str, r['exit_codes']))}")
     lines.append("(ms; cpu: user+sys of the process tree; rss: MiB, the largest process in the tree)")
     lines += [f"  ! {c.name}: {results[c.name]['failures']}/{len(c.samples)} runs failed: "
@@ -227,6 +283,10 @@ def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[
     lines += [f"  {c.name}: " + ", ".join(f"{p} {statistics.median(t):.0f}" for p, t in
                                           results[c.name]["probe_ms"].items())
               for c in cases if results[c.name]["probe_ms"]]
+    lines += ["", "paired, round by round: median difference (p90), median ratio:"]
+    lines += [f"  {c.name} - {c.pair.name}: " + "; ".join(
+        f"{k} {m['diff_ms']:+.1f} ms ({m['diff_p90_ms']:+.1f}), {m['ratio']:.3f}x"
+        for k, m in results[c.name]["paired"].items()) for c in cases if c.pair]
 
     targets = []
     for c in cases:
@@ -240,13 +300,15 @@ def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[
             rss = r["summary"]["rss_mib_max"]
             targets.append((f"liveness peak RSS < {LIVENESS_RSS_MIB:g} MiB", rss < LIVENESS_RSS_MIB,
                             f"max {rss:.1f} MiB"))
-        old = results.get(f"{c.name} @ baseline")
-        if old:
-            wall, cpu = (statistics.median([a / b for a, b in zip(r[k], old[k]) if b > 0])
-                         for k in ("wall_ms", "cpu_ms"))
+        wall, cpu = (r.get("paired", {}).get(k, {}) for k in ("wall", "cpu"))
+        if c.pair and c.pair.kind == "baseline":
             targets.append((f"{c.name} within {BASELINE_SLACK:.0%} of the baseline (median per-round ratio)",
-                            ok and max(wall, cpu) <= 1 + BASELINE_SLACK,
-                            f"wall {wall:.3f}, cpu {cpu:.3f} ({len(r['wall_ms'])} pairs)"))
+                            ok and max(wall["ratio"], cpu["ratio"]) <= 1 + BASELINE_SLACK,
+                            f"wall {wall['ratio']:.3f}, cpu {cpu['ratio']:.3f} ({len(r['wall_ms'])} pairs)"))
+        elif c.pair and c.kind == "notice" and c.own:
+            targets.append((f"{c.name}: at most {NOTICE_MS:g} ms of CPU over {c.pair.name!r}",
+                            ok and cpu["diff_ms"] <= NOTICE_MS,
+                            f"{cpu['diff_ms']:+.1f} ms (median of {len(r['cpu_ms'])} pairs)"))
     lines += ["", "targets:"] + [f"  {'MET    ' if met else 'NOT MET'}  {what}: {detail}"
                                  for what, met, detail in targets]
     return lines, [{"target": what, "met": met, "detail": detail} for what, met, detail in targets]
@@ -261,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=20, help="rounds: samples per case (default 20)")
     p.add_argument("--cases", help="only the cases whose names contain one of these (comma-separated); "
-                   "the floors always run")
+                   "their pairs and the floors run too")
     p.add_argument("--vs", metavar="DIR", help="a baseline checkout with its own .venv: liveness and cached "
                    "readiness run through its front door too, paired round by round")
     p.add_argument("--no-docker", action="store_true", help="skip the docker exec cases")
@@ -283,15 +345,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hcbench-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
         (work / "bin").mkdir()
-        launcher = compile_c(cc, work)
+        for name in ("spawn", "nvidia-smi"):  # the launcher, and the nvidia-smi on PATH
+            subprocess.run([cc, "-O2", "-o", str(work / "bin" / name), str(ROOT / "bench" / f"{name}.c")],
+                           check=True)
+        launcher = str(work / "bin" / "spawn")
         env = host_env(work, py, stack, services)
         container, docker = (None, "--no-docker") if args.no_docker else start_container(stack)
         cases = make_cases(args, env, py, work, container)
         load = [os.getloadavg()[0]]
         for c in cases:  # warm the page cache and the result caches: not measured
             measure(launcher, c)
-        for _ in range(args.runs):
-            for c in cases:
+        for i in range(args.runs):
+            for c in swapped(cases) if i % 2 else cases:
                 c.samples.append(measure(launcher, c))
         load.append(os.getloadavg()[0])
 

@@ -1,10 +1,6 @@
 /* spawn RESULT_FILE ARGV...: run ARGV (searched on PATH), reap it with wait4 and write
- * "wall_ns cpu_us maxrss_kib exit_code" to RESULT_FILE.
- *
- * Why C: Linux carries the RSS high-water mark of the process that forks into the child's
- * ru_maxrss (the forked copy of its memory counts until exec), so forked from the Python bench
- * every case would report the bench's own ~20 MiB. wait4 counts the child and every
- * descendant it reaped (bash -> python -> nvidia-smi / the torch worker). */
+ * "wall_ns cpu_us maxrss_kib exit_code" to RESULT_FILE. In C: a child forked from the Python
+ * bench would carry the bench's RSS in its ru_maxrss until it execs (docs/benchmark.md). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <sys/resource.h>

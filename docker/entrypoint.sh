@@ -2,41 +2,21 @@
 # Summary: start sshd and Jupyter (and healthcheck serve when asked) in the GPU dev image, and stop them cleanly
 #
 # Usage: gpu-dev-entrypoint [COMMAND [ARG...]]
-#   Without a command: generate SSH host keys at the first start, run sshd (keys only,
-#   no root login) and Jupyter (lab, or server when lab is absent) as the non-root user,
-#   with a token; with HEALTHCHECK_SERVE=true also `healthcheck serve` (HTTP probes and
-#   metrics) as root, like the exec probes. A TERM or INT (docker stop; tini forwards it)
-#   stops them all. On a read-only root (docker run --read-only --tmpfs /run) the host keys
-#   live in /run/ssh-host-keys. Started as another user than root (docker run --user 12345:0, an
-#   OpenShift UID), sshd is not started (it needs root) and Jupyter runs as that user.
-#   With a command: run it instead (e.g. `docker run -it IMAGE bash`).
-#
-# Environment:
-#   SSH_AUTHORIZED_KEYS        public keys (one per line) allowed to log in as the user
-#   SSH_AUTHORIZED_KEYS_FILE   a mounted authorized_keys file (default /run/secrets/authorized_keys)
-#   JUPYTER_TOKEN              the Jupyter token; generated when unset (never disabled, never logged)
-#   JUPYTER_PORT               Jupyter's port (default 8888); JUPYTER_RUNTIME_DIR is set by the image
-#   DEV_USER                   the user Jupyter runs as and SSH logs in to (default: the image's)
-#   HEALTHCHECK_SSH_PROBE_KEY  where to make the health check's own SSH key at each start (the image
-#                              sets it); unset: no probe principal, no probe login
-#   HEALTHCHECK_SSH_PROBE_USER the probe principal (default healthcheck), made when missing
-#   HEALTHCHECK_SERVE          true/false (1/0, yes/no, on/off; default false): run `healthcheck serve`
-#                              too (it reads HEALTHCHECK_SERVE_HOST, HEALTHCHECK_SERVE_PORT, ...)
+#   Without a command: SSH host keys for this container, sshd (keys only) and Jupyter as the
+#   user, with a token, and with HEALTHCHECK_SERVE=true `healthcheck serve` as root; a TERM or INT
+#   stops them all. With a command: run it instead (e.g. `docker run -it IMAGE bash`).
+#   The environment it reads (SSH_AUTHORIZED_KEYS, JUPYTER_TOKEN, DEV_USER, ...): docs/image.md.
 set -euo pipefail
 [ -n "${ENTRYPOINT_DEBUG:-}" ] && set -x
 
-log() {
-  echo "entrypoint: $*" >&2
-}
+log() { echo "entrypoint: $*" >&2; }
 
 abort() {
   log "$*"
   exit 1
 }
 
-if [ "$#" -gt 0 ]; then
-  exec "$@"
-fi
+[ "$#" -eq 0 ] || exec "$@"
 
 # The suite's boolean grammar (probes/config.py): anything else is a configuration error.
 case "$(printf '%s' "${HEALTHCHECK_SERVE:-false}" | tr '[:upper:]' '[:lower:]')" in
@@ -49,8 +29,7 @@ runtime_dir=${JUPYTER_RUNTIME_DIR:-/run/jupyter}
 port=${JUPYTER_PORT:-8888}
 ssh=1
 if [ "$(id -u)" -ne 0 ]; then
-  # An arbitrary UID (OpenShift; docker run --user), maybe without a passwd entry: Jupyter runs
-  # as it, in its HOME; sshd needs root and is not started.
+  # An arbitrary UID (OpenShift; docker run --user), maybe without a passwd entry: Jupyter runs as it.
   ssh=
   user=$(id -u)
   group=$(id -g)
@@ -67,9 +46,8 @@ sshd_args=()
 setup_ssh() {
   mkdir -p /run/sshd || abort "cannot create /run/sshd: a read-only root needs a writable /run (docker run --tmpfs /run)"
   chmod 0755 /run/sshd
-  # Host keys belong to the container, not the image: two containers never share them. On a
-  # read-only root they live in /run/ssh-host-keys (this container's tmpfs), not /etc/ssh.
-  # (ssh-keygen -A exits 0 even when it could not write a key: what it left is checked.)
+  # Host keys belong to the container, not the image: two containers never share them. (ssh-keygen
+  # -A exits 0 even when it could not write a key: what it left is checked.)
   local keys_dir=/etc/ssh key
   if [ -w /etc/ssh ]; then
     ssh-keygen -A >/dev/null
@@ -102,12 +80,8 @@ setup_ssh() {
     log "ssh: no authorized keys given (SSH_AUTHORIZED_KEYS or $keys_file): nobody can log in"
   fi
 
-  # The health check's own SSH login (the ssh-login probe; docs/image.md, "The SSH probe
-  # principal"): a principal with no password and no other use, whose key, made fresh at every
-  # start and readable by root only, may do nothing but run /bin/true from loopback. The key is
-  # never printed; its public half lives only in the principal's root-owned authorized_keys,
-  # under /run (a tmpfs on a read-only root). The image creates the principal; an image
-  # without it gets it here, where /etc/passwd is writable.
+  # The health check's own SSH login (docs/image.md, "The SSH probe principal"): a fresh key at
+  # every start, root's only and never printed, that may only run /bin/true from loopback.
   local probe_key=${HEALTHCHECK_SSH_PROBE_KEY:-} probe_user probe_home=/run/healthcheck-ssh-home
   if [ -n "$probe_key" ]; then
     probe_user=${HEALTHCHECK_SSH_PROBE_USER:-healthcheck}
@@ -149,8 +123,7 @@ else
   [ -d "$runtime_dir" ] || mkdir -m 0700 "$runtime_dir"
 fi \
   || abort "cannot create $runtime_dir: give the container a writable /run (docker run --tmpfs /run)"
-# A server killed without cleanup leaves its runtime file behind: the health check must
-# only ever see the live server's.
+# A server killed without cleanup leaves its runtime file: the health check must see the live one's.
 rm -f "$runtime_dir"/jpserver-*.json "$runtime_dir"/jpserver-*.html
 
 if [ -z "${JUPYTER_TOKEN:-}" ]; then
@@ -172,9 +145,7 @@ else
 fi
 
 # --- Run them all, stop them all ---------------------------------------------------------------
-sshd_pid=
-jupyter_pid=
-serve_pid=
+sshd_pid='' jupyter_pid='' serve_pid=''
 
 # shellcheck disable=SC2329  # invoked through the trap below
 stop() {
@@ -205,9 +176,8 @@ jupyter_argv=(jupyter "$app" --no-browser --ip=0.0.0.0 --port="$port" --ServerAp
 jupyter_pid=$!
 log "jupyter $app started as $user on port $port (pid $jupyter_pid)"
 
-# serve answers the kubelet's httpGet probes; it runs as root like the exec probes (it reads
-# Jupyter's runtime directory and ends what its runs leave behind), with the image's
-# environment. If it ends, /livez stops answering and the kubelet restarts the container.
+# serve runs as root like the exec probes (it reads Jupyter's runtime dir and ends what its runs
+# leave behind); if it ends, /livez stops answering and the kubelet restarts the container.
 if [ -n "$serve" ]; then
   healthcheck serve &
   serve_pid=$!
@@ -220,8 +190,7 @@ declare -A names=(["$jupyter_pid"]=jupyter)
 [ -z "$sshd_pid" ] || names["$sshd_pid"]=sshd
 [ -z "$serve_pid" ] || names["$serve_pid"]="healthcheck serve"
 while [ "${#names[@]}" -gt 0 ]; do
-  ended=
-  status=0
+  ended='' status=0
   wait -n -p ended "${!names[@]}" || status=$?
   [ -n "$ended" ] || break
   log "${names[$ended]} (pid $ended) ended with status $status; the health check will report it"

@@ -1,14 +1,10 @@
 # shellcheck shell=bash
 # Summary: at an interactive login, the health check's notice when the container is not healthy
 #
-# Installed as /etc/profile.d/gpu-health-notice.sh: login shells read it through /etc/profile.
-# Reads the one small file the health check publishes (HEALTHCHECK_NOTICE_FILE, default
-# /run/healthcheck-notice/notice; docs/image.md, "Notices") and prints one or two lines on stderr
-# when its verdict is unhealthy or stale, nothing when it is healthy. Bash and interactive shells
-# only; builtins and one stat, no set -e effect on the shell, nothing left defined in it. A file
-# that is not a regular file (a FIFO, a link), is larger than 4 KiB, is owned by another user than
-# root or the reader, or lies in a directory that another user can change, is ignored.
-# HEALTHCHECK_NOTICES=false shows nothing.
+# Installed as /etc/profile.d/gpu-health-notice.sh; its rules are docs/image.md's "Notices": bash
+# and interactive shells only, builtins and one stat, no set -e effect, nothing left defined; a
+# notice that is not a regular file of at most 4 KiB, owned by root or the reader, in a directory
+# no other user can change, is ignored.
 [ -n "${BASH_VERSION:-}" ] || return 0
 case $- in *i*) ;; *) return 0 ;; esac
 

@@ -1,17 +1,9 @@
 """The health check's notice in the first cell a person runs in a kernel (docs/image.md, "Notices").
 
-Installed as /etc/ipython/ipython_kernel_config.py, which IPython reads for every kernel besides the
-user's own configuration. Read as a configuration, it adds one line to the kernel's start
+Installed as /etc/ipython/ipython_kernel_config.py. Read as a configuration, it adds a start line
 (``exec_lines``) that runs this file again with the shell; run so, it registers a ``pre_run_cell``
-hook. On the person's first cell the hook reads the one small file the health check publishes
-(``HEALTHCHECK_NOTICE_FILE``, default /run/healthcheck-notice/notice), writes a short warning on
-stderr when the verdict is unhealthy or stale (nothing when healthy) and unregisters itself.
-
-It never raises into the user's code, reads nothing else, and leaves no name in the user's
-namespace. Cells that keep no history (the kernel's start lines, the health check's) and the health
-check's own cell (jupyter-kernel's, known by its source) are not the person's: the hook stays armed.
-``HEALTHCHECK_NOTICES=false`` shows nothing. A user configuration that sets ``exec_lines`` itself
-replaces this line (``.append`` keeps it).
+hook that shows the notice on the person's first cell and unregisters itself. It never raises into
+the user's code and leaves no name in the user's namespace.
 """
 
 import os
@@ -19,11 +11,7 @@ import stat
 import sys
 import time
 
-PATH = "/run/healthcheck-notice/notice"
 MAX_SIZE = 4096
-MAX_TEXT = 300
-OFF = ("false", "0", "no", "off")
-STATES = ("healthy", "starting", "unhealthy")
 CHECK_CELL = ("def _healthcheck(", "HEALTHCHECK-KERNEL-RESULT ")  # probes/services/jupyter_kernel.py
 
 
@@ -36,15 +24,14 @@ def ago(seconds):
 
 
 def shown(text):
-    return "".join(ch for ch in text if ch.isprintable())[:MAX_TEXT]
+    return "".join(ch for ch in text if ch.isprintable())[:300]
 
 
 def lines(text, now):
-    """The person's lines for a published notice read at ``now`` (epoch seconds): none when healthy
-    and fresh, or when the text is not a notice. The same lines as docker/gpu-health-notice.sh."""
+    """The person's lines at ``now`` (epoch seconds): docker/gpu-health-notice.sh's."""
     head, _, rest = text.partition("\n")
     parts = head.split(" ", 3)
-    if len(parts) < 3 or parts[2] not in STATES or not all(
+    if len(parts) < 3 or parts[2] not in ("healthy", "starting", "unhealthy") or not all(
             p.isascii() and p.isdigit() and len(p) <= 12 for p in parts[:2]):
         return []
     age = max(0, int(now) - int(parts[0]))
@@ -60,13 +47,13 @@ def lines(text, now):
     return out + [f"gpu-health: {s}" for s in said[1:] if s]
 
 
-def notice(environ=None, now=None):
-    """The lines to show now, read from the published notice; none when off, absent, or a file that
-    is not a regular file of root's or ours of at most MAX_SIZE bytes."""
+def notice(environ=None):
+    """The lines to show now; none when off, or from a file that is not a regular file of root's or
+    ours of at most MAX_SIZE bytes."""
     env = os.environ if environ is None else environ
-    if env.get("HEALTHCHECK_NOTICES", "").strip().lower() in OFF:
+    if env.get("HEALTHCHECK_NOTICES", "").strip().lower() in ("false", "0", "no", "off"):
         return []
-    fd = os.open(env.get("HEALTHCHECK_NOTICE_FILE") or PATH,
+    fd = os.open(env.get("HEALTHCHECK_NOTICE_FILE") or "/run/healthcheck-notice/notice",
                  os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -75,12 +62,10 @@ def notice(environ=None, now=None):
         data = os.read(fd, MAX_SIZE + 1)
     finally:
         os.close(fd)
-    return lines(data[:MAX_SIZE].decode("utf-8", "replace"), time.time() if now is None else now)
+    return lines(data[:MAX_SIZE].decode("utf-8", "replace"), time.time())
 
 
 def arm(shell):
-    """Register the hook that tells the person's first cell, then unregisters itself."""
-
     def first_cell(info=None):
         try:
             source = getattr(info, "raw_cell", None) or ""

@@ -1,11 +1,6 @@
-"""Render, schema-validate and policy-check the Kubernetes manifests, offline.
-
-The kustomizations render; every object validates strictly against the schemas shipped with
-kubernetes-validate; the probes follow docs/kubernetes.md ("Probe timings"); the container is
-locked down as far as sshd and Jupyter allow; the Prometheus Operator's objects (no schema ships
-for them) scrape serve and carry complete alerts. `python k8s/check_probes.py [PATH...]` checks
-kustomization directories or rendered files ('-': stdin), by default DEFAULT_PATHS. Exit status:
-0 all pass, 1 a problem (one line each: where, what, remedy), 3 a usage error or a missing tool.
+"""Render, schema-validate and policy-check the Kubernetes manifests, offline (docs/kubernetes.md):
+`python k8s/check_probes.py [PATH...]`, kustomization directories or rendered files ('-': stdin).
+Exit status: 0 all pass, 1 a problem (one line each: where, what, remedy), 3 a usage error.
 """
 
 from __future__ import annotations
@@ -22,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script from anywhere: the suite's own config is the source
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the suite's own config is the source
 
 from probes import deadlines, registry  # noqa: E402
 from probes.config import TRUE  # noqa: E402
@@ -111,8 +105,7 @@ def name_of(doc: dict[str, Any]) -> str:
 
 
 def schema_problems(docs: list[dict[str, Any]], where: str) -> list[str]:
-    """Strict validation against the shipped schemas (no network); the first version that refuses an
-    object names the problem. No schema ships for the operator's kinds: see monitoring_problems."""
+    """Strict validation against the shipped schemas, offline (none ships for the operator's kinds)."""
     from kubernetes_validate import utils as kv
 
     out = []
@@ -139,8 +132,7 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
 
 
 def serves(container: dict[str, Any], port: Any) -> bool:
-    """Whether the container's entrypoint runs `healthcheck serve` (HEALTHCHECK_SERVE=true, its command
-    left alone) on ``port``, a number or a port's name. A postStart hook or a sidecar does not count."""
+    """Whether the container's own entrypoint runs `healthcheck serve` on ``port`` (number or name)."""
     from probes import serve
 
     env, on = env_of(container), env_of(container).get("HEALTHCHECK_SERVE_PORT", "").strip()

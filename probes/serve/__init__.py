@@ -1,9 +1,5 @@
-"""`healthcheck serve`: HTTP health endpoints and Prometheus metrics from a monitor's runs in child
-processes (docs/architecture.md, "Serve"; docs/serve.md).
-
-Its declarations live here, as a layer's do: its settings (``ServeSettings``, read with
-probes.config's parsers, flags over environment over defaults, by ``probes.serve.cli.load``) and
-the causes of the checks it adds to a run's report (``CAUSES``); ``make docs`` lists both.
+"""`healthcheck serve` (docs/serve.md): its declarations, as a layer's package holds them: its
+settings, read by ``probes.serve.cli.load``, and the causes of the checks it adds to a report.
 """
 
 from __future__ import annotations
@@ -23,16 +19,13 @@ MIN_INTERVAL, MAX_INTERVAL = 0.25, 86400.0
 MIN_SAMPLE = 0.1  # seconds between clock-reason readings, or 0 (off): NVML is read this often at most
 HOST_FORMS = ("an IPv4 or IPv6 address of this machine, e.g. 127.0.0.1 or ::1 (0.0.0.0 or :: for every "
               "interface), or localhost for 127.0.0.1")
-# From NVIDIA's Xid catalog: the Xids whose immediate action resets the GPU or restarts the machine
-# latch; RESTART_APP (the application's errors, possibly another tenant's) warn. The rest of the
-# catalog is in neither list: IGNORE is counted only, every other action warns with its advice.
+# The catalog's Xids that latch (a GPU reset or a restart) and that warn (RESTART_APP): docs/serve.md.
 CRITICAL_XIDS = frozenset(x for x in xids.CATALOG if xids.bucket(x).severity == xids.CRITICAL)
 APPLICATION_XIDS = frozenset(x for x in xids.CATALOG if xids.bucket(x).severity == xids.APPLICATION)
 
 
 def parse_address(text: str) -> str:
-    """An address literal, bound as written: never a name to resolve (its answer could change, or be
-    every interface), nor a scoped one; ``localhost`` is 127.0.0.1."""
+    """An address literal, never a name to resolve (its answer could change, or be every interface)."""
     import ipaddress
 
     if text.lower() == "localhost":

@@ -1,11 +1,9 @@
-"""`healthcheck serve`: its settings, logging, start-up and a clean stop (docs/serve.md).
-
-A stop ends every descendant (serve is the child subreaper) before the exit status 0.
-"""
+"""`healthcheck serve`: settings, logging, start-up, and a stop that ends every descendant (docs/serve.md)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import os
@@ -25,7 +23,6 @@ if TYPE_CHECKING:
     from typing import IO, Any, NoReturn
 
 log = logging.getLogger("healthcheck.serve")
-STOP_GRACE = 1.0  # seconds a monitor run gets after SIGTERM before SIGKILL
 FLAGS = {"host": "--host", "port": "--port", "intervals": "--interval"}  # a setting's field: its flag
 ROWS = {row.field: row for row in ServeSettings.SETTINGS}
 XID_LISTS = ("xid_critical", "xid_application", "xid_ignore")
@@ -33,9 +30,8 @@ XID_LISTS = ("xid_critical", "xid_application", "xid_ignore")
 
 def load(environ: Mapping[str, str] | None = None, **flags: str | None
          ) -> tuple[ServeSettings, dict[str, cfg.Config]]:
-    """serve's settings (flags, by field, over the environment over the defaults; intervals merge
-    profile by profile) and the probes' configuration of each profile the monitor runs, all
-    validated now: a typo fails at start, not in every scheduled run."""
+    """serve's settings (flags by field; intervals merge profile by profile) and the probes'
+    configuration of each profile, all validated now: a typo fails at start, not in every run."""
     env = os.environ if environ is None else environ
     configs = {p: cfg.load(env, profile=p) for p in PROFILES}
     values: dict[str, Any] = {}
@@ -83,9 +79,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def setup_logging(log_file: str | None) -> IO[Any] | None:
-    """Log to HEALTHCHECK_LOG_FILE when set and usable, else stderr; returns the stream for the
-    watcher child's stderr (None: ours). A log file that cannot be used (a FIFO, a directory, a
-    link, a full device) never stops or blocks serve: one line on stderr says so."""
+    """Log to HEALTHCHECK_LOG_FILE when it is usable, else stderr (one line says why); returns the
+    stream for the watcher child's stderr (None: ours)."""
     from probes import logfile
 
     logger = logging.getLogger("healthcheck")
@@ -95,10 +90,9 @@ def setup_logging(log_file: str | None) -> IO[Any] | None:
         handler, why = logfile.attach(logger, log_file, fmt, on_error=lambda why: _stderr_line(
             f"healthcheck serve: writing the log file failed ({why}); later log lines are lost"))
         if handler is not None:
-            try:
+            with contextlib.suppress(OSError):
                 return logfile.open_append(log_file)
-            except OSError:
-                return None
+            return None
         _stderr_line(f"healthcheck serve: {why}: logging to stderr instead")
     to_stderr = logging.StreamHandler(sys.stderr)
     to_stderr.setFormatter(logging.Formatter(fmt))
@@ -109,10 +103,8 @@ def setup_logging(log_file: str | None) -> IO[Any] | None:
 def _stderr_line(line: str) -> None:
     from probes.untrusted import clean
 
-    try:
+    with contextlib.suppress(OSError):
         os.write(2, (clean(line, 400) + "\n").encode("utf-8", "backslashreplace"))
-    except OSError:
-        pass
 
 
 def serve(argv: Sequence[str]) -> int:
@@ -132,7 +124,7 @@ def serve(argv: Sequence[str]) -> int:
             raise
         raise ConfigError("serve needs prometheus-client (accepted: pip install 'gpu-healthcheck[serve]')"
                           ) from None
-    from probes.serve.monitor import Monitor
+    from probes.serve.monitor import STOP_GRACE, Monitor
     from probes.state import State
 
     state = State.open(configs["readiness"].state_dir)
@@ -168,7 +160,9 @@ def serve(argv: Sequence[str]) -> int:
     server.server_close()
     # SIGTERM, then SIGKILL, every descendant: the runs, their workers, the watcher, their orphans.
     proc.end_descendants(STOP_GRACE)
-    monitor.join(max(0.5, 3.0 - (time.monotonic() - t0)))
+    end = time.monotonic() + max(0.5, 3.0 - (time.monotonic() - t0))
+    for thread in monitor.threads:
+        thread.join(max(0.0, end - time.monotonic()))
     proc.end_descendants(0.2)  # a run that started while we were stopping
     log.info("stopped in %.2f s", time.monotonic() - t0)
     return 0
@@ -188,7 +182,3 @@ def main(argv: Sequence[str]) -> int:
         logging.getLogger("healthcheck").exception("serve: internal error")
         _stderr_line(f"healthcheck serve: internal error ({type(exc).__name__}); details in the log")
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

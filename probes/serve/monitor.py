@@ -1,16 +1,10 @@
-"""The monitor: runs each profile on its schedule in a child process and watches NVML events in
-another, keeping the latest of both in memory for the endpoints (docs/serve.md).
-
-A run is ``python -m probes --json --profile P`` under a deadline (probes.proc.run): a wedged GPU
-only makes that profile's result stale, never a handler wait. Serve is the child subreaper, so what a
-run leaves behind is re-parented to it, with the run's marker, and proc.run's sweep ends it. The
-watcher (probes/serve/xid_watch.py) is long-lived: proc.spawn starts it, a thread reads its lines,
-proc.end ends it with what it started; one that fails is started again after a pause.
+"""The monitor (docs/serve.md): each profile's run on its schedule, a child under a deadline, so a
+wedged GPU only makes that result stale; and the watcher child (``python -m probes.serve.monitor``),
+which prints NVML's events as they come. The latest of both is kept in memory for the endpoints.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -35,9 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("healthcheck.serve")
 MAX_EVENTS = 50  # the latest NVML events the endpoints are told of
-DEEP_PROBE = "torch-cuda"
 RESTART_PAUSE = 30.0  # before a watcher that failed is started again
-STOP_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for the watcher
+STOP_GRACE = 1.0  # seconds between SIGTERM and SIGKILL: the watcher, and at a stop every descendant
 KINDS = ("xid", "ecc-single", "ecc-double")
 COUNTED_ONLY = {"corrected": "", "ignored": " (ignored: HEALTHCHECK_XID_IGNORE)",
                 "no-action": " (NVIDIA's Xid catalog: no action)"}
@@ -76,7 +69,7 @@ class Monitor:
         self.child: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.snap = dataclasses.replace(self.snap, latch=self.state.latch())
+        self.snap = self.snap._replace(latch=self.state.latch())
         self.threads = [threading.Thread(target=self._schedule, args=(p,), daemon=True) for p in PROFILES]
         if self.settings.xid_watch:
             self.threads.append(threading.Thread(target=self._watch, daemon=True))
@@ -89,11 +82,6 @@ class Monitor:
             self.stop.set()
         if self.child is not None:
             proc.end(self.child, grace=STOP_GRACE)
-
-    def join(self, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        for t in self.threads:
-            t.join(max(0.0, end - time.monotonic()))
 
     def _schedule(self, profile: str) -> None:
         while not self.stop.is_set():
@@ -110,17 +98,14 @@ class Monitor:
             self.record(run)
             self.stop.wait(self.settings.intervals[profile])
 
-    def argv(self, profile: str) -> list[str]:
+    def run_once(self, profile: str) -> Run:
         # A server started isolated (-I, as the front door does) keeps its runs isolated too.
-        python = self.settings.python or sys.executable
+        python, budget = self.settings.python or sys.executable, self.deadlines[profile]
         argv = [python, *(["-I"] if sys.flags.isolated and python == sys.executable else []),
                 "-m", "probes", "--json", "--profile", profile]
-        deep = self.settings.deep or not PROFILE_RULES[profile].spawns_worker
-        return argv if deep else [*argv, "--skip", DEEP_PROBE]
-
-    def run_once(self, profile: str) -> Run:
+        if not self.settings.deep and PROFILE_RULES[profile].spawns_worker:
+            argv += ["--skip", "torch-cuda"]
         started, t0 = time.time(), time.monotonic()
-        argv, budget = self.argv(profile), self.deadlines[profile]
         done = proc.run(argv, deadline=t0 + budget, env=self.env)
         finished, mono = time.time(), time.monotonic()
 
@@ -153,15 +138,14 @@ class Monitor:
         latch = self.state.latch()
         with self.lock:
             s = self.snap
-            self.snap = dataclasses.replace(
-                s, runs={**s.runs, run.profile: run}, startup_passed=run if once else s.startup_passed,
-                latch=self.xid_latch or latch, runs_total={**s.runs_total, key: s.runs_total.get(key, 0) + 1},
-                last_success={**s.last_success, **passed})
+            self.snap = s._replace(runs={**s.runs, run.profile: run}, latch=self.xid_latch or latch,
+                                   startup_passed=run if once else s.startup_passed,
+                                   runs_total={**s.runs_total, key: s.runs_total.get(key, 0) + 1},
+                                   last_success={**s.last_success, **passed})
         log.info("monitor: %s %s in %.2f s%s", run.profile, run.status, run.duration,
                  f" ({run.reason})" if run.reason else "")
 
     def add_event(self, event: XidEvent) -> None:
-        """An NVML event from the watcher; a critical one latches unhealthy."""
         said = event.describe() + (f": {event.advice()}" if event.kind == "xid" else "")
         code = f"xid-{event.data}" if event.kind == "xid" else event.kind
         key = (str(event.gpu), event.kind, str(event.data) if event.kind == "xid" else "", event.severity)
@@ -171,8 +155,8 @@ class Monitor:
                 self.xid_latch = {"source": "xid", "code": code, "reason": said, "time": event.time}
             s = self.snap
             counts = {**s.event_counts, key: s.event_counts.get(key, 0) + 1}
-            self.snap = dataclasses.replace(s, events=(*s.events[1 - MAX_EVENTS:], event),
-                                            event_counts=counts, latch=self.xid_latch or s.latch)
+            self.snap = s._replace(events=(*s.events[1 - MAX_EVENTS:], event), event_counts=counts,
+                                   latch=self.xid_latch or s.latch)
         if event.severity in COUNTED_ONLY:
             log.info("NVML event: %s%s", said, COUNTED_ONLY[event.severity])
         elif event.severity != xids.CRITICAL:
@@ -184,13 +168,12 @@ class Monitor:
                           "probes will not see it, and a restart of serve forgets it", self.state.problem)
 
     def _slowdown_reading(self, gpu: int, when: float) -> None:
-        """One reading of HW slowdown or power brake; the view judges them by rate over a window."""
         now = time.time()
         with self.lock:
             s = self.snap
             times = tuple(t for t in (*s.slowdown.get(gpu, ()), when) if now - t < view.SLOWDOWN_WINDOW)
             times = times[-4096:]
-            self.snap = dataclasses.replace(s, slowdown={**s.slowdown, gpu: times})
+            self.snap = s._replace(slowdown={**s.slowdown, gpu: times})
         verdict = view.slowdown_window(times, now)
         if verdict.warn != (gpu in self.slowing):  # said when it starts and when it ends
             self.slowing ^= {gpu}
@@ -201,11 +184,11 @@ class Monitor:
 
     def _set_watcher(self, state: str) -> None:
         with self.lock:
-            self.snap = dataclasses.replace(self.snap, watcher=state)
+            self.snap = self.snap._replace(watcher=state)
 
     def _watch(self) -> None:
-        argv = [sys.executable, *(["-I"] if sys.flags.isolated else []), "-m", "probes.serve.xid_watch",
-                "--wait-ms", "500", "--sample-s", f"{self.settings.slowdown_sample:g}"]
+        argv = [sys.executable, *(["-I"] if sys.flags.isolated else []), "-m", "probes.serve.monitor",
+                f"{self.settings.slowdown_sample:g}"]
         while True:
             with self.lock:
                 if self.stop.is_set():
@@ -230,7 +213,7 @@ class Monitor:
             self._set_watcher("starting")  # "running" once the child has registered for events
 
     def _read(self, child: subprocess.Popen[bytes]) -> str:
-        """The watcher's lines (probes/serve/xid_watch.py) until it closes its output; why it ended."""
+        """The watcher's lines (``watch`` below) until it closes its output; why it ended."""
         assert child.stdout is not None
         outcome = "ended"
         for raw in child.stdout:
@@ -259,3 +242,44 @@ class Monitor:
                 outcome = f"error {squeeze(obj.get('reason'), 40)}"
         child.stdout.close()
         return outcome
+
+
+def watch(sample_s: float) -> int:
+    """The watcher child, its own process as an NVML call can hang: a JSON line for each NVML event
+    (a Xid is seen only by a process registered when it happens). Lines: ``started``, ``event`` (gpu,
+    uuid, kind: xid, ecc-single, ecc-double, or slowdown: a reading of HW slowdown or power brake
+    every ``sample_s``; data, time), ``unavailable`` (reason, message) or ``error`` (reason)."""
+    import signal
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(levelname)s %(name)s %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+
+    def emit(**line: Any) -> None:
+        sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+
+    from probes.hardware import nvml_lib
+
+    try:
+        events = nvml_lib.watch_events(stop, 500, sample_s)
+        emit(type="started")
+        for ev in events:
+            emit(type="event", gpu=ev.gpu_index, uuid=ev.uuid, kind=ev.kind, data=ev.data, time=time.time())
+    except nvml_lib.NvmlUnavailable as exc:
+        log.warning("NVML events unavailable: %s", exc.message)
+        emit(type="unavailable", reason=exc.reason, message=exc.message)
+    except BrokenPipeError:
+        pass  # serve went away
+    except Exception as exc:
+        log.exception("NVML event watch failed")
+        code = nvml_lib.error_code(exc) if nvml_lib.is_nvml_error(exc) else None
+        emit(type="error", reason="internal-error" if code is None else nvml_lib.describe(code).cause.reason)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(watch(float(sys.argv[1])))

@@ -1,18 +1,14 @@
-"""What the endpoints answer: pure functions over the monitor's snapshots (docs/serve.md).
-
-A run yields a health+json report, rebuilt from known fields (child output that is not a report is
-never passed through), or a reason code saying why not. An endpoint adds serve's own checks to the
-report's (the result's age, recent Xids, sustained slowdown, the latch): the worst check decides, and
-the latch, then the result's age, then the report's first failure says why.
+"""What the endpoints answer: pure functions over the monitor's snapshots (docs/serve.md). A child's
+report is rebuilt from known fields, never passed through; serve's own checks join its checks.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 
 from probes import __version__, serve
+from probes.record import Record
 from probes.report import check_entry, iso_time, public_facts
 from probes.spec import PROFILE_RULES, Cause
 from probes.untrusted import load_json, squeeze
@@ -26,9 +22,7 @@ CHECK_KEYS = ("componentId", "componentType", "layer", "status", "observedValue"
 STATUSES = ("pass", "warn", "fail")
 FIRST_TO_TELL = {"latch:state": 2, "serve:result-age": 1}  # why a verdict fails: these before the report's
 XID_WARN = 600.0  # an application or other Xid warns this long after it was seen
-# Hardware slowdown and power brake are judged by rate, never by one reading: a GPU warns when the
-# last SLOWDOWN_WINDOW seconds hold SLOWDOWN_PER_MINUTE readings a minute or more.
-SLOWDOWN_WINDOW = 600.0
+SLOWDOWN_WINDOW = 600.0  # seconds of readings that judge a GPU's slowdown, by rate, never by one
 SLOWDOWN_PER_MINUTE = 0.5
 
 
@@ -55,8 +49,7 @@ def _rebuilt(entry: Any) -> dict[str, Any] | None:
 
 
 def parse_report(stdout: bytes) -> dict[str, Any] | None:
-    """The report a ``--json`` run printed (status, output, notes, checks, skipped), rebuilt from
-    known fields; None when it is not one."""
+    """The report a ``--json`` run printed, rebuilt from known fields; None when it is not one."""
     try:
         data = load_json(stdout)  # bounded nesting, finite numbers
     except ValueError:
@@ -78,10 +71,7 @@ def parse_report(stdout: bytes) -> dict[str, Any] | None:
             if isinstance(skipped, dict) else {}}
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """One finished run of a profile."""
-
+class Run(Record):
     profile: str
     started: float  # wall clock
     finished: float  # wall clock
@@ -99,8 +89,7 @@ class Run:
         return self.report["status"] if self.report is not None else "fail"
 
 
-@dataclasses.dataclass(frozen=True)
-class XidEvent:
+class XidEvent(Record):
     time: float  # wall clock
     gpu: int | None
     uuid: str
@@ -129,30 +118,25 @@ class XidEvent:
             f" ({self.uuid})" if self.uuid else "")
 
 
-@dataclasses.dataclass(frozen=True)
-class SlowdownVerdict:
+class SlowdownVerdict(Record):
     events: int  # readings with HW slowdown or power brake in the window
     per_minute: float
     warn: bool
 
     def describe(self, gpu: int) -> str:
-        """What serve's log and its endpoints say of a GPU's slowdown readings."""
         return (f"GPU {gpu}: hardware slowdown or power brake in {self.events} readings over the last "
                 f"{SLOWDOWN_WINDOW / 60:g} min ({self.per_minute:.1f}/min, warns at "
                 f"{SLOWDOWN_PER_MINUTE:g}/min)")
 
 
-def slowdown_window(times: Sequence[float], now: float, window: float = SLOWDOWN_WINDOW,
-                    per_minute: float = SLOWDOWN_PER_MINUTE) -> SlowdownVerdict:
-    """The slowdown verdict at ``now`` from the times of slowdown readings."""
-    recent = sum(1 for t in times if now - window < t <= now)
-    rate = recent / (window / 60.0)
-    return SlowdownVerdict(recent, rate, recent > 1 and rate >= per_minute)
+def slowdown_window(times: Sequence[float], now: float) -> SlowdownVerdict:
+    recent = sum(1 for t in times if now - SLOWDOWN_WINDOW < t <= now)
+    rate = recent / (SLOWDOWN_WINDOW / 60.0)
+    return SlowdownVerdict(recent, rate, rate >= SLOWDOWN_PER_MINUTE)
 
 
-@dataclasses.dataclass(frozen=True)
-class Snapshot:
-    """Everything an endpoint or a scrape needs: the monitor publishes a new one for every change."""
+class Snapshot(Record):
+    """What an endpoint or a scrape reads: the monitor publishes a new one for every change."""
 
     runs: Mapping[str, Run]
     startup_passed: Run | None
@@ -239,22 +223,17 @@ def _fold(checks: Mapping[str, Sequence[Mapping[str, Any]]], floor: str = "pass"
     """Status, reason and output of the checks: the worst wins, the first to tell says why."""
     entries = [checks[k][0] for k in sorted(checks, key=lambda k: -FIRST_TO_TELL.get(k, 0)) if checks[k]]
     status = max([floor, *(e["status"] for e in entries)], key=STATUSES.index)
-    for wanted in ("fail", "warn"):
-        for e in entries:
-            if e["status"] == wanted:
-                why = (e.get("reason") or "fail") if wanted == "fail" else None
-                return status, why, e.get("output") or ""
+    for e in sorted(entries, key=lambda e: -STATUSES.index(e["status"])):  # the first fail, else warn
+        if e["status"] != "pass":
+            why = (e.get("reason") or "fail") if e["status"] == "fail" else None
+            return status, why, e.get("output") or ""
     return status, None, ""
 
 
 def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating: bool = True,
             only: str | None = None, exclude: Sequence[str] = ()) -> tuple[int, dict[str, Any]]:
-    """The HTTP status and the health+json body of the endpoint for ``profile``.
-
-    ``only`` keeps one check (``/readyz/<name>``; UnknownCheck when there is none, unless the run has
-    no report: then it fails with the run's reason); ``exclude`` leaves checks out (``?exclude=``).
-    What is left decides again, unless there is no fresh report: nothing turns that into a pass.
-    """
+    """The HTTP status and health+json body of ``profile``'s endpoint. What ``only`` or ``exclude``
+    leave decides again, unless there is no fresh report: nothing turns that into a pass."""
     sticky = PROFILE_RULES[profile].once and snap.startup_passed is not None
     run = snap.startup_passed if sticky else snap.runs.get(profile)
     report = run.report if run is not None else None
@@ -291,8 +270,7 @@ def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating
 
 
 def verbose_text(endpoint: str, body: Mapping[str, Any]) -> str:
-    """The Kubernetes API server's ``?verbose`` form: ``[+]name ok`` / ``[-]name failed: reason`` per
-    check, then ``<endpoint> check passed`` (or ``failed``)."""
+    """The Kubernetes API server's ``?verbose`` form, a line per check, then the verdict."""
     lines = []
     for key, entries in body.get("checks", {}).items():
         e = entries[0] if entries else {"status": "fail"}
