@@ -22,34 +22,17 @@ MAX_MIB = 2**44  # NVML gives bytes as an unsigned 64-bit number: every MiB coun
 
 
 class Gpu(Record):
-    __slots__ = ("index", "uuid", "free_mib", "total_mib")
-
-    index: int  # type: ignore[assignment]  # NVML's index, as nvidia-smi shows it
+    index: int  # NVML's index, as nvidia-smi shows it
     uuid: str
     free_mib: int | None  # None: NVML did not say
     total_mib: int | None
 
-    def __init__(self, index: int, uuid: str, free_mib: int | None, total_mib: int | None) -> None:
-        self.index = index
-        self.uuid = uuid
-        self.free_mib = free_mib
-        self.total_mib = total_mib
-
 
 class Room(Record):
-    __slots__ = ("need_mib", "allowed", "full", "unknown")
-
     need_mib: int
-    allowed: tuple[Gpu, ...]  # the GPUs the worker may use
-    full: tuple[Gpu, ...]  # not checked: the workload holds the memory
-    unknown: str | None  # why NVML could not say, when it could not (then nothing is held back)
-
-    def __init__(self, need_mib: int, allowed: tuple[Gpu, ...] = (), full: tuple[Gpu, ...] = (),
-                 unknown: str | None = None) -> None:
-        self.need_mib = need_mib
-        self.allowed = allowed
-        self.full = full
-        self.unknown = unknown
+    allowed: tuple[Gpu, ...] = ()  # the GPUs the worker may use
+    full: tuple[Gpu, ...] = ()  # not checked: the workload holds the memory
+    unknown: str | None = None  # why NVML could not say, when it could not (then nothing is held back)
 
     @property
     def visible(self) -> str | None:

@@ -1,6 +1,6 @@
 """What the hardware probes share: the expected GPU count, the causes nvidia-smi and NVML report
-alike (and NVML's own, which ``nvml_lib`` raises), a judge's list of problems folded into one result,
-and the nvml probe's facts as the probes above read them (``seen``)."""
+alike (and NVML's own, which ``nvml_lib`` raises), a judge's problems folded into one result, and the
+nvml probe's facts as the probes above read them (``seen``)."""
 
 from __future__ import annotations
 
@@ -95,19 +95,11 @@ NVML_ERROR = cause("nvml-error", "another NVML error code", CHECK_DRIVER, action
 
 
 class Problem(Record):
-    """What a judge found: the cause, and the detail it observed (``remedy=False`` where the detail
-    already names what to do)."""
-
-    __slots__ = ("cause", "detail", "remedy")
+    """What a judge found (``remedy=False`` where the detail already names what to do)."""
 
     cause: Cause
     detail: str
-    remedy: bool
-
-    def __init__(self, cause: Cause, detail: str, remedy: bool = True) -> None:
-        self.cause = cause
-        self.detail = detail
-        self.remedy = remedy
+    remedy: bool = True
 
     def result(self, name: str, **kw: Any) -> Result:
         return verdict(name, self.cause, self.detail, remedy=self.remedy, **kw)
@@ -127,40 +119,21 @@ def worst(name: str, problems: list[Problem], facts: dict[str, Any], **kw: Any) 
 # ---- the nvml probe's facts, as the probes above it read them ----
 
 class SeenGpu(Record):
-    __slots__ = ("index", "uuid", "compute_mode", "persistence", "processes")
-
     index: int | None
     uuid: str
     compute_mode: str
     persistence: bool | None
     processes: tuple[tuple[int, str, bool], ...]  # (pid, name, whether an MPS client)
 
-    def __init__(self, index: int | None, uuid: str, compute_mode: str, persistence: bool | None,
-                 processes: tuple[tuple[int, str, bool], ...]) -> None:
-        self.index = index
-        self.uuid = uuid
-        self.compute_mode = compute_mode
-        self.persistence = persistence
-        self.processes = processes
-
 
 class Seen(Record):
     """What the nvml probe of this run saw. ``Result.facts`` stays the JSON mapping (``-v``,
     health+json); :func:`seen` reads it once, and whatever does not have its type is left out."""
 
-    __slots__ = ("ok", "count", "cuda_driver", "gpus")
-
     ok: bool  # the probe passed or warned
     count: int | None  # the devices CUDA enumerates (MIG devices for a GPU in MIG mode)
     cuda_driver: str | None  # the highest CUDA version the driver supports: "12.4"
     gpus: tuple[SeenGpu, ...]
-
-    def __init__(self, ok: bool, count: int | None, cuda_driver: str | None,
-                 gpus: tuple[SeenGpu, ...]) -> None:
-        self.ok = ok
-        self.count = count
-        self.cuda_driver = cuda_driver
-        self.gpus = gpus
 
 
 def _int(value: Any, low: int = 0, high: int = 2**31) -> int | None:

@@ -56,16 +56,9 @@ STUCK = cause("stuck", "still there after SIGKILL (uninterruptible sleep); "
 
 
 class Code(Record):
-    __slots__ = ("documented", "means", "cause")
-
     documented: str  # NVIDIA's words for the code
     means: str  # what it means for a container: the message's detail
     cause: Cause
-
-    def __init__(self, documented: str, means: str, cause: Cause) -> None:
-        self.documented = documented
-        self.means = means
-        self.cause = cause
 
 
 def _own(number: int, reason: str, documented: str, means: str, remedy: str, *, action: str, actor: str,

@@ -130,99 +130,42 @@ SPEC = Spec(
 class Gpu(Record):
     """What NVML said about one GPU. ``error`` is set when the GPU cannot be queried at all."""
 
-    __slots__ = ("index", "error", "name", "uuid", "memory_total_mib", "ecc_uncorrected_volatile",
-                 "retired_pending", "remap_pending", "remap_failure", "clocks_event_reasons", "temperature",
-                 "slowdown_temperature", "compute_mode", "processes", "mig_enabled", "mig_devices",
-                 "mps_processes", "denied", "unsupported", "field_errors", "recovery_action", "fabric",
-                 "persistence", "pcie", "utilization", "nvlinks", "nvlink_errors_rising")
-
-    index: int  # type: ignore[assignment]  # a field, shadowing tuple.index() on purpose
-    error: int | None
-    name: str
-    uuid: str
-    memory_total_mib: Value
-    ecc_uncorrected_volatile: Value
-    retired_pending: Value
-    remap_pending: Value
-    remap_failure: Value
-    clocks_event_reasons: Value
-    temperature: Value
-    slowdown_temperature: Value
-    compute_mode: str
-    processes: tuple[tuple[int, str], ...]
-    mig_enabled: Value
-    mig_devices: tuple[tuple[str, str], ...]  # (uuid, name)
-    mps_processes: tuple[tuple[int, str], ...]  # MPS clients (pid, name)
-    denied: tuple[str, ...]  # fields NVML refused (NO_PERMISSION): not checked
-    unsupported: tuple[str, ...]  # fields the GPU or driver does not have: not judged
-    field_errors: tuple[tuple[str, int], ...]  # (field, NVML code) of supported fields that failed
-    recovery_action: Value  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-    fabric: Value  # (state, status) on NVSwitch systems
-    persistence: Value
-    pcie: tuple[Value, ...]  # current gen, current width, max gen, max width
-    utilization: Value  # percent
-    nvlinks: tuple[int, ...]  # 1 active / 0 down per link; () without NVLink
-    nvlink_errors_rising: tuple[int, ...]  # links whose error counters rose between two readings
-
-    def __init__(self, index: int, error: int | None = None, name: str = "", uuid: str = "",
-                 memory_total_mib: Value = NA, ecc_uncorrected_volatile: Value = NA,
-                 retired_pending: Value = NA, remap_pending: Value = NA, remap_failure: Value = NA,
-                 clocks_event_reasons: Value = NA, temperature: Value = NA, slowdown_temperature: Value = NA,
-                 compute_mode: str = NA, processes: tuple[tuple[int, str], ...] = (), mig_enabled: Value = NA,
-                 mig_devices: tuple[tuple[str, str], ...] = (),
-                 mps_processes: tuple[tuple[int, str], ...] = (), denied: tuple[str, ...] = (),
-                 unsupported: tuple[str, ...] = (), field_errors: tuple[tuple[str, int], ...] = (),
-                 recovery_action: Value = NA, fabric: Value = NA, persistence: Value = NA,
-                 pcie: tuple[Value, ...] = (NA, NA, NA, NA), utilization: Value = NA,
-                 nvlinks: tuple[int, ...] = (), nvlink_errors_rising: tuple[int, ...] = ()) -> None:
-        self.index = index
-        self.error = error
-        self.name = name
-        self.uuid = uuid
-        self.memory_total_mib = memory_total_mib
-        self.ecc_uncorrected_volatile = ecc_uncorrected_volatile
-        self.retired_pending = retired_pending
-        self.remap_pending = remap_pending
-        self.remap_failure = remap_failure
-        self.clocks_event_reasons = clocks_event_reasons
-        self.temperature = temperature
-        self.slowdown_temperature = slowdown_temperature
-        self.compute_mode = compute_mode
-        self.processes = processes
-        self.mig_enabled = mig_enabled
-        self.mig_devices = mig_devices
-        self.mps_processes = mps_processes
-        self.denied = denied
-        self.unsupported = unsupported
-        self.field_errors = field_errors
-        self.recovery_action = recovery_action
-        self.fabric = fabric
-        self.persistence = persistence
-        self.pcie = pcie
-        self.utilization = utilization
-        self.nvlinks = nvlinks
-        self.nvlink_errors_rising = nvlink_errors_rising
+    index: int
+    error: int | None = None
+    name: str = ""
+    uuid: str = ""
+    memory_total_mib: Value = NA
+    ecc_uncorrected_volatile: Value = NA
+    retired_pending: Value = NA
+    remap_pending: Value = NA
+    remap_failure: Value = NA
+    clocks_event_reasons: Value = NA
+    temperature: Value = NA
+    slowdown_temperature: Value = NA
+    compute_mode: str = NA
+    processes: tuple[tuple[int, str], ...] = ()
+    mig_enabled: Value = NA
+    mig_devices: tuple[tuple[str, str], ...] = ()  # (uuid, name)
+    mps_processes: tuple[tuple[int, str], ...] = ()  # MPS clients (pid, name)
+    denied: tuple[str, ...] = ()  # fields NVML refused (NO_PERMISSION): not checked
+    unsupported: tuple[str, ...] = ()  # fields the GPU or driver does not have: not judged
+    field_errors: tuple[tuple[str, int], ...] = ()  # (field, NVML code) of supported fields that failed
+    recovery_action: Value = NA  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    fabric: Value = NA  # (state, status) on NVSwitch systems
+    persistence: Value = NA
+    pcie: tuple[Value, ...] = (NA, NA, NA, NA)  # current gen, current width, max gen, max width
+    utilization: Value = NA  # percent
+    nvlinks: tuple[int, ...] = ()  # 1 active / 0 down per link; () without NVLink
+    nvlink_errors_rising: tuple[int, ...] = ()  # links whose error counters rose between two readings
 
 
 class Gathered(Record):
-    __slots__ = ("env", "unavailable", "driver", "count", "gpus", "cuda_driver")
-
     env: Mapping[str, str | None]
-    unavailable: hw.Problem | None  # why NVML cannot be used
-    driver: str
-    count: int  # type: ignore[assignment]  # a field, shadowing tuple.count() on purpose
-    gpus: tuple[Gpu, ...]
-    cuda_driver: Value  # nvmlSystemGetCudaDriverVersion: 12040 is CUDA 12.4
-
-    def __init__(self, env: Mapping[str, str | None], unavailable: hw.Problem | None = None,
-                 driver: str = "", count: int = 0, gpus: tuple[Gpu, ...] = (),
-                 cuda_driver: Value = NA) -> None:
-        self.env = env
-        self.unavailable = unavailable
-        self.driver = driver
-        self.count = count
-        self.gpus = gpus
-        self.cuda_driver = cuda_driver
+    unavailable: hw.Problem | None = None  # why NVML cannot be used
+    driver: str = ""
+    count: int = 0
+    gpus: tuple[Gpu, ...] = ()
+    cuda_driver: Value = NA  # nvmlSystemGetCudaDriverVersion: 12040 is CUDA 12.4
 
 
 def gather(ctx: Context) -> Gathered:

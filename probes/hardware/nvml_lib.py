@@ -146,18 +146,10 @@ def text(value: Any) -> str:
 
 
 class Event(Record):
-    __slots__ = ("gpu_index", "uuid", "kind", "data")
-
     gpu_index: int
     uuid: str
     kind: EventKind
     data: int  # the Xid number for "xid"; NVML's event data for ECC events; the reasons for "slowdown"
-
-    def __init__(self, gpu_index: int, uuid: str, kind: EventKind, data: int) -> None:
-        self.gpu_index = gpu_index
-        self.uuid = uuid
-        self.kind = kind
-        self.data = data
 
 
 def clock_event_reasons(nv: ModuleType, handle: Any) -> tuple[Any, int | None]:

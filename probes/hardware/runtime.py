@@ -88,23 +88,12 @@ SPEC = Spec(
 
 
 class Gathered(Record):
-    __slots__ = ("shm_bytes", "shm_error", "nodes", "other_nodes", "env", "visible")
-
     shm_bytes: int | None
     shm_error: str | None
     nodes: frozenset[str]  # NVIDIA character devices under the dev root (names)
     other_nodes: frozenset[str]  # NVIDIA entries that exist but are not character devices
     env: Mapping[str, str]  # the debugging variables that are set
     visible: str | None  # NVIDIA_VISIBLE_DEVICES
-
-    def __init__(self, shm_bytes: int | None, shm_error: str | None, nodes: frozenset[str],
-                 other_nodes: frozenset[str], env: Mapping[str, str], visible: str | None) -> None:
-        self.shm_bytes = shm_bytes
-        self.shm_error = shm_error
-        self.nodes = nodes
-        self.other_nodes = other_nodes
-        self.env = env
-        self.visible = visible
 
 
 def gather(ctx: Context) -> Gathered:
