@@ -1,10 +1,6 @@
-"""nvml probe: per-GPU state through NVIDIA's NVML (the nvidia-ml-py bindings).
-
-NVML initialises, at least HEALTHCHECK_GPU_COUNT GPUs are present, and none is lost or has a fault
-that needs a reset, a reboot or service (ECC, pending retirement or remap, recovery action, fabric
-registration); slowdowns, a degraded PCIe link under load and NVLink trouble warn. What each reading
-means, and what is not judged: docs/probes.md. The probes above read its facts through ``seen``.
-Command-line equivalent::
+"""nvml probe: per-GPU state through NVML (the nvidia-ml-py bindings): at least HEALTHCHECK_GPU_COUNT
+GPUs, none lost or with a fault that needs a reset, a reboot or service; slowdowns, a degraded PCIe link
+under load and NVLink trouble warn (docs/probes.md). Command-line equivalent::
 
     nvidia-smi --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total,\
 retired_pages.pending,clocks_event_reasons.active,temperature.gpu,compute_mode --format=csv
@@ -34,7 +30,7 @@ ENV_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 # Clock event (throttle) reason bits, nvml.h.
 HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x8, 0x20, 0x40, 0x80
-# nvmlGpuFabricState_t (0: not supported, nvml_read)
+# nvmlGpuFabricState_t
 FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
 FABRIC_COMPLETED = 3
 # NVML_GPU_RECOVERY_ACTION_*: the action -> (what it is, what to do: the message's remedy).
@@ -200,11 +196,8 @@ def on_deadline(ctx: Context) -> Result:
 
 def cuda_devices(gpus: tuple[Gpu, ...]) -> list[str]:
     """UUIDs of the devices CUDA enumerates, in order: a GPU in MIG mode gives its MIG devices instead."""
-    out: list[str] = []
-    for g in gpus:
-        if g.error is None:
-            out += [uuid for uuid, _ in g.mig_devices] if g.mig_enabled is True else [g.uuid]
-    return out
+    return [uuid for g in gpus if g.error is None
+            for uuid in ([u for u, _ in g.mig_devices] if g.mig_enabled is True else [g.uuid])]
 
 
 def cuda_visible(var: str, devices: list[str]) -> tuple[list[str], str | None]:
@@ -278,8 +271,7 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
     t, limit = g.temperature, g.slowdown_temperature
     if isinstance(t, int) and isinstance(limit, int) and limit > 0 and t >= limit:
         out.append(hw.Problem(HOT, f"GPU {i} is at {t} C, at or above its slowdown threshold {limit} C"))
-    for field, code in g.field_errors:
-        # The failing code's own remedy (a timeout, a reset required...) says more than the generic one.
+    for field, code in g.field_errors:  # that code's own remedy says more than the generic one
         why = nvml_lib.describe(code)
         out.append(hw.Problem(FIELD_ERROR, f"GPU {i}: NVML failed reading its {field} "
                               f"({why.cause.reason}, code {code}) although the GPU supports it: "
@@ -290,25 +282,6 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
                                                      "for this recovery action; check dmesg for Xid"))
         out.append(hw.Problem(RECOVERY, f"GPU {i} has a pending recovery action ({what}): {remedy}",
                               remedy=False))
-    out.extend(_link_problems(g))
-    if g.denied:
-        fields = ", ".join(g.denied[:4]) + (f" and {len(g.denied) - 4} more" if len(g.denied) > 4 else "")
-        if g.mig_enabled is True or "MIG mode" in g.denied:
-            out.append(hw.Problem(MIG_DENIED, f"GPU {i}: NVML denies {fields} on the parent GPU "
-                                  "(NO_PERMISSION), as it does inside a MIG slice"))
-        else:
-            out.append(hw.Problem(FIELD_DENIED, f"GPU {i}: NVML denies {fields} (NO_PERMISSION)"))
-    if g.mig_enabled is True and not g.mig_devices:
-        out.append(hw.Problem(MIG_EMPTY, f"GPU {i} is in MIG mode with no MIG device: CUDA cannot use it"))
-    return out
-
-
-def _link_problems(g: Gpu) -> list[hw.Problem]:
-    """The GPU's links: its NVSwitch fabric, its PCIe link under load, its NVLink links."""
-    from probes.hardware import nvml_lib
-
-    out = []
-    i = g.index
     if isinstance(g.fabric, tuple):
         state, status = g.fabric
         if state != FABRIC_COMPLETED or status != nvml_lib.SUCCESS:
@@ -331,6 +304,15 @@ def _link_problems(g: Gpu) -> list[hw.Problem]:
     if g.nvlink_errors_rising:
         links = ", ".join(map(str, g.nvlink_errors_rising[:6]))
         out.append(hw.Problem(NVLINK_ERRORS, f"GPU {i} NVLink error counters rising on link(s) {links}"))
+    if g.denied:
+        fields = ", ".join(g.denied[:4]) + (f" and {len(g.denied) - 4} more" if len(g.denied) > 4 else "")
+        if g.mig_enabled is True or "MIG mode" in g.denied:
+            out.append(hw.Problem(MIG_DENIED, f"GPU {i}: NVML denies {fields} on the parent GPU "
+                                  "(NO_PERMISSION), as it does inside a MIG slice"))
+        else:
+            out.append(hw.Problem(FIELD_DENIED, f"GPU {i}: NVML denies {fields} (NO_PERMISSION)"))
+    if g.mig_enabled is True and not g.mig_devices:
+        out.append(hw.Problem(MIG_EMPTY, f"GPU {i} is in MIG mode with no MIG device: CUDA cannot use it"))
     return out
 
 
