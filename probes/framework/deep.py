@@ -1,8 +1,7 @@
-"""What torch-cuda, model, nccl and checkpoint share (jupyter-kernel and ssh-login use parts of it):
-the ``HEALTHCHECK_TORCH_*`` settings, the causes several of them report, the workers' protocol as the
-suite reads it, the one-costly-check lock, the cache of a passing run, the latch of a sticky CUDA
-error, a worker started only on the GPUs with room (free_memory.py), and the verdicts on a worker run
-every one of them gives alike."""
+"""What torch-cuda and the deep checks (model, nccl, checkpoint) share, said once: the
+``HEALTHCHECK_TORCH_*`` settings, the causes several report, the workers' protocol as the suite reads
+it, the one-costly-check lock, the cache, the latch, a worker's run on the GPUs with room, and the
+verdicts every one gives alike (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -31,9 +30,6 @@ UNTIL_RESTART = "unhealthy until the container restarts"
 
 
 class Torch(Declared):
-    """The ``HEALTHCHECK_TORCH_*`` settings: torch-cuda declares them, the deep checks and
-    jupyter-kernel read them."""
-
     torch_device: str = setting("HEALTHCHECK_TORCH_DEVICE", CHOICE, "cuda",
                                 "`cuda` (every visible GPU) or `cpu` (CPU-only images)",
                                 choices=("cuda", "cpu"))
@@ -131,6 +127,10 @@ NONFINITE = ("nan", "inf", "-inf")  # how a worker spells a non-finite MEASURE
 # Host memory's words (MemoryError as a whole word: torch's OutOfMemoryError is the GPU's): the C
 # library's ENOMEM, the dynamic loader's failed mmap(), C++'s failed allocation (then abort()).
 MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
+# What every worker run records besides its report, checked again before a cached run is reused.
+WORKER_RUN = {"spawn_error": (STR, True), "returncode": (INT, True), "timed_out": (BOOL, False),
+              "stuck": (BOOL, False), "held_by": (INT, True), "budget": (NUM, False), "phase": (STR, True),
+              "memory": (BOOL, False), "problem": (STR, True), "finished": (NUM, False)}
 
 
 class Bad(ValueError):
@@ -153,22 +153,17 @@ def check(value: Any, kind: str, nullable: bool, where: str) -> None:
         if nullable:
             return
         raise Bad(f"{where} is missing")
-    if kind == STR:
-        ok = isinstance(value, str) and len(value) <= MAX_STR
-    elif kind == BOOL:
-        ok = isinstance(value, bool)
-    elif kind == INT:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        if ok and not -MAX_INT <= value < MAX_INT:
-            raise Bad(f"{where} is out of range")
-    else:  # NUM, or MEASURE: a number, or how the worker spells a non-finite one
-        if kind == MEASURE and value in NONFINITE:
-            return
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and not finite(value):
-            raise Bad(f"{where} is not a finite number")
+    if kind == MEASURE and value in NONFINITE:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = {STR: isinstance(value, str) and len(value) <= MAX_STR, BOOL: isinstance(value, bool),
+          INT: number and isinstance(value, int)}.get(kind, number)
     if not ok:
         raise Bad(f"{where} has the wrong type")
+    if kind == INT and not -MAX_INT <= value < MAX_INT:
+        raise Bad(f"{where} is out of range")
+    if kind in (NUM, MEASURE) and not finite(value):
+        raise Bad(f"{where} is not a finite number")
 
 
 def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: tuple[str, ...] = ()) -> None:
@@ -184,7 +179,7 @@ def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: t
 
 def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key: str = "") -> Any:
     """A copy of a validated report with every string one printable line of at most ``limit``
-    characters (``limits``: per field name); numbers, booleans and None stay what they are."""
+    characters (``limits``: per field name)."""
     if isinstance(value, dict):
         return {k: cleaned(v, limit, limits, k) for k, v in value.items()}
     if isinstance(value, list):
@@ -214,7 +209,7 @@ def arrived(stdout: bytes, prefix: str) -> bool:
 
 
 def out_of_memory(text: bytes | str) -> bool:
-    """Whether ``text`` (a worker's stderr or error message) says host memory ran out."""
+    """Whether a worker's stderr or error message says host memory ran out."""
     import re
 
     low = (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).lower()
@@ -232,10 +227,17 @@ def last_phase(stderr: bytes, phase: str, names: str) -> str | None:
     return found
 
 
+def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]]) -> tuple[Any, str | None]:
+    """(the worker's report, None) for one valid result line, else (None, what is wrong)."""
+    try:
+        return validate(result(stdout, prefix)), None
+    except Bad as exc:
+        return None, str(exc)
+
+
 # ---- the costly run: lock, cache, latch ----
 
 def state_off(why: str | None) -> str:
-    """What a run without a state dir says of it (a fatal error cannot latch there)."""
     return f"state dir off: {why}"
 
 
@@ -245,13 +247,11 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
                judge: Callable[[dict[str, Any], Context], Result], *, early: bool = False,
                share: Callable[[dict[str, Any] | None], dict[str, Any] | None] | None = None,
                relatch: bool = False) -> dict[str, Any]:
-    """A deep check's costly run: one costly check at a time under the lock; readiness reuses what
-    ``reuse`` accepts from ``cache`` (read again once the lock is held: a run we waited for may have
-    written it); the run is then recorded (:func:`record`). Without a state dir it simply runs.
-
-    ``early`` answers readiness from the cache before waiting for the lock, ``share`` hands every
-    profile what it accepts of a run that finished while this one waited (startup included),
-    ``relatch`` reads the latch again once the lock is held (the run waited for may have latched)."""
+    """A deep check's costly run, one at a time under the lock, then recorded (:func:`record`);
+    readiness reuses what ``reuse`` accepts of ``cache``, read again once the lock is held (a run
+    waited for may have written it). Without a state dir it simply runs. ``early``: readiness asks
+    the cache before waiting for the lock; ``share``: every profile takes what it accepts of a run
+    that finished while this one waited; ``relatch``: the latch is read again under the lock."""
     state = ctx.state
     if not state.enabled:  # nothing can latch: the judge says so if the run finds a fatal error
         data = run()
@@ -282,11 +282,8 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
         shared = share(entry) if share is not None and finished_since else None
         if shared is not None:
             return shared
-        if ctx.config.profile_rules.reuses_cache:
-            hit = reuse(entry)
-            if hit is not None:
-                return hit
-        return record(ctx, cache, key, run(), judge)
+        hit = reuse(entry) if ctx.config.profile_rules.reuses_cache else None
+        return hit if hit is not None else record(ctx, cache, key, run(), judge)
 
 
 def latched(latch: dict[str, Any]) -> dict[str, Any]:
@@ -302,10 +299,9 @@ def latched(latch: dict[str, Any]) -> dict[str, Any]:
 
 def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
            judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
-    """After a costly run, under the lock: a sticky CUDA error latches the container and the run is
-    cached for later runs to reuse or share. A run whose worker lingered is not trusted (its cache
-    entry goes: an older pass must not be served after it); one that started nothing (no GPU had
-    room) has nothing to cache."""
+    """After a costly run, under the lock: a sticky CUDA error latches and the run is cached. A run
+    whose worker lingered is not trusted (its entry goes: an older pass must not be served after it);
+    one that started nothing (no GPU had room) has nothing to cache."""
     from probes.framework import free_memory
 
     if data["kind"] == free_memory.REASON:
@@ -336,46 +332,52 @@ def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
     return (data, float(finished), age) if 0 <= age < ttl else None
 
 
-def cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
-           validate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
-    """A deep check's cached passing run (see fresh_pass), its report validated again."""
-    if (fresh := fresh_pass(entry, key, ttl)) is None:
+def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable[[Any], dict[str, Any]],
+           phases: str, extra: Mapping[str, tuple[str, bool]] | None = None,
+           ttl: float | None = None) -> dict[str, Any] | None:
+    """The worker run cached under ``key``, ``extra`` the probe's own fields, checked again as when it
+    was first read (a damaged entry is a miss, never a crash): with ``ttl`` a pass younger than that,
+    else any run (one shared with a run that waited for it)."""
+    import re
+
+    from probes.framework import free_memory
+
+    if ttl is not None and fresh_pass(entry, key, ttl) is None:
         return None
-    data, finished, age = fresh
+    data = entry.get("data") if entry and entry.get("key") == key else None
+    if (not isinstance(data, dict) or data.get("kind") != "worker" or data.get("lingered", False) is not False
+            or any(data[k] != v for k, v in key.items() if k in data)):  # its own copy of the key's fields
+        return None
+    schema = {**WORKER_RUN, **(extra or {})}
     try:
-        report = validate(data.get("report"))
+        for name, (kind, nullable) in schema.items():
+            check(data.get(name), kind, nullable, name)
+        if data["phase"] is not None and not re.fullmatch(phases, data["phase"]):
+            return None
+        report = None if data.get("report") is None else validate(data["report"])
     except Bad:
         return None
-    if report["error"] is not None:
-        return None
-    return {"kind": "worker", "spawn_error": None, "returncode": 0, "timed_out": False, "lingered": False,
-            "stuck": False, "held_by": None, "budget": 0.0, "phase": None, "report": report, "problem": None,
-            "finished": finished, "cache": {"how": "ttl", "age": round(age, 1)}}
+    age = time.time() - float(data["finished"])
+    return {"kind": "worker", "lingered": False, "report": report,
+            **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None else data[name]
+               for name, (kind, _) in schema.items()}, "room": free_memory.read(data.get("room")),
+            "cache": {"how": "shared" if ttl is None else "ttl", "age": round(max(age, 0.0), 1)}}
 
 
 # ---- the worker ----
-
-def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]]) -> tuple[Any, str | None]:
-    """(the worker's report, None) for one valid result line, else (None, what is wrong)."""
-    try:
-        return validate(result(stdout, prefix)), None
-    except Bad as exc:
-        return None, str(exc)
-
 
 def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], worker: ModuleType,
                validate: Callable[[Any], dict[str, Any]], phases: str,
                need_mib: int) -> tuple[dict[str, Any], proc.Completed | None]:
     """A worker's run under the probe's deadline, with CUDA_MODULE_LOADING=LAZY (a smaller context),
-    on the GPUs with ``need_mib`` MiB free (CUDA_VISIBLE_DEVICES narrowed to them when some have none):
-    what judge() reads of it (``locked_run``'s ``run``), and the process (None when none started).
-    ``worker`` is the worker's module: its ``PREFIX`` marks the result line, its ``PHASE`` the progress
-    markers, whose names ``phases`` matches."""
+    on the GPUs with ``need_mib`` MiB free (CUDA_VISIBLE_DEVICES narrowed to them): what judge() reads
+    of it, and the process (None when none started). ``worker``'s ``PREFIX`` marks the result line, its
+    ``PHASE`` the progress markers, whose names ``phases`` matches."""
     from probes import orphans, proc
     from probes.framework import free_memory
 
-    # What a killed suite left (a worker behind a wrapper, its grandchildren) goes before the GPUs'
-    # memory is surveyed; one that survives SIGKILL may hold the GPU: no second worker beside it.
+    # What a killed suite left goes before the GPUs' memory is surveyed; one that survives SIGKILL
+    # may hold the GPU: no second worker beside it.
     space = None
     env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **env}
     held = orphans.end()
@@ -451,33 +453,29 @@ def judged(name: str, data: dict[str, Any], ctx: Context,
 
 
 def lock_timeout(name: str, data: dict[str, Any], cause: Cause | None = None, **kw: Any) -> Result:
-    """judge() of a run that did not get the lock in time: its own ``cause`` for a deadline (by default
-    the one every probe can report)."""
+    """A run that did not get the lock in time: its own ``cause`` (else the runner's deadline)."""
     from probes import runner
 
     return verdict(name, cause or runner.DEADLINE, f"no result within {data['waited']:.1f}s: another "
                    "costly check (torch-cuda, nccl or model) still holds the lock", **kw)
 
 
-def limited(name: str, data: dict[str, Any], **kw: Any) -> Result | None:
-    """The verdict on a worker a resource limit kept from starting (the interpreter is not at fault:
-    not checked); None otherwise."""
+def cannot_run(name: str, data: dict[str, Any], python: str, not_executable: Cause = INTERPRETER_NOT_FOUND,
+               **kw: Any) -> Result | None:
+    """The verdict on a worker whose interpreter (``python``) cannot be run, or that a resource limit
+    kept from starting (not checked); None if it ran."""
     from probes import childio, runner
 
-    if childio.limited(data.get("spawn_error")):
-        return verdict(name, runner.LIMIT, f"not checked: the worker {data['spawn_error']}", remedy=False,
-                       **kw)
-    return None
-
-
-def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Result | None:
-    """The verdict on a worker whose interpreter cannot be run (or that a limit kept from starting);
-    None if it could."""
-    if (limit := limited(name, data, **kw)) is not None:
-        return limit
-    if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
-        python = untrusted.clean(ctx.config.of(Torch).torch_python, 80)
-        return verdict(name, INTERPRETER_NOT_FOUND, f"torch interpreter {python} cannot be run", **kw)
+    spawn, rc, python = data.get("spawn_error"), data.get("returncode"), untrusted.clean(python, 80)
+    if childio.limited(spawn):
+        return verdict(name, runner.LIMIT, f"not checked: the worker {spawn}", remedy=False, **kw)
+    # 127 is also the dynamic loader's status when a library cannot be mapped (RLIMIT_AS): its words on
+    # stderr tell that from a missing interpreter.
+    if spawn == "not found" or (data.get("report") is None and rc == 127 and not data.get("memory")):
+        return verdict(name, INTERPRETER_NOT_FOUND, f"torch interpreter {python} not found", **kw)
+    if spawn or (data.get("report") is None and rc == 126):
+        return verdict(name, not_executable, f"torch interpreter {python} cannot be run "
+                       f"({spawn or 'not executable'})", **kw)
     return None
 
 

@@ -198,7 +198,8 @@ def gather(ctx: Context) -> dict[str, Any]:
            "identity": life_identity()}
 
     def reuse(entry: dict[str, Any] | None) -> dict[str, Any] | None:
-        return deep.cached(entry, key, own.model_ttl, lambda report: validate(report, torch.torch_device))
+        return deep.cached(entry, key, lambda report: validate(report, torch.torch_device), PHASES,
+                           ttl=own.model_ttl)
 
     return deep.locked_run(ctx, CACHE, key, reuse, lambda: run_worker(ctx), judge, early=True)
 
@@ -235,7 +236,7 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
     if data.get("kind") == "no-path":
         return verdict(NAME, MISSING, "HEALTHCHECK_MODEL_PATH is not set")
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"path": path, "cache": data.get("cache")}}
-    if (unrunnable := deep.cannot_run(NAME, data, ctx, **kw)) is not None:
+    if (unrunnable := deep.cannot_run(NAME, data, ctx.config.of(Torch).torch_python, **kw)) is not None:
         return unrunnable
     report = data.get("report")
     if report is None or data.get("lingered"):

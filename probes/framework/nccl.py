@@ -147,11 +147,7 @@ def run_worker(ctx: Context) -> dict[str, Any]:
 
 
 def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
-    hit = deep.cached(entry, key, ttl, validate)
-    if hit is None or entry is None or hit["report"]["bad"] != 0:
-        return None
-    shm = entry["data"].get("shm")  # deep.cached checked that data is a dict
-    return {**hit, "warnings": [], "shm": shm if isinstance(shm, int) else None}
+    return deep.cached(entry, key, validate, PHASES, {"shm": (INT, True)}, ttl)
 
 
 def gather(ctx: Context) -> dict[str, Any]:
@@ -208,7 +204,7 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
     lines: list[str] = list(data.get("warnings") or [])
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"warnings": lines, "shm": data.get("shm"),
                                                   "cache": data.get("cache")}}
-    if (unrunnable := deep.cannot_run(NAME, data, ctx, **kw)) is not None:
+    if (unrunnable := deep.cannot_run(NAME, data, ctx.config.of(Torch).torch_python, **kw)) is not None:
         return unrunnable
     if (line := _has(lines, SHM_SIZE_WORDS)) is not None:
         return verdict(NAME, SHM_SMALL, "NCCL cannot use shared memory "

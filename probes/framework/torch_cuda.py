@@ -1,9 +1,6 @@
-"""torch-cuda: the image's own Python can import torch and run a real, verified op on each GPU.
-
-A worker (``torch_worker.py``) runs in ``HEALTHCHECK_TORCH_PYTHON``; only its result line is trusted,
-once ``validate`` has checked it, and a CUDA error is judged by its table (cuda_errors.py); the lock,
-cache and latch are deep.py's. Behaviour: docs/probes.md ("How the probes decide", "CUDA errors").
-Command-line equivalent::
+"""torch-cuda: the image's own Python imports torch and runs a real, verified op on each GPU, in a
+worker (``torch_worker.py``) whose result line alone is trusted once ``validate`` has checked it
+(docs/probes.md, "How the probes decide", "CUDA errors"). Command-line equivalent::
 
     CUDA_MODULE_LOADING=LAZY python3 probes/framework/torch_worker.py --device cuda
 """
@@ -94,8 +91,7 @@ SPEC = Spec(
 
 
 def requirements(config: Config) -> tuple[str, ...]:
-    """The hardware layer is a prerequisite only for the GPU: a CPU-only image has none. On the GPU,
-    a CUDA-checkpointed process (the checkpoint probe, when it runs) holds the op back."""
+    """The hardware layer and a checkpointed process matter only on the GPU."""
     return (*SPEC.requires, "checkpoint") if config.of(Torch).torch_device == "cuda" else ()
 
 
@@ -115,9 +111,7 @@ _TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False), "expect
 
 
 def validate(report: Any, device: str, size: int) -> dict[str, Any]:
-    """A cleaned copy of the report if it matches the schema exactly; raises deep.Bad otherwise.
-    Every number converts to a finite float and every string is cleaned, so that no later use
-    (messages, the latch, the cache, JSON, Docker's log) sees a control character."""
+    """A cleaned copy of the report if it matches the schema exactly; raises deep.Bad otherwise."""
     from probes.framework import torch_worker
 
     deep.fields(report, _TOP, "result", nested=("error", "devices"))
@@ -170,39 +164,9 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
             "elapsed": round(done.elapsed, 3), "excerpt": excerpt}
 
 
-# What judge() reads of a cached worker run, checked before reuse.
-_DATA = {"spawn_error": (STR, True), "returncode": (INT, True), "timed_out": (BOOL, False),
-         "stuck": (BOOL, False), "held_by": (INT, True), "budget": (NUM, False), "elapsed": (NUM, False),
-         "phase": (STR, True), "problem": (STR, True), "excerpt": (STR, True), "finished": (NUM, False)}
-
-
-def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[str, Any] | None:
-    """The cached worker run, checked and cleaned, or None: a damaged entry is a miss, never a crash."""
-    import re
-
-    from probes.framework import free_memory
-
-    if not entry or entry.get("key") != key or not isinstance(entry.get("data"), dict):
-        return None
-    data = entry["data"]
-    if (data.get("kind") != "worker" or data.get("lingered", False) is not False
-            or [data.get(k) for k in ("python", "device", "expect")]
-            != [key["python"], key["device"], key["expect"]]):
-        return None
-    try:
-        for name, (kind, nullable) in _DATA.items():
-            deep.check(data.get(name), kind, nullable, name)
-        if data["phase"] is not None and not re.fullmatch(PHASES, data["phase"]):
-            return None
-        report = None if data.get("report") is None else validate(data["report"], key["device"], key["size"])
-    except deep.Bad:
-        return None
-    age = time.time() - float(data["finished"])
-    return {"kind": "worker", "python": key["python"], "device": key["device"], "expect": key["expect"],
-            "lingered": False, "report": report,
-            **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None else data[name]
-               for name, (kind, _) in _DATA.items()},
-            "cache": {"how": how, "age": round(max(age, 0.0), 1)}, "room": free_memory.read(data.get("room"))}
+# What torch-cuda's judge reads of a worker run besides deep.WORKER_RUN, checked before reuse.
+_RUN = {"python": (STR, False), "device": (STR, False), "expect": (INT, True), "elapsed": (NUM, False),
+        "excerpt": (STR, True)}
 
 
 def gather(ctx: Context) -> dict[str, Any]:
@@ -212,24 +176,24 @@ def gather(ctx: Context) -> dict[str, Any]:
     if not ctx.config.profile_rules.spawns_worker:
         return {"kind": "no-latch", "state_off": ctx.state.disabled_reason}
     own = ctx.config.of(Torch)
-    if own.torch_device == "cuda":
-        from probes.framework import checkpoint
-
-        why = checkpoint.hold(ctx)  # an earlier run saw a checkpointed process that still exists
-        if why is not None:
-            return {"kind": "checkpointed", "why": why}
+    from probes.framework import checkpoint
     from probes.hardware import common as hw
+
+    why = checkpoint.hold(ctx) if own.torch_device == "cuda" else None
+    if why is not None:
+        return {"kind": "checkpointed", "why": why}
 
     seen = hw.seen(ctx.results) if own.torch_device == "cuda" else None
     expect = seen.count if seen is not None and seen.ok else None  # NVML's count when the hardware passed
     key = {"python": own.torch_python, "device": own.torch_device, "size": SIZE, "expect": expect,
            "identity": life_identity()}
 
-    def cached_pass(entry: dict[str, Any] | None) -> dict[str, Any] | None:
-        return _reuse(entry, key, "ttl") if deep.fresh_pass(entry, key, own.torch_ttl) else None
+    def reuse(entry: dict[str, Any] | None, ttl: float | None = None) -> dict[str, Any] | None:
+        return deep.cached(entry, key, lambda report: validate(report, own.torch_device, SIZE), PHASES, _RUN,
+                           ttl)
 
-    return deep.locked_run(ctx, CACHE, key, cached_pass, lambda: run_worker(ctx, expect), judge, early=True,
-                           share=lambda entry: _reuse(entry, key, "shared"), relatch=True)
+    return deep.locked_run(ctx, CACHE, key, lambda entry: reuse(entry, own.torch_ttl),
+                           lambda: run_worker(ctx, expect), judge, early=True, share=reuse, relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:
@@ -257,16 +221,8 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"python": data.get("python"), "device": data.get("device"),
                                                   "cache": data.get("cache")}}
     report = data.get("report")
-    if (limit := deep.limited(NAME, data, **kw)) is not None:
-        return limit
-    # 127 is also the dynamic loader's status when a library cannot be mapped (RLIMIT_AS): its words on
-    # stderr tell that from a missing interpreter.
-    if data.get("spawn_error") == "not found" or (report is None and data.get("returncode") == 127
-                                                  and not data.get("memory")):
-        return verdict(NAME, deep.INTERPRETER_NOT_FOUND, f"torch interpreter {python} not found", **kw)
-    if data.get("spawn_error") or (report is None and data.get("returncode") == 126):
-        why = data.get("spawn_error") or "not executable"
-        return verdict(NAME, NOT_EXECUTABLE, f"torch interpreter {python} cannot be run ({why})", **kw)
+    if (unrunnable := deep.cannot_run(NAME, data, data.get("python", "?"), NOT_EXECUTABLE, **kw)) is not None:
+        return unrunnable
     if data.get("lingered") and not data.get("stuck"):
         return verdict(NAME, LINGERED, "torch worker printed its result but did not exit within "
                        f"{deadlines.LINGER:.1f} s: its result is not used; "
@@ -282,13 +238,9 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
 
 
 def memory_limit(report: dict[str, Any] | None, data: dict[str, Any]) -> str | None:
-    """Why the worker failed when host memory is why (naming the limit and the remedy), else None.
-
-    A too-small address-space limit (RLIMIT_AS, ``ulimit -v``), which the worker inherits, shows as a
-    MemoryError, as the dynamic loader's "failed to map segment from shared object" (an ImportError
-    naming torch's ``_C``: no module is missing), as torch's CPU allocator's "Cannot allocate memory",
-    or as std::bad_alloc and abort() (no report, a SIGABRT: torch did not crash). A GPU's own out of
-    memory is none of these (CUDA says "out of memory")."""
+    """Why the worker failed when host memory is why (naming the limit and the remedy), else None: a
+    too-small RLIMIT_AS shows as a MemoryError, the loader's "failed to map segment from shared object"
+    (an ImportError naming torch's ``_C``), "Cannot allocate memory", or std::bad_alloc and abort()."""
     import errno
 
     from probes import childio
