@@ -1,14 +1,10 @@
-"""The model worker, run by file path in the image's interpreter under a deadline, in its own
-session (the model probe). Standalone: stdlib + torch only, never the ``probes`` package, Python 3.6+.
-
-It never executes pickled code, and reads the format from the file's content (``detect``), never its
-name: a TorchScript archive (``torch.jit.load``, whose unpickler only builds TorchScript and tensor
-types), a safetensors file (the ``safetensors`` package, else the header is parsed here and each
-tensor made with ``torch.frombuffer``), or a ``torch.save`` state dict (``weights_only=True``; a
-torch without that option is refused, never loaded). The file is loaded through the descriptor that
-was checked (``by_descriptor``): the file judged is the file loaded. An error's ``message`` is one
-of ``PHRASES`` when the worker names the problem itself; anything else (torch's or the C library's
-text) is a detail the suite logs, never shows. Command-line equivalent::
+"""The model probe's worker, run by file path in the image's interpreter (stdlib + torch only, never
+the ``probes`` package, Python 3.6+). It never executes pickled code and reads the format from the
+file's content, never its name: TorchScript (``torch.jit.load``), safetensors (the package, else the
+header parsed here and ``torch.frombuffer``), or a state dict (``weights_only=True``, else refused).
+It loads through the descriptor it checked (``by_descriptor``). An error's ``message`` is one of
+``PHRASES`` when the worker names the problem itself; any other text is a detail the suite only logs.
+Command-line equivalent::
 
     python3 model_worker.py --path /models/resnet.pt --device cuda --input 1x3x224x224:float16
 """
@@ -57,9 +53,8 @@ PHRASES = (
 
 
 class Failure(Exception):
-    """A failure the worker names itself (``kind``) with one of ``PHRASES``, or with an
-    exception's text (a detail: the suite logs it and shows its own words), and the CUDA error's
-    number (``torch.AcceleratorError.error_code``) when one was behind it."""
+    """A failure of ``kind``, said with one of ``PHRASES`` or an exception's text, and the CUDA error's
+    number when one was behind it."""
 
     def __init__(self, kind, message, code=None):
         Exception.__init__(self, message)
@@ -115,8 +110,7 @@ def new_report(args):
 
 
 def parse_input(spec):
-    """``1x3x224x224:float16[:zeros|seeded]`` -> (shape, dtype name, fill). The suite validates
-    HEALTHCHECK_MODEL_INPUT with this function too, so both read it alike."""
+    """``1x3x224x224:float16[:zeros|seeded]`` -> (shape, dtype name, fill); the suite's too."""
     parts = spec.split(":")
     if len(parts) not in (2, 3):
         raise Failure("bad-input", "expected SHAPE:DTYPE[:zeros|seeded]")
@@ -142,9 +136,8 @@ def _kind_of(st):
 
 
 def open_file(path, missing="missing", unreadable="unreadable"):
-    """(file object, size) of a regular file; anything else is a Failure (``missing`` or
-    ``unreadable``), said without waiting: the type is known before the file is opened, and
-    the open itself cannot block (O_NONBLOCK) should a FIFO be put there in between."""
+    """(file object, size) of a regular file; anything else is a Failure, said without waiting: the
+    type is known before the open, which cannot block (O_NONBLOCK) should a FIFO appear in between."""
     import errno
 
     try:
@@ -181,12 +174,13 @@ def safetensors_header(fh, size):
     head = fh.read(8)
     if len(head) < 8:
         raise Failure("corrupt", "shorter than a safetensors header")
-    import struct  # here, not at the top: the suite imports this file's constants
+    import json
+    import struct
+
     (length,) = struct.unpack("<Q", head)
     if length > MAX_HEADER or 8 + length > size:
         raise Failure("corrupt", "safetensors header length beyond the file (truncated?)")
     try:
-        import json  # here, not at the top: the suite imports this file's constants
         header = json.loads(fh.read(length).decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise Failure("corrupt", "safetensors header is not JSON") from None
@@ -222,14 +216,12 @@ def detect(fh, size):
         code = any("/code/" in "/" + i.filename for i in names)
         data = sum(i.file_size for i in names if "/data/" in "/" + i.filename)
         return ("torchscript" if code else "state-dict"), (data or size)
-    if len(magic) == 8:
-        import struct  # here, not at the top: the suite imports this file's constants
-        (length,) = struct.unpack("<Q", magic)
-        fh.seek(8)
-        if 2 <= length <= MAX_HEADER and fh.read(1) == b"{":
-            header, _ = safetensors_header(fh, size)
-            return "safetensors", sum(info["data_offsets"][1] - info["data_offsets"][0]
-                                      for name, info in header.items() if name != "__metadata__")
+    import struct  # here, not at the top: the suite imports this file's constants
+
+    if len(magic) == 8 and 2 <= struct.unpack("<Q", magic)[0] <= MAX_HEADER and fh.read(1) == b"{":
+        header, _ = safetensors_header(fh, size)
+        return "safetensors", sum(info["data_offsets"][1] - info["data_offsets"][0]
+                                  for name, info in header.items() if name != "__metadata__")
     if magic[:1] == b"\x80":  # a pickle (torch.save's legacy format): only weights_only may read it
         return "state-dict", size
     raise Failure("unsupported", "not a TorchScript archive, a safetensors file or a torch.save state dict")
@@ -262,15 +254,10 @@ def budget_of(torch, args):
 
 def tensors_of(value, found, depth=0):
     """Every tensor in a loaded state dict (nested dicts, lists and tuples)."""
-    if depth > 20:
-        return
     if hasattr(value, "numel") and hasattr(value, "element_size"):
         found.append(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            tensors_of(v, found, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
+    elif isinstance(value, (dict, list, tuple)) and depth < 20:
+        for v in value.values() if isinstance(value, dict) else value:
             tensors_of(v, found, depth + 1)
 
 
