@@ -1,9 +1,7 @@
-"""The checkpoint probe's child: after ``cuInit(0)`` (no context is created) it asks the driver's
-``cuCheckpointProcessGetState`` (555+) for each pid on its command line, and prints one line,
-``PREFIX`` + ``driver``, ``api``, ``init`` (cuInit's CUresult) and ``states`` (``[{"pid", "rc",
-"state"}]``; state 0 running, 1 locked, 2 checkpointed, 3 failed; null when rc is not 0).
-Standalone (stdlib only, never the ``probes`` package): the query can hang while a peer process is
-locked, so the parent runs this file under a deadline, in its own session, and ends it.
+"""The checkpoint probe's child (stdlib only, never the ``probes`` package): after ``cuInit(0)`` (no
+context) it asks ``cuCheckpointProcessGetState`` (driver 555+) for each pid on its command line and
+prints ``driver``, ``api``, ``init`` (cuInit's CUresult) and ``states`` (``[{"pid", "rc", "state"}]``).
+The query can hang while a peer process is locked: the parent runs it under a deadline.
 Command-line equivalent (one process)::
 
     cuda-checkpoint --get-state --pid 123
@@ -24,12 +22,10 @@ _BASE = []  # type: list
 def scaffold():
     """worker_base.py beside this file, loaded by its path (never by name), once."""
     if not _BASE:
-        import importlib.util
+        import runpy
+        import types
 
-        spec = importlib.util.spec_from_file_location("healthcheck_worker_base",
-                                                      os.path.join(HERE, "worker_base.py"))
-        _BASE.append(importlib.util.module_from_spec(spec))
-        spec.loader.exec_module(_BASE[0])
+        _BASE.append(types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py"))))
     return _BASE[0]
 
 

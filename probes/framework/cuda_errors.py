@@ -1,13 +1,7 @@
-"""The CUDA runtime's errors, as data: which leave the GPU unusable (sticky), which only mean
-"could not check", which are the environment at start, and which are plain failures. The source,
-the classes and our own decisions (999 is not sticky; out of memory, a busy GPU and a full MPS
-server are the workload's) are in docs/probes.md ("CUDA errors").
-
-CUDA before 10.1 numbered the errors differently (an illegal address was 77, a device-side assert
-59, no kernel image 48) and old torch printed those numbers, so :func:`identify` trusts a number
-only after the texts: ``error_code`` when torch gives one, else the message without PyTorch's
-added lines, searched for a known text, then a cuBLAS/cuDNN status, then a number or a name.
-"""
+"""The CUDA runtime's errors, as data: sticky (the GPU unusable), "could not check", the environment
+at start, or plain failures; the source, the classes and our decisions: docs/probes.md ("CUDA errors").
+CUDA before 10.1 numbered the errors differently (an illegal address was 77), so :func:`identify`
+trusts a number only after the texts."""
 
 from __future__ import annotations
 
@@ -55,13 +49,12 @@ class CudaError(NamedTuple):
 
     @property
     def label(self) -> str:
-        """How a message names it: ``cudaErrorIllegalAddress 700: an illegal memory access ...``."""
+        """``cudaErrorIllegalAddress 700: an illegal memory access ...``"""
         number = f" {self.code}" if self.code is not None else ""
         return f"{self.name}{number}: {self.text}" if self.text else f"{self.name}{number}"
 
     def verdict(self, name: str, detail: str, cause: Cause | None = None, **kw: Any) -> Result:
-        """The result of meeting this error: the status, reason, action and actor of its cause (or of
-        ``cause``, a probe that says less), the detail followed by this error's own remedy."""
+        """Its cause's verdict (or ``cause``'s, a probe that says less) with this error's own remedy."""
         return result.verdict(name, (cause or self.cause)._replace(remedy=self.remedy), detail, **kw)
 
 
@@ -335,8 +328,7 @@ class Found(NamedTuple):
 
 
 def lines(message: str) -> list[str]:
-    """The message's lines without PyTorch's added text. A cleaned message shows its line breaks
-    as ``\\n`` escapes (probes.untrusted.clean), so those break lines too."""
+    """The message's lines without PyTorch's added text (a cleaned message's ``\\n`` escapes break too)."""
     out = []
     for line in message.replace("\\n", "\n").splitlines():
         cut = _CUT.search(line)
@@ -351,8 +343,8 @@ def _library(name: str) -> CudaError:
 
 
 def identify(code: object, message: str, kind: object = None) -> Found | None:
-    """The CUDA error a failure reports, or None when it is not a CUDA error we can name. torch's
-    OutOfMemoryError (``kind``, the exception's class name) is CUDA's out of memory whatever it says."""
+    """The CUDA error a failure reports: by ``error_code``, a known text, a cuBLAS/cuDNN status, then
+    a number or a name; torch's OutOfMemoryError (``kind``) is CUDA's out of memory. None: no CUDA error."""
     if isinstance(code, int) and not isinstance(code, bool) and code in BY_CODE:
         return Found(BY_CODE[code], "code")
     body = lines(message)

@@ -115,10 +115,9 @@ CUDA_CAUSES = (CUDA_UNAVAILABLE, DRIVER_TOO_OLD, DEVICE_BUSY, MPS_BUSY, OOM, CUD
                FABRIC_MANAGER, DRIVER_MISMATCH, FORWARD_COMPAT, CUDA_UNKNOWN, CUDA_INIT)
 
 
-# ---- the workers' protocol as the suite reads it (the writing side is worker_base.py): one line
-# PREFIX + JSON on stdout, progress markers PHASE + name on stderr. A report enters the suite only
-# through here, checked field by field against a schema of kinds: no later use sees a wrong type, a
-# non-finite number or an unbounded string. ----
+# ---- the workers' protocol as the suite reads it (worker_base.py writes it): one line PREFIX + JSON on
+# stdout, progress markers PHASE + name on stderr. A report enters only through here, checked field by
+# field against a schema of kinds: no later use sees a wrong type, a non-finite number or a long string.
 
 STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": (kind, nullable)}
 MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
@@ -167,8 +166,8 @@ def check(value: Any, kind: str, nullable: bool, where: str) -> None:
 
 
 def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: tuple[str, ...] = ()) -> None:
-    """Raise Bad unless ``obj`` is an object with exactly the fields of ``spec``, each of its kind,
-    and of ``nested`` (objects or lists the caller checks itself)."""
+    """Raise Bad unless ``obj`` has exactly the fields of ``spec``, each of its kind, and of ``nested``
+    (objects or lists the caller checks itself)."""
     if not isinstance(obj, dict):
         raise Bad(f"{where} is not an object")
     if set(obj) != {*spec, *nested}:
@@ -190,8 +189,7 @@ def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key
 
 
 def result(stdout: bytes, prefix: str) -> Any:
-    """The JSON of the one result line in ``stdout``; Bad when there is none, more than one, or it is
-    not readable JSON (malformed, too deep, NaN, a number too large for a float)."""
+    """The JSON of the one result line in ``stdout``; Bad for none, several, or unreadable JSON."""
     hits = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.startswith(prefix)]
     if len(hits) != 1:
         raise Bad("more than one result line" if hits else "no result line")
@@ -299,9 +297,8 @@ def latched(latch: dict[str, Any]) -> dict[str, Any]:
 
 def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
            judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
-    """After a costly run, under the lock: a sticky CUDA error latches and the run is cached. A run
-    whose worker lingered is not trusted (its entry goes: an older pass must not be served after it);
-    one that started nothing (no GPU had room) has nothing to cache."""
+    """After a costly run, under the lock: a sticky CUDA error latches and the run is cached, unless its
+    worker lingered (its entry goes: no older pass is served after it) or nothing started."""
     from probes.framework import free_memory
 
     if data["kind"] == free_memory.REASON:
@@ -414,9 +411,8 @@ def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], wo
 def judged(name: str, data: dict[str, Any], ctx: Context,
            judge_run: Callable[[dict[str, Any], Context], Result], *, room: str, deadline: Cause,
            unit: str) -> Result:
-    """A deep check's judge(): what every one says alike (held back by a checkpoint, no lock in time,
-    no GPU with room for ``room``'s worth), else ``judge_run``'s result noting the GPUs left out for want
-    of room, a latch that could not be kept and where a reused result came from."""
+    """A deep check's judge(): what every one says alike (held back, no lock in time, no GPU with room for
+    ``room``), else ``judge_run``'s result with the GPUs left out, a lost latch and a reused result."""
     from probes.framework import free_memory
 
     kind = data.get("kind")

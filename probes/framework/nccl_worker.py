@@ -1,10 +1,8 @@
-"""The NCCL worker, run by file path in the image's interpreter with ``NCCL_DEBUG=WARN``, under a
-deadline, in its own session (the nccl probe). Standalone: stdlib + torch only, never the ``probes``
-package, Python 3.6+. GPU ``i`` plays rank ``i`` of one single-process
-``torch.cuda.nccl.all_reduce``, checked exactly (the sum of the contributions is exact in float32);
-``--backend gloo --world N --rank R --init URL`` runs the same contribution and check through a real
-gloo group on the CPU, to test them without a GPU. NCCL's warnings go to stderr, which the parent
-reads. Command-line equivalent::
+"""The nccl probe's worker, run by file path in the image's interpreter with ``NCCL_DEBUG=WARN``
+(stdlib + torch only, never the ``probes`` package, Python 3.6+). GPU ``i`` plays rank ``i`` of one
+single-process ``torch.cuda.nccl.all_reduce``, checked exactly (the sum is exact in float32); ``--backend
+gloo --world N --rank R --init URL`` runs the same through a gloo group on the CPU, to test it without
+a GPU. Command-line equivalent::
 
     NCCL_DEBUG=WARN python3 nccl_worker.py
 """
@@ -25,12 +23,10 @@ _BASE = []  # type: list
 def scaffold():
     """worker_base.py beside this file, loaded by its path (never by name), once."""
     if not _BASE:
-        import importlib.util
+        import runpy
+        import types
 
-        spec = importlib.util.spec_from_file_location("healthcheck_worker_base",
-                                                      os.path.join(HERE, "worker_base.py"))
-        _BASE.append(importlib.util.module_from_spec(spec))
-        spec.loader.exec_module(_BASE[0])
+        _BASE.append(types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py"))))
     return _BASE[0]
 
 

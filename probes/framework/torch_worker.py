@@ -1,10 +1,7 @@
-"""The torch-cuda worker, run by file path in the image's interpreter (``HEALTHCHECK_TORCH_PYTHON``)
-under a deadline, in its own session; what it runs: docs/probes.md ("How the probes decide").
-Standalone: stdlib + torch only, never the ``probes`` package, Python 3.6+ (images carry their own).
-
-It reports, never judges: one ``PREFIX`` line of strict JSON, progress markers on stderr, and an
-error's message with its line breaks kept, so that the parent finds the ``CUDA error:`` line among
-PyTorch's added lines. Command-line equivalent::
+"""The torch-cuda worker, run by file path in ``HEALTHCHECK_TORCH_PYTHON`` (stdlib + torch only, never
+the ``probes`` package, Python 3.6+; docs/probes.md, "How the probes decide"). It reports, never
+judges: an error's message keeps its line breaks, so that the parent finds the ``CUDA error:`` line
+among PyTorch's added lines. Command-line equivalent::
 
     python3 torch_worker.py --device cuda --size 1024 --expect-count 2
 """
@@ -36,12 +33,10 @@ _BASE = []  # type: list
 def scaffold():
     """worker_base.py beside this file, loaded by its path (never by name), once."""
     if not _BASE:
-        import importlib.util
+        import runpy
+        import types
 
-        spec = importlib.util.spec_from_file_location("healthcheck_worker_base",
-                                                      os.path.join(HERE, "worker_base.py"))
-        _BASE.append(importlib.util.module_from_spec(spec))
-        spec.loader.exec_module(_BASE[0])
+        _BASE.append(types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py"))))
     return _BASE[0]
 
 
@@ -79,7 +74,7 @@ def new_report(args):
 
 
 def check_cuda(torch, report):
-    """Availability and device count; returns the count, or None when CUDA cannot be used."""
+    """The device count, or None when CUDA cannot be used."""
     phase("init")
     import warnings
 
@@ -103,7 +98,6 @@ def check_cuda(torch, report):
 
 
 def run_op(torch, a, b, ref, scale, device, entry):
-    """The verified op on one device; fills ``entry``."""
     is_cuda = device.type == "cuda"
     da, db = a.to(device), b.to(device)
     out = torch.matmul(da, db)  # warm-up: library initialisation is not op time

@@ -1,9 +1,6 @@
-"""runtime probe: the container's runtime limits that break CUDA work without any GPU fault.
-
-Cheap and without a GPU call: ``/dev/shm`` at least ``HEALTHCHECK_SHM_MIN_MIB``, the device nodes CUDA
-needs when the container was given GPUs, no CUDA-debugging variable in the environment the workload
-inherits, and, in startup only, persistence mode on (from the nvml probe's facts: no second NVML
-session). docs/probes.md, "The runtime probe", says why each. Command-line equivalent::
+"""runtime probe: the container's limits that break CUDA work without a GPU fault, without a GPU call:
+``/dev/shm``'s size, CUDA's device nodes, CUDA-debugging variables, and in startup persistence mode
+from the nvml probe's facts (docs/probes.md, "The runtime probe"). Command-line equivalent::
 
     df -h /dev/shm; ls -l /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia[0-9]*; env | grep ^CUDA_
 """
@@ -123,7 +120,7 @@ def gather(ctx: Context) -> Gathered:
 
 
 def requirements(config: Any) -> tuple[str, ...]:
-    """Persistence mode comes from the nvml probe's facts: in startup, run after it."""
+    """In startup, after the nvml probe: persistence mode comes from its facts."""
     return SPEC.requires if config.profile_rules.once else ()
 
 
