@@ -33,21 +33,18 @@ _GPU_NODE = r"/dev/nvidia\d+"
 PAUSED = "traffic paused until it is restored"
 
 CHECKPOINTED = cause("checkpointed", "a process here holding a CUDA context is LOCKED or CHECKPOINTED "
-                     "(readiness only; liveness passes, nothing latches; "
-                     "torch-cuda, nccl and model start no GPU work)",
-                     "none while it is paused on purpose: traffic resumes when it is restored "
-                     "(`cuda-checkpoint --toggle --pid N`)", action="none", actor="tenant")
+                     "(readiness only; liveness passes, nothing latches; torch-cuda, nccl and model start "
+                     "no GPU work)", "none while it is paused on purpose: traffic resumes when it is "
+                     "restored (`cuda-checkpoint --toggle --pid N`)", action="none", actor="tenant")
 FAILED = cause("checkpoint-failed", "the driver reports a process's checkpoint or restore FAILED",
                "restore it again (`cuda-checkpoint --toggle --pid N`) or restart that process; "
                "if that fails, restart the container", action="restart-app", actor="tenant")
-HANG = cause("query-hang", "the driver's state query gave no answer by the deadline "
-             "(it blocks while a peer process is locked)",
-             "check `cuda-checkpoint --get-state` on each process; wait for the restore", action="retry",
-             actor="tenant")
-NO_API = cause("no-checkpoint-api", "driver without `cuCheckpointProcessGetState` (before 555) "
-               "or no `libcuda.so.1`: not judged "
-               "(a pass, so the GPU probes that wait for this one still run)", "none", "pass", action="none",
-               actor="tenant")
+HANG = cause("query-hang", "the driver's state query gave no answer by the deadline (it blocks while a peer "
+             "process is locked)", "check `cuda-checkpoint --get-state` on each process; wait "
+             "for the restore", action="retry", actor="tenant")
+NO_API = cause("no-checkpoint-api", "driver without `cuCheckpointProcessGetState` (before 555) or no "
+               "`libcuda.so.1`: not judged (a pass, so the GPU probes that wait for this one still run)",
+               "none", "pass", action="none", actor="tenant")
 QUERY_FAILED = cause("query-failed",
                      "the child could not ask the driver (`cuInit` failed, or unreadable output)",
                      "check `nvidia-smi`; details in the log", action="fix-config", actor="operator")

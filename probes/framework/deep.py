@@ -30,15 +30,12 @@ UNTIL_RESTART = "unhealthy until the container restarts"
 
 
 class Torch(Declared):
-    torch_device: str = setting("HEALTHCHECK_TORCH_DEVICE", CHOICE, "cuda",
-                                "`cuda` (every visible GPU) or `cpu` (CPU-only images)",
-                                choices=("cuda", "cpu"))
-    torch_python: str = setting("HEALTHCHECK_TORCH_PYTHON", TEXT, "python3",
-                                "the interpreter that owns torch (the image's)",
-                                shown_default="`python3` on `PATH`")
-    torch_ttl: float = setting("HEALTHCHECK_TORCH_TTL", NUMBER, 300.0,
-                               "seconds a passing torch-cuda result is reused by readiness", low=0,
-                               high=86400, low_inclusive=True)
+    torch_device: str = setting("HEALTHCHECK_TORCH_DEVICE", CHOICE, "cuda", "`cuda` (every visible GPU) or "
+                                "`cpu` (CPU-only images)", choices=("cuda", "cpu"))
+    torch_python: str = setting("HEALTHCHECK_TORCH_PYTHON", TEXT, "python3", "the interpreter that owns "
+                                "torch (the image's)", shown_default="`python3` on `PATH`")
+    torch_ttl: float = setting("HEALTHCHECK_TORCH_TTL", NUMBER, 300.0, "seconds a passing torch-cuda result "
+                               "is reused by readiness", low=0, high=86400, low_inclusive=True)
     torch_min_free_mib: int = setting(
         MIN_FREE, INTEGER, 1024, "free memory (MiB, from NVML) a GPU needs before torch-cuda, model or nccl "
         "start CUDA work on it; below it the GPU is not checked (a warning); `0` turns the check off", low=0,
@@ -55,10 +52,9 @@ BAD_OUTPUT = cause("bad-output", "worker output unreadable (no or several result
                    "a number no float can hold such as 1e999, a field of the wrong type)",
                    "the interpreter is not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`",
                    action="fix-config", actor="tenant")
-KILLED = cause("killed", "worker killed by a signal",
-               "check the container's memory limit (SIGKILL: out of memory?), "
-               "dmesg and the torch install (SIGSEGV, SIGBUS, SIGABRT: a crash in torch or the driver)",
-               action="fix-config", actor="tenant")
+KILLED = cause("killed", "worker killed by a signal", "check the container's memory limit (SIGKILL: out of "
+               "memory?), dmesg and the torch install (SIGSEGV, SIGBUS, SIGABRT: a crash in torch "
+               "or the driver)", action="fix-config", actor="tenant")
 WORKLOAD_MEMORY = cause("workload-memory", "NVML says a GPU has less free memory than the probe needs "
                         "(`HEALTHCHECK_TORCH_MIN_FREE_MIB`, plus the model's size for model, "
                         "plus 256 MiB of NCCL's buffers for nccl): not checked, nothing started there; "
@@ -71,21 +67,18 @@ HELD_BACK = cause("checkpointed", "a CUDA process here is locked or checkpointed
 # The causes of CUDA errors (cuda_errors.py maps each class of its table, and some rows, to one).
 CUDA_FATAL = cause("cuda-fatal", "sticky CUDA error, one NVIDIA's runtime documentation says leaves the "
                    "process unusable (illegal address, launch failure or timeout, device-side assert, "
-                   "misaligned address, ...), or an uncorrectable ECC or NVLink error; "
-                   "latches (see \"CUDA errors\")", "restart the container; check dmesg for Xid errors "
-                   "(each error's own remedy is in the message)", action="restart-container",
-                   actor="operator")
+                   "misaligned address, ...), or an uncorrectable ECC or NVLink error; latches (see "
+                   "\"CUDA errors\")", "restart the container; check dmesg for Xid errors (each error's own "
+                   "remedy is in the message)", action="restart-container", actor="operator")
 CUDA_ERROR = cause("cuda-error", "another CUDA error (no kernel image for this GPU, invalid device ordinal, "
                    "invalid configuration, a cuBLAS/cuDNN status, ...): fails, never latches",
                    OWN_REMEDY, action="fix-config", actor="tenant")
-OOM = cause("oom", "out of memory for the probe's own context, tensors or buffers "
-            "(CUDA's, or cuBLAS's or cuDNN's `*_ALLOC_FAILED`)",
-            "the workload is using the memory; not checked, not a fault", "warn", action="none",
-            actor="tenant")
-DEVICE_BUSY = cause("device-busy", "GPU held by the workload in EXCLUSIVE_PROCESS mode "
-                    "(\"busy or unavailable\"); the message names the holding PID",
-                    "the workload holds the GPU, so the probe cannot open a context there; not a fault",
-                    "warn", action="none", actor="tenant")
+OOM = cause("oom", "out of memory for the probe's own context, tensors or buffers (CUDA's, or cuBLAS's or "
+            "cuDNN's `*_ALLOC_FAILED`)", "the workload is using the memory; not checked, not a fault", "warn",
+            action="none", actor="tenant")
+DEVICE_BUSY = cause("device-busy", "GPU held by the workload in EXCLUSIVE_PROCESS mode (\"busy or "
+                    "unavailable\"); the message names the holding PID", "the workload holds the GPU, so the "
+                    "probe cannot open a context there; not a fault", "warn", action="none", actor="tenant")
 MPS_BUSY = cause("mps-busy", "GPU shared through MPS: the probe cannot open its own context; the message "
                  "names the MPS clients", "the GPU is shared through MPS and the probe cannot open its own "
                  "context there; not checked, not a fault", "warn", action="none", actor="tenant")

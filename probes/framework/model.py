@@ -55,15 +55,13 @@ class Settings(Declared):
         parse=model_input)
     model_expect: str | None = setting("HEALTHCHECK_MODEL_EXPECT", TEXT, None,
                                        "a tensor saved with `torch.save`: the forward pass's expected output")
-    model_tolerance: float = setting("HEALTHCHECK_MODEL_TOLERANCE", NUMBER, 1e-3,
-                                     "largest accepted max(abs(output - expected)) / max(abs(expected))",
-                                     low=0, high=1)
+    model_tolerance: float = setting("HEALTHCHECK_MODEL_TOLERANCE", NUMBER, 1e-3, "largest accepted "
+                                     "max(abs(output - expected)) / max(abs(expected))", low=0, high=1)
     model_max_bytes: int | None = setting(
         "HEALTHCHECK_MODEL_MAX_BYTES", INTEGER, None, "the most bytes the model may take (besides the free "
         "GPU memory or available RAM, whichever is smaller)", low=0, high=2**62)
-    model_ttl: float = setting("HEALTHCHECK_MODEL_TTL", NUMBER, 3600.0,
-                               "seconds a passing model result is reused by readiness", low=0, high=86400,
-                               low_inclusive=True)
+    model_ttl: float = setting("HEALTHCHECK_MODEL_TTL", NUMBER, 3600.0, "seconds a passing model result is "
+                               "reused by readiness", low=0, high=86400, low_inclusive=True)
 
 
 def _fix(reason: str, what: str, remedy: str) -> Cause:
@@ -92,17 +90,15 @@ MISMATCH = _fix("output-mismatch", "the forward pass differs from `HEALTHCHECK_M
 EXPECT = _fix("expect-unreadable", "the expected-output file is missing, not a regular file "
               "(said before the model loads), too large for the memory, or not a saved tensor",
               "save a tensor with `torch.save(tensor, path)`")
-BAD_INPUT = _fix("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, "
-                 "or the model is not TorchScript",
-                 "fix the setting (a forward pass needs a TorchScript model)")
+BAD_INPUT = _fix("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, or the model "
+                 "is not TorchScript", "fix the setting (a forward pass needs a TorchScript model)")
 FORWARD = _fix("forward-failed", "the forward pass raised", deep.LOGGED)
 LOAD = _fix("load-failed", "loading raised another error", deep.LOGGED)
 TORCH_MISSING = _fix("torch-missing", "torch cannot be imported, or CUDA is not available to it",
                      "see the `torch-cuda` probe")
-DEADLINE = cause("deadline", "no result by the deadline (a large model on a slow disk, or a wedged "
-                 "driver), or another costly check held the lock until then",
-                 "raise `HEALTHCHECK_TIMEOUT` for large models; check `nvidia-smi` and dmesg",
-                 action="retry", actor="tenant")
+DEADLINE = cause("deadline", "no result by the deadline (a large model on a slow disk, or a wedged driver), "
+                 "or another costly check held the lock until then", "raise `HEALTHCHECK_TIMEOUT` for large "
+                 "models; check `nvidia-smi` and dmesg", action="retry", actor="tenant")
 
 SPEC = Spec(
     NAME, layer="framework", module=__name__, toggle="ENABLE_MODEL_CHECK", timeout=60.0,

@@ -50,11 +50,10 @@ NVML_NOT_FOUND = cause("nvml-not-found", "exit 12 / NVML library not found: libn
                        f"{TOOLKIT} (NVIDIA Container Toolkit, `NVIDIA_DRIVER_CAPABILITIES` with `utility`)",
                        action="fix-config", actor="tenant")
 NO_PERMISSION = cause("no-permission", "exit 4 / NVML_ERROR_NO_PERMISSION: the container's user cannot open "
-                      "the GPU's device files `/dev/nvidia*` "
-                      "(rootless runtime, SELinux, device nodes mounted by hand)",
-                      "start the container through the NVIDIA Container Toolkit (`--gpus all` or CDI) "
-                      "or allow the devices in its cgroup; under SELinux allow `container_use_devices`",
-                      action="fix-config", actor="tenant")
+                      "the GPU's device files `/dev/nvidia*` (rootless runtime, SELinux, device nodes "
+                      "mounted by hand)", "start the container through the NVIDIA Container Toolkit "
+                      "(`--gpus all` or CDI) or allow the devices in its cgroup; under SELinux allow "
+                      "`container_use_devices`", action="fix-config", actor="tenant")
 NVML_TOO_OLD = cause("nvml-too-old", "exit 13 / NVML_ERROR_FUNCTION_NOT_FOUND: the NVML the container loads "
                      "lacks a function (an image with its own driver libraries, or an old driver)",
                      "remove the driver libraries from the image so that the toolkit mounts the host's, "
@@ -75,13 +74,11 @@ DRIVER_MISMATCH = cause("driver-mismatch", "the driver's user-space libraries do
 UNKNOWN_ERROR = cause("nvml-unknown-error", "exit 255 / NVML init \"Unknown Error\": "
                       "device cgroup access lost after a host `systemctl daemon-reload`",
                       "recreate the container", action="restart-container", actor="operator")
-GPU_COUNT_LOW = cause("gpu-count", "fewer GPUs than `HEALTHCHECK_GPU_COUNT`",
-                      "start the container with more GPUs (`--gpus all`, `NVIDIA_VISIBLE_DEVICES`, "
-                      "`nvidia.com/gpu` limit) or lower `HEALTHCHECK_GPU_COUNT`", action="fix-config",
-                      actor="tenant")
-DEADLINE = cause("deadline", "no answer by the deadline (driver wedged)",
-                 f"{WEDGED}; enable persistence mode on the host (`nvidia-smi -pm 1`)", action="reset-gpu",
-                 actor="operator")
+GPU_COUNT_LOW = cause("gpu-count", "fewer GPUs than `HEALTHCHECK_GPU_COUNT`", "start the container with more "
+                      "GPUs (`--gpus all`, `NVIDIA_VISIBLE_DEVICES`, `nvidia.com/gpu` limit) or lower "
+                      "`HEALTHCHECK_GPU_COUNT`", action="fix-config", actor="tenant")
+DEADLINE = cause("deadline", "no answer by the deadline (driver wedged)", f"{WEDGED}; enable persistence "
+                 "mode on the host (`nvidia-smi -pm 1`)", action="reset-gpu", actor="operator")
 
 # NVML's own, raised by nvml_lib (for the nvml probe, free_memory and serve's event watcher).
 BINDINGS_MISSING = cause("nvml-bindings-missing", "nvidia-ml-py not installed in the suite's environment",

@@ -37,22 +37,19 @@ MAX_NAME = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
 _LOST = r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]*[0-9A-Fa-f])"
 _UUID = r"^(GPU|MIG)-[0-9A-Za-z-]+$"
 
-NOT_FOUND = cause("not-found", "nvidia-smi not on PATH",
-                  f"{hw.TOOLKIT} (NVIDIA Container Toolkit installed on the host)", action="fix-config",
-                  actor="tenant")
-CANNOT_START = cause("cannot-start", "nvidia-smi cannot be executed "
-                     "(not executable, or its `#!` interpreter or loader is missing)",
-                     "check the file mounted by the NVIDIA Container Toolkit and recreate the container",
-                     action="restart-container", actor="tenant")
+NOT_FOUND = cause("not-found", "nvidia-smi not on PATH", f"{hw.TOOLKIT} (NVIDIA Container Toolkit installed "
+                  "on the host)", action="fix-config", actor="tenant")
+CANNOT_START = cause("cannot-start", "nvidia-smi cannot be executed (not executable, or its `#!` interpreter "
+                     "or loader is missing)", "check the file mounted by the NVIDIA Container Toolkit and "
+                     "recreate the container", action="restart-container", actor="tenant")
 KILLED = cause("killed", "killed by a signal (an exit status above 128 is an exit status: "
                "no shell runs nvidia-smi)", "the driver or the tool crashed; check `dmesg` for Xid errors",
                action="reset-gpu", actor="operator")
 UNPARSEABLE = cause("unparseable", "output is not the expected CSV (quoted, short excerpt)",
                     "check the `nvidia-smi` on PATH is NVIDIA's and matches the driver", action="fix-config",
                     actor="tenant")
-STUCK = cause("stuck", "still there after SIGKILL (uninterruptible sleep); "
-              "while it exists, later runs do not start another and say so at once", hw.WEDGED,
-              action="reset-gpu", actor="operator")
+STUCK = cause("stuck", "still there after SIGKILL (uninterruptible sleep); while it exists, later runs do "
+              "not start another and say so at once", hw.WEDGED, action="reset-gpu", actor="operator")
 
 
 class Code(Record):

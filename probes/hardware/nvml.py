@@ -43,28 +43,24 @@ RECOVERY_ACTIONS = {
 BUSY_UTILIZATION = 80  # PCIe below its maximum is power saving on an idle GPU: judged from this busy on
 
 COOLING = "check cooling and airflow"
-NO_GPU_REQUESTED = cause("no-gpu-requested",
-                         "`NVIDIA_VISIBLE_DEVICES` is `void`/`none`/empty: no GPU requested",
-                         "start it with `--gpus all` or `NVIDIA_VISIBLE_DEVICES=all`", action="fix-config",
-                         actor="tenant")
+NO_GPU_REQUESTED = cause("no-gpu-requested", "`NVIDIA_VISIBLE_DEVICES` is `void`/`none`/empty: no "
+                         "GPU requested", "start it with `--gpus all` or `NVIDIA_VISIBLE_DEVICES=all`",
+                         action="fix-config", actor="tenant")
 GPU_UNKNOWN = cause("gpu-unknown-error", "one GPU answers Unknown Error while others report",
                     f"the GPU is likely lost (check `dmesg` for Xid 79); {hw.RESET}", action="reset-gpu",
                     actor="operator")
-ECC = cause("ecc-uncorrectable", "volatile uncorrectable ECC errors",
-            f"drain the workload and {hw.RESET}; service the GPU if they recur", action="reset-gpu",
-            actor="operator")
-REMAP_FAILURE = cause("row-remap-failure", "row remapping failed",
-                      "the GPU needs a reset (`nvidia-smi -r`) and likely service (RMA)",
-                      action="service-hardware", actor="operator")
+ECC = cause("ecc-uncorrectable", "volatile uncorrectable ECC errors", f"drain the workload and {hw.RESET}; "
+            "service the GPU if they recur", action="reset-gpu", actor="operator")
+REMAP_FAILURE = cause("row-remap-failure", "row remapping failed", "the GPU needs a reset (`nvidia-smi -r`) "
+                      "and likely service (RMA)", action="service-hardware", actor="operator")
 REMAP_PENDING = cause("row-remap-pending", "row remap pending", f"{hw.RESET} when idle to apply it",
                       action="reset-gpu", actor="operator")
 RETIREMENT_PENDING = cause("page-retirement-pending", "page retirement pending",
                            f"{hw.RESET} when idle to retire the pages", action="reset-gpu", actor="operator")
 NO_MEMORY = cause("no-memory", "NVML reports 0 MiB of memory on a GPU: the GPU is broken or the driver "
-                  "misreports it (a GPU without memory of its own answers NOT_SUPPORTED, never 0); "
-                  "no workload can run there",
-                  f"check `nvidia-smi -q -d MEMORY` and `dmesg` for Xid, {hw.RESET}", action="reset-gpu",
-                  actor="operator")
+                  "misreports it (a GPU without memory of its own answers NOT_SUPPORTED, never 0); no "
+                  "workload can run there", "check `nvidia-smi -q -d MEMORY` and `dmesg` for "
+                  f"Xid, {hw.RESET}", action="reset-gpu", actor="operator")
 THERMAL = cause("thermal-slowdown", "SW/HW thermal slowdown clock event", COOLING, "warn",
                 action="service-hardware", actor="operator")
 HW_SLOW = cause("hw-slowdown", "HW slowdown / power brake clock event", "check the power supply and cooling",
@@ -86,13 +82,11 @@ MIG_DENIED = cause("mig-no-permission", "NVML answers NO_PERMISSION for the pare
 FIELD_DENIED = cause("field-no-permission", "NVML answers NO_PERMISSION for a field",
                      "not checked, not a fault", "warn", action="none", actor="tenant")
 PCIE = cause("pcie-degraded", "PCIe link generation or width below the maximum while the GPU is at least 80% "
-             "busy (an idle GPU lowers its link by design)",
-             "reseat the GPU or check the riser and slot; `nvidia-smi -q -d PCIE` on the host", "warn",
-             action="service-hardware", actor="operator")
-NVLINK_DOWN = cause("nvlink-down",
-                    "an NVLink link is down on a GPU with NVLink (PCIe-only GPUs are not judged)",
-                    "check `nvidia-smi nvlink -s`, reset the GPU or have the board serviced", "warn",
-                    action="reset-gpu", actor="operator")
+             "busy (an idle GPU lowers its link by design)", "reseat the GPU or check the riser and slot; "
+             "`nvidia-smi -q -d PCIE` on the host", "warn", action="service-hardware", actor="operator")
+NVLINK_DOWN = cause("nvlink-down", "an NVLink link is down on a GPU with NVLink (PCIe-only GPUs "
+                    "are not judged)", "check `nvidia-smi nvlink -s`, reset the GPU or have the "
+                    "board serviced", "warn", action="reset-gpu", actor="operator")
 NVLINK_ERRORS = cause("nvlink-errors", "NVLink error counters rose between two readings in one run",
                       "check `nvidia-smi nvlink -e`; a failing link or bridge needs service", "warn",
                       action="service-hardware", actor="operator")

@@ -44,36 +44,30 @@ _GPU_NODE = r"nvidia(\d+)\Z"
 class Settings(hw.Expected):
     shm_path: str = setting("HEALTHCHECK_SHM_PATH", TEXT, "/dev/shm",  # noqa: S108  (measured, not written)
                             "the shared-memory mount whose size is judged")
-    shm_min_mib: int = setting("HEALTHCHECK_SHM_MIN_MIB", INTEGER, 1024,
-                               "`/dev/shm` below this many MiB warns (NCCL, DataLoader workers)", low=0,
-                               high=1 << 24, low_inclusive=True)
+    shm_min_mib: int = setting("HEALTHCHECK_SHM_MIN_MIB", INTEGER, 1024, "`/dev/shm` below this many MiB "
+                               "warns (NCCL, DataLoader workers)", low=0, high=1 << 24, low_inclusive=True)
     dev_root: str = setting("HEALTHCHECK_DEV_ROOT", TEXT, "/dev",
                             "where the NVIDIA device nodes are looked for")
 
 
-SHM_SMALL = cause("shm-small", "`/dev/shm` smaller than `HEALTHCHECK_SHM_MIN_MIB` "
-                  "(Docker's default is 64 MiB): NCCL fails with \"unhandled system error\", "
-                  "DataLoader workers die",
-                  "`docker run --shm-size=8g` or `--ipc=host`, "
-                  "in Kubernetes an `emptyDir` with `medium: Memory` at `/dev/shm`", "warn",
-                  action="fix-config", actor="tenant")
+SHM_SMALL = cause("shm-small", "`/dev/shm` smaller than `HEALTHCHECK_SHM_MIN_MIB` (Docker's default is 64 "
+                  "MiB): NCCL fails with \"unhandled system error\", DataLoader workers die",
+                  "`docker run --shm-size=8g` or `--ipc=host`, in Kubernetes an `emptyDir` with "
+                  "`medium: Memory` at `/dev/shm`", "warn", action="fix-config", actor="tenant")
 SHM_MISSING = cause("shm-missing", "`/dev/shm` cannot be measured",
                     "mount a tmpfs at `/dev/shm` (`--shm-size`, `--ipc=host`, or a memory-backed `emptyDir`)",
                     "warn", action="fix-config", actor="tenant")
-DEVICE_NODES = cause("device-nodes", "`/dev/nvidiactl`, `/dev/nvidia-uvm` or a `/dev/nvidiaN` "
-                     "per expected GPU is missing although the container was given GPUs",
-                     f"{hw.TOOLKIT} (NVIDIA Container Toolkit); for `nvidia-uvm` "
-                     "run `nvidia-modprobe -u -c=0` on the host, then recreate the container",
-                     action="restart-container", actor="operator")
+DEVICE_NODES = cause("device-nodes", "`/dev/nvidiactl`, `/dev/nvidia-uvm` or a `/dev/nvidiaN` per expected "
+                     "GPU is missing although the container was given GPUs", f"{hw.TOOLKIT} (NVIDIA "
+                     "Container Toolkit); for `nvidia-uvm` run `nvidia-modprobe -u -c=0` on the host, then "
+                     "recreate the container", action="restart-container", actor="operator")
 DEBUG_ENV_SET = cause("cuda-debug-env", "a variable that changes CUDA's behaviour for debugging is set "
                       "(`CUDA_LAUNCH_BLOCKING`, `CUDA_INJECTION64_PATH`, "
-                      "`CUDA_ENABLE_COREDUMP_ON_EXCEPTION`, ...)",
-                      "remove it from the image or deployment for production", "warn", action="fix-config",
-                      actor="tenant")
-PERSISTENCE_OFF = cause("persistence-off", "persistence mode off (startup only, from the nvml probe): "
-                        "each NVML/CUDA start re-initialises the GPU",
-                        "`nvidia-smi -pm 1` or run `nvidia-persistenced` on the host", "warn",
-                        action="fix-config", actor="operator")
+                      "`CUDA_ENABLE_COREDUMP_ON_EXCEPTION`, ...)", "remove it from the image or deployment "
+                      "for production", "warn", action="fix-config", actor="tenant")
+PERSISTENCE_OFF = cause("persistence-off", "persistence mode off (startup only, from the nvml probe): each "
+                        "NVML/CUDA start re-initialises the GPU", "`nvidia-smi -pm 1` or run "
+                        "`nvidia-persistenced` on the host", "warn", action="fix-config", actor="operator")
 
 SPEC = Spec(
     NAME, layer="hardware", module=__name__, toggle="ENABLE_RUNTIME_CHECK", timeout=2.0,
