@@ -1,7 +1,6 @@
-"""checkpoint (a plug-in, opt-in): no process here that holds a CUDA context is locked or checkpointed
-by CUDA checkpoint (driver 555+; docs/probes.md, "Deep opt-in checks"). A child
-(``checkpoint_child.py``) asks the driver under the deadline: the query can hang while a peer process
-is locked. Command-line equivalent::
+"""checkpoint (a plug-in, opt-in): no process here holding a CUDA context is locked or checkpointed by
+CUDA checkpoint (driver 555+), asked in a child under the deadline (docs/probes.md, "Deep opt-in
+checks"). Command-line equivalent::
 
     cuda-checkpoint --get-state --pid 123
 """
@@ -58,9 +57,8 @@ SPEC = Spec(
 
 
 def local_pids(ctx: Context) -> list[int]:
-    """Processes of this PID namespace, never this one, that hold a CUDA context: those whose NSpid
-    holds a pid of the compute processes the nvml probe saw, and, since NVML in a container often
-    reports host PIDs, those with a GPU device node open."""
+    """Processes here (never this one) holding a CUDA context: NVML's compute processes by NSpid, and,
+    since NVML in a container often reports host PIDs, those with a GPU device node open."""
     from probes.hardware import common as hw
 
     seen = hw.seen(ctx.results)
@@ -100,7 +98,6 @@ _STATE = {"pid": (deep.INT, False), "rc": (deep.INT, False), "state": (deep.INT,
 
 
 def parse_output(stdout: bytes) -> dict[str, Any] | None:
-    """The child's report if it matches the schema exactly, else None."""
     from probes.framework import checkpoint_child
 
     try:

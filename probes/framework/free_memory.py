@@ -44,14 +44,14 @@ class Room(Record):
         return bool(self.full) and not self.allowed
 
     def facts(self) -> dict[str, Any]:
-        """What judge() and the cache keep of it (checked again by :func:`read`)."""
+        """What judge() and the cache keep (checked again by :func:`read`)."""
         full = [{"index": g.index, "free_mib": g.free_mib, "total_mib": g.total_mib} for g in self.full]
         return {"need_mib": self.need_mib, "unknown": self.unknown, "full": full}
 
 
 def survey(need_mib: int, env: Mapping[str, str]) -> Room:
     """Which of the GPUs the worker would see (``CUDA_VISIBLE_DEVICES`` in ``env``) have ``need_mib``
-    MiB free; a lost GPU is left out (the nvml probe reports it, and no context starts there)."""
+    MiB free; a lost GPU is left out (the nvml probe reports it)."""
     from probes.hardware import nvml, nvml_lib
 
     if need_mib <= 0:

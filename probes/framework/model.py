@@ -1,8 +1,6 @@
 """model (a plug-in, opt-in): the image's model file loads onto the probe's device without running
-pickled code, and answers as expected (docs/probes.md, "Deep opt-in checks"). A worker
-(``model_worker.py``) loads it in ``HEALTHCHECK_TORCH_PYTHON``; like torch-cuda it is one costly check,
-under the same lock, and readiness reuses a pass younger than ``HEALTHCHECK_MODEL_TTL`` (the file's
-identity, size and mtime are part of the key). Command-line equivalent::
+pickled code and answers as expected, in a worker (docs/probes.md, "Deep opt-in checks"); the file's
+identity, size and mtime are part of the cache key. Command-line equivalent::
 
     python3 probes/framework/model_worker.py --path /models/m.pt --device cuda --input 1x3x224x224:float16
 """
@@ -32,7 +30,7 @@ ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus the model's size"
 
 
 def model_input(text: str) -> str:
-    """HEALTHCHECK_MODEL_INPUT, read by the worker's own grammar when the settings are read."""
+    """HEALTHCHECK_MODEL_INPUT, read by the worker's own grammar."""
     from probes.framework import model_worker
 
     try:
@@ -64,8 +62,7 @@ class Settings(Declared):
                                "reused by readiness", low=0, high=86400, low_inclusive=True)
 
 
-def _fix(reason: str, what: str, remedy: str) -> Cause:
-    """A cause the model's owner fixes: the file, or a setting."""
+def _fix(reason: str, what: str, remedy: str) -> Cause:  # the model's owner fixes the file or a setting
     return cause(reason, what, remedy, action="fix-config", actor="tenant")
 
 
@@ -126,7 +123,6 @@ KINDS = {"missing": MISSING, "unreadable": UNREADABLE, "unsupported": UNSUPPORTE
 
 
 def validate(report: Any, device: str) -> dict[str, Any]:
-    """A cleaned copy of the worker's report if it matches the schema exactly; raises deep.Bad."""
     from probes.framework import model_worker
 
     deep.fields(report, _REPORT, "result", nested=("error",))
@@ -173,7 +169,6 @@ def run_worker(ctx: Context) -> dict[str, Any]:
 
 
 def _phrase(err: dict[str, Any]) -> str | None:
-    """The worker's message when it is one of its own phrases; None for anything else."""
     from probes.framework import model_worker
 
     return err["message"] if err["message"] in model_worker.PHRASES else None

@@ -1,9 +1,6 @@
-"""nccl (a plug-in, opt-in): NCCL works in this container: one all-reduce across every visible GPU,
-checked exactly (docs/probes.md, "Deep opt-in checks"). A too small ``/dev/shm`` fails before anything
-starts; then a worker (``nccl_worker.py``) runs with ``NCCL_DEBUG=WARN`` under the probe's deadline:
-PyTorch's own NCCL watchdog waits 30 minutes, so only a killable child is safe. NCCL's warnings name
-the cause. Like torch-cuda and model it is one costly check under the same lock, and it starts nothing
-on a GPU without room. Command-line equivalent::
+"""nccl (a plug-in, opt-in): one all-reduce across every visible GPU, checked exactly, in a killable
+worker (PyTorch's NCCL watchdog waits 30 minutes) whose NCCL warnings name the cause; a too small
+``/dev/shm`` fails first (docs/probes.md, "Deep opt-in checks"). Command-line equivalent::
 
     NCCL_DEBUG=WARN python3 probes/framework/nccl_worker.py
 """
@@ -95,7 +92,6 @@ KINDS = ("no-nccl", "cuda-unavailable", "import", "collective", "worker")
 
 
 def shm_size() -> int | None:
-    """The size of /dev/shm in bytes, None when it cannot be read."""
     try:
         st = os.statvfs(SHM)
     except OSError:
