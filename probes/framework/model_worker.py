@@ -37,7 +37,7 @@ PHRASES = (
     NO_FILE, A_DIRECTORY, SPECIAL_FILE, NO_PERMISSION, CANNOT_OPEN,
     "expected SHAPE:DTYPE[:zeros|seeded]", "the shape is not NxMx... (positive integers)",
     "a dimension is zero", "dtype or fill not accepted",
-    "shorter than a safetensors header", "safetensors header length beyond the file (truncated?)",
+    "safetensors header length beyond the file (truncated?)",
     "safetensors header is not JSON", "safetensors header is not an object",
     "safetensors header entry is malformed",
     "a tensor lies beyond the end of the file (truncated?)", "a damaged or truncated zip archive",
@@ -167,16 +167,13 @@ def by_descriptor(fh, path):
 
 
 def safetensors_header(fh, size):
-    """(header dict, data start) of a safetensors file, checked against the file size."""
-    fh.seek(0)
-    head = fh.read(8)
-    if len(head) < 8:
-        raise Failure("corrupt", "shorter than a safetensors header")
+    """(tensor entries, data start) of a file ``detect`` found to be safetensors, checked against its size."""
     import json
     import struct
 
-    (length,) = struct.unpack("<Q", head)
-    if length > MAX_HEADER or 8 + length > size:
+    fh.seek(0)
+    (length,) = struct.unpack("<Q", fh.read(8))
+    if 8 + length > size:
         raise Failure("corrupt", "safetensors header length beyond the file (truncated?)")
     try:
         header = json.loads(fh.read(length).decode("utf-8"))
@@ -185,9 +182,8 @@ def safetensors_header(fh, size):
     if not isinstance(header, dict):
         raise Failure("corrupt", "safetensors header is not an object")
     start = 8 + length
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
+    header.pop("__metadata__", None)
+    for info in header.values():
         ok = (isinstance(info, dict) and info.get("dtype") in ST_DTYPES
               and isinstance(info.get("shape"), list) and isinstance(info.get("data_offsets"), list)
               and len(info["data_offsets"]) == 2
@@ -219,7 +215,7 @@ def detect(fh, size):
     if len(magic) == 8 and 2 <= struct.unpack("<Q", magic)[0] <= MAX_HEADER and fh.read(1) == b"{":
         header, _ = safetensors_header(fh, size)
         return "safetensors", sum(info["data_offsets"][1] - info["data_offsets"][0]
-                                  for name, info in header.items() if name != "__metadata__")
+                                  for info in header.values())
     if magic[:1] == b"\x80":  # a pickle (torch.save's legacy format): only weights_only may read it
         return "state-dict", size
     raise Failure("unsupported", "not a TorchScript archive, a safetensors file or a torch.save state dict")
@@ -269,8 +265,6 @@ def load_safetensors(torch, fh, size, device):
     header, start = safetensors_header(fh, size)
     out = {}
     for name, info in header.items():
-        if name == "__metadata__":
-            continue
         dtype = getattr(torch, ST_DTYPES[info["dtype"]], None)
         if dtype is None:
             raise Failure("unsupported", "a dtype unknown to this torch")
@@ -346,8 +340,8 @@ def forward(torch, model, args, device, report, expect_fh):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as exc:
-        failure = load_error(exc)
-        raise Failure("oom" if failure.kind == "oom" else "forward", text(exc), error_code(exc)) from None
+        kind = "oom" if "out of memory" in text(exc).lower() else "forward"
+        raise Failure(kind, text(exc), error_code(exc)) from None
     report["forward_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
     if isinstance(out, (list, tuple)) and out:
         out = out[0]
@@ -364,21 +358,12 @@ def forward(torch, model, args, device, report, expect_fh):
 
 
 def work(args, report):
-    phase("open")
+    phase("open")  # the files stay open until the worker exits
     fh, size = open_file(args.path)
     report["file_bytes"] = size
     expect_fh, expect_size = None, 0
-    try:
-        if args.expect and args.input is not None:  # said before anything costly, as a bad input is
-            expect_fh, expect_size = open_file(args.expect, "expect-missing", "expect-unreadable")
-        with fh:
-            load_and_run(args, report, fh, size, expect_fh, expect_size)
-    finally:
-        if expect_fh is not None:
-            expect_fh.close()
-
-
-def load_and_run(args, report, fh, size, expect_fh, expect_size):
+    if args.expect and args.input is not None:  # said before anything costly, as a bad input is
+        expect_fh, expect_size = open_file(args.expect, "expect-missing", "expect-unreadable")
     fmt, nbytes = detect(fh, size)
     report["format"], report["bytes"] = fmt, nbytes
     if args.input is not None:
