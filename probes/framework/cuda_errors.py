@@ -370,20 +370,27 @@ def identify(code: object, message: str, kind: object = None) -> Found | None:
     return Found(BY_CODE[2], "type") if kind == "OutOfMemoryError" else None
 
 
-def failure(name: str, code: Any, message: str, where: str, **kw: Any) -> Result | None:
-    """model's and nccl's verdict on a CUDA error, or None when it is none we can name: sticky latches
-    (``fatal`` in the facts), could-not-check warns, anything else fails as ``cuda-error``. torch-cuda
-    says more (the holder of a busy GPU, the driver's version, an error at start by its own reason)."""
-    found = identify(code, message)
+def failure(name: str, found: Found | None, where: str, *, holder: str = "", start: bool = False,
+            **kw: Any) -> Result | None:
+    """A probe's verdict on an identified CUDA error (None for none): sticky latches (``fatal`` in the
+    facts), could-not-check warns naming the GPU's ``holder``; with ``start`` (torch-cuda) an error at
+    start is said by its own cause, else any other error fails as ``cuda-error``."""
     if found is None:
         return None
-    error = found.error
-    facts = {**kw.pop("facts", {}), "cuda_error": found.facts()}
+    error, facts = found.error, kw.setdefault("facts", {})
+    facts["cuda_error"] = found.facts()
     if error.category == STICKY:
-        return error.verdict(name, f"fatal CUDA error on {where} ({error.label}): sticky, "
-                             f"{deep.UNTIL_RESTART}", facts={**facts, "fatal": True}, **kw)
+        facts["fatal"] = True
+        return error.verdict(name, f"fatal CUDA error on {where} ({error.label}): sticky, the CUDA "
+                             f"context is unusable; {deep.UNTIL_RESTART}", **kw)
     if error.category == NOT_CHECKED:
-        return result.verdict(name, deep.OOM if error.cause is deep.OOM else deep.DEVICE_BUSY,
-                              f"{where}: {error.label}", facts=facts, **kw)
-    return error.verdict(name, f"CUDA error on {where} ({error.label})", cause=deep.CUDA_ERROR, facts=facts,
+        if error.cause is deep.OOM:
+            return result.verdict(name, deep.OOM, f"{where} out of memory for the probe's own "
+                                  f"context{holder} ({error.label})", **kw)
+        mps = error.cause is deep.MPS_BUSY or "MPS client" in holder
+        return result.verdict(name, deep.MPS_BUSY if mps else deep.DEVICE_BUSY, f"{where} busy{holder} "
+                              f"({error.label})", **kw)
+    if error.category == ENVIRONMENT and start:
+        return error.verdict(name, f"CUDA cannot start on {where} ({error.label})", **kw)
+    return error.verdict(name, f"CUDA error on {where} ({error.label})", None if start else deep.CUDA_ERROR,
                          **kw)

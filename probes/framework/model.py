@@ -103,8 +103,8 @@ SPEC = Spec(
     about="the image's model file loads onto the device without running pickled code (opt-in)",
     default_on=False, on_with="model_path", settings=Settings.SETTINGS,
     causes=(MISSING, UNREADABLE, UNSUPPORTED, UNSAFE, CORRUPT, TOO_BIG, deep.OOM, deep.WORKLOAD_MEMORY,
-            deep.DEVICE_BUSY, deep.CUDA_FATAL, deep.CUDA_ERROR, MISMATCH, EXPECT, BAD_INPUT, FORWARD, LOAD,
-            deep.HELD_BACK, deep.INTERPRETER_NOT_FOUND, TORCH_MISSING, DEADLINE, deep.KILLED,
+            deep.DEVICE_BUSY, deep.MPS_BUSY, deep.CUDA_FATAL, deep.CUDA_ERROR, MISMATCH, EXPECT, BAD_INPUT,
+            FORWARD, LOAD, deep.HELD_BACK, deep.INTERPRETER_NOT_FOUND, TORCH_MISSING, DEADLINE, deep.KILLED,
             deep.BAD_OUTPUT),
 )
 
@@ -262,7 +262,7 @@ def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dic
 
     if err["kind"] in CUDA_KINDS:
         where = f"{report['device']}, loading {path}"
-        found = cuda_errors.failure(NAME, err["code"], err["message"], where, **kw)
+        found = cuda_errors.failure(NAME, cuda_errors.identify(err["code"], err["message"]), where, **kw)
         if found is not None:
             return found
     cause = KINDS[err["kind"]]

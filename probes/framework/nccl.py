@@ -81,8 +81,8 @@ SPEC = Spec(
     default_on=False, about="an NCCL all-reduce across every visible GPU gives the exact sum (opt-in)",
     settings=Settings.SETTINGS,
     causes=(SHM_SMALL, OWN_SHM, P2P, HANG, NO_NCCL, WRONG_SUM, NCCL_ERROR, deep.CUDA_UNAVAILABLE,
-            deep.CUDA_FATAL, deep.CUDA_ERROR, deep.OOM, deep.DEVICE_BUSY, deep.WORKLOAD_MEMORY, ON_CPU,
-            deep.HELD_BACK, deep.INTERPRETER_NOT_FOUND, DEADLINE, deep.KILLED, deep.BAD_OUTPUT),
+            deep.CUDA_FATAL, deep.CUDA_ERROR, deep.OOM, deep.DEVICE_BUSY, deep.MPS_BUSY, deep.WORKLOAD_MEMORY,
+            ON_CPU, deep.HELD_BACK, deep.INTERPRETER_NOT_FOUND, DEADLINE, deep.KILLED, deep.BAD_OUTPUT),
 )
 
 _REPORT = {"v": (INT, False), "backend": (STR, False), "torch": (STR, True), "nccl": (STR, True),
@@ -203,8 +203,8 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
     cuda = None
     if err is not None or lines:
         message = "\n".join(([err["message"]] if err is not None else []) + lines)
-        cuda = cuda_errors.failure(NAME, err["code"] if err is not None else None, message, "the GPUs",
-                                   unit=UNIT, facts=dict(kw["facts"]))
+        found = cuda_errors.identify(err["code"] if err is not None else None, message)
+        cuda = cuda_errors.failure(NAME, found, "the GPUs", unit=UNIT, facts=dict(kw["facts"]))
     if cuda is not None and cuda.reason != deep.CUDA_ERROR.reason:
         return cuda
     if (line := _has(lines, SHM_WORDS)) is not None:

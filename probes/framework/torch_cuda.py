@@ -325,31 +325,16 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
 
     from probes.framework import cuda_errors
 
-    found = cuda_errors.identify(err.get("code"), str(err.get("message", "")), err.get("type"))
-    if found is None:
-        return None
-    error = found.error
-    where = "the GPU(s)" if entry is None else f"cuda:{entry['index']}"
-    kw["facts"]["cuda_error"] = found.facts()
-    if error.category == cuda_errors.NOT_CHECKED:
-        holder = _holder(ctx, report, entry["index"] if entry else 0, entry["uuid"] if entry else None)
-        if error.cause is deep.MPS_BUSY or (error.cause is deep.DEVICE_BUSY and "MPS client" in holder):
-            return verdict(NAME, deep.MPS_BUSY, f"{where} busy{holder}", **kw)
-        if error.cause is deep.DEVICE_BUSY:
-            return verdict(NAME, deep.DEVICE_BUSY, f"{where} busy{holder}", **kw)
-        return verdict(NAME, deep.OOM, f"{where} out of memory for the probe's own context{holder} "
-                       f"({error.label})", **kw)
-    if error.cause is deep.DRIVER_TOO_OLD:
-        version = re.search(_FOUND_VERSION, str(err.get("message", "")))
+    message = str(err.get("message", ""))
+    found = cuda_errors.identify(err.get("code"), message, err.get("type"))
+    if found is not None and found.error.cause is deep.DRIVER_TOO_OLD:
+        kw["facts"]["cuda_error"] = found.facts()
+        version = re.search(_FOUND_VERSION, message)
         driver = f"{int(version[1]) // 1000}.{int(version[1]) % 1000 // 10}" if version else _driver_cuda(ctx)
         return _too_old(report, driver, kw)
-    if error.category == cuda_errors.STICKY:
-        kw["facts"]["fatal"] = True
-        return error.verdict(NAME, f"fatal CUDA error on {where} ({error.label}): sticky, "
-                             f"the CUDA context is unusable; {deep.UNTIL_RESTART}", **kw)
-    if error.category == cuda_errors.ENVIRONMENT:
-        return error.verdict(NAME, f"CUDA cannot start on {where} ({error.label})", **kw)
-    return error.verdict(NAME, f"CUDA error on {where} ({error.label})", **kw)
+    holder = _holder(ctx, report, entry["index"] if entry else 0, entry["uuid"] if entry else None)
+    return cuda_errors.failure(NAME, found, "the GPU(s)" if entry is None else f"cuda:{entry['index']}",
+                               holder=holder, start=True, **kw)
 
 
 def _driver_cuda(ctx: Context) -> str | None:
