@@ -149,10 +149,8 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def hold(ctx: Context) -> str | None:
-    """Why GPU work must not start now (a process here is locked or checkpointed), or None.
-
-    From this run's checkpoint result when it ran, else from the marker an earlier run left
-    (honoured for MARKER_TTL seconds, and only while that very process still exists)."""
+    """Why GPU work must not start now: this run's checkpoint result, else an earlier run's marker while
+    it is younger than MARKER_TTL and that very process still exists; None to go ahead."""
     res = ctx.results.get(NAME)
     if res is not None:
         return res.message if res.reason in (CHECKPOINTED.reason, HANG.reason) else None

@@ -47,8 +47,7 @@ def query(pids, report):
             report["init"] = int(lib.cuInit(0))
             if report["init"] == 0:
                 for pid in pids:
-                    # Flush what is known so far: if the next query hangs, the parent
-                    # still sees which pids answered (one line per step on stderr).
+                    # Said before asking: if the query hangs, the parent sees which pid it was.
                     state = ctypes.c_int(-1)
                     sys.stderr.write(QUERY + str(pid) + "\n")
                     sys.stderr.flush()

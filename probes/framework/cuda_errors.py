@@ -58,8 +58,7 @@ class CudaError(NamedTuple):
         return result.verdict(name, (cause or self.cause)._replace(remedy=self.remedy), detail, **kw)
 
 
-# What each class of the table is (its cause, so who acts and how), and its remedy unless a row says;
-# a could-not-check row always names its own (oom, device-busy, mps-busy).
+# Each class's cause and remedy unless a row says (a could-not-check row always names its own).
 _CAUSES = {STICKY: deep.CUDA_FATAL, ENVIRONMENT: deep.CUDA_INIT, OTHER: deep.CUDA_ERROR}
 _REMEDIES = {STICKY: _STICKY, ENVIRONMENT: _INIT, OTHER: PROGRAM}
 
@@ -300,9 +299,8 @@ LIBRARY: tuple[CudaError, ...] = (
 BY_CODE = {e.code: e for e in TABLE}
 _BY_NAME = {name.lower(): e for e in (*TABLE, *LIBRARY)
             for name in (e.name, *(a for a in e.aliases if a.startswith("CUDA_ERROR_")))}
-# (lower-case text, entry), longest first: "unspecified launch failure in prior launch" wins over
-# "unspecified launch failure". A wording that does not itself say CUDA ("The NVIDIA driver on your system
-# is too old") is accepted anywhere; the others only on a line that names CUDA.
+# (lower-case text, entry), longest first ("... in prior launch" wins); a wording that does not say CUDA
+# ("The NVIDIA driver on your system is too old") is accepted anywhere, the others on a line naming CUDA.
 _TEXTS = sorted(((t.lower(), e) for e in TABLE for t in (e.text, *e.aliases)
                  if t and not t.startswith("CUDA_ERROR_")), key=lambda pair: -len(pair[0]))
 

@@ -108,16 +108,14 @@ CUDA_CAUSES = (CUDA_UNAVAILABLE, DRIVER_TOO_OLD, DEVICE_BUSY, MPS_BUSY, OOM, CUD
                FABRIC_MANAGER, DRIVER_MISMATCH, FORWARD_COMPAT, CUDA_UNKNOWN, CUDA_INIT)
 
 
-# ---- the workers' protocol as the suite reads it (worker_base.py writes it): one line PREFIX + JSON on
-# stdout, progress markers PHASE + name on stderr. A report enters only through here, checked field by
-# field against a schema of kinds: no later use sees a wrong type, a non-finite number or a long string.
+# The workers' protocol (worker_base.py writes it): one line PREFIX + JSON on stdout, PHASE + name on
+# stderr. A report enters only through here, each field checked against a schema of kinds.
 
 STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": (kind, nullable)}
 MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
 MAX_STR = 1000  # characters of any string field, before cleaning
 NONFINITE = ("nan", "inf", "-inf")  # how a worker spells a non-finite MEASURE
-# Host memory's words (MemoryError as a whole word: torch's OutOfMemoryError is the GPU's): the C
-# library's ENOMEM, the dynamic loader's failed mmap(), C++'s failed allocation (then abort()).
+# Host memory's words (and MemoryError as a whole word: torch's OutOfMemoryError is the GPU's).
 MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
 # What every worker run records besides its report, checked again before a cached run is reused.
 WORKER_RUN = {"spawn_error": (STR, True), "returncode": (INT, True), "timed_out": (BOOL, False),
@@ -159,8 +157,7 @@ def check(value: Any, kind: str, nullable: bool, where: str) -> None:
 
 
 def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: tuple[str, ...] = ()) -> None:
-    """Raise Bad unless ``obj`` has exactly the fields of ``spec``, each of its kind, and of ``nested``
-    (objects or lists the caller checks itself)."""
+    """Raise Bad unless ``obj`` has exactly the fields of ``spec`` (each of its kind) and ``nested``."""
     if not isinstance(obj, dict):
         raise Bad(f"{where} is not an object")
     if set(obj) != {*spec, *nested}:
@@ -170,8 +167,7 @@ def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: t
 
 
 def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key: str = "") -> Any:
-    """A copy of a validated report with every string one printable line of at most ``limit``
-    characters (``limits``: per field name)."""
+    """A validated report with every string cleaned to ``limit`` (``limits``: per field name)."""
     if isinstance(value, dict):
         return {k: cleaned(v, limit, limits, k) for k, v in value.items()}
     if isinstance(value, list):
@@ -226,8 +222,6 @@ def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]])
         return None, str(exc)
 
 
-# ---- the costly run: lock, cache, latch ----
-
 def state_off(why: str | None) -> str:
     return f"state dir off: {why}"
 
@@ -238,11 +232,9 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
                judge: Callable[[dict[str, Any], Context], Result], *, early: bool = False,
                share: Callable[[dict[str, Any] | None], dict[str, Any] | None] | None = None,
                relatch: bool = False) -> dict[str, Any]:
-    """A deep check's costly run, one at a time under the lock, then recorded (:func:`record`);
-    readiness reuses what ``reuse`` accepts of ``cache``, read again once the lock is held (a run
-    waited for may have written it). Without a state dir it simply runs. ``early``: readiness asks
-    the cache before waiting for the lock; ``share``: every profile takes what it accepts of a run
-    that finished while this one waited; ``relatch``: the latch is read again under the lock."""
+    """A costly run, one at a time under the lock, then recorded; readiness reuses what ``reuse`` accepts
+    of ``cache`` once the lock is held (``early``: before waiting too). ``share``: any profile takes a
+    run that finished while this one waited; ``relatch``: the latch is read again under the lock."""
     state = ctx.state
     if not state.enabled:  # nothing can latch: the judge says so if the run finds a fatal error
         data = run()
@@ -311,8 +303,7 @@ def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
 
 def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
                ttl: float) -> tuple[dict[str, Any], float, float] | None:
-    """(data, finished, age) of a cache entry for the same ``key`` that passed and is younger than
-    ``ttl`` (the clock going backwards makes it stale); None for anything else."""
+    """(data, finished, age) of a pass cached under ``key`` younger than ``ttl``, else None."""
     if not entry or entry.get("key") != key or entry.get("status") != Status.PASS.value:
         return None
     data, finished = entry.get("data"), entry.get("finished")
@@ -325,9 +316,8 @@ def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
 def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable[[Any], dict[str, Any]],
            phases: str, extra: Mapping[str, tuple[str, bool]] | None = None,
            ttl: float | None = None) -> dict[str, Any] | None:
-    """The worker run cached under ``key``, ``extra`` the probe's own fields, checked again as when it
-    was first read (a damaged entry is a miss, never a crash): with ``ttl`` a pass younger than that,
-    else any run (one shared with a run that waited for it)."""
+    """The worker run cached under ``key`` (with ``ttl``: a pass younger than that), checked again with
+    ``extra``, the probe's own fields: a damaged entry is a miss, never a crash."""
     import re
 
     from probes.framework import free_memory
@@ -354,20 +344,15 @@ def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable
             "cache": {"how": "shared" if ttl is None else "ttl", "age": round(max(age, 0.0), 1)}}
 
 
-# ---- the worker ----
-
 def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], worker: ModuleType,
                validate: Callable[[Any], dict[str, Any]], phases: str,
                need_mib: int) -> tuple[dict[str, Any], proc.Completed | None]:
-    """A worker's run under the probe's deadline, with CUDA_MODULE_LOADING=LAZY (a smaller context),
-    on the GPUs with ``need_mib`` MiB free (CUDA_VISIBLE_DEVICES narrowed to them): what judge() reads
-    of it, and the process (None when none started). ``worker``'s ``PREFIX`` marks the result line, its
-    ``PHASE`` the progress markers, whose names ``phases`` matches."""
+    """A worker's run under the deadline on the GPUs with ``need_mib`` MiB free (CUDA_VISIBLE_DEVICES
+    narrowed to them): what judge() reads, and the process (None when none started)."""
     from probes import orphans, proc
     from probes.framework import free_memory
 
-    # What a killed suite left goes before the GPUs' memory is surveyed; one that survives SIGKILL
-    # may hold the GPU: no second worker beside it.
+    # What a killed suite left goes first; one that survives SIGKILL may hold the GPU: no second worker.
     space = None
     env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **env}
     held = orphans.end()
@@ -398,8 +383,6 @@ def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], wo
             "memory": out_of_memory(done.stderr), "report": report, "problem": problem,
             "finished": time.time(), "cache": None, "room": None if space is None else space.facts()}, done
 
-
-# ---- judging ----
 
 def judged(name: str, data: dict[str, Any], ctx: Context,
            judge_run: Callable[[dict[str, Any], Context], Result], *, room: str, deadline: Cause,
@@ -451,15 +434,13 @@ def lock_timeout(name: str, data: dict[str, Any], cause: Cause | None = None, **
 
 def cannot_run(name: str, data: dict[str, Any], python: str, not_executable: Cause = INTERPRETER_NOT_FOUND,
                **kw: Any) -> Result | None:
-    """The verdict on a worker whose interpreter (``python``) cannot be run, or that a resource limit
-    kept from starting (not checked); None if it ran."""
+    """The verdict on a worker whose ``python`` cannot be run, or that a limit kept from starting."""
     from probes import childio, runner
 
     spawn, rc, python = data.get("spawn_error"), data.get("returncode"), untrusted.clean(python, 80)
     if childio.limited(spawn):
         return verdict(name, runner.LIMIT, f"not checked: the worker {spawn}", remedy=False, **kw)
-    # 127 is also the dynamic loader's status when a library cannot be mapped (RLIMIT_AS): its words on
-    # stderr tell that from a missing interpreter.
+    # 127 is also the loader's status when a library cannot be mapped (RLIMIT_AS): its words tell.
     if spawn == "not found" or (data.get("report") is None and rc == 127 and not data.get("memory")):
         return verdict(name, INTERPRETER_NOT_FOUND, f"torch interpreter {python} not found", **kw)
     if spawn or (data.get("report") is None and rc == 126):
@@ -470,8 +451,7 @@ def cannot_run(name: str, data: dict[str, Any], python: str, not_executable: Cau
 
 def no_report(name: str, data: dict[str, Any], what: str, *, stuck: Cause, timed_out: Cause,
               excerpt: str = "", **kw: Any) -> Result:
-    """The verdict on a worker that gave no report it may trust: stuck in the driver, cut by the
-    deadline, killed by a signal, or unreadable."""
+    """The verdict on a worker stuck, cut by the deadline, killed or unreadable."""
     from probes import proc
 
     where = data.get("phase") or "start-up"

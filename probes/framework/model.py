@@ -155,8 +155,7 @@ def run_worker(ctx: Context) -> dict[str, Any]:
     argv = [torch.torch_python, WORKER, f"--path={own.model_path}", f"--device={torch.torch_device}"]
     argv += [f"--{flag}={value}" for flag, value in (("input", own.model_input), ("expect", own.model_expect),
                                                      ("max-bytes", own.model_max_bytes)) if value is not None]
-    # Free GPU memory the load needs: HEALTHCHECK_TORCH_MIN_FREE_MIB plus the file's size (about its tensors'
-    # bytes); 0 when the setting turns the check off.
+    # The free GPU memory the load needs: the setting (0: off) plus the file's size, about its tensors'.
     found = _file_id(own.model_path)
     floor = torch.torch_min_free_mib
     need = floor + (-(-found[2] // 2**20) if found else 0) if floor else 0
@@ -199,8 +198,6 @@ def on_deadline(ctx: Context) -> Result:
     return verdict(NAME, DEADLINE, "no result within the deadline: loading the model took too long "
                    "(a large model on a slow disk) or the GPU driver is stuck")
 
-
-# ---- judge: pure ----
 
 def _size(n: int | None) -> str:
     if n is None:
@@ -266,8 +263,7 @@ def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dic
         if found is not None:
             return found
     cause = KINDS[err["kind"]]
-    # The worker's own phrase, or a fixed one: an exception's text (torch's, with its escapes and the
-    # file's bytes; an errno text) went to the log.
+    # The worker's own phrase, or a fixed one: an exception's text went to the log.
     what = _phrase(err) or "details in the log"
     kind = err["type"]  # an exception's class name as the worker reported it, if it looks like one
     if not (0 < len(kind) <= 60 and kind.replace("_", "a").replace(".", "a").isalnum() and kind.isascii()):

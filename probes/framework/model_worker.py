@@ -222,8 +222,8 @@ def detect(fh, size):
 
 
 def budget_of(torch, args):
-    """(bytes the model may take, where that number comes from): the free GPU memory, or on the CPU
-    the available RAM and what the cgroup (v2) still lets this container allocate; and the setting."""
+    """(bytes the model may take, where that comes from): the setting, the free GPU memory, or on the
+    CPU the available RAM and the cgroup's (v2) room."""
     options = []
     if args.max_bytes is not None:
         options.append((args.max_bytes, "HEALTHCHECK_MODEL_MAX_BYTES"))

@@ -30,10 +30,9 @@ PHASES = r"start|import|nccl|init|place|allreduce|verify"
 BUFFERS_MIB = 256  # NCCL's buffers on each GPU, on top (NCCL_BUFFSIZE 4 MiB per channel and peer)
 ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus NCCL's buffers"
 MAX_WARNINGS = 5
-# Lower-case substrings of NCCL's WARN lines (misc/shmutils.cc, include/shm.h, transport/p2p.cc). Only a
-# segment NCCL could not extend ("Call to posix_fallocate failed : No space left on device", "Error: failed
-# to extend /dev/shm/nccl-X to N bytes") blames the size; one it could not open or attach ("Error while
-# attaching to shared memory segment ... No such file or directory") is NCCL's own failure.
+# Lower-case words of NCCL's WARN lines (misc/shmutils.cc, include/shm.h, transport/p2p.cc): only a
+# segment NCCL could not extend ("posix_fallocate failed : No space left on device", "failed to extend
+# /dev/shm/nccl-X") blames the size; one it could not attach ("No such file or directory") is NCCL's.
 SHM_SIZE_WORDS = ("no space left on device", "posix_fallocate", "failed to extend")
 SHM_WORDS = ("/dev/shm", "shared memory", "nccl-shm")  # noqa: S108
 P2P_WORDS = ("peer access", "p2p", "cudaipc", "ipc handle", "peer-to-peer")
@@ -163,8 +162,6 @@ def gather(ctx: Context) -> dict[str, Any]:
 def on_deadline(ctx: Context) -> Result:
     return verdict(NAME, HANG, "no result within the deadline: the NCCL worker or the GPU driver is stuck")
 
-
-# ---- judge: pure ----
 
 def _mib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**20:.0f} MiB"

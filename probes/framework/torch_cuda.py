@@ -90,8 +90,6 @@ def requirements(config: Config) -> tuple[str, ...]:
     return (*SPEC.requires, "checkpoint") if config.of(Torch).torch_device == "cuda" else ()
 
 
-# ---- the worker's report ----
-
 MAX_DEVICES = 1024
 TEXT = 120  # characters kept of each cleaned string of the report, but for these:
 TEXT_LIMITS = {"message": 1200, "visible_devices": 1000}  # a message keeps its line breaks, as \n
@@ -134,8 +132,6 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
         raise deep.Bad("the result does not cover every device")
     return deep.cleaned(report, TEXT, TEXT_LIMITS)
 
-
-# ---- gather: the only part that runs processes or touches the state dir ----
 
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     from probes.framework import torch_worker
@@ -194,8 +190,6 @@ def gather(ctx: Context) -> dict[str, Any]:
 def on_deadline(ctx: Context) -> Result:
     return verdict(NAME, DEADLINE, "no result within the deadline from the torch worker", unit=UNIT)
 
-
-# ---- judge: pure ----
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     kind = data.get("kind")

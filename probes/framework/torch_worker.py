@@ -16,9 +16,8 @@ SCHEMA = 2
 SEED = 20240601
 MAX_TEXT = 1000  # characters of an error message: the CUDA error line and PyTorch's lines after it
 HERE = os.path.dirname(os.path.abspath(__file__))
-# After these the worker goes on with the next device; after any other error the context may be
-# corrupted and further CUDA calls may hang, so it stops. They are the "could not check" rows of
-# probes/framework/cuda_errors.py (cudaError_t codes, and lower-case wordings); a test keeps them equal.
+# After these "could not check" rows of cuda_errors.py (a test keeps them equal) the next device is tried;
+# after any other error the context may be corrupted and further CUDA calls may hang: it stops.
 BENIGN_CODES = (2, 46, 216, 807, 808, 809)
 BENIGN = ("all cuda-capable devices are busy or unavailable", "cublas_status_alloc_failed",
           "cuda out of memory", "cuda-capable device(s) is/are busy or unavailable",

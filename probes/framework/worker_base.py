@@ -52,8 +52,8 @@ def with_the_suite():
         return True
     if os.getppid() == int(parts[0]):
         return True  # armed while the suite is our parent: its death now kills us
-    # An interpreter wrapper that does not exec sits between us (it carries the run's marker; the
-    # next suite process ends it and us if the suite dies), or we were re-parented already.
+    # A wrapper that does not exec sits between us (with the run's marker: the next run ends it and us),
+    # or we were re-parented already.
     try:
         with open("/proc/" + str(os.getppid()) + "/environ", "rb") as fh:
             if b"HEALTHCHECK_RUN_ID=" + os.environb[b"HEALTHCHECK_RUN_ID"] in fh.read().split(b"\0"):
@@ -69,9 +69,8 @@ def with_the_suite():
 
 
 def run(prefix, marker, report, work, failed=None, trace=False):
-    """Run ``work(report)``, print ``report`` as the one result line (nothing else reaches stdout) and
-    exit at once. ``failed(exc)``: the error of an exception that escapes ``work`` (None: it propagates);
-    ``trace``: its traceback on stderr first."""
+    """Run ``work(report)``, print ``report`` as the one result line on stdout and exit at once;
+    ``failed(exc)`` makes the error of an exception that escapes (``trace``: its traceback first)."""
     if not with_the_suite():
         os._exit(1)  # the suite that started us is gone: nobody reads the answer
     result_fd = os.dup(1)

@@ -103,8 +103,7 @@ class Problem(Record):
 
 
 def worst(name: str, problems: list[Problem], facts: dict[str, Any], **kw: Any) -> Result | None:
-    """The first failure, else the first warning, followed by how many more (None when there is
-    none); each one's status and reason go into ``facts["problems"]``."""
+    """The first failure, else the first warning, with how many more (None: none); all go into facts."""
     problems = sorted(problems, key=lambda p: p.cause.status != "fail")  # stable: the judge's order
     facts["problems"] = [{"status": p.cause.status, "reason": p.cause.reason} for p in problems]
     if not problems:
@@ -112,8 +111,6 @@ def worst(name: str, problems: list[Problem], facts: dict[str, Any], **kw: Any) 
     first = problems[0].result(name, facts=facts, **kw)
     return first._replace(message=f"{first.message} (+{len(problems) - 1} more)") if problems[1:] else first
 
-
-# ---- the nvml probe's facts, as the probes above it read them ----
 
 class SeenGpu(Record):
     index: int | None
@@ -124,8 +121,7 @@ class SeenGpu(Record):
 
 
 class Seen(Record):
-    """What the nvml probe of this run saw. ``Result.facts`` stays the JSON mapping (``-v``,
-    health+json); :func:`seen` reads it once, and whatever does not have its type is left out."""
+    """The nvml probe's facts of this run as :func:`seen` read them: what lacks its type is left out."""
 
     ok: bool  # the probe passed or warned
     count: int | None  # the devices CUDA enumerates (MIG devices for a GPU in MIG mode)

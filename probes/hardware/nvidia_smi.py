@@ -113,8 +113,7 @@ EXIT_CODES: dict[int, Code] = dict((
 ))
 EXIT_CODE = EXIT_CODES[255].cause  # a failure this table does not name
 
-# What nvidia-smi prints, found anywhere in its output, decides over its exit code (which varies
-# between driver versions for the same failure). Checked in this order.
+# What nvidia-smi prints decides over its exit code (which varies between drivers), in this order.
 TEXTS: tuple[tuple[str, Code], ...] = (
     ("Driver/library version mismatch", EXIT_CODES[18]),
     ("GPU access blocked by the operating system", EXIT_CODES[17]),
@@ -146,8 +145,7 @@ def gather(ctx: Context) -> proc.Completed:
 
 
 def parse_rows(text: str) -> tuple[list[dict[str, Any]], str | None]:
-    """GPUs (index, name, uuid: the facts) from the CSV rows, and the first line that is not a row
-    (None if all are). Lines about a lost GPU are skipped here: ``judge`` reports them on their own."""
+    """GPUs (index, name, uuid) from the CSV rows, and the first line that is no row (lost GPUs aside)."""
     import re
 
     gpus: list[dict[str, Any]] = []

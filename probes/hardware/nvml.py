@@ -364,8 +364,7 @@ def _facts(data: Gathered) -> dict[str, Any]:
             entry["mig_devices"] = [{"uuid": u, "name": n} for u, n in g.mig_devices]
         gpus.append(entry)
     mig = any(g.mig_enabled is True for g in data.gpus)
-    # "count" is what CUDA enumerates (MIG devices instead of a MIG-mode GPU) before CUDA_VISIBLE_DEVICES;
-    # "cuda_driver" the highest CUDA version the driver supports (12040 -> "12.4"), for torch-cuda's judge.
+    # "count": what CUDA enumerates before CUDA_VISIBLE_DEVICES; "cuda_driver": 12040 -> "12.4".
     return {"count": len(cuda_devices(data.gpus)) if mig else data.count, "physical_count": data.count,
             "driver": data.driver, "gpus": gpus,
             "cuda_driver": (f"{data.cuda_driver // 1000}.{data.cuda_driver % 1000 // 10}"

@@ -139,8 +139,7 @@ class Event(Record):
 
 
 def clock_event_reasons(nv: ModuleType, handle: Any) -> tuple[Any, int | None]:
-    """The GPU's clock event reasons, as call() answers: drivers (and bindings) before the rename
-    have only the throttle-reasons name of the same query."""
+    """The GPU's clock event reasons, as call() answers, by the older throttle-reasons name too."""
     for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
         fn = getattr(nv, name, None)
         if fn is not None:
@@ -171,8 +170,7 @@ def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.
 
 def _register_all(nv: ModuleType,
                   event_set: Any) -> tuple[dict[int, tuple[int, str]], list[tuple[int, str, Any]]]:
-    """(handle address -> (index, uuid) of every GPU registered, (index, uuid, handle) of every GPU
-    that answers, registered or not); a lost GPU cannot be registered (the nvml probe reports it)."""
+    """(handle address -> (index, uuid) of each GPU registered, (index, uuid, handle) of each answering)."""
     by_address: dict[int, tuple[int, str]] = {}
     handles = []
     count, _ = call(nv.nvmlDeviceGetCount)

@@ -31,12 +31,9 @@ def _check_lost(err: int | None) -> None:
 
 
 class _Reader:
-    """Reads one GPU's fields and keeps, per field, why it could not be read.
-
-    NOT_SUPPORTED (and a function the driver's NVML lacks) is "N/A": not judged. NO_PERMISSION is
-    "could not check" (a MIG slice's container may not query its parent GPU): a warning. A lost GPU
-    raises _Lost. Any other error on a supported field is kept so that the judge fails closed.
-    """
+    """Reads one GPU's fields, keeping why one could not be: NOT_SUPPORTED (or a missing function) is
+    not judged, NO_PERMISSION warns (a MIG slice's parent GPU), a lost GPU raises _Lost, and any other
+    error is kept so that the judge fails closed."""
 
     def __init__(self) -> None:
         self.denied: list[str] = []
@@ -63,8 +60,7 @@ class _Reader:
 
 
 def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
-    """One GPU's fields, by ``nvml.Gpu``'s names, and None; or, when the GPU is lost midway, its name
-    and uuid (what was read of them) and the NVML code that said so."""
+    """One GPU's fields by ``nvml.Gpu``'s names, and None; or, lost midway, its name and uuid and the code."""
     fields: dict[str, Any] = {}
     q = _Reader()
     try:

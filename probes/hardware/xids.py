@@ -283,9 +283,8 @@ def action(xid: int) -> str | None:
     return entry.action if entry is not None else None
 
 
-# The immediate action as a metric's ``action`` label: what the event needs, whatever serve's policy.
-# The catalog's workflows whose recovery is a reset are a reset; a VM's restart is, for a container
-# in that VM, a reboot.
+# The immediate action as a metric's ``action`` label, whatever serve's policy: a workflow whose recovery
+# is a reset is a reset; a VM's restart is, for a container in that VM, a reboot.
 LABELS = {
     RESET_GPU: "reset-gpu", WORKFLOW_XID_48: "reset-gpu", WORKFLOW_NVLINK_ERR: "reset-gpu",
     RESTART_BM: "reboot", RESTART_VM: "reboot", RESTART_APP: "restart-app", IGNORE: "ignore",
