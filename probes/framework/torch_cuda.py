@@ -98,7 +98,7 @@ _ERROR = {"phase": (STR, False), "type": (STR, False), "message": (STR, False),
           "device": (INT, True), "module": (STR, True), "code": (INT, True)}
 _DEVICE = {"index": (INT, False), "name": (STR, False), "uuid": (STR, True), "op_ms": (NUM, True),
            "max_err": (MEASURE, True), "scale": (MEASURE, True), "free": (INT, True), "total": (INT, True)}
-_TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False), "expect_count": (INT, True),
+_TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False),
         "torch": (STR, True), "cuda": (STR, True), "cuda_built": (BOOL, True),
         "available": (BOOL, True), "count": (INT, True), "visible_devices": (STR, True)}
 
@@ -138,8 +138,6 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
 
     own = ctx.config.of(Torch)
     argv = [own.torch_python, WORKER, "--device", own.torch_device, "--size", str(SIZE)]
-    if expect is not None:
-        argv += ["--expect-count", str(expect)]
     data, done = deep.run_worker(ctx, NAME, argv, {}, torch_worker,
                                  lambda report: validate(report, own.torch_device, SIZE), PHASES,
                                  own.torch_min_free_mib)

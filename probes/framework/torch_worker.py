@@ -3,7 +3,7 @@ the ``probes`` package, Python 3.6+; docs/probes.md, "How the probes decide"). I
 judges: an error's message keeps its line breaks, so that the parent finds the ``CUDA error:`` line
 among PyTorch's added lines. Command-line equivalent::
 
-    python3 torch_worker.py --device cuda --size 1024 --expect-count 2
+    python3 torch_worker.py --device cuda --size 1024
 """
 
 import os
@@ -12,7 +12,7 @@ import time
 
 PREFIX = "HEALTHCHECK-TORCH-RESULT "
 PHASE = "HEALTHCHECK-TORCH-PHASE "
-SCHEMA = 2
+SCHEMA = 3
 SEED = 20240601
 MAX_TEXT = 1000  # characters of an error message: the CUDA error line and PyTorch's lines after it
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,13 +62,12 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description="torch-cuda health worker")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--size", type=int, default=1024)
-    p.add_argument("--expect-count", type=int, default=None)
     return p.parse_args(argv)
 
 
 def new_report(args):
-    return {"v": SCHEMA, "device": args.device, "size": args.size, "expect_count": args.expect_count,
-            "torch": None, "cuda": None, "cuda_built": None, "available": None, "count": None,
+    return {"v": SCHEMA, "device": args.device, "size": args.size, "torch": None, "cuda": None,
+            "cuda_built": None, "available": None, "count": None,
             "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "error": None, "devices": []}
 
 
