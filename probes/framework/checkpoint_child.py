@@ -1,8 +1,7 @@
-"""The checkpoint probe's child, run by path with the suite's own interpreter (stdlib only, never the
-``probes`` package): after ``cuInit(0)`` (no context) it asks ``cuCheckpointProcessGetState`` (driver
-555+) for each pid on its command line and prints ``driver``, ``api``, ``init`` (cuInit's CUresult)
-and ``states`` (``[{"pid", "rc", "state"}]``). The query can hang while a peer process is locked: the
-parent runs it under a deadline. Command-line equivalent (one process)::
+"""The checkpoint probe's child, run by path with the suite's interpreter (stdlib only): after
+``cuInit(0)`` (no context) it asks ``cuCheckpointProcessGetState`` (driver 555+) for each pid on its
+command line; the parent bounds it, as the query can hang while a peer process is locked.
+Command-line equivalent (one process)::
 
     cuda-checkpoint --get-state --pid 123
 """

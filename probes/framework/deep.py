@@ -1,7 +1,6 @@
-"""What torch-cuda and the deep checks (model, nccl, checkpoint) share, said once: the
-``HEALTHCHECK_TORCH_*`` settings, the causes several report, the workers' protocol as the suite reads
-it, the one-costly-check lock, the cache, the latch, a worker's run on the GPUs with room, and the
-verdicts every one gives alike (docs/architecture.md)."""
+"""What torch-cuda and the deep checks share, said once: the ``HEALTHCHECK_TORCH_*`` settings, common
+causes, the workers' protocol, the one-costly-check lock, cache and latch, a worker's run on the GPUs
+with room, and the verdicts every one gives alike (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Do no harm: before a CUDA worker starts, NVML says which GPUs have room for it (docs/probes.md,
-"Do no harm"). The worker is then given ``CUDA_VISIBLE_DEVICES`` listing, by UUID, only the GPUs with
-room, so that whatever torch does on "device 0" at start happens on one of them. When NVML cannot
-say, the GPUs are used as before and the facts say why. Command-line equivalent::
+"""Do no harm: before a CUDA worker starts, NVML says which GPUs have room for it; the worker sees only
+those, by UUID (docs/probes.md, "Do no harm"). Command-line equivalent::
 
     nvidia-smi --query-gpu=index,uuid,memory.free,memory.total --format=csv,noheader,nounits
 """

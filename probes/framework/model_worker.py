@@ -1,10 +1,8 @@
 """The model probe's worker, run by file path in the image's interpreter (stdlib + torch only, never
-the ``probes`` package, Python 3.6+). It never executes pickled code and reads the format from the
-file's content, never its name: TorchScript (``torch.jit.load``), safetensors (the package, else the
-header parsed here and ``torch.frombuffer``), or a state dict (``weights_only=True``, else refused).
-It loads through the descriptor it checked (``by_descriptor``). An error's ``message`` is one of
-``PHRASES`` when the worker names the problem itself; any other text is a detail the suite only logs.
-Command-line equivalent::
+the ``probes`` package, Python 3.6+). It never executes pickled code, reads the format from the
+content (TorchScript, safetensors, a state dict through ``weights_only=True``) and loads through the
+descriptor it checked. An error's ``message`` the suite shows is one of ``PHRASES``; any other text
+is a detail it only logs. Command-line equivalent::
 
     python3 model_worker.py --path /models/resnet.pt --device cuda --input 1x3x224x224:float16
 """

@@ -1,15 +1,12 @@
 """nvidia-smi probe: the driver answers and at least HEALTHCHECK_GPU_COUNT GPUs are visible.
 
-Command-line equivalent::
+The exit codes (``EXIT_CODES``, read 2026-11-24) are nvidia-smi(1)'s, RETURN VALUE
+(https://docs.nvidia.com/deploy/nvidia-smi/index.html: 0, 2-4, 6, 8-10, 12-15, 255), NVIDIA's words
+as ``documented``, and 16-18, the NVML code of the failure (``nvmlReturn_t``,
+https://docs.nvidia.com/deploy/nvml-api/; 18 is seen in github.com/mozilla/translations issue 1167).
+The causes and remedies are ours. Command-line equivalent::
 
     nvidia-smi --query-gpu=index,name,uuid --format=csv,noheader,nounits
-
-The exit codes (``EXIT_CODES``, read 2026-11-24) are nvidia-smi(1)'s, section RETURN VALUE
-(https://docs.nvidia.com/deploy/nvidia-smi/index.html: 0, 2-4, 6, 8-10, 12-15, 255; no other), with
-NVIDIA's words as ``documented``, and 16-18: nvidia-smi exits with the NVML code of the failure
-(``nvmlReturn_t``, https://docs.nvidia.com/deploy/nvml-api/), and 18 ("Failed to initialize NVML:
-Driver/library version mismatch") is seen in github.com/mozilla/translations issue 1167. The causes
-and remedies are ours, for a container started through the NVIDIA Container Toolkit.
 """
 
 from __future__ import annotations
