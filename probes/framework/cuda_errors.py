@@ -327,17 +327,8 @@ class Found(NamedTuple):
 
 def lines(message: str) -> list[str]:
     """The message's lines without PyTorch's added text (a cleaned message's ``\\n`` escapes break too)."""
-    out = []
-    for line in message.replace("\\n", "\n").splitlines():
-        cut = _CUT.search(line)
-        line = (line[:cut.start()] if cut else line).strip()
-        if line:
-            out.append(line)
-    return out
-
-
-def _library(name: str) -> CudaError:
-    return _BY_NAME.get(name.lower()) or CudaError(None, name, "", OTHER, deep.CUDA_ERROR, _LIBRARY)
+    kept = (_CUT.split(line, 1)[0].strip() for line in message.replace("\\n", "\n").splitlines())
+    return [line for line in kept if line]
 
 
 def identify(code: object, message: str, kind: object = None) -> Found | None:
@@ -354,7 +345,8 @@ def identify(code: object, message: str, kind: object = None) -> Found | None:
     for line in body:
         for name in _NAMES.findall(line):
             if name.startswith(("CUBLAS_", "CUDNN_")):
-                return Found(_library(name), "status")
+                known = _BY_NAME.get(name.lower())
+                return Found(known or CudaError(None, name, "", OTHER, deep.CUDA_ERROR, _LIBRARY), "status")
     for line in body:
         if "cuda" not in line.lower():
             continue
