@@ -1,7 +1,6 @@
-"""checkpoint (a plug-in, opt-in): no process here that holds a CUDA context is locked or checkpointed
-by CUDA checkpoint (driver 555+; docs/probes.md, "Deep opt-in checks"). A child
-(``checkpoint_child.py``) asks the driver under the deadline: the query can hang while a peer process
-is locked. Command-line equivalent::
+"""checkpoint (a plug-in, opt-in): no process here holding a CUDA context is locked or checkpointed by
+CUDA checkpoint (driver 555+), asked in a child under the deadline (docs/probes.md, "Deep opt-in
+checks"). Command-line equivalent::
 
     cuda-checkpoint --get-state --pid 123
 """
@@ -33,21 +32,18 @@ _GPU_NODE = r"/dev/nvidia\d+"
 PAUSED = "traffic paused until it is restored"
 
 CHECKPOINTED = cause("checkpointed", "a process here holding a CUDA context is LOCKED or CHECKPOINTED "
-                     "(readiness only; liveness passes, nothing latches; "
-                     "torch-cuda, nccl and model start no GPU work)",
-                     "none while it is paused on purpose: traffic resumes when it is restored "
-                     "(`cuda-checkpoint --toggle --pid N`)", action="none", actor="tenant")
+                     "(readiness only; liveness passes, nothing latches; torch-cuda, nccl and model start "
+                     "no GPU work)", "none while it is paused on purpose: traffic resumes when it is "
+                     "restored (`cuda-checkpoint --toggle --pid N`)", action="none", actor="tenant")
 FAILED = cause("checkpoint-failed", "the driver reports a process's checkpoint or restore FAILED",
                "restore it again (`cuda-checkpoint --toggle --pid N`) or restart that process; "
                "if that fails, restart the container", action="restart-app", actor="tenant")
-HANG = cause("query-hang", "the driver's state query gave no answer by the deadline "
-             "(it blocks while a peer process is locked)",
-             "check `cuda-checkpoint --get-state` on each process; wait for the restore", action="retry",
-             actor="tenant")
-NO_API = cause("no-checkpoint-api", "driver without `cuCheckpointProcessGetState` (before 555) "
-               "or no `libcuda.so.1`: not judged "
-               "(a pass, so the GPU probes that wait for this one still run)", "none", "pass", action="none",
-               actor="tenant")
+HANG = cause("query-hang", "the driver's state query gave no answer by the deadline (it blocks while a peer "
+             "process is locked)", "check `cuda-checkpoint --get-state` on each process; wait "
+             "for the restore", action="retry", actor="tenant")
+NO_API = cause("no-checkpoint-api", "driver without `cuCheckpointProcessGetState` (before 555) or no "
+               "`libcuda.so.1`: not judged (a pass, so the GPU probes that wait for this one still run)",
+               "none", "pass", action="none", actor="tenant")
 QUERY_FAILED = cause("query-failed",
                      "the child could not ask the driver (`cuInit` failed, or unreadable output)",
                      "check `nvidia-smi`; details in the log", action="fix-config", actor="operator")
@@ -61,9 +57,8 @@ SPEC = Spec(
 
 
 def local_pids(ctx: Context) -> list[int]:
-    """Processes of this PID namespace, never this one, that hold a CUDA context: those whose NSpid
-    holds a pid of the compute processes the nvml probe saw, and, since NVML in a container often
-    reports host PIDs, those with a GPU device node open."""
+    """Processes here (never this one) holding a CUDA context: NVML's compute processes by NSpid, and,
+    since NVML in a container often reports host PIDs, those with a GPU device node open."""
     from probes.hardware import common as hw
 
     seen = hw.seen(ctx.results)
@@ -103,7 +98,6 @@ _STATE = {"pid": (deep.INT, False), "rc": (deep.INT, False), "state": (deep.INT,
 
 
 def parse_output(stdout: bytes) -> dict[str, Any] | None:
-    """The child's report if it matches the schema exactly, else None."""
     from probes.framework import checkpoint_child
 
     try:
@@ -155,10 +149,8 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def hold(ctx: Context) -> str | None:
-    """Why GPU work must not start now (a process here is locked or checkpointed), or None.
-
-    From this run's checkpoint result when it ran, else from the marker an earlier run left
-    (honoured for MARKER_TTL seconds, and only while that very process still exists)."""
+    """Why GPU work must not start now: this run's checkpoint result, else an earlier run's marker while
+    it is younger than MARKER_TTL and that very process still exists; None to go ahead."""
     res = ctx.results.get(NAME)
     if res is not None:
         return res.message if res.reason in (CHECKPOINTED.reason, HANG.reason) else None

@@ -1,13 +1,7 @@
-"""The CUDA runtime's errors, as data: which leave the GPU unusable (sticky), which only mean
-"could not check", which are the environment at start, and which are plain failures. The source,
-the classes and our own decisions (999 is not sticky; out of memory, a busy GPU and a full MPS
-server are the workload's) are in docs/probes.md ("CUDA errors").
-
-CUDA before 10.1 numbered the errors differently (an illegal address was 77, a device-side assert
-59, no kernel image 48) and old torch printed those numbers, so :func:`identify` trusts a number
-only after the texts: ``error_code`` when torch gives one, else the message without PyTorch's
-added lines, searched for a known text, then a cuBLAS/cuDNN status, then a number or a name.
-"""
+"""The CUDA runtime's errors, as data: sticky (the GPU unusable), "could not check", the environment
+at start, or plain failures; the source, the classes and our decisions: docs/probes.md ("CUDA errors").
+CUDA before 10.1 numbered the errors differently (an illegal address was 77), so :func:`identify`
+trusts a number only after the texts."""
 
 from __future__ import annotations
 
@@ -55,18 +49,16 @@ class CudaError(NamedTuple):
 
     @property
     def label(self) -> str:
-        """How a message names it: ``cudaErrorIllegalAddress 700: an illegal memory access ...``."""
+        """``cudaErrorIllegalAddress 700: an illegal memory access ...``"""
         number = f" {self.code}" if self.code is not None else ""
         return f"{self.name}{number}: {self.text}" if self.text else f"{self.name}{number}"
 
     def verdict(self, name: str, detail: str, cause: Cause | None = None, **kw: Any) -> Result:
-        """The result of meeting this error: the status, reason, action and actor of its cause (or of
-        ``cause``, a probe that says less), the detail followed by this error's own remedy."""
+        """Its cause's verdict (or ``cause``'s, a probe that says less) with this error's own remedy."""
         return result.verdict(name, (cause or self.cause)._replace(remedy=self.remedy), detail, **kw)
 
 
-# What each class of the table is (its cause, so who acts and how), and its remedy unless a row says;
-# a could-not-check row always names its own (oom, device-busy, mps-busy).
+# Each class's cause and remedy unless a row says (a could-not-check row always names its own).
 _CAUSES = {STICKY: deep.CUDA_FATAL, ENVIRONMENT: deep.CUDA_INIT, OTHER: deep.CUDA_ERROR}
 _REMEDIES = {STICKY: _STICKY, ENVIRONMENT: _INIT, OTHER: PROGRAM}
 
@@ -307,9 +299,8 @@ LIBRARY: tuple[CudaError, ...] = (
 BY_CODE = {e.code: e for e in TABLE}
 _BY_NAME = {name.lower(): e for e in (*TABLE, *LIBRARY)
             for name in (e.name, *(a for a in e.aliases if a.startswith("CUDA_ERROR_")))}
-# (lower-case text, entry), longest first: "unspecified launch failure in prior launch" wins over
-# "unspecified launch failure". A wording that does not itself say CUDA ("The NVIDIA driver on your system
-# is too old") is accepted anywhere; the others only on a line that names CUDA.
+# (lower-case text, entry), longest first ("... in prior launch" wins); a wording that does not say CUDA
+# ("The NVIDIA driver on your system is too old") is accepted anywhere, the others on a line naming CUDA.
 _TEXTS = sorted(((t.lower(), e) for e in TABLE for t in (e.text, *e.aliases)
                  if t and not t.startswith("CUDA_ERROR_")), key=lambda pair: -len(pair[0]))
 
@@ -335,24 +326,14 @@ class Found(NamedTuple):
 
 
 def lines(message: str) -> list[str]:
-    """The message's lines without PyTorch's added text. A cleaned message shows its line breaks
-    as ``\\n`` escapes (probes.untrusted.clean), so those break lines too."""
-    out = []
-    for line in message.replace("\\n", "\n").splitlines():
-        cut = _CUT.search(line)
-        line = (line[:cut.start()] if cut else line).strip()
-        if line:
-            out.append(line)
-    return out
-
-
-def _library(name: str) -> CudaError:
-    return _BY_NAME.get(name.lower()) or CudaError(None, name, "", OTHER, deep.CUDA_ERROR, _LIBRARY)
+    """The message's lines without PyTorch's added text (a cleaned message's ``\\n`` escapes break too)."""
+    kept = (_CUT.split(line, 1)[0].strip() for line in message.replace("\\n", "\n").splitlines())
+    return [line for line in kept if line]
 
 
 def identify(code: object, message: str, kind: object = None) -> Found | None:
-    """The CUDA error a failure reports, or None when it is not a CUDA error we can name. torch's
-    OutOfMemoryError (``kind``, the exception's class name) is CUDA's out of memory whatever it says."""
+    """The CUDA error a failure reports: by ``error_code``, a known text, a cuBLAS/cuDNN status, then
+    a number or a name; torch's OutOfMemoryError (``kind``) is CUDA's out of memory. None: no CUDA error."""
     if isinstance(code, int) and not isinstance(code, bool) and code in BY_CODE:
         return Found(BY_CODE[code], "code")
     body = lines(message)
@@ -364,7 +345,8 @@ def identify(code: object, message: str, kind: object = None) -> Found | None:
     for line in body:
         for name in _NAMES.findall(line):
             if name.startswith(("CUBLAS_", "CUDNN_")):
-                return Found(_library(name), "status")
+                known = _BY_NAME.get(name.lower())
+                return Found(known or CudaError(None, name, "", OTHER, deep.CUDA_ERROR, _LIBRARY), "status")
     for line in body:
         if "cuda" not in line.lower():
             continue
@@ -378,20 +360,27 @@ def identify(code: object, message: str, kind: object = None) -> Found | None:
     return Found(BY_CODE[2], "type") if kind == "OutOfMemoryError" else None
 
 
-def failure(name: str, code: Any, message: str, where: str, **kw: Any) -> Result | None:
-    """model's and nccl's verdict on a CUDA error, or None when it is none we can name: sticky latches
-    (``fatal`` in the facts), could-not-check warns, anything else fails as ``cuda-error``. torch-cuda
-    says more (the holder of a busy GPU, the driver's version, an error at start by its own reason)."""
-    found = identify(code, message)
+def failure(name: str, found: Found | None, where: str, *, holder: str = "", start: bool = False,
+            **kw: Any) -> Result | None:
+    """A probe's verdict on an identified CUDA error (None for none): sticky latches (``fatal`` in the
+    facts), could-not-check warns naming the GPU's ``holder``; with ``start`` (torch-cuda) an error at
+    start is said by its own cause, else any other error fails as ``cuda-error``."""
     if found is None:
         return None
-    error = found.error
-    facts = {**kw.pop("facts", {}), "cuda_error": found.facts()}
+    error, facts = found.error, kw.setdefault("facts", {})
+    facts["cuda_error"] = found.facts()
     if error.category == STICKY:
-        return error.verdict(name, f"fatal CUDA error on {where} ({error.label}): sticky, "
-                             f"{deep.UNTIL_RESTART}", facts={**facts, "fatal": True}, **kw)
+        facts["fatal"] = True
+        return error.verdict(name, f"fatal CUDA error on {where} ({error.label}): sticky, the CUDA "
+                             f"context is unusable; {deep.UNTIL_RESTART}", **kw)
     if error.category == NOT_CHECKED:
-        return result.verdict(name, deep.OOM if error.cause is deep.OOM else deep.DEVICE_BUSY,
-                              f"{where}: {error.label}", facts=facts, **kw)
-    return error.verdict(name, f"CUDA error on {where} ({error.label})", cause=deep.CUDA_ERROR, facts=facts,
+        if error.cause is deep.OOM:
+            return result.verdict(name, deep.OOM, f"{where} out of memory for the probe's own "
+                                  f"context{holder} ({error.label})", **kw)
+        mps = error.cause is deep.MPS_BUSY or "MPS client" in holder
+        return result.verdict(name, deep.MPS_BUSY if mps else deep.DEVICE_BUSY, f"{where} busy{holder} "
+                              f"({error.label})", **kw)
+    if error.category == ENVIRONMENT and start:
+        return error.verdict(name, f"CUDA cannot start on {where} ({error.label})", **kw)
+    return error.verdict(name, f"CUDA error on {where} ({error.label})", None if start else deep.CUDA_ERROR,
                          **kw)

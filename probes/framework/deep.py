@@ -1,8 +1,6 @@
-"""What torch-cuda, model, nccl and checkpoint share (jupyter-kernel and ssh-login use parts of it):
-the ``HEALTHCHECK_TORCH_*`` settings, the causes several of them report, the workers' protocol as the
-suite reads it, the one-costly-check lock, the cache of a passing run, the latch of a sticky CUDA
-error, a worker started only on the GPUs with room (free_memory.py), and the verdicts on a worker run
-every one of them gives alike."""
+"""What torch-cuda and the deep checks share, said once: the ``HEALTHCHECK_TORCH_*`` settings, common
+causes, the workers' protocol, the one-costly-check lock, cache and latch, a worker's run on the GPUs
+with room, and the verdicts every one gives alike (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -31,18 +29,12 @@ UNTIL_RESTART = "unhealthy until the container restarts"
 
 
 class Torch(Declared):
-    """The ``HEALTHCHECK_TORCH_*`` settings: torch-cuda declares them, the deep checks and
-    jupyter-kernel read them."""
-
-    torch_device: str = setting("HEALTHCHECK_TORCH_DEVICE", CHOICE, "cuda",
-                                "`cuda` (every visible GPU) or `cpu` (CPU-only images)",
-                                choices=("cuda", "cpu"))
-    torch_python: str = setting("HEALTHCHECK_TORCH_PYTHON", TEXT, "python3",
-                                "the interpreter that owns torch (the image's)",
-                                shown_default="`python3` on `PATH`")
-    torch_ttl: float = setting("HEALTHCHECK_TORCH_TTL", NUMBER, 300.0,
-                               "seconds a passing torch-cuda result is reused by readiness", low=0,
-                               high=86400, low_inclusive=True)
+    torch_device: str = setting("HEALTHCHECK_TORCH_DEVICE", CHOICE, "cuda", "`cuda` (every visible GPU) or "
+                                "`cpu` (CPU-only images)", choices=("cuda", "cpu"))
+    torch_python: str = setting("HEALTHCHECK_TORCH_PYTHON", TEXT, "python3", "the interpreter that owns "
+                                "torch (the image's)", shown_default="`python3` on `PATH`")
+    torch_ttl: float = setting("HEALTHCHECK_TORCH_TTL", NUMBER, 300.0, "seconds a passing torch-cuda result "
+                               "is reused by readiness", low=0, high=86400, low_inclusive=True)
     torch_min_free_mib: int = setting(
         MIN_FREE, INTEGER, 1024, "free memory (MiB, from NVML) a GPU needs before torch-cuda, model or nccl "
         "start CUDA work on it; below it the GPU is not checked (a warning); `0` turns the check off", low=0,
@@ -59,10 +51,9 @@ BAD_OUTPUT = cause("bad-output", "worker output unreadable (no or several result
                    "a number no float can hold such as 1e999, a field of the wrong type)",
                    "the interpreter is not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`",
                    action="fix-config", actor="tenant")
-KILLED = cause("killed", "worker killed by a signal",
-               "check the container's memory limit (SIGKILL: out of memory?), "
-               "dmesg and the torch install (SIGSEGV, SIGBUS, SIGABRT: a crash in torch or the driver)",
-               action="fix-config", actor="tenant")
+KILLED = cause("killed", "worker killed by a signal", "check the container's memory limit (SIGKILL: out of "
+               "memory?), dmesg and the torch install (SIGSEGV, SIGBUS, SIGABRT: a crash in torch "
+               "or the driver)", action="fix-config", actor="tenant")
 WORKLOAD_MEMORY = cause("workload-memory", "NVML says a GPU has less free memory than the probe needs "
                         "(`HEALTHCHECK_TORCH_MIN_FREE_MIB`, plus the model's size for model, "
                         "plus 256 MiB of NCCL's buffers for nccl): not checked, nothing started there; "
@@ -75,21 +66,18 @@ HELD_BACK = cause("checkpointed", "a CUDA process here is locked or checkpointed
 # The causes of CUDA errors (cuda_errors.py maps each class of its table, and some rows, to one).
 CUDA_FATAL = cause("cuda-fatal", "sticky CUDA error, one NVIDIA's runtime documentation says leaves the "
                    "process unusable (illegal address, launch failure or timeout, device-side assert, "
-                   "misaligned address, ...), or an uncorrectable ECC or NVLink error; "
-                   "latches (see \"CUDA errors\")", "restart the container; check dmesg for Xid errors "
-                   "(each error's own remedy is in the message)", action="restart-container",
-                   actor="operator")
+                   "misaligned address, ...), or an uncorrectable ECC or NVLink error; latches (see "
+                   "\"CUDA errors\")", "restart the container; check dmesg for Xid errors (each error's own "
+                   "remedy is in the message)", action="restart-container", actor="operator")
 CUDA_ERROR = cause("cuda-error", "another CUDA error (no kernel image for this GPU, invalid device ordinal, "
                    "invalid configuration, a cuBLAS/cuDNN status, ...): fails, never latches",
                    OWN_REMEDY, action="fix-config", actor="tenant")
-OOM = cause("oom", "out of memory for the probe's own context, tensors or buffers "
-            "(CUDA's, or cuBLAS's or cuDNN's `*_ALLOC_FAILED`)",
-            "the workload is using the memory; not checked, not a fault", "warn", action="none",
-            actor="tenant")
-DEVICE_BUSY = cause("device-busy", "GPU held by the workload in EXCLUSIVE_PROCESS mode "
-                    "(\"busy or unavailable\"); the message names the holding PID",
-                    "the workload holds the GPU, so the probe cannot open a context there; not a fault",
-                    "warn", action="none", actor="tenant")
+OOM = cause("oom", "out of memory for the probe's own context, tensors or buffers (CUDA's, or cuBLAS's or "
+            "cuDNN's `*_ALLOC_FAILED`)", "the workload is using the memory; not checked, not a fault", "warn",
+            action="none", actor="tenant")
+DEVICE_BUSY = cause("device-busy", "GPU held by the workload in EXCLUSIVE_PROCESS mode (\"busy or "
+                    "unavailable\"); the message names the holding PID", "the workload holds the GPU, so the "
+                    "probe cannot open a context there; not a fault", "warn", action="none", actor="tenant")
 MPS_BUSY = cause("mps-busy", "GPU shared through MPS: the probe cannot open its own context; the message "
                  "names the MPS clients", "the GPU is shared through MPS and the probe cannot open its own "
                  "context there; not checked, not a fault", "warn", action="none", actor="tenant")
@@ -119,18 +107,19 @@ CUDA_CAUSES = (CUDA_UNAVAILABLE, DRIVER_TOO_OLD, DEVICE_BUSY, MPS_BUSY, OOM, CUD
                FABRIC_MANAGER, DRIVER_MISMATCH, FORWARD_COMPAT, CUDA_UNKNOWN, CUDA_INIT)
 
 
-# ---- the workers' protocol as the suite reads it (the writing side is worker_base.py): one line
-# PREFIX + JSON on stdout, progress markers PHASE + name on stderr. A report enters the suite only
-# through here, checked field by field against a schema of kinds: no later use sees a wrong type, a
-# non-finite number or an unbounded string. ----
+# The workers' protocol (worker_base.py writes it): one line PREFIX + JSON on stdout, PHASE + name on
+# stderr. A report enters only through here, each field checked against a schema of kinds.
 
 STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": (kind, nullable)}
 MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
 MAX_STR = 1000  # characters of any string field, before cleaning
 NONFINITE = ("nan", "inf", "-inf")  # how a worker spells a non-finite MEASURE
-# Host memory's words (MemoryError as a whole word: torch's OutOfMemoryError is the GPU's): the C
-# library's ENOMEM, the dynamic loader's failed mmap(), C++'s failed allocation (then abort()).
+# Host memory's words (and MemoryError as a whole word: torch's OutOfMemoryError is the GPU's).
 MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
+# What every worker run records besides its report, checked again before a cached run is reused.
+WORKER_RUN = {"spawn_error": (STR, True), "returncode": (INT, True), "timed_out": (BOOL, False),
+              "stuck": (BOOL, False), "held_by": (INT, True), "budget": (NUM, False), "phase": (STR, True),
+              "memory": (BOOL, False), "problem": (STR, True), "finished": (NUM, False)}
 
 
 class Bad(ValueError):
@@ -153,27 +142,21 @@ def check(value: Any, kind: str, nullable: bool, where: str) -> None:
         if nullable:
             return
         raise Bad(f"{where} is missing")
-    if kind == STR:
-        ok = isinstance(value, str) and len(value) <= MAX_STR
-    elif kind == BOOL:
-        ok = isinstance(value, bool)
-    elif kind == INT:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        if ok and not -MAX_INT <= value < MAX_INT:
-            raise Bad(f"{where} is out of range")
-    else:  # NUM, or MEASURE: a number, or how the worker spells a non-finite one
-        if kind == MEASURE and value in NONFINITE:
-            return
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and not finite(value):
-            raise Bad(f"{where} is not a finite number")
+    if kind == MEASURE and value in NONFINITE:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = {STR: isinstance(value, str) and len(value) <= MAX_STR, BOOL: isinstance(value, bool),
+          INT: number and isinstance(value, int)}.get(kind, number)
     if not ok:
         raise Bad(f"{where} has the wrong type")
+    if kind == INT and not -MAX_INT <= value < MAX_INT:
+        raise Bad(f"{where} is out of range")
+    if kind in (NUM, MEASURE) and not finite(value):
+        raise Bad(f"{where} is not a finite number")
 
 
 def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: tuple[str, ...] = ()) -> None:
-    """Raise Bad unless ``obj`` is an object with exactly the fields of ``spec``, each of its kind,
-    and of ``nested`` (objects or lists the caller checks itself)."""
+    """Raise Bad unless ``obj`` has exactly the fields of ``spec`` (each of its kind) and ``nested``."""
     if not isinstance(obj, dict):
         raise Bad(f"{where} is not an object")
     if set(obj) != {*spec, *nested}:
@@ -183,8 +166,7 @@ def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: t
 
 
 def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key: str = "") -> Any:
-    """A copy of a validated report with every string one printable line of at most ``limit``
-    characters (``limits``: per field name); numbers, booleans and None stay what they are."""
+    """A validated report with every string cleaned to ``limit`` (``limits``: per field name)."""
     if isinstance(value, dict):
         return {k: cleaned(v, limit, limits, k) for k, v in value.items()}
     if isinstance(value, list):
@@ -195,8 +177,7 @@ def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key
 
 
 def result(stdout: bytes, prefix: str) -> Any:
-    """The JSON of the one result line in ``stdout``; Bad when there is none, more than one, or it is
-    not readable JSON (malformed, too deep, NaN, a number too large for a float)."""
+    """The JSON of the one result line in ``stdout``; Bad for none, several, or unreadable JSON."""
     hits = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.startswith(prefix)]
     if len(hits) != 1:
         raise Bad("more than one result line" if hits else "no result line")
@@ -214,7 +195,7 @@ def arrived(stdout: bytes, prefix: str) -> bool:
 
 
 def out_of_memory(text: bytes | str) -> bool:
-    """Whether ``text`` (a worker's stderr or error message) says host memory ran out."""
+    """Whether a worker's stderr or error message says host memory ran out."""
     import re
 
     low = (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).lower()
@@ -232,10 +213,15 @@ def last_phase(stderr: bytes, phase: str, names: str) -> str | None:
     return found
 
 
-# ---- the costly run: lock, cache, latch ----
+def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]]) -> tuple[Any, str | None]:
+    """(the worker's report, None) for one valid result line, else (None, what is wrong)."""
+    try:
+        return validate(result(stdout, prefix)), None
+    except Bad as exc:
+        return None, str(exc)
+
 
 def state_off(why: str | None) -> str:
-    """What a run without a state dir says of it (a fatal error cannot latch there)."""
     return f"state dir off: {why}"
 
 
@@ -245,13 +231,9 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
                judge: Callable[[dict[str, Any], Context], Result], *, early: bool = False,
                share: Callable[[dict[str, Any] | None], dict[str, Any] | None] | None = None,
                relatch: bool = False) -> dict[str, Any]:
-    """A deep check's costly run: one costly check at a time under the lock; readiness reuses what
-    ``reuse`` accepts from ``cache`` (read again once the lock is held: a run we waited for may have
-    written it); the run is then recorded (:func:`record`). Without a state dir it simply runs.
-
-    ``early`` answers readiness from the cache before waiting for the lock, ``share`` hands every
-    profile what it accepts of a run that finished while this one waited (startup included),
-    ``relatch`` reads the latch again once the lock is held (the run waited for may have latched)."""
+    """A costly run, one at a time under the lock, then recorded; readiness reuses what ``reuse`` accepts
+    of ``cache`` once the lock is held (``early``: before waiting too). ``share``: any profile takes a
+    run that finished while this one waited; ``relatch``: the latch is read again under the lock."""
     state = ctx.state
     if not state.enabled:  # nothing can latch: the judge says so if the run finds a fatal error
         data = run()
@@ -282,11 +264,8 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
         shared = share(entry) if share is not None and finished_since else None
         if shared is not None:
             return shared
-        if ctx.config.profile_rules.reuses_cache:
-            hit = reuse(entry)
-            if hit is not None:
-                return hit
-        return record(ctx, cache, key, run(), judge)
+        hit = reuse(entry) if ctx.config.profile_rules.reuses_cache else None
+        return hit if hit is not None else record(ctx, cache, key, run(), judge)
 
 
 def latched(latch: dict[str, Any]) -> dict[str, Any]:
@@ -302,10 +281,8 @@ def latched(latch: dict[str, Any]) -> dict[str, Any]:
 
 def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
            judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
-    """After a costly run, under the lock: a sticky CUDA error latches the container and the run is
-    cached for later runs to reuse or share. A run whose worker lingered is not trusted (its cache
-    entry goes: an older pass must not be served after it); one that started nothing (no GPU had
-    room) has nothing to cache."""
+    """After a costly run, under the lock: a sticky CUDA error latches and the run is cached, unless its
+    worker lingered (its entry goes: no older pass is served after it) or nothing started."""
     from probes.framework import free_memory
 
     if data["kind"] == free_memory.REASON:
@@ -325,8 +302,7 @@ def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
 
 def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
                ttl: float) -> tuple[dict[str, Any], float, float] | None:
-    """(data, finished, age) of a cache entry for the same ``key`` that passed and is younger than
-    ``ttl`` (the clock going backwards makes it stale); None for anything else."""
+    """(data, finished, age) of a pass cached under ``key`` younger than ``ttl``, else None."""
     if not entry or entry.get("key") != key or entry.get("status") != Status.PASS.value:
         return None
     data, finished = entry.get("data"), entry.get("finished")
@@ -336,46 +312,46 @@ def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
     return (data, float(finished), age) if 0 <= age < ttl else None
 
 
-def cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
-           validate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
-    """A deep check's cached passing run (see fresh_pass), its report validated again."""
-    if (fresh := fresh_pass(entry, key, ttl)) is None:
+def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable[[Any], dict[str, Any]],
+           phases: str, extra: Mapping[str, tuple[str, bool]] | None = None,
+           ttl: float | None = None) -> dict[str, Any] | None:
+    """The worker run cached under ``key`` (with ``ttl``: a pass younger than that), checked again with
+    ``extra``, the probe's own fields: a damaged entry is a miss, never a crash."""
+    import re
+
+    from probes.framework import free_memory
+
+    if ttl is not None and fresh_pass(entry, key, ttl) is None:
         return None
-    data, finished, age = fresh
+    data = entry.get("data") if entry and entry.get("key") == key else None
+    if (not isinstance(data, dict) or data.get("kind") != "worker" or data.get("lingered", False) is not False
+            or any(data[k] != v for k, v in key.items() if k in data)):  # its own copy of the key's fields
+        return None
+    schema = {**WORKER_RUN, **(extra or {})}
     try:
-        report = validate(data.get("report"))
+        for name, (kind, nullable) in schema.items():
+            check(data.get(name), kind, nullable, name)
+        if data["phase"] is not None and not re.fullmatch(phases, data["phase"]):
+            return None
+        report = None if data.get("report") is None else validate(data["report"])
     except Bad:
         return None
-    if report["error"] is not None:
-        return None
-    return {"kind": "worker", "spawn_error": None, "returncode": 0, "timed_out": False, "lingered": False,
-            "stuck": False, "held_by": None, "budget": 0.0, "phase": None, "report": report, "problem": None,
-            "finished": finished, "cache": {"how": "ttl", "age": round(age, 1)}}
-
-
-# ---- the worker ----
-
-def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]]) -> tuple[Any, str | None]:
-    """(the worker's report, None) for one valid result line, else (None, what is wrong)."""
-    try:
-        return validate(result(stdout, prefix)), None
-    except Bad as exc:
-        return None, str(exc)
+    age = time.time() - float(data["finished"])
+    return {"kind": "worker", "lingered": False, "report": report,
+            **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None else data[name]
+               for name, (kind, _) in schema.items()}, "room": free_memory.read(data.get("room")),
+            "cache": {"how": "shared" if ttl is None else "ttl", "age": round(max(age, 0.0), 1)}}
 
 
 def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], worker: ModuleType,
                validate: Callable[[Any], dict[str, Any]], phases: str,
                need_mib: int) -> tuple[dict[str, Any], proc.Completed | None]:
-    """A worker's run under the probe's deadline, with CUDA_MODULE_LOADING=LAZY (a smaller context),
-    on the GPUs with ``need_mib`` MiB free (CUDA_VISIBLE_DEVICES narrowed to them when some have none):
-    what judge() reads of it (``locked_run``'s ``run``), and the process (None when none started).
-    ``worker`` is the worker's module: its ``PREFIX`` marks the result line, its ``PHASE`` the progress
-    markers, whose names ``phases`` matches."""
+    """A worker's run under the deadline on the GPUs with ``need_mib`` MiB free (CUDA_VISIBLE_DEVICES
+    narrowed to them): what judge() reads, and the process (None when none started)."""
     from probes import orphans, proc
     from probes.framework import free_memory
 
-    # What a killed suite left (a worker behind a wrapper, its grandchildren) goes before the GPUs'
-    # memory is surveyed; one that survives SIGKILL may hold the GPU: no second worker beside it.
+    # What a killed suite left goes first; one that survives SIGKILL may hold the GPU: no second worker.
     space = None
     env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **env}
     held = orphans.end()
@@ -407,14 +383,11 @@ def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], wo
             "finished": time.time(), "cache": None, "room": None if space is None else space.facts()}, done
 
 
-# ---- judging ----
-
 def judged(name: str, data: dict[str, Any], ctx: Context,
            judge_run: Callable[[dict[str, Any], Context], Result], *, room: str, deadline: Cause,
            unit: str) -> Result:
-    """A deep check's judge(): what every one says alike (held back by a checkpoint, no lock in time,
-    no GPU with room for ``room``'s worth), else ``judge_run``'s result noting the GPUs left out for want
-    of room, a latch that could not be kept and where a reused result came from."""
+    """A deep check's judge(): what every one says alike (held back, no lock in time, no GPU with room for
+    ``room``), else ``judge_run``'s result with the GPUs left out, a lost latch and a reused result."""
     from probes.framework import free_memory
 
     kind = data.get("kind")
@@ -451,40 +424,33 @@ def judged(name: str, data: dict[str, Any], ctx: Context,
 
 
 def lock_timeout(name: str, data: dict[str, Any], cause: Cause | None = None, **kw: Any) -> Result:
-    """judge() of a run that did not get the lock in time: its own ``cause`` for a deadline (by default
-    the one every probe can report)."""
+    """A run that did not get the lock in time: its own ``cause`` (else the runner's deadline)."""
     from probes import runner
 
     return verdict(name, cause or runner.DEADLINE, f"no result within {data['waited']:.1f}s: another "
                    "costly check (torch-cuda, nccl or model) still holds the lock", **kw)
 
 
-def limited(name: str, data: dict[str, Any], **kw: Any) -> Result | None:
-    """The verdict on a worker a resource limit kept from starting (the interpreter is not at fault:
-    not checked); None otherwise."""
+def cannot_run(name: str, data: dict[str, Any], python: str, not_executable: Cause = INTERPRETER_NOT_FOUND,
+               **kw: Any) -> Result | None:
+    """The verdict on a worker whose ``python`` cannot be run, or that a limit kept from starting."""
     from probes import childio, runner
 
-    if childio.limited(data.get("spawn_error")):
-        return verdict(name, runner.LIMIT, f"not checked: the worker {data['spawn_error']}", remedy=False,
-                       **kw)
-    return None
-
-
-def cannot_run(name: str, data: dict[str, Any], ctx: Context, **kw: Any) -> Result | None:
-    """The verdict on a worker whose interpreter cannot be run (or that a limit kept from starting);
-    None if it could."""
-    if (limit := limited(name, data, **kw)) is not None:
-        return limit
-    if data.get("spawn_error") or (data.get("report") is None and data.get("returncode") in (126, 127)):
-        python = untrusted.clean(ctx.config.of(Torch).torch_python, 80)
-        return verdict(name, INTERPRETER_NOT_FOUND, f"torch interpreter {python} cannot be run", **kw)
+    spawn, rc, python = data.get("spawn_error"), data.get("returncode"), untrusted.clean(python, 80)
+    if childio.limited(spawn):
+        return verdict(name, runner.LIMIT, f"not checked: the worker {spawn}", remedy=False, **kw)
+    # 127 is also the loader's status when a library cannot be mapped (RLIMIT_AS): its words tell.
+    if spawn == "not found" or (data.get("report") is None and rc == 127 and not data.get("memory")):
+        return verdict(name, INTERPRETER_NOT_FOUND, f"torch interpreter {python} not found", **kw)
+    if spawn or (data.get("report") is None and rc == 126):
+        return verdict(name, not_executable, f"torch interpreter {python} cannot be run "
+                       f"({spawn or 'not executable'})", **kw)
     return None
 
 
 def no_report(name: str, data: dict[str, Any], what: str, *, stuck: Cause, timed_out: Cause,
               excerpt: str = "", **kw: Any) -> Result:
-    """The verdict on a worker that gave no report it may trust: stuck in the driver, cut by the
-    deadline, killed by a signal, or unreadable."""
+    """The verdict on a worker stuck, cut by the deadline, killed or unreadable."""
     from probes import proc
 
     where = data.get("phase") or "start-up"

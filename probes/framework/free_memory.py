@@ -1,7 +1,5 @@
-"""Do no harm: before a CUDA worker starts, NVML says which GPUs have room for it (docs/probes.md,
-"Do no harm"). The worker is then given ``CUDA_VISIBLE_DEVICES`` listing, by UUID, only the GPUs with
-room, so that whatever torch does on "device 0" at start happens on one of them. When NVML cannot
-say, the GPUs are used as before and the facts say why. Command-line equivalent::
+"""Do no harm: before a CUDA worker starts, NVML says which GPUs have room for it; the worker sees only
+those, by UUID (docs/probes.md, "Do no harm"). Command-line equivalent::
 
     nvidia-smi --query-gpu=index,uuid,memory.free,memory.total --format=csv,noheader,nounits
 """
@@ -22,34 +20,17 @@ MAX_MIB = 2**44  # NVML gives bytes as an unsigned 64-bit number: every MiB coun
 
 
 class Gpu(Record):
-    __slots__ = ("index", "uuid", "free_mib", "total_mib")
-
-    index: int  # type: ignore[assignment]  # NVML's index, as nvidia-smi shows it
+    index: int  # NVML's index, as nvidia-smi shows it
     uuid: str
     free_mib: int | None  # None: NVML did not say
     total_mib: int | None
 
-    def __init__(self, index: int, uuid: str, free_mib: int | None, total_mib: int | None) -> None:
-        self.index = index
-        self.uuid = uuid
-        self.free_mib = free_mib
-        self.total_mib = total_mib
-
 
 class Room(Record):
-    __slots__ = ("need_mib", "allowed", "full", "unknown")
-
     need_mib: int
-    allowed: tuple[Gpu, ...]  # the GPUs the worker may use
-    full: tuple[Gpu, ...]  # not checked: the workload holds the memory
-    unknown: str | None  # why NVML could not say, when it could not (then nothing is held back)
-
-    def __init__(self, need_mib: int, allowed: tuple[Gpu, ...] = (), full: tuple[Gpu, ...] = (),
-                 unknown: str | None = None) -> None:
-        self.need_mib = need_mib
-        self.allowed = allowed
-        self.full = full
-        self.unknown = unknown
+    allowed: tuple[Gpu, ...] = ()  # the GPUs the worker may use
+    full: tuple[Gpu, ...] = ()  # not checked: the workload holds the memory
+    unknown: str | None = None  # why NVML could not say, when it could not (then nothing is held back)
 
     @property
     def visible(self) -> str | None:
@@ -61,14 +42,14 @@ class Room(Record):
         return bool(self.full) and not self.allowed
 
     def facts(self) -> dict[str, Any]:
-        """What judge() and the cache keep of it (checked again by :func:`read`)."""
+        """What judge() and the cache keep (checked again by :func:`read`)."""
         full = [{"index": g.index, "free_mib": g.free_mib, "total_mib": g.total_mib} for g in self.full]
         return {"need_mib": self.need_mib, "unknown": self.unknown, "full": full}
 
 
 def survey(need_mib: int, env: Mapping[str, str]) -> Room:
     """Which of the GPUs the worker would see (``CUDA_VISIBLE_DEVICES`` in ``env``) have ``need_mib``
-    MiB free; a lost GPU is left out (the nvml probe reports it, and no context starts there)."""
+    MiB free; a lost GPU is left out (the nvml probe reports it)."""
     from probes.hardware import nvml, nvml_lib
 
     if need_mib <= 0:

@@ -1,8 +1,6 @@
 """model (a plug-in, opt-in): the image's model file loads onto the probe's device without running
-pickled code, and answers as expected (docs/probes.md, "Deep opt-in checks"). A worker
-(``model_worker.py``) loads it in ``HEALTHCHECK_TORCH_PYTHON``; like torch-cuda it is one costly check,
-under the same lock, and readiness reuses a pass younger than ``HEALTHCHECK_MODEL_TTL`` (the file's
-identity, size and mtime are part of the key). Command-line equivalent::
+pickled code and answers as expected, in a worker (docs/probes.md, "Deep opt-in checks"); the file's
+identity, size and mtime are part of the cache key. Command-line equivalent::
 
     python3 probes/framework/model_worker.py --path /models/m.pt --device cuda --input 1x3x224x224:float16
 """
@@ -32,7 +30,7 @@ ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus the model's size"
 
 
 def model_input(text: str) -> str:
-    """HEALTHCHECK_MODEL_INPUT, read by the worker's own grammar when the settings are read."""
+    """HEALTHCHECK_MODEL_INPUT, read by the worker's own grammar."""
     from probes.framework import model_worker
 
     try:
@@ -55,19 +53,16 @@ class Settings(Declared):
         parse=model_input)
     model_expect: str | None = setting("HEALTHCHECK_MODEL_EXPECT", TEXT, None,
                                        "a tensor saved with `torch.save`: the forward pass's expected output")
-    model_tolerance: float = setting("HEALTHCHECK_MODEL_TOLERANCE", NUMBER, 1e-3,
-                                     "largest accepted max(abs(output - expected)) / max(abs(expected))",
-                                     low=0, high=1)
+    model_tolerance: float = setting("HEALTHCHECK_MODEL_TOLERANCE", NUMBER, 1e-3, "largest accepted "
+                                     "max(abs(output - expected)) / max(abs(expected))", low=0, high=1)
     model_max_bytes: int | None = setting(
         "HEALTHCHECK_MODEL_MAX_BYTES", INTEGER, None, "the most bytes the model may take (besides the free "
         "GPU memory or available RAM, whichever is smaller)", low=0, high=2**62)
-    model_ttl: float = setting("HEALTHCHECK_MODEL_TTL", NUMBER, 3600.0,
-                               "seconds a passing model result is reused by readiness", low=0, high=86400,
-                               low_inclusive=True)
+    model_ttl: float = setting("HEALTHCHECK_MODEL_TTL", NUMBER, 3600.0, "seconds a passing model result is "
+                               "reused by readiness", low=0, high=86400, low_inclusive=True)
 
 
-def _fix(reason: str, what: str, remedy: str) -> Cause:
-    """A cause the model's owner fixes: the file, or a setting."""
+def _fix(reason: str, what: str, remedy: str) -> Cause:  # the model's owner fixes the file or a setting
     return cause(reason, what, remedy, action="fix-config", actor="tenant")
 
 
@@ -92,17 +87,15 @@ MISMATCH = _fix("output-mismatch", "the forward pass differs from `HEALTHCHECK_M
 EXPECT = _fix("expect-unreadable", "the expected-output file is missing, not a regular file "
               "(said before the model loads), too large for the memory, or not a saved tensor",
               "save a tensor with `torch.save(tensor, path)`")
-BAD_INPUT = _fix("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, "
-                 "or the model is not TorchScript",
-                 "fix the setting (a forward pass needs a TorchScript model)")
+BAD_INPUT = _fix("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, or the model "
+                 "is not TorchScript", "fix the setting (a forward pass needs a TorchScript model)")
 FORWARD = _fix("forward-failed", "the forward pass raised", deep.LOGGED)
 LOAD = _fix("load-failed", "loading raised another error", deep.LOGGED)
 TORCH_MISSING = _fix("torch-missing", "torch cannot be imported, or CUDA is not available to it",
                      "see the `torch-cuda` probe")
-DEADLINE = cause("deadline", "no result by the deadline (a large model on a slow disk, or a wedged "
-                 "driver), or another costly check held the lock until then",
-                 "raise `HEALTHCHECK_TIMEOUT` for large models; check `nvidia-smi` and dmesg",
-                 action="retry", actor="tenant")
+DEADLINE = cause("deadline", "no result by the deadline (a large model on a slow disk, or a wedged driver), "
+                 "or another costly check held the lock until then", "raise `HEALTHCHECK_TIMEOUT` for large "
+                 "models; check `nvidia-smi` and dmesg", action="retry", actor="tenant")
 
 SPEC = Spec(
     NAME, layer="framework", module=__name__, toggle="ENABLE_MODEL_CHECK", timeout=60.0,
@@ -110,8 +103,8 @@ SPEC = Spec(
     about="the image's model file loads onto the device without running pickled code (opt-in)",
     default_on=False, on_with="model_path", settings=Settings.SETTINGS,
     causes=(MISSING, UNREADABLE, UNSUPPORTED, UNSAFE, CORRUPT, TOO_BIG, deep.OOM, deep.WORKLOAD_MEMORY,
-            deep.DEVICE_BUSY, deep.CUDA_FATAL, deep.CUDA_ERROR, MISMATCH, EXPECT, BAD_INPUT, FORWARD, LOAD,
-            deep.HELD_BACK, deep.INTERPRETER_NOT_FOUND, TORCH_MISSING, DEADLINE, deep.KILLED,
+            deep.DEVICE_BUSY, deep.MPS_BUSY, deep.CUDA_FATAL, deep.CUDA_ERROR, MISMATCH, EXPECT, BAD_INPUT,
+            FORWARD, LOAD, deep.HELD_BACK, deep.INTERPRETER_NOT_FOUND, TORCH_MISSING, DEADLINE, deep.KILLED,
             deep.BAD_OUTPUT),
 )
 
@@ -130,7 +123,6 @@ KINDS = {"missing": MISSING, "unreadable": UNREADABLE, "unsupported": UNSUPPORTE
 
 
 def validate(report: Any, device: str) -> dict[str, Any]:
-    """A cleaned copy of the worker's report if it matches the schema exactly; raises deep.Bad."""
     from probes.framework import model_worker
 
     deep.fields(report, _REPORT, "result", nested=("error",))
@@ -163,8 +155,7 @@ def run_worker(ctx: Context) -> dict[str, Any]:
     argv = [torch.torch_python, WORKER, f"--path={own.model_path}", f"--device={torch.torch_device}"]
     argv += [f"--{flag}={value}" for flag, value in (("input", own.model_input), ("expect", own.model_expect),
                                                      ("max-bytes", own.model_max_bytes)) if value is not None]
-    # Free GPU memory the load needs: HEALTHCHECK_TORCH_MIN_FREE_MIB plus the file's size (about its tensors'
-    # bytes); 0 when the setting turns the check off.
+    # The free GPU memory the load needs: the setting (0: off) plus the file's size, about its tensors'.
     found = _file_id(own.model_path)
     floor = torch.torch_min_free_mib
     need = floor + (-(-found[2] // 2**20) if found else 0) if floor else 0
@@ -177,7 +168,6 @@ def run_worker(ctx: Context) -> dict[str, Any]:
 
 
 def _phrase(err: dict[str, Any]) -> str | None:
-    """The worker's message when it is one of its own phrases; None for anything else."""
     from probes.framework import model_worker
 
     return err["message"] if err["message"] in model_worker.PHRASES else None
@@ -198,7 +188,8 @@ def gather(ctx: Context) -> dict[str, Any]:
            "identity": life_identity()}
 
     def reuse(entry: dict[str, Any] | None) -> dict[str, Any] | None:
-        return deep.cached(entry, key, own.model_ttl, lambda report: validate(report, torch.torch_device))
+        return deep.cached(entry, key, lambda report: validate(report, torch.torch_device), PHASES,
+                           ttl=own.model_ttl)
 
     return deep.locked_run(ctx, CACHE, key, reuse, lambda: run_worker(ctx), judge, early=True)
 
@@ -207,8 +198,6 @@ def on_deadline(ctx: Context) -> Result:
     return verdict(NAME, DEADLINE, "no result within the deadline: loading the model took too long "
                    "(a large model on a slow disk) or the GPU driver is stuck")
 
-
-# ---- judge: pure ----
 
 def _size(n: int | None) -> str:
     if n is None:
@@ -235,7 +224,7 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
     if data.get("kind") == "no-path":
         return verdict(NAME, MISSING, "HEALTHCHECK_MODEL_PATH is not set")
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"path": path, "cache": data.get("cache")}}
-    if (unrunnable := deep.cannot_run(NAME, data, ctx, **kw)) is not None:
+    if (unrunnable := deep.cannot_run(NAME, data, ctx.config.of(Torch).torch_python, **kw)) is not None:
         return unrunnable
     report = data.get("report")
     if report is None or data.get("lingered"):
@@ -270,12 +259,11 @@ def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dic
 
     if err["kind"] in CUDA_KINDS:
         where = f"{report['device']}, loading {path}"
-        found = cuda_errors.failure(NAME, err["code"], err["message"], where, **kw)
+        found = cuda_errors.failure(NAME, cuda_errors.identify(err["code"], err["message"]), where, **kw)
         if found is not None:
             return found
     cause = KINDS[err["kind"]]
-    # The worker's own phrase, or a fixed one: an exception's text (torch's, with its escapes and the
-    # file's bytes; an errno text) went to the log.
+    # The worker's own phrase, or a fixed one: an exception's text went to the log.
     what = _phrase(err) or "details in the log"
     kind = err["type"]  # an exception's class name as the worker reported it, if it looks like one
     if not (0 < len(kind) <= 60 and kind.replace("_", "a").replace(".", "a").isalnum() and kind.isascii()):

@@ -1,14 +1,8 @@
-"""The model worker, run by file path in the image's interpreter under a deadline, in its own
-session (the model probe). Standalone: stdlib + torch only, never the ``probes`` package, Python 3.6+.
-
-It never executes pickled code, and reads the format from the file's content (``detect``), never its
-name: a TorchScript archive (``torch.jit.load``, whose unpickler only builds TorchScript and tensor
-types), a safetensors file (the ``safetensors`` package, else the header is parsed here and each
-tensor made with ``torch.frombuffer``), or a ``torch.save`` state dict (``weights_only=True``; a
-torch without that option is refused, never loaded). The file is loaded through the descriptor that
-was checked (``by_descriptor``): the file judged is the file loaded. An error's ``message`` is one
-of ``PHRASES`` when the worker names the problem itself; anything else (torch's or the C library's
-text) is a detail the suite logs, never shows. Command-line equivalent::
+"""The model probe's worker, run by file path in the image's interpreter (stdlib + torch only, never
+the ``probes`` package, Python 3.6+). It never executes pickled code, reads the format from the
+content (TorchScript, safetensors, a state dict through ``weights_only=True``) and loads through the
+descriptor it checked. An error's ``message`` the suite shows is one of ``PHRASES``; any other text
+is a detail it only logs. Command-line equivalent::
 
     python3 model_worker.py --path /models/resnet.pt --device cuda --input 1x3x224x224:float16
 """
@@ -41,7 +35,7 @@ PHRASES = (
     NO_FILE, A_DIRECTORY, SPECIAL_FILE, NO_PERMISSION, CANNOT_OPEN,
     "expected SHAPE:DTYPE[:zeros|seeded]", "the shape is not NxMx... (positive integers)",
     "a dimension is zero", "dtype or fill not accepted",
-    "shorter than a safetensors header", "safetensors header length beyond the file (truncated?)",
+    "safetensors header length beyond the file (truncated?)",
     "safetensors header is not JSON", "safetensors header is not an object",
     "safetensors header entry is malformed",
     "a tensor lies beyond the end of the file (truncated?)", "a damaged or truncated zip archive",
@@ -57,9 +51,8 @@ PHRASES = (
 
 
 class Failure(Exception):
-    """A failure the worker names itself (``kind``) with one of ``PHRASES``, or with an
-    exception's text (a detail: the suite logs it and shows its own words), and the CUDA error's
-    number (``torch.AcceleratorError.error_code``) when one was behind it."""
+    """A failure of ``kind``, said with one of ``PHRASES`` or an exception's text, and the CUDA error's
+    number when one was behind it."""
 
     def __init__(self, kind, message, code=None):
         Exception.__init__(self, message)
@@ -74,12 +67,10 @@ _BASE = []  # type: list
 def scaffold():
     """worker_base.py beside this file, loaded by its path (never by name), once."""
     if not _BASE:
-        import importlib.util
+        import runpy
+        import types
 
-        spec = importlib.util.spec_from_file_location("healthcheck_worker_base",
-                                                      os.path.join(HERE, "worker_base.py"))
-        _BASE.append(importlib.util.module_from_spec(spec))
-        spec.loader.exec_module(_BASE[0])
+        _BASE.append(types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py"))))
     return _BASE[0]
 
 
@@ -115,8 +106,7 @@ def new_report(args):
 
 
 def parse_input(spec):
-    """``1x3x224x224:float16[:zeros|seeded]`` -> (shape, dtype name, fill). The suite validates
-    HEALTHCHECK_MODEL_INPUT with this function too, so both read it alike."""
+    """``1x3x224x224:float16[:zeros|seeded]`` -> (shape, dtype name, fill); the suite's too."""
     parts = spec.split(":")
     if len(parts) not in (2, 3):
         raise Failure("bad-input", "expected SHAPE:DTYPE[:zeros|seeded]")
@@ -142,9 +132,8 @@ def _kind_of(st):
 
 
 def open_file(path, missing="missing", unreadable="unreadable"):
-    """(file object, size) of a regular file; anything else is a Failure (``missing`` or
-    ``unreadable``), said without waiting: the type is known before the file is opened, and
-    the open itself cannot block (O_NONBLOCK) should a FIFO be put there in between."""
+    """(file object, size) of a regular file; anything else is a Failure, said without waiting: the
+    type is known before the open, which cannot block (O_NONBLOCK) should a FIFO appear in between."""
     import errno
 
     try:
@@ -176,26 +165,23 @@ def by_descriptor(fh, path):
 
 
 def safetensors_header(fh, size):
-    """(header dict, data start) of a safetensors file, checked against the file size."""
+    """(tensor entries, data start) of a file ``detect`` found to be safetensors, checked against its size."""
+    import json
+    import struct
+
     fh.seek(0)
-    head = fh.read(8)
-    if len(head) < 8:
-        raise Failure("corrupt", "shorter than a safetensors header")
-    import struct  # here, not at the top: the suite imports this file's constants
-    (length,) = struct.unpack("<Q", head)
-    if length > MAX_HEADER or 8 + length > size:
+    (length,) = struct.unpack("<Q", fh.read(8))
+    if 8 + length > size:
         raise Failure("corrupt", "safetensors header length beyond the file (truncated?)")
     try:
-        import json  # here, not at the top: the suite imports this file's constants
         header = json.loads(fh.read(length).decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise Failure("corrupt", "safetensors header is not JSON") from None
     if not isinstance(header, dict):
         raise Failure("corrupt", "safetensors header is not an object")
     start = 8 + length
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
+    header.pop("__metadata__", None)
+    for info in header.values():
         ok = (isinstance(info, dict) and info.get("dtype") in ST_DTYPES
               and isinstance(info.get("shape"), list) and isinstance(info.get("data_offsets"), list)
               and len(info["data_offsets"]) == 2
@@ -222,22 +208,20 @@ def detect(fh, size):
         code = any("/code/" in "/" + i.filename for i in names)
         data = sum(i.file_size for i in names if "/data/" in "/" + i.filename)
         return ("torchscript" if code else "state-dict"), (data or size)
-    if len(magic) == 8:
-        import struct  # here, not at the top: the suite imports this file's constants
-        (length,) = struct.unpack("<Q", magic)
-        fh.seek(8)
-        if 2 <= length <= MAX_HEADER and fh.read(1) == b"{":
-            header, _ = safetensors_header(fh, size)
-            return "safetensors", sum(info["data_offsets"][1] - info["data_offsets"][0]
-                                      for name, info in header.items() if name != "__metadata__")
+    import struct  # here, not at the top: the suite imports this file's constants
+
+    if len(magic) == 8 and 2 <= struct.unpack("<Q", magic)[0] <= MAX_HEADER and fh.read(1) == b"{":
+        header, _ = safetensors_header(fh, size)
+        return "safetensors", sum(info["data_offsets"][1] - info["data_offsets"][0]
+                                  for info in header.values())
     if magic[:1] == b"\x80":  # a pickle (torch.save's legacy format): only weights_only may read it
         return "state-dict", size
     raise Failure("unsupported", "not a TorchScript archive, a safetensors file or a torch.save state dict")
 
 
 def budget_of(torch, args):
-    """(bytes the model may take, where that number comes from): the free GPU memory, or on the CPU
-    the available RAM and what the cgroup (v2) still lets this container allocate; and the setting."""
+    """(bytes the model may take, where that comes from): the setting, the free GPU memory, or on the
+    CPU the available RAM and the cgroup's (v2) room."""
     options = []
     if args.max_bytes is not None:
         options.append((args.max_bytes, "HEALTHCHECK_MODEL_MAX_BYTES"))
@@ -262,15 +246,10 @@ def budget_of(torch, args):
 
 def tensors_of(value, found, depth=0):
     """Every tensor in a loaded state dict (nested dicts, lists and tuples)."""
-    if depth > 20:
-        return
     if hasattr(value, "numel") and hasattr(value, "element_size"):
         found.append(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            tensors_of(v, found, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
+    elif isinstance(value, (dict, list, tuple)) and depth < 20:
+        for v in value.values() if isinstance(value, dict) else value:
             tensors_of(v, found, depth + 1)
 
 
@@ -284,8 +263,6 @@ def load_safetensors(torch, fh, size, device):
     header, start = safetensors_header(fh, size)
     out = {}
     for name, info in header.items():
-        if name == "__metadata__":
-            continue
         dtype = getattr(torch, ST_DTYPES[info["dtype"]], None)
         if dtype is None:
             raise Failure("unsupported", "a dtype unknown to this torch")
@@ -361,8 +338,8 @@ def forward(torch, model, args, device, report, expect_fh):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as exc:
-        failure = load_error(exc)
-        raise Failure("oom" if failure.kind == "oom" else "forward", text(exc), error_code(exc)) from None
+        kind = "oom" if "out of memory" in text(exc).lower() else "forward"
+        raise Failure(kind, text(exc), error_code(exc)) from None
     report["forward_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
     if isinstance(out, (list, tuple)) and out:
         out = out[0]
@@ -379,21 +356,12 @@ def forward(torch, model, args, device, report, expect_fh):
 
 
 def work(args, report):
-    phase("open")
+    phase("open")  # the files stay open until the worker exits
     fh, size = open_file(args.path)
     report["file_bytes"] = size
     expect_fh, expect_size = None, 0
-    try:
-        if args.expect and args.input is not None:  # said before anything costly, as a bad input is
-            expect_fh, expect_size = open_file(args.expect, "expect-missing", "expect-unreadable")
-        with fh:
-            load_and_run(args, report, fh, size, expect_fh, expect_size)
-    finally:
-        if expect_fh is not None:
-            expect_fh.close()
-
-
-def load_and_run(args, report, fh, size, expect_fh, expect_size):
+    if args.expect and args.input is not None:  # said before anything costly, as a bad input is
+        expect_fh, expect_size = open_file(args.expect, "expect-missing", "expect-unreadable")
     fmt, nbytes = detect(fh, size)
     report["format"], report["bytes"] = fmt, nbytes
     if args.input is not None:

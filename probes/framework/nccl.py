@@ -1,9 +1,6 @@
-"""nccl (a plug-in, opt-in): NCCL works in this container: one all-reduce across every visible GPU,
-checked exactly (docs/probes.md, "Deep opt-in checks"). A too small ``/dev/shm`` fails before anything
-starts; then a worker (``nccl_worker.py``) runs with ``NCCL_DEBUG=WARN`` under the probe's deadline:
-PyTorch's own NCCL watchdog waits 30 minutes, so only a killable child is safe. NCCL's warnings name
-the cause. Like torch-cuda and model it is one costly check under the same lock, and it starts nothing
-on a GPU without room. Command-line equivalent::
+"""nccl (a plug-in, opt-in): one all-reduce across every visible GPU, checked exactly, in a killable
+worker (PyTorch's NCCL watchdog waits 30 minutes) whose NCCL warnings name the cause; a too small
+``/dev/shm`` fails first (docs/probes.md, "Deep opt-in checks"). Command-line equivalent::
 
     NCCL_DEBUG=WARN python3 probes/framework/nccl_worker.py
 """
@@ -33,10 +30,9 @@ PHASES = r"start|import|nccl|init|place|allreduce|verify"
 BUFFERS_MIB = 256  # NCCL's buffers on each GPU, on top (NCCL_BUFFSIZE 4 MiB per channel and peer)
 ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus NCCL's buffers"
 MAX_WARNINGS = 5
-# Lower-case substrings of NCCL's WARN lines (misc/shmutils.cc, include/shm.h, transport/p2p.cc). Only a
-# segment NCCL could not extend ("Call to posix_fallocate failed : No space left on device", "Error: failed
-# to extend /dev/shm/nccl-X to N bytes") blames the size; one it could not open or attach ("Error while
-# attaching to shared memory segment ... No such file or directory") is NCCL's own failure.
+# Lower-case words of NCCL's WARN lines (misc/shmutils.cc, include/shm.h, transport/p2p.cc): only a
+# segment NCCL could not extend ("posix_fallocate failed : No space left on device", "failed to extend
+# /dev/shm/nccl-X") blames the size; one it could not attach ("No such file or directory") is NCCL's.
 SHM_SIZE_WORDS = ("no space left on device", "posix_fallocate", "failed to extend")
 SHM_WORDS = ("/dev/shm", "shared memory", "nccl-shm")  # noqa: S108
 P2P_WORDS = ("peer access", "p2p", "cudaipc", "ipc handle", "peer-to-peer")
@@ -45,46 +41,38 @@ P2P_REMEDY = ("confirm with `NCCL_P2P_DISABLE=1` (if that passes, P2P is the pro
 
 
 class Settings(Declared):
-    nccl_ttl: float = setting("HEALTHCHECK_NCCL_TTL", NUMBER, 300.0,
-                              "seconds a passing nccl result is reused by readiness", low=0, high=86400,
-                              low_inclusive=True)
+    nccl_ttl: float = setting("HEALTHCHECK_NCCL_TTL", NUMBER, 300.0, "seconds a passing nccl result is "
+                              "reused by readiness", low=0, high=86400, low_inclusive=True)
     nccl_min_shm_mib: int = setting("HEALTHCHECK_NCCL_MIN_SHM_MIB", INTEGER, 256,
                                     "`/dev/shm` smaller than this (MiB) fails the nccl probe before it runs",
                                     low=0, high=2**30, low_inclusive=True)
 
 
-SHM_SMALL = cause("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` "
-                  "(checked first), or NCCL warns it could not extend a shared memory segment "
-                  "(no space left on device)", "start the container with `--shm-size=1g` "
-                  "(or `--ipc=host`; Kubernetes: an emptyDir medium Memory)", action="fix-config",
-                  actor="tenant")
-OWN_SHM = cause("nccl-shm", "NCCL could not open or attach its own shared memory segment "
-                "(\"No such file or directory\"): not the size of `/dev/shm`",
-                "NCCL lost a shared memory segment another of its threads had made "
-                "(a known regression of some NCCL releases, or something else clearing /dev/shm): "
-                "try another NCCL (torch) release, keep /dev/shm private to the container, "
-                "and confirm with `NCCL_SHM_DISABLE=1`", action="fix-config", actor="tenant")
+SHM_SMALL = cause("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` (checked first), "
+                  "or NCCL warns it could not extend a shared memory segment (no space left on device)",
+                  "start the container with `--shm-size=1g` (or `--ipc=host`; Kubernetes: an emptyDir "
+                  "medium Memory)", action="fix-config", actor="tenant")
+OWN_SHM = cause("nccl-shm", "NCCL could not open or attach its own shared memory segment (\"No such file or "
+                "directory\"): not the size of `/dev/shm`", "NCCL lost a shared memory segment another of "
+                "its threads had made (a known regression of some NCCL releases, or something else clearing "
+                "/dev/shm): try another NCCL (torch) release, keep /dev/shm private to the container, and "
+                "confirm with `NCCL_SHM_DISABLE=1`", action="fix-config", actor="tenant")
 P2P = cause("p2p", "NCCL warns that peer-to-peer access is not supported or failed", P2P_REMEDY,
             action="fix-config", actor="operator")
-HANG = cause("nccl-hang", "the collective did not finish by the deadline "
-             "(P2P hanging with IOMMU/ACS on is the usual cause)", P2P_REMEDY, action="fix-config",
-             actor="operator")
-NO_NCCL = cause("no-nccl", "this torch build has no NCCL (a CPU-only or ROCm-less build)",
-                "install a CUDA build of torch, or leave `ENABLE_NCCL_CHECK` off", action="fix-config",
-                actor="tenant")
-WRONG_SUM = cause("wrong-result", "the all-reduce gave a wrong sum on some GPU",
-                  "drain the node; run `nccl-tests` and `dcgmi diag`", action="service-hardware",
-                  actor="operator")
-NCCL_ERROR = cause("nccl-error", "the collective raised another NCCL or CUDA error "
-                   "(NCCL's warning is in the message)",
-                   "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand", action="fix-config",
-                   actor="tenant")
+HANG = cause("nccl-hang", "the collective did not finish by the deadline (P2P hanging with IOMMU/ACS on is "
+             "the usual cause)", P2P_REMEDY, action="fix-config", actor="operator")
+NO_NCCL = cause("no-nccl", "this torch build has no NCCL (a CPU-only or ROCm-less build)", "install a CUDA "
+                "build of torch, or leave `ENABLE_NCCL_CHECK` off", action="fix-config", actor="tenant")
+WRONG_SUM = cause("wrong-result", "the all-reduce gave a wrong sum on some GPU", "drain the node; run "
+                  "`nccl-tests` and `dcgmi diag`", action="service-hardware", actor="operator")
+NCCL_ERROR = cause("nccl-error", "the collective raised another NCCL or CUDA error (NCCL's warning is in "
+                   "the message)", "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand",
+                   action="fix-config", actor="tenant")
 ON_CPU = cause("device-cpu", "`HEALTHCHECK_TORCH_DEVICE=cpu`: NCCL is not judged", "none", "skip",
                action="none", actor="tenant")
-DEADLINE = cause("deadline", "no result by the deadline before the collective started, or another "
-                 "costly check held the lock until then",
-                 "check `nvidia-smi`; raise `HEALTHCHECK_TIMEOUT` if torch is slow to import",
-                 action="retry", actor="operator")
+DEADLINE = cause("deadline", "no result by the deadline before the collective started, or another costly "
+                 "check held the lock until then", "check `nvidia-smi`; raise `HEALTHCHECK_TIMEOUT` if torch "
+                 "is slow to import", action="retry", actor="operator")
 
 SPEC = Spec(
     NAME, layer="framework", module=__name__, toggle="ENABLE_NCCL_CHECK", timeout=45.0,
@@ -92,8 +80,8 @@ SPEC = Spec(
     default_on=False, about="an NCCL all-reduce across every visible GPU gives the exact sum (opt-in)",
     settings=Settings.SETTINGS,
     causes=(SHM_SMALL, OWN_SHM, P2P, HANG, NO_NCCL, WRONG_SUM, NCCL_ERROR, deep.CUDA_UNAVAILABLE,
-            deep.CUDA_FATAL, deep.CUDA_ERROR, deep.OOM, deep.DEVICE_BUSY, deep.WORKLOAD_MEMORY, ON_CPU,
-            deep.HELD_BACK, deep.INTERPRETER_NOT_FOUND, DEADLINE, deep.KILLED, deep.BAD_OUTPUT),
+            deep.CUDA_FATAL, deep.CUDA_ERROR, deep.OOM, deep.DEVICE_BUSY, deep.MPS_BUSY, deep.WORKLOAD_MEMORY,
+            ON_CPU, deep.HELD_BACK, deep.INTERPRETER_NOT_FOUND, DEADLINE, deep.KILLED, deep.BAD_OUTPUT),
 )
 
 _REPORT = {"v": (INT, False), "backend": (STR, False), "torch": (STR, True), "nccl": (STR, True),
@@ -103,7 +91,6 @@ KINDS = ("no-nccl", "cuda-unavailable", "import", "collective", "worker")
 
 
 def shm_size() -> int | None:
-    """The size of /dev/shm in bytes, None when it cannot be read."""
     try:
         st = os.statvfs(SHM)
     except OSError:
@@ -147,11 +134,7 @@ def run_worker(ctx: Context) -> dict[str, Any]:
 
 
 def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
-    hit = deep.cached(entry, key, ttl, validate)
-    if hit is None or entry is None or hit["report"]["bad"] != 0:
-        return None
-    shm = entry["data"].get("shm")  # deep.cached checked that data is a dict
-    return {**hit, "warnings": [], "shm": shm if isinstance(shm, int) else None}
+    return deep.cached(entry, key, validate, PHASES, {"shm": (INT, True)}, ttl)
 
 
 def gather(ctx: Context) -> dict[str, Any]:
@@ -180,8 +163,6 @@ def on_deadline(ctx: Context) -> Result:
     return verdict(NAME, HANG, "no result within the deadline: the NCCL worker or the GPU driver is stuck")
 
 
-# ---- judge: pure ----
-
 def _mib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**20:.0f} MiB"
 
@@ -208,7 +189,7 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
     lines: list[str] = list(data.get("warnings") or [])
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"warnings": lines, "shm": data.get("shm"),
                                                   "cache": data.get("cache")}}
-    if (unrunnable := deep.cannot_run(NAME, data, ctx, **kw)) is not None:
+    if (unrunnable := deep.cannot_run(NAME, data, ctx.config.of(Torch).torch_python, **kw)) is not None:
         return unrunnable
     if (line := _has(lines, SHM_SIZE_WORDS)) is not None:
         return verdict(NAME, SHM_SMALL, "NCCL cannot use shared memory "
@@ -219,8 +200,8 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
     cuda = None
     if err is not None or lines:
         message = "\n".join(([err["message"]] if err is not None else []) + lines)
-        cuda = cuda_errors.failure(NAME, err["code"] if err is not None else None, message, "the GPUs",
-                                   unit=UNIT, facts=dict(kw["facts"]))
+        found = cuda_errors.identify(err["code"] if err is not None else None, message)
+        cuda = cuda_errors.failure(NAME, found, "the GPUs", unit=UNIT, facts=dict(kw["facts"]))
     if cuda is not None and cuda.reason != deep.CUDA_ERROR.reason:
         return cuda
     if (line := _has(lines, SHM_WORDS)) is not None:

@@ -1,10 +1,7 @@
-"""The NCCL worker, run by file path in the image's interpreter with ``NCCL_DEBUG=WARN``, under a
-deadline, in its own session (the nccl probe). Standalone: stdlib + torch only, never the ``probes``
-package, Python 3.6+. GPU ``i`` plays rank ``i`` of one single-process
-``torch.cuda.nccl.all_reduce``, checked exactly (the sum of the contributions is exact in float32);
-``--backend gloo --world N --rank R --init URL`` runs the same contribution and check through a real
-gloo group on the CPU, to test them without a GPU. NCCL's warnings go to stderr, which the parent
-reads. Command-line equivalent::
+"""The nccl probe's worker, run by file path in the image's interpreter with ``NCCL_DEBUG=WARN``
+(stdlib + torch only, never the ``probes`` package, Python 3.6+). GPU ``i`` plays rank ``i`` of one
+single-process ``torch.cuda.nccl.all_reduce``, checked exactly (the sum is exact in float32).
+Command-line equivalent::
 
     NCCL_DEBUG=WARN python3 nccl_worker.py
 """
@@ -25,12 +22,10 @@ _BASE = []  # type: list
 def scaffold():
     """worker_base.py beside this file, loaded by its path (never by name), once."""
     if not _BASE:
-        import importlib.util
+        import runpy
+        import types
 
-        spec = importlib.util.spec_from_file_location("healthcheck_worker_base",
-                                                      os.path.join(HERE, "worker_base.py"))
-        _BASE.append(importlib.util.module_from_spec(spec))
-        spec.loader.exec_module(_BASE[0])
+        _BASE.append(types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py"))))
     return _BASE[0]
 
 
@@ -72,19 +67,8 @@ def error(kind, exc):
     return err
 
 
-def parse_args(argv):
-    import argparse
-
-    p = argparse.ArgumentParser(description="NCCL health worker")
-    p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
-    p.add_argument("--world", type=int, default=1)
-    p.add_argument("--rank", type=int, default=0)
-    p.add_argument("--init", default=None)
-    return p.parse_args(argv)
-
-
-def new_report(args):
-    return {"v": SCHEMA, "backend": args.backend, "torch": None, "nccl": None, "count": None,
+def new_report():
+    return {"v": SCHEMA, "backend": "nccl", "torch": None, "nccl": None, "count": None,
             "ms": None, "bad": None, "max_err": None, "error": None}
 
 
@@ -125,25 +109,7 @@ def run_nccl(torch, report):
     report["bad"], report["max_err"] = verify(torch, tensors, count)
 
 
-def run_gloo(torch, args, report):
-    import torch.distributed as dist
-
-    phase("init")
-    dist.init_process_group("gloo", init_method=args.init, world_size=args.world, rank=args.rank)
-    try:
-        report["count"] = args.world
-        t = contribution(torch, args.rank)
-        phase("allreduce")
-        start = time.perf_counter()
-        dist.all_reduce(t)
-        report["ms"] = round((time.perf_counter() - start) * 1000.0, 3)
-        phase("verify")
-        report["bad"], report["max_err"] = verify(torch, [t], args.world)
-    finally:
-        dist.destroy_process_group()
-
-
-def work(args, report):
+def work(report):
     phase("import")
     try:
         import torch
@@ -152,20 +118,15 @@ def work(args, report):
         return
     report["torch"] = str(getattr(torch, "__version__", "?"))
     try:
-        if args.backend == "gloo":
-            run_gloo(torch, args, report)
-        else:
-            run_nccl(torch, report)
+        run_nccl(torch, report)
     except Exception as exc:
         report["error"] = error("collective", exc)
 
 
-def main(argv=None):
+def main():
     # Nothing in this folder or the current directory may stand in for torch or the standard library.
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != HERE]
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    scaffold().run(PREFIX, PHASE, new_report(args), lambda report: work(args, report),
-                   lambda exc: error("worker", exc))
+    scaffold().run(PREFIX, PHASE, new_report(), work, lambda exc: error("worker", exc))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,6 @@
-"""torch-cuda: the image's own Python can import torch and run a real, verified op on each GPU.
-
-A worker (``torch_worker.py``) runs in ``HEALTHCHECK_TORCH_PYTHON``; only its result line is trusted,
-once ``validate`` has checked it, and a CUDA error is judged by its table (cuda_errors.py); the lock,
-cache and latch are deep.py's. Behaviour: docs/probes.md ("How the probes decide", "CUDA errors").
-Command-line equivalent::
+"""torch-cuda: the image's own Python imports torch and runs a real, verified op on each GPU, in a
+worker (``torch_worker.py``) whose result line alone is trusted once ``validate`` has checked it
+(docs/probes.md, "How the probes decide", "CUDA errors"). Command-line equivalent::
 
     CUDA_MODULE_LOADING=LAZY python3 probes/framework/torch_worker.py --device cuda
 """
@@ -44,10 +41,9 @@ NOT_EXECUTABLE = cause("interpreter-not-executable", "interpreter not executable
                        action="fix-config", actor="tenant")
 TORCH_MISSING = cause("torch-missing", "torch not installed in that interpreter", deep.SET_PYTHON,
                       action="fix-config", actor="tenant")
-IMPORT_FAILED = cause("torch-import-failed",
-                      "`import torch` fails (missing module or library; details in the log)",
-                      "reinstall torch in the image or fix its libraries", action="fix-config",
-                      actor="tenant")
+IMPORT_FAILED = cause("torch-import-failed", "`import torch` fails (missing module or library; "
+                      "details in the log)", "reinstall torch in the image or fix its libraries",
+                      action="fix-config", actor="tenant")
 MEMORY_LIMIT = cause(
     "memory-limit", "the worker ran out of host memory: the address-space limit "
     "(RLIMIT_AS, `ulimit -v`) or the container's memory is too small for torch "
@@ -55,9 +51,8 @@ MEMORY_LIMIT = cause(
     "raise the limit the message names: the container's memory, or its address space (`ulimit -v`)",
     action="fix-config", actor="tenant")
 CPU_ONLY = cause("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`",
-                 "install a CUDA build of torch in the image, "
-                 "or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a CPU-only image", action="fix-config",
-                 actor="tenant")
+                 "install a CUDA build of torch in the image, or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a "
+                 "CPU-only image", action="fix-config", actor="tenant")
 COUNT_MISMATCH = cause("count-mismatch", "torch sees a different GPU count than NVML",
                        "a GPU is not usable by CUDA; check `nvidia-smi`, dmesg for Xid errors and "
                        "`NVIDIA_VISIBLE_DEVICES`", action="reset-gpu", actor="operator")
@@ -67,20 +62,17 @@ WRONG_RESULT = cause("wrong-result", "GPU result differs from the CPU reference"
 LATCHED = cause("latched", "latch in force from an earlier fatal error (or a critical Xid seen by "
                 "`healthcheck serve`): no worker started, the hardware probes are skipped too",
                 "restart the container (a new PID 1 clears it)", action="restart-container", actor="operator")
-DEADLINE = cause("deadline", "worker gave no result by the deadline (killed while in `import`: "
-                 "a slow disk or a wedged driver), or another costly check held the lock until then",
-                 "the GPU driver may be wedged: check `nvidia-smi` and dmesg for Xid errors; "
-                 "raise `HEALTHCHECK_TIMEOUT` if the image is slow to import torch", action="retry",
-                 actor="operator")
-STUCK = cause("stuck", "worker survived SIGKILL (uninterruptible sleep): the driver is wedged; "
-              "while it exists, later runs start no other worker and say so at once",
-              "check dmesg for Xid errors, the node may need a reboot", action="reboot-node",
-              actor="operator")
-LINGERED = cause("lingered", "worker printed its result but did not exit within 1.0 s "
-                 "(a wrapper script as `HEALTHCHECK_TORCH_PYTHON` that keeps running, "
-                 "or a hang at exit); nothing from it is cached or shared",
-                 "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself "
-                 "and check dmesg for Xid errors", action="fix-config", actor="tenant")
+DEADLINE = cause("deadline", "worker gave no result by the deadline (killed while in `import`: a slow disk "
+                 "or a wedged driver), or another costly check held the lock until then", "the GPU driver "
+                 "may be wedged: check `nvidia-smi` and dmesg for Xid errors; raise `HEALTHCHECK_TIMEOUT` if "
+                 "the image is slow to import torch", action="retry", actor="operator")
+STUCK = cause("stuck", "worker survived SIGKILL (uninterruptible sleep): the driver is wedged; while it "
+              "exists, later runs start no other worker and say so at once", "check dmesg for Xid errors, "
+              "the node may need a reboot", action="reboot-node", actor="operator")
+LINGERED = cause("lingered", "worker printed its result but did not exit within 1.0 s (a wrapper script as "
+                 "`HEALTHCHECK_TORCH_PYTHON` that keeps running, or a hang at exit); nothing from it is "
+                 "cached or shared", "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself and "
+                 "check dmesg for Xid errors", action="fix-config", actor="tenant")
 TORCH_ERROR = cause("torch-error", "other torch error", deep.LOGGED, action="fix-config", actor="tenant")
 
 SPEC = Spec(
@@ -94,12 +86,9 @@ SPEC = Spec(
 
 
 def requirements(config: Config) -> tuple[str, ...]:
-    """The hardware layer is a prerequisite only for the GPU: a CPU-only image has none. On the GPU,
-    a CUDA-checkpointed process (the checkpoint probe, when it runs) holds the op back."""
+    """The hardware layer and a checkpointed process matter only on the GPU."""
     return (*SPEC.requires, "checkpoint") if config.of(Torch).torch_device == "cuda" else ()
 
-
-# ---- the worker's report ----
 
 MAX_DEVICES = 1024
 TEXT = 120  # characters kept of each cleaned string of the report, but for these:
@@ -109,15 +98,13 @@ _ERROR = {"phase": (STR, False), "type": (STR, False), "message": (STR, False),
           "device": (INT, True), "module": (STR, True), "code": (INT, True)}
 _DEVICE = {"index": (INT, False), "name": (STR, False), "uuid": (STR, True), "op_ms": (NUM, True),
            "max_err": (MEASURE, True), "scale": (MEASURE, True), "free": (INT, True), "total": (INT, True)}
-_TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False), "expect_count": (INT, True),
+_TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False),
         "torch": (STR, True), "cuda": (STR, True), "cuda_built": (BOOL, True),
         "available": (BOOL, True), "count": (INT, True), "visible_devices": (STR, True)}
 
 
 def validate(report: Any, device: str, size: int) -> dict[str, Any]:
-    """A cleaned copy of the report if it matches the schema exactly; raises deep.Bad otherwise.
-    Every number converts to a finite float and every string is cleaned, so that no later use
-    (messages, the latch, the cache, JSON, Docker's log) sees a control character."""
+    """A cleaned copy of the report if it matches the schema exactly; raises deep.Bad otherwise."""
     from probes.framework import torch_worker
 
     deep.fields(report, _TOP, "result", nested=("error", "devices"))
@@ -146,15 +133,11 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     return deep.cleaned(report, TEXT, TEXT_LIMITS)
 
 
-# ---- gather: the only part that runs processes or touches the state dir ----
-
 def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     from probes.framework import torch_worker
 
     own = ctx.config.of(Torch)
     argv = [own.torch_python, WORKER, "--device", own.torch_device, "--size", str(SIZE)]
-    if expect is not None:
-        argv += ["--expect-count", str(expect)]
     data, done = deep.run_worker(ctx, NAME, argv, {}, torch_worker,
                                  lambda report: validate(report, own.torch_device, SIZE), PHASES,
                                  own.torch_min_free_mib)
@@ -170,39 +153,9 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
             "elapsed": round(done.elapsed, 3), "excerpt": excerpt}
 
 
-# What judge() reads of a cached worker run, checked before reuse.
-_DATA = {"spawn_error": (STR, True), "returncode": (INT, True), "timed_out": (BOOL, False),
-         "stuck": (BOOL, False), "held_by": (INT, True), "budget": (NUM, False), "elapsed": (NUM, False),
-         "phase": (STR, True), "problem": (STR, True), "excerpt": (STR, True), "finished": (NUM, False)}
-
-
-def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], how: str) -> dict[str, Any] | None:
-    """The cached worker run, checked and cleaned, or None: a damaged entry is a miss, never a crash."""
-    import re
-
-    from probes.framework import free_memory
-
-    if not entry or entry.get("key") != key or not isinstance(entry.get("data"), dict):
-        return None
-    data = entry["data"]
-    if (data.get("kind") != "worker" or data.get("lingered", False) is not False
-            or [data.get(k) for k in ("python", "device", "expect")]
-            != [key["python"], key["device"], key["expect"]]):
-        return None
-    try:
-        for name, (kind, nullable) in _DATA.items():
-            deep.check(data.get(name), kind, nullable, name)
-        if data["phase"] is not None and not re.fullmatch(PHASES, data["phase"]):
-            return None
-        report = None if data.get("report") is None else validate(data["report"], key["device"], key["size"])
-    except deep.Bad:
-        return None
-    age = time.time() - float(data["finished"])
-    return {"kind": "worker", "python": key["python"], "device": key["device"], "expect": key["expect"],
-            "lingered": False, "report": report,
-            **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None else data[name]
-               for name, (kind, _) in _DATA.items()},
-            "cache": {"how": how, "age": round(max(age, 0.0), 1)}, "room": free_memory.read(data.get("room"))}
+# What torch-cuda's judge reads of a worker run besides deep.WORKER_RUN, checked before reuse.
+_RUN = {"python": (STR, False), "device": (STR, False), "expect": (INT, True), "elapsed": (NUM, False),
+        "excerpt": (STR, True)}
 
 
 def gather(ctx: Context) -> dict[str, Any]:
@@ -212,31 +165,29 @@ def gather(ctx: Context) -> dict[str, Any]:
     if not ctx.config.profile_rules.spawns_worker:
         return {"kind": "no-latch", "state_off": ctx.state.disabled_reason}
     own = ctx.config.of(Torch)
-    if own.torch_device == "cuda":
-        from probes.framework import checkpoint
-
-        why = checkpoint.hold(ctx)  # an earlier run saw a checkpointed process that still exists
-        if why is not None:
-            return {"kind": "checkpointed", "why": why}
+    from probes.framework import checkpoint
     from probes.hardware import common as hw
+
+    why = checkpoint.hold(ctx) if own.torch_device == "cuda" else None
+    if why is not None:
+        return {"kind": "checkpointed", "why": why}
 
     seen = hw.seen(ctx.results) if own.torch_device == "cuda" else None
     expect = seen.count if seen is not None and seen.ok else None  # NVML's count when the hardware passed
     key = {"python": own.torch_python, "device": own.torch_device, "size": SIZE, "expect": expect,
            "identity": life_identity()}
 
-    def cached_pass(entry: dict[str, Any] | None) -> dict[str, Any] | None:
-        return _reuse(entry, key, "ttl") if deep.fresh_pass(entry, key, own.torch_ttl) else None
+    def reuse(entry: dict[str, Any] | None, ttl: float | None = None) -> dict[str, Any] | None:
+        return deep.cached(entry, key, lambda report: validate(report, own.torch_device, SIZE), PHASES, _RUN,
+                           ttl)
 
-    return deep.locked_run(ctx, CACHE, key, cached_pass, lambda: run_worker(ctx, expect), judge, early=True,
-                           share=lambda entry: _reuse(entry, key, "shared"), relatch=True)
+    return deep.locked_run(ctx, CACHE, key, lambda entry: reuse(entry, own.torch_ttl),
+                           lambda: run_worker(ctx, expect), judge, early=True, share=reuse, relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:
     return verdict(NAME, DEADLINE, "no result within the deadline from the torch worker", unit=UNIT)
 
-
-# ---- judge: pure ----
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     kind = data.get("kind")
@@ -257,16 +208,8 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"python": data.get("python"), "device": data.get("device"),
                                                   "cache": data.get("cache")}}
     report = data.get("report")
-    if (limit := deep.limited(NAME, data, **kw)) is not None:
-        return limit
-    # 127 is also the dynamic loader's status when a library cannot be mapped (RLIMIT_AS): its words on
-    # stderr tell that from a missing interpreter.
-    if data.get("spawn_error") == "not found" or (report is None and data.get("returncode") == 127
-                                                  and not data.get("memory")):
-        return verdict(NAME, deep.INTERPRETER_NOT_FOUND, f"torch interpreter {python} not found", **kw)
-    if data.get("spawn_error") or (report is None and data.get("returncode") == 126):
-        why = data.get("spawn_error") or "not executable"
-        return verdict(NAME, NOT_EXECUTABLE, f"torch interpreter {python} cannot be run ({why})", **kw)
+    if (unrunnable := deep.cannot_run(NAME, data, data.get("python", "?"), NOT_EXECUTABLE, **kw)) is not None:
+        return unrunnable
     if data.get("lingered") and not data.get("stuck"):
         return verdict(NAME, LINGERED, "torch worker printed its result but did not exit within "
                        f"{deadlines.LINGER:.1f} s: its result is not used; "
@@ -282,13 +225,9 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
 
 
 def memory_limit(report: dict[str, Any] | None, data: dict[str, Any]) -> str | None:
-    """Why the worker failed when host memory is why (naming the limit and the remedy), else None.
-
-    A too-small address-space limit (RLIMIT_AS, ``ulimit -v``), which the worker inherits, shows as a
-    MemoryError, as the dynamic loader's "failed to map segment from shared object" (an ImportError
-    naming torch's ``_C``: no module is missing), as torch's CPU allocator's "Cannot allocate memory",
-    or as std::bad_alloc and abort() (no report, a SIGABRT: torch did not crash). A GPU's own out of
-    memory is none of these (CUDA says "out of memory")."""
+    """Why the worker failed when host memory is why (naming the limit and the remedy), else None: a
+    too-small RLIMIT_AS shows as a MemoryError, the loader's "failed to map segment from shared object"
+    (an ImportError naming torch's ``_C``), "Cannot allocate memory", or std::bad_alloc and abort()."""
     import errno
 
     from probes import childio
@@ -378,31 +317,16 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
 
     from probes.framework import cuda_errors
 
-    found = cuda_errors.identify(err.get("code"), str(err.get("message", "")), err.get("type"))
-    if found is None:
-        return None
-    error = found.error
-    where = "the GPU(s)" if entry is None else f"cuda:{entry['index']}"
-    kw["facts"]["cuda_error"] = found.facts()
-    if error.category == cuda_errors.NOT_CHECKED:
-        holder = _holder(ctx, report, entry["index"] if entry else 0, entry["uuid"] if entry else None)
-        if error.cause is deep.MPS_BUSY or (error.cause is deep.DEVICE_BUSY and "MPS client" in holder):
-            return verdict(NAME, deep.MPS_BUSY, f"{where} busy{holder}", **kw)
-        if error.cause is deep.DEVICE_BUSY:
-            return verdict(NAME, deep.DEVICE_BUSY, f"{where} busy{holder}", **kw)
-        return verdict(NAME, deep.OOM, f"{where} out of memory for the probe's own context{holder} "
-                       f"({error.label})", **kw)
-    if error.cause is deep.DRIVER_TOO_OLD:
-        version = re.search(_FOUND_VERSION, str(err.get("message", "")))
+    message = str(err.get("message", ""))
+    found = cuda_errors.identify(err.get("code"), message, err.get("type"))
+    if found is not None and found.error.cause is deep.DRIVER_TOO_OLD:
+        kw["facts"]["cuda_error"] = found.facts()
+        version = re.search(_FOUND_VERSION, message)
         driver = f"{int(version[1]) // 1000}.{int(version[1]) % 1000 // 10}" if version else _driver_cuda(ctx)
         return _too_old(report, driver, kw)
-    if error.category == cuda_errors.STICKY:
-        kw["facts"]["fatal"] = True
-        return error.verdict(NAME, f"fatal CUDA error on {where} ({error.label}): sticky, "
-                             f"the CUDA context is unusable; {deep.UNTIL_RESTART}", **kw)
-    if error.category == cuda_errors.ENVIRONMENT:
-        return error.verdict(NAME, f"CUDA cannot start on {where} ({error.label})", **kw)
-    return error.verdict(NAME, f"CUDA error on {where} ({error.label})", **kw)
+    holder = _holder(ctx, report, entry["index"] if entry else 0, entry["uuid"] if entry else None)
+    return cuda_errors.failure(NAME, found, "the GPU(s)" if entry is None else f"cuda:{entry['index']}",
+                               holder=holder, start=True, **kw)
 
 
 def _driver_cuda(ctx: Context) -> str | None:

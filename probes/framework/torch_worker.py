@@ -1,12 +1,9 @@
-"""The torch-cuda worker, run by file path in the image's interpreter (``HEALTHCHECK_TORCH_PYTHON``)
-under a deadline, in its own session; what it runs: docs/probes.md ("How the probes decide").
-Standalone: stdlib + torch only, never the ``probes`` package, Python 3.6+ (images carry their own).
+"""The torch-cuda worker, run by file path in ``HEALTHCHECK_TORCH_PYTHON`` (stdlib + torch only, never
+the ``probes`` package, Python 3.6+; docs/probes.md, "How the probes decide"). It reports, never
+judges: an error's message keeps its line breaks, so that the parent finds the ``CUDA error:`` line
+among PyTorch's added lines. Command-line equivalent::
 
-It reports, never judges: one ``PREFIX`` line of strict JSON, progress markers on stderr, and an
-error's message with its line breaks kept, so that the parent finds the ``CUDA error:`` line among
-PyTorch's added lines. Command-line equivalent::
-
-    python3 torch_worker.py --device cuda --size 1024 --expect-count 2
+    python3 torch_worker.py --device cuda --size 1024
 """
 
 import os
@@ -15,13 +12,12 @@ import time
 
 PREFIX = "HEALTHCHECK-TORCH-RESULT "
 PHASE = "HEALTHCHECK-TORCH-PHASE "
-SCHEMA = 2
+SCHEMA = 3
 SEED = 20240601
 MAX_TEXT = 1000  # characters of an error message: the CUDA error line and PyTorch's lines after it
 HERE = os.path.dirname(os.path.abspath(__file__))
-# After these the worker goes on with the next device; after any other error the context may be
-# corrupted and further CUDA calls may hang, so it stops. They are the "could not check" rows of
-# probes/framework/cuda_errors.py (cudaError_t codes, and lower-case wordings); a test keeps them equal.
+# After these "could not check" rows of cuda_errors.py (a test keeps them equal) the next device is tried;
+# after any other error the context may be corrupted and further CUDA calls may hang: it stops.
 BENIGN_CODES = (2, 46, 216, 807, 808, 809)
 BENIGN = ("all cuda-capable devices are busy or unavailable", "cublas_status_alloc_failed",
           "cuda out of memory", "cuda-capable device(s) is/are busy or unavailable",
@@ -36,12 +32,10 @@ _BASE = []  # type: list
 def scaffold():
     """worker_base.py beside this file, loaded by its path (never by name), once."""
     if not _BASE:
-        import importlib.util
+        import runpy
+        import types
 
-        spec = importlib.util.spec_from_file_location("healthcheck_worker_base",
-                                                      os.path.join(HERE, "worker_base.py"))
-        _BASE.append(importlib.util.module_from_spec(spec))
-        spec.loader.exec_module(_BASE[0])
+        _BASE.append(types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py"))))
     return _BASE[0]
 
 
@@ -68,18 +62,17 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description="torch-cuda health worker")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--size", type=int, default=1024)
-    p.add_argument("--expect-count", type=int, default=None)
     return p.parse_args(argv)
 
 
 def new_report(args):
-    return {"v": SCHEMA, "device": args.device, "size": args.size, "expect_count": args.expect_count,
-            "torch": None, "cuda": None, "cuda_built": None, "available": None, "count": None,
+    return {"v": SCHEMA, "device": args.device, "size": args.size, "torch": None, "cuda": None,
+            "cuda_built": None, "available": None, "count": None,
             "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "error": None, "devices": []}
 
 
 def check_cuda(torch, report):
-    """Availability and device count; returns the count, or None when CUDA cannot be used."""
+    """The device count, or None when CUDA cannot be used."""
     phase("init")
     import warnings
 
@@ -103,7 +96,6 @@ def check_cuda(torch, report):
 
 
 def run_op(torch, a, b, ref, scale, device, entry):
-    """The verified op on one device; fills ``entry``."""
     is_cuda = device.type == "cuda"
     da, db = a.to(device), b.to(device)
     out = torch.matmul(da, db)  # warm-up: library initialisation is not op time

@@ -1,9 +1,6 @@
-"""The scaffold the workers share (torch_worker.py, model_worker.py, nccl_worker.py,
-checkpoint_child.py): the result channel, the phase markers, an error's common fields, strict JSON
-numbers and the parent-death signal. Standalone like them: stdlib only, never the ``probes``
-package, Python 3.6+. A worker loads it by its path once its own folder and the current directory
-are off ``sys.path``, so that no file there can stand in for it or for what it imports.
-"""
+"""The workers' shared scaffold: the result channel, phase markers, an error's common fields, strict
+JSON numbers, the parent-death signal. Standalone like them (stdlib only, Python 3.6+); each loads it
+by its path once its folder and the current directory are off ``sys.path``."""
 
 import os
 import sys
@@ -18,7 +15,6 @@ def measure(value):
 
 
 def text(exc, limit, one_line=True):
-    """An exception's text, at most ``limit`` characters, on one line unless told otherwise."""
     message = str(exc).strip()
     return (message.replace("\n", " ") if one_line else message)[:limit]
 
@@ -30,7 +26,6 @@ def error_code(exc):
 
 
 def described(exc, limit, one_line=True):
-    """The part of an error every worker reports: class name, bounded text, CUDA error number."""
     return {"type": type(exc).__name__, "message": text(exc, limit, one_line), "code": error_code(exc)}
 
 
@@ -41,12 +36,9 @@ def phase(marker, name):
 
 
 def with_the_suite():
-    """Arm the parent-death signal (SIGKILL) against our parent: the suite arms it in each child,
-    this arms it in a worker behind an interpreter wrapper too (docs/probes.md, "Containment").
-    False when that suite is already gone (it died before this was armed). The suite is named by
-    the last of the run markers the suite puts in the environment (``HEALTHCHECK_RUN_ID``:
-    ``<pid>-<start>-<n>-<random>``); without one, or where the kernel has no such option, there
-    is nothing to check."""
+    """Arm the parent-death signal (SIGKILL) in a worker behind an interpreter wrapper too; False when
+    the suite, named by the last run marker in ``HEALTHCHECK_RUN_ID`` (``<pid>-<start>-<n>-<random>``),
+    is already gone (docs/probes.md, "Containment")."""
     parts = os.environ.get("HEALTHCHECK_RUN_ID", "").split(":")[-1].split("-")
     if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
         return True
@@ -60,8 +52,8 @@ def with_the_suite():
         return True
     if os.getppid() == int(parts[0]):
         return True  # armed while the suite is our parent: its death now kills us
-    # An interpreter wrapper that does not exec sits between us (it carries the run's marker; the
-    # next suite process ends it and us if the suite dies), or we were re-parented already.
+    # A wrapper that does not exec sits between us (with the run's marker: the next run ends it and us),
+    # or we were re-parented already.
     try:
         with open("/proc/" + str(os.getppid()) + "/environ", "rb") as fh:
             if b"HEALTHCHECK_RUN_ID=" + os.environb[b"HEALTHCHECK_RUN_ID"] in fh.read().split(b"\0"):
@@ -77,12 +69,8 @@ def with_the_suite():
 
 
 def run(prefix, marker, report, work, failed=None, trace=False):
-    """Run ``work(report)`` and print ``report`` as the one result line, then exit at once.
-
-    Only that line reaches the real stdout. ``marker``: the phase marker's prefix (None: no
-    markers). ``failed(exc)``: the error of an exception that escapes ``work`` (None: it propagates,
-    and there is no result line); ``trace``: its traceback on stderr first.
-    """
+    """Run ``work(report)``, print ``report`` as the one result line on stdout and exit at once;
+    ``failed(exc)`` makes the error of an exception that escapes (``trace``: its traceback first)."""
     if not with_the_suite():
         os._exit(1)  # the suite that started us is gone: nobody reads the answer
     result_fd = os.dup(1)

@@ -1,6 +1,6 @@
 """What the hardware probes share: the expected GPU count, the causes nvidia-smi and NVML report
-alike (and NVML's own, which ``nvml_lib`` raises), a judge's list of problems folded into one result,
-and the nvml probe's facts as the probes above read them (``seen``)."""
+alike (and NVML's own, which ``nvml_lib`` raises), a judge's problems folded into one result, and the
+nvml probe's facts as the probes above read them (``seen``)."""
 
 from __future__ import annotations
 
@@ -50,11 +50,10 @@ NVML_NOT_FOUND = cause("nvml-not-found", "exit 12 / NVML library not found: libn
                        f"{TOOLKIT} (NVIDIA Container Toolkit, `NVIDIA_DRIVER_CAPABILITIES` with `utility`)",
                        action="fix-config", actor="tenant")
 NO_PERMISSION = cause("no-permission", "exit 4 / NVML_ERROR_NO_PERMISSION: the container's user cannot open "
-                      "the GPU's device files `/dev/nvidia*` "
-                      "(rootless runtime, SELinux, device nodes mounted by hand)",
-                      "start the container through the NVIDIA Container Toolkit (`--gpus all` or CDI) "
-                      "or allow the devices in its cgroup; under SELinux allow `container_use_devices`",
-                      action="fix-config", actor="tenant")
+                      "the GPU's device files `/dev/nvidia*` (rootless runtime, SELinux, device nodes "
+                      "mounted by hand)", "start the container through the NVIDIA Container Toolkit "
+                      "(`--gpus all` or CDI) or allow the devices in its cgroup; under SELinux allow "
+                      "`container_use_devices`", action="fix-config", actor="tenant")
 NVML_TOO_OLD = cause("nvml-too-old", "exit 13 / NVML_ERROR_FUNCTION_NOT_FOUND: the NVML the container loads "
                      "lacks a function (an image with its own driver libraries, or an old driver)",
                      "remove the driver libraries from the image so that the toolkit mounts the host's, "
@@ -75,13 +74,11 @@ DRIVER_MISMATCH = cause("driver-mismatch", "the driver's user-space libraries do
 UNKNOWN_ERROR = cause("nvml-unknown-error", "exit 255 / NVML init \"Unknown Error\": "
                       "device cgroup access lost after a host `systemctl daemon-reload`",
                       "recreate the container", action="restart-container", actor="operator")
-GPU_COUNT_LOW = cause("gpu-count", "fewer GPUs than `HEALTHCHECK_GPU_COUNT`",
-                      "start the container with more GPUs (`--gpus all`, `NVIDIA_VISIBLE_DEVICES`, "
-                      "`nvidia.com/gpu` limit) or lower `HEALTHCHECK_GPU_COUNT`", action="fix-config",
-                      actor="tenant")
-DEADLINE = cause("deadline", "no answer by the deadline (driver wedged)",
-                 f"{WEDGED}; enable persistence mode on the host (`nvidia-smi -pm 1`)", action="reset-gpu",
-                 actor="operator")
+GPU_COUNT_LOW = cause("gpu-count", "fewer GPUs than `HEALTHCHECK_GPU_COUNT`", "start the container with more "
+                      "GPUs (`--gpus all`, `NVIDIA_VISIBLE_DEVICES`, `nvidia.com/gpu` limit) or lower "
+                      "`HEALTHCHECK_GPU_COUNT`", action="fix-config", actor="tenant")
+DEADLINE = cause("deadline", "no answer by the deadline (driver wedged)", f"{WEDGED}; enable persistence "
+                 "mode on the host (`nvidia-smi -pm 1`)", action="reset-gpu", actor="operator")
 
 # NVML's own, raised by nvml_lib (for the nvml probe, free_memory and serve's event watcher).
 BINDINGS_MISSING = cause("nvml-bindings-missing", "nvidia-ml-py not installed in the suite's environment",
@@ -95,27 +92,18 @@ NVML_ERROR = cause("nvml-error", "another NVML error code", CHECK_DRIVER, action
 
 
 class Problem(Record):
-    """What a judge found: the cause, and the detail it observed (``remedy=False`` where the detail
-    already names what to do)."""
-
-    __slots__ = ("cause", "detail", "remedy")
+    """What a judge found (``remedy=False`` where the detail already names what to do)."""
 
     cause: Cause
     detail: str
-    remedy: bool
-
-    def __init__(self, cause: Cause, detail: str, remedy: bool = True) -> None:
-        self.cause = cause
-        self.detail = detail
-        self.remedy = remedy
+    remedy: bool = True
 
     def result(self, name: str, **kw: Any) -> Result:
         return verdict(name, self.cause, self.detail, remedy=self.remedy, **kw)
 
 
 def worst(name: str, problems: list[Problem], facts: dict[str, Any], **kw: Any) -> Result | None:
-    """The first failure, else the first warning, followed by how many more (None when there is
-    none); each one's status and reason go into ``facts["problems"]``."""
+    """The first failure, else the first warning, with how many more (None: none); all go into facts."""
     problems = sorted(problems, key=lambda p: p.cause.status != "fail")  # stable: the judge's order
     facts["problems"] = [{"status": p.cause.status, "reason": p.cause.reason} for p in problems]
     if not problems:
@@ -124,43 +112,21 @@ def worst(name: str, problems: list[Problem], facts: dict[str, Any], **kw: Any) 
     return first._replace(message=f"{first.message} (+{len(problems) - 1} more)") if problems[1:] else first
 
 
-# ---- the nvml probe's facts, as the probes above it read them ----
-
 class SeenGpu(Record):
-    __slots__ = ("index", "uuid", "compute_mode", "persistence", "processes")
-
     index: int | None
     uuid: str
     compute_mode: str
     persistence: bool | None
     processes: tuple[tuple[int, str, bool], ...]  # (pid, name, whether an MPS client)
 
-    def __init__(self, index: int | None, uuid: str, compute_mode: str, persistence: bool | None,
-                 processes: tuple[tuple[int, str, bool], ...]) -> None:
-        self.index = index
-        self.uuid = uuid
-        self.compute_mode = compute_mode
-        self.persistence = persistence
-        self.processes = processes
-
 
 class Seen(Record):
-    """What the nvml probe of this run saw. ``Result.facts`` stays the JSON mapping (``-v``,
-    health+json); :func:`seen` reads it once, and whatever does not have its type is left out."""
-
-    __slots__ = ("ok", "count", "cuda_driver", "gpus")
+    """The nvml probe's facts of this run as :func:`seen` read them: what lacks its type is left out."""
 
     ok: bool  # the probe passed or warned
     count: int | None  # the devices CUDA enumerates (MIG devices for a GPU in MIG mode)
     cuda_driver: str | None  # the highest CUDA version the driver supports: "12.4"
     gpus: tuple[SeenGpu, ...]
-
-    def __init__(self, ok: bool, count: int | None, cuda_driver: str | None,
-                 gpus: tuple[SeenGpu, ...]) -> None:
-        self.ok = ok
-        self.count = count
-        self.cuda_driver = cuda_driver
-        self.gpus = gpus
 
 
 def _int(value: Any, low: int = 0, high: int = 2**31) -> int | None:

@@ -1,15 +1,12 @@
 """nvidia-smi probe: the driver answers and at least HEALTHCHECK_GPU_COUNT GPUs are visible.
 
-Command-line equivalent::
+The exit codes (``EXIT_CODES``, read 2026-11-24) are nvidia-smi(1)'s, RETURN VALUE
+(https://docs.nvidia.com/deploy/nvidia-smi/index.html: 0, 2-4, 6, 8-10, 12-15, 255), NVIDIA's words
+as ``documented``, and 16-18, the NVML code of the failure (``nvmlReturn_t``,
+https://docs.nvidia.com/deploy/nvml-api/; 18 is seen in github.com/mozilla/translations issue 1167).
+The causes and remedies are ours. Command-line equivalent::
 
     nvidia-smi --query-gpu=index,name,uuid --format=csv,noheader,nounits
-
-The exit codes (``EXIT_CODES``, read 2026-11-24) are nvidia-smi(1)'s, section RETURN VALUE
-(https://docs.nvidia.com/deploy/nvidia-smi/index.html: 0, 2-4, 6, 8-10, 12-15, 255; no other), with
-NVIDIA's words as ``documented``, and 16-18: nvidia-smi exits with the NVML code of the failure
-(``nvmlReturn_t``, https://docs.nvidia.com/deploy/nvml-api/), and 18 ("Failed to initialize NVML:
-Driver/library version mismatch") is seen in github.com/mozilla/translations issue 1167. The causes
-and remedies are ours, for a container started through the NVIDIA Container Toolkit.
 """
 
 from __future__ import annotations
@@ -37,35 +34,25 @@ MAX_NAME = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
 _LOST = r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]*[0-9A-Fa-f])"
 _UUID = r"^(GPU|MIG)-[0-9A-Za-z-]+$"
 
-NOT_FOUND = cause("not-found", "nvidia-smi not on PATH",
-                  f"{hw.TOOLKIT} (NVIDIA Container Toolkit installed on the host)", action="fix-config",
-                  actor="tenant")
-CANNOT_START = cause("cannot-start", "nvidia-smi cannot be executed "
-                     "(not executable, or its `#!` interpreter or loader is missing)",
-                     "check the file mounted by the NVIDIA Container Toolkit and recreate the container",
-                     action="restart-container", actor="tenant")
+NOT_FOUND = cause("not-found", "nvidia-smi not on PATH", f"{hw.TOOLKIT} (NVIDIA Container Toolkit installed "
+                  "on the host)", action="fix-config", actor="tenant")
+CANNOT_START = cause("cannot-start", "nvidia-smi cannot be executed (not executable, or its `#!` interpreter "
+                     "or loader is missing)", "check the file mounted by the NVIDIA Container Toolkit and "
+                     "recreate the container", action="restart-container", actor="tenant")
 KILLED = cause("killed", "killed by a signal (an exit status above 128 is an exit status: "
                "no shell runs nvidia-smi)", "the driver or the tool crashed; check `dmesg` for Xid errors",
                action="reset-gpu", actor="operator")
 UNPARSEABLE = cause("unparseable", "output is not the expected CSV (quoted, short excerpt)",
                     "check the `nvidia-smi` on PATH is NVIDIA's and matches the driver", action="fix-config",
                     actor="tenant")
-STUCK = cause("stuck", "still there after SIGKILL (uninterruptible sleep); "
-              "while it exists, later runs do not start another and say so at once", hw.WEDGED,
-              action="reset-gpu", actor="operator")
+STUCK = cause("stuck", "still there after SIGKILL (uninterruptible sleep); while it exists, later runs do "
+              "not start another and say so at once", hw.WEDGED, action="reset-gpu", actor="operator")
 
 
 class Code(Record):
-    __slots__ = ("documented", "means", "cause")
-
     documented: str  # NVIDIA's words for the code
     means: str  # what it means for a container: the message's detail
     cause: Cause
-
-    def __init__(self, documented: str, means: str, cause: Cause) -> None:
-        self.documented = documented
-        self.means = means
-        self.cause = cause
 
 
 def _own(number: int, reason: str, documented: str, means: str, remedy: str, *, action: str, actor: str,
@@ -123,8 +110,7 @@ EXIT_CODES: dict[int, Code] = dict((
 ))
 EXIT_CODE = EXIT_CODES[255].cause  # a failure this table does not name
 
-# What nvidia-smi prints, found anywhere in its output, decides over its exit code (which varies
-# between driver versions for the same failure). Checked in this order.
+# What nvidia-smi prints decides over its exit code (which varies between drivers), in this order.
 TEXTS: tuple[tuple[str, Code], ...] = (
     ("Driver/library version mismatch", EXIT_CODES[18]),
     ("GPU access blocked by the operating system", EXIT_CODES[17]),
@@ -156,8 +142,7 @@ def gather(ctx: Context) -> proc.Completed:
 
 
 def parse_rows(text: str) -> tuple[list[dict[str, Any]], str | None]:
-    """GPUs (index, name, uuid: the facts) from the CSV rows, and the first line that is not a row
-    (None if all are). Lines about a lost GPU are skipped here: ``judge`` reports them on their own."""
+    """GPUs (index, name, uuid) from the CSV rows, and the first line that is no row (lost GPUs aside)."""
     import re
 
     gpus: list[dict[str, Any]] = []

@@ -1,10 +1,6 @@
-"""nvml probe: per-GPU state through NVIDIA's NVML (the nvidia-ml-py bindings).
-
-NVML initialises, at least HEALTHCHECK_GPU_COUNT GPUs are present, and none is lost or has a fault
-that needs a reset, a reboot or service (ECC, pending retirement or remap, recovery action, fabric
-registration); slowdowns, a degraded PCIe link under load and NVLink trouble warn. What each reading
-means, and what is not judged: docs/probes.md. The probes above read its facts through ``seen``.
-Command-line equivalent::
+"""nvml probe: per-GPU state through NVML (the nvidia-ml-py bindings): at least HEALTHCHECK_GPU_COUNT
+GPUs, none lost or with a fault that needs a reset, a reboot or service; slowdowns, a degraded PCIe link
+under load and NVLink trouble warn (docs/probes.md). Command-line equivalent::
 
     nvidia-smi --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total,\
 retired_pages.pending,clocks_event_reasons.active,temperature.gpu,compute_mode --format=csv
@@ -34,7 +30,7 @@ ENV_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 # Clock event (throttle) reason bits, nvml.h.
 HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x8, 0x20, 0x40, 0x80
-# nvmlGpuFabricState_t (0: not supported, nvml_read)
+# nvmlGpuFabricState_t
 FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
 FABRIC_COMPLETED = 3
 # NVML_GPU_RECOVERY_ACTION_*: the action -> (what it is, what to do: the message's remedy).
@@ -47,28 +43,24 @@ RECOVERY_ACTIONS = {
 BUSY_UTILIZATION = 80  # PCIe below its maximum is power saving on an idle GPU: judged from this busy on
 
 COOLING = "check cooling and airflow"
-NO_GPU_REQUESTED = cause("no-gpu-requested",
-                         "`NVIDIA_VISIBLE_DEVICES` is `void`/`none`/empty: no GPU requested",
-                         "start it with `--gpus all` or `NVIDIA_VISIBLE_DEVICES=all`", action="fix-config",
-                         actor="tenant")
+NO_GPU_REQUESTED = cause("no-gpu-requested", "`NVIDIA_VISIBLE_DEVICES` is `void`/`none`/empty: no "
+                         "GPU requested", "start it with `--gpus all` or `NVIDIA_VISIBLE_DEVICES=all`",
+                         action="fix-config", actor="tenant")
 GPU_UNKNOWN = cause("gpu-unknown-error", "one GPU answers Unknown Error while others report",
                     f"the GPU is likely lost (check `dmesg` for Xid 79); {hw.RESET}", action="reset-gpu",
                     actor="operator")
-ECC = cause("ecc-uncorrectable", "volatile uncorrectable ECC errors",
-            f"drain the workload and {hw.RESET}; service the GPU if they recur", action="reset-gpu",
-            actor="operator")
-REMAP_FAILURE = cause("row-remap-failure", "row remapping failed",
-                      "the GPU needs a reset (`nvidia-smi -r`) and likely service (RMA)",
-                      action="service-hardware", actor="operator")
+ECC = cause("ecc-uncorrectable", "volatile uncorrectable ECC errors", f"drain the workload and {hw.RESET}; "
+            "service the GPU if they recur", action="reset-gpu", actor="operator")
+REMAP_FAILURE = cause("row-remap-failure", "row remapping failed", "the GPU needs a reset (`nvidia-smi -r`) "
+                      "and likely service (RMA)", action="service-hardware", actor="operator")
 REMAP_PENDING = cause("row-remap-pending", "row remap pending", f"{hw.RESET} when idle to apply it",
                       action="reset-gpu", actor="operator")
 RETIREMENT_PENDING = cause("page-retirement-pending", "page retirement pending",
                            f"{hw.RESET} when idle to retire the pages", action="reset-gpu", actor="operator")
 NO_MEMORY = cause("no-memory", "NVML reports 0 MiB of memory on a GPU: the GPU is broken or the driver "
-                  "misreports it (a GPU without memory of its own answers NOT_SUPPORTED, never 0); "
-                  "no workload can run there",
-                  f"check `nvidia-smi -q -d MEMORY` and `dmesg` for Xid, {hw.RESET}", action="reset-gpu",
-                  actor="operator")
+                  "misreports it (a GPU without memory of its own answers NOT_SUPPORTED, never 0); no "
+                  "workload can run there", "check `nvidia-smi -q -d MEMORY` and `dmesg` for "
+                  f"Xid, {hw.RESET}", action="reset-gpu", actor="operator")
 THERMAL = cause("thermal-slowdown", "SW/HW thermal slowdown clock event", COOLING, "warn",
                 action="service-hardware", actor="operator")
 HW_SLOW = cause("hw-slowdown", "HW slowdown / power brake clock event", "check the power supply and cooling",
@@ -90,13 +82,11 @@ MIG_DENIED = cause("mig-no-permission", "NVML answers NO_PERMISSION for the pare
 FIELD_DENIED = cause("field-no-permission", "NVML answers NO_PERMISSION for a field",
                      "not checked, not a fault", "warn", action="none", actor="tenant")
 PCIE = cause("pcie-degraded", "PCIe link generation or width below the maximum while the GPU is at least 80% "
-             "busy (an idle GPU lowers its link by design)",
-             "reseat the GPU or check the riser and slot; `nvidia-smi -q -d PCIE` on the host", "warn",
-             action="service-hardware", actor="operator")
-NVLINK_DOWN = cause("nvlink-down",
-                    "an NVLink link is down on a GPU with NVLink (PCIe-only GPUs are not judged)",
-                    "check `nvidia-smi nvlink -s`, reset the GPU or have the board serviced", "warn",
-                    action="reset-gpu", actor="operator")
+             "busy (an idle GPU lowers its link by design)", "reseat the GPU or check the riser and slot; "
+             "`nvidia-smi -q -d PCIE` on the host", "warn", action="service-hardware", actor="operator")
+NVLINK_DOWN = cause("nvlink-down", "an NVLink link is down on a GPU with NVLink (PCIe-only GPUs "
+                    "are not judged)", "check `nvidia-smi nvlink -s`, reset the GPU or have the "
+                    "board serviced", "warn", action="reset-gpu", actor="operator")
 NVLINK_ERRORS = cause("nvlink-errors", "NVLink error counters rose between two readings in one run",
                       "check `nvidia-smi nvlink -e`; a failing link or bridge needs service", "warn",
                       action="service-hardware", actor="operator")
@@ -130,99 +120,42 @@ SPEC = Spec(
 class Gpu(Record):
     """What NVML said about one GPU. ``error`` is set when the GPU cannot be queried at all."""
 
-    __slots__ = ("index", "error", "name", "uuid", "memory_total_mib", "ecc_uncorrected_volatile",
-                 "retired_pending", "remap_pending", "remap_failure", "clocks_event_reasons", "temperature",
-                 "slowdown_temperature", "compute_mode", "processes", "mig_enabled", "mig_devices",
-                 "mps_processes", "denied", "unsupported", "field_errors", "recovery_action", "fabric",
-                 "persistence", "pcie", "utilization", "nvlinks", "nvlink_errors_rising")
-
-    index: int  # type: ignore[assignment]  # a field, shadowing tuple.index() on purpose
-    error: int | None
-    name: str
-    uuid: str
-    memory_total_mib: Value
-    ecc_uncorrected_volatile: Value
-    retired_pending: Value
-    remap_pending: Value
-    remap_failure: Value
-    clocks_event_reasons: Value
-    temperature: Value
-    slowdown_temperature: Value
-    compute_mode: str
-    processes: tuple[tuple[int, str], ...]
-    mig_enabled: Value
-    mig_devices: tuple[tuple[str, str], ...]  # (uuid, name)
-    mps_processes: tuple[tuple[int, str], ...]  # MPS clients (pid, name)
-    denied: tuple[str, ...]  # fields NVML refused (NO_PERMISSION): not checked
-    unsupported: tuple[str, ...]  # fields the GPU or driver does not have: not judged
-    field_errors: tuple[tuple[str, int], ...]  # (field, NVML code) of supported fields that failed
-    recovery_action: Value  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-    fabric: Value  # (state, status) on NVSwitch systems
-    persistence: Value
-    pcie: tuple[Value, ...]  # current gen, current width, max gen, max width
-    utilization: Value  # percent
-    nvlinks: tuple[int, ...]  # 1 active / 0 down per link; () without NVLink
-    nvlink_errors_rising: tuple[int, ...]  # links whose error counters rose between two readings
-
-    def __init__(self, index: int, error: int | None = None, name: str = "", uuid: str = "",
-                 memory_total_mib: Value = NA, ecc_uncorrected_volatile: Value = NA,
-                 retired_pending: Value = NA, remap_pending: Value = NA, remap_failure: Value = NA,
-                 clocks_event_reasons: Value = NA, temperature: Value = NA, slowdown_temperature: Value = NA,
-                 compute_mode: str = NA, processes: tuple[tuple[int, str], ...] = (), mig_enabled: Value = NA,
-                 mig_devices: tuple[tuple[str, str], ...] = (),
-                 mps_processes: tuple[tuple[int, str], ...] = (), denied: tuple[str, ...] = (),
-                 unsupported: tuple[str, ...] = (), field_errors: tuple[tuple[str, int], ...] = (),
-                 recovery_action: Value = NA, fabric: Value = NA, persistence: Value = NA,
-                 pcie: tuple[Value, ...] = (NA, NA, NA, NA), utilization: Value = NA,
-                 nvlinks: tuple[int, ...] = (), nvlink_errors_rising: tuple[int, ...] = ()) -> None:
-        self.index = index
-        self.error = error
-        self.name = name
-        self.uuid = uuid
-        self.memory_total_mib = memory_total_mib
-        self.ecc_uncorrected_volatile = ecc_uncorrected_volatile
-        self.retired_pending = retired_pending
-        self.remap_pending = remap_pending
-        self.remap_failure = remap_failure
-        self.clocks_event_reasons = clocks_event_reasons
-        self.temperature = temperature
-        self.slowdown_temperature = slowdown_temperature
-        self.compute_mode = compute_mode
-        self.processes = processes
-        self.mig_enabled = mig_enabled
-        self.mig_devices = mig_devices
-        self.mps_processes = mps_processes
-        self.denied = denied
-        self.unsupported = unsupported
-        self.field_errors = field_errors
-        self.recovery_action = recovery_action
-        self.fabric = fabric
-        self.persistence = persistence
-        self.pcie = pcie
-        self.utilization = utilization
-        self.nvlinks = nvlinks
-        self.nvlink_errors_rising = nvlink_errors_rising
+    index: int
+    error: int | None = None
+    name: str = ""
+    uuid: str = ""
+    memory_total_mib: Value = NA
+    ecc_uncorrected_volatile: Value = NA
+    retired_pending: Value = NA
+    remap_pending: Value = NA
+    remap_failure: Value = NA
+    clocks_event_reasons: Value = NA
+    temperature: Value = NA
+    slowdown_temperature: Value = NA
+    compute_mode: str = NA
+    processes: tuple[tuple[int, str], ...] = ()
+    mig_enabled: Value = NA
+    mig_devices: tuple[tuple[str, str], ...] = ()  # (uuid, name)
+    mps_processes: tuple[tuple[int, str], ...] = ()  # MPS clients (pid, name)
+    denied: tuple[str, ...] = ()  # fields NVML refused (NO_PERMISSION): not checked
+    unsupported: tuple[str, ...] = ()  # fields the GPU or driver does not have: not judged
+    field_errors: tuple[tuple[str, int], ...] = ()  # (field, NVML code) of supported fields that failed
+    recovery_action: Value = NA  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    fabric: Value = NA  # (state, status) on NVSwitch systems
+    persistence: Value = NA
+    pcie: tuple[Value, ...] = (NA, NA, NA, NA)  # current gen, current width, max gen, max width
+    utilization: Value = NA  # percent
+    nvlinks: tuple[int, ...] = ()  # 1 active / 0 down per link; () without NVLink
+    nvlink_errors_rising: tuple[int, ...] = ()  # links whose error counters rose between two readings
 
 
 class Gathered(Record):
-    __slots__ = ("env", "unavailable", "driver", "count", "gpus", "cuda_driver")
-
     env: Mapping[str, str | None]
-    unavailable: hw.Problem | None  # why NVML cannot be used
-    driver: str
-    count: int  # type: ignore[assignment]  # a field, shadowing tuple.count() on purpose
-    gpus: tuple[Gpu, ...]
-    cuda_driver: Value  # nvmlSystemGetCudaDriverVersion: 12040 is CUDA 12.4
-
-    def __init__(self, env: Mapping[str, str | None], unavailable: hw.Problem | None = None,
-                 driver: str = "", count: int = 0, gpus: tuple[Gpu, ...] = (),
-                 cuda_driver: Value = NA) -> None:
-        self.env = env
-        self.unavailable = unavailable
-        self.driver = driver
-        self.count = count
-        self.gpus = gpus
-        self.cuda_driver = cuda_driver
+    unavailable: hw.Problem | None = None  # why NVML cannot be used
+    driver: str = ""
+    count: int = 0
+    gpus: tuple[Gpu, ...] = ()
+    cuda_driver: Value = NA  # nvmlSystemGetCudaDriverVersion: 12040 is CUDA 12.4
 
 
 def gather(ctx: Context) -> Gathered:
@@ -257,11 +190,8 @@ def on_deadline(ctx: Context) -> Result:
 
 def cuda_devices(gpus: tuple[Gpu, ...]) -> list[str]:
     """UUIDs of the devices CUDA enumerates, in order: a GPU in MIG mode gives its MIG devices instead."""
-    out: list[str] = []
-    for g in gpus:
-        if g.error is None:
-            out += [uuid for uuid, _ in g.mig_devices] if g.mig_enabled is True else [g.uuid]
-    return out
+    return [uuid for g in gpus if g.error is None
+            for uuid in ([u for u, _ in g.mig_devices] if g.mig_enabled is True else [g.uuid])]
 
 
 def cuda_visible(var: str, devices: list[str]) -> tuple[list[str], str | None]:
@@ -335,8 +265,7 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
     t, limit = g.temperature, g.slowdown_temperature
     if isinstance(t, int) and isinstance(limit, int) and limit > 0 and t >= limit:
         out.append(hw.Problem(HOT, f"GPU {i} is at {t} C, at or above its slowdown threshold {limit} C"))
-    for field, code in g.field_errors:
-        # The failing code's own remedy (a timeout, a reset required...) says more than the generic one.
+    for field, code in g.field_errors:  # that code's own remedy says more than the generic one
         why = nvml_lib.describe(code)
         out.append(hw.Problem(FIELD_ERROR, f"GPU {i}: NVML failed reading its {field} "
                               f"({why.cause.reason}, code {code}) although the GPU supports it: "
@@ -347,25 +276,6 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
                                                      "for this recovery action; check dmesg for Xid"))
         out.append(hw.Problem(RECOVERY, f"GPU {i} has a pending recovery action ({what}): {remedy}",
                               remedy=False))
-    out.extend(_link_problems(g))
-    if g.denied:
-        fields = ", ".join(g.denied[:4]) + (f" and {len(g.denied) - 4} more" if len(g.denied) > 4 else "")
-        if g.mig_enabled is True or "MIG mode" in g.denied:
-            out.append(hw.Problem(MIG_DENIED, f"GPU {i}: NVML denies {fields} on the parent GPU "
-                                  "(NO_PERMISSION), as it does inside a MIG slice"))
-        else:
-            out.append(hw.Problem(FIELD_DENIED, f"GPU {i}: NVML denies {fields} (NO_PERMISSION)"))
-    if g.mig_enabled is True and not g.mig_devices:
-        out.append(hw.Problem(MIG_EMPTY, f"GPU {i} is in MIG mode with no MIG device: CUDA cannot use it"))
-    return out
-
-
-def _link_problems(g: Gpu) -> list[hw.Problem]:
-    """The GPU's links: its NVSwitch fabric, its PCIe link under load, its NVLink links."""
-    from probes.hardware import nvml_lib
-
-    out = []
-    i = g.index
     if isinstance(g.fabric, tuple):
         state, status = g.fabric
         if state != FABRIC_COMPLETED or status != nvml_lib.SUCCESS:
@@ -388,6 +298,15 @@ def _link_problems(g: Gpu) -> list[hw.Problem]:
     if g.nvlink_errors_rising:
         links = ", ".join(map(str, g.nvlink_errors_rising[:6]))
         out.append(hw.Problem(NVLINK_ERRORS, f"GPU {i} NVLink error counters rising on link(s) {links}"))
+    if g.denied:
+        fields = ", ".join(g.denied[:4]) + (f" and {len(g.denied) - 4} more" if len(g.denied) > 4 else "")
+        if g.mig_enabled is True or "MIG mode" in g.denied:
+            out.append(hw.Problem(MIG_DENIED, f"GPU {i}: NVML denies {fields} on the parent GPU "
+                                  "(NO_PERMISSION), as it does inside a MIG slice"))
+        else:
+            out.append(hw.Problem(FIELD_DENIED, f"GPU {i}: NVML denies {fields} (NO_PERMISSION)"))
+    if g.mig_enabled is True and not g.mig_devices:
+        out.append(hw.Problem(MIG_EMPTY, f"GPU {i} is in MIG mode with no MIG device: CUDA cannot use it"))
     return out
 
 
@@ -445,8 +364,7 @@ def _facts(data: Gathered) -> dict[str, Any]:
             entry["mig_devices"] = [{"uuid": u, "name": n} for u, n in g.mig_devices]
         gpus.append(entry)
     mig = any(g.mig_enabled is True for g in data.gpus)
-    # "count" is what CUDA enumerates (MIG devices instead of a MIG-mode GPU) before CUDA_VISIBLE_DEVICES;
-    # "cuda_driver" the highest CUDA version the driver supports (12040 -> "12.4"), for torch-cuda's judge.
+    # "count": what CUDA enumerates before CUDA_VISIBLE_DEVICES; "cuda_driver": 12040 -> "12.4".
     return {"count": len(cuda_devices(data.gpus)) if mig else data.count, "physical_count": data.count,
             "driver": data.driver, "gpus": gpus,
             "cuda_driver": (f"{data.cuda_driver // 1000}.{data.cuda_driver % 1000 // 10}"

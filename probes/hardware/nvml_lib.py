@@ -1,10 +1,6 @@
-"""The one module that imports ``pynvml`` (NVIDIA's nvidia-ml-py bindings), on first use.
-
-Importing this module never fails: a missing ``pynvml``, or the deprecated ``pynvml`` distribution
-shadowing NVIDIA's, is raised as :class:`NvmlUnavailable` when a caller asks for NVML.
-:func:`describe` maps an NVML return code to its cause, for the nvml probe and serve's event
-watcher (:func:`watch_events`, docs/serve.md) alike.
-"""
+"""The one module that imports ``pynvml`` (NVIDIA's nvidia-ml-py bindings), on first use: importing
+it never fails, a missing or shadowed ``pynvml`` is raised as :class:`NvmlUnavailable` when NVML is
+asked for. Also serve's event watch (:func:`watch_events`, docs/serve.md)."""
 
 from __future__ import annotations
 
@@ -55,19 +51,16 @@ _DESCRIPTIONS: dict[int, tuple[Cause, str]] = {
 
 
 def describe(code: int | None) -> hw.Problem:
-    """What an NVML return code means: the catalog's cause, and a detail that names it."""
     if code is not None and code in _DESCRIPTIONS:
         return hw.Problem(*_DESCRIPTIONS[code])
     return hw.Problem(hw.NVML_ERROR, f"NVML error {code}")
 
 
 class NvmlUnavailable(Exception):
-    """NVML cannot be used: ``problem`` (its cause and detail), ``code`` the NVML return code when
-    there is one; ``reason`` and ``message`` (one safe line with the remedy) say it."""
+    """NVML cannot be used: ``reason`` and ``message`` (one safe line with the remedy) say why."""
 
-    def __init__(self, problem: hw.Problem, code: int | None = None):
+    def __init__(self, problem: hw.Problem):
         self.problem = problem
-        self.code = code
         self.reason = problem.cause.reason
         self.message = problem.result("nvml").message
         super().__init__(self.message)
@@ -76,31 +69,27 @@ class NvmlUnavailable(Exception):
 _loaded: ModuleType | NvmlUnavailable | None = None  # pynvml, or why it cannot be used
 
 
-def _import() -> ModuleType | NvmlUnavailable:
-    try:
-        import pynvml
-    except Exception:  # ImportError, or a broken install raising anything on import
-        return NvmlUnavailable(hw.Problem(
-            hw.BINDINGS_MISSING, "the nvidia-ml-py bindings are not installed in the suite's environment"))
-    # gpustat's check: NVIDIA's bindings, not the deprecated pynvml distribution of the same import name.
-    if all(hasattr(pynvml, a) for a in ("_nvmlGetFunctionPointer", "nvmlInitWithFlags", "NVMLError")):
-        return pynvml
-    return NvmlUnavailable(hw.Problem(hw.BINDINGS_SHADOWED, "the imported pynvml is not NVIDIA's "
-                                      "nvidia-ml-py (the deprecated pynvml package shadows it)"))
-
-
 def bindings() -> ModuleType:
     """The pynvml module, imported on first use; or raise why it cannot be used."""
     global _loaded
     if _loaded is None:
-        _loaded = _import()
+        try:
+            import pynvml
+        except Exception:  # ImportError, or a broken install raising anything on import
+            _loaded = NvmlUnavailable(hw.Problem(hw.BINDINGS_MISSING, "the nvidia-ml-py bindings are not "
+                                                 "installed in the suite's environment"))
+        else:  # gpustat's check: NVIDIA's bindings, not the deprecated pynvml distribution
+            ours = all(hasattr(pynvml, a) for a in ("_nvmlGetFunctionPointer", "nvmlInitWithFlags",
+                                                    "NVMLError"))
+            _loaded = pynvml if ours else NvmlUnavailable(hw.Problem(
+                hw.BINDINGS_SHADOWED, "the imported pynvml is not NVIDIA's nvidia-ml-py "
+                "(the deprecated pynvml package shadows it)"))
     if isinstance(_loaded, NvmlUnavailable):
         raise _loaded
     return _loaded
 
 
 def error_code(exc: BaseException) -> int | None:
-    """The NVML return code carried by an NVMLError, else None."""
     value = getattr(exc, "value", None)
     return value if isinstance(value, int) else None
 
@@ -110,13 +99,11 @@ def is_nvml_error(exc: BaseException) -> bool:
 
 
 def init() -> ModuleType:
-    """Initialise NVML; returns the bindings. Raises NvmlUnavailable with reason and remedy."""
     nv = bindings()
     try:
         nv.nvmlInit()
     except nv.NVMLError as exc:
-        code = error_code(exc)
-        raise NvmlUnavailable(describe(code), code) from None
+        raise NvmlUnavailable(describe(error_code(exc))) from None
     return nv
 
 
@@ -130,7 +117,7 @@ def shutdown() -> None:
 
 
 def call(fn: Any, *args: Any) -> tuple[Any, int | None]:
-    """Run one NVML query: (value, None) or (None, error code). Other exceptions propagate."""
+    """One NVML query: (value, None) or (None, error code)."""
     nv = bindings()
     try:
         return fn(*args), None
@@ -140,29 +127,19 @@ def call(fn: Any, *args: Any) -> tuple[Any, int | None]:
 
 
 def text(value: Any) -> str:
-    """An NVML string (bytes from older bindings, str from newer ones), cleaned: names and
-    versions come from the driver and reach messages, JSON and Docker's health log."""
+    """An NVML string (bytes from older bindings, str from newer ones), cleaned: it reaches output."""
     return clean(value, MAX_TEXT)
 
 
 class Event(Record):
-    __slots__ = ("gpu_index", "uuid", "kind", "data")
-
     gpu_index: int
     uuid: str
     kind: EventKind
     data: int  # the Xid number for "xid"; NVML's event data for ECC events; the reasons for "slowdown"
 
-    def __init__(self, gpu_index: int, uuid: str, kind: EventKind, data: int) -> None:
-        self.gpu_index = gpu_index
-        self.uuid = uuid
-        self.kind = kind
-        self.data = data
-
 
 def clock_event_reasons(nv: ModuleType, handle: Any) -> tuple[Any, int | None]:
-    """The GPU's clock event reasons, as call() answers: drivers (and bindings) before the rename
-    have only the throttle-reasons name of the same query."""
+    """The GPU's clock event reasons, as call() answers, by the older throttle-reasons name too."""
     for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
         fn = getattr(nv, name, None)
         if fn is not None:
@@ -173,13 +150,10 @@ def clock_event_reasons(nv: ModuleType, handle: Any) -> tuple[Any, int | None]:
 
 
 def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.0) -> Iterator[Event]:
-    """Xid and ECC events from every GPU that supports them until ``stop`` is set (honoured within
-    about ``wait_ms``); with ``sample_s`` > 0 also a ``"slowdown"`` event (data: the reasons) for each
-    reading, about every ``sample_s`` seconds, that has HW slowdown or power brake active. NVML starts
-    and the GPUs register here, so a failure raises NvmlUnavailable before the first event; NVML is
-    shut down when the iteration ends."""
-    if wait_ms <= 0:
-        raise ValueError(f"wait_ms must be greater than zero (specified: {wait_ms})")
+    """Xid and ECC events from every GPU that supports them until ``stop`` is set; with ``sample_s``
+    > 0 also a ``"slowdown"`` event for each reading, about every ``sample_s`` seconds, with HW
+    slowdown or power brake active. NVML starts and the GPUs register before this returns, so a
+    failure raises NvmlUnavailable before the first event."""
     nv = init()
     try:
         event_set = nv.nvmlEventSetCreate()
@@ -196,8 +170,7 @@ def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.
 
 def _register_all(nv: ModuleType,
                   event_set: Any) -> tuple[dict[int, tuple[int, str]], list[tuple[int, str, Any]]]:
-    """(handle address -> (index, uuid) of every GPU registered, (index, uuid, handle) of every GPU
-    that answers, registered or not); a lost GPU cannot be registered (the nvml probe reports it)."""
+    """(handle address -> (index, uuid) of each GPU registered, (index, uuid, handle) of each answering)."""
     by_address: dict[int, tuple[int, str]] = {}
     handles = []
     count, _ = call(nv.nvmlDeviceGetCount)
@@ -243,9 +216,8 @@ def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], st
 
 
 def _failed(what: str, exc: BaseException) -> NvmlUnavailable:
-    code = error_code(exc)
-    problem = describe(code)
-    return NvmlUnavailable(problem._replace(detail=f"{what}: {problem.detail}"), code)
+    problem = describe(error_code(exc))
+    return NvmlUnavailable(problem._replace(detail=f"{what}: {problem.detail}"))
 
 
 def _release(nv: ModuleType, event_set: Any) -> None:
@@ -257,7 +229,7 @@ def _release(nv: ModuleType, event_set: Any) -> None:
 
 
 def _address(handle: Any) -> int:
-    """A device handle's identity (a pointer): the same GPU gives the same address."""
+    """A device handle's identity: the same GPU gives the same pointer."""
     import ctypes
 
     return ctypes.cast(handle, ctypes.c_void_p).value or 0

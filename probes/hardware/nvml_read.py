@@ -12,10 +12,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
-    Value = Any  # an int/bool/str reading, or NA
-
 COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
-FABRIC_NOT_SUPPORTED = 0  # nvmlGpuFabricState_t
+# In Gpu.pcie's order: current gen/width, max gen/width.
+PCIE_CALLS = ("nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
+              "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth")
+MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
+NVLINK_COUNTERS = 4  # DL replay, DL recovery, CRC flit, CRC data
 
 
 class _Lost(Exception):
@@ -23,14 +25,15 @@ class _Lost(Exception):
         self.code = code
 
 
-class _Reader:
-    """Reads one GPU's fields and keeps, per field, why it could not be read.
+def _check_lost(err: int | None) -> None:
+    if err is not None and err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
+        raise _Lost(err)
 
-    NOT_SUPPORTED (and a function the driver's NVML lacks) is "N/A": not judged.
-    NO_PERMISSION is "could not check" (a MIG slice's container may not query its parent
-    GPU): a warning. A lost GPU raises _Lost. Any other error on a supported field is a
-    real NVML failure, kept so the judge fails closed.
-    """
+
+class _Reader:
+    """Reads one GPU's fields, keeping why one could not be: NOT_SUPPORTED (or a missing function) is
+    not judged, NO_PERMISSION warns (a MIG slice's parent GPU), a lost GPU raises _Lost, and any other
+    error is kept so that the judge fails closed."""
 
     def __init__(self) -> None:
         self.denied: list[str] = []
@@ -38,40 +41,34 @@ class _Reader:
         self.unsupported: list[str] = []
 
     def __call__(self, field: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
-        if fn is None:
-            return NA
-        return self.judge(field, *nvml_lib.call(fn, *args))
+        return NA if fn is None else self.judge(field, *nvml_lib.call(fn, *args))
 
     def judge(self, field: str, value: Any, err: int | None) -> Any:
         """The value of a query already made (``nvml_lib.call``'s answer), its error judged as above."""
         if err is None:
             return value
-        if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
-            raise _Lost(err)
+        _check_lost(err)
         if err == nvml_lib.NO_PERMISSION:
             if field not in self.denied:
                 self.denied.append(field)
         elif err in (nvml_lib.NOT_SUPPORTED, nvml_lib.FUNCTION_NOT_FOUND):
             if field not in self.unsupported:
                 self.unsupported.append(field)
-        elif err != nvml_lib.INSUFFICIENT_SIZE:
-            # INSUFFICIENT_SIZE: the process list grew between the bindings' two calls, not a fault
+        elif err != nvml_lib.INSUFFICIENT_SIZE:  # the process list grew between two calls: no fault
             self.errors.append((field, err))
         return NA
 
 
 def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
-    """One GPU's fields, by ``nvml.Gpu``'s names, and None; or, when the GPU is lost midway, its name
-    and uuid (what was read of them) and the NVML code that said so."""
+    """One GPU's fields by ``nvml.Gpu``'s names, and None; or, lost midway, its name and uuid and the code."""
     fields: dict[str, Any] = {}
     q = _Reader()
     try:
         fields["name"] = nvml_lib.text(q("name", nv.nvmlDeviceGetName, handle))
         fields["uuid"] = nvml_lib.text(q("uuid", nv.nvmlDeviceGetUUID, handle))
         # NVLink first: its error counters are read again at the end, the longest interval we have.
-        fields["nvlinks"] = links = _nvlinks(nv, handle, q)
-        active = [link for link, up in enumerate(links) if up]
-        links_before = _nvlink_errors(nv, handle, active)
+        fields["nvlinks"] = links = _nvlinks(nv, handle)
+        links_before = _nvlink_errors(nv, handle, [link for link, up in enumerate(links) if up])
         mem = q("memory", nv.nvmlDeviceGetMemoryInfo, handle)
         fields["memory_total_mib"] = NA if mem == NA else int(mem.total) >> 20
         fields["ecc_uncorrected_volatile"] = q(
@@ -115,43 +112,30 @@ def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
     return fields, None
 
 
-# nvmlDeviceGetCurrPcieLinkGeneration ... in Gpu.pcie's order: current gen/width, max gen/width.
-PCIE_CALLS = ("nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
-              "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth")
-MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
-NVLINK_COUNTERS = 4  # DL replay, DL recovery, CRC flit, CRC data
-
-
 def _processes(nv: Any, procs: Any) -> tuple[tuple[int, str], ...]:
-    if procs == NA:
-        return ()
     named = []
-    for p in procs:
+    for p in () if procs == NA else procs:
         # Host pids may be unknown inside the container: the name is then empty.
         pname, _ = nvml_lib.call(nv.nvmlSystemGetProcessName, p.pid)
         named.append((int(p.pid), os.path.basename(nvml_lib.text(pname)) if pname else ""))
     return tuple(named)
 
 
-def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Value:
+def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Any:
     """The driver's pending recovery action (field values API), NA where the driver has no such field."""
     field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
-    if field_id is None:
-        return NA
-    values = q("recovery action", getattr(nv, "nvmlDeviceGetFieldValues", None), handle, [field_id])
+    fn = getattr(nv, "nvmlDeviceGetFieldValues", None)
+    values: Any = NA if field_id is None else q("recovery action", fn, handle, [field_id])
     if values == NA:
         return NA
-    v = values[0]
-    code = int(v.nvmlReturn)
+    code = int(values[0].nvmlReturn)
     if code in (nvml_lib.INVALID_ARGUMENT, nvml_lib.NOT_SUPPORTED):
         return NA  # a driver that predates the field answers INVALID_ARGUMENT for its id
-    if code != nvml_lib.SUCCESS:
-        # The per-value status: judged like any call's.
-        return q.judge("recovery action", None, code)
-    return int(v.value.uiVal)
+    # The per-value status is judged like any call's.
+    return q.judge("recovery action", None, code) if code != nvml_lib.SUCCESS else int(values[0].value.uiVal)
 
 
-def _fabric(nv: Any, handle: Any, q: _Reader) -> Value:
+def _fabric(nv: Any, handle: Any, q: _Reader) -> Any:
     """(state, status) of the GPU's NVSwitch fabric registration, NA on GPUs without fabric support."""
     import ctypes
 
@@ -162,26 +146,25 @@ def _fabric(nv: Any, handle: Any, q: _Reader) -> Value:
     for name, struct in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
                          ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
         fn, info_t = getattr(nv, name, None), getattr(nv, struct, None)
-        if fn is None or info_t is None:
-            continue
-        info = info_t()
-        value, err = nvml_lib.call(fn, handle, ctypes.byref(info))
-        if err != nvml_lib.FUNCTION_NOT_FOUND:
-            break
-    if q.judge("fabric state", value, err) == NA or int(info.state) == FABRIC_NOT_SUPPORTED:
+        if fn is not None and info_t is not None:
+            info = info_t()
+            value, err = nvml_lib.call(fn, handle, ctypes.byref(info))
+            if err != nvml_lib.FUNCTION_NOT_FOUND:
+                break
+    # nvmlGpuFabricState_t 0: not supported
+    if q.judge("fabric state", value, err) == NA or int(info.state) == 0:
         return NA
     return (int(info.state), int(info.status))
 
 
-def _nvlinks(nv: Any, handle: Any, q: _Reader) -> tuple[int, ...]:
+def _nvlinks(nv: Any, handle: Any) -> tuple[int, ...]:
     """1 (active) or 0 (down) per NVLink link; () on a PCIe-only GPU."""
     fn = getattr(nv, "nvmlDeviceGetNvLinkState", None)
     states = []
-    for link in range(MAX_NVLINKS):
-        value, err = nvml_lib.call(fn, handle, link) if fn is not None else (None, nvml_lib.NOT_SUPPORTED)
+    for link in range(MAX_NVLINKS if fn is not None else 0):
+        value, err = nvml_lib.call(fn, handle, link)
+        _check_lost(err)
         if err is not None:
-            if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
-                raise _Lost(err)
             break  # past the last link (INVALID_ARGUMENT), or no NVLink at all (NOT_SUPPORTED)
         states.append(1 if value else 0)
     return tuple(states)
@@ -191,15 +174,12 @@ def _nvlink_errors(nv: Any, handle: Any, links: list[int]) -> dict[int, int]:
     """link -> the sum of its error counters, for the given (active) links; {} without NVLink."""
     fn = getattr(nv, "nvmlDeviceGetNvLinkErrorCounter", None)
     out: dict[int, int] = {}
-    if fn is None:
-        return out
-    for link in links:
+    for link in links if fn is not None else ():
         total = 0
         for counter in range(NVLINK_COUNTERS):
             value, err = nvml_lib.call(fn, handle, link, counter)
+            _check_lost(err)
             if err is not None:
-                if err in (nvml_lib.GPU_IS_LOST, nvml_lib.UNKNOWN):
-                    raise _Lost(err)
                 return out
             total += int(value)
         out[link] = total
@@ -211,9 +191,8 @@ def _mig_devices(nv: Any, handle: Any) -> tuple[tuple[str, str], ...]:
     slots, err = nvml_lib.call(nv.nvmlDeviceGetMaxMigDeviceCount, handle)
     for slot in range(slots if err is None else 0):
         mig, err = nvml_lib.call(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
-        if err is not None:
-            continue  # an empty slot (NOT_FOUND)
-        uuid, _ = nvml_lib.call(nv.nvmlDeviceGetUUID, mig)
-        name, _ = nvml_lib.call(nv.nvmlDeviceGetName, mig)
-        devices.append((nvml_lib.text(uuid or ""), nvml_lib.text(name or "")))
+        if err is None:  # else an empty slot (NOT_FOUND)
+            uuid, _ = nvml_lib.call(nv.nvmlDeviceGetUUID, mig)
+            name, _ = nvml_lib.call(nv.nvmlDeviceGetName, mig)
+            devices.append((nvml_lib.text(uuid or ""), nvml_lib.text(name or "")))
     return tuple(devices)

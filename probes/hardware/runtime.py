@@ -1,9 +1,6 @@
-"""runtime probe: the container's runtime limits that break CUDA work without any GPU fault.
-
-Cheap and without a GPU call: ``/dev/shm`` at least ``HEALTHCHECK_SHM_MIN_MIB``, the device nodes CUDA
-needs when the container was given GPUs, no CUDA-debugging variable in the environment the workload
-inherits, and, in startup only, persistence mode on (from the nvml probe's facts: no second NVML
-session). docs/probes.md, "The runtime probe", says why each. Command-line equivalent::
+"""runtime probe: the container's limits that break CUDA work without a GPU fault, without a GPU call:
+``/dev/shm``'s size, CUDA's device nodes, CUDA-debugging variables, and in startup persistence mode
+from the nvml probe's facts (docs/probes.md, "The runtime probe"). Command-line equivalent::
 
     df -h /dev/shm; ls -l /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia[0-9]*; env | grep ^CUDA_
 """
@@ -47,36 +44,30 @@ _GPU_NODE = r"nvidia(\d+)\Z"
 class Settings(hw.Expected):
     shm_path: str = setting("HEALTHCHECK_SHM_PATH", TEXT, "/dev/shm",  # noqa: S108  (measured, not written)
                             "the shared-memory mount whose size is judged")
-    shm_min_mib: int = setting("HEALTHCHECK_SHM_MIN_MIB", INTEGER, 1024,
-                               "`/dev/shm` below this many MiB warns (NCCL, DataLoader workers)", low=0,
-                               high=1 << 24, low_inclusive=True)
+    shm_min_mib: int = setting("HEALTHCHECK_SHM_MIN_MIB", INTEGER, 1024, "`/dev/shm` below this many MiB "
+                               "warns (NCCL, DataLoader workers)", low=0, high=1 << 24, low_inclusive=True)
     dev_root: str = setting("HEALTHCHECK_DEV_ROOT", TEXT, "/dev",
                             "where the NVIDIA device nodes are looked for")
 
 
-SHM_SMALL = cause("shm-small", "`/dev/shm` smaller than `HEALTHCHECK_SHM_MIN_MIB` "
-                  "(Docker's default is 64 MiB): NCCL fails with \"unhandled system error\", "
-                  "DataLoader workers die",
-                  "`docker run --shm-size=8g` or `--ipc=host`, "
-                  "in Kubernetes an `emptyDir` with `medium: Memory` at `/dev/shm`", "warn",
-                  action="fix-config", actor="tenant")
+SHM_SMALL = cause("shm-small", "`/dev/shm` smaller than `HEALTHCHECK_SHM_MIN_MIB` (Docker's default is 64 "
+                  "MiB): NCCL fails with \"unhandled system error\", DataLoader workers die",
+                  "`docker run --shm-size=8g` or `--ipc=host`, in Kubernetes an `emptyDir` with "
+                  "`medium: Memory` at `/dev/shm`", "warn", action="fix-config", actor="tenant")
 SHM_MISSING = cause("shm-missing", "`/dev/shm` cannot be measured",
                     "mount a tmpfs at `/dev/shm` (`--shm-size`, `--ipc=host`, or a memory-backed `emptyDir`)",
                     "warn", action="fix-config", actor="tenant")
-DEVICE_NODES = cause("device-nodes", "`/dev/nvidiactl`, `/dev/nvidia-uvm` or a `/dev/nvidiaN` "
-                     "per expected GPU is missing although the container was given GPUs",
-                     f"{hw.TOOLKIT} (NVIDIA Container Toolkit); for `nvidia-uvm` "
-                     "run `nvidia-modprobe -u -c=0` on the host, then recreate the container",
-                     action="restart-container", actor="operator")
+DEVICE_NODES = cause("device-nodes", "`/dev/nvidiactl`, `/dev/nvidia-uvm` or a `/dev/nvidiaN` per expected "
+                     "GPU is missing although the container was given GPUs", f"{hw.TOOLKIT} (NVIDIA "
+                     "Container Toolkit); for `nvidia-uvm` run `nvidia-modprobe -u -c=0` on the host, then "
+                     "recreate the container", action="restart-container", actor="operator")
 DEBUG_ENV_SET = cause("cuda-debug-env", "a variable that changes CUDA's behaviour for debugging is set "
                       "(`CUDA_LAUNCH_BLOCKING`, `CUDA_INJECTION64_PATH`, "
-                      "`CUDA_ENABLE_COREDUMP_ON_EXCEPTION`, ...)",
-                      "remove it from the image or deployment for production", "warn", action="fix-config",
-                      actor="tenant")
-PERSISTENCE_OFF = cause("persistence-off", "persistence mode off (startup only, from the nvml probe): "
-                        "each NVML/CUDA start re-initialises the GPU",
-                        "`nvidia-smi -pm 1` or run `nvidia-persistenced` on the host", "warn",
-                        action="fix-config", actor="operator")
+                      "`CUDA_ENABLE_COREDUMP_ON_EXCEPTION`, ...)", "remove it from the image or deployment "
+                      "for production", "warn", action="fix-config", actor="tenant")
+PERSISTENCE_OFF = cause("persistence-off", "persistence mode off (startup only, from the nvml probe): each "
+                        "NVML/CUDA start re-initialises the GPU", "`nvidia-smi -pm 1` or run "
+                        "`nvidia-persistenced` on the host", "warn", action="fix-config", actor="operator")
 
 SPEC = Spec(
     NAME, layer="hardware", module=__name__, toggle="ENABLE_RUNTIME_CHECK", timeout=2.0,
@@ -88,23 +79,12 @@ SPEC = Spec(
 
 
 class Gathered(Record):
-    __slots__ = ("shm_bytes", "shm_error", "nodes", "other_nodes", "env", "visible")
-
     shm_bytes: int | None
     shm_error: str | None
     nodes: frozenset[str]  # NVIDIA character devices under the dev root (names)
     other_nodes: frozenset[str]  # NVIDIA entries that exist but are not character devices
     env: Mapping[str, str]  # the debugging variables that are set
     visible: str | None  # NVIDIA_VISIBLE_DEVICES
-
-    def __init__(self, shm_bytes: int | None, shm_error: str | None, nodes: frozenset[str],
-                 other_nodes: frozenset[str], env: Mapping[str, str], visible: str | None) -> None:
-        self.shm_bytes = shm_bytes
-        self.shm_error = shm_error
-        self.nodes = nodes
-        self.other_nodes = other_nodes
-        self.env = env
-        self.visible = visible
 
 
 def gather(ctx: Context) -> Gathered:
@@ -134,7 +114,7 @@ def gather(ctx: Context) -> Gathered:
 
 
 def requirements(config: Any) -> tuple[str, ...]:
-    """Persistence mode comes from the nvml probe's facts: in startup, run after it."""
+    """In startup, after the nvml probe: persistence mode comes from its facts."""
     return SPEC.requires if config.profile_rules.once else ()
 
 

@@ -1,12 +1,7 @@
-"""NVIDIA's Xid catalog for Ampere and newer GPUs, and what `healthcheck serve` does with each Xid.
-
-Source: NVIDIA, "Analyzing Xid Errors with the Xid Catalog",
-https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (the "Xids" sheet: code,
-mnemonic, description, "Resolution Bucket (Immediate Action)"; the "Guidance Classes" sheet for
-what each bucket means), read 2026-11-24. Codes 1-172. The mnemonics, the descriptions (shortened)
-and the buckets are the catalog's; where it gives no bucket (162-172) the action is "". The policy
-is per bucket (``BUCKETS``; docs/serve.md, "Xid policy"); serve's HEALTHCHECK_XID_* settings override it.
-"""
+"""NVIDIA's Xid catalog for Ampere and newer GPUs (``SOURCE``: its "Xids" sheet, codes 1-172, and the
+"Guidance Classes" sheet for what each "Resolution Bucket (Immediate Action)" means), and what
+`healthcheck serve` does with each Xid. Mnemonics, descriptions (shortened) and buckets are the
+catalog's ("" where it gives none); the policy per bucket is ours (docs/serve.md, "Xid policy")."""
 
 from __future__ import annotations
 
@@ -288,9 +283,8 @@ def action(xid: int) -> str | None:
     return entry.action if entry is not None else None
 
 
-# The immediate action as a metric's ``action`` label: what the event needs, whatever serve's policy.
-# The catalog's workflows whose recovery is a reset are a reset; a VM's restart is, for a container
-# in that VM, a reboot.
+# The immediate action as a metric's ``action`` label, whatever serve's policy: a workflow whose recovery
+# is a reset is a reset; a VM's restart is, for a container in that VM, a reboot.
 LABELS = {
     RESET_GPU: "reset-gpu", WORKFLOW_XID_48: "reset-gpu", WORKFLOW_NVLINK_ERR: "reset-gpu",
     RESTART_BM: "reboot", RESTART_VM: "reboot", RESTART_APP: "restart-app", IGNORE: "ignore",
@@ -301,7 +295,6 @@ LABELS = {
 
 
 def label(xid: int) -> str:
-    """The ``action`` label for an Xid: LABELS of its catalog entry, ``unknown`` outside the catalog."""
     entry = CATALOG.get(xid)
     return LABELS[entry.action] if entry is not None else "unknown"
 
@@ -317,6 +310,5 @@ def latches(xid: int) -> bool:
 
 
 def describe(xid: int) -> str:
-    """``MNEMONIC: meaning`` for an Xid of the catalog, or "not in NVIDIA's Xid catalog"."""
     entry = CATALOG.get(xid)
     return f"{entry.mnemonic}: {entry.meaning}" if entry is not None else "not in NVIDIA's Xid catalog"

@@ -68,6 +68,8 @@ def liveness(ctx: Context) -> Result:
      "cuda-error", False),
     ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", None, Status.WARN, "oom",
      False),
+    ("CUDA error: MPS server is not ready to accept new MPS client requests" + TAIL, 807, Status.WARN,
+     "mps-busy", False),
 ])
 def test_model_judges_cuda_errors_by_the_table(tmp_path: Path, make_interp: Callable[..., Interp], message: str,
                                                code: int | None, status: Status, reason: str, latch: bool) -> None:

@@ -67,7 +67,7 @@ def test_multi_gpu_subset_through_cuda_visible_devices(tmp_path: Path) -> None:
     count = nvidia_smi_count()
     if count < 2:
         pytest.skip(f"needs 2 or more GPUs, found {count}")
-    report = worker_report("--expect-count", str(count), env={**os.environ, "CUDA_VISIBLE_DEVICES": "1"})
+    report = worker_report(env={**os.environ, "CUDA_VISIBLE_DEVICES": "1"})
     assert report["count"] == 1 and report["visible_devices"] == "1"
     data = {"kind": "worker", "python": PY, "device": "cuda", "expect": count, "report": report}
     result = torch_cuda.judge(data, None)  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ from probes.framework import deep, torch_cuda, torch_worker
 from probes.result import Result, Status
 
 GOOD: dict[str, Any] = {
-    "v": torch_worker.SCHEMA, "device": "cuda", "size": torch_cuda.SIZE, "expect_count": None, "torch": "2.3.0", "cuda": "12.1",
+    "v": torch_worker.SCHEMA, "device": "cuda", "size": torch_cuda.SIZE, "torch": "2.3.0", "cuda": "12.1",
     "cuda_built": True, "available": True, "count": 1, "visible_devices": None, "error": None,
     "devices": [{"index": 0, "name": "H100", "uuid": None, "op_ms": 0.5, "max_err": 1e-5, "scale": 150.0,
                  "free": 2**30, "total": 2**31, "error": None}],
