@@ -1,10 +1,14 @@
-"""What the service probes share: the causes of a connection that failed or stalled, and how a
-place (``host:port``) and a server's first line are written in a message."""
+"""What the service probes share: the causes of a connection that failed or stalled, and how what
+a server sent is read and shown."""
 
 from __future__ import annotations
 
 from probes.spec import cause
-from probes.untrusted import clean
+from probes.untrusted import clean, load_json
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 CONNECT_TIMEOUT = cause("connect-timeout", "connection not accepted before the deadline (accept queue full)",
                         "the server is hung or its accept queue is full: restart it",
@@ -12,7 +16,6 @@ CONNECT_TIMEOUT = cause("connect-timeout", "connection not accepted before the d
 UNREACHABLE = cause("unreachable", "host does not resolve or cannot be reached",
                     "check `HEALTHCHECK_HOST` (an address such as `127.0.0.1`)", action="fix-config",
                     actor="tenant")
-# ssh and ssh-login: sshd took the connection but did not finish its part in time.
 SSHD_STUCK = cause("deadline", "sshd gave no complete answer before the deadline "
                                "(a banner cut short, a stall in key exchange, a hung session)",
                    "sshd is overloaded or stuck: restart it", action="restart-app", actor="tenant")
@@ -21,6 +24,14 @@ SSHD_STUCK = cause("deadline", "sshd gave no complete answer before the deadline
 def host_header(host: str, port: int) -> str:
     """``host:port`` as an HTTP Host header (IPv6 literals in brackets)."""
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def json_or_none(raw: bytes | str) -> Any:
+    """Untrusted JSON parsed (``probes.untrusted.load_json``), or None for anything malformed."""
+    try:
+        return load_json(raw)
+    except ValueError:
+        return None
 
 
 def excerpt(raw: bytes, limit: int = 40) -> str:

@@ -1,7 +1,5 @@
-"""jupyter: Jupyter Server answers its unauthenticated ``GET {base_url}api`` with its version.
-
-That endpoint needs no token and leaves the server's idle timers alone; an open port is not enough
-(the kernel completes the TCP handshake for a hung server). Where the server is, and which runtime
+"""jupyter: Jupyter Server answers its unauthenticated ``GET {base_url}api`` with its version (an
+open port is not enough: the kernel completes the TCP handshake for a hung server). Which runtime
 files are trusted: docs/probes.md, "What is trusted in the runtime directory". Command line:
 ``curl --noproxy '*' -ksS --max-time 3 http://127.0.0.1:8888/api``.
 """
@@ -12,18 +10,15 @@ import os
 import time
 
 from probes import spec, untrusted
-from probes.result import passed, verdict
-from probes.services.common import CONNECT_TIMEOUT, UNREACHABLE, host_header
-from probes.spec import ABSOLUTE_PATH, ALL_PROFILES, BOOL, PORT, TEXT, URL_PATH, cause, setting
+from probes.config import Config
+from probes.context import Context
+from probes.result import Result, passed, verdict
+from probes.services.common import CONNECT_TIMEOUT, UNREACHABLE, host_header, json_or_none
+from probes.spec import ABSOLUTE_PATH, ALL_PROFILES, BOOL, PORT, TEXT, URL_PATH, Cause, cause, setting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-    from probes.config import Config
-    from probes.context import Context
-    from probes.result import Result
-    from probes.spec import Cause
 
 
 class JupyterSettings(spec.Declared):
@@ -37,13 +32,12 @@ class JupyterSettings(spec.Declared):
         "where `jpserver-*.json` files are looked for (see \"What is trusted in the runtime directory\")",
         shown_default="`$JUPYTER_RUNTIME_DIR`, else `~/.local/share/jupyter/runtime`")
     jupyter_token_file: str | None = setting(
-        "HEALTHCHECK_JUPYTER_TOKEN_FILE", ABSOLUTE_PATH, None,
-        "a file holding the server's token, for when no trusted runtime file gives it; its owner is "
-        "whose server the port must be (see \"What is trusted in the runtime directory\"), "
-        "and `jupyter-kernel` sends the token only to that user's listener", shown_default="none")
+        "HEALTHCHECK_JUPYTER_TOKEN_FILE", ABSOLUTE_PATH, None, "a file holding the server's token, for when "
+        "no trusted runtime file gives it; its owner is whose server the port must be (see \"What is trusted "
+        "in the runtime directory\"), and `jupyter-kernel` sends the token only to that user's listener",
+        shown_default="none")
 
 
-# Jupyter Server is the tenant's own service: restarting it, or setting the probe right, is theirs.
 JUPYTER_REFUSED = cause(
     "refused", "nothing listening (the message lists what is, and names a refused runtime file and why)",
     "start Jupyter or set `HEALTHCHECK_JUPYTER_PORT` to its port; remove stale `jpserver-*.json`",
@@ -51,12 +45,11 @@ JUPYTER_REFUSED = cause(
 JUPYTER_STUCK = "Jupyter is hung or overloaded: restart it and check its log"
 JUPYTER_HUNG = cause("hung", "accepted but no answer to `GET {base_url}api` before the deadline",
                      JUPYTER_STUCK, action="restart-app", actor="tenant")
-JUPYTER_DEADLINE = cause("deadline", "answer incomplete at the deadline", JUPYTER_STUCK, action="restart-app",
-                         actor="tenant")
+JUPYTER_DEADLINE = cause("deadline", "answer incomplete at the deadline", JUPYTER_STUCK,
+                         action="restart-app", actor="tenant")
 NOT_JUPYTER = cause(
-    "not-jupyter", "answered, but not 200 with a JSON `version` "
-    "(404 = wrong base URL, 403 = Host check, 3xx/401 = proxy or login page), "
-    "not HTTP at all, or a reply over 144 KiB or with more than 1024 chunks",
+    "not-jupyter", "answered, but not 200 with a JSON `version` (404 = wrong base URL, 403 = Host check, "
+    "3xx/401 = proxy or login page), not HTTP at all, or a reply over 144 KiB or with more than 1024 chunks",
     "check `HEALTHCHECK_JUPYTER_PORT`, `HEALTHCHECK_JUPYTER_BASE_URL` (Jupyter's `ServerApp.base_url`) "
     "and the server's log; probe Jupyter itself via `127.0.0.1` (or set `ServerApp.allow_remote_access`)",
     action="fix-config", actor="tenant")
@@ -64,23 +57,22 @@ NOT_JUPYTER = cause(
 # container or pod (a host-network neighbour too) took the port, most often while Jupyter was down.
 JUPYTER_IMPOSTOR = cause(
     "impostor", "the port is held by another uid than the owner of the token file "
-    "(`HEALTHCHECK_JUPYTER_TOKEN_FILE`), Jupyter's user: a stand-in would answer for Jupyter, "
-    "so nothing is sent to it",
-    "stop what holds the port (`ss -ltne` shows its uid) and restart Jupyter, or set "
+    "(`HEALTHCHECK_JUPYTER_TOKEN_FILE`), Jupyter's user: a stand-in would answer for Jupyter, so nothing "
+    "is sent to it", "stop what holds the port (`ss -ltne` shows its uid) and restart Jupyter, or set "
     "`HEALTHCHECK_JUPYTER_PORT` to Jupyter's; the token file must be Jupyter's user's",
     action="fix-config", actor="tenant")
-JUPYTER_HTTP_ERROR = cause("http-error", "HTTP 5xx", "Jupyter is failing: see its log", action="restart-app",
-                           actor="tenant")
+JUPYTER_HTTP_ERROR = cause("http-error", "HTTP 5xx", "Jupyter is failing: see its log",
+                           action="restart-app", actor="tenant")
 JUPYTER_TLS_MISMATCH = cause(
     "tls-mismatch", "plain HTTP sent to a TLS server, or HTTPS to a plain one",
-    "set `HEALTHCHECK_JUPYTER_TLS=true` for a server with `ServerApp.certfile`, `false` for one without, "
-    "or point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime directory; "
-    "remove stale `jpserver-*.json`", action="fix-config", actor="tenant")
+    "set `HEALTHCHECK_JUPYTER_TLS=true` for a server with `ServerApp.certfile`, `false` for one without, or "
+    "point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime directory; remove stale "
+    "`jpserver-*.json`", action="fix-config", actor="tenant")
 JUPYTER_TLS_ERROR = cause(
-    "tls-error", "TLS handshake failed, or certificate not trusted (off loopback)",
-    "check `ServerApp.certfile` and `keyfile`, and that Jupyter holds the port; "
-    "probe over loopback (`HEALTHCHECK_HOST=127.0.0.1`), where a self-signed certificate is accepted",
-    action="fix-config", actor="tenant")
+    "tls-error", "TLS handshake failed, or certificate not trusted (off loopback)", "check "
+    "`ServerApp.certfile` and `keyfile`, and that Jupyter holds the port; probe over loopback "
+    "(`HEALTHCHECK_HOST=127.0.0.1`), where a self-signed certificate is accepted", action="fix-config",
+    actor="tenant")
 
 SPEC = spec.Spec(
     "jupyter", layer="services", module=__name__, toggle="ENABLE_JUPYTER_CHECK", timeout=3.0,
@@ -99,11 +91,11 @@ MAX_DIR_ENTRIES = 4096  # entries of the runtime directory looked at: a flooded 
 MAX_CANDIDATES = 16  # jpserver-*.json files examined
 MAX_NAME = 64  # characters of a file name shown in messages and facts
 SHOWN_REFUSED = 5  # refused files named in the facts
+SPOKE_TLS = ("response", "timeout", "too-large", "bad-http", "closed")  # exchange's, after a handshake
 
 
 def held_by(port: int, held: set[int], owner: int, whose: str) -> str:
-    """Why ``port`` is not ``owner``'s server: "port 8888 is held by uid 4242, not uid 1000 who owns
-    the token file"; "" when ``owner`` alone listens there."""
+    """Why ``port`` is not ``owner``'s server ("" when ``owner`` alone listens there)."""
     if held == {owner}:
         return ""
     if not held:
@@ -113,13 +105,10 @@ def held_by(port: int, held: set[int], owner: int, whose: str) -> str:
     return f"port {port} is held by {uids}, not uid {owner}{alone} who owns {whose}"
 
 
-# The runtime directory usually belongs to the notebook user while the probe may run as root:
-# every jpserver-*.json in it is untrusted, used only when nothing here refuses it (the rules and
-# why: docs/probes.md).
 def _read_runtime_file(name: str, dir_fd: int, config: Config, ports: dict[int, set[int]],
                        secret: bool) -> dict[str, Any]:
-    """The fields used of one jpserver-*.json file (its token only when ``secret``, for
-    jupyter-kernel); ``Refused`` says why not."""
+    """The fields used of one jpserver-*.json file, untrusted input (docs/probes.md), with its pid and
+    token when ``secret``; ``Refused`` says why not."""
     from probes.services import net
 
     raw, st = untrusted.read_regular(name, MAX_RUNTIME_FILE, dir_fd=dir_fd)
@@ -127,8 +116,7 @@ def _read_runtime_file(name: str, dir_fd: int, config: Config, ports: dict[int, 
         raise untrusted.Refused("a hard link")
     try:
         doc = untrusted.load_json(raw)
-    except ValueError as exc:
-        # Fixed words only: a parser's message could quote the file (and its token).
+    except ValueError as exc:  # in fixed words: a parser's message could quote the file (and its token)
         why = "nested too deeply" if str(exc) == "nested too deeply" else "not valid JSON"
         raise untrusted.Refused(why) from None
     if not isinstance(doc, dict):
@@ -171,9 +159,8 @@ def token(value: Any) -> str:
 
 
 def token_file(path: str | None) -> tuple[str, int | None]:
-    """The token in HEALTHCHECK_JUPYTER_TOKEN_FILE (one line; a regular file of at most 4 KiB,
-    never through a link, never blocking) or "", and the file's owner from the same fstat (None
-    when there is no file we can read): the server should be that user's."""
+    """The token in HEALTHCHECK_JUPYTER_TOKEN_FILE or "", and the file's owner from the same fstat
+    (None when there is no file we can read): the server should be that user's."""
     if not path:
         return "", None
     try:
@@ -185,9 +172,8 @@ def token_file(path: str | None) -> tuple[str, int | None]:
 
 def find_runtime_file(config: Config, secret: bool = False
                       ) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
-    """The trusted runtime file of the server to probe (the configured port first, then root's
-    or our own, then the newest), and the refused files as (cleaned name, reason). With
-    ``secret`` it carries the server's pid and token (jupyter-kernel's; never shown)."""
+    """The trusted runtime file of the server to probe (the configured port first, then root's or
+    our own, then the newest), and the refused files as (cleaned name, reason)."""
     from probes.services import net
 
     env = os.environ
@@ -243,17 +229,16 @@ def gather(ctx: Context) -> dict[str, Any]:
     data: dict[str, Any] = {"source": found["file"] if found else None, "host": host, "port": port,
                             "base_url": base_url, "secure": secure, "path": path,
                             "budget": max(0.0, deadline - t0), "refused": refused}
-    if found is None:
-        # Whose server it should be: the token file's owner. Another uid's listener is a stand-in
-        # (Jupyter down, its port taken), and is sent nothing.
-        owner = token_file(own.jupyter_token_file)[1]
-        held = net.listeners().get(port, set()) if owner is not None else set()
-        if held and owner is not None and held != {owner}:
-            return {**data, "outcome": "impostor", "impostor": held_by(port, held, owner, "the token file")}
+    # Without a trusted file, the server should be the token file's owner's: another uid's listener is
+    # a stand-in (Jupyter down, its port taken), and is sent nothing.
+    owner = token_file(own.jupyter_token_file)[1] if found is None else None
+    held = net.listeners().get(port, set()) if owner is not None else set()
+    if held and held != {owner}:
+        return {**data, "outcome": "impostor", "impostor": held_by(port, held, owner, "the token file")}
     data.update(net.exchange(host, port, path, secure, deadline))
     outcome = data["outcome"]
-    if not secure and outcome in ("tls-reply", "closed"):
-        if outcome == "tls-reply" or net.speaks_tls(host, port, deadline):
+    if not secure and outcome in ("tls-reply", "closed"):  # a TLS server may close: does it speak TLS?
+        if outcome == "tls-reply" or net.exchange(host, port, path, True, deadline)["outcome"] in SPOKE_TLS:
             data.update(outcome="tls-mismatch", server_tls=True)
     elif secure and outcome in ("tls-failed", "tls-timeout"):
         plain = net.exchange(host, port, path, False, deadline)
@@ -266,8 +251,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     return data
 
 
-# The judge: gather's outcome, refined by what came with it, names one row: the cause and what was
-# seen, a str.format template over the fields of judge (plus the version and time of a pass).
+# gather's outcome, refined by what came with it, names one row: the cause and a template of what was seen.
 NOT_200 = "not Jupyter: {where} answered {get} with HTTP {status}{src}"
 SPOKE_PLAIN = "TLS mismatch: {where} speaks HTTPS but the probe spoke plain HTTP"
 SPEAKS_PLAIN = "TLS mismatch: {where} speaks plain HTTP"
@@ -303,7 +287,6 @@ OUTCOMES: dict[str, tuple[Cause | None, str]] = {
 
 
 def outcome(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The OUTCOMES row for what gather found, and for a pass the version and time."""
     found = data["outcome"]
     if found == "timeout":
         return ("partial" if data.get("received") else "hung"), {}
@@ -316,10 +299,7 @@ def outcome(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if status != 200:
         return ("http-5xx" if 500 <= status < 600 else f"http-{status}" if status in (404, 403)
                 else "http-login" if status in (401, 407) or 300 <= status < 400 else "http-other"), {}
-    try:
-        doc = untrusted.load_json(data["body"])
-    except ValueError:
-        doc = None
+    doc = json_or_none(data["body"])
     version = doc.get("version") if isinstance(doc, dict) else None
     if not isinstance(version, str) or not version:
         return "no-version", {}

@@ -1,9 +1,5 @@
-"""jupyter-kernel: through the running Jupyter Server, a kernel starts, imports torch and runs a
-verified op on the torch-cuda probe's device, and is shut down.
-
-The path a notebook user takes, and its hard cases (nothing left behind, a kernel that dies while
-it starts, do no harm, an idle server left idle, cost): docs/probes.md, "The notebook path". The
-client and one kernel's run and removal: probes/services/kernel_run.py.
+"""jupyter-kernel: through Jupyter Server, a kernel starts, imports torch, runs a verified op on the
+torch-cuda probe's device and is shut down (docs/probes.md, "The notebook path"); kernel_run.py runs it.
 """
 
 from __future__ import annotations
@@ -12,7 +8,10 @@ import os
 import time
 
 from probes import untrusted
-from probes.result import passed, verdict
+from probes.config import Config
+from probes.context import Context
+from probes.result import Result, passed, verdict
+from probes.services.common import host_header, json_or_none
 from probes.services.jupyter import JupyterSettings
 from probes.spec import NUMBER, TEXT, Declared, Spec, cause, setting
 
@@ -20,9 +19,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from probes.config import Config
-    from probes.context import Context
-    from probes.result import Result
     from probes.services.kernel_run import Server
 
 
@@ -30,59 +26,51 @@ class KernelSettings(Declared):
     jupyter_kernel_name: str | None = setting("HEALTHCHECK_JUPYTER_KERNEL_NAME", TEXT, None,
                                               "the kernelspec jupyter-kernel starts",
                                               shown_default="the server's default kernelspec")
-    jupyter_kernel_ttl: float = setting("HEALTHCHECK_JUPYTER_KERNEL_TTL", NUMBER, 600.0,
-                                        "seconds a passing jupyter-kernel result is reused by readiness "
-                                        "while the server is in use (an idle server's last result stands "
-                                        "until it is used)",
-                                        low=0, high=86400, low_inclusive=True)
+    jupyter_kernel_ttl: float = setting(
+        "HEALTHCHECK_JUPYTER_KERNEL_TTL", NUMBER, 600.0, "seconds a passing jupyter-kernel result is reused "
+        "by readiness while the server is in use (an idle server's last result stands until it is used)",
+        low=0, high=86400, low_inclusive=True)
 
 
 # The kernel, its kernelspec and its environment are the tenant's (their image, their ~/.local).
 KERNEL_API_ERROR = cause(
-    "api-error", "the kernel API did not answer `GET {base_url}api/kernelspecs` "
-    "(401/403: no trusted runtime file gave the token, or the token file's was withheld from a "
-    "listener of another uid; or the server is unreachable)",
-    "point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime directory, "
+    "api-error", "the kernel API did not answer `GET {base_url}api/kernelspecs` (401/403: no trusted "
+    "runtime file gave the token, or the token file's was withheld from a listener of another uid; or the "
+    "server is unreachable)", "point `HEALTHCHECK_JUPYTER_RUNTIME_DIR` at the server's runtime directory, "
     "or `HEALTHCHECK_JUPYTER_TOKEN_FILE` at its token; on HTTP 5xx see Jupyter Server's log",
     action="fix-config", actor="tenant")
 KERNELSPEC_MISSING = cause(
-    "kernelspec-missing", "the named (or default) kernelspec is not among the server's; "
-    "the message lists those that are",
-    "set `HEALTHCHECK_JUPYTER_KERNEL_NAME` to one of them, "
-    "or install the kernel (`python -m ipykernel install`)",
-    action="fix-config", actor="tenant")
+    "kernelspec-missing", "the named (or default) kernelspec is not among the server's; the message lists "
+    "those that are", "set `HEALTHCHECK_JUPYTER_KERNEL_NAME` to one of them, or install the kernel "
+    "(`python -m ipykernel install`)", action="fix-config", actor="tenant")
 KERNEL_START_FAILED = cause(
-    "kernel-start-failed", "the server refused to start the kernel "
-    "(its reason, cleaned and bounded: for example an interpreter that is gone)",
-    "fix the kernelspec's `argv` (`jupyter kernelspec list`) or reinstall the kernel; see the server's log",
-    action="fix-config", actor="tenant")
+    "kernel-start-failed", "the server refused to start the kernel (its reason, cleaned and bounded: for "
+    "example an interpreter that is gone)", "fix the kernelspec's `argv` (`jupyter kernelspec list`) or "
+    "reinstall the kernel; see the server's log", action="fix-config", actor="tenant")
 KERNEL_DIED = cause(
-    "kernel-died", "the kernel process exited during start-up (or the server said it died); "
-    "the message gives the line of its output that names the cause (the module or file that failed "
-    "to import), read by running the kernelspec again as the server's uid, or says why it was not read",
+    "kernel-died", "the kernel process exited during start-up (or the server said it died); the message "
+    "gives the line of its output that names the cause (the module or file that failed to import), read by "
+    "running the kernelspec again as the server's uid, or says why it was not read",
     "remove or fix what breaks it (often a package under `~/.local`: `pip list --user`)",
     action="fix-config", actor="tenant")
 KERNEL_TIMEOUT = cause(
     "kernel-timeout", "no verified reply within the kernel's share of the deadline; the kernel is removed "
-    "(by the next run when the server had not yet answered its start)",
-    "the kernel hangs or the machine is overloaded; raise `HEALTHCHECK_TIMEOUT` if the image is slow",
-    action="retry", actor="tenant")
-KERNEL_NO_TORCH = cause(
-    "kernel-no-torch", "the kernel's interpreter cannot import torch",
-    "install torch in the kernel's environment or point the kernelspec at the image's Python",
-    action="fix-config", actor="tenant")
+    "(by the next run when the server had not yet answered its start)", "the kernel hangs or the machine "
+    "is overloaded; raise `HEALTHCHECK_TIMEOUT` if the image is slow", action="retry", actor="tenant")
+KERNEL_NO_TORCH = cause("kernel-no-torch", "the kernel's interpreter cannot import torch", "install torch "
+                        "in the kernel's environment or point the kernelspec at the image's Python",
+                        action="fix-config", actor="tenant")
 KERNEL_NO_GPU = cause(
-    "kernel-no-gpu", "the kernel's torch sees no CUDA device "
-    "(a CPU-only torch in the kernel's environment, or `CUDA_VISIBLE_DEVICES` emptied)",
-    "install a CUDA build of torch in the kernel's environment, or use the image's kernel; "
-    "`HEALTHCHECK_TORCH_DEVICE=cpu` on CPU-only images", action="fix-config", actor="tenant")
+    "kernel-no-gpu", "the kernel's torch sees no CUDA device (a CPU-only torch in the kernel's environment, "
+    "or `CUDA_VISIBLE_DEVICES` emptied)", "install a CUDA build of torch in the kernel's environment, or use "
+    "the image's kernel; `HEALTHCHECK_TORCH_DEVICE=cpu` on CPU-only images", action="fix-config",
+    actor="tenant")
 KERNEL_OP_FAILED = cause("kernel-op-failed", "the op raised in the kernel (a CUDA error, out of memory)",
                          "see the error it names; check the torch-cuda probe", action="retry", actor="tenant")
 # A wrong matmul is the GPU's: only the node's operator can drain the node and test it.
-KERNEL_WRONG_RESULT = cause("kernel-wrong-result", "the cell's answer is not the verified result "
-                            "(a wrong matmul, no result line, an error)",
-                            "silent data corruption; drain the node and run `dcgmi diag`",
-                            action="service-hardware", actor="operator")
+KERNEL_WRONG_RESULT = cause("kernel-wrong-result", "the cell's answer is not the verified result (a wrong "
+                            "matmul, no result line, an error)", "silent data corruption; drain the node and "
+                            "run `dcgmi diag`", action="service-hardware", actor="operator")
 KERNEL_WORKLOAD_MEMORY = cause("workload-memory", "NVML says the workload holds a GPU's memory: "
                                "torch imported and the GPU seen, no op run", "not a fault: nothing to do",
                                "warn", action="none", actor="tenant")
@@ -96,9 +84,9 @@ KERNEL_LEFT = cause(
     action="restart-app", actor="tenant")
 
 SPEC = Spec(
-    "jupyter-kernel", layer="services", module=__name__,
-    toggle="ENABLE_JUPYTER_KERNEL_CHECK", follows="ENABLE_JUPYTER_CHECK", timeout=40.0,
-    profiles=("startup", "readiness"), requires=("jupyter",), measurement="startTime",
+    "jupyter-kernel", layer="services", module=__name__, toggle="ENABLE_JUPYTER_KERNEL_CHECK",
+    follows="ENABLE_JUPYTER_CHECK", timeout=40.0, profiles=("startup", "readiness"), requires=("jupyter",),
+    measurement="startTime",
     about="through Jupyter Server, a kernel of the default kernelspec starts, imports torch and runs a "
           "verified op on `HEALTHCHECK_TORCH_DEVICE`, and is shut down", settings=KernelSettings.SETTINGS,
     causes=(KERNEL_API_ERROR, KERNELSPEC_MISSING, KERNEL_START_FAILED, KERNEL_DIED, KERNEL_TIMEOUT,
@@ -112,25 +100,17 @@ CLEANUP = 3.0  # seconds kept from the kernel's share for its removal (DELETE, t
 MAX_NAMES = 32  # kernelspecs kept from a listing
 SLACK = 1.0  # seconds of the server's activity after our status read that are our kernel's last messages
 PREFIX = "HEALTHCHECK-KERNEL-RESULT "
-INF = float("inf")
 TOLERANCE = 1e-4  # float32 against float64 at 256x256 differs by ~1e-6 of the largest value
 # The cell: a function, so that it leaves one name (deleted) in a kernel that is deleted anyway.
 CELL = '''def _healthcheck(device, gentle):
-    out = {"torch": None, "cuda": None, "available": None, "count": None, "op": None, "error": None}
-    def failed(phase, exc):
-        out["error"] = {"phase": phase, "type": type(exc).__name__, "module": getattr(exc, "name", None),
-                        "text": (str(exc).splitlines() or [""])[0][:200]}
-        return out
+    out, phase = dict.fromkeys(("torch", "cuda", "available", "count", "op", "error")), "import"
     try:
         import torch
-    except BaseException as exc:
-        return failed("import", exc)
-    out["torch"], out["cuda"] = str(torch.__version__), torch.version.cuda
-    if device == "cuda":
-        out["available"], out["count"] = bool(torch.cuda.is_available()), int(torch.cuda.device_count())
-        if gentle or not out["available"] or not out["count"]:
-            return out
-    try:
+        out["torch"], out["cuda"], phase = str(torch.__version__), torch.version.cuda, "op"
+        if device == "cuda":
+            out["available"], out["count"] = bool(torch.cuda.is_available()), int(torch.cuda.device_count())
+            if gentle or not out["available"] or not out["count"]:
+                return out
         torch.backends.cuda.matmul.allow_tf32 = False
         dev, g = torch.device(device), torch.Generator().manual_seed(1234)
         a = torch.randn(256, 256, generator=g, dtype=torch.float32)
@@ -142,7 +122,8 @@ CELL = '''def _healthcheck(device, gentle):
         out["op"] = {"max_err": float((got.double().cpu() - ref).abs().max().item()),
                      "scale": float(ref.abs().max().item())}
     except BaseException as exc:
-        return failed("op", exc)
+        out["error"] = {"phase": phase, "type": type(exc).__name__, "module": getattr(exc, "name", None),
+                        "text": (str(exc).splitlines() or [""])[0][:200]}
     return out
 print(%r + __import__("json").dumps(_healthcheck(%r, %r)))
 del _healthcheck
@@ -161,9 +142,9 @@ def requirements(config: Config) -> tuple[str, ...]:
 
 
 def server(ctx: Context) -> tuple[Server, str | None, str]:
-    """The server as the jupyter probe finds it, with the token only for a listener of the token's
-    owner and ``uid`` the listening socket's owner when one alone listens; the runtime file that
-    said so; why the token file's token was withheld ("" when it was not)."""
+    """The server as the jupyter probe finds it (the token only for a listener of its owner, ``uid``
+    the listening socket's owner when one alone listens), the runtime file that said so, and why the
+    token file's token was withheld ("" when it was not)."""
     from probes.services import jupyter, net
     from probes.services.kernel_run import Server
 
@@ -223,7 +204,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     status = kernel_run.activity(srv, min(end, time.monotonic() + 2.0)) if reuses else None
 
     def run() -> dict[str, Any]:
-        data = {**check(ctx, srv), "source": source, "withheld": withheld}
+        data = {**check(ctx, srv), "source": source, "withheld": withheld, "finished": time.time()}
         after = kernel_run.activity(srv, min(end, time.monotonic() + 1.0))  # later activity is another's
         return {**data, "after": after[1] if after is not None else None}
 
@@ -232,38 +213,34 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def check(ctx: Context, srv: Server) -> dict[str, Any]:
-    """The costly run: kernelspecs, a kernel, its cell, its removal."""
     from probes import deadlines
     from probes.framework import free_memory
     from probes.services import kernel_run
-    from probes.services.common import host_header
 
     end = ctx.deadline - deadlines.MARGIN
     share = end - min(CLEANUP, max(0.0, end - time.monotonic()) / 4)
-    torch = _torch(ctx.config)
-    data: dict[str, Any] = {"kind": "kernel", "lingered": False, "device": torch.torch_device,
-                            "where": host_header(srv.host, srv.port),
+    torch, where = _torch(ctx.config), host_header(srv.host, srv.port)
+    data: dict[str, Any] = {"kind": "kernel", "lingered": False, "device": torch.torch_device, "where": where,
                             "budget": round(max(0.0, share - time.monotonic()), 2)}
     got = kernel_run.rest(srv, "GET", "api/kernelspecs", share)
     doc = got.get("doc") if got.get("status") == 200 else None
     if not isinstance(doc, dict) or not isinstance(doc.get("kernelspecs"), dict):
-        return {**data, "outcome": "api", "http": got.get("status"), "net": got["outcome"],
-                "finished": time.time()}
+        return {**data, "outcome": "api", "http": got.get("status"), "net": got["outcome"]}
     specs = {name: kernel_run.command(entry) for name, entry in list(doc["kernelspecs"].items())[:MAX_NAMES]}
     default = str(doc["default"]) if isinstance(doc.get("default"), str) else ""
     data["kernel"] = name = ctx.config.of(KernelSettings).jupyter_kernel_name or default
     if name not in specs:
         names = sorted(untrusted.clean(n, 40) for n in specs)
-        return {**data, "outcome": "kernelspec-missing", "names": names, "finished": time.time()}
+        return {**data, "outcome": "kernelspec-missing", "names": names}
     try:
         import websocket  # noqa: F401  (the channels' client: the jupyter extra)
     except ImportError:
-        return {**data, "outcome": "no-client", "finished": time.time()}
+        return {**data, "outcome": "no-client"}
     # Do no harm: where the workload holds a GPU's memory, the cell only looks (no op, no context).
     space = free_memory.survey(torch.torch_min_free_mib, os.environ) if torch.torch_device == "cuda" else None
     data["room"] = space.facts() if space is not None and space.full else None
     code = CELL % (PREFIX, torch.torch_device, data["room"] is not None)
-    return {**data, **kernel_run.run(ctx, srv, name, specs[name], code, share, end), "finished": time.time()}
+    return {**data, **kernel_run.run(ctx, srv, name, specs[name], code, share, end)}
 
 
 def on_deadline(ctx: Context) -> Result:
@@ -291,7 +268,6 @@ def judge(data: dict[str, Any], ctx: Context | None) -> Result:
 
 
 def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
-    """The verdict on a run's data (a cached one's too): gather's outcome names the row."""
     clean = untrusted.clean
     name, outcome, status = clean(data.get("kernel") or "?", 40), data.get("outcome"), data.get("http")
     what, where = f"kernel {name!r}", clean(data.get("where") or "?", 80)
@@ -341,17 +317,14 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
 
 def _number(value: Any) -> float | None:
     """A finite number, or None (NaN fails every comparison)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and -INF < float(value) < INF
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < float("inf")
     return float(value) if ok else None
 
 
 def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Context | None) -> Result:
     clean = untrusted.clean
     lines = [ln for ln in str(data.get("stdout") or "").splitlines() if ln.startswith(PREFIX)]
-    try:  # the cell's one result line, read strictly (untrusted)
-        report = untrusted.load_json(lines[0][len(PREFIX):].encode()) if len(lines) == 1 else None
-    except ValueError:
-        report = None
+    report = json_or_none(lines[0][len(PREFIX):]) if len(lines) == 1 else None  # the cell's one result line
     if not isinstance(report, dict):
         err = data.get("error")
         shown = f" ({clean(err.get('ename'), 60)}: {clean(err.get('evalue'), 120)})" if err else ""
@@ -360,9 +333,9 @@ def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Conte
                        remedy=False, **kw)
     version = kw["facts"]["torch"] = clean(report.get("torch") or "?", 40)
     err = report["error"] if isinstance(report.get("error"), dict) else None
+    raised = f"{clean(err.get('type'), 40)}: {clean(err.get('text'), 120)}" if err is not None else ""
     if err is not None and err.get("phase") == "import":
         module = clean(err.get("module") or "", 60)
-        raised = f"{clean(err.get('type'), 40)}: {clean(err.get('text'), 120)}"
         return verdict(NAME, KERNEL_NO_TORCH, f"{what} cannot import torch "
                        f"({f'no module {module!r}' if module else raised})", **kw)
     sees = report.get("available") is True and (_number(report.get("count")) or 0) > 0
@@ -375,7 +348,6 @@ def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Conte
         return verdict(NAME, KERNEL_NO_GPU, f"{what}'s torch {version}{build} sees no CUDA device{count}",
                        **kw)
     if err is not None:
-        raised = f"{clean(err.get('type'), 40)}: {clean(err.get('text'), 120)}"
         return verdict(NAME, KERNEL_OP_FAILED, f"the op failed in {what} ({raised})", **kw)
     observed = _number(data.get("observed"))
     if data.get("room") is not None:

@@ -1,8 +1,6 @@
 """jupyter-kernel's client and one kernel's run: the REST API, the cell over the kernel's channels
-(Jupyter messaging protocol v5) while its processes and its server's word are watched, why it died,
-and its removal on every path (docs/probes.md, "The notebook path", says why). A kernel is recorded
-in the state dir before it is asked for (``kernel-<id>.json``: its server, the time, the run by pid
-and start time) until the server confirms it gone; each run first removes what killed runs left.
+(Jupyter messaging protocol v5) while its processes and the server's word are watched, why it died,
+and its removal on every path, from a record in the state dir (docs/probes.md, "The notebook path").
 """
 
 from __future__ import annotations
@@ -14,24 +12,21 @@ import signal
 import time
 
 from probes import pidstat, untrusted
-from probes.context import logger
+from probes.context import Context, logger
 from probes.services import jupyter, net
-from probes.services.common import host_header
+from probes.services.common import host_header, json_or_none
+from probes.state import State
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
-    from probes.context import Context
-    from probes.state import State
-
 PATH_CHARS = jupyter.PATH_CHARS - {"%"}
 UNTRACKED = "no_track_activity=1"  # Jupyter Server leaves its last_activity alone for such a request
 KERNEL_ID = re.compile(r"[0-9A-Za-z-]{1,64}")
 MAX_ARGV, MAX_RECORDS = 64, 64  # argv words kept of a kernelspec, records of kernels looked at by a run
-MAX_OUTPUT = 64 * 1024  # characters of the cell's stdout kept
-MAX_FRAME = 1024 * 1024  # a message larger than this is not ours to read
+MAX_OUTPUT, MAX_FRAME = 64 * 1024, 1024 * 1024  # characters of the cell's stdout kept; of one message read
 RECORD = "kernel-"  # the record of a kernel asked for: kernel-<id>.json in the state dir
 POLL = 0.02  # seconds between looks at the kernel's processes: one that fails an import dies at once
 ASK_EVERY = 1.0  # seconds between asking the server about a starting kernel
@@ -52,15 +47,14 @@ FRAME = re.compile(r'File "([^"]+)", line \d+')
 # Words Python adds that name nothing: dropped before a long line is cut, so its names stay.
 FILLER = re.compile(r" \(most likely due to a circular import\)"
                     r"|(?<=') (?:if|since) it has the same name as [^)]*")
-# Kernels asked for by this process and not yet removed: kernel id -> (server, state dir, record,
-# processes seen: pid -> start), end_all's list.
+# Kernels asked for and not yet removed, for end_all: id -> (server, state, record, processes seen).
 _live: dict[str, tuple[Server, State, dict[str, Any], dict[int, int]]] = {}
 _stopping: list[bool] = []
 
 
 class Server:
-    """Where the server is and how to speak to it; ``token`` is never shown. ``pid``: from a trusted
-    runtime file; ``uid``: whose listening socket answers on the port, when known."""
+    """Where the server is and how to speak to it; ``token`` is never shown (nor in a repr, so this
+    is no record). ``pid``: from a trusted runtime file; ``uid``: whose listening socket answers."""
 
     def __init__(self, host: str, port: int, base_url: str, secure: bool, token: str, pid: int | None,
                  uid: int | None = None) -> None:
@@ -77,11 +71,7 @@ def rest(srv: Server, method: str, tail: str, deadline: float, body: Any = None)
                        method=method, headers=f"Authorization: token {srv.token}\r\n" if srv.token else "",
                        body=b"" if body is None else json.dumps(body).encode())
     if got["outcome"] == "response":
-        try:
-            got["doc"] = untrusted.load_json(got["body"]) if got["body"] else None
-        except ValueError:
-            got["doc"] = None
-        del got["body"]
+        got["doc"] = json_or_none(got.pop("body"))
     return got
 
 
@@ -111,9 +101,8 @@ def command(entry: Any) -> dict[str, Any]:
 
 
 def first_cause(text: str, limit: int = 200) -> str:
-    """The line of a process's output that names the cause (docs/probes.md, "kernel-died"): its last
-    exception line, else its last line; with the file of the traceback's last frame when it names
-    none; a long one loses Python's filler words, then its middle, never the names at its ends."""
+    """The line of a process's output that names the cause (docs/probes.md, "kernel-died"); a long
+    one loses Python's filler words, then its middle, never the names at its ends."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     picked = [i for i, ln in enumerate(lines) if RAISED.match(ln)] or \
         [i for i, ln in enumerate(lines) if WARNED.match(ln)] or [len(lines) - 1]
@@ -133,9 +122,8 @@ def first_cause(text: str, limit: int = 200) -> str:
 
 class Procs:
     """The kernel's live processes, ``{pid: start}``: those whose command line names its connection
-    file ``kernel-<id>.json`` (the kernel, a wrapper around it). A process older than a second
-    that is another's is not read again (a younger one may not have exec'd yet): a look costs
-    little more than a listing of /proc, often enough to see a kernel that dies at start."""
+    file. Another's process older than a second (a younger one may not have exec'd yet) is not read
+    again, so a look costs little more than a listing of /proc."""
 
     def __init__(self, kernel_id: str) -> None:
         self.mark = f"kernel-{kernel_id}.json".encode()
@@ -166,7 +154,7 @@ class Procs:
 
 
 def live(pairs: Mapping[int, int], until: float = 0.0) -> dict[int, int]:
-    """Those of ``pairs`` (pid -> start) still the process seen and alive, by ``until``."""
+    """Those of ``pairs`` (pid -> start) still alive, waiting for them to end until ``until``."""
     while True:
         pairs = {pid: start for pid, start in pairs.items() if (st := pidstat.stat(pid)) is not None
                  and st.start == start and st.state not in pidstat.DEAD}
@@ -177,10 +165,9 @@ def live(pairs: Mapping[int, int], until: float = 0.0) -> dict[int, int]:
 
 def _beside(call: Callable[[], Any], procs: Procs, seen: dict[int, int], until: float,
             srv: Server | None = None, kid: str = "") -> tuple[Any, bool]:
-    """Run ``call()`` in a thread while the kernel's processes are looked for (``seen``: every one
-    seen, pid -> start), until it returns or ``until``; with ``srv``, also whether the kernel died
-    meanwhile: every process seen has ended, or the server's model says ``dead`` or ``restarting``
-    or no longer lists it (its restarter gave up). Returns (the thread, died)."""
+    """Run ``call()`` in a thread until it returns or ``until`` while the kernel's processes are
+    added to ``seen``; with ``srv``, also whether the kernel died meanwhile: every process seen has
+    ended, or the server's model says ``dead`` or ``restarting`` or no longer lists it."""
     import threading
 
     thread = threading.Thread(target=call, daemon=True, name="jupyter-kernel")
@@ -204,10 +191,8 @@ def _beside(call: Callable[[], Any], procs: Procs, seen: dict[int, int], until: 
 
 
 def _cell(ws: Any, srv: Server, kid: str, code: str, deadline: float, box: dict[str, Any]) -> None:
-    """The cell over the kernel's channels: connect (the server answers once the kernel has replied
-    to kernel_info), send it, read until its execute_reply and idle status arrive, keeping what
-    answers our request and the server's word that the kernel died. ``box`` says what happened
-    (``stage``, then ``stdout`` and ``error``, or ``died`` or ``failed``); never raises."""
+    """The cell over the kernel's channels, read until its execute_reply and idle status or the
+    server's word that the kernel died; ``box`` says what happened. Never raises."""
     msg_id = os.urandom(16).hex()
     opts: dict[str, Any] = {"timeout": max(deadline - time.monotonic(), 0.001), "suppress_origin": True,
                             "http_no_proxy": ["*"]}
@@ -228,16 +213,9 @@ def _cell(ws: Any, srv: Server, kid: str, code: str, deadline: float, box: dict[
             "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
                         "allow_stdin": False, "stop_on_error": True}}))
         while not (box["replied"] and box["idle"]) and not box["died"]:
-            if deadline <= time.monotonic():
-                raise TimeoutError
-            ws.settimeout(deadline - time.monotonic())
-            frame = ws.recv()
-            if not isinstance(frame, str) or len(frame) > MAX_FRAME:
-                continue  # a binary frame carries buffers: none of ours
-            try:
-                msg = untrusted.load_json(frame.encode())
-            except ValueError:
-                continue
+            ws.settimeout(max(deadline - time.monotonic(), 0.001))
+            frame = ws.recv()  # a binary frame carries buffers: none of ours
+            msg = json_or_none(frame) if isinstance(frame, str) and len(frame) <= MAX_FRAME else None
             msg = msg if isinstance(msg, dict) else {}
             header, content, parent = (msg[k] if isinstance(msg.get(k), dict) else {}
                                        for k in ("header", "content", "parent_header"))
@@ -260,14 +238,11 @@ def _cell(ws: Any, srv: Server, kid: str, code: str, deadline: float, box: dict[
     except Exception as exc:  # websocket-client's errors, socket timeouts, a handshake refused
         # In fixed words: an exception's text could quote a header or a URL.
         status, kind = getattr(exc, "status_code", None), type(exc).__name__
-        if isinstance(status, int):
-            box["failed"] = f"the server refused the channels with HTTP {status}"
-        elif isinstance(exc, TimeoutError) or kind in ("WebSocketTimeoutException", "timeout"):
-            box["failed"] = "timeout"
-        elif kind == "WebSocketConnectionClosedException":
-            box["failed"] = "the server closed the channels"
-        else:
-            box["failed"] = f"the channels failed ({kind})"
+        late = isinstance(exc, (TimeoutError, net.timeout)) or kind == "WebSocketTimeoutException"
+        box["failed"] = (f"the server refused the channels with HTTP {status}" if isinstance(status, int)
+                         else "timeout" if late
+                         else "the server closed the channels" if kind == "WebSocketConnectionClosedException"
+                         else f"the channels failed ({kind})")
 
 
 def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, share: float,
@@ -285,8 +260,8 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
     # Looked for from the start: a kernel that fails an import can be gone before the answer.
     _beside(lambda: box.append(rest(srv, "POST", "api/kernels", share, {"name": name, "kernel_id": kid})),
             procs, seen, float("inf"))
-    got, doc = box[0], box[0].get("doc")
-    doc = doc if isinstance(doc, dict) else {}
+    got = box[0]
+    doc = got["doc"] if isinstance(got.get("doc"), dict) else {}
     out: dict[str, Any] = {}
     given = doc.get("id") if got.get("status") in (200, 201) else None
     if isinstance(given, str) and KERNEL_ID.fullmatch(given):
@@ -311,8 +286,8 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
             ws = websocket.WebSocket(enable_multithread=True, skip_utf8_validation=True)
             cell = {"stage": "connect", "stdout": "", "error": None, "replied": False, "idle": False,
                     "died": None, "failed": None}
-            thread, died = _beside(lambda: _cell(ws, srv, kid, code, share, cell), procs, seen, share, srv,
-                                   kid)
+            thread, died = _beside(lambda: _cell(ws, srv, kid, code, share, cell), procs, seen, share,
+                                   srv, kid)
             if thread.is_alive():  # end its blocked call from here
                 for stop in (ws.abort, lambda: ws.close(timeout=0.2)):
                     try:
@@ -333,16 +308,16 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
     finally:
         out["kernel_id"] = kid
         out["cleanup"] = remove(ctx.state, srv, kid, rec, seen, end)
-        out["lingered"] = bool(out["cleanup"]["left"])
+        out["lingered"] = bool(out["cleanup"]["left"])  # deep.record keeps no result of such a run
     return out
 
 
 def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[int, int], end: float,
            wait: float = DELETE_WAIT) -> dict[str, Any]:
     """DELETE the kernel; if the server has not shut it down in ``wait`` seconds, its processes and
-    all below them get SIGTERM then SIGKILL, each only while its pid names the process seen, and the
-    server is asked again. Its record goes once the server confirms it gone: 2xx, or 404 for a
-    kernel whose start it answered (it lists one it is still starting only once started)."""
+    all below them get SIGTERM then SIGKILL, and the server is asked again. Its record goes once the
+    server confirms it gone: 2xx, or 404 for a kernel whose start it answered (a server lists one it
+    is still starting only once started)."""
     def gone(got: dict[str, Any]) -> bool:
         status = got.get("status")
         return status in (200, 204) or (status == 404 and (rec.get("answered") is True
@@ -371,11 +346,8 @@ def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[
             for pid, start in (killed := tree()).items():
                 pidstat.signal_same(pid, start, signal.SIGKILL)
             out["left"] = len(live(killed, max(min(stop, time.monotonic() + 0.5), time.monotonic() + 0.05)))
-        if not out["deleted"]:
-            # The server may still be shutting it down (our DELETE timed out): once the
-            # processes are gone it finishes; ask again so that it surely forgets the kernel.
-            again = rest(srv, "DELETE", f"api/kernels/{kid}", max(end, time.monotonic() + 0.3))
-            out["deleted"] = gone(again)
+        if not out["deleted"]:  # our DELETE timed out: with the processes gone, ask again
+            out["deleted"] = gone(rest(srv, "DELETE", f"api/kernels/{kid}", max(end, time.monotonic() + 0.3)))
         if out["deleted"]:
             _forget(state, kid)
         out["recorded"] = state.enabled and not out["deleted"]  # for the next run to remove
@@ -388,7 +360,6 @@ def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[
 
 def _note(state: State, srv: Server, kid: str, seen: dict[int, int], answered: bool = False
           ) -> dict[str, Any]:
-    """Record the kernel ``kid`` (before it is asked for, and once its start is answered)."""
     me = pidstat.stat(os.getpid())
     rec = {"server": [srv.host, srv.port, srv.base_url], "time": time.time(), "pid": os.getpid(),
            "start": me.start if me is not None else None, "answered": answered}
@@ -434,8 +405,7 @@ def end_all() -> None:
 
 def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> dict[str, Any]:
     """The line that names why the kernel exits (``said``; None: it did not), from its command run
-    again as a contained child with the server's environment, only ever as the server's verified
-    uid (root never runs what that user wrote); else ``unread``, why it was not run."""
+    again as the server's verified uid, never as root for another's; else ``unread``, why not."""
     import pwd
     import socket
 
@@ -471,9 +441,8 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
         ports = {name: int(sock.getsockname()[1]) for name, sock in socks.items()}
         for sock in socks.values():  # closed before the kernel starts
             sock.close()
-        fd = os.open(os.path.join(work, "kernel.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                     0o600)
-        with os.fdopen(fd, "w") as fh:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with os.fdopen(fd := os.open(os.path.join(work, "kernel.json"), flags, 0o600), "w") as fh:
             if user is not None:
                 os.fchown(fd, *user)
                 os.chown(work, *user)

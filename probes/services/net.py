@@ -1,16 +1,12 @@
-"""Connect, read and speak HTTP/1.x under one overall deadline, for the service probes.
-
-Every blocking call gets only the time left, so a server that trickles a byte a second cannot
-stretch a read past the deadline. ``exchange`` parses the reply strictly, every part bounded, so a
-reply that never ends is cut at once (``http.client`` would import ``ssl`` and ``email`` on every
-liveness run). Connections are direct (no proxy); a self-signed certificate passes on loopback only.
+"""Connect, read and speak HTTP/1.x for the service probes, every blocking call given only the time
+left and the reply parsed strictly, every part bounded (``http.client`` would import ``ssl`` and
+``email`` on every liveness run). Connections are direct (no proxy).
 """
 
 from __future__ import annotations
 
-# _socket, not socket: socket.py adds enums and selectors that a liveness run would pay for, a
-# measurable share of it (docs/benchmark.md); the probes need only the C module's socket, lookups
-# and constants. ssl, imported for a TLS server only, takes its socket as it is.
+# _socket, not socket: socket.py's enums and selectors would cost every liveness run
+# (docs/benchmark.md); ssl, imported for a TLS server only, takes this socket as it is.
 import _socket
 import os
 import sys
@@ -23,8 +19,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 timeout = _socket.timeout  # TimeoutError from Python 3.10
-MAX_HEAD = 16 * 1024
-MAX_BODY = 64 * 1024
+MAX_HEAD, MAX_BODY = 16 * 1024, 64 * 1024
 MAX_REPLY = MAX_HEAD + 2 * MAX_BODY
 MAX_CHUNKS = 1024  # the reply is parsed again as it grows: bound the work of each parse
 TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -56,8 +51,6 @@ def arm(sock: _socket.socket, deadline: float) -> None:
 
 def connect(host: str, port: int, deadline: float) -> _socket.socket:
     """Connect to each address of ``host`` in turn until one accepts, all by ``deadline`` (NetError)."""
-    if deadline <= time.monotonic():
-        raise NetError("timeout")
     try:
         # An ASCII name goes as bytes: a str would import the IDNA codec to encode it.
         name: str | bytes = host.encode("ascii") if host.isascii() else host
@@ -86,10 +79,8 @@ def connect(host: str, port: int, deadline: float) -> _socket.socket:
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is "localhost" or a loopback address literal (127/8, ::1, ::ffff:127/104)."""
     name = host.strip("[]").lower()
-    if name == "localhost":
-        return True
     try:
-        return _socket.inet_pton(_socket.AF_INET, name)[0] == 127
+        return name == "localhost" or _socket.inet_pton(_socket.AF_INET, name)[0] == 127
     except (OSError, ValueError):
         pass
     try:
@@ -100,9 +91,8 @@ def is_loopback(host: str) -> bool:
 
 
 def listening() -> list[tuple[int, bytes, int, int]]:
-    """(family, address as the kernel prints it, port, uid) of each listening TCP socket here: from
-    /proc/net/tcp and tcp6, which anyone may read (unlike /proc/<pid>/fd they need no CAP_SYS_PTRACE,
-    which root lacks in Docker's default set). They come first: reading stops at the first other."""
+    """(family, address as the kernel prints it, port, uid) of each listening TCP socket, from
+    /proc/net/tcp and tcp6, which need no CAP_SYS_PTRACE (root lacks it in Docker's default set)."""
     found: list[tuple[int, bytes, int, int]] = []
     for table, family in (("/proc/net/tcp", _socket.AF_INET), ("/proc/net/tcp6", _socket.AF_INET6)):
         try:
@@ -111,7 +101,7 @@ def listening() -> list[tuple[int, bytes, int, int]]:
                 for line in f:
                     # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
                     fields = line.split()
-                    if len(fields) < 8 or fields[3] != b"0A":  # 0A: LISTEN
+                    if len(fields) < 8 or fields[3] != b"0A":  # 0A: LISTEN, listed first
                         break
                     addr, _, port = fields[1].partition(b":")
                     found.append((family, addr, int(port, 16), int(fields[7])))
@@ -121,7 +111,6 @@ def listening() -> list[tuple[int, bytes, int, int]]:
 
 
 def listeners() -> dict[int, set[int]]:
-    """The uids owning a listening TCP socket, by port (IPv4 and IPv6)."""
     by_port: dict[int, set[int]] = {}
     for _, _, port, uid in listening():
         by_port.setdefault(port, set()).add(uid)
@@ -142,7 +131,7 @@ def nearby(expected: int, limit: int = 5) -> list[str]:
 
 
 def _dechunk(body: bytes) -> bytes | None:
-    """A chunked body decoded; None while incomplete. Raises HttpError on malformed framing."""
+    """A chunked body decoded; None while incomplete."""
     out, pos = bytearray(), 0
     for _ in range(MAX_CHUNKS + 1):
         eol = body.find(b"\r\n", pos, pos + 66)
@@ -175,10 +164,9 @@ def _dechunk(body: bytes) -> bytes | None:
 
 
 def parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
-    """A complete HTTP/1.x response in ``buf``, or None while more bytes are needed. Strict: a status
-    line ``HTTP/1.0|1.1 NNN reason``, CRLF line ends, token header names, no folded lines, one
-    Content-Length, chunked as the only transfer coding, each part bounded and MAX_REPLY bytes in
-    all (exchange reads no more). Raises HttpError (TooLarge for what exceeds a bound)."""
+    """A complete HTTP/1.x response in ``buf``, or None while more bytes are needed. Strict: CRLF line
+    ends, token header names, no folded lines, one Content-Length, chunked the only transfer coding,
+    each part bounded. Raises HttpError (TooLarge for what exceeds a bound)."""
     if len(buf) > MAX_REPLY:
         raise TooLarge("reply too large")
     end = buf.find(b"\r\n\r\n")
@@ -206,20 +194,15 @@ def parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
         headers.setdefault(name.lower(), []).append(value.strip(" \t"))
     if status < 200:
         raise HttpError("interim response")
-    body = buf[end + 4:]
-    result: dict[str, Any] = {"status": status, "content_type": (headers.get("content-type") or [""])[0]}
+    rest = buf[end + 4:]
+    body: bytes | None = rest
     if status in (204, 304):
-        return {**result, "body": b""}
-    if "transfer-encoding" in headers:
+        body = b""
+    elif "transfer-encoding" in headers:
         if [v.lower() for v in headers["transfer-encoding"]] != ["chunked"]:
             raise HttpError("unsupported transfer coding")
-        decoded = _dechunk(body)
-        if decoded is None:
-            if eof:
-                raise HttpError("incomplete body")
-            return None
-        return {**result, "body": decoded}
-    if "content-length" in headers:
+        body = _dechunk(rest)
+    elif "content-length" in headers:
         values = set(headers["content-length"])
         text = values.pop()
         if values or not text or len(text) > 12 or any(c not in "0123456789" for c in text):
@@ -227,25 +210,22 @@ def parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
         length = int(text)
         if length > MAX_BODY:
             raise TooLarge("body too large")
-        if len(body) >= length:
-            return {**result, "body": body[:length]}
-        if eof:
-            raise HttpError("incomplete body")
-        return None
-    if len(body) > MAX_BODY:
+        body = rest[:length] if len(rest) >= length else None
+    elif len(rest) > MAX_BODY:
         raise TooLarge("body too large")
-    return {**result, "body": body} if eof else None
+    elif not eof:
+        body = None
+    if body is None and eof:
+        raise HttpError("incomplete body")
+    content_type = (headers.get("content-type") or [""])[0]
+    return None if body is None else {"status": status, "content_type": content_type, "body": body}
 
 
 def _tls(sock: _socket.socket, host: str, deadline: float) -> _socket.socket:
     import ssl
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    try:
-        loopback = is_loopback(str(sock.getpeername()[0]))
-    except OSError:
-        loopback = False
-    if loopback:  # Jupyter's certificate is usually self-signed; on loopback nobody sits in between
+    if is_loopback(str(sock.getpeername()[0])):  # Jupyter's is often self-signed; nobody sits between
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     else:
@@ -255,21 +235,6 @@ def _tls(sock: _socket.socket, host: str, deadline: float) -> _socket.socket:
     arm(tls, deadline)
     tls.do_handshake()
     return tls
-
-
-def speaks_tls(host: str, port: int, deadline: float) -> bool:
-    """Whether the server completes a TLS handshake (asked only to explain a failure)."""
-    try:
-        sock = connect(host, port, deadline)
-    except NetError:
-        return False
-    try:
-        _tls(sock, host, deadline).close()
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
 
 
 def exchange(host: str, port: int, path: str, secure: bool, deadline: float, *, method: str = "GET",

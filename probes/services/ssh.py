@@ -1,15 +1,15 @@
-"""ssh: sshd answers with an SSH protocol identification line (RFC 4253 4.2; how it is read and
-when our own line goes out: docs/probes.md). An open port is not enough: the kernel completes the
-TCP handshake for a hung sshd. OpenSSH 9.8+ penalises addresses whose connections close before
-authenticating (``PerSourcePenalties``): keep the probe on loopback, which the image exempts
-(docs/image.md). Command line: ``timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/22; head -c 255 <&3'``.
+"""ssh: sshd answers with an SSH identification line (RFC 4253 4.2; docs/probes.md), not only an
+open port. OpenSSH 9.8+ penalises addresses whose connections close before authenticating
+(``PerSourcePenalties``): keep the probe on loopback, which the image exempts (docs/image.md).
+Command line: ``timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/22; head -c 255 <&3'``.
 """
 
 from __future__ import annotations
 
 import time
 
-from probes.result import passed, verdict
+from probes.context import Context
+from probes.result import Result, passed, verdict
 from probes.services.common import CONNECT_TIMEOUT, SSHD_STUCK, UNREACHABLE, excerpt, host_header
 from probes.spec import ALL_PROFILES, PORT, Declared, Spec, cause, setting
 from probes.untrusted import clean
@@ -17,9 +17,6 @@ from probes.untrusted import clean
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-    from probes.context import Context
-    from probes.result import Result
 
 
 class SshSettings(Declared):
@@ -33,19 +30,17 @@ SSH_NO_BANNER = cause(
     "no-banner", "port accepts but sends nothing before the deadline, or closes without a banner",
     "sshd is hung, or refuses this client (MaxStartups, PerSourcePenalties, tcp wrappers): "
     "restart it and check its log", action="restart-app", actor="tenant")
-NOT_SSH = cause("not-ssh", "the first line is not `SSH-2.0-`/`SSH-1.99-` (short excerpt quoted), "
-                           "or the server speaks only SSH protocol 1",
-                "another service holds the port; check `HEALTHCHECK_SSH_PORT` and what listens there "
-                "(an sshd of protocol 1 only: install a current openssh-server)", action="fix-config",
-                actor="tenant")
+NOT_SSH = cause("not-ssh", "the first line is not `SSH-2.0-`/`SSH-1.99-` (short excerpt quoted), or the "
+                "server speaks only SSH protocol 1", "another service holds the port; check "
+                "`HEALTHCHECK_SSH_PORT` and what listens there (an sshd of protocol 1 only: install a "
+                "current openssh-server)", action="fix-config", actor="tenant")
 SSH_ECHO = cause("echo", "the server sent back our own `SSH-2.0-healthcheck` line "
                          "(an echo service, or a port forward that loops back)",
                  "not sshd: point `HEALTHCHECK_SSH_PORT` at sshd's port", action="fix-config", actor="tenant")
 
 SPEC = Spec(
-    "ssh", layer="services", module=__name__, toggle="ENABLE_SSH_CHECK", timeout=3.0,
-    profiles=ALL_PROFILES, measurement="banner", about="sshd sends an `SSH-2.0-` identification line",
-    settings=SshSettings.SETTINGS,
+    "ssh", layer="services", module=__name__, toggle="ENABLE_SSH_CHECK", timeout=3.0, profiles=ALL_PROFILES,
+    measurement="banner", about="sshd sends an `SSH-2.0-` identification line", settings=SshSettings.SETTINGS,
     causes=(SSH_REFUSED, SSH_NO_BANNER, NOT_SSH, SSH_ECHO, SSHD_STUCK, CONNECT_TIMEOUT, UNREACHABLE),
 )
 NAME = SPEC.name
@@ -55,8 +50,7 @@ MAX_PRELUDE = 8192  # bytes of other lines tolerated before the identification l
 CLIENT_ID = b"SSH-2.0-healthcheck\r\n"
 # sshd sends its banner at once; a server silent for a third of the budget (at most SPEAK_AFTER
 # seconds) may be waiting for the client to speak first: we then send ours.
-SPEAK_SHARE = 1 / 3
-SPEAK_AFTER = 1.0
+SPEAK_SHARE, SPEAK_AFTER = 1 / 3, 1.0
 
 
 def _scan(buf: bytes) -> dict[str, Any] | None:
@@ -80,16 +74,13 @@ def gather(ctx: Context) -> dict[str, Any]:
     from probes.services import net
 
     host, port, deadline = ctx.config.host, ctx.config.of(SshSettings).ssh_port, ctx.deadline
-    t0 = time.monotonic()
-    data: dict[str, Any] = {"host": host, "port": port, "spoke_first": False,
-                            "budget": max(0.0, deadline - t0)}
+    budget = max(0.0, deadline - (t0 := time.monotonic()))
+    data: dict[str, Any] = {"host": host, "port": port, "spoke_first": False, "budget": budget}
     try:
         sock = net.connect(host, port, deadline)
     except net.NetError as exc:
         data.update(outcome="connect-timeout" if exc.kind == "timeout" else exc.kind, detail=exc.detail)
-        if exc.kind == "refused":
-            data["listening"] = net.nearby(port)
-        return data
+        return {**data, "listening": net.nearby(port)} if exc.kind == "refused" else data
 
     def send_ours() -> None:
         try:
@@ -98,8 +89,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         except OSError:
             pass  # a server that has already closed is judged by what it sent
 
-    buf = b""
-    speak_at = t0 + min(data["budget"] * SPEAK_SHARE, SPEAK_AFTER)
+    buf, speak_at = b"", t0 + min(budget * SPEAK_SHARE, SPEAK_AFTER)
     try:
         while (found := _scan(buf)) is None:
             if not data["spoke_first"] and not buf and time.monotonic() >= speak_at:
@@ -108,16 +98,15 @@ def gather(ctx: Context) -> dict[str, Any]:
             wait_until = deadline if data["spoke_first"] or buf else min(speak_at, deadline)
             try:
                 net.arm(sock, wait_until)
-                chunk = sock.recv(1024)
+                chunk: bytes | None = sock.recv(1024)
             except net.timeout:
                 if wait_until < deadline:
                     continue  # silent so far: our turn to speak
-                found = {"outcome": "timeout"}
-                break
+                chunk = None
             except OSError:  # reset by the peer
                 chunk = b""
             if not chunk:
-                found = {"outcome": "closed"}
+                found = {"outcome": "timeout" if chunk is None else "closed"}
                 break
             buf += chunk
         if found["outcome"] == "banner" and data["spoke_first"] and found["line"] == CLIENT_ID.rstrip():
@@ -126,11 +115,9 @@ def gather(ctx: Context) -> dict[str, Any]:
             send_ours()  # both sides identify (RFC 4253 4.2); then we close
     finally:
         sock.close()
-    data.update(found, received=len(buf))
-    if found["outcome"] in ("timeout", "closed"):
-        data["partial"] = buf[buf.rfind(b"\n") + 1:]
-        data["excerpt"] = excerpt(buf.lstrip()) if buf.strip() else ""
-    return data
+    # What came before a timeout or close: a banner cut short, or something else.
+    data.update(partial=buf[buf.rfind(b"\n") + 1:], excerpt=excerpt(buf.lstrip()) if buf.strip() else "")
+    return {**data, **found, "received": len(buf)}
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:

@@ -1,9 +1,7 @@
-"""ssh-keys: the SSH user's key files pass sshd's StrictModes, and the account may log in.
-
-When the home, ``~/.ssh`` or ``authorized_keys`` became group-writable (a volume mount, a ``chmod
--R``), sshd refuses every key and the client sees only "Permission denied (publickey)". This checks,
-without the network, what sshd would (OpenSSH ``auth.c``: ``auth_secure_path``, ``allowed_user``;
-the rules: docs/probes.md). Command line: ``stat -c '%U %a %n' ~dev/.ssh/authorized_keys``.
+"""ssh-keys: the SSH user's key files pass sshd's StrictModes, and the account may log in: what sshd
+would refuse, checked without the network (OpenSSH ``auth.c``: ``auth_secure_path``, ``allowed_user``;
+the rules: docs/probes.md), where the client sees only "Permission denied (publickey)". Command line:
+``stat -c '%U %a %n' ~dev/.ssh/authorized_keys``.
 """
 
 from __future__ import annotations
@@ -12,7 +10,9 @@ import os
 import stat
 import time
 
-from probes.result import passed, verdict
+from probes.context import Context
+from probes.record import Record
+from probes.result import Result, passed, verdict
 from probes.spec import TEXT, Declared, Spec, cause, setting
 from probes.untrusted import Refused, clean, read_regular
 
@@ -20,9 +20,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
-
-    from probes.context import Context
-    from probes.result import Result
 
 
 class SshKeysSettings(Declared):
@@ -37,16 +34,14 @@ KEYS_ACCOUNT = cause(
     "create the account or fix it (`usermod -s /bin/bash USER`, `usermod -e '' USER`, `usermod -U USER`)",
     action="fix-config", actor="tenant")
 # The message gives the command that mends the path it names (remedy=False).
-KEYS_STRICT_MODES = cause("ssh-strict-modes", "sshd's StrictModes refuses the key file: "
-                                              "it, `~/.ssh` or the home directory is group/other-writable "
-                                              "or owned by another user, or the file is not a regular file "
-                                              "(the message names the path, owner and mode)",
-                          "the command the message gives, e.g. `chmod g-w /home/dev`", action="fix-config",
-                          actor="tenant")
+KEYS_STRICT_MODES = cause(
+    "ssh-strict-modes", "sshd's StrictModes refuses the key file: it, `~/.ssh` or the home directory is "
+    "group/other-writable or owned by another user, or the file is not a regular file (the message names "
+    "the path, owner and mode)", "the command the message gives, e.g. `chmod g-w /home/dev`",
+    action="fix-config", actor="tenant")
 KEYS_NONE = cause(
-    "ssh-no-keys", "no authorized keys file, or it is empty or holds no public key that parses: "
-    "nobody can log in with a key yet",
-    "give keys (`SSH_AUTHORIZED_KEYS` in the image) or fix the file's lines", "warn",
+    "ssh-no-keys", "no authorized keys file, or it is empty or holds no public key that parses: nobody can "
+    "log in with a key yet", "give keys (`SSH_AUTHORIZED_KEYS` in the image) or fix the file's lines", "warn",
     action="fix-config", actor="tenant")
 # A home directory on a network or host mount that hangs: the node's storage, not the container.
 KEYS_HUNG = cause("deadline", "the key files were not read before the deadline (a hung file system)",
@@ -57,35 +52,30 @@ KEYS_NO_USER = cause("no-user", "neither `HEALTHCHECK_SSH_USER` nor `DEV_USER` i
 
 SPEC = Spec(
     "ssh-keys", layer="services", module=__name__, toggle="ENABLE_SSH_CHECK", timeout=2.0,
-    profiles=("startup", "readiness"), measurement="strict-modes",
-    about="the SSH user's home, `~/.ssh` and `authorized_keys` pass sshd's StrictModes, hold a key, and the "
-          "account may log in", settings=SshKeysSettings.SETTINGS,
+    profiles=("startup", "readiness"), measurement="strict-modes", about="the SSH user's home, `~/.ssh` "
+    "and `authorized_keys` pass sshd's StrictModes, hold a key, and the account may log in",
+    settings=SshKeysSettings.SETTINGS,
     causes=(KEYS_ACCOUNT, KEYS_STRICT_MODES, KEYS_NONE, KEYS_HUNG, KEYS_NO_USER),
 )
 NAME = SPEC.name
 
 
-class System:
+class System(Record):
     """Where the accounts and sshd's configuration are read; ``nss``: look a user missing from ``passwd``
-    up through NSS."""
+    up through NSS, as sshd would."""
 
-    def __init__(self, passwd: str = "/etc/passwd", shadow: str = "/etc/shadow",  # noqa: S107 (paths)
-                 sshd_config: str = "/etc/ssh/sshd_config", nss: bool = True) -> None:
-        self.passwd, self.shadow, self.sshd_config, self.nss = passwd, shadow, sshd_config, nss
+    passwd: str = "/etc/passwd"
+    shadow: str = "/etc/shadow"
+    sshd_config: str = "/etc/ssh/sshd_config"
+    nss: bool = True
 
 
-MAX_DB = 4 << 20  # bytes of /etc/passwd, /etc/shadow, one sshd configuration file
-MAX_KEYS_FILE = 1 << 20  # bytes of authorized_keys read
+MAX_DB, MAX_KEYS_FILE = 4 << 20, 1 << 20  # bytes of an account or sshd configuration file; of authorized_keys
 MAX_INCLUDES = 64  # configuration files followed through Include
-# Public key types sshd accepts in authorized_keys (sshkey.c keytypes), certificates included.
-KEY_TYPES = frozenset({
-    "ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
-    "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com", "ssh-ed448",
-    "ssh-ed25519-cert-v01@openssh.com", "ssh-rsa-cert-v01@openssh.com", "ssh-dss-cert-v01@openssh.com",
-    "ecdsa-sha2-nistp256-cert-v01@openssh.com", "ecdsa-sha2-nistp384-cert-v01@openssh.com",
-    "ecdsa-sha2-nistp521-cert-v01@openssh.com", "sk-ssh-ed25519-cert-v01@openssh.com",
-    "sk-ecdsa-sha2-nistp256-cert-v01@openssh.com",
-})
+# Public key types sshd accepts in authorized_keys (sshkey.c keytypes), each with its certificate type.
+KEYS = ("ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
+        "ecdsa-sha2-nistp521", "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
+KEY_TYPES = frozenset({*KEYS, "ssh-ed448", *(key.split("@")[0] + "-cert-v01@openssh.com" for key in KEYS)})
 
 
 def sshd_options(path: str, found: dict[str, str], files: list[str]) -> dict[str, str]:
@@ -212,8 +202,7 @@ def gather(ctx: Context, environ: Mapping[str, str] | None = None) -> dict[str, 
 def collect(user: str | None, system: System) -> dict[str, Any]:
     if not user:
         return {"outcome": "no-user"}
-    info = account(user, system)
-    if info is None:
+    if (info := account(user, system)) is None:
         return {"outcome": "no-such-user", "user": user}
     options = sshd_options(system.sshd_config, {}, [])
     # AuthorizedKeysFile (sshd's default unless set), %h, %u and %% expanded, relative to the home.
@@ -266,8 +255,8 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     if not files:
         why = "AuthorizedKeysFile is none"
     elif read is not None:
-        empty = read["size"] == 0
-        why = f"{clean(read['path'], 120)} " + ("is empty" if empty else "holds no public key that parses")
+        what = "is empty" if not read["size"] else "holds no public key that parses"
+        why = f"{clean(read['path'], 120)} {what}"
     elif unread is not None:
         why = f"{clean(unread['path'], 120)} not read ({clean(unread['why'], 60)})"
     else:

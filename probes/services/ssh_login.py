@@ -12,7 +12,8 @@ import os
 import stat
 import time
 
-from probes.result import Status, passed, verdict
+from probes.context import Context
+from probes.result import Result, Status, passed, verdict
 from probes.services.common import SSHD_STUCK
 from probes.services.ssh import SshSettings
 from probes.spec import ABSOLUTE_PATH, NUMBER, TEXT, Spec, cause, setting
@@ -21,9 +22,6 @@ from probes.untrusted import Refused, clean, read_regular, squeeze
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-    from probes.context import Context
-    from probes.result import Result
 
 
 def parse_host_keys(text: str) -> str:
@@ -34,9 +32,7 @@ def parse_host_keys(text: str) -> str:
     return ",".join(paths)
 
 
-class SshLoginSettings(SshSettings):
-    """ssh's port, and ssh-login's own settings."""
-
+class SshLoginSettings(SshSettings):  # ssh's port, and ssh-login's own settings
     ssh_probe_key: str | None = setting(
         "HEALTHCHECK_SSH_PROBE_KEY", ABSOLUTE_PATH, None,
         "the probe principal's private key (root-only); setting it turns the `ssh-login` probe on",
@@ -53,10 +49,10 @@ class SshLoginSettings(SshSettings):
 
 
 LOGIN_AUTH_FAILED = cause(
-    "ssh-auth-failed", "sshd refused the probe key (publickey): the key is not authorized, "
-    "or StrictModes, the account or AuthorizedKeysFile turned it away",
-    "see sshd's log; the `ssh-keys` probe names a StrictModes problem; "
-    "restore the probe's authorized key (restart the container)", action="restart-container", actor="tenant")
+    "ssh-auth-failed", "sshd refused the probe key (publickey): the key is not authorized, or StrictModes, "
+    "the account or AuthorizedKeysFile turned it away", "see sshd's log; the `ssh-keys` probe names a "
+    "StrictModes problem; restore the probe's authorized key (restart the container)",
+    action="restart-container", actor="tenant")
 LOGIN_FAILED = cause("ssh-login-failed", "authenticated, but the session did not run or its command failed "
                                          "(account, shell, PAM, MaxSessions)",
                      "see sshd's log and the probe user's account and shell", action="fix-config",
@@ -93,7 +89,7 @@ NAME = SPEC.name
 HOST_ALIAS = "healthcheck-probe"  # the name the known hosts file and the client agree on
 # ssh_host_*_key.pub in the first of these that has any, unless HEALTHCHECK_SSH_HOST_KEYS says
 # otherwise: /etc/ssh, or on a read-only root where the image's entrypoint makes them (docs/image.md).
-HOST_KEY_DIRS = ("/etc/ssh", "/run/ssh-host-keys/etc/ssh")
+HOST_KEY_DIRS, HOST_KEYS = ("/etc/ssh", "/run/ssh-host-keys/etc/ssh"), "ssh_host_*_key.pub"
 MAX_HOST_KEY = 16 << 10  # bytes of one public host key file
 CACHE = "ssh-login.json"  # the last passing login, reused by readiness while younger than its TTL
 HOSTKEY_WORDS = (b"Host key verification failed", b"IDENTIFICATION HAS CHANGED", b"No matching host key",
@@ -127,7 +123,7 @@ def known_hosts(host_keys: str | None) -> list[str]:
     else:
         import glob
 
-        found = (sorted(glob.glob(f"{where}/ssh_host_*_key.pub")) for where in HOST_KEY_DIRS)
+        found = (sorted(glob.glob(f"{where}/{HOST_KEYS}")) for where in HOST_KEY_DIRS)
         paths = next((p for p in found if p), [])
     lines = []
     for path in paths:
@@ -146,16 +142,12 @@ def gather(ctx: Context) -> dict[str, Any]:
     from probes.state import life_identity
 
     s = ctx.config.of(SshLoginSettings)
-    key = s.ssh_probe_key
-    if key is None:
+    if (key := s.ssh_probe_key) is None:
         return {"outcome": "no-key"}
-    problem = key_problem(key)
-    if problem is not None:
+    if (problem := key_problem(key)) is not None:
         return {"outcome": "probe-key", "key": key, "problem": problem}
-    lines = known_hosts(s.ssh_host_keys)
-    if not lines:
-        where = s.ssh_host_keys or f"{HOST_KEY_DIRS[0]}/ssh_host_*_key.pub"
-        return {"outcome": "no-host-keys", "where": where}
+    if not (lines := known_hosts(s.ssh_host_keys)):
+        return {"outcome": "no-host-keys", "where": s.ssh_host_keys or f"{HOST_KEY_DIRS[0]}/{HOST_KEYS}"}
     if not ctx.state.enabled:  # the known hosts file goes nowhere else (never /tmp)
         return {"outcome": "could-not", "why": ctx.state.disabled_reason}
     # What decides the answer, and this container's life: a restarted container logs in again.
@@ -188,8 +180,8 @@ def login(ctx: Context, s: SshLoginSettings, lines: list[str]) -> dict[str, Any]
     hosts_file = os.path.join(scratch, "known_hosts")
     try:
         try:
-            fd = os.open(hosts_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w") as f:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            with os.fdopen(os.open(hosts_file, flags, 0o600), "w") as f:
                 f.write("\n".join(lines) + "\n")
         except OSError:  # a full disk: not checked, which is not unhealthy
             return {"outcome": "could-not", "why": "the state dir is full"}
