@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 IMAGE ?= gpu-dev:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' probes/__init__.py)
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help install setup system-deps fakes run test unit bats manifests stress loaded loaded-tests e2e image bench lint \
+.PHONY: help install setup system-deps fakes run test unit bats manifests stress loaded loaded-tests e2e e2e-image image bench lint \
 	clean gpu-verify docs
 
 help: ## list the targets
@@ -76,6 +76,9 @@ image: ## build the GPU dev image (BASE_IMAGE=... to override the base)
 
 e2e: ## end-to-end tests on a real Docker engine (installs and starts one as root if missing)
 	bash tests/e2e/run.sh
+
+e2e-image: ## only what e2e needs first: the Docker engine, the CPU base image and the image under test
+	bash tests/e2e/run.sh --build-only
 
 # VS=dir: also run liveness and cached readiness through a baseline checkout (its own .venv),
 # paired round by round (bench/run.py --vs). With a Docker engine and the test image it also
