@@ -74,7 +74,36 @@ def _has_gpu() -> bool:
         return False
 
 
+# What load can break in a module that holds more than that, marked `loaded` by name (a module whose
+# every test is about it says `pytestmark = pytest.mark.loaded`): the kernel check's death detection
+# and what a killed or timed-out check leaves. A name here that its module no longer has fails the run.
+LOADED = {"tests/services/test_jupyter_kernel.py": (
+    "test_a_kernel_killed_by_a_broken_module_on_its_path_died_and_says_which",
+    "test_a_kernel_that_never_answers_times_out_in_its_share_and_leaves_no_process",
+    "test_sigterm_to_the_suite_removes_the_kernel_it_started",
+    "test_a_post_answered_after_the_probe_gave_up_leaves_no_kernel_after_the_next_run",
+    "test_a_suite_killed_mid_check_leaves_no_kernel_after_the_next_run",
+    "test_a_kernel_that_dies_at_start_is_seen_within_seconds_even_on_a_busy_machine",
+    "test_a_reused_pid_is_never_signalled",
+)}
+
+
+def mark_loaded(items: list[pytest.Item]) -> None:
+    found: dict[str, set[str]] = {}
+    for item in items:
+        module, _, name = item.nodeid.partition("::")
+        name = name.split("[")[0]
+        if name in LOADED.get(module, ()):
+            item.add_marker(pytest.mark.loaded)
+        found.setdefault(module, set()).add(name)
+    for module, names in LOADED.items():
+        if module in found and not set(names) <= found[module]:
+            raise pytest.UsageError(f"tests/conftest.py LOADED names what {module} no longer has: "
+                                    f"{sorted(set(names) - found[module])}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_loaded(items)
     # The marker, not the keywords: every test in a folder named gpu has the keyword "gpu".
     if any(item.get_closest_marker("gpu") for item in items) and not _has_gpu():
         skip = pytest.mark.skip(reason="needs a real NVIDIA GPU: nvidia-smi -L found none on this machine")

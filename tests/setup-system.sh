@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Summary: install the Debian packages the tests need (sshd for the service tests, a
-# C compiler for the fake NVML library, debootstrap for the end-to-end base image,
-# Prometheus with promtool and Alertmanager for the alerting rules' tests, localedef and the
-# charmaps for the Latin-1 locale test).
+# C compiler for the fake NVML library, GNU parallel for bats --jobs, debootstrap for the
+# end-to-end base image, Prometheus with promtool and Alertmanager for the alerting rules'
+# tests, localedef and the charmaps for the Latin-1 locale test).
 # Usage: bash tests/setup-system.sh   (as root; otherwise it only lists what is missing)
 set -euo pipefail
 [ -n "${HEALTHCHECK_DEBUG:-}" ] && set -x
 
-packages=(openssh-server openssh-client openssl gcc make libc6-dev procps psmisc iproute2
-  debootstrap ca-certificates curl prometheus prometheus-alertmanager locales)
+packages=(openssh-server openssh-client openssl gcc make libc6-dev procps parallel debootstrap
+  ca-certificates prometheus prometheus-alertmanager locales)
 
 missing=()
 for p in "${packages[@]}"; do

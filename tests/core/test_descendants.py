@@ -26,6 +26,8 @@ from tests.descendants import KINDS, hang, stub
 from tests.servers import leftovers, wait_gone
 from tests.stress.conftest import SMI
 
+pytestmark = pytest.mark.loaded  # under load too: make loaded (Makefile)
+
 SLACK = 0.5  # a call returns by its deadline + 0.5 s
 ANSWER = SMI["ok"]  # a valid nvidia-smi answer, then exit 0
 PR_GET_CHILD_SUBREAPER = 37

@@ -19,6 +19,8 @@ from probes.config import DEFAULT_PROFILE
 from probes.spec import PROFILE_RULES
 from tests.conftest import ROOT, clean_env, suite_stub
 
+pytestmark = pytest.mark.loaded  # under load too: make loaded (Makefile)
+
 ALL_OFF = {t: "false" for t in registry.TOGGLES}
 
 

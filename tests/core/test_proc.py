@@ -14,6 +14,8 @@ import pytest
 from probes import proc
 from tests.servers import leftovers, wait_gone
 
+pytestmark = pytest.mark.loaded  # under load too: make loaded (Makefile)
+
 SLACK = 0.5  # the bound: a probe returns at its deadline + 0.5 s at most
 
 

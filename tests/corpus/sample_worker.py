@@ -1,8 +1,9 @@
 """Test only: the real torch worker meets one corpus sample where its CUDA work happens.
 
 Started as ``sample_worker.py WORKER_FILE WORKER_ARGS...`` by tests/corpus/sample-python.sh (what
-HEALTHCHECK_TORCH_PYTHON points at in tests/corpus/test_cuda_corpus.py), with CORPUS_SAMPLE naming
-a file of tests/corpus/cuda/. It imports the real (CPU) torch, makes CUDA look available with one
+HEALTHCHECK_TORCH_PYTHON points at in tests/corpus/test_cuda_corpus.py's front-door tests), with
+CORPUS_SAMPLE naming a file of tests/corpus/cuda/; the in-process tests call ``install`` themselves.
+It imports the real (CPU) torch, makes CUDA look available with one
 device, arranges for the sample to be raised, then runs the worker file unchanged with runpy:
 
 - ``# raise: init``: ``torch.cuda.is_available()`` is False and ``torch.cuda.init()`` raises it,
@@ -21,7 +22,7 @@ import os
 import runpy
 import sys
 import types
-from typing import Any
+from typing import Any, Callable
 
 
 def read(path: str) -> tuple[dict[str, str], str]:
@@ -49,22 +50,25 @@ def on_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return any(str(getattr(a, "type", a)).startswith("cuda") for a in (*args, kwargs.get("device")))
 
 
-def install(torch: Any, fields: dict[str, str], exc: BaseException) -> None:
-    torch.backends.cuda.is_built = lambda: True
-    torch.version.cuda = "12.8"
+def install(torch: Any, fields: dict[str, str], exc: BaseException,
+            patch: Callable[[Any, str, Any], None] = setattr) -> None:
+    """Make CUDA look available (or failing at start) and raise ``exc`` where the worker's CUDA work
+    happens; ``patch`` sets each attribute (the in-process tests pass one that undoes it)."""
+    patch(torch.backends.cuda, "is_built", lambda: True)
+    patch(torch.version, "cuda", "12.8")
 
     def fail(*_: Any) -> None:
         raise exc
 
     if fields.get("raise") == "init":
-        torch.cuda.is_available = lambda: False
-        torch.cuda.init = fail
+        patch(torch.cuda, "is_available", lambda: False)
+        patch(torch.cuda, "init", fail)
         return
-    torch.cuda.is_available = lambda: True
-    torch.cuda.device_count = lambda: 1
-    torch.cuda.get_device_name = lambda index=None: "Corpus GPU"
+    patch(torch.cuda, "is_available", lambda: True)
+    patch(torch.cuda, "device_count", lambda: 1)
+    patch(torch.cuda, "get_device_name", lambda index=None: "Corpus GPU")
     uuid = "c0c0c0c0-0000-4000-8000-000000000000"
-    torch.cuda.get_device_properties = lambda index: types.SimpleNamespace(uuid=uuid)
+    patch(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(uuid=uuid))
     to = torch.Tensor.to
 
     def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -72,7 +76,7 @@ def install(torch: Any, fields: dict[str, str], exc: BaseException) -> None:
             raise exc
         return to(self, *args, **kwargs)
 
-    torch.Tensor.to = patched
+    patch(torch.Tensor, "to", patched)
 
 
 def main() -> None:

@@ -23,7 +23,9 @@ MINBASE="${E2E_MINBASE_IMAGE:-gpu-dev-e2e/bookworm-minbase:latest}"
 MIRROR="${E2E_DEBIAN_MIRROR:-$(bash "$HERE/debian-mirror.sh")}"
 TORCH_SPEC="${E2E_TORCH_SPEC:-torch==2.13.0}"
 WORK="${E2E_WORK_DIR:-$ROOT/.e2e}"
+# Only pip is needed of it: before make setup has made .venv (CI builds beside it), the python3 on PATH.
 PY="${E2E_PYTHON:-$ROOT/.venv/bin/python}"
+[ -x "$PY" ] || [ -n "${E2E_PYTHON:-}" ] || PY=python3
 CA_BUNDLE="${E2E_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 
 have_image() {
@@ -66,7 +68,7 @@ mkdir -p "$ctx/wheels"
 cp "$HERE/base/Dockerfile" "$ctx/Dockerfile"
 [ -r "$CA_BUNDLE" ] || abort "CA bundle $CA_BUNDLE not readable: set E2E_CA_BUNDLE"
 cp "$CA_BUNDLE" "$ctx/ca-certificates.crt"
-[ -x "$PY" ] || abort "$PY not found: run make setup first (or set E2E_PYTHON)"
+command -v "$PY" >/dev/null || abort "$PY not found: run make setup first (or set E2E_PYTHON)"
 echo "base-image.sh: fetching the $TORCH_SPEC wheel from this machine's pip sources" >&2
 "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$ctx/wheels" "$TORCH_SPEC" \
   || abort "pip download $TORCH_SPEC failed: the CPU wheel must be reachable by pip on this machine"

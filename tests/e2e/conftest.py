@@ -10,7 +10,8 @@ Stable interface (other e2e test modules rely on it):
   name=None, healthcheck=True, command=()) -> container id``. Starts ``docker run -d`` of the
   image; ``health`` is a ``Health`` of ``--health-*`` overrides (test speed comes from these,
   never from the Dockerfile); ``healthcheck=False`` adds ``--no-healthcheck``. Every container
-  it starts is removed when the test ends. Containers carry the label ``gpu-dev-e2e=<session>``
+  it starts is removed when the test ends. ``start_shared`` (module) is the same for a module's
+  fixtures: a container that the tests which only read it share, removed when the module ends. Containers carry the label ``gpu-dev-e2e=<session>``
   (other sessions may share the engine, so nothing else is ever removed).
 - Helpers: ``docker(*args)`` runs the CLI and returns CompletedProcess; ``health_of(cid)``
   returns ``.State.Health``; ``wait_for_health(cid, wanted, timeout)`` polls until the status
@@ -46,6 +47,9 @@ CPU_ENV = {"ENABLE_GPU_CHECK": "false", "HEALTHCHECK_TORCH_DEVICE": "cpu"}
 # nowhere): without one the ssh-keys probe warns that nobody can log in yet.
 USER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKAkScCdCvGtUZqxZdyvU3UbAjv/xy/1ATDv6h4ggdd7 e2e-default"
 DEFAULT_ENV = {**CPU_ENV, "SSH_AUTHORIZED_KEYS": USER_KEY}
+# The HEALTHCHECK that docs/image.md and the README document: interval, timeout, start period and
+# start interval in seconds, retries.
+DOCUMENTED = (30, 35, 60, 5, 3)
 # Measurements the tests take on the way (start-up and probe times), written for docs/image.md and docs/kubernetes.md.
 TIMINGS_FILE = ROOT / ".e2e" / "timings.json"
 
@@ -132,14 +136,19 @@ def last_output(cid: str) -> str:
 
 
 def record_timing(key: str, value: Any) -> None:
-    """Keep a measurement (seconds) in .e2e/timings.json for the tuning sections of docs/image.md and docs/kubernetes.md."""
+    """Keep a measurement (seconds) in .e2e/timings.json for the tuning sections of docs/image.md and
+    docs/kubernetes.md; the lock keeps the other worker's measurement (make e2e runs two)."""
+    import fcntl
+
     TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        data = json.loads(TIMINGS_FILE.read_text())
-    except (OSError, ValueError):
-        data = {}
-    data[key] = value
-    TIMINGS_FILE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    with open(TIMINGS_FILE.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            data = json.loads(TIMINGS_FILE.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[key] = value
+        TIMINGS_FILE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 @pytest.fixture(scope="session")
@@ -186,9 +195,8 @@ def build_image(tag: str, context: Path) -> None:
         pytest.fail(f"docker build of {tag} failed: {build.stdout[-2000:]}{build.stderr[-2000:]}")
 
 
-@pytest.fixture
-def start_container(image: str) -> Iterator[Callable[..., str]]:
-    """Start containers of the image (detached); every one is removed when the test ends."""
+def _starter(image: str) -> tuple[Callable[..., str], list[str]]:
+    """A function that starts containers of ``image`` (detached), and the ids it started."""
     started: list[str] = []
 
     def start(*run_args: str, env: dict[str, str] | None = None, health: Health | None = None,
@@ -209,6 +217,23 @@ def start_container(image: str) -> Iterator[Callable[..., str]]:
         started.append(cid)
         return cid
 
+    return start, started
+
+
+@pytest.fixture
+def start_container(image: str) -> Iterator[Callable[..., str]]:
+    """Start containers of the image (detached); every one is removed when the test ends."""
+    start, started = _starter(image)
+    yield start
+    if started:
+        docker("rm", "-f", "-v", *started, check=False, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def start_shared(image: str) -> Iterator[Callable[..., str]]:
+    """start_container for a module's fixtures: containers that the tests which only read them share,
+    removed when the module ends."""
+    start, started = _starter(image)
     yield start
     if started:
         docker("rm", "-f", "-v", *started, check=False, timeout=120)

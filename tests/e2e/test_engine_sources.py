@@ -6,7 +6,6 @@ No engine needed: the script reads apt source files from a directory the test wr
 
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
 
@@ -75,12 +74,6 @@ def test_no_source_for_this_release_is_an_error_with_the_override(tmp_path: Path
     res = mirror(tmp_path, {"sources.list.d/debian.sources": DEB822}, codename="trixie")
     assert res.returncode == 1 and res.stdout == ""
     assert "no enabled deb source for trixie" in res.stderr and "E2E_TRIXIE_MIRROR" in res.stderr
-
-
-def test_engine_script_takes_the_mirror_from_the_hosts_sources() -> None:
-    text = (HERE / "engine.sh").read_text()
-    assert "debian-mirror.sh" in text
-    assert re.findall(r"\w+://\S+", text) == [], "a package host is written in engine.sh"
 
 
 def test_the_readme_recipe_is_the_adopt_images_lines():

@@ -18,6 +18,8 @@ from probes.result import Result, passed
 from probes.spec import PROFILE_RULES
 from probes.state import State
 
+pytestmark = pytest.mark.loaded  # under load too: make loaded (Makefile)
+
 
 def _ctx(state: State, profile: str = "startup") -> Context:
     return Context(Config(profile=profile), time.monotonic() + 10, {}, state)

@@ -21,6 +21,8 @@ from tests.descendants import hang, leave, term_fork
 from tests.framework.conftest import Interp
 from tests.servers import wait_gone
 
+pytestmark = pytest.mark.loaded  # under load too: make loaded (Makefile)
+
 SLACK = 0.5
 
 

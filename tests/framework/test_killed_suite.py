@@ -23,6 +23,8 @@ import pytest
 from tests.conftest import PYTHON, ROOT, clean_env, run_cli
 from tests.framework.conftest import FAKE_TORCH, REAL_PYTHON, Interp, write_exe
 
+pytestmark = pytest.mark.loaded  # under load too: make loaded (Makefile)
+
 WITHIN = 5.0  # seconds for what was killed to be gone (SIGKILL is asynchronous; a loaded machine)
 
 

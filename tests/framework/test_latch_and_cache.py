@@ -12,11 +12,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import pytest
+
 from probes.framework import torch_cuda
 from probes.result import Result, Status
 from probes.state import LATCH, State
 from tests.conftest import PYTHON, ROOT, clean_env
 from tests.framework.conftest import Interp, probe
+
+pytestmark = pytest.mark.loaded  # under load too: make loaded (Makefile)
 
 
 def test_fatal_error_latches_and_latched_runs_start_no_worker(make_interp: Callable[..., Interp],

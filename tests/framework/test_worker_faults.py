@@ -16,6 +16,8 @@ from probes.result import Result, Status
 from probes.state import State
 from tests.framework.conftest import REAL_PYTHON, Interp, probe
 
+pytestmark = pytest.mark.loaded  # under load too: make loaded (Makefile)
+
 SLACK = 0.5
 
 

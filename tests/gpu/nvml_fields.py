@@ -8,9 +8,8 @@ calls have their own allowed answers (an empty MIG slot, a process that exited, 
 times out).
 
 Used by tests/gpu/test_real_gpu.py on a real driver, and by tests/gpu/test_verify.py against the
-fake library; test_verify.py also checks that CALLS covers every nvml* name the suite's sources
-use, so a new NVML call in probes/ cannot go unverified. Read-only: nothing here changes a GPU
-setting.
+fake library, which exports only the calls the suite makes: a new NVML call in probes/ belongs in
+CALLS too. Read-only: nothing here changes a GPU setting.
 
 Command line (prints the reading as JSON; exit 0 when there is no problem)::
 

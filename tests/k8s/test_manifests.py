@@ -61,13 +61,12 @@ def test_base_shape() -> None:
 
 
 def test_every_written_version_is_the_suites() -> None:
-    """The release version (probes/__init__.py) is also written in the image's label default and the
-    manifests' version labels and image tag: they must all say the same."""
+    """The release version (probes/__init__.py) is also written in the manifests' version labels and
+    image tag: they must all say the same (the image's label: tests/e2e/test_image.py)."""
     docs = render(K8S / "base")
     labels = [d["metadata"]["labels"]["app.kubernetes.io/version"] for d in docs]
     assert labels == [__version__] * len(docs)
     assert container(deployment(K8S / "base"))["image"].endswith(f":{__version__}")
-    assert f"ARG VERSION={__version__}\n" in (ROOT / "Dockerfile").read_text()
 
 
 def test_http_overlay_replaces_every_handler() -> None:
