@@ -233,7 +233,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     # a stand-in (Jupyter down, its port taken), and is sent nothing.
     owner = token_file(own.jupyter_token_file)[1] if found is None else None
     held = net.listeners().get(port, set()) if owner is not None else set()
-    if held and held != {owner}:
+    if owner is not None and held and held != {owner}:
         return {**data, "outcome": "impostor", "impostor": held_by(port, held, owner, "the token file")}
     data.update(net.exchange(host, port, path, secure, deadline))
     outcome = data["outcome"]
