@@ -23,9 +23,7 @@ from probes import deadlines, registry  # noqa: E402
 from probes.config import TRUE  # noqa: E402
 from probes.spec import PROFILE_RULES  # noqa: E402
 
-# Assumed worst case from container start to the first passing startup run: a multi-GB image's torch
-# import from a cold page cache on a busy node plus the first CUDA context (docs/kubernetes.md).
-COLD_START_SECONDS = 300
+COLD_START_SECONDS = 300  # to the first passing startup run, torch and CUDA cold (docs/kubernetes.md)
 READINESS_REACTION_SECONDS = 60  # a broken pod leaves the Service within this, worst case
 DEFAULT_PATHS = ("k8s/base", "k8s/overlays/http", "k8s/overlays/monitoring")
 KUBERNETES_VERSIONS = ("1.25", "1.37")  # the oldest and newest schemas kubernetes-validate ships

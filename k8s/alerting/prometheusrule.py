@@ -1,7 +1,5 @@
-"""Render the alerting rules (k8s/alerting/rules.yaml, written by hand) as the monitoring overlay's
-PrometheusRule, so that the two cannot drift: exit 0 when the overlay's copy is current, 1 when not
-(`make manifests`); `--write` writes it.
-"""
+"""Render the alerting rules (k8s/alerting/rules.yaml) as the monitoring overlay's PrometheusRule:
+exit 0 when the overlay's copy is current, 1 when not (`make manifests`); `--write` writes it."""
 
 from __future__ import annotations
 
@@ -25,8 +23,8 @@ LABELS = {f"app.kubernetes.io/{k}": v for k, v in (
     ("part-of", "gpu-dev"), ("managed-by", "kustomize"))}
 
 
-class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (the longer expressions) as literal blocks, as they are written."""
+class _Dumper(yaml.SafeDumper):  # multi-line strings as literal blocks, as they are written
+    pass
 
 
 _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(

@@ -1,6 +1,5 @@
-"""`healthcheck serve` (docs/serve.md): its declarations, as a layer's package holds them: its
-settings, read by ``probes.serve.cli.load``, and the causes of the checks it adds to a report.
-"""
+"""`healthcheck serve` (docs/serve.md): its settings, read by ``probes.serve.cli.load``, and the
+causes of the checks it adds to a report."""
 
 from __future__ import annotations
 
@@ -39,7 +38,6 @@ def parse_address(text: str) -> str:
 
 
 def parse_intervals(text: str) -> dict[str, float]:
-    """``15`` (every profile) or ``readiness=15,liveness=5`` (those profiles), or both mixed."""
     out: dict[str, float] = {}
     for part in text.split(","):
         profile, _, seconds = (p.strip(SPACE) for p in part.rpartition("="))
@@ -52,7 +50,6 @@ def parse_intervals(text: str) -> dict[str, float]:
 
 
 def parse_xids(text: str) -> frozenset[int]:
-    """Comma-separated Xid numbers, or ``none`` for an empty list."""
     if text.lower() == "none":
         return frozenset()
     values = [v.strip(SPACE) for v in text.split(",") if v.strip(SPACE)]

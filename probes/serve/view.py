@@ -98,7 +98,6 @@ class XidEvent(Record):
     severity: str  # critical | application | other | corrected | ignored | no-action
 
     def advice(self) -> str:
-        """What NVIDIA's Xid catalog calls this Xid, and what to do (empty for ECC events)."""
         if self.kind != "xid":
             return ""
         from probes.hardware import xids
@@ -136,8 +135,6 @@ def slowdown_window(times: Sequence[float], now: float) -> SlowdownVerdict:
 
 
 class Snapshot(Record):
-    """What an endpoint or a scrape reads: the monitor publishes a new one for every change."""
-
     runs: Mapping[str, Run]
     startup_passed: Run | None
     latch: Mapping[str, Any] | None
@@ -152,17 +149,15 @@ class Snapshot(Record):
 
 
 class UnknownCheck(LookupError):
-    """``/<endpoint>/<name>`` names no check of the endpoint (HTTP 404); args: the name, the known ones."""
+    """``/<endpoint>/<name>`` names no check of the endpoint; args: the name, the known ones."""
 
 
-def check_name(key: str) -> str:
-    """The name a check goes by in the Kubernetes forms (``/readyz/<name>``, ``?exclude=<name>``)."""
+def check_name(key: str) -> str:  # as /readyz/<name> and ?exclude=<name> know it
     return key.split(":", 1)[0]
 
 
 def _entry(layer: str, status: str, output: str, cause: Cause | None, now: float, reason: str | None = None,
            value: Any = None, unit: str | None = None) -> list[dict[str, Any]]:
-    """A check of serve's own; a warn or fail names its cause (reason, action, actor)."""
     return [check_entry(status=status, time=now, output=output, layer=layer, observed=value, unit=unit,
                         reason=reason or (cause.reason if cause else None),
                         action=cause.action if cause else None, actor=cause.actor if cause else None)]
