@@ -31,13 +31,6 @@ _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
     "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
 
 
-def render() -> str:
-    rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-            "metadata": {"name": "gpu-dev-healthcheck", "labels": LABELS},
-            "spec": {"groups": yaml.safe_load(RULES.read_text())["groups"]}}
-    return HEADER + yaml.dump(rule, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="prometheusrule", description=__doc__.split("\n\n")[0])
     p.add_argument("--write", action="store_true", help=f"write {TARGET.relative_to(ROOT)}")
@@ -45,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
     except SystemExit as exc:
         return 0 if exc.code == 0 else 3
-    text = render()
+    rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+            "metadata": {"name": "gpu-dev-healthcheck", "labels": LABELS},
+            "spec": {"groups": yaml.safe_load(RULES.read_text())["groups"]}}
+    text = HEADER + yaml.dump(rule, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
     if args.write:
         TARGET.write_text(text)
         return 0

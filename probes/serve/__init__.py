@@ -116,14 +116,12 @@ STALE = cause("stale", "no run of the profile has finished for longer than its i
               actor="tenant")
 # Why a run gave no report (probes/serve/monitor.py names one).
 RUN_FAILED = {c.reason: c for c in (
-    cause("deadline", "the run gave no report by serve's deadline and was stopped",
-          "a component is hung: see the log for the run, then the probe's own remedy", action="retry",
-          actor="tenant"),
+    cause("deadline", "the run gave no report by serve's deadline and was stopped", "a component is hung: "
+          "see the log for the run, then the probe's own remedy", action="retry", actor="tenant"),
     cause("config-error", "the run exited 3: a setting serve passes on is not valid",
           "fix the `HEALTHCHECK_*` setting the log names", action="fix-config", actor="tenant"),
-    cause("crashed", "the run was killed by a signal",
-          "see the log; check the container's memory limit (an OOM kill is SIGKILL)",
-          action="restart-container", actor="tenant"),
+    cause("crashed", "the run was killed by a signal", "see the log; check the container's memory limit "
+          "(an OOM kill is SIGKILL)", action="restart-container", actor="tenant"),
     cause("bad-exit", "the run exited with a status other than 0, 1 or 3 and no report",
           "see the log for its output", action="restart-container", actor="tenant"),
     cause("bad-output", "the run printed no valid health+json report", "see the log for its output",
@@ -146,8 +144,7 @@ LATCHED_CUDA = cause("cuda-fatal", "a probe met a fatal CUDA error and latched t
                      "(the reason is the probe's)", "restart the container (reset the GPU if it persists)",
                      action="restart-container", actor="tenant")
 LATCHED_XID = cause("xid-<N>", "a critical Xid (the catalog's reset or reboot), or an uncorrectable ECC "
-                    "event (`ecc-double`), latched the container unhealthy",
-                    "restart the container (reset the GPU if it persists)", action="reset-gpu",
-                    actor="operator")
+                    "event (`ecc-double`), latched the container unhealthy", "restart the container (reset "
+                    "the GPU if it persists)", action="reset-gpu", actor="operator")
 CAUSES = (PENDING, STALE, *RUN_FAILED.values(), XID_APPLICATION, XID_OTHER, SLOWDOWN, LATCHED_CUDA,
           LATCHED_XID)

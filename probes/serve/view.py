@@ -1,6 +1,5 @@
 """What the endpoints answer: pure functions over the monitor's snapshots (docs/serve.md). A child's
-report is rebuilt from known fields, never passed through; serve's own checks join its checks.
-"""
+report is rebuilt from known fields, never passed through; serve's own checks join its checks."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from probes import __version__, serve
+from probes.hardware import xids
 from probes.record import Record
 from probes.report import check_entry, iso_time, public_facts
 from probes.spec import PROFILE_RULES, Cause
@@ -100,8 +100,6 @@ class XidEvent(Record):
     def advice(self) -> str:
         if self.kind != "xid":
             return ""
-        from probes.hardware import xids
-
         if self.severity == xids.APPLICATION:
             todo = xids.BUCKETS[xids.RESTART_APP].todo
         elif self.severity == xids.CRITICAL and not xids.latches(self.data):
