@@ -254,7 +254,6 @@ def liveness_vs_readiness(at: str, live: dict[str, Any], ready: dict[str, Any]) 
 
 
 def security_problems(at: str, container: dict[str, Any], pod: dict[str, Any]) -> list[str]:
-    """The container as locked down as sshd and Jupyter allow, and its image pinned."""
     allowed = ", ".join(sorted(SSHD_CAPABILITIES))
     sc, caps = dig(container, "securityContext"), dig(container, "securityContext", "capabilities")
     extra = ", ".join(sorted(set(map(str, caps.get("add") or [])) - SSHD_CAPABILITIES))
