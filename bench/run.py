@@ -1,12 +1,5 @@
 """`make bench`: what a health check costs as Docker and the kubelet run it, and what the notices
-cost the person at a login and a kernel's start (docs/benchmark.md).
-
-Each case is a whole process reaped by bench/spawn.c (wall time, CPU time of its tree, peak RSS).
-Each round runs every case once, so load from other work falls on all alike, and a case measured
-against another changes places with it every other round. The GPU is faked at the driver boundary,
-torch runs on the CPU, a real sshd and a real Jupyter Server listen on loopback; with a Docker
-engine and the test image, the rounds also `docker exec` into one container of it.
-"""
+cost the person at a login and a kernel's start (docs/benchmark.md)."""
 
 from __future__ import annotations
 
@@ -98,18 +91,7 @@ def measure(launcher: str, case: Case) -> tuple[float, float, float, int, str]:
     return wall_ns / 1e6, cpu, rss_kib / 1024, code, text
 
 
-def probe_ms(out: str) -> dict[str, float]:
-    """Each probe's own elapsed time from the report's `STATUS name 0.123s message` lines."""
-    found = {}
-    for parts in (line.split() for line in out.splitlines()[1:]):
-        if len(parts) >= 3 and parts[2].endswith("s"):
-            with contextlib.suppress(ValueError):
-                found[parts[1]] = float(parts[2][:-1]) * 1000
-    return found
-
-
 def host_env(work: Path, py: str, stack: contextlib.ExitStack, services: dict[str, str]) -> dict[str, str]:
-    """The environment of every host case: stub GPU, CPU torch, a real sshd and Jupyter Server."""
     from tests.servers import Jupyter, Sshd  # the tests' own starters: one place runs each server
 
     env = {k: v for k, v in os.environ.items()
@@ -179,7 +161,6 @@ def reader(name: str, argv: list[str], without: list[str], env: dict[str, str], 
 
 
 def notice_cases(env: dict[str, str], py: str, work: Path, readiness: Case) -> list[Case]:
-    """What the notices cost: readiness without telling, a login and a kernel's start with the reader."""
     (work / "run").mkdir()
     person = {"PATH": "/usr/bin:/bin", "HOME": str(work), "IPYTHONDIR": str(work / "ipython")}
     off = {**env, "HEALTHCHECK_NOTICES": "false"}
@@ -250,10 +231,11 @@ def paired(c: Case) -> dict[str, dict[str, float]]:
 def record(c: Case) -> dict[str, Any]:
     wall, cpu, rss = [s[0] for s in c.samples], [s[1] for s in c.samples], [s[2] for s in c.samples]
     bad = [s for s in c.samples if s[3] != 0]
-    probes: dict[str, list[float]] = {}
-    for s in c.samples:
-        for name, ms in probe_ms(s[4]).items():
-            probes.setdefault(name, []).append(ms)
+    probes: dict[str, list[float]] = {}  # from the report's `STATUS name 0.123s message` lines
+    for parts in (line.split() for s in c.samples for line in s[4].splitlines()[1:]):
+        if len(parts) >= 3 and parts[2].endswith("s"):
+            with contextlib.suppress(ValueError):
+                probes.setdefault(parts[1], []).append(float(parts[2][:-1]) * 1000)
     return {"kind": c.kind, "argv": [a.replace(f"{ROOT}/", "") for a in c.argv], "runs": len(c.samples),
             "wall_ms": [round(x, 2) for x in wall], "cpu_ms": [round(x, 2) for x in cpu],
             "rss_mib": [round(x, 2) for x in rss], "exit_codes": sorted({s[3] for s in c.samples}),
@@ -265,7 +247,6 @@ def record(c: Case) -> dict[str, Any]:
 
 
 def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
-    """The table, each probe's own time, the pairs, and the targets with their verdicts."""
     def med(name: str) -> float:
         return float(results[name]["summary"]["wall_ms_median"])
 

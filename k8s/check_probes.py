@@ -23,9 +23,7 @@ from probes import deadlines, registry  # noqa: E402
 from probes.config import TRUE  # noqa: E402
 from probes.spec import PROFILE_RULES  # noqa: E402
 
-# Assumed worst case from container start to the first passing startup run: a multi-GB image's torch
-# import from a cold page cache on a busy node plus the first CUDA context (docs/kubernetes.md).
-COLD_START_SECONDS = 300
+COLD_START_SECONDS = 300  # to the first passing startup run, torch and CUDA cold (docs/kubernetes.md)
 READINESS_REACTION_SECONDS = 60  # a broken pod leaves the Service within this, worst case
 DEFAULT_PATHS = ("k8s/base", "k8s/overlays/http", "k8s/overlays/monitoring")
 KUBERNETES_VERSIONS = ("1.25", "1.37")  # the oldest and newest schemas kubernetes-validate ships
@@ -256,7 +254,6 @@ def liveness_vs_readiness(at: str, live: dict[str, Any], ready: dict[str, Any]) 
 
 
 def security_problems(at: str, container: dict[str, Any], pod: dict[str, Any]) -> list[str]:
-    """The container as locked down as sshd and Jupyter allow, and its image pinned."""
     allowed = ", ".join(sorted(SSHD_CAPABILITIES))
     sc, caps = dig(container, "securityContext"), dig(container, "securityContext", "capabilities")
     extra = ", ".join(sorted(set(map(str, caps.get("add") or [])) - SSHD_CAPABILITIES))

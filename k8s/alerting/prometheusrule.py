@@ -1,7 +1,5 @@
-"""Render the alerting rules (k8s/alerting/rules.yaml, written by hand) as the monitoring overlay's
-PrometheusRule, so that the two cannot drift: exit 0 when the overlay's copy is current, 1 when not
-(`make manifests`); `--write` writes it.
-"""
+"""Render the alerting rules (k8s/alerting/rules.yaml) as the monitoring overlay's PrometheusRule:
+exit 0 when the overlay's copy is current, 1 when not (`make manifests`); `--write` writes it."""
 
 from __future__ import annotations
 
@@ -25,19 +23,12 @@ LABELS = {f"app.kubernetes.io/{k}": v for k, v in (
     ("part-of", "gpu-dev"), ("managed-by", "kustomize"))}
 
 
-class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (the longer expressions) as literal blocks, as they are written."""
+class _Dumper(yaml.SafeDumper):  # multi-line strings as literal blocks, as they are written
+    pass
 
 
 _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
     "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
-
-
-def render() -> str:
-    rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-            "metadata": {"name": "gpu-dev-healthcheck", "labels": LABELS},
-            "spec": {"groups": yaml.safe_load(RULES.read_text())["groups"]}}
-    return HEADER + yaml.dump(rule, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
     except SystemExit as exc:
         return 0 if exc.code == 0 else 3
-    text = render()
+    rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+            "metadata": {"name": "gpu-dev-healthcheck", "labels": LABELS},
+            "spec": {"groups": yaml.safe_load(RULES.read_text())["groups"]}}
+    text = HEADER + yaml.dump(rule, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
     if args.write:
         TARGET.write_text(text)
         return 0

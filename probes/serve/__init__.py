@@ -1,6 +1,5 @@
-"""`healthcheck serve` (docs/serve.md): its declarations, as a layer's package holds them: its
-settings, read by ``probes.serve.cli.load``, and the causes of the checks it adds to a report.
-"""
+"""`healthcheck serve` (docs/serve.md): its settings, read by ``probes.serve.cli.load``, and the
+causes of the checks it adds to a report."""
 
 from __future__ import annotations
 
@@ -39,7 +38,6 @@ def parse_address(text: str) -> str:
 
 
 def parse_intervals(text: str) -> dict[str, float]:
-    """``15`` (every profile) or ``readiness=15,liveness=5`` (those profiles), or both mixed."""
     out: dict[str, float] = {}
     for part in text.split(","):
         profile, _, seconds = (p.strip(SPACE) for p in part.rpartition("="))
@@ -52,7 +50,6 @@ def parse_intervals(text: str) -> dict[str, float]:
 
 
 def parse_xids(text: str) -> frozenset[int]:
-    """Comma-separated Xid numbers, or ``none`` for an empty list."""
     if text.lower() == "none":
         return frozenset()
     values = [v.strip(SPACE) for v in text.split(",") if v.strip(SPACE)]
@@ -119,14 +116,12 @@ STALE = cause("stale", "no run of the profile has finished for longer than its i
               actor="tenant")
 # Why a run gave no report (probes/serve/monitor.py names one).
 RUN_FAILED = {c.reason: c for c in (
-    cause("deadline", "the run gave no report by serve's deadline and was stopped",
-          "a component is hung: see the log for the run, then the probe's own remedy", action="retry",
-          actor="tenant"),
+    cause("deadline", "the run gave no report by serve's deadline and was stopped", "a component is hung: "
+          "see the log for the run, then the probe's own remedy", action="retry", actor="tenant"),
     cause("config-error", "the run exited 3: a setting serve passes on is not valid",
           "fix the `HEALTHCHECK_*` setting the log names", action="fix-config", actor="tenant"),
-    cause("crashed", "the run was killed by a signal",
-          "see the log; check the container's memory limit (an OOM kill is SIGKILL)",
-          action="restart-container", actor="tenant"),
+    cause("crashed", "the run was killed by a signal", "see the log; check the container's memory limit "
+          "(an OOM kill is SIGKILL)", action="restart-container", actor="tenant"),
     cause("bad-exit", "the run exited with a status other than 0, 1 or 3 and no report",
           "see the log for its output", action="restart-container", actor="tenant"),
     cause("bad-output", "the run printed no valid health+json report", "see the log for its output",
@@ -149,8 +144,7 @@ LATCHED_CUDA = cause("cuda-fatal", "a probe met a fatal CUDA error and latched t
                      "(the reason is the probe's)", "restart the container (reset the GPU if it persists)",
                      action="restart-container", actor="tenant")
 LATCHED_XID = cause("xid-<N>", "a critical Xid (the catalog's reset or reboot), or an uncorrectable ECC "
-                    "event (`ecc-double`), latched the container unhealthy",
-                    "restart the container (reset the GPU if it persists)", action="reset-gpu",
-                    actor="operator")
+                    "event (`ecc-double`), latched the container unhealthy", "restart the container (reset "
+                    "the GPU if it persists)", action="reset-gpu", actor="operator")
 CAUSES = (PENDING, STALE, *RUN_FAILED.values(), XID_APPLICATION, XID_OTHER, SLOWDOWN, LATCHED_CUDA,
           LATCHED_XID)

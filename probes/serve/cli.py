@@ -79,8 +79,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def setup_logging(log_file: str | None) -> IO[Any] | None:
-    """Log to HEALTHCHECK_LOG_FILE when it is usable, else stderr (one line says why); returns the
-    stream for the watcher child's stderr (None: ours)."""
+    """Log to HEALTHCHECK_LOG_FILE when usable, else stderr; returns the watcher child's stderr."""
     from probes import logfile
 
     logger = logging.getLogger("healthcheck")

@@ -1,7 +1,5 @@
 """The HTTP endpoints and /metrics (docs/serve.md): handlers and scrapes only read the monitor's
-snapshot, so an answer never waits on a probe, a GPU or NVML; every error answer is a health+json
-document with fixed words. Per-GPU series carry dcgm-exporter's labels, to join with its.
-"""
+snapshot, so an answer never waits on a probe, a GPU or NVML."""
 
 from __future__ import annotations
 
@@ -25,7 +23,6 @@ from probes.hardware import xids
 from probes.serve import PROFILES
 from probes.serve.monitor import Monitor
 from probes.serve.view import Snapshot, UnknownCheck, check_name, verbose_text, verdict
-from probes.spec import PROFILE_RULES
 from probes.untrusted import squeeze
 
 TYPE_CHECKING = False
@@ -99,9 +96,7 @@ def action(kind: str, xid: str) -> str:
 
 
 def _facts(snap: Snapshot, probe: str) -> Mapping[str, Any]:
-    """The probe's facts from the latest run that judges the hardware: readiness, else startup."""
-    for rules in sorted((p for p in PROFILE_RULES.values() if p.hardware), key=lambda p: p.once):
-        run = snap.runs.get(rules.name)
+    for run in (snap.runs.get("readiness"), snap.runs.get("startup")):
         for key, entries in (run.report if run and run.report else {}).get("checks", {}).items():
             if check_name(key) == probe and entries:
                 return entries[0].get("facts") or {}
@@ -109,7 +104,6 @@ def _facts(snap: Snapshot, probe: str) -> Mapping[str, Any]:
 
 
 def samples(snap: Snapshot) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Each family's samples (labels, value), from one snapshot."""
     now, mono = time.time(), time.monotonic()
     bodies = {p: verdict(p, snap, now=now, now_mono=mono) for p in PROFILES}
     runs = [(p, snap.runs[p]) for p in PROFILES if p in snap.runs]

@@ -1,7 +1,5 @@
 """The monitor (docs/serve.md): each profile's run on its schedule, a child under a deadline, so a
-wedged GPU only makes that result stale; and the watcher child (``python -m probes.serve.monitor``),
-which prints NVML's events as they come. The latest of both is kept in memory for the endpoints.
-"""
+wedged GPU only makes that result stale; and the NVML event watcher child (``watch`` below)."""
 
 from __future__ import annotations
 
@@ -37,9 +35,7 @@ COUNTED_ONLY = {"corrected": "", "ignored": " (ignored: HEALTHCHECK_XID_IGNORE)"
 
 
 def severity(kind: str, data: int, settings: ServeSettings) -> str:
-    """critical (latches), application or other (warn), corrected, ignored or no-action (counted only):
-    an Xid by HEALTHCHECK_XID_IGNORE, then the critical and application lists, then the catalog (what
-    an operator's list left out warns as other); an uncorrectable ECC error needs a reset."""
+    """The lists decide before the catalog: what an operator's list left out warns as other."""
     if kind == "xid":
         if data in settings.xid_ignore:
             return "ignored"
@@ -171,8 +167,8 @@ class Monitor:
         now = time.time()
         with self.lock:
             s = self.snap
-            times = tuple(t for t in (*s.slowdown.get(gpu, ()), when) if now - t < view.SLOWDOWN_WINDOW)
-            times = times[-4096:]
+            recent = (t for t in (*s.slowdown.get(gpu, ()), when) if now - t < view.SLOWDOWN_WINDOW)
+            times = tuple(recent)[-4096:]
             self.snap = s._replace(slowdown={**s.slowdown, gpu: times})
         verdict = view.slowdown_window(times, now)
         if verdict.warn != (gpu in self.slowing):  # said when it starts and when it ends
@@ -213,7 +209,7 @@ class Monitor:
             self._set_watcher("starting")  # "running" once the child has registered for events
 
     def _read(self, child: subprocess.Popen[bytes]) -> str:
-        """The watcher's lines (``watch`` below) until it closes its output; why it ended."""
+        """The watcher's lines until it closes its output; why it ended."""
         assert child.stdout is not None
         outcome = "ended"
         for raw in child.stdout:
@@ -245,10 +241,8 @@ class Monitor:
 
 
 def watch(sample_s: float) -> int:
-    """The watcher child, its own process as an NVML call can hang: a JSON line for each NVML event
-    (a Xid is seen only by a process registered when it happens). Lines: ``started``, ``event`` (gpu,
-    uuid, kind: xid, ecc-single, ecc-double, or slowdown: a reading of HW slowdown or power brake
-    every ``sample_s``; data, time), ``unavailable`` (reason, message) or ``error`` (reason)."""
+    """The watcher child (its own process, as an NVML call can hang): a JSON line ``started``, then
+    ``event`` (gpu, uuid, kind, data, time) each, ``unavailable`` (reason, message) or ``error``."""
     import signal
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

@@ -1,6 +1,5 @@
 """What the endpoints answer: pure functions over the monitor's snapshots (docs/serve.md). A child's
-report is rebuilt from known fields, never passed through; serve's own checks join its checks.
-"""
+report is rebuilt from known fields, never passed through; serve's own checks join its checks."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from probes import __version__, serve
+from probes.hardware import xids
 from probes.record import Record
 from probes.report import check_entry, iso_time, public_facts
 from probes.spec import PROFILE_RULES, Cause
@@ -98,11 +98,8 @@ class XidEvent(Record):
     severity: str  # critical | application | other | corrected | ignored | no-action
 
     def advice(self) -> str:
-        """What NVIDIA's Xid catalog calls this Xid, and what to do (empty for ECC events)."""
         if self.kind != "xid":
             return ""
-        from probes.hardware import xids
-
         if self.severity == xids.APPLICATION:
             todo = xids.BUCKETS[xids.RESTART_APP].todo
         elif self.severity == xids.CRITICAL and not xids.latches(self.data):
@@ -136,8 +133,6 @@ def slowdown_window(times: Sequence[float], now: float) -> SlowdownVerdict:
 
 
 class Snapshot(Record):
-    """What an endpoint or a scrape reads: the monitor publishes a new one for every change."""
-
     runs: Mapping[str, Run]
     startup_passed: Run | None
     latch: Mapping[str, Any] | None
@@ -152,17 +147,15 @@ class Snapshot(Record):
 
 
 class UnknownCheck(LookupError):
-    """``/<endpoint>/<name>`` names no check of the endpoint (HTTP 404); args: the name, the known ones."""
+    """``/<endpoint>/<name>`` names no check of the endpoint; args: the name, the known ones."""
 
 
-def check_name(key: str) -> str:
-    """The name a check goes by in the Kubernetes forms (``/readyz/<name>``, ``?exclude=<name>``)."""
+def check_name(key: str) -> str:  # as /readyz/<name> and ?exclude=<name> know it
     return key.split(":", 1)[0]
 
 
 def _entry(layer: str, status: str, output: str, cause: Cause | None, now: float, reason: str | None = None,
            value: Any = None, unit: str | None = None) -> list[dict[str, Any]]:
-    """A check of serve's own; a warn or fail names its cause (reason, action, actor)."""
     return [check_entry(status=status, time=now, output=output, layer=layer, observed=value, unit=unit,
                         reason=reason or (cause.reason if cause else None),
                         action=cause.action if cause else None, actor=cause.actor if cause else None)]
