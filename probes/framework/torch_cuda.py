@@ -210,9 +210,7 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
         return unrunnable
     if data.get("lingered") and not data.get("stuck"):
         return verdict(NAME, LINGERED, "torch worker printed its result but did not exit within "
-                       f"{deadlines.LINGER:.1f} s: its result is not used; "
-                       "something keeps running after the worker (a wrapper script as "
-                       "HEALTHCHECK_TORCH_PYTHON, or a hang in torch or the driver at exit)", **kw)
+                       f"{deadlines.LINGER:.1f} s: its result is not used", **kw)
     if report is not None and not data.get("lingered"):
         return _judge_report(report, data, ctx, python, kw)
     gone = data.get("held_by") is not None or data.get("stuck") or data.get("timed_out")
@@ -286,8 +284,7 @@ def _holder(ctx: Context, report: dict[str, Any], index: int, uuid: str | None) 
     from probes.hardware import common as hw
 
     def norm(uuid: Any) -> str:
-        text = str(uuid or "").lower()
-        return text[4:] if text.startswith("gpu-") else text
+        return str(uuid or "").lower().removeprefix("gpu-")
 
     seen = hw.seen(ctx.results)
     gpus = seen.gpus if seen is not None else ()
