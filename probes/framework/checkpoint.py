@@ -26,9 +26,7 @@ NAME = "checkpoint"
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_child.py")
 MARKER = "checkpointed.json"
 MARKER_TTL = 300.0  # seconds a marker holds GPU work back when this probe does not run again
-MAX_PIDS = 64
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
-_GPU_NODE = r"/dev/nvidia\d+"
 PAUSED = "traffic paused until it is restored"
 
 CHECKPOINTED = cause("checkpointed", "a process here holding a CUDA context is LOCKED or CHECKPOINTED "
@@ -73,7 +71,7 @@ def local_pids(ctx: Context) -> list[int]:
                  for v in line.split()[1:]]
         if wanted.intersection(int(v) for v in nspid if v.isdigit()) or _holds_gpu(pid):
             found.append(pid)
-    return sorted(found)[:MAX_PIDS]
+    return sorted(found)[:64]
 
 
 def _holds_gpu(pid: int) -> bool:
@@ -85,7 +83,7 @@ def _holds_gpu(pid: int) -> bool:
         return False
     for fd in fds:
         try:
-            if re.fullmatch(_GPU_NODE, os.readlink(f"/proc/{pid}/fd/{fd}")):
+            if re.fullmatch(r"/dev/nvidia\d+", os.readlink(f"/proc/{pid}/fd/{fd}")):
                 return True
         except OSError:
             continue

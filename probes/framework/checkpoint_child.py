@@ -1,10 +1,6 @@
 """The checkpoint probe's child, run by path with the suite's interpreter (stdlib only): after
 ``cuInit(0)`` (no context) it asks ``cuCheckpointProcessGetState`` (driver 555+) for each pid on its
-command line; the parent bounds it, as the query can hang while a peer process is locked.
-Command-line equivalent (one process)::
-
-    cuda-checkpoint --get-state --pid 123
-"""
+command line; the parent bounds it, as the query can hang while a peer process is locked."""
 
 import os
 import sys

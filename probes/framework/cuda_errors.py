@@ -6,16 +6,18 @@ trusts a number only after the texts."""
 from __future__ import annotations
 
 import re
-from typing import Any, NamedTuple
 
 from probes import result
 from probes.framework import deep
 from probes.hardware.common import DRIVER_MISMATCH
-from probes.spec import Cause
+from probes.record import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from probes.result import Result
+    from probes.spec import Cause
 
 STICKY, NOT_CHECKED, ENVIRONMENT, OTHER = "sticky", "could-not-check", "environment", "other"
 
@@ -34,7 +36,7 @@ _INIT = ("CUDA could not start: check the host driver with nvidia-smi and the co
          "devices (start it with --gpus all); a process forked after CUDA started gets this too")
 
 
-class CudaError(NamedTuple):
+class CudaError(Record):
     code: int | None  # cudaError_t; None for a cuBLAS/cuDNN status or a torch wording
     name: str  # cudaErrorIllegalAddress, or CUBLAS_STATUS_ALLOC_FAILED
     text: str  # what cudaGetErrorString returns ("" where no text is known)
@@ -316,7 +318,7 @@ _NUMBER = re.compile(r"(?i)cuda (?:runtime )?error:? \(?(\d{1,5})\b|\berror=(\d{
                      r"|cuda failure (\d{1,5})\b|\bcode[=#](\d{1,5})\b")
 
 
-class Found(NamedTuple):
+class Found(Record):
     error: CudaError
     how: str  # "code", "text", "status", "number" or "name"
 

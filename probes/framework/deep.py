@@ -1,6 +1,5 @@
-"""What torch-cuda and the deep checks share, said once: the ``HEALTHCHECK_TORCH_*`` settings, common
-causes, the workers' protocol, the one-costly-check lock, cache and latch, a worker's run on the GPUs
-with room, and the verdicts every one gives alike (docs/architecture.md)."""
+"""What torch-cuda and the deep checks share: the ``HEALTHCHECK_TORCH_*`` settings, common causes, the
+workers' protocol, the one-costly-check lock, cache and latch, and the verdicts every one gives alike."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from types import ModuleType
-    from typing import Any
+    from typing import Any, TypeGuard
 
     from probes import proc
     from probes.spec import Cause
@@ -126,7 +125,7 @@ class Bad(ValueError):
     """The worker's output breaks the protocol; the message says how (safe to show)."""
 
 
-def finite(value: Any) -> bool:
+def finite(value: Any) -> TypeGuard[float]:
     """A JSON number that float() turns into a finite value (a 400-digit integer does not)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
@@ -137,7 +136,6 @@ def finite(value: Any) -> bool:
 
 
 def check(value: Any, kind: str, nullable: bool, where: str) -> None:
-    """Raise Bad unless ``value`` is of ``kind`` (or None, when ``nullable``)."""
     if value is None:
         if nullable:
             return
@@ -156,7 +154,6 @@ def check(value: Any, kind: str, nullable: bool, where: str) -> None:
 
 
 def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: tuple[str, ...] = ()) -> None:
-    """Raise Bad unless ``obj`` has exactly the fields of ``spec`` (each of its kind) and ``nested``."""
     if not isinstance(obj, dict):
         raise Bad(f"{where} is not an object")
     if set(obj) != {*spec, *nested}:
@@ -177,7 +174,6 @@ def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key
 
 
 def result(stdout: bytes, prefix: str) -> Any:
-    """The JSON of the one result line in ``stdout``; Bad for none, several, or unreadable JSON."""
     hits = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.startswith(prefix)]
     if len(hits) != 1:
         raise Bad("more than one result line" if hits else "no result line")
@@ -195,7 +191,6 @@ def arrived(stdout: bytes, prefix: str) -> bool:
 
 
 def out_of_memory(text: bytes | str) -> bool:
-    """Whether a worker's stderr or error message says host memory ran out."""
     import re
 
     low = (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).lower()
@@ -214,7 +209,6 @@ def last_phase(stderr: bytes, phase: str, names: str) -> str | None:
 
 
 def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]]) -> tuple[Any, str | None]:
-    """(the worker's report, None) for one valid result line, else (None, what is wrong)."""
     try:
         return validate(result(stdout, prefix)), None
     except Bad as exc:
@@ -257,14 +251,10 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
         if latch is not None:
             return latched(latch)
         entry = state.read_json(cache)
-        try:
-            finished_since = entry is not None and float(entry.get("finished", 0.0)) >= started
-        except (TypeError, ValueError):
-            finished_since = False  # a damaged entry
-        shared = share(entry) if share is not None and finished_since else None
-        if shared is not None:
-            return shared
-        hit = reuse(entry) if ctx.config.profile_rules.reuses_cache else None
+        finished = entry.get("finished") if entry else None
+        hit = share(entry) if share and finite(finished) and float(finished) >= started else None
+        if hit is None and ctx.config.profile_rules.reuses_cache:
+            hit = reuse(entry)
         return hit if hit is not None else record(ctx, cache, key, run(), judge)
 
 
@@ -306,7 +296,7 @@ def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
     if not entry or entry.get("key") != key or entry.get("status") != Status.PASS.value:
         return None
     data, finished = entry.get("data"), entry.get("finished")
-    if not isinstance(data, dict) or not isinstance(finished, (int, float)) or isinstance(finished, bool):
+    if not isinstance(data, dict) or not finite(finished):
         return None
     age = time.time() - float(finished)
     return (data, float(finished), age) if 0 <= age < ttl else None
@@ -424,7 +414,6 @@ def judged(name: str, data: dict[str, Any], ctx: Context,
 
 
 def lock_timeout(name: str, data: dict[str, Any], cause: Cause | None = None, **kw: Any) -> Result:
-    """A run that did not get the lock in time: its own ``cause`` (else the runner's deadline)."""
     from probes import runner
 
     return verdict(name, cause or runner.DEADLINE, f"no result within {data['waited']:.1f}s: another "
@@ -450,7 +439,6 @@ def cannot_run(name: str, data: dict[str, Any], python: str, not_executable: Cau
 
 def no_report(name: str, data: dict[str, Any], what: str, *, stuck: Cause, timed_out: Cause,
               excerpt: str = "", **kw: Any) -> Result:
-    """The verdict on a worker stuck, cut by the deadline, killed or unreadable."""
     from probes import proc
 
     where = data.get("phase") or "start-up"

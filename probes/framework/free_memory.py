@@ -42,7 +42,6 @@ class Room(Record):
         return bool(self.full) and not self.allowed
 
     def facts(self) -> dict[str, Any]:
-        """What judge() and the cache keep (checked again by :func:`read`)."""
         full = [{"index": g.index, "free_mib": g.free_mib, "total_mib": g.total_mib} for g in self.full]
         return {"need_mib": self.need_mib, "unknown": self.unknown, "full": full}
 
@@ -106,7 +105,6 @@ def read(value: Any) -> dict[str, Any] | None:
 
 
 def not_checked(facts: dict[str, Any], what: str) -> str:
-    """"not checked: the workload holds the memory on GPU 1 (300 MiB free of 81559 MiB) ..."."""
     full = facts["full"]
     shown = [f"GPU {g['index']} ({g['free_mib']} MiB free"
              + (f" of {g['total_mib']} MiB)" if g["total_mib"] is not None else ")") for g in full[:4]]

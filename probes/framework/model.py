@@ -1,6 +1,6 @@
 """model (a plug-in, opt-in): the image's model file loads onto the probe's device without running
-pickled code and answers as expected, in a worker (docs/probes.md, "Deep opt-in checks"); the file's
-identity, size and mtime are part of the cache key. Command-line equivalent::
+pickled code and answers as expected, in a worker (docs/probes.md, "Deep opt-in checks"). Command-line
+equivalent::
 
     python3 probes/framework/model_worker.py --path /models/m.pt --device cuda --input 1x3x224x224:float16
 """
@@ -30,7 +30,6 @@ ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus the model's size"
 
 
 def model_input(text: str) -> str:
-    """HEALTHCHECK_MODEL_INPUT, read by the worker's own grammar."""
     from probes.framework import model_worker
 
     try:

@@ -2,10 +2,7 @@
 the ``probes`` package, Python 3.6+). It never executes pickled code, reads the format from the
 content (TorchScript, safetensors, a state dict through ``weights_only=True``) and loads through the
 descriptor it checked. An error's ``message`` the suite shows is one of ``PHRASES``; any other text
-is a detail it only logs. Command-line equivalent::
-
-    python3 model_worker.py --path /models/resnet.pt --device cuda --input 1x3x224x224:float16
-"""
+is a detail it only logs."""
 
 import os
 import sys
@@ -51,8 +48,7 @@ PHRASES = (
 
 
 class Failure(Exception):
-    """A failure of ``kind``, said with one of ``PHRASES`` or an exception's text, and the CUDA error's
-    number when one was behind it."""
+    """A failure of ``kind``, said with one of ``PHRASES`` or an exception's text (``code``: CUDA's)."""
 
     def __init__(self, kind, message, code=None):
         Exception.__init__(self, message)
@@ -245,7 +241,6 @@ def budget_of(torch, args):
 
 
 def tensors_of(value, found, depth=0):
-    """Every tensor in a loaded state dict (nested dicts, lists and tuples)."""
     if hasattr(value, "numel") and hasattr(value, "element_size"):
         found.append(value)
     elif isinstance(value, (dict, list, tuple)) and depth < 20:
@@ -415,7 +410,6 @@ def work(args, report):
 
 
 def failed(exc):
-    """The error dict of an exception that escaped ``work``."""
     if isinstance(exc, Failure):
         return {"kind": exc.kind, "type": "Failure", "message": text(exc), "code": exc.code}
     err = scaffold().described(exc, MAX_TEXT)

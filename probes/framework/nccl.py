@@ -1,6 +1,5 @@
 """nccl (a plug-in, opt-in): one all-reduce across every visible GPU, checked exactly, in a killable
-worker (PyTorch's NCCL watchdog waits 30 minutes) whose NCCL warnings name the cause; a too small
-``/dev/shm`` fails first (docs/probes.md, "Deep opt-in checks"). Command-line equivalent::
+worker whose NCCL warnings name the cause (docs/probes.md, "Deep opt-in checks"). Command-line equivalent::
 
     NCCL_DEBUG=WARN python3 probes/framework/nccl_worker.py
 """
@@ -29,7 +28,6 @@ SHM = "/dev/shm"  # noqa: S108 (only its size is read)
 PHASES = r"start|import|nccl|init|place|allreduce|verify"
 BUFFERS_MIB = 256  # NCCL's buffers on each GPU, on top (NCCL_BUFFSIZE 4 MiB per channel and peer)
 ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus NCCL's buffers"
-MAX_WARNINGS = 5
 # Lower-case words of NCCL's WARN lines (misc/shmutils.cc, include/shm.h, transport/p2p.cc): only a
 # segment NCCL could not extend ("posix_fallocate failed : No space left on device", "failed to extend
 # /dev/shm/nccl-X") blames the size; one it could not attach ("No such file or directory") is NCCL's.
@@ -114,13 +112,10 @@ def validate(report: Any) -> dict[str, Any]:
 
 
 def warnings(stderr: bytes) -> list[str]:
-    """NCCL's WARN lines (``host:pid:tid [dev] file.cc:NN NCCL WARN text``), text only, cleaned."""
-    found = []
-    for line in stderr.decode("utf-8", "replace").splitlines():
-        at = line.find("NCCL WARN ")
-        if at >= 0:
-            found.append(untrusted.clean(line[at + len("NCCL WARN "):].strip(), 200))
-    return found[-MAX_WARNINGS:]
+    """The last NCCL WARN lines (``host:pid:tid [dev] file.cc:NN NCCL WARN text``), text only, cleaned."""
+    found = [line.split("NCCL WARN ", 1)[1].strip() for line in stderr.decode("utf-8", "replace").splitlines()
+             if "NCCL WARN " in line]
+    return [untrusted.clean(text, 200) for text in found[-5:]]
 
 
 def run_worker(ctx: Context) -> dict[str, Any]:

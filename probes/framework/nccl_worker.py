@@ -1,10 +1,6 @@
 """The nccl probe's worker, run by file path in the image's interpreter with ``NCCL_DEBUG=WARN``
 (stdlib + torch only, never the ``probes`` package, Python 3.6+). GPU ``i`` plays rank ``i`` of one
-single-process ``torch.cuda.nccl.all_reduce``, checked exactly (the sum is exact in float32).
-Command-line equivalent::
-
-    NCCL_DEBUG=WARN python3 nccl_worker.py
-"""
+single-process ``torch.cuda.nccl.all_reduce``, checked exactly (the sum is exact in float32)."""
 
 import os
 import sys
@@ -40,7 +36,6 @@ def contribution(torch, rank):
 
 
 def expected(torch, world, length=LENGTH):
-    """The exact all-reduce (sum) of every rank's contribution."""
     pattern = torch.arange(length, dtype=torch.int64) % 7 + 1
     return (pattern * (world * (world + 1) // 2)).to(torch.float32)
 

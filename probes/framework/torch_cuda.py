@@ -1,5 +1,4 @@
-"""torch-cuda: the image's own Python imports torch and runs a real, verified op on each GPU, in a
-worker (``torch_worker.py``) whose result line alone is trusted once ``validate`` has checked it
+"""torch-cuda: the image's own Python imports torch and runs a real, verified op on each GPU in a worker
 (docs/probes.md, "How the probes decide", "CUDA errors"). Command-line equivalent::
 
     CUDA_MODULE_LOADING=LAZY python3 probes/framework/torch_worker.py --device cuda
@@ -33,7 +32,6 @@ SIZE = 1024  # 2 GFLOP: enough blocks to occupy a GPU, ~50 ms for the float64 CP
 # float32 vs float64 at this size differs by ~4e-7 of the largest value; TF32 would give ~1e-3 and a
 # flipped exponent or high mantissa bit far more.
 TOLERANCE = 1e-4
-_FOUND_VERSION = r"found version (\d+)"  # in CUDA's "driver too old" message
 _CUDA_VERSION = r"(\d{1,3})\.(\d{1,3})"
 
 NOT_EXECUTABLE = cause("interpreter-not-executable", "interpreter not executable",
@@ -212,9 +210,7 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
         return unrunnable
     if data.get("lingered") and not data.get("stuck"):
         return verdict(NAME, LINGERED, "torch worker printed its result but did not exit within "
-                       f"{deadlines.LINGER:.1f} s: its result is not used; "
-                       "something keeps running after the worker (a wrapper script as "
-                       "HEALTHCHECK_TORCH_PYTHON, or a hang in torch or the driver at exit)", **kw)
+                       f"{deadlines.LINGER:.1f} s: its result is not used", **kw)
     if report is not None and not data.get("lingered"):
         return _judge_report(report, data, ctx, python, kw)
     gone = data.get("held_by") is not None or data.get("stuck") or data.get("timed_out")
@@ -225,9 +221,7 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
 
 
 def memory_limit(report: dict[str, Any] | None, data: dict[str, Any]) -> str | None:
-    """Why the worker failed when host memory is why (naming the limit and the remedy), else None: a
-    too-small RLIMIT_AS shows as a MemoryError, the loader's "failed to map segment from shared object"
-    (an ImportError naming torch's ``_C``), "Cannot allocate memory", or std::bad_alloc and abort()."""
+    """Why the worker failed when host memory is why (naming the limit and the remedy), else None."""
     import errno
 
     from probes import childio
@@ -290,8 +284,7 @@ def _holder(ctx: Context, report: dict[str, Any], index: int, uuid: str | None) 
     from probes.hardware import common as hw
 
     def norm(uuid: Any) -> str:
-        text = str(uuid or "").lower()
-        return text[4:] if text.startswith("gpu-") else text
+        return str(uuid or "").lower().removeprefix("gpu-")
 
     seen = hw.seen(ctx.results)
     gpus = seen.gpus if seen is not None else ()
@@ -321,7 +314,7 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
     found = cuda_errors.identify(err.get("code"), message, err.get("type"))
     if found is not None and found.error.cause is deep.DRIVER_TOO_OLD:
         kw["facts"]["cuda_error"] = found.facts()
-        version = re.search(_FOUND_VERSION, message)
+        version = re.search(r"found version (\d+)", message)  # in CUDA's "driver too old" message
         driver = f"{int(version[1]) // 1000}.{int(version[1]) % 1000 // 10}" if version else _driver_cuda(ctx)
         return _too_old(report, driver, kw)
     holder = _holder(ctx, report, entry["index"] if entry else 0, entry["uuid"] if entry else None)
@@ -353,10 +346,6 @@ def _too_old(report: dict[str, Any], driver: str | None, kw: dict[str, Any]) -> 
                    f"(built for CUDA {report['cuda']}{have})", **kw)
 
 
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f}"
-
-
 def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], notes: list[str]) -> Result:
     cuda = report["device"] == "cuda"
     per: list[dict[str, Any]] = []
@@ -364,8 +353,7 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
     good: list[dict[str, Any]] = []
     for entry in report["devices"]:
         tag = f"cuda:{entry['index']}" if cuda else "cpu"
-        row: dict[str, Any] = {"index": entry["index"], "name": entry["name"], "uuid": entry["uuid"],
-                               "op_ms": entry["op_ms"], "free": entry["free"], "total": entry["total"]}
+        row = {k: entry[k] for k in ("index", "name", "uuid", "op_ms", "free", "total")}
         per.append(row)
         if entry["error"] is not None:
             res = _device_error(entry["error"], report, ctx, kw, entry) or verdict(
@@ -397,10 +385,11 @@ def _judge_devices(report: dict[str, Any], ctx: Context, kw: dict[str, Any], not
     base = f"{report['size']}x{report['size']} matmul matches the CPU reference (max rel err {worst_rel:.0e})"
     if cuda:
         tight = min(good, key=lambda g: g["free"] if g["free"] is not None else math.inf)
+        free, total = ("?" if n is None else f"{n / 2**30:.1f}" for n in (tight["free"], tight["total"]))
         models = list(dict.fromkeys(g["name"] for g in good))  # cleaned by validate()
         shown = ", ".join(models[:2]) + (f" and {len(models) - 2} other model(s)" if len(models) > 2 else "")
         message = (f"{checked} GPU(s) OK ({shown}): {base}; slowest {slow['op_ms']:.1f} ms on "
-                   f"cuda:{slow['index']}, least free {_gib(tight['free'])}/{_gib(tight['total'])} GiB on "
+                   f"cuda:{slow['index']}, least free {free}/{total} GiB on "
                    f"cuda:{tight['index']}; torch {report['torch']}, CUDA {report['cuda']}")
     else:
         message = f"CPU OK: {base} in {slow['op_ms']:.1f} ms; torch {report['torch']}"

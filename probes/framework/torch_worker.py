@@ -1,10 +1,7 @@
 """The torch-cuda worker, run by file path in ``HEALTHCHECK_TORCH_PYTHON`` (stdlib + torch only, never
 the ``probes`` package, Python 3.6+; docs/probes.md, "How the probes decide"). It reports, never
 judges: an error's message keeps its line breaks, so that the parent finds the ``CUDA error:`` line
-among PyTorch's added lines. Command-line equivalent::
-
-    python3 torch_worker.py --device cuda --size 1024
-"""
+among PyTorch's added lines."""
 
 import os
 import sys
@@ -51,7 +48,6 @@ def error(where, exc, device=None):
 
 
 def benign(err):
-    """Whether the next device may still be tried after this error (see BENIGN)."""
     low = err["message"].lower()
     return err["code"] in BENIGN_CODES or any(word in low for word in BENIGN)
 

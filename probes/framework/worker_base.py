@@ -30,7 +30,6 @@ def described(exc, limit, one_line=True):
 
 
 def phase(marker, name):
-    """A progress marker on stderr: the parent says where a hung worker was stuck."""
     sys.stderr.write(marker + name + "\n")
     sys.stderr.flush()
 

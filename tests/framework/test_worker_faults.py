@@ -11,6 +11,7 @@ from typing import Callable
 
 import pytest
 
+from probes import untrusted
 from probes.framework import torch_worker
 from probes.result import Result, Status
 from probes.state import State
@@ -30,10 +31,15 @@ def run_checked(interp: object, tmp_path: Path, alive: Callable[[], list[int]], 
     return result
 
 
+def shown(interp: object) -> str:
+    """The interpreter as a message names it: cleaned, and cut where its path is long (as under xdist)."""
+    return untrusted.clean(str(interp), 80)
+
+
 def test_interpreter_not_found(tmp_path: Path, marker: Callable[[], list[int]]) -> None:
     result = run_checked(tmp_path / "no-such-python", tmp_path, marker)
     assert result.status is Status.FAIL and result.reason == "interpreter-not-found"
-    assert "HEALTHCHECK_TORCH_PYTHON" in result.message and "no-such-python" in result.message
+    assert "HEALTHCHECK_TORCH_PYTHON" in result.message and shown(tmp_path / "no-such-python") in result.message
 
 
 def test_wrapper_whose_interpreter_is_missing(make_interp: Callable[..., Interp], tmp_path: Path,
@@ -58,7 +64,7 @@ def test_interpreter_without_torch(make_interp: Callable[..., Interp], tmp_path:
     py = make_interp("bare", python_args="-I -S")  # no site-packages: no torch
     result = run_checked(py, tmp_path, marker)
     assert result.status is Status.FAIL and result.reason == "torch-missing"
-    assert str(py) in result.message and "HEALTHCHECK_TORCH_PYTHON" in result.message
+    assert shown(py) in result.message and "HEALTHCHECK_TORCH_PYTHON" in result.message
 
 
 def test_torch_import_fails_on_a_dependency(make_interp: Callable[..., Interp], tmp_path: Path,
