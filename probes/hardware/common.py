@@ -29,8 +29,6 @@ def plural(n: int, what: str = "GPU") -> str:
 
 
 class Expected(Declared):
-    """What nvidia-smi and nvml read; runtime's settings extend it."""
-
     gpu_count: int = setting("HEALTHCHECK_GPU_COUNT", INTEGER, 1, "minimum number of GPUs expected", low=0,
                              high=1024, low_inclusive=True)
 

@@ -51,9 +51,7 @@ _DESCRIPTIONS: dict[int, tuple[Cause, str]] = {
 
 
 def describe(code: int | None) -> hw.Problem:
-    if code is not None and code in _DESCRIPTIONS:
-        return hw.Problem(*_DESCRIPTIONS[code])
-    return hw.Problem(hw.NVML_ERROR, f"NVML error {code}")
+    return hw.Problem(*_DESCRIPTIONS.get(code or SUCCESS, (hw.NVML_ERROR, f"NVML error {code}")))
 
 
 class NvmlUnavailable(Exception):
@@ -160,31 +158,25 @@ def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.
     except nv.NVMLError as exc:
         shutdown()
         raise _failed("cannot create an NVML event set", exc) from None
+    registered: dict[int, tuple[int, str]] = {}  # handle address -> (index, uuid)
+    handles = []  # (index, uuid, handle) of each GPU that answers
     try:
-        gpus, handles = _register_all(nv, event_set)
+        count, _ = call(nv.nvmlDeviceGetCount)
+        for index in range(count or 0):
+            handle, err = call(nv.nvmlDeviceGetHandleByIndex, index)
+            if err is not None:
+                continue
+            uuid = text(call(nv.nvmlDeviceGetUUID, handle)[0] or "")
+            handles.append((index, uuid, handle))
+            supported, err = call(nv.nvmlDeviceGetSupportedEventTypes, handle)
+            wanted = (supported or 0) & WATCHED_EVENTS
+            if (err is None and wanted
+                    and call(nv.nvmlDeviceRegisterEvents, handle, wanted, event_set)[1] is None):
+                registered[_address(handle)] = (index, uuid)
     except BaseException:
         _release(nv, event_set)
         raise
-    return _events(nv, event_set, gpus, stop, wait_ms, handles if sample_s > 0 else [], sample_s)
-
-
-def _register_all(nv: ModuleType,
-                  event_set: Any) -> tuple[dict[int, tuple[int, str]], list[tuple[int, str, Any]]]:
-    """(handle address -> (index, uuid) of each GPU registered, (index, uuid, handle) of each answering)."""
-    by_address: dict[int, tuple[int, str]] = {}
-    handles = []
-    count, _ = call(nv.nvmlDeviceGetCount)
-    for index in range(count or 0):
-        handle, err = call(nv.nvmlDeviceGetHandleByIndex, index)
-        if err is not None:
-            continue
-        uuid = text(call(nv.nvmlDeviceGetUUID, handle)[0] or "")
-        handles.append((index, uuid, handle))
-        supported, err = call(nv.nvmlDeviceGetSupportedEventTypes, handle)
-        wanted = (supported or 0) & WATCHED_EVENTS
-        if err is None and wanted and call(nv.nvmlDeviceRegisterEvents, handle, wanted, event_set)[1] is None:
-            by_address[_address(handle)] = (index, uuid)
-    return by_address, handles
+    return _events(nv, event_set, registered, stop, wait_ms, handles if sample_s > 0 else [], sample_s)
 
 
 def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], stop: threading.Event,

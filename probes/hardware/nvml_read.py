@@ -21,8 +21,7 @@ NVLINK_COUNTERS = 4  # DL replay, DL recovery, CRC flit, CRC data
 
 
 class _Lost(Exception):
-    def __init__(self, code: int):
-        self.code = code
+    """A lost GPU (args[0]: the NVML code): its other fields are not read."""
 
 
 def _check_lost(err: int | None) -> None:
@@ -36,9 +35,9 @@ class _Reader:
     error is kept so that the judge fails closed."""
 
     def __init__(self) -> None:
-        self.denied: list[str] = []
+        self.denied: dict[str, None] = {}  # field names, in order, once each
+        self.unsupported: dict[str, None] = {}
         self.errors: list[tuple[str, int]] = []
-        self.unsupported: list[str] = []
 
     def __call__(self, field: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
         return NA if fn is None else self.judge(field, *nvml_lib.call(fn, *args))
@@ -49,11 +48,9 @@ class _Reader:
             return value
         _check_lost(err)
         if err == nvml_lib.NO_PERMISSION:
-            if field not in self.denied:
-                self.denied.append(field)
+            self.denied[field] = None
         elif err in (nvml_lib.NOT_SUPPORTED, nvml_lib.FUNCTION_NOT_FOUND):
-            if field not in self.unsupported:
-                self.unsupported.append(field)
+            self.unsupported[field] = None
         elif err != nvml_lib.INSUFFICIENT_SIZE:  # the process list grew between two calls: no fault
             self.errors.append((field, err))
         return NA
@@ -107,7 +104,7 @@ def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
             fields["nvlink_errors_rising"] = tuple(
                 link for link, n in after.items() if link in links_before and n > links_before[link])
     except _Lost as lost:
-        return {k: v for k, v in fields.items() if k in ("name", "uuid")}, lost.code
+        return {k: v for k, v in fields.items() if k in ("name", "uuid")}, lost.args[0]
     fields.update(denied=tuple(q.denied), field_errors=tuple(q.errors), unsupported=tuple(q.unsupported))
     return fields, None
 
@@ -131,7 +128,6 @@ def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Any:
     code = int(values[0].nvmlReturn)
     if code in (nvml_lib.INVALID_ARGUMENT, nvml_lib.NOT_SUPPORTED):
         return NA  # a driver that predates the field answers INVALID_ARGUMENT for its id
-    # The per-value status is judged like any call's.
     return q.judge("recovery action", None, code) if code != nvml_lib.SUCCESS else int(values[0].value.uiVal)
 
 
@@ -140,21 +136,19 @@ def _fabric(nv: Any, handle: Any, q: _Reader) -> Any:
     import ctypes
 
     # The versioned call first (newer drivers), then the original one (535-era drivers).
-    value: Any = None
-    err: int | None = nvml_lib.FUNCTION_NOT_FOUND
-    info: Any = None
     for name, struct in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
                          ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
         fn, info_t = getattr(nv, name, None), getattr(nv, struct, None)
-        if fn is not None and info_t is not None:
-            info = info_t()
-            value, err = nvml_lib.call(fn, handle, ctypes.byref(info))
-            if err != nvml_lib.FUNCTION_NOT_FOUND:
-                break
-    # nvmlGpuFabricState_t 0: not supported
-    if q.judge("fabric state", value, err) == NA or int(info.state) == 0:
-        return NA
-    return (int(info.state), int(info.status))
+        if fn is None or info_t is None:
+            continue
+        info = info_t()
+        value, err = nvml_lib.call(fn, handle, ctypes.byref(info))
+        if err == nvml_lib.FUNCTION_NOT_FOUND:
+            continue
+        if q.judge("fabric state", value, err) == NA or info.state == 0:  # fabric state 0: not supported
+            return NA
+        return (int(info.state), int(info.status))
+    return q.judge("fabric state", None, nvml_lib.FUNCTION_NOT_FOUND)
 
 
 def _nvlinks(nv: Any, handle: Any) -> tuple[int, ...]:
