@@ -157,7 +157,7 @@ class Gathered(Record):
 
 
 def gather(ctx: Context) -> Gathered:
-    from probes.hardware import nvml_lib, nvml_read
+    from probes.hardware import nvml_lib
 
     env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")}
     try:
@@ -173,7 +173,7 @@ def gather(ctx: Context) -> Gathered:
         gpus = []
         for i in range(count):
             handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, i)
-            fields, lost = nvml_read.fields(nv, handle) if err is None else ({}, err)
+            fields, lost = nvml_lib.fields(nv, handle) if err is None else ({}, err)
             gpus.append(Gpu(i, error=lost, **fields))
         return Gathered(env, None, nvml_lib.text(driver) if driver is not None else "", count, tuple(gpus),
                         cuda_driver if isinstance(cuda_driver, int) else NA)
