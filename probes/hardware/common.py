@@ -90,11 +90,9 @@ NVML_ERROR = cause("nvml-error", "another NVML error code", CHECK_DRIVER, action
 
 
 class Problem(Record):
-    """What a judge found (``remedy=False`` where the detail already names what to do)."""
-
     cause: Cause
     detail: str
-    remedy: bool = True
+    remedy: bool = True  # False where the detail already names what to do
 
     def result(self, name: str, **kw: Any) -> Result:
         return verdict(name, self.cause, self.detail, remedy=self.remedy, **kw)
@@ -119,8 +117,6 @@ class SeenGpu(Record):
 
 
 class Seen(Record):
-    """The nvml probe's facts of this run as :func:`seen` read them: what lacks its type is left out."""
-
     ok: bool  # the probe passed or warned
     count: int | None  # the devices CUDA enumerates (MIG devices for a GPU in MIG mode)
     cuda_driver: str | None  # the highest CUDA version the driver supports: "12.4"
@@ -143,7 +139,8 @@ def _seen_gpu(g: Mapping[str, Any]) -> SeenGpu:
 
 
 def seen(results: Mapping[str, Result]) -> Seen | None:
-    """This run's nvml facts, checked once; None when the probe did not run."""
+    """This run's nvml facts, checked once (what lacks its type is left out); None when the probe did
+    not run."""
     nvml = results.get("nvml")
     if nvml is None:
         return None

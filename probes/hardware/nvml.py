@@ -116,10 +116,8 @@ SPEC = Spec(
 
 
 class Gpu(Record):
-    """What NVML said about one GPU. ``error`` is set when the GPU cannot be queried at all."""
-
     index: int
-    error: int | None = None
+    error: int | None = None  # set when the GPU cannot be queried at all
     name: str = ""
     uuid: str = ""
     memory_total_mib: Value = NA
@@ -384,8 +382,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
         problems.extend(_gpu_problems(g, reporting - (1 if g.error is None else 0)))
     problems.extend(_env_problems(data, expected))
     kw: dict[str, Any] = {"observed": data.count, "unit": UNIT, "facts": _facts(data)}
-    found = hw.worst(NAME, problems, **kw)
-    if found is not None:
+    if found := hw.worst(NAME, problems, **kw):
         return found
     names = sorted({g.name for g in data.gpus})
     summary = ", ".join(f"{n} x{sum(g.name == n for g in data.gpus)}" for n in names)

@@ -151,8 +151,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
                                    "(slow probes, first-call latency)"))
     facts: dict[str, Any] = {"shm_mib": shm_mib, "nodes": sorted(data.nodes), "debug_env": sorted(data.env)}
     kw: dict[str, Any] = {"observed": shm_mib, "unit": "MiB", "facts": facts}
-    found = hw.worst(NAME, problems, **kw)
-    if found is not None:
+    if found := hw.worst(NAME, problems, **kw):
         return found
     nodes = (f"device nodes present ({gpus} GPU(s))" if given and own.gpu_count
              else "no GPU given (device nodes not judged)")
