@@ -188,8 +188,7 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     gpus, bad_line = parse_rows(out)
     counted: dict[str, Any] = {"observed": len(gpus), "unit": "gpus",
                                "facts": {"count": len(gpus), "gpus": gpus}}
-    lost = re.findall(_LOST, out + "\n" + err)
-    if lost:
+    if lost := re.findall(_LOST, out + "\n" + err):
         others = f"{hw.plural(len(gpus))} still reported" if gpus else "no other GPU reported"
         return verdict(NAME, hw.GPU_LOST,
                        f"GPU {lost[0]} is lost (Unable to determine the device handle; {others})", **counted)

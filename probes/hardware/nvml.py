@@ -199,8 +199,6 @@ def cuda_visible(var: str, devices: list[str]) -> tuple[list[str], str | None]:
 
     selected: list[str] = []
     entries = [e.strip() for e in var.split(",")]
-    if entries == [""]:
-        return [], ""
     by_uuid = entries[0].startswith(("GPU-", "MIG-"))
     for entry in entries:
         if by_uuid:
