@@ -4,7 +4,6 @@
 # Usage: gpu-dev-entrypoint [COMMAND [ARG...]]
 #   With a command, run it instead (`docker run -it IMAGE bash`). Its environment: docs/image.md.
 set -euo pipefail
-[ -n "${ENTRYPOINT_DEBUG:-}" ] && set -x
 
 log() { echo "entrypoint: $*" >&2; }
 
