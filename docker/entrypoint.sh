@@ -2,12 +2,8 @@
 # Summary: start sshd and Jupyter (and healthcheck serve when asked) in the GPU dev image, and stop them cleanly
 #
 # Usage: gpu-dev-entrypoint [COMMAND [ARG...]]
-#   Without a command: SSH host keys for this container, sshd (keys only) and Jupyter as the
-#   user, with a token, and with HEALTHCHECK_SERVE=true `healthcheck serve` as root; a TERM or INT
-#   stops them all. With a command: run it instead (e.g. `docker run -it IMAGE bash`).
-#   The environment it reads (SSH_AUTHORIZED_KEYS, JUPYTER_TOKEN, DEV_USER, ...): docs/image.md.
+#   With a command, run it instead (`docker run -it IMAGE bash`). Its environment: docs/image.md.
 set -euo pipefail
-[ -n "${ENTRYPOINT_DEBUG:-}" ] && set -x
 
 log() { echo "entrypoint: $*" >&2; }
 
@@ -80,8 +76,7 @@ setup_ssh() {
     log "ssh: no authorized keys given (SSH_AUTHORIZED_KEYS or $keys_file): nobody can log in"
   fi
 
-  # The health check's own SSH login (docs/image.md, "The SSH probe principal"): a fresh key at
-  # every start, root's only and never printed, that may only run /bin/true from loopback.
+  # The health check's own SSH login: docs/image.md, "The SSH probe principal".
   local probe_key=${HEALTHCHECK_SSH_PROBE_KEY:-} probe_user probe_home=/run/healthcheck-ssh-home
   if [ -n "$probe_key" ]; then
     probe_user=${HEALTHCHECK_SSH_PROBE_USER:-healthcheck}

@@ -1,10 +1,6 @@
 # shellcheck shell=bash
 # Summary: at an interactive login, the health check's notice when the container is not healthy
-#
-# Installed as /etc/profile.d/gpu-health-notice.sh; its rules are docs/image.md's "Notices": bash
-# and interactive shells only, builtins and one stat, no set -e effect, nothing left defined; a
-# notice that is not a regular file of at most 4 KiB, owned by root or the reader, in a directory
-# no other user can change, is ignored.
+# (/etc/profile.d/gpu-health-notice.sh; its rules: docs/image.md, "Notices")
 [ -n "${BASH_VERSION:-}" ] || return 0
 case $- in *i*) ;; *) return 0 ;; esac
 

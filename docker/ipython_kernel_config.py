@@ -1,10 +1,6 @@
 """The health check's notice in the first cell a person runs in a kernel (docs/image.md, "Notices").
-
-Installed as /etc/ipython/ipython_kernel_config.py. Read as a configuration, it adds a start line
-(``exec_lines``) that runs this file again with the shell; run so, it registers a ``pre_run_cell``
-hook that shows the notice on the person's first cell and unregisters itself. It never raises into
-the user's code and leaves no name in the user's namespace.
-"""
+Read as a configuration, this file adds a start line (``exec_lines``) that runs it again with the
+shell; run so, it registers the ``pre_run_cell`` hook."""
 
 import os
 import stat
@@ -48,8 +44,6 @@ def lines(text, now):
 
 
 def notice(environ=None):
-    """The lines to show now; none when off, or from a file that is not a regular file of root's or
-    ours of at most MAX_SIZE bytes."""
     env = os.environ if environ is None else environ
     if env.get("HEALTHCHECK_NOTICES", "").strip().lower() in ("false", "0", "no", "off"):
         return []

@@ -29,8 +29,6 @@ def plural(n: int, what: str = "GPU") -> str:
 
 
 class Expected(Declared):
-    """What nvidia-smi and nvml read; runtime's settings extend it."""
-
     gpu_count: int = setting("HEALTHCHECK_GPU_COUNT", INTEGER, 1, "minimum number of GPUs expected", low=0,
                              high=1024, low_inclusive=True)
 
@@ -92,11 +90,9 @@ NVML_ERROR = cause("nvml-error", "another NVML error code", CHECK_DRIVER, action
 
 
 class Problem(Record):
-    """What a judge found (``remedy=False`` where the detail already names what to do)."""
-
     cause: Cause
     detail: str
-    remedy: bool = True
+    remedy: bool = True  # False where the detail already names what to do
 
     def result(self, name: str, **kw: Any) -> Result:
         return verdict(name, self.cause, self.detail, remedy=self.remedy, **kw)
@@ -121,8 +117,6 @@ class SeenGpu(Record):
 
 
 class Seen(Record):
-    """The nvml probe's facts of this run as :func:`seen` read them: what lacks its type is left out."""
-
     ok: bool  # the probe passed or warned
     count: int | None  # the devices CUDA enumerates (MIG devices for a GPU in MIG mode)
     cuda_driver: str | None  # the highest CUDA version the driver supports: "12.4"
@@ -145,7 +139,8 @@ def _seen_gpu(g: Mapping[str, Any]) -> SeenGpu:
 
 
 def seen(results: Mapping[str, Result]) -> Seen | None:
-    """This run's nvml facts, checked once; None when the probe did not run."""
+    """This run's nvml facts, checked once (what lacks its type is left out); None when the probe did
+    not run."""
     nvml = results.get("nvml")
     if nvml is None:
         return None

@@ -27,12 +27,9 @@ if TYPE_CHECKING:
     from probes.spec import Cause
 
 NAME = "nvidia-smi"
-UNIT = "gpus"
 ARGV = ("nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader,nounits")
 MAX_OUTPUT = 512 * 1024  # the largest GPU count HEALTHCHECK_GPU_COUNT accepts (1024) at ~170 bytes a row
-MAX_NAME = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
 _LOST = r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]*[0-9A-Fa-f])"
-_UUID = r"^(GPU|MIG)-[0-9A-Za-z-]+$"
 
 NOT_FOUND = cause("not-found", "nvidia-smi not on PATH", f"{hw.TOOLKIT} (NVIDIA Container Toolkit installed "
                   "on the host)", action="fix-config", actor="tenant")
@@ -153,11 +150,11 @@ def parse_rows(text: str) -> tuple[list[dict[str, Any]], str | None]:
         parts = [p.strip() for p in line.split(",")]
         # is_integer_text, not isdigit(): that accepts '\u00b2', which int() refuses.
         if (len(parts) < 3 or not is_integer_text(parts[0]) or len(parts[0]) > 6
-                or not re.match(_UUID, parts[-1])):
+                or not re.match(r"(GPU|MIG)-[0-9A-Za-z-]+\Z", parts[-1])):
             return gpus, line
         # A GPU name never holds a comma today, but keep whatever lies between index and uuid.
-        gpus.append({"index": int(parts[0]), "name": clean(", ".join(parts[1:-1]), MAX_NAME),
-                     "uuid": parts[-1]})
+        gpus.append({"index": int(parts[0]), "name": clean(", ".join(parts[1:-1]), 96),
+                     "uuid": parts[-1]})  # 96: NVML_DEVICE_NAME_V2_BUFFER_SIZE
     return gpus, None
 
 
@@ -189,10 +186,9 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     out = data.stdout.decode("utf-8", "replace")
     err = data.stderr.decode("utf-8", "replace")
     gpus, bad_line = parse_rows(out)
-    counted: dict[str, Any] = {"observed": len(gpus), "unit": UNIT,
+    counted: dict[str, Any] = {"observed": len(gpus), "unit": "gpus",
                                "facts": {"count": len(gpus), "gpus": gpus}}
-    lost = re.findall(_LOST, out + "\n" + err)
-    if lost:
+    if lost := re.findall(_LOST, out + "\n" + err):
         others = f"{hw.plural(len(gpus))} still reported" if gpus else "no other GPU reported"
         return verdict(NAME, hw.GPU_LOST,
                        f"GPU {lost[0]} is lost (Unable to determine the device handle; {others})", **counted)

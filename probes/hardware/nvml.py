@@ -26,13 +26,11 @@ if TYPE_CHECKING:
 NAME = "nvml"
 UNIT = "gpus"
 NA = hw.NA
-ENV_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 # Clock event (throttle) reason bits, nvml.h.
 HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x8, 0x20, 0x40, 0x80
 # nvmlGpuFabricState_t
 FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
-FABRIC_COMPLETED = 3
 # NVML_GPU_RECOVERY_ACTION_*: the action -> (what it is, what to do: the message's remedy).
 RECOVERY_ACTIONS = {
     1: ("GPU reset", "reset the GPU (nvidia-smi -r) when idle"),
@@ -118,10 +116,8 @@ SPEC = Spec(
 
 
 class Gpu(Record):
-    """What NVML said about one GPU. ``error`` is set when the GPU cannot be queried at all."""
-
     index: int
-    error: int | None = None
+    error: int | None = None  # set when the GPU cannot be queried at all
     name: str = ""
     uuid: str = ""
     memory_total_mib: Value = NA
@@ -159,9 +155,9 @@ class Gathered(Record):
 
 
 def gather(ctx: Context) -> Gathered:
-    from probes.hardware import nvml_lib, nvml_read
+    from probes.hardware import nvml_lib
 
-    env = {k: os.environ.get(k) for k in ENV_VARS}
+    env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")}
     try:
         nv = nvml_lib.init()
     except nvml_lib.NvmlUnavailable as exc:
@@ -171,12 +167,11 @@ def gather(ctx: Context) -> Gathered:
         count, err = nvml_lib.call(nv.nvmlDeviceGetCount)
         if err is not None:
             return Gathered(env, nvml_lib.describe(err))
-        cuda_fn = getattr(nv, "nvmlSystemGetCudaDriverVersion", None)
-        cuda_driver, _ = nvml_lib.call(cuda_fn) if cuda_fn is not None else (NA, None)
+        cuda_driver, _ = nvml_lib.call(nv.nvmlSystemGetCudaDriverVersion)
         gpus = []
         for i in range(count):
             handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, i)
-            fields, lost = nvml_read.fields(nv, handle) if err is None else ({}, err)
+            fields, lost = nvml_lib.fields(nv, handle) if err is None else ({}, err)
             gpus.append(Gpu(i, error=lost, **fields))
         return Gathered(env, None, nvml_lib.text(driver) if driver is not None else "", count, tuple(gpus),
                         cuda_driver if isinstance(cuda_driver, int) else NA)
@@ -204,8 +199,6 @@ def cuda_visible(var: str, devices: list[str]) -> tuple[list[str], str | None]:
 
     selected: list[str] = []
     entries = [e.strip() for e in var.split(",")]
-    if entries == [""]:
-        return [], ""
     by_uuid = entries[0].startswith(("GPU-", "MIG-"))
     for entry in entries:
         if by_uuid:
@@ -223,27 +216,21 @@ def cuda_visible(var: str, devices: list[str]) -> tuple[list[str], str | None]:
     return selected, None
 
 
-def _lost(g: Gpu, reporting: int) -> hw.Problem:
-    from probes.hardware import nvml_lib
-
-    verb = "reports" if reporting == 1 else "report"
-    others = (f"while {hw.plural(reporting, 'other GPU')} still {verb}" if reporting
-              else "and no other GPU reports")
-    if g.error == nvml_lib.GPU_IS_LOST:
-        return hw.Problem(hw.GPU_LOST,
-                          f"GPU {g.index} is lost (NVML: GPU is lost, fallen off the bus) {others}")
-    if g.error == nvml_lib.UNKNOWN:
-        return hw.Problem(GPU_UNKNOWN, f"GPU {g.index} answers Unknown Error {others}")
-    problem = nvml_lib.describe(g.error)
-    return problem._replace(detail=f"GPU {g.index} cannot be queried {others}: {problem.detail}")
-
-
 def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
     from probes.hardware import nvml_lib
 
-    if g.error is not None:
-        return [_lost(g, reporting)]
     i = g.index
+    if g.error is not None:
+        verb = "reports" if reporting == 1 else "report"
+        others = (f"while {hw.plural(reporting, 'other GPU')} still {verb}" if reporting
+                  else "and no other GPU reports")
+        if g.error == nvml_lib.GPU_IS_LOST:
+            return [hw.Problem(hw.GPU_LOST, f"GPU {i} is lost (NVML: GPU is lost, fallen off the bus) "
+                               f"{others}")]
+        if g.error == nvml_lib.UNKNOWN:
+            return [hw.Problem(GPU_UNKNOWN, f"GPU {i} answers Unknown Error {others}")]
+        problem = nvml_lib.describe(g.error)
+        return [problem._replace(detail=f"GPU {i} cannot be queried {others}: {problem.detail}")]
     out = []
     ecc = g.ecc_uncorrected_volatile
     if isinstance(ecc, int) and ecc > 0:
@@ -278,7 +265,7 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
                               remedy=False))
     if isinstance(g.fabric, tuple):
         state, status = g.fabric
-        if state != FABRIC_COMPLETED or status != nvml_lib.SUCCESS:
+        if state != 3 or status != nvml_lib.SUCCESS:
             shown = FABRIC_STATES.get(state, f"state {state}")
             if status != nvml_lib.SUCCESS:
                 shown += f", {nvml_lib.describe(status).cause.reason}"
@@ -393,8 +380,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
         problems.extend(_gpu_problems(g, reporting - (1 if g.error is None else 0)))
     problems.extend(_env_problems(data, expected))
     kw: dict[str, Any] = {"observed": data.count, "unit": UNIT, "facts": _facts(data)}
-    found = hw.worst(NAME, problems, **kw)
-    if found is not None:
+    if found := hw.worst(NAME, problems, **kw):
         return found
     names = sorted({g.name for g in data.gpus})
     summary = ", ".join(f"{n} x{sum(g.name == n for g in data.gpus)}" for n in names)

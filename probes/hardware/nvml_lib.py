@@ -1,12 +1,15 @@
 """The one module that imports ``pynvml`` (NVIDIA's nvidia-ml-py bindings), on first use: importing
 it never fails, a missing or shadowed ``pynvml`` is raised as :class:`NvmlUnavailable` when NVML is
-asked for. Also serve's event watch (:func:`watch_events`, docs/serve.md)."""
+asked for. Also the nvml probe's field readers (:func:`fields`) and serve's event watch
+(:func:`watch_events`, docs/serve.md)."""
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
 from probes.hardware import common as hw
+from probes.hardware.common import NA
 from probes.record import Record
 from probes.untrusted import MAX_TEXT, clean
 
@@ -14,7 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator
-    from typing import Any, Literal
+    from typing import Any, Callable, Literal
 
     from probes.spec import Cause
 
@@ -51,9 +54,7 @@ _DESCRIPTIONS: dict[int, tuple[Cause, str]] = {
 
 
 def describe(code: int | None) -> hw.Problem:
-    if code is not None and code in _DESCRIPTIONS:
-        return hw.Problem(*_DESCRIPTIONS[code])
-    return hw.Problem(hw.NVML_ERROR, f"NVML error {code}")
+    return hw.Problem(*_DESCRIPTIONS.get(code or SUCCESS, (hw.NVML_ERROR, f"NVML error {code}")))
 
 
 class NvmlUnavailable(Exception):
@@ -131,6 +132,182 @@ def text(value: Any) -> str:
     return clean(value, MAX_TEXT)
 
 
+COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
+# In Gpu.pcie's order: current gen/width, max gen/width.
+PCIE_CALLS = ("nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
+              "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth")
+MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
+NVLINK_COUNTERS = 4  # DL replay, DL recovery, CRC flit, CRC data
+
+
+class _Lost(Exception):
+    """A lost GPU (args[0]: the NVML code): its other fields are not read."""
+
+
+def _check_lost(err: int | None) -> None:
+    if err is not None and err in (GPU_IS_LOST, UNKNOWN):
+        raise _Lost(err)
+
+
+class _Reader:
+    """Reads one GPU's fields, keeping why one could not be: NOT_SUPPORTED (or a missing function) is
+    not judged, NO_PERMISSION warns (a MIG slice's parent GPU), a lost GPU raises _Lost, and any other
+    error is kept so that the judge fails closed."""
+
+    def __init__(self) -> None:
+        self.denied: dict[str, None] = {}  # field names, in order, once each
+        self.unsupported: dict[str, None] = {}
+        self.errors: list[tuple[str, int]] = []
+
+    def __call__(self, field: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return self.judge(field, *call(fn, *args))
+
+    def judge(self, field: str, value: Any, err: int | None) -> Any:
+        """The value of a query already made (``call``'s answer), its error judged as above."""
+        if err is None:
+            return value
+        _check_lost(err)
+        if err == NO_PERMISSION:
+            self.denied[field] = None
+        elif err in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
+            self.unsupported[field] = None
+        elif err != INSUFFICIENT_SIZE:  # the process list grew between two calls: no fault
+            self.errors.append((field, err))
+        return NA
+
+
+def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
+    """One GPU's fields by ``nvml.Gpu``'s names, and None; or, lost midway, its name and uuid and the code."""
+    fields: dict[str, Any] = {}
+    q = _Reader()
+    try:
+        fields["name"] = text(q("name", nv.nvmlDeviceGetName, handle))
+        fields["uuid"] = text(q("uuid", nv.nvmlDeviceGetUUID, handle))
+        # NVLink first: its error counters are read again at the end, the longest interval we have.
+        fields["nvlinks"] = links = _nvlinks(nv, handle)
+        links_before = _nvlink_errors(nv, handle, [link for link, up in enumerate(links) if up])
+        mem = q("memory", nv.nvmlDeviceGetMemoryInfo, handle)
+        fields["memory_total_mib"] = NA if mem == NA else int(mem.total) >> 20
+        fields["ecc_uncorrected_volatile"] = q(
+            "ecc", nv.nvmlDeviceGetTotalEccErrors, handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nv.NVML_VOLATILE_ECC)
+        pending = q("retired pages", nv.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+        fields["retired_pending"] = NA if pending == NA else bool(pending)
+        remap = q("row remap", nv.nvmlDeviceGetRemappedRows, handle)
+        if remap != NA:
+            fields["remap_pending"], fields["remap_failure"] = bool(remap[2]), bool(remap[3])
+        fields["clocks_event_reasons"] = q.judge("clock event reasons", *clock_event_reasons(nv, handle))
+        fields["temperature"] = q("temperature", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
+        fields["slowdown_temperature"] = q(
+            "temperature thresholds", nv.nvmlDeviceGetTemperatureThreshold, handle,
+            nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        mode = q("compute mode", nv.nvmlDeviceGetComputeMode, handle)
+        fields["compute_mode"] = COMPUTE_MODES.get(mode, NA) if mode != NA else NA
+        fields["processes"] = _processes(nv, q("processes", nv.nvmlDeviceGetComputeRunningProcesses, handle))
+        mps = q("processes", nv.nvmlDeviceGetMPSComputeRunningProcesses, handle)
+        fields["mps_processes"] = _processes(nv, mps)
+        mig = q("MIG mode", nv.nvmlDeviceGetMigMode, handle)
+        if mig != NA:
+            fields["mig_enabled"] = bool(mig[0])
+            if mig[0]:
+                fields["mig_devices"] = _mig_devices(nv, handle)
+        fields["recovery_action"] = _recovery_action(nv, handle, q)
+        fields["fabric"] = _fabric(nv, handle, q)
+        fields["persistence"] = q("persistence mode", nv.nvmlDeviceGetPersistenceMode, handle)
+        fields["pcie"] = tuple(q("PCIe link", getattr(nv, f), handle) for f in PCIE_CALLS)
+        util = q("utilization", nv.nvmlDeviceGetUtilizationRates, handle)
+        fields["utilization"] = NA if util == NA else int(util.gpu)
+        if links_before:
+            after = _nvlink_errors(nv, handle, list(links_before))
+            fields["nvlink_errors_rising"] = tuple(
+                link for link, n in after.items() if link in links_before and n > links_before[link])
+    except _Lost as lost:
+        return {k: v for k, v in fields.items() if k in ("name", "uuid")}, lost.args[0]
+    fields.update(denied=tuple(q.denied), field_errors=tuple(q.errors), unsupported=tuple(q.unsupported))
+    return fields, None
+
+
+def _processes(nv: Any, procs: Any) -> tuple[tuple[int, str], ...]:
+    named = []
+    for p in () if procs == NA else procs:
+        # Host pids may be unknown inside the container: the name is then empty.
+        pname, _ = call(nv.nvmlSystemGetProcessName, p.pid)
+        named.append((int(p.pid), os.path.basename(text(pname)) if pname else ""))
+    return tuple(named)
+
+
+def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Any:
+    """The driver's pending recovery action (field values API), NA where the driver has no such field."""
+    field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    values: Any = NA if field_id is None else q("recovery action", nv.nvmlDeviceGetFieldValues, handle,
+                                                [field_id])
+    if values == NA:
+        return NA
+    code = int(values[0].nvmlReturn)
+    if code in (INVALID_ARGUMENT, NOT_SUPPORTED):
+        return NA  # a driver that predates the field answers INVALID_ARGUMENT for its id
+    return q.judge("recovery action", None, code) if code != SUCCESS else int(values[0].value.uiVal)
+
+
+def _fabric(nv: Any, handle: Any, q: _Reader) -> Any:
+    """(state, status) of the GPU's NVSwitch fabric registration, NA on GPUs without fabric support."""
+    import ctypes
+
+    # The versioned call first (newer drivers), then the original one (535-era drivers).
+    for name, struct in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+                         ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
+        fn, info_t = getattr(nv, name, None), getattr(nv, struct, None)
+        if fn is None or info_t is None:
+            continue
+        info = info_t()
+        value, err = call(fn, handle, ctypes.byref(info))
+        if err == FUNCTION_NOT_FOUND:
+            continue
+        if q.judge("fabric state", value, err) == NA or info.state == 0:  # fabric state 0: not supported
+            return NA
+        return (int(info.state), int(info.status))
+    return q.judge("fabric state", None, FUNCTION_NOT_FOUND)
+
+
+def _nvlinks(nv: Any, handle: Any) -> tuple[int, ...]:
+    """1 (active) or 0 (down) per NVLink link; () on a PCIe-only GPU."""
+    states = []
+    for link in range(MAX_NVLINKS):
+        value, err = call(nv.nvmlDeviceGetNvLinkState, handle, link)
+        _check_lost(err)
+        if err is not None:
+            break  # past the last link (INVALID_ARGUMENT), or no NVLink at all (NOT_SUPPORTED)
+        states.append(1 if value else 0)
+    return tuple(states)
+
+
+def _nvlink_errors(nv: Any, handle: Any, links: list[int]) -> dict[int, int]:
+    """link -> the sum of its error counters, for the given (active) links; {} without NVLink."""
+    out: dict[int, int] = {}
+    for link in links:
+        total = 0
+        for counter in range(NVLINK_COUNTERS):
+            value, err = call(nv.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter)
+            _check_lost(err)
+            if err is not None:
+                return out
+            total += int(value)
+        out[link] = total
+    return out
+
+
+def _mig_devices(nv: Any, handle: Any) -> tuple[tuple[str, str], ...]:
+    devices = []
+    slots, err = call(nv.nvmlDeviceGetMaxMigDeviceCount, handle)
+    for slot in range(slots if err is None else 0):
+        mig, err = call(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
+        if err is None:  # else an empty slot (NOT_FOUND)
+            uuid, _ = call(nv.nvmlDeviceGetUUID, mig)
+            name, _ = call(nv.nvmlDeviceGetName, mig)
+            devices.append((text(uuid or ""), text(name or "")))
+    return tuple(devices)
+
+
 class Event(Record):
     gpu_index: int
     uuid: str
@@ -160,31 +337,25 @@ def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.
     except nv.NVMLError as exc:
         shutdown()
         raise _failed("cannot create an NVML event set", exc) from None
+    registered: dict[int, tuple[int, str]] = {}  # handle address -> (index, uuid)
+    handles = []  # (index, uuid, handle) of each GPU that answers
     try:
-        gpus, handles = _register_all(nv, event_set)
+        count, _ = call(nv.nvmlDeviceGetCount)
+        for index in range(count or 0):
+            handle, err = call(nv.nvmlDeviceGetHandleByIndex, index)
+            if err is not None:
+                continue
+            uuid = text(call(nv.nvmlDeviceGetUUID, handle)[0] or "")
+            handles.append((index, uuid, handle))
+            supported, err = call(nv.nvmlDeviceGetSupportedEventTypes, handle)
+            wanted = (supported or 0) & WATCHED_EVENTS
+            if (err is None and wanted
+                    and call(nv.nvmlDeviceRegisterEvents, handle, wanted, event_set)[1] is None):
+                registered[_address(handle)] = (index, uuid)
     except BaseException:
         _release(nv, event_set)
         raise
-    return _events(nv, event_set, gpus, stop, wait_ms, handles if sample_s > 0 else [], sample_s)
-
-
-def _register_all(nv: ModuleType,
-                  event_set: Any) -> tuple[dict[int, tuple[int, str]], list[tuple[int, str, Any]]]:
-    """(handle address -> (index, uuid) of each GPU registered, (index, uuid, handle) of each answering)."""
-    by_address: dict[int, tuple[int, str]] = {}
-    handles = []
-    count, _ = call(nv.nvmlDeviceGetCount)
-    for index in range(count or 0):
-        handle, err = call(nv.nvmlDeviceGetHandleByIndex, index)
-        if err is not None:
-            continue
-        uuid = text(call(nv.nvmlDeviceGetUUID, handle)[0] or "")
-        handles.append((index, uuid, handle))
-        supported, err = call(nv.nvmlDeviceGetSupportedEventTypes, handle)
-        wanted = (supported or 0) & WATCHED_EVENTS
-        if err is None and wanted and call(nv.nvmlDeviceRegisterEvents, handle, wanted, event_set)[1] is None:
-            by_address[_address(handle)] = (index, uuid)
-    return by_address, handles
+    return _events(nv, event_set, registered, stop, wait_ms, handles if sample_s > 0 else [], sample_s)
 
 
 def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], stop: threading.Event,

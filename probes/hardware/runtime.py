@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 NAME = "runtime"
-UNIT = "MiB"
-MIB = 1 << 20
 
 # Variables that change CUDA's (or torch's allocator's) behaviour and do not belong in production.
 DEBUG_ENV: Mapping[str, str] = {
@@ -38,7 +36,6 @@ DEBUG_ENV: Mapping[str, str] = {
     "PYTORCH_NO_CUDA_MEMORY_CACHING": "turns torch's CUDA caching allocator off (slow)",
 }
 _OFF = ("", "0", "false", "no", "off")
-_GPU_NODE = r"nvidia(\d+)\Z"
 
 
 class Settings(hw.Expected):
@@ -125,7 +122,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
     problems = []
     asked = data.visible is not None and not hw.none_requested(data.visible)
     given = asked or bool(data.nodes | data.other_nodes)
-    gpus = len([n for n in data.nodes if re.match(_GPU_NODE, n)])
+    gpus = len([n for n in data.nodes if re.fullmatch(r"nvidia\d+", n)])
     if own.gpu_count and given:  # the device nodes are judged only when the container was given GPUs
         root = clean(own.dev_root, 60)
         missing = [f"{root}/{n}" for n in ("nvidiactl", "nvidia-uvm") if n not in data.nodes]
@@ -136,13 +133,12 @@ def judge(data: Gathered, ctx: Context) -> Result:
         if missing:
             problems.append(hw.Problem(DEVICE_NODES,
                                        f"CUDA's device nodes are missing: {', '.join(missing)}{odd}"))
-    shm_mib = None if data.shm_bytes is None else data.shm_bytes // MIB
-    limit = own.shm_min_mib
+    shm_mib = None if data.shm_bytes is None else data.shm_bytes >> 20
     path = clean(own.shm_path, 60)
     if shm_mib is None:
         problems.append(hw.Problem(SHM_MISSING, f"{path} cannot be measured ({data.shm_error})"))
-    elif shm_mib < limit:
-        problems.append(hw.Problem(SHM_SMALL, f"{path} is {shm_mib} MiB (below {limit} MiB): "
+    elif shm_mib < own.shm_min_mib:
+        problems.append(hw.Problem(SHM_SMALL, f"{path} is {shm_mib} MiB (below {own.shm_min_mib} MiB): "
                                    "NCCL and DataLoader workers fail"))
     for var in sorted(data.env):
         problems.append(hw.Problem(DEBUG_ENV_SET, f"{var}={clean(data.env[var], 40)!r} is set: "
@@ -154,9 +150,8 @@ def judge(data: Gathered, ctx: Context) -> Result:
                                    "each NVML or CUDA start re-initialises the GPU "
                                    "(slow probes, first-call latency)"))
     facts: dict[str, Any] = {"shm_mib": shm_mib, "nodes": sorted(data.nodes), "debug_env": sorted(data.env)}
-    kw: dict[str, Any] = {"observed": shm_mib, "unit": UNIT, "facts": facts}
-    found = hw.worst(NAME, problems, **kw)
-    if found is not None:
+    kw: dict[str, Any] = {"observed": shm_mib, "unit": "MiB", "facts": facts}
+    if found := hw.worst(NAME, problems, **kw):
         return found
     nodes = (f"device nodes present ({gpus} GPU(s))" if given and own.gpu_count
              else "no GPU given (device nodes not judged)")

@@ -277,12 +277,6 @@ CATALOG: dict[int, Xid] = {
 }
 
 
-def action(xid: int) -> str | None:
-    """The catalog's immediate action for an Xid ("" where it names none), None outside the catalog."""
-    entry = CATALOG.get(xid)
-    return entry.action if entry is not None else None
-
-
 # The immediate action as a metric's ``action`` label, whatever serve's policy: a workflow whose recovery
 # is a reset is a reset; a VM's restart is, for a container in that VM, a reboot.
 LABELS = {

@@ -20,7 +20,7 @@ HEAVY = ("typing", "ctypes", "subprocess", "json", "re", "argparse", "logging", 
          "contextlib", "importlib", "socket",
          "selectors", "encodings.utf_8_sig",
          # what a probe needs only while it runs, never to be declared
-         "probes.proc", "probes.hardware.nvml_lib", "probes.hardware.nvml_read", "probes.framework.torch_worker",
+         "probes.proc", "probes.hardware.nvml_lib", "probes.framework.torch_worker",
          "probes.framework.model_worker", "probes.framework.nccl_worker", "probes.framework.checkpoint_child",
          "probes.framework.free_memory", "probes.framework.cuda_errors",
          # the services' sockets, jupyter-kernel's client and its run: never with the services off

@@ -122,8 +122,8 @@ def test_the_catalog_decides_what_latches():
     assert [severity("xid", x, s) for x in (13, 31, 8, 94, 68)] == ["application"] * 5
     assert [severity("xid", x, s) for x in (43, 63, 92, 14, 137)] == ["no-action"] * 5
     assert [severity("xid", x, s) for x in (45, 54, 144, 149, 154, 159, 167, 1, 9999)] == ["other"] * 9
-    assert xids.action(79) == xids.RESTART_BM and xids.action(109) == xids.RESET_GPU
-    assert xids.action(43) == xids.IGNORE and xids.action(9999) is None
+    assert xids.CATALOG[79].action == xids.RESTART_BM and xids.CATALOG[109].action == xids.RESET_GPU
+    assert xids.CATALOG[43].action == xids.IGNORE and 9999 not in xids.CATALOG
     s = load(clean_env(HEALTHCHECK_XID_IGNORE="79,13"))[0]
     assert severity("xid", 79, s) == "ignored" and severity("xid", 13, s) == "ignored"
     # an operator's list replaces the catalog's: what it leaves out warns, never latches
@@ -136,11 +136,11 @@ def test_every_code_of_the_catalog_is_there_with_its_immediate_action():
     assert all(x.action in xids.BUCKETS and x.mnemonic.isupper() and x.meaning for x in xids.CATALOG.values())
     # facts from the catalog that the first table got wrong or left out
     for code in (46, 62, 110, 136, 143, 155, 156, 158, 109):
-        assert xids.action(code) == xids.RESET_GPU, code
+        assert xids.CATALOG[code].action == xids.RESET_GPU, code
     assert xids.CATALOG[79].mnemonic == "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"
-    assert (xids.action(74), xids.action(48), xids.action(45)) == (
+    assert (xids.CATALOG[74].action, xids.CATALOG[48].action, xids.CATALOG[45].action) == (
         xids.WORKFLOW_NVLINK_ERR, xids.WORKFLOW_XID_48, xids.WORKFLOW_XID_45)
-    assert {xids.action(c) for c in range(144, 151)} == {xids.WORKFLOW_NVLINK5_ERR}
+    assert {xids.CATALOG[c].action for c in range(144, 151)} == {xids.WORKFLOW_NVLINK5_ERR}
 
 
 def test_every_action_has_a_metric_label_and_the_latching_ones_are_reset_or_reboot():
