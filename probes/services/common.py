@@ -1,5 +1,4 @@
-"""What the service probes share: the causes of a connection that failed or stalled, and how what
-a server sent is read and shown."""
+"""What the service probes share: the causes of a failed or stalled connection, and reading a reply."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Connect, read and speak HTTP/1.x for the service probes, every blocking call given only the time
-left and the reply parsed strictly, every part bounded (``http.client`` would import ``ssl`` and
-``email`` on every liveness run). Connections are direct (no proxy).
-"""
+"""TCP and HTTP/1.x for the service probes: each blocking call gets only the time left, the reply is
+parsed strictly, every part bounded (``http.client`` would import ``ssl`` and ``email`` on every
+liveness run). Connections are direct (no proxy)."""
 
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ class TooLarge(HttpError):
 
 
 def arm(sock: socket.socket, deadline: float) -> None:
-    """Give the next blocking call on ``sock`` only the time left; raise timeout when none is."""
+    """Give the next blocking call on ``sock`` only the time left (timeout when none is)."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise timeout("deadline")
@@ -109,6 +108,7 @@ def listening() -> list[tuple[int, bytes, int, int]]:
 
 
 def listeners() -> dict[int, set[int]]:
+    """The uids listening on each port."""
     by_port: dict[int, set[int]] = {}
     for _, _, port, uid in listening():
         by_port.setdefault(port, set()).add(uid)

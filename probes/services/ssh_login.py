@@ -1,10 +1,7 @@
-"""ssh-login: a real SSH key login over loopback succeeds and its forced command exits 0 (opt-in).
-
-A banner proves that sshd answers; only a login proves that a user can get in. The client, the
-known hosts file of the run and the cache readiness reuses: docs/probes.md; the probe principal:
-docs/image.md. The private key is never read by the suite. Command line: ``ssh -F /dev/null -o
-BatchMode=yes -o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes -i KEY -l USER 127.0.0.1 true``.
-"""
+"""ssh-login: a real SSH key login over loopback runs its forced command (opt-in): a banner shows that
+sshd answers, only a login that a user gets in (docs/probes.md; the probe principal: docs/image.md).
+Command line: ``ssh -F /dev/null -o BatchMode=yes -o UserKnownHostsFile=FILE -o
+StrictHostKeyChecking=yes -i KEY -l USER 127.0.0.1 true``."""
 
 from __future__ import annotations
 
