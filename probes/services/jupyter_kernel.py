@@ -252,12 +252,11 @@ def judge(data: dict[str, Any], ctx: Context | None) -> Result:
 
         return deep.lock_timeout(NAME, data, unit=UNIT)
     result = _judge(data, ctx)
-    how, age = (data.get("cache") or {}).get("how"), (data.get("cache") or {}).get("age", 0)
-    if how == "ttl":
-        result = result._replace(message=f"{result.message} (cached, {age:.0f}s old)")
-    elif how == "idle":
-        result = result._replace(message=f"{result.message} (the result of {age:.0f}s ago: the server has "
-                                 "been idle since)")
+    cache = data.get("cache") or {}
+    said = {"ttl": "cached, {:.0f}s old", "idle": "the result of {:.0f}s ago: the server has been idle since"}
+    if cache.get("how") in said:
+        note = said[cache["how"]].format(cache.get("age", 0))
+        result = result._replace(message=f"{result.message} ({note})")
     if data.get("lingered") and result.reason != KERNEL_LEFT.reason:
         left = data.get("cleanup", {}).get("left")
         return verdict(NAME, KERNEL_LEFT, f"{result.message}; and the kernel could not be removed ({left} "
