@@ -261,7 +261,7 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
     elif got["outcome"] == "response":  # refused: nothing was started
         _forget(ctx.state, kid)
         said = [doc[k] for k in ("message", "reason") if isinstance(doc.get(k), str) and doc[k].strip()]
-        why = first_cause(said[0], 200) if said else f"HTTP {got['status']}"
+        why = first_cause(said[0]) if said else f"HTTP {got['status']}"
         return {"outcome": "start-failed", "why": why, "interpreter": interpreter_problem(spec, srv)}
     elif got["outcome"] == "timeout":  # no answer: the server may still start it under our id
         out = {"outcome": "timeout", "stage": "start"}

@@ -115,8 +115,8 @@ def listeners() -> dict[int, set[int]]:
     return by_port
 
 
-def nearby(expected: int, limit: int = 5) -> list[str]:
-    """The listening ports nearest to ``expected`` ("127.0.0.1:2222", "*:8888"), to explain a refusal."""
+def nearby(expected: int) -> list[str]:
+    """The five listening ports nearest to ``expected`` ("127.0.0.1:2222", "*:8888"), to explain a refusal."""
     seen = set()
     for family, addr, port, _ in listening():
         # The address as 32-bit words, each printed as a number in host order.
@@ -125,7 +125,7 @@ def nearby(expected: int, limit: int = 5) -> list[str]:
         seen.add(("*" if ip in ("0.0.0.0", "::") else ip, port))  # noqa: S104
     ordered = sorted(seen, key=lambda a: (abs(a[1] - expected), a[1], a[0]))
     shown = (f"*:{port}" if ip == "*" else host_header(ip, port) for ip, port in ordered)
-    return list(dict.fromkeys(shown))[:limit]
+    return list(dict.fromkeys(shown))[:5]
 
 
 def _dechunk(body: bytes) -> bytes | None:
