@@ -1,5 +1,4 @@
-"""What the service probes share: the causes of a connection that failed or stalled, and how what
-a server sent is read and shown."""
+"""What the service probes share: the causes of a failed or stalled connection, and reading a reply."""
 
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ def json_or_none(raw: bytes | str) -> Any:
         return None
 
 
-def excerpt(raw: bytes, limit: int = 40) -> str:
+def excerpt(raw: bytes) -> str:
     """The first line a server sent, quoted and cleaned; latin-1 shows its bytes, never an error."""
     line = raw.lstrip(b"\r\n\t ").split(b"\n", 1)[0].rstrip(b"\r")
-    return "'" + clean(line[: limit * 4].decode("latin-1").strip(), limit) + "'"
+    return "'" + clean(line[:160].decode("latin-1").strip(), 40) + "'"

@@ -1,8 +1,6 @@
-"""jupyter: Jupyter Server answers its unauthenticated ``GET {base_url}api`` with its version (an
-open port is not enough: the kernel completes the TCP handshake for a hung server). Which runtime
-files are trusted: docs/probes.md, "What is trusted in the runtime directory". Command line:
-``curl --noproxy '*' -ksS --max-time 3 http://127.0.0.1:8888/api``.
-"""
+"""jupyter: Jupyter Server answers ``GET {base_url}api`` with its version, not only an open port
+(docs/probes.md, "What is trusted in the runtime directory"). Command line:
+``curl --noproxy '*' -ksS --max-time 3 http://127.0.0.1:8888/api``."""
 
 from __future__ import annotations
 
@@ -87,10 +85,8 @@ WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*")  # noqa: S104  (addresses to listen 
 PATH_CHARS = frozenset("-._~/!$&'()*+,;=:@%0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 TOKEN_CHARS = frozenset("-._~+/=0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 MAX_RUNTIME_FILE, MAX_BASE_URL, MAX_TOKEN = 64 * 1024, 256, 512  # bytes, characters, characters
-MAX_DIR_ENTRIES = 4096  # entries of the runtime directory looked at: a flooded directory cannot stall us
-MAX_CANDIDATES = 16  # jpserver-*.json files examined
-MAX_NAME = 64  # characters of a file name shown in messages and facts
-SHOWN_REFUSED = 5  # refused files named in the facts
+MAX_DIR_ENTRIES, MAX_CANDIDATES = 4096, 16  # entries of the runtime directory read; jpserver-*.json examined
+MAX_NAME, SHOWN_REFUSED = 64, 5  # characters of a file name shown; refused files named in the facts
 SPOKE_TLS = ("response", "timeout", "too-large", "bad-http", "closed")  # exchange's, after a handshake
 
 
@@ -188,13 +184,9 @@ def find_runtime_file(config: Config, secret: bool = False
     found: list[dict[str, Any]] = []
     refused: list[tuple[str, str]] = []
     try:
-        names: list[str] = []
-        with os.scandir(dir_fd) as entries:
-            for i, entry in enumerate(entries):
-                if i >= MAX_DIR_ENTRIES or len(names) >= MAX_CANDIDATES:
-                    break
-                if entry.name.startswith("jpserver-") and entry.name.endswith(".json"):
-                    names.append(entry.name)
+        with os.scandir(dir_fd) as entries:  # a flooded directory is read only so far
+            names = [e.name for _, e in zip(range(MAX_DIR_ENTRIES), entries)
+                     if e.name.startswith("jpserver-") and e.name.endswith(".json")][:MAX_CANDIDATES]
         ports = net.listeners() if names else {}
         for name in sorted(names):
             try:
@@ -211,7 +203,6 @@ def find_runtime_file(config: Config, secret: bool = False
 
 
 def quote_path(path: str, safe: frozenset[str] = PATH_CHARS) -> str:
-    """``path`` with anything outside ``safe`` percent-encoded."""
     return "".join(ch if ch in safe else "".join(f"%{b:02X}" for b in ch.encode("utf-8")) for ch in path)
 
 
@@ -221,10 +212,8 @@ def gather(ctx: Context) -> dict[str, Any]:
     cfg, deadline, t0 = ctx.config, ctx.deadline, time.monotonic()
     own = cfg.of(JupyterSettings)
     found, refused = find_runtime_file(cfg)
-    if found is not None:
-        host, port, base_url, secure = found["host"], found["port"], found["base_url"], found["secure"]
-    else:
-        host, port, base_url, secure = cfg.host, own.jupyter_port, own.jupyter_base_url, bool(own.jupyter_tls)
+    host, port, base_url, secure = (found["host"], found["port"], found["base_url"], found["secure"]) \
+        if found else (cfg.host, own.jupyter_port, own.jupyter_base_url, bool(own.jupyter_tls))
     path = quote_path(base_url + "api")
     data: dict[str, Any] = {"source": found["file"] if found else None, "host": host, "port": port,
                             "base_url": base_url, "secure": secure, "path": path,

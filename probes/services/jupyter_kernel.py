@@ -1,6 +1,5 @@
-"""jupyter-kernel: through Jupyter Server, a kernel starts, imports torch, runs a verified op on the
-torch-cuda probe's device and is shut down (docs/probes.md, "The notebook path"); kernel_run.py runs it.
-"""
+"""jupyter-kernel: a kernel started through Jupyter Server runs a verified op with torch and is shut down
+(docs/probes.md, "The notebook path"); kernel_run.py runs it."""
 
 from __future__ import annotations
 
@@ -142,9 +141,8 @@ def requirements(config: Config) -> tuple[str, ...]:
 
 
 def server(ctx: Context) -> tuple[Server, str | None, str]:
-    """The server as the jupyter probe finds it (the token only for a listener of its owner, ``uid``
-    the listening socket's owner when one alone listens), the runtime file that said so, and why the
-    token file's token was withheld ("" when it was not)."""
+    """The server as the jupyter probe finds it (a token only for its owner's listener; ``uid`` when one
+    alone listens), the runtime file that said so, and why the token file's token was withheld, or ""."""
     from probes.services import jupyter, net
     from probes.services.kernel_run import Server
 
@@ -166,8 +164,8 @@ def server(ctx: Context) -> tuple[Server, str | None, str]:
 
 def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
            status: tuple[int, float] | None) -> dict[str, Any] | None:
-    """A cached result for the same key, judged again: whatever it was while the server has stayed
-    idle since (``status``: its kernels and last activity), else a pass or warning younger than ``ttl``."""
+    """A cached result for the same key, judged again: any while the server has stayed idle since
+    (``status``: its kernels and last activity), else a pass or warning younger than ``ttl``."""
     if not isinstance(entry, dict) or entry.get("key") != key:
         return None
     data, finished = entry.get("data"), _number(entry.get("finished"))
@@ -254,12 +252,11 @@ def judge(data: dict[str, Any], ctx: Context | None) -> Result:
 
         return deep.lock_timeout(NAME, data, unit=UNIT)
     result = _judge(data, ctx)
-    how, age = (data.get("cache") or {}).get("how"), (data.get("cache") or {}).get("age", 0)
-    if how == "ttl":
-        result = result._replace(message=f"{result.message} (cached, {age:.0f}s old)")
-    elif how == "idle":
-        result = result._replace(message=f"{result.message} (the result of {age:.0f}s ago: the server has "
-                                 "been idle since)")
+    cache = data.get("cache") or {}
+    said = {"ttl": "cached, {:.0f}s old", "idle": "the result of {:.0f}s ago: the server has been idle since"}
+    if cache.get("how") in said:
+        note = said[cache["how"]].format(cache.get("age", 0))
+        result = result._replace(message=f"{result.message} ({note})")
     if data.get("lingered") and result.reason != KERNEL_LEFT.reason:
         left = data.get("cleanup", {}).get("left")
         return verdict(NAME, KERNEL_LEFT, f"{result.message}; and the kernel could not be removed ({left} "

@@ -1,10 +1,9 @@
-"""jupyter-kernel's client and one kernel's run: the REST API, the cell over the kernel's channels
-(Jupyter messaging protocol v5) while its processes and the server's word are watched, why it died,
-and its removal on every path, from a record in the state dir (docs/probes.md, "The notebook path").
-"""
+"""jupyter-kernel's client and one kernel's run, watched, and removed on every path from a record in
+the state dir (docs/probes.md, "The notebook path")."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,19 +22,12 @@ if TYPE_CHECKING:
     from typing import Any
 
 PATH_CHARS = jupyter.PATH_CHARS - {"%"}
-UNTRACKED = "no_track_activity=1"  # Jupyter Server leaves its last_activity alone for such a request
 KERNEL_ID = re.compile(r"[0-9A-Za-z-]{1,64}")
 MAX_ARGV, MAX_RECORDS = 64, 64  # argv words kept of a kernelspec, records of kernels looked at by a run
 MAX_OUTPUT, MAX_FRAME = 64 * 1024, 1024 * 1024  # characters of the cell's stdout kept; of one message read
 RECORD = "kernel-"  # the record of a kernel asked for: kernel-<id>.json in the state dir
-POLL = 0.02  # seconds between looks at the kernel's processes: one that fails an import dies at once
 ASK_EVERY = 1.0  # seconds between asking the server about a starting kernel
-TERM_GRACE = 0.5  # seconds a kernel gets to exit on SIGTERM before it is killed
-DELETE_WAIT = 2.0  # seconds the server gets to shut the kernel down before its processes are ended
-SETTLE = 1.0  # seconds a kernel the server has shut down gets for its process to be gone
-STOP_WAIT = 0.4  # the same, on SIGTERM: the front door kills the suite a second after it
-STALE = 300.0  # seconds after which a kernel never answered and not listed by the server is forgotten
-REPLAY = 5.0  # seconds the kernelspec's command gets when run again to read why it died
+STOP_WAIT = 0.4  # seconds for the server, then the processes, on SIGTERM: the front door kills a second later
 # The command run again: the connection file is opened as the kernel's user in the scratch dir (its
 # working directory until then: root's state dir above is closed to that user) and handed on as
 # descriptor 3; the kernel then runs in $0, the user's home, where the server starts its kernels.
@@ -53,8 +45,8 @@ _stopping: list[bool] = []
 
 
 class Server:
-    """Where the server is and how to speak to it; ``token`` is never shown (nor in a repr, so this
-    is no record). ``pid``: from a trusted runtime file; ``uid``: whose listening socket answers."""
+    """``token`` is never shown (nor in a repr: no record). ``pid``: from a trusted runtime file;
+    ``uid``: whose listening socket answers."""
 
     def __init__(self, host: str, port: int, base_url: str, secure: bool, token: str, pid: int | None,
                  uid: int | None = None) -> None:
@@ -66,8 +58,8 @@ class Server:
 
 
 def rest(srv: Server, method: str, tail: str, deadline: float, body: Any = None) -> dict[str, Any]:
-    """One REST call: ``net.exchange``'s outcome, with ``doc``, the JSON answer, when there is one."""
-    got = net.exchange(srv.host, srv.port, f"{srv.path(tail)}?{UNTRACKED}", srv.secure, deadline,
+    """``net.exchange``'s outcome, with ``doc``, the JSON answer; the server's last_activity stays."""
+    got = net.exchange(srv.host, srv.port, f"{srv.path(tail)}?no_track_activity=1", srv.secure, deadline,
                        method=method, headers=f"Authorization: token {srv.token}\r\n" if srv.token else "",
                        body=b"" if body is None else json.dumps(body).encode())
     if got["outcome"] == "response":
@@ -104,11 +96,10 @@ def first_cause(text: str, limit: int = 200) -> str:
     """The line of a process's output that names the cause (docs/probes.md, "kernel-died"); a long
     one loses Python's filler words, then its middle, never the names at its ends."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    picked = [i for i, ln in enumerate(lines) if RAISED.match(ln)] or \
-        [i for i, ln in enumerate(lines) if WARNED.match(ln)] or [len(lines) - 1]
-    at = picked[-1]
-    if at < 0:  # no line at all
+    if not lines:
         return ""
+    at = ([i for i, ln in enumerate(lines) if RAISED.match(ln)] or
+          [i for i, ln in enumerate(lines) if WARNED.match(ln)] or [len(lines) - 1])[-1]
     frames = [m.group(1) for m in map(FRAME.match, lines[:at]) if m and not m.group(1).startswith("<")]
     line = lines[at] + (f" (in {frames[-1]})" if frames and "/" not in lines[at] else "")
     line = untrusted.clean(line, 4 * limit)
@@ -122,8 +113,7 @@ def first_cause(text: str, limit: int = 200) -> str:
 
 class Procs:
     """The kernel's live processes, ``{pid: start}``: those whose command line names its connection
-    file. Another's process older than a second (a younger one may not have exec'd yet) is not read
-    again, so a look costs little more than a listing of /proc."""
+    file. Another's older than a second (a younger may not have exec'd yet) is not read again."""
 
     def __init__(self, kernel_id: str) -> None:
         self.mark = f"kernel-{kernel_id}.json".encode()
@@ -186,7 +176,7 @@ def _beside(call: Callable[[], Any], procs: Procs, seen: dict[int, int], until: 
                                             ("dead", "restarting")):
                 return thread, True
             ask = time.monotonic() + ASK_EVERY
-        thread.join(POLL)
+        thread.join(0.02)  # a kernel that fails an import dies at once
     return thread, False
 
 
@@ -235,8 +225,7 @@ def _cell(ws: Any, srv: Server, kid: str, code: str, deadline: float, box: dict[
                 box["replied"] = True
         if not box["died"]:
             box["stage"] = "done"
-    except Exception as exc:  # websocket-client's errors, socket timeouts, a handshake refused
-        # In fixed words: an exception's text could quote a header or a URL.
+    except Exception as exc:  # said in fixed words: an exception's text could quote a header or a URL
         status, kind = getattr(exc, "status_code", None), type(exc).__name__
         late = isinstance(exc, (TimeoutError, net.timeout)) or kind == "WebSocketTimeoutException"
         box["failed"] = (f"the server refused the channels with HTTP {status}" if isinstance(status, int)
@@ -272,7 +261,7 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
     elif got["outcome"] == "response":  # refused: nothing was started
         _forget(ctx.state, kid)
         said = [doc[k] for k in ("message", "reason") if isinstance(doc.get(k), str) and doc[k].strip()]
-        why = first_cause(said[0], 200) if said else f"HTTP {got['status']}"
+        why = first_cause(said[0]) if said else f"HTTP {got['status']}"
         return {"outcome": "start-failed", "why": why, "interpreter": interpreter_problem(spec, srv)}
     elif got["outcome"] == "timeout":  # no answer: the server may still start it under our id
         out = {"outcome": "timeout", "stage": "start"}
@@ -290,17 +279,15 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
                                    srv, kid)
             if thread.is_alive():  # end its blocked call from here
                 for stop in (ws.abort, lambda: ws.close(timeout=0.2)):
-                    try:
+                    with contextlib.suppress(Exception):  # a connection that may never have opened
                         stop()
-                    except Exception:  # noqa: S110 - a connection that may never have opened
-                        pass
                 thread.join(0.5)
             out = {"stage": cell["stage"]}
             if cell["stage"] == "done":
                 out.update(outcome="reply", stdout=cell["stdout"], error=cell["error"],
                            observed=round(time.monotonic() - started, 3))
             elif died or cell["died"] or (cell["failed"] and seen and not live(seen)):
-                out.update(outcome="died", **replay(ctx, spec, srv, min(share, time.monotonic() + REPLAY)))
+                out.update(outcome="died", **replay(ctx, spec, srv, min(share, time.monotonic() + 5.0)))
             elif cell["failed"] and cell["failed"] != "timeout" and time.monotonic() < share:
                 out.update(outcome="channels-failed", why=cell["failed"])
             else:
@@ -313,15 +300,15 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
 
 
 def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[int, int], end: float,
-           wait: float = DELETE_WAIT) -> dict[str, Any]:
+           wait: float = 2.0) -> dict[str, Any]:
     """DELETE the kernel; if the server has not shut it down in ``wait`` seconds, its processes and
     all below them get SIGTERM then SIGKILL, and the server is asked again. Its record goes once the
     server confirms it gone: 2xx, or 404 for a kernel whose start it answered (a server lists one it
-    is still starting only once started)."""
+    is still starting only once started), or that is five minutes old."""
     def gone(got: dict[str, Any]) -> bool:
         status = got.get("status")
         return status in (200, 204) or (status == 404 and (rec.get("answered") is True
-                                                           or time.time() - rec["time"] > STALE))
+                                                           or time.time() - rec["time"] > 300))
 
     def tree() -> dict[int, int]:
         procs = pidstat.table(alive=True)
@@ -333,14 +320,13 @@ def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[
     known: dict[int, int] = {}
     try:
         out["deleted"] = gone(rest(srv, "DELETE", f"api/kernels/{kid}", min(end, time.monotonic() + wait)))
-        # Shut down: its process may still be exiting.
-        settle = min(end, time.monotonic() + (SETTLE if out["deleted"] else 0.0))
+        settle = min(end, time.monotonic() + (1.0 if out["deleted"] else 0.0))  # shut down, it may be exiting
         left = live(Procs(kid).scan() | live(seen), settle)
         if left:
             out["ended"], stop = len(left), max(end, time.monotonic() + 0.2)
             for pid, start in tree().items():
                 pidstat.signal_same(pid, start, signal.SIGTERM)
-            until = min(stop, time.monotonic() + TERM_GRACE)
+            until = min(stop, time.monotonic() + 0.5)
             while time.monotonic() < until and tree():
                 time.sleep(0.02)
             for pid, start in (killed := tree()).items():
@@ -374,8 +360,8 @@ def _forget(state: State, kid: str) -> None:
 
 
 def reap(state: State, srv: Server, deadline: float) -> None:
-    """Remove the kernels earlier runs left on ``srv``: those of runs that are gone, and this process's
-    own that no run of it is using (``serve`` lives on). Another server's wait: its token is not ours."""
+    """Remove the kernels that ended runs left on ``srv``, and this process's own that no run of it uses
+    (``serve`` lives on). Another server's wait: its token is not ours."""
     if not state.enabled or state.path is None:
         return
     try:
@@ -433,14 +419,13 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
         if entry is not None and srv.uid != me:
             env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
     env.update(spec["env"])
-    socks: dict[str, socket.socket] = {}
     try:
-        for kind in ("shell", "iopub", "stdin", "control", "hb"):  # free ports for the connection file
-            socks[f"{kind}_port"] = sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-        ports = {name: int(sock.getsockname()[1]) for name, sock in socks.items()}
-        for sock in socks.values():  # closed before the kernel starts
-            sock.close()
+        with contextlib.ExitStack() as stack:  # free ports for the connection file, closed before it runs
+            socks = {f"{kind}_port": stack.enter_context(socket.socket())
+                     for kind in ("shell", "iopub", "stdin", "control", "hb")}
+            for sock in socks.values():
+                sock.bind(("127.0.0.1", 0))
+            ports = {name: int(sock.getsockname()[1]) for name, sock in socks.items()}
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         with os.fdopen(fd := os.open(os.path.join(work, "kernel.json"), flags, 0o600), "w") as fh:
             if user is not None:
@@ -454,8 +439,6 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
     except OSError:
         return {"unread": "its connection file could not be written"}
     finally:
-        for sock in socks.values():
-            sock.close()
         drop_scratch(work)
     if done.timed_out or done.spawn_error:
         return {"said": None}

@@ -1,14 +1,11 @@
-"""Connect, read and speak HTTP/1.x for the service probes, every blocking call given only the time
-left and the reply parsed strictly, every part bounded (``http.client`` would import ``ssl`` and
-``email`` on every liveness run). Connections are direct (no proxy).
-"""
+"""TCP and HTTP/1.x for the service probes: each blocking call gets only the time left, the reply is
+parsed strictly, every part bounded (``http.client`` would import ``ssl`` and ``email`` on every
+liveness run). Connections are direct (no proxy)."""
 
 from __future__ import annotations
 
-# _socket, not socket: socket.py's enums and selectors would cost every liveness run
-# (docs/benchmark.md); ssl, imported for a TLS server only, takes this socket as it is.
-import _socket
 import os
+import socket
 import sys
 import time
 
@@ -18,7 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-timeout = _socket.timeout  # TimeoutError from Python 3.10
+timeout = socket.timeout  # TimeoutError from Python 3.10
 MAX_HEAD, MAX_BODY = 16 * 1024, 64 * 1024
 MAX_REPLY = MAX_HEAD + 2 * MAX_BODY
 MAX_CHUNKS = 1024  # the reply is parsed again as it grows: bound the work of each parse
@@ -41,25 +38,25 @@ class TooLarge(HttpError):
     """The reply, or a part of it, exceeds its bound."""
 
 
-def arm(sock: _socket.socket, deadline: float) -> None:
-    """Give the next blocking call on ``sock`` only the time left; raise timeout when none is."""
+def arm(sock: socket.socket, deadline: float) -> None:
+    """Give the next blocking call on ``sock`` only the time left (timeout when none is)."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise timeout("deadline")
     sock.settimeout(max(left, 0.001))  # settimeout(0) would mean non-blocking, not "no time left"
 
 
-def connect(host: str, port: int, deadline: float) -> _socket.socket:
+def connect(host: str, port: int, deadline: float) -> socket.socket:
     """Connect to each address of ``host`` in turn until one accepts, all by ``deadline`` (NetError)."""
     try:
         # An ASCII name goes as bytes: a str would import the IDNA codec to encode it.
         name: str | bytes = host.encode("ascii") if host.isascii() else host
-        infos = _socket.getaddrinfo(name, port, type=_socket.SOCK_STREAM)
-    except (_socket.gaierror, UnicodeError):
+        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
         raise NetError("resolve") from None
     kind, detail = "unreachable", ""
     for family, type_, proto, _, addr in infos:
-        sock = _socket.socket(family, type_, proto)
+        sock = socket.socket(family, type_, proto)
         try:
             arm(sock, deadline)
             sock.connect(addr)
@@ -80,11 +77,11 @@ def is_loopback(host: str) -> bool:
     """Whether ``host`` is "localhost" or a loopback address literal (127/8, ::1, ::ffff:127/104)."""
     name = host.strip("[]").lower()
     try:
-        return name == "localhost" or _socket.inet_pton(_socket.AF_INET, name)[0] == 127
+        return name == "localhost" or socket.inet_pton(socket.AF_INET, name)[0] == 127
     except (OSError, ValueError):
         pass
     try:
-        packed = _socket.inet_pton(_socket.AF_INET6, name)
+        packed = socket.inet_pton(socket.AF_INET6, name)
     except (OSError, ValueError):
         return False
     return packed == bytes(15) + b"\x01" or packed[:13] == bytes(10) + b"\xff\xff\x7f"
@@ -94,7 +91,7 @@ def listening() -> list[tuple[int, bytes, int, int]]:
     """(family, address as the kernel prints it, port, uid) of each listening TCP socket, from
     /proc/net/tcp and tcp6, which need no CAP_SYS_PTRACE (root lacks it in Docker's default set)."""
     found: list[tuple[int, bytes, int, int]] = []
-    for table, family in (("/proc/net/tcp", _socket.AF_INET), ("/proc/net/tcp6", _socket.AF_INET6)):
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
         try:
             with open(table, "rb") as f:
                 next(f, None)  # the header
@@ -111,23 +108,24 @@ def listening() -> list[tuple[int, bytes, int, int]]:
 
 
 def listeners() -> dict[int, set[int]]:
+    """The uids listening on each port."""
     by_port: dict[int, set[int]] = {}
     for _, _, port, uid in listening():
         by_port.setdefault(port, set()).add(uid)
     return by_port
 
 
-def nearby(expected: int, limit: int = 5) -> list[str]:
-    """The listening ports nearest to ``expected`` ("127.0.0.1:2222", "*:8888"), to explain a refusal."""
+def nearby(expected: int) -> list[str]:
+    """The five listening ports nearest to ``expected`` ("127.0.0.1:2222", "*:8888"), to explain a refusal."""
     seen = set()
     for family, addr, port, _ in listening():
         # The address as 32-bit words, each printed as a number in host order.
-        ip = _socket.inet_ntop(family, b"".join(int(addr[i:i + 8], 16).to_bytes(4, sys.byteorder)
+        ip = socket.inet_ntop(family, b"".join(int(addr[i:i + 8], 16).to_bytes(4, sys.byteorder)
                                                for i in range(0, len(addr), 8)))
         seen.add(("*" if ip in ("0.0.0.0", "::") else ip, port))  # noqa: S104
     ordered = sorted(seen, key=lambda a: (abs(a[1] - expected), a[1], a[0]))
     shown = (f"*:{port}" if ip == "*" else host_header(ip, port) for ip, port in ordered)
-    return list(dict.fromkeys(shown))[:limit]
+    return list(dict.fromkeys(shown))[:5]
 
 
 def _dechunk(body: bytes) -> bytes | None:
@@ -221,7 +219,7 @@ def parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
     return None if body is None else {"status": status, "content_type": content_type, "body": body}
 
 
-def _tls(sock: _socket.socket, host: str, deadline: float) -> _socket.socket:
+def _tls(sock: socket.socket, host: str, deadline: float) -> socket.socket:
     import ssl
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -230,8 +228,7 @@ def _tls(sock: _socket.socket, host: str, deadline: float) -> _socket.socket:
         context.verify_mode = ssl.CERT_NONE
     else:
         context.load_default_certs()
-    tls = context.wrap_socket(sock, server_hostname=host.strip("[]"),  # type: ignore[arg-type]
-                              do_handshake_on_connect=False)
+    tls = context.wrap_socket(sock, server_hostname=host.strip("[]"), do_handshake_on_connect=False)
     arm(tls, deadline)
     tls.do_handshake()
     return tls

@@ -1,8 +1,6 @@
 """ssh: sshd answers with an SSH identification line (RFC 4253 4.2; docs/probes.md), not only an
-open port. OpenSSH 9.8+ penalises addresses whose connections close before authenticating
-(``PerSourcePenalties``): keep the probe on loopback, which the image exempts (docs/image.md).
-Command line: ``timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/22; head -c 255 <&3'``.
-"""
+open port. Keep it on loopback, which the image exempts from OpenSSH's ``PerSourcePenalties``
+(docs/image.md). Command line: ``timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/22; head -c 255 <&3'``."""
 
 from __future__ import annotations
 
@@ -45,12 +43,9 @@ SPEC = Spec(
 )
 NAME = SPEC.name
 
-MAX_LINE = 255  # RFC 4253 4.2, including CR LF
-MAX_PRELUDE = 8192  # bytes of other lines tolerated before the identification line
+MAX_LINE, MAX_PRELUDE = 255, 8192  # RFC 4253 4.2, with CR LF; bytes of other lines before that line
 CLIENT_ID = b"SSH-2.0-healthcheck\r\n"
-# sshd sends its banner at once; a server silent for a third of the budget (at most SPEAK_AFTER
-# seconds) may be waiting for the client to speak first: we then send ours.
-SPEAK_SHARE, SPEAK_AFTER = 1 / 3, 1.0
+SPEAK_SHARE, SPEAK_AFTER = 1 / 3, 1.0  # sshd speaks at once; a server this silent may wait for us
 
 
 def _scan(buf: bytes) -> dict[str, Any] | None:

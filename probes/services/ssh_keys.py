@@ -1,8 +1,6 @@
-"""ssh-keys: the SSH user's key files pass sshd's StrictModes, and the account may log in: what sshd
-would refuse, checked without the network (OpenSSH ``auth.c``: ``auth_secure_path``, ``allowed_user``;
-the rules: docs/probes.md), where the client sees only "Permission denied (publickey)". Command line:
-``stat -c '%U %a %n' ~dev/.ssh/authorized_keys``.
-"""
+"""ssh-keys: what sshd would refuse of the SSH user's key files (StrictModes) and account, where the
+client sees only "Permission denied (publickey)" (OpenSSH ``auth.c``; docs/probes.md). Command line:
+``stat -c '%U %a %n' ~dev/.ssh/authorized_keys``."""
 
 from __future__ import annotations
 
@@ -61,8 +59,7 @@ NAME = SPEC.name
 
 
 class System(Record):
-    """Where the accounts and sshd's configuration are read; ``nss``: look a user missing from ``passwd``
-    up through NSS, as sshd would."""
+    """Where accounts and sshd's configuration are read; ``nss``: a user not in ``passwd`` is looked up."""
 
     passwd: str = "/etc/passwd"
     shadow: str = "/etc/shadow"
@@ -79,8 +76,8 @@ KEY_TYPES = frozenset({*KEYS, "ssh-ed448", *(key.split("@")[0] + "-cert-v01@open
 
 
 def sshd_options(path: str, found: dict[str, str], files: list[str]) -> dict[str, str]:
-    """sshd's first value of each keyword (lower case) outside Match blocks, Includes read where they
-    stand; a file that cannot be read is passed over (a non-root run sees sshd's defaults)."""
+    """sshd's first value of each keyword (lower case) before any Match, Includes read where they stand;
+    a file that cannot be read is passed over (a non-root run sees sshd's defaults)."""
     import glob
 
     files.append(path)

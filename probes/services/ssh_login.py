@@ -1,10 +1,7 @@
-"""ssh-login: a real SSH key login over loopback succeeds and its forced command exits 0 (opt-in).
-
-A banner proves that sshd answers; only a login proves that a user can get in. The client, the
-known hosts file of the run and the cache readiness reuses: docs/probes.md; the probe principal:
-docs/image.md. The private key is never read by the suite. Command line: ``ssh -F /dev/null -o
-BatchMode=yes -o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes -i KEY -l USER 127.0.0.1 true``.
-"""
+"""ssh-login: a real SSH key login over loopback runs its forced command (opt-in): a banner shows that
+sshd answers, only a login that a user gets in (docs/probes.md; the probe principal: docs/image.md).
+Command line: ``ssh -F /dev/null -o BatchMode=yes -o UserKnownHostsFile=FILE -o
+StrictHostKeyChecking=yes -i KEY -l USER 127.0.0.1 true``."""
 
 from __future__ import annotations
 
@@ -92,8 +89,7 @@ HOST_ALIAS = "healthcheck-probe"  # the name the known hosts file and the client
 HOST_KEY_DIRS, HOST_KEYS = ("/etc/ssh", "/run/ssh-host-keys/etc/ssh"), "ssh_host_*_key.pub"
 MAX_HOST_KEY = 16 << 10  # bytes of one public host key file
 CACHE = "ssh-login.json"  # the last passing login, reused by readiness while younger than its TTL
-HOSTKEY_WORDS = (b"Host key verification failed", b"IDENTIFICATION HAS CHANGED", b"No matching host key",
-                 b"no matching host key")
+HOSTKEY_WORDS = (b"host key verification failed", b"identification has changed", b"no matching host key")
 # The client with nothing of the caller's SSH set-up: only the probe key, no agent, publickey only.
 OPTIONS = {"BatchMode": "yes", "IdentitiesOnly": "yes", "IdentityAgent": "none",
            "PreferredAuthentications": "publickey", "PasswordAuthentication": "no",
@@ -226,7 +222,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
              if ln.strip() and not ln.startswith((b"debug", b"Authenticated"))]
     said = squeeze(lines[-1], 120) if lines else "no message"
     authenticated = b"Authenticated to " in stderr
-    if any(w in stderr for w in HOSTKEY_WORDS) and not authenticated:
+    if any(w in stderr.lower() for w in HOSTKEY_WORDS) and not authenticated:
         return verdict(NAME, LOGIN_HOSTKEY, f"the server at {where} offered a host key that is not the "
                        f"container's own ({said})", observed=elapsed, unit="s")
     if b"Permission denied" in stderr and not authenticated:
