@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -672,8 +673,19 @@ def test_a_post_answered_after_the_probe_gave_up_leaves_no_kernel_after_the_next
     (other.root / "lib" / "slow").write_text("")
     first = run(8)
     assert "took too long to start; the next run removes it" in first, first
+
+    def started() -> set[str]:
+        # Jupyter Server 2.21 answers 500 to a listing while a kernel is half made (its model has no
+        # execution_state yet): that is the slow start still going on.
+        try:
+            return kernel_ids(other)
+        except urllib.error.HTTPError as e:
+            if e.code != 500:
+                raise
+            return set()
+
     end = time.monotonic() + 20
-    while not kernel_ids(other) and time.monotonic() < end:
+    while not started() and time.monotonic() < end:
         time.sleep(0.2)
     late = kernel_ids(other)
     assert late, "the slow start never finished"
