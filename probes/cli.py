@@ -1,8 +1,5 @@
 """The command line: `healthcheck [--profile P] [--json] [--only N] [--skip N] [-v]` and `healthcheck serve`.
-
-Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error; never 2 (Docker reserves it)
-and never a traceback.
-"""
+Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error; never 2 (Docker's) nor a traceback."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ import signal
 import sys
 
 from probes import __version__, registry
-from probes.config import DEFAULT_PROFILE, PROFILES, Config, ConfigError, load, shown
+from probes.config import DEFAULT_PROFILE, PROFILES, ConfigError, load, shown
 from probes.context import logger
 from probes.untrusted import clean
 
@@ -94,20 +91,6 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
     return opts
 
 
-def _setup_log(cfg: Config) -> tuple[object, str | None]:
-    """(handler, None), or (None, why the run log cannot be used)."""
-    if not cfg.log_file:
-        return None, None
-    import logging
-
-    from probes import logfile
-
-    handler, why = logfile.attach(logger(), cfg.log_file, "%(asctime)s %(process)d %(levelname)s %(message)s")
-    if handler is not None:
-        logger().setLevel(logging.INFO)
-    return handler, why
-
-
 def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     """(exit status, output, abandoned)."""
     from probes import notice, report, runner
@@ -122,15 +105,22 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
                 door.write(b"%d\n" % hard_stop(cfg.timeout))
         except OSError:
             pass
-    handler, log_problem = _setup_log(cfg)
+    handler, log_problem = None, None
+    if cfg.log_file:
+        import logging
+
+        from probes import logfile
+
+        handler, log_problem = logfile.attach(logger(), cfg.log_file, "%(asctime)s %(process)d %(levelname)s "
+                                              "%(message)s")
+        if handler is not None:
+            logger().setLevel(logging.INFO)
     state = State.open(cfg.state_dir)
     outcome = runner.run(cfg, state)
     code = EXIT_UNHEALTHY if outcome.status.value == "fail" else EXIT_OK
     if handler is not None:  # the run log: one line per run
         logger().info("%s exit=%d %s", cfg.profile, code, " ".join(
             f"{r.name}={r.status.value}{'(' + r.reason + ')' if r.reason else ''}" for r in outcome.results))
-        from probes import logfile
-
         log_problem = logfile.problem(handler, cfg.log_file or "")
     if log_problem:  # never a traceback, never another verdict: one note in the report
         outcome = outcome._replace(notes=(*outcome.notes, log_problem))
