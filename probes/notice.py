@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from probes.config import Config
-    from probes.result import Result
     from probes.runner import Outcome
     from probes.spec import Cause, Profile, Spec
     from probes.state import State
@@ -46,26 +45,19 @@ class Verdict(Record):
     action: str = ""  # the cause's action (reboot-node, ...), for the operator reading the log
 
 
-def cause_of(result: Result, probes: Iterable[Spec]) -> Cause | None:
-    """The catalog's cause of ``result``: its probe's, the runner's common ones, a drop-in's."""
+def verdict_of(outcome: Outcome, probes: Iterable[Spec]) -> Verdict:
+    """Healthy unless the run failed (exit 1); then its first failure, in its cause's words."""
     from probes import dropins, runner
 
-    spec = next((s for s in probes if s.name == result.name), None)
-    tables: tuple[tuple[Cause, ...], ...]
-    if spec is None:
-        tables = (runner.COMMON_CAUSES, dropins.CAUSES)
-    else:  # its own causes first: a drop-in's `deadline` is its owner's, not the runner's
-        tables = (dropins.CAUSES if spec.dropin is not None else spec.causes, runner.COMMON_CAUSES)
-    return next((c for table in tables for c in table if c.reason == result.reason), None)
-
-
-def verdict_of(outcome: Outcome, probes: Iterable[Spec]) -> Verdict:
-    """Healthy unless the run failed (exit 1); then its first failure."""
     when = max((r.time for r in outcome.results), default=0.0) or time.time()
     problem = outcome.first_problem if outcome.status is Status.FAIL else None
     if problem is None:
         return Verdict(when)
-    cause = cause_of(problem, probes)
+    spec = next((s for s in probes if s.name == problem.name), None)
+    tables: tuple[tuple[Cause, ...], ...] = (runner.COMMON_CAUSES, dropins.CAUSES)
+    if spec is not None:  # its own causes first: a drop-in's `deadline` is its owner's, not the runner's
+        tables = (dropins.CAUSES if spec.dropin is not None else spec.causes, runner.COMMON_CAUSES)
+    cause = next((c for table in tables for c in table if c.reason == problem.reason), None)
     remedy = cause.remedy.replace("`", "") if cause is not None else ""
     detail = problem.message.removesuffix(f": {remedy}") if remedy else problem.message
     if problem.actor != "tenant":  # the result's own, from its cause when it was judged
@@ -166,12 +158,12 @@ def container_started() -> float | None:
         return None
 
 
-def log_line(line: str, path: str | None = None) -> bool:
+def log_line(line: str) -> bool:
     """Into PID 1's stderr, non-blocking (a full pipe costs the line, never the run), in one write
     of under PIPE_BUF bytes: never interleaved with another writer's."""
     data = (clean(line, MAX_LINE) + "\n").encode("utf-8", "backslashreplace")
     try:
-        fd = os.open(path or os.environ.get(LOG_ENV) or "/proc/1/fd/2",
+        fd = os.open(os.environ.get(LOG_ENV) or "/proc/1/fd/2",
                      os.O_WRONLY | os.O_NONBLOCK | os.O_APPEND | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return False

@@ -80,8 +80,7 @@ def _log_exception(message: str, *args: object) -> None:
 
 
 def _raised(spec: Spec, exc: Exception) -> Result:
-    """"Not checked" when a resource limit is why the probe raised, else an internal error; the
-    exception's text goes to the log only."""
+    """"Not checked" when a resource limit is why, else an internal error; its text goes to the log only."""
     import errno  # built in: importing it needs no file
 
     _log_exception("probe %s raised", spec.name)
@@ -95,7 +94,7 @@ def _raised(spec: Spec, exc: Exception) -> Result:
 
 
 def _deadline(spec: Spec, ctx: Context, budget: float) -> Result:
-    """The result of a probe that gave none by its deadline: its module's ``on_deadline``, if any."""
+    """Its module's ``on_deadline`` result, if any."""
     try:
         hook: Callable[[Context], Result] | None = getattr(spec.load(), "on_deadline", None)
         if hook is not None:
@@ -115,23 +114,6 @@ def _work(spec: Spec, ctx: Context, box: list[tuple[Result, float]], answered: t
     answered.set()
 
 
-def _not_run(spec: Spec, latch: dict[str, object] | None, torch_selected: bool, needed: list[Result],
-             by_name: dict[str, Spec]) -> Result | None:
-    """The result of a hardware probe under a latch, or of one whose requirement failed."""
-    if latch is not None and spec.layer == "hardware":
-        why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
-               "the GPU is not touched until the container restarts")
-        result = verdict(spec.name, LATCHED, why, remedy=False)  # it says when the latch clears
-        # torch-cuda reports the latch; the hardware probes stand aside
-        return result._replace(status=Status.SKIP) if torch_selected else result
-    bad = [r for r in needed if not r.ok]
-    if bad:
-        layer = by_name[bad[0].name].layer
-        return verdict(spec.name, DEPENDENCY_FAILED, f"skipped: the {layer} layer failed "
-                       f"({bad[0].name}: {bad[0].message})", remedy=False)
-    return None
-
-
 def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) -> Outcome:
     start, wall = time.monotonic(), time.time()
     end = run_deadline(config.timeout, start)
@@ -148,9 +130,18 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
     abandoned = False
 
     def begin(spec: Spec) -> Result | None:
-        given = _not_run(spec, latch, torch_selected, [results[n] for n in needs[spec.name]], by_name)
-        if given is not None:
-            return given
+        """Start ``spec``'s thread; else the result of a hardware probe under a latch, of one whose
+        requirement failed, or of one whose thread cannot start."""
+        if latch is not None and spec.layer == "hardware":
+            why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
+                   "the GPU is not touched until the container restarts")
+            result = verdict(spec.name, LATCHED, why, remedy=False)  # it says when the latch clears
+            # torch-cuda reports the latch; the hardware probes stand aside
+            return result._replace(status=Status.SKIP) if torch_selected else result
+        bad = [results[n] for n in needs[spec.name] if not results[n].ok]
+        if bad:
+            return verdict(spec.name, DEPENDENCY_FAILED, f"skipped: the {by_name[bad[0].name].layer} layer "
+                           f"failed ({bad[0].name}: {bad[0].message})", remedy=False)
         t0 = time.monotonic()
         ctx = Context(config, min(t0 + spec.timeout, end), dict(results), state, wall, spec)
         box: list[tuple[Result, float]] = []
