@@ -8,8 +8,9 @@ import signal
 import sys
 
 from probes import __version__, registry
-from probes.config import DEFAULT_PROFILE, PROFILES, ConfigError, load, shown
+from probes.config import DEFAULT_PROFILE, ConfigError, load, shown
 from probes.context import logger
+from probes.spec import ALL_PROFILES
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
@@ -27,7 +28,8 @@ _door: int | None = None
 # (names, the value's name or "" for a switch, help): parsed and shown in --help from this one
 # table; each is config.load's keyword named by its last name.
 FLAGS = (
-    (("--profile",), "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p for p in PROFILES)),
+    (("--profile",), "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p
+                                          for p in ALL_PROFILES)),
     (("--json",), "", "print application/health+json"),
     (("--only",), "NAMES", "run only these probes or drop-in checks (comma-separated)"),
     (("--skip",), "NAMES", "do not run these probes or drop-in checks"),

@@ -11,7 +11,7 @@ from probes import registry, spec
 from probes.deadlines import FRONT_DOOR_GRACE
 from probes.numbers import NUMBER_FORM, is_integer_text, is_number_text
 from probes.record import Record
-from probes.spec import PROFILE_RULES, Declared, Setting, setting
+from probes.spec import ALL_PROFILES, PROFILE_RULES, Declared, Setting, setting
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
     D = TypeVar("D", bound=Declared)
 
-PROFILES = spec.ALL_PROFILES
 DEFAULT_PROFILE = "readiness"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_CHECKS_DIR = "/etc/healthcheck.d"
@@ -173,7 +172,7 @@ class Notices(Declared):
 
 GLOBAL_SETTINGS = (
     Setting("HEALTHCHECK_PROFILE", "profile", spec.CHOICE, DEFAULT_PROFILE,
-            "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=PROFILES),
+            "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=ALL_PROFILES),
     Setting("HEALTHCHECK_TIMEOUT", "timeout", spec.NUMBER, None,
             "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
             f"the front door kills the run {FRONT_DOOR_GRACE} s later", low=0, high=MAX_TIMEOUT,
@@ -266,9 +265,8 @@ def default_on(probe: Spec, values: Mapping[str, Any]) -> bool:
 def parse_setting(row: Setting, raw: str) -> Any:
     name, kind = row.env, row.kind
     if kind in (spec.NUMBER, spec.INTEGER):
-        value = parse_number(name, raw, low=row.low, high=row.high,
-                             low_inclusive=row.low_inclusive, integer=kind == spec.INTEGER)
-        return int(value) if kind == spec.INTEGER else value
+        return parse_number(name, raw, low=row.low, high=row.high, low_inclusive=row.low_inclusive,
+                            integer=kind == spec.INTEGER)
     if kind == spec.CHOICE:
         return parse_choice(name, raw, row.choices)
     parse = {spec.BOOL: parse_bool, spec.PORT: parse_port, spec.URL_PATH: parse_base_url,
@@ -288,21 +286,15 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
          json: bool = False, verbose: bool = False, only: str | None = None,
          skip: str | None = None) -> Config:
     env = os.environ if environ is None else environ
-
-    def read(row: Setting, default: Any) -> Any:
-        raw = env.get(row.env)
-        return default if not raw else parse_setting(row, raw)
-
-    by_env = {s.env: s for s in GLOBAL_SETTINGS}
-    if profile is not None:
-        prof = parse_choice("--profile", profile, PROFILES)
-    else:
-        prof = read(by_env["HEALTHCHECK_PROFILE"], DEFAULT_PROFILE)
-    values: dict[str, Any] = {"profile": prof, "json": json, "verbose": verbose,
-                              "timeout": read(by_env["HEALTHCHECK_TIMEOUT"], PROFILE_RULES[prof].timeout)}
+    values: dict[str, Any] = {"json": json, "verbose": verbose}
+    if profile is not None:  # the flag wins: HEALTHCHECK_PROFILE is not read
+        values["profile"] = parse_choice("--profile", profile, ALL_PROFILES)
     for row in (*GLOBAL_SETTINGS, *registry.SETTINGS):
         if row.field not in values:
-            values[row.field] = read(row, row.default)
+            raw = env.get(row.env)
+            values[row.field] = parse_setting(row, raw) if raw else row.default
+    if values["timeout"] is None:
+        values["timeout"] = PROFILE_RULES[values["profile"]].timeout
     from probes import dropins
 
     owners = {t: "the built-in " + ", ".join(s.name for s in registry.PROBES if s.toggle == t)
