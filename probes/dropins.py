@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import stat
 
-from probes import untrusted
+from probes import childio, untrusted
 from probes.numbers import is_number_text
 from probes.record import Record
 from probes.result import Result, passed, verdict
-from probes.spec import ALL_PROFILES, Cause, cause
+from probes.spec import ALL_PROFILES, Cause, Spec, cause
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
@@ -82,7 +82,6 @@ class Check(Record):
     timeout: float = DEFAULT_TIMEOUT
     problem: str | None = None  # set: not run, reported with this detail...
     cause: Cause | None = None  # ...and this cause
-    renamed: bool = False  # its name is taken (a built-in probe's, or its toggle): reported as drop-in-NAME
 
 
 def _parse_header(head: bytes) -> tuple[tuple[str, ...], float, str | None]:
@@ -127,8 +126,7 @@ def _name_problem(name: str, reserved: frozenset[str], taken: dict[str, str]) ->
     return None, False
 
 
-def discover(directory: str, reserved: frozenset[str] = frozenset(),
-             toggles: dict[str, str] | None = None) -> list[Check]:
+def discover(directory: str, reserved: frozenset[str], toggles: dict[str, str] | None) -> list[Check]:
     """The drop-ins in ``directory``, sorted by name. ``reserved``: the built-in probes' names;
     ``toggles``: their toggles, each with whose it is. A directory reached through anything another
     user controls is one failure (``DIR_CHECK``) and nothing in it is listed or run."""
@@ -153,8 +151,6 @@ def discover(directory: str, reserved: frozenset[str] = frozenset(),
 
 def _unreadable(directory: str, exc: OSError) -> list[Check]:
     """Nothing to run; when a resource limit is why, one warning: the checks did not vanish."""
-    from probes import childio
-
     words = childio.limit_words(exc.errno)
     if words is None:
         return []
@@ -175,8 +171,8 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
     if not stat.S_ISREG(lst.st_mode) or not lst.st_mode & 0o111:
         return None  # directories, FIFOs, sockets, devices and plain files are not checks
     problem, renamed = _name_problem(name, reserved, taken)
-    if problem is not None:
-        return Check(shown, path, problem=problem, cause=BAD_CHECK, renamed=renamed)
+    if problem is not None:  # a name taken by a built-in probe or its toggle: reported as drop-in-NAME
+        return Check(f"drop-in-{shown}" if renamed else shown, path, problem=problem, cause=BAD_CHECK)
     why = untrusted.distrust(lst, name, (0, os.geteuid()))
     if why is not None:
         why += ", not root or the suite's user" if "owned by" in why else ""
@@ -189,8 +185,6 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
         finally:
             os.close(fd)
     except OSError as exc:
-        from probes import childio
-
         words = childio.limit_words(exc.errno)
         if words is not None:
             return Check(name, path, problem=f"{name} could not be read: {words}", cause=LIMIT)
@@ -203,17 +197,11 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
 
 
 def specs(directory: str, reserved: frozenset[str] = frozenset(),
-          toggles: dict[str, str] | None = None) -> tuple[Any, ...]:
+          toggles: dict[str, str] | None = None) -> tuple[Spec, ...]:
     """The drop-ins in ``directory`` as probe specs, each run by this module's gather and judge."""
-    from probes.spec import Spec
-
-    out = []
-    for check in discover(directory, reserved, toggles):
-        name = f"drop-in-{check.name}" if check.renamed else check.name
-        out.append(Spec(name, layer="drop-in", module="probes.dropins", toggle=toggle_for(name),
-                        timeout=check.timeout, profiles=check.profiles,
-                        about=f"drop-in check {clean(check.path, 120)}", dropin=check._replace(name=name)))
-    return tuple(out)
+    return tuple(Spec(c.name, layer="drop-in", module=__name__, toggle=toggle_for(c.name), timeout=c.timeout,
+                      profiles=c.profiles, about=f"drop-in check {clean(c.path, 120)}", dropin=c)
+                 for c in discover(directory, reserved, toggles))
 
 
 UNITS = ("us", "ms", "s", "%", "B", "KB", "MB", "GB", "TB", "c")  # Nagios performance data's
@@ -258,14 +246,11 @@ def judge(data: Ran, ctx: Any) -> Result:
         assert check.cause is not None
         said = {UNTRUSTED: "untrusted", LIMIT: "not checked"}.get(check.cause, "not run")
         return verdict(name, check.cause, f"{said}: {check.problem}", remedy=check.cause != LIMIT)
-    from probes import childio
-
     if childio.limited(done.spawn_error):  # the container's limit: no "#! line" to blame, nothing checked
         return verdict(name, LIMIT, f"not checked: {clean(check.path, 120)} {done.spawn_error}",
                        remedy=False)
     if done.spawn_error:
-        return verdict(name, CANNOT_START,
-                       f"cannot start {clean(check.path, 120)} ({done.spawn_error})")
+        return verdict(name, CANNOT_START, f"cannot start {clean(check.path, 120)} ({done.spawn_error})")
     message, _, perf = done.stdout.split(b"\n", 1)[0].decode("utf-8", "replace").partition("|")
     message = clean(" ".join(message.split()), 200)
     said = f"; it said: {message}" if message else ""
