@@ -62,8 +62,7 @@ def test_asdict_lists_the_fields_in_constructor_order_and_round_trips():
     d = r.to_dict()
     assert list(d) == ["name", "status", "message", "observed", "unit", "reason", "facts", "elapsed", "time",
                        "action", "actor"]
-    assert json.loads(json.dumps(d))["status"] == "pass"
-    assert Result.from_dict(d) == r
+    assert json.loads(json.dumps(d)) == {**r._asdict(), "status": "pass", "facts": {}}
 
 
 def test_equality_and_hash_are_by_type_and_fields():
