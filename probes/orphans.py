@@ -22,16 +22,9 @@ _KEY = RUN_ID_VAR.encode() + b"="
 _swept_by: int | None = None  # the pid that made its one sweep at its first child
 
 
-def markers(environ: bytes) -> list[bytes]:
-    """The run markers in the bytes of a /proc/<pid>/environ ([] when none)."""
-    for entry in environ.split(b"\0"):
-        if entry.startswith(_KEY):
-            return entry[len(_KEY):].split(b":")
-    return []
-
-
 def marked(pid: int) -> list[bytes] | None:
-    """None when the environment is empty (just after execve, or env -i) or unreadable."""
+    """The run markers in its environment; None when that is empty (just after execve, or env -i) or
+    unreadable."""
     chunks = []
     try:
         fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
@@ -42,7 +35,9 @@ def marked(pid: int) -> list[bytes] | None:
             os.close(fd)
     except OSError:
         return None
-    return markers(b"".join(chunks)) if chunks else None
+    if not chunks:
+        return None
+    return next((e[len(_KEY):].split(b":") for e in b"".join(chunks).split(b"\0") if e.startswith(_KEY)), [])
 
 
 def _pid_ns(pid: int | str) -> str | None:
