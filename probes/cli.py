@@ -113,8 +113,8 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
 
         from probes import logfile
 
-        handler, log_problem = logfile.attach(logger(), cfg.log_file, "%(asctime)s %(process)d %(levelname)s "
-                                              "%(message)s")
+        fmt = "%(asctime)s %(process)d %(levelname)s %(message)s"
+        handler, log_problem = logfile.attach(logger(), cfg.log_file, fmt)
         if handler is not None:
             logger().setLevel(logging.INFO)
     state = State.open(cfg.state_dir)

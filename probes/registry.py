@@ -40,7 +40,9 @@ def specs_of(name: str) -> tuple[Any, ...]:
 _cache: dict[str, Any] = {}
 
 
-def _build() -> dict[str, Any]:
+def __getattr__(name: str) -> Any:
+    if name not in ("PROBES", "BY_NAME", "NAMES", "TOGGLES", "SETTINGS"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if not _cache:
         listed = [s for m in (*MODULES, *PLUGINS) for s in specs_of(m)]
         order = {layer: i for i, layer in enumerate(LAYERS)}
@@ -53,10 +55,4 @@ def _build() -> dict[str, Any]:
         _cache.update(PROBES=specs, BY_NAME={s.name: s for s in specs}, NAMES=tuple(s.name for s in specs),
                       TOGGLES=tuple(dict.fromkeys(s.toggle for s in specs)),
                       SETTINGS=tuple(settings.values()))
-    return _cache
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("PROBES", "BY_NAME", "NAMES", "TOGGLES", "SETTINGS"):
-        return _build()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _cache[name]
