@@ -10,6 +10,7 @@ import sys
 from probes import __version__, registry
 from probes.config import DEFAULT_PROFILE, ConfigError, load, shown
 from probes.context import logger
+from probes.deadlines import WRITE_WAIT, hard_stop
 from probes.spec import ALL_PROFILES
 from probes.untrusted import clean
 
@@ -100,8 +101,6 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
 
     cfg = load(**parse_flags(argv))
     if _door is not None:  # tell the front door this run's hard deadline, before any child starts
-        from probes.deadlines import hard_stop
-
         try:
             with open(_door, "wb", buffering=0) as door:
                 door.write(b"%d\n" % hard_stop(cfg.timeout))
@@ -123,7 +122,8 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     if handler is not None:  # the run log: one line per run
         logger().info("%s exit=%d %s", cfg.profile, code, " ".join(
             f"{r.name}={r.status.value}{'(' + r.reason + ')' if r.reason else ''}" for r in outcome.results))
-        log_problem = logfile.problem(handler, cfg.log_file or "")
+        if handler.failure:  # writing failed during this run
+            log_problem = f"log file {cfg.log_file} not written ({handler.failure})"
     if log_problem:  # never a traceback, never another verdict: one note in the report
         outcome = outcome._replace(notes=(*outcome.notes, log_problem))
     off = [t for t in cfg.toggles if not cfg.toggles[t]]
@@ -254,8 +254,6 @@ def _put(fd: int, data: bytes) -> None:
     """At most WRITE_WAIT for room: a closed, broken or full fd costs the text, not the exit status."""
     import select
     import time
-
-    from probes.deadlines import WRITE_WAIT
 
     end = time.monotonic() + WRITE_WAIT
     while data:
