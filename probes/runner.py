@@ -4,6 +4,7 @@ by its own (docs/architecture.md, "A check")."""
 
 from __future__ import annotations
 
+import errno  # built in: importing it needs no file, even at the open-file limit
 import threading
 import time
 
@@ -81,8 +82,6 @@ def _log_exception(message: str, *args: object) -> None:
 
 def _raised(spec: Spec, exc: Exception) -> Result:
     """"Not checked" when a resource limit is why, else an internal error; its text goes to the log only."""
-    import errno  # built in: importing it needs no file
-
     _log_exception("probe %s raised", spec.name)
     # Not EAGAIN: a non-blocking socket's BlockingIOError is a probe's bug, not the process limit.
     if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
@@ -149,8 +148,7 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
         try:
             thread.start()
         except RuntimeError:  # the process limit (RLIMIT_NPROC, or pids.max: threads count), no memory
-            import errno  # not run here instead: nothing would bound it by its deadline
-
+            # not run here instead: nothing would bound it by its deadline
             words = childio.limit_words(errno.EAGAIN)
             return verdict(spec.name, LIMIT, f"not checked: could not start a thread: {words}", remedy=False)
         running[spec.name] = (thread, ctx, t0, box)
