@@ -1,7 +1,5 @@
-"""Tell the person at the keyboard the verdict of the profiles that ``tell`` (startup, readiness), in
-the cause catalog's words: one line in the container's log (PID 1's stderr) when the verdict changes,
-and the published notice that the SSH login script and the notebook hook read. docs/image.md, "Notices".
-"""
+"""Tell the person at the keyboard the verdict of the profiles that ``tell``: a line in the container's
+log when it changes, and the notice the login and notebook readers show (docs/image.md, "Notices")."""
 
 from __future__ import annotations
 

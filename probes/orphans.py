@@ -1,8 +1,7 @@
 """What a SIGKILLed suite left running (docs/probes.md, "Containment"), found by the run marker
 ``HEALTHCHECK_RUN_ID`` (``<suite pid>-<suite start>-<n>-<random>``) of a suite process that is gone,
 and killed by pid and start time by the next one. Not by the worker's lock (every later run would
-wait for a hung orphan, never end it), nor a cgroup (rarely delegated inside a container).
-"""
+wait for a hung orphan, never end it), nor a cgroup (rarely delegated inside a container)."""
 
 from __future__ import annotations
 

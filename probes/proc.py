@@ -1,7 +1,5 @@
-"""Run a child process that may hang, without ever hanging the caller, and leave nothing behind.
-
-What it promises and how: docs/probes.md, "Containment". What a SIGKILLed suite left: probes/orphans.py.
-"""
+"""Run a child process that may hang, without ever hanging the caller, and leave nothing behind
+(docs/probes.md, "Containment"; what a SIGKILLed suite left: probes/orphans.py)."""
 from __future__ import annotations
 
 import itertools

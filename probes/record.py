@@ -1,7 +1,6 @@
 """``Record``: the base of the suite's small value classes. A record's fields are its annotations in
 order, a default the value in the class body; it gets ``__init__`` (positional or keyword), equality
-and a hash by fields, a repr, ``_replace`` and ``_asdict``, and ``__post_init__`` runs when it has one.
-"""
+and a hash by fields, a repr, ``_replace`` and ``_asdict``, and ``__post_init__`` runs when it has one."""
 
 from __future__ import annotations
 

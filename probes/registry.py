@@ -1,7 +1,6 @@
-"""The catalog: which probes exist, one module per line, each declaring its ``SPEC`` (or several,
-``SPECS``). They are imported by name on first use of ``PROBES`` (or ``NAMES``, ``BY_NAME``,
-``TOGGLES``, ``SETTINGS``): a probe module may import ``probes.config``, which imports this catalog.
-"""
+"""The catalog: which probes exist, one module per line, each declaring its ``SPEC`` (or ``SPECS``),
+imported by name on first use of the names below: a probe module may import ``probes.config``,
+which imports this catalog."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The state directory: cached results, locks and the sticky CUDA-fatal latch, in a private
-directory reached only through directories nobody but root or us can change, or off
-(``HEALTHCHECK_STATE_DIR`` in docs/probes.md)."""
+"""The state directory: cached results, locks and the sticky CUDA-fatal latch, private and reached only
+through directories nobody but root or us can change, or off (``HEALTHCHECK_STATE_DIR``, docs/probes.md)."""
 
 from __future__ import annotations
 
