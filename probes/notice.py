@@ -8,6 +8,7 @@ import time
 
 from probes import pidstat, registry
 from probes.config import Notices
+from probes.context import logger
 from probes.deadlines import NOTICE_WAIT
 from probes.record import Record
 from probes.result import Status
@@ -133,8 +134,6 @@ def tell(config: Config, state: State, outcome: Outcome) -> None:
                 publish(own.notice_file, text)
     except Exception:  # what the person is told never costs the verdict; a bug goes to the log
         try:
-            from probes.context import logger
-
             logger().exception("telling the verdict failed")
         except Exception:  # noqa: S110 - best effort
             pass
@@ -173,14 +172,13 @@ def log_line(line: str) -> bool:
         os.close(fd)
 
 
-def _notice_dir(where: str, make: bool = True) -> int | None:
+def _notice_dir(where: str) -> int | None:
     """The notice's directory, trusted component by component; made 0755 (the readers are other users)."""
     owners = (0, os.geteuid())
     try:
         return open_trusted_dir(where, owners)
     except FileNotFoundError:
-        if not make:
-            return None
+        pass
     except (OSError, Refused):
         return None
     parent, name = os.path.split(where)
@@ -228,7 +226,7 @@ def publish(path: str, text: str) -> bool:
 def unpublish(path: str) -> None:
     """Notices off: no notice left from before for the readers to show."""
     where, name = os.path.split(path)
-    fd = _notice_dir(where, make=False) if os.path.lexists(path) else None
+    fd = _notice_dir(where) if os.path.lexists(path) else None  # there: nothing is made
     if fd is not None:
         _unlink(name, fd)
         os.close(fd)
