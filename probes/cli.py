@@ -9,7 +9,7 @@ import sys
 
 from probes import __version__, registry
 from probes.config import DEFAULT_PROFILE, ConfigError, load, shown
-from probes.context import logger
+from probes.context import log_exception, logger
 from probes.deadlines import WRITE_WAIT, hard_stop
 from probes.spec import ALL_PROFILES
 from probes.untrusted import clean
@@ -168,10 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         # Through the suite's logger: a bare logging.getLogger() with no handler would print the
         # traceback, exception text included, to stderr.
-        try:
-            logger().exception("internal error")
-        except Exception:  # noqa: S110 - best effort
-            pass
+        log_exception("internal error")
         _write(f"unhealthy: healthcheck: internal error ({type(exc).__name__}); details in the log")
         code = EXIT_UNHEALTHY
     _end_descendants()

@@ -8,7 +8,7 @@ import time
 
 from probes import pidstat, registry
 from probes.config import Notices
-from probes.context import logger
+from probes.context import log_exception
 from probes.deadlines import NOTICE_WAIT
 from probes.record import Record
 from probes.result import Status
@@ -133,10 +133,7 @@ def tell(config: Config, state: State, outcome: Outcome) -> None:
                     log_line(line)
                 publish(own.notice_file, text)
     except Exception:  # what the person is told never costs the verdict; a bug goes to the log
-        try:
-            logger().exception("telling the verdict failed")
-        except Exception:  # noqa: S110 - best effort
-            pass
+        log_exception("telling the verdict failed")
 
 
 def container_started() -> float | None:

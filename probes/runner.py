@@ -11,7 +11,7 @@ import time
 # Loaded here, not where it is needed: under an open-file limit a module can no longer be read then.
 from probes import childio
 from probes.config import Config
-from probes.context import Context, logger
+from probes.context import Context, log_exception
 from probes.deadlines import GRACE, RUN_MARGIN
 from probes.record import Record
 from probes.result import SEVERITY, Result, Status, verdict
@@ -72,17 +72,9 @@ def run_deadline(timeout: float, start: float) -> float:
     return start + timeout - min(RUN_MARGIN, timeout / 2)
 
 
-def _log_exception(message: str, *args: object) -> None:
-    """To the log if it can be had: under an open-file limit the logging module may not load."""
-    try:
-        logger().exception(message, *args)
-    except Exception:  # noqa: S110 - best effort by design
-        pass
-
-
 def _raised(spec: Spec, exc: Exception) -> Result:
     """"Not checked" when a resource limit is why, else an internal error; its text goes to the log only."""
-    _log_exception("probe %s raised", spec.name)
+    log_exception("probe %s raised", spec.name)
     # Not EAGAIN: a non-blocking socket's BlockingIOError is a probe's bug, not the process limit.
     if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
         words = childio.limit_words(exc.errno)
@@ -99,7 +91,7 @@ def _deadline(spec: Spec, ctx: Context, budget: float) -> Result:
         if hook is not None:
             return hook(ctx)
     except Exception:  # the hook must not turn a deadline into a crash
-        _log_exception("on_deadline of %s failed", spec.name)
+        log_exception("on_deadline of %s failed", spec.name)
     return verdict(spec.name, DEADLINE, f"no answer within {budget:.1f}s (deadline passed)")
 
 
