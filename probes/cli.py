@@ -1,8 +1,5 @@
 """The command line: `healthcheck [--profile P] [--json] [--only N] [--skip N] [-v]` and `healthcheck serve`.
-
-Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error; never 2 (Docker reserves it)
-and never a traceback.
-"""
+Exit status: 0 healthy, 1 unhealthy, 3 usage or configuration error; never 2 (Docker's) nor a traceback."""
 
 from __future__ import annotations
 
@@ -11,8 +8,10 @@ import signal
 import sys
 
 from probes import __version__, registry
-from probes.config import DEFAULT_PROFILE, PROFILES, Config, ConfigError, load, shown
-from probes.context import logger
+from probes.config import DEFAULT_PROFILE, ConfigError, load, shown
+from probes.context import log_exception, logger
+from probes.deadlines import WRITE_WAIT, hard_stop
+from probes.spec import ALL_PROFILES
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
@@ -30,7 +29,8 @@ _door: int | None = None
 # (names, the value's name or "" for a switch, help): parsed and shown in --help from this one
 # table; each is config.load's keyword named by its last name.
 FLAGS = (
-    (("--profile",), "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p for p in PROFILES)),
+    (("--profile",), "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p
+                                          for p in ALL_PROFILES)),
     (("--json",), "", "print application/health+json"),
     (("--only",), "NAMES", "run only these probes or drop-in checks (comma-separated)"),
     (("--skip",), "NAMES", "do not run these probes or drop-in checks"),
@@ -94,20 +94,6 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
     return opts
 
 
-def _setup_log(cfg: Config) -> tuple[object, str | None]:
-    """(handler, None), or (None, why the run log cannot be used)."""
-    if not cfg.log_file:
-        return None, None
-    import logging
-
-    from probes import logfile
-
-    handler, why = logfile.attach(logger(), cfg.log_file, "%(asctime)s %(process)d %(levelname)s %(message)s")
-    if handler is not None:
-        logger().setLevel(logging.INFO)
-    return handler, why
-
-
 def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     """(exit status, output, abandoned)."""
     from probes import notice, report, runner
@@ -115,23 +101,29 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
 
     cfg = load(**parse_flags(argv))
     if _door is not None:  # tell the front door this run's hard deadline, before any child starts
-        from probes.deadlines import hard_stop
-
         try:
             with open(_door, "wb", buffering=0) as door:
                 door.write(b"%d\n" % hard_stop(cfg.timeout))
         except OSError:
             pass
-    handler, log_problem = _setup_log(cfg)
+    handler, log_problem = None, None
+    if cfg.log_file:
+        import logging
+
+        from probes import logfile
+
+        fmt = "%(asctime)s %(process)d %(levelname)s %(message)s"
+        handler, log_problem = logfile.attach(logger(), cfg.log_file, fmt)
+        if handler is not None:
+            logger().setLevel(logging.INFO)
     state = State.open(cfg.state_dir)
     outcome = runner.run(cfg, state)
     code = EXIT_UNHEALTHY if outcome.status.value == "fail" else EXIT_OK
     if handler is not None:  # the run log: one line per run
         logger().info("%s exit=%d %s", cfg.profile, code, " ".join(
             f"{r.name}={r.status.value}{'(' + r.reason + ')' if r.reason else ''}" for r in outcome.results))
-        from probes import logfile
-
-        log_problem = logfile.problem(handler, cfg.log_file or "")
+        if handler.failure:  # writing failed during this run
+            log_problem = f"log file {cfg.log_file} not written ({handler.failure})"
     if log_problem:  # never a traceback, never another verdict: one note in the report
         outcome = outcome._replace(notes=(*outcome.notes, log_problem))
     off = [t for t in cfg.toggles if not cfg.toggles[t]]
@@ -176,10 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         # Through the suite's logger: a bare logging.getLogger() with no handler would print the
         # traceback, exception text included, to stderr.
-        try:
-            logger().exception("internal error")
-        except Exception:  # noqa: S110 - best effort
-            pass
+        log_exception("internal error")
         _write(f"unhealthy: healthcheck: internal error ({type(exc).__name__}); details in the log")
         code = EXIT_UNHEALTHY
     _end_descendants()
@@ -262,8 +251,6 @@ def _put(fd: int, data: bytes) -> None:
     """At most WRITE_WAIT for room: a closed, broken or full fd costs the text, not the exit status."""
     import select
     import time
-
-    from probes.deadlines import WRITE_WAIT
 
     end = time.monotonic() + WRITE_WAIT
     while data:

@@ -10,20 +10,22 @@ import types
 from probes import registry, spec
 from probes.deadlines import FRONT_DOOR_GRACE
 from probes.numbers import NUMBER_FORM, is_integer_text, is_number_text
-from probes.spec import PROFILE_RULES, Declared, Setting, setting
+from probes.record import Record
+from probes.spec import ALL_PROFILES, PROFILE_RULES, Declared, Setting, setting
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from typing import Any, TypeVar
+    from typing import Any, Self, TypeVar
 
     from probes.spec import Profile, Spec
 
     D = TypeVar("D", bound=Declared)
 
-PROFILES = spec.ALL_PROFILES
 DEFAULT_PROFILE = "readiness"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_CHECKS_DIR = "/etc/healthcheck.d"
 MAX_TIMEOUT = 3600.0
 TRUE = ("true", "1", "yes", "on")
 FALSE = ("false", "0", "no", "off")
@@ -170,12 +172,12 @@ class Notices(Declared):
 
 GLOBAL_SETTINGS = (
     Setting("HEALTHCHECK_PROFILE", "profile", spec.CHOICE, DEFAULT_PROFILE,
-            "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=PROFILES),
+            "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=ALL_PROFILES),
     Setting("HEALTHCHECK_TIMEOUT", "timeout", spec.NUMBER, None,
             "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
             f"the front door kills the run {FRONT_DOOR_GRACE} s later", low=0, high=MAX_TIMEOUT,
             shown_default="per profile: " + " / ".join(f"{p.timeout:g}" for p in PROFILE_RULES.values())),
-    Setting("HEALTHCHECK_HOST", "host", spec.HOST, "127.0.0.1",
+    Setting("HEALTHCHECK_HOST", "host", spec.HOST, DEFAULT_HOST,
             "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
             "ASCII host name"),
     Setting("HEALTHCHECK_STATE_DIR", "state_dir", spec.ABSOLUTE_PATH, None,
@@ -190,7 +192,7 @@ GLOBAL_SETTINGS = (
     Setting("HEALTHCHECK_LOG_FILE", "log_file", spec.ABSOLUTE_PATH, None,
             "one line per run plus error details (an absolute path); rotated at 1 MiB (one "
             "backup); a regular file only (see below)", shown_default="unset"),
-    Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", spec.ABSOLUTE_PATH, "/etc/healthcheck.d",
+    Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", spec.ABSOLUTE_PATH, DEFAULT_CHECKS_DIR,
             "drop-in checks (an absolute path): every executable file there is a check (see "
             "\"Drop-in checks\")"),
     *Notices.SETTINGS,
@@ -206,63 +208,50 @@ OTHER_SETTINGS = (
 )
 
 
-GLOBAL_FIELDS = ("profile", "timeout", "json", "verbose", "only", "skip", "toggles", "host", "state_dir",
-                 "log_file", "checks_dir", "dropins")
-
-
-class Config:
+class Config(Record):
     """The validated settings of one run: the global ones as attributes, a probe's declared ones as
-    ``config.of(Settings).ssh_port``. Immutable: ``Config(**fields)`` takes defaults for the rest,
-    ``_replace`` derives another; both take any declared setting's ``field``."""
+    ``config.of(Settings).ssh_port``. ``Config(**fields)`` and ``_replace`` take any declared
+    setting's ``field`` too (the rest are defaults); it is never changed in place."""
 
-    __slots__ = ("_values", *GLOBAL_FIELDS)
-    profile: str
-    timeout: float
-    json: bool
-    verbose: bool
-    only: tuple[str, ...]
-    skip: tuple[str, ...]
-    toggles: Mapping[str, bool]
-    host: str
-    state_dir: str | None
-    log_file: str | None
-    checks_dir: str
-    dropins: tuple[Spec, ...]
-    _values: Mapping[str, Any]
+    profile: str = DEFAULT_PROFILE
+    timeout: float = PROFILE_RULES[DEFAULT_PROFILE].timeout
+    json: bool = False
+    verbose: bool = False
+    only: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    toggles: Mapping[str, bool] = types.MappingProxyType({})
+    host: str = DEFAULT_HOST
+    state_dir: str | None = None
+    log_file: str | None = None
+    checks_dir: str = DEFAULT_CHECKS_DIR
+    dropins: tuple[Spec, ...] = ()
+    values: Mapping[str, Any] = types.MappingProxyType({})  # the declared settings', by field
 
     def __init__(self, **fields: Any) -> None:
-        values: dict[str, Any] = {"profile": DEFAULT_PROFILE, "json": False, "verbose": False, "only": (),
-                                  "skip": (), "toggles": types.MappingProxyType({}), "dropins": (),
-                                  "timeout": PROFILE_RULES[DEFAULT_PROFILE].timeout}
-        for row in (*GLOBAL_SETTINGS, *registry.SETTINGS):
-            values.setdefault(row.field, row.default)
-        unknown = set(fields) - set(values)
-        if unknown:
-            raise TypeError(f"Config has no field {sorted(unknown)[0]!r}")
-        values.update(fields)
-        object.__setattr__(self, "_values", types.MappingProxyType(values))
-        for name in GLOBAL_FIELDS:
-            object.__setattr__(self, name, values[name])
+        values = {row.field: row.default for row in (*Notices.SETTINGS, *registry.SETTINGS)}
+        values.update(fields.pop("values", {}))
+        values.update({name: fields.pop(name) for name in [*fields] if name in values})
+        super().__init__(**fields, values=types.MappingProxyType(values))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Config is immutable: use _replace()")
+
+    def _replace(self, **fields: Any) -> Self:
+        return type(self)(**{**self._asdict(), **fields})
 
     @property
     def profile_rules(self) -> Profile:
         return PROFILE_RULES[self.profile]
 
     def of(self, kind: type[D]) -> D:
-        return kind.read(self._values)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("Config is immutable: use _replace()")
-
-    def _replace(self, **fields: Any) -> Config:
-        return Config(**{**self._values, **fields})
+        return kind.read(self.values)
 
     def enabled(self, probe: Spec) -> bool:
         if self.profile not in probe.profiles:
             return False
         if self.only:
             return probe.name in self.only
-        return probe.name not in self.skip and self.toggles.get(probe.toggle, default_on(probe, self._values))
+        return probe.name not in self.skip and self.toggles.get(probe.toggle, default_on(probe, self.values))
 
     def selected(self) -> list[Spec]:
         return [s for s in (*registry.PROBES, *self.dropins) if self.enabled(s)]
@@ -276,9 +265,8 @@ def default_on(probe: Spec, values: Mapping[str, Any]) -> bool:
 def parse_setting(row: Setting, raw: str) -> Any:
     name, kind = row.env, row.kind
     if kind in (spec.NUMBER, spec.INTEGER):
-        value = parse_number(name, raw, low=row.low, high=row.high,
-                             low_inclusive=row.low_inclusive, integer=kind == spec.INTEGER)
-        return int(value) if kind == spec.INTEGER else value
+        return parse_number(name, raw, low=row.low, high=row.high, low_inclusive=row.low_inclusive,
+                            integer=kind == spec.INTEGER)
     if kind == spec.CHOICE:
         return parse_choice(name, raw, row.choices)
     parse = {spec.BOOL: parse_bool, spec.PORT: parse_port, spec.URL_PATH: parse_base_url,
@@ -298,21 +286,15 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
          json: bool = False, verbose: bool = False, only: str | None = None,
          skip: str | None = None) -> Config:
     env = os.environ if environ is None else environ
-
-    def read(row: Setting, default: Any) -> Any:
-        raw = env.get(row.env)
-        return default if not raw else parse_setting(row, raw)
-
-    by_env = {s.env: s for s in GLOBAL_SETTINGS}
-    if profile is not None:
-        prof = parse_choice("--profile", profile, PROFILES)
-    else:
-        prof = read(by_env["HEALTHCHECK_PROFILE"], DEFAULT_PROFILE)
-    values: dict[str, Any] = {"profile": prof, "json": json, "verbose": verbose,
-                              "timeout": read(by_env["HEALTHCHECK_TIMEOUT"], PROFILE_RULES[prof].timeout)}
+    values: dict[str, Any] = {"json": json, "verbose": verbose}
+    if profile is not None:  # the flag wins: HEALTHCHECK_PROFILE is not read
+        values["profile"] = parse_choice("--profile", profile, ALL_PROFILES)
     for row in (*GLOBAL_SETTINGS, *registry.SETTINGS):
         if row.field not in values:
-            values[row.field] = read(row, row.default)
+            raw = env.get(row.env)
+            values[row.field] = parse_setting(row, raw) if raw else row.default
+    if values["timeout"] is None:
+        values["timeout"] = PROFILE_RULES[values["profile"]].timeout
     from probes import dropins
 
     owners = {t: "the built-in " + ", ".join(s.name for s in registry.PROBES if s.toggle == t)

@@ -27,6 +27,14 @@ def logger() -> logging.Logger:
     return log
 
 
+def log_exception(message: str, *args: object) -> None:
+    """To the log if it can be had: under an open-file limit the logging module may not load."""
+    try:
+        logger().exception(message, *args)
+    except Exception:  # noqa: S110 - best effort by design
+        pass
+
+
 class Context(Record):
     config: Config
     deadline: float  # time.monotonic() by which gather() must return

@@ -1,9 +1,6 @@
-"""The deadline ladder, from a probe's child out to what runs the suite, each margin with its reason.
-
-A profile's own deadline is its ``Profile.timeout`` (probes/spec.py). The front door learns a run's
-hard stop from the run itself (probes/cli.py); k8s/check_probes.py and docs/kubernetes.md's ladder
-table derive from here. Every run reads it, liveness included.
-"""
+"""The deadline ladder, from a probe's child out to what runs the suite, each margin with its reason;
+a profile's own deadline is its ``Profile.timeout``. The front door, k8s/check_probes.py and
+docs/kubernetes.md's ladder table derive from here."""
 
 from __future__ import annotations
 

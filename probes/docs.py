@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from probes import config, deadlines, dropins, registry, runner
+from probes import config, deadlines, dropins, registry, runner, serve
 from probes.framework import cuda_errors
 from probes.hardware import xids
 from probes.spec import LAYERS, PROFILE_RULES, Cause, Setting
@@ -55,8 +55,6 @@ def environment() -> str:
 
 
 def serve_environment() -> str:
-    from probes import serve
-
     return _table(("variable", "default", "meaning"),
                   [(f"`{s.env}`", _default(s), s.meaning) for s in serve.ServeSettings.SETTINGS])
 
@@ -68,8 +66,6 @@ def _cause_table(causes: Iterable[Cause]) -> str:
 
 
 def causes() -> str:
-    from probes import serve
-
     parts = ["#### Reasons every probe can report", "", _cause_table(runner.COMMON_CAUSES)]
     for layer in LAYERS:
         for spec in (s for s in registry.PROBES if s.layer == layer):

@@ -1,21 +1,24 @@
-"""Drop-in checks: every executable file in HEALTHCHECK_CHECKS_DIR is a check, run by
-probes/dropin_check.py. The directory is untrusted input, as sudoers and cron treat theirs; the
-contract and every rule: docs/probes.md, "Drop-in checks"."""
+"""Drop-in checks: every executable file in HEALTHCHECK_CHECKS_DIR is a check, whose exit status,
+first line and performance data are its result. The directory is untrusted input, as sudoers and
+cron treat theirs; the contract and every rule: docs/probes.md, "Drop-in checks"."""
 
 from __future__ import annotations
 
 import os
 import stat
 
-from probes import untrusted
+from probes import childio, untrusted
 from probes.numbers import is_number_text
 from probes.record import Record
-from probes.spec import ALL_PROFILES, Cause, cause
+from probes.result import Result, passed, verdict
+from probes.spec import ALL_PROFILES, Cause, Spec, cause
 from probes.untrusted import clean
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from probes import proc
 
 DIR_CHECK = "drop-ins"  # the one failure for a directory that may not be trusted
 DEFAULT_PROFILES = ("startup", "readiness")
@@ -79,7 +82,6 @@ class Check(Record):
     timeout: float = DEFAULT_TIMEOUT
     problem: str | None = None  # set: not run, reported with this detail...
     cause: Cause | None = None  # ...and this cause
-    renamed: bool = False  # its name is taken (a built-in probe's, or its toggle): reported as drop-in-NAME
 
 
 def _parse_header(head: bytes) -> tuple[tuple[str, ...], float, str | None]:
@@ -124,8 +126,7 @@ def _name_problem(name: str, reserved: frozenset[str], taken: dict[str, str]) ->
     return None, False
 
 
-def discover(directory: str, reserved: frozenset[str] = frozenset(),
-             toggles: dict[str, str] | None = None) -> list[Check]:
+def discover(directory: str, reserved: frozenset[str], toggles: dict[str, str] | None) -> list[Check]:
     """The drop-ins in ``directory``, sorted by name. ``reserved``: the built-in probes' names;
     ``toggles``: their toggles, each with whose it is. A directory reached through anything another
     user controls is one failure (``DIR_CHECK``) and nothing in it is listed or run."""
@@ -150,8 +151,6 @@ def discover(directory: str, reserved: frozenset[str] = frozenset(),
 
 def _unreadable(directory: str, exc: OSError) -> list[Check]:
     """Nothing to run; when a resource limit is why, one warning: the checks did not vanish."""
-    from probes import childio
-
     words = childio.limit_words(exc.errno)
     if words is None:
         return []
@@ -172,8 +171,8 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
     if not stat.S_ISREG(lst.st_mode) or not lst.st_mode & 0o111:
         return None  # directories, FIFOs, sockets, devices and plain files are not checks
     problem, renamed = _name_problem(name, reserved, taken)
-    if problem is not None:
-        return Check(shown, path, problem=problem, cause=BAD_CHECK, renamed=renamed)
+    if problem is not None:  # a name taken by a built-in probe or its toggle: reported as drop-in-NAME
+        return Check(f"drop-in-{shown}" if renamed else shown, path, problem=problem, cause=BAD_CHECK)
     why = untrusted.distrust(lst, name, (0, os.geteuid()))
     if why is not None:
         why += ", not root or the suite's user" if "owned by" in why else ""
@@ -186,8 +185,6 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
         finally:
             os.close(fd)
     except OSError as exc:
-        from probes import childio
-
         words = childio.limit_words(exc.errno)
         if words is not None:
             return Check(name, path, problem=f"{name} could not be read: {words}", cause=LIMIT)
@@ -200,14 +197,78 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
 
 
 def specs(directory: str, reserved: frozenset[str] = frozenset(),
-          toggles: dict[str, str] | None = None) -> tuple[Any, ...]:
-    """The drop-ins in ``directory`` as probe specs, run by probes/dropin_check.py."""
-    from probes.spec import Spec
+          toggles: dict[str, str] | None = None) -> tuple[Spec, ...]:
+    """The drop-ins in ``directory`` as probe specs, each run by this module's gather and judge."""
+    return tuple(Spec(c.name, layer="drop-in", module=__name__, toggle=toggle_for(c.name), timeout=c.timeout,
+                      profiles=c.profiles, about=f"drop-in check {clean(c.path, 120)}", dropin=c)
+                 for c in discover(directory, reserved, toggles))
 
-    out = []
-    for check in discover(directory, reserved, toggles):
-        name = f"drop-in-{check.name}" if check.renamed else check.name
-        out.append(Spec(name, layer="drop-in", module="probes.dropin_check", toggle=toggle_for(name),
-                        timeout=check.timeout, profiles=check.profiles,
-                        about=f"drop-in check {clean(check.path, 120)}", dropin=check._replace(name=name)))
-    return tuple(out)
+
+UNITS = ("us", "ms", "s", "%", "B", "KB", "MB", "GB", "TB", "c")  # Nagios performance data's
+
+
+class Ran(Record):
+    check: Check
+    done: proc.Completed | None  # None: not run (check.problem says why)
+    budget: float
+
+
+# ctx: a probes.context.Context, which imports probes.config, which reads the drop-ins here.
+def gather(ctx: Any) -> Ran:
+    check: Check = ctx.spec.dropin
+    budget = ctx.remaining()
+    if check.problem is not None:
+        return Ran(check, None, budget)
+    from probes import proc
+
+    env = {**os.environ, "HEALTHCHECK_PROFILE": ctx.config.profile}
+    return Ran(check, proc.run([check.path], deadline=ctx.deadline, env=env, cwd="/"), budget)
+
+
+def _perfdata(text: str) -> tuple[Any, str | None]:
+    """(value, unit) of the first ``label=value[unit]`` item of Nagios performance data."""
+    rest = text.strip().split(" ")[0].partition("=")[2]
+    value = rest.split(";", 1)[0]
+    unit = next((u for u in sorted(UNITS, key=len, reverse=True) if value.endswith(u)), None)
+    number = value[: len(value) - len(unit)] if unit else value
+    try:
+        parsed = float(number)
+    except ValueError:
+        return None, None
+    if parsed != parsed or parsed in (float("inf"), float("-inf")):
+        return None, None
+    return (int(parsed) if parsed.is_integer() and "." not in number else parsed), unit
+
+
+def judge(data: Ran, ctx: Any) -> Result:
+    check, done, name = data.check, data.done, data.check.name
+    if done is None:
+        assert check.cause is not None
+        said = {UNTRUSTED: "untrusted", LIMIT: "not checked"}.get(check.cause, "not run")
+        return verdict(name, check.cause, f"{said}: {check.problem}", remedy=check.cause != LIMIT)
+    if childio.limited(done.spawn_error):  # the container's limit: no "#! line" to blame, nothing checked
+        return verdict(name, LIMIT, f"not checked: {clean(check.path, 120)} {done.spawn_error}",
+                       remedy=False)
+    if done.spawn_error:
+        return verdict(name, CANNOT_START, f"cannot start {clean(check.path, 120)} ({done.spawn_error})")
+    message, _, perf = done.stdout.split(b"\n", 1)[0].decode("utf-8", "replace").partition("|")
+    message = clean(" ".join(message.split()), 200)
+    said = f"; it said: {message}" if message else ""
+    if done.timed_out or done.stuck:
+        return verdict(name, DEADLINE, f"no answer within {data.budget:.1f}s (deadline passed){said}")
+    if done.signal is not None:
+        from probes import proc
+
+        return verdict(name, BAD_EXIT, f"killed by {proc.signal_name(done.signal)}{said}")
+    code = done.returncode
+    if code not in (0, 1, 2, 3):
+        return verdict(name, BAD_EXIT, f"exit {code} is not a check result "
+                       f"(0 pass, 1 warn, 2 fail, 3 unknown){said}")
+    # The check's own first line is the message, and its own remedy: nothing is added to it.
+    found = (PASSED, WARNING, FAILED, UNKNOWN)[code]
+    text = message or f"exit {code} with no message"
+    observed, unit = _perfdata(perf)
+    if found is PASSED:
+        return passed(name, text, observed=observed, unit=unit)
+    return verdict(name, found, f"unknown: {text}" if found is UNKNOWN else text, remedy=False,
+                   observed=observed, unit=unit)

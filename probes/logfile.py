@@ -12,7 +12,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, Callable
+    from typing import IO, Callable
 
 MAX_BYTES = 1 << 20  # then one rotation to <file>.1
 FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -78,9 +78,3 @@ def attach(logger: logging.Logger, path: str, fmt: str, *,
     handler.setFormatter(logging.Formatter(fmt))
     logger.addHandler(handler)
     return handler, None
-
-
-def problem(handler: Any, path: str) -> str | None:
-    """Why writing the log failed during this run, if it did."""
-    failure = getattr(handler, "failure", None)
-    return f"log file {path} not written ({failure})" if failure else None

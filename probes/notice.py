@@ -1,7 +1,5 @@
-"""Tell the person at the keyboard the verdict of the profiles that ``tell`` (startup, readiness), in
-the cause catalog's words: one line in the container's log (PID 1's stderr) when the verdict changes,
-and the published notice that the SSH login script and the notebook hook read. docs/image.md, "Notices".
-"""
+"""Tell the person at the keyboard the verdict of the profiles that ``tell``: a line in the container's
+log when it changes, and the notice the login and notebook readers show (docs/image.md, "Notices")."""
 
 from __future__ import annotations
 
@@ -10,6 +8,7 @@ import time
 
 from probes import pidstat, registry
 from probes.config import Notices
+from probes.context import log_exception
 from probes.deadlines import NOTICE_WAIT
 from probes.record import Record
 from probes.result import Status
@@ -22,7 +21,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from probes.config import Config
-    from probes.result import Result
     from probes.runner import Outcome
     from probes.spec import Cause, Profile, Spec
     from probes.state import State
@@ -46,26 +44,19 @@ class Verdict(Record):
     action: str = ""  # the cause's action (reboot-node, ...), for the operator reading the log
 
 
-def cause_of(result: Result, probes: Iterable[Spec]) -> Cause | None:
-    """The catalog's cause of ``result``: its probe's, the runner's common ones, a drop-in's."""
+def verdict_of(outcome: Outcome, probes: Iterable[Spec]) -> Verdict:
+    """Healthy unless the run failed (exit 1); then its first failure, in its cause's words."""
     from probes import dropins, runner
 
-    spec = next((s for s in probes if s.name == result.name), None)
-    tables: tuple[tuple[Cause, ...], ...]
-    if spec is None:
-        tables = (runner.COMMON_CAUSES, dropins.CAUSES)
-    else:  # its own causes first: a drop-in's `deadline` is its owner's, not the runner's
-        tables = (dropins.CAUSES if spec.dropin is not None else spec.causes, runner.COMMON_CAUSES)
-    return next((c for table in tables for c in table if c.reason == result.reason), None)
-
-
-def verdict_of(outcome: Outcome, probes: Iterable[Spec]) -> Verdict:
-    """Healthy unless the run failed (exit 1); then its first failure."""
     when = max((r.time for r in outcome.results), default=0.0) or time.time()
     problem = outcome.first_problem if outcome.status is Status.FAIL else None
     if problem is None:
         return Verdict(when)
-    cause = cause_of(problem, probes)
+    spec = next((s for s in probes if s.name == problem.name), None)
+    tables: tuple[tuple[Cause, ...], ...] = (runner.COMMON_CAUSES, dropins.CAUSES)
+    if spec is not None:  # its own causes first: a drop-in's `deadline` is its owner's, not the runner's
+        tables = (dropins.CAUSES if spec.dropin is not None else spec.causes, runner.COMMON_CAUSES)
+    cause = next((c for table in tables for c in table if c.reason == problem.reason), None)
     remedy = cause.remedy.replace("`", "") if cause is not None else ""
     detail = problem.message.removesuffix(f": {remedy}") if remedy else problem.message
     if problem.actor != "tenant":  # the result's own, from its cause when it was judged
@@ -142,12 +133,7 @@ def tell(config: Config, state: State, outcome: Outcome) -> None:
                     log_line(line)
                 publish(own.notice_file, text)
     except Exception:  # what the person is told never costs the verdict; a bug goes to the log
-        try:
-            from probes.context import logger
-
-            logger().exception("telling the verdict failed")
-        except Exception:  # noqa: S110 - best effort
-            pass
+        log_exception("telling the verdict failed")
 
 
 def container_started() -> float | None:
@@ -166,12 +152,12 @@ def container_started() -> float | None:
         return None
 
 
-def log_line(line: str, path: str | None = None) -> bool:
+def log_line(line: str) -> bool:
     """Into PID 1's stderr, non-blocking (a full pipe costs the line, never the run), in one write
     of under PIPE_BUF bytes: never interleaved with another writer's."""
     data = (clean(line, MAX_LINE) + "\n").encode("utf-8", "backslashreplace")
     try:
-        fd = os.open(path or os.environ.get(LOG_ENV) or "/proc/1/fd/2",
+        fd = os.open(os.environ.get(LOG_ENV) or "/proc/1/fd/2",
                      os.O_WRONLY | os.O_NONBLOCK | os.O_APPEND | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return False
@@ -183,14 +169,13 @@ def log_line(line: str, path: str | None = None) -> bool:
         os.close(fd)
 
 
-def _notice_dir(where: str, make: bool = True) -> int | None:
+def _notice_dir(where: str) -> int | None:
     """The notice's directory, trusted component by component; made 0755 (the readers are other users)."""
     owners = (0, os.geteuid())
     try:
         return open_trusted_dir(where, owners)
     except FileNotFoundError:
-        if not make:
-            return None
+        pass
     except (OSError, Refused):
         return None
     parent, name = os.path.split(where)
@@ -238,7 +223,7 @@ def publish(path: str, text: str) -> bool:
 def unpublish(path: str) -> None:
     """Notices off: no notice left from before for the readers to show."""
     where, name = os.path.split(path)
-    fd = _notice_dir(where, make=False) if os.path.lexists(path) else None
+    fd = _notice_dir(where) if os.path.lexists(path) else None  # there: nothing is made
     if fd is not None:
         _unlink(name, fd)
         os.close(fd)

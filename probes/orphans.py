@@ -1,8 +1,7 @@
 """What a SIGKILLed suite left running (docs/probes.md, "Containment"), found by the run marker
 ``HEALTHCHECK_RUN_ID`` (``<suite pid>-<suite start>-<n>-<random>``) of a suite process that is gone,
 and killed by pid and start time by the next one. Not by the worker's lock (every later run would
-wait for a hung orphan, never end it), nor a cgroup (rarely delegated inside a container).
-"""
+wait for a hung orphan, never end it), nor a cgroup (rarely delegated inside a container)."""
 
 from __future__ import annotations
 
@@ -22,16 +21,9 @@ _KEY = RUN_ID_VAR.encode() + b"="
 _swept_by: int | None = None  # the pid that made its one sweep at its first child
 
 
-def markers(environ: bytes) -> list[bytes]:
-    """The run markers in the bytes of a /proc/<pid>/environ ([] when none)."""
-    for entry in environ.split(b"\0"):
-        if entry.startswith(_KEY):
-            return entry[len(_KEY):].split(b":")
-    return []
-
-
 def marked(pid: int) -> list[bytes] | None:
-    """None when the environment is empty (just after execve, or env -i) or unreadable."""
+    """The run markers in its environment; None when that is empty (just after execve, or env -i) or
+    unreadable."""
     chunks = []
     try:
         fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
@@ -42,7 +34,9 @@ def marked(pid: int) -> list[bytes] | None:
             os.close(fd)
     except OSError:
         return None
-    return markers(b"".join(chunks)) if chunks else None
+    if not chunks:
+        return None
+    return next((e[len(_KEY):].split(b":") for e in b"".join(chunks).split(b"\0") if e.startswith(_KEY)), [])
 
 
 def _pid_ns(pid: int | str) -> str | None:

@@ -1,7 +1,5 @@
-"""Run a child process that may hang, without ever hanging the caller, and leave nothing behind.
-
-What it promises and how: docs/probes.md, "Containment". What a SIGKILLed suite left: probes/orphans.py.
-"""
+"""Run a child process that may hang, without ever hanging the caller, and leave nothing behind
+(docs/probes.md, "Containment"; what a SIGKILLed suite left: probes/orphans.py)."""
 from __future__ import annotations
 
 import itertools
@@ -27,8 +25,6 @@ if TYPE_CHECKING:
     Select = Callable[[Mapping[int, Proc]], "tuple[set[int], bool]"]  # (the run's pids, one not told yet)
 
 MAX_OUTPUT = 64 * 1024  # stdout kept, by default (run's max_output)
-MAX_STDERR = childio.MAX_STDERR
-RUN_ID_VAR = orphans.RUN_ID_VAR
 MAX_RUN_IDS = 16  # markers of enclosing runs kept (serve -> CLI -> tool is 2 deep)
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 
@@ -45,7 +41,7 @@ class Completed(Record):
     elapsed: float = 0.0
     pid: int | None = None
     held_by: int | None = None  # not started: this earlier child is still stuck (see run's key)
-    stderr_truncated: bool = False  # stderr beyond MAX_STDERR was discarded
+    stderr_truncated: bool = False  # stderr beyond childio.MAX_STDERR was discarded
     lingered: bool = False  # ``until`` was met but the child did not exit by itself: it was ended
 
     @property
@@ -86,19 +82,6 @@ def subreaper() -> bool:
     return _reaper[1]
 
 
-def _die_with_us() -> Callable[[], None] | None:
-    """Between fork and exec: the parent-death signal, which fires when the thread that started the
-    child ends (SIGKILL of this process included); it exits if that came first."""
-    prctl, parent = _prctl, os.getpid()
-
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return arm if prctl is not None else None
-
-
 def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
           stdout: int | IO[Any] | None = -1, stderr: int | IO[Any] | None = -1,
           user: tuple[int, int] | None = None) -> subprocess.Popen[bytes]:
@@ -112,16 +95,26 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
         drop = {"user": user[0], "group": user[1], "extra_groups": []}
     subreaper()
     orphans.sweep_once()
+    prctl, parent = _prctl, os.getpid()
+
+    def die_with_us() -> None:
+        """Between fork and exec: the parent-death signal, which fires when the thread that started
+        the child ends (SIGKILL of this process included); it exits if that came first."""
+        prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
     full = dict(os.environ if env is None else env)
     me = stat(os.getpid())  # with our start time, a later suite tells whether we are gone (orphans.py)
     run_id = f"{os.getpid()}-{me.start if me else 0}-{next(_ids)}-{os.urandom(4).hex()}"
-    outer = [x for x in os.environ.get(RUN_ID_VAR, "").split(":") if x][-(MAX_RUN_IDS - 1):]
-    full[RUN_ID_VAR] = ":".join([*outer, run_id])
+    outer = [x for x in os.environ.get(orphans.RUN_ID_VAR, "").split(":") if x][-(MAX_RUN_IDS - 1):]
+    full[orphans.RUN_ID_VAR] = ":".join([*outer, run_id])
     with _lock:  # registered before a sweep can take it for an orphan or reap it
         for pid in [pid for pid, c in _children.items() if c.ended and c.popen.poll() is not None]:
             del _children[pid]
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=full,
-                                 cwd=cwd, start_new_session=True, close_fds=True, preexec_fn=_die_with_us(),
+                                 cwd=cwd, start_new_session=True, close_fds=True,
+                                 preexec_fn=die_with_us if prctl is not None else None,
                                  **drop)
         st = stat(popen.pid)
         _children[popen.pid] = _Child(popen, run_id.encode(), st.start if st else 0)

@@ -1,8 +1,6 @@
 """``Record``: the base of the suite's small value classes. A record's fields are its annotations in
 order, a default the value in the class body; it gets ``__init__`` (positional or keyword), equality
-and a hash by fields, a repr, ``_replace`` and ``_asdict``, and ``__post_init__`` runs when it has one.
-A class that still spells its fields as ``__slots__`` with its own ``__init__`` keeps them.
-"""
+and a hash by fields, a repr, ``_replace`` and ``_asdict``, and ``__post_init__`` runs when it has one."""
 
 from __future__ import annotations
 
@@ -22,9 +20,6 @@ class Record:
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
-        if "__init__" in vars(cls):  # the older form: its __slots__ are its fields
-            cls._fields = tuple(vars(cls).get("__slots__", ()))
-            return
         own = [name for name, kind in vars(cls).get("__annotations__", {}).items()
                if "ClassVar[" not in str(kind)]
         cls._fields = (*cls._fields, *(name for name in own if name not in cls._fields))

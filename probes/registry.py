@@ -1,7 +1,6 @@
-"""The catalog: which probes exist, one module per line, each declaring its ``SPEC`` (or several,
-``SPECS``). They are imported by name on first use of ``PROBES`` (or ``NAMES``, ``BY_NAME``,
-``TOGGLES``, ``SETTINGS``): a probe module may import ``probes.config``, which imports this catalog.
-"""
+"""The catalog: which probes exist, one module per line, each declaring its ``SPEC`` (or ``SPECS``),
+imported by name on first use of the names below: a probe module may import ``probes.config``,
+which imports this catalog."""
 
 from __future__ import annotations
 
@@ -40,7 +39,9 @@ def specs_of(name: str) -> tuple[Any, ...]:
 _cache: dict[str, Any] = {}
 
 
-def _build() -> dict[str, Any]:
+def __getattr__(name: str) -> Any:
+    if name not in ("PROBES", "BY_NAME", "NAMES", "TOGGLES", "SETTINGS"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if not _cache:
         listed = [s for m in (*MODULES, *PLUGINS) for s in specs_of(m)]
         order = {layer: i for i, layer in enumerate(LAYERS)}
@@ -53,10 +54,4 @@ def _build() -> dict[str, Any]:
         _cache.update(PROBES=specs, BY_NAME={s.name: s for s in specs}, NAMES=tuple(s.name for s in specs),
                       TOGGLES=tuple(dict.fromkeys(s.toggle for s in specs)),
                       SETTINGS=tuple(settings.values()))
-    return _cache
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("PROBES", "BY_NAME", "NAMES", "TOGGLES", "SETTINGS"):
-        return _build()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _cache[name]

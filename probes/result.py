@@ -51,10 +51,6 @@ class Result(Record):
     def to_dict(self) -> dict[str, Any]:
         return {**self._asdict(), "status": self.status.value, "facts": dict(self.facts)}
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Result:
-        return cls(**{**{k: v for k, v in d.items() if k in cls._fields}, "status": Status(d["status"])})
-
 
 def passed(name: str, message: str, **kw: Any) -> Result:
     return Result(name, Status.PASS, message, **kw)

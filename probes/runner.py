@@ -4,13 +4,14 @@ by its own (docs/architecture.md, "A check")."""
 
 from __future__ import annotations
 
+import errno  # built in: importing it needs no file, even at the open-file limit
 import threading
 import time
 
 # Loaded here, not where it is needed: under an open-file limit a module can no longer be read then.
 from probes import childio
 from probes.config import Config
-from probes.context import Context, logger
+from probes.context import Context, log_exception
 from probes.deadlines import GRACE, RUN_MARGIN
 from probes.record import Record
 from probes.result import SEVERITY, Result, Status, verdict
@@ -71,20 +72,9 @@ def run_deadline(timeout: float, start: float) -> float:
     return start + timeout - min(RUN_MARGIN, timeout / 2)
 
 
-def _log_exception(message: str, *args: object) -> None:
-    """To the log if it can be had: under an open-file limit the logging module may not load."""
-    try:
-        logger().exception(message, *args)
-    except Exception:  # noqa: S110 - best effort by design
-        pass
-
-
 def _raised(spec: Spec, exc: Exception) -> Result:
-    """"Not checked" when a resource limit is why the probe raised, else an internal error; the
-    exception's text goes to the log only."""
-    import errno  # built in: importing it needs no file
-
-    _log_exception("probe %s raised", spec.name)
+    """"Not checked" when a resource limit is why, else an internal error; its text goes to the log only."""
+    log_exception("probe %s raised", spec.name)
     # Not EAGAIN: a non-blocking socket's BlockingIOError is a probe's bug, not the process limit.
     if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
         words = childio.limit_words(exc.errno)
@@ -95,13 +85,13 @@ def _raised(spec: Spec, exc: Exception) -> Result:
 
 
 def _deadline(spec: Spec, ctx: Context, budget: float) -> Result:
-    """The result of a probe that gave none by its deadline: its module's ``on_deadline``, if any."""
+    """Its module's ``on_deadline`` result, if any."""
     try:
         hook: Callable[[Context], Result] | None = getattr(spec.load(), "on_deadline", None)
         if hook is not None:
             return hook(ctx)
     except Exception:  # the hook must not turn a deadline into a crash
-        _log_exception("on_deadline of %s failed", spec.name)
+        log_exception("on_deadline of %s failed", spec.name)
     return verdict(spec.name, DEADLINE, f"no answer within {budget:.1f}s (deadline passed)")
 
 
@@ -113,23 +103,6 @@ def _work(spec: Spec, ctx: Context, box: list[tuple[Result, float]], answered: t
         result = _raised(spec, exc)
     box.append((result, time.monotonic()))
     answered.set()
-
-
-def _not_run(spec: Spec, latch: dict[str, object] | None, torch_selected: bool, needed: list[Result],
-             by_name: dict[str, Spec]) -> Result | None:
-    """The result of a hardware probe under a latch, or of one whose requirement failed."""
-    if latch is not None and spec.layer == "hardware":
-        why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
-               "the GPU is not touched until the container restarts")
-        result = verdict(spec.name, LATCHED, why, remedy=False)  # it says when the latch clears
-        # torch-cuda reports the latch; the hardware probes stand aside
-        return result._replace(status=Status.SKIP) if torch_selected else result
-    bad = [r for r in needed if not r.ok]
-    if bad:
-        layer = by_name[bad[0].name].layer
-        return verdict(spec.name, DEPENDENCY_FAILED, f"skipped: the {layer} layer failed "
-                       f"({bad[0].name}: {bad[0].message})", remedy=False)
-    return None
 
 
 def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) -> Outcome:
@@ -148,9 +121,18 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
     abandoned = False
 
     def begin(spec: Spec) -> Result | None:
-        given = _not_run(spec, latch, torch_selected, [results[n] for n in needs[spec.name]], by_name)
-        if given is not None:
-            return given
+        """Start ``spec``'s thread; else the result of a hardware probe under a latch, of one whose
+        requirement failed, or of one whose thread cannot start."""
+        if latch is not None and spec.layer == "hardware":
+            why = (f"latched unhealthy by {latch.get('source', '?')}: {latch.get('reason', '?')}; "
+                   "the GPU is not touched until the container restarts")
+            result = verdict(spec.name, LATCHED, why, remedy=False)  # it says when the latch clears
+            # torch-cuda reports the latch; the hardware probes stand aside
+            return result._replace(status=Status.SKIP) if torch_selected else result
+        bad = [results[n] for n in needs[spec.name] if not results[n].ok]
+        if bad:
+            return verdict(spec.name, DEPENDENCY_FAILED, f"skipped: the {by_name[bad[0].name].layer} layer "
+                           f"failed ({bad[0].name}: {bad[0].message})", remedy=False)
         t0 = time.monotonic()
         ctx = Context(config, min(t0 + spec.timeout, end), dict(results), state, wall, spec)
         box: list[tuple[Result, float]] = []
@@ -158,8 +140,7 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
         try:
             thread.start()
         except RuntimeError:  # the process limit (RLIMIT_NPROC, or pids.max: threads count), no memory
-            import errno  # not run here instead: nothing would bound it by its deadline
-
+            # not run here instead: nothing would bound it by its deadline
             words = childio.limit_words(errno.EAGAIN)
             return verdict(spec.name, LIMIT, f"not checked: could not start a thread: {words}", remedy=False)
         running[spec.name] = (thread, ctx, t0, box)

@@ -1,6 +1,6 @@
 """What a probe declares about itself: ``SPEC = Spec(...)``, its settings (``Declared``) and its
 causes (``Cause``: the catalog a judge's ``verdict`` points into). docs/architecture.md says how
-they are read; probes/contract.py is the module contract."""
+they are read; tests/core/test_contract.py holds the module contract."""
 
 from __future__ import annotations
 

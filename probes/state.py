@@ -1,6 +1,5 @@
-"""The state directory: cached results, locks and the sticky CUDA-fatal latch, in a private
-directory reached only through directories nobody but root or us can change, or off
-(``HEALTHCHECK_STATE_DIR`` in docs/probes.md)."""
+"""The state directory: cached results, locks and the sticky CUDA-fatal latch, private and reached only
+through directories nobody but root or us can change, or off (``HEALTHCHECK_STATE_DIR``, docs/probes.md)."""
 
 from __future__ import annotations
 
@@ -28,7 +27,6 @@ MAX_BESIDE = 4096  # entries of a shared directory looked through for our state 
 
 
 def candidates() -> list[str]:
-    """The default locations, in the order they are tried."""
     uid = os.getuid()
     found = ["/run/healthcheck"]
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
@@ -42,10 +40,8 @@ def candidates() -> list[str]:
 
 
 def beside(plain: str) -> str | None:
-    """Our state dir beside ``plain``, a name in a shared directory that another user took first:
-    ``<plain>.<time><random>``, the oldest of ours winning so that runs making one at once agree.
-    None when none can be made or there are too many entries to look through (one per run would
-    pile up)."""
+    """Our state dir beside ``plain``, a name another user took first: ``<plain>.<time><random>``, the
+    oldest of ours winning so that runs making one at once agree; None past MAX_BESIDE entries."""
     ours = _ours_beside(plain)
     if ours == []:
         made = f"{plain}.{time.time_ns():016x}{os.urandom(8).hex()}"
@@ -79,7 +75,7 @@ def _ours_beside(plain: str) -> list[str] | None:
 
 
 def _usable(path: str) -> str | None:
-    """Create ``path`` if needed; why it cannot be used, or None."""
+    """Why ``path`` (made if needed) cannot be used, or None."""
     try:
         _mkdir_private(path)
     except FileExistsError:
@@ -128,7 +124,7 @@ def _remove(path: str, how: Any = os.unlink) -> None:
 
 
 def process_start_time(pid: int) -> str | None:
-    """A live process's start time (tells a reused pid apart), or None if it is gone or a zombie."""
+    """None if it is gone or a zombie."""
     st = pidstat.stat(pid)
     return None if st is None or st.state == b"Z" else str(st.start)
 
@@ -181,7 +177,6 @@ def same_life(ident: Any, pid1: Any) -> bool:
 
 
 class Lock(Record):
-
     fd: int | None
     unusable: str | None = None  # why the lock file could not be had at all (nobody holds it)
 
@@ -203,7 +198,6 @@ class State(Record):
 
     @classmethod
     def open(cls, path: str | None) -> State:
-        """The state dir at ``path``, else the first usable default; off, with the reasons, when none is."""
         reasons = []
         for where in [path] if path else candidates():
             why = _usable(where)
@@ -232,7 +226,6 @@ class State(Record):
         return os.path.join(self.path, name)
 
     def read_json(self, name: str) -> dict[str, Any] | None:
-        """The stored object, or None when absent, unreadable or corrupt."""
         if not self.enabled:
             return None
         try:
@@ -242,7 +235,7 @@ class State(Record):
         return data if isinstance(data, dict) else None
 
     def write_json(self, name: str, data: dict[str, Any]) -> bool:
-        """Atomically replace ``name``; False, the reason in ``problem``, when it cannot."""
+        """False, the reason in ``problem``, when it cannot."""
         if not self.enabled:
             self.problem = f"state dir off: {self.disabled_reason}"
             return False
@@ -302,9 +295,8 @@ class State(Record):
         return Lock(None)
 
     def scratch(self, what: str) -> str | None:
-        """A new private directory for files of this run, never in /tmp; None when there is none.
-        The caller removes it (``drop_scratch``); what a killed run left, its pid and start naming
-        a process that is gone, is removed by the next call."""
+        """A new private directory for this run's files, never in /tmp, removed by ``drop_scratch``;
+        what a killed run left (its pid and start name a process that is gone) goes at the next call."""
         base = self._file("scratch") if self.enabled else ""
         if not base or _usable(base) is not None:
             return None
@@ -324,7 +316,6 @@ class State(Record):
         return path
 
     def latch(self) -> dict[str, Any] | None:
-        """The latch in force for this container life, or None; a stale one is cleared."""
         data = self.read_json(LATCH)
         if data is not None:
             if same_life(data.get("identity"), data.get("pid1")):
@@ -352,7 +343,6 @@ class State(Record):
     # A child that survived SIGKILL sits in uninterruptible sleep on a wedged driver. Starting
     # another on every probe would pile them up: remember it while it exists.
     def stuck_child(self, key: str) -> int | None:
-        """The pid of an earlier ``key`` child that is still stuck, or None."""
         data = self.read_json(f"stuck-{key}.json")
         if data is None:
             return None
@@ -392,7 +382,6 @@ class State(Record):
 
 
 def drop_scratch(path: str | None) -> None:
-    """Remove a directory ``State.scratch`` made, never following a link inside it."""
     if path:
         import shutil
 

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 MAX_TEXT = 300  # characters of one cleaned value unless the caller says otherwise
 MAX_DEPTH = 32  # nesting of arrays and objects in any JSON the suite reads
 MAX_INT_DIGITS = 30  # far beyond any count, size or pid; float() of it is always finite
-ELLIPSIS = "..."
 
 
 def clean(value: Any, limit: int = MAX_TEXT) -> str:
@@ -31,7 +30,7 @@ def clean(value: Any, limit: int = MAX_TEXT) -> str:
         text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
     if len(text) <= limit:
         return text
-    return text[: max(limit - len(ELLIPSIS), 0)] + ELLIPSIS
+    return text[: max(limit - 3, 0)] + "..."
 
 
 def squeeze(value: Any, limit: int = MAX_TEXT) -> str:
@@ -95,7 +94,7 @@ def read_regular(path: str, max_size: int, *, dir_fd: int | None = None,
                  owners: Collection[int] | None = None) -> tuple[bytes, os.stat_result]:
     """``Refused`` unless a regular file we may trust: no link followed, a FIFO never blocks, type,
     size and owner checked on the open file."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as exc:

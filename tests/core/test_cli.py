@@ -205,9 +205,9 @@ def test_an_internal_error_shows_no_traceback_or_exception_text(tmp_path):
     """A bug inside the suite still answers with one line and exit 1; the exception's text
     (which may hold a token or a path) goes only to the log."""
     log = tmp_path / "hc.log"
-    script = ("import sys\nfrom probes import cli\n"
-              "def boom(argv):\n    cli._setup_log(cli.load())\n    raise RuntimeError('secret-token-xyz')\n"
-              "cli.check = boom\nsys.exit(cli.main([]))\n")
+    script = ("import sys\nfrom probes import cli, runner\n"
+              "def boom(config, state):\n    raise RuntimeError('secret-token-xyz')\n"
+              "runner.run = boom\nsys.exit(cli.main([]))\n")
     for env in (clean_env(), clean_env(HEALTHCHECK_LOG_FILE=str(log))):
         res = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True,
                              text=True, timeout=60, check=False)

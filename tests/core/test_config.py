@@ -65,7 +65,7 @@ def test_bad_values_name_variable_value_and_accepted(env, needle):
 def test_each_profile_says_what_its_run_may_do():
     """What liveness leaves out is data: the hardware probes run exactly in the profiles that judge the
     hardware, and a probe that only runs a GPU worker (model, nccl) only where a worker may start."""
-    assert list(PROFILE_RULES) == list(config.PROFILES) and config.DEFAULT_PROFILE in PROFILE_RULES
+    assert config.DEFAULT_PROFILE in PROFILE_RULES
     hardware = {name for name, rules in PROFILE_RULES.items() if rules.hardware}
     workers = {name for name, rules in PROFILE_RULES.items() if rules.spawns_worker}
     assert hardware and "liveness" not in hardware | workers

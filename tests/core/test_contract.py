@@ -1,4 +1,5 @@
-"""Every probe module keeps the contract that the runner, config and docs read (probes/contract.py).
+"""Every probe module keeps the contract that the runner, config and docs read (docs/development.md,
+"Adding a probe"): ``ProbeModule`` below.
 
 mypy (``make lint``) holds each built-in probe module to ``ProbeModule`` through ``CHECKED``;
 the tests hold the catalog to the same list and check the members at run time.
@@ -7,13 +8,26 @@ the tests hold the catalog to the same list and check the members at run time.
 from __future__ import annotations
 
 import types
+from typing import Any, Protocol
 
 from probes import registry, spec
-from probes.contract import ProbeModule
+from probes.context import Context
 from probes.framework import checkpoint, model, nccl, torch_cuda
 from probes.hardware import nvidia_smi, nvml, runtime
 from probes.result import Result, passed
 from probes.services import jupyter, jupyter_kernel, ssh, ssh_keys, ssh_login
+
+
+class ProbeModule(Protocol):
+    """Optional, which a Protocol cannot say: ``on_deadline(ctx) -> Result``, ``requirements(config)
+    -> Iterable[str]`` and ``Settings``."""
+
+    SPEC: spec.Spec
+
+    def gather(self, ctx: Context) -> Any: ...
+
+    def judge(self, data: Any, ctx: Context) -> Result: ...
+
 
 CHECKED: tuple[ProbeModule, ...] = (nvidia_smi, nvml, runtime, checkpoint, torch_cuda, model, nccl, jupyter,
                                      jupyter_kernel, ssh, ssh_keys, ssh_login)

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from probes import proc
+from probes import orphans, proc
 from tests.conftest import ROOT, clean_env, run_cli
 from tests.descendants import KINDS, hang, stub
 from tests.servers import leftovers, wait_gone
@@ -148,8 +148,8 @@ def test_what_runs_end_is_reaped_not_left_as_zombies(marker, tmp_path):
 
 
 def test_this_process_is_the_subreaper_and_children_carry_a_run_marker(monkeypatch):
-    monkeypatch.setenv(proc.RUN_ID_VAR, "outer-1-abc")
-    res = proc.run(["sh", "-c", f'echo "${proc.RUN_ID_VAR}"'], deadline=time.monotonic() + 5)
+    monkeypatch.setenv(orphans.RUN_ID_VAR, "outer-1-abc")
+    res = proc.run(["sh", "-c", f'echo "${orphans.RUN_ID_VAR}"'], deadline=time.monotonic() + 5)
     outer, _, mine = res.stdout.decode().strip().partition(":")
     assert outer == "outer-1-abc" and mine.startswith(f"{os.getpid()}-")
     flag = ctypes.c_int(0)

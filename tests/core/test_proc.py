@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from probes import proc
+from probes import childio, proc
 from tests.servers import leftovers, wait_gone
 
 pytestmark = pytest.mark.loaded  # under load too: make loaded (Makefile)
@@ -149,7 +149,7 @@ def test_stderr_flood_with_a_valid_stdout_is_not_truncated_output(marker):
     res, _ = timed(sh("echo answer; head -c 3000000 /dev/zero >&2", marker), 10)
     assert res.returncode == 0 and res.stdout == b"answer\n"
     assert not res.truncated and res.stderr_truncated
-    assert len(res.stderr) == proc.MAX_STDERR
+    assert len(res.stderr) == childio.MAX_STDERR
 
 
 def test_max_output_applies_to_stdout_per_call(marker):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from probes import dropin_check, dropins, proc
+from probes import dropins, proc
 from probes.config import Config
 from probes.context import Context
 from probes.hardware import nvidia_smi
@@ -149,7 +149,7 @@ def test_a_drop_in_that_finished_unseen_keeps_its_message(tmp_path):
     for _ in range(5):
         c = Context(Config(), time.monotonic() + 0.05, {}, State.off("tests"), spec=spec)
         with starved():
-            r = dropin_check.judge(dropin_check.gather(c), c)
+            r = dropins.judge(dropins.gather(c), c)
         assert r.reason in ("check-failed", "deadline") and "with no message" not in r.message, r
         said.add(r.message)
     assert "CRITICAL: licence server down" in said
