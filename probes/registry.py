@@ -1,4 +1,4 @@
-"""The catalog: which probes exist, one module per line, each declaring its ``SPEC`` (or ``SPECS``),
+"""The catalog: which probes exist, one module per line, each declaring its ``SPEC``,
 imported by name on first use of the names below: a probe module may import ``probes.config``,
 which imports this catalog."""
 
@@ -30,12 +30,6 @@ PLUGINS = (
 )
 
 
-def specs_of(name: str) -> tuple[Any, ...]:
-    """The probes a line of ``MODULES`` or ``PLUGINS`` declares."""
-    found = load(name)
-    return tuple(getattr(found, "SPECS", None) or (found.SPEC,))
-
-
 _cache: dict[str, Any] = {}
 
 
@@ -43,7 +37,7 @@ def __getattr__(name: str) -> Any:
     if name not in ("PROBES", "BY_NAME", "NAMES", "TOGGLES", "SETTINGS"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if not _cache:
-        listed = [s for m in (*MODULES, *PLUGINS) for s in specs_of(m)]
+        listed = [load(m).SPEC for m in (*MODULES, *PLUGINS)]
         order = {layer: i for i, layer in enumerate(LAYERS)}
         specs = tuple(sorted(listed, key=lambda s: order.get(s.layer, len(order))))  # stable: in listed order
         settings: dict[str, Setting] = {}

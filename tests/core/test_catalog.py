@@ -68,16 +68,13 @@ def test_a_verdict_carries_the_cause_and_builds_the_message_once():
 
 
 def test_a_probe_module_declares_its_own_probe_beside_its_gather_and_judge():
-    """One probe, one module: each line of the registry that is a module (not a package of the older
-    form) holds its probe's ``SPEC``, naming that module, with its causes, settings, gather and judge."""
+    """One probe, one module: each line of the registry holds its probe's ``SPEC``, naming that module,
+    with its causes, settings, gather and judge."""
     for line in (*registry.MODULES, *registry.PLUGINS):
         module = spec.load(line)
-        if hasattr(module, "SPECS"):
-            continue
         assert module.SPEC.module == line and registry.BY_NAME[module.SPEC.name] is module.SPEC, line
         assert callable(module.gather) and callable(module.judge), line
-    own = {s.module for s in registry.PROBES if s.layer in ("hardware", "framework")}
-    assert own and own <= {*registry.MODULES, *registry.PLUGINS}  # the services layer moves later
+    assert {s.module for s in registry.PROBES} == {*registry.MODULES, *registry.PLUGINS}
 
 
 def test_each_probe_declares_a_reason_once():

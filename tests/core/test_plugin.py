@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from probes import config, registry
+from probes import config, registry, spec
 from tests.conftest import ROOT, clean_env
 from tests.servers import free_port, stop
 
@@ -111,8 +111,8 @@ def cli(plugin: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str
 
 def test_the_opt_in_deep_checks_are_plug_ins_off_unless_turned_on():
     """The core's list is what every image runs; model, checkpoint and nccl are named as plug-ins are."""
-    core = {s.name for m in registry.MODULES for s in registry.specs_of(m)}
-    plugins = {s.name: s for m in registry.PLUGINS for s in registry.specs_of(m)}
+    core = {spec.load(m).SPEC.name for m in registry.MODULES}
+    plugins = {s.name: s for s in (spec.load(m).SPEC for m in registry.PLUGINS)}
     assert set(plugins) == {"checkpoint", "model", "nccl"} and not core & set(plugins)
     assert all(not s.default_on and s.module in registry.PLUGINS for s in plugins.values())
     selected = {s.name for s in config.load({}).selected()}
