@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from probes import config as cfg
 from probes import registry
 from probes.hardware import xids
-from probes.serve import httpd
+from probes.serve import PROFILES, httpd
 from probes.serve.cli import load
 from probes.serve.monitor import KINDS, severity
 from tests.conftest import ROOT
@@ -46,6 +45,6 @@ def label_domains() -> dict[str, set[str]]:
     xid_values = [*xids.CATALOG, 4242]  # every catalog entry, and one the catalog lacks
     severities = {severity(kind, x, s) for kind in KINDS for x in xid_values for s in (defaults, ignoring)}
     actions = {httpd.action(kind, str(x) if kind == "xid" else "") for kind in KINDS for x in xid_values}
-    return {"profile": set(cfg.PROFILES), "status": set(httpd.STATUSES), "state": set(httpd.WATCHER_STATES),
+    return {"profile": set(PROFILES), "status": set(httpd.STATUSES), "state": set(httpd.WATCHER_STATES),
             "kind": set(KINDS), "severity": severities, "action": actions,
             "source": {"xid", *registry.NAMES}}
