@@ -45,3 +45,17 @@ def test_a_liveness_run_imports_none_of_the_heavy_modules(tmp_path):
     assert lines[0].startswith("healthy: liveness:"), res.stdout
     assert lines[-1] == "", f"a liveness run imported: {lines[-1]} (docs/development.md, Start-up policy)"
 
+
+
+def test_a_check_imports_nothing_of_serve(tmp_path):
+    """serve is one optional part: the check path (cli, config, runner, report, notice) never loads it."""
+    env = clean_env(HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_CHECKS_DIR=str(tmp_path / "none"),
+                    HEALTHCHECK_NOTICE_FILE=str(tmp_path / "notice" / "notice"),
+                    _HEALTHCHECK_NOTICE_LOG=str(tmp_path / "log"),
+                    **{t: "false" for t in registry.TOGGLES if t != "ENABLE_TORCH_CHECK"})
+    script = ("import sys\nfrom probes.cli import main\nmain(['--profile', 'startup'])\n"
+              "print(','.join(sorted(m for m in sys.modules if m.startswith('probes.serve'))))\n")
+    res = subprocess.run([sys.executable, "-I", "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.splitlines()[-1] == "", res.stdout
