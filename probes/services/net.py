@@ -88,8 +88,14 @@ def is_loopback(host: str) -> bool:
 
 
 def listening() -> list[tuple[int, bytes, int, int]]:
-    """(family, address as the kernel prints it, port, uid) of each listening TCP socket, from
-    /proc/net/tcp and tcp6, which need no CAP_SYS_PTRACE (root lacks it in Docker's default set)."""
+    """(family, packed address, port, uid) of each listening TCP socket, none of which needs
+    CAP_SYS_PTRACE (root lacks it in Docker's default set): asked of the kernel's socket diagnostics,
+    which walk the listening sockets alone (``ss -lt`` does the same), else read from /proc/net/tcp
+    and tcp6, whose every read walks the machine's whole table of connections."""
+    try:
+        return _diag_listening()
+    except OSError:
+        pass
     found: list[tuple[int, bytes, int, int]] = []
     for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
         try:
@@ -101,9 +107,44 @@ def listening() -> list[tuple[int, bytes, int, int]]:
                     if len(fields) < 8 or fields[3] != b"0A":  # 0A: LISTEN, listed first
                         break
                     addr, _, port = fields[1].partition(b":")
-                    found.append((family, addr, int(port, 16), int(fields[7])))
+                    # The address as 32-bit words, each printed as a number in host order.
+                    packed = b"".join(int(addr[i:i + 8], 16).to_bytes(4, sys.byteorder)
+                                      for i in range(0, len(addr), 8))
+                    found.append((family, packed, int(port, 16), int(fields[7])))
         except (OSError, ValueError):
             continue
+    return found
+
+
+def _diag_listening() -> list[tuple[int, bytes, int, int]]:
+    """The listening TCP sockets from a NETLINK_SOCK_DIAG dump (linux/inet_diag.h); OSError when refused."""
+    found: list[tuple[int, bytes, int, int]] = []
+    order = sys.byteorder
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 4) as sock:  # SOCK_DIAG
+        sock.settimeout(1.0)
+        for family in (socket.AF_INET, socket.AF_INET6):
+            # nlmsghdr (SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP), then inet_diag_req_v2 for TCP in
+            # the state LISTEN (1 << 10), any address (a zero inet_diag_sockid).
+            body = bytes((family, socket.IPPROTO_TCP, 0, 0)) + (1 << 10).to_bytes(4, order) + bytes(48)
+            head = (16 + len(body)).to_bytes(4, order) + (20).to_bytes(2, order) + (0x301).to_bytes(2, order)
+            sock.send(head + bytes(8) + body)
+            done = False
+            while not done:
+                data = sock.recv(65536)
+                pos = 0
+                while not done and pos + 16 <= len(data):
+                    size = int.from_bytes(data[pos:pos + 4], order)
+                    kind = int.from_bytes(data[pos + 4:pos + 6], order)
+                    if kind == 2 or size < 16:  # NLMSG_ERROR: the kernel refused the dump
+                        raise OSError("sock_diag refused")
+                    msg = data[pos + 16:pos + size]
+                    done = kind == 3  # NLMSG_DONE
+                    if not done and len(msg) >= 72:  # inet_diag_msg: id at 4, uid at 64
+                        addr = msg[8:12] if family == socket.AF_INET else msg[8:24]
+                        port, uid = int.from_bytes(msg[4:6], "big"), int.from_bytes(msg[64:68], order)
+                        found.append((family, addr, port, uid))
+                    pos += (size + 3) & ~3
+                done = done or not data
     return found
 
 
@@ -119,9 +160,7 @@ def nearby(expected: int) -> list[str]:
     """The five listening ports nearest to ``expected`` ("127.0.0.1:2222", "*:8888"), to explain a refusal."""
     seen = set()
     for family, addr, port, _ in listening():
-        # The address as 32-bit words, each printed as a number in host order.
-        ip = socket.inet_ntop(family, b"".join(int(addr[i:i + 8], 16).to_bytes(4, sys.byteorder)
-                                               for i in range(0, len(addr), 8)))
+        ip = socket.inet_ntop(family, addr)
         seen.add(("*" if ip in ("0.0.0.0", "::") else ip, port))  # noqa: S104
     ordered = sorted(seen, key=lambda a: (abs(a[1] - expected), a[1], a[0]))
     shown = (f"*:{port}" if ip == "*" else host_header(ip, port) for ip, port in ordered)

@@ -292,17 +292,28 @@ def test_loopback_and_wildcard_hostnames_are_used(jupyter_base: Jupyter, tmp_pat
         assert r.facts["runtime_file"] == "jpserver-9.json" and refused(r) == {}
 
 
-def test_listening_sockets_and_their_owners(other_user_server: Any) -> None:
-    # /proc/net/tcp and tcp6, which anyone may read: each LISTEN socket's port and owner.
+@pytest.mark.parametrize("source", ["sock_diag", "proc"])
+def test_listening_sockets_and_their_owners(other_user_server: Any, source: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernel's socket diagnostics, or /proc/net/tcp and tcp6 where those are refused: each LISTEN
+    # socket's address, port and owner, the same from both.
     sockets = [Listener()]
     try:
         with contextlib.suppress(OSError):  # the same port on IPv6 loopback, where there is one
             sockets.append(Listener("::1", sockets[0].port))
         other = other_user_server()
+        diag = sorted(net.listening())
+        if source == "proc":
+            def refused() -> list[Any]:
+                raise PermissionError(13, "netlink refused")  # as a seccomp or sandbox refuses it
+
+            monkeypatch.setattr(net, "_diag_listening", refused)
+            assert sorted(net.listening()) == diag
         found = net.listeners()
         assert found[sockets[0].port] == {os.geteuid()}
         assert found[other.port] == {OTHER_UID}
         assert free_port() not in net.listeners()
+        assert f"127.0.0.1:{sockets[0].port}" in net.nearby(sockets[0].port)
     finally:
         for s in sockets:
             s.close()
