@@ -51,12 +51,14 @@ RUN python3 -m pip install --no-cache-dir "jupyterlab==${JUPYTERLAB_VERSION}"
 # The `serve` extra brings prometheus-client for `healthcheck serve` (the http overlay).
 # A liveness run imports the suite from /opt/healthcheck/probes (the front door puts it
 # first on the path): its bytecode is compiled here, so that a read-only or non-root
-# container never compiles it on a probe.
+# container never compiles it on a probe. setuptools goes once the suite is in: its .pth file
+# would import a shim at every interpreter start, on every probe.
 COPY pyproject.toml /opt/healthcheck/
 COPY probes/ /opt/healthcheck/probes/
 COPY healthcheck /opt/healthcheck/healthcheck
 RUN python3 -m venv /opt/healthcheck/.venv \
  && /opt/healthcheck/.venv/bin/pip install --no-cache-dir --disable-pip-version-check "/opt/healthcheck[serve,jupyter]" \
+ && /opt/healthcheck/.venv/bin/pip uninstall -q -y --disable-pip-version-check setuptools \
  && /opt/healthcheck/.venv/bin/python -m compileall -q /opt/healthcheck/probes \
  && rm -rf /opt/healthcheck/build /opt/healthcheck/*.egg-info \
  && chmod 0755 /opt/healthcheck/healthcheck \

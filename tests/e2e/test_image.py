@@ -98,11 +98,13 @@ def test_suite_lives_in_its_own_venv(start_container) -> None:  # type: ignore[n
                   "readlink -f /usr/local/bin/healthcheck; /opt/healthcheck/.venv/bin/python -c "
                   "'import probes, sys; print(probes.__file__)'; "
                   "/opt/healthcheck/.venv/bin/python -c 'import torch' 2>/dev/null || echo no-torch-in-venv; "
-                  "ls /etc/ssh/ | grep -c ssh_host_ || true").stdout.split()
+                  "ls /etc/ssh/ | grep -c ssh_host_ || true; "
+                  "ls /opt/healthcheck/.venv/lib/python3*/site-packages/ | grep -c '[.]pth$' || true").stdout.split()
     assert out[0] == "/opt/healthcheck/healthcheck"
     assert out[1].startswith("/opt/healthcheck/.venv/")
     assert out[2] == "no-torch-in-venv", "the suite never imports torch itself"
     assert out[3] == "0", "the image must not carry SSH host keys"
+    assert out[4] == "0", "no .pth file runs at the start of every probe (setuptools' shim)"
     # A user's pip install into the image's Python does not touch the suite's environment.
     exec_in(cid, "python3", "-m", "pip", "uninstall", "-y", "-q", "psutil", check=False)
     assert exec_in(cid, "healthcheck", "--help").returncode == 0
