@@ -133,18 +133,18 @@ def _killpg(popen: subprocess.Popen[bytes], sig: int) -> None:
 def _of_run(child: _Child) -> Select:
     """The processes of one run: the child, its group and session, and everything below them and
     below each orphan re-parented to us (the subreaper) that carries the run's marker. An orphan
-    whose environment is empty (just after execve) is not told yet; still empty at the third look
-    (env -i), it is not ours."""
+    whose environment is empty (in execve, between its new memory and its new stack) is not told
+    yet; still empty KILL_WAIT after the first look (env -i), it is not ours. A starved machine can
+    keep a process in that window for many looks."""
     me, root = os.getpid(), child.popen.pid
     reaper = _reaper == (me, True)
     judged: dict[tuple[int, int], bool] = {}
-    looks: dict[tuple[int, int], int] = {}
+    first: dict[tuple[int, int], float] = {}
 
     def ours(key: tuple[int, int]) -> bool | None:
         if key not in judged:
             markers = orphans.marked(key[0])
-            looks[key] = looks.get(key, 0) + 1
-            if markers is not None or looks[key] >= 3:
+            if markers is not None or time.monotonic() - first.setdefault(key, time.monotonic()) >= KILL_WAIT:
                 judged[key] = child.run_id in (markers or ())
         return judged.get(key)
 
@@ -197,7 +197,9 @@ def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], sinc
         signalled.update((pid, start) for pid, start in new.items() if signal_same(pid, start, sig))
         now = time.monotonic()
         last_new = now if new else last_new
-        if not (found or zombies or unsure) or now >= until or now - last_new >= settle:
+        # An orphan not told yet (in execve) is waited for up to KILL_WAIT more, as ours() judges it.
+        if not (found or zombies or unsure) or now >= until + (KILL_WAIT if unsure else 0.0) or (
+                now - last_new >= settle and not unsure):
             return signalled
         time.sleep(0 if new else 0.005)
 
