@@ -39,7 +39,9 @@ from tests.services.conftest import TOKEN, _jupyter
 pytest.importorskip("ipykernel")
 pytest.importorskip("websocket")
 
-HANG = "healthcheck-test-hanging-kernel"  # on the hanging kernel's command line, to find leftovers
+# On the hanging kernel's command line, to find leftovers: this process's own, as the tests run two
+# at a time (make unit) and another's hanging kernel is none of this one's.
+HANG = f"healthcheck-test-hanging-kernel-{os.getpid()}"
 LAUNCH = ["-m", "ipykernel_launcher", "-f", "{connection_file}"]
 # An interpreter that cannot import torch: ipykernel starts, `import torch` finds nothing.
 NO_TORCH = ("import sys; sys.modules['torch'] = None; from ipykernel import kernelapp; "
