@@ -17,12 +17,12 @@ import uuid
 import websocket
 
 
-def api(base: str, token: str, method: str, path: str, body: object = None) -> object:
+def api(base: str, token: str, method: str, path: str, body: object = None, timeout: float = 60) -> object:
     req = urllib.request.Request(base + path, method=method,
                                  data=None if body is None else json.dumps(body).encode(),
                                  headers={"Authorization": f"token {token}"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(req, timeout=60) as resp:
+    with opener.open(req, timeout=timeout) as resp:
         text = resp.read()
     return json.loads(text) if text else None
 

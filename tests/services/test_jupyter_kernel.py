@@ -87,13 +87,9 @@ def kbase(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jupyter]:
 
 
 def api(server: Jupyter | OwnJupyter, method: str, path: str, body: Any = None) -> Any:
-    req = urllib.request.Request(f"http://127.0.0.1:{server.port}{server.base_url}{path}", method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Authorization": f"token {TOKEN}"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(req, timeout=30) as resp:
-        text = resp.read()
-    return json.loads(text) if text else None
+    from tests import notice_kernel  # websocket-client: after the importorskip above
+
+    return notice_kernel.api(f"http://127.0.0.1:{server.port}{server.base_url}", TOKEN, method, path, body, 30)
 
 
 def kernel_ids(server: Jupyter | OwnJupyter) -> set[str]:
