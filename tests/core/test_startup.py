@@ -35,9 +35,14 @@ def test_every_module_of_the_suite_named_heavy_exists():
     assert missing == []
 
 
+def services_off(tmp_path, **extra):
+    """A run's environment with every probe but torch-cuda (which reads only the latch) off."""
+    return clean_env(HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_CHECKS_DIR=str(tmp_path / "none"),
+                     **{t: "false" for t in registry.TOGGLES if t != "ENABLE_TORCH_CHECK"}, **extra)
+
+
 def test_a_liveness_run_imports_none_of_the_heavy_modules(tmp_path):
-    env = clean_env(HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_CHECKS_DIR=str(tmp_path / "none"),
-                    **{t: "false" for t in registry.TOGGLES if t != "ENABLE_TORCH_CHECK"})
+    env = services_off(tmp_path)
     res = subprocess.run([sys.executable, "-I", "-c", SCRIPT.format(heavy=set(HEAVY))], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -49,10 +54,8 @@ def test_a_liveness_run_imports_none_of_the_heavy_modules(tmp_path):
 
 def test_a_check_imports_nothing_of_serve(tmp_path):
     """serve is one optional part: the check path (cli, config, runner, report, notice) never loads it."""
-    env = clean_env(HEALTHCHECK_STATE_DIR=str(tmp_path / "state"), HEALTHCHECK_CHECKS_DIR=str(tmp_path / "none"),
-                    HEALTHCHECK_NOTICE_FILE=str(tmp_path / "notice" / "notice"),
-                    _HEALTHCHECK_NOTICE_LOG=str(tmp_path / "log"),
-                    **{t: "false" for t in registry.TOGGLES if t != "ENABLE_TORCH_CHECK"})
+    env = services_off(tmp_path, HEALTHCHECK_NOTICE_FILE=str(tmp_path / "notice" / "notice"),
+                       _HEALTHCHECK_NOTICE_LOG=str(tmp_path / "log"))
     script = ("import sys\nfrom probes.cli import main\nmain(['--profile', 'startup'])\n"
               "print(','.join(sorted(m for m in sys.modules if m.startswith('probes.serve'))))\n")
     res = subprocess.run([sys.executable, "-I", "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
