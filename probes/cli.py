@@ -96,7 +96,7 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
 
 def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     """(exit status, output, abandoned)."""
-    from probes import notice, report, runner
+    from probes import report, runner
     from probes.state import State
 
     cfg = load(**parse_flags(argv))
@@ -133,7 +133,10 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
         disabled = f"no checks selected for the {cfg.profile} profile"
     out = report.json_text(outcome, disabled=disabled) if cfg.json else report.text(
         outcome, verbose=cfg.verbose, disabled=disabled)
-    notice.tell(cfg, state, outcome)
+    if cfg.profile_rules.tells:
+        from probes import notice
+
+        notice.tell(cfg, state, outcome)
     return code, out, outcome.abandoned
 
 

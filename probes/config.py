@@ -228,9 +228,9 @@ class Config(Record):
     values: Mapping[str, Any] = types.MappingProxyType({})  # the declared settings', by field
 
     def __init__(self, **fields: Any) -> None:
-        values = {row.field: row.default for row in (*Notices.SETTINGS, *registry.SETTINGS)}
-        values.update(fields.pop("values", {}))
-        values.update({name: fields.pop(name) for name in [*fields] if name in values})
+        known = {row.field for row in Notices.SETTINGS}.union(row[0] for row in registry.DECLARED.values())
+        values = dict(fields.pop("values", {}))  # a setting not given here is its declared default
+        values.update({name: fields.pop(name) for name in [*fields] if name in known})
         super().__init__(**fields, values=types.MappingProxyType(values))
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -246,7 +246,7 @@ class Config(Record):
     def of(self, kind: type[D]) -> D:
         return kind.read(self.values)
 
-    def enabled(self, probe: Spec) -> bool:
+    def enabled(self, probe: Spec | registry.Entry) -> bool:
         if self.profile not in probe.profiles:
             return False
         if self.only:
@@ -254,10 +254,11 @@ class Config(Record):
         return probe.name not in self.skip and self.toggles.get(probe.toggle, default_on(probe, self.values))
 
     def selected(self) -> list[Spec]:
-        return [s for s in (*registry.PROBES, *self.dropins) if self.enabled(s)]
+        return [*(e.spec() for e in registry.ENTRIES if self.enabled(e)),
+                *(s for s in self.dropins if self.enabled(s))]
 
 
-def default_on(probe: Spec, values: Mapping[str, Any]) -> bool:
+def default_on(probe: Spec | registry.Entry, values: Mapping[str, Any]) -> bool:
     """Whether a probe runs when its toggle is not given: an opt-in one when its ``on_with`` setting is."""
     return probe.default_on or bool(probe.on_with and values.get(probe.on_with) is not None)
 
@@ -289,22 +290,26 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
     values: dict[str, Any] = {"json": json, "verbose": verbose}
     if profile is not None:  # the flag wins: HEALTHCHECK_PROFILE is not read
         values["profile"] = parse_choice("--profile", profile, ALL_PROFILES)
-    for row in (*GLOBAL_SETTINGS, *registry.SETTINGS):
+    for row in GLOBAL_SETTINGS:
         if row.field not in values:
             raw = env.get(row.env)
             values[row.field] = parse_setting(row, raw) if raw else row.default
+    for name, declared in registry.DECLARED.items():  # a probe's own (the rest: their defaults)
+        raw = env.get(name)
+        if raw:
+            values[declared[0]] = parse_setting(registry.setting(name), raw)
     if values["timeout"] is None:
         values["timeout"] = PROFILE_RULES[values["profile"]].timeout
     from probes import dropins
 
-    owners = {t: "the built-in " + ", ".join(s.name for s in registry.PROBES if s.toggle == t)
+    owners = {t: "the built-in " + ", ".join(e.name for e in registry.ENTRIES if e.toggle == t)
               for t in registry.TOGGLES}
     found = dropins.specs(values["checks_dir"], frozenset(registry.NAMES), owners)
-    defaults = {t: any(default_on(s, values) for s in registry.PROBES if s.toggle == t)
+    defaults = {t: any(default_on(e, values) for e in registry.ENTRIES if e.toggle == t)
                 for t in registry.TOGGLES}
     # A probe that ``follows`` another's toggle is on by default only where that one is on
     # (ENABLE_SSH_CHECK=false turns the SSH login off too, unless its own toggle is given).
-    follows = {s.toggle: s.follows for s in registry.PROBES if s.follows}
+    follows = {e.toggle: e.follows for e in registry.ENTRIES if e.follows}
     toggles: dict[str, bool] = {}
     for t in sorted((*registry.TOGGLES, *(s.toggle for s in found)), key=lambda t: t in follows):
         default = defaults.get(t, True) and toggles.get(follows.get(t, ""), True)

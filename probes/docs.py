@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from probes import config, deadlines, dropins, registry, runner, serve
 from probes.framework import cuda_errors
@@ -131,6 +132,24 @@ def deadline_ladder() -> str:
                    "least timeoutSeconds", "serve ends a run"), rows)
 
 
+def index() -> str:
+    """The whole of probes/index.py."""
+    settings: dict[str, tuple[Any, ...]] = {}
+    for s in registry.PROBES:
+        for row in s.settings:
+            settings.setdefault(row.env, (row.env, row.field, s.module, row.kind, row.low, row.high,
+                                          row.low_inclusive, row.choices, row.parse is not None))
+    return "\n".join([
+        '"""What a run reads before it imports a probe (probes/registry.py): each probe\'s',
+        '``registry.Entry`` and the module that declares each setting. Written by `make docs` from the',
+        'modules\' SPECs."""', "",
+        "PROBES = (", *(f"    {tuple(getattr(s, name) for name in registry.Entry._fields)!r},"
+                        for s in registry.PROBES),
+        ")", "SETTINGS = (  # env, field, module, kind, low, high, low_inclusive, choices, its own parse",
+        *(f"    {row!r}," for row in settings.values()),
+        ")", ""])
+
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = {"docs/probes.md": {"probes": probes, "environment": environment, "causes": causes,
                             "cuda-errors": cuda_error_table},
@@ -152,6 +171,12 @@ def render(text: str, page: str) -> str:
 
 def main(argv: Sequence[str]) -> int:
     status = 0
+    old, new = (ROOT / "probes" / "index.py").read_text(encoding="utf-8"), index()
+    if new != old and "--check" in argv:
+        print("docs: probes/index.py differs from the probe modules: run make docs", file=sys.stderr)
+        status = 1
+    elif new != old:
+        (ROOT / "probes" / "index.py").write_text(new, encoding="utf-8")
     for page in PAGES:
         old = (ROOT / page).read_text(encoding="utf-8")
         new = render(old, page)

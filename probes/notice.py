@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from probes import pidstat, registry
+from probes import pidstat
 from probes.config import Notices
 from probes.context import log_exception
 from probes.deadlines import NOTICE_WAIT
@@ -120,7 +120,7 @@ def tell(config: Config, state: State, outcome: Outcome) -> None:
         if not own.notices:
             unpublish(own.notice_file)
         elif state.enabled:
-            v = verdict_of(outcome, (*registry.PROBES, *config.dropins))
+            v = verdict_of(outcome, outcome.specs)
             with state.lock("notice.lock", time.monotonic() + NOTICE_WAIT) as held:
                 if not held:  # concurrent checks tell a change once
                     return

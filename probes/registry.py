@@ -1,14 +1,20 @@
-"""The catalog: which probes exist, one module per line, each declaring its ``SPEC``,
-imported by name on first use of the names below: a probe module may import ``probes.config``,
-which imports this catalog."""
+"""The catalog: which probes exist, one module per line, each declaring its ``SPEC``.
+
+A run chooses its probes and reads their settings through ``probes/index.py``, which ``make docs``
+writes from these modules' SPECs, and imports only the modules it runs. A module listed here and
+not in that index (an image owner's plug-in) is imported to read its SPEC. The names below are
+made on first use: a probe module may import ``probes.config``, which imports this catalog."""
 
 from __future__ import annotations
 
+from probes.record import Record
 from probes.spec import LAYERS, Setting, load
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from probes.spec import Spec
 
 # What every image runs, in layer order.
 MODULES = (
@@ -30,22 +36,73 @@ PLUGINS = (
 )
 
 
+class Entry(Record):
+    """What choosing a probe needs (``Config.enabled``): its SPEC's fields of these names."""
+
+    name: str
+    layer: str
+    module: str
+    toggle: str
+    profiles: tuple[str, ...]
+    default_on: bool
+    on_with: str
+    follows: str
+
+    def spec(self) -> Spec:
+        return load(self.module).SPEC  # type: ignore[no-any-return]
+
+
+def setting(env: str) -> Setting:
+    """What validates a probe's setting (a key of ``DECLARED``): its row as the index has it, or
+    the declared row itself (its module imported) when the setting has a ``parse`` of its own."""
+    field, module, kind, low, high, low_inclusive, choices, parses = __getattr__("DECLARED")[env]
+    if not parses:
+        return Setting(env, field, kind, None, "", low, high, low_inclusive, choices)
+    return next(row for row in load(module).SPEC.settings if row.env == env)
+
+
 _cache: dict[str, Any] = {}
+_FULL = ("PROBES", "BY_NAME", "SETTINGS")  # every module imported: docs, --help, serve, tests
+# ENTRIES, their NAMES and TOGGLES, and DECLARED (setting: its field, module, ...): from the index
+_LIGHT = ("ENTRIES", "NAMES", "TOGGLES", "DECLARED")
+
+
+def _read_index() -> None:
+    try:
+        from probes import index
+    except ImportError:  # not written yet (make docs): every module is read
+        index = None  # type: ignore[assignment]
+    listed = (*MODULES, *PLUGINS)
+    entries = [Entry(*row) for row in getattr(index, "PROBES", ()) if row[2] in listed]
+    declared = {row[0]: row[1:] for row in getattr(index, "SETTINGS", ()) if row[2] in listed}
+    for missing in set(listed).difference(e.module for e in entries):
+        s = load(missing).SPEC
+        entries.append(Entry(*(getattr(s, field) for field in Entry._fields)))
+        declared.update({row.env: (row.field, missing, "", 0, 0, False, (), True) for row in s.settings
+                         if row.env not in declared})
+    order = {layer: i for i, layer in enumerate(LAYERS)}
+    entries.sort(key=lambda e: (order.get(e.layer, len(order)), listed.index(e.module)))
+    _cache.update(ENTRIES=tuple(entries), NAMES=tuple(e.name for e in entries),
+                  TOGGLES=tuple(dict.fromkeys(e.toggle for e in entries)), DECLARED=declared)
+
+
+def _import_all() -> None:
+    specs = tuple(e.spec() for e in _cache["ENTRIES"])
+    settings: dict[str, Setting] = {}
+    for s in specs:
+        for row in s.settings:
+            if settings.setdefault(row.env, row) != row:
+                raise RuntimeError(f"{row.env} is declared twice, differently")
+    _cache.update(PROBES=specs, BY_NAME={s.name: s for s in specs}, SETTINGS=tuple(settings.values()))
 
 
 def __getattr__(name: str) -> Any:
-    if name not in ("PROBES", "BY_NAME", "NAMES", "TOGGLES", "SETTINGS"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if not _cache:
-        listed = [load(m).SPEC for m in (*MODULES, *PLUGINS)]
-        order = {layer: i for i, layer in enumerate(LAYERS)}
-        specs = tuple(sorted(listed, key=lambda s: order.get(s.layer, len(order))))  # stable: in listed order
-        settings: dict[str, Setting] = {}
-        for s in specs:
-            for setting in s.settings:
-                if settings.setdefault(setting.env, setting) != setting:
-                    raise RuntimeError(f"{setting.env} is declared twice, differently")
-        _cache.update(PROBES=specs, BY_NAME={s.name: s for s in specs}, NAMES=tuple(s.name for s in specs),
-                      TOGGLES=tuple(dict.fromkeys(s.toggle for s in specs)),
-                      SETTINGS=tuple(settings.values()))
-    return _cache[name]
+    if name not in _cache and name in (*_LIGHT, *_FULL):
+        if "ENTRIES" not in _cache:
+            _read_index()
+        if name in _FULL:
+            _import_all()
+    try:
+        return _cache[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

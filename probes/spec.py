@@ -122,7 +122,7 @@ class Declared(Record):
 
     @classmethod
     def read(cls, values: Any) -> Self:
-        return cls(**{row.field: values[row.field] for row in cls.SETTINGS})
+        return cls(**{row.field: values.get(row.field, row.default) for row in cls.SETTINGS})
 
 
 class Spec(Record):

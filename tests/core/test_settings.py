@@ -73,3 +73,17 @@ def test_probe_settings_are_not_loose_attributes_of_the_configuration():
     for field in DECLARED:
         assert not hasattr(cfg, field), field
     assert cfg.profile == "readiness" and cfg.host == "127.0.0.1"  # the run-wide fields still are
+
+
+def parsed(row: Setting, raw: str) -> object:
+    try:
+        return config.parse_setting(row, raw)
+    except config.ConfigError as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("row", registry.SETTINGS, ids=lambda s: s.env)
+def test_a_run_validates_each_setting_as_its_probe_declares_it_without_importing_the_probe(row):
+    """A run reads a probe's rows from probes/index.py: they accept and refuse what the module's do."""
+    for raw in ("x", "0", "1", "-1", "0.5", "99999999999", "/abs/path", "rel/path", "a b", "cpu", "none", "true"):
+        assert parsed(registry.setting(row.env), raw) == parsed(row, raw), raw
