@@ -12,15 +12,11 @@ from probes.spec import BOOL, INTEGER, NUMBER, TEXT, cause, setting
 PROFILES = spec.ALL_PROFILES
 DEFAULT_PORT = 8779
 DEFAULT_INTERVALS = {"startup": 5.0, "readiness": 15.0, "liveness": 10.0}
-# Each run starts a Python interpreter (about 0.1 s of CPU): a shorter pause would keep a core
-# busy with runs back to back and change nothing a probe could see.
+# Each run starts an interpreter: a shorter pause would only keep a core busy with runs.
 MIN_INTERVAL, MAX_INTERVAL = 0.25, 86400.0
 MIN_SAMPLE = 0.1  # seconds between clock-reason readings, or 0 (off): NVML is read this often at most
 HOST_FORMS = ("an IPv4 or IPv6 address of this machine, e.g. 127.0.0.1 or ::1 (0.0.0.0 or :: for every "
               "interface), or localhost for 127.0.0.1")
-# The catalog's Xids that latch (a GPU reset or a restart) and that warn (RESTART_APP): docs/serve.md.
-CRITICAL_XIDS = frozenset(x for x in xids.CATALOG if xids.bucket(x).severity == xids.CRITICAL)
-APPLICATION_XIDS = frozenset(x for x in xids.CATALOG if xids.bucket(x).severity == xids.APPLICATION)
 
 
 def parse_address(text: str) -> str:
@@ -85,11 +81,12 @@ class ServeSettings(spec.Declared):
     xid_watch: bool | None = setting("HEALTHCHECK_SERVE_XID_WATCH", BOOL, None, "watch NVML Xid/ECC events",
                                      shown_default="the value of `ENABLE_GPU_CHECK`")
     xid_critical: frozenset[int] = setting(
-        "HEALTHCHECK_XID_CRITICAL", TEXT, CRITICAL_XIDS,
+        "HEALTHCHECK_XID_CRITICAL", TEXT, frozenset(filter(xids.latches, xids.CATALOG)),
         "Xids that latch unhealthy (`none` for none); replaces the default list", parse=parse_xids,
         shown_default="the catalog's GPU-reset and machine-restart Xids (see \"Xid policy\")")
     xid_application: frozenset[int] = setting(
-        "HEALTHCHECK_XID_APPLICATION", TEXT, APPLICATION_XIDS,
+        "HEALTHCHECK_XID_APPLICATION", TEXT,
+        frozenset(x for x in xids.CATALOG if xids.bucket(x).severity == xids.APPLICATION),
         "warn only, never latch; an Xid in both lists is a configuration error", parse=parse_xids,
         shown_default="the catalog's RESTART_APP Xids")
     xid_ignore: frozenset[int] = setting(
