@@ -10,7 +10,7 @@ import platform
 import re
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote
 
@@ -55,36 +55,6 @@ HTTP_1 = re.compile(rb"HTTP/1\.[0-9]")
 HTTP_ANY = re.compile(rb"HTTP/[0-9]+\.[0-9]+")
 STATUSES = ("pass", "warn", "fail", "skip")
 WATCHER_STATES = ("running", "starting", "unavailable", "failed", "off")
-# name, type and help of each family, in the exposition's order (docs/serve.md's table).
-FAMILIES = (
-    ("healthcheck_healthy", "gauge", "1 if the profile's endpoint would answer 200 (before readiness "
-     "gating), else 0"),
-    ("healthcheck_result_age_seconds", "gauge", "Age of the profile's latest result"),
-    ("healthcheck_result_stale", "gauge", "1 if the latest result is older than interval + slack"),
-    ("healthcheck_run_duration_seconds", "gauge", "Wall time of the profile's latest run"),
-    ("healthcheck_probe_status", "gauge", "1 for the probe's status in the latest run of the profile"),
-    # As kube-state-metrics' *_reason series: one per reason while it holds, so an alert can name it
-    # without its own series changing; actor and action (the catalog's) route it to whoever can act.
-    ("healthcheck_probe_reason", "gauge", "1 for the reason code of each check that warns, fails or did not "
-     "run, as the profile's endpoint reports it (present only then), with who can act (actor: tenant or "
-     "operator) and how (action)"),
-    ("healthcheck_probe_duration_seconds", "gauge", "Time the probe took in the latest run"),
-    ("healthcheck_probe_last_success_timestamp_seconds", "gauge", "When the probe last passed (or warned), "
-     "Unix time"),
-    ("healthcheck_runs", "counter", "Runs of each profile by outcome (pass, warn, fail, or why no report "
-     "came: deadline, bad-output, ...)"),
-    # One unlabelled series that a latch never swaps for another; its source is in healthcheck_latch_info.
-    ("healthcheck_latched", "gauge", "1 while the container is latched unhealthy (critical Xid or fatal CUDA "
-     "error) until it restarts, else 0"),
-    ("healthcheck_latch", "info", "Why the container is latched (present only while latched)"),
-    ("healthcheck_nvml_events", "counter", "NVML events seen while serving; action: what the event needs "
-     "(NVIDIA's Xid catalog's immediate action)"),
-    ("healthcheck_nvml_event_watch", "gauge", "1 for the state of the NVML Xid/ECC event watcher"),
-    ("healthcheck_build", "info", "The suite's version, its Python, and the torch the torch-cuda probe found "
-     "(empty until it ran)"),
-    ("healthcheck_gpu_up", "gauge", "1 if NVML answered for the GPU without an error in the latest readiness "
-     "(else startup) run, else 0"),
-)
 SUFFIX = {"counter": "_total", "info": "_info"}
 
 
@@ -103,7 +73,15 @@ def _facts(snap: Snapshot, probe: str) -> Mapping[str, Any]:
     return {}
 
 
-def samples(snap: Snapshot) -> dict[str, list[tuple[dict[str, str], float]]]:
+def family(name: str, doc: str, labels: tuple[str, ...], rows: Any, kind: str = "gauge") -> Metric:
+    """A family of the exposition: a sample of each row, its label values then its value."""
+    metric = Metric(name, doc, kind)
+    for *values, value in rows:
+        metric.add_sample(name + SUFFIX.get(kind, ""), dict(zip(labels, values)), float(value))
+    return metric
+
+
+def families(snap: Snapshot) -> list[Metric]:
     now, mono = time.time(), time.monotonic()
     bodies = {p: verdict(p, snap, now=now, now_mono=mono) for p in PROFILES}
     runs = [(p, snap.runs[p]) for p in PROFILES if p in snap.runs]
@@ -119,37 +97,47 @@ def samples(snap: Snapshot) -> dict[str, list[tuple[dict[str, str], float]]]:
     gpus = _facts(snap, "nvml").get("gpus") or []
     uuids = {str(g["index"]): g["uuid"] for g in gpus if g.get("uuid")}
     uuids.update({str(e.gpu): e.uuid for e in snap.events if e.gpu is not None and e.uuid})
-    latch = snap.latch
-
-    def of(names: tuple[str, ...], rows: Any) -> list[tuple[dict[str, str], float]]:
-        return [(dict(zip(names, labels)), float(value)) for *labels, value in rows]
-
-    profile, probe = ("profile",), ("profile", "probe")
-    return {
-        "healthcheck_healthy": of(profile, ((p, bodies[p][0] == 200) for p in PROFILES)),
-        "healthcheck_result_age_seconds": of(profile, ((p, max(0.0, mono - r.finished_mono))
-                                                       for p, r in runs)),
-        "healthcheck_result_stale": of(profile, ((p, bodies[p][1]["reason"] == "stale") for p, _ in runs)),
-        "healthcheck_run_duration_seconds": of(profile, ((p, r.duration) for p, r in runs)),
-        "healthcheck_probe_status": of((*probe, "status"),
-                                       ((p, n, s, s == got) for p, n, got, _ in checks for s in STATUSES)),
-        "healthcheck_probe_reason": of((*probe, "reason", "action", "actor"), reasons),
-        "healthcheck_probe_duration_seconds": of(probe, ((p, n, t) for p, n, _, t in checks)),
-        "healthcheck_probe_last_success_timestamp_seconds": of(
-            probe, ((*k, t) for k, t in sorted(snap.last_success.items()))),
-        "healthcheck_runs": of(("profile", "outcome"), ((*k, n) for k, n in sorted(snap.runs_total.items()))),
-        "healthcheck_latched": [({}, float(latch is not None))],
-        "healthcheck_latch": [({"source": str(latch.get("source") or "unknown")[:80],
-                                "code": str(latch.get("code") or "latched")[:40]}, 1.0)] if latch else [],
-        "healthcheck_nvml_events": of(("gpu", "UUID", "kind", "xid", "severity", "action"), (
-            (gpu, uuids.get(gpu, ""), kind, xid, sev, action(kind, xid), n)
-            for (gpu, kind, xid, sev), n in sorted(snap.event_counts.items()))),
-        "healthcheck_nvml_event_watch": of(("state",), ((s, snap.watcher == s) for s in WATCHER_STATES)),
-        "healthcheck_build": [({"version": __version__, "python": platform.python_version(),
-                                "torch": str(_facts(snap, "torch-cuda").get("torch") or "")}, 1.0)],
-        "healthcheck_gpu_up": of(("gpu", "UUID", "modelName"), (
-            (str(g["index"]), g.get("uuid", ""), g.get("name", ""), bool(g.get("ok"))) for g in gpus)),
-    }
+    torch = str(_facts(snap, "torch-cuda").get("torch") or "")
+    latch, profile, probe = snap.latch, ("profile",), ("profile", "probe")
+    return [  # docs/serve.md's table says more of each
+        family("healthcheck_healthy", "1 if the profile's endpoint would answer 200 (before gating)",
+               profile, ((p, bodies[p][0] == 200) for p in PROFILES)),
+        family("healthcheck_result_age_seconds", "Age of the profile's latest result",
+               profile, ((p, max(0.0, mono - r.finished_mono)) for p, r in runs)),
+        family("healthcheck_result_stale", "1 if the latest result is older than interval + slack",
+               profile, ((p, bodies[p][1]["reason"] == "stale") for p, _ in runs)),
+        family("healthcheck_run_duration_seconds", "Wall time of the profile's latest run",
+               profile, ((p, r.duration) for p, r in runs)),
+        family("healthcheck_probe_status", "1 for the probe's status in the latest run of the profile",
+               (*probe, "status"), ((p, n, s, s == got) for p, n, got, _ in checks for s in STATUSES)),
+        # As kube-state-metrics' *_reason series: one per reason while it holds, so an alert can name it
+        # without its own series changing; actor and action (the catalog's) route it to whoever can act.
+        family("healthcheck_probe_reason", "1 for the reason of each check that is not passing, with who can "
+               "act (actor) and how (action)", (*probe, "reason", "action", "actor"), reasons),
+        family("healthcheck_probe_duration_seconds", "Time the probe took in the latest run",
+               probe, ((p, n, t) for p, n, _, t in checks)),
+        family("healthcheck_probe_last_success_timestamp_seconds", "When the probe last passed or warned",
+               probe, ((*k, t) for k, t in sorted(snap.last_success.items()))),
+        family("healthcheck_runs", "Runs of each profile by outcome (pass, warn, fail, or why no report)",
+               ("profile", "outcome"), ((*k, n) for k, n in sorted(snap.runs_total.items())), "counter"),
+        # One unlabelled series that a latch never swaps for another; its source is in healthcheck_latch_info.
+        family("healthcheck_latched", "1 while the container is latched unhealthy until it restarts",
+               (), [(latch is not None,)]),
+        family("healthcheck_latch", "Why the container is latched (present only while latched)",
+               ("source", "code"), [(str(latch.get("source") or "unknown")[:80],
+                                     str(latch.get("code") or "latched")[:40], 1)] if latch else [], "info"),
+        family("healthcheck_nvml_events", "NVML events seen while serving, with the action each needs",
+               ("gpu", "UUID", "kind", "xid", "severity", "action"), (
+                   (gpu, uuids.get(gpu, ""), kind, xid, sev, action(kind, xid), n)
+                   for (gpu, kind, xid, sev), n in sorted(snap.event_counts.items())), "counter"),
+        family("healthcheck_nvml_event_watch", "1 for the state of the NVML Xid/ECC event watcher",
+               ("state",), ((s, snap.watcher == s) for s in WATCHER_STATES)),
+        family("healthcheck_build", "The suite's version, its Python, and the torch that torch-cuda found",
+               ("version", "python", "torch"), [(__version__, platform.python_version(), torch, 1)], "info"),
+        family("healthcheck_gpu_up", "1 if NVML answered for the GPU in the last readiness (or startup) run",
+               ("gpu", "UUID", "modelName"),
+               ((str(g["index"]), g.get("uuid", ""), g.get("name", ""), bool(g.get("ok"))) for g in gpus)),
+    ]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -243,13 +231,8 @@ class HealthServer(ThreadingHTTPServer):
         self.registry.register(self)
         super().__init__(address, Handler)
 
-    def collect(self) -> Iterator[Metric]:
-        found = samples(self.monitor.snap)
-        for name, kind, doc in FAMILIES:
-            family = Metric(name, doc, kind)
-            for labels, value in found[name]:
-                family.add_sample(name + SUFFIX.get(kind, ""), labels, value)
-            yield family
+    def collect(self) -> list[Metric]:
+        return families(self.monitor.snap)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.exception("http: error while handling a request")
