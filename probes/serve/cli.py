@@ -20,7 +20,7 @@ from probes.serve import DEFAULT_INTERVALS, HOST_FORMS, MIN_SAMPLE, PROFILES, Se
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, NoReturn
+    from typing import Any, NoReturn
 
 log = logging.getLogger("healthcheck.serve")
 FLAGS = {"host": "--host", "port": "--port", "intervals": "--interval"}  # a setting's field: its flag
@@ -78,8 +78,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def setup_logging(log_file: str | None) -> IO[Any] | None:
-    """Log to HEALTHCHECK_LOG_FILE when usable, else stderr; returns the watcher child's stderr."""
+def setup_logging(log_file: str | None) -> None:
+    """Log to HEALTHCHECK_LOG_FILE when usable, else stderr."""
     from probes import logfile
 
     logger = logging.getLogger("healthcheck")
@@ -89,14 +89,11 @@ def setup_logging(log_file: str | None) -> IO[Any] | None:
         handler, why = logfile.attach(logger, log_file, fmt, on_error=lambda why: _stderr_line(
             f"healthcheck serve: writing the log file failed ({why}); later log lines are lost"))
         if handler is not None:
-            with contextlib.suppress(OSError):
-                return logfile.open_append(log_file)
-            return None
+            return
         _stderr_line(f"healthcheck serve: {why}: logging to stderr instead")
     to_stderr = logging.StreamHandler(sys.stderr)
     to_stderr.setFormatter(logging.Formatter(fmt))
     logger.addHandler(to_stderr)
-    return None
 
 
 def _stderr_line(line: str) -> None:
@@ -109,7 +106,7 @@ def _stderr_line(line: str) -> None:
 def serve(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
     settings, configs = load(**{field: getattr(args, field) for field in FLAGS})
-    child_stderr = setup_logging(configs["readiness"].log_file)
+    setup_logging(configs["readiness"].log_file)
     from probes import proc
 
     # What a monitor run or the watcher leaves behind is re-parented to us, not to PID 1, so that
@@ -123,14 +120,13 @@ def serve(argv: Sequence[str]) -> int:
             raise
         raise ConfigError("serve needs prometheus-client (accepted: pip install 'gpu-healthcheck[serve]')"
                           ) from None
-    from probes.serve.monitor import STOP_GRACE, Monitor
+    from probes.serve.monitor import Monitor
     from probes.state import State
 
     state = State.open(configs["readiness"].state_dir)
     if not state.enabled:
         log.warning("state dir not usable (%s): the latch is kept in memory only", state.disabled_reason)
-    monitor = Monitor(settings, {p: c.timeout + SERVE_RUN_GRACE for p, c in configs.items()}, state,
-                      stderr=child_stderr)
+    monitor = Monitor(settings, {p: c.timeout + SERVE_RUN_GRACE for p, c in configs.items()}, state)
     try:
         server = HealthServer((settings.host, settings.port), monitor, gating=settings.gating)
     except OSError as exc:
@@ -150,19 +146,12 @@ def serve(argv: Sequence[str]) -> int:
     log.info("serving on http://%s:%d (intervals %s; readiness gating %s; deep probe %s; xid watch %s)",
              *server.server_address[:2], ",".join(f"{k}={v:g}" for k, v in settings.intervals.items()),
              *("on" if on else "off" for on in (settings.gating, settings.deep, settings.xid_watch)))
-    while not stop.wait(0.5):
-        pass
+    stop.wait()
     log.info("stopping")
     t0 = time.monotonic()
-    monitor.terminate()
     server.shutdown()
     server.server_close()
-    # SIGTERM, then SIGKILL, every descendant: the runs, their workers, the watcher, their orphans.
-    proc.end_descendants(STOP_GRACE)
-    end = time.monotonic() + max(0.5, 3.0 - (time.monotonic() - t0))
-    for thread in monitor.threads:
-        thread.join(max(0.0, end - time.monotonic()))
-    proc.end_descendants(0.2)  # a run that started while we were stopping
+    monitor.terminate()
     log.info("stopped in %.2f s", time.monotonic() - t0)
     return 0
 

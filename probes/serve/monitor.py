@@ -21,7 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Mapping
-    from typing import IO, Any
+    from typing import Any
 
     from probes.state import State
 
@@ -29,7 +29,6 @@ log = logging.getLogger("healthcheck.serve")
 MAX_EVENTS = 50  # the latest NVML events the endpoints are told of
 RESTART_PAUSE = 30.0  # before a watcher that failed is started again
 STOP_GRACE = 1.0  # seconds between SIGTERM and SIGKILL: the watcher, and at a stop every descendant
-KINDS = ("xid", "ecc-single", "ecc-double")
 COUNTED_ONLY = {"corrected": "", "ignored": " (ignored: HEALTHCHECK_XID_IGNORE)",
                 "no-action": " (NVIDIA's Xid catalog: no action)"}
 
@@ -48,36 +47,37 @@ def severity(kind: str, data: int, settings: ServeSettings) -> str:
 
 
 class Monitor:
-    def __init__(self, settings: ServeSettings, deadlines: Mapping[str, float], state: State, *,
-                 stderr: IO[Any] | None = None):
-        self.settings, self.deadlines, self.state, self.stderr = settings, deadlines, state, stderr
+    def __init__(self, settings: ServeSettings, deadlines: Mapping[str, float], state: State):
+        self.settings, self.deadlines, self.state = settings, deadlines, state
         # By default a result goes stale only when a run overran its deadline: a slow but working
         # run never turns readiness off by itself.
         slack = {p: deadlines[p] if settings.slack is None else settings.slack for p in PROFILES}
         # What the endpoints read: replaced whole under the lock, never changed in place.
-        watcher = "starting" if settings.xid_watch else "off"
-        self.snap = view.Snapshot({}, None, None, (), watcher, settings.intervals,
-                                  {p: settings.intervals[p] + slack[p] for p in PROFILES}, {}, {}, {}, {})
+        self.snap = view.Snapshot({}, None, state.latch(), (), "starting" if settings.xid_watch else "off",
+                                  settings.intervals, {p: settings.intervals[p] + slack[p] for p in PROFILES},
+                                  {}, {}, {}, {})
         self.env, self.stop, self.lock = dict(os.environ), threading.Event(), threading.Lock()
         self.xid_latch: dict[str, Any] | None = None  # kept here too: the state dir may not keep it
         self.slowing: set[int] = set()  # GPUs whose slowdown warns (the log says when that changes)
-        self.threads: list[threading.Thread] = []
-        self.child: subprocess.Popen[bytes] | None = None
+        self.threads = [threading.Thread(target=self._schedule, args=(p,), daemon=True) for p in PROFILES]
+        if settings.xid_watch:
+            self.threads.append(threading.Thread(target=self._watch, daemon=True))
 
     def start(self) -> None:
-        self.snap = self.snap._replace(latch=self.state.latch())
-        self.threads = [threading.Thread(target=self._schedule, args=(p,), daemon=True) for p in PROFILES]
-        if self.settings.xid_watch:
-            self.threads.append(threading.Thread(target=self._watch, daemon=True))
         for t in self.threads:
             t.start()
 
     def terminate(self) -> None:
-        """No further run; the watcher ends now (the caller's sweep ends the runs in flight)."""
+        """No further run, and SIGTERM, then SIGKILL, to every descendant: the runs, their workers, the
+        watcher, their orphans; the last sweep ends a run that started meanwhile."""
+        t0 = time.monotonic()
         with self.lock:
             self.stop.set()
-        if self.child is not None:
-            proc.end(self.child, grace=STOP_GRACE)
+        proc.end_descendants(STOP_GRACE)
+        end = max(time.monotonic() + 0.5, t0 + 3.0)
+        for thread in self.threads:
+            thread.join(max(0.0, end - time.monotonic()))
+        proc.end_descendants(0.2)
 
     def _schedule(self, profile: str) -> None:
         while not self.stop.is_set():
@@ -116,7 +116,7 @@ class Monitor:
             return broken("deadline", f"no report within {budget:g} s; the run was stopped")
         if done.returncode == 3:
             return broken("config-error", "the check exited 3 (configuration error); see the log")
-        if done.returncode not in (0, 1) and done.signal:
+        if done.signal:
             return broken("crashed", f"the check was killed by signal {done.signal}")
         if done.returncode not in (0, 1):
             return broken("bad-exit", f"the check exited {done.returncode} without a report")
@@ -163,11 +163,11 @@ class Monitor:
                 log.error("latch kept by this serve process only, the state dir could not keep it (%s): exec "
                           "probes will not see it, and a restart of serve forgets it", self.state.problem)
 
-    def _slowdown_reading(self, gpu: int, when: float) -> None:
+    def _slowdown_reading(self, gpu: int) -> None:
         now = time.time()
         with self.lock:
             s = self.snap
-            recent = (t for t in (*s.slowdown.get(gpu, ()), when) if now - t < view.SLOWDOWN_WINDOW)
+            recent = (t for t in (*s.slowdown.get(gpu, ()), now) if now - t < view.SLOWDOWN_WINDOW)
             times = tuple(recent)[-4096:]
             self.snap = s._replace(slowdown={**s.slowdown, gpu: times})
         verdict = view.slowdown_window(times, now)
@@ -190,12 +190,11 @@ class Monitor:
                 if self.stop.is_set():
                     return
                 try:
-                    self.child = proc.spawn(argv, env=self.env, stderr=self.stderr)
+                    child = proc.spawn(argv, env=self.env, stderr=None)  # its stderr: serve's
                 except OSError as exc:
-                    self.child, outcome = None, f"cannot start {argv[0]}: {os.strerror(exc.errno or 0)}"
-            if self.child is not None:  # proc.end: it, and what it left behind if it ended by itself
-                outcome = self._read(self.child)
-                outcome += f", exit {proc.end(self.child, grace=STOP_GRACE)}"
+                    child, outcome = None, f"cannot start {argv[0]}: {os.strerror(exc.errno or 0)}"
+            if child is not None:  # proc.end: it, and what it left behind if it ended by itself
+                outcome = f"{self._read(child)}, exit {proc.end(child, grace=STOP_GRACE)}"
             if self.stop.is_set():
                 return
             if outcome.startswith("unavailable"):
@@ -209,71 +208,49 @@ class Monitor:
             self._set_watcher("starting")  # "running" once the child has registered for events
 
     def _read(self, child: subprocess.Popen[bytes]) -> str:
-        """The watcher's lines until it closes its output; why it ended."""
+        """The watcher's lines (``watch`` below) until it closes its output; why it ended."""
         assert child.stdout is not None
         outcome = "ended"
         for raw in child.stdout:
             try:
-                obj = json.loads(raw)
+                what, *args = json.loads(raw)
             except ValueError:
-                obj = None
-            if not isinstance(obj, dict):
-                log.warning("NVML event watcher printed a line that is not a JSON object; ignored")
-                continue
-            kind, what, data, gpu, t = (obj.get(k) for k in ("type", "kind", "data", "gpu", "time"))
-            gpu = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0 else None
-            when = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else time.time()
-            if kind == "started":
+                continue  # not a line of ours
+            if what == "started":
                 self._set_watcher("running")
-            elif kind == "event" and what == "slowdown" and gpu is not None:
-                self._slowdown_reading(gpu, when)
-            elif kind == "event" and what in KINDS and isinstance(data, int) and not isinstance(data, bool):
-                self.add_event(XidEvent(when, gpu, squeeze(obj.get("uuid") or "", 80), what, data,
-                                        severity(what, data, self.settings)))
-            elif kind == "unavailable":
+            elif what == "unavailable":
                 outcome = "unavailable"
                 log.warning("NVML events unavailable (%s): %s; Xid/ECC events are not watched, serving goes "
-                            "on", squeeze(obj.get("reason"), 40), squeeze(obj.get("message", ""), 300))
-            elif kind == "error":
-                outcome = f"error {squeeze(obj.get('reason'), 40)}"
+                            "on", squeeze(args[0], 40), squeeze(args[1], 300))
+            elif args[2] == "slowdown":
+                self._slowdown_reading(args[0])
+            else:
+                gpu, uuid, kind, data = args
+                self.add_event(XidEvent(time.time(), gpu if gpu >= 0 else None, squeeze(uuid, 80), kind, data,
+                                        severity(kind, data, self.settings)))
         child.stdout.close()
         return outcome
 
 
-def watch(sample_s: float) -> int:
-    """The watcher child (its own process, as an NVML call can hang): a JSON line ``started``, then
-    ``event`` (gpu, uuid, kind, data, time) each, ``unavailable`` (reason, message) or ``error``."""
+def watch(sample_s: float) -> None:
+    """The watcher child (its own process, as an NVML call can hang): a JSON line ``["started"]``,
+    then ``["event", gpu, uuid, kind, data]`` for each event, or ``["unavailable", reason, message]``;
+    any other failure is a traceback on stderr and exit status 1."""
     import signal
-
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(process)d %(levelname)s %(name)s %(message)s")
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-
-    def emit(**line: Any) -> None:
-        sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
-        sys.stdout.flush()
 
     from probes.hardware import nvml_lib
 
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     try:
         events = nvml_lib.watch_events(stop, 500, sample_s)
-        emit(type="started")
+        print('["started"]', flush=True)
         for ev in events:
-            emit(type="event", gpu=ev.gpu_index, uuid=ev.uuid, kind=ev.kind, data=ev.data, time=time.time())
+            print(json.dumps(["event", ev.gpu_index, ev.uuid, ev.kind, ev.data]), flush=True)
     except nvml_lib.NvmlUnavailable as exc:
-        log.warning("NVML events unavailable: %s", exc.message)
-        emit(type="unavailable", reason=exc.reason, message=exc.message)
-    except BrokenPipeError:
-        pass  # serve went away
-    except Exception as exc:
-        log.exception("NVML event watch failed")
-        code = nvml_lib.error_code(exc) if nvml_lib.is_nvml_error(exc) else None
-        emit(type="error", reason="internal-error" if code is None else nvml_lib.describe(code).cause.reason)
-        return 1
-    return 0
+        print(json.dumps(["unavailable", exc.reason, exc.message]), flush=True)
 
 
 if __name__ == "__main__":
-    sys.exit(watch(float(sys.argv[1])))
+    watch(float(sys.argv[1]))

@@ -11,9 +11,10 @@ import yaml
 
 from probes import registry
 from probes.hardware import xids
+from probes.hardware.nvml_lib import EVENT_KINDS
 from probes.serve import PROFILES, httpd
 from probes.serve.cli import load
-from probes.serve.monitor import KINDS, severity
+from probes.serve.monitor import severity
 from tests.conftest import ROOT
 from tests.serve.conftest import fake_nvml, start_server  # noqa: F401  (fixtures used here)
 
@@ -42,9 +43,10 @@ def label_domains() -> dict[str, set[str]]:
     """Every value serve can give the labels the rules match on, from the code that gives them."""
     defaults = load({})[0]
     ignoring = load({"HEALTHCHECK_XID_IGNORE": "79"})[0]
+    kinds = [kind for _, kind in EVENT_KINDS]  # what the NVML event watch reports
     xid_values = [*xids.CATALOG, 4242]  # every catalog entry, and one the catalog lacks
-    severities = {severity(kind, x, s) for kind in KINDS for x in xid_values for s in (defaults, ignoring)}
-    actions = {httpd.action(kind, str(x) if kind == "xid" else "") for kind in KINDS for x in xid_values}
+    severities = {severity(kind, x, s) for kind in kinds for x in xid_values for s in (defaults, ignoring)}
+    actions = {httpd.action(kind, str(x) if kind == "xid" else "") for kind in kinds for x in xid_values}
     return {"profile": set(PROFILES), "status": set(httpd.STATUSES), "state": set(httpd.WATCHER_STATES),
-            "kind": set(KINDS), "severity": severities, "action": actions,
+            "kind": set(kinds), "severity": severities, "action": actions,
             "source": {"xid", *registry.NAMES}}
