@@ -23,6 +23,7 @@ from probes.hardware import xids
 from probes.serve import PROFILES
 from probes.serve.monitor import Monitor
 from probes.serve.view import Snapshot, UnknownCheck, check_name, verbose_text, verdict
+from probes.spec import STATUSES
 from probes.untrusted import squeeze
 
 TYPE_CHECKING = False
@@ -51,9 +52,6 @@ REFUSED = {
     501: error_body("not-implemented", "method not served; use GET or HEAD"),
     505: error_body("http-version-not-supported", "HTTP version not served; use HTTP/1.0 or HTTP/1.1"),
 }
-HTTP_1 = re.compile(rb"HTTP/1\.[0-9]")
-HTTP_ANY = re.compile(rb"HTTP/[0-9]+\.[0-9]+")
-STATUSES = ("pass", "warn", "fail", "skip")
 WATCHER_STATES = ("running", "starting", "unavailable", "failed", "off")
 SUFFIX = {"counter": "_total", "info": "_info"}
 
@@ -153,9 +151,9 @@ class Handler(BaseHTTPRequestHandler):
         # Only HTTP/1.x is served. The standard parser answers a line without a version (HTTP/0.9)
         # with a bare body, no status line, and passes HTTP/0.x on to a handler.
         words = bytes(getattr(self, "raw_requestline", b"")).split()
-        if words and (len(words) != 3 or not HTTP_1.fullmatch(words[2])):
+        if words and (len(words) != 3 or not re.fullmatch(rb"HTTP/1\.\d", words[2])):
             self.command = self.requestline = ""
-            versioned = len(words) == 2 or (len(words) == 3 and HTTP_ANY.fullmatch(words[2]))
+            versioned = len(words) == 2 or (len(words) == 3 and re.fullmatch(rb"HTTP/\d+\.\d+", words[2]))
             self.send_error(505 if versioned else 400)
             return False
         return super().parse_request()

@@ -87,7 +87,7 @@ class Monitor:
                 run = self.run_once(profile)
             except Exception:  # a bug here must not end the schedule silently
                 log.exception("monitor: %s run failed internally", profile)
-                run = Run(profile, time.time(), time.time(), time.monotonic(), None, "internal-error",
+                run = Run(profile, time.time(), time.monotonic(), 0.0, None, "internal-error",
                           "the monitor failed internally; see the log")
             if self.stop.is_set():
                 return
@@ -101,14 +101,14 @@ class Monitor:
                 "-m", "probes", "--json", "--profile", profile]
         if not self.settings.deep and PROFILE_RULES[profile].spawns_worker:
             argv += ["--skip", "torch-cuda"]
-        started, t0 = time.time(), time.monotonic()
+        t0 = time.monotonic()
         done = proc.run(argv, deadline=t0 + budget, env=self.env)
         finished, mono = time.time(), time.monotonic()
 
         def broken(reason: str, message: str) -> Run:  # a reason of probes.serve.RUN_FAILED
             log.warning("monitor: %s run: %s (exit %s, stdout %r, stderr %r)", profile, message,
                         done.returncode, squeeze(done.stdout, 400), squeeze(done.stderr, 400))
-            return Run(profile, started, finished, mono, None, reason, message)
+            return Run(profile, finished, mono, mono - t0, None, reason, message)
 
         if done.spawn_error:
             return broken("spawn-error", f"cannot start {argv[0]} ({done.spawn_error})")
@@ -123,10 +123,10 @@ class Monitor:
         report = view.parse_report(done.stdout)
         if report is None:
             return broken("bad-output", "the check printed no valid health+json report")
-        return Run(profile, started, finished, mono, report)
+        return Run(profile, finished, mono, mono - t0, report)
 
     def record(self, run: Run) -> None:
-        key = (run.profile, run.status if run.report is not None else run.reason or "error")
+        key = (run.profile, run.reason or run.status)  # an outcome: a status, or why there is no report
         checks = (run.report or {}).get("checks", {})
         passed = {(run.profile, view.check_name(k)): run.finished for k, es in checks.items()
                   if es and es[0]["status"] != "fail"}

@@ -73,16 +73,12 @@ def parse_report(stdout: bytes) -> dict[str, Any] | None:
 
 class Run(Record):
     profile: str
-    started: float  # wall clock
     finished: float  # wall clock
     finished_mono: float  # time.monotonic(), for the age
+    duration: float
     report: Mapping[str, Any] | None  # None: the run produced no report
     reason: str | None = None  # why there is no report ("deadline", "bad-output", ...)
     message: str = ""
-
-    @property
-    def duration(self) -> float:
-        return max(0.0, self.finished - self.started)
 
     @property
     def status(self) -> str:
@@ -97,9 +93,7 @@ class XidEvent(Record):
     data: int
     severity: str  # critical | application | other | corrected | ignored | no-action
 
-    def advice(self) -> str:
-        if self.kind != "xid":
-            return ""
+    def advice(self) -> str:  # of an Xid
         if self.severity == xids.APPLICATION:
             todo = xids.BUCKETS[xids.RESTART_APP].todo
         elif self.severity == xids.CRITICAL and not xids.latches(self.data):
@@ -180,8 +174,7 @@ def _own_checks(profile: str, snap: Snapshot, run: Run | None, sticky: bool, now
             status, cause = "pass", None
             said = (f"startup passed {age:.0f} s ago" if sticky
                     else f"result is {age:.1f} s old (stale after {limit:g} s)")
-        checks["serve:result-age"] = _entry("serve", status, said, cause, now, None if cause else run.reason,
-                                            round(age, 3), "s")
+        checks["serve:result-age"] = _entry("serve", status, said, cause, now, None, round(age, 3), "s")
     recent = [e for e in snap.events if e.severity in ("application", "other") and now - e.time <= XID_WARN]
     if recent:
         last = recent[-1]
