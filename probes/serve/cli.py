@@ -91,9 +91,7 @@ def setup_logging(log_file: str | None) -> None:
         if handler is not None:
             return
         _stderr_line(f"healthcheck serve: {why}: logging to stderr instead")
-    to_stderr = logging.StreamHandler(sys.stderr)
-    to_stderr.setFormatter(logging.Formatter(fmt))
-    logger.addHandler(to_stderr)
+    logging.basicConfig(format=fmt, stream=sys.stderr)
 
 
 def _stderr_line(line: str) -> None:

@@ -56,7 +56,7 @@ class Monitor:
         self.snap = view.Snapshot({}, None, state.latch(), (), "starting" if settings.xid_watch else "off",
                                   settings.intervals, {p: settings.intervals[p] + slack[p] for p in PROFILES},
                                   {}, {}, {}, {})
-        self.env, self.stop, self.lock = dict(os.environ), threading.Event(), threading.Lock()
+        self.stop, self.lock = threading.Event(), threading.Lock()
         self.xid_latch: dict[str, Any] | None = None  # kept here too: the state dir may not keep it
         self.slowing: set[int] = set()  # GPUs whose slowdown warns (the log says when that changes)
         self.threads = [threading.Thread(target=self._schedule, args=(p,), daemon=True) for p in PROFILES]
@@ -102,7 +102,7 @@ class Monitor:
         if not self.settings.deep and PROFILE_RULES[profile].spawns_worker:
             argv += ["--skip", "torch-cuda"]
         t0 = time.monotonic()
-        done = proc.run(argv, deadline=t0 + budget, env=self.env)
+        done = proc.run(argv, deadline=t0 + budget)
         finished, mono = time.time(), time.monotonic()
 
         def broken(reason: str, message: str) -> Run:  # a reason of probes.serve.RUN_FAILED
@@ -190,7 +190,7 @@ class Monitor:
                 if self.stop.is_set():
                     return
                 try:
-                    child = proc.spawn(argv, env=self.env, stderr=None)  # its stderr: serve's
+                    child = proc.spawn(argv, stderr=None)  # its stderr: serve's
                 except OSError as exc:
                     child, outcome = None, f"cannot start {argv[0]}: {os.strerror(exc.errno or 0)}"
             if child is not None:  # proc.end: it, and what it left behind if it ended by itself
