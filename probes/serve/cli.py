@@ -78,8 +78,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def setup_logging(log_file: str | None) -> None:
-    """Log to HEALTHCHECK_LOG_FILE when usable, else stderr."""
+def setup_logging(log_file: str | None) -> None:  # HEALTHCHECK_LOG_FILE when usable, else stderr
     from probes import logfile
 
     logger = logging.getLogger("healthcheck")

@@ -44,8 +44,7 @@ def error_body(reason: str, output: str) -> bytes:
 ERROR_BODY = error_body("internal-error", "internal error; see the server log")
 NOT_FOUND_BODY = error_body("not-found", "unknown path; try " + ", ".join(
     [*ENDPOINTS, *(p + "/<check>" for p in ENDPOINTS), "/metrics"]))
-# Requests refused before a handler runs.
-REFUSED = {
+REFUSED = {  # requests refused before a handler runs
     400: error_body("bad-request", "malformed request line; send GET <path> HTTP/1.1"),
     414: error_body("uri-too-long", "request line too long"),
     431: error_body("headers-too-large", "request header fields too long or too many"),
