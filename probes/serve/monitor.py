@@ -53,9 +53,8 @@ class Monitor:
         # run never turns readiness off by itself.
         slack = {p: deadlines[p] if settings.slack is None else settings.slack for p in PROFILES}
         # What the endpoints read: replaced whole under the lock, never changed in place.
-        self.snap = view.Snapshot({}, None, state.latch(), (), "starting" if settings.xid_watch else "off",
-                                  settings.intervals, {p: settings.intervals[p] + slack[p] for p in PROFILES},
-                                  {}, {}, {}, {})
+        self.snap = view.Snapshot("starting" if settings.xid_watch else "off", settings.intervals,
+                                  {p: settings.intervals[p] + slack[p] for p in PROFILES}, state.latch())
         self.stop, self.lock = threading.Event(), threading.Lock()
         self.xid_latch: dict[str, Any] | None = None  # kept here too: the state dir may not keep it
         self.slowing: set[int] = set()  # GPUs whose slowdown warns (the log says when that changes)

@@ -126,18 +126,18 @@ def slowdown_window(times: Sequence[float], now: float) -> SlowdownVerdict:
     return SlowdownVerdict(recent, rate, rate >= SLOWDOWN_PER_MINUTE)
 
 
-class Snapshot(Record):
-    runs: Mapping[str, Run]
-    startup_passed: Run | None
-    latch: Mapping[str, Any] | None
-    events: Sequence[XidEvent]  # recent ones, newest last
+class Snapshot(Record):  # replaced whole, never changed in place: its defaults are shared
     watcher: str  # starting | running | unavailable | failed | off
     intervals: Mapping[str, float]
     stale_after: Mapping[str, float]
-    slowdown: Mapping[int, Sequence[float]]  # per GPU index, the times of readings with HW slowdown
-    runs_total: Mapping[tuple[str, str], int]  # (profile, outcome): runs
-    last_success: Mapping[tuple[str, str], float]  # (profile, probe): when it last passed or warned
-    event_counts: Mapping[tuple[str, str, str, str], int]  # (gpu, kind, xid, severity): events
+    latch: Mapping[str, Any] | None = None
+    runs: Mapping[str, Run] = {}
+    startup_passed: Run | None = None
+    events: Sequence[XidEvent] = ()  # recent ones, newest last
+    slowdown: Mapping[int, Sequence[float]] = {}  # per GPU index, the times of readings with HW slowdown
+    runs_total: Mapping[tuple[str, str], int] = {}  # (profile, outcome): runs
+    last_success: Mapping[tuple[str, str], float] = {}  # (profile, probe): when it last passed or warned
+    event_counts: Mapping[tuple[str, str, str, str], int] = {}  # (gpu, kind, xid, severity): events
 
 
 class UnknownCheck(LookupError):
