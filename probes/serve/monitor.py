@@ -213,17 +213,17 @@ class Monitor:
         for raw in child.stdout:
             try:
                 what, *args = json.loads(raw)
-            except ValueError:
-                continue  # not a line of ours
+            except (ValueError, TypeError):
+                continue  # not a line of ours (something else printed on its stdout)
             if what == "started":
                 self._set_watcher("running")
             elif what == "unavailable":
                 outcome = "unavailable"
                 log.warning("NVML events unavailable (%s): %s; Xid/ECC events are not watched, serving goes "
                             "on", squeeze(args[0], 40), squeeze(args[1], 300))
-            elif args[2] == "slowdown":
+            elif what == "event" and args[2] == "slowdown":
                 self._slowdown_reading(args[0])
-            else:
+            elif what == "event":
                 gpu, uuid, kind, data = args
                 self.add_event(XidEvent(time.time(), gpu if gpu >= 0 else None, squeeze(uuid, 80), kind, data,
                                         severity(kind, data, self.settings)))
