@@ -139,6 +139,7 @@ def families(snap: Snapshot) -> list[Metric]:
 
 class Handler(BaseHTTPRequestHandler):
     server: HealthServer
+    raw_requestline: bytes
     server_version = "healthcheck/" + __version__
     timeout = 5.0  # a client that sends nothing cannot hold a thread longer
     protocol_version = "HTTP/1.1"
@@ -149,20 +150,18 @@ class Handler(BaseHTTPRequestHandler):
     def parse_request(self) -> bool:
         # Only HTTP/1.x is served. The standard parser answers a line without a version (HTTP/0.9)
         # with a bare body, no status line, and passes HTTP/0.x on to a handler.
-        words = bytes(getattr(self, "raw_requestline", b"")).split()
+        words = self.raw_requestline.split()
         if words and (len(words) != 3 or not re.fullmatch(rb"HTTP/1\.\d", words[2])):
-            self.command = self.requestline = ""
+            # 1.0 for the answer's status line: send_response writes none for 0.9
+            self.command, self.requestline, self.request_version = "", "", "HTTP/1.0"
             versioned = len(words) == 2 or (len(words) == 3 and re.fullmatch(rb"HTTP/\d+\.\d+", words[2]))
             self.send_error(505 if versioned else 400)
             return False
         return super().parse_request()
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """A status line always (HTTP/0.9 too), never the library's text (it quotes the request)."""
-        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
-            self.request_version = "HTTP/1.0"  # send_response writes no status line for 0.9
-        self._send(code, HEALTH_JSON, REFUSED.get(code, REFUSED[400]), getattr(self, "command", "") == "HEAD",
-                   close=True)
+        """Never the library's text: it quotes the request."""
+        self._send(code, HEALTH_JSON, REFUSED.get(code, REFUSED[400]), self.command == "HEAD", close=True)
 
     def do_GET(self) -> None:
         head = self.command == "HEAD"
