@@ -1,7 +1,6 @@
-"""The one module that imports ``pynvml`` (NVIDIA's nvidia-ml-py bindings), on first use: importing
-it never fails, a missing or shadowed ``pynvml`` is raised as :class:`NvmlUnavailable` when NVML is
-asked for. Also the nvml probe's field readers (:func:`fields`) and serve's event watch
-(:func:`watch_events`, docs/serve.md)."""
+"""The one module that imports ``pynvml`` (nvidia-ml-py), on first use: a missing or shadowed one is
+raised as :class:`NvmlUnavailable` when NVML is asked for. Also the nvml probe's field readers
+(:func:`fields`) and serve's event watch (:func:`watch_events`, docs/serve.md)."""
 
 from __future__ import annotations
 
@@ -71,7 +70,6 @@ _loaded: ModuleType | NvmlUnavailable | None = None  # pynvml, or why it cannot 
 
 
 def bindings() -> ModuleType:
-    """The pynvml module, imported on first use; or raise why it cannot be used."""
     global _loaded
     if _loaded is None:
         try:
@@ -118,7 +116,6 @@ def shutdown() -> None:
 
 
 def call(fn: Any, *args: Any) -> tuple[Any, int | None]:
-    """One NVML query: (value, None) or (None, error code)."""
     nv = bindings()
     try:
         return fn(*args), None
@@ -162,8 +159,7 @@ class _Reader:
     def __call__(self, field: str, fn: Callable[..., Any], *args: Any) -> Any:
         return self.judge(field, *call(fn, *args))
 
-    def judge(self, field: str, value: Any, err: int | None) -> Any:
-        """The value of a query already made (``call``'s answer), its error judged as above."""
+    def judge(self, field: str, value: Any, err: int | None) -> Any:  # call's answer
         if err is None:
             return value
         _check_lost(err)
@@ -203,9 +199,9 @@ def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
             nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
         mode = q("compute mode", nv.nvmlDeviceGetComputeMode, handle)
         fields["compute_mode"] = COMPUTE_MODES.get(mode, NA) if mode != NA else NA
-        fields["processes"] = _processes(nv, q("processes", nv.nvmlDeviceGetComputeRunningProcesses, handle))
-        mps = q("processes", nv.nvmlDeviceGetMPSComputeRunningProcesses, handle)
-        fields["mps_processes"] = _processes(nv, mps)
+        fields["processes"] = (_processes(nv, q("processes", nv.nvmlDeviceGetComputeRunningProcesses, handle))
+                               + _processes(nv, q("processes", nv.nvmlDeviceGetMPSComputeRunningProcesses,
+                                                  handle), mps=True))
         mig = q("MIG mode", nv.nvmlDeviceGetMigMode, handle)
         if mig != NA:
             fields["mig_enabled"] = bool(mig[0])
@@ -227,17 +223,16 @@ def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
     return fields, None
 
 
-def _processes(nv: Any, procs: Any) -> tuple[tuple[int, str], ...]:
+def _processes(nv: Any, procs: Any, mps: bool = False) -> tuple[tuple[int, str, bool], ...]:
     named = []
     for p in () if procs == NA else procs:
         # Host pids may be unknown inside the container: the name is then empty.
         pname, _ = call(nv.nvmlSystemGetProcessName, p.pid)
-        named.append((int(p.pid), os.path.basename(text(pname)) if pname else ""))
+        named.append((int(p.pid), os.path.basename(text(pname)) if pname else "", mps))
     return tuple(named)
 
 
 def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Any:
-    """The driver's pending recovery action (field values API), NA where the driver has no such field."""
     field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
     values: Any = NA if field_id is None else q("recovery action", nv.nvmlDeviceGetFieldValues, handle,
                                                 [field_id])
@@ -270,7 +265,6 @@ def _fabric(nv: Any, handle: Any, q: _Reader) -> Any:
 
 
 def _nvlinks(nv: Any, handle: Any) -> tuple[int, ...]:
-    """1 (active) or 0 (down) per NVLink link; () on a PCIe-only GPU."""
     states = []
     for link in range(MAX_NVLINKS):
         value, err = call(nv.nvmlDeviceGetNvLinkState, handle, link)
@@ -282,7 +276,7 @@ def _nvlinks(nv: Any, handle: Any) -> tuple[int, ...]:
 
 
 def _nvlink_errors(nv: Any, handle: Any, links: list[int]) -> dict[int, int]:
-    """link -> the sum of its error counters, for the given (active) links; {} without NVLink."""
+    """link -> the sum of its error counters; {} without NVLink."""
     out: dict[int, int] = {}
     for link in links:
         total = 0
@@ -399,8 +393,7 @@ def _release(nv: ModuleType, event_set: Any) -> None:
     shutdown()
 
 
-def _address(handle: Any) -> int:
-    """A device handle's identity: the same GPU gives the same pointer."""
+def _address(handle: Any) -> int:  # the same GPU gives the same pointer
     import ctypes
 
     return ctypes.cast(handle, ctypes.c_void_p).value or 0
