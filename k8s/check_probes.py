@@ -30,7 +30,6 @@ KUBERNETES_VERSIONS = ("1.25", "1.37")  # the oldest and newest schemas kubernet
 PROBE_FIELDS = {"startupProbe": "startup", "readinessProbe": "readiness", "livenessProbe": "liveness"}
 HTTP_PATHS = {"startup": "/startupz", "readiness": "/readyz", "liveness": "/livez"}
 FORBIDDEN_ENV = ("HEALTHCHECK_TIMEOUT", "HEALTHCHECK_PROFILE")  # would override every profile's own
-HARDWARE = {s.name for s in registry.PROBES if s.layer == "hardware"}
 # What sshd and the entrypoint need as root (each explained in k8s/base/deployment.yaml).
 SSHD_CAPABILITIES = {"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "SYS_CHROOT", "KILL",
                      "NET_BIND_SERVICE", "AUDIT_WRITE"}
@@ -53,10 +52,6 @@ def dig(d: Any, *keys: str) -> dict[str, Any]:
     for k in keys:  # the mapping at d[k1][k2]..., {} for anything missing or not a mapping on the way
         d = d.get(k) if isinstance(d, dict) else None
     return d if isinstance(d, dict) else {}
-
-
-def probes_in(profile: str) -> set[str]:
-    return {s.name for s in registry.PROBES if profile in s.profiles}
 
 
 def min_timeout(profile: str) -> int:
@@ -238,7 +233,8 @@ def container_problems(at: str, container: dict[str, Any], cold_start: float) ->
 def liveness_vs_readiness(at: str, live: dict[str, Any], ready: dict[str, Any]) -> list[str]:
     out = []
     lp = next((p for p in [profile_of(live)[0]] if p in PROFILE_RULES), "liveness")
-    if gpu := sorted(probes_in(lp) & HARDWARE):  # every profile deeper than liveness runs the GPU probes
+    # Every profile deeper than liveness runs the GPU probes.
+    if gpu := sorted(s.name for s in registry.PROBES if s.layer == "hardware" and lp in s.profiles):
         out.append(f"{at} livenessProbe: deeper than readiness ({lp} profile runs {', '.join(gpu)}): "
                    f"liveness must stay cheap and off the GPU (a restart does not repair a lost GPU)")
     lt, rt = live.get("timeoutSeconds"), ready.get("timeoutSeconds")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from probes import __version__, deadlines
+from probes import __version__, deadlines, registry
 from probes.deadlines import probe_timeout_floor
 from probes.spec import PROFILE_RULES
 from tests.k8s.conftest import K8S, ROOT, container
@@ -180,7 +180,7 @@ def test_liveness_deeper_than_readiness(checker: ModuleType, edit_deployment: An
     problems = checker.check(base)
     assert any("livenessProbe: runs 'healthcheck --profile readiness'; expected 'healthcheck --profile "
                "liveness'" in p for p in problems), problems
-    gpu = ", ".join(sorted(checker.probes_in("readiness") & checker.HARDWARE))  # every hardware probe
+    gpu = ", ".join(sorted(s.name for s in registry.PROBES if s.layer == "hardware" and "readiness" in s.profiles))
     assert gpu.startswith("nvidia-smi, nvml")
     assert any(f"livenessProbe: deeper than readiness (readiness profile runs {gpu})" in p
                for p in problems), problems
