@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     Value = Any  # an int/bool/str reading, or NA
 
 NAME = "nvml"
-UNIT = "gpus"
 NA = hw.NA
 
 # Clock event (throttle) reason bits, nvml.h.
@@ -350,7 +349,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
         if hw.none_requested(nvd):
             if expected == 0:
                 return passed(NAME, f"no GPU requested (NVIDIA_VISIBLE_DEVICES={nvd!r}) and none expected",
-                              observed=0, unit=UNIT, facts={"count": 0, "gpus": []})
+                              observed=0, unit="gpus", facts={"count": 0, "gpus": []})
             return verdict(NAME, NO_GPU_REQUESTED, f"no GPU was requested for this container "
                            f"(NVIDIA_VISIBLE_DEVICES={nvd!r}) so NVML cannot start")
         return data.unavailable.result(NAME)
@@ -364,7 +363,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
     for g in data.gpus:
         problems.extend(_gpu_problems(g, reporting - (1 if g.error is None else 0)))
     problems.extend(_env_problems(data, expected))
-    kw: dict[str, Any] = {"observed": data.count, "unit": UNIT, "facts": _facts(data)}
+    kw: dict[str, Any] = {"observed": data.count, "unit": "gpus", "facts": _facts(data)}
     if found := hw.worst(NAME, problems, **kw):
         return found
     names = sorted({g.name for g in data.gpus})

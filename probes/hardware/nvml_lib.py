@@ -4,6 +4,7 @@ raised as :class:`NvmlUnavailable` when NVML is asked for. Also the nvml probe's
 
 from __future__ import annotations
 
+import contextlib
 import os
 from types import ModuleType
 
@@ -109,10 +110,8 @@ def init() -> ModuleType:
 def shutdown() -> None:
     """nvmlShutdown, ignoring errors (NVML counts inits; a failed shutdown changes nothing we report)."""
     if isinstance(_loaded, ModuleType):
-        try:
+        with contextlib.suppress(_loaded.NVMLError):
             _loaded.nvmlShutdown()
-        except _loaded.NVMLError:
-            pass
 
 
 def call(fn: Any, *args: Any) -> tuple[Any, int | None]:
@@ -120,8 +119,7 @@ def call(fn: Any, *args: Any) -> tuple[Any, int | None]:
     try:
         return fn(*args), None
     except nv.NVMLError as exc:
-        code = error_code(exc)
-        return None, UNKNOWN if code is None else code
+        return None, error_code(exc) or UNKNOWN
 
 
 def text(value: Any) -> str:
@@ -142,7 +140,7 @@ class _Lost(Exception):
 
 
 def _check_lost(err: int | None) -> None:
-    if err is not None and err in (GPU_IS_LOST, UNKNOWN):
+    if err in (GPU_IS_LOST, UNKNOWN):
         raise _Lost(err)
 
 
@@ -198,7 +196,7 @@ def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
             "temperature thresholds", nv.nvmlDeviceGetTemperatureThreshold, handle,
             nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
         mode = q("compute mode", nv.nvmlDeviceGetComputeMode, handle)
-        fields["compute_mode"] = COMPUTE_MODES.get(mode, NA) if mode != NA else NA
+        fields["compute_mode"] = COMPUTE_MODES.get(mode, NA)
         fields["processes"] = (_processes(nv, q("processes", nv.nvmlDeviceGetComputeRunningProcesses, handle))
                                + _processes(nv, q("processes", nv.nvmlDeviceGetMPSComputeRunningProcesses,
                                                   handle), mps=True))
@@ -386,10 +384,8 @@ def _failed(what: str, exc: BaseException) -> NvmlUnavailable:
 
 
 def _release(nv: ModuleType, event_set: Any) -> None:
-    try:
+    with contextlib.suppress(nv.NVMLError):
         nv.nvmlEventSetFree(event_set)
-    except nv.NVMLError:
-        pass
     shutdown()
 
 
