@@ -289,14 +289,12 @@ LABELS = {
 
 
 def label(xid: int) -> str:
-    entry = CATALOG.get(xid)
-    return LABELS[entry.action] if entry is not None else "unknown"
+    return LABELS[CATALOG[xid].action] if xid in CATALOG else "unknown"
 
 
 def bucket(xid: int) -> Bucket:
     """What serve does with an Xid by default (no setting overrides it here)."""
-    entry = CATALOG.get(xid)
-    return BUCKETS[entry.action] if entry is not None else UNKNOWN
+    return BUCKETS[CATALOG[xid].action] if xid in CATALOG else UNKNOWN
 
 
 def latches(xid: int) -> bool:
