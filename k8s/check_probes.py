@@ -231,22 +231,19 @@ def container_problems(at: str, container: dict[str, Any], cold_start: float) ->
 
 
 def liveness_vs_readiness(at: str, live: dict[str, Any], ready: dict[str, Any]) -> list[str]:
-    out = []
     lp = next((p for p in [profile_of(live)[0]] if p in PROFILE_RULES), "liveness")
     # Every profile deeper than liveness runs the GPU probes.
-    if gpu := sorted(s.name for s in registry.PROBES if s.layer == "hardware" and lp in s.profiles):
-        out.append(f"{at} livenessProbe: deeper than readiness ({lp} profile runs {', '.join(gpu)}): "
-                   f"liveness must stay cheap and off the GPU (a restart does not repair a lost GPU)")
+    gpu = sorted(s.name for s in registry.PROBES if s.layer == "hardware" and lp in s.profiles)
     lt, rt = live.get("timeoutSeconds"), ready.get("timeoutSeconds")
-    if isinstance(lt, int) and isinstance(rt, int) and lt > rt:
-        out.append(f"{at} livenessProbe: timeoutSeconds {lt} is above readiness's {rt}: liveness must not be "
-                   f"deeper or slower than readiness")
     lf, rf = num(live, "failureThreshold", 3), num(ready, "failureThreshold", 3)
     lw, rw = lf * num(live, "periodSeconds", 10), rf * num(ready, "periodSeconds", 10)
-    if lw <= rw or lf < rf:
-        out.append(f"{at} livenessProbe: restarts after {lw} s of failures, readiness reacts after {rw} s: "
-                   f"raise its failureThreshold: a struggling pod leaves the Service before it is restarted")
-    return out
+    return [f"{at} livenessProbe: {say}" for bad, say in [
+        (gpu, f"deeper than readiness ({lp} profile runs {', '.join(gpu)}): liveness must stay cheap and off "
+         "the GPU (a restart does not repair a lost GPU)"),
+        (isinstance(lt, int) and isinstance(rt, int) and lt > rt, f"timeoutSeconds {lt} is above readiness's "
+         f"{rt}: liveness must not be deeper or slower than readiness"),
+        (lw <= rw or lf < rf, f"restarts after {lw} s of failures, readiness reacts after {rw} s: raise its "
+         "failureThreshold: a struggling pod leaves the Service before it is restarted")] if bad]
 
 
 def security_problems(at: str, container: dict[str, Any], pod: dict[str, Any]) -> list[str]:
