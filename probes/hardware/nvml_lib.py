@@ -290,8 +290,7 @@ def _nvlink_errors(nv: Any, handle: Any, links: list[int]) -> dict[int, int]:
 
 def _mig_devices(nv: Any, handle: Any) -> tuple[tuple[str, str], ...]:
     devices = []
-    slots, err = call(nv.nvmlDeviceGetMaxMigDeviceCount, handle)
-    for slot in range(slots if err is None else 0):
+    for slot in range(call(nv.nvmlDeviceGetMaxMigDeviceCount, handle)[0] or 0):
         mig, err = call(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
         if err is None:  # else an empty slot (NOT_FOUND)
             uuid, _ = call(nv.nvmlDeviceGetUUID, mig)
@@ -339,10 +338,8 @@ def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.
                 continue
             uuid = text(call(nv.nvmlDeviceGetUUID, handle)[0] or "")
             handles.append((index, uuid, handle))
-            supported, err = call(nv.nvmlDeviceGetSupportedEventTypes, handle)
-            wanted = (supported or 0) & WATCHED_EVENTS
-            if (err is None and wanted
-                    and call(nv.nvmlDeviceRegisterEvents, handle, wanted, event_set)[1] is None):
+            wanted = (call(nv.nvmlDeviceGetSupportedEventTypes, handle)[0] or 0) & WATCHED_EVENTS
+            if wanted and call(nv.nvmlDeviceRegisterEvents, handle, wanted, event_set)[1] is None:
                 registered[_address(handle)] = (index, uuid)
     except BaseException:
         _release(nv, event_set)
