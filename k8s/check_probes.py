@@ -312,18 +312,14 @@ def pod_monitor_problems(at: str, spec: dict[str, Any], docs: list[dict[str, Any
                   .items() for c in pod_of(d).get("containers") or []]
     if not containers:
         return [f"{at}: its selector.matchLabels select no pod template in the render: use the pods' labels"]
-    out = []
-    for ep in spec.get("podMetricsEndpoints") or [{}]:
-        if not any(serves(c, ep.get("port")) for c in containers):
-            out.append(f"{at}: port {ep.get('port')!r} is not where healthcheck serve answers: name the "
-                       f"container port of HEALTHCHECK_SERVE_PORT (health)")
-        if ep.get("path", "/metrics") != "/metrics":
-            out.append(f"{at}: path {ep.get('path')!r}: serve's metrics are at /metrics")
-        if not any(r.get("targetLabel") == "job" and r.get("replacement") == SCRAPE_JOB
-                   for r in ep.get("relabelings") or []):
-            out.append(f"{at}: the alerting rules select job=\"{SCRAPE_JOB}\": add a relabeling with "
-                       f"targetLabel: job and replacement: {SCRAPE_JOB}")
-    return out
+    return [f"{at}: {say}" for ep in spec.get("podMetricsEndpoints") or [{}] for bad, say in [
+        (not any(serves(c, ep.get("port")) for c in containers), f"port {ep.get('port')!r} is not where "
+         "healthcheck serve answers: name the container port of HEALTHCHECK_SERVE_PORT (health)"),
+        (ep.get("path", "/metrics") != "/metrics",
+         f"path {ep.get('path')!r}: serve's metrics are at /metrics"),
+        (not any(r.get("targetLabel") == "job" and r.get("replacement") == SCRAPE_JOB
+                 for r in ep.get("relabelings") or []), f"the alerting rules select job=\"{SCRAPE_JOB}\": "
+         f"add a relabeling with targetLabel: job and replacement: {SCRAPE_JOB}")] if bad]
 
 
 def rule_problems(at: str, spec: dict[str, Any]) -> list[str]:
