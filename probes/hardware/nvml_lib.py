@@ -322,6 +322,14 @@ def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.
     > 0 also a ``"slowdown"`` event for each reading, about every ``sample_s`` seconds, with HW
     slowdown or power brake active. NVML starts and the GPUs register before this returns, so a
     failure raises NvmlUnavailable before the first event."""
+    events = _events(stop, wait_ms, sample_s)
+    next(events)  # NVML starts and the GPUs register: a failure raises here
+    return events  # type: ignore[return-value]  # only its first item was None
+
+
+def _events(stop: threading.Event, wait_ms: int, sample_s: float) -> Iterator[Event | None]:
+    import time
+
     nv = init()
     try:
         event_set = nv.nvmlEventSetCreate()
@@ -329,30 +337,19 @@ def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.
         shutdown()
         raise _failed("cannot create an NVML event set", exc) from None
     registered: dict[int, tuple[int, str]] = {}  # handle address -> (index, uuid)
-    handles = []  # (index, uuid, handle) of each GPU that answers
+    sampled = []  # (index, uuid, handle) of each GPU that answers, with sample_s
     try:
-        count, _ = call(nv.nvmlDeviceGetCount)
-        for index in range(count or 0):
+        for index in range(call(nv.nvmlDeviceGetCount)[0] or 0):
             handle, err = call(nv.nvmlDeviceGetHandleByIndex, index)
             if err is not None:
                 continue
             uuid = text(call(nv.nvmlDeviceGetUUID, handle)[0] or "")
-            handles.append((index, uuid, handle))
+            sampled += [(index, uuid, handle)] if sample_s > 0 else []
             wanted = (call(nv.nvmlDeviceGetSupportedEventTypes, handle)[0] or 0) & WATCHED_EVENTS
             if wanted and call(nv.nvmlDeviceRegisterEvents, handle, wanted, event_set)[1] is None:
                 registered[_address(handle)] = (index, uuid)
-    except BaseException:
-        _release(nv, event_set)
-        raise
-    return _events(nv, event_set, registered, stop, wait_ms, handles if sample_s > 0 else [], sample_s)
-
-
-def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], stop: threading.Event,
-            wait_ms: int, sampled: list[tuple[int, str, Any]], sample_s: float) -> Iterator[Event]:
-    import time
-
-    next_sample = time.monotonic()
-    try:
+        yield None
+        next_sample = time.monotonic()
         while not stop.is_set():
             if sampled and time.monotonic() >= next_sample:
                 next_sample = time.monotonic() + sample_s
@@ -369,21 +366,17 @@ def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], st
                 raise _failed("waiting for NVML events failed", exc) from None
             kind = next((k for bit, k in EVENT_KINDS if int(data.eventType) & bit), None)
             if kind is not None:
-                index, uuid = gpus.get(_address(data.device), (-1, ""))
+                index, uuid = registered.get(_address(data.device), (-1, ""))
                 yield Event(index, uuid, kind, int(data.eventData))
     finally:
-        _release(nv, event_set)
+        with contextlib.suppress(nv.NVMLError):
+            nv.nvmlEventSetFree(event_set)
+        shutdown()
 
 
 def _failed(what: str, exc: BaseException) -> NvmlUnavailable:
     problem = describe(error_code(exc))
     return NvmlUnavailable(problem._replace(detail=f"{what}: {problem.detail}"))
-
-
-def _release(nv: ModuleType, event_set: Any) -> None:
-    with contextlib.suppress(nv.NVMLError):
-        nv.nvmlEventSetFree(event_set)
-    shutdown()
 
 
 def _address(handle: Any) -> int:  # the same GPU gives the same pointer
