@@ -141,7 +141,6 @@ def seen(results: Mapping[str, Result]) -> Seen | None:
     nvml = results.get("nvml")
     if nvml is None:
         return None
-    facts = nvml.facts
-    gpus, cuda = facts.get("gpus"), facts.get("cuda_driver")
-    return Seen(nvml.ok, _int(facts.get("count")), cuda if isinstance(cuda, str) else None,
+    gpus, cuda = nvml.facts.get("gpus"), nvml.facts.get("cuda_driver")
+    return Seen(nvml.ok, _int(nvml.facts.get("count")), cuda if isinstance(cuda, str) else None,
                 tuple(_seen_gpu(g) for g in (gpus if isinstance(gpus, list) else ()) if isinstance(g, dict)))

@@ -188,8 +188,7 @@ def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
         pending = q("retired pages", nv.nvmlDeviceGetRetiredPagesPendingStatus, handle)
         fields["retired_pending"] = NA if pending == NA else bool(pending)
         remap = q("row remap", nv.nvmlDeviceGetRemappedRows, handle)
-        if remap != NA:
-            fields["remap_pending"], fields["remap_failure"] = bool(remap[2]), bool(remap[3])
+        fields["remap_pending"], fields["remap_failure"] = (NA, NA) if remap == NA else map(bool, remap[2:4])
         fields["clocks_event_reasons"] = q.judge("clock event reasons", *clock_event_reasons(nv, handle))
         fields["temperature"] = q("temperature", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
         fields["slowdown_temperature"] = q(
@@ -201,10 +200,8 @@ def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
                                + _processes(nv, q("processes", nv.nvmlDeviceGetMPSComputeRunningProcesses,
                                                   handle), mps=True))
         mig = q("MIG mode", nv.nvmlDeviceGetMigMode, handle)
-        if mig != NA:
-            fields["mig_enabled"] = bool(mig[0])
-            if mig[0]:
-                fields["mig_devices"] = _mig_devices(nv, handle)
+        fields["mig_enabled"] = NA if mig == NA else bool(mig[0])
+        fields["mig_devices"] = _mig_devices(nv, handle) if fields["mig_enabled"] is True else ()
         fields["recovery_action"] = _recovery_action(nv, handle, q)
         fields["fabric"] = _fabric(nv, handle, q)
         fields["persistence"] = q("persistence mode", nv.nvmlDeviceGetPersistenceMode, handle)

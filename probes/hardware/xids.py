@@ -302,5 +302,4 @@ def latches(xid: int) -> bool:
 
 
 def describe(xid: int) -> str:
-    entry = CATALOG.get(xid)
-    return f"{entry.mnemonic}: {entry.meaning}" if entry is not None else "not in NVIDIA's Xid catalog"
+    return f"{x.mnemonic}: {x.meaning}" if (x := CATALOG.get(xid)) else "not in NVIDIA's Xid catalog"
