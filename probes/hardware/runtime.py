@@ -95,9 +95,7 @@ def gather(ctx: Context) -> Gathered:
     other: set[str] = set()
     try:
         with os.scandir(cfg.dev_root) as it:
-            for entry in it:
-                if not entry.name.startswith("nvidia"):
-                    continue
+            for entry in (e for e in it if e.name.startswith("nvidia")):
                 try:
                     mode = entry.stat(follow_symlinks=False).st_mode
                 except OSError:
