@@ -54,11 +54,6 @@ def dig(d: Any, *keys: str) -> dict[str, Any]:
     return d if isinstance(d, dict) else {}
 
 
-def min_timeout(profile: str) -> int:
-    """The least timeoutSeconds that outlasts the front door's own kill of a run of the profile."""
-    return deadlines.probe_timeout_floor(PROFILE_RULES[profile].timeout)
-
-
 def render(path: Path) -> list[dict[str, Any]]:
     """The objects of a kustomization directory (kubectl kustomize), a YAML file or stdin ('-')."""
     import yaml
@@ -160,7 +155,8 @@ def profile_of(probe: dict[str, Any]) -> tuple[str | None, list[str]]:
 def probe_problems(at: str, profile: str, probe: dict[str, Any], container: dict[str, Any]) -> list[str]:
     handlers = [h for h in ("exec", "httpGet", "tcpSocket", "grpc") if probe.get(h) is not None]
     (ran, rest), get, kind = profile_of(probe), dig(probe, "httpGet"), "+".join(handlers)
-    floor, deadline = min_timeout(profile), PROFILE_RULES[profile].timeout
+    deadline = PROFILE_RULES[profile].timeout
+    floor = deadlines.probe_timeout_floor(deadline)  # outlasts the front door's own kill of the run
     argv = shlex.join(map(str, dig(probe, "exec").get("command") or []))
     return [f"{at}: {say}" for bad, say in [
         (len(handlers) != 1, f"has {len(handlers)} handlers ({', '.join(handlers) or 'none'}); exactly one "

@@ -146,8 +146,10 @@ def test_unknown_field_on_the_container(checker: ModuleType, edit_deployment: An
 def test_the_timeout_floor_is_read_from_the_deadline_ladder(checker: ModuleType, monkeypatch) -> None:
     """The policy asks probes.deadlines, which the front door's margins live in: it cannot drift."""
     floor = deadlines.probe_timeout_floor
-    monkeypatch.setattr(deadlines, "probe_timeout_floor", lambda timeout: floor(timeout) + 2)
-    assert checker.min_timeout("readiness") == floor(PROFILE_RULES["readiness"].timeout) + 2
+    monkeypatch.setattr(deadlines, "probe_timeout_floor", lambda timeout: floor(timeout) + 100)
+    raised = floor(PROFILE_RULES["readiness"].timeout) + 100
+    assert any("readinessProbe: timeoutSeconds" in p and f"at least {raised}," in p
+               for p in checker.check(K8S / "base")), raised
 
 
 @pytest.mark.parametrize(("field", "profile"), [
