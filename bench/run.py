@@ -207,16 +207,6 @@ def make_cases(args: argparse.Namespace, env: dict[str, str], py: str, work: Pat
     return cases
 
 
-def swapped(cases: list[Case]) -> list[Case]:
-    """A round's order with each case and its pair changed places."""
-    out = list(cases)
-    for c in cases:
-        if c.pair in out:
-            i, j = out.index(c), out.index(c.pair)
-            out[i], out[j] = out[j], out[i]
-    return out
-
-
 def paired(c: Case) -> dict[str, dict[str, float]]:
     """Against its pair, round by round: the median ratio, the median and p90 difference (ms)."""
     out = {}
@@ -334,10 +324,14 @@ def main(argv: list[str] | None = None) -> int:
         container, docker = (None, "--no-docker") if args.no_docker else start_container(stack)
         cases = make_cases(args, env, py, work, container)
         load = [os.getloadavg()[0]]
+        swapped = list(cases)  # every other round's order: each case and its pair change places
+        for c in (c for c in cases if c.pair in swapped):
+            i, j = swapped.index(c), swapped.index(c.pair)
+            swapped[i], swapped[j] = swapped[j], swapped[i]
         for c in cases:  # warm the page cache and the result caches: not measured
             measure(launcher, c)
         for i in range(args.runs):
-            for c in swapped(cases) if i % 2 else cases:
+            for c in swapped if i % 2 else cases:
                 c.samples.append(measure(launcher, c))
         load.append(os.getloadavg()[0])
 

@@ -30,7 +30,6 @@ KUBERNETES_VERSIONS = ("1.25", "1.37")  # the oldest and newest schemas kubernet
 PROBE_FIELDS = {"startupProbe": "startup", "readinessProbe": "readiness", "livenessProbe": "liveness"}
 HTTP_PATHS = {"startup": "/startupz", "readiness": "/readyz", "liveness": "/livez"}
 FORBIDDEN_ENV = ("HEALTHCHECK_TIMEOUT", "HEALTHCHECK_PROFILE")  # would override every profile's own
-HARDWARE = {s.name for s in registry.PROBES if s.layer == "hardware"}
 # What sshd and the entrypoint need as root (each explained in k8s/base/deployment.yaml).
 SSHD_CAPABILITIES = {"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "SYS_CHROOT", "KILL",
                      "NET_BIND_SERVICE", "AUDIT_WRITE"}
@@ -53,15 +52,6 @@ def dig(d: Any, *keys: str) -> dict[str, Any]:
     for k in keys:  # the mapping at d[k1][k2]..., {} for anything missing or not a mapping on the way
         d = d.get(k) if isinstance(d, dict) else None
     return d if isinstance(d, dict) else {}
-
-
-def probes_in(profile: str) -> set[str]:
-    return {s.name for s in registry.PROBES if profile in s.profiles}
-
-
-def min_timeout(profile: str) -> int:
-    """The least timeoutSeconds that outlasts the front door's own kill of a run of the profile."""
-    return deadlines.probe_timeout_floor(PROFILE_RULES[profile].timeout)
 
 
 def render(path: Path) -> list[dict[str, Any]]:
@@ -165,7 +155,8 @@ def profile_of(probe: dict[str, Any]) -> tuple[str | None, list[str]]:
 def probe_problems(at: str, profile: str, probe: dict[str, Any], container: dict[str, Any]) -> list[str]:
     handlers = [h for h in ("exec", "httpGet", "tcpSocket", "grpc") if probe.get(h) is not None]
     (ran, rest), get, kind = profile_of(probe), dig(probe, "httpGet"), "+".join(handlers)
-    floor, deadline = min_timeout(profile), PROFILE_RULES[profile].timeout
+    deadline = PROFILE_RULES[profile].timeout
+    floor = deadlines.probe_timeout_floor(deadline)  # outlasts the front door's own kill of the run
     argv = shlex.join(map(str, dig(probe, "exec").get("command") or []))
     return [f"{at}: {say}" for bad, say in [
         (len(handlers) != 1, f"has {len(handlers)} handlers ({', '.join(handlers) or 'none'}); exactly one "
@@ -236,21 +227,19 @@ def container_problems(at: str, container: dict[str, Any], cold_start: float) ->
 
 
 def liveness_vs_readiness(at: str, live: dict[str, Any], ready: dict[str, Any]) -> list[str]:
-    out = []
     lp = next((p for p in [profile_of(live)[0]] if p in PROFILE_RULES), "liveness")
-    if gpu := sorted(probes_in(lp) & HARDWARE):  # every profile deeper than liveness runs the GPU probes
-        out.append(f"{at} livenessProbe: deeper than readiness ({lp} profile runs {', '.join(gpu)}): "
-                   f"liveness must stay cheap and off the GPU (a restart does not repair a lost GPU)")
+    # Every profile deeper than liveness runs the GPU probes.
+    gpu = sorted(s.name for s in registry.PROBES if s.layer == "hardware" and lp in s.profiles)
     lt, rt = live.get("timeoutSeconds"), ready.get("timeoutSeconds")
-    if isinstance(lt, int) and isinstance(rt, int) and lt > rt:
-        out.append(f"{at} livenessProbe: timeoutSeconds {lt} is above readiness's {rt}: liveness must not be "
-                   f"deeper or slower than readiness")
     lf, rf = num(live, "failureThreshold", 3), num(ready, "failureThreshold", 3)
     lw, rw = lf * num(live, "periodSeconds", 10), rf * num(ready, "periodSeconds", 10)
-    if lw <= rw or lf < rf:
-        out.append(f"{at} livenessProbe: restarts after {lw} s of failures, readiness reacts after {rw} s: "
-                   f"raise its failureThreshold: a struggling pod leaves the Service before it is restarted")
-    return out
+    return [f"{at} livenessProbe: {say}" for bad, say in [
+        (gpu, f"deeper than readiness ({lp} profile runs {', '.join(gpu)}): liveness must stay cheap and off "
+         "the GPU (a restart does not repair a lost GPU)"),
+        (isinstance(lt, int) and isinstance(rt, int) and lt > rt, f"timeoutSeconds {lt} is above readiness's "
+         f"{rt}: liveness must not be deeper or slower than readiness"),
+        (lw <= rw or lf < rf, f"restarts after {lw} s of failures, readiness reacts after {rw} s: raise its "
+         "failureThreshold: a struggling pod leaves the Service before it is restarted")] if bad]
 
 
 def security_problems(at: str, container: dict[str, Any], pod: dict[str, Any]) -> list[str]:
@@ -319,18 +308,14 @@ def pod_monitor_problems(at: str, spec: dict[str, Any], docs: list[dict[str, Any
                   .items() for c in pod_of(d).get("containers") or []]
     if not containers:
         return [f"{at}: its selector.matchLabels select no pod template in the render: use the pods' labels"]
-    out = []
-    for ep in spec.get("podMetricsEndpoints") or [{}]:
-        if not any(serves(c, ep.get("port")) for c in containers):
-            out.append(f"{at}: port {ep.get('port')!r} is not where healthcheck serve answers: name the "
-                       f"container port of HEALTHCHECK_SERVE_PORT (health)")
-        if ep.get("path", "/metrics") != "/metrics":
-            out.append(f"{at}: path {ep.get('path')!r}: serve's metrics are at /metrics")
-        if not any(r.get("targetLabel") == "job" and r.get("replacement") == SCRAPE_JOB
-                   for r in ep.get("relabelings") or []):
-            out.append(f"{at}: the alerting rules select job=\"{SCRAPE_JOB}\": add a relabeling with "
-                       f"targetLabel: job and replacement: {SCRAPE_JOB}")
-    return out
+    return [f"{at}: {say}" for ep in spec.get("podMetricsEndpoints") or [{}] for bad, say in [
+        (not any(serves(c, ep.get("port")) for c in containers), f"port {ep.get('port')!r} is not where "
+         "healthcheck serve answers: name the container port of HEALTHCHECK_SERVE_PORT (health)"),
+        (ep.get("path", "/metrics") != "/metrics",
+         f"path {ep.get('path')!r}: serve's metrics are at /metrics"),
+        (not any(r.get("targetLabel") == "job" and r.get("replacement") == SCRAPE_JOB
+                 for r in ep.get("relabelings") or []), f"the alerting rules select job=\"{SCRAPE_JOB}\": "
+         f"add a relabeling with targetLabel: job and replacement: {SCRAPE_JOB}")] if bad]
 
 
 def rule_problems(at: str, spec: dict[str, Any]) -> list[str]:

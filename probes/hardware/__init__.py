@@ -1,2 +1,1 @@
-"""The hardware layer: nvidia-smi, NVML and the container's runtime, one module per probe
-(docs/architecture.md, "The rooms")."""
+"""The hardware layer: nvidia-smi, NVML and the container's runtime (docs/architecture.md)."""

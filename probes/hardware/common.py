@@ -1,6 +1,5 @@
-"""What the hardware probes share: the expected GPU count, the causes nvidia-smi and NVML report
-alike (and NVML's own, which ``nvml_lib`` raises), a judge's problems folded into one result, and the
-nvml probe's facts as the probes above read them (``seen``)."""
+"""What the hardware probes share: the expected GPU count, the causes nvidia-smi and NVML both report,
+a judge's problems folded into one result, and the nvml facts as the probes above read them."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ if TYPE_CHECKING:
 NA = "N/A"  # a field the GPU or driver does not have, or could not be read: never judged
 
 
-def none_requested(visible: str | None) -> bool:
-    """``NVIDIA_VISIBLE_DEVICES`` set to ask for no GPU: empty, ``none`` or ``void``."""
+def none_requested(visible: str | None) -> bool:  # NVIDIA_VISIBLE_DEVICES asks for no GPU
     return visible is not None and visible.strip().lower() in ("", "none", "void")
 
 
@@ -139,12 +137,10 @@ def _seen_gpu(g: Mapping[str, Any]) -> SeenGpu:
 
 
 def seen(results: Mapping[str, Result]) -> Seen | None:
-    """This run's nvml facts, checked once (what lacks its type is left out); None when the probe did
-    not run."""
+    """This run's nvml facts, checked once (what lacks its type is left out)."""
     nvml = results.get("nvml")
     if nvml is None:
         return None
-    facts = nvml.facts
-    gpus, cuda = facts.get("gpus"), facts.get("cuda_driver")
-    return Seen(nvml.ok, _int(facts.get("count")), cuda if isinstance(cuda, str) else None,
+    gpus, cuda = nvml.facts.get("gpus"), nvml.facts.get("cuda_driver")
+    return Seen(nvml.ok, _int(nvml.facts.get("count")), cuda if isinstance(cuda, str) else None,
                 tuple(_seen_gpu(g) for g in (gpus if isinstance(gpus, list) else ()) if isinstance(g, dict)))

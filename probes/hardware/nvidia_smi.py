@@ -164,31 +164,27 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     from probes import childio, proc, runner
 
     expected = ctx.config.of(hw.Expected).gpu_count
-    if data.spawn_error == "not found":
-        return verdict(NAME, NOT_FOUND, "nvidia-smi not found on PATH")
-    if data.spawn_error == "interpreter missing":
-        return verdict(NAME, CANNOT_START, "nvidia-smi cannot start: its interpreter is missing "
-                       "(a script's #! line or a binary's loader names a file the container lacks)")
     if childio.limited(data.spawn_error):  # its words name the limit to raise
         return verdict(NAME, runner.LIMIT, f"not checked: nvidia-smi {data.spawn_error}", remedy=False)
-    if data.spawn_error:
-        return verdict(NAME, CANNOT_START, f"nvidia-smi cannot start ({data.spawn_error})")
-    if data.held_by is not None:
-        return verdict(NAME, STUCK, f"an earlier nvidia-smi (pid {data.held_by}) is still stuck in the "
-                       "driver (uninterruptible sleep); not starting another")
-    if data.stuck:
-        return verdict(NAME, STUCK,
-                       "nvidia-smi survived SIGKILL (stuck in the driver, uninterruptible sleep)")
-    if data.timed_out:
-        return verdict(NAME, hw.DEADLINE, f"nvidia-smi gave no answer within {data.elapsed:.1f}s "
-                       "(deadline passed)")
+    for bad, c, detail in [
+        (data.spawn_error == "not found", NOT_FOUND, "nvidia-smi not found on PATH"),
+        (data.spawn_error == "interpreter missing", CANNOT_START, "nvidia-smi cannot start: its interpreter "
+         "is missing (a script's #! line or a binary's loader names a file the container lacks)"),
+        (data.spawn_error, CANNOT_START, f"nvidia-smi cannot start ({data.spawn_error})"),
+        (data.held_by is not None, STUCK, f"an earlier nvidia-smi (pid {data.held_by}) is still stuck in the "
+         "driver (uninterruptible sleep); not starting another"),
+        (data.stuck, STUCK, "nvidia-smi survived SIGKILL (stuck in the driver, uninterruptible sleep)"),
+        (data.timed_out, hw.DEADLINE,
+         f"nvidia-smi gave no answer within {data.elapsed:.1f}s (deadline passed)")]:
+        if bad:
+            return verdict(NAME, c, detail)
 
     out = data.stdout.decode("utf-8", "replace")
-    err = data.stderr.decode("utf-8", "replace")
+    printed = f"{out}\n{data.stderr.decode('utf-8', 'replace')}"
     gpus, bad_line = parse_rows(out)
     counted: dict[str, Any] = {"observed": len(gpus), "unit": "gpus",
                                "facts": {"count": len(gpus), "gpus": gpus}}
-    if lost := re.findall(_LOST, out + "\n" + err):
+    if lost := re.findall(_LOST, printed):
         others = f"{hw.plural(len(gpus))} still reported" if gpus else "no other GPU reported"
         return verdict(NAME, hw.GPU_LOST,
                        f"GPU {lost[0]} is lost (Unable to determine the device handle; {others})", **counted)
@@ -196,7 +192,7 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
     if data.signal is not None:
         return verdict(NAME, KILLED, f"nvidia-smi was killed by {proc.signal_name(data.signal)}")
     if data.returncode or bad_line:  # what it printed decides, else the exit code
-        said = next((text for text, _ in TEXTS if text in out + "\n" + err), None)
+        said = next((text for text, _ in TEXTS if text in printed), None)
         code = dict(TEXTS)[said] if said is not None else EXIT_CODES.get(data.returncode or 0)
         if code is not None and code.cause is not EXIT_CODE:
             detail = (f"nvidia-smi: {said} (exit {data.returncode}): {code.means}" if said is not None

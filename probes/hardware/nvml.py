@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     Value = Any  # an int/bool/str reading, or NA
 
 NAME = "nvml"
-UNIT = "gpus"
 NA = hw.NA
 
 # Clock event (throttle) reason bits, nvml.h.
@@ -129,10 +128,9 @@ class Gpu(Record):
     temperature: Value = NA
     slowdown_temperature: Value = NA
     compute_mode: str = NA
-    processes: tuple[tuple[int, str], ...] = ()
+    processes: tuple[tuple[int, str, bool], ...] = ()  # (pid, name, whether an MPS client)
     mig_enabled: Value = NA
     mig_devices: tuple[tuple[str, str], ...] = ()  # (uuid, name)
-    mps_processes: tuple[tuple[int, str], ...] = ()  # MPS clients (pid, name)
     denied: tuple[str, ...] = ()  # fields NVML refused (NO_PERMISSION): not checked
     unsupported: tuple[str, ...] = ()  # fields the GPU or driver does not have: not judged
     field_errors: tuple[tuple[str, int], ...] = ()  # (field, NVML code) of supported fields that failed
@@ -231,27 +229,21 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
             return [hw.Problem(GPU_UNKNOWN, f"GPU {i} answers Unknown Error {others}")]
         problem = nvml_lib.describe(g.error)
         return [problem._replace(detail=f"GPU {i} cannot be queried {others}: {problem.detail}")]
-    out = []
-    ecc = g.ecc_uncorrected_volatile
-    if isinstance(ecc, int) and ecc > 0:
-        out.append(hw.Problem(ECC, f"GPU {i} has {ecc} volatile uncorrectable ECC error(s)"))
-    if g.remap_failure is True:
-        out.append(hw.Problem(REMAP_FAILURE, f"GPU {i} row remapping failed"))
-    if g.remap_pending is True:
-        out.append(hw.Problem(REMAP_PENDING, f"GPU {i} has a row remap pending"))
-    if g.retired_pending is True:
-        out.append(hw.Problem(RETIREMENT_PENDING, f"GPU {i} has page retirements pending"))
-    if g.memory_total_mib == 0:  # a GPU without memory of its own answers NOT_SUPPORTED, never 0
-        out.append(hw.Problem(NO_MEMORY, f"GPU {i} reports 0 MiB of memory (NVML): "
-                              "the GPU is broken or the driver misreports it, and no workload can run there"))
-    reasons = g.clocks_event_reasons
-    if isinstance(reasons, int) and reasons & (SW_THERMAL | HW_THERMAL):
-        out.append(hw.Problem(THERMAL, f"GPU {i} clocks are slowed for heat (thermal slowdown)"))
-    elif isinstance(reasons, int) and reasons & (HW_SLOWDOWN | HW_POWER_BRAKE):
-        out.append(hw.Problem(HW_SLOW, f"GPU {i} clocks are slowed by hardware (HW slowdown or power brake)"))
-    t, limit = g.temperature, g.slowdown_temperature
-    if isinstance(t, int) and isinstance(limit, int) and limit > 0 and t >= limit:
-        out.append(hw.Problem(HOT, f"GPU {i} is at {t} C, at or above its slowdown threshold {limit} C"))
+    ecc, t, limit = g.ecc_uncorrected_volatile, g.temperature, g.slowdown_temperature
+    reasons = g.clocks_event_reasons if isinstance(g.clocks_event_reasons, int) else 0
+    out = [hw.Problem(c, f"GPU {i} {detail}") for bad, c, detail in [
+        (isinstance(ecc, int) and ecc > 0, ECC, f"has {ecc} volatile uncorrectable ECC error(s)"),
+        (g.remap_failure is True, REMAP_FAILURE, "row remapping failed"),
+        (g.remap_pending is True, REMAP_PENDING, "has a row remap pending"),
+        (g.retired_pending is True, RETIREMENT_PENDING, "has page retirements pending"),
+        # A GPU without memory of its own answers NOT_SUPPORTED, never 0.
+        (g.memory_total_mib == 0, NO_MEMORY, "reports 0 MiB of memory (NVML): the GPU is broken or the "
+         "driver misreports it, and no workload can run there"),
+        (reasons & (SW_THERMAL | HW_THERMAL), THERMAL, "clocks are slowed for heat (thermal slowdown)"),
+        (not reasons & (SW_THERMAL | HW_THERMAL) and reasons & (HW_SLOWDOWN | HW_POWER_BRAKE), HW_SLOW,
+         "clocks are slowed by hardware (HW slowdown or power brake)"),
+        (isinstance(t, int) and isinstance(limit, int) and 0 < limit <= t, HOT,
+         f"is at {t} C, at or above its slowdown threshold {limit} C")] if bad]
     for field, code in g.field_errors:  # that code's own remedy says more than the generic one
         why = nvml_lib.describe(code)
         out.append(hw.Problem(FIELD_ERROR, f"GPU {i}: NVML failed reading its {field} "
@@ -263,38 +255,30 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
                                                      "for this recovery action; check dmesg for Xid"))
         out.append(hw.Problem(RECOVERY, f"GPU {i} has a pending recovery action ({what}): {remedy}",
                               remedy=False))
-    if isinstance(g.fabric, tuple):
-        state, status = g.fabric
-        if state != 3 or status != nvml_lib.SUCCESS:
-            shown = FABRIC_STATES.get(state, f"state {state}")
-            if status != nvml_lib.SUCCESS:
-                shown += f", {nvml_lib.describe(status).cause.reason}"
-            out.append(hw.Problem(FABRIC, f"GPU {i} NVSwitch fabric registration {shown}: "
-                                  "fabric manager not running or failed: "
-                                  "CUDA will report error 802 'system not yet initialized'"))
+    state, status = g.fabric if isinstance(g.fabric, tuple) else (3, nvml_lib.SUCCESS)
+    shown = FABRIC_STATES.get(state, f"state {state}") + (
+        f", {nvml_lib.describe(status).cause.reason}" if status != nvml_lib.SUCCESS else "")
     cur_gen, cur_width, max_gen, max_width = g.pcie
     busy = isinstance(g.utilization, int) and g.utilization >= BUSY_UTILIZATION
-    if busy and all(isinstance(v, int) and v > 0 for v in g.pcie) and (cur_gen < max_gen or
-                                                                        cur_width < max_width):
-        out.append(hw.Problem(PCIE, f"GPU {i} PCIe link runs at gen {cur_gen} x{cur_width} "
-                              f"(max gen {max_gen} x{max_width}) while {g.utilization}% busy"))
     down = [link for link, up in enumerate(g.nvlinks) if not up]
-    if down:
-        out.append(hw.Problem(NVLINK_DOWN, f"GPU {i} NVLink link(s) {', '.join(map(str, down[:6]))} "
-                              f"down of {len(g.nvlinks)}: peer-to-peer traffic falls back to PCIe or fails"))
-    if g.nvlink_errors_rising:
-        links = ", ".join(map(str, g.nvlink_errors_rising[:6]))
-        out.append(hw.Problem(NVLINK_ERRORS, f"GPU {i} NVLink error counters rising on link(s) {links}"))
-    if g.denied:
-        fields = ", ".join(g.denied[:4]) + (f" and {len(g.denied) - 4} more" if len(g.denied) > 4 else "")
-        if g.mig_enabled is True or "MIG mode" in g.denied:
-            out.append(hw.Problem(MIG_DENIED, f"GPU {i}: NVML denies {fields} on the parent GPU "
-                                  "(NO_PERMISSION), as it does inside a MIG slice"))
-        else:
-            out.append(hw.Problem(FIELD_DENIED, f"GPU {i}: NVML denies {fields} (NO_PERMISSION)"))
-    if g.mig_enabled is True and not g.mig_devices:
-        out.append(hw.Problem(MIG_EMPTY, f"GPU {i} is in MIG mode with no MIG device: CUDA cannot use it"))
-    return out
+    denied = ", ".join(g.denied[:4]) + (f" and {len(g.denied) - 4} more" if len(g.denied) > 4 else "")
+    mig = g.mig_enabled is True or "MIG mode" in g.denied
+    return out + [hw.Problem(c, detail) for bad, c, detail in [
+        (state != 3 or status != nvml_lib.SUCCESS, FABRIC, f"GPU {i} NVSwitch fabric registration {shown}: "
+         "fabric manager not running or failed: CUDA will report error 802 'system not yet initialized'"),
+        (busy and all(isinstance(v, int) and v > 0 for v in g.pcie) and (cur_gen < max_gen or
+                                                                          cur_width < max_width),
+         PCIE, f"GPU {i} PCIe link runs at gen {cur_gen} x{cur_width} (max gen {max_gen} x{max_width}) "
+         f"while {g.utilization}% busy"),
+        (down, NVLINK_DOWN, f"GPU {i} NVLink link(s) {', '.join(map(str, down[:6]))} down of "
+         f"{len(g.nvlinks)}: peer-to-peer traffic falls back to PCIe or fails"),
+        (g.nvlink_errors_rising, NVLINK_ERRORS, f"GPU {i} NVLink error counters rising on link(s) "
+         f"{', '.join(map(str, g.nvlink_errors_rising[:6]))}"),
+        (g.denied and mig, MIG_DENIED, f"GPU {i}: NVML denies {denied} on the parent GPU (NO_PERMISSION), "
+         "as it does inside a MIG slice"),
+        (g.denied and not mig, FIELD_DENIED, f"GPU {i}: NVML denies {denied} (NO_PERMISSION)"),
+        (g.mig_enabled is True and not g.mig_devices, MIG_EMPTY,
+         f"GPU {i} is in MIG mode with no MIG device: CUDA cannot use it")] if bad]
 
 
 def _env_problems(data: Gathered, expected: int) -> list[hw.Problem]:
@@ -336,8 +320,8 @@ def _facts(data: Gathered) -> dict[str, Any]:
     for g in data.gpus:
         entry: dict[str, Any] = {
             "index": g.index, "name": g.name, "uuid": g.uuid, "compute_mode": g.compute_mode,
-            "processes": [{"pid": pid, "name": name} for pid, name in g.processes]
-            + [{"pid": pid, "name": name, "mps": True} for pid, name in g.mps_processes],
+            "processes": [{"pid": pid, "name": name, **({"mps": True} if mps else {})}
+                          for pid, name, mps in g.processes],
         }
         if g.persistence != NA:
             entry["persistence"] = bool(g.persistence)
@@ -365,7 +349,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
         if hw.none_requested(nvd):
             if expected == 0:
                 return passed(NAME, f"no GPU requested (NVIDIA_VISIBLE_DEVICES={nvd!r}) and none expected",
-                              observed=0, unit=UNIT, facts={"count": 0, "gpus": []})
+                              observed=0, unit="gpus", facts={"count": 0, "gpus": []})
             return verdict(NAME, NO_GPU_REQUESTED, f"no GPU was requested for this container "
                            f"(NVIDIA_VISIBLE_DEVICES={nvd!r}) so NVML cannot start")
         return data.unavailable.result(NAME)
@@ -379,7 +363,7 @@ def judge(data: Gathered, ctx: Context) -> Result:
     for g in data.gpus:
         problems.extend(_gpu_problems(g, reporting - (1 if g.error is None else 0)))
     problems.extend(_env_problems(data, expected))
-    kw: dict[str, Any] = {"observed": data.count, "unit": UNIT, "facts": _facts(data)}
+    kw: dict[str, Any] = {"observed": data.count, "unit": "gpus", "facts": _facts(data)}
     if found := hw.worst(NAME, problems, **kw):
         return found
     names = sorted({g.name for g in data.gpus})

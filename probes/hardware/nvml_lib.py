@@ -1,10 +1,10 @@
-"""The one module that imports ``pynvml`` (NVIDIA's nvidia-ml-py bindings), on first use: importing
-it never fails, a missing or shadowed ``pynvml`` is raised as :class:`NvmlUnavailable` when NVML is
-asked for. Also the nvml probe's field readers (:func:`fields`) and serve's event watch
-(:func:`watch_events`, docs/serve.md)."""
+"""The one module that imports ``pynvml`` (nvidia-ml-py), on first use: a missing or shadowed one is
+raised as :class:`NvmlUnavailable` when NVML is asked for. Also the nvml probe's field readers
+(:func:`fields`) and serve's event watch (:func:`watch_events`, docs/serve.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from types import ModuleType
 
@@ -71,7 +71,6 @@ _loaded: ModuleType | NvmlUnavailable | None = None  # pynvml, or why it cannot 
 
 
 def bindings() -> ModuleType:
-    """The pynvml module, imported on first use; or raise why it cannot be used."""
     global _loaded
     if _loaded is None:
         try:
@@ -111,20 +110,16 @@ def init() -> ModuleType:
 def shutdown() -> None:
     """nvmlShutdown, ignoring errors (NVML counts inits; a failed shutdown changes nothing we report)."""
     if isinstance(_loaded, ModuleType):
-        try:
+        with contextlib.suppress(_loaded.NVMLError):
             _loaded.nvmlShutdown()
-        except _loaded.NVMLError:
-            pass
 
 
 def call(fn: Any, *args: Any) -> tuple[Any, int | None]:
-    """One NVML query: (value, None) or (None, error code)."""
     nv = bindings()
     try:
         return fn(*args), None
     except nv.NVMLError as exc:
-        code = error_code(exc)
-        return None, UNKNOWN if code is None else code
+        return None, error_code(exc) or UNKNOWN
 
 
 def text(value: Any) -> str:
@@ -145,7 +140,7 @@ class _Lost(Exception):
 
 
 def _check_lost(err: int | None) -> None:
-    if err is not None and err in (GPU_IS_LOST, UNKNOWN):
+    if err in (GPU_IS_LOST, UNKNOWN):
         raise _Lost(err)
 
 
@@ -162,8 +157,7 @@ class _Reader:
     def __call__(self, field: str, fn: Callable[..., Any], *args: Any) -> Any:
         return self.judge(field, *call(fn, *args))
 
-    def judge(self, field: str, value: Any, err: int | None) -> Any:
-        """The value of a query already made (``call``'s answer), its error judged as above."""
+    def judge(self, field: str, value: Any, err: int | None) -> Any:  # call's answer
         if err is None:
             return value
         _check_lost(err)
@@ -194,23 +188,20 @@ def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
         pending = q("retired pages", nv.nvmlDeviceGetRetiredPagesPendingStatus, handle)
         fields["retired_pending"] = NA if pending == NA else bool(pending)
         remap = q("row remap", nv.nvmlDeviceGetRemappedRows, handle)
-        if remap != NA:
-            fields["remap_pending"], fields["remap_failure"] = bool(remap[2]), bool(remap[3])
+        fields["remap_pending"], fields["remap_failure"] = (NA, NA) if remap == NA else map(bool, remap[2:4])
         fields["clocks_event_reasons"] = q.judge("clock event reasons", *clock_event_reasons(nv, handle))
         fields["temperature"] = q("temperature", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
         fields["slowdown_temperature"] = q(
             "temperature thresholds", nv.nvmlDeviceGetTemperatureThreshold, handle,
             nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
         mode = q("compute mode", nv.nvmlDeviceGetComputeMode, handle)
-        fields["compute_mode"] = COMPUTE_MODES.get(mode, NA) if mode != NA else NA
-        fields["processes"] = _processes(nv, q("processes", nv.nvmlDeviceGetComputeRunningProcesses, handle))
-        mps = q("processes", nv.nvmlDeviceGetMPSComputeRunningProcesses, handle)
-        fields["mps_processes"] = _processes(nv, mps)
+        fields["compute_mode"] = COMPUTE_MODES.get(mode, NA)
+        fields["processes"] = (_processes(nv, q("processes", nv.nvmlDeviceGetComputeRunningProcesses, handle))
+                               + _processes(nv, q("processes", nv.nvmlDeviceGetMPSComputeRunningProcesses,
+                                                  handle), mps=True))
         mig = q("MIG mode", nv.nvmlDeviceGetMigMode, handle)
-        if mig != NA:
-            fields["mig_enabled"] = bool(mig[0])
-            if mig[0]:
-                fields["mig_devices"] = _mig_devices(nv, handle)
+        fields["mig_enabled"] = NA if mig == NA else bool(mig[0])
+        fields["mig_devices"] = _mig_devices(nv, handle) if fields["mig_enabled"] is True else ()
         fields["recovery_action"] = _recovery_action(nv, handle, q)
         fields["fabric"] = _fabric(nv, handle, q)
         fields["persistence"] = q("persistence mode", nv.nvmlDeviceGetPersistenceMode, handle)
@@ -227,17 +218,16 @@ def fields(nv: Any, handle: Any) -> tuple[dict[str, Any], int | None]:
     return fields, None
 
 
-def _processes(nv: Any, procs: Any) -> tuple[tuple[int, str], ...]:
+def _processes(nv: Any, procs: Any, mps: bool = False) -> tuple[tuple[int, str, bool], ...]:
     named = []
     for p in () if procs == NA else procs:
         # Host pids may be unknown inside the container: the name is then empty.
         pname, _ = call(nv.nvmlSystemGetProcessName, p.pid)
-        named.append((int(p.pid), os.path.basename(text(pname)) if pname else ""))
+        named.append((int(p.pid), os.path.basename(text(pname)) if pname else "", mps))
     return tuple(named)
 
 
 def _recovery_action(nv: Any, handle: Any, q: _Reader) -> Any:
-    """The driver's pending recovery action (field values API), NA where the driver has no such field."""
     field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
     values: Any = NA if field_id is None else q("recovery action", nv.nvmlDeviceGetFieldValues, handle,
                                                 [field_id])
@@ -270,7 +260,6 @@ def _fabric(nv: Any, handle: Any, q: _Reader) -> Any:
 
 
 def _nvlinks(nv: Any, handle: Any) -> tuple[int, ...]:
-    """1 (active) or 0 (down) per NVLink link; () on a PCIe-only GPU."""
     states = []
     for link in range(MAX_NVLINKS):
         value, err = call(nv.nvmlDeviceGetNvLinkState, handle, link)
@@ -282,7 +271,7 @@ def _nvlinks(nv: Any, handle: Any) -> tuple[int, ...]:
 
 
 def _nvlink_errors(nv: Any, handle: Any, links: list[int]) -> dict[int, int]:
-    """link -> the sum of its error counters, for the given (active) links; {} without NVLink."""
+    """link -> the sum of its error counters; {} without NVLink."""
     out: dict[int, int] = {}
     for link in links:
         total = 0
@@ -298,8 +287,7 @@ def _nvlink_errors(nv: Any, handle: Any, links: list[int]) -> dict[int, int]:
 
 def _mig_devices(nv: Any, handle: Any) -> tuple[tuple[str, str], ...]:
     devices = []
-    slots, err = call(nv.nvmlDeviceGetMaxMigDeviceCount, handle)
-    for slot in range(slots if err is None else 0):
+    for slot in range(call(nv.nvmlDeviceGetMaxMigDeviceCount, handle)[0] or 0):
         mig, err = call(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
         if err is None:  # else an empty slot (NOT_FOUND)
             uuid, _ = call(nv.nvmlDeviceGetUUID, mig)
@@ -331,6 +319,14 @@ def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.
     > 0 also a ``"slowdown"`` event for each reading, about every ``sample_s`` seconds, with HW
     slowdown or power brake active. NVML starts and the GPUs register before this returns, so a
     failure raises NvmlUnavailable before the first event."""
+    events = _events(stop, wait_ms, sample_s)
+    next(events)  # NVML starts and the GPUs register: a failure raises here
+    return events  # type: ignore[return-value]  # only its first item was None
+
+
+def _events(stop: threading.Event, wait_ms: int, sample_s: float) -> Iterator[Event | None]:
+    import time
+
     nv = init()
     try:
         event_set = nv.nvmlEventSetCreate()
@@ -338,32 +334,19 @@ def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.
         shutdown()
         raise _failed("cannot create an NVML event set", exc) from None
     registered: dict[int, tuple[int, str]] = {}  # handle address -> (index, uuid)
-    handles = []  # (index, uuid, handle) of each GPU that answers
+    sampled = []  # (index, uuid, handle) of each GPU that answers, with sample_s
     try:
-        count, _ = call(nv.nvmlDeviceGetCount)
-        for index in range(count or 0):
+        for index in range(call(nv.nvmlDeviceGetCount)[0] or 0):
             handle, err = call(nv.nvmlDeviceGetHandleByIndex, index)
             if err is not None:
                 continue
             uuid = text(call(nv.nvmlDeviceGetUUID, handle)[0] or "")
-            handles.append((index, uuid, handle))
-            supported, err = call(nv.nvmlDeviceGetSupportedEventTypes, handle)
-            wanted = (supported or 0) & WATCHED_EVENTS
-            if (err is None and wanted
-                    and call(nv.nvmlDeviceRegisterEvents, handle, wanted, event_set)[1] is None):
+            sampled += [(index, uuid, handle)] if sample_s > 0 else []
+            wanted = (call(nv.nvmlDeviceGetSupportedEventTypes, handle)[0] or 0) & WATCHED_EVENTS
+            if wanted and call(nv.nvmlDeviceRegisterEvents, handle, wanted, event_set)[1] is None:
                 registered[_address(handle)] = (index, uuid)
-    except BaseException:
-        _release(nv, event_set)
-        raise
-    return _events(nv, event_set, registered, stop, wait_ms, handles if sample_s > 0 else [], sample_s)
-
-
-def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], stop: threading.Event,
-            wait_ms: int, sampled: list[tuple[int, str, Any]], sample_s: float) -> Iterator[Event]:
-    import time
-
-    next_sample = time.monotonic()
-    try:
+        yield None
+        next_sample = time.monotonic()
         while not stop.is_set():
             if sampled and time.monotonic() >= next_sample:
                 next_sample = time.monotonic() + sample_s
@@ -380,10 +363,12 @@ def _events(nv: ModuleType, event_set: Any, gpus: dict[int, tuple[int, str]], st
                 raise _failed("waiting for NVML events failed", exc) from None
             kind = next((k for bit, k in EVENT_KINDS if int(data.eventType) & bit), None)
             if kind is not None:
-                index, uuid = gpus.get(_address(data.device), (-1, ""))
+                index, uuid = registered.get(_address(data.device), (-1, ""))
                 yield Event(index, uuid, kind, int(data.eventData))
     finally:
-        _release(nv, event_set)
+        with contextlib.suppress(nv.NVMLError):
+            nv.nvmlEventSetFree(event_set)
+        shutdown()
 
 
 def _failed(what: str, exc: BaseException) -> NvmlUnavailable:
@@ -391,16 +376,7 @@ def _failed(what: str, exc: BaseException) -> NvmlUnavailable:
     return NvmlUnavailable(problem._replace(detail=f"{what}: {problem.detail}"))
 
 
-def _release(nv: ModuleType, event_set: Any) -> None:
-    try:
-        nv.nvmlEventSetFree(event_set)
-    except nv.NVMLError:
-        pass
-    shutdown()
-
-
-def _address(handle: Any) -> int:
-    """A device handle's identity: the same GPU gives the same pointer."""
+def _address(handle: Any) -> int:  # the same GPU gives the same pointer
     import ctypes
 
     return ctypes.cast(handle, ctypes.c_void_p).value or 0

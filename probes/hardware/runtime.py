@@ -95,9 +95,7 @@ def gather(ctx: Context) -> Gathered:
     other: set[str] = set()
     try:
         with os.scandir(cfg.dev_root) as it:
-            for entry in it:
-                if not entry.name.startswith("nvidia"):
-                    continue
+            for entry in (e for e in it if e.name.startswith("nvidia")):
                 try:
                     mode = entry.stat(follow_symlinks=False).st_mode
                 except OSError:
@@ -119,36 +117,29 @@ def judge(data: Gathered, ctx: Context) -> Result:
     import re
 
     own = ctx.config.of(Settings)
-    problems = []
     asked = data.visible is not None and not hw.none_requested(data.visible)
     given = asked or bool(data.nodes | data.other_nodes)
     gpus = len([n for n in data.nodes if re.fullmatch(r"nvidia\d+", n)])
-    if own.gpu_count and given:  # the device nodes are judged only when the container was given GPUs
-        root = clean(own.dev_root, 60)
-        missing = [f"{root}/{n}" for n in ("nvidiactl", "nvidia-uvm") if n not in data.nodes]
-        if gpus < own.gpu_count:
-            missing.append(f"nvidiaN for {own.gpu_count - gpus} more GPU(s) ({gpus} of {own.gpu_count})")
-        odd = (f" ({', '.join(sorted(data.other_nodes)[:3])} exist but are not device nodes)"
-               if data.other_nodes else "")
-        if missing:
-            problems.append(hw.Problem(DEVICE_NODES,
-                                       f"CUDA's device nodes are missing: {', '.join(missing)}{odd}"))
+    root, path = clean(own.dev_root, 60), clean(own.shm_path, 60)
+    missing = [f"{root}/{n}" for n in ("nvidiactl", "nvidia-uvm") if n not in data.nodes]
+    if gpus < own.gpu_count:
+        missing.append(f"nvidiaN for {own.gpu_count - gpus} more GPU(s) ({gpus} of {own.gpu_count})")
+    odd = (f" ({', '.join(sorted(data.other_nodes)[:3])} exist but are not device nodes)"
+           if data.other_nodes else "")
     shm_mib = None if data.shm_bytes is None else data.shm_bytes >> 20
-    path = clean(own.shm_path, 60)
-    if shm_mib is None:
-        problems.append(hw.Problem(SHM_MISSING, f"{path} cannot be measured ({data.shm_error})"))
-    elif shm_mib < own.shm_min_mib:
-        problems.append(hw.Problem(SHM_SMALL, f"{path} is {shm_mib} MiB (below {own.shm_min_mib} MiB): "
-                                   "NCCL and DataLoader workers fail"))
-    for var in sorted(data.env):
-        problems.append(hw.Problem(DEBUG_ENV_SET, f"{var}={clean(data.env[var], 40)!r} is set: "
-                                   f"it {DEBUG_ENV[var]}"))
     seen = hw.seen(ctx.results) if ctx.config.profile_rules.once else None
     off = [str(g.index) for g in seen.gpus if g.persistence is False] if seen is not None else []
-    if off:
-        problems.append(hw.Problem(PERSISTENCE_OFF, f"persistence mode is off on GPU {', '.join(off)}: "
-                                   "each NVML or CUDA start re-initialises the GPU "
-                                   "(slow probes, first-call latency)"))
+    problems = [hw.Problem(c, detail) for bad, c, detail in [
+        # The device nodes are judged only when the container was given GPUs.
+        (own.gpu_count and given and missing, DEVICE_NODES,
+         f"CUDA's device nodes are missing: {', '.join(missing)}{odd}"),
+        (shm_mib is None, SHM_MISSING, f"{path} cannot be measured ({data.shm_error})"),
+        (shm_mib is not None and shm_mib < own.shm_min_mib, SHM_SMALL,
+         f"{path} is {shm_mib} MiB (below {own.shm_min_mib} MiB): NCCL and DataLoader workers fail"),
+        *[(True, DEBUG_ENV_SET, f"{var}={clean(data.env[var], 40)!r} is set: it {DEBUG_ENV[var]}")
+          for var in sorted(data.env)],
+        (off, PERSISTENCE_OFF, f"persistence mode is off on GPU {', '.join(off)}: each NVML or CUDA start "
+         "re-initialises the GPU (slow probes, first-call latency)")] if bad]
     facts: dict[str, Any] = {"shm_mib": shm_mib, "nodes": sorted(data.nodes), "debug_env": sorted(data.env)}
     kw: dict[str, Any] = {"observed": shm_mib, "unit": "MiB", "facts": facts}
     if found := hw.worst(NAME, problems, **kw):

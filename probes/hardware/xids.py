@@ -25,60 +25,64 @@ CRITICAL, APPLICATION, OTHER, NO_ACTION = "critical", "application", "other", "n
 
 class Bucket(NamedTuple):
     severity: str  # CRITICAL, APPLICATION, OTHER or NO_ACTION
+    label: str  # a metric's ``action`` label: the immediate action whatever serve's policy
     todo: str  # the remedy, in a few words
     why: str  # why serve latches or not (the docs' policy table)
 
 
+# A workflow whose recovery is a reset is a reset; a VM's restart is, for a container in that VM, a reboot.
 BUCKETS: dict[str, Bucket] = {
     RESET_GPU: Bucket(
-        CRITICAL, "reset the GPU (nvidia-smi -r) or reboot the node",
+        CRITICAL, "reset-gpu", "reset the GPU (nvidia-smi -r) or reboot the node",
         "the catalog's immediate action is a GPU reset: nothing on this GPU can be trusted until then"),
     RESTART_BM: Bucket(
-        CRITICAL, "reboot the node", "the catalog's immediate action is a reboot of the machine"),
+        CRITICAL, "reboot", "reboot the node", "the catalog's immediate action is a reboot of the machine"),
     RESTART_VM: Bucket(
-        CRITICAL, "restart the virtual machine that owns the GPU",
+        CRITICAL, "reboot", "restart the virtual machine that owns the GPU",
         "the VM that owns the GPU must restart: for a container in that VM, the machine's reboot"),
     WORKFLOW_XID_48: Bucket(
-        CRITICAL, "reset the GPU (with Xid 63 or 64: drain, then reset)",
+        CRITICAL, "reset-gpu", "reset the GPU (with Xid 63 or 64: drain, then reset)",
         "its workflow's recovery action is RESET_GPU alone and DRAIN_AND_RESET with Xid 63/64: "
         "a reset either way"),
     WORKFLOW_NVLINK_ERR: Bucket(
-        CRITICAL, "reset the GPU or reboot the node; if it returns, check the NVLink links",
+        CRITICAL, "reset-gpu", "reset the GPU or reboot the node; if it returns, check the NVLink links",
         "the catalog's text: a GPU reset or node reboot is needed to clear this error (the workflow then "
         "reads the message's registers for the cause)"),
     RESTART_APP: Bucket(
-        APPLICATION, "restart the application; check the workload's log",
+        APPLICATION, "restart-app", "restart the application; check the workload's log",
         "the application's error, possibly another tenant's: restarting it recovers, the catalog deems no "
         "reset or reboot necessary"),
-    IGNORE: Bucket(NO_ACTION, "none needed", "the catalog: no action required"),
+    IGNORE: Bucket(NO_ACTION, "ignore", "none needed", "the catalog: no action required"),
     WORKFLOW_XID_45: Bucket(
-        OTHER, "act on the Xid logged with it; alone, restart the fabric manager",
+        OTHER, "see-other-xid", "act on the Xid logged with it; alone, restart the fabric manager",
         "it follows another Xid, which decides; an event cannot tell whether it came alone"),
     WORKFLOW_NVLINK5_ERR: Bucket(
-        OTHER, "decode the kernel log's Xid line (the catalog's Xid 144-150 decode); the nvml probe reports "
-               "a required reset",
+        OTHER, "decode-log", "decode the kernel log's Xid line (the catalog's Xid 144-150 decode); the nvml "
+                             "probe reports a required reset",
         "the action depends on the message's IntrInfo and error status, which an NVML event does not carry; "
         "a needed reset also changes the GPU recovery action, which the nvml probe reads"),
     XID_154: Bucket(
-        OTHER, "see the nvml probe's GPU recovery action",
+        OTHER, "see-recovery-action", "see the nvml probe's GPU recovery action",
         "it summarizes the recovery action another Xid needs; the nvml probe reads that action itself"),
     CHECK_MECHANICALS: Bucket(
-        OTHER, "check the GPU's seating and power connections",
+        OTHER, "check-mechanicals", "check the GPU's seating and power connections",
         "a person must check the hardware; a reset or a restart repairs nothing"),
     UPDATE_SWFW: Bucket(
-        OTHER, "update the driver and firmware (guest and host)",
+        OTHER, "update-firmware", "update the driver and firmware (guest and host)",
         "a vGPU could not start: only a software or firmware update helps"),
     CHECK_UVM: Bucket(
-        OTHER, "with UVM or vGPU in use, reset the GPU; otherwise nothing",
+        OTHER, "check-uvm", "with UVM or vGPU in use, reset the GPU; otherwise nothing",
         "a reset only where UVM or vGPU is in use, which an event cannot tell (HEALTHCHECK_XID_CRITICAL=159 "
         "where it is)"),
     CONTACT_SUPPORT: Bucket(
-        OTHER, "contact support", "no action a machine can take; most are unused since Ampere"),
+        OTHER, "contact-support", "contact support",
+        "no action a machine can take; most are unused since Ampere"),
     NO_BUCKET: Bucket(
-        OTHER, "see the catalog's notes for this Xid",
+        OTHER, "none-named", "see the catalog's notes for this Xid",
         "the catalog names no immediate action (newer entries); HEALTHCHECK_XID_CRITICAL adds one"),
 }
-UNKNOWN = Bucket(OTHER, "see NVIDIA's current Xid documentation",
+LABELS = {action: b.label for action, b in BUCKETS.items()}
+UNKNOWN = Bucket(OTHER, "unknown", "see NVIDIA's current Xid documentation",
                  "not in the catalog read here: shown, never latched")
 
 
@@ -277,26 +281,13 @@ CATALOG: dict[int, Xid] = {
 }
 
 
-# The immediate action as a metric's ``action`` label, whatever serve's policy: a workflow whose recovery
-# is a reset is a reset; a VM's restart is, for a container in that VM, a reboot.
-LABELS = {
-    RESET_GPU: "reset-gpu", WORKFLOW_XID_48: "reset-gpu", WORKFLOW_NVLINK_ERR: "reset-gpu",
-    RESTART_BM: "reboot", RESTART_VM: "reboot", RESTART_APP: "restart-app", IGNORE: "ignore",
-    CONTACT_SUPPORT: "contact-support", CHECK_MECHANICALS: "check-mechanicals",
-    UPDATE_SWFW: "update-firmware", CHECK_UVM: "check-uvm", XID_154: "see-recovery-action",
-    WORKFLOW_XID_45: "see-other-xid", WORKFLOW_NVLINK5_ERR: "decode-log", NO_BUCKET: "none-named",
-}
-
-
 def label(xid: int) -> str:
-    entry = CATALOG.get(xid)
-    return LABELS[entry.action] if entry is not None else "unknown"
+    return bucket(xid).label
 
 
 def bucket(xid: int) -> Bucket:
     """What serve does with an Xid by default (no setting overrides it here)."""
-    entry = CATALOG.get(xid)
-    return BUCKETS[entry.action] if entry is not None else UNKNOWN
+    return BUCKETS[CATALOG[xid].action] if xid in CATALOG else UNKNOWN
 
 
 def latches(xid: int) -> bool:
@@ -304,5 +295,4 @@ def latches(xid: int) -> bool:
 
 
 def describe(xid: int) -> str:
-    entry = CATALOG.get(xid)
-    return f"{entry.mnemonic}: {entry.meaning}" if entry is not None else "not in NVIDIA's Xid catalog"
+    return f"{x.mnemonic}: {x.meaning}" if (x := CATALOG.get(xid)) else "not in NVIDIA's Xid catalog"

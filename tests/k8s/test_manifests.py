@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from probes import __version__, deadlines
+from probes import __version__, deadlines, registry
 from probes.deadlines import probe_timeout_floor
 from probes.spec import PROFILE_RULES
 from tests.k8s.conftest import K8S, ROOT, container
@@ -146,8 +146,10 @@ def test_unknown_field_on_the_container(checker: ModuleType, edit_deployment: An
 def test_the_timeout_floor_is_read_from_the_deadline_ladder(checker: ModuleType, monkeypatch) -> None:
     """The policy asks probes.deadlines, which the front door's margins live in: it cannot drift."""
     floor = deadlines.probe_timeout_floor
-    monkeypatch.setattr(deadlines, "probe_timeout_floor", lambda timeout: floor(timeout) + 2)
-    assert checker.min_timeout("readiness") == floor(PROFILE_RULES["readiness"].timeout) + 2
+    monkeypatch.setattr(deadlines, "probe_timeout_floor", lambda timeout: floor(timeout) + 100)
+    raised = floor(PROFILE_RULES["readiness"].timeout) + 100
+    assert any("readinessProbe: timeoutSeconds" in p and f"at least {raised}," in p
+               for p in checker.check(K8S / "base")), raised
 
 
 @pytest.mark.parametrize(("field", "profile"), [
@@ -180,7 +182,7 @@ def test_liveness_deeper_than_readiness(checker: ModuleType, edit_deployment: An
     problems = checker.check(base)
     assert any("livenessProbe: runs 'healthcheck --profile readiness'; expected 'healthcheck --profile "
                "liveness'" in p for p in problems), problems
-    gpu = ", ".join(sorted(checker.probes_in("readiness") & checker.HARDWARE))  # every hardware probe
+    gpu = ", ".join(sorted(s.name for s in registry.PROBES if s.layer == "hardware" and "readiness" in s.profiles))
     assert gpu.startswith("nvidia-smi, nvml")
     assert any(f"livenessProbe: deeper than readiness (readiness profile runs {gpu})" in p
                for p in problems), problems
