@@ -215,10 +215,6 @@ def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]])
         return None, str(exc)
 
 
-def state_off(why: str | None) -> str:
-    return f"state dir off: {why}"
-
-
 def locked_run(ctx: Context, cache: str, key: dict[str, Any],
                reuse: Callable[[dict[str, Any] | None], dict[str, Any] | None],
                run: Callable[[], dict[str, Any]],
@@ -231,7 +227,7 @@ def locked_run(ctx: Context, cache: str, key: dict[str, Any],
     state = ctx.state
     if not state.enabled:  # nothing can latch: the judge says so if the run finds a fatal error
         data = run()
-        data.setdefault("latch_lost", state_off(state.disabled_reason))
+        data.setdefault("latch_lost", f"state dir off: {state.disabled_reason}")
         data["cache"] = {"how": "off", "why": state.disabled_reason}
         return data
     started = time.time()
@@ -273,9 +269,7 @@ def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
            judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
     """After a costly run, under the lock: a sticky CUDA error latches and the run is cached, unless its
     worker lingered (its entry goes: no older pass is served after it) or nothing started."""
-    from probes.framework import free_memory
-
-    if data["kind"] == free_memory.REASON:
+    if data["kind"] == WORKLOAD_MEMORY.reason:
         return data
     if data["lingered"]:
         ctx.state.remove(cache)
@@ -350,7 +344,7 @@ def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], wo
     elif ctx.config.of(Torch).torch_device == "cuda":
         space = free_memory.survey(need_mib, os.environ)
         if space.none_left:
-            return {"kind": free_memory.REASON, "room": space.facts(), "lingered": False,
+            return {"kind": WORKLOAD_MEMORY.reason, "room": space.facts(), "lingered": False,
                     "finished": time.time()}, None
         if space.visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = space.visible
@@ -386,7 +380,7 @@ def judged(name: str, data: dict[str, Any], ctx: Context,
                        unit=unit)
     if kind == "lock-timeout":
         return lock_timeout(name, data, deadline, unit=unit)
-    if kind == free_memory.REASON:
+    if kind == WORKLOAD_MEMORY.reason:
         return verdict(name, WORKLOAD_MEMORY, free_memory.not_checked(data["room"], room), remedy=False,
                        unit=unit, facts={"room": data["room"]})
     result = judge_run(data, ctx)

@@ -1,9 +1,6 @@
-"""model (a plug-in, opt-in): the image's model file loads onto the probe's device without running
-pickled code and answers as expected, in a worker (docs/probes.md, "Deep opt-in checks"). Command-line
-equivalent::
-
-    python3 probes/framework/model_worker.py --path /models/m.pt --device cuda --input 1x3x224x224:float16
-"""
+"""model (opt-in): the model file loads without running pickled code and answers as expected, in a
+worker (docs/probes.md, "Deep opt-in checks"). Command-line equivalent: ``python3 model_worker.py --path
+m.pt``."""
 
 from __future__ import annotations
 
@@ -208,9 +205,7 @@ def _size(n: int | None) -> str:
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
-    from probes.framework import free_memory
-
-    room = data.get("room") if data.get("kind") == free_memory.REASON else None
+    room = data.get("room") if data.get("kind") == deep.WORKLOAD_MEMORY.reason else None
     if room and all(g["total_mib"] is not None and g["total_mib"] < room["need_mib"] for g in room["full"]):
         path = untrusted.clean(ctx.config.of(Settings).model_path or "", 120)
         return verdict(NAME, TOO_BIG, f"{path} would not fit: it needs {room['need_mib']} MiB ({ROOM}) "

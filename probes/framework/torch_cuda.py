@@ -1,8 +1,5 @@
-"""torch-cuda: the image's own Python imports torch and runs a real, verified op on each GPU in a worker
-(docs/probes.md, "How the probes decide", "CUDA errors"). Command-line equivalent::
-
-    CUDA_MODULE_LOADING=LAZY python3 probes/framework/torch_worker.py --device cuda
-"""
+"""torch-cuda: the image's own Python imports torch and runs a verified op on each GPU in a worker
+(docs/probes.md, "How the probes decide"). Command-line equivalent: ``python3 torch_worker.py``."""
 
 from __future__ import annotations
 
@@ -196,7 +193,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                        unit=UNIT, facts={"latched": True, "since": data["since"], "source": data["source"]})
     if kind == "no-latch":
         off = data.get("state_off")
-        note = f" ({deep.state_off(off)}; a fatal error cannot latch)" if off else ""
+        note = f" (state dir off: {off}; a fatal error cannot latch)" if off else ""
         return passed(NAME, f"no CUDA-fatal latch{note}", unit=UNIT, facts={"latched": False})
     return deep.judged(NAME, data, ctx, _judge_worker, room=deep.MIN_FREE, deadline=DEADLINE, unit=UNIT)
 
@@ -205,17 +202,19 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
     python = untrusted.clean(data.get("python", "?"), 80)
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"python": data.get("python"), "device": data.get("device"),
                                                   "cache": data.get("cache")}}
-    report = data.get("report")
     if (unrunnable := deep.cannot_run(NAME, data, data.get("python", "?"), NOT_EXECUTABLE, **kw)) is not None:
         return unrunnable
     if data.get("lingered") and not data.get("stuck"):
         return verdict(NAME, LINGERED, "torch worker printed its result but did not exit within "
                        f"{deadlines.LINGER:.1f} s: its result is not used", **kw)
-    if report is not None and not data.get("lingered"):
-        return _judge_report(report, data, ctx, python, kw)
+    report = None if data.get("lingered") else data.get("report")
+    if report is not None:
+        kw["facts"].update({"torch": report["torch"], "cuda": report["cuda"], "count": report["count"]})
     gone = data.get("held_by") is not None or data.get("stuck") or data.get("timed_out")
-    if not gone and (memory := memory_limit(None, data)) is not None:
+    if (report is not None or not gone) and (memory := memory_limit(report, data)) is not None:
         return verdict(NAME, MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False, **kw)
+    if report is not None:
+        return _judge_report(report, data, ctx, python, kw)
     return deep.no_report(NAME, data, "torch worker", stuck=STUCK, timed_out=DEADLINE,
                        excerpt=f": '{data.get('excerpt') or ''}'", **kw)
 
@@ -238,13 +237,8 @@ def memory_limit(report: dict[str, Any] | None, data: dict[str, Any]) -> str | N
 
 def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, python: str,
                   kw: dict[str, Any]) -> Result:
-    from probes.framework import free_memory
-
-    kw["facts"].update({"torch": report["torch"], "cuda": report["cuda"], "count": report["count"]})
     err = report["error"]
     cuda = report["device"] == "cuda"
-    if (memory := memory_limit(report, data)) is not None:
-        return verdict(NAME, MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False, **kw)
     if err is not None and err["phase"] == "import":
         if err["module"] == "torch":
             return verdict(NAME, TORCH_MISSING, f"torch is not installed for {python}", **kw)
@@ -268,7 +262,7 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
         return verdict(NAME, deep.CUDA_UNAVAILABLE, "CUDA not available: torch sees no GPU", **kw)
     notes = []
     expect = data.get("expect")
-    held = free_memory.read(data.get("room"))
+    held = data.get("room")  # checked: the run's own, or read() from the cache by deep.cached
     if expect is not None and held is not None:
         expect -= len(held["full"])  # those were kept from the worker (CUDA_VISIBLE_DEVICES)
     if cuda and expect is not None and count != expect:
@@ -324,19 +318,16 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
 
 def _driver_cuda(ctx: Context) -> str | None:
     """The highest CUDA version the driver supports ("12.4"), as the nvml probe read it."""
-    import re
-
     from probes.hardware import common as hw
 
     seen = hw.seen(ctx.results)
-    value = seen.cuda_driver if seen is not None else None
-    return value if value is not None and re.fullmatch(_CUDA_VERSION, value) else None
+    return seen.cuda_driver if seen is not None and _version(seen.cuda_driver, whole=True) else None
 
 
-def _version(text: Any) -> tuple[int, int] | None:
+def _version(text: Any, whole: bool = False) -> tuple[int, int] | None:
     import re
 
-    found = re.match(_CUDA_VERSION, str(text or ""))
+    found = (re.fullmatch if whole else re.match)(_CUDA_VERSION, str(text or ""))
     return (int(found[1]), int(found[2])) if found else None
 
 
