@@ -1,9 +1,6 @@
-"""checkpoint (a plug-in, opt-in): no process here holding a CUDA context is locked or checkpointed by
-CUDA checkpoint (driver 555+), asked in a child under the deadline (docs/probes.md, "Deep opt-in
-checks"). Command-line equivalent::
-
-    cuda-checkpoint --get-state --pid 123
-"""
+"""checkpoint (opt-in): no process here holding a CUDA context is locked or checkpointed by CUDA
+checkpoint, asked in a child under the deadline (docs/probes.md, "Deep opt-in checks"). Command-line
+equivalent: ``cuda-checkpoint --get-state --pid 123``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The model probe's worker, run by file path in the image's interpreter (stdlib + torch only, never
 the ``probes`` package, Python 3.6+). It never executes pickled code, reads the format from the
-content (TorchScript, safetensors, a state dict through ``weights_only=True``) and loads through the
-descriptor it checked. An error's ``message`` the suite shows is one of ``PHRASES``; any other text
-is a detail it only logs."""
+content and loads through the descriptor it checked."""
 
 import os
 import sys

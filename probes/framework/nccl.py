@@ -1,8 +1,6 @@
-"""nccl (a plug-in, opt-in): one all-reduce across every visible GPU, checked exactly, in a killable
-worker whose NCCL warnings name the cause (docs/probes.md, "Deep opt-in checks"). Command-line equivalent::
-
-    NCCL_DEBUG=WARN python3 probes/framework/nccl_worker.py
-"""
+"""nccl (opt-in): one all-reduce across every visible GPU, checked exactly, in a worker whose NCCL
+warnings name the cause (docs/probes.md, "Deep opt-in checks"). Command-line equivalent:
+``NCCL_DEBUG=WARN python3 nccl_worker.py``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The torch-cuda worker, run by file path in ``HEALTHCHECK_TORCH_PYTHON`` (stdlib + torch only, never
-the ``probes`` package, Python 3.6+; docs/probes.md, "How the probes decide"). It reports, never
-judges: an error's message keeps its line breaks, so that the parent finds the ``CUDA error:`` line
-among PyTorch's added lines."""
+the ``probes`` package, Python 3.6+; docs/probes.md, "How the probes decide"). It reports, never judges."""
 
 import os
 import sys
