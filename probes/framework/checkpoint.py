@@ -87,9 +87,8 @@ def _holds_gpu(pid: int) -> bool:
     return False
 
 
-_REPORT = {"v": (deep.INT, False), "loaded": (deep.BOOL, False), "driver": (deep.INT, True),
-           "api": (deep.BOOL, False), "init": (deep.INT, True)}
-_STATE = {"pid": (deep.INT, False), "rc": (deep.INT, False), "state": (deep.INT, True)}
+_REPORT = {"v": "int", "loaded": "bool", "driver": "int?", "api": "bool", "init": "int?"}
+_STATE = {"pid": "int", "rc": "int", "state": "int?"}
 
 
 def parse_output(stdout: bytes) -> dict[str, Any] | None:

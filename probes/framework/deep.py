@@ -109,16 +109,16 @@ CUDA_CAUSES = (CUDA_UNAVAILABLE, DRIVER_TOO_OLD, DEVICE_BUSY, MPS_BUSY, OOM, CUD
 # The workers' protocol (worker_base.py writes it): one line PREFIX + JSON on stdout, PHASE + name on
 # stderr. A report enters only through here, each field checked against a schema of kinds.
 
-STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": (kind, nullable)}
+STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": "kind" or "kind?"}
 MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
 MAX_STR = 1000  # characters of any string field, before cleaning
 NONFINITE = ("nan", "inf", "-inf")  # how a worker spells a non-finite MEASURE
 # Host memory's words (and MemoryError as a whole word: torch's OutOfMemoryError is the GPU's).
 MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
 # What every worker run records besides its report, checked again before a cached run is reused.
-WORKER_RUN = {"spawn_error": (STR, True), "returncode": (INT, True), "timed_out": (BOOL, False),
-              "stuck": (BOOL, False), "held_by": (INT, True), "budget": (NUM, False), "phase": (STR, True),
-              "memory": (BOOL, False), "problem": (STR, True), "finished": (NUM, False)}
+WORKER_RUN = {"spawn_error": "str?", "returncode": "int?", "timed_out": "bool", "stuck": "bool",
+              "held_by": "int?", "budget": "num", "phase": "str?", "memory": "bool", "problem": "str?",
+              "finished": "num"}
 
 
 class Bad(ValueError):
@@ -153,13 +153,15 @@ def check(value: Any, kind: str, nullable: bool, where: str) -> None:
         raise Bad(f"{where} is not a finite number")
 
 
-def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: tuple[str, ...] = ()) -> None:
+def fields(obj: Any, spec: Mapping[str, str], where: str, nested: tuple[str, ...] = ()) -> None:
+    """``obj`` has exactly ``spec``'s fields (and ``nested``, checked by the caller), each of its kind
+    ("kind?": or null)."""
     if not isinstance(obj, dict):
         raise Bad(f"{where} is not an object")
     if set(obj) != {*spec, *nested}:
         raise Bad(f"{where} has unexpected or missing fields")
-    for key, (kind, nullable) in spec.items():
-        check(obj[key], kind, nullable, f"{where}.{key}")
+    for key, kind in spec.items():
+        check(obj[key], kind.rstrip("?"), kind.endswith("?"), f"{where}.{key}")
 
 
 def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key: str = "") -> Any:
@@ -297,7 +299,7 @@ def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
 
 
 def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable[[Any], dict[str, Any]],
-           phases: str, extra: Mapping[str, tuple[str, bool]] | None = None,
+           phases: str, extra: Mapping[str, str] | None = None,
            ttl: float | None = None) -> dict[str, Any] | None:
     """The worker run cached under ``key`` (with ``ttl``: a pass younger than that), checked again with
     ``extra``, the probe's own fields: a damaged entry is a miss, never a crash."""
@@ -313,17 +315,16 @@ def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable
         return None
     schema = {**WORKER_RUN, **(extra or {})}
     try:
-        for name, (kind, nullable) in schema.items():
-            check(data.get(name), kind, nullable, name)
+        for name, kind in schema.items():
+            check(data.get(name), kind.rstrip("?"), kind.endswith("?"), name)
         if data["phase"] is not None and not re.fullmatch(phases, data["phase"]):
             return None
         report = None if data.get("report") is None else validate(data["report"])
     except Bad:
         return None
     age = time.time() - float(data["finished"])
-    return {"kind": "worker", "lingered": False, "report": report,
-            **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None else data[name]
-               for name, (kind, _) in schema.items()}, "room": free_memory.read(data.get("room")),
+    return {"kind": "worker", "lingered": False, "report": report, "room": free_memory.read(data.get("room")),
+            **cleaned({name: data[name] for name in schema}, untrusted.MAX_TEXT),
             "cache": {"how": "shared" if ttl is None else "ttl", "age": round(max(age, 0.0), 1)}}
 
 

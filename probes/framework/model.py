@@ -9,7 +9,7 @@ import os
 from probes import untrusted
 from probes.context import Context, logger
 from probes.framework import deep
-from probes.framework.deep import INT, MEASURE, NUM, STR, Torch
+from probes.framework.deep import Torch
 from probes.result import Result, passed, verdict
 from probes.spec import INTEGER, NUMBER, TEXT, Cause, Declared, Spec, cause, setting
 from probes.state import life_identity
@@ -104,12 +104,6 @@ SPEC = Spec(
             deep.BAD_OUTPUT),
 )
 
-_REPORT = {"v": (INT, False), "device": (STR, False), "torch": (STR, True), "format": (STR, True),
-           "loader": (STR, True), "file_bytes": (INT, True), "bytes": (INT, True), "budget": (INT, True),
-           "budget_source": (STR, True), "load_ms": (NUM, True), "params": (INT, True),
-           "param_bytes": (INT, True), "peak_gpu": (INT, True), "forward_ms": (NUM, True),
-           "max_err": (MEASURE, True), "scale": (MEASURE, True)}
-_ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False), "code": (INT, True)}
 CUDA_KINDS = ("load", "forward", "worker", "oom")  # the failures a CUDA error can be behind
 KINDS = {"missing": MISSING, "unreadable": UNREADABLE, "unsupported": UNSUPPORTED, "unsafe": UNSAFE,
          "corrupt": CORRUPT, "too-big": TOO_BIG, "oom": deep.OOM, "shape-mismatch": MISMATCH,
@@ -121,13 +115,13 @@ KINDS = {"missing": MISSING, "unreadable": UNREADABLE, "unsupported": UNSUPPORTE
 def validate(report: Any, device: str) -> dict[str, Any]:
     from probes.framework import model_worker
 
-    deep.fields(report, _REPORT, "result", nested=("error",))
+    deep.fields(report, model_worker.REPORT, "result", nested=("error",))
     if report["v"] != model_worker.SCHEMA or report["device"] != device:
         raise deep.Bad("the result is for another request")
     if report["format"] is not None and report["format"] not in model_worker.FORMATS:
         raise deep.Bad("result.format is unknown")
     if report["error"] is not None:
-        deep.fields(report["error"], _ERROR, "result.error")
+        deep.fields(report["error"], model_worker.ERROR, "result.error")
         if report["error"]["kind"] not in KINDS:
             raise deep.Bad("result.error.kind is unknown")
     elif report["load_ms"] is None or report["params"] is None:

@@ -9,7 +9,7 @@ import os
 from probes import untrusted
 from probes.context import Context
 from probes.framework import deep
-from probes.framework.deep import INT, NUM, STR, Torch
+from probes.framework.deep import Torch
 from probes.result import Result, passed, verdict
 from probes.spec import INTEGER, NUMBER, Declared, Spec, cause, setting
 from probes.state import life_identity
@@ -80,9 +80,6 @@ SPEC = Spec(
             ON_CPU, deep.HELD_BACK, deep.INTERPRETER_NOT_FOUND, DEADLINE, deep.KILLED, deep.BAD_OUTPUT),
 )
 
-_REPORT = {"v": (INT, False), "backend": (STR, False), "torch": (STR, True), "nccl": (STR, True),
-           "count": (INT, True), "ms": (NUM, True), "bad": (INT, True), "max_err": (NUM, True)}
-_ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False), "code": (INT, True)}
 KINDS = ("no-nccl", "cuda-unavailable", "import", "collective", "worker")
 
 
@@ -97,11 +94,11 @@ def shm_size() -> int | None:
 def validate(report: Any) -> dict[str, Any]:
     from probes.framework import nccl_worker
 
-    deep.fields(report, _REPORT, "result", nested=("error",))
+    deep.fields(report, nccl_worker.REPORT, "result", nested=("error",))
     if report["v"] != nccl_worker.SCHEMA or report["backend"] != "nccl":
         raise deep.Bad("the result is for another request")
     if report["error"] is not None:
-        deep.fields(report["error"], _ERROR, "result.error")
+        deep.fields(report["error"], nccl_worker.ERROR, "result.error")
         if report["error"]["kind"] not in KINDS:
             raise deep.Bad("result.error.kind is unknown")
     elif None in (report["count"], report["bad"], report["max_err"], report["ms"]):
@@ -127,7 +124,7 @@ def run_worker(ctx: Context) -> dict[str, Any]:
 
 
 def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
-    return deep.cached(entry, key, validate, PHASES, {"shm": (INT, True)}, ttl)
+    return deep.cached(entry, key, validate, PHASES, {"shm": "int?"}, ttl)
 
 
 def gather(ctx: Context) -> dict[str, Any]:

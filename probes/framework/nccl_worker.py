@@ -11,6 +11,10 @@ PHASE = "HEALTHCHECK-NCCL-PHASE "
 SCHEMA = 2
 LENGTH = 1 << 16  # elements per tensor (256 KiB of float32): several NCCL chunks, trivial for a GPU
 MAX_TEXT = 400
+# The report's fields and their kinds as the suite checks them ("?": or null); "error" nests.
+REPORT = {"v": "int", "backend": "str", "torch": "str?", "nccl": "str?", "count": "int?", "ms": "num?",
+          "bad": "int?", "max_err": "num?"}
+ERROR = {"kind": "str", "type": "str", "message": "str", "code": "int?"}
 HERE = os.path.dirname(os.path.abspath(__file__))
 _BASE = []  # type: list
 
@@ -59,8 +63,7 @@ def error(kind, exc):
 
 
 def new_report():
-    return {"v": SCHEMA, "backend": "nccl", "torch": None, "nccl": None, "count": None,
-            "ms": None, "bad": None, "max_err": None, "error": None}
+    return {**dict.fromkeys(REPORT), "v": SCHEMA, "backend": "nccl", "error": None}
 
 
 def run_nccl(torch, report):

@@ -10,7 +10,7 @@ import time
 from probes import deadlines, untrusted
 from probes.context import Context
 from probes.framework import deep
-from probes.framework.deep import BOOL, INT, MEASURE, NUM, STR, Torch
+from probes.framework.deep import Torch
 from probes.result import SEVERITY, Result, passed, verdict
 from probes.spec import ALL_PROFILES, Spec, cause
 from probes.state import life_identity
@@ -89,20 +89,13 @@ MAX_DEVICES = 1024
 TEXT = 120  # characters kept of each cleaned string of the report, but for these:
 TEXT_LIMITS = {"message": 1200, "visible_devices": 1000}  # a message keeps its line breaks, as \n
 PHASES = r"start|import|init|reference|device (cpu|\d{1,4})"
-_ERROR = {"phase": (STR, False), "type": (STR, False), "message": (STR, False),
-          "device": (INT, True), "module": (STR, True), "code": (INT, True)}
-_DEVICE = {"index": (INT, False), "name": (STR, False), "uuid": (STR, True), "op_ms": (NUM, True),
-           "max_err": (MEASURE, True), "scale": (MEASURE, True), "free": (INT, True), "total": (INT, True)}
-_TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False),
-        "torch": (STR, True), "cuda": (STR, True), "cuda_built": (BOOL, True),
-        "available": (BOOL, True), "count": (INT, True), "visible_devices": (STR, True)}
 
 
 def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     """A cleaned copy of the report if it matches the schema exactly; raises deep.Bad otherwise."""
     from probes.framework import torch_worker
 
-    deep.fields(report, _TOP, "result", nested=("error", "devices"))
+    deep.fields(report, torch_worker.REPORT, "result", nested=("error", "devices"))
     if report["v"] != torch_worker.SCHEMA:
         raise deep.Bad(f"schema version {report['v']} is not {torch_worker.SCHEMA}")
     if report["device"] != device or report["size"] != size:
@@ -110,17 +103,17 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     if report["count"] is not None and not 0 <= report["count"] <= MAX_DEVICES:
         raise deep.Bad("result.count is out of range")
     if report["error"] is not None:
-        deep.fields(report["error"], _ERROR, "result.error")
+        deep.fields(report["error"], torch_worker.ERROR, "result.error")
     devices = report["devices"]
     if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
         raise deep.Bad("result.devices is not a list")
     for i, dev in enumerate(devices):
-        deep.fields(dev, _DEVICE, f"result.devices[{i}]", nested=("error",))
+        deep.fields(dev, torch_worker.DEVICE, f"result.devices[{i}]", nested=("error",))
         if dev["error"] is None:
-            for key in ("op_ms", "max_err", "scale"):
-                deep.check(dev[key], _DEVICE[key][0], False, f"result.devices[{i}].{key}")
+            for key in ("op_ms", "max_err", "scale"):  # measured, so not null
+                deep.check(dev[key], torch_worker.DEVICE[key][:-1], False, f"result.devices[{i}].{key}")
         else:
-            deep.fields(dev["error"], _ERROR, f"result.devices[{i}].error")
+            deep.fields(dev["error"], torch_worker.ERROR, f"result.devices[{i}].error")
     # A report without an error covers every device it counted.
     stopped = report["error"] is not None or any(d["error"] is not None for d in devices)
     if not stopped and report["count"] is not None and len(devices) != report["count"]:
@@ -149,8 +142,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
 
 
 # What torch-cuda's judge reads of a worker run besides deep.WORKER_RUN, checked before reuse.
-_RUN = {"python": (STR, False), "device": (STR, False), "expect": (INT, True), "elapsed": (NUM, False),
-        "excerpt": (STR, True)}
+_RUN = {"python": "str", "device": "str", "expect": "int?", "elapsed": "num", "excerpt": "str?"}
 
 
 def gather(ctx: Context) -> dict[str, Any]:
