@@ -203,11 +203,9 @@ def last_phase(stderr: bytes, phase: str, names: str) -> str | None:
     """The last progress marker in ``stderr`` whose whole name matches the pattern ``names``."""
     import re
 
-    found = None
-    for line in stderr.decode("utf-8", "replace").splitlines():
-        if line.startswith(phase) and re.fullmatch(names, line[len(phase):].strip()):
-            found = line[len(phase):].strip()
-    return found
+    said = [line[len(phase):].strip() for line in stderr.decode("utf-8", "replace").splitlines()
+            if line.startswith(phase)]
+    return next((name for name in reversed(said) if re.fullmatch(names, name)), None)
 
 
 def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]]) -> tuple[Any, str | None]:

@@ -123,10 +123,6 @@ def run_worker(ctx: Context) -> dict[str, Any]:
     return {**data, "warnings": warnings(done.stderr) if done is not None else []}
 
 
-def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
-    return deep.cached(entry, key, validate, PHASES, {"shm": "int?"}, ttl)
-
-
 def gather(ctx: Context) -> dict[str, Any]:
     from probes.framework import checkpoint
 
@@ -136,17 +132,16 @@ def gather(ctx: Context) -> dict[str, Any]:
     own = ctx.config.of(Settings)
     if ctx.config.of(Torch).torch_device != "cuda":
         return {"kind": "device-cpu"}
-    key = {"python": ctx.config.of(Torch).torch_python, "identity": life_identity(),
-           "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
-    if ctx.config.profile_rules.reuses_cache:  # before the size of /dev/shm: a pass answers as it is
-        hit = _cached(ctx.state.read_json(CACHE), key, own.nccl_ttl)
-        if hit is not None:
-            return hit
     shm = shm_size()
     if shm is not None and shm < own.nccl_min_shm_mib * 2**20:
         return {"kind": "shm-small", "shm": shm}
-    return deep.locked_run(ctx, CACHE, key, lambda entry: _cached(entry, key, own.nccl_ttl),
-                           lambda: {**run_worker(ctx), "shm": shm}, judge)
+    key = {"python": ctx.config.of(Torch).torch_python, "identity": life_identity(),
+           "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def reuse(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+        return deep.cached(entry, key, validate, PHASES, {"shm": "int?"}, own.nccl_ttl)
+
+    return deep.locked_run(ctx, CACHE, key, reuse, lambda: {**run_worker(ctx), "shm": shm}, judge, early=True)
 
 
 def on_deadline(ctx: Context) -> Result:
@@ -203,14 +198,12 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
         return deep.no_report(NAME, data, "NCCL worker", stuck=late, timed_out=late, **kw)
     kw["facts"].update({"nccl": report["nccl"], "count": report["count"], "torch": report["torch"]})
     err = report["error"]
+    said = {"no-nccl": (NO_NCCL, f"NCCL is not available in this torch build (torch {report['torch']})"),
+            "cuda-unavailable": (deep.CUDA_UNAVAILABLE, "torch sees no GPU"),
+            "import": (deep.INTERPRETER_NOT_FOUND, "torch cannot be imported")}
+    if err is not None and err["kind"] in said:
+        return verdict(NAME, *said[err["kind"]], **kw)
     if err is not None:
-        if err["kind"] == "no-nccl":
-            return verdict(NAME, NO_NCCL,
-                           f"NCCL is not available in this torch build (torch {report['torch']})", **kw)
-        if err["kind"] == "cuda-unavailable":
-            return verdict(NAME, deep.CUDA_UNAVAILABLE, "torch sees no GPU", **kw)
-        if err["kind"] == "import":
-            return verdict(NAME, deep.INTERPRETER_NOT_FOUND, "torch cannot be imported", **kw)
         return cuda or verdict(NAME, NCCL_ERROR, f"the NCCL all-reduce failed ({err['type']}: "
                                f"{err['message'][:160]})", **kw)
     count = report["count"]
