@@ -9,9 +9,9 @@ import os
 from probes import untrusted
 from probes.context import Context, logger
 from probes.framework import deep
-from probes.framework.deep import Torch
+from probes.framework.deep import Torch, fix
 from probes.result import Result, passed, verdict
-from probes.spec import INTEGER, NUMBER, TEXT, Cause, Declared, Spec, cause, setting
+from probes.spec import INTEGER, NUMBER, TEXT, Declared, Spec, cause, setting
 from probes.state import life_identity
 
 TYPE_CHECKING = False
@@ -58,37 +58,33 @@ class Settings(Declared):
                                "reused by readiness", low=0, high=86400, low_inclusive=True)
 
 
-def _fix(reason: str, what: str, remedy: str) -> Cause:  # the model's owner fixes the file or a setting
-    return cause(reason, what, remedy, action="fix-config", actor="tenant")
-
-
-MISSING = _fix("model-missing", "`HEALTHCHECK_MODEL_PATH` is not set or names no file",
-               "mount the model or fix `HEALTHCHECK_MODEL_PATH`")
-UNREADABLE = _fix("model-unreadable", "the model file cannot be read (permissions, a directory; "
-                  "a FIFO, socket or device is refused at once, never opened and waited on)",
-                  "make it a regular file readable by the probe's user")
-UNSUPPORTED = _fix("unsupported-format", "not a TorchScript archive, safetensors file or "
-                   "`torch.save` state dict (or a torch without `weights_only` loading)",
-                   "save it with `torch.jit.save`, safetensors or `torch.save(model.state_dict())`")
-UNSAFE = _fix("unsafe-pickle", "the file is a pickle that needs code to load: refused, never executed",
-              "re-save only the weights (`torch.save(model.state_dict())` or safetensors)")
-CORRUPT = _fix("model-corrupt", "the file is damaged or truncated",
-               "copy the model file again and check its checksum")
-TOO_BIG = _fix("would-not-fit", "the model's bytes exceed the free GPU memory "
-               "(or available RAM, or `HEALTHCHECK_MODEL_MAX_BYTES`), or every GPU's whole memory; "
-               "said before loading", "free memory, use a larger GPU, or raise the limit")
-MISMATCH = _fix("output-mismatch", "the forward pass differs from `HEALTHCHECK_MODEL_EXPECT` "
-                "beyond the tolerance (or in shape)", "check the GPU (torch-cuda, `dcgmi diag`) "
-                "and that the expected file fits this model and input")
-EXPECT = _fix("expect-unreadable", "the expected-output file is missing, not a regular file "
-              "(said before the model loads), too large for the memory, or not a saved tensor",
-              "save a tensor with `torch.save(tensor, path)`")
-BAD_INPUT = _fix("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, or the model "
-                 "is not TorchScript", "fix the setting (a forward pass needs a TorchScript model)")
-FORWARD = _fix("forward-failed", "the forward pass raised", deep.LOGGED)
-LOAD = _fix("load-failed", "loading raised another error", deep.LOGGED)
-TORCH_MISSING = _fix("torch-missing", "torch cannot be imported, or CUDA is not available to it",
-                     "see the `torch-cuda` probe")
+MISSING = fix("model-missing", "`HEALTHCHECK_MODEL_PATH` is not set or names no file", "mount the model or "
+              "fix `HEALTHCHECK_MODEL_PATH`")
+UNREADABLE = fix("model-unreadable", "the model file cannot be read (permissions, a directory; a FIFO, "
+                 "socket or device is refused at once, never opened and waited on)", "make it a regular file "
+                 "readable by the probe's user")
+UNSUPPORTED = fix("unsupported-format", "not a TorchScript archive, safetensors file or `torch.save` state "
+                  "dict (or a torch without `weights_only` loading)", "save it with `torch.jit.save`, "
+                  "safetensors or `torch.save(model.state_dict())`")
+UNSAFE = fix("unsafe-pickle", "the file is a pickle that needs code to load: refused, never executed",
+             "re-save only the weights (`torch.save(model.state_dict())` or safetensors)")
+CORRUPT = fix("model-corrupt", "the file is damaged or truncated", "copy the model file again and check its "
+              "checksum")
+TOO_BIG = fix("would-not-fit", "the model's bytes exceed the free GPU memory (or available RAM, or "
+              "`HEALTHCHECK_MODEL_MAX_BYTES`), or every GPU's whole memory; said before loading",
+              "free memory, use a larger GPU, or raise the limit")
+MISMATCH = fix("output-mismatch", "the forward pass differs from `HEALTHCHECK_MODEL_EXPECT` beyond the "
+               "tolerance (or in shape)", "check the GPU (torch-cuda, `dcgmi diag`) and that the expected "
+               "file fits this model and input")
+EXPECT = fix("expect-unreadable", "the expected-output file is missing, not a regular file (said before the "
+             "model loads), too large for the memory, or not a saved tensor", "save a tensor with "
+             "`torch.save(tensor, path)`")
+BAD_INPUT = fix("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, or the model is "
+                "not TorchScript", "fix the setting (a forward pass needs a TorchScript model)")
+FORWARD = fix("forward-failed", "the forward pass raised", deep.LOGGED)
+LOAD = fix("load-failed", "loading raised another error", deep.LOGGED)
+TORCH_MISSING = fix("torch-missing", "torch cannot be imported, or CUDA is not available to it",
+                    "see the `torch-cuda` probe")
 DEADLINE = cause("deadline", "no result by the deadline (a large model on a slow disk, or a wedged driver), "
                  "or another costly check held the lock until then", "raise `HEALTHCHECK_TIMEOUT` for large "
                  "models; check `nvidia-smi` and dmesg", action="retry", actor="tenant")

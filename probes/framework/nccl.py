@@ -9,7 +9,7 @@ import os
 from probes import untrusted
 from probes.context import Context
 from probes.framework import deep
-from probes.framework.deep import Torch
+from probes.framework.deep import Torch, fix
 from probes.result import Result, passed, verdict
 from probes.spec import INTEGER, NUMBER, Declared, Spec, cause, setting
 from probes.state import life_identity
@@ -44,26 +44,25 @@ class Settings(Declared):
                                     low=0, high=2**30, low_inclusive=True)
 
 
-SHM_SMALL = cause("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` (checked first), "
-                  "or NCCL warns it could not extend a shared memory segment (no space left on device)",
-                  "start the container with `--shm-size=1g` (or `--ipc=host`; Kubernetes: an emptyDir "
-                  "medium Memory)", action="fix-config", actor="tenant")
-OWN_SHM = cause("nccl-shm", "NCCL could not open or attach its own shared memory segment (\"No such file or "
-                "directory\"): not the size of `/dev/shm`", "NCCL lost a shared memory segment another of "
-                "its threads had made (a known regression of some NCCL releases, or something else clearing "
-                "/dev/shm): try another NCCL (torch) release, keep /dev/shm private to the container, and "
-                "confirm with `NCCL_SHM_DISABLE=1`", action="fix-config", actor="tenant")
+SHM_SMALL = fix("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` (checked first), or "
+                "NCCL warns it could not extend a shared memory segment (no space left on device)",
+                "start the container with `--shm-size=1g` (or `--ipc=host`; Kubernetes: an emptyDir medium "
+                "Memory)")
+OWN_SHM = fix("nccl-shm", "NCCL could not open or attach its own shared memory segment (\"No such file or "
+              "directory\"): not the size of `/dev/shm`", "NCCL lost a shared memory segment another of its "
+              "threads had made (a known regression of some NCCL releases, or something else clearing "
+              "/dev/shm): try another NCCL (torch) release, keep /dev/shm private to the container, and "
+              "confirm with `NCCL_SHM_DISABLE=1`")
 P2P = cause("p2p", "NCCL warns that peer-to-peer access is not supported or failed", P2P_REMEDY,
             action="fix-config", actor="operator")
 HANG = cause("nccl-hang", "the collective did not finish by the deadline (P2P hanging with IOMMU/ACS on is "
              "the usual cause)", P2P_REMEDY, action="fix-config", actor="operator")
-NO_NCCL = cause("no-nccl", "this torch build has no NCCL (a CPU-only or ROCm-less build)", "install a CUDA "
-                "build of torch, or leave `ENABLE_NCCL_CHECK` off", action="fix-config", actor="tenant")
+NO_NCCL = fix("no-nccl", "this torch build has no NCCL (a CPU-only or ROCm-less build)", "install a CUDA "
+              "build of torch, or leave `ENABLE_NCCL_CHECK` off")
 WRONG_SUM = cause("wrong-result", "the all-reduce gave a wrong sum on some GPU", "drain the node; run "
                   "`nccl-tests` and `dcgmi diag`", action="service-hardware", actor="operator")
-NCCL_ERROR = cause("nccl-error", "the collective raised another NCCL or CUDA error (NCCL's warning is in "
-                   "the message)", "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand",
-                   action="fix-config", actor="tenant")
+NCCL_ERROR = fix("nccl-error", "the collective raised another NCCL or CUDA error (NCCL's warning is in the "
+                 "message)", "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand")
 ON_CPU = cause("device-cpu", "`HEALTHCHECK_TORCH_DEVICE=cpu`: NCCL is not judged", "none", "skip",
                action="none", actor="tenant")
 DEADLINE = cause("deadline", "no result by the deadline before the collective started, or another costly "

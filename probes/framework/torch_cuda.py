@@ -10,7 +10,7 @@ import time
 from probes import deadlines, untrusted
 from probes.context import Context
 from probes.framework import deep
-from probes.framework.deep import Torch
+from probes.framework.deep import Torch, fix
 from probes.result import SEVERITY, Result, passed, verdict
 from probes.spec import ALL_PROFILES, Spec, cause
 from probes.state import life_identity
@@ -31,32 +31,27 @@ SIZE = 1024  # 2 GFLOP: enough blocks to occupy a GPU, ~50 ms for the float64 CP
 TOLERANCE = 1e-4
 _CUDA_VERSION = r"(\d{1,3})\.(\d{1,3})"
 
-NOT_EXECUTABLE = cause("interpreter-not-executable", "interpreter not executable",
-                       "set `HEALTHCHECK_TORCH_PYTHON` to an executable Python that has torch",
-                       action="fix-config", actor="tenant")
-TORCH_MISSING = cause("torch-missing", "torch not installed in that interpreter", deep.SET_PYTHON,
-                      action="fix-config", actor="tenant")
-IMPORT_FAILED = cause("torch-import-failed", "`import torch` fails (missing module or library; "
-                      "details in the log)", "reinstall torch in the image or fix its libraries",
-                      action="fix-config", actor="tenant")
-MEMORY_LIMIT = cause(
-    "memory-limit", "the worker ran out of host memory: the address-space limit "
-    "(RLIMIT_AS, `ulimit -v`) or the container's memory is too small for torch "
-    "(MemoryError, \"failed to map segment from shared object\", \"Cannot allocate memory\", std::bad_alloc)",
-    "raise the limit the message names: the container's memory, or its address space (`ulimit -v`)",
-    action="fix-config", actor="tenant")
-CPU_ONLY = cause("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`",
-                 "install a CUDA build of torch in the image, or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a "
-                 "CPU-only image", action="fix-config", actor="tenant")
-COUNT_MISMATCH = cause("count-mismatch", "torch sees a different GPU count than NVML",
-                       "a GPU is not usable by CUDA; check `nvidia-smi`, dmesg for Xid errors and "
-                       "`NVIDIA_VISIBLE_DEVICES`", action="reset-gpu", actor="operator")
+NOT_EXECUTABLE = fix("interpreter-not-executable", "interpreter not executable",
+                     "set `HEALTHCHECK_TORCH_PYTHON` to an executable Python that has torch")
+TORCH_MISSING = fix("torch-missing", "torch not installed in that interpreter", deep.SET_PYTHON)
+IMPORT_FAILED = fix("torch-import-failed", "`import torch` fails (missing module or library; details in the "
+                    "log)", "reinstall torch in the image or fix its libraries")
+MEMORY_LIMIT = fix("memory-limit", "the worker ran out of host memory: the address-space limit (RLIMIT_AS, "
+                   "`ulimit -v`) or the container's memory is too small for torch (MemoryError, \"failed to "
+                   "map segment from shared object\", \"Cannot allocate memory\", std::bad_alloc)",
+                   "raise the limit the message names: the container's memory, or its address space (`ulimit "
+                   "-v`)")
+CPU_ONLY = fix("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`", "install a "
+               "CUDA build of torch in the image, or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a CPU-only image")
+COUNT_MISMATCH = cause("count-mismatch", "torch sees a different GPU count than NVML", "a GPU is not usable "
+                       "by CUDA; check `nvidia-smi`, dmesg for Xid errors and `NVIDIA_VISIBLE_DEVICES`",
+                       action="reset-gpu", actor="operator")
 WRONG_RESULT = cause("wrong-result", "GPU result differs from the CPU reference", "silent data corruption; "
                      "drain the node and run the GPU diagnostics (`dcgmi diag`)", action="service-hardware",
                      actor="operator")
 LATCHED = cause("latched", "latch in force from an earlier fatal error (or a critical Xid seen by "
-                "`healthcheck serve`): no worker started, the hardware probes are skipped too",
-                "restart the container (a new PID 1 clears it)", action="restart-container", actor="operator")
+                "`healthcheck serve`): no worker started, the hardware probes are skipped too", "restart the "
+                "container (a new PID 1 clears it)", action="restart-container", actor="operator")
 DEADLINE = cause("deadline", "worker gave no result by the deadline (killed while in `import`: a slow disk "
                  "or a wedged driver), or another costly check held the lock until then", "the GPU driver "
                  "may be wedged: check `nvidia-smi` and dmesg for Xid errors; raise `HEALTHCHECK_TIMEOUT` if "
@@ -64,11 +59,11 @@ DEADLINE = cause("deadline", "worker gave no result by the deadline (killed whil
 STUCK = cause("stuck", "worker survived SIGKILL (uninterruptible sleep): the driver is wedged; while it "
               "exists, later runs start no other worker and say so at once", "check dmesg for Xid errors, "
               "the node may need a reboot", action="reboot-node", actor="operator")
-LINGERED = cause("lingered", "worker printed its result but did not exit within 1.0 s (a wrapper script as "
-                 "`HEALTHCHECK_TORCH_PYTHON` that keeps running, or a hang at exit); nothing from it is "
-                 "cached or shared", "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself and "
-                 "check dmesg for Xid errors", action="fix-config", actor="tenant")
-TORCH_ERROR = cause("torch-error", "other torch error", deep.LOGGED, action="fix-config", actor="tenant")
+LINGERED = fix("lingered", "worker printed its result but did not exit within 1.0 s (a wrapper script as "
+               "`HEALTHCHECK_TORCH_PYTHON` that keeps running, or a hang at exit); nothing from it is cached "
+               "or shared", "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself and check "
+               "dmesg for Xid errors")
+TORCH_ERROR = fix("torch-error", "other torch error", deep.LOGGED)
 
 SPEC = Spec(
     NAME, layer="framework", module=__name__, toggle="ENABLE_TORCH_CHECK", timeout=45.0,
