@@ -142,13 +142,12 @@ def open_file(path, missing="missing", unreadable="unreadable"):
         raise Failure(unreadable, NO_PERMISSION if denied else CANNOT_OPEN) from None
     if problem is not None:
         raise Failure(unreadable, problem)
-    problem = _kind_of(os.fstat(fd))
-    if problem is not None:
+    st = os.fstat(fd)
+    if _kind_of(st) is not None:
         os.close(fd)
-        raise Failure(unreadable, problem)
+        raise Failure(unreadable, _kind_of(st))
     os.set_blocking(fd, True)
-    fh = os.fdopen(fd, "rb")
-    return fh, os.fstat(fd).st_size
+    return os.fdopen(fd, "rb"), st.st_size
 
 
 def by_descriptor(fh, path):

@@ -9,9 +9,7 @@ import sys
 def measure(value):
     """A float as strict JSON allows it: non-finite values as "nan", "inf" or "-inf"."""
     value = float(value)
-    if value != value:
-        return "nan"
-    return ("inf" if value > 0 else "-inf") if value in (float("inf"), float("-inf")) else value
+    return str(value) if value != value or abs(value) == float("inf") else value
 
 
 def text(exc, limit, one_line=True):
