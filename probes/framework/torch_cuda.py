@@ -39,8 +39,8 @@ IMPORT_FAILED = fix("torch-import-failed", "`import torch` fails (missing module
 MEMORY_LIMIT = fix("memory-limit", "the worker ran out of host memory: the address-space limit (RLIMIT_AS, "
                    "`ulimit -v`) or the container's memory is too small for torch (MemoryError, \"failed to "
                    "map segment from shared object\", \"Cannot allocate memory\", std::bad_alloc)",
-                   "raise the limit the message names: the container's memory, or its address space (`ulimit "
-                   "-v`)")
+                   "raise the limit the message names: the container's memory, or its address space "
+                   "(`ulimit -v`)")
 CPU_ONLY = fix("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`", "install a "
                "CUDA build of torch in the image, or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a CPU-only image")
 COUNT_MISMATCH = cause("count-mismatch", "torch sees a different GPU count than NVML", "a GPU is not usable "
