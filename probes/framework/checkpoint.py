@@ -1,9 +1,6 @@
-"""checkpoint (a plug-in, opt-in): no process here holding a CUDA context is locked or checkpointed by
-CUDA checkpoint (driver 555+), asked in a child under the deadline (docs/probes.md, "Deep opt-in
-checks"). Command-line equivalent::
-
-    cuda-checkpoint --get-state --pid 123
-"""
+"""checkpoint (opt-in): no process here holding a CUDA context is locked or checkpointed by CUDA
+checkpoint, asked in a child under the deadline (docs/probes.md, "Deep opt-in checks"). Command-line
+equivalent: ``cuda-checkpoint --get-state --pid 123``."""
 
 from __future__ import annotations
 
@@ -30,21 +27,21 @@ STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
 PAUSED = "traffic paused until it is restored"
 
 CHECKPOINTED = cause("checkpointed", "a process here holding a CUDA context is LOCKED or CHECKPOINTED "
-                     "(readiness only; liveness passes, nothing latches; torch-cuda, nccl and model start "
-                     "no GPU work)", "none while it is paused on purpose: traffic resumes when it is "
-                     "restored (`cuda-checkpoint --toggle --pid N`)", action="none", actor="tenant")
+                     "(readiness only; liveness passes, nothing latches; torch-cuda, nccl and model start no "
+                     "GPU work)", "none while it is paused on purpose: traffic resumes when it is restored "
+                     "(`cuda-checkpoint --toggle --pid N`)", action="none", actor="tenant")
 FAILED = cause("checkpoint-failed", "the driver reports a process's checkpoint or restore FAILED",
-               "restore it again (`cuda-checkpoint --toggle --pid N`) or restart that process; "
-               "if that fails, restart the container", action="restart-app", actor="tenant")
+               "restore it again (`cuda-checkpoint --toggle --pid N`) or restart that process; if that "
+               "fails, restart the container", action="restart-app", actor="tenant")
 HANG = cause("query-hang", "the driver's state query gave no answer by the deadline (it blocks while a peer "
-             "process is locked)", "check `cuda-checkpoint --get-state` on each process; wait "
-             "for the restore", action="retry", actor="tenant")
+             "process is locked)", "check `cuda-checkpoint --get-state` on each process; wait for the "
+             "restore", action="retry", actor="tenant")
 NO_API = cause("no-checkpoint-api", "driver without `cuCheckpointProcessGetState` (before 555) or no "
                "`libcuda.so.1`: not judged (a pass, so the GPU probes that wait for this one still run)",
                "none", "pass", action="none", actor="tenant")
-QUERY_FAILED = cause("query-failed",
-                     "the child could not ask the driver (`cuInit` failed, or unreadable output)",
-                     "check `nvidia-smi`; details in the log", action="fix-config", actor="operator")
+QUERY_FAILED = cause("query-failed", "the child could not ask the driver (`cuInit` failed, or unreadable "
+                     "output)", "check `nvidia-smi`; details in the log", action="fix-config",
+                     actor="operator")
 
 SPEC = Spec(
     NAME, layer="framework", module=__name__, toggle="ENABLE_CHECKPOINT_CHECK", timeout=5.0,
@@ -90,9 +87,8 @@ def _holds_gpu(pid: int) -> bool:
     return False
 
 
-_REPORT = {"v": (deep.INT, False), "loaded": (deep.BOOL, False), "driver": (deep.INT, True),
-           "api": (deep.BOOL, False), "init": (deep.INT, True)}
-_STATE = {"pid": (deep.INT, False), "rc": (deep.INT, False), "state": (deep.INT, True)}
+_REPORT = {"v": "int", "loaded": "bool", "driver": "int?", "api": "bool", "init": "int?"}
+_STATE = {"pid": "int", "rc": "int", "state": "int?"}
 
 
 def parse_output(stdout: bytes) -> dict[str, Any] | None:
@@ -134,11 +130,10 @@ def gather(ctx: Context) -> dict[str, Any]:
         logger().info("checkpoint child rc=%s timed_out=%s stderr: %s", done.returncode, done.timed_out,
                       untrusted.squeeze(done.stderr[-1000:], 300))
     # The pid whose query was in progress when the child was ended (it marks each on stderr first).
-    asked = [line.split()[-1] for line in done.stderr.decode("ascii", "replace").splitlines()
-             if line.startswith(checkpoint_child.QUERY)]
+    asked = deep.last_phase(done.stderr, checkpoint_child.QUERY, r"\d{1,10}")
     data: dict[str, Any] = {"kind": "child", "pids": pids, "report": report,
                             "timed_out": done.timed_out or done.stuck, "returncode": done.returncode,
-                            "asked": int(asked[-1]) if asked and asked[-1].isdigit() else None}
+                            "asked": None if asked is None else int(asked)}
     if report is not None and report["api"] and report["init"] == 0:
         _mark(ctx, [s["pid"] for s in report["states"] if s["rc"] == 0 and s["state"] in (1, 2)])
     elif data["timed_out"] and data["asked"] is not None:
@@ -188,15 +183,15 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         # A pass, not a skip: the probes that wait for this one must still run.
         return verdict(NAME, NO_API, f"not judged: {why}", remedy=False)
     if report["init"] != 0:
-        return verdict(NAME, QUERY_FAILED,
-                       f"cuInit failed (CUresult {report['init']}) in the checkpoint query")
+        return verdict(NAME, QUERY_FAILED, f"cuInit failed (CUresult {report['init']}) in the checkpoint "
+                       "query")
     seen = {s["pid"]: STATES.get(s["state"], f"state {s['state']}") for s in report["states"] if s["rc"] == 0}
     facts = {"pids": pids, "states": {str(k): v for k, v in seen.items()}}
     bad = [(p, st) for p, st in seen.items() if st != "running"]
     failed = [p for p, st in bad if st not in ("locked", "checkpointed")]
     if failed:
-        pid, cause = failed[0], FAILED
-        this = cause._replace(remedy=cause.remedy.replace("--pid N", f"--pid {pid}"))
+        pid = failed[0]
+        this = FAILED._replace(remedy=FAILED.remedy.replace("--pid N", f"--pid {pid}"))
         return verdict(NAME, this, f"process {pid}'s CUDA checkpoint or restore failed ({seen[pid]})",
                        observed=len(seen), unit="processes", facts=facts)
     if bad:

@@ -1,7 +1,5 @@
 """The CUDA runtime's errors, as data: sticky (the GPU unusable), "could not check", the environment
-at start, or plain failures; the source, the classes and our decisions: docs/probes.md ("CUDA errors").
-CUDA before 10.1 numbered the errors differently (an illegal address was 77), so :func:`identify`
-trusts a number only after the texts."""
+at start, or plain failures; the source, the classes and our decisions: docs/probes.md ("CUDA errors")."""
 
 from __future__ import annotations
 

@@ -44,33 +44,38 @@ OWN_REMEDY = "the error's own remedy, in the message (see \"CUDA errors\")"
 LOGGED = "details in the log"
 SET_PYTHON = ("set `HEALTHCHECK_TORCH_PYTHON` to the image's Python that has torch "
               "(e.g. `/opt/conda/bin/python`)")
-INTERPRETER_NOT_FOUND = cause("interpreter-not-found", "the `HEALTHCHECK_TORCH_PYTHON` interpreter is not "
-                              "found or cannot be run", SET_PYTHON, action="fix-config", actor="tenant")
-BAD_OUTPUT = cause("bad-output", "worker output unreadable (no or several result lines, not strict JSON, "
-                   "a number no float can hold such as 1e999, a field of the wrong type)",
-                   "the interpreter is not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`",
-                   action="fix-config", actor="tenant")
-KILLED = cause("killed", "worker killed by a signal", "check the container's memory limit (SIGKILL: out of "
-               "memory?), dmesg and the torch install (SIGSEGV, SIGBUS, SIGABRT: a crash in torch "
-               "or the driver)", action="fix-config", actor="tenant")
+
+
+def fix(reason: str, what: str, remedy: str) -> Cause:
+    """A cause the image's owner fixes, in the image or a setting."""
+    return cause(reason, what, remedy, action="fix-config", actor="tenant")
+
+
+INTERPRETER_NOT_FOUND = fix("interpreter-not-found", "the `HEALTHCHECK_TORCH_PYTHON` interpreter is not "
+                            "found or cannot be run", SET_PYTHON)
+BAD_OUTPUT = fix("bad-output", "worker output unreadable (no or several result lines, not strict JSON, a "
+                 "number no float can hold such as 1e999, a field of the wrong type)", "the interpreter is "
+                 "not a working Python with torch; check `HEALTHCHECK_TORCH_PYTHON`")
+KILLED = fix("killed", "worker killed by a signal", "check the container's memory limit (SIGKILL: out of "
+             "memory?), dmesg and the torch install (SIGSEGV, SIGBUS, SIGABRT: a crash in torch or the "
+             "driver)")
 WORKLOAD_MEMORY = cause("workload-memory", "NVML says a GPU has less free memory than the probe needs "
-                        "(`HEALTHCHECK_TORCH_MIN_FREE_MIB`, plus the model's size for model, "
-                        "plus 256 MiB of NCCL's buffers for nccl): not checked, nothing started there; "
-                        "the other GPUs are checked", "none: the workload holds the memory; not a fault",
-                        "warn", action="none", actor="tenant")
-HELD_BACK = cause("checkpointed", "a CUDA process here is locked or checkpointed "
-                  "(the checkpoint probe, or its marker from an earlier run): no GPU work is started",
-                  "none: it runs again once the process is restored", "skip", action="none", actor="tenant")
+                        "(`HEALTHCHECK_TORCH_MIN_FREE_MIB`, plus the model's size for model, plus 256 MiB of "
+                        "NCCL's buffers for nccl): not checked, nothing started there; the other GPUs are "
+                        "checked", "none: the workload holds the memory; not a fault", "warn", action="none",
+                        actor="tenant")
+HELD_BACK = cause("checkpointed", "a CUDA process here is locked or checkpointed (the checkpoint probe, or "
+                  "its marker from an earlier run): no GPU work is started", "none: it runs again once the "
+                  "process is restored", "skip", action="none", actor="tenant")
 
 # The causes of CUDA errors (cuda_errors.py maps each class of its table, and some rows, to one).
 CUDA_FATAL = cause("cuda-fatal", "sticky CUDA error, one NVIDIA's runtime documentation says leaves the "
                    "process unusable (illegal address, launch failure or timeout, device-side assert, "
-                   "misaligned address, ...), or an uncorrectable ECC or NVLink error; latches (see "
-                   "\"CUDA errors\")", "restart the container; check dmesg for Xid errors (each error's own "
-                   "remedy is in the message)", action="restart-container", actor="operator")
-CUDA_ERROR = cause("cuda-error", "another CUDA error (no kernel image for this GPU, invalid device ordinal, "
-                   "invalid configuration, a cuBLAS/cuDNN status, ...): fails, never latches",
-                   OWN_REMEDY, action="fix-config", actor="tenant")
+                   "misaligned address, ...), or an uncorrectable ECC or NVLink error; latches (see \"CUDA "
+                   "errors\")", "restart the container; check dmesg for Xid errors (each error's own remedy "
+                   "is in the message)", action="restart-container", actor="operator")
+CUDA_ERROR = fix("cuda-error", "another CUDA error (no kernel image for this GPU, invalid device ordinal, "
+                 "invalid configuration, a cuBLAS/cuDNN status, ...): fails, never latches", OWN_REMEDY)
 OOM = cause("oom", "out of memory for the probe's own context, tensors or buffers (CUDA's, or cuBLAS's or "
             "cuDNN's `*_ALLOC_FAILED`)", "the workload is using the memory; not checked, not a fault", "warn",
             action="none", actor="tenant")
@@ -80,22 +85,21 @@ DEVICE_BUSY = cause("device-busy", "GPU held by the workload in EXCLUSIVE_PROCES
 MPS_BUSY = cause("mps-busy", "GPU shared through MPS: the probe cannot open its own context; the message "
                  "names the MPS clients", "the GPU is shared through MPS and the probe cannot open its own "
                  "context there; not checked, not a fault", "warn", action="none", actor="tenant")
-CUDA_UNAVAILABLE = cause("cuda-unavailable", "`torch.cuda.is_available()` false / no GPU visible",
-                         "start the container with `--gpus all` (NVIDIA Container Toolkit) and check the "
-                         "host driver with `nvidia-smi`", action="fix-config", actor="tenant")
+CUDA_UNAVAILABLE = fix("cuda-unavailable", "`torch.cuda.is_available()` false / no GPU visible",
+                       "start the container with `--gpus all` (NVIDIA Container Toolkit) and check the host "
+                       "driver with `nvidia-smi`")
 DRIVER_TOO_OLD = cause("driver-too-old", "the driver's CUDA version (NVML `nvmlSystemGetCudaDriverVersion`, "
                        "or torch's own message) older than `torch.version.cuda`; the message gives both",
                        "install a newer NVIDIA driver on the host, or the CUDA forward-compatibility package "
                        "(`cuda-compat`) on data-center GPUs, or use an image built for an older CUDA",
                        action="fix-config", actor="operator")
 FABRIC_MANAGER = cause("fabric-manager", "CUDA error 802 at start (system not yet initialized): NVIDIA "
-                       "Fabric Manager is not running on an NVSwitch system",
-                       "start `nvidia-fabricmanager` on the host (the driver's version) and wait for the "
-                       "fabric state Completed", action="fix-config", actor="operator")
-FORWARD_COMPAT = cause("forward-compat", "CUDA error 804 at start: the forward-compatibility package "
-                       "(`cuda-compat`) on a GPU that does not support it", "remove `cuda-compat` from the "
-                       "image's library path, or upgrade the host driver", action="fix-config",
-                       actor="tenant")
+                       "Fabric Manager is not running on an NVSwitch system", "start `nvidia-fabricmanager` "
+                       "on the host (the driver's version) and wait for the fabric state Completed",
+                       action="fix-config", actor="operator")
+FORWARD_COMPAT = fix("forward-compat", "CUDA error 804 at start: the forward-compatibility package "
+                     "(`cuda-compat`) on a GPU that does not support it", "remove `cuda-compat` from the "
+                     "image's library path, or upgrade the host driver")
 CUDA_UNKNOWN = cause("cuda-unknown", "CUDA's unknown error (999)", "check `nvidia-smi` and dmesg for Xid "
                      "errors; in a container after a host `systemctl daemon-reload`, recreate the container",
                      action="restart-container", actor="operator")
@@ -109,16 +113,16 @@ CUDA_CAUSES = (CUDA_UNAVAILABLE, DRIVER_TOO_OLD, DEVICE_BUSY, MPS_BUSY, OOM, CUD
 # The workers' protocol (worker_base.py writes it): one line PREFIX + JSON on stdout, PHASE + name on
 # stderr. A report enters only through here, each field checked against a schema of kinds.
 
-STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": (kind, nullable)}
+STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": "kind" or "kind?"}
 MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
 MAX_STR = 1000  # characters of any string field, before cleaning
 NONFINITE = ("nan", "inf", "-inf")  # how a worker spells a non-finite MEASURE
 # Host memory's words (and MemoryError as a whole word: torch's OutOfMemoryError is the GPU's).
 MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
 # What every worker run records besides its report, checked again before a cached run is reused.
-WORKER_RUN = {"spawn_error": (STR, True), "returncode": (INT, True), "timed_out": (BOOL, False),
-              "stuck": (BOOL, False), "held_by": (INT, True), "budget": (NUM, False), "phase": (STR, True),
-              "memory": (BOOL, False), "problem": (STR, True), "finished": (NUM, False)}
+WORKER_RUN = {"spawn_error": "str?", "returncode": "int?", "timed_out": "bool", "stuck": "bool",
+              "held_by": "int?", "budget": "num", "phase": "str?", "memory": "bool", "problem": "str?",
+              "finished": "num"}
 
 
 class Bad(ValueError):
@@ -153,13 +157,15 @@ def check(value: Any, kind: str, nullable: bool, where: str) -> None:
         raise Bad(f"{where} is not a finite number")
 
 
-def fields(obj: Any, spec: Mapping[str, tuple[str, bool]], where: str, nested: tuple[str, ...] = ()) -> None:
+def fields(obj: Any, spec: Mapping[str, str], where: str, nested: tuple[str, ...] = ()) -> None:
+    """``obj`` has exactly ``spec``'s fields (and ``nested``, checked by the caller), each of its kind
+    ("kind?": or null)."""
     if not isinstance(obj, dict):
         raise Bad(f"{where} is not an object")
     if set(obj) != {*spec, *nested}:
         raise Bad(f"{where} has unexpected or missing fields")
-    for key, (kind, nullable) in spec.items():
-        check(obj[key], kind, nullable, f"{where}.{key}")
+    for key, kind in spec.items():
+        check(obj[key], kind.rstrip("?"), kind.endswith("?"), f"{where}.{key}")
 
 
 def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key: str = "") -> Any:
@@ -201,11 +207,9 @@ def last_phase(stderr: bytes, phase: str, names: str) -> str | None:
     """The last progress marker in ``stderr`` whose whole name matches the pattern ``names``."""
     import re
 
-    found = None
-    for line in stderr.decode("utf-8", "replace").splitlines():
-        if line.startswith(phase) and re.fullmatch(names, line[len(phase):].strip()):
-            found = line[len(phase):].strip()
-    return found
+    said = [line[len(phase):].strip() for line in stderr.decode("utf-8", "replace").splitlines()
+            if line.startswith(phase)]
+    return next((name for name in reversed(said) if re.fullmatch(names, name)), None)
 
 
 def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]]) -> tuple[Any, str | None]:
@@ -215,23 +219,25 @@ def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]])
         return None, str(exc)
 
 
-def state_off(why: str | None) -> str:
-    return f"state dir off: {why}"
-
-
 def locked_run(ctx: Context, cache: str, key: dict[str, Any],
                reuse: Callable[[dict[str, Any] | None], dict[str, Any] | None],
                run: Callable[[], dict[str, Any]],
-               judge: Callable[[dict[str, Any], Context], Result], *, early: bool = False,
+               judge: Callable[[dict[str, Any], Context], Result], *, early: bool = False, hold: bool = False,
                share: Callable[[dict[str, Any] | None], dict[str, Any] | None] | None = None,
                relatch: bool = False) -> dict[str, Any]:
     """A costly run, one at a time under the lock, then recorded; readiness reuses what ``reuse`` accepts
-    of ``cache`` once the lock is held (``early``: before waiting too). ``share``: any profile takes a
-    run that finished while this one waited; ``relatch``: the latch is read again under the lock."""
+    of ``cache`` once the lock is held (``early``: before waiting too). ``hold``: nothing while a process
+    here is checkpointed; ``share``: any profile takes a run that finished while this one waited;
+    ``relatch``: the latch is read again under the lock."""
+    from probes.framework import checkpoint
+
+    why = checkpoint.hold(ctx) if hold else None
+    if why is not None:
+        return {"kind": "checkpointed", "why": why}
     state = ctx.state
     if not state.enabled:  # nothing can latch: the judge says so if the run finds a fatal error
         data = run()
-        data.setdefault("latch_lost", state_off(state.disabled_reason))
+        data.setdefault("latch_lost", f"state dir off: {state.disabled_reason}")
         data["cache"] = {"how": "off", "why": state.disabled_reason}
         return data
     started = time.time()
@@ -273,9 +279,7 @@ def record(ctx: Context, cache: str, key: dict[str, Any], data: dict[str, Any],
            judge: Callable[[dict[str, Any], Context], Result]) -> dict[str, Any]:
     """After a costly run, under the lock: a sticky CUDA error latches and the run is cached, unless its
     worker lingered (its entry goes: no older pass is served after it) or nothing started."""
-    from probes.framework import free_memory
-
-    if data["kind"] == free_memory.REASON:
+    if data["kind"] == WORKLOAD_MEMORY.reason:
         return data
     if data["lingered"]:
         ctx.state.remove(cache)
@@ -303,7 +307,7 @@ def fresh_pass(entry: dict[str, Any] | None, key: dict[str, Any],
 
 
 def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable[[Any], dict[str, Any]],
-           phases: str, extra: Mapping[str, tuple[str, bool]] | None = None,
+           phases: str, extra: Mapping[str, str] | None = None,
            ttl: float | None = None) -> dict[str, Any] | None:
     """The worker run cached under ``key`` (with ``ttl``: a pass younger than that), checked again with
     ``extra``, the probe's own fields: a damaged entry is a miss, never a crash."""
@@ -319,17 +323,16 @@ def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable
         return None
     schema = {**WORKER_RUN, **(extra or {})}
     try:
-        for name, (kind, nullable) in schema.items():
-            check(data.get(name), kind, nullable, name)
+        for name, kind in schema.items():
+            check(data.get(name), kind.rstrip("?"), kind.endswith("?"), name)
         if data["phase"] is not None and not re.fullmatch(phases, data["phase"]):
             return None
         report = None if data.get("report") is None else validate(data["report"])
     except Bad:
         return None
     age = time.time() - float(data["finished"])
-    return {"kind": "worker", "lingered": False, "report": report,
-            **{name: untrusted.clean(data[name]) if kind == STR and data[name] is not None else data[name]
-               for name, (kind, _) in schema.items()}, "room": free_memory.read(data.get("room")),
+    return {"kind": "worker", "lingered": False, "report": report, "room": free_memory.read(data.get("room")),
+            **cleaned({name: data[name] for name in schema}, untrusted.MAX_TEXT),
             "cache": {"how": "shared" if ttl is None else "ttl", "age": round(max(age, 0.0), 1)}}
 
 
@@ -350,7 +353,7 @@ def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], wo
     elif ctx.config.of(Torch).torch_device == "cuda":
         space = free_memory.survey(need_mib, os.environ)
         if space.none_left:
-            return {"kind": free_memory.REASON, "room": space.facts(), "lingered": False,
+            return {"kind": WORKLOAD_MEMORY.reason, "room": space.facts(), "lingered": False,
                     "finished": time.time()}, None
         if space.visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = space.visible
@@ -386,7 +389,7 @@ def judged(name: str, data: dict[str, Any], ctx: Context,
                        unit=unit)
     if kind == "lock-timeout":
         return lock_timeout(name, data, deadline, unit=unit)
-    if kind == free_memory.REASON:
+    if kind == WORKLOAD_MEMORY.reason:
         return verdict(name, WORKLOAD_MEMORY, free_memory.not_checked(data["room"], room), remedy=False,
                        unit=unit, facts={"room": data["room"]})
     result = judge_run(data, ctx)

@@ -1,8 +1,6 @@
 """Do no harm: before a CUDA worker starts, NVML says which GPUs have room for it; the worker sees only
-those, by UUID (docs/probes.md, "Do no harm"). Command-line equivalent::
-
-    nvidia-smi --query-gpu=index,uuid,memory.free,memory.total --format=csv,noheader,nounits
-"""
+those, by UUID (docs/probes.md, "Do no harm"). Command-line equivalent:
+``nvidia-smi --query-gpu=index,uuid,memory.free --format=csv``."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-REASON = "workload-memory"
 MAX_GPUS = 1024
 MAX_MIB = 2**44  # NVML gives bytes as an unsigned 64-bit number: every MiB count it can give is below
 

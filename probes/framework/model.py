@@ -1,9 +1,6 @@
-"""model (a plug-in, opt-in): the image's model file loads onto the probe's device without running
-pickled code and answers as expected, in a worker (docs/probes.md, "Deep opt-in checks"). Command-line
-equivalent::
-
-    python3 probes/framework/model_worker.py --path /models/m.pt --device cuda --input 1x3x224x224:float16
-"""
+"""model (opt-in): the model file loads without running pickled code and answers as expected, in a
+worker (docs/probes.md, "Deep opt-in checks"). Command-line equivalent: ``python3 model_worker.py --path
+m.pt``."""
 
 from __future__ import annotations
 
@@ -12,9 +9,9 @@ import os
 from probes import untrusted
 from probes.context import Context, logger
 from probes.framework import deep
-from probes.framework.deep import INT, MEASURE, NUM, STR, Torch
+from probes.framework.deep import Torch, fix
 from probes.result import Result, passed, verdict
-from probes.spec import INTEGER, NUMBER, TEXT, Cause, Declared, Spec, cause, setting
+from probes.spec import INTEGER, NUMBER, TEXT, Declared, Spec, cause, setting
 from probes.state import life_identity
 
 TYPE_CHECKING = False
@@ -61,37 +58,33 @@ class Settings(Declared):
                                "reused by readiness", low=0, high=86400, low_inclusive=True)
 
 
-def _fix(reason: str, what: str, remedy: str) -> Cause:  # the model's owner fixes the file or a setting
-    return cause(reason, what, remedy, action="fix-config", actor="tenant")
-
-
-MISSING = _fix("model-missing", "`HEALTHCHECK_MODEL_PATH` is not set or names no file",
-               "mount the model or fix `HEALTHCHECK_MODEL_PATH`")
-UNREADABLE = _fix("model-unreadable", "the model file cannot be read (permissions, a directory; "
-                  "a FIFO, socket or device is refused at once, never opened and waited on)",
-                  "make it a regular file readable by the probe's user")
-UNSUPPORTED = _fix("unsupported-format", "not a TorchScript archive, safetensors file or "
-                   "`torch.save` state dict (or a torch without `weights_only` loading)",
-                   "save it with `torch.jit.save`, safetensors or `torch.save(model.state_dict())`")
-UNSAFE = _fix("unsafe-pickle", "the file is a pickle that needs code to load: refused, never executed",
-              "re-save only the weights (`torch.save(model.state_dict())` or safetensors)")
-CORRUPT = _fix("model-corrupt", "the file is damaged or truncated",
-               "copy the model file again and check its checksum")
-TOO_BIG = _fix("would-not-fit", "the model's bytes exceed the free GPU memory "
-               "(or available RAM, or `HEALTHCHECK_MODEL_MAX_BYTES`), or every GPU's whole memory; "
-               "said before loading", "free memory, use a larger GPU, or raise the limit")
-MISMATCH = _fix("output-mismatch", "the forward pass differs from `HEALTHCHECK_MODEL_EXPECT` "
-                "beyond the tolerance (or in shape)", "check the GPU (torch-cuda, `dcgmi diag`) "
-                "and that the expected file fits this model and input")
-EXPECT = _fix("expect-unreadable", "the expected-output file is missing, not a regular file "
-              "(said before the model loads), too large for the memory, or not a saved tensor",
-              "save a tensor with `torch.save(tensor, path)`")
-BAD_INPUT = _fix("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, or the model "
-                 "is not TorchScript", "fix the setting (a forward pass needs a TorchScript model)")
-FORWARD = _fix("forward-failed", "the forward pass raised", deep.LOGGED)
-LOAD = _fix("load-failed", "loading raised another error", deep.LOGGED)
-TORCH_MISSING = _fix("torch-missing", "torch cannot be imported, or CUDA is not available to it",
-                     "see the `torch-cuda` probe")
+MISSING = fix("model-missing", "`HEALTHCHECK_MODEL_PATH` is not set or names no file", "mount the model or "
+              "fix `HEALTHCHECK_MODEL_PATH`")
+UNREADABLE = fix("model-unreadable", "the model file cannot be read (permissions, a directory; a FIFO, "
+                 "socket or device is refused at once, never opened and waited on)", "make it a regular file "
+                 "readable by the probe's user")
+UNSUPPORTED = fix("unsupported-format", "not a TorchScript archive, safetensors file or `torch.save` state "
+                  "dict (or a torch without `weights_only` loading)", "save it with `torch.jit.save`, "
+                  "safetensors or `torch.save(model.state_dict())`")
+UNSAFE = fix("unsafe-pickle", "the file is a pickle that needs code to load: refused, never executed",
+             "re-save only the weights (`torch.save(model.state_dict())` or safetensors)")
+CORRUPT = fix("model-corrupt", "the file is damaged or truncated", "copy the model file again and check its "
+              "checksum")
+TOO_BIG = fix("would-not-fit", "the model's bytes exceed the free GPU memory (or available RAM, or "
+              "`HEALTHCHECK_MODEL_MAX_BYTES`), or every GPU's whole memory; said before loading",
+              "free memory, use a larger GPU, or raise the limit")
+MISMATCH = fix("output-mismatch", "the forward pass differs from `HEALTHCHECK_MODEL_EXPECT` beyond the "
+               "tolerance (or in shape)", "check the GPU (torch-cuda, `dcgmi diag`) and that the expected "
+               "file fits this model and input")
+EXPECT = fix("expect-unreadable", "the expected-output file is missing, not a regular file (said before the "
+             "model loads), too large for the memory, or not a saved tensor", "save a tensor with "
+             "`torch.save(tensor, path)`")
+BAD_INPUT = fix("bad-input", "`HEALTHCHECK_MODEL_INPUT` is not `SHAPE:DTYPE[:zeros|seeded]`, or the model is "
+                "not TorchScript", "fix the setting (a forward pass needs a TorchScript model)")
+FORWARD = fix("forward-failed", "the forward pass raised", deep.LOGGED)
+LOAD = fix("load-failed", "loading raised another error", deep.LOGGED)
+TORCH_MISSING = fix("torch-missing", "torch cannot be imported, or CUDA is not available to it",
+                    "see the `torch-cuda` probe")
 DEADLINE = cause("deadline", "no result by the deadline (a large model on a slow disk, or a wedged driver), "
                  "or another costly check held the lock until then", "raise `HEALTHCHECK_TIMEOUT` for large "
                  "models; check `nvidia-smi` and dmesg", action="retry", actor="tenant")
@@ -107,12 +100,6 @@ SPEC = Spec(
             deep.BAD_OUTPUT),
 )
 
-_REPORT = {"v": (INT, False), "device": (STR, False), "torch": (STR, True), "format": (STR, True),
-           "loader": (STR, True), "file_bytes": (INT, True), "bytes": (INT, True), "budget": (INT, True),
-           "budget_source": (STR, True), "load_ms": (NUM, True), "params": (INT, True),
-           "param_bytes": (INT, True), "peak_gpu": (INT, True), "forward_ms": (NUM, True),
-           "max_err": (MEASURE, True), "scale": (MEASURE, True)}
-_ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False), "code": (INT, True)}
 CUDA_KINDS = ("load", "forward", "worker", "oom")  # the failures a CUDA error can be behind
 KINDS = {"missing": MISSING, "unreadable": UNREADABLE, "unsupported": UNSUPPORTED, "unsafe": UNSAFE,
          "corrupt": CORRUPT, "too-big": TOO_BIG, "oom": deep.OOM, "shape-mismatch": MISMATCH,
@@ -124,13 +111,13 @@ KINDS = {"missing": MISSING, "unreadable": UNREADABLE, "unsupported": UNSUPPORTE
 def validate(report: Any, device: str) -> dict[str, Any]:
     from probes.framework import model_worker
 
-    deep.fields(report, _REPORT, "result", nested=("error",))
+    deep.fields(report, model_worker.REPORT, "result", nested=("error",))
     if report["v"] != model_worker.SCHEMA or report["device"] != device:
         raise deep.Bad("the result is for another request")
     if report["format"] is not None and report["format"] not in model_worker.FORMATS:
         raise deep.Bad("result.format is unknown")
     if report["error"] is not None:
-        deep.fields(report["error"], _ERROR, "result.error")
+        deep.fields(report["error"], model_worker.ERROR, "result.error")
         if report["error"]["kind"] not in KINDS:
             raise deep.Bad("result.error.kind is unknown")
     elif report["load_ms"] is None or report["params"] is None:
@@ -173,11 +160,6 @@ def _phrase(err: dict[str, Any]) -> str | None:
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes.framework import checkpoint
-
-    hold = checkpoint.hold(ctx)
-    if hold is not None:
-        return {"kind": "checkpointed", "why": hold}
     own, torch = ctx.config.of(Settings), ctx.config.of(Torch)
     if not own.model_path:
         return {"kind": "no-path"}
@@ -190,7 +172,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         return deep.cached(entry, key, lambda report: validate(report, torch.torch_device), PHASES,
                            ttl=own.model_ttl)
 
-    return deep.locked_run(ctx, CACHE, key, reuse, lambda: run_worker(ctx), judge, early=True)
+    return deep.locked_run(ctx, CACHE, key, reuse, lambda: run_worker(ctx), judge, early=True, hold=True)
 
 
 def on_deadline(ctx: Context) -> Result:
@@ -208,9 +190,7 @@ def _size(n: int | None) -> str:
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
-    from probes.framework import free_memory
-
-    room = data.get("room") if data.get("kind") == free_memory.REASON else None
+    room = data.get("room") if data.get("kind") == deep.WORKLOAD_MEMORY.reason else None
     if room and all(g["total_mib"] is not None and g["total_mib"] < room["need_mib"] for g in room["full"]):
         path = untrusted.clean(ctx.config.of(Settings).model_path or "", 120)
         return verdict(NAME, TOO_BIG, f"{path} would not fit: it needs {room['need_mib']} MiB ({ROOM}) "

@@ -1,8 +1,6 @@
 """The model probe's worker, run by file path in the image's interpreter (stdlib + torch only, never
 the ``probes`` package, Python 3.6+). It never executes pickled code, reads the format from the
-content (TorchScript, safetensors, a state dict through ``weights_only=True``) and loads through the
-descriptor it checked. An error's ``message`` the suite shows is one of ``PHRASES``; any other text
-is a detail it only logs."""
+content and loads through the descriptor it checked."""
 
 import os
 import sys
@@ -19,6 +17,12 @@ FORMATS = ("torchscript", "safetensors", "state-dict")
 ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
              "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+# The report's fields and their kinds as the suite checks them ("?": or null); "error" nests.
+REPORT = {"v": "int", "device": "str", "torch": "str?", "format": "str?", "loader": "str?",
+          "file_bytes": "int?", "bytes": "int?", "budget": "int?", "budget_source": "str?", "load_ms": "num?",
+          "params": "int?", "param_bytes": "int?", "peak_gpu": "int?", "forward_ms": "num?",
+          "max_err": "measure?", "scale": "measure?"}
+ERROR = {"kind": "str", "type": "str", "message": "str", "code": "int?"}
 INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
 
 
@@ -48,12 +52,12 @@ PHRASES = (
 
 
 class Failure(Exception):
-    """A failure of ``kind``, said with one of ``PHRASES`` or an exception's text (``code``: CUDA's)."""
+    """A failure of ``kind``, said with one of ``PHRASES`` or the text of ``exc`` (its CUDA error code)."""
 
-    def __init__(self, kind, message, code=None):
+    def __init__(self, kind, message, exc=None):
         Exception.__init__(self, message)
         self.kind = kind
-        self.code = code
+        self.code = None if exc is None else scaffold().error_code(exc)
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -68,10 +72,6 @@ def scaffold():
 
         _BASE.append(types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py"))))
     return _BASE[0]
-
-
-def error_code(exc):
-    return scaffold().error_code(exc)
 
 
 def phase(name):
@@ -95,10 +95,7 @@ def parse_args(argv):
 
 
 def new_report(args):
-    return {"v": SCHEMA, "device": args.device, "torch": None, "format": None, "loader": None,
-            "file_bytes": None, "bytes": None, "budget": None, "budget_source": None, "load_ms": None,
-            "params": None, "param_bytes": None, "peak_gpu": None, "forward_ms": None,
-            "max_err": None, "scale": None, "error": None}
+    return {**dict.fromkeys(REPORT), "v": SCHEMA, "device": args.device, "error": None}
 
 
 def parse_input(spec):
@@ -145,13 +142,12 @@ def open_file(path, missing="missing", unreadable="unreadable"):
         raise Failure(unreadable, NO_PERMISSION if denied else CANNOT_OPEN) from None
     if problem is not None:
         raise Failure(unreadable, problem)
-    problem = _kind_of(os.fstat(fd))
-    if problem is not None:
+    st = os.fstat(fd)
+    if _kind_of(st) is not None:
         os.close(fd)
-        raise Failure(unreadable, problem)
+        raise Failure(unreadable, _kind_of(st))
     os.set_blocking(fd, True)
-    fh = os.fdopen(fd, "rb")
-    return fh, os.fstat(fd).st_size
+    return os.fdopen(fd, "rb"), st.st_size
 
 
 def by_descriptor(fh, path):
@@ -240,12 +236,13 @@ def budget_of(torch, args):
     return min(options) if options else (None, None)
 
 
-def tensors_of(value, found, depth=0):
+def tensors_of(value, depth=0):
     if hasattr(value, "numel") and hasattr(value, "element_size"):
-        found.append(value)
-    elif isinstance(value, (dict, list, tuple)) and depth < 20:
-        for v in value.values() if isinstance(value, dict) else value:
-            tensors_of(v, found, depth + 1)
+        return [value]
+    if isinstance(value, (dict, list, tuple)) and depth < 20:
+        items = value.values() if isinstance(value, dict) else value
+        return [t for v in items for t in tensors_of(v, depth + 1)]
+    return []
 
 
 def load_safetensors(torch, fh, size, device):
@@ -300,11 +297,11 @@ def load_error(exc):
     if type(exc).__name__ == "UnpicklingError" and "weights only" in low:
         return Failure("unsafe", message)
     if "out of memory" in low:
-        return Failure("oom", message, error_code(exc))
+        return Failure("oom", message, exc)
     if any(w in low for w in ("zip archive", "central directory", "unexpected eof", "truncated",
                               "ran out of input", "pickle data was truncated", "invalid load key")):
         return Failure("corrupt", message)
-    return Failure("load", message, error_code(exc))
+    return Failure("load", message, exc)
 
 
 def forward(torch, model, args, device, report, expect_fh):
@@ -334,7 +331,7 @@ def forward(torch, model, args, device, report, expect_fh):
             torch.cuda.synchronize(device)
     except Exception as exc:
         kind = "oom" if "out of memory" in text(exc).lower() else "forward"
-        raise Failure(kind, text(exc), error_code(exc)) from None
+        raise Failure(kind, text(exc), exc) from None
     report["forward_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
     if isinstance(out, (list, tuple)) and out:
         out = out[0]
@@ -394,11 +391,7 @@ def work(args, report):
         raise load_error(exc) from None
     report["load_ms"] = round((time.perf_counter() - start) * 1000.0, 3)
     report["loader"] = loader
-    found = []
-    if fmt == "torchscript":
-        found = list(model.parameters()) + list(model.buffers())
-    else:
-        tensors_of(model, found)
+    found = list(model.parameters()) + list(model.buffers()) if fmt == "torchscript" else tensors_of(model)
     report["params"] = int(sum(t.numel() for t in found))
     report["param_bytes"] = int(sum(t.numel() * t.element_size() for t in found))
     if args.input is not None:

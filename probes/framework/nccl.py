@@ -1,8 +1,6 @@
-"""nccl (a plug-in, opt-in): one all-reduce across every visible GPU, checked exactly, in a killable
-worker whose NCCL warnings name the cause (docs/probes.md, "Deep opt-in checks"). Command-line equivalent::
-
-    NCCL_DEBUG=WARN python3 probes/framework/nccl_worker.py
-"""
+"""nccl (opt-in): one all-reduce across every visible GPU, checked exactly, in a worker whose NCCL
+warnings name the cause (docs/probes.md, "Deep opt-in checks"). Command-line equivalent:
+``NCCL_DEBUG=WARN python3 nccl_worker.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ import os
 from probes import untrusted
 from probes.context import Context
 from probes.framework import deep
-from probes.framework.deep import INT, NUM, STR, Torch
+from probes.framework.deep import Torch, fix
 from probes.result import Result, passed, verdict
 from probes.spec import INTEGER, NUMBER, Declared, Spec, cause, setting
 from probes.state import life_identity
@@ -46,26 +44,25 @@ class Settings(Declared):
                                     low=0, high=2**30, low_inclusive=True)
 
 
-SHM_SMALL = cause("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` (checked first), "
-                  "or NCCL warns it could not extend a shared memory segment (no space left on device)",
-                  "start the container with `--shm-size=1g` (or `--ipc=host`; Kubernetes: an emptyDir "
-                  "medium Memory)", action="fix-config", actor="tenant")
-OWN_SHM = cause("nccl-shm", "NCCL could not open or attach its own shared memory segment (\"No such file or "
-                "directory\"): not the size of `/dev/shm`", "NCCL lost a shared memory segment another of "
-                "its threads had made (a known regression of some NCCL releases, or something else clearing "
-                "/dev/shm): try another NCCL (torch) release, keep /dev/shm private to the container, and "
-                "confirm with `NCCL_SHM_DISABLE=1`", action="fix-config", actor="tenant")
+SHM_SMALL = fix("shm-too-small", "`/dev/shm` smaller than `HEALTHCHECK_NCCL_MIN_SHM_MIB` (checked first), or "
+                "NCCL warns it could not extend a shared memory segment (no space left on device)",
+                "start the container with `--shm-size=1g` (or `--ipc=host`; Kubernetes: an emptyDir medium "
+                "Memory)")
+OWN_SHM = fix("nccl-shm", "NCCL could not open or attach its own shared memory segment (\"No such file or "
+              "directory\"): not the size of `/dev/shm`", "NCCL lost a shared memory segment another of its "
+              "threads had made (a known regression of some NCCL releases, or something else clearing "
+              "/dev/shm): try another NCCL (torch) release, keep /dev/shm private to the container, and "
+              "confirm with `NCCL_SHM_DISABLE=1`")
 P2P = cause("p2p", "NCCL warns that peer-to-peer access is not supported or failed", P2P_REMEDY,
             action="fix-config", actor="operator")
 HANG = cause("nccl-hang", "the collective did not finish by the deadline (P2P hanging with IOMMU/ACS on is "
              "the usual cause)", P2P_REMEDY, action="fix-config", actor="operator")
-NO_NCCL = cause("no-nccl", "this torch build has no NCCL (a CPU-only or ROCm-less build)", "install a CUDA "
-                "build of torch, or leave `ENABLE_NCCL_CHECK` off", action="fix-config", actor="tenant")
+NO_NCCL = fix("no-nccl", "this torch build has no NCCL (a CPU-only or ROCm-less build)", "install a CUDA "
+              "build of torch, or leave `ENABLE_NCCL_CHECK` off")
 WRONG_SUM = cause("wrong-result", "the all-reduce gave a wrong sum on some GPU", "drain the node; run "
                   "`nccl-tests` and `dcgmi diag`", action="service-hardware", actor="operator")
-NCCL_ERROR = cause("nccl-error", "the collective raised another NCCL or CUDA error (NCCL's warning is in "
-                   "the message)", "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand",
-                   action="fix-config", actor="tenant")
+NCCL_ERROR = fix("nccl-error", "the collective raised another NCCL or CUDA error (NCCL's warning is in the "
+                 "message)", "read NCCL's warning; rerun with `NCCL_DEBUG=INFO` by hand")
 ON_CPU = cause("device-cpu", "`HEALTHCHECK_TORCH_DEVICE=cpu`: NCCL is not judged", "none", "skip",
                action="none", actor="tenant")
 DEADLINE = cause("deadline", "no result by the deadline before the collective started, or another costly "
@@ -82,9 +79,6 @@ SPEC = Spec(
             ON_CPU, deep.HELD_BACK, deep.INTERPRETER_NOT_FOUND, DEADLINE, deep.KILLED, deep.BAD_OUTPUT),
 )
 
-_REPORT = {"v": (INT, False), "backend": (STR, False), "torch": (STR, True), "nccl": (STR, True),
-           "count": (INT, True), "ms": (NUM, True), "bad": (INT, True), "max_err": (NUM, True)}
-_ERROR = {"kind": (STR, False), "type": (STR, False), "message": (STR, False), "code": (INT, True)}
 KINDS = ("no-nccl", "cuda-unavailable", "import", "collective", "worker")
 
 
@@ -99,11 +93,11 @@ def shm_size() -> int | None:
 def validate(report: Any) -> dict[str, Any]:
     from probes.framework import nccl_worker
 
-    deep.fields(report, _REPORT, "result", nested=("error",))
+    deep.fields(report, nccl_worker.REPORT, "result", nested=("error",))
     if report["v"] != nccl_worker.SCHEMA or report["backend"] != "nccl":
         raise deep.Bad("the result is for another request")
     if report["error"] is not None:
-        deep.fields(report["error"], _ERROR, "result.error")
+        deep.fields(report["error"], nccl_worker.ERROR, "result.error")
         if report["error"]["kind"] not in KINDS:
             raise deep.Bad("result.error.kind is unknown")
     elif None in (report["count"], report["bad"], report["max_err"], report["ms"]):
@@ -128,30 +122,21 @@ def run_worker(ctx: Context) -> dict[str, Any]:
     return {**data, "warnings": warnings(done.stderr) if done is not None else []}
 
 
-def _cached(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float) -> dict[str, Any] | None:
-    return deep.cached(entry, key, validate, PHASES, {"shm": (INT, True)}, ttl)
-
-
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes.framework import checkpoint
-
-    hold = checkpoint.hold(ctx)
-    if hold is not None:
-        return {"kind": "checkpointed", "why": hold}
     own = ctx.config.of(Settings)
     if ctx.config.of(Torch).torch_device != "cuda":
         return {"kind": "device-cpu"}
-    key = {"python": ctx.config.of(Torch).torch_python, "identity": life_identity(),
-           "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
-    if ctx.config.profile_rules.reuses_cache:  # before the size of /dev/shm: a pass answers as it is
-        hit = _cached(ctx.state.read_json(CACHE), key, own.nccl_ttl)
-        if hit is not None:
-            return hit
     shm = shm_size()
     if shm is not None and shm < own.nccl_min_shm_mib * 2**20:
         return {"kind": "shm-small", "shm": shm}
-    return deep.locked_run(ctx, CACHE, key, lambda entry: _cached(entry, key, own.nccl_ttl),
-                           lambda: {**run_worker(ctx), "shm": shm}, judge)
+    key = {"python": ctx.config.of(Torch).torch_python, "identity": life_identity(),
+           "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def reuse(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+        return deep.cached(entry, key, validate, PHASES, {"shm": "int?"}, own.nccl_ttl)
+
+    return deep.locked_run(ctx, CACHE, key, reuse, lambda: {**run_worker(ctx), "shm": shm}, judge,
+                           early=True, hold=True)
 
 
 def on_deadline(ctx: Context) -> Result:
@@ -208,14 +193,12 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
         return deep.no_report(NAME, data, "NCCL worker", stuck=late, timed_out=late, **kw)
     kw["facts"].update({"nccl": report["nccl"], "count": report["count"], "torch": report["torch"]})
     err = report["error"]
+    said = {"no-nccl": (NO_NCCL, f"NCCL is not available in this torch build (torch {report['torch']})"),
+            "cuda-unavailable": (deep.CUDA_UNAVAILABLE, "torch sees no GPU"),
+            "import": (deep.INTERPRETER_NOT_FOUND, "torch cannot be imported")}
+    if err is not None and err["kind"] in said:
+        return verdict(NAME, *said[err["kind"]], **kw)
     if err is not None:
-        if err["kind"] == "no-nccl":
-            return verdict(NAME, NO_NCCL,
-                           f"NCCL is not available in this torch build (torch {report['torch']})", **kw)
-        if err["kind"] == "cuda-unavailable":
-            return verdict(NAME, deep.CUDA_UNAVAILABLE, "torch sees no GPU", **kw)
-        if err["kind"] == "import":
-            return verdict(NAME, deep.INTERPRETER_NOT_FOUND, "torch cannot be imported", **kw)
         return cuda or verdict(NAME, NCCL_ERROR, f"the NCCL all-reduce failed ({err['type']}: "
                                f"{err['message'][:160]})", **kw)
     count = report["count"]

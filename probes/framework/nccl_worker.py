@@ -11,6 +11,10 @@ PHASE = "HEALTHCHECK-NCCL-PHASE "
 SCHEMA = 2
 LENGTH = 1 << 16  # elements per tensor (256 KiB of float32): several NCCL chunks, trivial for a GPU
 MAX_TEXT = 400
+# The report's fields and their kinds as the suite checks them ("?": or null); "error" nests.
+REPORT = {"v": "int", "backend": "str", "torch": "str?", "nccl": "str?", "count": "int?", "ms": "num?",
+          "bad": "int?", "max_err": "num?"}
+ERROR = {"kind": "str", "type": "str", "message": "str", "code": "int?"}
 HERE = os.path.dirname(os.path.abspath(__file__))
 _BASE = []  # type: list
 
@@ -31,28 +35,24 @@ def phase(name):
 
 def contribution(torch, rank):
     """What rank ``rank`` adds: (rank + 1) * (1 + i % 7), so a mixed-up or missing rank shows."""
-    pattern = torch.arange(LENGTH, dtype=torch.int64) % 7 + 1
-    return (pattern * (rank + 1)).to(torch.float32)
+    return ((torch.arange(LENGTH, dtype=torch.int64) % 7 + 1) * (rank + 1)).to(torch.float32)
 
 
-def expected(torch, world, length=LENGTH):
-    pattern = torch.arange(length, dtype=torch.int64) % 7 + 1
-    return (pattern * (world * (world + 1) // 2)).to(torch.float32)
+def expected(torch, world):
+    """The exact sum of ``world`` ranks' contributions: what a rank of that factor would add."""
+    return contribution(torch, world * (world + 1) // 2 - 1)
 
 
 def verify(torch, tensors, world):
     """(number of tensors that differ from the exact sum, largest absolute difference)."""
-    want = expected(torch, world, tensors[0].numel() if tensors else LENGTH)
+    want = expected(torch, world).to(torch.float64)
     bad, worst = 0, 0.0
     for t in tensors:
         got = t.detach().to("cpu").to(torch.float64)
-        diff = (got - want.to(torch.float64)).abs()
-        err = float(diff.max().item()) if diff.numel() else 0.0
-        if got.shape != want.shape or not torch.equal(got, want.to(torch.float64)):
+        if got.shape != want.shape or not torch.equal(got, want):
             bad += 1
-        if err != err:  # NaN
-            err = float("inf")
-        worst = max(worst, err)
+        err = float((got - want).abs().max().item())
+        worst = max(worst, float("inf") if err != err else err)  # NaN: inf
     return bad, worst
 
 
@@ -63,8 +63,7 @@ def error(kind, exc):
 
 
 def new_report():
-    return {"v": SCHEMA, "backend": "nccl", "torch": None, "nccl": None, "count": None,
-            "ms": None, "bad": None, "max_err": None, "error": None}
+    return {**dict.fromkeys(REPORT), "v": SCHEMA, "backend": "nccl", "error": None}
 
 
 def run_nccl(torch, report):

@@ -1,8 +1,5 @@
-"""torch-cuda: the image's own Python imports torch and runs a real, verified op on each GPU in a worker
-(docs/probes.md, "How the probes decide", "CUDA errors"). Command-line equivalent::
-
-    CUDA_MODULE_LOADING=LAZY python3 probes/framework/torch_worker.py --device cuda
-"""
+"""torch-cuda: the image's own Python imports torch and runs a verified op on each GPU in a worker
+(docs/probes.md, "How the probes decide"). Command-line equivalent: ``python3 torch_worker.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ import time
 from probes import deadlines, untrusted
 from probes.context import Context
 from probes.framework import deep
-from probes.framework.deep import BOOL, INT, MEASURE, NUM, STR, Torch
+from probes.framework.deep import Torch, fix
 from probes.result import SEVERITY, Result, passed, verdict
 from probes.spec import ALL_PROFILES, Spec, cause
 from probes.state import life_identity
@@ -34,32 +31,27 @@ SIZE = 1024  # 2 GFLOP: enough blocks to occupy a GPU, ~50 ms for the float64 CP
 TOLERANCE = 1e-4
 _CUDA_VERSION = r"(\d{1,3})\.(\d{1,3})"
 
-NOT_EXECUTABLE = cause("interpreter-not-executable", "interpreter not executable",
-                       "set `HEALTHCHECK_TORCH_PYTHON` to an executable Python that has torch",
-                       action="fix-config", actor="tenant")
-TORCH_MISSING = cause("torch-missing", "torch not installed in that interpreter", deep.SET_PYTHON,
-                      action="fix-config", actor="tenant")
-IMPORT_FAILED = cause("torch-import-failed", "`import torch` fails (missing module or library; "
-                      "details in the log)", "reinstall torch in the image or fix its libraries",
-                      action="fix-config", actor="tenant")
-MEMORY_LIMIT = cause(
-    "memory-limit", "the worker ran out of host memory: the address-space limit "
-    "(RLIMIT_AS, `ulimit -v`) or the container's memory is too small for torch "
-    "(MemoryError, \"failed to map segment from shared object\", \"Cannot allocate memory\", std::bad_alloc)",
-    "raise the limit the message names: the container's memory, or its address space (`ulimit -v`)",
-    action="fix-config", actor="tenant")
-CPU_ONLY = cause("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`",
-                 "install a CUDA build of torch in the image, or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a "
-                 "CPU-only image", action="fix-config", actor="tenant")
-COUNT_MISMATCH = cause("count-mismatch", "torch sees a different GPU count than NVML",
-                       "a GPU is not usable by CUDA; check `nvidia-smi`, dmesg for Xid errors and "
-                       "`NVIDIA_VISIBLE_DEVICES`", action="reset-gpu", actor="operator")
+NOT_EXECUTABLE = fix("interpreter-not-executable", "interpreter not executable",
+                     "set `HEALTHCHECK_TORCH_PYTHON` to an executable Python that has torch")
+TORCH_MISSING = fix("torch-missing", "torch not installed in that interpreter", deep.SET_PYTHON)
+IMPORT_FAILED = fix("torch-import-failed", "`import torch` fails (missing module or library; details in the "
+                    "log)", "reinstall torch in the image or fix its libraries")
+MEMORY_LIMIT = fix("memory-limit", "the worker ran out of host memory: the address-space limit (RLIMIT_AS, "
+                   "`ulimit -v`) or the container's memory is too small for torch (MemoryError, \"failed to "
+                   "map segment from shared object\", \"Cannot allocate memory\", std::bad_alloc)",
+                   "raise the limit the message names: the container's memory, or its address space "
+                   "(`ulimit -v`)")
+CPU_ONLY = fix("cpu-only-build", "CPU-only torch build with `HEALTHCHECK_TORCH_DEVICE=cuda`", "install a "
+               "CUDA build of torch in the image, or set `HEALTHCHECK_TORCH_DEVICE=cpu` for a CPU-only image")
+COUNT_MISMATCH = cause("count-mismatch", "torch sees a different GPU count than NVML", "a GPU is not usable "
+                       "by CUDA; check `nvidia-smi`, dmesg for Xid errors and `NVIDIA_VISIBLE_DEVICES`",
+                       action="reset-gpu", actor="operator")
 WRONG_RESULT = cause("wrong-result", "GPU result differs from the CPU reference", "silent data corruption; "
                      "drain the node and run the GPU diagnostics (`dcgmi diag`)", action="service-hardware",
                      actor="operator")
 LATCHED = cause("latched", "latch in force from an earlier fatal error (or a critical Xid seen by "
-                "`healthcheck serve`): no worker started, the hardware probes are skipped too",
-                "restart the container (a new PID 1 clears it)", action="restart-container", actor="operator")
+                "`healthcheck serve`): no worker started, the hardware probes are skipped too", "restart the "
+                "container (a new PID 1 clears it)", action="restart-container", actor="operator")
 DEADLINE = cause("deadline", "worker gave no result by the deadline (killed while in `import`: a slow disk "
                  "or a wedged driver), or another costly check held the lock until then", "the GPU driver "
                  "may be wedged: check `nvidia-smi` and dmesg for Xid errors; raise `HEALTHCHECK_TIMEOUT` if "
@@ -67,11 +59,11 @@ DEADLINE = cause("deadline", "worker gave no result by the deadline (killed whil
 STUCK = cause("stuck", "worker survived SIGKILL (uninterruptible sleep): the driver is wedged; while it "
               "exists, later runs start no other worker and say so at once", "check dmesg for Xid errors, "
               "the node may need a reboot", action="reboot-node", actor="operator")
-LINGERED = cause("lingered", "worker printed its result but did not exit within 1.0 s (a wrapper script as "
-                 "`HEALTHCHECK_TORCH_PYTHON` that keeps running, or a hang at exit); nothing from it is "
-                 "cached or shared", "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself and "
-                 "check dmesg for Xid errors", action="fix-config", actor="tenant")
-TORCH_ERROR = cause("torch-error", "other torch error", deep.LOGGED, action="fix-config", actor="tenant")
+LINGERED = fix("lingered", "worker printed its result but did not exit within 1.0 s (a wrapper script as "
+               "`HEALTHCHECK_TORCH_PYTHON` that keeps running, or a hang at exit); nothing from it is cached "
+               "or shared", "point `HEALTHCHECK_TORCH_PYTHON` at the Python interpreter itself and check "
+               "dmesg for Xid errors")
+TORCH_ERROR = fix("torch-error", "other torch error", deep.LOGGED)
 
 SPEC = Spec(
     NAME, layer="framework", module=__name__, toggle="ENABLE_TORCH_CHECK", timeout=45.0,
@@ -92,20 +84,13 @@ MAX_DEVICES = 1024
 TEXT = 120  # characters kept of each cleaned string of the report, but for these:
 TEXT_LIMITS = {"message": 1200, "visible_devices": 1000}  # a message keeps its line breaks, as \n
 PHASES = r"start|import|init|reference|device (cpu|\d{1,4})"
-_ERROR = {"phase": (STR, False), "type": (STR, False), "message": (STR, False),
-          "device": (INT, True), "module": (STR, True), "code": (INT, True)}
-_DEVICE = {"index": (INT, False), "name": (STR, False), "uuid": (STR, True), "op_ms": (NUM, True),
-           "max_err": (MEASURE, True), "scale": (MEASURE, True), "free": (INT, True), "total": (INT, True)}
-_TOP = {"v": (INT, False), "device": (STR, False), "size": (INT, False),
-        "torch": (STR, True), "cuda": (STR, True), "cuda_built": (BOOL, True),
-        "available": (BOOL, True), "count": (INT, True), "visible_devices": (STR, True)}
 
 
 def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     """A cleaned copy of the report if it matches the schema exactly; raises deep.Bad otherwise."""
     from probes.framework import torch_worker
 
-    deep.fields(report, _TOP, "result", nested=("error", "devices"))
+    deep.fields(report, torch_worker.REPORT, "result", nested=("error", "devices"))
     if report["v"] != torch_worker.SCHEMA:
         raise deep.Bad(f"schema version {report['v']} is not {torch_worker.SCHEMA}")
     if report["device"] != device or report["size"] != size:
@@ -113,17 +98,17 @@ def validate(report: Any, device: str, size: int) -> dict[str, Any]:
     if report["count"] is not None and not 0 <= report["count"] <= MAX_DEVICES:
         raise deep.Bad("result.count is out of range")
     if report["error"] is not None:
-        deep.fields(report["error"], _ERROR, "result.error")
+        deep.fields(report["error"], torch_worker.ERROR, "result.error")
     devices = report["devices"]
     if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
         raise deep.Bad("result.devices is not a list")
     for i, dev in enumerate(devices):
-        deep.fields(dev, _DEVICE, f"result.devices[{i}]", nested=("error",))
+        deep.fields(dev, torch_worker.DEVICE, f"result.devices[{i}]", nested=("error",))
         if dev["error"] is None:
-            for key in ("op_ms", "max_err", "scale"):
-                deep.check(dev[key], _DEVICE[key][0], False, f"result.devices[{i}].{key}")
+            for key in ("op_ms", "max_err", "scale"):  # measured, so not null
+                deep.check(dev[key], torch_worker.DEVICE[key][:-1], False, f"result.devices[{i}].{key}")
         else:
-            deep.fields(dev["error"], _ERROR, f"result.devices[{i}].error")
+            deep.fields(dev["error"], torch_worker.ERROR, f"result.devices[{i}].error")
     # A report without an error covers every device it counted.
     stopped = report["error"] is not None or any(d["error"] is not None for d in devices)
     if not stopped and report["count"] is not None and len(devices) != report["count"]:
@@ -152,8 +137,7 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
 
 
 # What torch-cuda's judge reads of a worker run besides deep.WORKER_RUN, checked before reuse.
-_RUN = {"python": (STR, False), "device": (STR, False), "expect": (INT, True), "elapsed": (NUM, False),
-        "excerpt": (STR, True)}
+_RUN = {"python": "str", "device": "str", "expect": "int?", "elapsed": "num", "excerpt": "str?"}
 
 
 def gather(ctx: Context) -> dict[str, Any]:
@@ -163,12 +147,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     if not ctx.config.profile_rules.spawns_worker:
         return {"kind": "no-latch", "state_off": ctx.state.disabled_reason}
     own = ctx.config.of(Torch)
-    from probes.framework import checkpoint
     from probes.hardware import common as hw
-
-    why = checkpoint.hold(ctx) if own.torch_device == "cuda" else None
-    if why is not None:
-        return {"kind": "checkpointed", "why": why}
 
     seen = hw.seen(ctx.results) if own.torch_device == "cuda" else None
     expect = seen.count if seen is not None and seen.ok else None  # NVML's count when the hardware passed
@@ -180,7 +159,8 @@ def gather(ctx: Context) -> dict[str, Any]:
                            ttl)
 
     return deep.locked_run(ctx, CACHE, key, lambda entry: reuse(entry, own.torch_ttl),
-                           lambda: run_worker(ctx, expect), judge, early=True, share=reuse, relatch=True)
+                           lambda: run_worker(ctx, expect), judge, early=True,
+                           hold=own.torch_device == "cuda", share=reuse, relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:
@@ -196,7 +176,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
                        unit=UNIT, facts={"latched": True, "since": data["since"], "source": data["source"]})
     if kind == "no-latch":
         off = data.get("state_off")
-        note = f" ({deep.state_off(off)}; a fatal error cannot latch)" if off else ""
+        note = f" (state dir off: {off}; a fatal error cannot latch)" if off else ""
         return passed(NAME, f"no CUDA-fatal latch{note}", unit=UNIT, facts={"latched": False})
     return deep.judged(NAME, data, ctx, _judge_worker, room=deep.MIN_FREE, deadline=DEADLINE, unit=UNIT)
 
@@ -205,17 +185,19 @@ def _judge_worker(data: dict[str, Any], ctx: Context) -> Result:
     python = untrusted.clean(data.get("python", "?"), 80)
     kw: dict[str, Any] = {"unit": UNIT, "facts": {"python": data.get("python"), "device": data.get("device"),
                                                   "cache": data.get("cache")}}
-    report = data.get("report")
     if (unrunnable := deep.cannot_run(NAME, data, data.get("python", "?"), NOT_EXECUTABLE, **kw)) is not None:
         return unrunnable
     if data.get("lingered") and not data.get("stuck"):
         return verdict(NAME, LINGERED, "torch worker printed its result but did not exit within "
                        f"{deadlines.LINGER:.1f} s: its result is not used", **kw)
-    if report is not None and not data.get("lingered"):
-        return _judge_report(report, data, ctx, python, kw)
+    report = None if data.get("lingered") else data.get("report")
+    if report is not None:
+        kw["facts"].update({"torch": report["torch"], "cuda": report["cuda"], "count": report["count"]})
     gone = data.get("held_by") is not None or data.get("stuck") or data.get("timed_out")
-    if not gone and (memory := memory_limit(None, data)) is not None:
+    if (report is not None or not gone) and (memory := memory_limit(report, data)) is not None:
         return verdict(NAME, MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False, **kw)
+    if report is not None:
+        return _judge_report(report, data, ctx, python, kw)
     return deep.no_report(NAME, data, "torch worker", stuck=STUCK, timed_out=DEADLINE,
                        excerpt=f": '{data.get('excerpt') or ''}'", **kw)
 
@@ -238,13 +220,8 @@ def memory_limit(report: dict[str, Any] | None, data: dict[str, Any]) -> str | N
 
 def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, python: str,
                   kw: dict[str, Any]) -> Result:
-    from probes.framework import free_memory
-
-    kw["facts"].update({"torch": report["torch"], "cuda": report["cuda"], "count": report["count"]})
     err = report["error"]
     cuda = report["device"] == "cuda"
-    if (memory := memory_limit(report, data)) is not None:
-        return verdict(NAME, MEMORY_LIMIT, f"torch worker in {python}: {memory}", remedy=False, **kw)
     if err is not None and err["phase"] == "import":
         if err["module"] == "torch":
             return verdict(NAME, TORCH_MISSING, f"torch is not installed for {python}", **kw)
@@ -268,7 +245,7 @@ def _judge_report(report: dict[str, Any], data: dict[str, Any], ctx: Context, py
         return verdict(NAME, deep.CUDA_UNAVAILABLE, "CUDA not available: torch sees no GPU", **kw)
     notes = []
     expect = data.get("expect")
-    held = free_memory.read(data.get("room"))
+    held = data.get("room")  # checked: the run's own, or read() from the cache by deep.cached
     if expect is not None and held is not None:
         expect -= len(held["full"])  # those were kept from the worker (CUDA_VISIBLE_DEVICES)
     if cuda and expect is not None and count != expect:
@@ -324,19 +301,16 @@ def _device_error(err: dict[str, Any], report: dict[str, Any], ctx: Context, kw:
 
 def _driver_cuda(ctx: Context) -> str | None:
     """The highest CUDA version the driver supports ("12.4"), as the nvml probe read it."""
-    import re
-
     from probes.hardware import common as hw
 
     seen = hw.seen(ctx.results)
-    value = seen.cuda_driver if seen is not None else None
-    return value if value is not None and re.fullmatch(_CUDA_VERSION, value) else None
+    return seen.cuda_driver if seen is not None and _version(seen.cuda_driver, whole=True) else None
 
 
-def _version(text: Any) -> tuple[int, int] | None:
+def _version(text: Any, whole: bool = False) -> tuple[int, int] | None:
     import re
 
-    found = re.match(_CUDA_VERSION, str(text or ""))
+    found = (re.fullmatch if whole else re.match)(_CUDA_VERSION, str(text or ""))
     return (int(found[1]), int(found[2])) if found else None
 
 

@@ -1,7 +1,5 @@
 """The torch-cuda worker, run by file path in ``HEALTHCHECK_TORCH_PYTHON`` (stdlib + torch only, never
-the ``probes`` package, Python 3.6+; docs/probes.md, "How the probes decide"). It reports, never
-judges: an error's message keeps its line breaks, so that the parent finds the ``CUDA error:`` line
-among PyTorch's added lines."""
+the ``probes`` package, Python 3.6+; docs/probes.md, "How the probes decide"). It reports, never judges."""
 
 import os
 import sys
@@ -15,6 +13,12 @@ MAX_TEXT = 1000  # characters of an error message: the CUDA error line and PyTor
 HERE = os.path.dirname(os.path.abspath(__file__))
 # After these "could not check" rows of cuda_errors.py (a test keeps them equal) the next device is tried;
 # after any other error the context may be corrupted and further CUDA calls may hang: it stops.
+# The report's fields and their kinds as the suite checks them ("?": or null); "error" and "devices" nest.
+REPORT = {"v": "int", "device": "str", "size": "int", "torch": "str?", "cuda": "str?", "cuda_built": "bool?",
+          "available": "bool?", "count": "int?", "visible_devices": "str?"}
+DEVICE = {"index": "int", "name": "str", "uuid": "str?", "op_ms": "num?", "max_err": "measure?",
+          "scale": "measure?", "free": "int?", "total": "int?"}
+ERROR = {"phase": "str", "type": "str", "message": "str", "device": "int?", "module": "str?", "code": "int?"}
 BENIGN_CODES = (2, 46, 216, 807, 808, 809)
 BENIGN = ("all cuda-capable devices are busy or unavailable", "cublas_status_alloc_failed",
           "cuda out of memory", "cuda-capable device(s) is/are busy or unavailable",
@@ -62,13 +66,12 @@ def parse_args(argv):
 
 
 def new_report(args):
-    return {"v": SCHEMA, "device": args.device, "size": args.size, "torch": None, "cuda": None,
-            "cuda_built": None, "available": None, "count": None,
+    return {**dict.fromkeys(REPORT), "v": SCHEMA, "device": args.device, "size": args.size,
             "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "error": None, "devices": []}
 
 
 def check_cuda(torch, report):
-    """The device count, or None when CUDA cannot be used."""
+    """The device count, or the error that keeps CUDA from being used."""
     phase("init")
     import warnings
 
@@ -77,18 +80,16 @@ def check_cuda(torch, report):
         report["available"] = bool(torch.cuda.is_available())
     if report["available"]:
         report["count"] = int(torch.cuda.device_count())
-        return report["count"]
+        return
     # is_available() only warns; init() raises the driver's own reason (too old, no driver, device
     # busy), which the parent turns into a diagnosis.
     try:
         torch.cuda.init()
     except Exception as exc:
         report["error"] = error("init", exc)
-    if report["error"] is None:
-        text = "\n".join(str(w.message) for w in caught) or "torch.cuda.is_available() returned False"
-        report["error"] = {"phase": "init", "type": "Warning", "message": text[:MAX_TEXT], "device": None,
-                           "module": None, "code": None}
-    return None
+        return
+    text = "\n".join(str(w.message) for w in caught) or "torch.cuda.is_available() returned False"
+    report["error"] = error("init", Warning(text))
 
 
 def run_op(torch, a, b, ref, scale, device, entry):
@@ -125,13 +126,12 @@ def work(args, report):
         report["cuda_built"] = report["cuda"] is not None
     if args.device == "cuda":
         try:
-            count = check_cuda(torch, report)
+            check_cuda(torch, report)
         except Exception as exc:
             report["error"] = error("init", exc)
+        if report["error"] is not None:
             return
-        if count is None:
-            return
-        indices = list(range(count))
+        indices = list(range(report["count"]))
     else:
         report["count"] = 1
         indices = [None]
@@ -151,8 +151,8 @@ def work(args, report):
         return
 
     for index in indices:
-        entry = {"index": 0 if index is None else index, "name": "cpu", "uuid": None, "op_ms": None,
-                 "max_err": None, "scale": None, "free": None, "total": None, "error": None}
+        entry = {**dict.fromkeys(DEVICE), "index": 0 if index is None else index, "name": "cpu",
+                 "error": None}
         report["devices"].append(entry)
         phase("device cpu" if index is None else "device " + str(index))
         try:

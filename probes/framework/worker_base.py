@@ -9,9 +9,7 @@ import sys
 def measure(value):
     """A float as strict JSON allows it: non-finite values as "nan", "inf" or "-inf"."""
     value = float(value)
-    if value != value:
-        return "nan"
-    return ("inf" if value > 0 else "-inf") if value in (float("inf"), float("-inf")) else value
+    return str(value) if value != value or abs(value) == float("inf") else value
 
 
 def text(exc, limit, one_line=True):
@@ -67,20 +65,17 @@ def with_the_suite():
         return False
 
 
-def run(prefix, marker, report, work, failed=None, trace=False):
+def run(prefix, marker, report, work, failed, trace=False):
     """Run ``work(report)``, print ``report`` as the one result line on stdout and exit at once;
     ``failed(exc)`` makes the error of an exception that escapes (``trace``: its traceback first)."""
     if not with_the_suite():
         os._exit(1)  # the suite that started us is gone: nobody reads the answer
     result_fd = os.dup(1)
     os.dup2(2, 1)  # stray prints, ours or torch's C++ code's, go to stderr, never to the result channel
-    if marker is not None:
-        phase(marker, "start")
+    phase(marker, "start")
     try:
         work(report)
     except Exception as exc:
-        if failed is None:
-            raise
         if trace:
             import traceback
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 import pytest
 
-from probes.framework import free_memory
+from probes.framework import deep, free_memory
 from tests.conftest import ROOT
 from tests.framework.conftest import REAL_PYTHON, Interp
 from tests.hardware.conftest import cli_env, fake_nvml  # noqa: F401  (the fixture)
@@ -121,7 +121,7 @@ def test_a_gpu_reporting_no_memory_is_not_the_workloads_and_is_checked(tmp_path:
     fails it); the worker runs there, and what it finds is the evidence."""
     python, seen = interp(make_interp, tmp_path)
     _, check = run(tmp_path, python, scenario("gpu 0 memory 0"), "startup")
-    assert check["reason"] != free_memory.REASON and "holds the memory" not in check.get("output", ""), check
+    assert check["reason"] != deep.WORKLOAD_MEMORY.reason and "holds the memory" not in check.get("output", ""), check
     assert check["status"] == "pass" and python.starts == 1 and seen.read_text().split() == ["unset"]
 
 

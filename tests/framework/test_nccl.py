@@ -152,6 +152,13 @@ def test_a_pass_is_reused_by_readiness_for_the_ttl(tmp_path: Path, make_interp: 
     assert interp.starts == 3
 
 
+def test_dev_shm_is_checked_before_a_cached_pass_is_reused(tmp_path: Path, make_interp: Any) -> None:
+    interp = make_interp("ok", body=f"echo '{nccl_worker.PREFIX + json.dumps(PASSING)}'")
+    assert run_probe(tmp_path, interp)[0].status is Status.PASS
+    result, _, _ = run_probe(tmp_path, interp, nccl_min_shm_mib=2**30)
+    assert result.reason == "shm-too-small" and interp.starts == 1, result.message
+
+
 def test_a_wrong_sum_fails_and_is_not_reused(tmp_path: Path, make_interp: Any) -> None:
     line = nccl_worker.PREFIX + json.dumps({**PASSING, "bad": 1, "max_err": 2.0})
     interp = make_interp("bad", body=f"echo '{line}'")

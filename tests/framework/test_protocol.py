@@ -52,7 +52,7 @@ def test_field_kinds(value, kind, ok):
 
 
 def test_fields_are_exactly_the_schema():
-    spec = {"a": (deep.INT, False), "b": (deep.STR, True)}
+    spec = {"a": "int", "b": "str?"}
     deep.fields({"a": 1, "b": None}, spec, "r")
     for obj, why in (([], "not an object"), ({"a": 1}, "unexpected or missing"),
                      ({"a": 1, "b": None, "c": 0}, "unexpected or missing"), ({"a": None, "b": "x"}, "r.a is missing")):
@@ -61,7 +61,7 @@ def test_fields_are_exactly_the_schema():
 
 
 def test_nested_fields_must_be_there_and_are_left_to_the_caller():
-    spec = {"a": (deep.INT, False)}
+    spec = {"a": "int"}
     deep.fields({"a": 1, "error": {"anything": [1]}}, spec, "r", nested=("error",))
     for obj in ({"a": 1}, {"a": 1, "error": None, "c": 0}):
         with pytest.raises(deep.Bad, match="unexpected or missing"):
