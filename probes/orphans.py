@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
 RUN_ID_VAR = "HEALTHCHECK_RUN_ID"  # probes/proc.py sets it
 _KEY = RUN_ID_VAR.encode() + b"="
-_swept_by: int | None = None  # the pid that made its one sweep at its first child
 
 
 def marked(pid: int) -> list[bytes] | None:
@@ -93,10 +92,3 @@ def end(found: Mapping[int, int] | None = None) -> list[int]:
     return [pid for pid, start in killed.items()
             if (st := stat(pid)) is not None and st.start == start and st.state not in DEAD]
 
-
-def sweep_once() -> None:
-    """end(), once per process: at the first child it starts."""
-    global _swept_by
-    if _swept_by != os.getpid():
-        _swept_by = os.getpid()
-        end()

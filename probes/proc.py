@@ -49,9 +49,7 @@ class Completed(Record):
         return -self.returncode if self.returncode is not None and self.returncode < 0 else None
 
 
-class _Child(Record):
-    """A child started by spawn(): only its Popen object ever reaps it."""
-
+class _Child(Record):  # a child started by spawn(): only its Popen object ever reaps it
     popen: subprocess.Popen[bytes]
     run_id: bytes
     start: int
@@ -61,6 +59,7 @@ class _Child(Record):
 _lock = threading.Lock()  # held while a child is started and registered, and while we reap
 _children: dict[int, _Child] = {}
 _reaper = (0, False)  # (the pid that asked to be the child subreaper, the kernel's answer)
+_swept_by = 0  # the pid that ended what gone suites left (orphans.end), at its first child
 _prctl: Any = None  # libc's prctl, resolved before the first fork: the child may call no more than it
 _ids = itertools.count(1)
 
@@ -90,11 +89,14 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
     ``user``: (uid, gid) to run as, with no supplementary group. OSError when it cannot start."""
     import subprocess
 
+    global _swept_by
     drop: dict[str, Any] = {}
     if user is not None and user != (os.geteuid(), os.getegid()):
         drop = {"user": user[0], "group": user[1], "extra_groups": []}
     subreaper()
-    orphans.sweep_once()
+    if _swept_by != os.getpid():
+        _swept_by = os.getpid()
+        orphans.end()
     prctl, parent = _prctl, os.getpid()
 
     def die_with_us() -> None:
@@ -131,11 +133,10 @@ def _killpg(popen: subprocess.Popen[bytes], sig: int) -> None:
 
 
 def _of_run(child: _Child) -> Select:
-    """The processes of one run: the child, its group and session, and everything below them and
-    below each orphan re-parented to us (the subreaper) that carries the run's marker. An orphan
-    whose environment is empty (in execve, between its new memory and its new stack) is not told
-    yet; still empty KILL_WAIT after the first look (env -i), it is not ours. A starved machine can
-    keep a process in that window for many looks."""
+    """The processes of one run: the child, its group and session, each orphan re-parented to us
+    (the subreaper) that carries the run's marker, and all below them. An orphan whose environment
+    is empty (in execve) is not told yet; still empty KILL_WAIT after the first look (env -i), it is
+    not ours."""
     me, root = os.getpid(), child.popen.pid
     reaper = _reaper == (me, True)
     judged: dict[tuple[int, int], bool] = {}
@@ -169,10 +170,9 @@ def _of_run(child: _Child) -> Select:
 def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], since: int, until: float,
            settle: float = KILL_WAIT) -> dict[int, int]:
     """Send ``sig`` to the groups of ``popens`` and, once, to each process ``select`` finds, pass
-    after pass (a process killed forks no more), reaping each zombie child of ours that was
-    signalled or started at or after ``since`` (never one spawn() started: its Popen reaps it);
-    until a pass finds nothing, ``settle`` seconds after the last that signalled one (what is left
-    is stuck), or ``until``. Returns pid -> start of those it signalled."""
+    after pass, reaping each zombie child of ours signalled or started since ``since`` (never one
+    spawn() started: its Popen reaps it); until a pass finds nothing, ``settle`` seconds after the
+    last that signalled one (what is left is stuck), or ``until``. Returns pid -> start signalled."""
     me = os.getpid()
     signalled: dict[int, int] = {}
     last_new = time.monotonic()
@@ -205,8 +205,7 @@ def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], sinc
 
 
 def _childless() -> bool:
-    """Whether this process, the subreaper, has no child at all (an exiting child hands its own to us
-    before it leaves our list)."""
+    # The subreaper with no child (an exiting child hands its own to us before it leaves the list).
     if _reaper != (os.getpid(), True):
         return False
     try:
@@ -224,6 +223,7 @@ def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | N
     and ``grace`` seconds to exit, then the sweep. Its exit status, or None if it survived SIGKILL
     (stuck); within about ``grace + KILL_WAIT``, at once when it exited and we have no child."""
     import subprocess
+    from contextlib import suppress
 
     child = _children.get(popen.pid)
     if popen.poll() is not None and (child is None or _childless()):
@@ -232,20 +232,16 @@ def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | N
         return popen.returncode
     if grace > 0 and popen.poll() is None:
         _killpg(popen, signal.SIGTERM)
-        try:
+        with suppress(subprocess.TimeoutExpired):
             popen.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
     if child is not None:
         _sweep(_of_run(child), signal.SIGKILL, [popen], child.start, time.monotonic() + KILL_WAIT)
         st = stat(popen.pid) if popen.poll() is None else None
         if st is not None and st.state == b"R":
             # Killed and runnable: a starved machine has not run its exit yet. Only one that
             # stays asleep (in a wedged driver) is stuck.
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=DYING_WAIT)
-            except subprocess.TimeoutExpired:
-                pass
     with _lock:
         if popen.poll() is not None:
             _children.pop(popen.pid, None)
@@ -330,11 +326,8 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
                 timed_out = True
     finally:
         returncode = end(proc, grace=TERM_GRACE if proc.returncode is None else 0.0)
-        for stream in (proc.stdout, proc.stderr):
-            try:
-                stream.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
     if returncode is None and state is not None and key:
         state.remember_stuck(key, proc.pid)
     return Completed(argv, returncode, out.stdout(), bytes(out.bufs[out.err_fd]), timed_out=timed_out,
