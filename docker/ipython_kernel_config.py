@@ -35,9 +35,8 @@ def lines(text, now):
     said = said if said and said[0] else []
     out = []
     if age > int(parts[1]):
-        last = said[0] if said else parts[2]
         out.append(f"gpu-health: not checked since {shown(parts[3] if len(parts) > 3 else '')} ({ago(age)}); "
-                   f"last verdict: {last}")
+                   f"last verdict: {said[0] if said else parts[2]}")
     elif said:
         out.append(f"gpu-health: {said[0]} (checked {ago(age)})")
     return out + [f"gpu-health: {s}" for s in said[1:] if s]
