@@ -39,7 +39,6 @@ class Completed(Record):
     truncated: bool = False  # stdout beyond max_output was discarded (stdout only)
     spawn_error: str | None = None  # "not found", "permission denied", ...
     elapsed: float = 0.0
-    pid: int | None = None
     held_by: int | None = None  # not started: this earlier child is still stuck (see run's key)
     stderr_truncated: bool = False  # stderr beyond childio.MAX_STDERR was discarded
     lingered: bool = False  # ``until`` was met but the child did not exit by itself: it was ended
@@ -331,9 +330,8 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
     if returncode is None and state is not None and key:
         state.remember_stuck(key, proc.pid)
     return Completed(argv, returncode, out.stdout(), bytes(out.bufs[out.err_fd]), timed_out=timed_out,
-                     stuck=returncode is None, truncated=out.cut[out.out_fd],
-                     elapsed=time.monotonic() - start, pid=proc.pid, stderr_truncated=out.cut[out.err_fd],
-                     lingered=answered and timed_out)
+                     stuck=returncode is None, truncated=out.cut[out.out_fd], lingered=answered and timed_out,
+                     elapsed=time.monotonic() - start, stderr_truncated=out.cut[out.err_fd])
 
 
 def signal_name(num: int) -> str:
