@@ -13,10 +13,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 MAX_STDERR = 64 * 1024  # stderr kept; the rest is dropped without making the result "truncated"
-
-
-# How a spawn error that a resource limit caused begins: the program is not at fault (limited()).
-LIMITED = "could not start: "
+LIMITED = "could not start: "  # how a spawn error that a resource limit caused begins (limited())
 
 
 def _soft(which: str) -> str:
@@ -26,15 +23,13 @@ def _soft(which: str) -> str:
     try:
         if which in sysconf:
             value = os.sysconf(sysconf[which])
-            unlimited = value < 0
         else:
             import resource
 
-            value = resource.getrlimit(getattr(resource, which))[0]
-            unlimited = value == resource.RLIM_INFINITY
+            value = resource.getrlimit(getattr(resource, which))[0]  # RLIM_INFINITY is -1 here
     except (ImportError, AttributeError, ValueError, OSError):
         return f"{which}=?"
-    return f"{which}={'unlimited' if unlimited else value}"
+    return f"{which}={'unlimited' if value < 0 else value}"
 
 
 def limit_words(err: int | None) -> str | None:

@@ -24,7 +24,6 @@ DIR_CHECK = "drop-ins"  # the one failure for a directory that may not be truste
 DEFAULT_PROFILES = ("startup", "readiness")
 DEFAULT_TIMEOUT = 10.0
 MAX_TIMEOUT = 3600.0
-HEADER_BYTES = 4096  # the header is looked for in the first lines of this much of the file
 HEADER_TAG = b"healthcheck:"
 MAX_NAME = 64
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -69,13 +68,10 @@ CAUSES = (PASSED, WARNING, FAILED, UNKNOWN, BAD_EXIT, DEADLINE, UNTRUSTED, BAD_C
 
 
 def toggle_for(name: str) -> str:
-    """``ENABLE_<NAME>_CHECK`` for a drop-in called ``name``."""
     return "ENABLE_" + "".join(ch if ch.isalnum() else "_" for ch in name.upper()) + "_CHECK"
 
 
-class Check(Record):
-    """One drop-in as found in the directory (before any decision to run it)."""
-
+class Check(Record):  # one drop-in as found in the directory
     name: str
     path: str
     profiles: tuple[str, ...] = DEFAULT_PROFILES
@@ -181,7 +177,7 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
         fd = os.open(name, flags, dir_fd=dir_fd)
         try:
-            st, head = os.fstat(fd), os.read(fd, HEADER_BYTES)
+            st, head = os.fstat(fd), os.read(fd, 4096)  # the header is in the first lines
         finally:
             os.close(fd)
     except OSError as exc:

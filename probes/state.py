@@ -274,10 +274,7 @@ class State(Record):
                 return Lock(None, f"cannot open {name}: {os.strerror(exc.errno or 0)}")
         except OSError as exc:  # a full disk (no inode left for it), a read-only remount
             return Lock(None, f"cannot create {name}: {os.strerror(exc.errno or 0)}")
-        try:
-            os.fchmod(fd, 0o600)
-        except OSError:
-            pass
+        os.fchmod(fd, 0o600)  # ours, in our directory: whatever the umask took away
         delay = 0.005
         while True:
             try:
