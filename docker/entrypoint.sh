@@ -40,8 +40,7 @@ fi
 # --- SSH -----------------------------------------------------------------------------------
 sshd_args=()
 setup_ssh() {
-  mkdir -p /run/sshd || abort "cannot create /run/sshd: a read-only root needs a writable /run (docker run --tmpfs /run)"
-  chmod 0755 /run/sshd
+  install -d -m 0755 /run/sshd || abort "cannot create /run/sshd: a read-only root needs a writable /run (docker run --tmpfs /run)"
   # Host keys belong to the container, not the image: two containers never share them. (ssh-keygen
   # -A exits 0 even when it could not write a key: what it left is checked.)
   local keys_dir=/etc/ssh key

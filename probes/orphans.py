@@ -12,10 +12,6 @@ import time
 from probes.deadlines import KILL_WAIT
 from probes.pidstat import DEAD, below, signal_same, stat, table
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-
 RUN_ID_VAR = "HEALTHCHECK_RUN_ID"  # probes/proc.py sets it
 _KEY = RUN_ID_VAR.encode() + b"="
 
@@ -68,10 +64,10 @@ def find() -> dict[int, int]:
     return {pid: procs[pid].start for pid in below(procs, found) - {me}}
 
 
-def end(found: Mapping[int, int] | None = None) -> list[int]:
-    """SIGKILL each process of ``found`` (pid -> start; find()'s when None) that is still the one
-    that started then, and what find() finds after, until none is left, reaping those re-parented
-    to us. Returns the pids still there after KILL_WAIT (state D)."""
+def end(found: dict[int, int] | None = None) -> list[int]:
+    """SIGKILL each process of ``found`` (pid -> start; find()'s when None) still the one that started
+    then, and what find() finds after, until none is left, reaping those re-parented to us. Returns
+    the pids still there after KILL_WAIT (state D)."""
     me, limit = os.getpid(), time.monotonic() + KILL_WAIT
     left = dict(find() if found is None else found)
     killed: dict[int, int] = {}

@@ -301,10 +301,9 @@ class State(Record):
             with os.scandir(base) as entries:
                 for entry, _ in zip(entries, range(MAX_SCRATCH)):
                     parts = entry.name.rsplit("-", 3)
-                    if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit():
-                        left = pidstat.stat(int(parts[1]))
-                        if left is None or str(left.start) != parts[2] or left.state in pidstat.DEAD:
-                            drop_scratch(entry.path)
+                    if len(parts) == 4 and parts[1].isdigit() \
+                            and parts[2].isdigit() and process_start_time(int(parts[1])) != parts[2]:
+                        drop_scratch(entry.path)
             me = pidstat.stat(os.getpid())
             path = os.path.join(base, f"{what}-{os.getpid()}-{me.start if me else 0}-{os.urandom(4).hex()}")
             _mkdir_private(path)

@@ -41,20 +41,16 @@ def squeeze(value: Any, limit: int = MAX_TEXT) -> str:
     return clean(" ".join(str(value).lstrip()[: limit * 4 + 4].split()), limit)
 
 
-def _no_constant(name: str) -> Any:  # NaN, Infinity
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise ValueError("integer too large")
     return int(text)
 
 
-def _finite_float(text: str) -> float:
+def _finite(text: str) -> float:  # a number, or NaN and Infinity, which do not end in a digit
     value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError("number too large")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError("number too large" if text[-1].isdigit() else f"{text} is not a number JSON allows")
     return value
 
 
@@ -73,7 +69,7 @@ def load_json(raw: bytes | str) -> Any:
             raise ValueError("not UTF-8") from None
         raw = raw[1:] if raw.startswith("\ufeff") else raw
     try:
-        doc = json.loads(raw, parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_finite_float)
+        doc = json.loads(raw, parse_constant=_finite, parse_int=_bounded_int, parse_float=_finite)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     stack: list[tuple[Any, int]] = [(doc, 1)] if isinstance(doc, (dict, list)) else []
