@@ -78,7 +78,6 @@ class Output(Record):
     out_fd: int
     err_fd: int
     max_output: int
-    kept: int = 0  # bytes the last read() kept
 
     def __post_init__(self) -> None:
         self.bufs = {self.out_fd: bytearray(), self.err_fd: bytearray()}
@@ -86,29 +85,24 @@ class Output(Record):
         self.cut = {self.out_fd: False, self.err_fd: False}
 
     def read(self, fd: int) -> int:
-        """One read: the bytes read, 0 when none are waiting, -1 at end of file."""
-        self.kept = 0
+        """One read: the bytes kept, 0 when none are waiting or there is no room left, -1 at end of file."""
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
             return 0
         if not chunk:
             return -1
-        room = self.limits[fd] - len(self.bufs[fd])
-        if room > 0:
-            self.bufs[fd] += chunk[:room]
-            self.kept = min(room, len(chunk))
-        self.cut[fd] |= len(chunk) > room
-        return len(chunk)
+        kept = chunk[:max(self.limits[fd] - len(self.bufs[fd]), 0)]
+        self.bufs[fd] += kept
+        self.cut[fd] |= len(kept) < len(chunk)
+        return len(kept)
 
     def drain(self, sel: selectors.BaseSelector) -> None:
-        """What an exited child left in the pipes, bounded: a grandchild holding one may still write."""
-        budget = self.limits[self.out_fd] + self.limits[self.err_fd] + 65536
+        """What an exited child left in the pipes, until each is empty or its buffer full: a grandchild
+        holding one may still write."""
         for key in list(sel.get_map().values()):
-            got = 1
-            while budget > 0 and got > 0:
-                got = self.read(key.fd)
-                budget -= max(got, 0)
+            while self.read(key.fd) > 0:
+                pass
 
     def stdout(self) -> bytes:
         return bytes(self.bufs[self.out_fd])

@@ -309,9 +309,9 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
                     break  # a grandchild holds the pipe: stop reading, it is killed below
             wait = min(stop_at - now, 0.05 if exited_at is None else DRAIN_AFTER_EXIT)
             for ready, _ in sel.select(timeout=max(wait, 0.0)):
-                if out.read(ready.fd) < 0:
+                if (kept := out.read(ready.fd)) < 0:
                     sel.unregister(ready.fd)
-                elif until is not None and not answered and ready.fd == out.out_fd and out.kept \
+                elif until is not None and not answered and ready.fd == out.out_fd and kept \
                         and until(out.stdout()):
                     answered = True
                     stop_at = min(deadline, time.monotonic() + max(linger, 0.0))
