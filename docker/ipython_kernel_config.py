@@ -42,8 +42,7 @@ def lines(text, now):
     return out + [f"gpu-health: {s}" for s in said[1:] if s]
 
 
-def notice(environ=None):
-    env = os.environ if environ is None else environ
+def notice(env=os.environ):
     if env.get("HEALTHCHECK_NOTICES", "").strip().lower() in ("false", "0", "no", "off"):
         return []
     fd = os.open(env.get("HEALTHCHECK_NOTICE_FILE") or "/run/healthcheck-notice/notice",

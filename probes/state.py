@@ -91,10 +91,8 @@ def _usable(path: str) -> str | None:
         return str(exc)
     except OSError as exc:
         return f"cannot open {path}: {os.strerror(exc.errno or 0)}"
-    try:
-        opened = os.fstat(fd)
-    finally:
-        os.close(fd)
+    opened = os.fstat(fd)
+    os.close(fd)
     if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
         return f"{path} changed while it was checked"
     if opened.st_uid != os.geteuid():

@@ -102,12 +102,10 @@ def read_regular(path: str, max_size: int, *, dir_fd: int | None = None,
             raise Refused("not a regular file")
         if owners is not None and st.st_uid not in owners:
             raise Refused(f"owned by uid {st.st_uid}")
-        if st.st_size > max_size:
-            raise Refused(f"larger than {max_size} bytes")
         data = b""
         while chunk := os.read(fd, max_size + 1 - len(data)):
             data += chunk
-            if len(data) > max_size:  # it grew while we read
+            if len(data) > max_size:
                 raise Refused(f"larger than {max_size} bytes")
         return data, st
     except OSError as exc:
