@@ -25,6 +25,7 @@ DEFAULT_PROFILES = ("startup", "readiness")
 DEFAULT_TIMEOUT = 10.0
 MAX_TIMEOUT = 3600.0
 HEADER_TAG = b"healthcheck:"
+HEADER_ACCEPTS = {"profiles": ", ".join(ALL_PROFILES), "timeout": "seconds, greater than 0 and at most 3600"}
 MAX_NAME = 64
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 BACKUP_SUFFIXES = ("~", ".bak", ".swp", ".swo", ".orig", ".rej", ".tmp", ".old", ".new", ".dpkg-old",
@@ -88,20 +89,15 @@ def _parse_header(head: bytes) -> tuple[tuple[str, ...], float, str | None]:
     header = next((line for line in lines if line.startswith(b"#") and HEADER_TAG in line), b"")
     for item in header.partition(HEADER_TAG)[2].decode("utf-8", "replace").split():
         key, sep, value = item.partition("=")
-        if key == "profiles" and sep:
-            names = tuple(p for p in value.split(",") if p)
-            if not names or any(p not in ALL_PROFILES for p in names):
-                return profiles, timeout, (f"header: profiles={clean(value, 40)} "
-                                           f"(accepted: {', '.join(ALL_PROFILES)})")
+        names = tuple(p for p in value.split(",") if p)
+        if key == "profiles" and sep and names and all(p in ALL_PROFILES for p in names):
             profiles = names
-        elif key == "timeout" and sep:
-            if not is_number_text(value) or not 0 < float(value) <= MAX_TIMEOUT:
-                return profiles, timeout, (f"header: timeout={clean(value, 40)} "
-                                           "(accepted: seconds, greater than 0 and at most 3600)")
+        elif key == "timeout" and sep and is_number_text(value) and 0 < float(value) <= MAX_TIMEOUT:
             timeout = float(value)
         else:
-            return profiles, timeout, (f"header: unknown setting {clean(item, 40)} "
-                                       "(accepted: profiles=..., timeout=...)")
+            why = HEADER_ACCEPTS.get(key) if sep else None
+            shown = f"{key}={clean(value, 40)}" if why else f"unknown setting {clean(item, 40)}"
+            return profiles, timeout, f"header: {shown} (accepted: {why or 'profiles=..., timeout=...'})"
     return profiles, timeout, None
 
 
