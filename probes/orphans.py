@@ -19,19 +19,14 @@ _KEY = RUN_ID_VAR.encode() + b"="
 def marked(pid: int) -> list[bytes] | None:
     """The run markers in its environment; None when that is empty (just after execve, or env -i) or
     unreadable."""
-    chunks = []
     try:
-        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
-        try:
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read()
     except OSError:
         return None
-    if not chunks:
+    if not env:
         return None
-    return next((e[len(_KEY):].split(b":") for e in b"".join(chunks).split(b"\0") if e.startswith(_KEY)), [])
+    return next((e[len(_KEY):].split(b":") for e in env.split(b"\0") if e.startswith(_KEY)), [])
 
 
 def _pid_ns(pid: int | str) -> str | None:

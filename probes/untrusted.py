@@ -135,20 +135,17 @@ def open_trusted_dir(path: str, owners: Collection[int]) -> int:
     not be trusted; OSError when the path leads to no directory."""
     step = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     todo = path.split("/")[::-1]  # a stack: the next component is last
-    fds, where, links = [os.open("/", step)], [""], 0  # the directories walked so far (for ".."), their paths
+    walked, links = [(os.open("/", step), "")], 0  # each directory so far (for ".."), with its path
     try:
-        problem = distrust(os.fstat(fds[0]), "/", owners, sticky_ok=True)
+        problem = distrust(os.fstat(walked[0][0]), "/", owners, sticky_ok=True)
         while todo and problem is None:
             name = todo.pop()
-            if name in ("", "."):
+            if name in ("", ".", ".."):
+                if name == ".." and len(walked) > 1:
+                    os.close(walked.pop()[0])
                 continue
-            if name == "..":
-                if len(fds) > 1:
-                    os.close(fds.pop())
-                    where.pop()
-                continue
-            here = f"{where[-1]}/{name}"
-            st = os.stat(name, dir_fd=fds[-1], follow_symlinks=False)
+            fd, here = walked[-1][0], f"{walked[-1][1]}/{name}"
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 links += 1
                 if st.st_uid not in owners:
@@ -156,24 +153,23 @@ def open_trusted_dir(path: str, owners: Collection[int]) -> int:
                 elif links > MAX_LINKS:
                     problem = f"{here}: more than {MAX_LINKS} symbolic links"
                 else:
-                    target = os.readlink(name, dir_fd=fds[-1])
+                    target = os.readlink(name, dir_fd=fd)
                     todo.extend(target.split("/")[::-1])
-                    while target.startswith("/") and len(fds) > 1:
-                        os.close(fds.pop())
-                        where.pop()
+                    while target.startswith("/") and len(walked) > 1:
+                        os.close(walked.pop()[0])
                 continue
-            fds.append(os.open(name, step, dir_fd=fds[-1]))
-            where.append(here)
-            opened = os.fstat(fds[-1])
+            walked.append((os.open(name, step, dir_fd=fd), here))
+            opened = os.fstat(walked[-1][0])
             if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
                 problem = f"{here} changed while it was checked"
             else:
                 problem = distrust(opened, here, owners, sticky_ok=True)
+        fd, here = walked[-1]
         if problem is None:
-            problem = distrust(os.fstat(fds[-1]), where[-1] or "/", owners)
+            problem = distrust(os.fstat(fd), here or "/", owners)
         if problem is not None:
             raise Refused(clean(problem, 200))
-        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fds[-1])
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
     finally:
-        for fd in fds:
+        for fd, _ in walked:
             os.close(fd)
