@@ -199,22 +199,17 @@ def specs(directory: str, reserved: frozenset[str] = frozenset(),
 UNITS = ("us", "ms", "s", "%", "B", "KB", "MB", "GB", "TB", "c")  # Nagios performance data's
 
 
-class Ran(Record):
-    check: Check
-    done: proc.Completed | None  # None: not run (check.problem says why)
-    budget: float
-
-
 # ctx: a probes.context.Context, which imports probes.config, which reads the drop-ins here.
-def gather(ctx: Any) -> Ran:
+def gather(ctx: Any) -> tuple[proc.Completed | None, float]:
+    """The check's run (None: not run, its problem says why) and the seconds it had."""
     check: Check = ctx.spec.dropin
     budget = ctx.remaining()
     if check.problem is not None:
-        return Ran(check, None, budget)
+        return None, budget
     from probes import proc
 
     env = {**os.environ, "HEALTHCHECK_PROFILE": ctx.config.profile}
-    return Ran(check, proc.run([check.path], deadline=ctx.deadline, env=env, cwd="/"), budget)
+    return proc.run([check.path], deadline=ctx.deadline, env=env, cwd="/"), budget
 
 
 def _perfdata(text: str) -> tuple[Any, str | None]:
@@ -224,16 +219,15 @@ def _perfdata(text: str) -> tuple[Any, str | None]:
     unit = next((u for u in sorted(UNITS, key=len, reverse=True) if value.endswith(u)), None)
     number = value[: len(value) - len(unit)] if unit else value
     try:
-        parsed = float(number)
+        parsed = untrusted.finite(number)
     except ValueError:
-        return None, None
-    if parsed != parsed or parsed in (float("inf"), float("-inf")):
         return None, None
     return (int(parsed) if parsed.is_integer() and "." not in number else parsed), unit
 
 
-def judge(data: Ran, ctx: Any) -> Result:
-    check, done, name = data.check, data.done, data.check.name
+def judge(data: tuple[proc.Completed | None, float], ctx: Any) -> Result:
+    (done, budget), check = data, ctx.spec.dropin
+    name = check.name
     if done is None:
         assert check.cause is not None
         said = {UNTRUSTED: "untrusted", LIMIT: "not checked"}.get(check.cause, "not run")
@@ -247,7 +241,7 @@ def judge(data: Ran, ctx: Any) -> Result:
     message = clean(" ".join(message.split()), 200)
     said = f"; it said: {message}" if message else ""
     if done.timed_out or done.stuck:
-        return verdict(name, DEADLINE, f"no answer within {data.budget:.1f}s (deadline passed){said}")
+        return verdict(name, DEADLINE, f"no answer within {budget:.1f}s (deadline passed){said}")
     if done.signal is not None:
         from probes import proc
 

@@ -47,7 +47,7 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-def _finite(text: str) -> float:  # a number, or NaN and Infinity, which do not end in a digit
+def finite(text: str) -> float:  # a number, or NaN and Infinity, which do not end in a digit
     value = float(text)
     if value != value or value in (float("inf"), float("-inf")):
         raise ValueError("number too large" if text[-1].isdigit() else f"{text} is not a number JSON allows")
@@ -69,7 +69,7 @@ def load_json(raw: bytes | str) -> Any:
             raise ValueError("not UTF-8") from None
         raw = raw[1:] if raw.startswith("\ufeff") else raw
     try:
-        doc = json.loads(raw, parse_constant=_finite, parse_int=_bounded_int, parse_float=_finite)
+        doc = json.loads(raw, parse_constant=finite, parse_int=_bounded_int, parse_float=finite)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     stack: list[tuple[Any, int]] = [(doc, 1)] if isinstance(doc, (dict, list)) else []
