@@ -64,8 +64,7 @@ _ids = itertools.count(1)
 
 
 def subreaper() -> bool:
-    """Become the child subreaper (an orphan of a run is re-parented to us), once per process;
-    False where the kernel refuses."""
+    """Become the child subreaper (a run's orphans come to us), once per process; False if refused."""
     global _reaper, _prctl
     with _lock:
         if _reaper[0] != os.getpid():
@@ -225,10 +224,8 @@ def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | N
     from contextlib import suppress
 
     child = _children.get(popen.pid)
-    if popen.poll() is not None and (child is None or _childless()):
-        with _lock:
-            _children.pop(popen.pid, None)
-        return popen.returncode
+    if child is not None and popen.poll() is not None and _childless():
+        child = None  # it exited, and nothing of its run is left to sweep
     if grace > 0 and popen.poll() is None:
         _killpg(popen, signal.SIGTERM)
         with suppress(subprocess.TimeoutExpired):
@@ -315,15 +312,13 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
                         and until(out.stdout()):
                     answered = True
                     stop_at = min(deadline, time.monotonic() + max(linger, 0.0))
-    finally:
-        sel.close()
-    try:
         if not timed_out:
             try:
                 proc.wait(timeout=max(stop_at - time.monotonic(), 0.0))
             except subprocess.TimeoutExpired:
                 timed_out = True
     finally:
+        sel.close()
         returncode = end(proc, grace=TERM_GRACE if proc.returncode is None else 0.0)
         proc.stdout.close()  # type: ignore[union-attr]
         proc.stderr.close()  # type: ignore[union-attr]
