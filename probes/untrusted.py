@@ -22,15 +22,11 @@ def clean(value: Any, limit: int = MAX_TEXT) -> str:
     is not printable as Python's escapes (nothing invisible shown, nothing silently lost), longer
     text cut to end with ``...``."""
     if isinstance(value, (bytes, bytearray, memoryview)):
-        text = bytes(value[: limit * 4 + 4]).decode("utf-8", "replace")
-    else:
-        text = str(value)
-    text = text[: limit * 4 + 4]  # bound the work: each character shows as at most 10
+        value = bytes(value[: limit * 4 + 4]).decode("utf-8", "replace")
+    text = str(value)[: limit * 4 + 4]  # bound the work: each character shows as at most 10
     if not text.isprintable():
         text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-    if len(text) <= limit:
-        return text
-    return text[: max(limit - 3, 0)] + "..."
+    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
 
 
 def squeeze(value: Any, limit: int = MAX_TEXT) -> str:
