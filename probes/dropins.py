@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 DIR_CHECK = "drop-ins"  # the one failure for a directory that may not be trusted
 DEFAULT_PROFILES = ("startup", "readiness")
 DEFAULT_TIMEOUT = 10.0
-MAX_TIMEOUT = 3600.0
 HEADER_TAG = b"healthcheck:"
 HEADER_ACCEPTS = {"profiles": ", ".join(ALL_PROFILES), "timeout": "seconds, greater than 0 and at most 3600"}
 MAX_NAME = 64
@@ -92,30 +91,13 @@ def _parse_header(head: bytes) -> tuple[tuple[str, ...], float, str | None]:
         names = tuple(p for p in value.split(",") if p)
         if key == "profiles" and sep and names and all(p in ALL_PROFILES for p in names):
             profiles = names
-        elif key == "timeout" and sep and is_number_text(value) and 0 < float(value) <= MAX_TIMEOUT:
+        elif key == "timeout" and sep and is_number_text(value) and 0 < float(value) <= 3600:
             timeout = float(value)
         else:
             why = HEADER_ACCEPTS.get(key) if sep else None
             shown = f"{key}={clean(value, 40)}" if why else f"unknown setting {clean(item, 40)}"
             return profiles, timeout, f"header: {shown} (accepted: {why or 'profiles=..., timeout=...'})"
     return profiles, timeout, None
-
-
-def _name_problem(name: str, reserved: frozenset[str], taken: dict[str, str]) -> tuple[str | None, bool]:
-    """(why ``name`` cannot name a check, or None; whether it is reported as drop-in-NAME).
-    ``taken``: each toggle in use and whose it is; ``name``'s is added."""
-    shown = clean(name, MAX_NAME)
-    if len(name) > MAX_NAME or any(ch not in NAME_CHARS for ch in name):
-        return (f"the file name {shown!r} cannot be a check name "
-                "(accepted: letters, digits, '.', '_', '-'; at most 64)"), False
-    if name in reserved:
-        return f"the file name {shown!r} is the name of a built-in probe", True
-    toggle = toggle_for(name)
-    owner = taken.setdefault(toggle, f"the drop-in {shown!r}")
-    if owner != f"the drop-in {shown!r}":
-        return (f"the file name {shown!r} would share its toggle {toggle} with {owner}: {toggle}=false would "
-                "silently skip it"), True
-    return None, False
 
 
 def discover(directory: str, reserved: frozenset[str], toggles: dict[str, str] | None) -> list[Check]:
@@ -162,9 +144,18 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
         return Check(shown, path, problem=f"{shown} is a symbolic link (not followed)", cause=UNTRUSTED)
     if not stat.S_ISREG(lst.st_mode) or not lst.st_mode & 0o111:
         return None  # directories, FIFOs, sockets, devices and plain files are not checks
-    problem, renamed = _name_problem(name, reserved, taken)
-    if problem is not None:  # a name taken by a built-in probe or its toggle: reported as drop-in-NAME
-        return Check(f"drop-in-{shown}" if renamed else shown, path, problem=problem, cause=BAD_CHECK)
+    if len(name) > MAX_NAME or any(ch not in NAME_CHARS for ch in name):
+        return Check(shown, path, cause=BAD_CHECK, problem=f"the file name {shown!r} cannot be a check name "
+                     "(accepted: letters, digits, '.', '_', '-'; at most 64)")
+    # A name taken by a built-in probe or its toggle, or a toggle another drop-in took: drop-in-NAME.
+    if name in reserved:
+        return Check(f"drop-in-{shown}", path, cause=BAD_CHECK,
+                     problem=f"the file name {shown!r} is the name of a built-in probe")
+    toggle = toggle_for(name)
+    owner = taken.setdefault(toggle, f"the drop-in {shown!r}")  # taken: each toggle in use, and whose
+    if owner != f"the drop-in {shown!r}":
+        return Check(f"drop-in-{shown}", path, cause=BAD_CHECK, problem=f"the file name {shown!r} would "
+                     f"share its toggle {toggle} with {owner}: {toggle}=false would silently skip it")
     why = untrusted.distrust(lst, name, (0, os.geteuid()))
     if why is not None:
         why += ", not root or the suite's user" if "owned by" in why else ""

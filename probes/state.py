@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
 LATCH = "latch.json"
 MARK = "latch@"  # the empty file that stands for the latch when nothing else can be written
-MAX_FILE = 1 << 20  # no state file is anywhere near this size
-MAX_SCRATCH = 256  # entries of the scratch directory looked at for a killed run's leftovers
 MAX_BESIDE = 4096  # entries of a shared directory looked through for our state dir (beside)
 
 
@@ -227,7 +225,7 @@ class State(Record):
         if not self.enabled:
             return None
         try:
-            data = load_json(read_regular(self._file(name), MAX_FILE)[0])
+            data = load_json(read_regular(self._file(name), 1 << 20)[0])  # none is near 1 MiB
         except (Refused, ValueError):
             return None
         return data if isinstance(data, dict) else None
@@ -297,7 +295,7 @@ class State(Record):
             return None
         try:
             with os.scandir(base) as entries:
-                for entry, _ in zip(entries, range(MAX_SCRATCH)):
+                for entry, _ in zip(entries, range(256)):  # a bounded look for leftovers
                     parts = entry.name.rsplit("-", 3)
                     if len(parts) == 4 and parts[1].isdigit() \
                             and parts[2].isdigit() and process_start_time(int(parts[1])) != parts[2]:
