@@ -104,32 +104,25 @@ def discover(directory: str, reserved: frozenset[str], toggles: dict[str, str] |
     """The drop-ins in ``directory``, sorted by name. ``reserved``: the built-in probes' names;
     ``toggles``: their toggles, each with whose it is. A directory reached through anything another
     user controls is one failure (``DIR_CHECK``) and nothing in it is listed or run."""
+    taken = dict(toggles or {})
     try:
         dir_fd = untrusted.open_trusted_dir(directory, (0, os.geteuid()))
+        try:
+            names = sorted(e.name for e in os.scandir(dir_fd)
+                           if not e.name.startswith((".", "#")) and not e.name.endswith(BACKUP_SUFFIXES))
+            found = [_entry(dir_fd, directory, name, reserved, taken) for name in names]
+        finally:
+            os.close(dir_fd)
     except untrusted.Refused as exc:
         return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)}: {exc}: "
                       "nothing in it is run", cause=UNTRUSTED)]
-    except OSError as exc:
-        return _unreadable(directory, exc)
-    taken = dict(toggles or {})
-    try:
-        names = sorted(e.name for e in os.scandir(dir_fd)
-                       if not e.name.startswith((".", "#")) and not e.name.endswith(BACKUP_SUFFIXES))
-        found = [_entry(dir_fd, directory, name, reserved, taken) for name in names]
-    except OSError as exc:
-        return _unreadable(directory, exc)
-    finally:
-        os.close(dir_fd)
+    except OSError as exc:  # nothing to run; a resource limit's is one warning: the checks did not vanish
+        words = childio.limit_words(exc.errno)
+        if words is None:
+            return []
+        return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)} could "
+                      f"not be read: {words}; nothing in it is run", cause=LIMIT)]
     return [check for check in found if check is not None]
-
-
-def _unreadable(directory: str, exc: OSError) -> list[Check]:
-    """Nothing to run; when a resource limit is why, one warning: the checks did not vanish."""
-    words = childio.limit_words(exc.errno)
-    if words is None:
-        return []
-    return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)} could not be "
-                  f"read: {words}; nothing in it is run", cause=LIMIT)]
 
 
 def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
