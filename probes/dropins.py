@@ -100,10 +100,11 @@ def _parse_header(head: bytes) -> tuple[tuple[str, ...], float, str | None]:
     return profiles, timeout, None
 
 
-def discover(directory: str, reserved: frozenset[str], toggles: dict[str, str] | None) -> list[Check]:
-    """The drop-ins in ``directory``, sorted by name. ``reserved``: the built-in probes' names;
-    ``toggles``: their toggles, each with whose it is. A directory reached through anything another
-    user controls is one failure (``DIR_CHECK``) and nothing in it is listed or run."""
+def specs(directory: str, reserved: frozenset[str] = frozenset(),
+          toggles: dict[str, str] | None = None) -> tuple[Spec, ...]:
+    """The drop-ins in ``directory`` by name as probe specs, run by this module's gather and judge.
+    ``reserved``: the built-in probes' names; ``toggles``: their toggles, each with whose it is. A
+    directory reached through anything another user controls is one failure (``DIR_CHECK``)."""
     taken = dict(toggles or {})
     try:
         dir_fd = untrusted.open_trusted_dir(directory, (0, os.geteuid()))
@@ -114,15 +115,15 @@ def discover(directory: str, reserved: frozenset[str], toggles: dict[str, str] |
         finally:
             os.close(dir_fd)
     except untrusted.Refused as exc:
-        return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)}: {exc}: "
-                      "nothing in it is run", cause=UNTRUSTED)]
+        found = [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)}: {exc}: "
+                       "nothing in it is run", cause=UNTRUSTED)]
     except OSError as exc:  # nothing to run; a resource limit's is one warning: the checks did not vanish
         words = childio.limit_words(exc.errno)
-        if words is None:
-            return []
-        return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)} could "
-                      f"not be read: {words}; nothing in it is run", cause=LIMIT)]
-    return [check for check in found if check is not None]
+        found = [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)} could "
+                       f"not be read: {words}; nothing in it is run", cause=LIMIT)] if words else []
+    return tuple(Spec(c.name, layer="drop-in", module=__name__, toggle=toggle_for(c.name), timeout=c.timeout,
+                      profiles=c.profiles, about=f"drop-in check {clean(c.path, 120)}", dropin=c)
+                 for c in found if c is not None)
 
 
 def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
@@ -170,14 +171,6 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
         return Check(name, path, problem=f"{name} changed while it was read", cause=UNTRUSTED)
     profiles, timeout, problem = _parse_header(head)
     return Check(name, path, profiles, timeout, problem, BAD_CHECK if problem else None)
-
-
-def specs(directory: str, reserved: frozenset[str] = frozenset(),
-          toggles: dict[str, str] | None = None) -> tuple[Spec, ...]:
-    """The drop-ins in ``directory`` as probe specs, each run by this module's gather and judge."""
-    return tuple(Spec(c.name, layer="drop-in", module=__name__, toggle=toggle_for(c.name), timeout=c.timeout,
-                      profiles=c.profiles, about=f"drop-in check {clean(c.path, 120)}", dropin=c)
-                 for c in discover(directory, reserved, toggles))
 
 
 UNITS = ("us", "ms", "s", "%", "B", "KB", "MB", "GB", "TB", "c")  # Nagios performance data's

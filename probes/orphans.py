@@ -17,8 +17,7 @@ _KEY = RUN_ID_VAR.encode() + b"="
 
 
 def marked(pid: int) -> list[bytes] | None:
-    """The run markers in its environment; None when that is empty (just after execve, or env -i) or
-    unreadable."""
+    """Its run markers; None when its environment is empty (in execve, or env -i) or unreadable."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             env = fh.read()

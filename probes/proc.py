@@ -114,8 +114,7 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
             del _children[pid]
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=full,
                                  cwd=cwd, start_new_session=True, close_fds=True,
-                                 preexec_fn=die_with_us if prctl is not None else None,
-                                 **drop)
+                                 preexec_fn=die_with_us if prctl is not None else None, **drop)
         st = stat(popen.pid)
         _children[popen.pid] = _Child(popen, run_id.encode(), st.start if st else 0)
     return popen
@@ -247,9 +246,8 @@ def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | N
 
 
 def end_descendants(grace: float = 0.0) -> int:
-    """The final sweep of a process that exits (the CLI) or stops (serve): every descendant ended as
-    end() does, SIGTERM and ``grace`` seconds first when ``grace`` > 0. Returns how many processes
-    it signalled; 0 at once when this process started no child, or is the subreaper with none."""
+    """The final sweep of the CLI or serve: every descendant ended as end() does, after SIGTERM and
+    ``grace`` seconds when given. How many it signalled; 0 at once when there is none."""
     if (_reaper[0] != os.getpid() and not _children) or _childless():
         return 0
     me = os.getpid()
