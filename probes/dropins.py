@@ -191,8 +191,7 @@ def gather(ctx: Any) -> tuple[proc.Completed | None, float]:
 
 def _perfdata(text: str) -> tuple[Any, str | None]:
     """(value, unit) of the first ``label=value[unit]`` item of Nagios performance data."""
-    rest = text.strip().split(" ")[0].partition("=")[2]
-    value = rest.split(";", 1)[0]
+    value = text.strip().split(" ")[0].partition("=")[2].split(";", 1)[0]
     unit = next((u for u in sorted(UNITS, key=len, reverse=True) if value.endswith(u)), None)
     number = value[: len(value) - len(unit)] if unit else value
     try:

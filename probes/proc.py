@@ -216,9 +216,8 @@ def _childless() -> bool:
 
 
 def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | None:
-    """End a child that spawn() started and everything of its run: SIGTERM to a running child's group
-    and ``grace`` seconds to exit, then the sweep. Its exit status, or None if it survived SIGKILL
-    (stuck); within about ``grace + KILL_WAIT``, at once when it exited and we have no child."""
+    """End a child that spawn() started and all of its run: SIGTERM to its group, ``grace`` seconds,
+    then the sweep. Its exit status, or None if it survived SIGKILL (stuck); within ``grace + KILL_WAIT``."""
     import subprocess
     from contextlib import suppress
 
