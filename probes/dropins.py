@@ -155,8 +155,7 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
         why += ", not root or the suite's user" if "owned by" in why else ""
         return Check(name, path, problem=why, cause=UNTRUSTED)
     try:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-        fd = os.open(name, flags, dir_fd=dir_fd)
+        fd = os.open(name, untrusted.READ, dir_fd=dir_fd)
         try:
             st, head = os.fstat(fd), os.read(fd, 4096)  # the header is in the first lines
         finally:

@@ -151,8 +151,7 @@ def life() -> Life:
         mounted = str(os.stat("/proc").st_mtime_ns)
     except OSError:
         mounted = "?"
-    st = pidstat.stat(1)
-    return Life(boot, f"{boot}:ns{ns}.{mounted}", None if st is None else str(st.start))
+    return Life(boot, f"{boot}:ns{ns}.{mounted}", process_start_time(1))
 
 
 def life_identity() -> str:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 MAX_TEXT = 300  # characters of one cleaned value unless the caller says otherwise
 MAX_DEPTH = 32  # nesting of arrays and objects in any JSON the suite reads
 MAX_INT_DIGITS = 30  # far beyond any count, size or pid; float() of it is always finite
+READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC  # never a link, never blocks
 
 
 def clean(value: Any, limit: int = MAX_TEXT) -> str:
@@ -86,9 +87,8 @@ def read_regular(path: str, max_size: int, *, dir_fd: int | None = None,
                  owners: Collection[int] | None = None) -> tuple[bytes, os.stat_result]:
     """``Refused`` unless a regular file we may trust: no link followed, a FIFO never blocks, type,
     size and owner checked on the open file."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, dir_fd=dir_fd)
+        fd = os.open(path, READ, dir_fd=dir_fd)
     except OSError as exc:
         raise Refused("a symbolic link" if exc.errno == errno.ELOOP else  # O_NOFOLLOW met a link
                       f"cannot open ({os.strerror(exc.errno or 0)})") from None
