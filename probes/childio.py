@@ -98,8 +98,7 @@ class Output(Record):
         return len(kept)
 
     def drain(self, sel: selectors.BaseSelector) -> None:
-        """What an exited child left in the pipes, until each is empty or its buffer full: a grandchild
-        holding one may still write."""
+        """What an exited child left, until each pipe is empty or its buffer full (a grandchild writes on)."""
         for key in list(sel.get_map().values()):
             while self.read(key.fd) > 0:
                 pass

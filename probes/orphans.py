@@ -36,9 +36,8 @@ def _pid_ns(pid: int | str) -> str | None:
 
 
 def find() -> dict[int, int]:
-    """pid -> start of each process in this pid namespace that carries the marker of a suite process
-    that is gone, is below one, or is in a session one leads. Only session leaders' environments, and
-    those of processes whose leader is gone, are read: each child of a suite leads a session."""
+    """pid -> start of each process in this pid namespace marked by a gone suite process, below one, or in
+    a session one leads. Only leaders' environments (and leaderless ones') are read: a suite's child leads."""
     me = os.getpid()
     mine = set(os.environ.get(RUN_ID_VAR, "").encode().split(b":"))  # our enclosing runs: not ours to judge
     procs = table(alive=True)
