@@ -40,8 +40,7 @@ fi
 # --- SSH -----------------------------------------------------------------------------------
 sshd_args=()
 setup_ssh() {
-  mkdir -p /run/sshd || abort "cannot create /run/sshd: a read-only root needs a writable /run (docker run --tmpfs /run)"
-  chmod 0755 /run/sshd
+  install -d -m 0755 /run/sshd || abort "cannot create /run/sshd: a read-only root needs a writable /run (docker run --tmpfs /run)"
   # Host keys belong to the container, not the image: two containers never share them. (ssh-keygen
   # -A exits 0 even when it could not write a key: what it left is checked.)
   local keys_dir=/etc/ssh key
@@ -131,14 +130,6 @@ fi
 [ -z "$ssh" ] || chown "$user:$group" "$runtime_dir/token"
 export JUPYTER_TOKEN
 
-if command -v jupyter-lab >/dev/null; then
-  app=lab
-elif command -v jupyter-server >/dev/null; then
-  app=server
-else
-  abort "neither jupyter-lab nor jupyter-server is on PATH: install jupyterlab into the image's Python"
-fi
-
 # --- Run them all, stop them all ---------------------------------------------------------------
 sshd_pid='' jupyter_pid='' serve_pid=''
 
@@ -160,7 +151,7 @@ if [ -n "$ssh" ]; then
 fi
 
 # The token travels in the environment (not argv, which `ps` shows to everyone).
-jupyter_argv=(jupyter "$app" --no-browser --ip=0.0.0.0 --port="$port" --ServerApp.port_retries=0
+jupyter_argv=(jupyter lab --no-browser --ip=0.0.0.0 --port="$port" --ServerApp.port_retries=0
   --ServerApp.root_dir="$home")
 (
   cd "$home"
@@ -169,7 +160,7 @@ jupyter_argv=(jupyter "$app" --no-browser --ip=0.0.0.0 --port="$port" --ServerAp
     env HOME="$home" USER="$user" LOGNAME="$user" SHELL=/bin/bash "${jupyter_argv[@]}"
 ) &
 jupyter_pid=$!
-log "jupyter $app started as $user on port $port (pid $jupyter_pid)"
+log "jupyter lab started as $user on port $port (pid $jupyter_pid)"
 
 # serve runs as root like the exec probes (it reads Jupyter's runtime dir and ends what its runs
 # leave behind); if it ends, /livez stops answering and the kubelet restarts the container.

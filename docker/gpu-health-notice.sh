@@ -6,7 +6,7 @@ case $- in *i*) ;; *) return 0 ;; esac
 
 __gpu_health_notice() {
   local f=${HEALTHCHECK_NOTICE_FILE:-/run/healthcheck-notice/notice} IFS=$' \t\n'
-  local info t ttl state when l1 l2 now age ago last
+  local info t ttl state when l1 l2 now age ago
   case ${HEALTHCHECK_NOTICES:-} in
     [Ff][Aa][Ll][Ss][Ee] | 0 | [Nn][Oo] | [Oo][Ff][Ff]) return 0 ;;
   esac
@@ -28,17 +28,12 @@ __gpu_health_notice() {
   printf -v now '%(%s)T' -1
   age=$((now - 10#$t))
   ((age >= 0)) || age=0
-  if ((age < 120)); then
-    ago="$age s ago"
-  elif ((age < 7200)); then
-    ago="$((age / 60)) min ago"
-  else
-    ago="$((age / 3600)) h ago"
-  fi
+  ago="$age s ago"
+  ((age < 120)) || ago="$((age / 60)) min ago"
+  ((age < 7200)) || ago="$((age / 3600)) h ago"
   [[ $state == unhealthy && -n $l1 ]] || l1='' l2=''
   if ((age > 10#$ttl)); then
-    last=${l1:-$state}
-    printf 'gpu-health: not checked since %s (%s); last verdict: %s\n' "$when" "$ago" "$last" >&2
+    printf 'gpu-health: not checked since %s (%s); last verdict: %s\n' "$when" "$ago" "${l1:-$state}" >&2
   elif [[ -n $l1 ]]; then
     printf 'gpu-health: %s (checked %s)\n' "$l1" "$ago" >&2
   fi

@@ -35,16 +35,14 @@ def lines(text, now):
     said = said if said and said[0] else []
     out = []
     if age > int(parts[1]):
-        last = said[0] if said else parts[2]
         out.append(f"gpu-health: not checked since {shown(parts[3] if len(parts) > 3 else '')} ({ago(age)}); "
-                   f"last verdict: {last}")
+                   f"last verdict: {said[0] if said else parts[2]}")
     elif said:
         out.append(f"gpu-health: {said[0]} (checked {ago(age)})")
     return out + [f"gpu-health: {s}" for s in said[1:] if s]
 
 
-def notice(environ=None):
-    env = os.environ if environ is None else environ
+def notice(env=os.environ):
     if env.get("HEALTHCHECK_NOTICES", "").strip().lower() in ("false", "0", "no", "off"):
         return []
     fd = os.open(env.get("HEALTHCHECK_NOTICE_FILE") or "/run/healthcheck-notice/notice",

@@ -13,10 +13,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 MAX_STDERR = 64 * 1024  # stderr kept; the rest is dropped without making the result "truncated"
-
-
-# How a spawn error that a resource limit caused begins: the program is not at fault (limited()).
-LIMITED = "could not start: "
+LIMITED = "could not start: "  # how a spawn error that a resource limit caused begins (limited())
 
 
 def _soft(which: str) -> str:
@@ -26,15 +23,13 @@ def _soft(which: str) -> str:
     try:
         if which in sysconf:
             value = os.sysconf(sysconf[which])
-            unlimited = value < 0
         else:
             import resource
 
-            value = resource.getrlimit(getattr(resource, which))[0]
-            unlimited = value == resource.RLIM_INFINITY
+            value = resource.getrlimit(getattr(resource, which))[0]  # RLIM_INFINITY is -1 here
     except (ImportError, AttributeError, ValueError, OSError):
         return f"{which}=?"
-    return f"{which}={'unlimited' if unlimited else value}"
+    return f"{which}={'unlimited' if value < 0 else value}"
 
 
 def limit_words(err: int | None) -> str | None:
@@ -83,7 +78,6 @@ class Output(Record):
     out_fd: int
     err_fd: int
     max_output: int
-    kept: int = 0  # bytes the last read() kept
 
     def __post_init__(self) -> None:
         self.bufs = {self.out_fd: bytearray(), self.err_fd: bytearray()}
@@ -91,29 +85,23 @@ class Output(Record):
         self.cut = {self.out_fd: False, self.err_fd: False}
 
     def read(self, fd: int) -> int:
-        """One read: the bytes read, 0 when none are waiting, -1 at end of file."""
-        self.kept = 0
+        """One read: the bytes kept, 0 when none are waiting or there is no room left, -1 at end of file."""
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
             return 0
         if not chunk:
             return -1
-        room = self.limits[fd] - len(self.bufs[fd])
-        if room > 0:
-            self.bufs[fd] += chunk[:room]
-            self.kept = min(room, len(chunk))
-        self.cut[fd] |= len(chunk) > room
-        return len(chunk)
+        kept = chunk[:max(self.limits[fd] - len(self.bufs[fd]), 0)]
+        self.bufs[fd] += kept
+        self.cut[fd] |= len(kept) < len(chunk)
+        return len(kept)
 
     def drain(self, sel: selectors.BaseSelector) -> None:
-        """What an exited child left in the pipes, bounded: a grandchild holding one may still write."""
-        budget = self.limits[self.out_fd] + self.limits[self.err_fd] + 65536
+        """What an exited child left, until each pipe is empty or its buffer full (a grandchild writes on)."""
         for key in list(sel.get_map().values()):
-            got = 1
-            while budget > 0 and got > 0:
-                got = self.read(key.fd)
-                budget -= max(got, 0)
+            while self.read(key.fd) > 0:
+                pass
 
     def stdout(self) -> bytes:
         return bytes(self.bufs[self.out_fd])

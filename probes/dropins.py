@@ -23,9 +23,8 @@ if TYPE_CHECKING:
 DIR_CHECK = "drop-ins"  # the one failure for a directory that may not be trusted
 DEFAULT_PROFILES = ("startup", "readiness")
 DEFAULT_TIMEOUT = 10.0
-MAX_TIMEOUT = 3600.0
-HEADER_BYTES = 4096  # the header is looked for in the first lines of this much of the file
 HEADER_TAG = b"healthcheck:"
+HEADER_ACCEPTS = {"profiles": ", ".join(ALL_PROFILES), "timeout": "seconds, greater than 0 and at most 3600"}
 MAX_NAME = 64
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 BACKUP_SUFFIXES = ("~", ".bak", ".swp", ".swo", ".orig", ".rej", ".tmp", ".old", ".new", ".dpkg-old",
@@ -69,13 +68,10 @@ CAUSES = (PASSED, WARNING, FAILED, UNKNOWN, BAD_EXIT, DEADLINE, UNTRUSTED, BAD_C
 
 
 def toggle_for(name: str) -> str:
-    """``ENABLE_<NAME>_CHECK`` for a drop-in called ``name``."""
     return "ENABLE_" + "".join(ch if ch.isalnum() else "_" for ch in name.upper()) + "_CHECK"
 
 
-class Check(Record):
-    """One drop-in as found in the directory (before any decision to run it)."""
-
+class Check(Record):  # one drop-in as found in the directory
     name: str
     path: str
     profiles: tuple[str, ...] = DEFAULT_PROFILES
@@ -92,70 +88,42 @@ def _parse_header(head: bytes) -> tuple[tuple[str, ...], float, str | None]:
     header = next((line for line in lines if line.startswith(b"#") and HEADER_TAG in line), b"")
     for item in header.partition(HEADER_TAG)[2].decode("utf-8", "replace").split():
         key, sep, value = item.partition("=")
-        if key == "profiles" and sep:
-            names = tuple(p for p in value.split(",") if p)
-            if not names or any(p not in ALL_PROFILES for p in names):
-                return profiles, timeout, (f"header: profiles={clean(value, 40)} "
-                                           f"(accepted: {', '.join(ALL_PROFILES)})")
+        names = tuple(p for p in value.split(",") if p)
+        if key == "profiles" and sep and names and all(p in ALL_PROFILES for p in names):
             profiles = names
-        elif key == "timeout" and sep:
-            if not is_number_text(value) or not 0 < float(value) <= MAX_TIMEOUT:
-                return profiles, timeout, (f"header: timeout={clean(value, 40)} "
-                                           "(accepted: seconds, greater than 0 and at most 3600)")
+        elif key == "timeout" and sep and is_number_text(value) and 0 < float(value) <= 3600:
             timeout = float(value)
         else:
-            return profiles, timeout, (f"header: unknown setting {clean(item, 40)} "
-                                       "(accepted: profiles=..., timeout=...)")
+            why = HEADER_ACCEPTS.get(key) if sep else None
+            shown = f"{key}={clean(value, 40)}" if why else f"unknown setting {clean(item, 40)}"
+            return profiles, timeout, f"header: {shown} (accepted: {why or 'profiles=..., timeout=...'})"
     return profiles, timeout, None
 
 
-def _name_problem(name: str, reserved: frozenset[str], taken: dict[str, str]) -> tuple[str | None, bool]:
-    """(why ``name`` cannot name a check, or None; whether it is reported as drop-in-NAME).
-    ``taken``: each toggle in use and whose it is; ``name``'s is added."""
-    shown = clean(name, MAX_NAME)
-    if len(name) > MAX_NAME or any(ch not in NAME_CHARS for ch in name):
-        return (f"the file name {shown!r} cannot be a check name "
-                "(accepted: letters, digits, '.', '_', '-'; at most 64)"), False
-    if name in reserved:
-        return f"the file name {shown!r} is the name of a built-in probe", True
-    toggle = toggle_for(name)
-    owner = taken.setdefault(toggle, f"the drop-in {shown!r}")
-    if owner != f"the drop-in {shown!r}":
-        return (f"the file name {shown!r} would share its toggle {toggle} with {owner}: {toggle}=false would "
-                "silently skip it"), True
-    return None, False
-
-
-def discover(directory: str, reserved: frozenset[str], toggles: dict[str, str] | None) -> list[Check]:
-    """The drop-ins in ``directory``, sorted by name. ``reserved``: the built-in probes' names;
-    ``toggles``: their toggles, each with whose it is. A directory reached through anything another
-    user controls is one failure (``DIR_CHECK``) and nothing in it is listed or run."""
-    try:
-        dir_fd = untrusted.open_trusted_dir(directory, (0, os.geteuid()))
-    except untrusted.Refused as exc:
-        return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)}: {exc}: "
-                      "nothing in it is run", cause=UNTRUSTED)]
-    except OSError as exc:
-        return _unreadable(directory, exc)
+def specs(directory: str, reserved: frozenset[str] = frozenset(),
+          toggles: dict[str, str] | None = None) -> tuple[Spec, ...]:
+    """The drop-ins in ``directory`` by name as probe specs, run by this module's gather and judge.
+    ``reserved``: the built-in probes' names; ``toggles``: their toggles, each with whose it is. A
+    directory reached through anything another user controls is one failure (``DIR_CHECK``)."""
     taken = dict(toggles or {})
     try:
-        names = sorted(e.name for e in os.scandir(dir_fd)
-                       if not e.name.startswith((".", "#")) and not e.name.endswith(BACKUP_SUFFIXES))
-        found = [_entry(dir_fd, directory, name, reserved, taken) for name in names]
-    except OSError as exc:
-        return _unreadable(directory, exc)
-    finally:
-        os.close(dir_fd)
-    return [check for check in found if check is not None]
-
-
-def _unreadable(directory: str, exc: OSError) -> list[Check]:
-    """Nothing to run; when a resource limit is why, one warning: the checks did not vanish."""
-    words = childio.limit_words(exc.errno)
-    if words is None:
-        return []
-    return [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)} could not be "
-                  f"read: {words}; nothing in it is run", cause=LIMIT)]
+        dir_fd = untrusted.open_trusted_dir(directory, (0, os.geteuid()))
+        try:
+            names = sorted(e.name for e in os.scandir(dir_fd)
+                           if not e.name.startswith((".", "#")) and not e.name.endswith(BACKUP_SUFFIXES))
+            found = [_entry(dir_fd, directory, name, reserved, taken) for name in names]
+        finally:
+            os.close(dir_fd)
+    except untrusted.Refused as exc:
+        found = [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)}: {exc}: "
+                       "nothing in it is run", cause=UNTRUSTED)]
+    except OSError as exc:  # nothing to run; a resource limit's is one warning: the checks did not vanish
+        words = childio.limit_words(exc.errno)
+        found = [Check(DIR_CHECK, directory, problem=f"HEALTHCHECK_CHECKS_DIR={clean(directory, 80)} could "
+                       f"not be read: {words}; nothing in it is run", cause=LIMIT)] if words else []
+    return tuple(Spec(c.name, layer="drop-in", module=__name__, toggle=toggle_for(c.name), timeout=c.timeout,
+                      profiles=c.profiles, about=f"drop-in check {clean(c.path, 120)}", dropin=c)
+                 for c in found if c is not None)
 
 
 def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
@@ -170,18 +138,26 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
         return Check(shown, path, problem=f"{shown} is a symbolic link (not followed)", cause=UNTRUSTED)
     if not stat.S_ISREG(lst.st_mode) or not lst.st_mode & 0o111:
         return None  # directories, FIFOs, sockets, devices and plain files are not checks
-    problem, renamed = _name_problem(name, reserved, taken)
-    if problem is not None:  # a name taken by a built-in probe or its toggle: reported as drop-in-NAME
-        return Check(f"drop-in-{shown}" if renamed else shown, path, problem=problem, cause=BAD_CHECK)
+    if len(name) > MAX_NAME or any(ch not in NAME_CHARS for ch in name):
+        return Check(shown, path, cause=BAD_CHECK, problem=f"the file name {shown!r} cannot be a check name "
+                     "(accepted: letters, digits, '.', '_', '-'; at most 64)")
+    # A name taken by a built-in probe or its toggle, or a toggle another drop-in took: drop-in-NAME.
+    if name in reserved:
+        return Check(f"drop-in-{shown}", path, cause=BAD_CHECK,
+                     problem=f"the file name {shown!r} is the name of a built-in probe")
+    toggle = toggle_for(name)
+    owner = taken.setdefault(toggle, f"the drop-in {shown!r}")  # taken: each toggle in use, and whose
+    if owner != f"the drop-in {shown!r}":
+        return Check(f"drop-in-{shown}", path, cause=BAD_CHECK, problem=f"the file name {shown!r} would "
+                     f"share its toggle {toggle} with {owner}: {toggle}=false would silently skip it")
     why = untrusted.distrust(lst, name, (0, os.geteuid()))
     if why is not None:
         why += ", not root or the suite's user" if "owned by" in why else ""
         return Check(name, path, problem=why, cause=UNTRUSTED)
     try:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-        fd = os.open(name, flags, dir_fd=dir_fd)
+        fd = os.open(name, untrusted.READ, dir_fd=dir_fd)
         try:
-            st, head = os.fstat(fd), os.read(fd, HEADER_BYTES)
+            st, head = os.fstat(fd), os.read(fd, 4096)  # the header is in the first lines
         finally:
             os.close(fd)
     except OSError as exc:
@@ -196,52 +172,37 @@ def _entry(dir_fd: int, directory: str, name: str, reserved: frozenset[str],
     return Check(name, path, profiles, timeout, problem, BAD_CHECK if problem else None)
 
 
-def specs(directory: str, reserved: frozenset[str] = frozenset(),
-          toggles: dict[str, str] | None = None) -> tuple[Spec, ...]:
-    """The drop-ins in ``directory`` as probe specs, each run by this module's gather and judge."""
-    return tuple(Spec(c.name, layer="drop-in", module=__name__, toggle=toggle_for(c.name), timeout=c.timeout,
-                      profiles=c.profiles, about=f"drop-in check {clean(c.path, 120)}", dropin=c)
-                 for c in discover(directory, reserved, toggles))
-
-
 UNITS = ("us", "ms", "s", "%", "B", "KB", "MB", "GB", "TB", "c")  # Nagios performance data's
 
 
-class Ran(Record):
-    check: Check
-    done: proc.Completed | None  # None: not run (check.problem says why)
-    budget: float
-
-
 # ctx: a probes.context.Context, which imports probes.config, which reads the drop-ins here.
-def gather(ctx: Any) -> Ran:
+def gather(ctx: Any) -> tuple[proc.Completed | None, float]:
+    """The check's run (None: not run, its problem says why) and the seconds it had."""
     check: Check = ctx.spec.dropin
     budget = ctx.remaining()
     if check.problem is not None:
-        return Ran(check, None, budget)
+        return None, budget
     from probes import proc
 
     env = {**os.environ, "HEALTHCHECK_PROFILE": ctx.config.profile}
-    return Ran(check, proc.run([check.path], deadline=ctx.deadline, env=env, cwd="/"), budget)
+    return proc.run([check.path], deadline=ctx.deadline, env=env, cwd="/"), budget
 
 
 def _perfdata(text: str) -> tuple[Any, str | None]:
     """(value, unit) of the first ``label=value[unit]`` item of Nagios performance data."""
-    rest = text.strip().split(" ")[0].partition("=")[2]
-    value = rest.split(";", 1)[0]
+    value = text.strip().split(" ")[0].partition("=")[2].split(";", 1)[0]
     unit = next((u for u in sorted(UNITS, key=len, reverse=True) if value.endswith(u)), None)
     number = value[: len(value) - len(unit)] if unit else value
     try:
-        parsed = float(number)
+        parsed = untrusted.finite(number)
     except ValueError:
-        return None, None
-    if parsed != parsed or parsed in (float("inf"), float("-inf")):
         return None, None
     return (int(parsed) if parsed.is_integer() and "." not in number else parsed), unit
 
 
-def judge(data: Ran, ctx: Any) -> Result:
-    check, done, name = data.check, data.done, data.check.name
+def judge(data: tuple[proc.Completed | None, float], ctx: Any) -> Result:
+    (done, budget), check = data, ctx.spec.dropin
+    name = check.name
     if done is None:
         assert check.cause is not None
         said = {UNTRUSTED: "untrusted", LIMIT: "not checked"}.get(check.cause, "not run")
@@ -255,7 +216,7 @@ def judge(data: Ran, ctx: Any) -> Result:
     message = clean(" ".join(message.split()), 200)
     said = f"; it said: {message}" if message else ""
     if done.timed_out or done.stuck:
-        return verdict(name, DEADLINE, f"no answer within {data.budget:.1f}s (deadline passed){said}")
+        return verdict(name, DEADLINE, f"no answer within {budget:.1f}s (deadline passed){said}")
     if done.signal is not None:
         from probes import proc
 

@@ -19,23 +19,19 @@ FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK |
 
 
 def _why(exc: OSError) -> str:
-    if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
-        return "a symbolic link is refused"
-    if exc.errno == errno.ENXIO:  # O_NONBLOCK write-open of a FIFO that nobody reads
-        return "not a regular file"
-    return exc.strerror or "unusable"
+    # O_NOFOLLOW met a symbolic link (ELOOP); an O_NONBLOCK write-open, a FIFO nobody reads (ENXIO).
+    words = {errno.ELOOP: "a symbolic link is refused", errno.ENXIO: "not a regular file"}
+    return words.get(exc.errno or 0, exc.strerror or "unusable")
 
 
 def open_append(path: str) -> IO[str]:
-    """``path`` opened for appending if it is (or becomes) a regular file, else OSError; one created
-    here is 0600 whatever the umask (0277 would leave it unwritable by our next run)."""
+    """``path`` opened for appending if it is (or becomes) a regular file, else OSError."""
     try:
-        fd = os.open(path, FLAGS | os.O_EXCL, 0o600)
-        created = True
+        fd, made = os.open(path, FLAGS | os.O_EXCL, 0o600), True
     except FileExistsError:
-        fd, created = os.open(path, FLAGS, 0o600), False
+        fd, made = os.open(path, FLAGS, 0o600), False
     try:
-        if created:
+        if made:  # 0600 whatever the umask (0277 would leave it unwritable by our next run)
             os.fchmod(fd, 0o600)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")

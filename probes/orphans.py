@@ -12,31 +12,20 @@ import time
 from probes.deadlines import KILL_WAIT
 from probes.pidstat import DEAD, below, signal_same, stat, table
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-
 RUN_ID_VAR = "HEALTHCHECK_RUN_ID"  # probes/proc.py sets it
 _KEY = RUN_ID_VAR.encode() + b"="
-_swept_by: int | None = None  # the pid that made its one sweep at its first child
 
 
 def marked(pid: int) -> list[bytes] | None:
-    """The run markers in its environment; None when that is empty (just after execve, or env -i) or
-    unreadable."""
-    chunks = []
+    """Its run markers; None when its environment is empty (in execve, or env -i) or unreadable."""
     try:
-        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
-        try:
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read()
     except OSError:
         return None
-    if not chunks:
+    if not env:
         return None
-    return next((e[len(_KEY):].split(b":") for e in b"".join(chunks).split(b"\0") if e.startswith(_KEY)), [])
+    return next((e[len(_KEY):].split(b":") for e in env.split(b"\0") if e.startswith(_KEY)), [])
 
 
 def _pid_ns(pid: int | str) -> str | None:
@@ -47,9 +36,8 @@ def _pid_ns(pid: int | str) -> str | None:
 
 
 def find() -> dict[int, int]:
-    """pid -> start of each process in this pid namespace that carries the marker of a suite process
-    that is gone, is below one, or is in a session one leads. Only session leaders' environments, and
-    those of processes whose leader is gone, are read: each child of a suite leads a session."""
+    """pid -> start of each process in this pid namespace marked by a gone suite process, below one, or in
+    a session one leads. Only leaders' environments (and leaderless ones') are read: a suite's child leads."""
     me = os.getpid()
     mine = set(os.environ.get(RUN_ID_VAR, "").encode().split(b":"))  # our enclosing runs: not ours to judge
     procs = table(alive=True)
@@ -69,10 +57,10 @@ def find() -> dict[int, int]:
     return {pid: procs[pid].start for pid in below(procs, found) - {me}}
 
 
-def end(found: Mapping[int, int] | None = None) -> list[int]:
-    """SIGKILL each process of ``found`` (pid -> start; find()'s when None) that is still the one
-    that started then, and what find() finds after, until none is left, reaping those re-parented
-    to us. Returns the pids still there after KILL_WAIT (state D)."""
+def end(found: dict[int, int] | None = None) -> list[int]:
+    """SIGKILL each process of ``found`` (pid -> start; find()'s when None) still the one that started
+    then, and what find() finds after, until none is left, reaping those re-parented to us. Returns
+    the pids still there after KILL_WAIT (state D)."""
     me, limit = os.getpid(), time.monotonic() + KILL_WAIT
     left = dict(find() if found is None else found)
     killed: dict[int, int] = {}
@@ -93,10 +81,3 @@ def end(found: Mapping[int, int] | None = None) -> list[int]:
     return [pid for pid, start in killed.items()
             if (st := stat(pid)) is not None and st.start == start and st.state not in DEAD]
 
-
-def sweep_once() -> None:
-    """end(), once per process: at the first child it starts."""
-    global _swept_by
-    if _swept_by != os.getpid():
-        _swept_by = os.getpid()
-        end()

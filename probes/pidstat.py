@@ -71,9 +71,8 @@ def below(procs: Mapping[int, Proc], roots: Iterable[int]) -> set[int]:
 
 
 def signal_same(pid: int, start: int, sig: int) -> bool:
-    """Send ``sig`` to ``pid`` only while it is the process that started at ``start``: through a pidfd
-    where the kernel has them, so no reuse can come between the check and the signal, else by kill()
-    just after the check. True when sent."""
+    """Send ``sig`` to ``pid`` only while it is the process that started at ``start`` (by pidfd where the
+    kernel has them, so no reuse comes between check and signal; else by kill() right after). True: sent."""
     fd = None
     try:
         fd = os.pidfd_open(pid)

@@ -39,7 +39,6 @@ class Completed(Record):
     truncated: bool = False  # stdout beyond max_output was discarded (stdout only)
     spawn_error: str | None = None  # "not found", "permission denied", ...
     elapsed: float = 0.0
-    pid: int | None = None
     held_by: int | None = None  # not started: this earlier child is still stuck (see run's key)
     stderr_truncated: bool = False  # stderr beyond childio.MAX_STDERR was discarded
     lingered: bool = False  # ``until`` was met but the child did not exit by itself: it was ended
@@ -49,9 +48,7 @@ class Completed(Record):
         return -self.returncode if self.returncode is not None and self.returncode < 0 else None
 
 
-class _Child(Record):
-    """A child started by spawn(): only its Popen object ever reaps it."""
-
+class _Child(Record):  # a child started by spawn(): only its Popen object ever reaps it
     popen: subprocess.Popen[bytes]
     run_id: bytes
     start: int
@@ -61,13 +58,13 @@ class _Child(Record):
 _lock = threading.Lock()  # held while a child is started and registered, and while we reap
 _children: dict[int, _Child] = {}
 _reaper = (0, False)  # (the pid that asked to be the child subreaper, the kernel's answer)
+_swept_by = 0  # the pid that ended what gone suites left (orphans.end), at its first child
 _prctl: Any = None  # libc's prctl, resolved before the first fork: the child may call no more than it
 _ids = itertools.count(1)
 
 
 def subreaper() -> bool:
-    """Become the child subreaper (an orphan of a run is re-parented to us), once per process;
-    False where the kernel refuses."""
+    """Become the child subreaper (a run's orphans come to us), once per process; False if refused."""
     global _reaper, _prctl
     with _lock:
         if _reaper[0] != os.getpid():
@@ -90,11 +87,14 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
     ``user``: (uid, gid) to run as, with no supplementary group. OSError when it cannot start."""
     import subprocess
 
+    global _swept_by
     drop: dict[str, Any] = {}
     if user is not None and user != (os.geteuid(), os.getegid()):
         drop = {"user": user[0], "group": user[1], "extra_groups": []}
     subreaper()
-    orphans.sweep_once()
+    if _swept_by != os.getpid():
+        _swept_by = os.getpid()
+        orphans.end()
     prctl, parent = _prctl, os.getpid()
 
     def die_with_us() -> None:
@@ -114,8 +114,7 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
             del _children[pid]
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=full,
                                  cwd=cwd, start_new_session=True, close_fds=True,
-                                 preexec_fn=die_with_us if prctl is not None else None,
-                                 **drop)
+                                 preexec_fn=die_with_us if prctl is not None else None, **drop)
         st = stat(popen.pid)
         _children[popen.pid] = _Child(popen, run_id.encode(), st.start if st else 0)
     return popen
@@ -131,11 +130,10 @@ def _killpg(popen: subprocess.Popen[bytes], sig: int) -> None:
 
 
 def _of_run(child: _Child) -> Select:
-    """The processes of one run: the child, its group and session, and everything below them and
-    below each orphan re-parented to us (the subreaper) that carries the run's marker. An orphan
-    whose environment is empty (in execve, between its new memory and its new stack) is not told
-    yet; still empty KILL_WAIT after the first look (env -i), it is not ours. A starved machine can
-    keep a process in that window for many looks."""
+    """The processes of one run: the child, its group and session, each orphan re-parented to us
+    (the subreaper) that carries the run's marker, and all below them. An orphan whose environment
+    is empty (in execve) is not told yet; still empty KILL_WAIT after the first look (env -i), it is
+    not ours."""
     me, root = os.getpid(), child.popen.pid
     reaper = _reaper == (me, True)
     judged: dict[tuple[int, int], bool] = {}
@@ -169,10 +167,9 @@ def _of_run(child: _Child) -> Select:
 def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], since: int, until: float,
            settle: float = KILL_WAIT) -> dict[int, int]:
     """Send ``sig`` to the groups of ``popens`` and, once, to each process ``select`` finds, pass
-    after pass (a process killed forks no more), reaping each zombie child of ours that was
-    signalled or started at or after ``since`` (never one spawn() started: its Popen reaps it);
-    until a pass finds nothing, ``settle`` seconds after the last that signalled one (what is left
-    is stuck), or ``until``. Returns pid -> start of those it signalled."""
+    after pass, reaping each zombie child of ours signalled or started since ``since`` (never one
+    spawn() started: its Popen reaps it); until a pass finds nothing, ``settle`` seconds after the
+    last that signalled one (what is left is stuck), or ``until``. Returns pid -> start signalled."""
     me = os.getpid()
     signalled: dict[int, int] = {}
     last_new = time.monotonic()
@@ -205,8 +202,7 @@ def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], sinc
 
 
 def _childless() -> bool:
-    """Whether this process, the subreaper, has no child at all (an exiting child hands its own to us
-    before it leaves our list)."""
+    # The subreaper with no child (an exiting child hands its own to us before it leaves the list).
     if _reaper != (os.getpid(), True):
         return False
     try:
@@ -220,32 +216,26 @@ def _childless() -> bool:
 
 
 def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | None:
-    """End a child that spawn() started and everything of its run: SIGTERM to a running child's group
-    and ``grace`` seconds to exit, then the sweep. Its exit status, or None if it survived SIGKILL
-    (stuck); within about ``grace + KILL_WAIT``, at once when it exited and we have no child."""
+    """End a child that spawn() started and all of its run: SIGTERM to its group, ``grace`` seconds,
+    then the sweep. Its exit status, or None if it survived SIGKILL (stuck); within ``grace + KILL_WAIT``."""
     import subprocess
+    from contextlib import suppress
 
     child = _children.get(popen.pid)
-    if popen.poll() is not None and (child is None or _childless()):
-        with _lock:
-            _children.pop(popen.pid, None)
-        return popen.returncode
+    if child is not None and popen.poll() is not None and _childless():
+        child = None  # it exited, and nothing of its run is left to sweep
     if grace > 0 and popen.poll() is None:
         _killpg(popen, signal.SIGTERM)
-        try:
+        with suppress(subprocess.TimeoutExpired):
             popen.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
     if child is not None:
         _sweep(_of_run(child), signal.SIGKILL, [popen], child.start, time.monotonic() + KILL_WAIT)
         st = stat(popen.pid) if popen.poll() is None else None
         if st is not None and st.state == b"R":
             # Killed and runnable: a starved machine has not run its exit yet. Only one that
             # stays asleep (in a wedged driver) is stuck.
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=DYING_WAIT)
-            except subprocess.TimeoutExpired:
-                pass
     with _lock:
         if popen.poll() is not None:
             _children.pop(popen.pid, None)
@@ -255,9 +245,8 @@ def end(popen: subprocess.Popen[bytes], *, grace: float = TERM_GRACE) -> int | N
 
 
 def end_descendants(grace: float = 0.0) -> int:
-    """The final sweep of a process that exits (the CLI) or stops (serve): every descendant ended as
-    end() does, SIGTERM and ``grace`` seconds first when ``grace`` > 0. Returns how many processes
-    it signalled; 0 at once when this process started no child, or is the subreaper with none."""
+    """The final sweep of the CLI or serve: every descendant ended as end() does, after SIGTERM and
+    ``grace`` seconds when given. How many it signalled; 0 at once when there is none."""
     if (_reaper[0] != os.getpid() and not _children) or _childless():
         return 0
     me = os.getpid()
@@ -314,33 +303,27 @@ def run(argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None =
                     break  # a grandchild holds the pipe: stop reading, it is killed below
             wait = min(stop_at - now, 0.05 if exited_at is None else DRAIN_AFTER_EXIT)
             for ready, _ in sel.select(timeout=max(wait, 0.0)):
-                if out.read(ready.fd) < 0:
+                if (kept := out.read(ready.fd)) < 0:
                     sel.unregister(ready.fd)
-                elif until is not None and not answered and ready.fd == out.out_fd and out.kept \
+                elif until is not None and not answered and ready.fd == out.out_fd and kept \
                         and until(out.stdout()):
                     answered = True
                     stop_at = min(deadline, time.monotonic() + max(linger, 0.0))
-    finally:
-        sel.close()
-    try:
         if not timed_out:
             try:
                 proc.wait(timeout=max(stop_at - time.monotonic(), 0.0))
             except subprocess.TimeoutExpired:
                 timed_out = True
     finally:
+        sel.close()
         returncode = end(proc, grace=TERM_GRACE if proc.returncode is None else 0.0)
-        for stream in (proc.stdout, proc.stderr):
-            try:
-                stream.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
     if returncode is None and state is not None and key:
         state.remember_stuck(key, proc.pid)
     return Completed(argv, returncode, out.stdout(), bytes(out.bufs[out.err_fd]), timed_out=timed_out,
-                     stuck=returncode is None, truncated=out.cut[out.out_fd],
-                     elapsed=time.monotonic() - start, pid=proc.pid, stderr_truncated=out.cut[out.err_fd],
-                     lingered=answered and timed_out)
+                     stuck=returncode is None, truncated=out.cut[out.out_fd], lingered=answered and timed_out,
+                     elapsed=time.monotonic() - start, stderr_truncated=out.cut[out.err_fd])
 
 
 def signal_name(num: int) -> str:

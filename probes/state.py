@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
 LATCH = "latch.json"
 MARK = "latch@"  # the empty file that stands for the latch when nothing else can be written
-MAX_FILE = 1 << 20  # no state file is anywhere near this size
-MAX_SCRATCH = 256  # entries of the scratch directory looked at for a killed run's leftovers
 MAX_BESIDE = 4096  # entries of a shared directory looked through for our state dir (beside)
 
 
@@ -91,10 +89,8 @@ def _usable(path: str) -> str | None:
         return str(exc)
     except OSError as exc:
         return f"cannot open {path}: {os.strerror(exc.errno or 0)}"
-    try:
-        opened = os.fstat(fd)
-    finally:
-        os.close(fd)
+    opened = os.fstat(fd)
+    os.close(fd)
     if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
         return f"{path} changed while it was checked"
     if opened.st_uid != os.geteuid():
@@ -155,8 +151,7 @@ def life() -> Life:
         mounted = str(os.stat("/proc").st_mtime_ns)
     except OSError:
         mounted = "?"
-    st = pidstat.stat(1)
-    return Life(boot, f"{boot}:ns{ns}.{mounted}", None if st is None else str(st.start))
+    return Life(boot, f"{boot}:ns{ns}.{mounted}", process_start_time(1))
 
 
 def life_identity() -> str:
@@ -229,7 +224,7 @@ class State(Record):
         if not self.enabled:
             return None
         try:
-            data = load_json(read_regular(self._file(name), MAX_FILE)[0])
+            data = load_json(read_regular(self._file(name), 1 << 20)[0])  # none is near 1 MiB
         except (Refused, ValueError):
             return None
         return data if isinstance(data, dict) else None
@@ -274,10 +269,7 @@ class State(Record):
                 return Lock(None, f"cannot open {name}: {os.strerror(exc.errno or 0)}")
         except OSError as exc:  # a full disk (no inode left for it), a read-only remount
             return Lock(None, f"cannot create {name}: {os.strerror(exc.errno or 0)}")
-        try:
-            os.fchmod(fd, 0o600)
-        except OSError:
-            pass
+        os.fchmod(fd, 0o600)  # ours, in our directory: whatever the umask took away
         delay = 0.005
         while True:
             try:
@@ -302,12 +294,11 @@ class State(Record):
             return None
         try:
             with os.scandir(base) as entries:
-                for entry, _ in zip(entries, range(MAX_SCRATCH)):
+                for entry, _ in zip(entries, range(256)):  # a bounded look for leftovers
                     parts = entry.name.rsplit("-", 3)
-                    if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit():
-                        left = pidstat.stat(int(parts[1]))
-                        if left is None or str(left.start) != parts[2] or left.state in pidstat.DEAD:
-                            drop_scratch(entry.path)
+                    if len(parts) == 4 and parts[1].isdigit() \
+                            and parts[2].isdigit() and process_start_time(int(parts[1])) != parts[2]:
+                        drop_scratch(entry.path)
             me = pidstat.stat(os.getpid())
             path = os.path.join(base, f"{what}-{os.getpid()}-{me.start if me else 0}-{os.urandom(4).hex()}")
             _mkdir_private(path)

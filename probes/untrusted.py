@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 MAX_TEXT = 300  # characters of one cleaned value unless the caller says otherwise
 MAX_DEPTH = 32  # nesting of arrays and objects in any JSON the suite reads
 MAX_INT_DIGITS = 30  # far beyond any count, size or pid; float() of it is always finite
+READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC  # never a link, never blocks
 
 
 def clean(value: Any, limit: int = MAX_TEXT) -> str:
@@ -22,15 +23,11 @@ def clean(value: Any, limit: int = MAX_TEXT) -> str:
     is not printable as Python's escapes (nothing invisible shown, nothing silently lost), longer
     text cut to end with ``...``."""
     if isinstance(value, (bytes, bytearray, memoryview)):
-        text = bytes(value[: limit * 4 + 4]).decode("utf-8", "replace")
-    else:
-        text = str(value)
-    text = text[: limit * 4 + 4]  # bound the work: each character shows as at most 10
+        value = bytes(value[: limit * 4 + 4]).decode("utf-8", "replace")
+    text = str(value)[: limit * 4 + 4]  # bound the work: each character shows as at most 10
     if not text.isprintable():
         text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-    if len(text) <= limit:
-        return text
-    return text[: max(limit - 3, 0)] + "..."
+    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
 
 
 def squeeze(value: Any, limit: int = MAX_TEXT) -> str:
@@ -41,20 +38,16 @@ def squeeze(value: Any, limit: int = MAX_TEXT) -> str:
     return clean(" ".join(str(value).lstrip()[: limit * 4 + 4].split()), limit)
 
 
-def _no_constant(name: str) -> Any:  # NaN, Infinity
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise ValueError("integer too large")
     return int(text)
 
 
-def _finite_float(text: str) -> float:
+def finite(text: str) -> float:  # a number, or NaN and Infinity, which do not end in a digit
     value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError("number too large")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError("number too large" if text[-1].isdigit() else f"{text} is not a number JSON allows")
     return value
 
 
@@ -73,7 +66,7 @@ def load_json(raw: bytes | str) -> Any:
             raise ValueError("not UTF-8") from None
         raw = raw[1:] if raw.startswith("\ufeff") else raw
     try:
-        doc = json.loads(raw, parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_finite_float)
+        doc = json.loads(raw, parse_constant=finite, parse_int=_bounded_int, parse_float=finite)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     stack: list[tuple[Any, int]] = [(doc, 1)] if isinstance(doc, (dict, list)) else []
@@ -94,9 +87,8 @@ def read_regular(path: str, max_size: int, *, dir_fd: int | None = None,
                  owners: Collection[int] | None = None) -> tuple[bytes, os.stat_result]:
     """``Refused`` unless a regular file we may trust: no link followed, a FIFO never blocks, type,
     size and owner checked on the open file."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, dir_fd=dir_fd)
+        fd = os.open(path, READ, dir_fd=dir_fd)
     except OSError as exc:
         raise Refused("a symbolic link" if exc.errno == errno.ELOOP else  # O_NOFOLLOW met a link
                       f"cannot open ({os.strerror(exc.errno or 0)})") from None
@@ -106,12 +98,10 @@ def read_regular(path: str, max_size: int, *, dir_fd: int | None = None,
             raise Refused("not a regular file")
         if owners is not None and st.st_uid not in owners:
             raise Refused(f"owned by uid {st.st_uid}")
-        if st.st_size > max_size:
-            raise Refused(f"larger than {max_size} bytes")
         data = b""
         while chunk := os.read(fd, max_size + 1 - len(data)):
             data += chunk
-            if len(data) > max_size:  # it grew while we read
+            if len(data) > max_size:
                 raise Refused(f"larger than {max_size} bytes")
         return data, st
     except OSError as exc:
@@ -141,20 +131,17 @@ def open_trusted_dir(path: str, owners: Collection[int]) -> int:
     not be trusted; OSError when the path leads to no directory."""
     step = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     todo = path.split("/")[::-1]  # a stack: the next component is last
-    fds, where, links = [os.open("/", step)], [""], 0  # the directories walked so far (for ".."), their paths
+    walked, links = [(os.open("/", step), "")], 0  # each directory so far (for ".."), with its path
     try:
-        problem = distrust(os.fstat(fds[0]), "/", owners, sticky_ok=True)
+        problem = distrust(os.fstat(walked[0][0]), "/", owners, sticky_ok=True)
         while todo and problem is None:
             name = todo.pop()
-            if name in ("", "."):
+            if name in ("", ".", ".."):
+                if name == ".." and len(walked) > 1:
+                    os.close(walked.pop()[0])
                 continue
-            if name == "..":
-                if len(fds) > 1:
-                    os.close(fds.pop())
-                    where.pop()
-                continue
-            here = f"{where[-1]}/{name}"
-            st = os.stat(name, dir_fd=fds[-1], follow_symlinks=False)
+            fd, here = walked[-1][0], f"{walked[-1][1]}/{name}"
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 links += 1
                 if st.st_uid not in owners:
@@ -162,24 +149,23 @@ def open_trusted_dir(path: str, owners: Collection[int]) -> int:
                 elif links > MAX_LINKS:
                     problem = f"{here}: more than {MAX_LINKS} symbolic links"
                 else:
-                    target = os.readlink(name, dir_fd=fds[-1])
+                    target = os.readlink(name, dir_fd=fd)
                     todo.extend(target.split("/")[::-1])
-                    while target.startswith("/") and len(fds) > 1:
-                        os.close(fds.pop())
-                        where.pop()
+                    while target.startswith("/") and len(walked) > 1:
+                        os.close(walked.pop()[0])
                 continue
-            fds.append(os.open(name, step, dir_fd=fds[-1]))
-            where.append(here)
-            opened = os.fstat(fds[-1])
+            walked.append((os.open(name, step, dir_fd=fd), here))
+            opened = os.fstat(walked[-1][0])
             if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
                 problem = f"{here} changed while it was checked"
             else:
                 problem = distrust(opened, here, owners, sticky_ok=True)
+        fd, here = walked[-1]
         if problem is None:
-            problem = distrust(os.fstat(fds[-1]), where[-1] or "/", owners)
+            problem = distrust(os.fstat(fd), here or "/", owners)
         if problem is not None:
             raise Refused(clean(problem, 200))
-        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fds[-1])
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
     finally:
-        for fd in fds:
+        for fd, _ in walked:
             os.close(fd)
