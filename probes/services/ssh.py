@@ -71,11 +71,9 @@ def gather(ctx: Context) -> dict[str, Any]:
     host, port, deadline = ctx.config.host, ctx.config.of(SshSettings).ssh_port, ctx.deadline
     budget = max(0.0, deadline - (t0 := time.monotonic()))
     data: dict[str, Any] = {"host": host, "port": port, "spoke_first": False, "budget": budget}
-    try:
-        sock = net.connect(host, port, deadline)
-    except net.NetError as exc:
-        data.update(outcome="connect-timeout" if exc.kind == "timeout" else exc.kind, detail=exc.detail)
-        return {**data, "listening": net.nearby(port)} if exc.kind == "refused" else data
+    if isinstance(sock := net.connect(host, port, deadline), dict):
+        data.update(sock)
+        return {**data, "listening": net.nearby(port)} if sock["outcome"] == "refused" else data
 
     def send_ours() -> None:
         try:
