@@ -139,9 +139,8 @@ def _unsafe(path: str, st: os.stat_result, uid: int, user: str) -> dict[str, Any
 
 
 def keys_file(path: str, uid: int, user: str, home: str) -> dict[str, Any]:
-    """What sshd would make of one authorized keys file: missing, refused by StrictModes (its
-    ``auth_secure_path``: the file and each directory up to the home, or ``/``, owned by root or
-    the user and not group/other-writable), or read (its keys counted)."""
+    """What sshd would make of one authorized keys file: missing, refused by StrictModes
+    (``auth_secure_path``), or read (its keys counted)."""
     try:
         lst = os.lstat(path)
     except OSError:
@@ -191,9 +190,8 @@ def count_keys(raw: bytes) -> int:
     return count
 
 
-def gather(ctx: Context, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    env = os.environ if environ is None else environ
-    return collect(ctx.config.of(SshKeysSettings).ssh_user or env.get("DEV_USER") or None, System())
+def gather(ctx: Context, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    return collect(ctx.config.of(SshKeysSettings).ssh_user or environ.get("DEV_USER") or None, System())
 
 
 def collect(user: str | None, system: System) -> dict[str, Any]:
