@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 import time
 
-from probes import untrusted
+from probes import deadlines, untrusted
 from probes.config import Config
 from probes.context import Context
+from probes.framework import deep
 from probes.result import Result, passed, verdict
 from probes.services.common import host_header, json_or_none
 from probes.services.jupyter import JupyterSettings
 from probes.spec import NUMBER, TEXT, Declared, Spec, cause, setting
+from probes.state import life_identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -129,15 +131,9 @@ del _healthcheck
 '''
 
 
-def _torch(config: Config) -> Any:
-    from probes.framework import deep
-
-    return config.of(deep.Torch)
-
-
 def requirements(config: Config) -> tuple[str, ...]:
     """The server must answer; on the GPU, the image's own torch must work there first."""
-    return (*SPEC.requires, "torch-cuda") if _torch(config).torch_device == "cuda" else SPEC.requires
+    return (*SPEC.requires, "torch-cuda") if config.of(deep.Torch).torch_device == "cuda" else SPEC.requires
 
 
 def server(ctx: Context) -> tuple[Server, str | None, str]:
@@ -168,8 +164,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
     (``status``: its kernels and last activity), else a pass or warning younger than ``ttl``."""
     if not isinstance(entry, dict) or entry.get("key") != key:
         return None
-    data, finished = entry.get("data"), _number(entry.get("finished"))
-    if not isinstance(data, dict) or finished is None:
+    if not isinstance(data := entry.get("data"), dict) or not deep.finite(finished := entry.get("finished")):
         return None
     age, after = time.time() - finished, _number(data.get("after"))
     idle = status is not None and after is not None and status[0] == 0 and status[1] <= after + SLACK
@@ -184,18 +179,13 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes import deadlines
-    from probes.framework import deep
     from probes.services import kernel_run
-    from probes.state import life_identity
 
     srv, source, withheld = server(ctx)
     end = ctx.deadline - deadlines.MARGIN
     kernel_run.reap(ctx.state, srv, time.monotonic() + min(CLEANUP, max(0.0, end - time.monotonic()) / 4))
-    if not ctx.state.enabled:
-        return {**check(ctx, srv), "source": source, "withheld": withheld, "cache": {"how": "off"}}
     own = ctx.config.of(KernelSettings)
-    key = {"kernel": own.jupyter_kernel_name, "device": _torch(ctx.config).torch_device,
+    key = {"kernel": own.jupyter_kernel_name, "device": ctx.config.of(deep.Torch).torch_device,
            "server": [srv.host, srv.port, srv.base_url], "identity": life_identity()}
     # Readiness leaves an idle server idle: its kernel path is checked again once it is used.
     reuses = ctx.config.profile_rules.reuses_cache
@@ -211,13 +201,12 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def check(ctx: Context, srv: Server) -> dict[str, Any]:
-    from probes import deadlines
     from probes.framework import free_memory
     from probes.services import kernel_run
 
     end = ctx.deadline - deadlines.MARGIN
     share = end - min(CLEANUP, max(0.0, end - time.monotonic()) / 4)
-    torch, where = _torch(ctx.config), host_header(srv.host, srv.port)
+    torch, where = ctx.config.of(deep.Torch), host_header(srv.host, srv.port)
     data: dict[str, Any] = {"kind": "kernel", "lingered": False, "device": torch.torch_device, "where": where,
                             "budget": round(max(0.0, share - time.monotonic()), 2)}
     got = kernel_run.rest(srv, "GET", "api/kernelspecs", share)
@@ -248,8 +237,6 @@ def on_deadline(ctx: Context) -> Result:
 
 def judge(data: dict[str, Any], ctx: Context | None) -> Result:
     if data.get("kind") == "lock-timeout":
-        from probes.framework import deep
-
         return deep.lock_timeout(NAME, data, unit=UNIT)
     result = _judge(data, ctx)
     cache = data.get("cache") or {}
@@ -313,9 +300,7 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
 
 
 def _number(value: Any) -> float | None:
-    """A finite number, or None (NaN fails every comparison)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < float("inf")
-    return float(value) if ok else None
+    return float(value) if deep.finite(value) else None
 
 
 def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Context | None) -> Result:
