@@ -6,15 +6,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import re
 import signal
+import socket
+import threading
 import time
+import uuid
+from datetime import datetime
 
 from probes import pidstat, untrusted
 from probes.context import Context, logger
 from probes.services import jupyter, net
 from probes.services.common import host_header, json_or_none
-from probes.state import State
+from probes.state import State, drop_scratch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,8 +74,6 @@ def rest(srv: Server, method: str, tail: str, deadline: float, body: Any = None)
 
 def activity(srv: Server, deadline: float) -> tuple[int, float] | None:
     """``GET api/status``: how many kernels the server runs and when it was last active (epoch)."""
-    from datetime import datetime
-
     got = rest(srv, "GET", "api/status", deadline)
     doc = got.get("doc") if got.get("status") == 200 else None
     kernels, when = (doc.get("kernels"), doc.get("last_activity")) if isinstance(doc, dict) else (None, None)
@@ -92,23 +95,19 @@ def command(entry: Any) -> dict[str, Any]:
             if isinstance(env, dict) else {}}
 
 
-def first_cause(text: str, limit: int = 200) -> str:
-    """The line of a process's output that names the cause (docs/probes.md, "kernel-died"); a long
-    one loses Python's filler words, then its middle, never the names at its ends."""
+def first_cause(text: str) -> str:
+    """The line of a process's output that names the cause (docs/probes.md, "kernel-died"); one over
+    200 characters loses Python's filler words, then its middle, never the names at its ends."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not lines:
         return ""
     at = ([i for i, ln in enumerate(lines) if RAISED.match(ln)] or
           [i for i, ln in enumerate(lines) if WARNED.match(ln)] or [len(lines) - 1])[-1]
     frames = [m.group(1) for m in map(FRAME.match, lines[:at]) if m and not m.group(1).startswith("<")]
-    line = lines[at] + (f" (in {frames[-1]})" if frames and "/" not in lines[at] else "")
-    line = untrusted.clean(line, 4 * limit)
-    if len(line) > limit:
-        line = FILLER.sub("", line)
-    if len(line) > limit:
-        half = (limit - 5) // 2
-        line = f"{line[:half]} ... {line[-half:]}"
-    return line
+    where = f" (in {frames[-1]})" if frames and "/" not in lines[at] else ""
+    line = untrusted.clean(lines[at] + where, 800)
+    line = FILLER.sub("", line) if len(line) > 200 else line
+    return f"{line[:97]} ... {line[-97:]}" if len(line) > 200 else line
 
 
 class Procs:
@@ -158,8 +157,6 @@ def _beside(call: Callable[[], Any], procs: Procs, seen: dict[int, int], until: 
     """Run ``call()`` in a thread until it returns or ``until`` while the kernel's processes are
     added to ``seen``; with ``srv``, also whether the kernel died meanwhile: every process seen has
     ended, or the server's model says ``dead`` or ``restarting`` or no longer lists it."""
-    import threading
-
     thread = threading.Thread(target=call, daemon=True, name="jupyter-kernel")
     thread.start()
     ask = time.monotonic() + ASK_EVERY
@@ -185,9 +182,8 @@ def _cell(ws: Any, srv: Server, kid: str, code: str, deadline: float, box: dict[
     server's word that the kernel died; ``box`` says what happened. Never raises."""
     msg_id = os.urandom(16).hex()
     opts: dict[str, Any] = {"timeout": max(deadline - time.monotonic(), 0.001), "suppress_origin": True,
-                            "http_no_proxy": ["*"]}
-    if srv.token:
-        opts["header"] = [f"Authorization: token {srv.token}"]
+                            "http_no_proxy": ["*"],
+                            "header": [f"Authorization: token {srv.token}"] if srv.token else []}
     if srv.secure and net.is_loopback(srv.host):
         import ssl  # Jupyter's certificate is usually self-signed; on loopback nobody sits between
 
@@ -237,8 +233,6 @@ def _cell(ws: Any, srv: Server, kid: str, code: str, deadline: float, box: dict[
 def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, share: float,
         end: float) -> dict[str, Any]:
     """Start a kernel of ``name``, run ``code`` in it by ``share``, remove it by ``end``."""
-    import uuid
-
     if _stopping:
         return {"outcome": "timeout", "stage": "start"}
     kid = str(uuid.uuid4())
@@ -392,19 +386,13 @@ def end_all() -> None:
 def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> dict[str, Any]:
     """The line that names why the kernel exits (``said``; None: it did not), from its command run
     again as the server's verified uid, never as root for another's; else ``unread``, why not."""
-    import pwd
-    import socket
-
     from probes import proc
-    from probes.state import drop_scratch
 
     me = os.geteuid()
     if srv.uid is None:
         return {"unread": "the server's user is not known"}
     if srv.uid != me and me != 0:
         return {"unread": f"the suite may not run as the server's user (uid {srv.uid})"}
-    if not spec["argv"]:
-        return {}
     work = ctx.state.scratch("kernel")
     if work is None:
         return {"unread": "no state dir holds its connection file"}
@@ -421,10 +409,8 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
     env.update(spec["env"])
     try:
         with contextlib.ExitStack() as stack:  # free ports for the connection file, closed before it runs
-            socks = {f"{kind}_port": stack.enter_context(socket.socket())
+            socks = {f"{kind}_port": stack.enter_context(socket.create_server(("127.0.0.1", 0)))
                      for kind in ("shell", "iopub", "stdin", "control", "hb")}
-            for sock in socks.values():
-                sock.bind(("127.0.0.1", 0))
             ports = {name: int(sock.getsockname()[1]) for name, sock in socks.items()}
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         with os.fdopen(fd := os.open(os.path.join(work, "kernel.json"), flags, 0o600), "w") as fh:
