@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 timeout = socket.timeout  # TimeoutError from Python 3.10
 MAX_HEAD, MAX_BODY = 16 * 1024, 64 * 1024
 MAX_REPLY = MAX_HEAD + 2 * MAX_BODY
-MAX_CHUNKS = 1024  # the reply is parsed again as it grows: bound the work of each parse
 TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -161,7 +160,7 @@ def nearby(expected: int) -> list[str]:
 def _dechunk(body: bytes) -> bytes | None:
     """A chunked body decoded; None while incomplete."""
     out, pos = bytearray(), 0
-    for _ in range(MAX_CHUNKS + 1):
+    for _ in range(1025):  # 1024 chunks at most: the reply is parsed again as it grows
         eol = body.find(b"\r\n", pos, pos + 66)
         if eol < 0:
             if len(body) - pos > 64:

@@ -68,7 +68,6 @@ class System(Record):
 
 
 MAX_DB, MAX_KEYS_FILE = 4 << 20, 1 << 20  # bytes of an account or sshd configuration file; of authorized_keys
-MAX_INCLUDES = 64  # configuration files followed through Include
 # Public key types sshd accepts in authorized_keys (sshkey.c keytypes), each with its certificate type.
 KEYS = ("ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
         "ecdsa-sha2-nistp521", "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
@@ -93,7 +92,7 @@ def sshd_options(path: str, found: dict[str, str], files: list[str]) -> dict[str
         if key == "include":
             for pattern in words[1:]:
                 for name in sorted(glob.glob(os.path.join("/etc/ssh", pattern))):  # an absolute one stays
-                    if len(files) < MAX_INCLUDES:
+                    if len(files) < 64:  # configuration files read in all
                         sshd_options(name, found, files)
         elif len(words) > 1:
             found.setdefault(key, " ".join(words[1:]))
@@ -245,17 +244,14 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
     if keys:
         return passed(NAME, f"{user}: {keys} authorized key(s), sshd's StrictModes accept the key files",
                       observed=keys, unit="keys")
-    read = next((f for f in files if f["state"] == "ok"), None)
-    unread = next((f for f in files if f["state"] == "unreadable"), None)
-    if not files:
-        why = "AuthorizedKeysFile is none"
-    elif read is not None:
-        what = "is empty" if not read["size"] else "holds no public key that parses"
-        why = f"{clean(read['path'], 120)} {what}"
-    elif unread is not None:
-        why = f"{clean(unread['path'], 120)} not read ({clean(unread['why'], 60)})"
-    else:
-        why = f"no authorized keys file ({clean(files[0]['path'], 120)})"
+    # The file that says most: one read, else one that could not be, else the first.
+    ranked = [f for state in ("ok", "unreadable") for f in files if f["state"] == state] + files
+    f, path = (ranked[0], clean(ranked[0]["path"], 120)) if ranked else ({"state": None}, "")
+    why = ("AuthorizedKeysFile is none" if not files
+           else f"{path} is empty" if f["state"] == "ok" and not f["size"]
+           else f"{path} holds no public key that parses" if f["state"] == "ok"
+           else f"{path} not read ({clean(f['why'], 60)})" if f["state"] == "unreadable"
+           else f"no authorized keys file ({path})")
     return verdict(NAME, KEYS_NONE, f"nobody can log in as {user} with a key yet: {why}", observed=0,
                    unit="keys")
 

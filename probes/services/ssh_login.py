@@ -90,7 +90,6 @@ HOST_ALIAS = "healthcheck-probe"  # the name the known hosts file and the client
 # ssh_host_*_key.pub in the first of these that has any, unless HEALTHCHECK_SSH_HOST_KEYS says
 # otherwise: /etc/ssh, or on a read-only root where the image's entrypoint makes them (docs/image.md).
 HOST_KEY_DIRS, HOST_KEYS = ("/etc/ssh", "/run/ssh-host-keys/etc/ssh"), "ssh_host_*_key.pub"
-MAX_HOST_KEY = 16 << 10  # bytes of one public host key file
 CACHE = "ssh-login.json"  # the last passing login, reused by readiness while younger than its TTL
 HOSTKEY_WORDS = (b"host key verification failed", b"identification has changed", b"no matching host key")
 # The client with nothing of the caller's SSH set-up: only the probe key, no agent, publickey only.
@@ -127,7 +126,7 @@ def known_hosts(host_keys: str | None) -> list[str]:
     lines = []
     for path in paths:
         try:
-            raw, _ = read_regular(path, MAX_HOST_KEY, owners=(0, os.geteuid()))
+            raw, _ = read_regular(path, 16 << 10, owners=(0, os.geteuid()))
         except Refused:
             continue
         words = raw.decode("ascii", "replace").split()
