@@ -26,9 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
-PATH_CHARS = jupyter.PATH_CHARS - {"%"}
 KERNEL_ID = re.compile(r"[0-9A-Za-z-]{1,64}")
-MAX_ARGV, MAX_RECORDS = 64, 64  # argv words kept of a kernelspec, records of kernels looked at by a run
 MAX_OUTPUT, MAX_FRAME = 64 * 1024, 1024 * 1024  # characters of the cell's stdout kept; of one message read
 RECORD = "kernel-"  # the record of a kernel asked for: kernel-<id>.json in the state dir
 ASK_EVERY = 1.0  # seconds between asking the server about a starting kernel
@@ -59,7 +57,7 @@ class Server:
         self.token, self.pid, self.uid = token, pid, uid
 
     def path(self, tail: str) -> str:
-        return jupyter.quote_path(self.base_url + tail, PATH_CHARS)
+        return jupyter.quote_path(self.base_url + tail, jupyter.PATH_CHARS - {"%"})
 
 
 def rest(srv: Server, method: str, tail: str, deadline: float, body: Any = None) -> dict[str, Any]:
@@ -90,7 +88,7 @@ def command(entry: Any) -> dict[str, Any]:
     """The ``argv`` and ``env`` of a kernelspec in the server's listing, each kept only as text."""
     spec = entry.get("spec") if isinstance(entry, dict) else None
     argv, env = (spec.get("argv"), spec.get("env")) if isinstance(spec, dict) else (None, None)
-    return {"argv": [a for a in argv[:MAX_ARGV] if isinstance(a, str)] if isinstance(argv, list) else [],
+    return {"argv": [a for a in argv[:64] if isinstance(a, str)] if isinstance(argv, list) else [],
             "env": {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)}
             if isinstance(env, dict) else {}}
 
@@ -295,10 +293,8 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
 
 def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[int, int], end: float,
            wait: float = 2.0) -> dict[str, Any]:
-    """DELETE the kernel; if the server has not shut it down in ``wait`` seconds, its processes and
-    all below them get SIGTERM then SIGKILL, and the server is asked again. Its record goes once the
-    server confirms it gone: 2xx, or 404 for a kernel whose start it answered (a server lists one it
-    is still starting only once started), or that is five minutes old."""
+    """DELETE the kernel; end its processes if the server has not within ``wait`` seconds (docs/probes.md).
+    A 404 confirms only a start it answered (one still starting is not listed), or a 5-minute-old record."""
     def gone(got: dict[str, Any]) -> bool:
         status = got.get("status")
         return status in (200, 204) or (status == 404 and (rec.get("answered") is True
@@ -362,7 +358,7 @@ def reap(state: State, srv: Server, deadline: float) -> None:
         names = sorted(n for n in os.listdir(state.path) if n.startswith(RECORD) and n.endswith(".json"))
     except OSError:
         return
-    for name in names[:MAX_RECORDS]:
+    for name in names[:64]:  # a run looks at so many records at most
         kid, rec = name[len(RECORD):-len(".json")], state.read_json(name)
         if rec is None or not KERNEL_ID.fullmatch(kid) or not isinstance(rec.get("time"), (int, float)):
             state.remove(name)  # damaged: it can name no kernel of ours
@@ -439,13 +435,9 @@ def interpreter_problem(spec: dict[str, Any], srv: Server) -> str | None:
     program = spec["argv"][0] if spec["argv"] else ""
     if not program:
         return "its argv is empty"
-    shown = untrusted.clean(program, 80)
-    if "/" not in program:
-        found = shutil.which(program, path=(_server_env(srv) or os.environ).get("PATH") or os.defpath)
-        return None if found else f"its argv names {shown}, which is not on the server's PATH"
-    if not os.path.exists(program):
-        return f"its argv names {shown}, which does not exist"
-    return None if os.access(program, os.X_OK) else f"its argv names {shown}, which is not executable"
+    if shutil.which(program, path=(_server_env(srv) or os.environ).get("PATH") or os.defpath):
+        return None
+    return f"its argv names {untrusted.clean(program, 80)}: gone, not executable or not on the server's PATH"
 
 
 def _server_env(srv: Server) -> dict[str, str] | None:
