@@ -98,7 +98,6 @@ NAME = SPEC.name
 UNIT = "s"
 CACHE = "jupyter-kernel.json"
 CLEANUP = 3.0  # seconds kept from the kernel's share for its removal (DELETE, then ending it)
-MAX_NAMES = 32  # kernelspecs kept from a listing
 SLACK = 1.0  # seconds of the server's activity after our status read that are our kernel's last messages
 PREFIX = "HEALTHCHECK-KERNEL-RESULT "
 TOLERANCE = 1e-4  # float32 against float64 at 256x256 differs by ~1e-6 of the largest value
@@ -114,11 +113,8 @@ CELL = '''def _healthcheck(device, gentle):
                 return out
         torch.backends.cuda.matmul.allow_tf32 = False
         dev, g = torch.device(device), torch.Generator().manual_seed(1234)
-        a = torch.randn(256, 256, generator=g, dtype=torch.float32)
-        b = torch.randn(256, 256, generator=g, dtype=torch.float32)
-        got = torch.matmul(a.to(dev), b.to(dev))
-        if device == "cuda":
-            torch.cuda.synchronize()
+        a, b = (torch.randn(256, 256, generator=g, dtype=torch.float32) for _ in range(2))
+        got = torch.matmul(a.to(dev), b.to(dev))  # brought back to the CPU below: a CUDA error raises there
         ref = torch.matmul(a.double(), b.double())
         out["op"] = {"max_err": float((got.double().cpu() - ref).abs().max().item()),
                      "scale": float(ref.abs().max().item())}
@@ -166,8 +162,8 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
         return None
     if not isinstance(data := entry.get("data"), dict) or not deep.finite(finished := entry.get("finished")):
         return None
-    age, after = time.time() - finished, _number(data.get("after"))
-    idle = status is not None and after is not None and status[0] == 0 and status[1] <= after + SLACK
+    age, after = time.time() - finished, data.get("after")
+    idle = status is not None and deep.finite(after) and status[0] == 0 and status[1] <= after + SLACK
     if not idle and (entry.get("status") not in ("pass", "warn") or not 0 <= age < ttl):
         return None
     try:
@@ -213,7 +209,7 @@ def check(ctx: Context, srv: Server) -> dict[str, Any]:
     doc = got.get("doc") if got.get("status") == 200 else None
     if not isinstance(doc, dict) or not isinstance(doc.get("kernelspecs"), dict):
         return {**data, "outcome": "api", "http": got.get("status"), "net": got["outcome"]}
-    specs = {name: kernel_run.command(entry) for name, entry in list(doc["kernelspecs"].items())[:MAX_NAMES]}
+    specs = {name: kernel_run.command(entry) for name, entry in list(doc["kernelspecs"].items())[:32]}
     default = str(doc["default"]) if isinstance(doc.get("default"), str) else ""
     data["kernel"] = name = ctx.config.of(KernelSettings).jupyter_kernel_name or default
     if name not in specs:
@@ -299,10 +295,6 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
     return _judge_reply(data, what, kw, ctx)
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if deep.finite(value) else None
-
-
 def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Context | None) -> Result:
     clean = untrusted.clean
     lines = [ln for ln in str(data.get("stdout") or "").splitlines() if ln.startswith(PREFIX)]
@@ -320,7 +312,7 @@ def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Conte
         module = clean(err.get("module") or "", 60)
         return verdict(NAME, KERNEL_NO_TORCH, f"{what} cannot import torch "
                        f"({f'no module {module!r}' if module else raised})", **kw)
-    sees = report.get("available") is True and (_number(report.get("count")) or 0) > 0
+    sees = report.get("available") is True and deep.finite(count := report.get("count")) and count > 0
     if data.get("device") == "cuda" and not sees:
         from probes.hardware import common as hardware
 
@@ -331,15 +323,16 @@ def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Conte
                        **kw)
     if err is not None:
         return verdict(NAME, KERNEL_OP_FAILED, f"the op failed in {what} ({raised})", **kw)
-    observed = _number(data.get("observed"))
+    observed = float(data["observed"]) if deep.finite(data.get("observed")) else None
     if data.get("room") is not None:
         return verdict(NAME, KERNEL_WORKLOAD_MEMORY, f"{what} started in {observed or 0:.1f}s, imports torch "
                        f"{version} and sees {report.get('count')} GPU(s); the op was not run: "
                        "the workload holds a GPU's memory", observed=observed, **kw)
     op = report["op"] if isinstance(report.get("op"), dict) else {}
-    err_max, scale = _number(op.get("max_err")), _number(op.get("scale"))
-    if err_max is None or scale is None or scale <= 0 or err_max / scale > TOLERANCE:
-        shown = f"{err_max / scale:.1e}" if err_max is not None and scale else "not a number"
+    err_max, scale = op.get("max_err"), op.get("scale")
+    ratio = err_max / scale if deep.finite(err_max) and deep.finite(scale) and scale > 0 else None
+    if ratio is None or ratio > TOLERANCE:
+        shown = f"{ratio:.1e}" if ratio is not None else "not a number"
         return verdict(NAME, KERNEL_WRONG_RESULT, f"wrong result in {what}: the matmul differs from the CPU "
                        f"reference by {shown} (tolerance {TOLERANCE:.0e})", **kw)
     return passed(NAME, f"{what} started and ran a verified matmul on {clean(data.get('device'), 8)} in "
