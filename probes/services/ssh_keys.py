@@ -189,12 +189,10 @@ def count_keys(raw: bytes) -> int:
     return count
 
 
-def gather(ctx: Context, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    return collect(ctx.config.of(SshKeysSettings).ssh_user or environ.get("DEV_USER") or None, System())
-
-
-def collect(user: str | None, system: System) -> dict[str, Any]:
-    if not user:
+def gather(ctx: Context, environ: Mapping[str, str] = os.environ,
+           system: System | None = None) -> dict[str, Any]:
+    system = system or System()
+    if not (user := ctx.config.of(SshKeysSettings).ssh_user or environ.get("DEV_USER")):
         return {"outcome": "no-user"}
     if (info := account(user, system)) is None:
         return {"outcome": "no-such-user", "user": user}
