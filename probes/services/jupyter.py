@@ -103,8 +103,7 @@ def held_by(port: int, held: set[int], owner: int, whose: str) -> str:
 
 def _read_runtime_file(name: str, dir_fd: int, config: Config, ports: dict[int, set[int]],
                        secret: bool) -> dict[str, Any]:
-    """The fields used of one jpserver-*.json file, untrusted input (docs/probes.md), with its pid and
-    token when ``secret``; ``Refused`` says why not."""
+    """The fields used of one trusted jpserver-*.json file (its pid and token too when ``secret``)."""
     from probes.services import net
 
     raw, st = untrusted.read_regular(name, MAX_RUNTIME_FILE, dir_fd=dir_fd)
@@ -155,8 +154,7 @@ def token(value: Any) -> str:
 
 
 def token_file(path: str | None) -> tuple[str, int | None]:
-    """The token in HEALTHCHECK_JUPYTER_TOKEN_FILE or "", and the file's owner from the same fstat
-    (None when there is no file we can read): the server should be that user's."""
+    """The token file's token or "", and its owner from the same fstat (None: no file was read)."""
     if not path:
         return "", None
     try:
@@ -168,8 +166,7 @@ def token_file(path: str | None) -> tuple[str, int | None]:
 
 def find_runtime_file(config: Config, secret: bool = False
                       ) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
-    """The trusted runtime file of the server to probe (the configured port first, then root's or
-    our own, then the newest), and the refused files as (cleaned name, reason)."""
+    """The trusted runtime file to use (docs/probes.md), and the refused ones as (cleaned name, reason)."""
     from probes.services import net
 
     env = os.environ
@@ -221,8 +218,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     # Without a trusted file, the server should be the token file's owner's: another uid's listener is
     # a stand-in (Jupyter down, its port taken), and is sent nothing.
     owner = token_file(own.jupyter_token_file)[1] if found is None else None
-    held = net.listeners().get(port, set()) if owner is not None else set()
-    if owner is not None and held and held != {owner}:
+    if owner is not None and (held := net.listeners().get(port, set())) and held != {owner}:
         return {**data, "outcome": "impostor", "impostor": held_by(port, held, owner, "the token file")}
     data.update(net.exchange(host, port, path, secure, deadline))
     outcome = data["outcome"]
