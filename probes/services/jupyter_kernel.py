@@ -12,7 +12,6 @@ from probes.context import Context
 from probes.framework import deep
 from probes.result import Result, passed, verdict
 from probes.services.common import host_header, json_or_none
-from probes.services.jupyter import JupyterSettings
 from probes.spec import NUMBER, TEXT, Declared, Spec, cause, setting
 from probes.state import life_identity
 
@@ -132,28 +131,6 @@ def requirements(config: Config) -> tuple[str, ...]:
     return (*SPEC.requires, "torch-cuda") if config.of(deep.Torch).torch_device == "cuda" else SPEC.requires
 
 
-def server(ctx: Context) -> tuple[Server, str | None, str]:
-    """The server as the jupyter probe finds it (a token only for its owner's listener; ``uid`` when one
-    alone listens), the runtime file that said so, and why the token file's token was withheld, or ""."""
-    from probes.services import jupyter, net
-    from probes.services.kernel_run import Server
-
-    own = ctx.config.of(JupyterSettings)
-    found, _ = jupyter.find_runtime_file(ctx.config, secret=True)
-    if found is not None:  # trusted: its owner alone listens on its port
-        where = (found["host"], found["port"], found["base_url"], found["secure"])
-        pid, held, source = found["pid"], {found["owner"]}, found["file"]
-        if found["token"]:
-            return Server(*where, found["token"], pid, found["owner"]), source, ""
-    else:
-        where = (ctx.config.host, own.jupyter_port, own.jupyter_base_url, bool(own.jupyter_tls))
-        pid, held, source = None, net.listeners().get(own.jupyter_port, set()), None
-    token, owner = jupyter.token_file(own.jupyter_token_file)
-    withheld = jupyter.held_by(where[1], held, owner, "the token file") if token and owner is not None else ""
-    uid = next(iter(held)) if len(held) == 1 else None
-    return Server(*where, "" if withheld else token, pid, uid), source, withheld
-
-
 def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
            status: tuple[int, float] | None) -> dict[str, Any] | None:
     """A cached result for the same key, judged again: any while the server has stayed idle since
@@ -177,7 +154,7 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
 def gather(ctx: Context) -> dict[str, Any]:
     from probes.services import kernel_run
 
-    srv, source, withheld = server(ctx)
+    srv, source, withheld = kernel_run.server(ctx)
     end = ctx.deadline - deadlines.MARGIN
     kernel_run.reap(ctx.state, srv, time.monotonic() + min(CLEANUP, max(0.0, end - time.monotonic()) / 4))
     own = ctx.config.of(KernelSettings)

@@ -60,6 +60,25 @@ class Server:
         return jupyter.quote_path(self.base_url + tail, jupyter.PATH_CHARS - {"%"})
 
 
+def server(ctx: Context) -> tuple[Server, str | None, str]:
+    """The server as the jupyter probe finds it (a token only for its owner's listener; ``uid`` when one
+    alone listens), the runtime file that said so, and why the token file's token was withheld, or ""."""
+    own = ctx.config.of(jupyter.JupyterSettings)
+    found, _ = jupyter.find_runtime_file(ctx.config, secret=True)
+    if found is not None:  # trusted: its owner alone listens on its port
+        where = (found["host"], found["port"], found["base_url"], found["secure"])
+        pid, held, source = found["pid"], {found["owner"]}, found["file"]
+        if found["token"]:
+            return Server(*where, found["token"], pid, found["owner"]), source, ""
+    else:
+        where = (ctx.config.host, own.jupyter_port, own.jupyter_base_url, bool(own.jupyter_tls))
+        pid, held, source = None, net.listeners().get(own.jupyter_port, set()), None
+    token, owner = jupyter.token_file(own.jupyter_token_file)
+    withheld = jupyter.held_by(where[1], held, owner, "the token file") if token and owner is not None else ""
+    uid = next(iter(held)) if len(held) == 1 else None
+    return Server(*where, "" if withheld else token, pid, uid), source, withheld
+
+
 def rest(srv: Server, method: str, tail: str, deadline: float, body: Any = None) -> dict[str, Any]:
     """``net.exchange``'s outcome, with ``doc``, the JSON answer; the server's last_activity stays."""
     got = net.exchange(srv.host, srv.port, f"{srv.path(tail)}?no_track_activity=1", srv.secure, deadline,
@@ -152,9 +171,8 @@ def live(pairs: Mapping[int, int], until: float = 0.0) -> dict[int, int]:
 
 def _beside(call: Callable[[], Any], procs: Procs, seen: dict[int, int], until: float,
             srv: Server | None = None, kid: str = "") -> tuple[Any, bool]:
-    """Run ``call()`` in a thread until it returns or ``until`` while the kernel's processes are
-    added to ``seen``; with ``srv``, also whether the kernel died meanwhile: every process seen has
-    ended, or the server's model says ``dead`` or ``restarting`` or no longer lists it."""
+    """Run ``call()`` in a thread until it returns or ``until``, adding the kernel's processes to ``seen``;
+    with ``srv``, also whether the kernel died meanwhile (docs/probes.md, "The notebook path")."""
     thread = threading.Thread(target=call, daemon=True, name="jupyter-kernel")
     thread.start()
     ask = time.monotonic() + ASK_EVERY
