@@ -264,8 +264,7 @@ OUTCOMES: dict[str, tuple[Cause | None, str]] = {
     "plain": (JUPYTER_TLS_MISMATCH, SPEAKS_PLAIN + " but HEALTHCHECK_JUPYTER_TLS is true"),
     "tls-verify": (JUPYTER_TLS_ERROR, "the TLS certificate of {where} is not trusted"),
     "tls-failed": (JUPYTER_TLS_ERROR, "TLS handshake with {where}{src} failed"),
-    "too-large": (NOT_JUPYTER, "not Jupyter: {where} answered {get} with a reply too large "
-                               "({why}; {max_kib} KiB in all at most)"),
+    "too-large": (NOT_JUPYTER, "not Jupyter: {where} answered {get} with a reply too large ({why})"),
     "bad-http": (NOT_JUPYTER, "not Jupyter: {where} does not answer HTTP ({excerpt})"),
     "closed": (NOT_JUPYTER, "not Jupyter: {where} closed the connection without answering {get}"),
 }
@@ -293,8 +292,6 @@ def outcome(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
-    from probes.services import net
-
     row, extra = outcome(data)
     found, detail = OUTCOMES[row]
     source, listening, refused = data["source"], data.get("listening"), data.get("refused") or []
@@ -306,8 +303,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         received=data.get("received"), detail=f" ({data['detail']})" if data.get("detail") else "",
         listening=(f"; listening here: {', '.join(listening)}" if listening
                    else "; no TCP port is listening here" if listening == [] else ""),
-        why=data.get("why"), impostor=data.get("impostor"), excerpt=data.get("excerpt"),
-        max_kib=net.MAX_REPLY // 1024, **extra)
+        why=data.get("why"), impostor=data.get("impostor"), excerpt=data.get("excerpt"), **extra)
     facts = {"port": data["port"], "base_url": untrusted.clean(data["base_url"]), "secure": data["secure"],
              "runtime_file": source, "runtime_files_refused": dict(refused[:SHOWN_REFUSED])}
     if found is None:

@@ -306,7 +306,8 @@ def exchange(host: str, port: int, path: str, secure: bool, deadline: float, *, 
             try:
                 response = parse_response(buf, eof=not chunk)  # at the end: a response, or an error
             except TooLarge as exc:
-                return {"outcome": "too-large", "why": str(exc), "received": len(buf)}
+                why = f"{exc}; {MAX_REPLY // 1024} KiB in all at most"
+                return {"outcome": "too-large", "why": why, "received": len(buf)}
             except HttpError:
                 return {"outcome": "bad-http", "excerpt": excerpt(buf)} if buf else {"outcome": "closed"}
             if response is not None:
