@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 
 def parse_host_keys(text: str) -> str:
-    """Comma-separated absolute paths of public host key files (``HEALTHCHECK_SSH_HOST_KEYS``)."""
     paths = [p.strip() for p in text.split(",")]
     if not all(p.startswith("/") for p in paths):
         raise ValueError("is not a list of absolute paths (accepted: /etc/ssh/ssh_host_ed25519_key.pub,...)")
