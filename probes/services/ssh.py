@@ -130,11 +130,10 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return verdict(NAME, NOT_SSH, f"the server at {where} speaks only SSH protocol {proto!r}, not 2.0",
                        facts=facts)
     if outcome == "refused":
-        listening = data.get("listening")
-        extra = (f" (listening here: {', '.join(listening)})" if listening
-                 else " (no TCP port is listening here)" if listening == [] else "")
-        return verdict(NAME, SSH_REFUSED, f"connection refused: nothing listening on {where}{extra}",
-                       facts={"listening": listening or []})
+        listening = data.get("listening") or []  # gather reads it on every refusal
+        here = f"listening here: {', '.join(listening)}" if listening else "no TCP port is listening here"
+        return verdict(NAME, SSH_REFUSED, f"connection refused: nothing listening on {where} ({here})",
+                       facts={"listening": listening})
     if outcome == "resolve":
         return verdict(NAME, UNREACHABLE, f"cannot resolve HEALTHCHECK_HOST {data['host']!r}")
     if outcome == "unreachable":
