@@ -194,9 +194,8 @@ def find_runtime_file(config: Config, secret: bool = False
         pass
     finally:
         os.close(dir_fd)
-    port = config.of(JupyterSettings).jupyter_port
-    best = max(found, key=lambda f: (f["port"] == port, f["trusted_owner"], f["mtime"]), default=None)
-    return best, refused
+    own = config.of(JupyterSettings).jupyter_port  # its file first, then root's or ours, then the newest
+    return max(found, key=lambda f: (f["port"] == own, f["trusted_owner"], f["mtime"]), default=None), refused
 
 
 def quote_path(path: str, safe: frozenset[str] = PATH_CHARS) -> str:

@@ -115,8 +115,7 @@ def command(entry: Any) -> dict[str, Any]:
 def first_cause(text: str) -> str:
     """The line of a process's output that names the cause (docs/probes.md, "kernel-died"); one over
     200 characters loses Python's filler words, then its middle, never the names at its ends."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if not lines:
+    if not (lines := [ln.strip() for ln in text.splitlines() if ln.strip()]):
         return ""
     at = ([i for i, ln in enumerate(lines) if RAISED.match(ln)] or
           [i for i, ln in enumerate(lines) if WARNED.match(ln)] or [len(lines) - 1])[-1]
@@ -329,8 +328,7 @@ def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[
     try:
         out["deleted"] = gone(rest(srv, "DELETE", f"api/kernels/{kid}", min(end, time.monotonic() + wait)))
         settle = min(end, time.monotonic() + (1.0 if out["deleted"] else 0.0))  # shut down, it may be exiting
-        left = live(Procs(kid).scan() | live(seen), settle)
-        if left:
+        if left := live(Procs(kid).scan() | live(seen), settle):
             out["ended"], stop = len(left), max(end, time.monotonic() + 0.2)
             for pid, start in tree().items():
                 pidstat.signal_same(pid, start, signal.SIGTERM)
@@ -354,9 +352,8 @@ def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[
 
 def _note(state: State, srv: Server, kid: str, seen: dict[int, int], answered: bool = False
           ) -> dict[str, Any]:
-    me = pidstat.stat(os.getpid())
     rec = {"server": [srv.host, srv.port, srv.base_url], "time": time.time(), "pid": os.getpid(),
-           "start": me.start if me is not None else None, "answered": answered}
+           "start": getattr(pidstat.stat(os.getpid()), "start", None), "answered": answered}
     state.write_json(f"{RECORD}{kid}.json", rec)
     _live[kid] = (srv, state, rec, seen)
     return rec
@@ -407,8 +404,7 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
         return {"unread": "the server's user is not known"}
     if srv.uid != me and me != 0:
         return {"unread": f"the suite may not run as the server's user (uid {srv.uid})"}
-    work = ctx.state.scratch("kernel")
-    if work is None:
+    if (work := ctx.state.scratch("kernel")) is None:
         return {"unread": "no state dir holds its connection file"}
     try:
         entry = pwd.getpwuid(srv.uid)

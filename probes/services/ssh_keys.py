@@ -238,8 +238,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return verdict(NAME, KEYS_STRICT_MODES, f"sshd (StrictModes) refuses every key of {user}: "
                        f"{clean(p['path'], 120)} ({what}): run `{clean(p['fix'], 160)}`", remedy=False,
                        facts={"path": clean(p["path"], 200), "owner": p["owner"], "mode": p["mode"]})
-    keys = sum(f.get("keys", 0) for f in files)
-    if keys:
+    if keys := sum(f.get("keys", 0) for f in files):
         return passed(NAME, f"{user}: {keys} authorized key(s), sshd's StrictModes accept the key files",
                       observed=keys, unit="keys")
     # The file that says most: one read, else one that could not be, else the first.
