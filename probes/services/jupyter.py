@@ -136,8 +136,7 @@ def _read_runtime_file(name: str, dir_fd: int, config: Config, ports: dict[int, 
         raise untrusted.Refused(f"stale: its process {pid} is gone") from None
     if uid != owner:
         raise untrusted.Refused(f"owned by uid {owner} but names a process of uid {uid}")
-    held = ports.get(port, set())
-    if held != {owner}:
+    if (held := ports.get(port, set())) != {owner}:
         raise untrusted.Refused(held_by(port, held, owner, "the file") if held else
                                 f"stale: nothing listens on port {port}")
     base_url = base_url if base_url.startswith("/") else "/" + base_url

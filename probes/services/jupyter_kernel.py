@@ -216,7 +216,7 @@ def judge(data: dict[str, Any], ctx: Context | None) -> Result:
     if cache.get("how") in said:
         note = said[cache["how"]].format(cache.get("age", 0))
         result = result._replace(message=f"{result.message} ({note})")
-    if data.get("lingered") and result.reason != KERNEL_LEFT.reason:
+    if data.get("lingered"):
         left = data.get("cleanup", {}).get("left")
         return verdict(NAME, KERNEL_LEFT, f"{result.message}; and the kernel could not be removed ({left} "
                        "process(es) left)", unit=UNIT, facts=result.facts)

@@ -183,9 +183,8 @@ def _beside(call: Callable[[], Any], procs: Procs, seen: dict[int, int], until: 
         seen.update(now)
         if srv is not None and time.monotonic() >= ask:
             got = rest(srv, "GET", f"api/kernels/{kid}", min(until, time.monotonic() + ASK_EVERY))
-            doc = got.get("doc")
-            if got.get("status") == 404 or (isinstance(doc, dict) and doc.get("execution_state") in
-                                            ("dead", "restarting")):
+            state = got["doc"].get("execution_state") if isinstance(got.get("doc"), dict) else None
+            if got.get("status") == 404 or state in ("dead", "restarting"):
                 return thread, True
             ask = time.monotonic() + ASK_EVERY
         thread.join(0.02)  # a kernel that fails an import dies at once
