@@ -26,7 +26,6 @@ def host_header(host: str, port: int) -> str:
 
 
 def json_or_none(raw: bytes | str) -> Any:
-    """Untrusted JSON parsed (``probes.untrusted.load_json``), or None for anything malformed."""
     try:
         return load_json(raw)
     except ValueError:

@@ -103,8 +103,7 @@ def held_by(port: int, held: set[int], owner: int, whose: str) -> str:
 
 def _read_runtime_file(name: str, dir_fd: int, config: Config, ports: dict[int, set[int]],
                        secret: bool) -> dict[str, Any]:
-    """The fields used of one jpserver-*.json file, untrusted input (docs/probes.md), with its pid and
-    token when ``secret``; ``Refused`` says why not."""
+    """The fields used of one trusted jpserver-*.json file (its pid and token too when ``secret``)."""
     from probes.services import net
 
     raw, st = untrusted.read_regular(name, MAX_RUNTIME_FILE, dir_fd=dir_fd)
@@ -137,8 +136,7 @@ def _read_runtime_file(name: str, dir_fd: int, config: Config, ports: dict[int, 
         raise untrusted.Refused(f"stale: its process {pid} is gone") from None
     if uid != owner:
         raise untrusted.Refused(f"owned by uid {owner} but names a process of uid {uid}")
-    held = ports.get(port, set())
-    if held != {owner}:
+    if (held := ports.get(port, set())) != {owner}:
         raise untrusted.Refused(held_by(port, held, owner, "the file") if held else
                                 f"stale: nothing listens on port {port}")
     base_url = base_url if base_url.startswith("/") else "/" + base_url
@@ -155,8 +153,7 @@ def token(value: Any) -> str:
 
 
 def token_file(path: str | None) -> tuple[str, int | None]:
-    """The token in HEALTHCHECK_JUPYTER_TOKEN_FILE or "", and the file's owner from the same fstat
-    (None when there is no file we can read): the server should be that user's."""
+    """The token file's token or "", and its owner from the same fstat (None: no file was read)."""
     if not path:
         return "", None
     try:
@@ -168,8 +165,7 @@ def token_file(path: str | None) -> tuple[str, int | None]:
 
 def find_runtime_file(config: Config, secret: bool = False
                       ) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
-    """The trusted runtime file of the server to probe (the configured port first, then root's or
-    our own, then the newest), and the refused files as (cleaned name, reason)."""
+    """The trusted runtime file to use (docs/probes.md), and the refused ones as (cleaned name, reason)."""
     from probes.services import net
 
     env = os.environ
@@ -197,9 +193,8 @@ def find_runtime_file(config: Config, secret: bool = False
         pass
     finally:
         os.close(dir_fd)
-    port = config.of(JupyterSettings).jupyter_port
-    best = max(found, key=lambda f: (f["port"] == port, f["trusted_owner"], f["mtime"]), default=None)
-    return best, refused
+    own = config.of(JupyterSettings).jupyter_port  # its file first, then root's or ours, then the newest
+    return max(found, key=lambda f: (f["port"] == own, f["trusted_owner"], f["mtime"]), default=None), refused
 
 
 def quote_path(path: str, safe: frozenset[str] = PATH_CHARS) -> str:
@@ -221,8 +216,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     # Without a trusted file, the server should be the token file's owner's: another uid's listener is
     # a stand-in (Jupyter down, its port taken), and is sent nothing.
     owner = token_file(own.jupyter_token_file)[1] if found is None else None
-    held = net.listeners().get(port, set()) if owner is not None else set()
-    if owner is not None and held and held != {owner}:
+    if owner is not None and (held := net.listeners().get(port, set())) and held != {owner}:
         return {**data, "outcome": "impostor", "impostor": held_by(port, held, owner, "the token file")}
     data.update(net.exchange(host, port, path, secure, deadline))
     outcome = data["outcome"]
@@ -268,8 +262,7 @@ OUTCOMES: dict[str, tuple[Cause | None, str]] = {
     "plain": (JUPYTER_TLS_MISMATCH, SPEAKS_PLAIN + " but HEALTHCHECK_JUPYTER_TLS is true"),
     "tls-verify": (JUPYTER_TLS_ERROR, "the TLS certificate of {where} is not trusted"),
     "tls-failed": (JUPYTER_TLS_ERROR, "TLS handshake with {where}{src} failed"),
-    "too-large": (NOT_JUPYTER, "not Jupyter: {where} answered {get} with a reply too large "
-                               "({why}; {max_kib} KiB in all at most)"),
+    "too-large": (NOT_JUPYTER, "not Jupyter: {where} answered {get} with a reply too large ({why})"),
     "bad-http": (NOT_JUPYTER, "not Jupyter: {where} does not answer HTTP ({excerpt})"),
     "closed": (NOT_JUPYTER, "not Jupyter: {where} closed the connection without answering {get}"),
 }
@@ -297,8 +290,6 @@ def outcome(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:
-    from probes.services import net
-
     row, extra = outcome(data)
     found, detail = OUTCOMES[row]
     source, listening, refused = data["source"], data.get("listening"), data.get("refused") or []
@@ -310,8 +301,7 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         received=data.get("received"), detail=f" ({data['detail']})" if data.get("detail") else "",
         listening=(f"; listening here: {', '.join(listening)}" if listening
                    else "; no TCP port is listening here" if listening == [] else ""),
-        why=data.get("why"), impostor=data.get("impostor"), excerpt=data.get("excerpt"),
-        max_kib=net.MAX_REPLY // 1024, **extra)
+        why=data.get("why"), impostor=data.get("impostor"), excerpt=data.get("excerpt"), **extra)
     facts = {"port": data["port"], "base_url": untrusted.clean(data["base_url"]), "secure": data["secure"],
              "runtime_file": source, "runtime_files_refused": dict(refused[:SHOWN_REFUSED])}
     if found is None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import time
 
-from probes import untrusted
+from probes import deadlines, untrusted
 from probes.config import Config
 from probes.context import Context
+from probes.framework import deep
 from probes.result import Result, passed, verdict
 from probes.services.common import host_header, json_or_none
-from probes.services.jupyter import JupyterSettings
 from probes.spec import NUMBER, TEXT, Declared, Spec, cause, setting
+from probes.state import life_identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -96,7 +97,6 @@ NAME = SPEC.name
 UNIT = "s"
 CACHE = "jupyter-kernel.json"
 CLEANUP = 3.0  # seconds kept from the kernel's share for its removal (DELETE, then ending it)
-MAX_NAMES = 32  # kernelspecs kept from a listing
 SLACK = 1.0  # seconds of the server's activity after our status read that are our kernel's last messages
 PREFIX = "HEALTHCHECK-KERNEL-RESULT "
 TOLERANCE = 1e-4  # float32 against float64 at 256x256 differs by ~1e-6 of the largest value
@@ -112,11 +112,8 @@ CELL = '''def _healthcheck(device, gentle):
                 return out
         torch.backends.cuda.matmul.allow_tf32 = False
         dev, g = torch.device(device), torch.Generator().manual_seed(1234)
-        a = torch.randn(256, 256, generator=g, dtype=torch.float32)
-        b = torch.randn(256, 256, generator=g, dtype=torch.float32)
-        got = torch.matmul(a.to(dev), b.to(dev))
-        if device == "cuda":
-            torch.cuda.synchronize()
+        a, b = (torch.randn(256, 256, generator=g, dtype=torch.float32) for _ in range(2))
+        got = torch.matmul(a.to(dev), b.to(dev))  # brought back to the CPU below: a CUDA error raises there
         ref = torch.matmul(a.double(), b.double())
         out["op"] = {"max_err": float((got.double().cpu() - ref).abs().max().item()),
                      "scale": float(ref.abs().max().item())}
@@ -129,37 +126,9 @@ del _healthcheck
 '''
 
 
-def _torch(config: Config) -> Any:
-    from probes.framework import deep
-
-    return config.of(deep.Torch)
-
-
 def requirements(config: Config) -> tuple[str, ...]:
     """The server must answer; on the GPU, the image's own torch must work there first."""
-    return (*SPEC.requires, "torch-cuda") if _torch(config).torch_device == "cuda" else SPEC.requires
-
-
-def server(ctx: Context) -> tuple[Server, str | None, str]:
-    """The server as the jupyter probe finds it (a token only for its owner's listener; ``uid`` when one
-    alone listens), the runtime file that said so, and why the token file's token was withheld, or ""."""
-    from probes.services import jupyter, net
-    from probes.services.kernel_run import Server
-
-    own = ctx.config.of(JupyterSettings)
-    found, _ = jupyter.find_runtime_file(ctx.config, secret=True)
-    if found is not None:  # trusted: its owner alone listens on its port
-        where = (found["host"], found["port"], found["base_url"], found["secure"])
-        pid, held, source = found["pid"], {found["owner"]}, found["file"]
-        if found["token"]:
-            return Server(*where, found["token"], pid, found["owner"]), source, ""
-    else:
-        where = (ctx.config.host, own.jupyter_port, own.jupyter_base_url, bool(own.jupyter_tls))
-        pid, held, source = None, net.listeners().get(own.jupyter_port, set()), None
-    token, owner = jupyter.token_file(own.jupyter_token_file)
-    withheld = jupyter.held_by(where[1], held, owner, "the token file") if token and owner is not None else ""
-    uid = next(iter(held)) if len(held) == 1 else None
-    return Server(*where, "" if withheld else token, pid, uid), source, withheld
+    return (*SPEC.requires, "torch-cuda") if config.of(deep.Torch).torch_device == "cuda" else SPEC.requires
 
 
 def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
@@ -168,11 +137,10 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
     (``status``: its kernels and last activity), else a pass or warning younger than ``ttl``."""
     if not isinstance(entry, dict) or entry.get("key") != key:
         return None
-    data, finished = entry.get("data"), _number(entry.get("finished"))
-    if not isinstance(data, dict) or finished is None:
+    if not isinstance(data := entry.get("data"), dict) or not deep.finite(finished := entry.get("finished")):
         return None
-    age, after = time.time() - finished, _number(data.get("after"))
-    idle = status is not None and after is not None and status[0] == 0 and status[1] <= after + SLACK
+    age, after = time.time() - finished, data.get("after")
+    idle = status is not None and deep.finite(after) and status[0] == 0 and status[1] <= after + SLACK
     if not idle and (entry.get("status") not in ("pass", "warn") or not 0 <= age < ttl):
         return None
     try:
@@ -184,18 +152,13 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes import deadlines
-    from probes.framework import deep
     from probes.services import kernel_run
-    from probes.state import life_identity
 
-    srv, source, withheld = server(ctx)
+    srv, source, withheld = kernel_run.server(ctx)
     end = ctx.deadline - deadlines.MARGIN
     kernel_run.reap(ctx.state, srv, time.monotonic() + min(CLEANUP, max(0.0, end - time.monotonic()) / 4))
-    if not ctx.state.enabled:
-        return {**check(ctx, srv), "source": source, "withheld": withheld, "cache": {"how": "off"}}
     own = ctx.config.of(KernelSettings)
-    key = {"kernel": own.jupyter_kernel_name, "device": _torch(ctx.config).torch_device,
+    key = {"kernel": own.jupyter_kernel_name, "device": ctx.config.of(deep.Torch).torch_device,
            "server": [srv.host, srv.port, srv.base_url], "identity": life_identity()}
     # Readiness leaves an idle server idle: its kernel path is checked again once it is used.
     reuses = ctx.config.profile_rules.reuses_cache
@@ -211,25 +174,23 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def check(ctx: Context, srv: Server) -> dict[str, Any]:
-    from probes import deadlines
     from probes.framework import free_memory
     from probes.services import kernel_run
 
     end = ctx.deadline - deadlines.MARGIN
     share = end - min(CLEANUP, max(0.0, end - time.monotonic()) / 4)
-    torch, where = _torch(ctx.config), host_header(srv.host, srv.port)
+    torch, where = ctx.config.of(deep.Torch), host_header(srv.host, srv.port)
     data: dict[str, Any] = {"kind": "kernel", "lingered": False, "device": torch.torch_device, "where": where,
                             "budget": round(max(0.0, share - time.monotonic()), 2)}
     got = kernel_run.rest(srv, "GET", "api/kernelspecs", share)
     doc = got.get("doc") if got.get("status") == 200 else None
     if not isinstance(doc, dict) or not isinstance(doc.get("kernelspecs"), dict):
         return {**data, "outcome": "api", "http": got.get("status"), "net": got["outcome"]}
-    specs = {name: kernel_run.command(entry) for name, entry in list(doc["kernelspecs"].items())[:MAX_NAMES]}
+    specs = {name: kernel_run.command(entry) for name, entry in list(doc["kernelspecs"].items())[:32]}
     default = str(doc["default"]) if isinstance(doc.get("default"), str) else ""
     data["kernel"] = name = ctx.config.of(KernelSettings).jupyter_kernel_name or default
-    if name not in specs:
-        names = sorted(untrusted.clean(n, 40) for n in specs)
-        return {**data, "outcome": "kernelspec-missing", "names": names}
+    if name not in specs:  # the judge cleans the names it shows
+        return {**data, "outcome": "kernelspec-missing", "names": sorted(specs)}
     try:
         import websocket  # noqa: F401  (the channels' client: the jupyter extra)
     except ImportError:
@@ -248,8 +209,6 @@ def on_deadline(ctx: Context) -> Result:
 
 def judge(data: dict[str, Any], ctx: Context | None) -> Result:
     if data.get("kind") == "lock-timeout":
-        from probes.framework import deep
-
         return deep.lock_timeout(NAME, data, unit=UNIT)
     result = _judge(data, ctx)
     cache = data.get("cache") or {}
@@ -257,7 +216,7 @@ def judge(data: dict[str, Any], ctx: Context | None) -> Result:
     if cache.get("how") in said:
         note = said[cache["how"]].format(cache.get("age", 0))
         result = result._replace(message=f"{result.message} ({note})")
-    if data.get("lingered") and result.reason != KERNEL_LEFT.reason:
+    if data.get("lingered"):
         left = data.get("cleanup", {}).get("left")
         return verdict(NAME, KERNEL_LEFT, f"{result.message}; and the kernel could not be removed ({left} "
                        "process(es) left)", unit=UNIT, facts=result.facts)
@@ -312,12 +271,6 @@ def _judge(data: dict[str, Any], ctx: Context | None) -> Result:
     return _judge_reply(data, what, kw, ctx)
 
 
-def _number(value: Any) -> float | None:
-    """A finite number, or None (NaN fails every comparison)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < float("inf")
-    return float(value) if ok else None
-
-
 def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Context | None) -> Result:
     clean = untrusted.clean
     lines = [ln for ln in str(data.get("stdout") or "").splitlines() if ln.startswith(PREFIX)]
@@ -335,7 +288,7 @@ def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Conte
         module = clean(err.get("module") or "", 60)
         return verdict(NAME, KERNEL_NO_TORCH, f"{what} cannot import torch "
                        f"({f'no module {module!r}' if module else raised})", **kw)
-    sees = report.get("available") is True and (_number(report.get("count")) or 0) > 0
+    sees = report.get("available") is True and deep.finite(count := report.get("count")) and count > 0
     if data.get("device") == "cuda" and not sees:
         from probes.hardware import common as hardware
 
@@ -346,15 +299,16 @@ def _judge_reply(data: dict[str, Any], what: str, kw: dict[str, Any], ctx: Conte
                        **kw)
     if err is not None:
         return verdict(NAME, KERNEL_OP_FAILED, f"the op failed in {what} ({raised})", **kw)
-    observed = _number(data.get("observed"))
+    observed = float(data["observed"]) if deep.finite(data.get("observed")) else None
     if data.get("room") is not None:
         return verdict(NAME, KERNEL_WORKLOAD_MEMORY, f"{what} started in {observed or 0:.1f}s, imports torch "
                        f"{version} and sees {report.get('count')} GPU(s); the op was not run: "
                        "the workload holds a GPU's memory", observed=observed, **kw)
     op = report["op"] if isinstance(report.get("op"), dict) else {}
-    err_max, scale = _number(op.get("max_err")), _number(op.get("scale"))
-    if err_max is None or scale is None or scale <= 0 or err_max / scale > TOLERANCE:
-        shown = f"{err_max / scale:.1e}" if err_max is not None and scale else "not a number"
+    err_max, scale = op.get("max_err"), op.get("scale")
+    ratio = err_max / scale if deep.finite(err_max) and deep.finite(scale) and scale > 0 else None
+    if ratio is None or ratio > TOLERANCE:
+        shown = f"{ratio:.1e}" if ratio is not None else "not a number"
         return verdict(NAME, KERNEL_WRONG_RESULT, f"wrong result in {what}: the matmul differs from the CPU "
                        f"reference by {shown} (tolerance {TOLERANCE:.0e})", **kw)
     return passed(NAME, f"{what} started and ran a verified matmul on {clean(data.get('device'), 8)} in "

@@ -6,24 +6,27 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import re
 import signal
+import socket
+import threading
 import time
+import uuid
+from datetime import datetime
 
 from probes import pidstat, untrusted
 from probes.context import Context, logger
 from probes.services import jupyter, net
 from probes.services.common import host_header, json_or_none
-from probes.state import State
+from probes.state import State, drop_scratch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
-PATH_CHARS = jupyter.PATH_CHARS - {"%"}
 KERNEL_ID = re.compile(r"[0-9A-Za-z-]{1,64}")
-MAX_ARGV, MAX_RECORDS = 64, 64  # argv words kept of a kernelspec, records of kernels looked at by a run
 MAX_OUTPUT, MAX_FRAME = 64 * 1024, 1024 * 1024  # characters of the cell's stdout kept; of one message read
 RECORD = "kernel-"  # the record of a kernel asked for: kernel-<id>.json in the state dir
 ASK_EVERY = 1.0  # seconds between asking the server about a starting kernel
@@ -54,7 +57,26 @@ class Server:
         self.token, self.pid, self.uid = token, pid, uid
 
     def path(self, tail: str) -> str:
-        return jupyter.quote_path(self.base_url + tail, PATH_CHARS)
+        return jupyter.quote_path(self.base_url + tail, jupyter.PATH_CHARS - {"%"})
+
+
+def server(ctx: Context) -> tuple[Server, str | None, str]:
+    """The server as the jupyter probe finds it (a token only for its owner's listener; ``uid`` when one
+    alone listens), the runtime file that said so, and why the token file's token was withheld, or ""."""
+    own = ctx.config.of(jupyter.JupyterSettings)
+    found, _ = jupyter.find_runtime_file(ctx.config, secret=True)
+    if found is not None:  # trusted: its owner alone listens on its port
+        where = (found["host"], found["port"], found["base_url"], found["secure"])
+        pid, held, source = found["pid"], {found["owner"]}, found["file"]
+        if found["token"]:
+            return Server(*where, found["token"], pid, found["owner"]), source, ""
+    else:
+        where = (ctx.config.host, own.jupyter_port, own.jupyter_base_url, bool(own.jupyter_tls))
+        pid, held, source = None, net.listeners().get(own.jupyter_port, set()), None
+    token, owner = jupyter.token_file(own.jupyter_token_file)
+    withheld = jupyter.held_by(where[1], held, owner, "the token file") if token and owner is not None else ""
+    uid = next(iter(held)) if len(held) == 1 else None
+    return Server(*where, "" if withheld else token, pid, uid), source, withheld
 
 
 def rest(srv: Server, method: str, tail: str, deadline: float, body: Any = None) -> dict[str, Any]:
@@ -69,8 +91,6 @@ def rest(srv: Server, method: str, tail: str, deadline: float, body: Any = None)
 
 def activity(srv: Server, deadline: float) -> tuple[int, float] | None:
     """``GET api/status``: how many kernels the server runs and when it was last active (epoch)."""
-    from datetime import datetime
-
     got = rest(srv, "GET", "api/status", deadline)
     doc = got.get("doc") if got.get("status") == 200 else None
     kernels, when = (doc.get("kernels"), doc.get("last_activity")) if isinstance(doc, dict) else (None, None)
@@ -87,28 +107,23 @@ def command(entry: Any) -> dict[str, Any]:
     """The ``argv`` and ``env`` of a kernelspec in the server's listing, each kept only as text."""
     spec = entry.get("spec") if isinstance(entry, dict) else None
     argv, env = (spec.get("argv"), spec.get("env")) if isinstance(spec, dict) else (None, None)
-    return {"argv": [a for a in argv[:MAX_ARGV] if isinstance(a, str)] if isinstance(argv, list) else [],
+    return {"argv": [a for a in argv[:64] if isinstance(a, str)] if isinstance(argv, list) else [],
             "env": {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)}
             if isinstance(env, dict) else {}}
 
 
-def first_cause(text: str, limit: int = 200) -> str:
-    """The line of a process's output that names the cause (docs/probes.md, "kernel-died"); a long
-    one loses Python's filler words, then its middle, never the names at its ends."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if not lines:
+def first_cause(text: str) -> str:
+    """The line of a process's output that names the cause (docs/probes.md, "kernel-died"); one over
+    200 characters loses Python's filler words, then its middle, never the names at its ends."""
+    if not (lines := [ln.strip() for ln in text.splitlines() if ln.strip()]):
         return ""
     at = ([i for i, ln in enumerate(lines) if RAISED.match(ln)] or
           [i for i, ln in enumerate(lines) if WARNED.match(ln)] or [len(lines) - 1])[-1]
     frames = [m.group(1) for m in map(FRAME.match, lines[:at]) if m and not m.group(1).startswith("<")]
-    line = lines[at] + (f" (in {frames[-1]})" if frames and "/" not in lines[at] else "")
-    line = untrusted.clean(line, 4 * limit)
-    if len(line) > limit:
-        line = FILLER.sub("", line)
-    if len(line) > limit:
-        half = (limit - 5) // 2
-        line = f"{line[:half]} ... {line[-half:]}"
-    return line
+    where = f" (in {frames[-1]})" if frames and "/" not in lines[at] else ""
+    line = untrusted.clean(lines[at] + where, 800)
+    line = FILLER.sub("", line) if len(line) > 200 else line
+    return f"{line[:97]} ... {line[-97:]}" if len(line) > 200 else line
 
 
 class Procs:
@@ -155,11 +170,8 @@ def live(pairs: Mapping[int, int], until: float = 0.0) -> dict[int, int]:
 
 def _beside(call: Callable[[], Any], procs: Procs, seen: dict[int, int], until: float,
             srv: Server | None = None, kid: str = "") -> tuple[Any, bool]:
-    """Run ``call()`` in a thread until it returns or ``until`` while the kernel's processes are
-    added to ``seen``; with ``srv``, also whether the kernel died meanwhile: every process seen has
-    ended, or the server's model says ``dead`` or ``restarting`` or no longer lists it."""
-    import threading
-
+    """Run ``call()`` in a thread until it returns or ``until``, adding the kernel's processes to ``seen``;
+    with ``srv``, also whether the kernel died meanwhile (docs/probes.md, "The notebook path")."""
     thread = threading.Thread(target=call, daemon=True, name="jupyter-kernel")
     thread.start()
     ask = time.monotonic() + ASK_EVERY
@@ -171,9 +183,8 @@ def _beside(call: Callable[[], Any], procs: Procs, seen: dict[int, int], until: 
         seen.update(now)
         if srv is not None and time.monotonic() >= ask:
             got = rest(srv, "GET", f"api/kernels/{kid}", min(until, time.monotonic() + ASK_EVERY))
-            doc = got.get("doc")
-            if got.get("status") == 404 or (isinstance(doc, dict) and doc.get("execution_state") in
-                                            ("dead", "restarting")):
+            state = got["doc"].get("execution_state") if isinstance(got.get("doc"), dict) else None
+            if got.get("status") == 404 or state in ("dead", "restarting"):
                 return thread, True
             ask = time.monotonic() + ASK_EVERY
         thread.join(0.02)  # a kernel that fails an import dies at once
@@ -185,9 +196,8 @@ def _cell(ws: Any, srv: Server, kid: str, code: str, deadline: float, box: dict[
     server's word that the kernel died; ``box`` says what happened. Never raises."""
     msg_id = os.urandom(16).hex()
     opts: dict[str, Any] = {"timeout": max(deadline - time.monotonic(), 0.001), "suppress_origin": True,
-                            "http_no_proxy": ["*"]}
-    if srv.token:
-        opts["header"] = [f"Authorization: token {srv.token}"]
+                            "http_no_proxy": ["*"],
+                            "header": [f"Authorization: token {srv.token}"] if srv.token else []}
     if srv.secure and net.is_loopback(srv.host):
         import ssl  # Jupyter's certificate is usually self-signed; on loopback nobody sits between
 
@@ -237,8 +247,6 @@ def _cell(ws: Any, srv: Server, kid: str, code: str, deadline: float, box: dict[
 def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, share: float,
         end: float) -> dict[str, Any]:
     """Start a kernel of ``name``, run ``code`` in it by ``share``, remove it by ``end``."""
-    import uuid
-
     if _stopping:
         return {"outcome": "timeout", "stage": "start"}
     kid = str(uuid.uuid4())
@@ -301,10 +309,8 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
 
 def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[int, int], end: float,
            wait: float = 2.0) -> dict[str, Any]:
-    """DELETE the kernel; if the server has not shut it down in ``wait`` seconds, its processes and
-    all below them get SIGTERM then SIGKILL, and the server is asked again. Its record goes once the
-    server confirms it gone: 2xx, or 404 for a kernel whose start it answered (a server lists one it
-    is still starting only once started), or that is five minutes old."""
+    """DELETE the kernel; end its processes if the server has not within ``wait`` seconds (docs/probes.md).
+    A 404 confirms only a start it answered (one still starting is not listed), or a 5-minute-old record."""
     def gone(got: dict[str, Any]) -> bool:
         status = got.get("status")
         return status in (200, 204) or (status == 404 and (rec.get("answered") is True
@@ -321,8 +327,7 @@ def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[
     try:
         out["deleted"] = gone(rest(srv, "DELETE", f"api/kernels/{kid}", min(end, time.monotonic() + wait)))
         settle = min(end, time.monotonic() + (1.0 if out["deleted"] else 0.0))  # shut down, it may be exiting
-        left = live(Procs(kid).scan() | live(seen), settle)
-        if left:
+        if left := live(Procs(kid).scan() | live(seen), settle):
             out["ended"], stop = len(left), max(end, time.monotonic() + 0.2)
             for pid, start in tree().items():
                 pidstat.signal_same(pid, start, signal.SIGTERM)
@@ -346,9 +351,8 @@ def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[
 
 def _note(state: State, srv: Server, kid: str, seen: dict[int, int], answered: bool = False
           ) -> dict[str, Any]:
-    me = pidstat.stat(os.getpid())
     rec = {"server": [srv.host, srv.port, srv.base_url], "time": time.time(), "pid": os.getpid(),
-           "start": me.start if me is not None else None, "answered": answered}
+           "start": getattr(pidstat.stat(os.getpid()), "start", None), "answered": answered}
     state.write_json(f"{RECORD}{kid}.json", rec)
     _live[kid] = (srv, state, rec, seen)
     return rec
@@ -368,7 +372,7 @@ def reap(state: State, srv: Server, deadline: float) -> None:
         names = sorted(n for n in os.listdir(state.path) if n.startswith(RECORD) and n.endswith(".json"))
     except OSError:
         return
-    for name in names[:MAX_RECORDS]:
+    for name in names[:64]:  # a run looks at so many records at most
         kid, rec = name[len(RECORD):-len(".json")], state.read_json(name)
         if rec is None or not KERNEL_ID.fullmatch(kid) or not isinstance(rec.get("time"), (int, float)):
             state.remove(name)  # damaged: it can name no kernel of ours
@@ -392,21 +396,14 @@ def end_all() -> None:
 def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> dict[str, Any]:
     """The line that names why the kernel exits (``said``; None: it did not), from its command run
     again as the server's verified uid, never as root for another's; else ``unread``, why not."""
-    import pwd
-    import socket
-
     from probes import proc
-    from probes.state import drop_scratch
 
     me = os.geteuid()
     if srv.uid is None:
         return {"unread": "the server's user is not known"}
     if srv.uid != me and me != 0:
         return {"unread": f"the suite may not run as the server's user (uid {srv.uid})"}
-    if not spec["argv"]:
-        return {}
-    work = ctx.state.scratch("kernel")
-    if work is None:
+    if (work := ctx.state.scratch("kernel")) is None:
         return {"unread": "no state dir holds its connection file"}
     try:
         entry = pwd.getpwuid(srv.uid)
@@ -421,10 +418,8 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
     env.update(spec["env"])
     try:
         with contextlib.ExitStack() as stack:  # free ports for the connection file, closed before it runs
-            socks = {f"{kind}_port": stack.enter_context(socket.socket())
+            socks = {f"{kind}_port": stack.enter_context(socket.create_server(("127.0.0.1", 0)))
                      for kind in ("shell", "iopub", "stdin", "control", "hb")}
-            for sock in socks.values():
-                sock.bind(("127.0.0.1", 0))
             ports = {name: int(sock.getsockname()[1]) for name, sock in socks.items()}
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         with os.fdopen(fd := os.open(os.path.join(work, "kernel.json"), flags, 0o600), "w") as fh:
@@ -453,13 +448,9 @@ def interpreter_problem(spec: dict[str, Any], srv: Server) -> str | None:
     program = spec["argv"][0] if spec["argv"] else ""
     if not program:
         return "its argv is empty"
-    shown = untrusted.clean(program, 80)
-    if "/" not in program:
-        found = shutil.which(program, path=(_server_env(srv) or os.environ).get("PATH") or os.defpath)
-        return None if found else f"its argv names {shown}, which is not on the server's PATH"
-    if not os.path.exists(program):
-        return f"its argv names {shown}, which does not exist"
-    return None if os.access(program, os.X_OK) else f"its argv names {shown}, which is not executable"
+    if shutil.which(program, path=(_server_env(srv) or os.environ).get("PATH") or os.defpath):
+        return None
+    return f"its argv names {untrusted.clean(program, 80)}: gone, not executable or not on the server's PATH"
 
 
 def _server_env(srv: Server) -> dict[str, str] | None:

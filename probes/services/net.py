@@ -18,16 +18,7 @@ if TYPE_CHECKING:
 timeout = socket.timeout  # TimeoutError from Python 3.10
 MAX_HEAD, MAX_BODY = 16 * 1024, 64 * 1024
 MAX_REPLY = MAX_HEAD + 2 * MAX_BODY
-MAX_CHUNKS = 1024  # the reply is parsed again as it grows: bound the work of each parse
 TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-
-
-class NetError(Exception):
-    """A connection that failed; ``kind`` is refused, timeout, unreachable or resolve."""
-
-    def __init__(self, kind: str, detail: str = "") -> None:
-        super().__init__(kind)
-        self.kind, self.detail = kind, detail
 
 
 class HttpError(Exception):
@@ -46,15 +37,16 @@ def arm(sock: socket.socket, deadline: float) -> None:
     sock.settimeout(max(left, 0.001))  # settimeout(0) would mean non-blocking, not "no time left"
 
 
-def connect(host: str, port: int, deadline: float) -> socket.socket:
-    """Connect to each address of ``host`` in turn until one accepts, all by ``deadline`` (NetError)."""
+def connect(host: str, port: int, deadline: float) -> socket.socket | dict[str, str]:
+    """A socket to the first address of ``host`` that accepts by ``deadline``, else why none did:
+    ``outcome`` resolve, refused, connect-timeout or unreachable (with the ``detail`` of the last)."""
     try:
         # An ASCII name goes as bytes: a str would import the IDNA codec to encode it.
         name: str | bytes = host.encode("ascii") if host.isascii() else host
         infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
-        raise NetError("resolve") from None
-    kind, detail = "unreachable", ""
+        return {"outcome": "resolve", "detail": ""}
+    failed = {"outcome": "unreachable", "detail": ""}
     for family, type_, proto, _, addr in infos:
         sock = socket.socket(family, type_, proto)
         try:
@@ -62,15 +54,15 @@ def connect(host: str, port: int, deadline: float) -> socket.socket:
             sock.connect(addr)
             return sock
         except ConnectionRefusedError:
-            kind = "refused"
+            failed = {"outcome": "refused", "detail": ""}
         except timeout:
             sock.close()
-            raise NetError("timeout") from None
+            return {"outcome": "connect-timeout", "detail": ""}
         except OSError as exc:
-            if kind != "refused":
-                kind, detail = "unreachable", os.strerror(exc.errno) if exc.errno else ""
+            if failed["outcome"] != "refused":
+                failed["detail"] = os.strerror(exc.errno) if exc.errno else ""
         sock.close()
-    raise NetError(kind, detail)
+    return failed
 
 
 def is_loopback(host: str) -> bool:
@@ -88,10 +80,9 @@ def is_loopback(host: str) -> bool:
 
 
 def listening() -> list[tuple[int, bytes, int, int]]:
-    """(family, packed address, port, uid) of each listening TCP socket, none of which needs
-    CAP_SYS_PTRACE (root lacks it in Docker's default set): asked of the kernel's socket diagnostics,
-    which walk the listening sockets alone (``ss -lt`` does the same), else read from /proc/net/tcp
-    and tcp6, whose every read walks the machine's whole table of connections."""
+    """(family, packed address, port, uid) of each listening TCP socket, without CAP_SYS_PTRACE (root
+    lacks it in Docker's default set): from the kernel's socket diagnostics, which walk the listening
+    sockets alone, else from /proc/net/tcp and tcp6, whose every read walks all connections."""
     try:
         return _diag_listening()
     except OSError:
@@ -149,7 +140,6 @@ def _diag_listening() -> list[tuple[int, bytes, int, int]]:
 
 
 def listeners() -> dict[int, set[int]]:
-    """The uids listening on each port."""
     by_port: dict[int, set[int]] = {}
     for _, _, port, uid in listening():
         by_port.setdefault(port, set()).add(uid)
@@ -170,7 +160,7 @@ def nearby(expected: int) -> list[str]:
 def _dechunk(body: bytes) -> bytes | None:
     """A chunked body decoded; None while incomplete."""
     out, pos = bytearray(), 0
-    for _ in range(MAX_CHUNKS + 1):
+    for _ in range(1025):  # 1024 chunks at most: the reply is parsed again as it grows
         eol = body.find(b"\r\n", pos, pos + 66)
         if eol < 0:
             if len(body) - pos > 64:
@@ -220,8 +210,8 @@ def parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
     lines = buf[:end].decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or parts[0] not in ("HTTP/1.0", "HTTP/1.1") or len(parts[1]) != 3 \
-            or any(c not in "0123456789" for c in parts[1]):
-        raise HttpError("bad status line")
+            or any(c not in "0123456789" for c in parts[1]) or parts[1] < "200":
+        raise HttpError("bad or interim status line")
     status = int(parts[1])
     headers: dict[str, list[str]] = {}
     for line in lines[1:]:
@@ -229,8 +219,6 @@ def parse_response(buf: bytes, eof: bool) -> dict[str, Any] | None:
         if not sep or not name or any(c not in TOKEN_CHARS for c in name):
             raise HttpError("bad header line")
         headers.setdefault(name.lower(), []).append(value.strip(" \t"))
-    if status < 200:
-        raise HttpError("interim response")
     rest = buf[end + 4:]
     body: bytes | None = rest
     if status in (204, 304):
@@ -278,10 +266,8 @@ def exchange(host: str, port: int, path: str, secure: bool, deadline: float, *, 
     """One ``method path`` by ``deadline``: what happened (``outcome``); never raises for the network.
     ``headers``: more lines, each ending in CRLF (a token's, which nothing here shows); ``body``: JSON."""
     t0 = time.monotonic()
-    try:
-        sock = connect(host, port, deadline)
-    except NetError as exc:
-        return {"outcome": "connect-timeout" if exc.kind == "timeout" else exc.kind, "detail": exc.detail}
+    if isinstance(sock := connect(host, port, deadline), dict):
+        return sock
     try:
         if secure:
             # A plain-HTTP server waits silently for a request line that a TLS ClientHello never
@@ -320,7 +306,8 @@ def exchange(host: str, port: int, path: str, secure: bool, deadline: float, *, 
             try:
                 response = parse_response(buf, eof=not chunk)  # at the end: a response, or an error
             except TooLarge as exc:
-                return {"outcome": "too-large", "why": str(exc), "received": len(buf)}
+                why = f"{exc}; {MAX_REPLY // 1024} KiB in all at most"
+                return {"outcome": "too-large", "why": why, "received": len(buf)}
             except HttpError:
                 return {"outcome": "bad-http", "excerpt": excerpt(buf)} if buf else {"outcome": "closed"}
             if response is not None:

@@ -71,11 +71,9 @@ def gather(ctx: Context) -> dict[str, Any]:
     host, port, deadline = ctx.config.host, ctx.config.of(SshSettings).ssh_port, ctx.deadline
     budget = max(0.0, deadline - (t0 := time.monotonic()))
     data: dict[str, Any] = {"host": host, "port": port, "spoke_first": False, "budget": budget}
-    try:
-        sock = net.connect(host, port, deadline)
-    except net.NetError as exc:
-        data.update(outcome="connect-timeout" if exc.kind == "timeout" else exc.kind, detail=exc.detail)
-        return {**data, "listening": net.nearby(port)} if exc.kind == "refused" else data
+    if isinstance(sock := net.connect(host, port, deadline), dict):
+        data.update(sock)
+        return {**data, "listening": net.nearby(port)} if sock["outcome"] == "refused" else data
 
     def send_ours() -> None:
         try:
@@ -132,11 +130,10 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return verdict(NAME, NOT_SSH, f"the server at {where} speaks only SSH protocol {proto!r}, not 2.0",
                        facts=facts)
     if outcome == "refused":
-        listening = data.get("listening")
-        extra = (f" (listening here: {', '.join(listening)})" if listening
-                 else " (no TCP port is listening here)" if listening == [] else "")
-        return verdict(NAME, SSH_REFUSED, f"connection refused: nothing listening on {where}{extra}",
-                       facts={"listening": listening or []})
+        listening = data.get("listening") or []  # gather reads it on every refusal
+        here = f"listening here: {', '.join(listening)}" if listening else "no TCP port is listening here"
+        return verdict(NAME, SSH_REFUSED, f"connection refused: nothing listening on {where} ({here})",
+                       facts={"listening": listening})
     if outcome == "resolve":
         return verdict(NAME, UNREACHABLE, f"cannot resolve HEALTHCHECK_HOST {data['host']!r}")
     if outcome == "unreachable":

@@ -68,7 +68,6 @@ class System(Record):
 
 
 MAX_DB, MAX_KEYS_FILE = 4 << 20, 1 << 20  # bytes of an account or sshd configuration file; of authorized_keys
-MAX_INCLUDES = 64  # configuration files followed through Include
 # Public key types sshd accepts in authorized_keys (sshkey.c keytypes), each with its certificate type.
 KEYS = ("ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
         "ecdsa-sha2-nistp521", "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
@@ -93,7 +92,7 @@ def sshd_options(path: str, found: dict[str, str], files: list[str]) -> dict[str
         if key == "include":
             for pattern in words[1:]:
                 for name in sorted(glob.glob(os.path.join("/etc/ssh", pattern))):  # an absolute one stays
-                    if len(files) < MAX_INCLUDES:
+                    if len(files) < 64:  # configuration files read in all
                         sshd_options(name, found, files)
         elif len(words) > 1:
             found.setdefault(key, " ".join(words[1:]))
@@ -139,9 +138,8 @@ def _unsafe(path: str, st: os.stat_result, uid: int, user: str) -> dict[str, Any
 
 
 def keys_file(path: str, uid: int, user: str, home: str) -> dict[str, Any]:
-    """What sshd would make of one authorized keys file: missing, refused by StrictModes (its
-    ``auth_secure_path``: the file and each directory up to the home, or ``/``, owned by root or
-    the user and not group/other-writable), or read (its keys counted)."""
+    """What sshd would make of one authorized keys file: missing, refused by StrictModes
+    (``auth_secure_path``), or read (its keys counted)."""
     try:
         lst = os.lstat(path)
     except OSError:
@@ -191,13 +189,10 @@ def count_keys(raw: bytes) -> int:
     return count
 
 
-def gather(ctx: Context, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    env = os.environ if environ is None else environ
-    return collect(ctx.config.of(SshKeysSettings).ssh_user or env.get("DEV_USER") or None, System())
-
-
-def collect(user: str | None, system: System) -> dict[str, Any]:
-    if not user:
+def gather(ctx: Context, environ: Mapping[str, str] = os.environ,
+           system: System | None = None) -> dict[str, Any]:
+    system = system or System()
+    if not (user := ctx.config.of(SshKeysSettings).ssh_user or environ.get("DEV_USER")):
         return {"outcome": "no-user"}
     if (info := account(user, system)) is None:
         return {"outcome": "no-such-user", "user": user}
@@ -243,21 +238,17 @@ def judge(data: dict[str, Any], ctx: Context) -> Result:
         return verdict(NAME, KEYS_STRICT_MODES, f"sshd (StrictModes) refuses every key of {user}: "
                        f"{clean(p['path'], 120)} ({what}): run `{clean(p['fix'], 160)}`", remedy=False,
                        facts={"path": clean(p["path"], 200), "owner": p["owner"], "mode": p["mode"]})
-    keys = sum(f.get("keys", 0) for f in files)
-    if keys:
+    if keys := sum(f.get("keys", 0) for f in files):
         return passed(NAME, f"{user}: {keys} authorized key(s), sshd's StrictModes accept the key files",
                       observed=keys, unit="keys")
-    read = next((f for f in files if f["state"] == "ok"), None)
-    unread = next((f for f in files if f["state"] == "unreadable"), None)
-    if not files:
-        why = "AuthorizedKeysFile is none"
-    elif read is not None:
-        what = "is empty" if not read["size"] else "holds no public key that parses"
-        why = f"{clean(read['path'], 120)} {what}"
-    elif unread is not None:
-        why = f"{clean(unread['path'], 120)} not read ({clean(unread['why'], 60)})"
-    else:
-        why = f"no authorized keys file ({clean(files[0]['path'], 120)})"
+    # The file that says most: one read, else one that could not be, else the first.
+    ranked = [f for state in ("ok", "unreadable") for f in files if f["state"] == state] + files
+    f, path = (ranked[0], clean(ranked[0]["path"], 120)) if ranked else ({"state": None}, "")
+    why = ("AuthorizedKeysFile is none" if not files
+           else f"{path} is empty" if f["state"] == "ok" and not f["size"]
+           else f"{path} holds no public key that parses" if f["state"] == "ok"
+           else f"{path} not read ({clean(f['why'], 60)})" if f["state"] == "unreadable"
+           else f"no authorized keys file ({path})")
     return verdict(NAME, KEYS_NONE, f"nobody can log in as {user} with a key yet: {why}", observed=0,
                    unit="keys")
 

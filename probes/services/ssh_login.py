@@ -9,11 +9,14 @@ import os
 import stat
 import time
 
+from probes import deadlines
 from probes.context import Context
+from probes.framework import deep
 from probes.result import Result, Status, passed, verdict
 from probes.services.common import SSHD_STUCK
 from probes.services.ssh import SshSettings
 from probes.spec import ABSOLUTE_PATH, NUMBER, TEXT, Spec, cause, setting
+from probes.state import drop_scratch, life_identity
 from probes.untrusted import Refused, clean, read_regular, squeeze
 
 TYPE_CHECKING = False
@@ -22,7 +25,6 @@ if TYPE_CHECKING:
 
 
 def parse_host_keys(text: str) -> str:
-    """Comma-separated absolute paths of public host key files (``HEALTHCHECK_SSH_HOST_KEYS``)."""
     paths = [p.strip() for p in text.split(",")]
     if not all(p.startswith("/") for p in paths):
         raise ValueError("is not a list of absolute paths (accepted: /etc/ssh/ssh_host_ed25519_key.pub,...)")
@@ -87,7 +89,6 @@ HOST_ALIAS = "healthcheck-probe"  # the name the known hosts file and the client
 # ssh_host_*_key.pub in the first of these that has any, unless HEALTHCHECK_SSH_HOST_KEYS says
 # otherwise: /etc/ssh, or on a read-only root where the image's entrypoint makes them (docs/image.md).
 HOST_KEY_DIRS, HOST_KEYS = ("/etc/ssh", "/run/ssh-host-keys/etc/ssh"), "ssh_host_*_key.pub"
-MAX_HOST_KEY = 16 << 10  # bytes of one public host key file
 CACHE = "ssh-login.json"  # the last passing login, reused by readiness while younger than its TTL
 HOSTKEY_WORDS = (b"host key verification failed", b"identification has changed", b"no matching host key")
 # The client with nothing of the caller's SSH set-up: only the probe key, no agent, publickey only.
@@ -124,7 +125,7 @@ def known_hosts(host_keys: str | None) -> list[str]:
     lines = []
     for path in paths:
         try:
-            raw, _ = read_regular(path, MAX_HOST_KEY, owners=(0, os.geteuid()))
+            raw, _ = read_regular(path, 16 << 10, owners=(0, os.geteuid()))
         except Refused:
             continue
         words = raw.decode("ascii", "replace").split()
@@ -134,8 +135,7 @@ def known_hosts(host_keys: str | None) -> list[str]:
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes.framework import deep
-    from probes.state import life_identity
+    from probes import proc
 
     s = ctx.config.of(SshLoginSettings)
     if (key := s.ssh_probe_key) is None:
@@ -152,36 +152,20 @@ def gather(ctx: Context) -> dict[str, Any]:
     base = {"outcome": "ran", "user": s.ssh_probe_user, "where": f"{ctx.config.host}:{s.ssh_port}"}
     fresh = deep.fresh_pass(ctx.state.read_json(CACHE), cache_key, s.ssh_login_ttl) \
         if ctx.config.profile_rules.reuses_cache else None
-    elapsed = fresh[0].get("elapsed") if fresh else None
-    if fresh and isinstance(elapsed, float) and elapsed >= 0:  # anything else is damage: a miss
+    if fresh and deep.finite(elapsed := fresh[0].get("elapsed")) and elapsed >= 0:  # else damage: a miss
         return {**base, "returncode": 0, "timed_out": False, "spawn_error": None, "stderr": b"",
                 "elapsed": elapsed, "cache": {"how": "ttl", "age": round(fresh[2], 1)}}
-    data = {**base, **login(ctx, s, lines)}
-    if data["outcome"] == "ran" and judge(data, ctx).status is Status.PASS:
-        ctx.state.write_json(CACHE, {"key": cache_key, "finished": time.time(), "status": Status.PASS.value,
-                                     "data": {"elapsed": data["elapsed"]}})
-    else:  # a failing login is never answered by an older pass
-        ctx.state.remove(CACHE)
-    return data
-
-
-def login(ctx: Context, s: SshLoginSettings, lines: list[str]) -> dict[str, Any]:
-    """One real login, its known hosts file in a private directory of this run (State.scratch)."""
-    from probes import deadlines, proc
-    from probes.state import drop_scratch
-
-    scratch = ctx.state.scratch(NAME)
-    if scratch is None:
+    # One real login, its known hosts file in a private directory of this run (State.scratch).
+    if (scratch := ctx.state.scratch(NAME)) is None:
         return {"outcome": "could-not", "why": "no private directory could be made in the state dir"}
     hosts_file = os.path.join(scratch, "known_hosts")
     try:
         try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-            with os.fdopen(os.open(hosts_file, flags, 0o600), "w") as f:
+            with open(hosts_file, "x") as f:
                 f.write("\n".join(lines) + "\n")
         except OSError:  # a full disk: not checked, which is not unhealthy
             return {"outcome": "could-not", "why": "the state dir is full"}
-        opts = {**OPTIONS, "IdentityFile": str(s.ssh_probe_key), "UserKnownHostsFile": hosts_file,
+        opts = {**OPTIONS, "IdentityFile": key, "UserKnownHostsFile": hosts_file,
                 "ConnectTimeout": str(max(1, int(ctx.remaining())))}
         argv = ["ssh", "-F", "/dev/null", "-n", *(a for k, v in opts.items() for a in ("-o", f"{k}={v}")),
                 "-p", str(s.ssh_port), "-l", s.ssh_probe_user, "--", ctx.config.host, "true"]
@@ -189,8 +173,14 @@ def login(ctx: Context, s: SshLoginSettings, lines: list[str]) -> dict[str, Any]
         done = proc.run(argv, deadline=ctx.deadline - deadlines.MARGIN, env=env, cwd=scratch, max_output=4096)
     finally:
         drop_scratch(scratch)
-    return {"returncode": done.returncode, "timed_out": done.timed_out, "spawn_error": done.spawn_error,
-            "stderr": done.stderr, "elapsed": done.elapsed}
+    data = {**base, "returncode": done.returncode, "timed_out": done.timed_out,
+            "spawn_error": done.spawn_error, "stderr": done.stderr, "elapsed": done.elapsed}
+    if judge(data, ctx).status is Status.PASS:
+        ctx.state.write_json(CACHE, {"key": cache_key, "finished": time.time(), "status": Status.PASS.value,
+                                     "data": {"elapsed": data["elapsed"]}})
+    else:  # a failing login is never answered by an older pass
+        ctx.state.remove(CACHE)
+    return data
 
 
 def judge(data: dict[str, Any], ctx: Context) -> Result:

@@ -28,7 +28,7 @@ import pytest
 from probes.config import Config
 from probes.context import Context
 from probes.result import Result, Status
-from probes.services import jupyter_kernel
+from probes.services import jupyter_kernel, kernel_run
 from probes.state import State
 from tests.conftest import ROOT, clean_env, run_cli
 from tests.framework.conftest import FAKE_TORCH
@@ -104,16 +104,16 @@ def used(server: Jupyter) -> None:
 
 @contextlib.contextmanager
 def server_uid(uid: int | None) -> Iterator[None]:
-    """jupyter_kernel.server() as it is, with ``uid`` as the verified owner of the server's
+    """kernel_run.server() as it is, with ``uid`` as the verified owner of the server's
     listening socket (what the server's discovery gives where it can verify it)."""
-    found = jupyter_kernel.server
+    found = kernel_run.server
 
     def server(ctx: Context) -> tuple[Any, str | None, str]:
         srv, source, withheld = found(ctx)
         srv.uid = uid
         return srv, source, withheld
 
-    with mock.patch.object(jupyter_kernel, "server", server):
+    with mock.patch.object(kernel_run, "server", server):
         yield
 
 
@@ -407,7 +407,7 @@ def test_root_without_ptrace_uses_the_token_file_and_still_names_a_dead_kernels_
     # server's discovery verified whose socket listens (no ptrace needed for that).
     ctx = Context(Config(jupyter_port=kserver.port, jupyter_runtime_dir=str(kserver.runtime)), time.monotonic() + 5,
                   {}, State.off("tests"))
-    known = jupyter_kernel.server(ctx)[0].uid is not None
+    known = kernel_run.server(ctx)[0].uid is not None
     said = "ImportError: comm is broken: planted by the test" if known else \
         "the cause was not read (the server's user is not known"
     assert said in checks["broken"]["output"], checks["broken"]["output"]
@@ -508,15 +508,11 @@ DEATHS = [
 
 @pytest.mark.parametrize(("output", "shown"), DEATHS)
 def test_the_line_kept_of_a_dead_kernels_output_names_its_module_or_file(output: str, shown: str) -> None:
-    from probes.services import kernel_run
-
     line = kernel_run.first_cause("Traceback (most recent call last):\n" + output)
     assert shown in line and len(line) <= 200, line
 
 
 def test_a_long_line_keeps_the_names_at_its_ends() -> None:
-    from probes.services import kernel_run
-
     deep = "/opt/conda/envs/" + "x" * 150 + "/lib/libzmq.so.5"
     line = kernel_run.first_cause(f"ImportError: /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.30' "
                                f"not found (required by {deep})\n")

@@ -20,7 +20,7 @@ import pytest
 from probes.config import Config
 from probes.context import Context
 from probes.result import Status
-from probes.services import jupyter_kernel
+from probes.services import jupyter_kernel, kernel_run
 from probes.state import State
 from tests.conftest import PYTHON, ROOT, clean_env, run_cli
 from tests.services.conftest import TOKEN, Jupyter, needs_root, no_runtime, probe, write_runtime
@@ -103,14 +103,14 @@ def test_a_squatter_of_another_uid_is_an_impostor_and_never_gets_the_token(other
 def test_the_kernel_client_gets_the_listeners_uid_and_the_token_only_for_its_owner(nb_jupyter: Jupyter,
                                                                                      tmp_path: Path) -> None:
     port = nb_jupyter.port
-    srv, source, withheld = jupyter_kernel.server(kernel_ctx(jupyter_runtime_dir=str(nb_jupyter.runtime),
+    srv, source, withheld = kernel_run.server(kernel_ctx(jupyter_runtime_dir=str(nb_jupyter.runtime),
                                                              jupyter_port=port))
     assert (srv.uid, srv.token == TOKEN, srv.base_url, withheld) == (NOTEBOOK_UID, True, "/user/nb/", "")
     assert source is not None and source.startswith("jpserver-")
     for owner in (NOTEBOOK_UID, SQUATTER_UID, 0):
         ctx = kernel_ctx(jupyter_runtime_dir=no_runtime(tmp_path), jupyter_port=port,
                          jupyter_base_url="/user/nb/", jupyter_token_file=str(token_file(tmp_path, owner)))
-        srv, source, withheld = jupyter_kernel.server(ctx)
+        srv, source, withheld = kernel_run.server(ctx)
         assert (srv.uid, source) == (NOTEBOOK_UID, None)
         if owner == NOTEBOOK_UID:
             assert (srv.token, withheld) == (TOKEN, "")

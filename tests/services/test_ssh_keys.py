@@ -61,7 +61,7 @@ class Box:
 
     def check(self, user: str = "dev") -> Result:
         t0 = time.monotonic()
-        result = ssh_keys.judge(ssh_keys.collect(user, self.system()), make_ctx())
+        result = ssh_keys.judge(ssh_keys.gather(make_ctx(ssh_user=user), {}, self.system()), make_ctx())
         assert time.monotonic() - t0 < 1.0
         assert "\n" not in result.message
         return result
