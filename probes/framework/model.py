@@ -160,6 +160,11 @@ def _phrase(err: dict[str, Any]) -> str | None:
 
 
 def gather(ctx: Context) -> dict[str, Any]:
+    from probes.framework import checkpoint
+
+    hold = checkpoint.hold(ctx)
+    if hold is not None:
+        return {"kind": "checkpointed", "why": hold}
     own, torch = ctx.config.of(Settings), ctx.config.of(Torch)
     if not own.model_path:
         return {"kind": "no-path"}
@@ -172,7 +177,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         return deep.cached(entry, key, lambda report: validate(report, torch.torch_device), PHASES,
                            ttl=own.model_ttl)
 
-    return deep.locked_run(ctx, CACHE, key, reuse, lambda: run_worker(ctx), judge, early=True, hold=True)
+    return deep.locked_run(ctx, CACHE, key, reuse, lambda: run_worker(ctx), judge, early=True)
 
 
 def on_deadline(ctx: Context) -> Result:

@@ -123,6 +123,11 @@ def run_worker(ctx: Context) -> dict[str, Any]:
 
 
 def gather(ctx: Context) -> dict[str, Any]:
+    from probes.framework import checkpoint
+
+    hold = checkpoint.hold(ctx)
+    if hold is not None:
+        return {"kind": "checkpointed", "why": hold}
     own = ctx.config.of(Settings)
     if ctx.config.of(Torch).torch_device != "cuda":
         return {"kind": "device-cpu"}
@@ -135,8 +140,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     def reuse(entry: dict[str, Any] | None) -> dict[str, Any] | None:
         return deep.cached(entry, key, validate, PHASES, {"shm": "int?"}, own.nccl_ttl)
 
-    return deep.locked_run(ctx, CACHE, key, reuse, lambda: {**run_worker(ctx), "shm": shm}, judge,
-                           early=True, hold=True)
+    return deep.locked_run(ctx, CACHE, key, reuse, lambda: {**run_worker(ctx), "shm": shm}, judge, early=True)
 
 
 def on_deadline(ctx: Context) -> Result:

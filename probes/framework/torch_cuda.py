@@ -147,7 +147,12 @@ def gather(ctx: Context) -> dict[str, Any]:
     if not ctx.config.profile_rules.spawns_worker:
         return {"kind": "no-latch", "state_off": ctx.state.disabled_reason}
     own = ctx.config.of(Torch)
+    from probes.framework import checkpoint
     from probes.hardware import common as hw
+
+    why = checkpoint.hold(ctx) if own.torch_device == "cuda" else None
+    if why is not None:
+        return {"kind": "checkpointed", "why": why}
 
     seen = hw.seen(ctx.results) if own.torch_device == "cuda" else None
     expect = seen.count if seen is not None and seen.ok else None  # NVML's count when the hardware passed
@@ -159,8 +164,7 @@ def gather(ctx: Context) -> dict[str, Any]:
                            ttl)
 
     return deep.locked_run(ctx, CACHE, key, lambda entry: reuse(entry, own.torch_ttl),
-                           lambda: run_worker(ctx, expect), judge, early=True,
-                           hold=own.torch_device == "cuda", share=reuse, relatch=True)
+                           lambda: run_worker(ctx, expect), judge, early=True, share=reuse, relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:
