@@ -1,9 +1,6 @@
-"""The catalog: which probes exist, one module per line, each declaring its ``SPEC``.
-
-A run chooses its probes and reads their settings through ``probes/index.py``, which ``make docs``
-writes from these modules' SPECs, and imports only the modules it runs. A module listed here and
-not in that index (an image owner's plug-in) is imported to read its SPEC. The names below are
-made on first use: a probe module may import ``probes.config``, which imports this catalog."""
+"""The catalog: which probes exist, one module per line, each declaring its ``SPEC``. A run reads
+them through ``probes/index.py`` (written by ``make docs``) and imports only the modules it runs; a
+module the index lacks (a plug-in) is imported to read its SPEC (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -61,10 +58,11 @@ def setting(env: str) -> Setting:
     return next(row for row in load(module).SPEC.settings if row.env == env)
 
 
+# Made on first use (a probe module may import probes.config, which imports this catalog).
+# ENTRIES, their NAMES and TOGGLES, and DECLARED (setting: its field, module, ...) come from the
+# index; PROBES, BY_NAME and SETTINGS import every module (docs, --help, serve, tests).
 _cache: dict[str, Any] = {}
-_FULL = ("PROBES", "BY_NAME", "SETTINGS")  # every module imported: docs, --help, serve, tests
-# ENTRIES, their NAMES and TOGGLES, and DECLARED (setting: its field, module, ...): from the index
-_LIGHT = ("ENTRIES", "NAMES", "TOGGLES", "DECLARED")
+_NAMES = ("ENTRIES", "NAMES", "TOGGLES", "DECLARED", "PROBES", "BY_NAME", "SETTINGS")
 
 
 def _read_index() -> None:
@@ -97,10 +95,10 @@ def _import_all() -> None:
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _cache and name in (*_LIGHT, *_FULL):
+    if name not in _cache and name in _NAMES:
         if "ENTRIES" not in _cache:
             _read_index()
-        if name in _FULL:
+        if name not in _cache:
             _import_all()
     try:
         return _cache[name]
