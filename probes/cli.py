@@ -108,14 +108,12 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
             pass
     handler, log_problem = None, None
     if cfg.log_file:
-        import logging
-
         from probes import logfile
 
-        fmt = "%(asctime)s %(process)d %(levelname)s %(message)s"
-        handler, log_problem = logfile.attach(logger(), cfg.log_file, fmt)
+        handler, log_problem = logfile.attach(logger(), cfg.log_file, "%(asctime)s %(process)d %(levelname)s "
+                                              "%(message)s")
         if handler is not None:
-            logger().setLevel(logging.INFO)
+            logger().setLevel("INFO")
     state = State.open(cfg.state_dir)
     outcome = runner.run(cfg, state)
     code = EXIT_UNHEALTHY if outcome.status.value == "fail" else EXIT_OK
@@ -163,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write(str(done))
         code = EXIT_OK
     except ConfigError as exc:
-        _put(2, (clean(f"healthcheck: {exc}", 400) + "\n").encode("utf-8", "backslashreplace"))
+        _write(clean(f"healthcheck: {exc}", 400), fd=2)
         code = EXIT_USAGE
     except KeyboardInterrupt:  # SIGINT: from a terminal, or from a probe that signals its parent
         _write("unhealthy: healthcheck: interrupted (SIGINT) before a verdict")
@@ -181,8 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry(door: int | None = None) -> None:
-    """``door``: the front door's descriptor for the hard deadline. A check runs without the cyclic
-    garbage collector: it lives well under a second, and its hard deadline ends it anyway."""
+    """A check runs without the cyclic garbage collector: its hard deadline ends it anyway."""
     global _door
     # A non-interactive shell starts an asynchronous command with SIGINT ignored, and the
     # interpreter keeps it so: a SIGINT is an interruption, exit 1, however the run started.
@@ -241,20 +238,17 @@ def _end_on_sigterm() -> None:
         pass
 
 
-def _write(out: str) -> None:
-    """Unbuffered: nothing is left for Python to flush, and complain about, at exit."""
+def _write(out: str, fd: int = 1) -> None:
+    """Unbuffered (nothing is left for Python to flush, and complain about, at exit), and at most
+    WRITE_WAIT for room: a closed, broken or full fd costs the text, not the exit status."""
+    import select
+    import time
+
     try:
         sys.stdout.flush()
     except Exception:  # noqa: S110 - best effort
         pass
-    _put(1, (out + "\n").encode("utf-8", "backslashreplace"))
-
-
-def _put(fd: int, data: bytes) -> None:
-    """At most WRITE_WAIT for room: a closed, broken or full fd costs the text, not the exit status."""
-    import select
-    import time
-
+    data = (out + "\n").encode("utf-8", "backslashreplace")
     end = time.monotonic() + WRITE_WAIT
     while data:
         try:

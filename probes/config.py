@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 DEFAULT_PROFILE = "readiness"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_CHECKS_DIR = "/etc/healthcheck.d"
-MAX_TIMEOUT = 3600.0
 TRUE = ("true", "1", "yes", "on")
 FALSE = ("false", "0", "no", "off")
 
@@ -175,7 +174,7 @@ GLOBAL_SETTINGS = (
             "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=ALL_PROFILES),
     Setting("HEALTHCHECK_TIMEOUT", "timeout", spec.NUMBER, None,
             "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
-            f"the front door kills the run {FRONT_DOOR_GRACE} s later", low=0, high=MAX_TIMEOUT,
+            f"the front door kills the run {FRONT_DOOR_GRACE} s later", low=0, high=3600,
             shown_default="per profile: " + " / ".join(f"{p.timeout:g}" for p in PROFILE_RULES.values())),
     Setting("HEALTHCHECK_HOST", "host", spec.HOST, DEFAULT_HOST,
             "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
@@ -209,9 +208,8 @@ OTHER_SETTINGS = (
 
 
 class Config(Record):
-    """The validated settings of one run: the global ones as attributes, a probe's declared ones as
-    ``config.of(Settings).ssh_port``. ``Config(**fields)`` and ``_replace`` take any declared
-    setting's ``field`` too (the rest are defaults); it is never changed in place."""
+    """The global settings as attributes, a probe's declared ones as ``config.of(Settings).ssh_port``;
+    ``Config(**fields)`` and ``_replace`` take a declared setting's ``field`` too."""
 
     profile: str = DEFAULT_PROFILE
     timeout: float = PROFILE_RULES[DEFAULT_PROFILE].timeout
