@@ -17,7 +17,7 @@ from probes.untrusted import clean
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from typing import Any, Self, TypeVar
+    from typing import Any, TypeVar
 
     from probes.spec import Profile, Spec
 
@@ -233,9 +233,6 @@ class Config(Record):
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Config is immutable: use _replace()")
-
-    def _replace(self, **fields: Any) -> Self:
-        return type(self)(**{**self._asdict(), **fields})
 
     @property
     def profile_rules(self) -> Profile:

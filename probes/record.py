@@ -42,13 +42,7 @@ class Record:
         return {name: getattr(self, name) for name in self._fields}
 
     def _replace(self, **changes: Any) -> Self:
-        unknown = set(changes).difference(self._fields)
-        if unknown:
-            raise TypeError(f"{type(self).__name__} has no field {unknown.pop()!r}")
-        new = object.__new__(type(self))
-        for name in self._fields:
-            object.__setattr__(new, name, changes.get(name, getattr(self, name)))
-        return new
+        return type(self)(**{**self._asdict(), **changes})
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
