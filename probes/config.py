@@ -266,14 +266,12 @@ def parse_setting(row: Setting, raw: str) -> Any:
     if kind == spec.CHOICE:
         return parse_choice(name, raw, row.choices)
     parse = {spec.BOOL: parse_bool, spec.PORT: parse_port, spec.URL_PATH: parse_base_url,
-             spec.HOST: parse_host, spec.ABSOLUTE_PATH: parse_absolute_path}.get(kind)
-    if parse is not None:
-        return parse(name, raw)
-    text = parse_text(name, raw)
+             spec.HOST: parse_host, spec.ABSOLUTE_PATH: parse_absolute_path}.get(kind, parse_text)
+    value = parse(name, raw)
     if row.parse is None:
-        return text
+        return value
     try:
-        return row.parse(text)
+        return row.parse(value)
     except ValueError as exc:
         raise _refuse(name, raw, str(exc)) from None
 
