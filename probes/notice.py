@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from probes.config import Config
     from probes.runner import Outcome
-    from probes.spec import Cause, Profile, Spec
+    from probes.spec import Cause, Spec
     from probes.state import State
 
 START_PERIOD = 60.0  # the image's HEALTHCHECK --start-period: Docker does not count a failure in it
@@ -70,11 +70,6 @@ def verdict_of(outcome: Outcome, probes: Iterable[Spec]) -> Verdict:
 
 def clock(when: float) -> str:
     return time.strftime("%H:%M UTC", time.gmtime(when))
-
-
-def stale_after(rules: Profile) -> int:
-    """Seconds after which a verdict of this profile is stale: its period times the misses allowed."""
-    return int(rules.period * rules.retries)
 
 
 def decide(kept: Any, v: Verdict, *, life: str, started: float | None,
@@ -126,7 +121,7 @@ def tell(config: Config, state: State, outcome: Outcome) -> None:
                     return
                 kept = state.read_json(RECORD)
                 record, line, text = decide(kept, v, life=life_identity(), started=container_started(),
-                                            stale=stale_after(rules))
+                                            stale=rules.stale_after)
                 if record != kept and not state.write_json(RECORD, record):
                     line = None  # not kept: the next run would tell it again, so it is not told now
                 if line is not None:
@@ -152,21 +147,18 @@ def container_started() -> float | None:
         return None
 
 
-def log_line(line: str) -> bool:
+def log_line(line: str) -> None:
     """Into PID 1's stderr, non-blocking (a full pipe costs the line, never the run), in one write
     of under PIPE_BUF bytes: never interleaved with another writer's."""
-    data = (clean(line, MAX_LINE) + "\n").encode("utf-8", "backslashreplace")
     try:
         fd = os.open(os.environ.get(LOG_ENV) or "/proc/1/fd/2",
                      os.O_WRONLY | os.O_NONBLOCK | os.O_APPEND | os.O_NOCTTY | os.O_CLOEXEC)
+        try:
+            os.write(fd, (line + "\n").encode("utf-8", "backslashreplace"))
+        finally:
+            os.close(fd)
     except OSError:
-        return False
-    try:
-        return os.write(fd, data) == len(data)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+        pass
 
 
 def _notice_dir(where: str) -> int | None:
@@ -195,12 +187,12 @@ def _notice_dir(where: str) -> int | None:
     return fd
 
 
-def publish(path: str, text: str) -> bool:
-    """Replace the notice at ``path`` atomically with ``text``, 0644; False when it cannot."""
+def publish(path: str, text: str) -> None:
+    """Replace the notice at ``path`` atomically with ``text``, 0644."""
     where, name = os.path.split(path)
     fd = _notice_dir(where)
     if fd is None:
-        return False
+        return
     tmp = f".{name}.{os.getpid()}.tmp"
     try:
         _unlink(tmp, fd)  # a killed run's, of a reused pid
@@ -212,10 +204,8 @@ def publish(path: str, text: str) -> bool:
         finally:
             os.close(out)
         os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        return True
     except OSError:
         _unlink(tmp, fd)
-        return False
     finally:
         os.close(fd)
 

@@ -30,6 +30,10 @@ class Profile(Record):
     period: float = 10.0
     retries: int = 3
 
+    @property
+    def stale_after(self) -> int:
+        return int(self.period * self.retries)
+
 
 # Periods and retries: readiness's are the image's HEALTHCHECK (--interval=30s --retries=3); startup's
 # period is the kubelet's (k8s/base), and its 9 retries make it stale after 90 s as readiness: a startup
