@@ -195,14 +195,8 @@ def entry(door: int | None = None) -> None:
 
 
 def exit_now(code: int) -> None:
-    """Exit without interpreter finalization, output and the run log flushed first."""
-    if "logging" in sys.modules:
-        import logging
-
-        try:
-            logging.shutdown()
-        except Exception:  # noqa: S110 - best effort
-            pass
+    """Exit without interpreter finalization, output flushed first (the run log's handler flushes
+    each line as it writes it)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
