@@ -59,13 +59,10 @@ def check_entry(*, status: str, time: float, output: str = "", layer: str | None
         entry.update(observedValue=observed, observedUnit=unit or ("count" if numeric else "text"))
     entry["time"] = iso_time(time)
     if status != "pass":
-        entry["output"] = output
+        entry.update(output=output, action=action, actor=actor)
     elif output:
         entry["message"] = output
-    entry["reason"] = reason or None
-    if status != "pass":
-        entry.update(action=action, actor=actor)
-    entry["elapsed"] = elapsed
+    entry.update(reason=reason or None, elapsed=elapsed)
     shown = public_facts(facts)
     return {**entry, "facts": shown} if shown else entry
 
