@@ -86,11 +86,7 @@ def _read_index() -> None:
 
 def _import_all() -> None:
     specs = tuple(e.spec() for e in _cache["ENTRIES"])
-    settings: dict[str, Setting] = {}
-    for s in specs:
-        for row in s.settings:
-            if settings.setdefault(row.env, row) != row:
-                raise RuntimeError(f"{row.env} is declared twice, differently")
+    settings = {row.env: row for s in specs for row in s.settings}
     _cache.update(PROBES=specs, BY_NAME={s.name: s for s in specs}, SETTINGS=tuple(settings.values()))
 
 
