@@ -124,11 +124,8 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
             log_problem = f"log file {cfg.log_file} not written ({handler.failure})"
     if log_problem:  # never a traceback, never another verdict: one note in the report
         outcome = outcome._replace(notes=(*outcome.notes, log_problem))
-    off = [t for t in cfg.toggles if not cfg.toggles[t]]
-    if off and len(off) == len(cfg.toggles) and not cfg.only:
-        disabled = f"all checks disabled ({', '.join(off)} are off)"
-    else:
-        disabled = f"no checks selected for the {cfg.profile} profile"
+    all_off = cfg.toggles and not any(cfg.toggles.values()) and not cfg.only
+    disabled = f"all checks disabled ({', '.join(cfg.toggles)} are off)" if all_off else ""
     out = report.json_text(outcome, disabled=disabled) if cfg.json else report.text(
         outcome, verbose=cfg.verbose, disabled=disabled)
     if cfg.profile_rules.tells:
