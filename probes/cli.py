@@ -247,7 +247,5 @@ def _write(out: str, fd: int = 1) -> None:
                 return
             # Up to PIPE_BUF bytes fit in a pipe that select calls writable: no write blocks.
             data = data[os.write(fd, data[:select.PIPE_BUF]):]
-        except InterruptedError:
-            continue
         except OSError:
             return

@@ -59,13 +59,11 @@ def verdict_of(outcome: Outcome, probes: Iterable[Spec]) -> Verdict:
     cause = next((c for table in tables for c in table if c.reason == problem.reason), None)
     remedy = cause.remedy.replace("`", "") if cause is not None else ""
     detail = problem.message.removesuffix(f": {remedy}") if remedy else problem.message
-    if problem.actor != "tenant":  # the result's own, from its cause when it was judged
-        words = OPERATOR
-    else:
-        words = f"you can fix this: {remedy}" if remedy else "you can fix this (the message says how)"
-    action = problem.action or ""
+    # who acts: the result's own actor, from its cause when it was judged
+    words = OPERATOR if problem.actor != "tenant" else (
+        f"you can fix this: {remedy}" if remedy else "you can fix this (the message says how)")
     return Verdict(when, f"{problem.name}/{problem.reason}", clean(f"{problem.name}: {detail}", MAX_PART),
-                   clean(words, MAX_PART), action)
+                   clean(words, MAX_PART), problem.action or "")
 
 
 def clock(when: float) -> str:
