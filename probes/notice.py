@@ -162,27 +162,19 @@ def log_line(line: str) -> None:
 def _notice_dir(where: str) -> int | None:
     """The notice's directory, trusted component by component; made 0755 (the readers are other users)."""
     owners = (0, os.geteuid())
-    try:
-        return open_trusted_dir(where, owners)
-    except FileNotFoundError:
-        pass
-    except (OSError, Refused):
-        return None
     parent, name = os.path.split(where)
     try:
         up = open_trusted_dir(parent, owners)
         try:
             os.mkdir(name, 0o755, dir_fd=up)
+            os.chmod(name, 0o755, dir_fd=up)  # noqa: S103 - readers are other users; the umask may take it
+        except FileExistsError:
+            pass
         finally:
             os.close(up)
-        fd = open_trusted_dir(where, owners)
+        return open_trusted_dir(where, owners)
     except (OSError, Refused):
         return None
-    try:
-        os.fchmod(fd, 0o755)  # whatever the umask took away
-    except OSError:
-        pass
-    return fd
 
 
 def publish(path: str, text: str) -> None:
