@@ -7,7 +7,6 @@ import os
 import time
 
 from probes import pidstat
-from probes.config import Notices
 from probes.context import log_exception
 from probes.deadlines import NOTICE_WAIT
 from probes.record import Record
@@ -109,9 +108,8 @@ def tell(config: Config, state: State, outcome: Outcome) -> None:
     if not rules.tells or config.only or config.skip or not outcome.results:
         return
     try:
-        own = config.of(Notices)
-        if not own.notices:
-            unpublish(own.notice_file)
+        if not config.notices:
+            unpublish(config.notice_file)
         elif state.enabled:
             v = verdict_of(outcome, outcome.specs)
             with state.lock("notice.lock", time.monotonic() + NOTICE_WAIT) as held:
@@ -124,7 +122,7 @@ def tell(config: Config, state: State, outcome: Outcome) -> None:
                     line = None  # not kept: the next run would tell it again, so it is not told now
                 if line is not None:
                     log_line(line)
-                publish(own.notice_file, text)
+                publish(config.notice_file, text)
     except Exception:  # what the person is told never costs the verdict; a bug goes to the log
         log_exception("telling the verdict failed")
 

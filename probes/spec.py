@@ -122,6 +122,7 @@ class Declared(Record):
                 row = value._replace(field=name)
                 setattr(cls, name, row)
                 rows.append(row)
+                cls._defaults = {**cls._defaults, name: row.default}
         cls.SETTINGS = tuple(rows)
 
     @classmethod
