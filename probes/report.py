@@ -20,10 +20,9 @@ CUT = "... (output cut)"
 
 def iso_time(ts: float) -> str:
     """RFC 3339 in UTC with a ``Z``, to the millisecond: every report's time format."""
-    import datetime  # only the JSON report needs it
-
-    stamp = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(timespec="milliseconds")
-    return stamp.replace("+00:00", "Z")
+    whole = int(ts)
+    ms = round((ts - whole) * 1e6) // 1000  # rounded to the microsecond first, as datetime does
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole + ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 def public_facts(facts: Any) -> dict[str, Any]:
