@@ -41,10 +41,6 @@ FLAGS = (
 _FLAG = {name: (names[-1][2:], bool(value)) for names, value, _ in FLAGS for name in names}
 
 
-class _Exit(Exception):
-    """--help or --version: print something and exit 0."""
-
-
 def help_text() -> str:
     import textwrap
 
@@ -68,8 +64,9 @@ def help_text() -> str:
                       *lines])
 
 
-def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
-    """The flags as keyword arguments for config.load(); ConfigError on anything else."""
+def parse_flags(argv: Sequence[str]) -> dict[str, Any] | str:
+    """The flags as keyword arguments for config.load(), or the text --help or --version prints;
+    ConfigError on anything else."""
     opts: dict[str, Any] = {dest: None if value else False for dest, value in _FLAG.values()}
     unknown = []
     args = iter(argv)
@@ -88,10 +85,8 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
         more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
         raise ConfigError(f"unrecognized arguments: {' '.join(unknown[:3])}{more} (see healthcheck --help)")
     if opts.pop("help"):
-        raise _Exit(help_text())
-    if opts.pop("version"):
-        raise _Exit(f"healthcheck {__version__}")
-    return opts
+        return help_text()
+    return f"healthcheck {__version__}" if opts.pop("version") else opts
 
 
 def check(argv: Sequence[str]) -> tuple[int, str, bool]:
@@ -99,7 +94,10 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     from probes import report, runner
     from probes.state import State
 
-    cfg = load(**parse_flags(argv))
+    flags = parse_flags(argv)
+    if isinstance(flags, str):
+        return EXIT_OK, flags, False
+    cfg = load(**flags)
     if _door is not None:  # tell the front door this run's hard deadline, before any child starts
         try:
             with open(_door, "wb", buffering=0) as door:
@@ -154,9 +152,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _end_on_sigterm()
         code, out, abandoned = check(argv)
         _write(out)
-    except _Exit as done:
-        _write(str(done))
-        code = EXIT_OK
     except ConfigError as exc:
         _write(clean(f"healthcheck: {exc}", 400), fd=2)
         code = EXIT_USAGE
