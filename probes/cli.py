@@ -133,8 +133,7 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     return code, out, outcome.abandoned
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def main(argv: Sequence[str]) -> int:
     for fd in (0, 1, 2):  # a closed one would be the first file opened (a lock, the log): the report in it
         try:
             os.fstat(fd)
@@ -218,10 +217,7 @@ def _end_on_sigterm() -> None:
         _end_descendants()
         os._exit(EXIT_UNHEALTHY if _door is None else DOOR_EXIT + 15)
 
-    try:
-        signal.signal(signal.SIGTERM, on_term)
-    except ValueError:  # not the main thread (main() called from a test's thread)
-        pass
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def _write(out: str, fd: int = 1) -> None:
