@@ -66,13 +66,11 @@ _NAMES = ("ENTRIES", "NAMES", "TOGGLES", "DECLARED", "PROBES", "BY_NAME", "SETTI
 
 
 def _read_index() -> None:
-    try:
-        from probes import index
-    except ImportError:  # not written yet (make docs): every module is read
-        index = None  # type: ignore[assignment]
+    from probes import index
+
     listed = (*MODULES, *PLUGINS)
-    entries = [Entry(*row) for row in getattr(index, "PROBES", ()) if row[2] in listed]
-    declared = {row[0]: row[1:] for row in getattr(index, "SETTINGS", ()) if row[2] in listed}
+    entries = [Entry(*row) for row in index.PROBES if row[2] in listed]
+    declared = {row[0]: row[1:] for row in index.SETTINGS if row[2] in listed}
     for missing in set(listed).difference(e.module for e in entries):
         s = load(missing).SPEC
         entries.append(Entry(*(getattr(s, field) for field in Entry._fields)))
