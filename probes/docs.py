@@ -11,7 +11,7 @@ from typing import Any
 from probes import config, deadlines, dropins, registry, runner, serve
 from probes.framework import cuda_errors
 from probes.hardware import xids
-from probes.spec import LAYERS, PROFILE_RULES, Cause, Setting
+from probes.spec import PROFILE_RULES, Cause, Setting
 
 
 def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -68,9 +68,8 @@ def _cause_table(causes: Iterable[Cause]) -> str:
 
 def causes() -> str:
     parts = ["#### Reasons every probe can report", "", _cause_table(runner.COMMON_CAUSES)]
-    for layer in LAYERS:
-        for spec in (s for s in registry.PROBES if s.layer == layer):
-            parts += ["", f"#### `{spec.name}` ({layer})", "", _cause_table(spec.causes)]
+    for spec in registry.PROBES:  # in layer order
+        parts += ["", f"#### `{spec.name}` ({spec.layer})", "", _cause_table(spec.causes)]
     parts += ["", "#### Drop-in checks", "", _cause_table(dropins.CAUSES),
               "", "#### The checks `healthcheck serve` adds (docs/serve.md)", "", _cause_table(serve.CAUSES)]
     return "\n".join(parts)
