@@ -8,7 +8,7 @@ import signal
 import sys
 
 from probes import __version__, registry
-from probes.config import DEFAULT_PROFILE, ConfigError, load, shown
+from probes.config import DEFAULT_PROFILE, GLOBAL_SETTINGS, ConfigError, load, shown
 from probes.context import log_exception, logger
 from probes.deadlines import WRITE_WAIT, hard_stop
 from probes.spec import ALL_PROFILES
@@ -43,8 +43,6 @@ _FLAG = {name: (names[-1][2:], bool(value)) for names, value, _ in FLAGS for nam
 
 def help_text() -> str:
     import textwrap
-
-    from probes.config import GLOBAL_SETTINGS
 
     flags = [(", ".join(names) + (f" {value}" if value else ""), about) for names, value, about in FLAGS]
     width = max(len(flag) for flag, _ in flags)
