@@ -26,8 +26,7 @@ EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 3
 DOOR_EXIT = 200
 _door: int | None = None
 
-# (names, the value's name or "" for a switch, help): parsed and shown in --help from this one
-# table; each is config.load's keyword named by its last name.
+# (names, the value's name or "" for a switch, help); the last name is config.load's keyword.
 FLAGS = (
     (("--profile",), "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p
                                           for p in ALL_PROFILES)),
@@ -156,8 +155,7 @@ def main(argv: Sequence[str]) -> int:
         _write("unhealthy: healthcheck: interrupted (SIGINT) before a verdict")
         code = EXIT_UNHEALTHY
     except Exception as exc:
-        # Through the suite's logger: a bare logging.getLogger() with no handler would print the
-        # traceback, exception text included, to stderr.
+        # Through the suite's logger: a bare logger would print the traceback to stderr.
         log_exception("internal error")
         _write(f"unhealthy: healthcheck: internal error ({type(exc).__name__}); details in the log")
         code = EXIT_UNHEALTHY

@@ -23,8 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Callable
 
-# What any probe can report besides its own causes. A probe past its deadline with no deadline cause
-# of its own: a call stuck in the driver, or a machine so starved that the probe's thread never ran.
+# What any probe can report besides its own causes.
 DEADLINE = cause("deadline", "the probe gave no answer by its deadline (its own, or the run's "
                  "`HEALTHCHECK_TIMEOUT`)", "the component it checks is hung or the machine overloaded; "
                  "if it lasts, the node's operator looks", action="retry", actor="operator")

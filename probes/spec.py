@@ -25,8 +25,7 @@ class Profile(Record):
     once: bool = False  # runs till its first pass, once per container start (serve): one-time advice
     gates: bool = False  # serve: a failure takes the pod out of the Service (..._SERVE_READINESS_GATING)
     tells: bool = False  # judges whether the container can do its job: told to the person (notice.py)
-    # How often it runs and how many misses its runner allows: a told verdict older than
-    # period x retries is stale ("not checked since ...").
+    # How often it runs and how many misses its runner allows (``stale_after``).
     period: float = 10.0
     retries: int = 3
 
