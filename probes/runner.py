@@ -52,7 +52,6 @@ class Outcome(Record):
     results: tuple[Result, ...]
     notes: tuple[str, ...] = ()
     abandoned: bool = False  # a probe thread is still stuck in a call: exit without joining it
-    elapsed: float = 0.0
     specs: tuple[Spec, ...] = ()  # what ran (drop-ins included), for the reports
 
     @property
@@ -185,5 +184,4 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
     ordered = tuple(results.get(s.name) or verdict(s.name, DEADLINE, "no answer before the run's deadline",
                                                    time=time.time()) for s in specs)
     notes = (f"caching off: {state.disabled_reason}",) if not state.enabled and torch_selected else ()
-    return Outcome(config.profile, ordered, notes, abandoned, round(time.monotonic() - start, 4),
-                   tuple(specs))
+    return Outcome(config.profile, ordered, notes, abandoned, tuple(specs))
