@@ -104,8 +104,7 @@ def _work(spec: Spec, ctx: Context, box: list[tuple[Result, float]], answered: t
 
 
 def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) -> Outcome:
-    start, wall = time.monotonic(), time.time()
-    end = run_deadline(config.timeout, start)
+    end = run_deadline(config.timeout, time.monotonic())
     specs = config.selected() if specs is None else list(specs)
     by_name = {s.name: s for s in specs}
     # Under a latch the hardware layer is not touched, and torch-cuda answers from the latch at once.
@@ -132,7 +131,7 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
             return verdict(spec.name, DEPENDENCY_FAILED, f"skipped: the {by_name[bad[0].name].layer} layer "
                            f"failed ({bad[0].name}: {bad[0].message})", remedy=False)
         t0 = time.monotonic()
-        ctx = Context(config, min(t0 + spec.timeout, end), dict(results), state, wall, spec)
+        ctx = Context(config, min(t0 + spec.timeout, end), dict(results), state, spec)
         box: list[tuple[Result, float]] = []
         thread = threading.Thread(target=_work, args=(spec, ctx, box, answered), daemon=True)
         try:
