@@ -29,7 +29,6 @@ RECORD = "notice.json"  # in the private state dir: what was told, in which cont
 LOG_ENV = "_HEALTHCHECK_NOTICE_LOG"  # internal, for tests only: the log line goes there instead
 MAX_PART = 300  # characters of what failed, and of who acts
 MAX_LINE = 700  # characters of a log line
-HEALTHY, STARTING, UNHEALTHY = "healthy", "starting", "unhealthy"
 OPERATOR = "not fixable from inside this container; your platform's operator is alerted if alerting is set up"
 
 
@@ -81,21 +80,21 @@ def decide(kept: Any, v: Verdict, *, life: str, started: float | None,
     told = record["told"] if isinstance(record.get("told"), dict) else None
     line = None
     if not v.key:
-        shown = HEALTHY
+        shown = "healthy"
         line = f"healthy again at {clock(v.time)}" if told is not None else None
         record = {"life": life, "healthy_seen": True, "told": None}
     elif (told is None and not record.get("healthy_seen") and started is not None
           and v.time - started < START_PERIOD):
-        shown = STARTING
+        shown = "starting"
     else:
-        shown = UNHEALTHY
+        shown = "unhealthy"
         if told is None or told.get("key") != v.key:
             told = {"key": v.key, "since": v.time}
             record = {**record, "told": told}
             act = f" ({v.action})" if v.action not in ("", "none") else ""
             line = f"{unhealthy(v.time)}; {v.words}{act}"
     text = f"{int(v.time)} {stale} {shown} {clock(v.time)}\n"
-    if shown == UNHEALTHY and told is not None:
+    if shown == "unhealthy" and told is not None:
         since = told.get("since")
         text += f"{unhealthy(since if isinstance(since, (int, float)) else v.time)}\n{v.words}\n"
     return record, None if line is None else clean(f"gpu-health: {line}", MAX_LINE), text
