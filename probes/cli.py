@@ -8,7 +8,7 @@ import signal
 import sys
 
 from probes import __version__, registry
-from probes.config import DEFAULT_PROFILE, ConfigError, load, shown
+from probes.config import DEFAULT_PROFILE, GLOBAL_SETTINGS, ConfigError, load, shown
 from probes.context import log_exception, logger
 from probes.deadlines import WRITE_WAIT, hard_stop
 from probes.spec import ALL_PROFILES
@@ -26,8 +26,7 @@ EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 3
 DOOR_EXIT = 200
 _door: int | None = None
 
-# (names, the value's name or "" for a switch, help): parsed and shown in --help from this one
-# table; each is config.load's keyword named by its last name.
+# (names, the value's name or "" for a switch, help); the last name is config.load's keyword.
 FLAGS = (
     (("--profile",), "PROFILE", ", ".join(f"{p} (default)" if p == DEFAULT_PROFILE else p
                                           for p in ALL_PROFILES)),
@@ -41,14 +40,8 @@ FLAGS = (
 _FLAG = {name: (names[-1][2:], bool(value)) for names, value, _ in FLAGS for name in names}
 
 
-class _Exit(Exception):
-    """--help or --version: print something and exit 0."""
-
-
 def help_text() -> str:
     import textwrap
-
-    from probes.config import GLOBAL_SETTINGS
 
     flags = [(", ".join(names) + (f" {value}" if value else ""), about) for names, value, about in FLAGS]
     width = max(len(flag) for flag, _ in flags)
@@ -68,8 +61,9 @@ def help_text() -> str:
                       *lines])
 
 
-def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
-    """The flags as keyword arguments for config.load(); ConfigError on anything else."""
+def parse_flags(argv: Sequence[str]) -> dict[str, Any] | str:
+    """The flags as keyword arguments for config.load(), or the text --help or --version prints;
+    ConfigError on anything else."""
     opts: dict[str, Any] = {dest: None if value else False for dest, value in _FLAG.values()}
     unknown = []
     args = iter(argv)
@@ -88,10 +82,8 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
         more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
         raise ConfigError(f"unrecognized arguments: {' '.join(unknown[:3])}{more} (see healthcheck --help)")
     if opts.pop("help"):
-        raise _Exit(help_text())
-    if opts.pop("version"):
-        raise _Exit(f"healthcheck {__version__}")
-    return opts
+        return help_text()
+    return f"healthcheck {__version__}" if opts.pop("version") else opts
 
 
 def check(argv: Sequence[str]) -> tuple[int, str, bool]:
@@ -99,7 +91,10 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     from probes import report, runner
     from probes.state import State
 
-    cfg = load(**parse_flags(argv))
+    flags = parse_flags(argv)
+    if isinstance(flags, str):
+        return EXIT_OK, flags, False
+    cfg = load(**flags)
     if _door is not None:  # tell the front door this run's hard deadline, before any child starts
         try:
             with open(_door, "wb", buffering=0) as door:
@@ -108,14 +103,12 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
             pass
     handler, log_problem = None, None
     if cfg.log_file:
-        import logging
-
         from probes import logfile
 
-        fmt = "%(asctime)s %(process)d %(levelname)s %(message)s"
-        handler, log_problem = logfile.attach(logger(), cfg.log_file, fmt)
+        handler, log_problem = logfile.attach(logger(), cfg.log_file, "%(asctime)s %(process)d %(levelname)s "
+                                              "%(message)s")
         if handler is not None:
-            logger().setLevel(logging.INFO)
+            logger().setLevel("INFO")
     state = State.open(cfg.state_dir)
     outcome = runner.run(cfg, state)
     code = EXIT_UNHEALTHY if outcome.status.value == "fail" else EXIT_OK
@@ -126,11 +119,8 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
             log_problem = f"log file {cfg.log_file} not written ({handler.failure})"
     if log_problem:  # never a traceback, never another verdict: one note in the report
         outcome = outcome._replace(notes=(*outcome.notes, log_problem))
-    off = [t for t in cfg.toggles if not cfg.toggles[t]]
-    if off and len(off) == len(cfg.toggles) and not cfg.only:
-        disabled = f"all checks disabled ({', '.join(off)} are off)"
-    else:
-        disabled = f"no checks selected for the {cfg.profile} profile"
+    all_off = cfg.toggles and not any(cfg.toggles.values()) and not cfg.only
+    disabled = f"all checks disabled ({', '.join(cfg.toggles)} are off)" if all_off else ""
     out = report.json_text(outcome, disabled=disabled) if cfg.json else report.text(
         outcome, verbose=cfg.verbose, disabled=disabled)
     if cfg.profile_rules.tells:
@@ -140,8 +130,7 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     return code, out, outcome.abandoned
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def main(argv: Sequence[str]) -> int:
     for fd in (0, 1, 2):  # a closed one would be the first file opened (a lock, the log): the report in it
         try:
             os.fstat(fd)
@@ -159,18 +148,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         _end_on_sigterm()
         code, out, abandoned = check(argv)
         _write(out)
-    except _Exit as done:
-        _write(str(done))
-        code = EXIT_OK
     except ConfigError as exc:
-        _put(2, (clean(f"healthcheck: {exc}", 400) + "\n").encode("utf-8", "backslashreplace"))
+        _write(clean(f"healthcheck: {exc}", 400), fd=2)
         code = EXIT_USAGE
     except KeyboardInterrupt:  # SIGINT: from a terminal, or from a probe that signals its parent
         _write("unhealthy: healthcheck: interrupted (SIGINT) before a verdict")
         code = EXIT_UNHEALTHY
     except Exception as exc:
-        # Through the suite's logger: a bare logging.getLogger() with no handler would print the
-        # traceback, exception text included, to stderr.
+        # Through the suite's logger: a bare logger would print the traceback to stderr.
         log_exception("internal error")
         _write(f"unhealthy: healthcheck: internal error ({type(exc).__name__}); details in the log")
         code = EXIT_UNHEALTHY
@@ -181,8 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry(door: int | None = None) -> None:
-    """``door``: the front door's descriptor for the hard deadline. A check runs without the cyclic
-    garbage collector: it lives well under a second, and its hard deadline ends it anyway."""
+    """A check runs without the cyclic garbage collector: its hard deadline ends it anyway."""
     global _door
     # A non-interactive shell starts an asynchronous command with SIGINT ignored, and the
     # interpreter keeps it so: a SIGINT is an interruption, exit 1, however the run started.
@@ -198,14 +182,8 @@ def entry(door: int | None = None) -> None:
 
 
 def exit_now(code: int) -> None:
-    """Exit without interpreter finalization, output and the run log flushed first."""
-    if "logging" in sys.modules:
-        import logging
-
-        try:
-            logging.shutdown()
-        except Exception:  # noqa: S110 - best effort
-            pass
+    """Exit without interpreter finalization, output flushed first (the run log's handler flushes
+    each line as it writes it)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -235,26 +213,20 @@ def _end_on_sigterm() -> None:
         _end_descendants()
         os._exit(EXIT_UNHEALTHY if _door is None else DOOR_EXIT + 15)
 
-    try:
-        signal.signal(signal.SIGTERM, on_term)
-    except ValueError:  # not the main thread (main() called from a test's thread)
-        pass
+    signal.signal(signal.SIGTERM, on_term)
 
 
-def _write(out: str) -> None:
-    """Unbuffered: nothing is left for Python to flush, and complain about, at exit."""
+def _write(out: str, fd: int = 1) -> None:
+    """Unbuffered (nothing is left for Python to flush, and complain about, at exit), and at most
+    WRITE_WAIT for room: a closed, broken or full fd costs the text, not the exit status."""
+    import select
+    import time
+
     try:
         sys.stdout.flush()
     except Exception:  # noqa: S110 - best effort
         pass
-    _put(1, (out + "\n").encode("utf-8", "backslashreplace"))
-
-
-def _put(fd: int, data: bytes) -> None:
-    """At most WRITE_WAIT for room: a closed, broken or full fd costs the text, not the exit status."""
-    import select
-    import time
-
+    data = (out + "\n").encode("utf-8", "backslashreplace")
     end = time.monotonic() + WRITE_WAIT
     while data:
         try:
@@ -262,7 +234,5 @@ def _put(fd: int, data: bytes) -> None:
                 return
             # Up to PIPE_BUF bytes fit in a pipe that select calls writable: no write blocks.
             data = data[os.write(fd, data[:select.PIPE_BUF]):]
-        except InterruptedError:
-            continue
         except OSError:
             return

@@ -17,16 +17,13 @@ from probes.untrusted import clean
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from typing import Any, Self, TypeVar
+    from typing import Any, TypeVar
 
     from probes.spec import Profile, Spec
 
     D = TypeVar("D", bound=Declared)
 
 DEFAULT_PROFILE = "readiness"
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_CHECKS_DIR = "/etc/healthcheck.d"
-MAX_TIMEOUT = 3600.0
 TRUE = ("true", "1", "yes", "on")
 FALSE = ("false", "0", "no", "off")
 
@@ -157,9 +154,33 @@ def parse_base_url(name: str, raw: str) -> str:
     return v if v.endswith("/") else v + "/"
 
 
-class Notices(Declared):
-    """What a check tells the person at the keyboard (probes/notice.py)."""
+class Globals(Declared):
+    """The suite's own settings: a Config's attributes."""
 
+    profile: str = setting("HEALTHCHECK_PROFILE", spec.CHOICE, DEFAULT_PROFILE,
+                           "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=ALL_PROFILES)
+    timeout: float = setting(
+        "HEALTHCHECK_TIMEOUT", spec.NUMBER, None, "whole-run deadline in seconds, digits with an optional "
+        f"fraction (0 < t <= 3600); the front door kills the run {FRONT_DOOR_GRACE} s later",
+        low=0, high=3600,
+        shown_default="per profile: " + " / ".join(f"{p.timeout:g}" for p in PROFILE_RULES.values()))
+    host: str = setting("HEALTHCHECK_HOST", spec.HOST, "127.0.0.1", "where the services (Jupyter, sshd) are "
+                        "probed: an IP address (`::1` works) or an ASCII host name")
+    state_dir: str | None = setting(
+        "HEALTHCHECK_STATE_DIR", spec.ABSOLUTE_PATH, None, "cache, locks, latch (an absolute path); made "
+        "0700, a symlink, a foreign directory or one below a directory another user can change is refused "
+        "(caching off); see \"Runs anywhere\" in docs/kubernetes.md",
+        shown_default="the first usable of `/run/healthcheck`, `$XDG_RUNTIME_DIR/healthcheck`, "
+                      "`$TMPDIR/healthcheck-<uid>`, `/tmp/healthcheck-<uid>`, "
+                      "`/dev/shm/healthcheck-<uid>` (each of the last three, when another user "
+                      "took the name first: the suite's own `<name>.<time><random>` beside it); "
+                      "none: caching off")
+    log_file: str | None = setting("HEALTHCHECK_LOG_FILE", spec.ABSOLUTE_PATH, None, "one line per run plus "
+                                   "error details (an absolute path); rotated at 1 MiB (one backup); a "
+                                   "regular file only (see below)", shown_default="unset")
+    checks_dir: str = setting("HEALTHCHECK_CHECKS_DIR", spec.ABSOLUTE_PATH, "/etc/healthcheck.d",
+                              "drop-in checks (an absolute path): every executable file there is a check "
+                              "(see \"Drop-in checks\")")
     notices: bool = setting("HEALTHCHECK_NOTICES", spec.BOOL, True,
                             "tell the person at the keyboard: a line in the container's log when the verdict "
                             "changes, the notice shown at an SSH login and in a notebook's first cell "
@@ -170,33 +191,7 @@ class Notices(Declared):
                                "notebook readers read this one file")
 
 
-GLOBAL_SETTINGS = (
-    Setting("HEALTHCHECK_PROFILE", "profile", spec.CHOICE, DEFAULT_PROFILE,
-            "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=ALL_PROFILES),
-    Setting("HEALTHCHECK_TIMEOUT", "timeout", spec.NUMBER, None,
-            "whole-run deadline in seconds, digits with an optional fraction (0 < t <= 3600); "
-            f"the front door kills the run {FRONT_DOOR_GRACE} s later", low=0, high=MAX_TIMEOUT,
-            shown_default="per profile: " + " / ".join(f"{p.timeout:g}" for p in PROFILE_RULES.values())),
-    Setting("HEALTHCHECK_HOST", "host", spec.HOST, DEFAULT_HOST,
-            "where the services (Jupyter, sshd) are probed: an IP address (`::1` works) or an "
-            "ASCII host name"),
-    Setting("HEALTHCHECK_STATE_DIR", "state_dir", spec.ABSOLUTE_PATH, None,
-            "cache, locks, latch (an absolute path); made 0700, a symlink, a foreign "
-            "directory or one below a directory another user can change is refused (caching off); "
-            "see \"Runs anywhere\" in docs/kubernetes.md",
-            shown_default="the first usable of `/run/healthcheck`, `$XDG_RUNTIME_DIR/healthcheck`, "
-                          "`$TMPDIR/healthcheck-<uid>`, `/tmp/healthcheck-<uid>`, "
-                          "`/dev/shm/healthcheck-<uid>` (each of the last three, when another user "
-                          "took the name first: the suite's own `<name>.<time><random>` beside it); "
-                          "none: caching off"),
-    Setting("HEALTHCHECK_LOG_FILE", "log_file", spec.ABSOLUTE_PATH, None,
-            "one line per run plus error details (an absolute path); rotated at 1 MiB (one "
-            "backup); a regular file only (see below)", shown_default="unset"),
-    Setting("HEALTHCHECK_CHECKS_DIR", "checks_dir", spec.ABSOLUTE_PATH, DEFAULT_CHECKS_DIR,
-            "drop-in checks (an absolute path): every executable file there is a check (see "
-            "\"Drop-in checks\")"),
-    *Notices.SETTINGS,
-)
+GLOBAL_SETTINGS = Globals.SETTINGS
 
 # Read outside the suite's configuration (the front door): listed in docs/probes.md.
 OTHER_SETTINGS = (
@@ -208,36 +203,27 @@ OTHER_SETTINGS = (
 )
 
 
-class Config(Record):
-    """The validated settings of one run: the global ones as attributes, a probe's declared ones as
-    ``config.of(Settings).ssh_port``. ``Config(**fields)`` and ``_replace`` take any declared
-    setting's ``field`` too (the rest are defaults); it is never changed in place."""
+class Config(Globals):
+    """The global settings as attributes, a probe's declared ones as ``config.of(Settings).ssh_port``;
+    ``Config(**fields)`` and ``_replace`` take a declared setting's ``field`` too."""
 
-    profile: str = DEFAULT_PROFILE
     timeout: float = PROFILE_RULES[DEFAULT_PROFILE].timeout
     json: bool = False
     verbose: bool = False
     only: tuple[str, ...] = ()
     skip: tuple[str, ...] = ()
     toggles: Mapping[str, bool] = types.MappingProxyType({})
-    host: str = DEFAULT_HOST
-    state_dir: str | None = None
-    log_file: str | None = None
-    checks_dir: str = DEFAULT_CHECKS_DIR
     dropins: tuple[Spec, ...] = ()
     values: Mapping[str, Any] = types.MappingProxyType({})  # the declared settings', by field
 
     def __init__(self, **fields: Any) -> None:
-        known = {row.field for row in Notices.SETTINGS}.union(row[0] for row in registry.DECLARED.values())
+        known = {row[0] for row in registry.DECLARED.values()}
         values = dict(fields.pop("values", {}))  # a setting not given here is its declared default
         values.update({name: fields.pop(name) for name in [*fields] if name in known})
-        super().__init__(**fields, values=types.MappingProxyType(values))
+        Record.__init__(self, **fields, values=types.MappingProxyType(values))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Config is immutable: use _replace()")
-
-    def _replace(self, **fields: Any) -> Self:
-        return type(self)(**{**self._asdict(), **fields})
 
     @property
     def profile_rules(self) -> Profile:
@@ -271,14 +257,12 @@ def parse_setting(row: Setting, raw: str) -> Any:
     if kind == spec.CHOICE:
         return parse_choice(name, raw, row.choices)
     parse = {spec.BOOL: parse_bool, spec.PORT: parse_port, spec.URL_PATH: parse_base_url,
-             spec.HOST: parse_host, spec.ABSOLUTE_PATH: parse_absolute_path}.get(kind)
-    if parse is not None:
-        return parse(name, raw)
-    text = parse_text(name, raw)
+             spec.HOST: parse_host, spec.ABSOLUTE_PATH: parse_absolute_path}.get(kind, parse_text)
+    value = parse(name, raw)
     if row.parse is None:
-        return text
+        return value
     try:
-        return row.parse(text)
+        return row.parse(value)
     except ValueError as exc:
         raise _refuse(name, raw, str(exc)) from None
 

@@ -40,7 +40,6 @@ class Context(Record):
     deadline: float  # time.monotonic() by which gather() must return
     results: Mapping[str, Result]  # probes that already finished in this run
     state: State
-    started: float = 0.0  # wall clock (time.time()) at run start
     spec: Spec | None = None  # the probe being run (a drop-in check reads its file from here)
 
     def remaining(self) -> float:

@@ -7,7 +7,6 @@ import os
 import time
 
 from probes import pidstat
-from probes.config import Notices
 from probes.context import log_exception
 from probes.deadlines import NOTICE_WAIT
 from probes.record import Record
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
 
     from probes.config import Config
     from probes.runner import Outcome
-    from probes.spec import Cause, Profile, Spec
+    from probes.spec import Cause, Spec
     from probes.state import State
 
 START_PERIOD = 60.0  # the image's HEALTHCHECK --start-period: Docker does not count a failure in it
@@ -30,7 +29,6 @@ RECORD = "notice.json"  # in the private state dir: what was told, in which cont
 LOG_ENV = "_HEALTHCHECK_NOTICE_LOG"  # internal, for tests only: the log line goes there instead
 MAX_PART = 300  # characters of what failed, and of who acts
 MAX_LINE = 700  # characters of a log line
-HEALTHY, STARTING, UNHEALTHY = "healthy", "starting", "unhealthy"
 OPERATOR = "not fixable from inside this container; your platform's operator is alerted if alerting is set up"
 
 
@@ -59,22 +57,15 @@ def verdict_of(outcome: Outcome, probes: Iterable[Spec]) -> Verdict:
     cause = next((c for table in tables for c in table if c.reason == problem.reason), None)
     remedy = cause.remedy.replace("`", "") if cause is not None else ""
     detail = problem.message.removesuffix(f": {remedy}") if remedy else problem.message
-    if problem.actor != "tenant":  # the result's own, from its cause when it was judged
-        words = OPERATOR
-    else:
-        words = f"you can fix this: {remedy}" if remedy else "you can fix this (the message says how)"
-    action = problem.action or ""
+    # who acts: the result's own actor, from its cause when it was judged
+    words = OPERATOR if problem.actor != "tenant" else (
+        f"you can fix this: {remedy}" if remedy else "you can fix this (the message says how)")
     return Verdict(when, f"{problem.name}/{problem.reason}", clean(f"{problem.name}: {detail}", MAX_PART),
-                   clean(words, MAX_PART), action)
+                   clean(words, MAX_PART), problem.action or "")
 
 
 def clock(when: float) -> str:
     return time.strftime("%H:%M UTC", time.gmtime(when))
-
-
-def stale_after(rules: Profile) -> int:
-    """Seconds after which a verdict of this profile is stale: its period times the misses allowed."""
-    return int(rules.period * rules.retries)
 
 
 def decide(kept: Any, v: Verdict, *, life: str, started: float | None,
@@ -89,21 +80,21 @@ def decide(kept: Any, v: Verdict, *, life: str, started: float | None,
     told = record["told"] if isinstance(record.get("told"), dict) else None
     line = None
     if not v.key:
-        shown = HEALTHY
+        shown = "healthy"
         line = f"healthy again at {clock(v.time)}" if told is not None else None
         record = {"life": life, "healthy_seen": True, "told": None}
     elif (told is None and not record.get("healthy_seen") and started is not None
           and v.time - started < START_PERIOD):
-        shown = STARTING
+        shown = "starting"
     else:
-        shown = UNHEALTHY
+        shown = "unhealthy"
         if told is None or told.get("key") != v.key:
             told = {"key": v.key, "since": v.time}
             record = {**record, "told": told}
             act = f" ({v.action})" if v.action not in ("", "none") else ""
             line = f"{unhealthy(v.time)}; {v.words}{act}"
     text = f"{int(v.time)} {stale} {shown} {clock(v.time)}\n"
-    if shown == UNHEALTHY and told is not None:
+    if shown == "unhealthy" and told is not None:
         since = told.get("since")
         text += f"{unhealthy(since if isinstance(since, (int, float)) else v.time)}\n{v.words}\n"
     return record, None if line is None else clean(f"gpu-health: {line}", MAX_LINE), text
@@ -116,9 +107,8 @@ def tell(config: Config, state: State, outcome: Outcome) -> None:
     if not rules.tells or config.only or config.skip or not outcome.results:
         return
     try:
-        own = config.of(Notices)
-        if not own.notices:
-            unpublish(own.notice_file)
+        if not config.notices:
+            unpublish(config.notice_file)
         elif state.enabled:
             v = verdict_of(outcome, outcome.specs)
             with state.lock("notice.lock", time.monotonic() + NOTICE_WAIT) as held:
@@ -126,12 +116,12 @@ def tell(config: Config, state: State, outcome: Outcome) -> None:
                     return
                 kept = state.read_json(RECORD)
                 record, line, text = decide(kept, v, life=life_identity(), started=container_started(),
-                                            stale=stale_after(rules))
+                                            stale=rules.stale_after)
                 if record != kept and not state.write_json(RECORD, record):
                     line = None  # not kept: the next run would tell it again, so it is not told now
                 if line is not None:
                     log_line(line)
-                publish(own.notice_file, text)
+                publish(config.notice_file, text)
     except Exception:  # what the person is told never costs the verdict; a bug goes to the log
         log_exception("telling the verdict failed")
 
@@ -152,55 +142,44 @@ def container_started() -> float | None:
         return None
 
 
-def log_line(line: str) -> bool:
+def log_line(line: str) -> None:
     """Into PID 1's stderr, non-blocking (a full pipe costs the line, never the run), in one write
     of under PIPE_BUF bytes: never interleaved with another writer's."""
-    data = (clean(line, MAX_LINE) + "\n").encode("utf-8", "backslashreplace")
     try:
         fd = os.open(os.environ.get(LOG_ENV) or "/proc/1/fd/2",
                      os.O_WRONLY | os.O_NONBLOCK | os.O_APPEND | os.O_NOCTTY | os.O_CLOEXEC)
+        try:
+            os.write(fd, (line + "\n").encode("utf-8", "backslashreplace"))
+        finally:
+            os.close(fd)
     except OSError:
-        return False
-    try:
-        return os.write(fd, data) == len(data)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+        pass
 
 
 def _notice_dir(where: str) -> int | None:
     """The notice's directory, trusted component by component; made 0755 (the readers are other users)."""
     owners = (0, os.geteuid())
-    try:
-        return open_trusted_dir(where, owners)
-    except FileNotFoundError:
-        pass
-    except (OSError, Refused):
-        return None
     parent, name = os.path.split(where)
     try:
         up = open_trusted_dir(parent, owners)
         try:
             os.mkdir(name, 0o755, dir_fd=up)
+            os.chmod(name, 0o755, dir_fd=up)  # noqa: S103 - readers are other users; the umask may take it
+        except FileExistsError:
+            pass
         finally:
             os.close(up)
-        fd = open_trusted_dir(where, owners)
+        return open_trusted_dir(where, owners)
     except (OSError, Refused):
         return None
-    try:
-        os.fchmod(fd, 0o755)  # whatever the umask took away
-    except OSError:
-        pass
-    return fd
 
 
-def publish(path: str, text: str) -> bool:
-    """Replace the notice at ``path`` atomically with ``text``, 0644; False when it cannot."""
+def publish(path: str, text: str) -> None:
+    """Replace the notice at ``path`` atomically with ``text``, 0644."""
     where, name = os.path.split(path)
     fd = _notice_dir(where)
     if fd is None:
-        return False
+        return
     tmp = f".{name}.{os.getpid()}.tmp"
     try:
         _unlink(tmp, fd)  # a killed run's, of a reused pid
@@ -212,10 +191,8 @@ def publish(path: str, text: str) -> bool:
         finally:
             os.close(out)
         os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        return True
     except OSError:
         _unlink(tmp, fd)
-        return False
     finally:
         os.close(fd)
 

@@ -3,12 +3,11 @@ takes ' 1e3 ', 'nan' and '1_000'; ``str.isdigit`` takes '\u00b2', which ``int()`
 
 from __future__ import annotations
 
-DIGITS = frozenset("0123456789")
 NUMBER_FORM = "digits with an optional fraction, e.g. 25 or 2.5"
 
 
 def is_integer_text(text: str) -> bool:
-    return bool(text) and all(ch in DIGITS for ch in text)
+    return bool(text) and all("0" <= ch <= "9" for ch in text)
 
 
 def is_number_text(text: str) -> bool:

@@ -16,7 +16,6 @@ else:
 class Record:
     _fields: ClassVar[tuple[str, ...]] = ()
     _defaults: ClassVar[dict[str, Any]] = {}
-    _check: ClassVar[bool] = False  # it has a __post_init__
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -24,47 +23,34 @@ class Record:
                if "ClassVar[" not in str(kind)]
         cls._fields = (*cls._fields, *(name for name in own if name not in cls._fields))
         cls._defaults = {**cls._defaults, **{name: vars(cls)[name] for name in own if name in vars(cls)}}
-        cls._check = hasattr(cls, "__post_init__")
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         fields = self._fields
-        if kw or len(args) != len(fields):
-            given = dict(zip(fields, args))
-            unknown = [name for name in kw if name not in fields or name in given]
-            values = {**self._defaults, **given, **kw}
-            if unknown or len(args) > len(fields) or len(values) < len(fields):
-                why = f"an unexpected or repeated argument {unknown[0]!r}" if unknown else (
-                    f"{len(args)} arguments for {len(fields)} fields" if len(args) > len(fields) else
-                    f"no argument {next(name for name in fields if name not in values)!r}")
-                raise TypeError(f"{type(self).__name__} got {why}")
-            self.__dict__.update(values)
-        else:
-            self.__dict__.update(zip(fields, args))
-        if self._check:
-            self.__post_init__()  # type: ignore[attr-defined]
+        given = dict(zip(fields, args))
+        unknown = [name for name in kw if name not in fields or name in given]
+        values = {**self._defaults, **given, **kw}
+        if unknown or len(args) > len(fields) or len(values) < len(fields):
+            why = f"an unexpected or repeated argument {unknown[0]!r}" if unknown else (
+                f"{len(args)} arguments for {len(fields)} fields" if len(args) > len(fields) else
+                f"no argument {next(name for name in fields if name not in values)!r}")
+            raise TypeError(f"{type(self).__name__} got {why}")
+        self.__dict__.update(values)
+        if hasattr(self, "__post_init__"):
+            self.__post_init__()
 
     def _asdict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._fields}
 
     def _replace(self, **changes: Any) -> Self:
-        unknown = set(changes).difference(self._fields)
-        if unknown:
-            raise TypeError(f"{type(self).__name__} has no field {unknown.pop()!r}")
-        new = object.__new__(type(self))
-        for name in self._fields:
-            object.__setattr__(new, name, changes.get(name, getattr(self, name)))
-        return new
-
-    def _values(self) -> tuple[Any, ...]:
-        return tuple([getattr(self, name) for name in self._fields])
+        return type(self)(**{**self._asdict(), **changes})
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined]
+        return self._asdict() == other._asdict()  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash(self._values())
+        return hash(tuple(self._asdict().values()))
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)

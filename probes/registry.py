@@ -1,9 +1,6 @@
-"""The catalog: which probes exist, one module per line, each declaring its ``SPEC``.
-
-A run chooses its probes and reads their settings through ``probes/index.py``, which ``make docs``
-writes from these modules' SPECs, and imports only the modules it runs. A module listed here and
-not in that index (an image owner's plug-in) is imported to read its SPEC. The names below are
-made on first use: a probe module may import ``probes.config``, which imports this catalog."""
+"""The catalog: which probes exist, one module per line, each declaring its ``SPEC``. A run reads
+them through ``probes/index.py`` (written by ``make docs``) and imports only the modules it runs; a
+module the index lacks (a plug-in) is imported to read its SPEC (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -61,20 +58,19 @@ def setting(env: str) -> Setting:
     return next(row for row in load(module).SPEC.settings if row.env == env)
 
 
+# Made on first use (a probe module may import probes.config, which imports this catalog).
+# ENTRIES, their NAMES and TOGGLES, and DECLARED (setting: its field, module, ...) come from the
+# index; PROBES, BY_NAME and SETTINGS import every module (docs, --help, serve, tests).
 _cache: dict[str, Any] = {}
-_FULL = ("PROBES", "BY_NAME", "SETTINGS")  # every module imported: docs, --help, serve, tests
-# ENTRIES, their NAMES and TOGGLES, and DECLARED (setting: its field, module, ...): from the index
-_LIGHT = ("ENTRIES", "NAMES", "TOGGLES", "DECLARED")
+_NAMES = ("ENTRIES", "NAMES", "TOGGLES", "DECLARED", "PROBES", "BY_NAME", "SETTINGS")
 
 
 def _read_index() -> None:
-    try:
-        from probes import index
-    except ImportError:  # not written yet (make docs): every module is read
-        index = None  # type: ignore[assignment]
+    from probes import index
+
     listed = (*MODULES, *PLUGINS)
-    entries = [Entry(*row) for row in getattr(index, "PROBES", ()) if row[2] in listed]
-    declared = {row[0]: row[1:] for row in getattr(index, "SETTINGS", ()) if row[2] in listed}
+    entries = [Entry(*row) for row in index.PROBES if row[2] in listed]
+    declared = {row[0]: row[1:] for row in index.SETTINGS if row[2] in listed}
     for missing in set(listed).difference(e.module for e in entries):
         s = load(missing).SPEC
         entries.append(Entry(*(getattr(s, field) for field in Entry._fields)))
@@ -88,19 +84,15 @@ def _read_index() -> None:
 
 def _import_all() -> None:
     specs = tuple(e.spec() for e in _cache["ENTRIES"])
-    settings: dict[str, Setting] = {}
-    for s in specs:
-        for row in s.settings:
-            if settings.setdefault(row.env, row) != row:
-                raise RuntimeError(f"{row.env} is declared twice, differently")
+    settings = {row.env: row for s in specs for row in s.settings}
     _cache.update(PROBES=specs, BY_NAME={s.name: s for s in specs}, SETTINGS=tuple(settings.values()))
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _cache and name in (*_LIGHT, *_FULL):
+    if name not in _cache and name in _NAMES:
         if "ENTRIES" not in _cache:
             _read_index()
-        if name in _FULL:
+        if name not in _cache:
             _import_all()
     try:
         return _cache[name]

@@ -20,10 +20,9 @@ CUT = "... (output cut)"
 
 def iso_time(ts: float) -> str:
     """RFC 3339 in UTC with a ``Z``, to the millisecond: every report's time format."""
-    import datetime  # only the JSON report needs it
-
-    stamp = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(timespec="milliseconds")
-    return stamp.replace("+00:00", "Z")
+    whole = int(ts)
+    ms = round((ts - whole) * 1e6) // 1000  # rounded to the microsecond first, as datetime does
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole + ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 def public_facts(facts: Any) -> dict[str, Any]:
@@ -59,13 +58,10 @@ def check_entry(*, status: str, time: float, output: str = "", layer: str | None
         entry.update(observedValue=observed, observedUnit=unit or ("count" if numeric else "text"))
     entry["time"] = iso_time(time)
     if status != "pass":
-        entry["output"] = output
+        entry.update(output=output, action=action, actor=actor)
     elif output:
         entry["message"] = output
-    entry["reason"] = reason or None
-    if status != "pass":
-        entry.update(action=action, actor=actor)
-    entry["elapsed"] = elapsed
+    entry.update(reason=reason or None, elapsed=elapsed)
     shown = public_facts(facts)
     return {**entry, "facts": shown} if shown else entry
 

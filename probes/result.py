@@ -57,9 +57,8 @@ def passed(name: str, message: str, **kw: Any) -> Result:
 
 
 def verdict(name: str, cause: Cause, detail: str, *, remedy: bool = True, **kw: Any) -> Result:
-    """The result a cause of the catalog gives: its status, reason, action and actor, and the message:
-    the ``detail`` the probe observed, then ``: `` and the cause's remedy without its Markdown
-    backticks (``remedy=False``: the detail alone, when it already names the remedy)."""
+    """The cause's status, reason, action and actor; the message is ``detail``, then ``: `` and the
+    remedy without its Markdown backticks (``remedy=False``: the detail alone, when it names the remedy)."""
     message = f"{detail}: {cause.remedy.replace('`', '')}" if remedy and cause.remedy else detail
     return Result(name, Status(cause.status), message, reason=cause.reason, action=cause.action,
                   actor=cause.actor, **kw)

@@ -23,8 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Callable
 
-# What any probe can report besides its own causes. A probe past its deadline with no deadline cause
-# of its own: a call stuck in the driver, or a machine so starved that the probe's thread never ran.
+# What any probe can report besides its own causes.
 DEADLINE = cause("deadline", "the probe gave no answer by its deadline (its own, or the run's "
                  "`HEALTHCHECK_TIMEOUT`)", "the component it checks is hung or the machine overloaded; "
                  "if it lasts, the node's operator looks", action="retry", actor="operator")
@@ -53,7 +52,6 @@ class Outcome(Record):
     results: tuple[Result, ...]
     notes: tuple[str, ...] = ()
     abandoned: bool = False  # a probe thread is still stuck in a call: exit without joining it
-    elapsed: float = 0.0
     specs: tuple[Spec, ...] = ()  # what ran (drop-ins included), for the reports
 
     @property
@@ -106,8 +104,7 @@ def _work(spec: Spec, ctx: Context, box: list[tuple[Result, float]], answered: t
 
 
 def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) -> Outcome:
-    start, wall = time.monotonic(), time.time()
-    end = run_deadline(config.timeout, start)
+    end = run_deadline(config.timeout, time.monotonic())
     specs = config.selected() if specs is None else list(specs)
     by_name = {s.name: s for s in specs}
     # Under a latch the hardware layer is not touched, and torch-cuda answers from the latch at once.
@@ -134,7 +131,7 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
             return verdict(spec.name, DEPENDENCY_FAILED, f"skipped: the {by_name[bad[0].name].layer} layer "
                            f"failed ({bad[0].name}: {bad[0].message})", remedy=False)
         t0 = time.monotonic()
-        ctx = Context(config, min(t0 + spec.timeout, end), dict(results), state, wall, spec)
+        ctx = Context(config, min(t0 + spec.timeout, end), dict(results), state, spec)
         box: list[tuple[Result, float]] = []
         thread = threading.Thread(target=_work, args=(spec, ctx, box, answered), daemon=True)
         try:
@@ -186,5 +183,4 @@ def run(config: Config, state: State, *, specs: Sequence[Spec] | None = None) ->
     ordered = tuple(results.get(s.name) or verdict(s.name, DEADLINE, "no answer before the run's deadline",
                                                    time=time.time()) for s in specs)
     notes = (f"caching off: {state.disabled_reason}",) if not state.enabled and torch_selected else ()
-    return Outcome(config.profile, ordered, notes, abandoned, round(time.monotonic() - start, 4),
-                   tuple(specs))
+    return Outcome(config.profile, ordered, notes, abandoned, tuple(specs))

@@ -25,10 +25,13 @@ class Profile(Record):
     once: bool = False  # runs till its first pass, once per container start (serve): one-time advice
     gates: bool = False  # serve: a failure takes the pod out of the Service (..._SERVE_READINESS_GATING)
     tells: bool = False  # judges whether the container can do its job: told to the person (notice.py)
-    # How often it runs and how many misses its runner allows: a told verdict older than
-    # period x retries is stale ("not checked since ...").
+    # How often it runs and how many misses its runner allows (``stale_after``).
     period: float = 10.0
     retries: int = 3
+
+    @property
+    def stale_after(self) -> int:
+        return int(self.period * self.retries)
 
 
 # Periods and retries: readiness's are the image's HEALTHCHECK (--interval=30s --retries=3); startup's
@@ -118,6 +121,7 @@ class Declared(Record):
                 row = value._replace(field=name)
                 setattr(cls, name, row)
                 rows.append(row)
+                cls._defaults = {**cls._defaults, name: row.default}
         cls.SETTINGS = tuple(rows)
 
     @classmethod

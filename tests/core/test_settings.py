@@ -87,3 +87,11 @@ def test_a_run_validates_each_setting_as_its_probe_declares_it_without_importing
     """A run reads a probe's rows from probes/index.py: they accept and refuse what the module's do."""
     for raw in ("x", "0", "1", "-1", "0.5", "99999999999", "/abs/path", "rel/path", "a b", "cpu", "none", "true"):
         assert parsed(registry.setting(row.env), raw) == parsed(row, raw), raw
+
+
+def test_every_setting_is_declared_alike_wherever_probes_declare_it():
+    """The index and the manual keep one row per variable: a second, different declaration is a bug."""
+    rows: dict[str, Setting] = {}
+    for probe in registry.PROBES:
+        for row in probe.settings:
+            assert rows.setdefault(row.env, row) == row, f"{row.env} is declared twice, differently"
