@@ -94,10 +94,6 @@ def error_code(exc: BaseException) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def is_nvml_error(exc: BaseException) -> bool:
-    return isinstance(_loaded, ModuleType) and isinstance(exc, _loaded.NVMLError)
-
-
 def init() -> ModuleType:
     nv = bindings()
     try:
@@ -315,10 +311,8 @@ def clock_event_reasons(nv: ModuleType, handle: Any) -> tuple[Any, int | None]:
 
 
 def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.0) -> Iterator[Event]:
-    """Xid and ECC events from every GPU that supports them until ``stop`` is set; with ``sample_s``
-    > 0 also a ``"slowdown"`` event for each reading, about every ``sample_s`` seconds, with HW
-    slowdown or power brake active. NVML starts and the GPUs register before this returns, so a
-    failure raises NvmlUnavailable before the first event."""
+    """Xid and ECC events until ``stop`` is set; with ``sample_s`` > 0 also a ``"slowdown"`` event
+    each ``sample_s`` seconds a GPU has HW slowdown or power brake active."""
     events = _events(stop, wait_ms, sample_s)
     next(events)  # NVML starts and the GPUs register: a failure raises here
     return events  # type: ignore[return-value]  # only its first item was None
