@@ -188,11 +188,9 @@ def cuda_devices(gpus: tuple[Gpu, ...]) -> list[str]:
 
 
 def cuda_visible(var: str, devices: list[str]) -> tuple[list[str], str | None]:
-    """The devices CUDA_VISIBLE_DEVICES selects, and the entry where CUDA stopped reading (or None).
-
-    CUDA reads the list up to the first entry that is invalid or names no device and ignores the
-    rest; an ordinal is read as strtoul reads it (its leading digits); a repeated entry makes the
-    whole list select nothing."""
+    """The devices CUDA_VISIBLE_DEVICES selects, and the entry where CUDA stopped reading (or None): CUDA
+    ignores the list from an entry that names no device, reads an ordinal as strtoul does (its leading
+    digits), and selects nothing when an entry repeats."""
     import re
 
     selected: list[str] = []
