@@ -234,7 +234,6 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
         (g.remap_failure is True, REMAP_FAILURE, "row remapping failed"),
         (g.remap_pending is True, REMAP_PENDING, "has a row remap pending"),
         (g.retired_pending is True, RETIREMENT_PENDING, "has page retirements pending"),
-        # A GPU without memory of its own answers NOT_SUPPORTED, never 0.
         (g.memory_total_mib == 0, NO_MEMORY, "reports 0 MiB of memory (NVML): the GPU is broken or the "
          "driver misreports it, and no workload can run there"),
         (reasons & (SW_THERMAL | HW_THERMAL), THERMAL, "clocks are slowed for heat (thermal slowdown)"),
