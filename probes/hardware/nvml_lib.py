@@ -36,14 +36,13 @@ WATCHED_EVENTS = 0x8 | 0x2 | 0x1
 SLOWDOWN_REASONS = 0x8 | 0x80
 
 
-# code -> the catalog's cause, and what the code says: nvidia-smi exits with NVML's code, so its table
-# says it for most (nvidia_smi.EXIT_CODES); 10 is a timeout here, an interrupt issue there.
+# code -> the catalog's cause, and what the code says: nvidia-smi exits with NVML's code, so its tables
+# say it for most; 10 is a timeout here, an interrupt issue there.
 _DESCRIPTIONS: dict[int, tuple[Cause, str]] = {
     **{code: (smi.EXIT_CODES[code].cause, smi.EXIT_CODES[code].means) for code in (4, 9, 13, 14, 15, 16, 18)},
     LIBRARY_NOT_FOUND: (hw.NVML_NOT_FOUND, "NVML library not found. "
                         "HINT: libnvidia-ml.so.1 ships with the NVIDIA driver"),
-    UNKNOWN: (hw.UNKNOWN_ERROR, "NVML failed with Unknown Error: in a container this usually means "
-              "the device cgroup access was lost after a host systemctl daemon-reload"),
+    UNKNOWN: (hw.UNKNOWN_ERROR, dict(smi.TEXTS)["Failed to initialize NVML: Unknown Error"].means),
     TIMEOUT: (hw.NVML_TIMEOUT, "NVML timed out"),
 }
 
