@@ -188,11 +188,9 @@ def cuda_devices(gpus: tuple[Gpu, ...]) -> list[str]:
 
 
 def cuda_visible(var: str, devices: list[str]) -> tuple[list[str], str | None]:
-    """The devices CUDA_VISIBLE_DEVICES selects, and the entry where CUDA stopped reading (or None).
-
-    CUDA reads the list up to the first entry that is invalid or names no device and ignores the
-    rest; an ordinal is read as strtoul reads it (its leading digits); a repeated entry makes the
-    whole list select nothing."""
+    """The devices CUDA_VISIBLE_DEVICES selects, and the entry where CUDA stopped reading (or None): CUDA
+    ignores the list from an entry that names no device, reads an ordinal as strtoul does (its leading
+    digits), and selects nothing when an entry repeats."""
     import re
 
     selected: list[str] = []
@@ -236,7 +234,6 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
         (g.remap_failure is True, REMAP_FAILURE, "row remapping failed"),
         (g.remap_pending is True, REMAP_PENDING, "has a row remap pending"),
         (g.retired_pending is True, RETIREMENT_PENDING, "has page retirements pending"),
-        # A GPU without memory of its own answers NOT_SUPPORTED, never 0.
         (g.memory_total_mib == 0, NO_MEMORY, "reports 0 MiB of memory (NVML): the GPU is broken or the "
          "driver misreports it, and no workload can run there"),
         (reasons & (SW_THERMAL | HW_THERMAL), THERMAL, "clocks are slowed for heat (thermal slowdown)"),
@@ -284,33 +281,23 @@ def _gpu_problems(g: Gpu, reporting: int) -> list[hw.Problem]:
 def _env_problems(data: Gathered, expected: int) -> list[hw.Problem]:
     from probes.hardware import nvml_lib
 
-    out = []
-    nvd = data.env.get("NVIDIA_VISIBLE_DEVICES")
-    if nvd is not None and not hw.none_requested(nvd) and nvd.strip().lower() != "all":
-        listed = len([e for e in nvd.split(",") if e.strip()])
-        if data.count < listed:
-            out.append(hw.Problem(NVIDIA_VISIBLE, f"NVIDIA_VISIBLE_DEVICES lists {hw.plural(listed)} "
-                                  f"but NVML sees {data.count}: "
-                                  "a requested GPU is missing on the host or was not mounted"))
-    cvd = data.env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        return out
+    nvd, cvd = data.env.get("NVIDIA_VISIBLE_DEVICES"), data.env.get("CUDA_VISIBLE_DEVICES")
+    listed = (0 if nvd is None or hw.none_requested(nvd) or nvd.strip().lower() == "all"
+              else len([e for e in nvd.split(",") if e.strip()]))
     devices = cuda_devices(data.gpus)
-    selected, stop = cuda_visible(cvd, devices)
-    shown = nvml_lib.text(cvd)[:60]
-    if not selected and devices:
-        why = "it is empty" if stop == "" else f"{stop!r} names no device or repeats one"
-        out.append(hw.Problem(CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} selects no GPU "
-                              f"({why}; NVML sees {hw.plural(len(devices), 'CUDA device')}): "
-                              "CUDA sees no GPU"))
-    elif selected and len(selected) < expected:
-        out.append(hw.Problem(CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} leaves "
-                              f"{hw.plural(len(selected))} visible to CUDA (expected at least {expected})"))
-    elif stop is not None and selected:
-        out.append(hw.Problem(CUDA_VISIBLE_STOPS, f"CUDA_VISIBLE_DEVICES={shown!r}: "
-                              f"CUDA stops at {stop!r} (no such device among {len(devices)}) "
-                              f"and uses only {hw.plural(len(selected), 'device')}"))
-    return out
+    selected, stop = cuda_visible(cvd, devices) if cvd is not None else ([], None)
+    shown = nvml_lib.text(cvd or "")[:60]
+    why = "it is empty" if stop == "" else f"{stop!r} names no device or repeats one"
+    return [hw.Problem(c, detail) for bad, c, detail in [
+        (data.count < listed, NVIDIA_VISIBLE, f"NVIDIA_VISIBLE_DEVICES lists {hw.plural(listed)} but NVML "
+         f"sees {data.count}: a requested GPU is missing on the host or was not mounted"),
+        (cvd is not None and not selected and devices, CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} "
+         f"selects no GPU ({why}; NVML sees {hw.plural(len(devices), 'CUDA device')}): CUDA sees no GPU"),
+        (selected and len(selected) < expected, CUDA_VISIBLE, f"CUDA_VISIBLE_DEVICES={shown!r} leaves "
+         f"{hw.plural(len(selected))} visible to CUDA (expected at least {expected})"),
+        (selected and len(selected) >= expected and stop is not None, CUDA_VISIBLE_STOPS,
+         f"CUDA_VISIBLE_DEVICES={shown!r}: CUDA stops at {stop!r} (no such device among {len(devices)}) "
+         f"and uses only {hw.plural(len(selected), 'device')}")] if bad]
 
 
 def _facts(data: Gathered) -> dict[str, Any]:

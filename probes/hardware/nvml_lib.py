@@ -9,6 +9,7 @@ import os
 from types import ModuleType
 
 from probes.hardware import common as hw
+from probes.hardware import nvidia_smi as smi
 from probes.hardware.common import NA
 from probes.record import Record
 from probes.untrusted import MAX_TEXT, clean
@@ -35,20 +36,13 @@ WATCHED_EVENTS = 0x8 | 0x2 | 0x1
 SLOWDOWN_REASONS = 0x8 | 0x80
 
 
-# code -> the catalog's cause, and what the code says
+# code -> the catalog's cause, and what the code says: nvidia-smi exits with NVML's code, so its tables
+# say it for most; 10 is a timeout here, an interrupt issue there.
 _DESCRIPTIONS: dict[int, tuple[Cause, str]] = {
+    **{code: (smi.EXIT_CODES[code].cause, smi.EXIT_CODES[code].means) for code in (4, 9, 13, 14, 15, 16, 18)},
     LIBRARY_NOT_FOUND: (hw.NVML_NOT_FOUND, "NVML library not found. "
                         "HINT: libnvidia-ml.so.1 ships with the NVIDIA driver"),
-    DRIVER_NOT_LOADED: (hw.DRIVER_NOT_LOADED, "NVIDIA driver not loaded"),
-    NO_PERMISSION: (hw.NO_PERMISSION, "no permission to use the GPU device nodes (/dev/nvidia*)"),
-    LIB_RM_VERSION_MISMATCH: (hw.DRIVER_MISMATCH,
-                              "NVML and kernel driver versions differ (driver upgraded without reload)"),
-    UNKNOWN: (hw.UNKNOWN_ERROR, "NVML failed with Unknown Error: in a container this usually means "
-              "the device cgroup access was lost after a host systemctl daemon-reload"),
-    GPU_IS_LOST: (hw.GPU_LOST, "GPU is lost (fallen off the bus, Xid 79)"),
-    CORRUPTED_INFOROM: (hw.INFOROM, "GPU InfoROM is corrupted"),
-    RESET_REQUIRED: (hw.RESET_REQUIRED, "GPU requires a reset"),
-    FUNCTION_NOT_FOUND: (hw.NVML_TOO_OLD, "the driver's NVML lacks a function this suite calls"),
+    UNKNOWN: (hw.UNKNOWN_ERROR, dict(smi.TEXTS)["Failed to initialize NVML: Unknown Error"].means),
     TIMEOUT: (hw.NVML_TIMEOUT, "NVML timed out"),
 }
 
@@ -92,10 +86,6 @@ def bindings() -> ModuleType:
 def error_code(exc: BaseException) -> int | None:
     value = getattr(exc, "value", None)
     return value if isinstance(value, int) else None
-
-
-def is_nvml_error(exc: BaseException) -> bool:
-    return isinstance(_loaded, ModuleType) and isinstance(exc, _loaded.NVMLError)
 
 
 def init() -> ModuleType:
@@ -315,10 +305,8 @@ def clock_event_reasons(nv: ModuleType, handle: Any) -> tuple[Any, int | None]:
 
 
 def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.0) -> Iterator[Event]:
-    """Xid and ECC events from every GPU that supports them until ``stop`` is set; with ``sample_s``
-    > 0 also a ``"slowdown"`` event for each reading, about every ``sample_s`` seconds, with HW
-    slowdown or power brake active. NVML starts and the GPUs register before this returns, so a
-    failure raises NvmlUnavailable before the first event."""
+    """Xid and ECC events until ``stop`` is set; with ``sample_s`` > 0 also a ``"slowdown"`` event
+    each ``sample_s`` seconds a GPU has HW slowdown or power brake active."""
     events = _events(stop, wait_ms, sample_s)
     next(events)  # NVML starts and the GPUs register: a failure raises here
     return events  # type: ignore[return-value]  # only its first item was None

@@ -126,23 +126,19 @@ def first_cause(text: str) -> str:
     return f"{line[:97]} ... {line[-97:]}" if len(line) > 200 else line
 
 
-class Procs:
-    """The kernel's live processes, ``{pid: start}``: those whose command line names its connection
-    file. Another's older than a second (a younger may not have exec'd yet) is not read again."""
+def scanner(kernel_id: str) -> Callable[[], dict[int, int]]:
+    """What finds the kernel's live processes, ``{pid: start}``: those whose command line names its
+    connection file. Another's older than a second (a younger may not have exec'd yet) is not read again."""
+    mark, others, tick = f"kernel-{kernel_id}.json".encode(), set(), os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, kernel_id: str) -> None:
-        self.mark = f"kernel-{kernel_id}.json".encode()
-        self.others: set[int] = set()
-        self.tick = os.sysconf("SC_CLK_TCK")
-
-    def scan(self) -> dict[int, int]:
+    def scan() -> dict[int, int]:
         found: dict[int, int] = {}
         try:
             entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
         except OSError:
             return found
-        settled = (time.clock_gettime(time.CLOCK_BOOTTIME) - 1.0) * self.tick  # start times count from boot
-        for pid in (e for e in entries if e not in self.others):
+        settled = (time.clock_gettime(time.CLOCK_BOOTTIME) - 1.0) * tick  # start times count from boot
+        for pid in (e for e in entries if e not in others):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
                     line = fh.read(65536)
@@ -151,11 +147,13 @@ class Procs:
             st = pidstat.stat(pid)
             if st is None or st.state in pidstat.DEAD:
                 continue
-            if self.mark in line:
+            if mark in line:
                 found[pid] = st.start
             elif st.start < settled:
-                self.others.add(pid)
+                others.add(pid)
         return found
+
+    return scan
 
 
 def live(pairs: Mapping[int, int], until: float = 0.0) -> dict[int, int]:
@@ -168,7 +166,7 @@ def live(pairs: Mapping[int, int], until: float = 0.0) -> dict[int, int]:
         time.sleep(0.01)
 
 
-def _beside(call: Callable[[], Any], procs: Procs, seen: dict[int, int], until: float,
+def _beside(call: Callable[[], Any], scan: Callable[[], dict[int, int]], seen: dict[int, int], until: float,
             srv: Server | None = None, kid: str = "") -> tuple[Any, bool]:
     """Run ``call()`` in a thread until it returns or ``until``, adding the kernel's processes to ``seen``;
     with ``srv``, also whether the kernel died meanwhile (docs/probes.md, "The notebook path")."""
@@ -176,7 +174,7 @@ def _beside(call: Callable[[], Any], procs: Procs, seen: dict[int, int], until: 
     thread.start()
     ask = time.monotonic() + ASK_EVERY
     while thread.is_alive() and time.monotonic() < until:
-        now = procs.scan()
+        now = scan()
         if srv is not None and seen and not any(now.get(pid) == start for pid, start in seen.items()) \
                 and thread.is_alive():
             return thread, True
@@ -253,10 +251,10 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
     seen: dict[int, int] = {}
     box: list[dict[str, Any]] = []
     rec = _note(ctx.state, srv, kid, seen)
-    started, procs = time.monotonic(), Procs(kid)
+    started, scan = time.monotonic(), scanner(kid)
     # Looked for from the start: a kernel that fails an import can be gone before the answer.
     _beside(lambda: box.append(rest(srv, "POST", "api/kernels", share, {"name": name, "kernel_id": kid})),
-            procs, seen, float("inf"))
+            scan, seen, float("inf"))
     got = box[0]
     doc = got["doc"] if isinstance(got.get("doc"), dict) else {}
     out: dict[str, Any] = {}
@@ -264,7 +262,7 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
     if isinstance(given, str) and KERNEL_ID.fullmatch(given):
         if given != kid:  # a server that does not take the id asked for answers its own
             _forget(ctx.state, kid)
-            kid, procs = given, Procs(given)
+            kid, scan = given, scanner(given)
         rec = _note(ctx.state, srv, kid, seen, answered=True)
     elif got["outcome"] == "response":  # refused: nothing was started
         _forget(ctx.state, kid)
@@ -283,7 +281,7 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
             ws = websocket.WebSocket(enable_multithread=True, skip_utf8_validation=True)
             cell = {"stage": "connect", "stdout": "", "error": None, "replied": False, "idle": False,
                     "died": None, "failed": None}
-            thread, died = _beside(lambda: _cell(ws, srv, kid, code, share, cell), procs, seen, share,
+            thread, died = _beside(lambda: _cell(ws, srv, kid, code, share, cell), scan, seen, share,
                                    srv, kid)
             if thread.is_alive():  # end its blocked call from here
                 for stop in (ws.abort, lambda: ws.close(timeout=0.2)):
@@ -327,7 +325,7 @@ def remove(state: State, srv: Server, kid: str, rec: dict[str, Any], seen: dict[
     try:
         out["deleted"] = gone(rest(srv, "DELETE", f"api/kernels/{kid}", min(end, time.monotonic() + wait)))
         settle = min(end, time.monotonic() + (1.0 if out["deleted"] else 0.0))  # shut down, it may be exiting
-        if left := live(Procs(kid).scan() | live(seen), settle):
+        if left := live(scanner(kid)() | live(seen), settle):
             out["ended"], stop = len(left), max(end, time.monotonic() + 0.2)
             for pid, start in tree().items():
                 pidstat.signal_same(pid, start, signal.SIGTERM)
@@ -410,8 +408,7 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
     except KeyError:
         entry = None
     user = None if srv.uid == me else (srv.uid, entry.pw_gid if entry else srv.uid)
-    env = _server_env(srv)
-    if env is None:  # ours, with the home (where its ~/.local lies) and name of the server's user
+    if (env := _server_env(srv)) is None:  # ours, with the server's user's name and home (its ~/.local)
         env = dict(os.environ)
         if entry is not None and srv.uid != me:
             env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)

@@ -186,8 +186,7 @@ def gather(ctx: Context) -> dict[str, Any]:
 def judge(data: dict[str, Any], ctx: Context) -> Result:
     outcome = data["outcome"]
     if outcome == "no-key":
-        return verdict(NAME, LOGIN_PROBE_KEY,
-                       "HEALTHCHECK_SSH_PROBE_KEY is not set: the login probe has no key")
+        return verdict(NAME, LOGIN_PROBE_KEY, "HEALTHCHECK_SSH_PROBE_KEY is not set: the probe has no key")
     if outcome == "probe-key":
         return verdict(NAME, LOGIN_PROBE_KEY, f"the probe key {clean(data['key'], 120)} {data['problem']}")
     if outcome == "no-host-keys":
