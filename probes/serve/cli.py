@@ -12,15 +12,12 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 from probes import config as cfg
 from probes.config import ConfigError
 from probes.deadlines import SERVE_RUN_GRACE
 from probes.serve import DEFAULT_INTERVALS, HOST_FORMS, MIN_SAMPLE, PROFILES, ServeSettings
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, NoReturn
 
 log = logging.getLogger("healthcheck.serve")
 FLAGS = {"host": "--host", "port": "--port", "intervals": "--interval"}  # a setting's field: its flag

@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from prometheus_client import CollectorRegistry
@@ -25,10 +26,6 @@ from probes.serve.monitor import Monitor
 from probes.serve.view import Snapshot, UnknownCheck, check_name, verbose_text, verdict
 from probes.spec import STATUSES
 from probes.untrusted import squeeze
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 log = logging.getLogger("healthcheck.serve")
 HEALTH_JSON = "application/health+json"

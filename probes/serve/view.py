@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from probes import __version__, serve
 from probes.hardware import xids
@@ -12,10 +13,6 @@ from probes.record import Record
 from probes.report import check_entry, iso_time, public_facts
 from probes.spec import PROFILE_RULES, Cause
 from probes.untrusted import load_json, squeeze
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 CHECK_KEYS = ("componentId", "componentType", "layer", "status", "observedValue", "observedUnit", "time",
               "output", "message", "reason", "action", "actor", "elapsed", "facts")
