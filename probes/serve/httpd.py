@@ -158,10 +158,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Never the library's text: it quotes the request."""
-        self._send(code, HEALTH_JSON, REFUSED.get(code, REFUSED[400]), self.command == "HEAD", close=True)
+        self._send(code, HEALTH_JSON, REFUSED.get(code, REFUSED[400]), close=True)
 
     def do_GET(self) -> None:
-        head = self.command == "HEAD"
         try:
             path, _, query = self.path.partition("?")
             base, _, only = path.partition("/")[2].partition("/")
@@ -172,13 +171,13 @@ class Handler(BaseHTTPRequestHandler):
                 code, payload = 200, encoder(self.server.registry)
             else:
                 code, ctype, payload = 404, HEALTH_JSON, NOT_FOUND_BODY
-            self._send(code, ctype, payload, head)
+            self._send(code, ctype, payload)
         except (BrokenPipeError, ConnectionResetError, socket.timeout):
             pass  # the client went away
         except Exception:
             log.exception("handler error for %s", squeeze(self.path, 100))
             with contextlib.suppress(OSError):
-                self._send(500, HEALTH_JSON, ERROR_BODY, head)
+                self._send(500, HEALTH_JSON, ERROR_BODY)
 
     do_HEAD = do_GET
 
@@ -196,7 +195,7 @@ class Handler(BaseHTTPRequestHandler):
             return code, "text/plain; charset=utf-8", verbose_text(endpoint.lstrip("/"), body).encode()
         return code, HEALTH_JSON, json.dumps(body, separators=(",", ":"), default=str).encode()
 
-    def _send(self, code: int, ctype: str, payload: bytes, head: bool, close: bool = False) -> None:
+    def _send(self, code: int, ctype: str, payload: bytes, close: bool = False) -> None:
         self.send_response(code)
         if close:
             self.send_header("Connection", "close")
@@ -204,7 +203,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        if not head:
+        if self.command != "HEAD":
             self.wfile.write(payload)
 
     def log_message(self, format: str, *args: Any) -> None:
