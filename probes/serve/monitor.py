@@ -67,8 +67,7 @@ class Monitor:
             t.start()
 
     def terminate(self) -> None:
-        """No further run, and SIGTERM, then SIGKILL, to every descendant: the runs, their workers, the
-        watcher, their orphans; the last sweep ends a run that started meanwhile."""
+        """No further run; TERM, then KILL, to every descendant; a last sweep ends a run begun meanwhile."""
         t0 = time.monotonic()
         with self.lock:
             self.stop.set()
@@ -103,26 +102,20 @@ class Monitor:
         t0 = time.monotonic()
         done = proc.run(argv, deadline=t0 + budget)
         finished, mono = time.time(), time.monotonic()
-
-        def broken(reason: str, message: str) -> Run:  # a reason of probes.serve.RUN_FAILED
-            log.warning("monitor: %s run: %s (exit %s, stdout %r, stderr %r)", profile, message,
-                        done.returncode, squeeze(done.stdout, 400), squeeze(done.stderr, 400))
-            return Run(profile, finished, mono, mono - t0, None, reason, message)
-
-        if done.spawn_error:
-            return broken("spawn-error", f"cannot start {argv[0]} ({done.spawn_error})")
-        if done.timed_out or done.stuck:
-            return broken("deadline", f"no report within {budget:g} s; the run was stopped")
-        if done.returncode == 3:
-            return broken("config-error", "the check exited 3 (configuration error); see the log")
-        if done.signal:
-            return broken("crashed", f"the check was killed by signal {done.signal}")
-        if done.returncode not in (0, 1):
-            return broken("bad-exit", f"the check exited {done.returncode} without a report")
         report = view.parse_report(done.stdout)
-        if report is None:
-            return broken("bad-output", "the check printed no valid health+json report")
-        return Run(profile, finished, mono, mono - t0, report)
+        failed = [(reason, said) for bad, reason, said in [  # the first that holds: a reason of RUN_FAILED
+            (done.spawn_error, "spawn-error", f"cannot start {argv[0]} ({done.spawn_error})"),
+            (done.timed_out or done.stuck, "deadline", f"no report within {budget:g} s; the run was stopped"),
+            (done.returncode == 3, "config-error", "the check exited 3 (configuration error); see the log"),
+            (done.signal, "crashed", f"the check was killed by signal {done.signal}"),
+            (done.returncode not in (0, 1), "bad-exit",
+             f"the check exited {done.returncode} without a report"),
+            (report is None, "bad-output", "the check printed no valid health+json report")] if bad]
+        if not failed:
+            return Run(profile, finished, mono, mono - t0, report)
+        log.warning("monitor: %s run: %s (exit %s, stdout %r, stderr %r)", profile, failed[0][1],
+                    done.returncode, squeeze(done.stdout, 400), squeeze(done.stderr, 400))
+        return Run(profile, finished, mono, mono - t0, None, *failed[0])
 
     def record(self, run: Run) -> None:
         key = (run.profile, run.reason or run.status)  # an outcome: a status, or why there is no report
