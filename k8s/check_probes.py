@@ -1,7 +1,6 @@
 """Render, schema-validate and policy-check the Kubernetes manifests, offline (docs/kubernetes.md):
 `python k8s/check_probes.py [PATH...]`, kustomization directories or rendered files ('-': stdin).
-Exit status: 0 all pass, 1 a problem (one line each: where, what, remedy), 3 a usage error.
-"""
+Exit status: 0 all pass, 1 a problem (one line each: where, what, remedy), 3 a usage error."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the suite's own config is the source
 
-from probes import deadlines, registry  # noqa: E402
+from probes import deadlines, registry, serve  # noqa: E402
 from probes.config import TRUE  # noqa: E402
 from probes.spec import PROFILE_RULES  # noqa: E402
 
@@ -121,8 +120,6 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
 
 def serves(container: dict[str, Any], port: Any) -> bool:
     """Whether the container's own entrypoint runs `healthcheck serve` on ``port`` (number or name)."""
-    from probes import serve
-
     env, on = env_of(container), env_of(container).get("HEALTHCHECK_SERVE_PORT", "").strip()
     names = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
     number = int(port) if str(port).isdigit() else names.get(port)
@@ -190,8 +187,7 @@ def reaction(ready: dict[str, Any], env: dict[str, str]) -> tuple[float, str]:
         return (period + (threshold - 1) * max(period, deadline) + deadline,
                 f"periodSeconds + (failureThreshold - 1) x max(periodSeconds, {deadline:g} s deadline) "
                 "+ deadline")
-    from probes import serve  # serve starts a run within an interval, then polls see its result
-
+    # serve starts a run within an interval, then polls see its result
     given = env.get("HEALTHCHECK_SERVE_INTERVAL", "").strip()
     try:
         interval = {**serve.DEFAULT_INTERVALS, **(serve.parse_intervals(given) if given else {})}["readiness"]
