@@ -25,7 +25,6 @@ sys.path.insert(0, str(ROOT))  # for tests.servers
 RESULTS = ROOT / "bench" / "results"
 FAKE_NVML = ROOT / "tests" / "fakes" / "build" / "libnvidia-ml.so.1"
 IMAGE = os.environ.get("E2E_IMAGE", "gpu-dev:e2e")  # what make e2e builds
-LOGIN, CONFIG = ROOT / "docker" / "gpu-health-notice.sh", ROOT / "docker" / "ipython_kernel_config.py"
 CHILD_LIMIT = 180.0  # a case that takes longer is killed (the front door's own deadline comes first)
 READY_WAIT = 180.0  # for the container's first passing readiness run (Jupyter's start, torch cached)
 
@@ -168,11 +167,11 @@ def notice_cases(env: dict[str, str], py: str, work: Path, readiness: Case) -> l
     for state, text in NOTICES.items():
         (work / "run" / state).write_text(text.format(now=int(time.time())))
         bash = ["bash", "--noprofile", "--norc", "-i", "-c"]
-        cases += reader(f"login, {state}", [*bash, f". {LOGIN}"], [*bash, ":"],
+        cases += reader(f"login, {state}", [*bash, f". {ROOT}/docker/gpu-health-notice.sh"], [*bash, ":"],
                         {**person, "HEALTHCHECK_NOTICE_FILE": str(work / "run" / state)})
     person["HEALTHCHECK_NOTICE_FILE"] = str(work / "run" / "unhealthy")
     kernel = [py, "-c", KERNEL]
-    return [*cases, *reader("kernel", [*kernel, "with", str(CONFIG.parent)], [*kernel, "without"], person,
+    return [*cases, *reader("kernel", [*kernel, "with", str(ROOT / "docker")], [*kernel, "without"], person,
                             own_cpu=True)]
 
 
@@ -285,11 +284,6 @@ def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[
     return lines, [{"target": what, "met": met, "detail": detail} for what, met, detail in targets]
 
 
-def git(*argv: str) -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, text=True, check=False)
-    return done.stdout.strip()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=20, help="rounds: samples per case (default 20)")
@@ -337,8 +331,11 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {c.name: record(c) for c in cases}
     lines, targets = report(cases, results)
-    commit = git("rev-parse", "HEAD") or None
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=False).stdout.strip() or None
+    dirty = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True, check=False).stdout.strip())
     header = [f"healthcheck bench  {started:%Y-%m-%d %H:%M:%S}Z  commit {(commit or '?')[:12]}"
               f"{' (dirty)' if dirty else ''}  python {platform.python_version()}  {os.cpu_count()} cores  "
               f"load {load[0]:.2f}->{load[1]:.2f}",
