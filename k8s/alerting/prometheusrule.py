@@ -24,11 +24,8 @@ LABELS = {f"app.kubernetes.io/{k}": v for k, v in (
 
 
 class _Dumper(yaml.SafeDumper):  # multi-line strings as literal blocks, as they are written
-    pass
-
-
-_Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
-    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+    yaml_representers = {**yaml.SafeDumper.yaml_representers, str: lambda dumper, s: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)}
 
 
 def main(argv: list[str] | None = None) -> int:
