@@ -210,9 +210,7 @@ class Handler(BaseHTTPRequestHandler):
         pass  # no line per request: a probe every few seconds would fill the log
 
 
-class HealthServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class HealthServer(ThreadingHTTPServer):  # its threads daemons, its address reusable, as the base's
     request_queue_size = 64
 
     def __init__(self, address: tuple[str, int], monitor: Monitor, *, gating: bool):
