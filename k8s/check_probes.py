@@ -28,7 +28,6 @@ DEFAULT_PATHS = ("k8s/base", "k8s/overlays/http", "k8s/overlays/monitoring")
 KUBERNETES_VERSIONS = ("1.25", "1.37")  # the oldest and newest schemas kubernetes-validate ships
 PROBE_FIELDS = {"startupProbe": "startup", "readinessProbe": "readiness", "livenessProbe": "liveness"}
 HTTP_PATHS = {"startup": "/startupz", "readiness": "/readyz", "liveness": "/livez"}
-FORBIDDEN_ENV = ("HEALTHCHECK_TIMEOUT", "HEALTHCHECK_PROFILE")  # would override every profile's own
 # What sshd and the entrypoint need as root (each explained in k8s/base/deployment.yaml).
 SSHD_CAPABILITIES = {"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "SYS_CHROOT", "KILL",
                      "NET_BIND_SERVICE", "AUDIT_WRITE"}
@@ -205,7 +204,7 @@ def container_problems(at: str, container: dict[str, Any], cold_start: float) ->
         out += probe_problems(f"{at} {f}", PROBE_FIELDS[f], p, container) if p else []
     env = env_of(container)
     out += [f"{at}: env sets {name}, which overrides every probe's profile or deadline: remove it"
-            for name in FORBIDDEN_ENV if name in env]
+            for name in ("HEALTHCHECK_TIMEOUT", "HEALTHCHECK_PROFILE") if name in env]
     limit = str(dig(container, "resources", "limits").get("nvidia.com/gpu"))
     want = env.get("HEALTHCHECK_GPU_COUNT", "")
     if want.isdigit() and limit.isdigit() and int(want) > int(limit):
