@@ -236,16 +236,14 @@ def record(c: Case) -> dict[str, Any]:
 
 
 def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
-    def med(name: str) -> float:
-        return float(results[name]["summary"]["wall_ms_median"])
-
+    med = {name: float(r["summary"]["wall_ms_median"]) for name, r in results.items()}
     head = f"{'case':<40}{'wall med':>9}{'max':>8}{'cpu med':>9}{'rss max':>9}{'x floor':>9}  exit"
     lines = [head, "-" * len(head)]
     for c in cases:
         r, s = results[c.name], results[c.name]["summary"]
         lines.append(f"{c.name:<40}{s['wall_ms_median']:9.1f}{max(r['wall_ms']):8.1f}"
                      + (f"{s['cpu_ms_median']:9.1f}{s['rss_mib_max']:9.1f}" if c.own else f"{'-':>9}{'-':>9}")
-                     + f"{s['wall_ms_median'] / med(c.floor):8.2f}x  {','.join(map(str, r['exit_codes']))}")
+                     + f"{s['wall_ms_median'] / med[c.floor]:8.2f}x  {','.join(map(str, r['exit_codes']))}")
     lines.append("(ms; cpu: user+sys of the process tree; rss: MiB, the largest process in the tree)")
     lines += [f"  ! {c.name}: {results[c.name]['failures']}/{len(c.samples)} runs failed: "
               f"{results[c.name]['first_failure']}" for c in cases if results[c.name]["failures"]]
@@ -262,7 +260,7 @@ def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[
     for c in cases:
         r, ok = results[c.name], not results[c.name]["failures"]
         if c.name in FACTORS:
-            m, f = med(c.name), med(c.floor)
+            m, f = med[c.name], med[c.floor]
             targets.append((f"{c.name} median <= {FACTORS[c.name]:g}x its floor",
                             ok and m <= FACTORS[c.name] * f,
                             f"{m:.1f} ms, {m / f:.2f}x {f:.1f} ms ({c.floor})"))
