@@ -118,11 +118,12 @@ class Monitor:
         return Run(profile, finished, mono, mono - t0, None, *failed[0])
 
     def record(self, run: Run) -> None:
-        key = (run.profile, run.reason or run.status)  # an outcome: a status, or why there is no report
+        status = run.report["status"] if run.report is not None else "fail"
+        key = (run.profile, run.reason or status)  # an outcome: a status, or why there is no report
         checks = (run.report or {}).get("checks", {})
         passed = {(run.profile, view.check_name(k)): run.finished for k, es in checks.items()
                   if es and es[0]["status"] != "fail"}
-        once = PROFILE_RULES[run.profile].once and run.report is not None and run.status != "fail"
+        once = PROFILE_RULES[run.profile].once and status != "fail"
         latch = self.state.latch()
         with self.lock:
             s = self.snap
@@ -130,7 +131,7 @@ class Monitor:
                                    startup_passed=run if once else s.startup_passed,
                                    runs_total={**s.runs_total, key: s.runs_total.get(key, 0) + 1},
                                    last_success={**s.last_success, **passed})
-        log.info("monitor: %s %s in %.2f s%s", run.profile, run.status, run.duration,
+        log.info("monitor: %s %s in %.2f s%s", run.profile, status, run.duration,
                  f" ({run.reason})" if run.reason else "")
 
     def add_event(self, event: XidEvent) -> None:

@@ -76,10 +76,6 @@ class Run(Record):
     reason: str | None = None  # why there is no report ("deadline", "bad-output", ...)
     message: str = ""
 
-    @property
-    def status(self) -> str:
-        return self.report["status"] if self.report is not None else "fail"
-
 
 class XidEvent(Record):
     time: float  # wall clock
