@@ -71,10 +71,6 @@ def schema_problems(docs: list[dict[str, Any]], where: str) -> list[str]:
     return out
 
 
-def pod_of(doc: dict[str, Any]) -> dict[str, Any]:
-    return dig(doc, "spec") if doc.get("kind") == "Pod" else dig(doc, "spec", "template", "spec")
-
-
 def env_of(container: dict[str, Any]) -> dict[str, str]:
     return {str(e.get("name")): str(e.get("value", "")) for e in container.get("env") or []}
 
@@ -233,7 +229,7 @@ def label_problems(at: str, metas: Iterable[tuple[str, dict[str, Any]]]) -> list
 def policy_problems(docs: list[dict[str, Any]], where: str, cold_start: float) -> list[str]:
     out, probed = [], False
     for doc in docs:
-        pod = pod_of(doc)
+        pod = dig(doc, "spec") if doc.get("kind") == "Pod" else dig(doc, "spec", "template", "spec")
         # A container neither probed nor of the image (a sidecar) is not the health check's.
         covered = [c for c in pod.get("containers") or [] if any(c.get(f) is not None for f in PROBE_FIELDS)
                    or str(c.get("image", "")).split("/")[-1].split(":")[0].split("@")[0] == "gpu-dev"]
@@ -262,7 +258,7 @@ def monitoring_problems(docs: list[dict[str, Any]], where: str) -> list[str]:
 def pod_monitor_problems(at: str, spec: dict[str, Any], docs: list[dict[str, Any]]) -> list[str]:
     wanted = dig(spec, "selector", "matchLabels").items()
     containers = [c for d in docs if wanted and wanted <= dig(d, "spec", "template", "metadata", "labels")
-                  .items() for c in pod_of(d).get("containers") or []]
+                  .items() for c in dig(d, "spec", "template", "spec").get("containers") or []]
     if not containers:
         return [f"{at}: its selector.matchLabels select no pod template in the render: use the pods' labels"]
     return [f"{at}: {say}" for ep in spec.get("podMetricsEndpoints") or [{}] for bad, say in [
