@@ -15,6 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import yaml
+from kubernetes_validate import utils as kv
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the suite's own config is the source
 
@@ -54,8 +57,6 @@ def name_of(doc: dict[str, Any]) -> str:
 
 def schema_problems(docs: list[dict[str, Any]], where: str) -> list[str]:
     """Strict validation against the shipped schemas, offline (none ships for the operator's kinds)."""
-    from kubernetes_validate import utils as kv
-
     out = []
     for doc in (d for d in docs if d.get("apiVersion") != MONITORING_API):
         for version in KUBERNETES_VERSIONS:
@@ -289,8 +290,6 @@ def rule_problems(at: str, spec: dict[str, Any]) -> list[str]:
 def check(path: Path, *, cold_start: float = COLD_START_SECONDS) -> list[str]:
     """Every problem in a kustomization directory (kubectl kustomize), a YAML file or stdin ('-');
     empty: it passes."""
-    import yaml
-
     if str(path) == "-" or path.is_file():
         text = sys.stdin.read() if str(path) == "-" else path.read_text()
     elif not path.is_dir():
