@@ -6,24 +6,24 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from probes import proc
 from probes.hardware import xids
 from probes.serve import PROFILES, ServeSettings, view
 from probes.serve.view import Run, XidEvent
 from probes.spec import PROFILE_RULES
+from probes.state import State
 from probes.untrusted import squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Mapping
-    from typing import Any
-
-    from probes.state import State
 
 log = logging.getLogger("healthcheck.serve")
 MAX_EVENTS = 50  # the latest NVML events the endpoints are told of
@@ -49,8 +49,7 @@ def severity(kind: str, data: int, settings: ServeSettings) -> str:
 class Monitor:
     def __init__(self, settings: ServeSettings, deadlines: Mapping[str, float], state: State):
         self.settings, self.deadlines, self.state = settings, deadlines, state
-        # By default a result goes stale only when a run overran its deadline: a slow but working
-        # run never turns readiness off by itself.
+        # The slack defaults to the run's deadline: a slow but working run never goes stale.
         slack = {p: deadlines[p] if settings.slack is None else settings.slack for p in PROFILES}
         # What the endpoints read: replaced whole under the lock, never changed in place.
         self.snap = view.Snapshot("starting" if settings.xid_watch else "off", settings.intervals,
@@ -229,8 +228,6 @@ def watch(sample_s: float) -> None:
     """The watcher child (its own process, as an NVML call can hang): a JSON line ``["started"]``,
     then ``["event", gpu, uuid, kind, data]`` for each event, or ``["unavailable", reason, message]``;
     any other failure is a traceback on stderr and exit status 1."""
-    import signal
-
     from probes.hardware import nvml_lib
 
     stop = threading.Event()
