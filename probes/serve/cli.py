@@ -101,8 +101,7 @@ def serve(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
     settings, configs = load(**{field: getattr(args, field) for field in FLAGS})
     setup_logging(configs["readiness"].log_file)
-    # What a monitor run or the watcher leaves behind is re-parented to us, not to PID 1, so that
-    # the runs' sweeps and the final one here can end it.
+    # Orphans of a run or of the watcher come to us, not to PID 1, so that our sweeps can end them.
     if not proc.subreaper():
         log.warning("cannot become the child subreaper: what a probe leaves behind may outlive its run")
     try:
