@@ -41,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     text = HEADER + yaml.dump(rule, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
     if args.write:
         TARGET.write_text(text)
-        return 0
-    if not TARGET.exists() or TARGET.read_text() != text:
+    elif not TARGET.exists() or TARGET.read_text() != text:
         print(f"{TARGET.relative_to(ROOT)} differs from k8s/alerting/rules.yaml: "
               "run python k8s/alerting/prometheusrule.py --write")
         return 1
