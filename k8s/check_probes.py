@@ -145,13 +145,12 @@ def reaction(ready: dict[str, Any], env: dict[str, str]) -> tuple[float, str]:
         return (period + (threshold - 1) * max(period, deadline) + deadline,
                 f"periodSeconds + (failureThreshold - 1) x max(periodSeconds, {deadline:g} s deadline) "
                 "+ deadline")
-    # serve starts a run within an interval, then polls see its result
     given = env.get("HEALTHCHECK_SERVE_INTERVAL", "").strip()
     try:
         interval = {**serve.DEFAULT_INTERVALS, **(serve.parse_intervals(given) if given else {})}["readiness"]
     except ValueError:  # serve refuses it too
         interval = math.inf
-    return (interval + deadline + threshold * period,
+    return (interval + deadline + threshold * period,  # serve runs within an interval; polls then see it
             f"serve interval {interval:g} s + {deadline:g} s deadline + failureThreshold x periodSeconds")
 
 
@@ -288,8 +287,7 @@ def rule_problems(at: str, spec: dict[str, Any]) -> list[str]:
 
 
 def check(path: Path, *, cold_start: float = COLD_START_SECONDS) -> list[str]:
-    """Every problem in a kustomization directory (kubectl kustomize), a YAML file or stdin ('-');
-    empty: it passes."""
+    """Every problem in a kustomization directory, a YAML file or stdin ('-'); empty: it passes."""
     if str(path) == "-" or path.is_file():
         text = sys.stdin.read() if str(path) == "-" else path.read_text()
     elif not path.is_dir():
