@@ -5,13 +5,11 @@ Exit status: 0 all pass, 1 a problem (one line each: where, what, remedy), 3 a u
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +147,7 @@ def reaction(ready: dict[str, Any], env: dict[str, str]) -> tuple[float, str]:
     try:
         interval = {**serve.DEFAULT_INTERVALS, **(serve.parse_intervals(given) if given else {})}["readiness"]
     except ValueError:  # serve refuses it too
-        interval = math.inf
+        interval = float("inf")
     return (interval + deadline + threshold * period,  # serve runs within an interval; polls then see it
             f"serve interval {interval:g} s + {deadline:g} s deadline + failureThreshold x periodSeconds")
 
@@ -221,7 +219,7 @@ def security_problems(at: str, container: dict[str, Any], pod: dict[str, Any]) -
          "use a version tag or a digest, never latest (set it in kustomization.yaml's images)")] if bad]
 
 
-def label_problems(at: str, metas: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
+def label_problems(at: str, metas: list[tuple[str, dict[str, Any]]]) -> list[str]:
     return [f"{at}: {what} lacks the recommended labels {', '.join(missing)}: add them"
             for what, meta in metas if (missing := [k for k in LABELS if k not in dig(meta, "labels")])]
 
@@ -318,14 +316,14 @@ def check(path: Path, *, cold_start: float = COLD_START_SECONDS) -> list[str]:
     return schema_problems(docs, at) + policy_problems(docs, at, cold_start) + monitoring_problems(docs, at)
 
 
-def main(argv: Iterable[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="check_probes", description=__doc__.split("\n\n")[0])
     p.add_argument("paths", nargs="*", help=f"kustomization directories or YAML files (default: "
                                             f"{' '.join(DEFAULT_PATHS)})")
     p.add_argument("--cold-start", type=float, default=COLD_START_SECONDS, metavar="SECONDS",
                    help=f"the cold start the startup budget must cover (default {COLD_START_SECONDS})")
     try:
-        args = p.parse_args(list(argv) if argv is not None else None)
+        args = p.parse_args(argv)
     except SystemExit as exc:
         return 0 if exc.code == 0 else 3  # argparse's 2 is the usage error
     failed = False
