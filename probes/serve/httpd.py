@@ -10,7 +10,6 @@ import platform
 import re
 import socket
 import time
-from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote
@@ -59,7 +58,7 @@ def action(kind: str, xid: str) -> str:
     return xids.LABELS[xids.RESET_GPU] if kind == "ecc-double" else "none"
 
 
-def _facts(snap: Snapshot, probe: str) -> Mapping[str, Any]:
+def _facts(snap: Snapshot, probe: str) -> dict[str, Any]:
     for run in (snap.runs.get("readiness"), snap.runs.get("startup")):
         for key, entries in (run.report if run and run.report else {}).get("checks", {}).items():
             if check_name(key) == probe and entries:
