@@ -25,7 +25,6 @@ sys.path.insert(0, str(ROOT))  # for tests.servers
 RESULTS = ROOT / "bench" / "results"
 FAKE_NVML = ROOT / "tests" / "fakes" / "build" / "libnvidia-ml.so.1"
 IMAGE = os.environ.get("E2E_IMAGE", "gpu-dev:e2e")  # what make e2e builds
-LOGIN, CONFIG = ROOT / "docker" / "gpu-health-notice.sh", ROOT / "docker" / "ipython_kernel_config.py"
 CHILD_LIMIT = 180.0  # a case that takes longer is killed (the front door's own deadline comes first)
 READY_WAIT = 180.0  # for the container's first passing readiness run (Jupyter's start, torch cached)
 
@@ -168,11 +167,11 @@ def notice_cases(env: dict[str, str], py: str, work: Path, readiness: Case) -> l
     for state, text in NOTICES.items():
         (work / "run" / state).write_text(text.format(now=int(time.time())))
         bash = ["bash", "--noprofile", "--norc", "-i", "-c"]
-        cases += reader(f"login, {state}", [*bash, f". {LOGIN}"], [*bash, ":"],
+        cases += reader(f"login, {state}", [*bash, f". {ROOT}/docker/gpu-health-notice.sh"], [*bash, ":"],
                         {**person, "HEALTHCHECK_NOTICE_FILE": str(work / "run" / state)})
     person["HEALTHCHECK_NOTICE_FILE"] = str(work / "run" / "unhealthy")
     kernel = [py, "-c", KERNEL]
-    return [*cases, *reader("kernel", [*kernel, "with", str(CONFIG.parent)], [*kernel, "without"], person,
+    return [*cases, *reader("kernel", [*kernel, "with", str(ROOT / "docker")], [*kernel, "without"], person,
                             own_cpu=True)]
 
 
@@ -237,16 +236,14 @@ def record(c: Case) -> dict[str, Any]:
 
 
 def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
-    def med(name: str) -> float:
-        return float(results[name]["summary"]["wall_ms_median"])
-
+    med = {name: float(r["summary"]["wall_ms_median"]) for name, r in results.items()}
     head = f"{'case':<40}{'wall med':>9}{'max':>8}{'cpu med':>9}{'rss max':>9}{'x floor':>9}  exit"
     lines = [head, "-" * len(head)]
     for c in cases:
         r, s = results[c.name], results[c.name]["summary"]
         lines.append(f"{c.name:<40}{s['wall_ms_median']:9.1f}{max(r['wall_ms']):8.1f}"
                      + (f"{s['cpu_ms_median']:9.1f}{s['rss_mib_max']:9.1f}" if c.own else f"{'-':>9}{'-':>9}")
-                     + f"{s['wall_ms_median'] / med(c.floor):8.2f}x  {','.join(map(str, r['exit_codes']))}")
+                     + f"{s['wall_ms_median'] / med[c.floor]:8.2f}x  {','.join(map(str, r['exit_codes']))}")
     lines.append("(ms; cpu: user+sys of the process tree; rss: MiB, the largest process in the tree)")
     lines += [f"  ! {c.name}: {results[c.name]['failures']}/{len(c.samples)} runs failed: "
               f"{results[c.name]['first_failure']}" for c in cases if results[c.name]["failures"]]
@@ -263,7 +260,7 @@ def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[
     for c in cases:
         r, ok = results[c.name], not results[c.name]["failures"]
         if c.name in FACTORS:
-            m, f = med(c.name), med(c.floor)
+            m, f = med[c.name], med[c.floor]
             targets.append((f"{c.name} median <= {FACTORS[c.name]:g}x its floor",
                             ok and m <= FACTORS[c.name] * f,
                             f"{m:.1f} ms, {m / f:.2f}x {f:.1f} ms ({c.floor})"))
@@ -283,11 +280,6 @@ def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[
     lines += ["", "targets:"] + [f"  {'MET    ' if met else 'NOT MET'}  {what}: {detail}"
                                  for what, met, detail in targets]
     return lines, [{"target": what, "met": met, "detail": detail} for what, met, detail in targets]
-
-
-def git(*argv: str) -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, text=True, check=False)
-    return done.stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,8 +329,11 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {c.name: record(c) for c in cases}
     lines, targets = report(cases, results)
-    commit = git("rev-parse", "HEAD") or None
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=False).stdout.strip() or None
+    dirty = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True, check=False).stdout.strip())
     header = [f"healthcheck bench  {started:%Y-%m-%d %H:%M:%S}Z  commit {(commit or '?')[:12]}"
               f"{' (dirty)' if dirty else ''}  python {platform.python_version()}  {os.cpu_count()} cores  "
               f"load {load[0]:.2f}->{load[1]:.2f}",

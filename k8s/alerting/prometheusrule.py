@@ -24,11 +24,8 @@ LABELS = {f"app.kubernetes.io/{k}": v for k, v in (
 
 
 class _Dumper(yaml.SafeDumper):  # multi-line strings as literal blocks, as they are written
-    pass
-
-
-_Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
-    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+    yaml_representers = {**yaml.SafeDumper.yaml_representers, str: lambda dumper, s: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     text = HEADER + yaml.dump(rule, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
     if args.write:
         TARGET.write_text(text)
-        return 0
-    if not TARGET.exists() or TARGET.read_text() != text:
+    elif not TARGET.exists() or TARGET.read_text() != text:
         print(f"{TARGET.relative_to(ROOT)} differs from k8s/alerting/rules.yaml: "
               "run python k8s/alerting/prometheusrule.py --write")
         return 1

@@ -3,6 +3,8 @@ causes of the checks it adds to a report."""
 
 from __future__ import annotations
 
+import ipaddress
+
 from probes import spec
 from probes.config import SPACE
 from probes.hardware import xids
@@ -21,8 +23,6 @@ HOST_FORMS = ("an IPv4 or IPv6 address of this machine, e.g. 127.0.0.1 or ::1 (0
 
 def parse_address(text: str) -> str:
     """An address literal, never a name to resolve (its answer could change, or be every interface)."""
-    import ipaddress
-
     if text.lower() == "localhost":
         return "127.0.0.1"
     try:

@@ -12,15 +12,16 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 from probes import config as cfg
+from probes import logfile, proc
 from probes.config import ConfigError
 from probes.deadlines import SERVE_RUN_GRACE
 from probes.serve import DEFAULT_INTERVALS, HOST_FORMS, MIN_SAMPLE, PROFILES, ServeSettings
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, NoReturn
+from probes.serve.monitor import Monitor
+from probes.state import State
+from probes.untrusted import clean
 
 log = logging.getLogger("healthcheck.serve")
 FLAGS = {"host": "--host", "port": "--port", "intervals": "--interval"}  # a setting's field: its flag
@@ -79,8 +80,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def setup_logging(log_file: str | None) -> None:  # HEALTHCHECK_LOG_FILE when usable, else stderr
-    from probes import logfile
-
     logger = logging.getLogger("healthcheck")
     logger.setLevel(logging.INFO)
     fmt = "%(asctime)s %(process)d %(levelname)s %(name)s %(message)s"
@@ -94,8 +93,6 @@ def setup_logging(log_file: str | None) -> None:  # HEALTHCHECK_LOG_FILE when us
 
 
 def _stderr_line(line: str) -> None:
-    from probes.untrusted import clean
-
     with contextlib.suppress(OSError):
         os.write(2, (clean(line, 400) + "\n").encode("utf-8", "backslashreplace"))
 
@@ -104,10 +101,7 @@ def serve(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
     settings, configs = load(**{field: getattr(args, field) for field in FLAGS})
     setup_logging(configs["readiness"].log_file)
-    from probes import proc
-
-    # What a monitor run or the watcher leaves behind is re-parented to us, not to PID 1, so that
-    # the runs' sweeps and the final one here can end it.
+    # Orphans of a run or of the watcher come to us, not to PID 1, so that our sweeps can end them.
     if not proc.subreaper():
         log.warning("cannot become the child subreaper: what a probe leaves behind may outlive its run")
     try:
@@ -117,9 +111,6 @@ def serve(argv: Sequence[str]) -> int:
             raise
         raise ConfigError("serve needs prometheus-client (accepted: pip install 'gpu-healthcheck[serve]')"
                           ) from None
-    from probes.serve.monitor import Monitor
-    from probes.state import State
-
     state = State.open(configs["readiness"].state_dir)
     if not state.enabled:
         log.warning("state dir not usable (%s): the latch is kept in memory only", state.disabled_reason)

@@ -10,8 +10,8 @@ import platform
 import re
 import socket
 import time
-from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from prometheus_client import CollectorRegistry
@@ -25,10 +25,6 @@ from probes.serve.monitor import Monitor
 from probes.serve.view import Snapshot, UnknownCheck, check_name, verbose_text, verdict
 from probes.spec import STATUSES
 from probes.untrusted import squeeze
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 log = logging.getLogger("healthcheck.serve")
 HEALTH_JSON = "application/health+json"
@@ -62,7 +58,7 @@ def action(kind: str, xid: str) -> str:
     return xids.LABELS[xids.RESET_GPU] if kind == "ecc-double" else "none"
 
 
-def _facts(snap: Snapshot, probe: str) -> Mapping[str, Any]:
+def _facts(snap: Snapshot, probe: str) -> dict[str, Any]:
     for run in (snap.runs.get("readiness"), snap.runs.get("startup")):
         for key, entries in (run.report if run and run.report else {}).get("checks", {}).items():
             if check_name(key) == probe and entries:
@@ -161,10 +157,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Never the library's text: it quotes the request."""
-        self._send(code, HEALTH_JSON, REFUSED.get(code, REFUSED[400]), self.command == "HEAD", close=True)
+        self._send(code, HEALTH_JSON, REFUSED.get(code, REFUSED[400]), close=True)
 
     def do_GET(self) -> None:
-        head = self.command == "HEAD"
         try:
             path, _, query = self.path.partition("?")
             base, _, only = path.partition("/")[2].partition("/")
@@ -175,13 +170,13 @@ class Handler(BaseHTTPRequestHandler):
                 code, payload = 200, encoder(self.server.registry)
             else:
                 code, ctype, payload = 404, HEALTH_JSON, NOT_FOUND_BODY
-            self._send(code, ctype, payload, head)
+            self._send(code, ctype, payload)
         except (BrokenPipeError, ConnectionResetError, socket.timeout):
             pass  # the client went away
         except Exception:
             log.exception("handler error for %s", squeeze(self.path, 100))
             with contextlib.suppress(OSError):
-                self._send(500, HEALTH_JSON, ERROR_BODY, head)
+                self._send(500, HEALTH_JSON, ERROR_BODY)
 
     do_HEAD = do_GET
 
@@ -199,7 +194,7 @@ class Handler(BaseHTTPRequestHandler):
             return code, "text/plain; charset=utf-8", verbose_text(endpoint.lstrip("/"), body).encode()
         return code, HEALTH_JSON, json.dumps(body, separators=(",", ":"), default=str).encode()
 
-    def _send(self, code: int, ctype: str, payload: bytes, head: bool, close: bool = False) -> None:
+    def _send(self, code: int, ctype: str, payload: bytes, close: bool = False) -> None:
         self.send_response(code)
         if close:
             self.send_header("Connection", "close")
@@ -207,16 +202,14 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        if not head:
+        if self.command != "HEAD":
             self.wfile.write(payload)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # no line per request: a probe every few seconds would fill the log
 
 
-class HealthServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class HealthServer(ThreadingHTTPServer):  # its threads daemons, its address reusable, as the base's
     request_queue_size = 64
 
     def __init__(self, address: tuple[str, int], monitor: Monitor, *, gating: bool):

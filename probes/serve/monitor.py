@@ -6,24 +6,24 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from probes import proc
 from probes.hardware import xids
 from probes.serve import PROFILES, ServeSettings, view
 from probes.serve.view import Run, XidEvent
 from probes.spec import PROFILE_RULES
+from probes.state import State
 from probes.untrusted import squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Mapping
-    from typing import Any
-
-    from probes.state import State
 
 log = logging.getLogger("healthcheck.serve")
 MAX_EVENTS = 50  # the latest NVML events the endpoints are told of
@@ -49,8 +49,7 @@ def severity(kind: str, data: int, settings: ServeSettings) -> str:
 class Monitor:
     def __init__(self, settings: ServeSettings, deadlines: Mapping[str, float], state: State):
         self.settings, self.deadlines, self.state = settings, deadlines, state
-        # By default a result goes stale only when a run overran its deadline: a slow but working
-        # run never turns readiness off by itself.
+        # The slack defaults to the run's deadline: a slow but working run never goes stale.
         slack = {p: deadlines[p] if settings.slack is None else settings.slack for p in PROFILES}
         # What the endpoints read: replaced whole under the lock, never changed in place.
         self.snap = view.Snapshot("starting" if settings.xid_watch else "off", settings.intervals,
@@ -67,8 +66,7 @@ class Monitor:
             t.start()
 
     def terminate(self) -> None:
-        """No further run, and SIGTERM, then SIGKILL, to every descendant: the runs, their workers, the
-        watcher, their orphans; the last sweep ends a run that started meanwhile."""
+        """No further run; TERM, then KILL, to every descendant; a last sweep ends a run begun meanwhile."""
         t0 = time.monotonic()
         with self.lock:
             self.stop.set()
@@ -103,33 +101,28 @@ class Monitor:
         t0 = time.monotonic()
         done = proc.run(argv, deadline=t0 + budget)
         finished, mono = time.time(), time.monotonic()
-
-        def broken(reason: str, message: str) -> Run:  # a reason of probes.serve.RUN_FAILED
-            log.warning("monitor: %s run: %s (exit %s, stdout %r, stderr %r)", profile, message,
-                        done.returncode, squeeze(done.stdout, 400), squeeze(done.stderr, 400))
-            return Run(profile, finished, mono, mono - t0, None, reason, message)
-
-        if done.spawn_error:
-            return broken("spawn-error", f"cannot start {argv[0]} ({done.spawn_error})")
-        if done.timed_out or done.stuck:
-            return broken("deadline", f"no report within {budget:g} s; the run was stopped")
-        if done.returncode == 3:
-            return broken("config-error", "the check exited 3 (configuration error); see the log")
-        if done.signal:
-            return broken("crashed", f"the check was killed by signal {done.signal}")
-        if done.returncode not in (0, 1):
-            return broken("bad-exit", f"the check exited {done.returncode} without a report")
         report = view.parse_report(done.stdout)
-        if report is None:
-            return broken("bad-output", "the check printed no valid health+json report")
-        return Run(profile, finished, mono, mono - t0, report)
+        failed = [(reason, said) for bad, reason, said in [  # the first that holds: a reason of RUN_FAILED
+            (done.spawn_error, "spawn-error", f"cannot start {argv[0]} ({done.spawn_error})"),
+            (done.timed_out or done.stuck, "deadline", f"no report within {budget:g} s; the run was stopped"),
+            (done.returncode == 3, "config-error", "the check exited 3 (configuration error); see the log"),
+            (done.signal, "crashed", f"the check was killed by signal {done.signal}"),
+            (done.returncode not in (0, 1), "bad-exit",
+             f"the check exited {done.returncode} without a report"),
+            (report is None, "bad-output", "the check printed no valid health+json report")] if bad]
+        if not failed:
+            return Run(profile, finished, mono, mono - t0, report)
+        log.warning("monitor: %s run: %s (exit %s, stdout %r, stderr %r)", profile, failed[0][1],
+                    done.returncode, squeeze(done.stdout, 400), squeeze(done.stderr, 400))
+        return Run(profile, finished, mono, mono - t0, None, *failed[0])
 
     def record(self, run: Run) -> None:
-        key = (run.profile, run.reason or run.status)  # an outcome: a status, or why there is no report
+        status = run.report["status"] if run.report is not None else "fail"
+        key = (run.profile, run.reason or status)  # an outcome: a status, or why there is no report
         checks = (run.report or {}).get("checks", {})
         passed = {(run.profile, view.check_name(k)): run.finished for k, es in checks.items()
                   if es and es[0]["status"] != "fail"}
-        once = PROFILE_RULES[run.profile].once and run.report is not None and run.status != "fail"
+        once = PROFILE_RULES[run.profile].once and status != "fail"
         latch = self.state.latch()
         with self.lock:
             s = self.snap
@@ -137,7 +130,7 @@ class Monitor:
                                    startup_passed=run if once else s.startup_passed,
                                    runs_total={**s.runs_total, key: s.runs_total.get(key, 0) + 1},
                                    last_success={**s.last_success, **passed})
-        log.info("monitor: %s %s in %.2f s%s", run.profile, run.status, run.duration,
+        log.info("monitor: %s %s in %.2f s%s", run.profile, status, run.duration,
                  f" ({run.reason})" if run.reason else "")
 
     def add_event(self, event: XidEvent) -> None:
@@ -235,8 +228,6 @@ def watch(sample_s: float) -> None:
     """The watcher child (its own process, as an NVML call can hang): a JSON line ``["started"]``,
     then ``["event", gpu, uuid, kind, data]`` for each event, or ``["unavailable", reason, message]``;
     any other failure is a traceback on stderr and exit status 1."""
-    import signal
-
     from probes.hardware import nvml_lib
 
     stop = threading.Event()

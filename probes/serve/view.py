@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from probes import __version__, serve
 from probes.hardware import xids
@@ -12,10 +13,6 @@ from probes.record import Record
 from probes.report import check_entry, iso_time, public_facts
 from probes.spec import PROFILE_RULES, Cause
 from probes.untrusted import load_json, squeeze
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 CHECK_KEYS = ("componentId", "componentType", "layer", "status", "observedValue", "observedUnit", "time",
               "output", "message", "reason", "action", "actor", "elapsed", "facts")
@@ -27,7 +24,6 @@ SLOWDOWN_PER_MINUTE = 0.5
 
 
 def _rebuilt(entry: Any) -> dict[str, Any] | None:
-    """A check of a child's report from its known keys, every string one printable line."""
     if not isinstance(entry, dict) or entry.get("status") not in STATUSES:
         return None
     out: dict[str, Any] = {}
@@ -36,7 +32,7 @@ def _rebuilt(entry: Any) -> dict[str, Any] | None:
         if key == "observedValue" and not isinstance(v, (bool, int, float, type(None))):
             v = squeeze(v if isinstance(v, str) else json.dumps(v, sort_keys=True))
         elif key == "facts":
-            v = public_facts(v) or None  # rebuilt from known keys, every string cleaned
+            v = public_facts(v) or None
         elif key == "elapsed":
             v = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         elif key != "observedValue" and v is not None:
@@ -79,10 +75,6 @@ class Run(Record):
     report: Mapping[str, Any] | None  # None: the run produced no report
     reason: str | None = None  # why there is no report ("deadline", "bad-output", ...)
     message: str = ""
-
-    @property
-    def status(self) -> str:
-        return self.report["status"] if self.report is not None else "fail"
 
 
 class XidEvent(Record):
@@ -209,11 +201,11 @@ def _fold(checks: Mapping[str, Sequence[Mapping[str, Any]]], floor: str = "pass"
     """Status, reason and output of the checks: the worst wins, the first to tell says why."""
     entries = [checks[k][0] for k in sorted(checks, key=lambda k: -FIRST_TO_TELL.get(k, 0)) if checks[k]]
     status = max([floor, *(e["status"] for e in entries)], key=STATUSES.index)
-    for e in sorted(entries, key=lambda e: -STATUSES.index(e["status"])):  # the first fail, else warn
-        if e["status"] != "pass":
-            why = (e.get("reason") or "fail") if e["status"] == "fail" else None
-            return status, why, e.get("output") or ""
-    return status, None, ""
+    first = max(entries, key=lambda e: STATUSES.index(e["status"]), default=None)  # the first fail, else warn
+    if first is None or first["status"] == "pass":
+        return status, None, ""
+    why = (first.get("reason") or "fail") if first["status"] == "fail" else None
+    return status, why, first.get("output") or ""
 
 
 def verdict(profile: str, snap: Snapshot, *, now: float, now_mono: float, gating: bool = True,
