@@ -1,5 +1,6 @@
 """What torch-cuda and the deep checks share: the ``HEALTHCHECK_TORCH_*`` settings, common causes, the
-workers' protocol, the one-costly-check lock, cache and latch, and the verdicts every one gives alike."""
+workers' protocol, the GPUs with room for a worker, the one-costly-check lock, cache and latch, and the
+verdicts every one gives alike."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from probes import deadlines, untrusted
 from probes.context import Context, logger
 from probes.hardware.common import DRIVER_MISMATCH
+from probes.record import Record
 from probes.result import Result, Status, verdict
 from probes.spec import CHOICE, INTEGER, NUMBER, TEXT, Declared, cause, setting
 
@@ -219,6 +221,101 @@ def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]])
         return None, str(exc)
 
 
+# Do no harm (docs/probes.md, "Do no harm"): before a CUDA worker starts, NVML says which GPUs have room
+# for it; the worker sees only those, by UUID (``nvidia-smi --query-gpu=index,uuid,memory.free``).
+
+MAX_GPUS = 1024
+
+
+class Gpu(Record):
+    index: int  # NVML's index, as nvidia-smi shows it
+    uuid: str
+    free_mib: int | None  # None: NVML did not say
+    total_mib: int | None
+
+
+class Room(Record):
+    need_mib: int
+    allowed: tuple[Gpu, ...] = ()  # the GPUs the worker may use
+    full: tuple[Gpu, ...] = ()  # not checked: the workload holds the memory
+    unknown: str | None = None  # why NVML could not say, when it could not (then nothing is held back)
+
+    @property
+    def visible(self) -> str | None:
+        """The worker's CUDA_VISIBLE_DEVICES, or None to leave the caller's as it is."""
+        return ",".join(g.uuid for g in self.allowed) if self.full else None
+
+    @property
+    def none_left(self) -> bool:
+        return bool(self.full) and not self.allowed
+
+    def facts(self) -> dict[str, Any]:
+        full = [{"index": g.index, "free_mib": g.free_mib, "total_mib": g.total_mib} for g in self.full]
+        return {"need_mib": self.need_mib, "unknown": self.unknown, "full": full}
+
+
+def survey(need_mib: int, env: Mapping[str, str]) -> Room:
+    """Which of the GPUs the worker would see (``CUDA_VISIBLE_DEVICES`` in ``env``) have ``need_mib``
+    MiB free; a lost GPU is left out (the nvml probe reports it)."""
+    from probes.hardware import nvml, nvml_lib
+
+    if need_mib <= 0:
+        return Room(need_mib, unknown="off (HEALTHCHECK_TORCH_MIN_FREE_MIB=0)")
+    try:
+        nv = nvml_lib.init()
+    except nvml_lib.NvmlUnavailable as exc:
+        return Room(need_mib, unknown=f"NVML unavailable ({exc.reason})")
+    gpus: list[Gpu] = []
+    try:
+        count, err = nvml_lib.call(nv.nvmlDeviceGetCount)
+        if err is not None:
+            return Room(need_mib, unknown=f"NVML error {err}")
+        for index in range(min(count, MAX_GPUS)):
+            handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, index)
+            mig, _ = nvml_lib.call(nv.nvmlDeviceGetMigMode, handle) if err is None else (None, None)
+            if mig is not None and mig[0]:
+                return Room(need_mib, unknown="MIG mode (a MIG device's own memory is not read)")
+            uuid, err = nvml_lib.call(nv.nvmlDeviceGetUUID, handle) if err is None else (None, err)
+            if err is None:
+                mem, err = nvml_lib.call(nv.nvmlDeviceGetMemoryInfo, handle)
+                free, total = (None, None) if err is not None else (int(mem.free) >> 20, int(mem.total) >> 20)
+                gpus.append(Gpu(index, nvml_lib.text(uuid), free, total))
+    finally:
+        nvml_lib.shutdown()
+    wanted = env.get("CUDA_VISIBLE_DEVICES")
+    if wanted is not None:
+        selected, _ = nvml.cuda_visible(wanted, [g.uuid for g in gpus])
+        gpus = [g for u in selected for g in gpus if g.uuid == u]
+    full = tuple(g for g in gpus if g.free_mib is not None and g.total_mib != 0 and g.free_mib < need_mib)
+    silent = [str(g.index) for g in gpus if g.free_mib is None]
+    zero = [str(g.index) for g in gpus if g.total_mib == 0]
+    whys = ([f"NVML gives no free memory for GPU {', '.join(silent)}"] if silent else []) + (
+        [f"NVML reports 0 MiB of memory for GPU {', '.join(zero)} (misreported)"] if zero else [])
+    return Room(need_mib, tuple(g for g in gpus if g not in full), full, "; ".join(whys) or None)
+
+
+def room_facts(value: Any) -> dict[str, Any] | None:
+    """A room's facts from a worker run's data (a cache entry included) if they are well formed."""
+    try:
+        fields(value, {"need_mib": INT, "unknown": "str?"}, "room", nested=("full",))
+        if not isinstance(value["full"], list) or len(value["full"]) > MAX_GPUS:
+            return None
+        for gpu in value["full"]:
+            fields(gpu, {"index": INT, "free_mib": INT, "total_mib": "int?"}, "room.full")
+    except Bad:
+        return None
+    return cleaned(value, 120)
+
+
+def not_checked(facts: dict[str, Any], what: str) -> str:
+    full = facts["full"]
+    shown = [f"GPU {g['index']} ({g['free_mib']} MiB free"
+             + (f" of {g['total_mib']} MiB)" if g["total_mib"] is not None else ")") for g in full[:4]]
+    more = f" and {len(full) - 4} more" if len(full) > 4 else ""
+    return (f"not checked: the workload holds the memory on {', '.join(shown)}{more}; the probe needs "
+            f"{facts['need_mib']} MiB ({what}), so nothing was started there")
+
+
 def locked_run(ctx: Context, cache: str, key: dict[str, Any],
                reuse: Callable[[dict[str, Any] | None], dict[str, Any] | None],
                run: Callable[[], dict[str, Any]],
@@ -313,8 +410,6 @@ def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable
     ``extra``, the probe's own fields: a damaged entry is a miss, never a crash."""
     import re
 
-    from probes.framework import free_memory
-
     if ttl is not None and fresh_pass(entry, key, ttl) is None:
         return None
     data = entry.get("data") if entry and entry.get("key") == key else None
@@ -331,7 +426,7 @@ def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable
     except Bad:
         return None
     age = time.time() - float(data["finished"])
-    return {"kind": "worker", "lingered": False, "report": report, "room": free_memory.read(data.get("room")),
+    return {"kind": "worker", "lingered": False, "report": report, "room": room_facts(data.get("room")),
             **cleaned({name: data[name] for name in schema}, untrusted.MAX_TEXT),
             "cache": {"how": "shared" if ttl is None else "ttl", "age": round(max(age, 0.0), 1)}}
 
@@ -342,8 +437,6 @@ def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], wo
     """A worker's run under the deadline on the GPUs with ``need_mib`` MiB free (CUDA_VISIBLE_DEVICES
     narrowed to them): what judge() reads, and the process (None when none started)."""
     from probes import orphans, proc
-    from probes.framework import free_memory
-
     # What a killed suite left goes first; one that survives SIGKILL may hold the GPU: no second worker.
     space = None
     env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **env}
@@ -351,7 +444,7 @@ def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], wo
     if held:
         logger().info("%s: processes of a killed run survive SIGKILL: %s", name, held)
     elif ctx.config.of(Torch).torch_device == "cuda":
-        space = free_memory.survey(need_mib, os.environ)
+        space = survey(need_mib, os.environ)
         if space.none_left:
             return {"kind": WORKLOAD_MEMORY.reason, "room": space.facts(), "lingered": False,
                     "finished": time.time()}, None
@@ -381,8 +474,6 @@ def judged(name: str, data: dict[str, Any], ctx: Context,
            unit: str) -> Result:
     """A deep check's judge(): what every one says alike (held back, no lock in time, no GPU with room for
     ``room``), else ``judge_run``'s result with the GPUs left out, a lost latch and a reused result."""
-    from probes.framework import free_memory
-
     kind = data.get("kind")
     if kind == "checkpointed":
         return verdict(name, HELD_BACK, f"not started: {untrusted.clean(data['why'], 200)}", remedy=False,
@@ -390,14 +481,14 @@ def judged(name: str, data: dict[str, Any], ctx: Context,
     if kind == "lock-timeout":
         return lock_timeout(name, data, deadline, unit=unit)
     if kind == WORKLOAD_MEMORY.reason:
-        return verdict(name, WORKLOAD_MEMORY, free_memory.not_checked(data["room"], room), remedy=False,
+        return verdict(name, WORKLOAD_MEMORY, not_checked(data["room"], room), remedy=False,
                        unit=unit, facts={"room": data["room"]})
     result = judge_run(data, ctx)
-    facts = free_memory.read(data.get("room"))
+    facts = room_facts(data.get("room"))
     if facts is not None:
         result = result._replace(facts={**result.facts, "room": facts})
         if facts["full"]:
-            message = f"{result.message}; {free_memory.not_checked(facts, room)}"
+            message = f"{result.message}; {not_checked(facts, room)}"
             result = (verdict(name, WORKLOAD_MEMORY, message, remedy=False, observed=result.observed,
                               unit=result.unit, facts=result.facts) if result.status is Status.PASS
                       else result._replace(message=message))
