@@ -116,9 +116,7 @@ CUDA_CAUSES = (CUDA_UNAVAILABLE, DRIVER_TOO_OLD, DEVICE_BUSY, MPS_BUSY, OOM, CUD
 # stderr. A report enters only through here, each field checked against a schema of kinds.
 
 STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": "kind" or "kind?"}
-MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
 MAX_STR = 1000  # characters of any string field, before cleaning
-NONFINITE = ("nan", "inf", "-inf")  # how a worker spells a non-finite MEASURE
 # Host memory's words (and MemoryError as a whole word: torch's OutOfMemoryError is the GPU's).
 MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
 # What every worker run records besides its report, checked again before a cached run is reused.
@@ -146,14 +144,14 @@ def check(value: Any, kind: str, nullable: bool, where: str) -> None:
         if nullable:
             return
         raise Bad(f"{where} is missing")
-    if kind == MEASURE and value in NONFINITE:
+    if kind == MEASURE and value in ("nan", "inf", "-inf"):  # how a worker spells a non-finite one
         return
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     ok = {STR: isinstance(value, str) and len(value) <= MAX_STR, BOOL: isinstance(value, bool),
           INT: number and isinstance(value, int)}.get(kind, number)
     if not ok:
         raise Bad(f"{where} has the wrong type")
-    if kind == INT and not -MAX_INT <= value < MAX_INT:
+    if kind == INT and not -2**63 <= value < 2**63:  # counts, indices, byte sizes: int64 in torch and NVML
         raise Bad(f"{where} is out of range")
     if kind in (NUM, MEASURE) and not finite(value):
         raise Bad(f"{where} is not a finite number")
@@ -431,12 +429,13 @@ def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable
             "cache": {"how": "shared" if ttl is None else "ttl", "age": round(max(age, 0.0), 1)}}
 
 
-def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], worker: ModuleType,
+def run_worker(ctx: Context, name: str, args: list[str], env: dict[str, str], worker: ModuleType,
                validate: Callable[[Any], dict[str, Any]], phases: str,
                need_mib: int) -> tuple[dict[str, Any], proc.Completed | None]:
-    """A worker's run under the deadline on the GPUs with ``need_mib`` MiB free (CUDA_VISIBLE_DEVICES
-    narrowed to them): what judge() reads, and the process (None when none started)."""
+    """``worker`` run by the image's Python under the deadline on the GPUs with ``need_mib`` MiB free
+    (CUDA_VISIBLE_DEVICES narrowed to them): what judge() reads, and the process (None when none started)."""
     from probes import orphans, proc
+
     # What a killed suite left goes first; one that survives SIGKILL may hold the GPU: no second worker.
     space = None
     env = {**os.environ, "CUDA_MODULE_LOADING": "LAZY", **env}
@@ -452,6 +451,7 @@ def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], wo
             env["CUDA_VISIBLE_DEVICES"] = space.visible
     deadline = ctx.deadline - deadlines.MARGIN
     budget = max(0.0, deadline - time.monotonic())
+    argv = [ctx.config.of(Torch).torch_python, str(worker.__file__), *args]
     done = proc.Completed(tuple(argv), None, stuck=True, held_by=held[0]) if held else proc.run(
         argv, deadline=deadline, env=env, state=ctx.state, key=name,
         until=lambda out: arrived(out, worker.PREFIX), linger=deadlines.LINGER)

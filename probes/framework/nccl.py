@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 NAME = "nccl"
 UNIT = "ms"
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_worker.py")
 CACHE = "nccl.json"
 SHM = "/dev/shm"  # noqa: S108 (only its size is read)
 PHASES = r"start|import|nccl|init|place|allreduce|verify"
@@ -115,10 +114,9 @@ def warnings(stderr: bytes) -> list[str]:
 def run_worker(ctx: Context) -> dict[str, Any]:
     from probes.framework import nccl_worker
 
-    torch = ctx.config.of(Torch)
-    floor = torch.torch_min_free_mib
-    data, done = deep.run_worker(ctx, NAME, [torch.torch_python, WORKER], {"NCCL_DEBUG": "WARN"}, nccl_worker,
-                                 validate, PHASES, floor + BUFFERS_MIB if floor else 0)
+    floor = ctx.config.of(Torch).torch_min_free_mib
+    data, done = deep.run_worker(ctx, NAME, [], {"NCCL_DEBUG": "WARN"}, nccl_worker, validate, PHASES,
+                                 floor + BUFFERS_MIB if floor else 0)
     return {**data, "warnings": warnings(done.stderr) if done is not None else []}
 
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 
 from probes import deadlines, untrusted
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
 
 NAME = "torch-cuda"
 UNIT = "devices"
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
 CACHE = "torch-cuda.json"
 SIZE = 1024  # 2 GFLOP: enough blocks to occupy a GPU, ~50 ms for the float64 CPU reference
 # float32 vs float64 at this size differs by ~4e-7 of the largest value; TF32 would give ~1e-3 and a
@@ -120,8 +118,8 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     from probes.framework import torch_worker
 
     own = ctx.config.of(Torch)
-    argv = [own.torch_python, WORKER, "--device", own.torch_device, "--size", str(SIZE)]
-    data, done = deep.run_worker(ctx, NAME, argv, {}, torch_worker,
+    args = ["--device", own.torch_device, "--size", str(SIZE)]
+    data, done = deep.run_worker(ctx, NAME, args, {}, torch_worker,
                                  lambda report: validate(report, own.torch_device, SIZE), PHASES,
                                  own.torch_min_free_mib)
     if done is None:
