@@ -117,6 +117,7 @@ CUDA_CAUSES = (CUDA_UNAVAILABLE, DRIVER_TOO_OLD, DEVICE_BUSY, MPS_BUSY, OOM, CUD
 
 STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": "kind" or "kind?"}
 MAX_STR = 1000  # characters of any string field, before cleaning
+MAX_ITEMS = 1024  # of a list: devices (GPUs), processes
 # Host memory's words (and MemoryError as a whole word: torch's OutOfMemoryError is the GPU's).
 MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
 # What every worker run records besides its report, checked again before a cached run is reused.
@@ -157,15 +158,24 @@ def check(value: Any, kind: str, nullable: bool, where: str) -> None:
         raise Bad(f"{where} is not a finite number")
 
 
-def fields(obj: Any, spec: Mapping[str, str], where: str, nested: tuple[str, ...] = ()) -> None:
-    """``obj`` has exactly ``spec``'s fields (and ``nested``, checked by the caller), each of its kind
-    ("kind?": or null)."""
+def fields(obj: Any, spec: Mapping[str, Any], where: str) -> None:
+    """``obj`` has exactly ``spec``'s fields, each of its kind ("kind?": or null; a spec: null or an object
+    of its fields; ``[spec]``: a list of at most MAX_ITEMS such objects)."""
     if not isinstance(obj, dict):
         raise Bad(f"{where} is not an object")
-    if set(obj) != {*spec, *nested}:
+    if set(obj) != set(spec):
         raise Bad(f"{where} has unexpected or missing fields")
     for key, kind in spec.items():
-        check(obj[key], kind.rstrip("?"), kind.endswith("?"), f"{where}.{key}")
+        if isinstance(kind, list):
+            if not isinstance(obj[key], list) or len(obj[key]) > MAX_ITEMS:
+                raise Bad(f"{where}.{key} is not a list")
+            for i, item in enumerate(obj[key]):
+                fields(item, kind[0], f"{where}.{key}[{i}]")
+        elif isinstance(kind, dict):
+            if obj[key] is not None:
+                fields(obj[key], kind, f"{where}.{key}")
+        else:
+            check(obj[key], kind.rstrip("?"), kind.endswith("?"), f"{where}.{key}")
 
 
 def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key: str = "") -> Any:
@@ -222,9 +232,6 @@ def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]])
 # Do no harm (docs/probes.md, "Do no harm"): before a CUDA worker starts, NVML says which GPUs have room
 # for it; the worker sees only those, by UUID (``nvidia-smi --query-gpu=index,uuid,memory.free``).
 
-MAX_GPUS = 1024
-
-
 class Gpu(Record):
     index: int  # NVML's index, as nvidia-smi shows it
     uuid: str
@@ -268,7 +275,7 @@ def survey(need_mib: int, env: Mapping[str, str]) -> Room:
         count, err = nvml_lib.call(nv.nvmlDeviceGetCount)
         if err is not None:
             return Room(need_mib, unknown=f"NVML error {err}")
-        for index in range(min(count, MAX_GPUS)):
+        for index in range(min(count, MAX_ITEMS)):
             handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, index)
             mig, _ = nvml_lib.call(nv.nvmlDeviceGetMigMode, handle) if err is None else (None, None)
             if mig is not None and mig[0]:
@@ -295,11 +302,8 @@ def survey(need_mib: int, env: Mapping[str, str]) -> Room:
 def room_facts(value: Any) -> dict[str, Any] | None:
     """A room's facts from a worker run's data (a cache entry included) if they are well formed."""
     try:
-        fields(value, {"need_mib": INT, "unknown": "str?"}, "room", nested=("full",))
-        if not isinstance(value["full"], list) or len(value["full"]) > MAX_GPUS:
-            return None
-        for gpu in value["full"]:
-            fields(gpu, {"index": INT, "free_mib": INT, "total_mib": "int?"}, "room.full")
+        fields(value, {"need_mib": INT, "unknown": "str?", "full": [{"index": INT, "free_mib": INT,
+                                                                     "total_mib": "int?"}]}, "room")
     except Bad:
         return None
     return cleaned(value, 120)
