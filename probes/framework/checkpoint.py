@@ -96,11 +96,9 @@ def parse_output(stdout: bytes) -> dict[str, Any] | None:
     try:
         report = deep.result(stdout, checkpoint_child.PREFIX)
         deep.fields(report, _REPORT, "result")
-        if report["v"] != checkpoint_child.SCHEMA:
-            return None
     except deep.Bad:
         return None
-    return report
+    return report if report["v"] == checkpoint_child.SCHEMA else None
 
 
 def _mark(ctx: Context, held: list[int]) -> None:

@@ -170,11 +170,9 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
     # The CUDA error behind a failed collective: the worker's exception, or NCCL's "Cuda failure".
     report = data.get("report")
     err = report["error"] if report is not None and not data.get("lingered") else None
-    cuda = None
-    if err is not None or lines:
-        message = "\n".join(([err["message"]] if err is not None else []) + lines)
-        found = cuda_errors.identify(err["code"] if err is not None else None, message)
-        cuda = cuda_errors.failure(NAME, found, "the GPUs", unit=UNIT, facts=dict(kw["facts"]))
+    message = "\n".join(([err["message"]] if err is not None else []) + lines)
+    found = cuda_errors.identify(err["code"] if err is not None else None, message)
+    cuda = cuda_errors.failure(NAME, found, "the GPUs", unit=UNIT, facts=dict(kw["facts"]))
     if cuda is not None and cuda.reason != deep.CUDA_ERROR.reason:
         return cuda
     if (line := _has(lines, SHM_WORDS)) is not None:

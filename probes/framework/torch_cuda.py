@@ -83,7 +83,6 @@ PHASES = r"start|import|init|reference|device (cpu|\d{1,4})"
 
 
 def validate(report: Any, device: str, size: int) -> dict[str, Any]:
-    """A cleaned copy of the report if it matches the schema exactly; raises deep.Bad otherwise."""
     from probes.framework import torch_worker
 
     deep.fields(report, torch_worker.REPORT, "result")
