@@ -321,16 +321,15 @@ def not_checked(facts: dict[str, Any], what: str) -> str:
 def locked_run(ctx: Context, cache: str, key: dict[str, Any],
                reuse: Callable[[dict[str, Any] | None], dict[str, Any] | None],
                run: Callable[[], dict[str, Any]],
-               judge: Callable[[dict[str, Any], Context], Result], *, early: bool = False, hold: bool = False,
+               judge: Callable[[dict[str, Any], Context], Result], *, early: bool = False,
+               hold: Callable[[Context], str | None] | None = None,
                share: Callable[[dict[str, Any] | None], dict[str, Any] | None] | None = None,
                relatch: bool = False) -> dict[str, Any]:
     """A costly run, one at a time under the lock, then recorded; readiness reuses what ``reuse`` accepts
-    of ``cache`` once the lock is held (``early``: before waiting too). ``hold``: nothing while a process
-    here is checkpointed; ``share``: any profile takes a run that finished while this one waited;
+    of ``cache`` once the lock is held (``early``: before waiting too). ``hold``: why nothing may start
+    now (checkpoint.hold); ``share``: any profile takes a run that finished while this one waited;
     ``relatch``: the latch is read again under the lock."""
-    from probes.framework import checkpoint
-
-    why = checkpoint.hold(ctx) if hold else None
+    why = hold(ctx) if hold else None
     if why is not None:
         return {"kind": "checkpointed", "why": why}
     state = ctx.state

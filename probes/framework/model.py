@@ -8,7 +8,7 @@ import os
 
 from probes import untrusted
 from probes.context import Context, logger
-from probes.framework import deep
+from probes.framework import checkpoint, deep
 from probes.framework.deep import Torch, fix
 from probes.result import Result, passed, verdict
 from probes.spec import INTEGER, NUMBER, TEXT, Declared, Spec, cause, setting
@@ -169,7 +169,8 @@ def gather(ctx: Context) -> dict[str, Any]:
         return deep.cached(entry, key, lambda report: validate(report, torch.torch_device), PHASES,
                            ttl=own.model_ttl)
 
-    return deep.locked_run(ctx, CACHE, key, reuse, lambda: run_worker(ctx), judge, early=True, hold=True)
+    return deep.locked_run(ctx, CACHE, key, reuse, lambda: run_worker(ctx), judge, early=True,
+                           hold=checkpoint.hold)
 
 
 def on_deadline(ctx: Context) -> Result:

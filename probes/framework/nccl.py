@@ -8,7 +8,7 @@ import os
 
 from probes import untrusted
 from probes.context import Context
-from probes.framework import deep
+from probes.framework import checkpoint, deep
 from probes.framework.deep import Torch, fix
 from probes.result import Result, passed, verdict
 from probes.spec import INTEGER, NUMBER, Declared, Spec, cause, setting
@@ -129,7 +129,7 @@ def gather(ctx: Context) -> dict[str, Any]:
         return deep.cached(entry, key, validate, PHASES, {"shm": "int?"}, own.nccl_ttl)
 
     return deep.locked_run(ctx, CACHE, key, reuse, lambda: {**run_worker(ctx), "shm": shm}, judge,
-                           early=True, hold=True)
+                           early=True, hold=checkpoint.hold)
 
 
 def on_deadline(ctx: Context) -> Result:
@@ -188,7 +188,8 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
             "cuda-unavailable": (deep.CUDA_UNAVAILABLE, "torch sees no GPU"),
             "import": (deep.INTERPRETER_NOT_FOUND, "torch cannot be imported")}
     if err is not None and err["kind"] in said:
-        return verdict(NAME, *said[err["kind"]], **kw)
+        cause, what = said[err["kind"]]
+        return verdict(NAME, cause, what, **kw)
     if err is not None:
         return cuda or verdict(NAME, NCCL_ERROR, f"the NCCL all-reduce failed ({err['type']}: "
                                f"{err['message'][:160]})", **kw)

@@ -134,6 +134,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     if not ctx.config.profile_rules.spawns_worker:
         return {"kind": "no-latch", "state_off": ctx.state.disabled_reason}
     own = ctx.config.of(Torch)
+    from probes.framework import checkpoint
     from probes.hardware import common as hw
 
     seen = hw.seen(ctx.results) if own.torch_device == "cuda" else None
@@ -147,7 +148,8 @@ def gather(ctx: Context) -> dict[str, Any]:
 
     return deep.locked_run(ctx, CACHE, key, lambda entry: reuse(entry, own.torch_ttl),
                            lambda: run_worker(ctx, expect), judge, early=True,
-                           hold=own.torch_device == "cuda", share=reuse, relatch=True)
+                           hold=checkpoint.hold if own.torch_device == "cuda" else None, share=reuse,
+                           relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:
