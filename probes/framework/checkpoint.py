@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 NAME = "checkpoint"
-CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_child.py")
 MARKER = "checkpointed.json"
 MARKER_TTL = 300.0  # seconds a marker holds GPU work back when this probe does not run again
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
@@ -87,8 +86,8 @@ def _holds_gpu(pid: int) -> bool:
     return False
 
 
-_REPORT = {"v": "int", "loaded": "bool", "driver": "int?", "api": "bool", "init": "int?"}
-_STATE = {"pid": "int", "rc": "int", "state": "int?"}
+_REPORT = {"v": "int", "loaded": "bool", "driver": "int?", "api": "bool", "init": "int?",
+           "states": [{"pid": "int", "rc": "int", "state": "int?"}]}
 
 
 def parse_output(stdout: bytes) -> dict[str, Any] | None:
@@ -96,14 +95,10 @@ def parse_output(stdout: bytes) -> dict[str, Any] | None:
 
     try:
         report = deep.result(stdout, checkpoint_child.PREFIX)
-        deep.fields(report, _REPORT, "result", nested=("states",))
-        if report["v"] != checkpoint_child.SCHEMA or not isinstance(report["states"], list):
-            return None
-        for i, state in enumerate(report["states"]):
-            deep.fields(state, _STATE, f"result.states[{i}]")
+        deep.fields(report, _REPORT, "result")
     except deep.Bad:
         return None
-    return report
+    return report if report["v"] == checkpoint_child.SCHEMA else None
 
 
 def _mark(ctx: Context, held: list[int]) -> None:
@@ -122,8 +117,8 @@ def gather(ctx: Context) -> dict[str, Any]:
     if not pids:
         _mark(ctx, [])
         return {"kind": "none"}
-    done = proc.run([sys.executable, CHILD, *map(str, pids)], deadline=ctx.deadline - deadlines.MARGIN,
-                    env=dict(os.environ), state=ctx.state, key=NAME,
+    done = proc.run([sys.executable, checkpoint_child.__file__, *map(str, pids)], env=dict(os.environ),
+                    deadline=ctx.deadline - deadlines.MARGIN, state=ctx.state, key=NAME,
                     until=lambda out: deep.arrived(out, checkpoint_child.PREFIX))
     report = parse_output(done.stdout)
     if report is None:

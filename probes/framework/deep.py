@@ -1,5 +1,6 @@
 """What torch-cuda and the deep checks share: the ``HEALTHCHECK_TORCH_*`` settings, common causes, the
-workers' protocol, the one-costly-check lock, cache and latch, and the verdicts every one gives alike."""
+workers' protocol, the GPUs with room for a worker, the one-costly-check lock, cache and latch, and the
+verdicts every one gives alike."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from probes import deadlines, untrusted
 from probes.context import Context, logger
 from probes.hardware.common import DRIVER_MISMATCH
+from probes.record import Record
 from probes.result import Result, Status, verdict
 from probes.spec import CHOICE, INTEGER, NUMBER, TEXT, Declared, cause, setting
 
@@ -114,9 +116,8 @@ CUDA_CAUSES = (CUDA_UNAVAILABLE, DRIVER_TOO_OLD, DEVICE_BUSY, MPS_BUSY, OOM, CUD
 # stderr. A report enters only through here, each field checked against a schema of kinds.
 
 STR, INT, NUM, MEASURE, BOOL = "str", "int", "num", "measure", "bool"  # a schema: {"name": "kind" or "kind?"}
-MAX_INT = 2**63  # counts, indices, byte sizes: int64 in torch and NVML
 MAX_STR = 1000  # characters of any string field, before cleaning
-NONFINITE = ("nan", "inf", "-inf")  # how a worker spells a non-finite MEASURE
+MAX_ITEMS = 1024  # of a list: devices (GPUs), processes
 # Host memory's words (and MemoryError as a whole word: torch's OutOfMemoryError is the GPU's).
 MEMORY_WORDS = ("cannot allocate memory", "failed to map segment from shared object", "std::bad_alloc")
 # What every worker run records besides its report, checked again before a cached run is reused.
@@ -144,28 +145,37 @@ def check(value: Any, kind: str, nullable: bool, where: str) -> None:
         if nullable:
             return
         raise Bad(f"{where} is missing")
-    if kind == MEASURE and value in NONFINITE:
+    if kind == MEASURE and value in ("nan", "inf", "-inf"):  # how a worker spells a non-finite one
         return
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     ok = {STR: isinstance(value, str) and len(value) <= MAX_STR, BOOL: isinstance(value, bool),
           INT: number and isinstance(value, int)}.get(kind, number)
     if not ok:
         raise Bad(f"{where} has the wrong type")
-    if kind == INT and not -MAX_INT <= value < MAX_INT:
+    if kind == INT and not -2**63 <= value < 2**63:  # counts, indices, byte sizes: int64 in torch and NVML
         raise Bad(f"{where} is out of range")
     if kind in (NUM, MEASURE) and not finite(value):
         raise Bad(f"{where} is not a finite number")
 
 
-def fields(obj: Any, spec: Mapping[str, str], where: str, nested: tuple[str, ...] = ()) -> None:
-    """``obj`` has exactly ``spec``'s fields (and ``nested``, checked by the caller), each of its kind
-    ("kind?": or null)."""
+def fields(obj: Any, spec: Mapping[str, Any], where: str) -> None:
+    """``obj`` has exactly ``spec``'s fields, each of its kind ("kind?": or null; a spec: null or an object
+    of its fields; ``[spec]``: a list of at most MAX_ITEMS such objects)."""
     if not isinstance(obj, dict):
         raise Bad(f"{where} is not an object")
-    if set(obj) != {*spec, *nested}:
+    if set(obj) != set(spec):
         raise Bad(f"{where} has unexpected or missing fields")
     for key, kind in spec.items():
-        check(obj[key], kind.rstrip("?"), kind.endswith("?"), f"{where}.{key}")
+        if isinstance(kind, list):
+            if not isinstance(obj[key], list) or len(obj[key]) > MAX_ITEMS:
+                raise Bad(f"{where}.{key} is not a list")
+            for i, item in enumerate(obj[key]):
+                fields(item, kind[0], f"{where}.{key}[{i}]")
+        elif isinstance(kind, dict):
+            if obj[key] is not None:
+                fields(obj[key], kind, f"{where}.{key}")
+        else:
+            check(obj[key], kind.rstrip("?"), kind.endswith("?"), f"{where}.{key}")
 
 
 def cleaned(value: Any, limit: int, limits: Mapping[str, int] | None = None, key: str = "") -> Any:
@@ -219,15 +229,109 @@ def parse(stdout: bytes, prefix: str, validate: Callable[[Any], dict[str, Any]])
         return None, str(exc)
 
 
+# Do no harm (docs/probes.md, "Do no harm"): before a CUDA worker starts, NVML says which GPUs have room
+# for it; the worker sees only those, by UUID (``nvidia-smi --query-gpu=index,uuid,memory.free``).
+
+class Gpu(Record):
+    index: int  # NVML's index, as nvidia-smi shows it
+    uuid: str
+    free_mib: int | None  # None: NVML did not say
+    total_mib: int | None
+
+
+class Room(Record):
+    need_mib: int
+    allowed: tuple[Gpu, ...] = ()  # the GPUs the worker may use
+    full: tuple[Gpu, ...] = ()  # not checked: the workload holds the memory
+    unknown: str | None = None  # why NVML could not say, when it could not (then nothing is held back)
+
+    @property
+    def visible(self) -> str | None:
+        """The worker's CUDA_VISIBLE_DEVICES, or None to leave the caller's as it is."""
+        return ",".join(g.uuid for g in self.allowed) if self.full else None
+
+    @property
+    def none_left(self) -> bool:
+        return bool(self.full) and not self.allowed
+
+    def facts(self) -> dict[str, Any]:
+        full = [{"index": g.index, "free_mib": g.free_mib, "total_mib": g.total_mib} for g in self.full]
+        return {"need_mib": self.need_mib, "unknown": self.unknown, "full": full}
+
+
+def survey(need_mib: int, env: Mapping[str, str]) -> Room:
+    """Which of the GPUs the worker would see (``CUDA_VISIBLE_DEVICES`` in ``env``) have ``need_mib``
+    MiB free; a lost GPU is left out (the nvml probe reports it)."""
+    from probes.hardware import nvml, nvml_lib
+
+    if need_mib <= 0:
+        return Room(need_mib, unknown="off (HEALTHCHECK_TORCH_MIN_FREE_MIB=0)")
+    try:
+        nv = nvml_lib.init()
+    except nvml_lib.NvmlUnavailable as exc:
+        return Room(need_mib, unknown=f"NVML unavailable ({exc.reason})")
+    gpus: list[Gpu] = []
+    try:
+        count, err = nvml_lib.call(nv.nvmlDeviceGetCount)
+        if err is not None:
+            return Room(need_mib, unknown=f"NVML error {err}")
+        for index in range(min(count, MAX_ITEMS)):
+            handle, err = nvml_lib.call(nv.nvmlDeviceGetHandleByIndex, index)
+            mig, _ = nvml_lib.call(nv.nvmlDeviceGetMigMode, handle) if err is None else (None, None)
+            if mig is not None and mig[0]:
+                return Room(need_mib, unknown="MIG mode (a MIG device's own memory is not read)")
+            uuid, err = nvml_lib.call(nv.nvmlDeviceGetUUID, handle) if err is None else (None, err)
+            if err is None:
+                mem, err = nvml_lib.call(nv.nvmlDeviceGetMemoryInfo, handle)
+                free, total = (None, None) if err is not None else (int(mem.free) >> 20, int(mem.total) >> 20)
+                gpus.append(Gpu(index, nvml_lib.text(uuid), free, total))
+    finally:
+        nvml_lib.shutdown()
+    wanted = env.get("CUDA_VISIBLE_DEVICES")
+    if wanted is not None:
+        selected, _ = nvml.cuda_visible(wanted, [g.uuid for g in gpus])
+        gpus = [g for u in selected for g in gpus if g.uuid == u]
+    full = tuple(g for g in gpus if g.free_mib is not None and g.total_mib != 0 and g.free_mib < need_mib)
+    silent = [str(g.index) for g in gpus if g.free_mib is None]
+    zero = [str(g.index) for g in gpus if g.total_mib == 0]
+    whys = ([f"NVML gives no free memory for GPU {', '.join(silent)}"] if silent else []) + (
+        [f"NVML reports 0 MiB of memory for GPU {', '.join(zero)} (misreported)"] if zero else [])
+    return Room(need_mib, tuple(g for g in gpus if g not in full), full, "; ".join(whys) or None)
+
+
+def room_facts(value: Any) -> dict[str, Any] | None:
+    """A room's facts from a worker run's data (a cache entry included) if they are well formed."""
+    try:
+        fields(value, {"need_mib": INT, "unknown": "str?", "full": [{"index": INT, "free_mib": INT,
+                                                                     "total_mib": "int?"}]}, "room")
+    except Bad:
+        return None
+    return cleaned(value, 120)
+
+
+def not_checked(facts: dict[str, Any], what: str) -> str:
+    full = facts["full"]
+    shown = [f"GPU {g['index']} ({g['free_mib']} MiB free"
+             + (f" of {g['total_mib']} MiB)" if g["total_mib"] is not None else ")") for g in full[:4]]
+    more = f" and {len(full) - 4} more" if len(full) > 4 else ""
+    return (f"not checked: the workload holds the memory on {', '.join(shown)}{more}; the probe needs "
+            f"{facts['need_mib']} MiB ({what}), so nothing was started there")
+
+
 def locked_run(ctx: Context, cache: str, key: dict[str, Any],
                reuse: Callable[[dict[str, Any] | None], dict[str, Any] | None],
                run: Callable[[], dict[str, Any]],
                judge: Callable[[dict[str, Any], Context], Result], *, early: bool = False,
+               hold: Callable[[Context], str | None] | None = None,
                share: Callable[[dict[str, Any] | None], dict[str, Any] | None] | None = None,
                relatch: bool = False) -> dict[str, Any]:
     """A costly run, one at a time under the lock, then recorded; readiness reuses what ``reuse`` accepts
-    of ``cache`` once the lock is held (``early``: before waiting too). ``share``: any profile takes a
-    run that finished while this one waited; ``relatch``: the latch is read again under the lock."""
+    of ``cache`` once the lock is held (``early``: before waiting too). ``hold``: why nothing may start
+    now (checkpoint.hold); ``share``: any profile takes a run that finished while this one waited;
+    ``relatch``: the latch is read again under the lock."""
+    why = hold(ctx) if hold else None
+    if why is not None:
+        return {"kind": "checkpointed", "why": why}
     state = ctx.state
     if not state.enabled:  # nothing can latch: the judge says so if the run finds a fatal error
         data = run()
@@ -307,8 +411,6 @@ def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable
     ``extra``, the probe's own fields: a damaged entry is a miss, never a crash."""
     import re
 
-    from probes.framework import free_memory
-
     if ttl is not None and fresh_pass(entry, key, ttl) is None:
         return None
     data = entry.get("data") if entry and entry.get("key") == key else None
@@ -325,18 +427,17 @@ def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable
     except Bad:
         return None
     age = time.time() - float(data["finished"])
-    return {"kind": "worker", "lingered": False, "report": report, "room": free_memory.read(data.get("room")),
+    return {"kind": "worker", "lingered": False, "report": report, "room": room_facts(data.get("room")),
             **cleaned({name: data[name] for name in schema}, untrusted.MAX_TEXT),
             "cache": {"how": "shared" if ttl is None else "ttl", "age": round(max(age, 0.0), 1)}}
 
 
-def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], worker: ModuleType,
+def run_worker(ctx: Context, name: str, args: list[str], env: dict[str, str], worker: ModuleType,
                validate: Callable[[Any], dict[str, Any]], phases: str,
                need_mib: int) -> tuple[dict[str, Any], proc.Completed | None]:
-    """A worker's run under the deadline on the GPUs with ``need_mib`` MiB free (CUDA_VISIBLE_DEVICES
-    narrowed to them): what judge() reads, and the process (None when none started)."""
+    """``worker`` run by the image's Python under the deadline on the GPUs with ``need_mib`` MiB free
+    (CUDA_VISIBLE_DEVICES narrowed to them): what judge() reads, and the process (None when none started)."""
     from probes import orphans, proc
-    from probes.framework import free_memory
 
     # What a killed suite left goes first; one that survives SIGKILL may hold the GPU: no second worker.
     space = None
@@ -345,7 +446,7 @@ def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], wo
     if held:
         logger().info("%s: processes of a killed run survive SIGKILL: %s", name, held)
     elif ctx.config.of(Torch).torch_device == "cuda":
-        space = free_memory.survey(need_mib, os.environ)
+        space = survey(need_mib, os.environ)
         if space.none_left:
             return {"kind": WORKLOAD_MEMORY.reason, "room": space.facts(), "lingered": False,
                     "finished": time.time()}, None
@@ -353,6 +454,7 @@ def run_worker(ctx: Context, name: str, argv: list[str], env: dict[str, str], wo
             env["CUDA_VISIBLE_DEVICES"] = space.visible
     deadline = ctx.deadline - deadlines.MARGIN
     budget = max(0.0, deadline - time.monotonic())
+    argv = [ctx.config.of(Torch).torch_python, str(worker.__file__), *args]
     done = proc.Completed(tuple(argv), None, stuck=True, held_by=held[0]) if held else proc.run(
         argv, deadline=deadline, env=env, state=ctx.state, key=name,
         until=lambda out: arrived(out, worker.PREFIX), linger=deadlines.LINGER)
@@ -375,8 +477,6 @@ def judged(name: str, data: dict[str, Any], ctx: Context,
            unit: str) -> Result:
     """A deep check's judge(): what every one says alike (held back, no lock in time, no GPU with room for
     ``room``), else ``judge_run``'s result with the GPUs left out, a lost latch and a reused result."""
-    from probes.framework import free_memory
-
     kind = data.get("kind")
     if kind == "checkpointed":
         return verdict(name, HELD_BACK, f"not started: {untrusted.clean(data['why'], 200)}", remedy=False,
@@ -384,14 +484,14 @@ def judged(name: str, data: dict[str, Any], ctx: Context,
     if kind == "lock-timeout":
         return lock_timeout(name, data, deadline, unit=unit)
     if kind == WORKLOAD_MEMORY.reason:
-        return verdict(name, WORKLOAD_MEMORY, free_memory.not_checked(data["room"], room), remedy=False,
+        return verdict(name, WORKLOAD_MEMORY, not_checked(data["room"], room), remedy=False,
                        unit=unit, facts={"room": data["room"]})
     result = judge_run(data, ctx)
-    facts = free_memory.read(data.get("room"))
+    facts = room_facts(data.get("room"))
     if facts is not None:
         result = result._replace(facts={**result.facts, "room": facts})
         if facts["full"]:
-            message = f"{result.message}; {free_memory.not_checked(facts, room)}"
+            message = f"{result.message}; {not_checked(facts, room)}"
             result = (verdict(name, WORKLOAD_MEMORY, message, remedy=False, observed=result.observed,
                               unit=result.unit, facts=result.facts) if result.status is Status.PASS
                       else result._replace(message=message))

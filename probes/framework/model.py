@@ -8,7 +8,7 @@ import os
 
 from probes import untrusted
 from probes.context import Context, logger
-from probes.framework import deep
+from probes.framework import checkpoint, deep
 from probes.framework.deep import Torch, fix
 from probes.result import Result, passed, verdict
 from probes.spec import INTEGER, NUMBER, TEXT, Declared, Spec, cause, setting
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 NAME = "model"
 UNIT = "ms"
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model_worker.py")
 CACHE = "model.json"
 PHASES = r"start|open|import|init|load|expect|forward"
 ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus the model's size"
@@ -100,7 +99,6 @@ SPEC = Spec(
             deep.BAD_OUTPUT),
 )
 
-CUDA_KINDS = ("load", "forward", "worker", "oom")  # the failures a CUDA error can be behind
 KINDS = {"missing": MISSING, "unreadable": UNREADABLE, "unsupported": UNSUPPORTED, "unsafe": UNSAFE,
          "corrupt": CORRUPT, "too-big": TOO_BIG, "oom": deep.OOM, "shape-mismatch": MISMATCH,
          "expect-missing": EXPECT, "worker": LOAD, "expect-unreadable": EXPECT, "bad-input": BAD_INPUT,
@@ -111,13 +109,12 @@ KINDS = {"missing": MISSING, "unreadable": UNREADABLE, "unsupported": UNSUPPORTE
 def validate(report: Any, device: str) -> dict[str, Any]:
     from probes.framework import model_worker
 
-    deep.fields(report, model_worker.REPORT, "result", nested=("error",))
+    deep.fields(report, model_worker.REPORT, "result")
     if report["v"] != model_worker.SCHEMA or report["device"] != device:
         raise deep.Bad("the result is for another request")
     if report["format"] is not None and report["format"] not in model_worker.FORMATS:
         raise deep.Bad("result.format is unknown")
     if report["error"] is not None:
-        deep.fields(report["error"], model_worker.ERROR, "result.error")
         if report["error"]["kind"] not in KINDS:
             raise deep.Bad("result.error.kind is unknown")
     elif report["load_ms"] is None or report["params"] is None:
@@ -138,14 +135,14 @@ def run_worker(ctx: Context) -> dict[str, Any]:
 
     own, torch = ctx.config.of(Settings), ctx.config.of(Torch)
     # --flag=value: a value that starts with '-' is still the flag's value, never another flag.
-    argv = [torch.torch_python, WORKER, f"--path={own.model_path}", f"--device={torch.torch_device}"]
-    argv += [f"--{flag}={value}" for flag, value in (("input", own.model_input), ("expect", own.model_expect),
+    args = [f"--path={own.model_path}", f"--device={torch.torch_device}"]
+    args += [f"--{flag}={value}" for flag, value in (("input", own.model_input), ("expect", own.model_expect),
                                                      ("max-bytes", own.model_max_bytes)) if value is not None]
     # The free GPU memory the load needs: the setting (0: off) plus the file's size, about its tensors'.
     found = _file_id(own.model_path)
     floor = torch.torch_min_free_mib
     need = floor + (-(-found[2] // 2**20) if found else 0) if floor else 0
-    data = deep.run_worker(ctx, NAME, argv, {}, model_worker,
+    data = deep.run_worker(ctx, NAME, args, {}, model_worker,
                            lambda report: validate(report, torch.torch_device), PHASES, need)[0]
     err = (data.get("report") or {}).get("error")
     if err is not None and _phrase(err) is None:  # an exception's text: the log's, never the output's
@@ -160,11 +157,6 @@ def _phrase(err: dict[str, Any]) -> str | None:
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes.framework import checkpoint
-
-    hold = checkpoint.hold(ctx)
-    if hold is not None:
-        return {"kind": "checkpointed", "why": hold}
     own, torch = ctx.config.of(Settings), ctx.config.of(Torch)
     if not own.model_path:
         return {"kind": "no-path"}
@@ -177,7 +169,8 @@ def gather(ctx: Context) -> dict[str, Any]:
         return deep.cached(entry, key, lambda report: validate(report, torch.torch_device), PHASES,
                            ttl=own.model_ttl)
 
-    return deep.locked_run(ctx, CACHE, key, reuse, lambda: run_worker(ctx), judge, early=True)
+    return deep.locked_run(ctx, CACHE, key, reuse, lambda: run_worker(ctx), judge, early=True,
+                           hold=checkpoint.hold)
 
 
 def on_deadline(ctx: Context) -> Result:
@@ -241,7 +234,7 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
 def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dict[str, Any]) -> Result:
     from probes.framework import cuda_errors
 
-    if err["kind"] in CUDA_KINDS:
+    if err["kind"] in ("load", "forward", "worker", "oom"):  # the failures a CUDA error can be behind
         where = f"{report['device']}, loading {path}"
         found = cuda_errors.failure(NAME, cuda_errors.identify(err["code"], err["message"]), where, **kw)
         if found is not None:

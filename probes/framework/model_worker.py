@@ -17,12 +17,12 @@ FORMATS = ("torchscript", "safetensors", "state-dict")
 ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
              "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
-# The report's fields and their kinds as the suite checks them ("?": or null); "error" nests.
+# The report's fields and their kinds as the suite checks them ("?": or null; a nested object).
+ERROR = {"kind": "str", "type": "str", "message": "str", "code": "int?"}
 REPORT = {"v": "int", "device": "str", "torch": "str?", "format": "str?", "loader": "str?",
           "file_bytes": "int?", "bytes": "int?", "budget": "int?", "budget_source": "str?", "load_ms": "num?",
           "params": "int?", "param_bytes": "int?", "peak_gpu": "int?", "forward_ms": "num?",
-          "max_err": "measure?", "scale": "measure?"}
-ERROR = {"kind": "str", "type": "str", "message": "str", "code": "int?"}
+          "max_err": "measure?", "scale": "measure?", "error": ERROR}
 INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
 
 
@@ -95,7 +95,7 @@ def parse_args(argv):
 
 
 def new_report(args):
-    return {**dict.fromkeys(REPORT), "v": SCHEMA, "device": args.device, "error": None}
+    return {**dict.fromkeys(REPORT), "v": SCHEMA, "device": args.device}
 
 
 def parse_input(spec):

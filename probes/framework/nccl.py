@@ -8,7 +8,7 @@ import os
 
 from probes import untrusted
 from probes.context import Context
-from probes.framework import deep
+from probes.framework import checkpoint, deep
 from probes.framework.deep import Torch, fix
 from probes.result import Result, passed, verdict
 from probes.spec import INTEGER, NUMBER, Declared, Spec, cause, setting
@@ -20,9 +20,7 @@ if TYPE_CHECKING:
 
 NAME = "nccl"
 UNIT = "ms"
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_worker.py")
 CACHE = "nccl.json"
-SHM = "/dev/shm"  # noqa: S108 (only its size is read)
 PHASES = r"start|import|nccl|init|place|allreduce|verify"
 BUFFERS_MIB = 256  # NCCL's buffers on each GPU, on top (NCCL_BUFFSIZE 4 MiB per channel and peer)
 ROOM = "HEALTHCHECK_TORCH_MIN_FREE_MIB plus NCCL's buffers"
@@ -79,12 +77,9 @@ SPEC = Spec(
             ON_CPU, deep.HELD_BACK, deep.INTERPRETER_NOT_FOUND, DEADLINE, deep.KILLED, deep.BAD_OUTPUT),
 )
 
-KINDS = ("no-nccl", "cuda-unavailable", "import", "collective", "worker")
-
-
 def shm_size() -> int | None:
     try:
-        st = os.statvfs(SHM)
+        st = os.statvfs("/dev/shm")  # noqa: S108 (only its size is read)
     except OSError:
         return None
     return st.f_frsize * st.f_blocks
@@ -93,12 +88,11 @@ def shm_size() -> int | None:
 def validate(report: Any) -> dict[str, Any]:
     from probes.framework import nccl_worker
 
-    deep.fields(report, nccl_worker.REPORT, "result", nested=("error",))
+    deep.fields(report, nccl_worker.REPORT, "result")
     if report["v"] != nccl_worker.SCHEMA or report["backend"] != "nccl":
         raise deep.Bad("the result is for another request")
     if report["error"] is not None:
-        deep.fields(report["error"], nccl_worker.ERROR, "result.error")
-        if report["error"]["kind"] not in KINDS:
+        if report["error"]["kind"] not in ("no-nccl", "cuda-unavailable", "import", "collective", "worker"):
             raise deep.Bad("result.error.kind is unknown")
     elif None in (report["count"], report["bad"], report["max_err"], report["ms"]):
         raise deep.Bad("a result without its measurements")
@@ -115,19 +109,13 @@ def warnings(stderr: bytes) -> list[str]:
 def run_worker(ctx: Context) -> dict[str, Any]:
     from probes.framework import nccl_worker
 
-    torch = ctx.config.of(Torch)
-    floor = torch.torch_min_free_mib
-    data, done = deep.run_worker(ctx, NAME, [torch.torch_python, WORKER], {"NCCL_DEBUG": "WARN"}, nccl_worker,
-                                 validate, PHASES, floor + BUFFERS_MIB if floor else 0)
+    floor = ctx.config.of(Torch).torch_min_free_mib
+    data, done = deep.run_worker(ctx, NAME, [], {"NCCL_DEBUG": "WARN"}, nccl_worker, validate, PHASES,
+                                 floor + BUFFERS_MIB if floor else 0)
     return {**data, "warnings": warnings(done.stderr) if done is not None else []}
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes.framework import checkpoint
-
-    hold = checkpoint.hold(ctx)
-    if hold is not None:
-        return {"kind": "checkpointed", "why": hold}
     own = ctx.config.of(Settings)
     if ctx.config.of(Torch).torch_device != "cuda":
         return {"kind": "device-cpu"}
@@ -140,7 +128,8 @@ def gather(ctx: Context) -> dict[str, Any]:
     def reuse(entry: dict[str, Any] | None) -> dict[str, Any] | None:
         return deep.cached(entry, key, validate, PHASES, {"shm": "int?"}, own.nccl_ttl)
 
-    return deep.locked_run(ctx, CACHE, key, reuse, lambda: {**run_worker(ctx), "shm": shm}, judge, early=True)
+    return deep.locked_run(ctx, CACHE, key, reuse, lambda: {**run_worker(ctx), "shm": shm}, judge,
+                           early=True, hold=checkpoint.hold)
 
 
 def on_deadline(ctx: Context) -> Result:
@@ -181,11 +170,9 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
     # The CUDA error behind a failed collective: the worker's exception, or NCCL's "Cuda failure".
     report = data.get("report")
     err = report["error"] if report is not None and not data.get("lingered") else None
-    cuda = None
-    if err is not None or lines:
-        message = "\n".join(([err["message"]] if err is not None else []) + lines)
-        found = cuda_errors.identify(err["code"] if err is not None else None, message)
-        cuda = cuda_errors.failure(NAME, found, "the GPUs", unit=UNIT, facts=dict(kw["facts"]))
+    message = "\n".join(([err["message"]] if err is not None else []) + lines)
+    found = cuda_errors.identify(err["code"] if err is not None else None, message)
+    cuda = cuda_errors.failure(NAME, found, "the GPUs", unit=UNIT, facts=dict(kw["facts"]))
     if cuda is not None and cuda.reason != deep.CUDA_ERROR.reason:
         return cuda
     if (line := _has(lines, SHM_WORDS)) is not None:
@@ -201,8 +188,8 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
             "cuda-unavailable": (deep.CUDA_UNAVAILABLE, "torch sees no GPU"),
             "import": (deep.INTERPRETER_NOT_FOUND, "torch cannot be imported")}
     if err is not None and err["kind"] in said:
-        row, what = said[err["kind"]]
-        return verdict(NAME, row, what, **kw)
+        cause, what = said[err["kind"]]
+        return verdict(NAME, cause, what, **kw)
     if err is not None:
         return cuda or verdict(NAME, NCCL_ERROR, f"the NCCL all-reduce failed ({err['type']}: "
                                f"{err['message'][:160]})", **kw)

@@ -11,10 +11,10 @@ PHASE = "HEALTHCHECK-NCCL-PHASE "
 SCHEMA = 2
 LENGTH = 1 << 16  # elements per tensor (256 KiB of float32): several NCCL chunks, trivial for a GPU
 MAX_TEXT = 400
-# The report's fields and their kinds as the suite checks them ("?": or null); "error" nests.
-REPORT = {"v": "int", "backend": "str", "torch": "str?", "nccl": "str?", "count": "int?", "ms": "num?",
-          "bad": "int?", "max_err": "num?"}
+# The report's fields and their kinds as the suite checks them ("?": or null; a nested object).
 ERROR = {"kind": "str", "type": "str", "message": "str", "code": "int?"}
+REPORT = {"v": "int", "backend": "str", "torch": "str?", "nccl": "str?", "count": "int?", "ms": "num?",
+          "bad": "int?", "max_err": "num?", "error": ERROR}
 HERE = os.path.dirname(os.path.abspath(__file__))
 _BASE = []  # type: list
 
@@ -63,7 +63,7 @@ def error(kind, exc):
 
 
 def new_report():
-    return {**dict.fromkeys(REPORT), "v": SCHEMA, "backend": "nccl", "error": None}
+    return {**dict.fromkeys(REPORT), "v": SCHEMA, "backend": "nccl"}
 
 
 def run_nccl(torch, report):

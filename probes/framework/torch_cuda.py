@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 
 from probes import deadlines, untrusted
@@ -23,13 +22,11 @@ if TYPE_CHECKING:
 
 NAME = "torch-cuda"
 UNIT = "devices"
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
 CACHE = "torch-cuda.json"
 SIZE = 1024  # 2 GFLOP: enough blocks to occupy a GPU, ~50 ms for the float64 CPU reference
 # float32 vs float64 at this size differs by ~4e-7 of the largest value; TF32 would give ~1e-3 and a
 # flipped exponent or high mantissa bit far more.
 TOLERANCE = 1e-4
-_CUDA_VERSION = r"(\d{1,3})\.(\d{1,3})"
 
 NOT_EXECUTABLE = fix("interpreter-not-executable", "interpreter not executable",
                      "set `HEALTHCHECK_TORCH_PYTHON` to an executable Python that has torch")
@@ -80,35 +77,25 @@ def requirements(config: Config) -> tuple[str, ...]:
     return (*SPEC.requires, "checkpoint") if config.of(Torch).torch_device == "cuda" else ()
 
 
-MAX_DEVICES = 1024
 TEXT = 120  # characters kept of each cleaned string of the report, but for these:
 TEXT_LIMITS = {"message": 1200, "visible_devices": 1000}  # a message keeps its line breaks, as \n
 PHASES = r"start|import|init|reference|device (cpu|\d{1,4})"
 
 
 def validate(report: Any, device: str, size: int) -> dict[str, Any]:
-    """A cleaned copy of the report if it matches the schema exactly; raises deep.Bad otherwise."""
     from probes.framework import torch_worker
 
-    deep.fields(report, torch_worker.REPORT, "result", nested=("error", "devices"))
+    deep.fields(report, torch_worker.REPORT, "result")
     if report["v"] != torch_worker.SCHEMA:
         raise deep.Bad(f"schema version {report['v']} is not {torch_worker.SCHEMA}")
     if report["device"] != device or report["size"] != size:
         raise deep.Bad("the result is for another request")
-    if report["count"] is not None and not 0 <= report["count"] <= MAX_DEVICES:
+    if report["count"] is not None and not 0 <= report["count"] <= deep.MAX_ITEMS:
         raise deep.Bad("result.count is out of range")
-    if report["error"] is not None:
-        deep.fields(report["error"], torch_worker.ERROR, "result.error")
     devices = report["devices"]
-    if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
-        raise deep.Bad("result.devices is not a list")
     for i, dev in enumerate(devices):
-        deep.fields(dev, torch_worker.DEVICE, f"result.devices[{i}]", nested=("error",))
-        if dev["error"] is None:
-            for key in ("op_ms", "max_err", "scale"):  # measured, so not null
-                deep.check(dev[key], torch_worker.DEVICE[key][:-1], False, f"result.devices[{i}].{key}")
-        else:
-            deep.fields(dev["error"], torch_worker.ERROR, f"result.devices[{i}].error")
+        if dev["error"] is None and None in (dev["op_ms"], dev["max_err"], dev["scale"]):
+            raise deep.Bad(f"result.devices[{i}] is missing a measurement")
     # A report without an error covers every device it counted.
     stopped = report["error"] is not None or any(d["error"] is not None for d in devices)
     if not stopped and report["count"] is not None and len(devices) != report["count"]:
@@ -120,8 +107,8 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
     from probes.framework import torch_worker
 
     own = ctx.config.of(Torch)
-    argv = [own.torch_python, WORKER, "--device", own.torch_device, "--size", str(SIZE)]
-    data, done = deep.run_worker(ctx, NAME, argv, {}, torch_worker,
+    args = ["--device", own.torch_device, "--size", str(SIZE)]
+    data, done = deep.run_worker(ctx, NAME, args, {}, torch_worker,
                                  lambda report: validate(report, own.torch_device, SIZE), PHASES,
                                  own.torch_min_free_mib)
     if done is None:
@@ -150,10 +137,6 @@ def gather(ctx: Context) -> dict[str, Any]:
     from probes.framework import checkpoint
     from probes.hardware import common as hw
 
-    why = checkpoint.hold(ctx) if own.torch_device == "cuda" else None
-    if why is not None:
-        return {"kind": "checkpointed", "why": why}
-
     seen = hw.seen(ctx.results) if own.torch_device == "cuda" else None
     expect = seen.count if seen is not None and seen.ok else None  # NVML's count when the hardware passed
     key = {"python": own.torch_python, "device": own.torch_device, "size": SIZE, "expect": expect,
@@ -164,7 +147,9 @@ def gather(ctx: Context) -> dict[str, Any]:
                            ttl)
 
     return deep.locked_run(ctx, CACHE, key, lambda entry: reuse(entry, own.torch_ttl),
-                           lambda: run_worker(ctx, expect), judge, early=True, share=reuse, relatch=True)
+                           lambda: run_worker(ctx, expect), judge, early=True,
+                           hold=checkpoint.hold if own.torch_device == "cuda" else None, share=reuse,
+                           relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:
@@ -314,7 +299,7 @@ def _driver_cuda(ctx: Context) -> str | None:
 def _version(text: Any, whole: bool = False) -> tuple[int, int] | None:
     import re
 
-    found = (re.fullmatch if whole else re.match)(_CUDA_VERSION, str(text or ""))
+    found = (re.fullmatch if whole else re.match)(r"(\d{1,3})\.(\d{1,3})", str(text or ""))
     return (int(found[1]), int(found[2])) if found else None
 
 

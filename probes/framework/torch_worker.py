@@ -13,12 +13,13 @@ MAX_TEXT = 1000  # characters of an error message: the CUDA error line and PyTor
 HERE = os.path.dirname(os.path.abspath(__file__))
 # After these "could not check" rows of cuda_errors.py (a test keeps them equal) the next device is tried;
 # after any other error the context may be corrupted and further CUDA calls may hang: it stops.
-# The report's fields and their kinds as the suite checks them ("?": or null); "error" and "devices" nest.
-REPORT = {"v": "int", "device": "str", "size": "int", "torch": "str?", "cuda": "str?", "cuda_built": "bool?",
-          "available": "bool?", "count": "int?", "visible_devices": "str?"}
-DEVICE = {"index": "int", "name": "str", "uuid": "str?", "op_ms": "num?", "max_err": "measure?",
-          "scale": "measure?", "free": "int?", "total": "int?"}
+# The report's fields and their kinds as the suite checks them ("?": or null; a nested object, or a list).
 ERROR = {"phase": "str", "type": "str", "message": "str", "device": "int?", "module": "str?", "code": "int?"}
+DEVICE = {"index": "int", "name": "str", "uuid": "str?", "op_ms": "num?", "max_err": "measure?",
+          "scale": "measure?", "free": "int?", "total": "int?", "error": ERROR}
+REPORT = {"v": "int", "device": "str", "size": "int", "torch": "str?", "cuda": "str?", "cuda_built": "bool?",
+          "available": "bool?", "count": "int?", "visible_devices": "str?", "error": ERROR,
+          "devices": [DEVICE]}
 BENIGN_CODES = (2, 46, 216, 807, 808, 809)
 BENIGN = ("all cuda-capable devices are busy or unavailable", "cublas_status_alloc_failed",
           "cuda out of memory", "cuda-capable device(s) is/are busy or unavailable",
@@ -67,7 +68,7 @@ def parse_args(argv):
 
 def new_report(args):
     return {**dict.fromkeys(REPORT), "v": SCHEMA, "device": args.device, "size": args.size,
-            "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "error": None, "devices": []}
+            "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "devices": []}
 
 
 def check_cuda(torch, report):

@@ -174,7 +174,7 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def check(ctx: Context, srv: Server) -> dict[str, Any]:
-    from probes.framework import free_memory
+    from probes.framework import deep as free_memory
     from probes.services import kernel_run
 
     end = ctx.deadline - deadlines.MARGIN

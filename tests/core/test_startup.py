@@ -22,7 +22,7 @@ HEAVY = ("typing", "ctypes", "subprocess", "json", "re", "argparse", "logging", 
          # what a probe needs only while it runs, never to be declared
          "probes.proc", "probes.hardware.nvml_lib", "probes.framework.torch_worker",
          "probes.framework.model_worker", "probes.framework.nccl_worker", "probes.framework.checkpoint_child",
-         "probes.framework.free_memory", "probes.framework.cuda_errors",
+         "probes.framework.cuda_errors",
          # the services' sockets, jupyter-kernel's client and its run: never with the services off
          "websocket", "probes.services.net", "probes.services.kernel_run")
 SCRIPT = ("import sys\nfrom probes.cli import main\ncode = main(['--profile', 'liveness'])\n"

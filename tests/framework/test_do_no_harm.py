@@ -15,7 +15,7 @@ from typing import Callable
 
 import pytest
 
-from probes.framework import deep, free_memory
+from probes.framework import deep
 from tests.conftest import ROOT
 from tests.framework.conftest import REAL_PYTHON, Interp
 from tests.hardware.conftest import cli_env, fake_nvml  # noqa: F401  (the fixture)
@@ -99,20 +99,20 @@ def test_when_nvml_cannot_say_the_gpu_is_checked_as_before(tmp_path: Path, fake_
 def test_what_nvml_cannot_say_is_noted_and_holds_nothing_back(
         fake_nvml: Path, scenario_file: Callable[..., Path], lines: list[str], unknown: str) -> None:  # noqa: F811
     scenario_file(*lines)
-    space = free_memory.survey(1024, {})
+    space = deep.survey(1024, {})
     assert space.unknown == unknown and space.visible is None and not space.none_left
-    assert free_memory.read(space.facts()) == space.facts()
+    assert deep.room_facts(space.facts()) == space.facts()
 
 
 def test_the_survey_narrows_to_the_gpus_with_room(fake_nvml: Path,  # noqa: F811
                                                  scenario_file: Callable[..., Path]) -> None:  # noqa: F811
     scenario_file(*scenario("gpu 0 memory 81559 81000", "gpu 1 memory 81559 79000", gpus=2))
-    space = free_memory.survey(1024, {})
+    space = deep.survey(1024, {})
     assert [g.index for g in space.full] == [0] and space.visible == UUIDS[1] and space.unknown is None
-    assert free_memory.survey(4096, {}).none_left
-    assert free_memory.survey(1024, {"CUDA_VISIBLE_DEVICES": "0"}).none_left
-    assert free_memory.survey(1024, {"CUDA_VISIBLE_DEVICES": UUIDS[1]}).visible is None  # nothing held back
-    assert free_memory.survey(0, {}).unknown == "off (HEALTHCHECK_TORCH_MIN_FREE_MIB=0)"
+    assert deep.survey(4096, {}).none_left
+    assert deep.survey(1024, {"CUDA_VISIBLE_DEVICES": "0"}).none_left
+    assert deep.survey(1024, {"CUDA_VISIBLE_DEVICES": UUIDS[1]}).visible is None  # nothing held back
+    assert deep.survey(0, {}).unknown == "off (HEALTHCHECK_TORCH_MIN_FREE_MIB=0)"
 
 
 def test_a_gpu_reporting_no_memory_is_not_the_workloads_and_is_checked(tmp_path: Path, fake_nvml: Path,  # noqa: F811
@@ -145,6 +145,6 @@ def test_a_full_gpu_with_an_enormous_total_stays_in_the_result(tmp_path: Path, f
 def test_a_gpu_reporting_no_memory_is_noted_and_holds_nothing_back(
         fake_nvml: Path, scenario_file: Callable[..., Path], lines: list[str], unknown: str) -> None:  # noqa: F811
     scenario_file(*lines)
-    space = free_memory.survey(1024, {})
+    space = deep.survey(1024, {})
     assert space.unknown == unknown and not space.full and space.visible is None
-    assert free_memory.read(space.facts()) == space.facts()
+    assert deep.room_facts(space.facts()) == space.facts()

@@ -33,7 +33,7 @@ def nvidia_smi_count() -> int:
 
 
 def worker_report(*extra: str, env: dict[str, str] | None = None) -> dict:
-    done = subprocess.run([PY, torch_cuda.WORKER, "--device", "cuda", "--size", str(torch_cuda.SIZE), *extra],
+    done = subprocess.run([PY, torch_worker.__file__, "--device", "cuda", "--size", str(torch_cuda.SIZE), *extra],
                           capture_output=True, timeout=300, check=True, env=env)
     report, problem = deep.parse(done.stdout, torch_worker.PREFIX,
                                  lambda report: torch_cuda.validate(report, "cuda", torch_cuda.SIZE))

@@ -82,7 +82,7 @@ dist.destroy_process_group()
 @pytest.mark.parametrize("world", [1, 2])
 def test_the_checking_code_verifies_a_real_gloo_all_reduce(world: int) -> None:
     init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [subprocess.Popen([REAL_PYTHON, "-c", GLOO_RANK, nccl.WORKER, str(world), str(rank), init],
+    procs = [subprocess.Popen([REAL_PYTHON, "-c", GLOO_RANK, nccl_worker.__file__, str(world), str(rank), init],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for rank in range(world)]
     for p in procs:
         out, _ = p.communicate(timeout=120)

@@ -60,9 +60,15 @@ def test_fields_are_exactly_the_schema():
             deep.fields(obj, spec, "r")
 
 
-def test_nested_fields_must_be_there_and_are_left_to_the_caller():
-    spec = {"a": "int"}
-    deep.fields({"a": 1, "error": {"anything": [1]}}, spec, "r", nested=("error",))
-    for obj in ({"a": 1}, {"a": 1, "error": None, "c": 0}):
-        with pytest.raises(deep.Bad, match="unexpected or missing"):
-            deep.fields(obj, spec, "r", nested=("error",))
+def test_nested_objects_and_lists_are_checked_field_by_field():
+    spec = {"a": "int", "error": {"kind": "str"}, "items": [{"n": "int"}]}
+    deep.fields({"a": 1, "error": None, "items": []}, spec, "r")
+    deep.fields({"a": 1, "error": {"kind": "x"}, "items": [{"n": 1}, {"n": 2}]}, spec, "r")
+    for obj, why in (({"a": 1, "items": []}, "r has unexpected or missing"),
+                     ({"a": 1, "error": {"kind": 1}, "items": []}, "r.error.kind has the wrong type"),
+                     ({"a": 1, "error": {}, "items": []}, "r.error has unexpected or missing"),
+                     ({"a": 1, "error": None, "items": {"n": 1}}, "r.items is not a list"),
+                     ({"a": 1, "error": None, "items": [{"n": 1}] * (deep.MAX_ITEMS + 1)}, "r.items is not a list"),
+                     ({"a": 1, "error": None, "items": [{"n": 1}, {"n": None}]}, r"r.items\[1\].n is missing")):
+        with pytest.raises(deep.Bad, match=why):
+            deep.fields(obj, spec, "r")

@@ -35,7 +35,7 @@ def test_cuda_on_a_cpu_build_is_not_available_with_remedy(tmp_path: Path) -> Non
 
 
 def test_worker_prints_exactly_one_valid_line() -> None:
-    done = subprocess.run([REAL_PYTHON, torch_cuda.WORKER, "--device", "cpu", "--size", "64"],
+    done = subprocess.run([REAL_PYTHON, torch_worker.__file__, "--device", "cpu", "--size", "64"],
                           capture_output=True, timeout=120, check=True)
     lines = done.stdout.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith(torch_worker.PREFIX)
