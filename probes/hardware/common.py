@@ -76,7 +76,7 @@ GPU_COUNT_LOW = cause("gpu-count", "fewer GPUs than `HEALTHCHECK_GPU_COUNT`", "s
 DEADLINE = cause("deadline", "no answer by the deadline (driver wedged)", f"{WEDGED}; enable persistence "
                  "mode on the host (`nvidia-smi -pm 1`)", action="reset-gpu", actor="operator")
 
-# NVML's own, raised by nvml_lib (for the nvml probe, free_memory and serve's event watcher).
+# NVML's own, raised by nvml_lib (for the nvml probe, deep.survey and serve's event watcher).
 BINDINGS_MISSING = cause("nvml-bindings-missing", "nvidia-ml-py not installed in the suite's environment",
                          "`pip install nvidia-ml-py`", action="fix-config", actor="tenant")
 BINDINGS_SHADOWED = cause("nvml-bindings-shadowed", "the deprecated `pynvml` package shadows nvidia-ml-py",

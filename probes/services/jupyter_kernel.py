@@ -174,7 +174,6 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def check(ctx: Context, srv: Server) -> dict[str, Any]:
-    from probes.framework import deep as free_memory
     from probes.services import kernel_run
 
     end = ctx.deadline - deadlines.MARGIN
@@ -196,7 +195,7 @@ def check(ctx: Context, srv: Server) -> dict[str, Any]:
     except ImportError:
         return {**data, "outcome": "no-client"}
     # Do no harm: where the workload holds a GPU's memory, the cell only looks (no op, no context).
-    space = free_memory.survey(torch.torch_min_free_mib, os.environ) if torch.torch_device == "cuda" else None
+    space = deep.survey(torch.torch_min_free_mib, os.environ) if torch.torch_device == "cuda" else None
     data["room"] = space.facts() if space is not None and space.full else None
     code = CELL % (PREFIX, torch.torch_device, data["room"] is not None)
     return {**data, **kernel_run.run(ctx, srv, name, specs[name], code, share, end)}
