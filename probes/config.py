@@ -9,10 +9,9 @@ import types
 
 from probes import registry, spec
 from probes.deadlines import FRONT_DOOR_GRACE
-from probes.numbers import NUMBER_FORM, is_integer_text, is_number_text
 from probes.record import Record
 from probes.spec import ALL_PROFILES, PROFILE_RULES, Declared, Setting, setting
-from probes.untrusted import clean
+from probes.untrusted import NUMBER_FORM, clean, is_integer_text, is_number_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -8,11 +8,10 @@ import os
 import stat
 
 from probes import childio, untrusted
-from probes.numbers import is_number_text
 from probes.record import Record
 from probes.result import Result, passed, verdict
 from probes.spec import ALL_PROFILES, Cause, Spec, cause
-from probes.untrusted import clean
+from probes.untrusted import clean, is_number_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

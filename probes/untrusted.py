@@ -16,6 +16,20 @@ MAX_TEXT = 300  # characters of one cleaned value unless the caller says otherwi
 MAX_DEPTH = 32  # nesting of arrays and objects in any JSON the suite reads
 MAX_INT_DIGITS = 30  # far beyond any count, size or pid; float() of it is always finite
 READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC  # never a link, never blocks
+NUMBER_FORM = "digits with an optional fraction, e.g. 25 or 2.5"
+
+
+# The suite's number grammar: ``float()`` takes ' 1e3 ', 'nan' and '1_000'; ``str.isdigit`` takes '\u00b2',
+# which ``int()`` refuses.
+def is_integer_text(text: str) -> bool:
+    return bool(text) and all("0" <= ch <= "9" for ch in text)
+
+
+def is_number_text(text: str) -> bool:
+    whole, dot, frac = text.partition(".")
+    if frac and not is_integer_text(frac):
+        return False
+    return is_integer_text(whole) or (not whole and bool(dot) and bool(frac))
 
 
 def clean(value: Any, limit: int = MAX_TEXT) -> str:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from probes.context import Context
 from probes.hardware import common as hw
-from probes.numbers import is_integer_text
 from probes.record import Record
 from probes.result import Result, passed, verdict
 from probes.spec import Spec, cause
-from probes.untrusted import clean, squeeze
+from probes.untrusted import clean, is_integer_text, squeeze
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ import ipaddress
 from probes import spec
 from probes.config import SPACE
 from probes.hardware import xids
-from probes.numbers import is_integer_text, is_number_text
 from probes.spec import BOOL, INTEGER, NUMBER, TEXT, cause, setting
+from probes.untrusted import is_integer_text, is_number_text
 
 PROFILES = spec.ALL_PROFILES
 DEFAULT_PORT = 8779
@@ -49,7 +49,6 @@ def parse_xids(text: str) -> frozenset[int]:
     if text.lower() == "none":
         return frozenset()
     values = [v.strip(SPACE) for v in text.split(",") if v.strip(SPACE)]
-    # is_integer_text: str.isdigit() takes '\u00b2', which int() refuses.
     if not values or not all(is_integer_text(v) and len(v) <= 4 and int(v) > 0 for v in values):
         raise ValueError("is not a list of Xids (accepted: comma-separated integers 1-9999, or none)")
     return frozenset(int(v) for v in values)
