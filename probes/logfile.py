@@ -24,24 +24,6 @@ def _why(exc: OSError) -> str:
     return words.get(exc.errno or 0, exc.strerror or "unusable")
 
 
-def open_append(path: str) -> IO[str]:
-    """``path`` opened for appending if it is (or becomes) a regular file, else OSError."""
-    try:
-        fd, made = os.open(path, FLAGS | os.O_EXCL, 0o600), True
-    except FileExistsError:
-        fd, made = os.open(path, FLAGS, 0o600), False
-    try:
-        if made:  # 0600 whatever the umask (0277 would leave it unwritable by our next run)
-            os.fchmod(fd, 0o600)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 class SafeFileHandler(logging.handlers.RotatingFileHandler):
     """Opens safely; its errors are kept in ``failure``, the first told to ``on_error``."""
 
@@ -51,7 +33,21 @@ class SafeFileHandler(logging.handlers.RotatingFileHandler):
         super().__init__(path, maxBytes=MAX_BYTES, backupCount=1, encoding="utf-8")
 
     def _open(self) -> IO[str]:  # type: ignore[override]
-        return open_append(self.baseFilename)
+        """The file opened for appending if it is (or becomes) a regular file, else OSError."""
+        try:
+            fd, made = os.open(self.baseFilename, FLAGS | os.O_EXCL, 0o600), True
+        except FileExistsError:
+            fd, made = os.open(self.baseFilename, FLAGS, 0o600), False
+        try:
+            if made:  # 0600 whatever the umask (0277 would leave it unwritable by our next run)
+                os.fchmod(fd, 0o600)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
+        except BaseException:
+            os.close(fd)
+            raise
 
     def handleError(self, record: logging.LogRecord) -> None:
         exc = sys.exc_info()[1]
