@@ -175,7 +175,6 @@ def _notice_dir(where: str) -> int | None:
 
 
 def publish(path: str, text: str) -> None:
-    """Replace the notice at ``path`` atomically with ``text``, 0644."""
     where, name = os.path.split(path)
     fd = _notice_dir(where)
     if fd is None:

@@ -83,7 +83,6 @@ def _raised(spec: Spec, exc: Exception) -> Result:
 
 
 def _deadline(spec: Spec, ctx: Context, budget: float) -> Result:
-    """Its module's ``on_deadline`` result, if any."""
     try:
         hook: Callable[[Context], Result] | None = getattr(spec.load(), "on_deadline", None)
         if hook is not None:

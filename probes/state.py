@@ -120,7 +120,6 @@ def _remove(path: str, how: Any = os.unlink) -> None:
 
 
 def process_start_time(pid: int) -> str | None:
-    """None if it is gone or a zombie."""
     st = pidstat.stat(pid)
     return None if st is None or st.state == b"Z" else str(st.start)
 

@@ -147,7 +147,6 @@ def parse_rows(text: str) -> tuple[list[dict[str, Any]], str | None]:
         if not line or re.search(_LOST, line):
             continue
         parts = [p.strip() for p in line.split(",")]
-        # is_integer_text, not isdigit(): that accepts '\u00b2', which int() refuses.
         if (len(parts) < 3 or not is_integer_text(parts[0]) or len(parts[0]) > 6
                 or not re.match(r"(GPU|MIG)-[0-9A-Za-z-]+\Z", parts[-1])):
             return gpus, line
