@@ -153,9 +153,7 @@ def parse_base_url(name: str, raw: str) -> str:
     return v if v.endswith("/") else v + "/"
 
 
-class Globals(Declared):
-    """The suite's own settings: a Config's attributes."""
-
+class Globals(Declared):  # the suite's own settings
     profile: str = setting("HEALTHCHECK_PROFILE", spec.CHOICE, DEFAULT_PROFILE,
                            "`startup`, `readiness` or `liveness` (`--profile` wins)", choices=ALL_PROFILES)
     timeout: float = setting(

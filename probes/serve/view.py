@@ -60,7 +60,6 @@ def parse_report(stdout: bytes) -> dict[str, Any] | None:
     notes, skipped = data.get("notes"), data.get("skipped")
     return {"status": data["status"], "output": squeeze(data.get("output", "")), "checks": rebuilt,
             "notes": [squeeze(n) for n in notes[:20]] if isinstance(notes, list) else [],
-            # the probes that did not run, keyed like checks (non-standard)
             "skipped": {squeeze(k, 80): {f: squeeze(v[f]) for f in ("output", "reason", "time")
                                          if isinstance(v.get(f), str)}
                         for k, v in list(skipped.items())[:40] if isinstance(v, dict)}
