@@ -81,7 +81,6 @@ BUCKETS: dict[str, Bucket] = {
         OTHER, "none-named", "see the catalog's notes for this Xid",
         "the catalog names no immediate action (newer entries); HEALTHCHECK_XID_CRITICAL adds one"),
 }
-LABELS = {action: b.label for action, b in BUCKETS.items()}
 UNKNOWN = Bucket(OTHER, "unknown", "see NVIDIA's current Xid documentation",
                  "not in the catalog read here: shown, never latched")
 
@@ -279,10 +278,6 @@ CATALOG: dict[int, Xid] = {
     171: Xid("UNCORRECTABLE_DRAM_ERROR", "the DRAM details of an Xid 48", NO_BUCKET),
     172: Xid("UNCORRECTABLE_SRAM_ERROR", "the SRAM details of an Xid 48", NO_BUCKET),
 }
-
-
-def label(xid: int) -> str:
-    return bucket(xid).label
 
 
 def bucket(xid: int) -> Bucket:

@@ -54,8 +54,8 @@ SUFFIX = {"counter": "_total", "info": "_info"}
 def action(kind: str, xid: str) -> str:
     """What an event needs, whatever serve's latch policy says (docs/serve.md's metrics table)."""
     if kind == "xid":
-        return xids.label(int(xid)) if xid.isdigit() and len(xid) < 6 else "unknown"
-    return xids.LABELS[xids.RESET_GPU] if kind == "ecc-double" else "none"
+        return xids.bucket(int(xid)).label if xid.isdigit() and len(xid) < 6 else "unknown"
+    return xids.BUCKETS[xids.RESET_GPU].label if kind == "ecc-double" else "none"
 
 
 def _facts(snap: Snapshot, probe: str) -> dict[str, Any]:
