@@ -95,7 +95,6 @@ def _spans(codes: Sequence[int]) -> str:
 
 
 def xid_actions() -> str:
-    """Per catalog action: its Xids, what serve does, what to do and why."""
     rows = []
     for action, b in xids.BUCKETS.items():
         codes = sorted(x for x, e in xids.CATALOG.items() if e.action == action)
@@ -121,7 +120,6 @@ def cuda_error_table() -> str:
 
 
 def deadline_ladder() -> str:
-    """When each rung of the ladder ends a run of each profile, in seconds from its start."""
     d = deadlines
     rows = [(f"`{p.name}`", f"{p.timeout:g} s", f"{runner.run_deadline(p.timeout, 0.0):g} s",
              f"{d.hard_stop(p.timeout)} s", f"{d.hard_stop(p.timeout) + d.FRONT_DOOR_KILL_AFTER} s",
