@@ -72,9 +72,7 @@ def spawn_error(exc: OSError, program: str, env: Mapping[str, str] | None, cwd: 
     return errno.errorcode.get(exc.errno or 0, "cannot start").lower()
 
 
-class Output(Record):
-    """A child's stdout (up to ``max_output`` bytes) and stderr (up to MAX_STDERR); ``cut``: more came."""
-
+class Output(Record):  # a child's stdout (to max_output bytes) and stderr (to MAX_STDERR); cut: more came
     out_fd: int
     err_fd: int
     max_output: int

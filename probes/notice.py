@@ -32,9 +32,7 @@ MAX_LINE = 700  # characters of a log line
 OPERATOR = "not fixable from inside this container; your platform's operator is alerted if alerting is set up"
 
 
-class Verdict(Record):
-    """A check's verdict as the person is told it."""
-
+class Verdict(Record):  # a check's verdict as the person is told it
     time: float  # when its results were taken (wall clock)
     key: str = ""  # "probe/reason" of the first failure; "" when healthy
     what: str = ""  # "nvml: GPU 0 is lost": the probe and what it observed, without the remedy

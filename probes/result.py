@@ -15,9 +15,7 @@ if TYPE_CHECKING:
     from probes.spec import Cause
 
 
-class Status(enum.Enum):
-    """A probe's status; its value is what JSON and the metrics read."""
-
+class Status(enum.Enum):  # a probe's status; its value is what JSON and the metrics read
     PASS = "pass"
     WARN = "warn"
     FAIL = "fail"

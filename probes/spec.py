@@ -51,9 +51,7 @@ BOOL, NUMBER, INTEGER, PORT = "bool", "number", "integer", "port"
 TEXT, CHOICE, URL_PATH, HOST, ABSOLUTE_PATH = "text", "choice", "path", "host", "absolute-path"
 
 
-class Setting(Record):
-    """One environment variable a probe reads, with its validation and its row in docs/probes.md."""
-
+class Setting(Record):  # an environment variable a probe reads, its validation, its row in docs/probes.md
     env: str  # HEALTHCHECK_SSH_PORT
     field: str  # the field of the probe's Settings record: config.of(Settings).ssh_port
     kind: str  # BOOL, NUMBER, INTEGER, PORT, TEXT, CHOICE, URL_PATH, HOST or ABSOLUTE_PATH

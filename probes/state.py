@@ -183,9 +183,7 @@ class Lock(Record):
             self.fd = None
 
 
-class State(Record):
-    """Access to the state directory; every method degrades to a no-op when it is off."""
-
+class State(Record):  # the state directory; every method degrades to a no-op when it is off
     path: str | None
     disabled_reason: str | None = None
     problem: str | None = None  # why the last write failed
