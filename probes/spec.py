@@ -14,9 +14,7 @@ if TYPE_CHECKING:
     from typing import Any, ClassVar, Self
 
 
-class Profile(Record):
-    """What a profile (``--profile``) means: probes ask ``ctx.config.profile_rules``, never its name."""
-
+class Profile(Record):  # what a profile (--profile) means: probes ask config.profile_rules, never its name
     name: str
     timeout: float  # the run's deadline when HEALTHCHECK_TIMEOUT is unset (the margins: probes/deadlines.py)
     reuses_cache: bool = False  # a passing costly result (torch-cuda, model, nccl) within its TTL answers

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from types import ModuleType
 
 from probes.hardware import common as hw
@@ -313,8 +314,6 @@ def watch_events(stop: threading.Event, wait_ms: int = 500, sample_s: float = 0.
 
 
 def _events(stop: threading.Event, wait_ms: int, sample_s: float) -> Iterator[Event | None]:
-    import time
-
     nv = init()
     try:
         event_set = nv.nvmlEventSetCreate()

@@ -58,9 +58,7 @@ SPEC = Spec(
 NAME = SPEC.name
 
 
-class System(Record):
-    """Where accounts and sshd's configuration are read; ``nss``: a user not in ``passwd`` is looked up."""
-
+class System(Record):  # where accounts and sshd's configuration are read; nss: look up users not in passwd
     passwd: str = "/etc/passwd"
     shadow: str = "/etc/shadow"
     sshd_config: str = "/etc/ssh/sshd_config"
