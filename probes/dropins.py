@@ -32,7 +32,6 @@ BACKUP_SUFFIXES = ("~", ".bak", ".swp", ".swo", ".orig", ".rej", ".tmp", ".old",
 # The causes a drop-in can report (docs/probes.md's table is generated from these). The image's
 # owner writes the checks and what they check: the tenant acts on them.
 PASSED = cause("", "exit 0", "none", "pass", action="none", actor="tenant")
-# The check's own message says what to do (remedy=False).
 WARNING = cause("check-warning", "exit 1 (warning)", "see the check's message", "warn", action="fix-config",
                 actor="tenant")
 FAILED = cause("check-failed", "exit 2 (critical)", "see the check's message", action="fix-config",

@@ -19,8 +19,7 @@ READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC 
 NUMBER_FORM = "digits with an optional fraction, e.g. 25 or 2.5"
 
 
-# The suite's number grammar: ``float()`` takes ' 1e3 ', 'nan' and '1_000'; ``str.isdigit`` takes '\u00b2',
-# which ``int()`` refuses.
+# Number grammar: float() takes ' 1e3 ', 'nan' and '1_000'; str.isdigit takes '\u00b2', which int() refuses.
 def is_integer_text(text: str) -> bool:
     return bool(text) and all("0" <= ch <= "9" for ch in text)
 

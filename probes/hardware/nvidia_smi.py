@@ -186,7 +186,6 @@ def judge(data: proc.Completed, ctx: Context) -> Result:
         others = f"{hw.plural(len(gpus))} still reported" if gpus else "no other GPU reported"
         return verdict(NAME, hw.GPU_LOST,
                        f"GPU {lost[0]} is lost (Unable to determine the device handle; {others})", **counted)
-    # Not run through a shell: a signal is Completed.signal, and an exit of 129-254 is a plain exit.
     if data.signal is not None:
         return verdict(NAME, KILLED, f"nvidia-smi was killed by {proc.signal_name(data.signal)}")
     if data.returncode or bad_line:  # what it printed decides, else the exit code
