@@ -55,7 +55,6 @@ def verdict_of(outcome: Outcome, probes: Iterable[Spec]) -> Verdict:
     cause = next((c for table in tables for c in table if c.reason == problem.reason), None)
     remedy = cause.remedy.replace("`", "") if cause is not None else ""
     detail = problem.message.removesuffix(f": {remedy}") if remedy else problem.message
-    # who acts: the result's own actor, from its cause when it was judged
     words = OPERATOR if problem.actor != "tenant" else (
         f"you can fix this: {remedy}" if remedy else "you can fix this (the message says how)")
     return Verdict(when, f"{problem.name}/{problem.reason}", clean(f"{problem.name}: {detail}", MAX_PART),
