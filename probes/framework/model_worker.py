@@ -94,10 +94,6 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def new_report(args):
-    return {**dict.fromkeys(REPORT), "v": SCHEMA, "device": args.device}
-
-
 def parse_input(spec):
     """``1x3x224x224:float16[:zeros|seeded]`` -> (shape, dtype name, fill); the suite's too."""
     parts = spec.split(":")
@@ -414,7 +410,8 @@ def main(argv=None):
     # Nothing in this folder or the current directory may stand in for torch or the standard library.
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != HERE]
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    scaffold().run(PREFIX, PHASE, new_report(args), lambda report: work(args, report), failed, trace=True)
+    report = {**dict.fromkeys(REPORT), "v": SCHEMA, "device": args.device}
+    scaffold().run(PREFIX, PHASE, report, lambda out: work(args, out), failed, trace=True)
 
 
 if __name__ == "__main__":

@@ -62,10 +62,6 @@ def error(kind, exc):
     return err
 
 
-def new_report():
-    return {**dict.fromkeys(REPORT), "v": SCHEMA, "backend": "nccl"}
-
-
 def run_nccl(torch, report):
     phase("nccl")
     try:
@@ -120,7 +116,8 @@ def work(report):
 def main():
     # Nothing in this folder or the current directory may stand in for torch or the standard library.
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != HERE]
-    scaffold().run(PREFIX, PHASE, new_report(), work, lambda exc: error("worker", exc))
+    report = {**dict.fromkeys(REPORT), "v": SCHEMA, "backend": "nccl"}
+    scaffold().run(PREFIX, PHASE, report, work, lambda exc: error("worker", exc))
 
 
 if __name__ == "__main__":
