@@ -410,8 +410,7 @@ def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable
         return None
     schema = {**WORKER_RUN, **(extra or {})}
     try:
-        for name, kind in schema.items():
-            check(data.get(name), kind.rstrip("?"), kind.endswith("?"), name)
+        fields({name: data.get(name) for name in schema}, schema, "cached")
         if data["phase"] is not None and not re.fullmatch(phases, data["phase"]):
             return None
         report = None if data.get("report") is None else validate(data["report"])
