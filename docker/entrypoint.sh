@@ -123,8 +123,6 @@ rm -f "$runtime_dir"/jpserver-*.json "$runtime_dir"/jpserver-*.html
 if [ -z "${JUPYTER_TOKEN:-}" ]; then
   JUPYTER_TOKEN=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
   log "jupyter: generated a token; read it with: docker exec <container> cat $runtime_dir/token"
-else
-  log "jupyter: using the token from JUPYTER_TOKEN"
 fi
 (umask 077 && printf '%s\n' "$JUPYTER_TOKEN" >"$runtime_dir/token")
 [ -z "$ssh" ] || chown "$user:$group" "$runtime_dir/token"
