@@ -129,14 +129,13 @@ fi
 export JUPYTER_TOKEN
 
 # --- Run them all, stop them all ---------------------------------------------------------------
-sshd_pid='' jupyter_pid='' serve_pid=''
+declare -A names=() # pid -> service, while it runs
 
 # shellcheck disable=SC2329  # invoked through the trap below
 stop() {
   trap - TERM INT
   log "stopping ${ssh:+sshd, }jupyter${serve:+ and healthcheck serve}"
-  # shellcheck disable=SC2086  # the pids are numbers or empty
-  kill -TERM $sshd_pid $jupyter_pid $serve_pid 2>/dev/null || true
+  kill -TERM "${!names[@]}" 2>/dev/null || true
   wait || true
   exit 0
 }
@@ -144,8 +143,8 @@ trap stop TERM INT
 
 if [ -n "$ssh" ]; then
   /usr/sbin/sshd -D -e "${sshd_args[@]}" &
-  sshd_pid=$!
-  log "sshd started (pid $sshd_pid)"
+  names[$!]=sshd
+  log "sshd started (pid $!)"
 fi
 
 # The token travels in the environment (not argv, which `ps` shows to everyone).
@@ -157,22 +156,19 @@ jupyter_argv=(jupyter lab --no-browser --ip=0.0.0.0 --port="$port" --ServerApp.p
   exec setpriv --reuid="$user" --regid="$group" --init-groups \
     env HOME="$home" USER="$user" LOGNAME="$user" SHELL=/bin/bash "${jupyter_argv[@]}"
 ) &
-jupyter_pid=$!
-log "jupyter lab started as $user on port $port (pid $jupyter_pid)"
+names[$!]=jupyter
+log "jupyter lab started as $user on port $port (pid $!)"
 
 # serve runs as root like the exec probes (it reads Jupyter's runtime dir and ends what its runs
 # leave behind); if it ends, /livez stops answering and the kubelet restarts the container.
 if [ -n "$serve" ]; then
   healthcheck serve &
-  serve_pid=$!
-  log "healthcheck serve started (pid $serve_pid)"
+  names[$!]="healthcheck serve"
+  log "healthcheck serve started (pid $!)"
 fi
 
 # A service that ends is reported by the health check (the container becomes unhealthy)
 # rather than stopping the container; the entrypoint ends when all have ended.
-declare -A names=(["$jupyter_pid"]=jupyter)
-[ -z "$sshd_pid" ] || names["$sshd_pid"]=sshd
-[ -z "$serve_pid" ] || names["$serve_pid"]="healthcheck serve"
 while [ "${#names[@]}" -gt 0 ]; do
   ended='' status=0
   wait -n -p ended "${!names[@]}" || status=$?
