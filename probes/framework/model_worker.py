@@ -13,7 +13,6 @@ SEED = 20240601
 MAX_TEXT = 400
 MAX_HEADER = 100 * 2**20  # safetensors' own limit for its JSON header
 FORMATS = ("torchscript", "safetensors", "state-dict")
-# safetensors dtype names -> torch dtype attribute names
 ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
              "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
@@ -401,9 +400,8 @@ def work(args, report):
 def failed(exc):
     if isinstance(exc, Failure):
         return {"kind": exc.kind, "type": "Failure", "message": text(exc), "code": exc.code}
-    err = scaffold().described(exc, MAX_TEXT)
-    err["kind"] = "oom" if "out of memory" in str(exc).lower() else "worker"
-    return err
+    kind = "oom" if "out of memory" in str(exc).lower() else "worker"
+    return dict(scaffold().described(exc, MAX_TEXT), kind=kind)
 
 
 def main(argv=None):

@@ -57,9 +57,7 @@ def verify(torch, tensors, world):
 
 
 def error(kind, exc):
-    err = scaffold().described(exc, MAX_TEXT)
-    err["kind"] = kind
-    return err
+    return dict(scaffold().described(exc, MAX_TEXT), kind=kind)
 
 
 def run_nccl(torch, report):
