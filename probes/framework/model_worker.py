@@ -254,11 +254,8 @@ def load_safetensors(torch, fh, size, device):
         if dtype is None:
             raise Failure("unsupported", "a dtype unknown to this torch")
         begin, end = info["data_offsets"]
-        count = 1
-        for d in info["shape"]:
-            count *= d
         width = torch.empty((), dtype=dtype).element_size()
-        if count * width != end - begin:
+        if torch.Size(info["shape"]).numel() * width != end - begin:
             raise Failure("corrupt", "a tensor's size does not match its shape")
         fh.seek(start + begin)
         raw = bytearray(fh.read(end - begin))

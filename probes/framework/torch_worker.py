@@ -156,10 +156,8 @@ def work(args, report):
         report["devices"].append(entry)
         phase("device cpu" if index is None else "device " + str(index))
         try:
-            if index is None:
-                device = torch.device("cpu")
-            else:
-                device = torch.device("cuda", index)
+            device = torch.device("cpu") if index is None else torch.device("cuda", index)
+            if index is not None:
                 entry["name"] = str(torch.cuda.get_device_name(index))
                 try:
                     uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
