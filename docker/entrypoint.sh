@@ -66,9 +66,7 @@ setup_ssh() {
   if [ -n "$keys" ]; then
     install -d -m 0700 -o "$user" -g "$group" "$home/.ssh" \
       || abort "cannot write $home/.ssh for the SSH keys: on a read-only root, mount a volume at $home"
-    printf '%s\n' "$keys" >"$home/.ssh/authorized_keys.new"
-    chown "$user:$group" "$home/.ssh/authorized_keys.new"
-    chmod 0600 "$home/.ssh/authorized_keys.new"
+    printf '%s\n' "$keys" | install -m 0600 -o "$user" -g "$group" /dev/stdin "$home/.ssh/authorized_keys.new"
     mv -f "$home/.ssh/authorized_keys.new" "$home/.ssh/authorized_keys"
     log "ssh: $(grep -c -v -e '^#' -e '^$' "$home/.ssh/authorized_keys" || true) authorized key(s) for $user"
   else
@@ -90,9 +88,8 @@ setup_ssh() {
     rm -f "$probe_key" "$probe_key.pub"
     (umask 077 && ssh-keygen -q -t ed25519 -N '' -C healthcheck-probe -f "$probe_key" </dev/null >/dev/null) ||
       abort "cannot make the SSH probe key $probe_key"
-    printf 'restrict,from="127.0.0.1,::1",command="/bin/true" %s\n' "$(cut -d' ' -f1,2 "$probe_key.pub")" \
-      >"$probe_home/.ssh/authorized_keys.new"
-    chmod 0644 "$probe_home/.ssh/authorized_keys.new"
+    printf 'restrict,from="127.0.0.1,::1",command="/bin/true" %s\n' "$(cut -d' ' -f1,2 "$probe_key.pub")" |
+      install -m 0644 /dev/stdin "$probe_home/.ssh/authorized_keys.new"
     mv -f "$probe_home/.ssh/authorized_keys.new" "$probe_home/.ssh/authorized_keys"
     rm -f "$probe_key.pub"
     log "ssh: probe key made for $probe_user (loopback only, forced /bin/true)"
