@@ -66,9 +66,7 @@ setup_ssh() {
   if [ -n "$keys" ]; then
     install -d -m 0700 -o "$user" -g "$group" "$home/.ssh" \
       || abort "cannot write $home/.ssh for the SSH keys: on a read-only root, mount a volume at $home"
-    printf '%s\n' "$keys" >"$home/.ssh/authorized_keys.new"
-    chown "$user:$group" "$home/.ssh/authorized_keys.new"
-    chmod 0600 "$home/.ssh/authorized_keys.new"
+    printf '%s\n' "$keys" | install -m 0600 -o "$user" -g "$group" /dev/stdin "$home/.ssh/authorized_keys.new"
     mv -f "$home/.ssh/authorized_keys.new" "$home/.ssh/authorized_keys"
     log "ssh: $(grep -c -v -e '^#' -e '^$' "$home/.ssh/authorized_keys" || true) authorized key(s) for $user"
   else
@@ -90,9 +88,8 @@ setup_ssh() {
     rm -f "$probe_key" "$probe_key.pub"
     (umask 077 && ssh-keygen -q -t ed25519 -N '' -C healthcheck-probe -f "$probe_key" </dev/null >/dev/null) ||
       abort "cannot make the SSH probe key $probe_key"
-    printf 'restrict,from="127.0.0.1,::1",command="/bin/true" %s\n' "$(cut -d' ' -f1,2 "$probe_key.pub")" \
-      >"$probe_home/.ssh/authorized_keys.new"
-    chmod 0644 "$probe_home/.ssh/authorized_keys.new"
+    printf 'restrict,from="127.0.0.1,::1",command="/bin/true" %s\n' "$(cut -d' ' -f1,2 "$probe_key.pub")" |
+      install -m 0644 /dev/stdin "$probe_home/.ssh/authorized_keys.new"
     mv -f "$probe_home/.ssh/authorized_keys.new" "$probe_home/.ssh/authorized_keys"
     rm -f "$probe_key.pub"
     log "ssh: probe key made for $probe_user (loopback only, forced /bin/true)"
@@ -123,22 +120,19 @@ rm -f "$runtime_dir"/jpserver-*.json "$runtime_dir"/jpserver-*.html
 if [ -z "${JUPYTER_TOKEN:-}" ]; then
   JUPYTER_TOKEN=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
   log "jupyter: generated a token; read it with: docker exec <container> cat $runtime_dir/token"
-else
-  log "jupyter: using the token from JUPYTER_TOKEN"
 fi
 (umask 077 && printf '%s\n' "$JUPYTER_TOKEN" >"$runtime_dir/token")
 [ -z "$ssh" ] || chown "$user:$group" "$runtime_dir/token"
 export JUPYTER_TOKEN
 
 # --- Run them all, stop them all ---------------------------------------------------------------
-sshd_pid='' jupyter_pid='' serve_pid=''
+declare -A names=() # pid -> service, while it runs
 
 # shellcheck disable=SC2329  # invoked through the trap below
 stop() {
   trap - TERM INT
   log "stopping ${ssh:+sshd, }jupyter${serve:+ and healthcheck serve}"
-  # shellcheck disable=SC2086  # the pids are numbers or empty
-  kill -TERM $sshd_pid $jupyter_pid $serve_pid 2>/dev/null || true
+  kill -TERM "${!names[@]}" 2>/dev/null || true
   wait || true
   exit 0
 }
@@ -146,8 +140,8 @@ trap stop TERM INT
 
 if [ -n "$ssh" ]; then
   /usr/sbin/sshd -D -e "${sshd_args[@]}" &
-  sshd_pid=$!
-  log "sshd started (pid $sshd_pid)"
+  names[$!]=sshd
+  log "sshd started (pid $!)"
 fi
 
 # The token travels in the environment (not argv, which `ps` shows to everyone).
@@ -159,22 +153,19 @@ jupyter_argv=(jupyter lab --no-browser --ip=0.0.0.0 --port="$port" --ServerApp.p
   exec setpriv --reuid="$user" --regid="$group" --init-groups \
     env HOME="$home" USER="$user" LOGNAME="$user" SHELL=/bin/bash "${jupyter_argv[@]}"
 ) &
-jupyter_pid=$!
-log "jupyter lab started as $user on port $port (pid $jupyter_pid)"
+names[$!]=jupyter
+log "jupyter lab started as $user on port $port (pid $!)"
 
 # serve runs as root like the exec probes (it reads Jupyter's runtime dir and ends what its runs
 # leave behind); if it ends, /livez stops answering and the kubelet restarts the container.
 if [ -n "$serve" ]; then
   healthcheck serve &
-  serve_pid=$!
-  log "healthcheck serve started (pid $serve_pid)"
+  names[$!]="healthcheck serve"
+  log "healthcheck serve started (pid $!)"
 fi
 
 # A service that ends is reported by the health check (the container becomes unhealthy)
 # rather than stopping the container; the entrypoint ends when all have ended.
-declare -A names=(["$jupyter_pid"]=jupyter)
-[ -z "$sshd_pid" ] || names["$sshd_pid"]=sshd
-[ -z "$serve_pid" ] || names["$serve_pid"]="healthcheck serve"
 while [ "${#names[@]}" -gt 0 ]; do
   ended='' status=0
   wait -n -p ended "${!names[@]}" || status=$?

@@ -20,15 +20,14 @@ def main():
     report = {"v": SCHEMA, "loaded": False, "driver": None, "api": False, "init": None, "states": []}
     try:
         lib = ctypes.CDLL("libcuda.so.1")
-        report["loaded"] = True
     except OSError:
         lib = None
-    ask = getattr(lib, "cuCheckpointProcessGetState", None) if lib is not None else None
+    ask = getattr(lib, "cuCheckpointProcessGetState", None)  # None without the library too
     if lib is not None:
+        report["loaded"], report["api"] = True, ask is not None
         version = ctypes.c_int(0)
         if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
             report["driver"] = version.value
-        report["api"] = ask is not None
     if ask is not None:
         report["init"] = int(lib.cuInit(0))
     for pid in [int(p) for p in sys.argv[1:]] if report["init"] == 0 else ():

@@ -245,15 +245,6 @@ class Room(Record):
     full: tuple[Gpu, ...] = ()  # not checked: the workload holds the memory
     unknown: str | None = None  # why NVML could not say, when it could not (then nothing is held back)
 
-    @property
-    def visible(self) -> str | None:
-        """The worker's CUDA_VISIBLE_DEVICES, or None to leave the caller's as it is."""
-        return ",".join(g.uuid for g in self.allowed) if self.full else None
-
-    @property
-    def none_left(self) -> bool:
-        return bool(self.full) and not self.allowed
-
     def facts(self) -> dict[str, Any]:
         full = [{"index": g.index, "free_mib": g.free_mib, "total_mib": g.total_mib} for g in self.full]
         return {"need_mib": self.need_mib, "unknown": self.unknown, "full": full}
@@ -419,8 +410,7 @@ def cached(entry: dict[str, Any] | None, key: dict[str, Any], validate: Callable
         return None
     schema = {**WORKER_RUN, **(extra or {})}
     try:
-        for name, kind in schema.items():
-            check(data.get(name), kind.rstrip("?"), kind.endswith("?"), name)
+        fields({name: data.get(name) for name in schema}, schema, "cached")
         if data["phase"] is not None and not re.fullmatch(phases, data["phase"]):
             return None
         report = None if data.get("report") is None else validate(data["report"])
@@ -447,11 +437,11 @@ def run_worker(ctx: Context, name: str, args: list[str], env: dict[str, str], wo
         logger().info("%s: processes of a killed run survive SIGKILL: %s", name, held)
     elif ctx.config.of(Torch).torch_device == "cuda":
         space = survey(need_mib, os.environ)
-        if space.none_left:
+        if space.full and not space.allowed:
             return {"kind": WORKLOAD_MEMORY.reason, "room": space.facts(), "lingered": False,
                     "finished": time.time()}, None
-        if space.visible is not None:
-            env["CUDA_VISIBLE_DEVICES"] = space.visible
+        if space.full:  # else the caller's CUDA_VISIBLE_DEVICES stays as it is
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in space.allowed)
     deadline = ctx.deadline - deadlines.MARGIN
     budget = max(0.0, deadline - time.monotonic())
     argv = [ctx.config.of(Torch).torch_python, str(worker.__file__), *args]

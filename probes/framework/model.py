@@ -145,15 +145,9 @@ def run_worker(ctx: Context) -> dict[str, Any]:
     data = deep.run_worker(ctx, NAME, args, {}, model_worker,
                            lambda report: validate(report, torch.torch_device), PHASES, need)[0]
     err = (data.get("report") or {}).get("error")
-    if err is not None and _phrase(err) is None:  # an exception's text: the log's, never the output's
+    if err is not None and err["message"] not in model_worker.PHRASES:  # an exception's text: the log's
         logger().info("model worker: %s (%s): %s", err["kind"], err["type"], err["message"])
     return data
-
-
-def _phrase(err: dict[str, Any]) -> str | None:
-    from probes.framework import model_worker
-
-    return err["message"] if err["message"] in model_worker.PHRASES else None
 
 
 def gather(ctx: Context) -> dict[str, Any]:
@@ -232,7 +226,7 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
 
 
 def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dict[str, Any]) -> Result:
-    from probes.framework import cuda_errors
+    from probes.framework import cuda_errors, model_worker
 
     if err["kind"] in ("load", "forward", "worker", "oom"):  # the failures a CUDA error can be behind
         where = f"{report['device']}, loading {path}"
@@ -241,7 +235,7 @@ def _judge_error(err: dict[str, Any], report: dict[str, Any], path: str, kw: dic
             return found
     cause = KINDS[err["kind"]]
     # The worker's own phrase, or a fixed one: an exception's text went to the log.
-    what = _phrase(err) or "details in the log"
+    what = err["message"] if err["message"] in model_worker.PHRASES else "details in the log"
     kind = err["type"]  # an exception's class name as the worker reported it, if it looks like one
     if not (0 < len(kind) <= 60 and kind.replace("_", "a").replace(".", "a").isalnum() and kind.isascii()):
         kind = "an exception"

@@ -13,7 +13,6 @@ SEED = 20240601
 MAX_TEXT = 400
 MAX_HEADER = 100 * 2**20  # safetensors' own limit for its JSON header
 FORMATS = ("torchscript", "safetensors", "state-dict")
-# safetensors dtype names -> torch dtype attribute names
 ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
              "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
@@ -92,10 +91,6 @@ def parse_args(argv):
     p.add_argument("--expect", default=None)
     p.add_argument("--max-bytes", type=int, default=None)
     return p.parse_args(argv)
-
-
-def new_report(args):
-    return {**dict.fromkeys(REPORT), "v": SCHEMA, "device": args.device}
 
 
 def parse_input(spec):
@@ -259,11 +254,8 @@ def load_safetensors(torch, fh, size, device):
         if dtype is None:
             raise Failure("unsupported", "a dtype unknown to this torch")
         begin, end = info["data_offsets"]
-        count = 1
-        for d in info["shape"]:
-            count *= d
         width = torch.empty((), dtype=dtype).element_size()
-        if count * width != end - begin:
+        if torch.Size(info["shape"]).numel() * width != end - begin:
             raise Failure("corrupt", "a tensor's size does not match its shape")
         fh.seek(start + begin)
         raw = bytearray(fh.read(end - begin))
@@ -405,16 +397,16 @@ def work(args, report):
 def failed(exc):
     if isinstance(exc, Failure):
         return {"kind": exc.kind, "type": "Failure", "message": text(exc), "code": exc.code}
-    err = scaffold().described(exc, MAX_TEXT)
-    err["kind"] = "oom" if "out of memory" in str(exc).lower() else "worker"
-    return err
+    kind = "oom" if "out of memory" in str(exc).lower() else "worker"
+    return dict(scaffold().described(exc, MAX_TEXT), kind=kind)
 
 
 def main(argv=None):
     # Nothing in this folder or the current directory may stand in for torch or the standard library.
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != HERE]
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    scaffold().run(PREFIX, PHASE, new_report(args), lambda report: work(args, report), failed, trace=True)
+    report = {**dict.fromkeys(REPORT), "v": SCHEMA, "device": args.device}
+    scaffold().run(PREFIX, PHASE, report, lambda out: work(args, out), failed, trace=True)
 
 
 if __name__ == "__main__":

@@ -188,8 +188,7 @@ def _judge_run(data: dict[str, Any], ctx: Context) -> Result:
             "cuda-unavailable": (deep.CUDA_UNAVAILABLE, "torch sees no GPU"),
             "import": (deep.INTERPRETER_NOT_FOUND, "torch cannot be imported")}
     if err is not None and err["kind"] in said:
-        cause, what = said[err["kind"]]
-        return verdict(NAME, cause, what, **kw)
+        return verdict(NAME, *said[err["kind"]], **kw)
     if err is not None:
         return cuda or verdict(NAME, NCCL_ERROR, f"the NCCL all-reduce failed ({err['type']}: "
                                f"{err['message'][:160]})", **kw)

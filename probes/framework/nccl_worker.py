@@ -57,13 +57,7 @@ def verify(torch, tensors, world):
 
 
 def error(kind, exc):
-    err = scaffold().described(exc, MAX_TEXT)
-    err["kind"] = kind
-    return err
-
-
-def new_report():
-    return {**dict.fromkeys(REPORT), "v": SCHEMA, "backend": "nccl"}
+    return dict(scaffold().described(exc, MAX_TEXT), kind=kind)
 
 
 def run_nccl(torch, report):
@@ -120,7 +114,8 @@ def work(report):
 def main():
     # Nothing in this folder or the current directory may stand in for torch or the standard library.
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != HERE]
-    scaffold().run(PREFIX, PHASE, new_report(), work, lambda exc: error("worker", exc))
+    report = {**dict.fromkeys(REPORT), "v": SCHEMA, "backend": "nccl"}
+    scaffold().run(PREFIX, PHASE, report, work, lambda exc: error("worker", exc))
 
 
 if __name__ == "__main__":

@@ -123,10 +123,6 @@ def run_worker(ctx: Context, expect: int | None) -> dict[str, Any]:
             "elapsed": round(done.elapsed, 3), "excerpt": excerpt}
 
 
-# What torch-cuda's judge reads of a worker run besides deep.WORKER_RUN, checked before reuse.
-_RUN = {"python": "str", "device": "str", "expect": "int?", "elapsed": "num", "excerpt": "str?"}
-
-
 def gather(ctx: Context) -> dict[str, Any]:
     latch = ctx.state.latch()
     if latch is not None:
@@ -143,7 +139,9 @@ def gather(ctx: Context) -> dict[str, Any]:
            "identity": life_identity()}
 
     def reuse(entry: dict[str, Any] | None, ttl: float | None = None) -> dict[str, Any] | None:
-        return deep.cached(entry, key, lambda report: validate(report, own.torch_device, SIZE), PHASES, _RUN,
+        # What judge reads of a run besides deep.WORKER_RUN (run_worker adds it), checked before reuse.
+        extra = {"python": "str", "device": "str", "expect": "int?", "elapsed": "num", "excerpt": "str?"}
+        return deep.cached(entry, key, lambda report: validate(report, own.torch_device, SIZE), PHASES, extra,
                            ttl)
 
     return deep.locked_run(ctx, CACHE, key, lambda entry: reuse(entry, own.torch_ttl),

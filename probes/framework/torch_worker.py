@@ -11,8 +11,6 @@ SCHEMA = 3
 SEED = 20240601
 MAX_TEXT = 1000  # characters of an error message: the CUDA error line and PyTorch's lines after it
 HERE = os.path.dirname(os.path.abspath(__file__))
-# After these "could not check" rows of cuda_errors.py (a test keeps them equal) the next device is tried;
-# after any other error the context may be corrupted and further CUDA calls may hang: it stops.
 # The report's fields and their kinds as the suite checks them ("?": or null; a nested object, or a list).
 ERROR = {"phase": "str", "type": "str", "message": "str", "device": "int?", "module": "str?", "code": "int?"}
 DEVICE = {"index": "int", "name": "str", "uuid": "str?", "op_ms": "num?", "max_err": "measure?",
@@ -20,11 +18,12 @@ DEVICE = {"index": "int", "name": "str", "uuid": "str?", "op_ms": "num?", "max_e
 REPORT = {"v": "int", "device": "str", "size": "int", "torch": "str?", "cuda": "str?", "cuda_built": "bool?",
           "available": "bool?", "count": "int?", "visible_devices": "str?", "error": ERROR,
           "devices": [DEVICE]}
+# After these "could not check" rows of cuda_errors.py (a test keeps them equal) the next device is tried;
+# after any other error the context may be corrupted and further CUDA calls may hang: it stops.
 BENIGN_CODES = (2, 46, 216, 807, 808, 809)
 BENIGN = ("all cuda-capable devices are busy or unavailable", "cublas_status_alloc_failed",
           "cuda out of memory", "cuda-capable device(s) is/are busy or unavailable",
-          "cudnn_status_alloc_failed",
-          "exclusive-thread device already in use by a different thread",
+          "cudnn_status_alloc_failed", "exclusive-thread device already in use by a different thread",
           "mps server is not ready to accept new mps client requests", "out of memory",
           "the hardware resources required to create mps client have been exhausted",
           "the hardware resources required to support device connections have been exhausted")
@@ -157,10 +156,8 @@ def work(args, report):
         report["devices"].append(entry)
         phase("device cpu" if index is None else "device " + str(index))
         try:
-            if index is None:
-                device = torch.device("cpu")
-            else:
-                device = torch.device("cuda", index)
+            device = torch.device("cpu") if index is None else torch.device("cuda", index)
+            if index is not None:
                 entry["name"] = str(torch.cuda.get_device_name(index))
                 try:
                     uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)

@@ -100,7 +100,7 @@ def test_what_nvml_cannot_say_is_noted_and_holds_nothing_back(
         fake_nvml: Path, scenario_file: Callable[..., Path], lines: list[str], unknown: str) -> None:  # noqa: F811
     scenario_file(*lines)
     space = deep.survey(1024, {})
-    assert space.unknown == unknown and space.visible is None and not space.none_left
+    assert space.unknown == unknown and not space.full
     assert deep.room_facts(space.facts()) == space.facts()
 
 
@@ -108,10 +108,13 @@ def test_the_survey_narrows_to_the_gpus_with_room(fake_nvml: Path,  # noqa: F811
                                                  scenario_file: Callable[..., Path]) -> None:  # noqa: F811
     scenario_file(*scenario("gpu 0 memory 81559 81000", "gpu 1 memory 81559 79000", gpus=2))
     space = deep.survey(1024, {})
-    assert [g.index for g in space.full] == [0] and space.visible == UUIDS[1] and space.unknown is None
-    assert deep.survey(4096, {}).none_left
-    assert deep.survey(1024, {"CUDA_VISIBLE_DEVICES": "0"}).none_left
-    assert deep.survey(1024, {"CUDA_VISIBLE_DEVICES": UUIDS[1]}).visible is None  # nothing held back
+    assert [g.index for g in space.full] == [0] and [g.uuid for g in space.allowed] == [UUIDS[1]]
+    assert space.unknown is None
+    none_left = deep.survey(4096, {})
+    assert len(none_left.full) == 2 and not none_left.allowed
+    none_left = deep.survey(1024, {"CUDA_VISIBLE_DEVICES": "0"})
+    assert [g.index for g in none_left.full] == [0] and not none_left.allowed
+    assert not deep.survey(1024, {"CUDA_VISIBLE_DEVICES": UUIDS[1]}).full  # nothing held back
     assert deep.survey(0, {}).unknown == "off (HEALTHCHECK_TORCH_MIN_FREE_MIB=0)"
 
 
@@ -146,5 +149,5 @@ def test_a_gpu_reporting_no_memory_is_noted_and_holds_nothing_back(
         fake_nvml: Path, scenario_file: Callable[..., Path], lines: list[str], unknown: str) -> None:  # noqa: F811
     scenario_file(*lines)
     space = deep.survey(1024, {})
-    assert space.unknown == unknown and not space.full and space.visible is None
+    assert space.unknown == unknown and not space.full
     assert deep.room_facts(space.facts()) == space.facts()
