@@ -6,13 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import re
 import signal
 import socket
 import threading
 import time
-import uuid
 from datetime import datetime
 
 from probes import pidstat, untrusted
@@ -245,6 +243,8 @@ def _cell(ws: Any, srv: Server, kid: str, code: str, deadline: float, box: dict[
 def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, share: float,
         end: float) -> dict[str, Any]:
     """Start a kernel of ``name``, run ``code`` in it by ``share``, remove it by ``end``."""
+    import uuid  # not on a cached pass's path: it loads platform
+
     if _stopping:
         return {"outcome": "timeout", "stage": "start"}
     kid = str(uuid.uuid4())
@@ -403,6 +403,8 @@ def replay(ctx: Context, spec: dict[str, Any], srv: Server, deadline: float) -> 
         return {"unread": f"the suite may not run as the server's user (uid {srv.uid})"}
     if (work := ctx.state.scratch("kernel")) is None:
         return {"unread": "no state dir holds its connection file"}
+    import pwd
+
     try:
         entry = pwd.getpwuid(srv.uid)
     except KeyError:

@@ -728,6 +728,19 @@ def test_an_idle_servers_activity_is_left_alone_and_a_used_one_is_checked(kserve
         api(kserver, "DELETE", f"api/kernels/{kid}")
 
 
+def test_a_reused_pass_loads_nothing_a_kernel_start_needs(kserver: Jupyter, tmp_path: Path) -> None:
+    """Readiness pays the kernel check's client (websocket, uuid and its platform, subprocess) only
+    when it starts a kernel, not when it reuses the last pass of an idle server."""
+    env = _env(kserver, tmp_path, HEALTHCHECK_JUPYTER_KERNEL_NAME="ok")
+    assert run_cli("--only", "jupyter-kernel", env=env).returncode == 0
+    script = ("import sys\nfrom probes.cli import main\nmain(['--only', 'jupyter-kernel'])\n"
+              "print(','.join(sorted({'websocket', 'uuid', 'platform', 'subprocess'} & set(sys.modules))))\n")
+    res = subprocess.run([sys.executable, "-I", "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, check=False)
+    lines = res.stdout.splitlines()
+    assert "the server has been idle since" in res.stdout and lines[-1] == "", res.stdout + res.stderr
+
+
 def test_a_kernel_that_dies_at_start_is_seen_within_seconds_even_on_a_busy_machine(kserver: Jupyter,
                                                                                    tmp_path: Path) -> None:
     for load in (0, os.cpu_count() or 2):
