@@ -43,10 +43,14 @@ test: setup ## every test: unit and integration, bats, manifests, then the stres
 
 # Both cores: most of the suite's time is spent waiting on children, servers and deadlines, and every
 # test has its own ports, state dir and process markers. The offline manifest and rule checks are
-# `make manifests`, not here.
+# `make manifests`, not here. ALONE: tests that SIGKILL a suite and check what the next run ends;
+# any suite's run on the machine ends a gone suite's leftovers (probes/orphans.py), so they run
+# after the others, one at a time.
+ALONE := tests/framework/test_killed_suite.py
 unit: ## pytest on both cores: unit and integration tests with real services (no docker)
 	$(PY) -m pytest -n 2 --durations=15 -m 'not stress and not e2e' --ignore=tests/k8s \
-		--ignore=tests/alerting/test_rules.py tests
+		--ignore=tests/alerting/test_rules.py --ignore=$(ALONE) tests
+	$(PY) -m pytest -q $(ALONE)
 
 # Four at a time: the front door's tests wait on deadlines of seconds, each in its own directory
 # (and as its own uid where it limits processes).
@@ -69,7 +73,8 @@ loaded: ## the stress suite and the `loaded` tests while a busy loop per core co
 	bash tests/loaded.sh $(MAKE) --no-print-directory -k stress loaded-tests
 
 loaded-tests: ## the tests marked `loaded`, on both cores (make loaded runs them under load)
-	$(PY) -m pytest -n 2 --durations=10 -m 'loaded and not stress' tests
+	$(PY) -m pytest -n 2 --durations=10 -m 'loaded and not stress' --ignore=$(ALONE) tests
+	$(PY) -m pytest -q -m 'loaded and not stress' $(ALONE)
 
 image: ## build the GPU dev image (BASE_IMAGE=... to override the base)
 	docker build --network host $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) -t $(IMAGE) .
