@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json  # noqa: F401  (each pass parses JSON, through untrusted.load_json)
 import os
 import time
 
@@ -11,6 +12,7 @@ from probes import spec, untrusted
 from probes.config import Config
 from probes.context import Context
 from probes.result import Result, passed, verdict
+from probes.services import net
 from probes.services.common import CONNECT_TIMEOUT, UNREACHABLE, host_header, json_or_none
 from probes.spec import ABSOLUTE_PATH, ALL_PROFILES, BOOL, PORT, TEXT, URL_PATH, Cause, cause, setting
 
@@ -104,8 +106,6 @@ def held_by(port: int, held: set[int], owner: int, whose: str) -> str:
 def _read_runtime_file(name: str, dir_fd: int, config: Config, ports: dict[int, set[int]],
                        secret: bool) -> dict[str, Any]:
     """The fields used of one trusted jpserver-*.json file (its pid and token too when ``secret``)."""
-    from probes.services import net
-
     raw, st = untrusted.read_regular(name, MAX_RUNTIME_FILE, dir_fd=dir_fd)
     if st.st_nlink != 1:
         raise untrusted.Refused("a hard link")
@@ -166,8 +166,6 @@ def token_file(path: str | None) -> tuple[str, int | None]:
 def find_runtime_file(config: Config, secret: bool = False
                       ) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
     """The trusted runtime file to use (docs/probes.md), and the refused ones as (cleaned name, reason)."""
-    from probes.services import net
-
     env = os.environ
     data = env.get("JUPYTER_DATA_DIR") or os.path.join(
         env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share"), "jupyter")
@@ -202,8 +200,6 @@ def quote_path(path: str, safe: frozenset[str] = PATH_CHARS) -> str:
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes.services import net
-
     cfg, deadline, t0 = ctx.config, ctx.deadline, time.monotonic()
     own = cfg.of(JupyterSettings)
     found, refused = find_runtime_file(cfg)

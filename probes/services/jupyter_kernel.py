@@ -11,6 +11,7 @@ from probes.config import Config
 from probes.context import Context
 from probes.framework import deep
 from probes.result import Result, passed, verdict
+from probes.services import kernel_run
 from probes.services.common import host_header, json_or_none
 from probes.spec import NUMBER, TEXT, Declared, Spec, cause, setting
 from probes.state import life_identity
@@ -152,8 +153,6 @@ def _reuse(entry: dict[str, Any] | None, key: dict[str, Any], ttl: float,
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes.services import kernel_run
-
     srv, source, withheld = kernel_run.server(ctx)
     end = ctx.deadline - deadlines.MARGIN
     kernel_run.reap(ctx.state, srv, time.monotonic() + min(CLEANUP, max(0.0, end - time.monotonic()) / 4))
@@ -174,8 +173,6 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def check(ctx: Context, srv: Server) -> dict[str, Any]:
-    from probes.services import kernel_run
-
     end = ctx.deadline - deadlines.MARGIN
     share = end - min(CLEANUP, max(0.0, end - time.monotonic()) / 4)
     torch, where = ctx.config.of(deep.Torch), host_header(srv.host, srv.port)

@@ -8,6 +8,7 @@ import time
 
 from probes.context import Context
 from probes.result import Result, passed, verdict
+from probes.services import net
 from probes.services.common import CONNECT_TIMEOUT, SSHD_STUCK, UNREACHABLE, excerpt, host_header
 from probes.spec import ALL_PROFILES, PORT, Declared, Spec, cause, setting
 from probes.untrusted import clean
@@ -66,8 +67,6 @@ def _scan(buf: bytes) -> dict[str, Any] | None:
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes.services import net
-
     host, port, deadline = ctx.config.host, ctx.config.of(SshSettings).ssh_port, ctx.deadline
     budget = max(0.0, deadline - (t0 := time.monotonic()))
     data: dict[str, Any] = {"host": host, "port": port, "spoke_first": False, "budget": budget}

@@ -4,6 +4,7 @@ client sees only "Permission denied (publickey)" (OpenSSH ``auth.c``; docs/probe
 
 from __future__ import annotations
 
+import glob
 import os
 import stat
 import time
@@ -75,8 +76,6 @@ KEY_TYPES = frozenset({*KEYS, "ssh-ed448", *(key.split("@")[0] + "-cert-v01@open
 def sshd_options(path: str, found: dict[str, str], files: list[str]) -> dict[str, str]:
     """sshd's first value of each keyword (lower case) before any Match, Includes read where they stand;
     a file that cannot be read is passed over (a non-root run sees sshd's defaults)."""
-    import glob
-
     files.append(path)
     try:
         raw, _ = read_regular(path, MAX_DB, owners=(0,))

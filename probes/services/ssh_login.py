@@ -5,11 +5,12 @@ StrictHostKeyChecking=yes -i KEY -l USER 127.0.0.1 true``."""
 
 from __future__ import annotations
 
+import glob
 import os
 import stat
 import time
 
-from probes import deadlines
+from probes import deadlines, proc
 from probes.context import Context
 from probes.framework import deep
 from probes.result import Result, Status, passed, verdict
@@ -118,8 +119,6 @@ def known_hosts(host_keys: str | None) -> list[str]:
     if host_keys:
         paths = host_keys.split(",")
     else:
-        import glob
-
         found = (sorted(glob.glob(f"{where}/{HOST_KEYS}")) for where in HOST_KEY_DIRS)
         paths = next((p for p in found if p), [])
     lines = []
@@ -135,8 +134,6 @@ def known_hosts(host_keys: str | None) -> list[str]:
 
 
 def gather(ctx: Context) -> dict[str, Any]:
-    from probes import proc
-
     s = ctx.config.of(SshLoginSettings)
     if (key := s.ssh_probe_key) is None:
         return {"outcome": "no-key"}
