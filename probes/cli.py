@@ -171,12 +171,13 @@ def entry(door: int | None = None) -> None:
     # A non-interactive shell starts an asynchronous command with SIGINT ignored, and the
     # interpreter keeps it so: a SIGINT is an interruption, exit 1, however the run started.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    argv = sys.argv[1:]
-    if argv[:1] == ["serve"]:
-        sys.exit(main(argv))
-    _door = door
     import gc
 
+    argv = sys.argv[1:]
+    if argv[:1] == ["serve"]:
+        gc.enable()  # the front door turns it off before any import; a long-lived server collects
+        sys.exit(main(argv))
+    _door = door
     gc.disable()
     exit_now(main(argv))
 

@@ -94,9 +94,10 @@ def test_log_file_gets_one_line_per_run_and_rotates(tmp_path):
 
 def test_a_check_exits_without_finalization_or_gc_after_flushing_its_output_and_log(tmp_path):
     """The process's entry skips interpreter finalization (atexit handlers, module teardown): its
-    report, buffered text and run log are out first; serve exits the ordinary way."""
+    report, buffered text and run log are out first; serve exits the ordinary way. The front door
+    turns the collector off before any import; serve, a long-lived server, turns it on again."""
     log = tmp_path / "hc.log"
-    script = ("import atexit, gc, sys\natexit.register(lambda: print('finalized'))\n"
+    script = ("import atexit, gc, sys\ngc.disable()\natexit.register(lambda: print('finalized'))\n"
               "from probes import cli\nmain = cli.main\n"
               "cli.main = lambda argv: print(f'gc={gc.isenabled()}', end='|') or main(argv)\n"
               "sys.stdout.write('buffered before the report|')\ncli.entry()\n")

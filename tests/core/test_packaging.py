@@ -187,7 +187,8 @@ def test_isolated_mode_and_serve_without_a_deadline(bin_dir: Path, tmp_path: Pat
     py = suite_stub(tmp_path / "stubs" / "py", 'echo "args: $* home=${_HEALTHCHECK_HOME-unset}"\n'
                     '[ "$4" != serve ] || exit 0  # serve is exec\'d: its own exit status')
     env = env_for(tmp_path, HEALTHCHECK_PYTHON=str(py), _HEALTHCHECK_HOME="/elsewhere")
-    entry = ('-I -c import os, sys\nsys.path[:0] = [home for home in [os.environ.pop("_HEALTHCHECK_HOME", "")] '
+    entry = ('-I -c import gc, os, sys; gc.disable() # no collection pauses (probes.cli.entry: on again for serve)'
+             '\nsys.path[:0] = [home for home in [os.environ.pop("_HEALTHCHECK_HOME", "")] '
              'if home]\ntry: from probes.cli import entry\nexcept ImportError: sys.exit(250)\nentry(door=3)')
     # No source tree beside it: site-packages' suite, never a directory from the caller.
     served = run(bin_dir / "healthcheck", "serve", "--port", "1234", env=env)
