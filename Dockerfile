@@ -47,22 +47,20 @@ RUN python3 -m pip install --no-cache-dir "jupyterlab==${JUPYTERLAB_VERSION}"
 
 # The health-check suite lives in its own virtual environment, so no `pip install` by a
 # user can break it; it never imports torch itself (HEALTHCHECK_TORCH_PYTHON, default
-# python3 on PATH, runs the tensor op). The front door finds <its dir>/.venv/bin/python.
-# The `serve` extra brings prometheus-client for `healthcheck serve` (the http overlay).
-# A liveness run imports the suite from /opt/healthcheck/probes (the front door puts it
-# first on the path): its bytecode is compiled here, so that a read-only or non-root
-# container never compiles it on a probe. setuptools goes once the suite is in: its .pth file
-# would import a shim at every interpreter start, on every probe.
-COPY pyproject.toml /opt/healthcheck/
-COPY probes/ /opt/healthcheck/probes/
-COPY healthcheck /opt/healthcheck/healthcheck
+# python3 on PATH, runs the tensor op). The `serve` extra brings prometheus-client for
+# `healthcheck serve` (the http overlay). pip installs it as into any Python: the package
+# byte-compiled in site-packages (a read-only or non-root container never compiles it on a
+# probe), and in bin the front door beside healthcheck-probes, whose first line names the
+# interpreter. Both are hard-linked into /usr/local/bin: through a symbolic link the front
+# door would pay a readlink on every probe. setuptools goes once the suite is in: its .pth
+# file would import a shim at every interpreter start, on every probe.
+COPY pyproject.toml healthcheck /tmp/healthcheck-src/
+COPY probes/ /tmp/healthcheck-src/probes/
 RUN python3 -m venv /opt/healthcheck/.venv \
- && /opt/healthcheck/.venv/bin/pip install --no-cache-dir --disable-pip-version-check "/opt/healthcheck[serve,jupyter]" \
+ && /opt/healthcheck/.venv/bin/pip install --no-cache-dir --disable-pip-version-check "/tmp/healthcheck-src[serve,jupyter]" \
  && /opt/healthcheck/.venv/bin/pip uninstall -q -y --disable-pip-version-check setuptools \
- && /opt/healthcheck/.venv/bin/python -m compileall -q /opt/healthcheck/probes \
- && rm -rf /opt/healthcheck/build /opt/healthcheck/*.egg-info \
- && chmod 0755 /opt/healthcheck/healthcheck \
- && ln -s /opt/healthcheck/healthcheck /usr/local/bin/healthcheck \
+ && rm -rf /tmp/healthcheck-src \
+ && ln /opt/healthcheck/.venv/bin/healthcheck /opt/healthcheck/.venv/bin/healthcheck-probes /usr/local/bin/ \
  && healthcheck --help >/dev/null
 
 COPY docker/sshd/gpu-dev.conf /etc/ssh/sshd_config.d/10-gpu-dev.conf

@@ -94,30 +94,30 @@ def test_image_carries_the_documented_healthcheck_and_version(image: str) -> Non
 
 def test_suite_lives_in_its_own_venv(start_container) -> None:  # type: ignore[no-untyped-def]
     cid = start_container(healthcheck=False, command=("sleep", "600"))
+    # Installed as pip installs into any Python, the front door and healthcheck-probes hard-linked
+    # into /usr/local/bin: no symbolic link for the front door to resolve on every probe.
     out = exec_in(cid, "bash", "-c",
-                  "readlink -f /usr/local/bin/healthcheck; /opt/healthcheck/.venv/bin/python -c "
-                  "'import probes, sys; print(probes.__file__)'; "
+                  "for f in healthcheck healthcheck-probes; do [ ! -L /usr/local/bin/$f ] && "
+                  "[ /usr/local/bin/$f -ef /opt/healthcheck/.venv/bin/$f ] && echo linked || echo not-linked; done; "
+                  "/opt/healthcheck/.venv/bin/python -c 'import probes, sys; print(probes.__file__)'; "
                   "/opt/healthcheck/.venv/bin/python -c 'import torch' 2>/dev/null || echo no-torch-in-venv; "
                   "ls /etc/ssh/ | grep -c ssh_host_ || true; "
                   "ls /opt/healthcheck/.venv/lib/python3*/site-packages/ | grep -c '[.]pth$' || true").stdout.split()
-    assert out[0] == "/opt/healthcheck/healthcheck"
-    assert out[1].startswith("/opt/healthcheck/.venv/")
-    assert out[2] == "no-torch-in-venv", "the suite never imports torch itself"
-    assert out[3] == "0", "the image must not carry SSH host keys"
-    assert out[4] == "0", "no .pth file runs at the start of every probe (setuptools' shim)"
+    assert out[:2] == ["linked", "linked"], out
+    assert out[2].startswith("/opt/healthcheck/.venv/lib/")
+    assert out[3] == "no-torch-in-venv", "the suite never imports torch itself"
+    assert out[4] == "0", "the image must not carry SSH host keys"
+    assert out[5] == "0", "no .pth file runs at the start of every probe (setuptools' shim)"
     # A user's pip install into the image's Python does not touch the suite's environment.
     exec_in(cid, "python3", "-m", "pip", "uninstall", "-y", "-q", "psutil", check=False)
     assert exec_in(cid, "healthcheck", "--help").returncode == 0
     assert exec_in(cid, "/opt/healthcheck/.venv/bin/python", "-c", "import psutil").returncode == 0
-    # Liveness imports the suite from /opt/healthcheck/probes, without site-packages: its
-    # bytecode was compiled in the build, so no probe compiles it (or needs to write there).
-    cached = exec_in(cid, "/opt/healthcheck/.venv/bin/python", "-I", "-S", "-c",
-                     "import importlib.util as u, os, sys; "
-                     "print(all(os.path.exists(u.cache_from_source(f'/opt/healthcheck/probes/{n}.py')) "
-                     "for n in ('cli', 'runner', 'config', 'services/ssh'))); "
-                     "sys.path.insert(0, '/opt/healthcheck'); import probes.cli; print(probes.cli.__file__)"
-                     ).stdout.split()
-    assert cached == ["True", "/opt/healthcheck/probes/cli.py"], cached
+    # The suite's bytecode was compiled in the build, so no probe compiles it (or needs to write there).
+    cached = exec_in(cid, "/opt/healthcheck/.venv/bin/python", "-I", "-c",
+                     "import importlib.util as u, os, probes; home = os.path.dirname(probes.__file__); "
+                     "print(all(os.path.exists(u.cache_from_source(f'{home}/{n}.py')) "
+                     "for n in ('cli', 'runner', 'config', 'services/ssh')))").stdout.split()
+    assert cached == ["True"], cached
 
 
 def test_starts_healthy_within_start_period_with_builtin_healthcheck(start_container, image: str) -> None:  # type: ignore[no-untyped-def]
