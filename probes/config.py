@@ -281,11 +281,13 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
             values[declared[0]] = parse_setting(registry.setting(name), raw)
     if values["timeout"] is None:
         values["timeout"] = PROFILE_RULES[values["profile"]].timeout
-    from probes import dropins
+    found: tuple[Spec, ...] = ()
+    if os.path.lexists(values["checks_dir"]):  # none (the image has none): nothing of drop-ins is imported
+        from probes import dropins
 
-    owners = {t: "the built-in " + ", ".join(e.name for e in registry.ENTRIES if e.toggle == t)
-              for t in registry.TOGGLES}
-    found = dropins.specs(values["checks_dir"], frozenset(registry.NAMES), owners)
+        owners = {t: "the built-in " + ", ".join(e.name for e in registry.ENTRIES if e.toggle == t)
+                  for t in registry.TOGGLES}
+        found = dropins.specs(values["checks_dir"], frozenset(registry.NAMES), owners)
     defaults = {t: any(default_on(e, values) for e in registry.ENTRIES if e.toggle == t)
                 for t in registry.TOGGLES}
     # A probe that ``follows`` another's toggle is on by default only where that one is on

@@ -23,6 +23,8 @@ HEAVY = ("typing", "ctypes", "subprocess", "json", "re", "argparse", "logging", 
          "probes.proc", "probes.hardware.nvml_lib", "probes.framework.torch_worker",
          "probes.framework.model_worker", "probes.framework.nccl_worker", "probes.framework.checkpoint_child",
          "probes.framework.cuda_errors",
+         # drop-ins: nothing of them where their directory does not exist (the image has none)
+         "probes.dropins",
          # the services' sockets, jupyter-kernel's client and its run: never with the services off
          "websocket", "probes.services.net", "probes.services.kernel_run")
 SCRIPT = ("import sys\nfrom probes.cli import main\ncode = main(['--profile', 'liveness'])\n"
