@@ -20,7 +20,7 @@ setup() {
   # What a real suite's run tells the person stays here, never in this machine's PID 1's stderr or /run.
   export HEALTHCHECK_NOTICE_FILE="$TMP/notice" _HEALTHCHECK_NOTICE_LOG="$TMP/pid1-stderr"
   # The suite's entry, as the front door passes it to the interpreter after -c.
-  ENTRY='import os, sys
+  ENTRY='import gc, os, sys; gc.disable() # no collection pauses (probes.cli.entry: on again for serve)
 sys.path[:0] = [home for home in [os.environ.pop("_HEALTHCHECK_HOME", "")] if home]
 try: from probes.cli import entry
 except ImportError: sys.exit(250)
