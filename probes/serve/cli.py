@@ -18,6 +18,7 @@ from probes import config as cfg
 from probes import logfile, proc
 from probes.config import ConfigError
 from probes.deadlines import SERVE_RUN_GRACE
+from probes.runner import SIGNAL_POLL
 from probes.serve import DEFAULT_INTERVALS, HOST_FORMS, MIN_SAMPLE, PROFILES, ServeSettings
 from probes.serve.monitor import Monitor
 from probes.state import State
@@ -134,7 +135,8 @@ def serve(argv: Sequence[str]) -> int:
     log.info("serving on http://%s:%d (intervals %s; readiness gating %s; deep probe %s; xid watch %s)",
              *server.server_address[:2], ",".join(f"{k}={v:g}" for k, v in settings.intervals.items()),
              *("on" if on else "off" for on in (settings.gating, settings.deep, settings.xid_watch)))
-    stop.wait()
+    while not stop.wait(SIGNAL_POLL):  # in slices: a signal taken by another thread wakes no wait
+        pass
     log.info("stopping")
     t0 = time.monotonic()
     server.shutdown()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import json
 import os
@@ -217,6 +218,17 @@ def test_sigint_also_stops_cleanly(start_server):
     assert srv.proc.wait(10) == 0
     assert not marked_pids(srv.marker)
     assert os.path.exists(srv.state)
+
+
+def test_a_sigterm_that_another_thread_takes_still_stops_serve(start_server):
+    """The kernel may hand a process's SIGTERM to any of its threads, more so on a busy machine;
+    only the main thread runs Python's handlers, so it must not sleep through one (docker stop)."""
+    srv = start_server(ALL_OFF, "--interval", "3600")
+    others = [int(t) for t in os.listdir(f"/proc/{srv.proc.pid}/task") if int(t) != srv.proc.pid]
+    assert others, "serve's HTTP server and monitor run in threads of their own"
+    assert ctypes.CDLL(None, use_errno=True).tgkill(srv.proc.pid, others[0], signal.SIGTERM) == 0
+    assert srv.proc.wait(10) == 0
+    assert "stopping" in srv.log_text()
 
 
 # ------------------------------------------------------------------ nothing outlives a monitor run
