@@ -20,8 +20,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from probes.services.kernel_run import Server
-
 
 class KernelSettings(Declared):
     jupyter_kernel_name: str | None = setting("HEALTHCHECK_JUPYTER_KERNEL_NAME", TEXT, None,
@@ -172,7 +170,7 @@ def gather(ctx: Context) -> dict[str, Any]:
                            run, judge, early=True)
 
 
-def check(ctx: Context, srv: Server) -> dict[str, Any]:
+def check(ctx: Context, srv: kernel_run.Server) -> dict[str, Any]:
     end = ctx.deadline - deadlines.MARGIN
     share = end - min(CLEANUP, max(0.0, end - time.monotonic()) / 4)
     torch, where = ctx.config.of(deep.Torch), host_header(srv.host, srv.port)
