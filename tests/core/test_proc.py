@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from probes import childio, proc
+from tests.conftest import ROOT
 from tests.servers import leftovers, wait_gone
 
 pytestmark = pytest.mark.loaded  # under load too: make loaded (Makefile)
@@ -215,3 +216,18 @@ def test_a_child_run_as_another_user_keeps_no_group_of_ours(marker):
     res = proc.run(sh("id -u; id -g; id -G", marker), deadline=time.monotonic() + 5, user=(4242, 4343))
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == [b"4242", b"4343", b"4343"]
+
+
+def test_logging_is_imported_before_the_first_child_is_forked():
+    """logging registers a before-fork and an after-fork hook when it is imported; imported by another
+    thread while a child is being started (subprocess's vfork releases the interpreter lock), its
+    after-fork hook runs alone and prints "Exception ignored in: <function _releaseLock>" and a
+    traceback into the report. Each fork the suite makes finds it imported already."""
+    script = ("import os, sys, time\nseen = []\n"
+              "os.register_at_fork(before=lambda: seen.append('logging' in sys.modules))\n"
+              "from probes import proc\n"
+              "done = proc.run(['/bin/true'], deadline=time.monotonic() + 10)\n"
+              "print(done.returncode, seen)\n")
+    res = subprocess.run([sys.executable, "-I", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.stdout.split(None, 1) == ["0", "[True]\n"], res.stdout + res.stderr
