@@ -127,16 +127,18 @@ def serve(argv: Sequence[str]) -> int:
         _stderr_line(f"healthcheck serve: cannot listen on {settings.host}:{settings.port} ({why}): "
                      "choose another --port or HEALTHCHECK_SERVE_PORT")
         return 1
-    stop = threading.Event()
+    # The handler takes no lock: it runs in the main thread between any two bytecodes, and an Event's
+    # set() could find that thread inside the same Event's wait, holding its lock.
+    stopped: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, lambda signum, _: stopped.append(signum))
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
     monitor.start()
     log.info("serving on http://%s:%d (intervals %s; readiness gating %s; deep probe %s; xid watch %s)",
              *server.server_address[:2], ",".join(f"{k}={v:g}" for k, v in settings.intervals.items()),
              *("on" if on else "off" for on in (settings.gating, settings.deep, settings.xid_watch)))
-    while not stop.wait(SIGNAL_POLL):  # in slices: a signal taken by another thread wakes no wait
-        pass
+    while not stopped:  # in slices: a signal that another thread takes wakes no sleep
+        time.sleep(SIGNAL_POLL)
     log.info("stopping")
     t0 = time.monotonic()
     server.shutdown()
