@@ -9,7 +9,6 @@ import sys
 
 from probes import __version__, registry
 from probes.config import DEFAULT_PROFILE, GLOBAL_SETTINGS, ConfigError, load, shown
-from probes.context import log_exception, logger
 from probes.deadlines import WRITE_WAIT, hard_stop
 from probes.spec import ALL_PROFILES
 from probes.untrusted import clean
@@ -88,9 +87,6 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any] | str:
 
 def check(argv: Sequence[str]) -> tuple[int, str, bool]:
     """(exit status, output, abandoned)."""
-    from probes import report, runner
-    from probes.state import State
-
     flags = parse_flags(argv)
     if isinstance(flags, str):
         return EXIT_OK, flags, False
@@ -101,6 +97,14 @@ def check(argv: Sequence[str]) -> tuple[int, str, bool]:
                 door.write(b"%d\n" % hard_stop(cfg.timeout))
         except OSError:
             pass
+    # A peer slow to answer (sshd re-executes itself for each connection) works while the suite imports.
+    for port in [cfg.values[e.dials] for e in registry.ENTRIES if e.dials in cfg.values and cfg.enabled(e)]:
+        from probes.services import net
+        net.dial(cfg.host, port)
+    from probes import report, runner
+    from probes.context import logger
+    from probes.state import State
+
     handler, log_problem = None, None
     if cfg.log_file:
         from probes import logfile
@@ -155,7 +159,7 @@ def main(argv: Sequence[str]) -> int:
         _write("unhealthy: healthcheck: interrupted (SIGINT) before a verdict")
         code = EXIT_UNHEALTHY
     except Exception as exc:
-        # Through the suite's logger: a bare logger would print the traceback to stderr.
+        from probes.context import log_exception  # through the suite's logger: a bare one prints tracebacks
         log_exception("internal error")
         _write(f"unhealthy: healthcheck: internal error ({type(exc).__name__}); details in the log")
         code = EXIT_UNHEALTHY

@@ -275,10 +275,9 @@ def load(environ: Mapping[str, str] | None = None, *, profile: str | None = None
         if row.field not in values:
             raw = env.get(row.env)
             values[row.field] = parse_setting(row, raw) if raw else row.default
-    for name, declared in registry.DECLARED.items():  # a probe's own (the rest: their defaults)
+    for name, declared in registry.DECLARED.items():  # a probe's own
         raw = env.get(name)
-        if raw:
-            values[declared[0]] = parse_setting(registry.setting(name), raw)
+        values[declared[0]] = parse_setting(registry.setting(name), raw) if raw else declared[-1]
     if values["timeout"] is None:
         values["timeout"] = PROFILE_RULES[values["profile"]].timeout
     found: tuple[Spec, ...] = ()

@@ -135,14 +135,14 @@ def index() -> str:
     for s in registry.PROBES:
         for row in s.settings:
             settings.setdefault(row.env, (row.env, row.field, s.module, row.kind, row.low, row.high,
-                                          row.low_inclusive, row.choices, row.parse is not None))
+                                          row.low_inclusive, row.choices, row.parse is not None, row.default))
     return "\n".join([
         '"""What a run reads before it imports a probe (probes/registry.py): each probe\'s',
         '``registry.Entry`` and the module that declares each setting. Written by `make docs` from the',
         'modules\' SPECs."""', "",
         "PROBES = (", *(f"    {tuple(getattr(s, name) for name in registry.Entry._fields)!r},"
                         for s in registry.PROBES),
-        ")", "SETTINGS = (  # env, field, module, kind, low, high, low_inclusive, choices, its own parse",
+        ")", "SETTINGS = (  # env, field, module, kind, low, high, low_inclusive, choices, parse, default",
         *(f"    {row!r}," for row in settings.values()),
         ")", ""])
 

@@ -44,6 +44,7 @@ class Entry(Record):
     default_on: bool
     on_with: str
     follows: str
+    dials: str
 
     def spec(self) -> Spec:
         return load(self.module).SPEC  # type: ignore[no-any-return]
@@ -52,9 +53,9 @@ class Entry(Record):
 def setting(env: str) -> Setting:
     """What validates a probe's setting (a key of ``DECLARED``): its row as the index has it, or
     the declared row itself (its module imported) when the setting has a ``parse`` of its own."""
-    field, module, kind, low, high, low_inclusive, choices, parses = __getattr__("DECLARED")[env]
+    field, module, kind, low, high, low_inclusive, choices, parses, default = __getattr__("DECLARED")[env]
     if not parses:
-        return Setting(env, field, kind, None, "", low, high, low_inclusive, choices)
+        return Setting(env, field, kind, default, "", low, high, low_inclusive, choices)
     return next(row for row in load(module).SPEC.settings if row.env == env)
 
 
@@ -74,8 +75,8 @@ def _read_index() -> None:
     for missing in set(listed).difference(e.module for e in entries):
         s = load(missing).SPEC
         entries.append(Entry(*(getattr(s, field) for field in Entry._fields)))
-        declared.update({row.env: (row.field, missing, "", 0, 0, False, (), True) for row in s.settings
-                         if row.env not in declared})
+        declared.update({row.env: (row.field, missing, "", 0, 0, False, (), True, row.default)
+                         for row in s.settings if row.env not in declared})
     order = {layer: i for i, layer in enumerate(LAYERS)}
     entries.sort(key=lambda e: (order.get(e.layer, len(order)), listed.index(e.module)))
     _cache.update(ENTRIES=tuple(entries), NAMES=tuple(e.name for e in entries),

@@ -143,6 +143,7 @@ class Spec(Record):
     default_on: bool = True
     on_with: str = ""
     follows: str = ""  # another probe's toggle: when this one's is not given, it takes that one's value
+    dials: str = ""  # a port setting's field: the run connects there first (probes/cli.py, check)
 
     def load(self) -> ModuleType:
         return load(self.module)

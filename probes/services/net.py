@@ -4,7 +4,9 @@ liveness run). Connections are direct (no proxy)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import select
 import socket
 import sys
 import time
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
 timeout = socket.timeout  # TimeoutError from Python 3.10
 MAX_HEAD, MAX_BODY = 16 * 1024, 64 * 1024
 MAX_REPLY = MAX_HEAD + 2 * MAX_BODY
+_dialed: dict[tuple[str, int], socket.socket] = {}  # dial's connections, for connect to take over
 TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -37,9 +40,28 @@ def arm(sock: socket.socket, deadline: float) -> None:
     sock.settimeout(max(left, 0.001))  # settimeout(0) would mean non-blocking, not "no time left"
 
 
+def dial(host: str, port: int) -> None:
+    """Start connecting to ``host:port`` (an address: a name could block) for ``connect`` to take over."""
+    try:
+        info = socket.getaddrinfo(host.encode("ascii"), port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+        sock = socket.socket(*info[0][:3])
+    except (OSError, UnicodeError):
+        return
+    sock.setblocking(False)
+    if sock.connect_ex(info[0][4]) in (0, errno.EINPROGRESS):
+        _dialed[(host, port)] = sock
+    else:
+        sock.close()
+
+
 def connect(host: str, port: int, deadline: float) -> socket.socket | dict[str, str]:
     """A socket to the first address of ``host`` that accepts by ``deadline``, else why none did:
     ``outcome`` resolve, refused, connect-timeout or unreachable (with the ``detail`` of the last)."""
+    if (early := _dialed.pop((host, port), None)) is not None:
+        ready = select.select([], [early], [], max(0.0, deadline - time.monotonic()))[1]
+        if ready and not early.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            return early
+        early.close()  # not accepted in time, refused, unreachable: said as a new connection says it
     try:
         # An ASCII name goes as bytes: a str would import the IDNA codec to encode it.
         name: str | bytes = host.encode("ascii") if host.isascii() else host

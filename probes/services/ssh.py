@@ -40,6 +40,7 @@ SSH_ECHO = cause("echo", "the server sent back our own `SSH-2.0-healthcheck` lin
 SPEC = Spec(
     "ssh", layer="services", module=__name__, toggle="ENABLE_SSH_CHECK", timeout=3.0, profiles=ALL_PROFILES,
     measurement="banner", about="sshd sends an `SSH-2.0-` identification line", settings=SshSettings.SETTINGS,
+    dials="ssh_port",
     causes=(SSH_REFUSED, SSH_NO_BANNER, NOT_SSH, SSH_ECHO, SSHD_STUCK, CONNECT_TIMEOUT, UNREACHABLE),
 )
 NAME = SPEC.name

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 
 from probes.result import Result, Status
-from probes.services import ssh
+from probes.services import net, ssh
 from tests.conftest import ROOT, clean_env, run_cli
 from tests.services.conftest import Listener, free_port, make_ctx, neighbour_port, trickle
 
@@ -233,3 +235,56 @@ def test_cli_liveness_run_against_real_sshd(sshd: Any, tmp_path: Any) -> None:
     sshd.stop()
     out = run_cli("--profile", "liveness", "--only", "ssh", env=env, timeout=60)
     assert out.returncode == 1 and "refused" in out.stdout
+
+
+def accepted(peers: list[int], count: int, within: float = 5.0) -> bool:
+    end = time.monotonic() + within
+    while len(peers) < count and time.monotonic() < end:
+        time.sleep(0.01)
+    return len(peers) >= count
+
+
+def test_the_probe_takes_over_a_connection_dialled_early(scripted: Any) -> None:
+    peers: list[int] = []
+    server = scripted(lambda conn: (peers.append(conn.getpeername()[1]), conn.sendall(b"SSH-2.0-OpenSSH_9.9\r\n"),
+                                    conn.recv(64)))
+    net.dial("127.0.0.1", server.port)
+    assert accepted(peers, 1)  # connected before the probe runs
+    r = probe(server.port)
+    assert r.status is Status.PASS, r.message
+    time.sleep(0.2)  # a second connection would have been accepted by now
+    assert len(peers) == 1
+
+
+def test_an_early_connection_that_is_refused_is_reported_as_refused() -> None:
+    port = free_port()
+    net.dial("127.0.0.1", port)
+    r = probe(port)
+    assert (r.status, r.reason) == (Status.FAIL, "refused")
+    assert "listening here" in r.message
+
+
+def test_a_host_name_is_not_dialled_early(scripted: Any) -> None:
+    """Resolving a name can block, and the run's deadlines are not armed yet: only addresses."""
+    peers: list[int] = []
+    server = scripted(lambda conn: (peers.append(1), conn.sendall(b"SSH-2.0-OpenSSH_9.9\r\n"), conn.recv(64)))
+    net.dial("localhost", server.port)
+    assert not accepted(peers, 1, within=0.3)
+    assert probe(server.port, host="localhost").status is Status.PASS
+
+
+def test_a_run_connects_to_sshd_before_it_imports_the_probes(scripted: Any, tmp_path: Any) -> None:
+    """sshd forks and re-executes itself before it speaks (docs/benchmark.md): the run's connection
+    is made while the suite imports the rest, and it is the only one the probe makes."""
+    peers: list[int] = []
+    server = scripted(lambda conn: (peers.append(1), conn.sendall(b"SSH-2.0-OpenSSH_9.9\r\n"), conn.recv(64)))
+    script = ("import sys\nfrom probes.services import net\nfrom probes.cli import check\ndial, seen = net.dial, []\n"
+              "net.dial = lambda *a: (seen.extend(m for m in ('probes.runner', 'probes.state', 'probes.services.ssh') "
+              "if m in sys.modules), dial(*a))\n"
+              "code, out, _ = check(['--profile', 'liveness', '--only', 'ssh'])\nprint(code, seen, out)\n")
+    env = clean_env(HEALTHCHECK_SSH_PORT=str(server.port), HEALTHCHECK_STATE_DIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-I", "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.stdout.startswith("0 [] healthy: liveness"), res.stdout + res.stderr
+    time.sleep(0.2)
+    assert len(peers) == 1
