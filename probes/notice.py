@@ -42,12 +42,12 @@ class Verdict(Record):  # a check's verdict as the person is told it
 
 def verdict_of(outcome: Outcome, probes: Iterable[Spec]) -> Verdict:
     """Healthy unless the run failed (exit 1); then its first failure, in its cause's words."""
-    from probes import dropins, runner
-
     when = max((r.time for r in outcome.results), default=0.0) or time.time()
     problem = outcome.first_problem if outcome.status is Status.FAIL else None
     if problem is None:
         return Verdict(when)
+    from probes import dropins, runner
+
     spec = next((s for s in probes if s.name == problem.name), None)
     tables: tuple[tuple[Cause, ...], ...] = (runner.COMMON_CAUSES, dropins.CAUSES)
     if spec is not None:  # its own causes first: a drop-in's `deadline` is its owner's, not the runner's

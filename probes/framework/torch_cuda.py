@@ -130,7 +130,6 @@ def gather(ctx: Context) -> dict[str, Any]:
     if not ctx.config.profile_rules.spawns_worker:
         return {"kind": "no-latch", "state_off": ctx.state.disabled_reason}
     own = ctx.config.of(Torch)
-    from probes.framework import checkpoint
     from probes.hardware import common as hw
 
     seen = hw.seen(ctx.results) if own.torch_device == "cuda" else None
@@ -144,10 +143,11 @@ def gather(ctx: Context) -> dict[str, Any]:
         return deep.cached(entry, key, lambda report: validate(report, own.torch_device, SIZE), PHASES, extra,
                            ttl)
 
+    if own.torch_device == "cuda":  # a process paused by CUDA checkpoint holds GPU work back
+        from probes.framework.checkpoint import hold
     return deep.locked_run(ctx, CACHE, key, lambda entry: reuse(entry, own.torch_ttl),
                            lambda: run_worker(ctx, expect), judge, early=True,
-                           hold=checkpoint.hold if own.torch_device == "cuda" else None, share=reuse,
-                           relatch=True)
+                           hold=hold if own.torch_device == "cuda" else None, share=reuse, relatch=True)
 
 
 def on_deadline(ctx: Context) -> Result:

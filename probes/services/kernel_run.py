@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
-KERNEL_ID = re.compile(r"[0-9A-Za-z-]{1,64}")
+KERNEL_ID = r"[0-9A-Za-z-]{1,64}"  # patterns are compiled (and cached by re) on first use
 MAX_OUTPUT, MAX_FRAME = 64 * 1024, 1024 * 1024  # characters of the cell's stdout kept; of one message read
 RECORD = "kernel-"  # the record of a kernel asked for: kernel-<id>.json in the state dir
 ASK_EVERY = 1.0  # seconds between asking the server about a starting kernel
@@ -34,12 +34,11 @@ STOP_WAIT = 0.4  # seconds for the server, then the processes, on SIGTERM: the f
 # descriptor 3; the kernel then runs in $0, the user's home, where the server starts its kernels.
 LAUNCH = 'exec 3<kernel.json || exit 126; cd -- "$0" 2>/dev/null || cd /; exec "$@"'
 # An exception line: "ModuleNotFoundError: No module named 'x'" (a warning only when nothing else).
-RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit)\b:?")
-WARNED = re.compile(r"[A-Za-z_][\w.]*Warning\b:?")
-FRAME = re.compile(r'File "([^"]+)", line \d+')
+RAISED = r"[A-Za-z_][\w.]*(Error|Exception|Exit)\b:?"
+WARNED = r"[A-Za-z_][\w.]*Warning\b:?"
+FRAME = r'File "([^"]+)", line \d+'
 # Words Python adds that name nothing: dropped before a long line is cut, so its names stay.
-FILLER = re.compile(r" \(most likely due to a circular import\)"
-                    r"|(?<=') (?:if|since) it has the same name as [^)]*")
+FILLER = r" \(most likely due to a circular import\)|(?<=') (?:if|since) it has the same name as [^)]*"
 # Kernels asked for and not yet removed, for end_all: id -> (server, state, record, processes seen).
 _live: dict[str, tuple[Server, State, dict[str, Any], dict[int, int]]] = {}
 _stopping: list[bool] = []
@@ -115,12 +114,12 @@ def first_cause(text: str) -> str:
     200 characters loses Python's filler words, then its middle, never the names at its ends."""
     if not (lines := [ln.strip() for ln in text.splitlines() if ln.strip()]):
         return ""
-    at = ([i for i, ln in enumerate(lines) if RAISED.match(ln)] or
-          [i for i, ln in enumerate(lines) if WARNED.match(ln)] or [len(lines) - 1])[-1]
-    frames = [m.group(1) for m in map(FRAME.match, lines[:at]) if m and not m.group(1).startswith("<")]
+    at = ([i for i, ln in enumerate(lines) if re.match(RAISED, ln)] or
+          [i for i, ln in enumerate(lines) if re.match(WARNED, ln)] or [len(lines) - 1])[-1]
+    frames = [m.group(1) for ln in lines[:at] if (m := re.match(FRAME, ln)) and m.group(1)[:1] != "<"]
     where = f" (in {frames[-1]})" if frames and "/" not in lines[at] else ""
     line = untrusted.clean(lines[at] + where, 800)
-    line = FILLER.sub("", line) if len(line) > 200 else line
+    line = re.sub(FILLER, "", line) if len(line) > 200 else line
     return f"{line[:97]} ... {line[-97:]}" if len(line) > 200 else line
 
 
@@ -259,7 +258,7 @@ def run(ctx: Context, srv: Server, name: str, spec: dict[str, Any], code: str, s
     doc = got["doc"] if isinstance(got.get("doc"), dict) else {}
     out: dict[str, Any] = {}
     given = doc.get("id") if got.get("status") in (200, 201) else None
-    if isinstance(given, str) and KERNEL_ID.fullmatch(given):
+    if isinstance(given, str) and re.fullmatch(KERNEL_ID, given):
         if given != kid:  # a server that does not take the id asked for answers its own
             _forget(ctx.state, kid)
             kid, scan = given, scanner(given)
@@ -372,7 +371,7 @@ def reap(state: State, srv: Server, deadline: float) -> None:
         return
     for name in names[:64]:  # a run looks at so many records at most
         kid, rec = name[len(RECORD):-len(".json")], state.read_json(name)
-        if rec is None or not KERNEL_ID.fullmatch(kid) or not isinstance(rec.get("time"), (int, float)):
+        if rec is None or not re.fullmatch(KERNEL_ID, kid) or not isinstance(rec.get("time"), (int, float)):
             state.remove(name)  # damaged: it can name no kernel of ours
             continue
         owner = pidstat.stat(rec["pid"]) if isinstance(rec.get("pid"), int) else None
