@@ -2,6 +2,7 @@
 Read as a configuration, this file adds a start line (``exec_lines``) that runs it again with the
 shell; run so, it registers the ``pre_run_cell`` hook."""
 
+import contextlib
 import os
 import stat
 import sys
@@ -75,10 +76,8 @@ def arm(shell):
 
 
 if "get_ipython" in globals():  # run by the kernel's start line below: the shell is up
-    try:
+    with contextlib.suppress(Exception):  # a kernel without the notice, never a broken kernel
         arm(globals()["get_ipython"]())
-    except Exception:  # noqa: S110 - a kernel without the notice, never a broken kernel
-        pass
 elif "get_config" in globals():  # read by IPython as a kernel's configuration
     globals()["get_config"]().InteractiveShellApp.exec_lines.append(
         f"exec(__import__('pathlib').Path({__file__!r}).read_bytes(), {{'get_ipython': get_ipython}})")

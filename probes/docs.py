@@ -3,6 +3,7 @@ between ``<!-- BEGIN GENERATED: NAME -->`` and ``<!-- END GENERATED: NAME -->`` 
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -84,13 +85,8 @@ def _action(action: str) -> str:
 
 
 def _spans(codes: Sequence[int]) -> str:
-    """``1-7, 9, 11-12`` for sorted codes."""
-    spans: list[list[int]] = []
-    for c in codes:
-        if spans and c == spans[-1][-1] + 1:
-            spans[-1].append(c)
-        else:
-            spans.append([c])
+    """``1-7, 9, 11-12`` for sorted codes: a run of consecutive codes keeps one distance to its index."""
+    spans = [[c for _, c in run] for _, run in itertools.groupby(enumerate(codes), lambda ic: ic[1] - ic[0])]
     return ", ".join(str(s[0]) if len(s) == 1 else f"{s[0]}-{s[-1]}" for s in spans)
 
 

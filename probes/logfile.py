@@ -3,6 +3,7 @@ opened without blocking and never through a link; a failure is remembered, never
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import logging.handlers
@@ -54,10 +55,8 @@ class SafeFileHandler(logging.handlers.RotatingFileHandler):
         first = self.failure is None
         self.failure = _why(exc) if isinstance(exc, OSError) else type(exc).__name__
         if first and self._on_error is not None:
-            try:
+            with contextlib.suppress(Exception):  # the warning is best effort by design
                 self._on_error(self.failure)
-            except Exception:  # noqa: S110 - the warning is best effort by design
-                pass
 
 
 def attach(logger: logging.Logger, path: str, fmt: str, *,

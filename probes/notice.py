@@ -3,6 +3,7 @@ log when it changes, and the notice the login and notebook readers show (docs/im
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -203,7 +204,5 @@ def unpublish(path: str) -> None:
 
 
 def _unlink(name: str, fd: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=fd)
-    except OSError:
-        pass

@@ -5,6 +5,7 @@ wait for a hung orphan, never end it), nor a cgroup (rarely delegated inside a c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -69,10 +70,8 @@ def end(found: dict[int, int] | None = None) -> list[int]:
         for pid, start in killed.items():
             st = stat(pid)
             if st is not None and st.start == start and st.state in DEAD and st.ppid == me:
-                try:
+                with contextlib.suppress(ChildProcessError):  # reaped meanwhile by proc's final sweep
                     os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:  # reaped meanwhile by proc's final sweep
-                    pass
         if time.monotonic() >= limit:
             break
         time.sleep(0.005)

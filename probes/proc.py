@@ -2,6 +2,7 @@
 (docs/probes.md, "Containment"; what a SIGKILLed suite left: probes/orphans.py)."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -127,10 +128,8 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
 def _killpg(popen: subprocess.Popen[bytes], sig: int) -> None:
     # Not yet reaped (a zombie holds its pid), the child's pid names its group and no other.
     if popen.returncode is None:
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(popen.pid, sig)
-        except OSError:
-            pass
 
 
 def _of_run(child: _Child) -> Select:
@@ -189,10 +188,8 @@ def _sweep(select: Select, sig: int, popens: list[subprocess.Popen[bytes]], sinc
             for pid in zombies:
                 st = stat(pid)
                 if pid not in _children and st is not None and st.state in DEAD and st.ppid == me:
-                    try:
+                    with contextlib.suppress(ChildProcessError):  # reaped by code that starts no child here
                         os.waitpid(pid, os.WNOHANG)
-                    except ChildProcessError:  # reaped by code that does not start children here
-                        pass
         new = {pid: procs[pid].start for pid in found
                if procs[pid].state not in DEAD and signalled.get(pid) != procs[pid].start}
         signalled.update((pid, start) for pid, start in new.items() if signal_same(pid, start, sig))

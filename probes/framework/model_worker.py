@@ -2,6 +2,7 @@
 the ``probes`` package, Python 3.6+). It never executes pickled code, reads the format from the
 content and loads through the descriptor it checked."""
 
+import functools
 import os
 import sys
 import time
@@ -60,17 +61,15 @@ class Failure(Exception):
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_BASE = []  # type: list
 
 
+@functools.lru_cache(maxsize=None)  # noqa: UP033 - functools.cache is Python 3.9+; workers run on 3.6+
 def scaffold():
     """worker_base.py beside this file, loaded by its path (never by name), once."""
-    if not _BASE:
-        import runpy
-        import types
+    import runpy
+    import types
 
-        _BASE.append(types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py"))))
-    return _BASE[0]
+    return types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py")))
 
 
 def phase(name):

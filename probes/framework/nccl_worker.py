@@ -2,6 +2,7 @@
 (stdlib + torch only, never the ``probes`` package, Python 3.6+). GPU ``i`` plays rank ``i`` of one
 single-process ``torch.cuda.nccl.all_reduce``, checked exactly (the sum is exact in float32)."""
 
+import functools
 import os
 import sys
 import time
@@ -16,17 +17,15 @@ ERROR = {"kind": "str", "type": "str", "message": "str", "code": "int?"}
 REPORT = {"v": "int", "backend": "str", "torch": "str?", "nccl": "str?", "count": "int?", "ms": "num?",
           "bad": "int?", "max_err": "num?", "error": ERROR}
 HERE = os.path.dirname(os.path.abspath(__file__))
-_BASE = []  # type: list
 
 
+@functools.lru_cache(maxsize=None)  # noqa: UP033 - functools.cache is Python 3.9+; workers run on 3.6+
 def scaffold():
     """worker_base.py beside this file, loaded by its path (never by name), once."""
-    if not _BASE:
-        import runpy
-        import types
+    import runpy
+    import types
 
-        _BASE.append(types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py"))))
-    return _BASE[0]
+    return types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py")))
 
 
 def phase(name):

@@ -1,6 +1,7 @@
 """The torch-cuda worker, run by file path in ``HEALTHCHECK_TORCH_PYTHON`` (stdlib + torch only, never
 the ``probes`` package, Python 3.6+; docs/probes.md, "How the probes decide"). It reports, never judges."""
 
+import functools
 import os
 import sys
 import time
@@ -27,17 +28,15 @@ BENIGN = ("all cuda-capable devices are busy or unavailable", "cublas_status_all
           "mps server is not ready to accept new mps client requests", "out of memory",
           "the hardware resources required to create mps client have been exhausted",
           "the hardware resources required to support device connections have been exhausted")
-_BASE = []  # type: list
 
 
+@functools.lru_cache(maxsize=None)  # noqa: UP033 - functools.cache is Python 3.9+; workers run on 3.6+
 def scaffold():
     """worker_base.py beside this file, loaded by its path (never by name), once."""
-    if not _BASE:
-        import runpy
-        import types
+    import runpy
+    import types
 
-        _BASE.append(types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py"))))
-    return _BASE[0]
+    return types.SimpleNamespace(**runpy.run_path(os.path.join(HERE, "worker_base.py")))
 
 
 def phase(name):
