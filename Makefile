@@ -87,7 +87,8 @@ e2e-image: ## only what e2e needs first: the Docker engine, the CPU base image a
 
 # VS=dir: also run liveness and cached readiness through a baseline checkout (its own .venv),
 # paired round by round (bench/run.py --vs). With a Docker engine and the test image it also
-# times the probes through `docker exec` (E2E_IMAGE, default gpu-dev:e2e).
+# times the probes through `docker exec` (E2E_IMAGE, default gpu-dev:e2e), with VS the baseline's
+# too, from its source tree copied into the same container.
 bench: fakes ## the benchmark: wall time, CPU time and peak RSS per profile against the floors
 	$(PY) bench/run.py $(if $(VS),--vs '$(VS)')
 
