@@ -133,9 +133,7 @@ def index() -> str:
             settings.setdefault(row.env, (row.env, row.field, s.module, row.kind, row.low, row.high,
                                           row.low_inclusive, row.choices, row.parse is not None, row.default))
     return "\n".join([
-        '"""What a run reads before it imports a probe (probes/registry.py): each probe\'s',
-        '``registry.Entry`` and the module that declares each setting. Written by `make docs` from the',
-        'modules\' SPECs."""', "",
+        '"""What a run reads before it imports a probe (probes/registry.py), written by `make docs`."""', "",
         "PROBES = (", *(f"    {tuple(getattr(s, name) for name in registry.Entry._fields)!r},"
                         for s in registry.PROBES),
         ")", "SETTINGS = (  # env, field, module, kind, low, high, low_inclusive, choices, parse, default",

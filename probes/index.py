@@ -1,6 +1,4 @@
-"""What a run reads before it imports a probe (probes/registry.py): each probe's
-``registry.Entry`` and the module that declares each setting. Written by `make docs` from the
-modules' SPECs."""
+"""What a run reads before it imports a probe (probes/registry.py), written by `make docs`."""
 
 PROBES = (
     ('nvidia-smi', 'hardware', 'probes.hardware.nvidia_smi', 'ENABLE_GPU_CHECK', ('startup', 'readiness'), True, '', '', ''),

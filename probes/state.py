@@ -95,9 +95,7 @@ def _usable(path: str) -> str | None:
         return f"{path} changed while it was checked"
     if opened.st_uid != os.geteuid():
         return f"{path} belongs to uid {opened.st_uid}, not to us"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return f"{path} is not writable"
-    return None
+    return None if os.access(path, os.W_OK | os.X_OK) else f"{path} is not writable"
 
 
 def _mkdir_private(path: str) -> None:
