@@ -92,18 +92,23 @@ def api(server: Jupyter | OwnJupyter, method: str, path: str, body: Any = None) 
     return notice_kernel.api(f"http://127.0.0.1:{server.port}{server.base_url}", TOKEN, method, path, body, 30)
 
 
-def kernel_ids(server: Jupyter | OwnJupyter) -> set[str]:
+def listed(server: Jupyter | OwnJupyter) -> list[dict[str, Any]]:
     """The server's kernels. Jupyter Server 2.21 lists a kernel it is starting a few turns of its
     loop before the kernel's model has ``last_activity``, and answers the listing 500 meanwhile
     (enterprise_gateway issue 1395 quotes the traceback): that answer is asked again."""
     end = time.monotonic() + 10
     while True:
         try:
-            return {k["id"] for k in api(server, "GET", "api/kernels")}
+            got: list[dict[str, Any]] = api(server, "GET", "api/kernels")
+            return got
         except urllib.error.HTTPError as e:
             if e.code != 500 or time.monotonic() > end:
                 raise
             time.sleep(0.05)
+
+
+def kernel_ids(server: Jupyter | OwnJupyter) -> set[str]:
+    return {k["id"] for k in listed(server)}
 
 
 def used(server: Jupyter) -> None:
@@ -244,7 +249,7 @@ def _busy_user_kernel(server: Jupyter) -> str:
     ws.send(json.dumps(msg))
     end = time.monotonic() + 20
     while time.monotonic() < end:
-        states = {k["id"]: k["execution_state"] for k in api(server, "GET", "api/kernels")}
+        states = {k["id"]: k["execution_state"] for k in listed(server)}
         if states.get(kid) == "busy":
             ws.close()
             return kid
@@ -260,7 +265,7 @@ def test_a_users_busy_kernel_beside_the_check_is_untouched(kserver: Jupyter) -> 
         assert pids
         for name in ("ok", "hangs"):
             probe(kserver, kernel=name, timeout=12.0)
-        states = {k["id"]: k["execution_state"] for k in api(kserver, "GET", "api/kernels")}
+        states = {k["id"]: k["execution_state"] for k in listed(kserver)}
         assert states.get(kid) == "busy", states
         assert all(p.is_running() for p in pids)
     finally:
