@@ -86,8 +86,8 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
     """Start ``argv`` as run() does (own session, stdin from /dev/null, the run marker, the
     parent-death signal); end it with end() from a thread that lives as long as the child.
     ``user``: (uid, gid) to run as, with no supplementary group. OSError when it cannot start."""
-    # logging pairs a before-fork and an after-fork hook, registered at its import. Imported by another
-    # probe's thread while this one is in subprocess's vfork (the interpreter lock released), its
+    # logging registers paired fork hooks at import. Imported by another probe's thread while this one
+    # forks (between the hooks, waiting for the import lock, the interpreter lock is let go), its
     # after-fork hook alone runs and prints a traceback to the report's stderr: so it comes first.
     import logging  # noqa: F401
     import subprocess
