@@ -202,12 +202,13 @@ def make_cases(args: argparse.Namespace, env: dict[str, str], py: str, work: Pat
         cases += [Case(DOCKER_FLOOR, [*argv, "true"], dict(os.environ), DOCKER_FLOOR, "floor", own=False)]
         cases += [Case(f"docker exec: {c.name}", [*argv, "healthcheck", *c.argv[1:]], dict(os.environ),
                        DOCKER_FLOOR, "docker exec", own=False) for c in cases if c.name in PAIRED]
-        twin = [*argv[:2], "-e", "HEALTHCHECK_STATE_DIR=/run/healthcheck-baseline", container,
-                f"{BASELINE}/healthcheck"]
-        for c in [c for c in cases if c.kind == "docker exec" and args.vs]:
-            c.pair = Case(f"{c.name} @ baseline", [*twin, *c.argv[4:]], dict(os.environ), DOCKER_FLOOR,
-                          "baseline", own=False)
-            cases.append(c.pair)
+        if args.vs:  # the baseline's, copied into the same container by start_container
+            twin = [*argv[:2], "-e", "HEALTHCHECK_STATE_DIR=/run/healthcheck-baseline", container,
+                    f"{BASELINE}/healthcheck"]
+            for c in [c for c in cases if c.kind == "docker exec"]:
+                c.pair = Case(f"{c.name} @ baseline", [*twin, *c.argv[4:]], dict(os.environ), DOCKER_FLOOR,
+                              "baseline", own=False)
+                cases.append(c.pair)
     cases += notice_cases(env, py, work, cases[3])
     # Last in a round, so that what a kernel start and a torch worker leave behind (page cache,
     # exiting processes) falls between no floor and its cases and between no pair.
@@ -282,7 +283,7 @@ def report(cases: list[Case], results: dict[str, Any]) -> tuple[list[str], list[
             targets.append((f"liveness peak RSS < {LIVENESS_RSS_MIB:g} MiB", rss < LIVENESS_RSS_MIB,
                             f"max {rss:.1f} MiB"))
         cpu = r.get("paired", {}).get("cpu", {})
-        if c.pair and c.pair.kind == "baseline":  # through docker exec, the wall time alone
+        if c.pair and c.pair.kind == "baseline":  # what is paired: wall and CPU; through docker exec, wall
             ratios = {k: m["ratio"] for k, m in r["paired"].items()}
             said = ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()) + f" ({len(c.samples)} pairs)"
             targets.append((f"{c.name} within {BASELINE_SLACK:.0%} of the baseline (median per-round ratio)",
