@@ -220,9 +220,9 @@ def test_a_child_run_as_another_user_keeps_no_group_of_ours(marker):
 
 def test_logging_is_imported_before_the_first_child_is_forked():
     """logging registers a before-fork and an after-fork hook when it is imported; imported by another
-    thread while a child is being started (subprocess's vfork releases the interpreter lock), its
-    after-fork hook runs alone and prints "Exception ignored in: <function _releaseLock>" and a
-    traceback into the report. Each fork the suite makes finds it imported already."""
+    thread while a child is being forked (between the hooks the fork waits for the import lock with the
+    interpreter lock let go), its after-fork hook runs alone and prints "Exception ignored in:
+    <function _releaseLock>" and a traceback into the report. Each fork finds it imported already."""
     script = ("import os, sys, time\nseen = []\n"
               "os.register_at_fork(before=lambda: seen.append('logging' in sys.modules))\n"
               "from probes import proc\n"
